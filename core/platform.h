@@ -1,0 +1,18 @@
+// One macro for host+device annotation, so core headers compile under g++ (no CUDA headers needed)
+// and under nvcc.
+#pragma once
+
+#if defined(__CUDACC__)
+#define EXC_HD __host__ __device__
+#define EXC_INLINE __forceinline__
+#else
+#define EXC_HD
+#define EXC_INLINE inline __attribute__((always_inline))
+#endif
+
+// True while compiling device code (nvcc's device pass).
+#if defined(__CUDA_ARCH__)
+#define EXC_DEVICE_PASS 1
+#else
+#define EXC_DEVICE_PASS 0
+#endif
