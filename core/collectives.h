@@ -1,0 +1,376 @@
+// The collective algorithms, written once as templates over an execution context (Ctx). The
+// simulator (sim/) instantiates them with CPU threads as ranks; the CUDA backend (cuda_backend/)
+// with a device context. Nothing here knows about threads, streams or IPC.
+//
+// ---- The execution-context concept ------------------------------------------------------------------
+// A Ctx for storage type T (Ctx::value_type) supplies, all cheap and non-virtual:
+//   int rank(), world_size()                     this rank and n
+//   int block(), num_blocks(), thread(), num_threads()
+//   const T* input(int peer)                     peer's symmetric input buffer (16-byte aligned)
+//   T* scratch(int peer)                         peer's symmetric scratch buffer (16-byte aligned)
+//   T* output()                                  this rank's output (16-byte aligned)
+//   SignalBuffer* signals(int peer)              peer's signal buffer (core/signal.h)
+//   void signal(uint32_t* flag, uint32_t value, int peer, int set)      store with release
+//   void wait(const uint32_t* flag, uint32_t value, int peer, int set)  acquire-load until equal;
+//                                                bounded: a peer that never arrives is an error
+//   void sync_block()                            all threads of this block
+//   Pack<T> load(const Pack<T>*), void store(Pack<T>*, const Pack<T>&)   16-byte accesses
+//   static constexpr bool kTraceSteps, kTraceElements, and when they are true:
+//     trace_step_begin(const char* name), trace_access(Access, int peer, Buffer, size_t begin,
+//     size_t end), trace_step_end(), bool trace_element(size_t index),
+//     trace_fold(size_t index, int rank, float acc_before, float x, float acc_after),
+//     trace_round(size_t index, float acc, uint32_t stored_bits)
+// The device context sets both trace constants false, so tracing compiles away on the GPU.
+//
+// ---- Work split -------------------------------------------------------------------------------------
+// A range of elements [begin, end) is split into 16-byte packs; block b takes a contiguous chunk of
+// packs and its threads stride through it (coalesced on the GPU, one contiguous range per block in
+// traces). Elements before the first aligned pack or after the last full one are done one at a time
+// by the last block. The split never changes a bit: each element's fold is the same.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/contract.h"
+#include "core/platform.h"
+#include "core/signal.h"
+#include "core/storage.h"
+
+namespace exactcoll {
+
+template <class T>
+struct alignas(16) Pack {
+  T v[Storage<T>::kPack];
+};
+
+enum class Buffer : uint8_t { kInput, kScratch, kOutput };
+enum class Access : uint8_t { kRead, kWrite };
+
+inline const char* buffer_name(Buffer b) {
+  return b == Buffer::kInput ? "input" : b == Buffer::kScratch ? "scratch" : "output";
+}
+
+// Compile-time world size for the hot loops (0 = read n at run time).
+template <int N>
+struct WorldSize {
+  static constexpr int value = N;
+};
+
+// Calls f(WorldSize<n>{}) for n in 1..8, f(WorldSize<0>{}) beyond: the GPU issues all n loads
+// before folding only when n is a compile-time constant.
+template <class F>
+EXC_HD void dispatch_world_size(int n, F&& f) {
+  switch (n) {
+    case 1: f(WorldSize<1>{}); break;
+    case 2: f(WorldSize<2>{}); break;
+    case 3: f(WorldSize<3>{}); break;
+    case 4: f(WorldSize<4>{}); break;
+    case 5: f(WorldSize<5>{}); break;
+    case 6: f(WorldSize<6>{}); break;
+    case 7: f(WorldSize<7>{}); break;
+    case 8: f(WorldSize<8>{}); break;
+    default: f(WorldSize<0>{}); break;
+  }
+}
+
+// One block's share of an element range.
+struct BlockShare {
+  size_t pack_begin = 0, pack_end = 0;  // elements, multiples of the pack
+  size_t head_begin = 0, head_end = 0;  // unaligned elements before the packs (last block only)
+  size_t tail_begin = 0, tail_end = 0;  // elements after the last full pack (last block only)
+};
+
+// Returns block `block`'s share of [begin, end) for packs of `pack` elements.
+EXC_HD inline BlockShare block_share(size_t begin, size_t end, int pack, int block, int num_blocks) {
+  BlockShare s;
+  const size_t p = static_cast<size_t>(pack);
+  size_t aligned_begin = (begin + p - 1) / p * p;
+  if (aligned_begin > end) aligned_begin = end;
+  size_t aligned_end = end / p * p;
+  if (aligned_end < aligned_begin) aligned_end = aligned_begin;
+  const size_t packs = (aligned_end - aligned_begin) / p;
+  const size_t chunk = (packs + num_blocks - 1) / num_blocks;
+  size_t first = chunk * static_cast<size_t>(block);
+  size_t last = first + chunk;
+  if (first > packs) first = packs;
+  if (last > packs) last = packs;
+  s.pack_begin = aligned_begin + first * p;
+  s.pack_end = aligned_begin + last * p;
+  if (block == num_blocks - 1) {
+    s.head_begin = begin;
+    s.head_end = aligned_begin;
+    s.tail_begin = aligned_end;
+    s.tail_end = end;
+  }
+  return s;
+}
+
+// Records one access per non-empty sub-range of the share (offset shifts the element indices,
+// e.g. into an all-gather output).
+template <class Ctx>
+EXC_HD void trace_share(Ctx& ctx, const BlockShare& s, Access access, int peer, Buffer buffer, size_t offset = 0) {
+  if constexpr (Ctx::kTraceSteps) {
+    if (s.head_end > s.head_begin) ctx.trace_access(access, peer, buffer, s.head_begin + offset, s.head_end + offset);
+    if (s.pack_end > s.pack_begin) ctx.trace_access(access, peer, buffer, s.pack_begin + offset, s.pack_end + offset);
+    if (s.tail_end > s.tail_begin) ctx.trace_access(access, peer, buffer, s.tail_begin + offset, s.tail_end + offset);
+  } else {
+    (void)ctx, (void)s, (void)access, (void)peer, (void)buffer, (void)offset;
+  }
+}
+
+// Calls pack_fn(i) for each aligned pack start i and scalar_fn(i) for each unaligned element of
+// this block's share, threads striding.
+template <class Ctx, class PackFn, class ScalarFn>
+EXC_HD EXC_INLINE void for_share(Ctx& ctx, const BlockShare& s, int pack, PackFn pack_fn, ScalarFn scalar_fn) {
+  const size_t stride = static_cast<size_t>(ctx.num_threads()) * static_cast<size_t>(pack);
+  for (size_t i = s.pack_begin + static_cast<size_t>(ctx.thread()) * pack; i < s.pack_end; i += stride) pack_fn(i);
+  const size_t t = static_cast<size_t>(ctx.thread());
+  const size_t nt = static_cast<size_t>(ctx.num_threads());
+  for (size_t i = s.head_begin + t; i < s.head_end; i += nt) scalar_fn(i);
+  for (size_t i = s.tail_begin + t; i < s.tail_end; i += nt) scalar_fn(i);
+}
+
+// ---- The fold, per element and per pack --------------------------------------------------------------
+
+// Returns the contract's fold of element i over ranks 0..n-1 of ctx.input(r).
+template <class T, class Ctx>
+EXC_HD EXC_INLINE T fold_element(Ctx& ctx, size_t i) {
+  const int n = ctx.world_size();
+  const T x0 = ctx.input(0)[i];
+  float acc = contract::fold_begin<T>(x0);
+  bool traced = false;
+  if constexpr (Ctx::kTraceElements) {
+    traced = ctx.trace_element(i);
+    if (traced) ctx.trace_fold(i, 0, 0.0f, to_float(x0), acc);
+  }
+  for (int r = 1; r < n; ++r) {
+    const T x = ctx.input(r)[i];
+    const float before = acc;
+    acc = contract::fold_step<T>(acc, x);
+    if constexpr (Ctx::kTraceElements) {
+      if (traced) ctx.trace_fold(i, r, before, to_float(x), acc);
+    }
+  }
+  (void)traced;
+  const T out = contract::fold_end<T>(acc);
+  if constexpr (Ctx::kTraceElements) {
+    if (traced) ctx.trace_round(i, acc, Storage<T>::bits(out));
+  }
+  return out;
+}
+
+// Returns the fold of the pack starting at element i (aligned). With kRanks > 0 all loads are
+// issued before the first add (latency hiding on the GPU); the adds run in rank order either way.
+template <class T, int kRanks, class Ctx>
+EXC_HD EXC_INLINE Pack<T> fold_pack(Ctx& ctx, size_t i) {
+  constexpr int P = Storage<T>::kPack;
+  float acc[P];
+  bool traced[P] = {};
+  if constexpr (Ctx::kTraceElements) {
+    for (int e = 0; e < P; ++e) traced[e] = ctx.trace_element(i + e);
+  }
+  auto step = [&](int r, const Pack<T>& x) {
+    for (int e = 0; e < P; ++e) {
+      const float before = acc[e];
+      acc[e] = r == 0 ? contract::fold_begin<T>(x.v[e]) : contract::fold_step<T>(acc[e], x.v[e]);
+      if constexpr (Ctx::kTraceElements) {
+        if (traced[e]) ctx.trace_fold(i + e, r, r == 0 ? 0.0f : before, to_float(x.v[e]), acc[e]);
+      }
+      (void)before;
+    }
+  };
+  if constexpr (kRanks > 0) {
+    Pack<T> in[kRanks];
+    for (int r = 0; r < kRanks; ++r) in[r] = ctx.load(reinterpret_cast<const Pack<T>*>(ctx.input(r) + i));
+    for (int r = 0; r < kRanks; ++r) step(r, in[r]);
+  } else {
+    const int n = ctx.world_size();
+    for (int r = 0; r < n; ++r) step(r, ctx.load(reinterpret_cast<const Pack<T>*>(ctx.input(r) + i)));
+  }
+  Pack<T> out;
+  for (int e = 0; e < P; ++e) {
+    out.v[e] = contract::fold_end<T>(acc[e]);
+    if constexpr (Ctx::kTraceElements) {
+      if (traced[e]) ctx.trace_round(i + e, acc[e], Storage<T>::bits(out.v[e]));
+    }
+  }
+  return out;
+}
+
+// Stores a pack at dst, with one 16-byte store when dst is 16-byte aligned, element by element
+// otherwise (a reduce-scatter slice or an all-gather block may start mid-pack).
+template <class T, class Ctx>
+EXC_HD EXC_INLINE void put_pack(Ctx& ctx, T* dst, const Pack<T>& x) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    ctx.store(reinterpret_cast<Pack<T>*>(dst), x);
+  } else {
+    for (int e = 0; e < Storage<T>::kPack; ++e) dst[e] = x.v[e];
+  }
+}
+
+// Folds this block's share of every rank's input; element i goes to dst0[i - shift] (and
+// dst1[i - shift] if dst1 is not null).
+template <class T, int kRanks, class Ctx>
+EXC_HD void fold_range(Ctx& ctx, const BlockShare& share, T* dst0, T* dst1, size_t shift = 0) {
+  constexpr int P = Storage<T>::kPack;
+  for_share(
+      ctx, share, P,
+      [&](size_t i) {
+        const Pack<T> out = fold_pack<T, kRanks>(ctx, i);
+        put_pack(ctx, dst0 + (i - shift), out);
+        if (dst1 != nullptr) put_pack(ctx, dst1 + (i - shift), out);
+      },
+      [&](size_t i) {
+        const T out = fold_element<T>(ctx, i);
+        dst0[i - shift] = out;
+        if (dst1 != nullptr) dst1[i - shift] = out;
+      });
+}
+
+// Copies this block's share of src into dst: element i goes to dst[i + offset] (bits unchanged).
+template <class T, class Ctx>
+EXC_HD void copy_range(Ctx& ctx, const BlockShare& share, const T* src, T* dst, size_t offset) {
+  constexpr int P = Storage<T>::kPack;
+  for_share(
+      ctx, share, P,
+      [&](size_t i) { put_pack(ctx, dst + offset + i, ctx.load(reinterpret_cast<const Pack<T>*>(src + i))); },
+      [&](size_t i) { dst[offset + i] = src[i]; });
+}
+
+// ---- The algorithms ------------------------------------------------------------------------------------
+// Each is one kernel launch's work for one block of one rank. Preconditions common to all: every
+// rank calls with the same count and the same grid (num_blocks <= kMaxBlocks), world_size <=
+// kMaxRanks, the inputs are in place (staged or registered) before the launch.
+
+// Two-shot slice of rank r: contiguous, pack-aligned; the last rank also takes the remainder.
+struct Slice {
+  size_t begin = 0, end = 0;
+};
+EXC_HD inline Slice two_shot_slice(size_t count, int pack, int rank, int n) {
+  const size_t packs = count / static_cast<size_t>(pack);
+  const size_t per = packs / static_cast<size_t>(n);
+  Slice s;
+  s.begin = per * pack * static_cast<size_t>(rank);
+  s.end = rank == n - 1 ? count : s.begin + per * pack;
+  return s;
+}
+
+// All-reduce, one shot. Steps:
+//   1. barrier: every peer's input is in place;
+//   2. fold this block's share of [0, count) from every rank's input, in rank order, into output;
+//   3. barrier (end): no peer reuses its input while this rank may still read it.
+template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Ctx>
+EXC_HD void allreduce_one_shot(Ctx& ctx, size_t count) {
+  const int n = ctx.world_size();
+  uint32_t barriers = load_barrier_count(ctx);
+  block_barrier<Protocol>(ctx, &barriers);
+  const BlockShare share = block_share(0, count, Storage<T>::kPack, ctx.block(), ctx.num_blocks());
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("fold");
+    for (int r = 0; r < n; ++r) trace_share(ctx, share, Access::kRead, r, Buffer::kInput);
+    trace_share(ctx, share, Access::kWrite, ctx.rank(), Buffer::kOutput);
+    ctx.trace_step_end();
+  }
+  (void)n;
+  fold_range<T, kRanks>(ctx, share, ctx.output(), static_cast<T*>(nullptr));
+  if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
+// All-reduce, two shot. Steps:
+//   1. barrier: every peer's input is in place;
+//   2. fold this rank's slice (two_shot_slice) from every rank's input in rank order 0..n-1 (not
+//      rotated), into this rank's scratch and output;
+//   3. barrier: every slice is published;
+//   4. copy each peer's slice from its scratch into output (peers in order rank+1, rank+2, ...);
+//   5. barrier (end): no peer overwrites its scratch while this rank may still read it.
+template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Ctx>
+EXC_HD void allreduce_two_shot(Ctx& ctx, size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  uint32_t barriers = load_barrier_count(ctx);
+  block_barrier<Protocol>(ctx, &barriers);
+  {
+    const Slice mine = two_shot_slice(count, P, me, n);
+    const BlockShare share = block_share(mine.begin, mine.end, P, ctx.block(), ctx.num_blocks());
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("reduce_slice");
+      for (int r = 0; r < n; ++r) trace_share(ctx, share, Access::kRead, r, Buffer::kInput);
+      trace_share(ctx, share, Access::kWrite, me, Buffer::kScratch);
+      trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
+      ctx.trace_step_end();
+    }
+    fold_range<T, kRanks>(ctx, share, ctx.scratch(me), ctx.output());
+  }
+  block_barrier<Protocol>(ctx, &barriers);
+  for (int k = 1; k < n; ++k) {
+    const int peer = (me + k) % n;
+    const Slice theirs = two_shot_slice(count, P, peer, n);
+    const BlockShare share = block_share(theirs.begin, theirs.end, P, ctx.block(), ctx.num_blocks());
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("gather_slice");
+      trace_share(ctx, share, Access::kRead, peer, Buffer::kScratch);
+      trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
+      ctx.trace_step_end();
+    }
+    copy_range<T>(ctx, share, ctx.scratch(peer), ctx.output(), 0);
+  }
+  if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
+// Reduce-scatter: rank r gets the fold of elements [r*count/n, (r+1)*count/n) in its output[0..).
+// Preconditions: count % n == 0. Steps:
+//   1. barrier: every peer's input is in place;
+//   2. fold this rank's slice from every rank's input, in rank order, into output[0, count/n);
+//   3. barrier (end): no peer reuses its input while this rank may still read it.
+template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Ctx>
+EXC_HD void reduce_scatter(Ctx& ctx, size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  const size_t per = count / static_cast<size_t>(n);
+  const size_t begin = per * static_cast<size_t>(me);
+  uint32_t barriers = load_barrier_count(ctx);
+  block_barrier<Protocol>(ctx, &barriers);
+  const BlockShare share = block_share(begin, begin + per, P, ctx.block(), ctx.num_blocks());
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("reduce_slice");
+    for (int r = 0; r < n; ++r) trace_share(ctx, share, Access::kRead, r, Buffer::kInput);
+    // Output index = element index - begin (unsigned wrap-around makes the offset a subtraction).
+    trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput, size_t{0} - begin);
+    ctx.trace_step_end();
+  }
+  fold_range<T, kRanks>(ctx, share, ctx.output(), static_cast<T*>(nullptr), begin);
+  if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
+// All-gather: output[r*count + i] = input_r[i], a bit copy (NaN payloads and -0 kept).
+// Steps: barrier; copy every rank's input (in order rank, rank+1, ...) into output; end barrier.
+template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Ctx>
+EXC_HD void allgather(Ctx& ctx, size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  uint32_t barriers = load_barrier_count(ctx);
+  block_barrier<Protocol>(ctx, &barriers);
+  const BlockShare share = block_share(0, count, P, ctx.block(), ctx.num_blocks());
+  for (int k = 0; k < n; ++k) {
+    const int peer = (me + k) % n;
+    const size_t offset = count * static_cast<size_t>(peer);
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("gather");
+      trace_share(ctx, share, Access::kRead, peer, Buffer::kInput);
+      trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput, offset);
+      ctx.trace_step_end();
+    }
+    copy_range<T>(ctx, share, ctx.input(peer), ctx.output(), offset);
+  }
+  if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
+}  // namespace exactcoll

@@ -1,0 +1,230 @@
+#include "tools/cli.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+namespace exactcoll::cli {
+namespace {
+
+std::map<std::string, Command>& registry() {
+  static std::map<std::string, Command> commands;
+  return commands;
+}
+
+bool parse_int(const std::string& text, int64_t* out) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end == nullptr || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+bool parse_double(const std::string& text, double* out) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end == nullptr || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+Registrar::Registrar(Command command) {
+  const std::string name = command.name;
+  registry()[name] = std::move(command);
+}
+
+std::vector<Command> registered_commands() {
+  std::vector<Command> out;
+  for (const auto& [name, command] : registry()) out.push_back(command);
+  return out;
+}
+
+std::string resolve_path(const std::string& path) {
+  if (path.empty() || path[0] == '/' || path == "-") return path;
+  const char* cwd = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (cwd == nullptr || *cwd == '\0') return path;
+  return std::string(cwd) + "/" + path;
+}
+
+int fail(const std::string& command, const std::string& message, int code) {
+  std::cerr << "exactcoll " << command << ": " << message << "\n";
+  return code;
+}
+
+ArgParser::ArgParser(std::string usage, std::string description)
+    : usage_(std::move(usage)), description_(std::move(description)) {}
+
+void ArgParser::add_string(const std::string& name, std::string* value, const std::string& help) {
+  flags_.push_back({name, Kind::kString, value, help, {}, *value});
+}
+void ArgParser::add_int(const std::string& name, int64_t* value, const std::string& help) {
+  flags_.push_back({name, Kind::kInt, value, help, {}, std::to_string(*value)});
+}
+void ArgParser::add_double(const std::string& name, double* value, const std::string& help) {
+  std::ostringstream os;
+  os << *value;
+  flags_.push_back({name, Kind::kDouble, value, help, {}, os.str()});
+}
+void ArgParser::add_bool(const std::string& name, bool* value, const std::string& help) {
+  flags_.push_back({name, Kind::kBool, value, help, {}, ""});
+}
+void ArgParser::add_choice(const std::string& name, std::string* value, std::vector<std::string> choices,
+                           const std::string& help) {
+  flags_.push_back({name, Kind::kChoice, value, help, std::move(choices), *value});
+}
+void ArgParser::add_positional(const std::string& name, std::string* value, const std::string& help, bool required) {
+  positionals_.push_back({name, value, help, required});
+}
+void ArgParser::set_rest(std::vector<std::string>* rest, const std::string& name) {
+  rest_ = rest;
+  rest_name_ = name;
+}
+
+ArgParser::Flag* ArgParser::find(const std::string& name) {
+  for (auto& f : flags_) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+bool ArgParser::given(const std::string& name) const {
+  for (const auto& f : flags_) {
+    if (f.name == name) return f.given;
+  }
+  return false;
+}
+
+bool ArgParser::assign(Flag& flag, const std::string& text, std::string* error) {
+  switch (flag.kind) {
+    case Kind::kString:
+      *static_cast<std::string*>(flag.target) = text;
+      return true;
+    case Kind::kInt:
+      if (!parse_int(text, static_cast<int64_t*>(flag.target))) {
+        *error = "--" + flag.name + " wants a whole number, got '" + text + "'";
+        return false;
+      }
+      return true;
+    case Kind::kDouble:
+      if (!parse_double(text, static_cast<double*>(flag.target))) {
+        *error = "--" + flag.name + " wants a number, got '" + text + "'";
+        return false;
+      }
+      return true;
+    case Kind::kChoice: {
+      if (std::find(flag.choices.begin(), flag.choices.end(), text) == flag.choices.end()) {
+        std::string list;
+        for (const auto& c : flag.choices) list += (list.empty() ? "" : "|") + c;
+        *error = "--" + flag.name + " must be one of " + list + ", got '" + text + "'";
+        return false;
+      }
+      *static_cast<std::string*>(flag.target) = text;
+      return true;
+    }
+    case Kind::kBool:
+      *static_cast<bool*>(flag.target) = true;
+      return true;
+  }
+  return false;
+}
+
+std::optional<int> ArgParser::parse(int argc, char** argv) {
+  size_t next_positional = 0;
+  const std::string command = argc > 0 ? argv[0] : "";
+  auto usage_error = [&](const std::string& message) -> std::optional<int> {
+    std::cerr << "exactcoll " << command << ": " << message << "\n"
+              << "usage: " << usage_ << "\n"
+              << "(exactcoll " << command << " --help explains every flag)\n";
+    return kExitUsage;
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << help();
+      return kExitOk;
+    }
+    if (arg == "--") {
+      if (rest_ == nullptr) return usage_error("unexpected '--'");
+      for (int j = i + 1; j < argc; ++j) rest_->push_back(argv[j]);
+      break;
+    }
+    if (arg.rfind("--", 0) == 0) {
+      std::string name = arg.substr(2);
+      std::optional<std::string> value;
+      const size_t eq = name.find('=');
+      if (eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      }
+      Flag* flag = find(name);
+      if (flag == nullptr) return usage_error("unknown flag --" + name);
+      if (flag->kind == Kind::kBool) {
+        if (value) return usage_error("--" + name + " takes no value");
+        *static_cast<bool*>(flag->target) = true;
+        flag->given = true;
+        continue;
+      }
+      if (!value) {
+        if (i + 1 >= argc) return usage_error("--" + name + " needs a value");
+        value = argv[++i];
+      }
+      std::string error;
+      if (!assign(*flag, *value, &error)) return usage_error(error);
+      flag->given = true;
+      continue;
+    }
+    if (next_positional < positionals_.size()) {
+      *positionals_[next_positional++].target = arg;
+      continue;
+    }
+    return usage_error("unexpected argument '" + arg + "'");
+  }
+  for (size_t p = next_positional; p < positionals_.size(); ++p) {
+    if (positionals_[p].required) return usage_error("missing " + positionals_[p].name);
+  }
+  return std::nullopt;
+}
+
+std::string ArgParser::help() const {
+  std::ostringstream os;
+  os << "usage: " << usage_ << "\n\n" << description_ << "\n";
+  if (!positionals_.empty()) {
+    os << "\narguments:\n";
+    for (const auto& p : positionals_) os << "  " << p.name << "\n      " << p.help << "\n";
+  }
+  if (!flags_.empty()) {
+    os << "\nflags:\n";
+    for (const auto& f : flags_) {
+      os << "  --" << f.name;
+      if (f.kind == Kind::kChoice) {
+        std::string list;
+        for (const auto& c : f.choices) list += (list.empty() ? "" : "|") + c;
+        os << " " << list;
+      } else if (f.kind == Kind::kInt) {
+        os << " N";
+      } else if (f.kind == Kind::kDouble) {
+        os << " X";
+      } else if (f.kind == Kind::kString) {
+        os << " VALUE";
+      }
+      os << "\n      " << f.help;
+      if (!f.default_text.empty()) os << " (default: " << f.default_text << ")";
+      os << "\n";
+    }
+  }
+  if (rest_ != nullptr) os << "\n  -- " << rest_name_ << "\n";
+  os << "  --help\n      this text\n";
+  return os.str();
+}
+
+}  // namespace exactcoll::cli

@@ -1,0 +1,99 @@
+// The exactcoll command line: a registry of subcommands (one library each) and a small flag parser
+// that every subcommand uses, so all of them share --help, error wording and exit codes.
+//
+// Exit codes: 0 success; 1 a result that is not an error but not success either (e.g. `diff` found
+// differences); 2 bad usage or bad input; 3 a runtime failure (a timeout, a GPU error).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace exactcoll::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitDiffer = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitFailure = 3;
+
+struct Command {
+  std::string name;
+  std::string summary;                       // one line for `exactcoll --help`
+  std::function<int(int, char**)> run;       // argv[0] is the subcommand's name
+};
+
+// Registers a command at static-initialization time. A library that defines commands must be
+// built with alwayslink = True so that its registrar is linked.
+struct Registrar {
+  explicit Registrar(Command command);
+};
+
+// All registered commands, sorted by name.
+std::vector<Command> registered_commands();
+
+// Returns path resolved against $BUILD_WORKING_DIRECTORY when it is relative and that variable is
+// set (`bazel run` starts binaries in the runfiles tree, not where the user typed the command).
+std::string resolve_path(const std::string& path);
+
+// A flag parser with generated help. Flags are `--name value` or `--name=value`; booleans take no
+// value. Unknown flags, missing values and malformed numbers are errors naming the flag.
+class ArgParser {
+ public:
+  ArgParser(std::string usage, std::string description);
+
+  void add_string(const std::string& name, std::string* value, const std::string& help);
+  void add_int(const std::string& name, int64_t* value, const std::string& help);
+  void add_double(const std::string& name, double* value, const std::string& help);
+  void add_bool(const std::string& name, bool* value, const std::string& help);
+  // A flag whose value is one of `choices`.
+  void add_choice(const std::string& name, std::string* value, std::vector<std::string> choices,
+                  const std::string& help);
+  // Positional arguments, in order; required ones must be present.
+  void add_positional(const std::string& name, std::string* value, const std::string& help, bool required = true);
+  // Everything after a literal `--` goes here (for `launch`).
+  void set_rest(std::vector<std::string>* rest, const std::string& name);
+
+  // Parses argv[1..argc). Returns nullopt to go on, or the exit code to return now: 0 after
+  // printing --help to stdout, kExitUsage after printing an error and a hint to stderr.
+  std::optional<int> parse(int argc, char** argv);
+
+  // Was the flag given on the command line?
+  bool given(const std::string& name) const;
+
+  std::string help() const;
+  const std::string& usage() const { return usage_; }
+
+ private:
+  enum class Kind { kString, kInt, kDouble, kBool, kChoice };
+  struct Flag {
+    std::string name;
+    Kind kind;
+    void* target;
+    std::string help;
+    std::vector<std::string> choices;
+    std::string default_text;
+    bool given = false;
+  };
+  struct Positional {
+    std::string name;
+    std::string* target;
+    std::string help;
+    bool required;
+  };
+  Flag* find(const std::string& name);
+  bool assign(Flag& flag, const std::string& text, std::string* error);
+
+  std::string usage_;
+  std::string description_;
+  std::vector<Flag> flags_;
+  std::vector<Positional> positionals_;
+  std::vector<std::string>* rest_ = nullptr;
+  std::string rest_name_;
+};
+
+// Prints "exactcoll <command>: <message>" to stderr and returns `code`.
+int fail(const std::string& command, const std::string& message, int code = kExitUsage);
+
+}  // namespace exactcoll::cli

@@ -1,0 +1,34 @@
+// exactcoll: one binary, many subcommands (tools/cli.h). `exactcoll --help` lists them.
+#include <cstring>
+#include <iostream>
+
+#include "tools/cli.h"
+
+namespace {
+
+void print_help() {
+  std::cout << "usage: exactcoll <command> [flags]   (exactcoll <command> --help for its flags)\n\n"
+               "Collectives whose every output bit is fixed by a written rounding contract\n"
+               "(docs/numerics.md): a CPU simulator and a CUDA backend give the same bits.\n\n"
+               "commands:\n";
+  for (const auto& c : exactcoll::cli::registered_commands()) {
+    std::cout << "  " << c.name;
+    for (size_t i = c.name.size(); i < 16; ++i) std::cout << ' ';
+    std::cout << c.summary << "\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0 ||
+      std::strcmp(argv[1], "help") == 0) {
+    print_help();
+    return argc < 2 ? exactcoll::cli::kExitUsage : exactcoll::cli::kExitOk;
+  }
+  for (const auto& c : exactcoll::cli::registered_commands()) {
+    if (c.name == argv[1]) return c.run(argc - 1, argv + 1);
+  }
+  std::cerr << "exactcoll: unknown command '" << argv[1] << "' (exactcoll --help lists them)\n";
+  return exactcoll::cli::kExitUsage;
+}
