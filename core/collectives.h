@@ -165,7 +165,7 @@ EXC_HD EXC_INLINE T fold_element(Ctx& ctx, size_t i) {
 template <class T, int kRanks, class Ctx>
 EXC_HD EXC_INLINE Pack<T> fold_pack(Ctx& ctx, size_t i) {
   constexpr int P = Storage<T>::kPack;
-  float acc[P];
+  float acc[P] = {};  // set by rank 0's step; initialized so g++ -O3 sees no maybe-uninitialized read (kRanks = 0)
   bool traced[P] = {};
   if constexpr (Ctx::kTraceElements) {
     for (int e = 0; e < P; ++e) traced[e] = ctx.trace_element(i + e);

@@ -1,0 +1,299 @@
+// Fused all-reduce + residual add + RMSNorm, as templates over the execution context of
+// core/collectives.h (the simulator and the CUDA backend instantiate the same code).
+//
+// The op, per rank (docs/numerics.md, "Fused all-reduce + residual + RMSNorm"):
+//   x [rows, H]        this rank's partial sums: ctx.input(r) is rank r's x
+//   residual [rows, H] the same on every rank (each rank passes its own copy)
+//   weight [H], eps
+//   s            = contract::fold over ranks 0..n-1 of x, rounded to storage (the all-reduce)
+//   residual_out = contract::residual_add(s, residual)            = round(float(s) + float(residual))
+//   out          = the canonical RMSNorm of residual_out           (contract::sum_squares tree,
+//                  contract::rmsnorm_inverse, contract::rmsnorm_scale)
+// Every algorithm below gives these bits, for every rows, H (a multiple of the pack), world size,
+// block count and thread count: the fold order, the rounding points and the sum-of-squares tree
+// depend on nothing else.
+//
+// ---- Addition to the execution-context concept (core/collectives.h) ------------------------------------
+//   template <class Row> float row_sum_squares(const contract::RmsNormTree& tree, Row row)
+//       Called by every thread of the block with the same tree and the same row; returns to every
+//       thread ss = contract::sum_squares(tree, row). row(j) returns float(v_j) for j < tree.hidden
+//       and may be called from any thread of the block (the values are in memory that the block
+//       wrote before a sync_block). The simulator calls contract::sum_squares; the device context
+//       computes lane l's partial (contract::lane_sum_squares) on the thread(s) owning lane l and
+//       the two 32-lane butterflies with warp shuffles and a shared-memory step: the same tree, so
+//       the same bits, without one thread walking the whole row.
+//
+// ---- Extra buffers ----------------------------------------------------------------------------------
+// The residual, the weight and the two outputs come in FusedRmsNormArgs (no new context virtuals).
+// All four pointers must be 16-byte aligned (packs are loaded and stored whole). two_stage also
+// needs ctx.scratch(r) to hold fused_two_stage_scratch_elements(rows, H) elements on every rank.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/collectives.h"
+#include "core/contract.h"
+#include "core/platform.h"
+#include "core/signal.h"
+#include "core/storage.h"
+
+namespace exactcoll {
+
+template <class T>
+struct FusedRmsNormArgs {
+  const T* residual = nullptr;  // [rows, H], this rank's copy
+  const T* weight = nullptr;    // [H]
+  T* residual_out = nullptr;    // [rows, H], this rank's
+  T* out = nullptr;             // [rows, H], this rank's (may be ctx.output())
+  int rows = 0;
+  int hidden = 0;  // H
+  float eps = 0.0f;
+};
+
+enum class FusedAlgo : uint8_t { kOneStage, kTwoStage, kUnfused };
+
+inline const char* fused_algo_name(FusedAlgo a) {
+  return a == FusedAlgo::kOneStage ? "one_stage" : a == FusedAlgo::kTwoStage ? "two_stage" : "unfused";
+}
+
+// Returns nullptr when args satisfy the preconditions common to every algorithm, else what is
+// wrong (a static string): H a positive multiple of the pack, rows >= 0, pointers present and
+// 16-byte aligned.
+template <class T>
+EXC_HD inline const char* fused_rmsnorm_args_error(const FusedRmsNormArgs<T>& args) {
+  contract::RmsNormTree tree;
+  if (!contract::make_rmsnorm_tree<T>(args.hidden, &tree)) return "hidden size must be a positive multiple of the pack";
+  if (args.rows < 0) return "rows must be >= 0";
+  if (args.residual == nullptr || args.weight == nullptr || args.residual_out == nullptr || args.out == nullptr) {
+    return "residual, weight, residual_out and out must all be given";
+  }
+  const uintptr_t misaligned = reinterpret_cast<uintptr_t>(args.residual) | reinterpret_cast<uintptr_t>(args.weight) |
+                               reinterpret_cast<uintptr_t>(args.residual_out) | reinterpret_cast<uintptr_t>(args.out);
+  if (misaligned % 16 != 0) return "residual, weight, residual_out and out must be 16-byte aligned";
+  return nullptr;
+}
+
+// Scratch elements two_stage needs on every rank: its rows' residual_out, then their out.
+EXC_HD inline size_t fused_two_stage_scratch_elements(int rows, int hidden) {
+  return 2 * static_cast<size_t>(rows) * static_cast<size_t>(hidden);
+}
+
+// Rows [begin, end).
+struct RowRange {
+  int begin = 0, end = 0;
+};
+
+// Returns rank `rank`'s rows in two_stage: contiguous, as even as possible (rows * r / n).
+EXC_HD inline RowRange fused_rank_rows(int rows, int rank, int n) {
+  RowRange r;
+  r.begin = static_cast<int>(static_cast<int64_t>(rows) * rank / n);
+  r.end = static_cast<int>(static_cast<int64_t>(rows) * (rank + 1) / n);
+  return r;
+}
+
+// Returns block `block`'s rows of [range.begin, range.end): contiguous chunks of ceil(count / blocks).
+EXC_HD inline RowRange fused_block_rows(RowRange range, int block, int num_blocks) {
+  const int count = range.end - range.begin;
+  const int chunk = (count + num_blocks - 1) / num_blocks;
+  RowRange r;
+  r.begin = range.begin + (chunk * block < count ? chunk * block : count);
+  r.end = range.begin + (chunk * (block + 1) < count ? chunk * (block + 1) : count);
+  return r;
+}
+
+// Records the accesses of a row range to every rank's input (reads) and the given buffers.
+template <class Ctx>
+EXC_HD void trace_rows(Ctx& ctx, size_t begin, size_t end, bool reads_inputs, int peer, Buffer buffer,
+                       Access access) {
+  if constexpr (Ctx::kTraceSteps) {
+    if (end <= begin) return;
+    if (reads_inputs) {
+      for (int r = 0; r < ctx.world_size(); ++r) ctx.trace_access(Access::kRead, r, Buffer::kInput, begin, end);
+    }
+    ctx.trace_access(access, peer, buffer, begin, end);
+  } else {
+    (void)ctx, (void)begin, (void)end, (void)reads_inputs, (void)peer, (void)buffer, (void)access;
+  }
+}
+
+// ---- Row steps, shared by the algorithms ---------------------------------------------------------------
+
+// Computes residual_out and out for one row, every thread of the block taking part. Steps:
+//   1. threads stride over the row's packs: s = fold over ranks (fold_pack), residual_out =
+//      residual_add(s, residual), stored to residual_out (and copy_residual_out when not null);
+//   2. sync_block, so that every thread sees the whole row;
+//   3. ss = ctx.row_sum_squares(tree, row of residual_out); inv = rmsnorm_inverse(ss, H, eps);
+//   4. threads stride over the packs: out = rmsnorm_scale(residual_out, inv, weight), stored to
+//      out (and copy_out when not null);
+//   5. sync_block: the next row may reuse what the reduction in step 3 used.
+// residual_out/out/copy_* point at element 0 of the row in their buffers.
+template <class T, int kRanks, class Ctx>
+EXC_HD void fused_row(Ctx& ctx, const contract::RmsNormTree& tree, size_t row_begin, const T* residual,
+                      const T* weight, float eps, T* residual_out, T* out, T* copy_residual_out, T* copy_out) {
+  constexpr int P = Storage<T>::kPack;
+  const int np = tree.num_packs;
+  for (int p = ctx.thread(); p < np; p += ctx.num_threads()) {
+    const size_t j = static_cast<size_t>(p) * P;
+    const Pack<T> s = fold_pack<T, kRanks>(ctx, row_begin + j);
+    const Pack<T> res = ctx.load(reinterpret_cast<const Pack<T>*>(residual + j));
+    Pack<T> ro;
+    for (int e = 0; e < P; ++e) ro.v[e] = contract::residual_add<T>(s.v[e], res.v[e]);
+    ctx.store(reinterpret_cast<Pack<T>*>(residual_out + j), ro);
+    if (copy_residual_out != nullptr) ctx.store(reinterpret_cast<Pack<T>*>(copy_residual_out + j), ro);
+  }
+  ctx.sync_block();
+  const T* ro_row = residual_out;
+  const float ss = ctx.row_sum_squares(tree, [ro_row](int j) { return to_float(ro_row[j]); });
+  const float inv = contract::rmsnorm_inverse(ss, tree.hidden, eps);
+  for (int p = ctx.thread(); p < np; p += ctx.num_threads()) {
+    const size_t j = static_cast<size_t>(p) * P;
+    const Pack<T> v = ctx.load(reinterpret_cast<const Pack<T>*>(residual_out + j));
+    const Pack<T> w = ctx.load(reinterpret_cast<const Pack<T>*>(weight + j));
+    Pack<T> y;
+    for (int e = 0; e < P; ++e) y.v[e] = contract::rmsnorm_scale<T>(to_float(v.v[e]), inv, w.v[e]);
+    ctx.store(reinterpret_cast<Pack<T>*>(out + j), y);
+    if (copy_out != nullptr) ctx.store(reinterpret_cast<Pack<T>*>(copy_out + j), y);
+  }
+  ctx.sync_block();
+}
+
+// ---- The fused algorithms (one kernel launch's work for one block of one rank) ---------------------------
+// Preconditions common to both: fused_rmsnorm_args_error(args) == nullptr; every rank calls with
+// the same rows, H, eps and grid (num_blocks <= kMaxBlocks); world_size <= kMaxRanks; every rank's
+// x is in place in ctx.input(rank) before the launch.
+
+// one_stage: every rank reduces every row itself. Steps:
+//   1. barrier: every peer's x is in place;
+//   2. for each of this block's rows (contiguous chunks of all rows): fused_row into
+//      args.residual_out and args.out (this rank's memory only);
+//   3. barrier (end): no peer reuses its x while this rank may still read it.
+template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Ctx>
+EXC_HD void fused_rmsnorm_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(args.hidden, &tree);
+  const size_t H = static_cast<size_t>(args.hidden);
+  uint32_t barriers = load_barrier_count(ctx);
+  block_barrier<Protocol>(ctx, &barriers);
+  const RowRange mine = fused_block_rows(RowRange{0, args.rows}, ctx.block(), ctx.num_blocks());
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("fused_rows");
+    trace_rows(ctx, mine.begin * H, mine.end * H, true, ctx.rank(), Buffer::kOutput, Access::kWrite);
+    ctx.trace_step_end();
+  }
+  for (int row = mine.begin; row < mine.end; ++row) {
+    const size_t base = static_cast<size_t>(row) * H;
+    fused_row<T, kRanks>(ctx, tree, base, args.residual + base, args.weight, args.eps, args.residual_out + base,
+                         args.out + base, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
+  }
+  if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
+// two_stage: ranks reduce disjoint row slices, then every rank gathers all rows. Steps:
+//   1. barrier: every peer's x is in place;
+//   2. for each of this block's rows of this rank's slice (fused_rank_rows): fused_row into
+//      args.residual_out/args.out and into this rank's scratch (residual_out rows at [0, rows*H),
+//      out rows at [rows*H, 2*rows*H));
+//   3. barrier: every slice is published;
+//   4. copy each peer's rows (peers rank+1, rank+2, ...) of both halves from its scratch into
+//      args.residual_out and args.out (a bit copy); block b copies the rows the peer's block b
+//      wrote in step 2, the only ones its pairwise barrier vouches for;
+//   5. barrier (end): no peer overwrites its scratch while this rank may still read it.
+template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Ctx>
+EXC_HD void fused_rmsnorm_two_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
+  constexpr int P = Storage<T>::kPack;
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(args.hidden, &tree);
+  const size_t H = static_cast<size_t>(args.hidden);
+  const size_t total = static_cast<size_t>(args.rows) * H;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  uint32_t barriers = load_barrier_count(ctx);
+  block_barrier<Protocol>(ctx, &barriers);
+  {
+    const RowRange slice = fused_rank_rows(args.rows, me, n);
+    const RowRange mine = fused_block_rows(slice, ctx.block(), ctx.num_blocks());
+    T* scratch = ctx.scratch(me);
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("fused_slice");
+      trace_rows(ctx, mine.begin * H, mine.end * H, true, me, Buffer::kScratch, Access::kWrite);
+      trace_rows(ctx, mine.begin * H, mine.end * H, false, me, Buffer::kOutput, Access::kWrite);
+      ctx.trace_step_end();
+    }
+    for (int row = mine.begin; row < mine.end; ++row) {
+      const size_t base = static_cast<size_t>(row) * H;
+      fused_row<T, kRanks>(ctx, tree, base, args.residual + base, args.weight, args.eps, args.residual_out + base,
+                           args.out + base, scratch + base, scratch + total + base);
+    }
+  }
+  block_barrier<Protocol>(ctx, &barriers);
+  for (int k = 1; k < n; ++k) {
+    const int peer = (me + k) % n;
+    // Block b copies exactly the rows that the peer's block b wrote: the barrier is pairwise per
+    // block, so only those rows are known to be published.
+    const RowRange theirs = fused_block_rows(fused_rank_rows(args.rows, peer, n), ctx.block(), ctx.num_blocks());
+    const BlockShare share = block_share(theirs.begin * H, theirs.end * H, P, 0, 1);
+    const T* src = ctx.scratch(peer);
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("gather_rows");
+      trace_share(ctx, share, Access::kRead, peer, Buffer::kScratch);
+      trace_share(ctx, share, Access::kRead, peer, Buffer::kScratch, total);
+      trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
+      ctx.trace_step_end();
+    }
+    copy_range<T>(ctx, share, src, args.residual_out, 0);
+    copy_range<T>(ctx, share, src + total, args.out, 0);
+  }
+  if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
+// ---- The unfused steps (local kernels; the caller runs an all-reduce first) -------------------------------
+// unfused = allreduce (one_shot or two_shot, into s) + residual_add_step + rmsnorm_step, three
+// launches. Neither step talks to peers, so neither has a barrier.
+
+// residual_out[i] = residual_add(s[i], residual[i]) for this block's share of [0, rows*H).
+template <class T, class Ctx>
+EXC_HD void residual_add_step(Ctx& ctx, const T* s, const T* residual, T* residual_out, size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  const BlockShare share = block_share(0, count, P, ctx.block(), ctx.num_blocks());
+  for_share(
+      ctx, share, P,
+      [&](size_t i) {
+        const Pack<T> a = ctx.load(reinterpret_cast<const Pack<T>*>(s + i));
+        const Pack<T> b = ctx.load(reinterpret_cast<const Pack<T>*>(residual + i));
+        Pack<T> y;
+        for (int e = 0; e < P; ++e) y.v[e] = contract::residual_add<T>(a.v[e], b.v[e]);
+        ctx.store(reinterpret_cast<Pack<T>*>(residual_out + i), y);
+      },
+      [&](size_t i) { residual_out[i] = contract::residual_add<T>(s[i], residual[i]); });
+  ctx.sync_block();
+}
+
+// out = canonical RMSNorm of v, rows over blocks (contiguous chunks). Preconditions: H a positive
+// multiple of the pack; v, weight, out 16-byte aligned.
+template <class T, class Ctx>
+EXC_HD void rmsnorm_step(Ctx& ctx, const T* v, const T* weight, T* out, int rows, int hidden, float eps) {
+  constexpr int P = Storage<T>::kPack;
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(hidden, &tree);
+  const RowRange mine = fused_block_rows(RowRange{0, rows}, ctx.block(), ctx.num_blocks());
+  for (int row = mine.begin; row < mine.end; ++row) {
+    const T* vr = v + static_cast<size_t>(row) * hidden;
+    T* yr = out + static_cast<size_t>(row) * hidden;
+    const float ss = ctx.row_sum_squares(tree, [vr](int j) { return to_float(vr[j]); });
+    const float inv = contract::rmsnorm_inverse(ss, hidden, eps);
+    for (int p = ctx.thread(); p < tree.num_packs; p += ctx.num_threads()) {
+      const size_t j = static_cast<size_t>(p) * P;
+      const Pack<T> x = ctx.load(reinterpret_cast<const Pack<T>*>(vr + j));
+      const Pack<T> w = ctx.load(reinterpret_cast<const Pack<T>*>(weight + j));
+      Pack<T> y;
+      for (int e = 0; e < P; ++e) y.v[e] = contract::rmsnorm_scale<T>(to_float(x.v[e]), inv, w.v[e]);
+      ctx.store(reinterpret_cast<Pack<T>*>(yr + j), y);
+    }
+    ctx.sync_block();
+  }
+}
+
+}  // namespace exactcoll
