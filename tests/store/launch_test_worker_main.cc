@@ -1,0 +1,16 @@
+// A stand-in for the exactcoll binary with only `launch` and `store_worker` linked in, so that
+// launch's re-exec of /proc/self/exe finds the test worker.
+#include <iostream>
+#include <string>
+
+#include "tools/cli.h"
+
+int main(int argc, char** argv) {
+  if (argc >= 2) {
+    for (const auto& command : exactcoll::cli::registered_commands()) {
+      if (command.name == argv[1]) return command.run(argc - 1, argv + 1);
+    }
+  }
+  std::cerr << "usage: launch_test_worker launch|store_worker …\n";
+  return exactcoll::cli::kExitUsage;
+}

@@ -1,0 +1,546 @@
+// The TCP rendezvous store: every Store operation across client threads, the timeouts' messages,
+// and the refusals (wrong token, malformed, truncated and oversized frames, silent clients) that
+// must not harm the server or the other clients. Every server binds port 0 (no fixed ports).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_backend/store/tcp_store_client.h"
+#include "cuda_backend/store/tcp_store_server.h"
+#include "cuda_backend/store/wire.h"
+
+namespace exactcoll {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using std::chrono::milliseconds;
+using store_wire::Op;
+using store_wire::PayloadWriter;
+
+const std::string kToken = "0123456789abcdef0123456789abcdef";
+
+// Expects `statement` to throw StoreError whose message contains every one of `parts`.
+#define EXPECT_STORE_ERROR(statement, ...)                                        \
+  do {                                                                            \
+    try {                                                                         \
+      statement;                                                                  \
+      ADD_FAILURE() << "no StoreError from: " #statement;                         \
+    } catch (const StoreError& e) {                                               \
+      for (const std::string& part : std::vector<std::string>{__VA_ARGS__}) {     \
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos)            \
+            << "message '" << e.what() << "' lacks '" << part << "'";             \
+      }                                                                           \
+    }                                                                             \
+  } while (0)
+
+TcpStoreServerOptions server_options() {
+  TcpStoreServerOptions options;
+  options.token = kToken;
+  return options;
+}
+
+std::unique_ptr<TcpStoreClient> connect_client(uint16_t port, const std::string& token = kToken,
+                                               milliseconds connect_timeout = milliseconds(3000)) {
+  TcpStoreClientOptions options;
+  options.port = port;
+  options.token = token;
+  options.connect_timeout = connect_timeout;
+  options.request_timeout = milliseconds(3000);
+  return std::make_unique<TcpStoreClient>(options);
+}
+
+std::vector<uint8_t> hello_frame(const std::string& token) {
+  return PayloadWriter().u8(static_cast<uint8_t>(Op::kHello)).u32(store_wire::kProtocolVersion).str(token).frame();
+}
+
+// A hand-driven connection for sending bytes the real client never would.
+class RawConnection {
+ public:
+  explicit RawConnection(uint16_t port) : socket_(io_) {
+    socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  }
+
+  void send(const std::vector<uint8_t>& bytes) { asio::write(socket_, asio::buffer(bytes)); }
+
+  // Returns one reply payload, or nullopt if none arrives within `timeout` or the connection ends.
+  std::optional<std::vector<uint8_t>> read_frame(milliseconds timeout) {
+    std::array<uint8_t, 4> prefix{};
+    std::vector<uint8_t> payload;
+    boost::system::error_code result = asio::error::would_block;
+    io_.restart();
+    asio::async_read(socket_, asio::buffer(prefix), [&](boost::system::error_code ec, size_t) {
+      if (ec) {
+        result = ec;
+        return;
+      }
+      payload.resize(store_wire::decode_length(prefix));
+      asio::async_read(socket_, asio::buffer(payload), [&](boost::system::error_code body_ec, size_t) { result = body_ec; });
+    });
+    io_.run_for(timeout);
+    if (result == asio::error::would_block) {
+      socket_.cancel();
+      io_.restart();
+      io_.run();
+      return std::nullopt;
+    }
+    if (result) return std::nullopt;
+    return payload;
+  }
+
+  // Returns true once the server has closed the connection (EOF or reset), false if it is still
+  // open after `timeout`. Anything the server sent first is discarded.
+  bool closed_by_server_within(milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::array<uint8_t, 256> sink{};
+    while (std::chrono::steady_clock::now() < deadline) {  // bounded by the deadline
+      boost::system::error_code result = asio::error::would_block;
+      io_.restart();
+      socket_.async_read_some(asio::buffer(sink), [&](boost::system::error_code ec, size_t) { result = ec; });
+      io_.run_until(deadline);
+      if (result == asio::error::would_block) {
+        socket_.cancel();
+        io_.restart();
+        io_.run();
+        return false;
+      }
+      if (result) return true;  // eof or connection_reset
+    }
+    return false;
+  }
+
+  void close() { socket_.close(); }
+
+ private:
+  asio::io_context io_;
+  tcp::socket socket_;
+};
+
+// Status byte of a reply payload.
+uint8_t status_of(const std::vector<uint8_t>& payload) { return payload.empty() ? 0xFF : payload[0]; }
+
+// A fresh client can set and read back a key: the server is alive and serving.
+void expect_server_serves(uint16_t port, const std::string& key) {
+  auto client = connect_client(port);
+  client->set(key, "alive");
+  EXPECT_EQ(client->get(key, milliseconds(1000)), "alive");
+}
+
+TEST(TcpStoreTest, SetGetAddEraseBarrierAcrossThreads) {
+  TcpStoreServer server(server_options());
+  constexpr int kRanks = 4;
+  std::vector<std::thread> ranks;
+  std::atomic<int> failures{0};
+  std::vector<int64_t> last_add(kRanks, 0);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    ranks.emplace_back([&, rank] {
+      try {
+        auto store = connect_client(server.port());
+        store->set("value/" + std::to_string(rank), "rank" + std::to_string(rank));
+        for (int peer = 0; peer < kRanks; ++peer) {
+          if (store->get("value/" + std::to_string(peer), milliseconds(3000)) != "rank" + std::to_string(peer)) {
+            ++failures;
+          }
+        }
+        last_add[rank] = store->add("counter", 10);
+        store->barrier("after-add", kRanks, milliseconds(3000));
+        if (store->get("counter", milliseconds(0)) != "40") ++failures;  // add keeps decimal text
+        store->barrier("after-read", kRanks, milliseconds(3000));
+        // Exactly one rank erases each key; the others find it gone.
+        if (store->erase("value/" + std::to_string((rank + 1) % kRanks)) != true) ++failures;
+        store->barrier("after-erase", kRanks, milliseconds(3000));
+        if (store->erase("value/" + std::to_string(rank)) != false) ++failures;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << rank << ": " << e.what();
+        ++failures;
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  std::sort(last_add.begin(), last_add.end());
+  EXPECT_EQ(last_add, (std::vector<int64_t>{10, 20, 30, 40}));  // every add saw a distinct sum
+}
+
+TEST(TcpStoreTest, GetWaitsForALaterSet) {
+  TcpStoreServer server(server_options());
+  auto waiter = connect_client(server.port());
+  auto setter = connect_client(server.port());
+  std::thread late([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    setter->set("late-key", std::string("\0binary\xff", 8));
+  });
+  EXPECT_EQ(waiter->get("late-key", milliseconds(3000)), std::string("\0binary\xff", 8));
+  late.join();
+}
+
+TEST(TcpStoreTest, AddAndSetOverwriteAndOverflow) {
+  TcpStoreServer server(server_options());
+  auto store = connect_client(server.port());
+  EXPECT_EQ(store->add("n", 5), 5);
+  EXPECT_EQ(store->add("n", -7), -2);
+  store->set("n", "41");
+  EXPECT_EQ(store->add("n", 1), 42);
+  store->set("text", "not a number");
+  EXPECT_STORE_ERROR(store->add("text", 1), "add 'text'", "not a whole number");
+  store->set("big", std::to_string(INT64_MAX));
+  EXPECT_STORE_ERROR(store->add("big", 1), "add 'big'", "overflows");
+  EXPECT_EQ(store->get("big", milliseconds(0)), std::to_string(INT64_MAX));  // unchanged
+  EXPECT_EQ(store->add("n", 0), 42);  // the connection survived the errors
+}
+
+TEST(TcpStoreTest, GetTimeoutNamesTheKey) {
+  TcpStoreServer server(server_options());
+  auto store = connect_client(server.port());
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_STORE_ERROR(store->get("handles/rank3", milliseconds(150)), "get 'handles/rank3'", "within 150 ms");
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(150));
+  EXPECT_STORE_ERROR(store->get("never", milliseconds(0)), "get 'never'");
+  store->set("handles/rank3", "x");  // the connection is still usable after a timeout
+  EXPECT_EQ(store->get("handles/rank3", milliseconds(0)), "x");
+}
+
+TEST(TcpStoreTest, BarrierTimeoutNamesBarrierAndCount) {
+  TcpStoreServer server(server_options());
+  auto alone = connect_client(server.port());
+  EXPECT_STORE_ERROR(alone->barrier("exchange/1", 3, milliseconds(100)), "barrier 'exchange/1'", "only 1 of 3");
+
+  // A waits long; B arrives 100 ms later with a short timeout and reports both of them. Then A
+  // times out and reports only itself: B left, and a caller that left does not count.
+  auto a = connect_client(server.port());
+  auto b = connect_client(server.port());
+  std::string a_message;
+  std::thread a_thread([&] {
+    try {
+      a->barrier("half", 3, milliseconds(900));
+    } catch (const StoreError& e) {
+      a_message = e.what();
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_STORE_ERROR(b->barrier("half", 3, milliseconds(200)), "barrier 'half'", "only 2 of 3", "within 200 ms");
+  a_thread.join();
+  EXPECT_NE(a_message.find("only 1 of 3"), std::string::npos) << a_message;
+}
+
+TEST(TcpStoreTest, BarrierNameIsReusable) {
+  TcpStoreServer server(server_options());
+  constexpr int kRanks = 3;
+  constexpr int kRounds = 30;
+  std::vector<std::thread> ranks;
+  std::atomic<int> passed{0};
+  for (int rank = 0; rank < kRanks; ++rank) {
+    ranks.emplace_back([&] {
+      try {
+        auto store = connect_client(server.port());
+        for (int round = 0; round < kRounds; ++round) {
+          store->barrier("same-name", kRanks, milliseconds(3000));
+          ++passed;
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(passed.load(), kRanks * kRounds);
+}
+
+TEST(TcpStoreTest, BarrierWorldSizeMismatchIsAnError) {
+  TcpStoreServer server(server_options());
+  auto a = connect_client(server.port());
+  auto b = connect_client(server.port());
+  std::thread a_thread([&] {
+    EXPECT_STORE_ERROR(a->barrier("mismatch", 2, milliseconds(400)), "only 1 of 2");
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_STORE_ERROR(b->barrier("mismatch", 3, milliseconds(400)), "barrier 'mismatch'", "world_size 3",
+                     "world_size 2");
+  a_thread.join();
+  EXPECT_STORE_ERROR(a->barrier("zero", 0, milliseconds(10)), "world_size must be at least 1");
+}
+
+TEST(TcpStoreTest, WrongTokenIsRefusedWhileOthersKeepWorking) {
+  TcpStoreServer server(server_options());
+  auto good = connect_client(server.port());
+  good->set("before", "1");
+
+  EXPECT_STORE_ERROR(connect_client(server.port(), "not-the-token"), "hello", "wrong token");
+  EXPECT_STORE_ERROR(connect_client(server.port(), ""), "hello", "wrong token");
+  // A token that shares a prefix with the real one is refused as well.
+  EXPECT_STORE_ERROR(connect_client(server.port(), kToken + "x"), "wrong token");
+
+  // Raw: a wrong-token hello, then a set anyway -> closed, the set never lands.
+  RawConnection raw(server.port());
+  raw.send(hello_frame("guess"));
+  raw.send(PayloadWriter().u8(static_cast<uint8_t>(Op::kSet)).str("intruder").str("x").frame());
+  EXPECT_TRUE(raw.closed_by_server_within(milliseconds(2000)));
+
+  EXPECT_EQ(good->get("before", milliseconds(0)), "1");
+  EXPECT_STORE_ERROR(good->get("intruder", milliseconds(0)), "get 'intruder'");
+  expect_server_serves(server.port(), "after-wrong-token");
+}
+
+TEST(TcpStoreTest, FirstFrameMustBeHello) {
+  TcpStoreServer server(server_options());
+  RawConnection raw(server.port());
+  raw.send(PayloadWriter().u8(static_cast<uint8_t>(Op::kSet)).str("k").str("v").frame());
+  const auto reply = raw.read_frame(milliseconds(2000));
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(status_of(*reply), static_cast<uint8_t>(store_wire::Status::kError));
+  EXPECT_TRUE(raw.closed_by_server_within(milliseconds(2000)));
+  auto client = connect_client(server.port());
+  EXPECT_STORE_ERROR(client->get("k", milliseconds(0)), "get 'k'");  // the set was not applied
+}
+
+TEST(TcpStoreTest, ProtocolVersionMismatchIsRefused) {
+  TcpStoreServer server(server_options());
+  RawConnection raw(server.port());
+  raw.send(PayloadWriter().u8(static_cast<uint8_t>(Op::kHello)).u32(99).str(kToken).frame());
+  EXPECT_TRUE(raw.closed_by_server_within(milliseconds(2000)));
+  expect_server_serves(server.port(), "after-version");
+}
+
+// Each malformed frame is sent after a valid hello; the connection must be closed, and a client
+// connected all along must keep working.
+TEST(TcpStoreTest, MalformedFramesCloseOnlyThatConnection) {
+  TcpStoreServer server(server_options());
+  auto bystander = connect_client(server.port());
+  const std::vector<std::pair<std::string, std::vector<uint8_t>>> cases = {
+      {"unknown op", PayloadWriter().u8(77).str("k").frame()},
+      {"op zero", PayloadWriter().u8(0).frame()},
+      {"second hello", hello_frame(kToken)},
+      {"set missing its value", PayloadWriter().u8(static_cast<uint8_t>(Op::kSet)).str("k").frame()},
+      {"string longer than the frame", PayloadWriter().u8(static_cast<uint8_t>(Op::kErase)).u32(1000).u8('k').frame()},
+      {"string length near 2^32", PayloadWriter().u8(static_cast<uint8_t>(Op::kErase)).u32(0xFFFFFFFFu).frame()},
+      {"trailing bytes", PayloadWriter().u8(static_cast<uint8_t>(Op::kErase)).str("k").u8(0).frame()},
+      {"truncated get", PayloadWriter().u8(static_cast<uint8_t>(Op::kGet)).str("k").u8(1).frame()},
+      {"truncated add", PayloadWriter().u8(static_cast<uint8_t>(Op::kAdd)).str("k").u32(1).frame()},
+      {"truncated barrier", PayloadWriter().u8(static_cast<uint8_t>(Op::kBarrier)).str("b").u32(2).frame()},
+      {"empty frame", {0, 0, 0, 0}},
+  };
+  for (const auto& [name, frame] : cases) {
+    SCOPED_TRACE(name);
+    RawConnection raw(server.port());
+    raw.send(hello_frame(kToken));
+    const auto hello_reply = raw.read_frame(milliseconds(2000));
+    ASSERT_TRUE(hello_reply.has_value());
+    ASSERT_EQ(status_of(*hello_reply), static_cast<uint8_t>(store_wire::Status::kOk));
+    raw.send(frame);
+    EXPECT_TRUE(raw.closed_by_server_within(milliseconds(2000)));
+    bystander->set("bystander", name);
+    EXPECT_EQ(bystander->get("bystander", milliseconds(0)), name);
+  }
+  expect_server_serves(server.port(), "after-malformed");
+}
+
+TEST(TcpStoreTest, OversizedLengthPrefixClosesTheConnection) {
+  TcpStoreServerOptions options = server_options();
+  options.max_frame_bytes = 1024;
+  TcpStoreServer server(options);
+  auto bystander = connect_client(server.port());
+
+  // Authenticated: a prefix announcing 4 GiB, and one just over the limit. The server must refuse
+  // on the prefix alone (it never waits for, or allocates, the announced body).
+  for (const uint32_t announced : {0xFFFFFFFFu, 1025u}) {
+    RawConnection raw(server.port());
+    raw.send(hello_frame(kToken));
+    ASSERT_TRUE(raw.read_frame(milliseconds(2000)).has_value());
+    const auto prefix = store_wire::encode_length(announced);
+    raw.send(std::vector<uint8_t>(prefix.begin(), prefix.end()));
+    const auto reply = raw.read_frame(milliseconds(2000));
+    ASSERT_TRUE(reply.has_value());
+    EXPECT_EQ(status_of(*reply), static_cast<uint8_t>(store_wire::Status::kError));
+    EXPECT_TRUE(raw.closed_by_server_within(milliseconds(2000)));
+  }
+  // Unauthenticated: the first frame may not exceed 4 KiB even when the frame limit is larger.
+  {
+    TcpStoreServer big_server(server_options());
+    RawConnection raw(big_server.port());
+    const auto prefix = store_wire::encode_length(store_wire::kMaxHelloFrameBytes + 1);
+    raw.send(std::vector<uint8_t>(prefix.begin(), prefix.end()));
+    EXPECT_TRUE(raw.closed_by_server_within(milliseconds(2000)));
+  }
+  // Exactly at the limit is fine: 1 (op) + 4 + 3 (key) + 4 + 1012 (value) = 1024 bytes.
+  bystander->set("key", std::string(1012, 'v'));
+  EXPECT_EQ(bystander->get("key", milliseconds(0)).size(), 1012u);
+  // The client refuses to send a frame over the limit it was given, without losing its connection.
+  TcpStoreClientOptions small;
+  small.port = server.port();
+  small.token = kToken;
+  small.max_frame_bytes = 1024;
+  TcpStoreClient limited(small);
+  EXPECT_STORE_ERROR(limited.set("key", std::string(2000, 'v')), "set 'key'", "frame limit of 1024");
+  limited.set("small", "ok");
+  EXPECT_EQ(limited.get("small", milliseconds(0)), "ok");
+}
+
+TEST(TcpStoreTest, SilentAndHalfFrameClientsDoNotBlockOthers) {
+  TcpStoreServerOptions options = server_options();
+  options.hello_timeout = milliseconds(300);
+  TcpStoreServer server(options);
+  RawConnection silent(server.port());        // connects, sends nothing
+  RawConnection half_prefix(server.port());   // sends 2 of the 4 prefix bytes
+  half_prefix.send({10, 0});
+  RawConnection half_body(server.port());     // announces 100 bytes, sends 3
+  half_body.send({100, 0, 0, 0, 1, 2, 3});
+  const auto start = std::chrono::steady_clock::now();
+  expect_server_serves(server.port(), "while-silent");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(250));  // well before the hello timeout
+  // None of them said hello, so the server drops all three at the hello timeout.
+  EXPECT_TRUE(silent.closed_by_server_within(milliseconds(2000)));
+  EXPECT_TRUE(half_prefix.closed_by_server_within(milliseconds(2000)));
+  EXPECT_TRUE(half_body.closed_by_server_within(milliseconds(2000)));
+}
+
+TEST(TcpStoreTest, ClientThatLeavesWhileWaitingIsForgotten) {
+  TcpStoreServer server(server_options());
+  // A raw client enters a barrier of 2 and a get, then disconnects without waiting for replies.
+  {
+    RawConnection raw(server.port());
+    raw.send(hello_frame(kToken));
+    ASSERT_TRUE(raw.read_frame(milliseconds(2000)).has_value());
+    raw.send(PayloadWriter().u8(static_cast<uint8_t>(Op::kBarrier)).str("left").u32(2).u32(10000).frame());
+    std::this_thread::sleep_for(milliseconds(50));
+    raw.close();
+  }
+  {
+    RawConnection raw(server.port());
+    raw.send(hello_frame(kToken));
+    ASSERT_TRUE(raw.read_frame(milliseconds(2000)).has_value());
+    raw.send(PayloadWriter().u8(static_cast<uint8_t>(Op::kGet)).str("awaited").u32(10000).frame());
+    std::this_thread::sleep_for(milliseconds(50));
+    raw.close();
+  }
+  std::this_thread::sleep_for(milliseconds(150));  // the server notices the departures
+  auto store = connect_client(server.port());
+  // The departed caller does not count: this barrier of 2 times out with only this caller.
+  EXPECT_STORE_ERROR(store->barrier("left", 2, milliseconds(100)), "only 1 of 2");
+  store->set("awaited", "v");  // answering nobody must not disturb the server
+  EXPECT_EQ(store->get("awaited", milliseconds(0)), "v");
+}
+
+TEST(TcpStoreTest, SendingWhileWaitingBreaksTheProtocol) {
+  TcpStoreServer server(server_options());
+  RawConnection raw(server.port());
+  raw.send(hello_frame(kToken));
+  ASSERT_TRUE(raw.read_frame(milliseconds(2000)).has_value());
+  raw.send(PayloadWriter().u8(static_cast<uint8_t>(Op::kGet)).str("k").u32(10000).frame());
+  raw.send(PayloadWriter().u8(static_cast<uint8_t>(Op::kSet)).str("k").str("v").frame());
+  EXPECT_TRUE(raw.closed_by_server_within(milliseconds(2000)));
+  expect_server_serves(server.port(), "after-pipelining");
+}
+
+TEST(TcpStoreTest, ManyConcurrentClients) {
+  TcpStoreServer server(server_options());
+  constexpr int kClients = 48;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        auto store = connect_client(server.port());
+        store->add("joined", 1);
+        store->set("client/" + std::to_string(i), std::to_string(i * i));
+        store->barrier("all", kClients, milliseconds(5000));
+        const int peer = (i + 7) % kClients;
+        if (store->get("client/" + std::to_string(peer), milliseconds(0)) != std::to_string(peer * peer)) ++failures;
+        if (store->add("joined", 0) != kClients) ++failures;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "client " << i << ": " << e.what();
+        ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(TcpStoreTest, ConnectionLimitAndStoredBytesLimit) {
+  TcpStoreServerOptions options = server_options();
+  options.max_connections = 2;
+  options.max_stored_bytes = 100;
+  TcpStoreServer server(options);
+  auto first = connect_client(server.port());
+  auto second = connect_client(server.port());
+  EXPECT_STORE_ERROR(connect_client(server.port()), "hello");
+  first->set("k", std::string(50, 'x'));
+  EXPECT_STORE_ERROR(second->set("k2", std::string(60, 'y')), "set 'k2'", "store full");
+  first->set("k", std::string(90, 'x'));  // replacing a value counts only the new size
+  EXPECT_TRUE(first->erase("k"));
+  second->set("k2", std::string(60, 'y'));
+  EXPECT_EQ(second->get("k2", milliseconds(0)).size(), 60u);
+}
+
+TEST(TcpStoreTest, ClientRetriesUntilTheServerStarts) {
+  // Reserve a free port, release it, and start the server there after the client began trying.
+  uint16_t port = 0;
+  {
+    TcpStoreServer probe(server_options());
+    port = probe.port();
+  }
+  std::unique_ptr<TcpStoreServer> server;
+  std::thread late_server([&] {
+    std::this_thread::sleep_for(milliseconds(200));
+    TcpStoreServerOptions options = server_options();
+    options.port = port;
+    server = std::make_unique<TcpStoreServer>(options);
+  });
+  auto client = connect_client(port, kToken, milliseconds(5000));
+  late_server.join();
+  client->set("k", "v");
+  EXPECT_EQ(client->get("k", milliseconds(0)), "v");
+}
+
+TEST(TcpStoreTest, ConnectTimeoutNamesTheEndpoint) {
+  uint16_t port = 0;
+  {
+    TcpStoreServer probe(server_options());
+    port = probe.port();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_STORE_ERROR(connect_client(port, kToken, milliseconds(300)), "127.0.0.1:" + std::to_string(port),
+                     "within 300 ms", "Connection refused");
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, milliseconds(300));  // it kept trying until the deadline
+  EXPECT_LT(waited, milliseconds(2000));
+}
+
+TEST(TcpStoreTest, StoppingTheServerWakesWaitingClients) {
+  auto server = std::make_unique<TcpStoreServer>(server_options());
+  auto store = connect_client(server->port());
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    server->stop();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_STORE_ERROR(store->get("never-set", milliseconds(10000)), "get 'never-set'", "closed the connection");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(3000));
+  stopper.join();
+  EXPECT_STORE_ERROR(store->set("k", "v"), "set 'k'", "lost earlier");
+}
+
+TEST(TcpStoreTest, ServerRefusesBadOptions) {
+  TcpStoreServerOptions no_token;
+  EXPECT_STORE_ERROR(TcpStoreServer{no_token}, "without a token");
+  TcpStoreServerOptions bad_address = server_options();
+  bad_address.bind_address = "not-an-ip";
+  EXPECT_STORE_ERROR(TcpStoreServer{bad_address}, "not-an-ip");
+  TcpStoreServer taken(server_options());
+  TcpStoreServerOptions same_port = server_options();
+  same_port.port = taken.port();
+  EXPECT_STORE_ERROR(TcpStoreServer{same_port}, "cannot listen on 127.0.0.1:" + std::to_string(taken.port()));
+}
+
+}  // namespace
+}  // namespace exactcoll

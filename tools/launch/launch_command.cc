@@ -1,0 +1,83 @@
+// `exactcoll launch --nproc N [--master-port P] [--timeout-s S] -- <command …>`: runs N local
+// workers of this same binary (/proc/self/exe) as one job (tools/launch/launcher.h does the work).
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "tools/cli.h"
+#include "tools/launch/launcher.h"
+
+namespace exactcoll::launch {
+namespace {
+
+constexpr int64_t kMaxProcesses = 1024;
+constexpr double kMaxTimeoutS = 7 * 24 * 3600.0;
+
+int run_launch(int argc, char** argv) {
+  int64_t nproc = 0;
+  int64_t master_port = 0;
+  double timeout_s = 3600;
+  double kill_grace_s = 5;
+  bool no_prefix = false;
+  std::vector<std::string> command;
+  cli::ArgParser parser(
+      "exactcoll launch --nproc N [--master-port P] [--timeout-s S] -- <command> [args…]",
+      "Runs N workers of one job on this machine: each is `exactcoll <command> [args…]` with\n"
+      "RANK and LOCAL_RANK (0..N-1), WORLD_SIZE=N, MASTER_ADDR=127.0.0.1, MASTER_PORT and a fresh\n"
+      "random EXACTCOLL_STORE_TOKEN (32 hex digits from /dev/urandom) that rank 0's rendezvous\n"
+      "store demands from every rank. The rest of the environment, CUDA_VISIBLE_DEVICES included,\n"
+      "is passed through unchanged; workers pick their GPU from LOCAL_RANK.\n"
+      "\n"
+      "Each worker's stderr lines are prefixed with \"[rank R] \"; stdout is passed through as is.\n"
+      "If a worker fails, the others get SIGTERM (SIGKILL after --kill-grace-s), and launch exits\n"
+      "with that worker's exit status (128 + N if signal N killed it), naming the rank. It exits 0\n"
+      "only if every worker exited 0, and 3 when the whole job outlives --timeout-s.\n"
+      "\n"
+      "Under torchrun instead: export EXACTCOLL_STORE_TOKEN yourself (the same value on every\n"
+      "node, at least 16 characters), e.g.\n"
+      "  export EXACTCOLL_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')\n"
+      "\n"
+      "example: exactcoll launch --nproc 2 -- gpu allreduce --in x.npy --out y.npy");
+  parser.add_int("nproc", &nproc, "number of workers (ranks 0..N-1), 1.." + std::to_string(kMaxProcesses));
+  parser.add_int("master-port", &master_port, "rank 0's store port on 127.0.0.1; 0 picks a free one");
+  parser.add_double("timeout-s", &timeout_s, "seconds the whole job may take before every worker is stopped");
+  parser.add_double("kill-grace-s", &kill_grace_s, "seconds between SIGTERM and SIGKILL when stopping workers");
+  parser.add_bool("no-prefix", &no_prefix, "let workers write to stderr directly, without \"[rank R] \"");
+  parser.set_rest(&command, "<command> [args…]: the exactcoll subcommand every worker runs");
+  if (const auto exit_code = parser.parse(argc, argv)) return *exit_code;
+
+  if (!parser.given("nproc")) return cli::fail("launch", "--nproc is required (e.g. --nproc 2)");
+  if (nproc < 1 || nproc > kMaxProcesses) {
+    return cli::fail("launch", "--nproc must be 1.." + std::to_string(kMaxProcesses) + ", got " + std::to_string(nproc));
+  }
+  if (master_port < 0 || master_port > 65535) {
+    return cli::fail("launch", "--master-port must be 0..65535, got " + std::to_string(master_port));
+  }
+  if (!(timeout_s > 0 && timeout_s <= kMaxTimeoutS)) {
+    return cli::fail("launch", "--timeout-s must be > 0 and at most a week, got " + std::to_string(timeout_s));
+  }
+  if (!(kill_grace_s >= 0 && kill_grace_s <= 600)) {
+    return cli::fail("launch", "--kill-grace-s must be 0..600, got " + std::to_string(kill_grace_s));
+  }
+  if (command.empty()) {
+    return cli::fail("launch", "no command to run: put it after `--`, e.g. exactcoll launch --nproc 2 -- verify");
+  }
+  if (command[0] == "launch") return cli::fail("launch", "workers cannot run `launch` themselves");
+
+  LaunchOptions options;
+  options.executable = "/proc/self/exe";  // this very binary, even if its file was replaced since
+  options.argv.push_back("exactcoll");
+  options.argv.insert(options.argv.end(), command.begin(), command.end());
+  options.nproc = static_cast<int>(nproc);
+  options.master_port = static_cast<uint16_t>(master_port);
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
+  options.kill_grace = std::chrono::milliseconds(static_cast<int64_t>(kill_grace_s * 1000.0));
+  options.prefix_stderr = !no_prefix;
+  return run_workers(options);
+}
+
+const cli::Registrar kRegistrar({"launch", "run N local workers of one job (rank, store port, token set up)",
+                                 run_launch});
+
+}  // namespace
+}  // namespace exactcoll::launch
