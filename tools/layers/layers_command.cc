@@ -1,0 +1,155 @@
+// `exactcoll layers`: how far an alternative rounding contract drifts from the canonical one over
+// a residual stream of L layers (tools/layers/layers.h describes the model).
+#include <cstdio>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+
+#include "sim/fused/reference.h"
+#include "tools/cli.h"
+#include "tools/layers/layers.h"
+#include "tools/layers/plot.h"
+#include "tools/npy/npy.h"
+
+namespace exactcoll::layers {
+namespace {
+
+constexpr const char* kCommand = "layers";
+constexpr int64_t kDefaultSeed = 1;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string format(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
+}
+
+plot::Figure make_figure(const LayersOptions& o, const std::vector<LayerRow>& rows) {
+  const std::string name = fused::contract_name(o.contract);
+  plot::Series drift{name + " vs canonical", {}, {}, 0xD62728};
+  plot::Series frac{name + ": residual", {}, {}, 0xD62728};
+  plot::Series frac_out{name + ": normed output", {}, {}, 0x1F77B4};
+  for (const LayerRow& r : rows) {
+    drift.x.push_back(r.layer);
+    drift.y.push_back(r.relative_l2);
+    frac.x.push_back(r.layer);
+    frac.y.push_back(100.0 * r.fraction_differing);
+    frac_out.x.push_back(r.layer);
+    frac_out.y.push_back(100.0 * r.out_fraction_differing);
+  }
+  plot::Figure f;
+  f.title = name + " vs canonical: " + dtype_name(o.dtype) + ", " + std::to_string(o.ranks) + " ranks, " +
+            std::to_string(o.rows) + " rows, H " + std::to_string(o.hidden) + ", seed " + std::to_string(o.seed);
+  f.panels.push_back({"relative L2 drift of the residual stream", "layer", "relative L2 drift", plot::Scale::kAuto, {drift}});
+  f.panels.push_back({"elements that differ from canonical", "layer", "percent of elements", plot::Scale::kLinear,
+                      {frac, frac_out}});
+  return f;
+}
+
+int layers_main(int argc, char** argv) {
+  int64_t layers = 60, ranks = 4, rows = 16, hidden = 4096, seed = kDefaultSeed;
+  double eps = 1e-6;
+  std::string contract_text = "f32_residual", dtype_text = "bf16", plot_path, csv_path;
+  cli::ArgParser parser(
+      "exactcoll layers [--layers L] [--ranks N] [--rows R] [--hidden H] [--contract X] [--dtype D] [--seed S] "
+      "[--plot FILE.svg|FILE.png] [--csv FILE]",
+      "Runs a residual stream through L layers of (partial sums -> fused all-reduce + residual add + RMSNorm)\n"
+      "twice from the same start, once under the canonical contract and once under X, and prints per layer\n"
+      "the fraction of residual elements that differ, their max ULP distance and the relative L2 drift.\n"
+      "Each layer's partial sums are a deterministic pseudo-random mix of the previous normed output\n"
+      "(tools/layers/layers.h). The defaults are the AITER case: 4 ranks, 16 rows, H 4096, f32_residual.");
+  parser.add_int("layers", &layers, "number of layers");
+  parser.add_int("ranks", &ranks, "world size (1..16)");
+  parser.add_int("rows", &rows, "tokens per step");
+  parser.add_int("hidden", &hidden, "hidden size H (a multiple of the pack: 8 for bf16/fp16, 4 for fp32)");
+  parser.add_choice("contract", &contract_text, fused::contract_names(), "the contract compared with canonical");
+  parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
+  parser.add_int("seed", &seed, "seed of every pseudo-random number");
+  parser.add_double("eps", &eps, "RMSNorm epsilon");
+  parser.add_string("plot", &plot_path, "write a chart of drift against layer (.svg or .png)");
+  parser.add_string("csv", &csv_path, "write the table as CSV");
+  if (auto code = parser.parse(argc, argv)) return *code;
+
+  // 1. Validate everything before computing anything.
+  LayersOptions o;
+  if (layers < 1 || layers > 100000) return cli::fail(kCommand, "--layers must be in 1..100000");
+  if (ranks < 1 || ranks > 16) return cli::fail(kCommand, "--ranks must be in 1..16");
+  if (rows < 1 || rows > 1 << 20) return cli::fail(kCommand, "--rows must be in 1..1048576");
+  if (hidden < 1 || hidden > 1 << 20) return cli::fail(kCommand, "--hidden must be in 1..1048576");
+  if (seed < 0) return cli::fail(kCommand, "--seed must be >= 0");
+  if (!plot_path.empty() && !ends_with(plot_path, ".svg") && !ends_with(plot_path, ".png")) {
+    return cli::fail(kCommand, "--plot wants a file name ending in .svg or .png, got '" + plot_path + "'");
+  }
+  o.layers = static_cast<int>(layers);
+  o.ranks = static_cast<int>(ranks);
+  o.rows = static_cast<int>(rows);
+  o.hidden = static_cast<int>(hidden);
+  o.seed = static_cast<uint64_t>(seed);
+  o.eps = static_cast<float>(eps);
+  o.dtype = dtype_text == "fp32" ? DType::kFP32 : dtype_text == "fp16" ? DType::kFP16 : DType::kBF16;
+  fused::parse_contract(contract_text, &o.contract);
+
+  // 2. Simulate.
+  std::vector<LayerRow> table;
+  try {
+    table = simulate_layers(o);
+  } catch (const std::invalid_argument& e) {
+    return cli::fail(kCommand, e.what());
+  }
+
+  // 3. Print, then write the CSV and the plot (each atomically).
+  std::cout << "exactcoll layers: canonical vs " << contract_text << ", " << dtype_text << ", " << o.ranks
+            << " ranks, " << o.rows << " rows, hidden " << o.hidden << ", " << o.layers << " layers, seed " << o.seed
+            << (parser.given("seed") ? "" : " (the default; --seed N for another)") << "\n";
+  if (o.contract == fused::FusedContract::kCanonical) {
+    std::cout << "(canonical against itself: every row must show 0)\n";
+  }
+  std::cout << "layer  residual differing  of which 1-4 ULP  max ULP  relative L2 drift  out differing  out max ULP\n";
+  std::string csv = "layer,residual_fraction_differing,residual_within_4ulp,residual_max_ulp,relative_l2_drift,"
+                    "out_fraction_differing,out_max_ulp,residual_nan_mismatch\n";
+  for (const LayerRow& r : table) {
+    char line[200];
+    std::snprintf(line, sizeof line, "%5d  %17.2f%%  %15.2f%%  %7llu  %17.4e  %12.2f%%  %11llu\n", r.layer,
+                  100.0 * r.fraction_differing, 100.0 * r.within_4ulp, static_cast<unsigned long long>(r.max_ulp),
+                  r.relative_l2,
+                  100.0 * r.out_fraction_differing, static_cast<unsigned long long>(r.out_max_ulp));
+    std::cout << line;
+    std::snprintf(line, sizeof line, "%d,%.9g,%.9g,%llu,%.9g,%.9g,%llu,%zu\n", r.layer, r.fraction_differing,
+                  r.within_4ulp, static_cast<unsigned long long>(r.max_ulp), r.relative_l2, r.out_fraction_differing,
+                  static_cast<unsigned long long>(r.out_max_ulp), r.nan_mismatch);
+    csv += line;
+  }
+  const LayerRow& last = table.back();
+  std::cout << "after " << last.layer << " layers: " << format("%.2f", 100.0 * last.fraction_differing)
+            << "% of the residual stream differs from canonical, relative L2 drift "
+            << format("%.4e", last.relative_l2) << "\n";
+  try {
+    if (!csv_path.empty()) {
+      npy::write_file_atomic(cli::resolve_path(csv_path), csv.data(), csv.size());
+      std::cout << "wrote " << csv_path << "\n";
+    }
+    if (!plot_path.empty()) {
+      const plot::Figure figure = make_figure(o, table);
+      if (ends_with(plot_path, ".svg")) {
+        const std::string svg = plot::render_svg(figure);
+        npy::write_file_atomic(cli::resolve_path(plot_path), svg.data(), svg.size());
+      } else {
+        const std::vector<uint8_t> png = plot::render_png(figure);
+        npy::write_file_atomic(cli::resolve_path(plot_path), png.data(), png.size());
+      }
+      std::cout << "wrote " << plot_path << "\n";
+    }
+  } catch (const std::exception& e) {
+    return cli::fail(kCommand, e.what(), cli::kExitFailure);
+  }
+  return cli::kExitOk;
+}
+
+const cli::Registrar kRegistrar({kCommand, "drift of an alternative rounding contract over L layers (table, CSV, plot)",
+                                 layers_main});
+
+}  // namespace
+}  // namespace exactcoll::layers
