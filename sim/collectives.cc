@@ -1,0 +1,117 @@
+#include "sim/collectives.h"
+
+#include <stdexcept>
+
+#include "core/collectives.h"
+
+namespace exactcoll::sim {
+namespace {
+
+// Enqueues the kernel for storage type T. Untraced runs get the compile-time world size (the
+// GPU's code path: all loads issued before the first add); traced runs the generic one.
+template <class T>
+void enqueue_typed(World& world, const CollectiveSpec& spec, Algorithm algorithm, Launch launch) {
+  const size_t count = spec.count;
+  const Collective op = spec.op;
+  world.enqueue<T>(std::move(launch), [count, op, algorithm](auto& ctx) {
+    dispatch_world_size(ctx.world_size(), [&](auto ranks) {
+      constexpr int kRanks = decltype(ranks)::value;
+      switch (op) {
+        case Collective::kAllReduce:
+          if (algorithm == Algorithm::kTwoShot) {
+            allreduce_two_shot<T, kRanks>(ctx, count);
+          } else {
+            allreduce_one_shot<T, kRanks>(ctx, count);
+          }
+          break;
+        case Collective::kReduceScatter:
+          reduce_scatter<T, kRanks>(ctx, count);
+          break;
+        case Collective::kAllGather:
+          allgather<T, kRanks>(ctx, count);
+          break;
+      }
+    });
+  });
+}
+
+}  // namespace
+
+const char* collective_name(Collective op) {
+  switch (op) {
+    case Collective::kAllReduce: return "allreduce";
+    case Collective::kReduceScatter: return "reduce_scatter";
+    case Collective::kAllGather: return "allgather";
+  }
+  return "?";
+}
+
+const char* algorithm_name(Algorithm a) {
+  switch (a) {
+    case Algorithm::kOneShot: return "one_shot";
+    case Algorithm::kTwoShot: return "two_shot";
+    case Algorithm::kAuto: return "auto";
+  }
+  return "?";
+}
+
+Algorithm resolve_algorithm(const CollectiveSpec& spec) {
+  if (spec.algorithm != Algorithm::kAuto) return spec.algorithm;
+  const size_t bytes = spec.count * static_cast<size_t>(dtype_size(spec.dtype));
+  return bytes < kAutoTwoShotBytes ? Algorithm::kOneShot : Algorithm::kTwoShot;
+}
+
+size_t output_count(Collective op, size_t count, int ranks) {
+  switch (op) {
+    case Collective::kAllReduce: return count;
+    case Collective::kReduceScatter: return count / static_cast<size_t>(ranks);
+    case Collective::kAllGather: return count * static_cast<size_t>(ranks);
+  }
+  return 0;
+}
+
+std::string check_spec(const CollectiveSpec& spec, int ranks) {
+  if (ranks < 1 || ranks > kMaxRanks) {
+    return "ranks must be 1.." + std::to_string(kMaxRanks) + ", got " + std::to_string(ranks);
+  }
+  if (spec.count < 1) return "the element count per rank must be at least 1";
+  if (spec.blocks < 1 || spec.blocks > kMaxBlocks) {
+    return "blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(spec.blocks);
+  }
+  if (spec.op == Collective::kReduceScatter && spec.count % static_cast<size_t>(ranks) != 0) {
+    return "reduce_scatter needs a count divisible by the ranks: " + std::to_string(spec.count) + " elements over " +
+           std::to_string(ranks) + " ranks";
+  }
+  if (spec.op != Collective::kAllReduce && spec.algorithm != Algorithm::kAuto) {
+    return std::string("--algo applies to allreduce only, not ") + collective_name(spec.op);
+  }
+  return "";
+}
+
+std::string launch_name(const CollectiveSpec& spec) {
+  if (spec.op != Collective::kAllReduce) return collective_name(spec.op);
+  return std::string("allreduce_") + algorithm_name(resolve_algorithm(spec));
+}
+
+void enqueue_collective(World& world, const CollectiveSpec& spec, const std::vector<const void*>& inputs,
+                        const std::vector<void*>& outputs) {
+  const std::string problem = check_spec(spec, world.ranks());
+  if (!problem.empty()) throw std::invalid_argument(problem);
+  const Algorithm algorithm = resolve_algorithm(spec);
+  const size_t element = static_cast<size_t>(dtype_size(spec.dtype));
+  Launch launch;
+  launch.name = launch_name(spec);
+  launch.blocks = spec.blocks;
+  launch.inputs = inputs;
+  launch.input_bytes = spec.count * element;
+  launch.scratch_bytes = spec.op == Collective::kAllReduce && algorithm == Algorithm::kTwoShot ? spec.count * element : 0;
+  launch.outputs = outputs;
+  launch.output_bytes = output_count(spec.op, spec.count, world.ranks()) * element;
+  switch (spec.dtype) {
+    case DType::kBF16: enqueue_typed<bf16>(world, spec, algorithm, std::move(launch)); break;
+    case DType::kFP16: enqueue_typed<fp16>(world, spec, algorithm, std::move(launch)); break;
+    case DType::kFP32: enqueue_typed<float>(world, spec, algorithm, std::move(launch)); break;
+  }
+}
+
+}  // namespace exactcoll::sim

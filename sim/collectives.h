@@ -1,0 +1,53 @@
+// The collectives on the simulated world: core/collectives.h's templates launched on every
+// (rank, block), for bf16, fp16 and fp32.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "core/storage.h"
+#include "sim/world.h"
+
+namespace exactcoll::sim {
+
+enum class Collective { kAllReduce, kReduceScatter, kAllGather };
+enum class Algorithm { kOneShot, kTwoShot, kAuto };  // all-reduce only
+
+// `auto` picks one_shot below this many bytes per rank, two_shot at or above. one_shot reads n
+// inputs per rank, two_shot reads each once plus one gather, so two_shot moves less data for large
+// messages; small ones favour one_shot's single barrier round. The bits are the same either way.
+inline constexpr size_t kAutoTwoShotBytes = 256 * 1024;
+
+struct CollectiveSpec {
+  Collective op = Collective::kAllReduce;
+  Algorithm algorithm = Algorithm::kAuto;
+  DType dtype = DType::kBF16;
+  size_t count = 1;  // input elements per rank
+  int blocks = 1;
+};
+
+const char* collective_name(Collective op);
+const char* algorithm_name(Algorithm a);
+
+// Returns the algorithm `auto` stands for (kAuto -> one_shot or two_shot); others unchanged.
+Algorithm resolve_algorithm(const CollectiveSpec& spec);
+
+// Returns the output elements per rank: count (all-reduce), count / ranks (reduce-scatter),
+// ranks * count (all-gather).
+size_t output_count(Collective op, size_t count, int ranks);
+
+// Returns "" when spec is valid on `ranks` ranks, else what is wrong (count < 1, reduce_scatter
+// count not divisible by ranks, blocks outside 1..kMaxBlocks, ranks outside 1..kMaxRanks).
+std::string check_spec(const CollectiveSpec& spec, int ranks);
+
+// The launch name used in traces: "allreduce_one_shot", "allreduce_two_shot", "reduce_scatter",
+// "allgather".
+std::string launch_name(const CollectiveSpec& spec);
+
+// Queues one collective on world. inputs[r]: rank r's count elements (storage bit patterns);
+// outputs[r]: room for output_count() elements. Preconditions: check_spec(spec) == "".
+void enqueue_collective(World& world, const CollectiveSpec& spec, const std::vector<const void*>& inputs,
+                        const std::vector<void*>& outputs);
+
+}  // namespace exactcoll::sim

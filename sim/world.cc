@@ -1,0 +1,288 @@
+#include "sim/world.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "sim/schedulers.h"
+
+namespace exactcoll::sim {
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+std::atomic<uint64_t> next_world_id{1};
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+const char* schedule_name(Schedule s) { return s == Schedule::kThreads ? "threads" : "seeded"; }
+
+World::World(WorldOptions options) : options_(std::move(options)), world_id_(next_world_id.fetch_add(1)) {
+  if (options_.ranks < 1 || options_.ranks > kMaxRanks) {
+    throw std::invalid_argument("a world has 1.." + std::to_string(kMaxRanks) + " ranks, not " +
+                                std::to_string(options_.ranks));
+  }
+  heaps_.resize(options_.ranks);
+  peers_.resize(options_.ranks);
+  for (int r = 0; r < options_.ranks; ++r) {
+    heaps_[r].signals.name = "signals";
+    heaps_[r].input.name = "input";
+    heaps_[r].scratch.name = "scratch";
+    heaps_[r].output.name = "output";
+    allocate(heaps_[r].signals, r, sizeof(SignalBuffer));
+    allocate(heaps_[r].input, r, 64);
+    allocate(heaps_[r].scratch, r, 64);
+  }
+  if (options_.trace) tracer_ = std::make_unique<Tracer>(options_.ranks, options_.trace_elements);
+  for (int r = 0; r < options_.ranks; ++r) {
+    HandleExchangeOptions hx;
+    hx.key_prefix = "sim/world" + std::to_string(world_id_);
+    hx.timeout = options_.wait_timeout;
+    exchangers_.push_back(std::make_unique<HandleExchange>(
+        store_, r, options_.ranks, [this](int peer, const ExportedBuffer& b) { return open_handle(peer, b); },
+        CloseHandleFn{}, hx));
+  }
+  sync_handles();
+}
+
+World::~World() {
+  for (auto& heap : heaps_) {
+    for (Region* region : {&heap.signals, &heap.input, &heap.scratch, &heap.output}) std::free(region->data);
+    for (auto& region : heap.extra) std::free(region.data);
+  }
+}
+
+void World::allocate(Region& region, int rank, size_t bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  void* data = std::aligned_alloc(kAlignment, rounded);
+  if (data == nullptr) {
+    throw std::bad_alloc();
+  }
+  std::memset(data, 0, rounded);
+  std::free(region.data);
+  region.data = static_cast<std::byte*>(data);
+  region.bytes = rounded;
+  region.generation = next_generation_++;
+  (void)rank;
+}
+
+void World::grow(Region& region, int rank, size_t bytes) {
+  if (region.bytes >= bytes) return;
+  allocate(region, rank, bytes);
+  if (&region != &heaps_[rank].output) handles_dirty_ = true;
+}
+
+int World::add_buffer(const std::string& name, size_t bytes) {
+  const int id = static_cast<int>(extra_names_.size());
+  extra_names_.push_back(name);
+  for (int r = 0; r < options_.ranks; ++r) {
+    heaps_[r].extra.emplace_back();
+    heaps_[r].extra.back().name = "extra" + std::to_string(id) + ":" + name;
+    allocate(heaps_[r].extra.back(), r, bytes);
+  }
+  handles_dirty_ = true;
+  return id;
+}
+
+void* World::local_buffer(int id, int rank) const { return heaps_.at(rank).extra.at(id).data; }
+void* World::local_input(int rank) const { return heaps_.at(rank).input.data; }
+void* World::local_scratch(int rank) const { return heaps_.at(rank).scratch.data; }
+SignalBuffer* World::local_signals(int rank) const {
+  return reinterpret_cast<SignalBuffer*>(heaps_.at(rank).signals.data);
+}
+
+const HandleExchangeStats& World::exchange_stats(int rank) const { return exchangers_.at(rank)->stats(); }
+
+std::vector<ExportedBuffer> World::exports(int rank) const {
+  const Heap& heap = heaps_[rank];
+  std::vector<ExportedBuffer> out;
+  auto add = [&](const Region& region) {
+    ExportedBuffer b;
+    b.handle = "sim/" + std::to_string(world_id_) + "/" + std::to_string(rank) + "/" + region.name + "/" +
+               std::to_string(region.generation);
+    b.base = reinterpret_cast<uintptr_t>(region.data);
+    b.size = region.bytes;
+    out.push_back(std::move(b));
+  };
+  add(heap.signals);
+  add(heap.input);
+  add(heap.scratch);
+  for (const Region& region : heap.extra) add(region);
+  return out;
+}
+
+// The simulator's "IPC open": the handle names a region of the peer's heap; opening it yields a
+// pointer into that heap (the same address, ranks sharing one process).
+void* World::open_handle(int peer, const ExportedBuffer& buffer) {
+  const Heap& heap = heaps_.at(peer);
+  auto matches = [&](const Region& region) {
+    const std::string expected = "sim/" + std::to_string(world_id_) + "/" + std::to_string(peer) + "/" + region.name +
+                                 "/" + std::to_string(region.generation);
+    return buffer.handle == expected && buffer.base == reinterpret_cast<uintptr_t>(region.data) &&
+           buffer.size == region.bytes;
+  };
+  for (const Region* region : {&heap.signals, &heap.input, &heap.scratch}) {
+    if (matches(*region)) return region->data;
+  }
+  for (const Region& region : heap.extra) {
+    if (matches(region)) return region.data;
+  }
+  throw std::runtime_error("sim: handle '" + buffer.handle + "' of rank " + std::to_string(peer) +
+                           " names no live region of its heap");
+}
+
+void World::sync_handles() {
+  const int n = options_.ranks;
+  std::vector<std::vector<std::vector<void*>>> results(n);
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        results[r] = exchangers_[r]->exchange(exports(r));
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    if (errors[r]) std::rethrow_exception(errors[r]);
+  }
+  for (int r = 0; r < n; ++r) {
+    PeerTable& table = peers_[r];
+    const auto& res = results[r];
+    table.extra.assign(heaps_[r].extra.size(), {});
+    for (int p = 0; p < n; ++p) {
+      table.signals[p] = static_cast<SignalBuffer*>(res[0][p]);
+      table.input[p] = res[1][p];
+      table.scratch[p] = res[2][p];
+      for (size_t i = 0; i < heaps_[r].extra.size(); ++i) table.extra[i][p] = res[3 + i][p];
+    }
+  }
+  handles_dirty_ = false;
+}
+
+void World::validate(const QueuedLaunch& q) const {
+  const Launch& l = q.launch;
+  const std::string what = "launch '" + l.name + "': ";
+  if (l.blocks < 1 || l.blocks > kMaxBlocks) {
+    throw std::invalid_argument(what + "blocks must be 1.." + std::to_string(kMaxBlocks) + ", not " +
+                                std::to_string(l.blocks));
+  }
+  if (!l.inputs.empty() && static_cast<int>(l.inputs.size()) != options_.ranks) {
+    throw std::invalid_argument(what + "one input per rank is needed");
+  }
+  if (!l.outputs.empty() && static_cast<int>(l.outputs.size()) != options_.ranks) {
+    throw std::invalid_argument(what + "one output per rank is needed");
+  }
+}
+
+void World::stage(int rank, uint32_t k, Executor* executor) {
+  const QueuedLaunch& q = queue_[k];
+  if (!q.launch.inputs.empty() && q.launch.input_bytes > 0) {
+    std::memcpy(heaps_[rank].input.data, q.launch.inputs[rank], q.launch.input_bytes);
+  }
+  if (q.launch.before) q.launch.before(rank);
+  if (tracer_) {
+    TraceEvent e;
+    e.kind = TraceEvent::Kind::kLaunch;
+    e.t = executor->now();
+    e.launch = launch_base_ + k;
+    e.rank = rank;
+    e.block = q.launch.blocks;
+    tracer_->add(std::move(e));
+  }
+  note_progress();
+}
+
+void World::finish(int rank, uint32_t k) {
+  const QueuedLaunch& q = queue_[k];
+  if (!q.launch.outputs.empty() && q.kernel_outputs[rank] != q.launch.outputs[rank]) {
+    std::memcpy(q.launch.outputs[rank], q.kernel_outputs[rank], q.launch.output_bytes);
+  }
+}
+
+BlockEnv World::block_env(int rank, int block, uint32_t k, Executor* executor) {
+  const QueuedLaunch& q = queue_[k];
+  BlockEnv env;
+  env.rank = rank;
+  env.world_size = options_.ranks;
+  env.block = block;
+  env.num_blocks = q.launch.blocks;
+  env.launch = launch_base_ + k;
+  env.peers = &peers_[rank];
+  env.output = q.kernel_outputs.empty() ? nullptr : q.kernel_outputs[rank];
+  env.executor = executor;
+  env.tracer = tracer_.get();
+  return env;
+}
+
+void World::run_block(int rank, int block, uint32_t k, Executor* executor) {
+  const BlockEnv env = block_env(rank, block, k, executor);
+  queue_[k].run_block(env, tracer_ != nullptr);
+  note_progress();
+}
+
+void World::run() {
+  const int n = options_.ranks;
+  // 1. Check the launches and size the heaps for the largest of them.
+  size_t input_bytes = 0, scratch_bytes = 0, output_bytes = 0;
+  uint64_t units = 0;
+  for (const QueuedLaunch& q : queue_) {
+    validate(q);
+    input_bytes = std::max(input_bytes, q.launch.input_bytes);
+    scratch_bytes = std::max(scratch_bytes, q.launch.scratch_bytes);
+    output_bytes = std::max(output_bytes, q.launch.output_bytes);
+    units += static_cast<uint64_t>(n) * (q.launch.blocks + 1);
+  }
+  for (int r = 0; r < n; ++r) {
+    grow(heaps_[r].input, r, input_bytes);
+    grow(heaps_[r].scratch, r, scratch_bytes);
+  }
+  // 2. Outputs: the user's buffer when 16-byte aligned (the context's promise), else staged.
+  for (QueuedLaunch& q : queue_) {
+    q.kernel_outputs.assign(q.launch.outputs.begin(), q.launch.outputs.end());
+    for (int r = 0; r < static_cast<int>(q.kernel_outputs.size()); ++r) {
+      if (!aligned16(q.kernel_outputs[r])) {
+        grow(heaps_[r].output, r, output_bytes);
+        q.kernel_outputs[r] = heaps_[r].output.data;
+      }
+    }
+  }
+  // 3. New or grown buffers: exchange handles (every rank misses, so every rank exchanges).
+  if (handles_dirty_) sync_handles();
+  if (tracer_) {
+    for (const QueuedLaunch& q : queue_) launch_names_.push_back(q.launch.name);
+    tracer_->set_launch_names(launch_names_);
+  }
+  progress_done_.store(0);
+  progress_total_.store(units);
+  // 4. Run; the queue is emptied whatever happens.
+  struct Clear {
+    World* w;
+    ~Clear() {
+      w->launch_base_ += static_cast<uint32_t>(w->queue_.size());
+      w->queue_.clear();
+    }
+  } clear{this};
+  if (options_.schedule == Schedule::kThreads) {
+    ThreadsScheduler scheduler(*this, options_.wait_timeout);
+    scheduler.run();
+  } else {
+    SeededScheduler scheduler(*this, options_.schedule_seed, options_.max_steps);
+    try {
+      scheduler.run();
+    } catch (...) {
+      last_steps_ = scheduler.steps();
+      throw;
+    }
+    last_steps_ = scheduler.steps();
+  }
+}
+
+}  // namespace exactcoll::sim

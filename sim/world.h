@@ -1,0 +1,334 @@
+// The simulated world: N ranks (1..16) in one process, each with its own symmetric heap (signal
+// buffer, input staging, scratch, and any extra buffers a kernel needs), peers' buffers opened
+// through the handle-exchange protocol (core/handle_exchange.h) over an in-process store
+// (sim/local_store.h), and two schedulers for the simulated (rank, block) threads.
+//
+// A kernel is any callable `kernel(ctx)` that is run once by every (rank, block) of a launch, with
+// ctx a SimCtx<T, kTrace> (the execution-context concept of core/collectives.h). A generic lambda
+// works: `[count](auto& ctx) { allreduce_one_shot<bf16>(ctx, count); }`. Launches run in stream
+// order per rank: rank r's launch k+1 (its input staging included) starts only after all of rank
+// r's blocks finished launch k — as on a GPU stream — while different ranks interleave freely.
+//
+// Schedulers:
+//   threads  one OS thread per rank runs its launches and, within a launch, its blocks in order.
+//            That is legal because barriers pair only equal block indices (block b of every rank
+//            reaches barrier k before any block b+1 needs to), so kernels must not make a block
+//            wait for a later block of its own rank. Flag waits spin briefly, then sleep on a
+//            futex, and time out (WorldOptions::wait_timeout) with an error naming the rank,
+//            block, flag set, peer and epoch.
+//   seeded   every simulated thread (rank stream, and (rank, block) per launch) is a fiber; one runs
+//            at a time, and a PRNG seeded from WorldOptions::schedule_seed picks the next runnable
+//            one at every flag signal, flag wait and launch start. A thread waiting for a flag is
+//            runnable only once the flag holds the awaited value. No runnable thread while some
+//            are unfinished is a deadlock, reported with every waiter's flag and epoch; more than
+//            max_steps scheduling steps is reported as a livelock. Both messages end with
+//            "reproduce with --schedule-seed N".
+//
+// Example:
+//   World world({.ranks = 4, .schedule = Schedule::kSeeded, .schedule_seed = 7});
+//   Launch launch{.name = "allreduce_one_shot", .blocks = 2, .inputs = in, .input_bytes = n * 2,
+//                 .outputs = out, .output_bytes = n * 2};
+//   world.enqueue<bf16>(launch, [n](auto& ctx) { allreduce_one_shot<bf16>(ctx, n); });
+//   world.run();  // throws SimError on deadlock, livelock or timeout
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/collectives.h"
+#include "core/handle_exchange.h"
+#include "core/signal.h"
+#include "sim/local_store.h"
+#include "sim/trace.h"
+
+namespace exactcoll::sim {
+
+enum class Schedule { kThreads, kSeeded };
+const char* schedule_name(Schedule s);
+
+enum class SimFailure { kDeadlock, kLivelock, kTimeout, kError };
+
+// A run that did not complete: what went wrong, naming the ranks, blocks, flags and epochs.
+class SimError : public std::runtime_error {
+ public:
+  SimError(SimFailure kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  SimFailure kind() const { return kind_; }
+
+ private:
+  SimFailure kind_;
+};
+
+struct WorldOptions {
+  int ranks = 1;
+  Schedule schedule = Schedule::kThreads;
+  uint64_t schedule_seed = 1;                       // seeded scheduler
+  std::chrono::milliseconds wait_timeout{20000};    // threads scheduler: one flag wait
+  uint64_t max_steps = 100'000'000;                 // seeded scheduler: livelock bound
+  bool trace = false;                               // record steps, signals and waits
+  std::vector<uint64_t> trace_elements;             // also record these elements' folds and roundings
+};
+
+// One launch: a kernel over `blocks` blocks on every rank.
+struct Launch {
+  std::string name;                 // e.g. "allreduce_one_shot" (traces)
+  int blocks = 1;                   // 1..kMaxBlocks
+  std::vector<const void*> inputs;  // per rank, copied into its input buffer first (or empty)
+  size_t input_bytes = 0;           // bytes copied per rank
+  size_t scratch_bytes = 0;         // scratch each rank needs
+  std::vector<void*> outputs;       // per rank: ctx.output() (or empty)
+  size_t output_bytes = 0;          // bytes per rank (a misaligned output is staged and copied out)
+  std::function<void(int rank)> before;  // optional staging of extra buffers, in stream order
+};
+
+// Every peer's symmetric buffers as one rank sees them (opened through the handle exchange).
+struct PeerTable {
+  std::array<SignalBuffer*, kMaxRanks> signals{};
+  std::array<void*, kMaxRanks> input{};
+  std::array<void*, kMaxRanks> scratch{};
+  std::vector<std::array<void*, kMaxRanks>> extra;  // extra[buffer id][peer]
+};
+
+class Executor;
+
+// What one (rank, block) of one launch runs with.
+struct BlockEnv {
+  int rank = 0;
+  int world_size = 1;
+  int block = 0;
+  int num_blocks = 1;
+  uint32_t launch = 0;
+  const PeerTable* peers = nullptr;
+  void* output = nullptr;
+  Executor* executor = nullptr;
+  Tracer* tracer = nullptr;
+};
+
+// The scheduler's side of the flags (threads or seeded).
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual void signal(const BlockEnv& env, uint32_t* flag, uint32_t value, int peer, int set) = 0;
+  virtual void wait(const BlockEnv& env, const uint32_t* flag, uint32_t value, int peer, int set) = 0;
+  // Trace time: scheduling steps (seeded) or nanoseconds since the run started (threads).
+  virtual uint64_t now() const = 0;
+};
+
+// The simulator's execution context (core/collectives.h): one simulated thread per block.
+template <class T, bool kTrace>
+class SimCtx {
+ public:
+  using value_type = T;
+  static constexpr bool kTraceSteps = kTrace;
+  static constexpr bool kTraceElements = kTrace;
+
+  explicit SimCtx(const BlockEnv& env) : env_(env) {}
+
+  int rank() const { return env_.rank; }
+  int world_size() const { return env_.world_size; }
+  int block() const { return env_.block; }
+  int num_blocks() const { return env_.num_blocks; }
+  int thread() const { return 0; }
+  int num_threads() const { return 1; }
+
+  const T* input(int peer) const { return static_cast<const T*>(env_.peers->input[peer]); }
+  T* scratch(int peer) const { return static_cast<T*>(env_.peers->scratch[peer]); }
+  T* output() const { return static_cast<T*>(env_.output); }
+  SignalBuffer* signals(int peer) const { return env_.peers->signals[peer]; }
+  // Extra symmetric buffer `id` (World::add_buffer) of `peer`.
+  void* buffer(int id, int peer) const { return env_.peers->extra[id][peer]; }
+  const BlockEnv& env() const { return env_; }
+
+  void signal(uint32_t* flag, uint32_t value, int peer, int set) {
+    env_.executor->signal(env_, flag, value, peer, set);
+  }
+  void wait(const uint32_t* flag, uint32_t value, int peer, int set) {
+    env_.executor->wait(env_, flag, value, peer, set);
+  }
+  void sync_block() {}
+
+  // 16-byte accesses through memcpy: GCC 12 at -O3 merges core's put_pack branches (an aligned
+  // `*p = x` and an element-wise store for a misaligned destination) into ONE store that keeps
+  // the aligned form — a movaps to a misaligned all-gather destination, observed as a SIGSEGV.
+  // A memcpy store carries no alignment promise, so the merged store is movups (same speed).
+  Pack<T> load(const Pack<T>* p) const {
+    Pack<T> x;
+    std::memcpy(static_cast<void*>(&x), static_cast<const void*>(p), sizeof x);
+    return x;
+  }
+  void store(Pack<T>* p, const Pack<T>& x) const {
+    std::memcpy(static_cast<void*>(p), static_cast<const void*>(&x), sizeof x);
+  }
+
+  // ---- trace hooks (compiled only when kTrace) ----
+  void trace_step_begin(const char* name) {
+    pending_ = TraceEvent{};
+    pending_.kind = TraceEvent::Kind::kStep;
+    pending_.step = name;
+  }
+  void trace_access(Access access, int peer, Buffer buffer, size_t begin, size_t end) {
+    pending_.accesses.push_back({access, peer, buffer, begin, end});
+  }
+  void trace_step_end() {
+    if (env_.tracer == nullptr) return;
+    stamp(pending_);
+    env_.tracer->add(std::move(pending_));
+    pending_ = TraceEvent{};
+  }
+  bool trace_element(size_t index) const { return env_.tracer != nullptr && env_.tracer->element_traced(index); }
+  void trace_fold(size_t index, int input_rank, float acc_before, float x, float acc_after) {
+    TraceEvent e;
+    e.kind = TraceEvent::Kind::kFold;
+    e.index = index;
+    e.input_rank = input_rank;
+    e.acc_before = acc_before;
+    e.x = x;
+    e.acc_after = acc_after;
+    stamp(e);
+    env_.tracer->add(std::move(e));
+  }
+  void trace_round(size_t index, float acc, uint32_t stored_bits) {
+    TraceEvent e;
+    e.kind = TraceEvent::Kind::kRound;
+    e.index = index;
+    e.acc_before = acc;
+    e.stored_bits = stored_bits;
+    e.storage_bytes = static_cast<int>(sizeof(T));
+    T stored;
+    if constexpr (sizeof(T) == 2) {
+      stored = T{static_cast<uint16_t>(stored_bits)};
+    } else {
+      stored = bits_to_float(stored_bits);
+    }
+    e.stored_value = to_float(stored);
+    stamp(e);
+    env_.tracer->add(std::move(e));
+  }
+
+ private:
+  void stamp(TraceEvent& e) const {
+    e.t = env_.executor->now();
+    e.launch = env_.launch;
+    e.rank = env_.rank;
+    e.block = env_.block;
+  }
+  const BlockEnv& env_;
+  TraceEvent pending_;
+};
+
+class World {
+ public:
+  // Creates the ranks' heaps (signal buffers zeroed) and exchanges their handles.
+  // Throws std::invalid_argument for ranks outside 1..kMaxRanks.
+  explicit World(WorldOptions options);
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  int ranks() const { return options_.ranks; }
+  const WorldOptions& options() const { return options_; }
+
+  // Adds an extra symmetric buffer of `bytes` (zeroed) to every rank; returns its id for
+  // SimCtx::buffer(id, peer). Its handles are exchanged before the next run.
+  int add_buffer(const std::string& name, size_t bytes);
+  // This process's address of rank's extra buffer `id` (for staging from the host side).
+  void* local_buffer(int id, int rank) const;
+  // Rank's input and scratch buffers (host side).
+  void* local_input(int rank) const;
+  void* local_scratch(int rank) const;
+  SignalBuffer* local_signals(int rank) const;
+
+  // Queues a launch of kernel; nothing runs until run(). T is the storage type of the SimCtx.
+  template <class T, class Kernel>
+  void enqueue(Launch launch, Kernel kernel) {
+    QueuedLaunch q;
+    q.launch = std::move(launch);
+    q.run_block = [kernel](const BlockEnv& env, bool traced) {
+      if (traced) {
+        SimCtx<T, true> ctx(env);
+        kernel(ctx);
+      } else {
+        SimCtx<T, false> ctx(env);
+        kernel(ctx);
+      }
+    };
+    queue_.push_back(std::move(q));
+  }
+
+  // Runs every queued launch under the scheduler and empties the queue. Throws SimError on a
+  // deadlock, livelock, wait timeout or an exception in a kernel; std::invalid_argument for a
+  // malformed launch (blocks outside 1..kMaxBlocks, inputs or outputs not one per rank).
+  void run();
+
+  // The trace of every run so far (null unless options.trace).
+  const Tracer* tracer() const { return tracer_.get(); }
+  // Progress of the current run: (finished units, total units), readable from any thread.
+  std::pair<uint64_t, uint64_t> progress() const { return {progress_done_.load(), progress_total_.load()}; }
+  // Exchanges every rank's buffer handles (collective over the in-process store, one thread per
+  // rank). run() calls it when a buffer was added or grown; calling it again is a cache hit.
+  void sync_handles();
+  // Handle-exchange statistics of rank's exchanger (tests).
+  const HandleExchangeStats& exchange_stats(int rank) const;
+  // Scheduling steps taken by the last seeded run.
+  uint64_t last_steps() const { return last_steps_; }
+
+  // ---- internals shared with the executors (sim/world.cc) ----
+  struct QueuedLaunch {
+    Launch launch;
+    std::function<void(const BlockEnv&, bool)> run_block;
+    std::vector<void*> kernel_outputs;  // per rank: the user's output, or the staged one
+  };
+  void stage(int rank, uint32_t k, Executor* executor);  // stream step before launch k's blocks
+  void finish(int rank, uint32_t k);      // stream step after launch k's blocks
+  BlockEnv block_env(int rank, int block, uint32_t k, Executor* executor);
+  void run_block(int rank, int block, uint32_t k, Executor* executor);
+  size_t queue_size() const { return queue_.size(); }
+  const QueuedLaunch& queued(uint32_t k) const { return queue_[k]; }
+  void note_progress() { progress_done_.fetch_add(1, std::memory_order_relaxed); }
+  Tracer* mutable_tracer() { return tracer_.get(); }
+  uint32_t launch_id(uint32_t k) const { return launch_base_ + k; }
+
+ private:
+  struct Region {
+    std::string name;
+    size_t bytes = 0;
+    std::byte* data = nullptr;  // 64-byte aligned
+    uint64_t generation = 0;
+  };
+  struct Heap {
+    Region signals, input, scratch, output;  // output: staging for misaligned user outputs (local)
+    std::vector<Region> extra;
+  };
+  void allocate(Region& region, int rank, size_t bytes);
+  void grow(Region& region, int rank, size_t bytes);
+  std::vector<ExportedBuffer> exports(int rank) const;
+  void* open_handle(int peer, const ExportedBuffer& buffer);
+  void validate(const QueuedLaunch& q) const;
+
+  WorldOptions options_;
+  uint64_t world_id_;
+  std::vector<Heap> heaps_;
+  std::vector<std::string> extra_names_;
+  LocalStore store_;
+  std::vector<std::unique_ptr<HandleExchange>> exchangers_;
+  std::vector<PeerTable> peers_;
+  bool handles_dirty_ = true;
+  std::vector<QueuedLaunch> queue_;
+  std::unique_ptr<Tracer> tracer_;
+  std::vector<std::string> launch_names_;
+  uint32_t launch_base_ = 0;  // launch ids continue across runs (traces)
+  std::atomic<uint64_t> progress_done_{0};
+  std::atomic<uint64_t> progress_total_{0};
+  uint64_t last_steps_ = 0;
+  uint64_t next_generation_ = 1;
+};
+
+}  // namespace exactcoll::sim
