@@ -191,6 +191,17 @@ TEST(LaunchTest, UnknownWorkerCommandFailsCleanly) {
   expect_contains(r.out, "exited with status 2");
 }
 
+TEST(LauncherTest, ExecFailureIsAWorkerFailure) {
+  launch::LaunchOptions options;
+  options.executable = "/nonexistent/exactcoll";
+  options.argv = {"exactcoll", "verify"};
+  options.nproc = 2;
+  options.timeout = std::chrono::milliseconds(10000);
+  const auto start = Clock::now();
+  EXPECT_EQ(launch::run_workers(options), 127);  // the worker's exit status after a failed execve
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(8000));
+}
+
 TEST(LauncherTest, TokensAreFreshHex) {
   std::set<std::string> tokens;
   for (int i = 0; i < 8; ++i) {

@@ -2,6 +2,7 @@
 // its environment, joins the store, passes a barrier, publishes its rank, reads every peer's, and
 // exits 0. Flags make one rank fail, hang or die by a signal, to test how launch handles that.
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -70,9 +71,13 @@ int run_store_worker(int argc, char** argv) {
     return cli::fail("store_worker", e.what(), cli::kExitFailure);
   }
   const char* devices = std::getenv("CUDA_VISIBLE_DEVICES");
-  std::cerr << "store_worker: rank " << env.rank << " of " << env.world_size << " ok (local_rank " << env.local_rank
-            << ", CUDA_VISIBLE_DEVICES=" << (devices ? devices : "<unset>") << ")\n";
-  return 0;
+  // One write() for the whole line: with `launch --no-prefix` the ranks share one stderr, and
+  // piecewise writes would interleave.
+  const std::string line = "store_worker: rank " + me + " of " + std::to_string(env.world_size) + " ok (local_rank " +
+                           std::to_string(env.local_rank) + ", CUDA_VISIBLE_DEVICES=" + (devices ? devices : "<unset>") +
+                           ")\n";
+  const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
+  return written == static_cast<ssize_t>(line.size()) ? 0 : cli::kExitFailure;
 }
 
 const cli::Registrar kRegistrar({"store_worker", "test worker for launch and the store bootstrap", run_store_worker});
