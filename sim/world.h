@@ -235,6 +235,8 @@ class World {
 
   int ranks() const { return options_.ranks; }
   const WorldOptions& options() const { return options_; }
+  // The seed of the next seeded run (explorations reuse one world over many schedules).
+  void set_schedule_seed(uint64_t seed) { options_.schedule_seed = seed; }
 
   // Adds an extra symmetric buffer of `bytes` (zeroed) to every rank; returns its id for
   // SimCtx::buffer(id, peer). Its handles are exchanged before the next run.
