@@ -1,0 +1,33 @@
+// Subcommands of `exactcoll sim` that live outside tools/sim (`exactcoll sim fused_rmsnorm` lives
+// in tools/fused). Each registers itself here at static-initialization time (its library must be
+// alwayslink and linked into the binary, e.g. through tools/BUILD's COMMANDS); tools/sim's command
+// looks its first argument up with find_sim_subcommand when it is none of its own operations.
+//
+// Example (in tools/sim):
+//   if (const auto* sub = cli::find_sim_subcommand(argv[1])) return sub->run(argc - 1, argv + 1);
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace exactcoll::cli {
+
+struct SimSubcommand {
+  std::string name;     // e.g. "fused_rmsnorm"
+  std::string summary;  // one line for `exactcoll sim --help`
+  // argv[0] is the subcommand's name; returns the exit code (tools/cli.h).
+  std::function<int(int, char**)> run;
+};
+
+struct SimSubcommandRegistrar {
+  explicit SimSubcommandRegistrar(SimSubcommand subcommand);
+};
+
+// Every registered subcommand, sorted by name.
+std::vector<SimSubcommand> sim_subcommands();
+
+// Returns the subcommand called name, or nullptr.
+const SimSubcommand* find_sim_subcommand(const std::string& name);
+
+}  // namespace exactcoll::cli
