@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -186,6 +187,59 @@ TEST(FusedTemplates, WorldSizesOneToEight) {
     for (FusedAlgo algo : kAlgos) expect_matches_reference(algo, p, ref, 2, 1);
   }
 }
+
+// Many rows over several blocks (uneven chunks), and rows < ranks (two_stage ranks with no rows).
+TEST(FusedTemplates, ManyRowsAndFewRows) {
+  {
+    const RandomProblem<bf16> p(3, 301, 64, 77);
+    const auto ref = reference(FusedContract::kCanonical, p);
+    for (FusedAlgo algo : kAlgos) expect_matches_reference(algo, p, ref, 7, 1);
+  }
+  {
+    const RandomProblem<float> p(6, 2, 8, 78);
+    const auto ref = reference(FusedContract::kCanonical, p);
+    for (FusedAlgo algo : kAlgos) expect_matches_reference(algo, p, ref, 3, 1);
+  }
+}
+
+// NaN (with payloads and signs), infinities, -0, overflow to inf in the fold and in the residual
+// add, subnormals: the templates' bits still equal the reference's (every NaN stored canonical).
+template <class T>
+void specials_for() {
+  RandomProblem<T> p(3, 4, 64, 31);
+  const float big = sizeof(T) == 2 && std::is_same_v<T, fp16> ? 60000.0f : 3.0e38f;
+  auto set_x = [&](int r, size_t i, float v) { p.x[r * p.count() + i] = round_to<T>(v); };
+  // Row 0: a NaN in one rank's x poisons the whole row's norm.
+  set_x(1, 5, NAN);
+  // Row 1: +inf and -inf in the fold -> NaN; a residual of inf.
+  set_x(0, 64 + 3, INFINITY);
+  set_x(2, 64 + 3, -INFINITY);
+  p.residual[64 + 9] = round_to<T>(-INFINITY);
+  // Row 2: overflow of the fold, -0 everywhere in one element, a subnormal.
+  for (int r = 0; r < 3; ++r) set_x(r, 128 + 1, big);
+  for (int r = 0; r < 3; ++r) set_x(r, 128 + 2, -0.0f);
+  p.residual[128 + 2] = round_to<T>(-0.0f);
+  set_x(0, 128 + 4, 1e-40f);
+  // Row 3: NaN payload patterns straight into storage.
+  if constexpr (sizeof(T) == 2) {
+    p.x[0 * p.count() + 192] = T{0xFFC1};
+    p.residual[192 + 7] = T{0x7FA5};
+  } else {
+    p.x[0 * p.count() + 192] = bits_to_float(0xFFC00123u);
+    p.residual[192 + 7] = bits_to_float(0x7FA00001u);
+  }
+  const auto ref = reference(FusedContract::kCanonical, p);
+  for (FusedAlgo algo : kAlgos) expect_matches_reference(algo, p, ref, 2, 1);
+  // The reference stores the canonical NaN and keeps -0.
+  const uint32_t nan_bits = sizeof(T) == 2 ? kStorageNaN16 : kCanonicalNaN32;
+  EXPECT_EQ(Storage<T>::bits(ref.out[0]), nan_bits);
+  EXPECT_EQ(Storage<T>::bits(ref.residual_out[64 + 3]), nan_bits);
+  EXPECT_EQ(Storage<T>::bits(ref.residual_out[128 + 2]), sizeof(T) == 2 ? 0x8000u : 0x80000000u);
+}
+
+TEST(FusedTemplates, SpecialValuesBf16) { specials_for<bf16>(); }
+TEST(FusedTemplates, SpecialValuesFp16) { specials_for<fp16>(); }
+TEST(FusedTemplates, SpecialValuesFp32) { specials_for<float>(); }
 
 // ---- The AITER case ------------------------------------------------------------------------------------
 // H = 4096, 4 ranks, rows 1..16: canonical one_stage == two_stage == unfused bit for bit (and ==
