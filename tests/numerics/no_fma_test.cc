@@ -38,17 +38,25 @@ constexpr float kC = 0x1p-24f;
 constexpr float kUnfused = 0x1.002p0f;         // 1 + 2^-11
 constexpr float kFused = 0x1.002002p0f;        // 1 + 2^-11 + 2^-23
 
+// Returns x through a volatile load, so the compiler cannot fold the computation that uses it at
+// compile time (folding would hide a contraction that the generated code performs).
+float opaque(float x) {
+  volatile float v = x;
+  return v;
+}
+
 TEST(NoFma, CraftedInputSeparatesFusedFromUnfused) {
-  ASSERT_EQ(unfused_multiply_add(kA, kA, kC), kUnfused);
-  ASSERT_EQ(std::fma(kA, kA, kC), kFused);  // the input does discriminate
-  EXPECT_EQ(contract::add(kC, contract::mul(kA, kA)), kUnfused);
+  const float a = opaque(kA), c = opaque(kC);
+  ASSERT_EQ(unfused_multiply_add(a, a, c), kUnfused);
+  ASSERT_EQ(std::fma(a, a, c), kFused);  // the input does discriminate
+  EXPECT_EQ(contract::add(c, contract::mul(a, a)), kUnfused);
 }
 
 TEST(NoFma, LaneSumOfSquaresIsUnfused) {
   // fp32 storage (P = 4), H = 4: one pack, lane 0 sums 0 + (2^-12)^2 = 2^-24, then + a*a.
   contract::RmsNormTree tree;
   ASSERT_TRUE(contract::make_rmsnorm_tree<float>(4, &tree));
-  const float row[4] = {0x1p-12f, kA, 0.0f, 0.0f};
+  const float row[4] = {opaque(0x1p-12f), opaque(kA), opaque(0.0f), opaque(0.0f)};
   const float lane0 = contract::lane_sum_squares(tree, 0, [&](int j) { return row[j]; });
   EXPECT_EQ(bits_of(lane0), bits_of(kUnfused));
   EXPECT_NE(bits_of(lane0), bits_of(kFused));
