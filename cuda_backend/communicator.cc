@@ -1,0 +1,528 @@
+#include "cuda_backend/communicator.h"
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+
+#include "cuda_backend/cuda_check.h"
+#include "cuda_backend/kernels.h"
+#include "cuda_backend/nccl_api.h"
+
+namespace exactcoll::cuda {
+namespace {
+
+constexpr size_t kAlign = 4096;
+constexpr uint64_t kIpcTestTimeoutMs = 3000;
+constexpr std::chrono::milliseconds kCloseTimeout{30000};
+
+size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+std::string to_hex(const void* data, size_t bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes * 2);
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) {
+    out.push_back(digits[p[i] >> 4]);
+    out.push_back(digits[p[i] & 15]);
+  }
+  return out;
+}
+
+// Returns false when text is not 2*bytes hex digits.
+bool from_hex(const std::string& text, void* data, size_t bytes) {
+  if (text.size() != bytes * 2) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  auto* p = static_cast<unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) {
+    const int hi = nibble(text[2 * i]), lo = nibble(text[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    p[i] = static_cast<unsigned char>(hi * 16 + lo);
+  }
+  return true;
+}
+
+using MemGetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+// cuMemGetAddressRange through the runtime's driver entry point (no libcuda link dependency).
+MemGetAddressRangeFn mem_get_address_range() {
+  static const MemGetAddressRangeFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      return static_cast<MemGetAddressRangeFn>(nullptr);
+    }
+    return reinterpret_cast<MemGetAddressRangeFn>(f);
+  }();
+  return fn;
+}
+
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::kBF16: return ncclBfloat16;
+    case DType::kFP16: return ncclFloat16;
+    case DType::kFP32: return ncclFloat32;
+  }
+  return ncclFloat32;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
+}  // namespace
+
+// ---- construction ------------------------------------------------------------------------------
+
+Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorOptions options)
+    : store_(store),
+      rank_(rank),
+      world_size_(world_size),
+      options_(std::move(options)),
+      table_(options_.table ? *options_.table : DispatchTable::from_environment()) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw std::invalid_argument("Communicator: rank " + std::to_string(rank) + " outside world of " +
+                                std::to_string(world_size));
+  }
+  // 1. This GPU.
+  EXC_CUDA_CHECK(cudaGetDevice(&device_));
+  cudaDeviceProp prop{};
+  EXC_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  arch_ = "sm" + std::to_string(prop.major * 10 + prop.minor);
+  char bus_id[64] = {};
+  EXC_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device_));
+
+  // 2. The symmetric region [signals | staging | scratch], signals zeroed before anyone can see it.
+  staging_offset_ = round_up(sizeof(SignalBuffer), kAlign);
+  scratch_offset_ = staging_offset_ + round_up(options_.buffer_bytes, kAlign);
+  region_bytes_ = scratch_offset_ + round_up(options_.buffer_bytes, kAlign);
+  EXC_CUDA_CHECK(cudaMalloc(&region_, region_bytes_));
+  EXC_CUDA_CHECK(cudaMemset(region_, 0, staging_offset_));
+  EXC_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&error_), sizeof(DeviceError)));
+  EXC_CUDA_CHECK(cudaMemset(error_, 0, sizeof(DeviceError)));
+  EXC_CUDA_CHECK(cudaDeviceSynchronize());
+  peers_.assign(static_cast<size_t>(world_size_), PeerRegion{});
+  peers_[static_cast<size_t>(rank_)].base = region_;
+
+  // 3. Can every pair share memory? Each rank publishes its GPU (or why it cannot export), checks
+  //    peer access to every peer's GPU, and all ranks agree before anyone opens anything.
+  std::string problem;
+  cudaIpcMemHandle_t handle{};
+  if (world_size_ > kMaxRanks) {
+    problem = "world size " + std::to_string(world_size_) + " exceeds the IPC kernels' " + std::to_string(kMaxRanks);
+  } else if (cudaIpcGetMemHandle(&handle, region_) != cudaSuccess) {
+    problem = "rank " + std::to_string(rank_) + ": cudaIpcGetMemHandle: " + cudaGetErrorString(cudaGetLastError());
+  }
+  store_.set(key("ipc/gpu/" + std::to_string(rank_)), bus_id);
+  for (int p = 0; p < world_size_ && problem.empty(); ++p) {
+    if (p == rank_) continue;
+    const std::string peer_bus = store_.get(key("ipc/gpu/" + std::to_string(p)), options_.store_timeout);
+    int peer_device = -1;
+    if (cudaDeviceGetByPCIBusId(&peer_device, peer_bus.c_str()) == cudaSuccess && peer_device != device_) {
+      int can = 0;
+      EXC_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device_, peer_device));
+      if (!can) {
+        problem = "GPU " + std::string(bus_id) + " (rank " + std::to_string(rank_) + ") cannot access GPU " + peer_bus +
+                  " (rank " + std::to_string(p) + ") as a peer";
+      }
+    }
+    (void)cudaGetLastError();  // a peer GPU outside CUDA_VISIBLE_DEVICES is not an error here
+  }
+  auto agree = [&](const std::string& round) {
+    store_.set(key("ipc/" + round + "/" + std::to_string(rank_)), problem);
+    store_.barrier(key("ipc/" + round), world_size_, options_.store_timeout);
+    std::string first;
+    for (int p = 0; p < world_size_ && first.empty(); ++p) {
+      first = store_.get(key("ipc/" + round + "/" + std::to_string(p)), options_.store_timeout);
+    }
+    return first;
+  };
+  ipc_reason_ = agree("checked");
+
+  // 4. Exchange the regions through the handle-exchange protocol (core/handle_exchange.h), then
+  //    prove the links with a real barrier kernel (drivers that claim peer access but do not
+  //    deliver exist), and agree again.
+  HandleExchangeOptions hx_options;
+  hx_options.key_prefix = key("handles");
+  hx_options.timeout = options_.store_timeout;
+  exchange_ = std::make_unique<HandleExchange>(
+      store_, rank_, world_size_,
+      [this](int /*peer*/, const ExportedBuffer& b) {
+        cudaIpcMemHandle_t h{};
+        if (b.handle.size() != sizeof h) throw CollectiveError("IPC handle of the wrong size from a peer");
+        std::memcpy(&h, b.handle.data(), sizeof h);
+        void* address = nullptr;
+        EXC_CUDA_CHECK(cudaIpcOpenMemHandle(&address, h, cudaIpcMemLazyEnablePeerAccess));
+        opened_.push_back(address);
+        return address;
+      },
+      [this](int /*peer*/, void* address) {
+        (void)cudaIpcCloseMemHandle(address);
+        opened_.erase(std::remove(opened_.begin(), opened_.end(), address), opened_.end());
+      },
+      hx_options);
+  if (ipc_reason_.empty()) {
+    const ExportedBuffer region{std::string(reinterpret_cast<const char*>(&handle), sizeof handle),
+                                reinterpret_cast<uint64_t>(region_), region_bytes_, 0};
+    const auto peers = exchange_->exchange({region});
+    for (int p = 0; p < world_size_; ++p) peers_[static_cast<size_t>(p)].base = peers[0][static_cast<size_t>(p)];
+    ipc_ready_ = true;  // device_barrier needs it
+    const uint64_t saved = options_.flag_timeout_ms;
+    options_.flag_timeout_ms = kIpcTestTimeoutMs;
+    try {
+      device_barrier(nullptr);
+      check(nullptr);
+    } catch (const CollectiveError& e) {
+      problem = std::string("IPC barrier test failed: ") + e.what();
+      EXC_CUDA_CHECK(cudaMemset(error_, 0, sizeof(DeviceError)));
+      EXC_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    options_.flag_timeout_ms = saved;
+    ipc_reason_ = agree("tested");
+    ipc_ready_ = ipc_reason_.empty();
+    poisoned_ = false;
+  }
+
+  // 5. NCCL: every rank must have the library before any calls ncclCommInitRank (which waits for
+  //    all ranks without a bound).
+  if (options_.use_nccl) {
+    std::string nccl_problem;
+    try {
+      (void)NcclApi::get();
+    } catch (const NcclError& e) {
+      nccl_problem = e.what();
+    }
+    store_.set(key("nccl/loaded/" + std::to_string(rank_)), nccl_problem);
+    store_.barrier(key("nccl/loaded"), world_size_, options_.store_timeout);
+    bool everyone = true;
+    for (int p = 0; p < world_size_; ++p) {
+      everyone = everyone && store_.get(key("nccl/loaded/" + std::to_string(p)), options_.store_timeout).empty();
+    }
+    if (everyone) {
+      const NcclApi& nccl = NcclApi::get();
+      ncclUniqueId id{};
+      if (rank_ == 0) {
+        nccl.check(nccl.GetUniqueId(&id), "ncclGetUniqueId");
+        store_.set(key("nccl/id"), to_hex(&id, sizeof id));
+      } else {
+        const std::string hex = store_.get(key("nccl/id"), options_.store_timeout);
+        if (!from_hex(hex, &id, sizeof id)) throw CollectiveError("malformed NCCL unique id in the store");
+      }
+      nccl.check(nccl.CommInitRank(&nccl_comm_, world_size_, id, rank_), "ncclCommInitRank");
+    }
+  }
+}
+
+Communicator::~Communicator() {
+  // Peers may still read this rank's buffers until they pass this barrier.
+  try {
+    store_.barrier(key("close"), world_size_, kCloseTimeout);
+  } catch (const std::exception& e) {
+    std::cerr << "exactcoll: rank " << rank_ << ": closing communicator " << options_.name << ": " << e.what() << "\n";
+  }
+  if (nccl_comm_ != nullptr) {
+    try {
+      NcclApi::get().CommDestroy(nccl_comm_);
+    } catch (...) {
+    }
+  }
+  for (void* address : opened_) (void)cudaIpcCloseMemHandle(address);
+  if (region_ != nullptr) (void)cudaFree(region_);
+  if (error_ != nullptr) (void)cudaFree(error_);
+}
+
+// ---- registration --------------------------------------------------------------------------------
+
+RegisteredBuffer Communicator::register_buffer(const void* ptr, size_t bytes) {
+  const int id = static_cast<int>(registrations_.size());
+  Registration reg;
+  reg.bytes = bytes;
+  reg.peers.assign(static_cast<size_t>(world_size_), nullptr);
+  reg.peers[static_cast<size_t>(rank_)] = static_cast<const char*>(ptr);
+  if (ipc_ready_) {
+    // 1. The allocation containing ptr, and ptr's offset in it (or why it cannot be shared).
+    std::string problem;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    cudaIpcMemHandle_t handle{};
+    const MemGetAddressRangeFn range = mem_get_address_range();
+    if (!aligned16(ptr)) {
+      problem = "buffer is not 16-byte aligned";
+    } else if (range == nullptr) {
+      problem = "cuMemGetAddressRange is unavailable";
+    } else if (range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
+      problem = "pointer is not device memory of this GPU";
+    } else if (reinterpret_cast<CUdeviceptr>(ptr) + bytes > base + size) {
+      problem = "buffer extends past its allocation";
+    } else if (cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base)) != cudaSuccess) {
+      problem = std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(cudaGetLastError()) +
+                " (memory from cudaMallocAsync pools or VMM cannot be exported this way)";
+    }
+    // 2. Every rank reads every rank's verdict and size, so all fail together or none does.
+    const std::string prefix = "reg/" + std::to_string(id) + "/";
+    store_.set(key(prefix + std::to_string(rank_)), std::to_string(bytes) + " " + problem);
+    for (int p = 0; p < world_size_; ++p) {
+      const std::string theirs = store_.get(key(prefix + std::to_string(p)), options_.store_timeout);
+      const size_t space = theirs.find(' ');
+      const std::string their_bytes = theirs.substr(0, space);
+      const std::string their_problem = space == std::string::npos ? "" : theirs.substr(space + 1);
+      if (!their_problem.empty()) {
+        throw CollectiveError("register_buffer #" + std::to_string(id) + ": rank " + std::to_string(p) + ": " + their_problem);
+      }
+      if (their_bytes != std::to_string(bytes)) {
+        throw CollectiveError("register_buffer #" + std::to_string(id) + ": rank " + std::to_string(p) + " registered " +
+                              their_bytes + " bytes, rank " + std::to_string(rank_) + " " + std::to_string(bytes));
+      }
+    }
+    // 3. The handle exchange (opens only what is new, same decision on every rank, barrier).
+    const ExportedBuffer mine{std::string(reinterpret_cast<const char*>(&handle), sizeof handle), base, size,
+                              reinterpret_cast<CUdeviceptr>(ptr) - base};
+    const auto peers = exchange_->exchange({mine});
+    for (int p = 0; p < world_size_; ++p) {
+      reg.peers[static_cast<size_t>(p)] = static_cast<const char*>(peers[0][static_cast<size_t>(p)]);
+    }
+  }
+  registrations_.push_back(std::move(reg));
+  return RegisteredBuffer{id, ptr, bytes};
+}
+
+const void* Communicator::peer_address(const RegisteredBuffer& buffer, int peer) const {
+  if (buffer.id < 0 || buffer.id >= static_cast<int>(registrations_.size()) || peer < 0 || peer >= world_size_) {
+    throw std::invalid_argument("peer_address: unknown buffer or peer");
+  }
+  return registrations_[static_cast<size_t>(buffer.id)].peers[static_cast<size_t>(peer)];
+}
+
+// ---- launches ------------------------------------------------------------------------------------
+
+KernelArgs Communicator::base_args() const {
+  KernelArgs a{};
+  for (int r = 0; r < world_size_ && r < kMaxRanks; ++r) {
+    char* base = static_cast<char*>(peers_[static_cast<size_t>(r)].base);
+    a.signals[r] = reinterpret_cast<SignalBuffer*>(base);
+    a.inputs[r] = base + staging_offset_;
+    a.scratch[r] = base + scratch_offset_;
+  }
+  a.error = error_;
+  a.timeout_ns = options_.flag_timeout_ms * 1000000ull;
+  a.rank = rank_;
+  a.world_size = world_size_;
+  return a;
+}
+
+void Communicator::launch(DType dtype, KernelKind kind, const KernelArgs& args, LaunchConfig grid, cudaStream_t stream) {
+  EXC_CUDA_CHECK(launch_collective(dtype, kind, args, grid, stream));
+}
+
+void Communicator::require_usable() const {
+  if (poisoned_) throw CollectiveError("communicator " + options_.name + " is unusable after an earlier error: " + poison_message_);
+}
+
+void Communicator::device_barrier(cudaStream_t stream) {
+  require_usable();
+  if (!ipc_ready_) throw CollectiveError("device_barrier needs the IPC path: " + ipc_reason_);
+  KernelArgs a = base_args();
+  a.count = 0;
+  launch(DType::kBF16, KernelKind::kBarrier, a, LaunchConfig{1, 32 * ((world_size_ + 31) / 32)}, stream);
+}
+
+void Communicator::check(cudaStream_t stream) {
+  EXC_CUDA_CHECK(cudaStreamSynchronize(stream));
+  DeviceError e{};
+  EXC_CUDA_CHECK(cudaMemcpy(&e, error_, sizeof e, cudaMemcpyDeviceToHost));
+  if (e.claimed == 0) return;
+  char message[256];
+  std::snprintf(message, sizeof message,
+                "rank %d block %d: peer %d never arrived at barrier (set %d, value %u; the flag held %u after %.1f ms)",
+                e.rank, e.block, e.peer, e.set, e.expected, e.observed, static_cast<double>(e.waited_ns) / 1e6);
+  poisoned_ = true;
+  poison_message_ = message;
+  throw CollectiveError(message);
+}
+
+Choice Communicator::choose(Op op, size_t count, DType dtype, Algorithm algo) const {
+  return table_.choose(arch_, world_size_, op, static_cast<uint64_t>(count) * dtype_size(dtype), algo);
+}
+
+KernelArgs Communicator::ipc_kernel_args() const {
+  if (!ipc_ready_) throw CollectiveError("the IPC path is unavailable: " + ipc_reason_);
+  require_usable();
+  return base_args();
+}
+
+CallInfo Communicator::allreduce(const void* input, void* output, size_t count, DType dtype, Algorithm algo,
+                                 cudaStream_t stream, const RegisteredBuffer* registered, std::optional<LaunchConfig> grid) {
+  return run(Op::kAllReduce, input, output, count, dtype, algo, stream, registered, grid);
+}
+
+CallInfo Communicator::reduce_scatter(const void* input, void* output, size_t count, DType dtype, Algorithm algo,
+                                      cudaStream_t stream, const RegisteredBuffer* registered,
+                                      std::optional<LaunchConfig> grid) {
+  return run(Op::kReduceScatter, input, output, count, dtype, algo, stream, registered, grid);
+}
+
+CallInfo Communicator::allgather(const void* input, void* output, size_t count, DType dtype, Algorithm algo,
+                                 cudaStream_t stream, const RegisteredBuffer* registered, std::optional<LaunchConfig> grid) {
+  return run(Op::kAllGather, input, output, count, dtype, algo, stream, registered, grid);
+}
+
+CallInfo Communicator::run_nccl(Op op, const void* input, void* output, size_t count, DType dtype, cudaStream_t stream) {
+  if (nccl_comm_ == nullptr) {
+    throw CollectiveError("NCCL is not available in communicator " + options_.name +
+                          (options_.use_nccl ? " (libnccl.so.2 missing on some rank)" : " (created without NCCL)"));
+  }
+  const NcclApi& nccl = NcclApi::get();
+  const ncclDataType_t t = nccl_type(dtype);
+  switch (op) {
+    case Op::kAllReduce: nccl.check(nccl.AllReduce(input, output, count, t, ncclSum, nccl_comm_, stream), "ncclAllReduce"); break;
+    case Op::kReduceScatter:
+      nccl.check(nccl.ReduceScatter(input, output, count / static_cast<size_t>(world_size_), t, ncclSum, nccl_comm_, stream),
+                 "ncclReduceScatter");
+      break;
+    case Op::kAllGather: nccl.check(nccl.AllGather(input, output, count, t, nccl_comm_, stream), "ncclAllGather"); break;
+  }
+  CallInfo info;
+  info.algo = Algorithm::kNccl;
+  info.exact = op == Op::kAllGather;  // a copy; NCCL's sums follow no contract
+  return info;
+}
+
+void Communicator::run_copy_engine_allgather(const char* const* inputs, const void* input, void* output, size_t bytes,
+                                             bool staged, cudaStream_t stream) {
+  // 1. Staged: this rank's input into its staging buffer, where peers read it.
+  char* out = static_cast<char*>(output);
+  if (staged) {
+    EXC_CUDA_CHECK(cudaMemcpyAsync(const_cast<char*>(inputs[rank_]), input, bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  // 2. Barrier: every input is in place. 3. Copy-engine copies, own input first, then rank+1, ...
+  device_barrier(stream);
+  for (int k = 0; k < world_size_; ++k) {
+    const int peer = (rank_ + k) % world_size_;
+    const void* src = peer == rank_ ? input : inputs[peer];
+    EXC_CUDA_CHECK(cudaMemcpyAsync(out + static_cast<size_t>(peer) * bytes, src, bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  // 4. Barrier (end): no peer reuses its buffer while this rank's copies may still read it.
+  device_barrier(stream);
+}
+
+CallInfo Communicator::run(Op op, const void* input, void* output, size_t count, DType dtype, Algorithm algo,
+                           cudaStream_t stream, const RegisteredBuffer* registered, std::optional<LaunchConfig> grid) {
+  // 1. Arguments.
+  const auto allowed = ipc_algorithms(op);
+  if (algo != Algorithm::kAuto && algo != Algorithm::kNccl &&
+      std::find(allowed.begin(), allowed.end(), algo) == allowed.end()) {
+    throw std::invalid_argument(std::string(op_name(op)) + " has no algorithm " + algorithm_name(algo));
+  }
+  const size_t n = static_cast<size_t>(world_size_);
+  if (op == Op::kReduceScatter && count % n != 0) {
+    throw std::invalid_argument("reduce_scatter: count " + std::to_string(count) + " is not a multiple of the world size " +
+                                std::to_string(n));
+  }
+  if (count == 0) return CallInfo{};
+  if (grid && (grid->blocks < 1 || grid->blocks > kMaxBlocks || grid->threads < 64 || grid->threads > 1024 ||
+               grid->threads % 32 != 0)) {
+    throw std::invalid_argument("grid must have 1.." + std::to_string(kMaxBlocks) +
+                                " blocks and a multiple of 32 threads in 64..1024");
+  }
+  const size_t elem = static_cast<size_t>(dtype_size(dtype));
+  const size_t in_bytes = count * elem;
+  const size_t out_bytes = op == Op::kAllReduce ? in_bytes : op == Op::kReduceScatter ? in_bytes / n : in_bytes * n;
+  if (algo == Algorithm::kNccl) return run_nccl(op, input, output, count, dtype, stream);
+
+  // 2. Fallbacks (each decided from arguments and agreed state only).
+  auto fallback = [&](const std::string& why) {
+    CallInfo info = run_nccl(op, input, output, count, dtype, stream);
+    info.note = why;
+    return info;
+  };
+  if (!ipc_ready_) return fallback("IPC path unavailable: " + ipc_reason_);
+  require_usable();
+  if (!aligned16(input) || !aligned16(output)) {
+    throw std::invalid_argument(std::string(op_name(op)) + ": input and output must be 16-byte aligned");
+  }
+
+  // 3. Where inputs come from.
+  const Registration* reg = nullptr;
+  size_t reg_offset = 0;
+  if (registered != nullptr) {
+    if (registered->id < 0 || registered->id >= static_cast<int>(registrations_.size())) {
+      throw std::invalid_argument("unknown RegisteredBuffer #" + std::to_string(registered->id));
+    }
+    reg = &registrations_[static_cast<size_t>(registered->id)];
+    const auto in = reinterpret_cast<uintptr_t>(input), base = reinterpret_cast<uintptr_t>(registered->local);
+    if (in < base || in + in_bytes > base + reg->bytes) {
+      throw std::invalid_argument(std::string(op_name(op)) + ": input is not inside RegisteredBuffer #" +
+                                  std::to_string(registered->id));
+    }
+    reg_offset = in - base;
+    // In place (output overlapping the input that peers read): go through staging instead.
+    if (overlaps(input, in_bytes, output, out_bytes)) reg = nullptr;
+  }
+  const bool staged = reg == nullptr;
+  const size_t capacity = options_.buffer_bytes;
+
+  Choice choice = choose(op, count, dtype, algo);
+  if (grid) choice.grid = *grid;
+  CallInfo info;
+  info.algo = choice.algo;
+  info.grid = choice.grid;
+  info.staged = staged;
+
+  auto input_table = [&](size_t byte_offset, KernelArgs* a) {
+    for (int r = 0; r < world_size_; ++r) {
+      a->inputs[r] = staged ? static_cast<const char*>(a->inputs[r])
+                            : reg->peers[static_cast<size_t>(r)] + reg_offset + byte_offset;
+    }
+  };
+
+  // 4. All-gather by copy engine.
+  if (op == Op::kAllGather && choice.algo == Algorithm::kCopyEngine) {
+    if (staged && in_bytes > capacity) return fallback("message larger than the staging buffer");
+    KernelArgs a = base_args();
+    input_table(0, &a);
+    const char* inputs[kMaxRanks];
+    for (int r = 0; r < world_size_; ++r) inputs[r] = static_cast<const char*>(a.inputs[r]);
+    run_copy_engine_allgather(inputs, input, output, in_bytes, staged, stream);
+    info.grid = LaunchConfig{};
+    info.launches = 2;
+    return info;
+  }
+
+  // 5. SM kernels. All-reduce folds element by element, so a message larger than the buffers
+  //    runs as chunks with the same bits; the other ops fall back to NCCL beyond the buffers.
+  const bool needs_scratch = op == Op::kAllReduce && choice.algo == Algorithm::kTwoShot;
+  const bool fits = (!staged || in_bytes <= capacity) && (!needs_scratch || in_bytes <= capacity);
+  if (!fits && op != Op::kAllReduce) return fallback("message larger than the staging buffer");
+  const KernelKind kind = op == Op::kReduceScatter ? KernelKind::kReduceScatter
+                          : op == Op::kAllGather  ? KernelKind::kAllGather
+                          : choice.algo == Algorithm::kTwoShot ? KernelKind::kTwoShot
+                                                               : KernelKind::kOneShot;
+  // Chunks are multiples of 64 elements, so every chunk starts 16-byte aligned.
+  const size_t chunk = fits ? count : std::max<size_t>(64, capacity / elem / 64 * 64);
+  for (size_t first = 0; first < count; first += chunk) {
+    const size_t c = std::min(chunk, count - first);
+    KernelArgs a = base_args();
+    input_table(first * elem, &a);
+    a.count = c;
+    a.output = static_cast<char*>(output) + first * elem;
+    a.stage_from = staged ? static_cast<const char*>(input) + first * elem : nullptr;
+    launch(dtype, kind, a, choice.grid, stream);
+    ++info.launches;
+  }
+  return info;
+}
+
+}  // namespace exactcoll::cuda

@@ -1,0 +1,183 @@
+// A communicator of the CUDA backend: one process per GPU, every rank's symmetric buffers linked by
+// CUDA IPC, collectives from core/collectives.h's templates (kernels.cuh), NCCL wrapped beside
+// them as baseline and fallback.
+//
+// Per communicator, each rank allocates one symmetric region: [SignalBuffer | staging | scratch]
+// (staging and scratch of `buffer_bytes` each), exports it with cudaIpcGetMemHandle, and opens
+// every peer's region (cudaIpcOpenMemHandle, lazy peer access) after one exchange through the
+// store. Inputs reach the kernels either
+//   - staged: the kernel copies this rank's input into its staging buffer before the first barrier
+//     (no extra launch or copy node), or
+//   - registered: register_buffer() exchanged the user buffer's handle once; peers read it in
+//     place. CUDA-graph-captured calls then need no staging at all.
+// Outputs are written in place (no peer ever reads another rank's output).
+//
+// Every wait on a flag inside a kernel is bounded (options.flag_timeout_ms). After a launch that
+// saw a timeout, check() throws CollectiveError("rank R block B: peer P never arrived at barrier
+// (set S, value V)") and the communicator refuses further IPC calls (its barrier counts no longer
+// agree across ranks).
+//
+// Same-decision rule: every choice that changes what peers read (IPC vs NCCL, staged vs registered,
+// algorithm, grid, chunking) depends only on arguments that are equal on every rank (count, dtype,
+// algorithm, the table, whether a RegisteredBuffer is passed) and on decisions agreed through the
+// store at construction (ipc_ready). Ranks never decide from local state alone.
+//
+// Not thread-safe; one stream at a time per communicator (two streams racing on one communicator's
+// flags would deadlock, the failure seen in other projects).
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/handle_exchange.h"
+#include "core/storage.h"
+#include "core/store.h"
+#include "cuda_backend/dispatch_table.h"
+#include "cuda_backend/kernel_args.h"
+
+namespace exactcoll::cuda {
+
+// A kernel reported a wait that timed out (message names rank, block, peer, set and value), or
+// the communicator was used after such an error.
+struct CollectiveError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct CommunicatorOptions {
+  std::string name = "exactcoll";            // store key prefix; unique per communicator in a job
+  size_t buffer_bytes = size_t{128} << 20;   // staging and scratch capacity per rank
+  uint64_t flag_timeout_ms = 5000;           // bound on every in-kernel flag wait
+  std::chrono::milliseconds store_timeout{120000};
+  bool use_nccl = true;                      // create the NCCL communicator (baseline, fallback)
+  std::optional<DispatchTable> table;        // auto's table; default DispatchTable::from_environment()
+};
+
+// A user buffer whose peers' addresses this communicator knows (register_buffer).
+struct RegisteredBuffer {
+  int id = -1;
+  const void* local = nullptr;
+  size_t bytes = 0;
+};
+
+// What one call ran.
+struct CallInfo {
+  Algorithm algo = Algorithm::kOneShot;  // never kAuto
+  LaunchConfig grid;                      // zero for NCCL and copy-engine steps
+  int launches = 0;                       // kernels (more than one when a message is chunked)
+  bool staged = false;                    // the input went through the staging buffer
+  bool exact = true;                      // false: an NCCL fallback whose bits follow no contract
+  std::string note;                       // why a fallback happened
+};
+
+class Communicator {
+ public:
+  // Collective: every rank of the job calls it with the same options (and world_size), each on
+  // its own GPU (cudaSetDevice before). Throws StoreError, CudaError or CollectiveError.
+  Communicator(Store& store, int rank, int world_size, CommunicatorOptions options = {});
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  int device() const { return device_; }
+  const std::string& arch() const { return arch_; }   // "sm90"
+  bool ipc_ready() const { return ipc_ready_; }       // agreed by every rank
+  const std::string& ipc_unavailable_reason() const { return ipc_reason_; }
+  bool nccl_ready() const { return nccl_comm_ != nullptr; }
+  size_t buffer_bytes() const { return options_.buffer_bytes; }
+  const DispatchTable& table() const { return table_; }
+
+  // Collective: every rank passes its own buffer of the same size, in the same order. Returns a
+  // handle, equal on every rank, that the collectives accept. Preconditions: ptr is device memory
+  // of this GPU (any offset inside a cudaMalloc allocation), 16-byte aligned.
+  RegisteredBuffer register_buffer(const void* ptr, size_t bytes);
+
+  // output[i] = the contract's fold over ranks of input_r[i], i < count.
+  // Preconditions: input and output 16-byte aligned device memory; registered != nullptr means
+  // input lies inside *registered at the same offset on every rank. algo: one_shot, two_shot, auto
+  // or nccl. grid: forces a launch configuration (tuning); default: the table's.
+  CallInfo allreduce(const void* input, void* output, size_t count, DType dtype, Algorithm algo, cudaStream_t stream,
+                     const RegisteredBuffer* registered = nullptr, std::optional<LaunchConfig> grid = {});
+
+  // output[j] = fold over ranks of input_r[rank * count/n + j], j < count/n (count = per-rank input
+  // elements, a multiple of n). algo: direct, auto or nccl.
+  CallInfo reduce_scatter(const void* input, void* output, size_t count, DType dtype, Algorithm algo,
+                          cudaStream_t stream, const RegisteredBuffer* registered = nullptr,
+                          std::optional<LaunchConfig> grid = {});
+
+  // output[r * count + i] = input_r[i] (count = per-rank input elements), bits unchanged.
+  // algo: direct (SM copy), copy_engine, auto or nccl.
+  CallInfo allgather(const void* input, void* output, size_t count, DType dtype, Algorithm algo, cudaStream_t stream,
+                     const RegisteredBuffer* registered = nullptr, std::optional<LaunchConfig> grid = {});
+
+  // This process's address of rank `peer`'s part of a registered buffer (copy-engine measurements).
+  const void* peer_address(const RegisteredBuffer& buffer, int peer) const;
+
+  // A device-side barrier of every rank (one block), e.g. to line ranks up before timing.
+  void device_barrier(cudaStream_t stream);
+
+  // Waits for stream, then throws CollectiveError if any kernel of this communicator recorded a
+  // timeout since the last check.
+  void check(cudaStream_t stream);
+
+  // The choice `auto` (or a named algorithm) makes for a message (no launch).
+  Choice choose(Op op, size_t count, DType dtype, Algorithm algo) const;
+
+  // For kernels outside this class (cuda_backend/fused): this rank's launch arguments with the
+  // symmetric buffers filled in (inputs[r] = rank r's staging buffer; output, stage_from and count
+  // zero). Throws CollectiveError when the IPC path is unavailable or the communicator unusable.
+  KernelArgs ipc_kernel_args() const;
+
+ private:
+  struct PeerRegion {
+    void* base = nullptr;  // this process's address of the peer's region
+  };
+  struct Registration {
+    size_t bytes = 0;
+    std::vector<const char*> peers;  // per rank: this process's address of rank r's buffer
+  };
+
+  CallInfo run(Op op, const void* input, void* output, size_t count, DType dtype, Algorithm algo, cudaStream_t stream,
+               const RegisteredBuffer* registered, std::optional<LaunchConfig> grid);
+  CallInfo run_nccl(Op op, const void* input, void* output, size_t count, DType dtype, cudaStream_t stream);
+  void run_copy_engine_allgather(const char* const* inputs, const void* input, void* output, size_t bytes,
+                                 bool staged, cudaStream_t stream);
+  KernelArgs base_args() const;
+  void launch(DType dtype, KernelKind kind, const KernelArgs& args, LaunchConfig grid, cudaStream_t stream);
+  void require_usable() const;
+  std::string key(const std::string& suffix) const { return options_.name + "/" + suffix; }
+
+  Store& store_;
+  int rank_;
+  int world_size_;
+  CommunicatorOptions options_;
+  DispatchTable table_;
+  int device_ = -1;
+  std::string arch_;
+  bool ipc_ready_ = false;
+  std::string ipc_reason_;
+  bool poisoned_ = false;
+  std::string poison_message_;
+
+  void* region_ = nullptr;  // this rank's [signals | staging | scratch]
+  size_t staging_offset_ = 0, scratch_offset_ = 0, region_bytes_ = 0;
+  std::vector<PeerRegion> peers_;
+  DeviceError* error_ = nullptr;
+  std::unique_ptr<HandleExchange> exchange_;
+  std::vector<void*> opened_;  // peers' allocations opened through IPC (closed in the destructor)
+  std::vector<Registration> registrations_;
+  ncclComm_t nccl_comm_ = nullptr;
+};
+
+}  // namespace exactcoll::cuda

@@ -1,0 +1,25 @@
+// CUDA runtime error checking for host code: every runtime call's result goes through
+// EXC_CUDA_CHECK, which throws CudaError naming the call, the file and line, and the runtime's
+// message.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace exactcoll::cuda {
+
+struct CudaError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+inline void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
+  if (status == cudaSuccess) return;
+  throw CudaError(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
+                  cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
+}
+
+}  // namespace exactcoll::cuda
+
+#define EXC_CUDA_CHECK(expr) ::exactcoll::cuda::check_cuda((expr), #expr, __FILE__, __LINE__)

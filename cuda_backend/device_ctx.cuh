@@ -1,0 +1,164 @@
+// The device execution context: what core/collectives.h's algorithm templates see when they run as
+// a CUDA kernel (the Ctx concept is documented at the top of that header).
+//
+// - Ranks are processes (one GPU each); blocks and threads are the launch's.
+// - Peers' buffers are plain device pointers opened through CUDA IPC (KernelArgs).
+// - signal(): st.release.sys.global.u32 into the peer's flag (NVLink store). Release at system
+//   scope after the block's __syncthreads makes every write the block made before the barrier
+//   visible to the peer that acquires the flag.
+// - wait(): ld.acquire.sys.global.u32 polling of this rank's own flag (local memory), bounded by
+//   %globaltimer: after timeout_ns the first thread that gives up records who never arrived in the
+//   DeviceError buffer, marks the block aborted (shared memory) so that the block's other waits
+//   give up at once, and returns; the host reads the record after the launch.
+// - load()/store(): one 16-byte access (uint4).
+#pragma once
+
+#include <cstdint>
+
+#include "core/collectives.h"
+#include "core/contract.h"
+#include "core/signal.h"
+#include "core/storage.h"
+#include "cuda_backend/kernel_args.h"
+
+namespace exactcoll::cuda {
+
+__device__ __forceinline__ void store_release_sys(uint32_t* flag, uint32_t value) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
+}
+
+__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* flag) {
+  uint32_t value;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(flag) : "memory");
+  return value;
+}
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Ctx for storage type T. kRanks > 0 makes world_size() a compile-time constant (the hot loops
+// unroll over ranks); 0 reads it from the arguments.
+template <class T, int kRanks>
+class DeviceCtx {
+ public:
+  using value_type = T;
+  static constexpr bool kTraceSteps = false;
+  static constexpr bool kTraceElements = false;
+
+  // aborted: a block-shared word, 0 at launch (set once any wait of the block times out).
+  __device__ __forceinline__ DeviceCtx(const KernelArgs& args, volatile int* aborted)
+      : args_(args), aborted_(aborted) {}
+
+  __device__ __forceinline__ int rank() const { return args_.rank; }
+  __device__ __forceinline__ int world_size() const { return kRanks > 0 ? kRanks : args_.world_size; }
+  __device__ __forceinline__ int block() const { return static_cast<int>(blockIdx.x); }
+  __device__ __forceinline__ int num_blocks() const { return static_cast<int>(gridDim.x); }
+  __device__ __forceinline__ int thread() const { return static_cast<int>(threadIdx.x); }
+  __device__ __forceinline__ int num_threads() const { return static_cast<int>(blockDim.x); }
+
+  __device__ __forceinline__ const T* input(int peer) const { return static_cast<const T*>(args_.inputs[peer]); }
+  __device__ __forceinline__ T* scratch(int peer) const { return static_cast<T*>(args_.scratch[peer]); }
+  __device__ __forceinline__ T* output() const { return static_cast<T*>(args_.output); }
+  __device__ __forceinline__ SignalBuffer* signals(int peer) const { return args_.signals[peer]; }
+
+  __device__ __forceinline__ void signal(uint32_t* flag, uint32_t value, int /*peer*/, int /*set*/) const {
+    store_release_sys(flag, value);
+  }
+
+  // Returns once *flag == value, or after timeout_ns with the error recorded (see the top).
+  __device__ void wait(const uint32_t* flag, uint32_t value, int peer, int set) const {
+    if (load_acquire_sys(flag) == value) return;
+    if (*aborted_) return;
+    const uint64_t start = global_timer_ns();
+    for (uint32_t spins = 1;; ++spins) {
+      const uint32_t seen = load_acquire_sys(flag);
+      if (seen == value) return;
+      if ((spins & 255u) == 0) {
+        if (*aborted_) return;  // another wait of this block already gave up
+        const uint64_t waited = global_timer_ns() - start;
+        if (waited > args_.timeout_ns) {
+          *aborted_ = 1;
+          record_timeout(peer, set, value, seen, waited);
+          return;
+        }
+      }
+    }
+  }
+
+  __device__ __forceinline__ void sync_block() const { __syncthreads(); }
+
+  __device__ __forceinline__ Pack<T> load(const Pack<T>* p) const {
+    const uint4 bits = *reinterpret_cast<const uint4*>(p);
+    Pack<T> out;
+    static_assert(sizeof(Pack<T>) == sizeof(uint4));
+    __builtin_memcpy(&out, &bits, sizeof bits);
+    return out;
+  }
+
+  __device__ __forceinline__ void store(Pack<T>* p, const Pack<T>& x) const {
+    uint4 bits;
+    __builtin_memcpy(&bits, &x, sizeof bits);
+    *reinterpret_cast<uint4*>(p) = bits;
+  }
+
+  // Whether some wait of this block gave up (after sync_block, every thread agrees).
+  __device__ __forceinline__ bool aborted() const { return *aborted_ != 0; }
+
+  // ---- core/fused_rmsnorm.h's row_sum_squares hook (added for cuda_backend/fused) ----
+  // Returns, to every thread of the block, ss = contract::sum_squares(tree, row): the same tree,
+  // computed in parallel. Steps:
+  //   1. warp w takes the groups of 32 lanes w, w + warps, ...: lane l's partial is
+  //      contract::lane_sum_squares(tree, l, row); a 32-lane xor butterfly of contract::add
+  //      (off 16, 8, 4, 2, 1: a[l] = a[l] + a[l ^ off]) by shuffles; lane 0 stores the group value;
+  //   2. the group values are padded with 0.0f to 32 and __syncthreads makes them visible;
+  //   3. every warp runs the second butterfly over the 32 values, so every thread holds the
+  //      result (after an xor butterfly all lanes hold the same bits: add is commutative).
+  // The group values alternate between two shared arrays per call, so one __syncthreads per call
+  // suffices: call k+2 reuses call k's array only after every thread passed call k+1's sync.
+  // Preconditions: every thread of the block calls it with the same tree (blockDim.x a multiple
+  // of 32); row(j) readable by every thread.
+  template <class Row>
+  __device__ float row_sum_squares(const contract::RmsNormTree& tree, Row row) {
+    __shared__ float group_values[2][contract::kWarp];
+    float* values = group_values[sum_squares_calls_++ & 1u];
+    const int lane = static_cast<int>(threadIdx.x) % contract::kWarp;
+    const int warp = static_cast<int>(threadIdx.x) / contract::kWarp;
+    const int warps = static_cast<int>(blockDim.x) / contract::kWarp;
+    for (int g = warp; g < tree.groups; g += warps) {
+      float v = contract::lane_sum_squares(tree, g * contract::kWarp + lane, row);
+      for (int off = contract::kWarp / 2; off >= 1; off /= 2) v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+      if (lane == 0) values[g] = v;
+    }
+    if (static_cast<int>(threadIdx.x) < contract::kWarp && static_cast<int>(threadIdx.x) >= tree.groups) {
+      values[threadIdx.x] = 0.0f;
+    }
+    __syncthreads();
+    float v = values[lane];
+    for (int off = contract::kWarp / 2; off >= 1; off /= 2) v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+    return v;
+  }
+
+ private:
+  __device__ void record_timeout(int peer, int set, uint32_t expected, uint32_t observed, uint64_t waited) const {
+    DeviceError* e = args_.error;
+    if (atomicCAS(&e->claimed, 0u, 1u) != 0u) return;  // the first error is the one reported
+    e->kind = kErrorFlagTimeout;
+    e->rank = args_.rank;
+    e->block = static_cast<int32_t>(blockIdx.x);
+    e->peer = peer;
+    e->set = set;
+    e->expected = expected;
+    e->observed = observed;
+    e->waited_ns = waited;
+    __threadfence();
+  }
+
+  const KernelArgs& args_;
+  volatile int* aborted_;
+  uint32_t sum_squares_calls_ = 0;  // row_sum_squares: which of its two shared arrays is next
+};
+
+}  // namespace exactcoll::cuda

@@ -1,0 +1,185 @@
+#include "cuda_backend/dispatch_table.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+namespace exactcoll::cuda {
+
+extern const char kEmbeddedSm90Table[];  // generated from tuning/sm90.tsv (BUILD: embedded_table)
+
+const char* algorithm_name(Algorithm a) {
+  switch (a) {
+    case Algorithm::kOneShot: return "one_shot";
+    case Algorithm::kTwoShot: return "two_shot";
+    case Algorithm::kDirect: return "direct";
+    case Algorithm::kCopyEngine: return "copy_engine";
+    case Algorithm::kAuto: return "auto";
+    case Algorithm::kNccl: return "nccl";
+  }
+  return "?";
+}
+
+std::optional<Algorithm> parse_algorithm(const std::string& name) {
+  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kDirect, Algorithm::kCopyEngine,
+                      Algorithm::kAuto, Algorithm::kNccl}) {
+    if (name == algorithm_name(a)) return a;
+  }
+  return std::nullopt;
+}
+
+std::vector<Algorithm> ipc_algorithms(Op op) {
+  switch (op) {
+    case Op::kAllReduce: return {Algorithm::kOneShot, Algorithm::kTwoShot};
+    case Op::kReduceScatter: return {Algorithm::kDirect};
+    case Op::kAllGather: return {Algorithm::kDirect, Algorithm::kCopyEngine};
+  }
+  return {};
+}
+
+std::optional<Op> parse_op(const std::string& name) {
+  for (Op op : {Op::kAllReduce, Op::kReduceScatter, Op::kAllGather}) {
+    if (name == op_name(op)) return op;
+  }
+  return std::nullopt;
+}
+
+DispatchTable::DispatchTable(std::vector<TableRow> rows) : rows_(std::move(rows)) {
+  std::stable_sort(rows_.begin(), rows_.end(), [](const TableRow& a, const TableRow& b) {
+    if (a.arch != b.arch) return a.arch < b.arch;
+    if (a.world_size != b.world_size) return a.world_size < b.world_size;
+    if (a.op != b.op) return a.op < b.op;
+    return a.bytes < b.bytes;
+  });
+}
+
+DispatchTable DispatchTable::parse(const std::string& text, const std::string& name) {
+  std::vector<TableRow> rows;
+  std::istringstream in(text);
+  std::string line;
+  int line_number = 0;
+  while (std::getline(in, line)) {
+    ++line_number;
+    if (line.empty() || line[0] == '#') continue;
+    auto bad = [&](const std::string& what) {
+      return TableError(name + ":" + std::to_string(line_number) + ": " + what + " in '" + line + "'");
+    };
+    std::vector<std::string> fields;
+    std::istringstream fs(line);
+    std::string field;
+    while (std::getline(fs, field, '\t')) fields.push_back(field);
+    if (fields.size() != 8) throw bad("expected 8 tab-separated fields, got " + std::to_string(fields.size()));
+    TableRow row;
+    row.arch = fields[0];
+    char* end = nullptr;
+    const long ws = std::strtol(fields[1].c_str(), &end, 10);
+    if (*end != '\0' || ws < 1 || ws > kMaxRanks) throw bad("world_size must be 1.." + std::to_string(kMaxRanks));
+    row.world_size = static_cast<int>(ws);
+    const auto op = parse_op(fields[2]);
+    if (!op) throw bad("unknown op '" + fields[2] + "'");
+    row.op = *op;
+    const unsigned long long bytes = std::strtoull(fields[3].c_str(), &end, 10);
+    if (*end != '\0' || bytes == 0) throw bad("bytes must be a positive whole number");
+    row.bytes = bytes;
+    const auto algo = parse_algorithm(fields[4]);
+    const auto allowed = ipc_algorithms(row.op);
+    if (!algo || std::find(allowed.begin(), allowed.end(), *algo) == allowed.end()) {
+      throw bad("algorithm '" + fields[4] + "' is not an IPC algorithm of " + fields[2]);
+    }
+    row.algo = *algo;
+    const long blocks = std::strtol(fields[5].c_str(), &end, 10);
+    if (*end != '\0' || blocks < 1 || blocks > kMaxBlocks) throw bad("blocks must be 1.." + std::to_string(kMaxBlocks));
+    const long threads = std::strtol(fields[6].c_str(), &end, 10);
+    if (*end != '\0' || threads < 64 || threads > 1024 || threads % 32 != 0) {
+      throw bad("threads must be a multiple of 32 in 64..1024");
+    }
+    row.grid = LaunchConfig{static_cast<int>(blocks), static_cast<int>(threads)};
+    row.time_us = std::strtod(fields[7].c_str(), &end);
+    if (*end != '\0' || !(row.time_us > 0)) throw bad("time_us must be a positive number");
+    rows.push_back(row);
+  }
+  return DispatchTable(std::move(rows));
+}
+
+const DispatchTable& DispatchTable::embedded() {
+  static const DispatchTable table = parse(kEmbeddedSm90Table, "cuda_backend/tuning/sm90.tsv (embedded)");
+  return table;
+}
+
+DispatchTable DispatchTable::from_environment() {
+  const char* path = std::getenv("EXACTCOLL_TABLE");
+  if (path == nullptr || *path == '\0') return embedded();
+  std::ifstream file(path);
+  if (!file) throw TableError(std::string("cannot open dispatch table ") + path + " (from EXACTCOLL_TABLE)");
+  std::stringstream text;
+  text << file.rdbuf();
+  return parse(text.str(), path);
+}
+
+Choice DispatchTable::default_choice(int world_size, Op op, uint64_t bytes, Algorithm requested) {
+  Choice c;
+  if (requested == Algorithm::kAuto) {
+    if (op == Op::kAllReduce) {
+      const bool small = bytes <= (world_size <= 2 ? (uint64_t{1} << 20) : (uint64_t{512} << 10));
+      c.algo = small ? Algorithm::kOneShot : Algorithm::kTwoShot;
+    } else {
+      c.algo = Algorithm::kDirect;
+    }
+  } else {
+    c.algo = requested;
+  }
+  // Packs of 16 bytes each block's threads stride over: one_shot folds the whole message, the
+  // others a 1/n slice per rank (all-gather copies n inputs of `bytes`).
+  uint64_t packs = bytes / 16 + 1;
+  if (c.algo == Algorithm::kTwoShot || op == Op::kReduceScatter) packs = packs / static_cast<uint64_t>(world_size) + 1;
+  if (op == Op::kAllGather) packs *= static_cast<uint64_t>(world_size);
+  c.grid.threads = 512;
+  const uint64_t blocks = (packs + 511) / 512;
+  c.grid.blocks = static_cast<int>(std::clamp<uint64_t>(blocks, 1, kMaxBlocks));
+  return c;
+}
+
+Choice DispatchTable::choose(const std::string& arch, int world_size, Op op, uint64_t bytes,
+                             Algorithm requested) const {
+  // 1. Rows of this (arch, world size, op); none -> heuristic.
+  std::vector<const TableRow*> mine;
+  for (const auto& r : rows_) {
+    if (r.arch == arch && r.world_size == world_size && r.op == op) mine.push_back(&r);
+  }
+  if (mine.empty()) return default_choice(world_size, op, bytes, requested);
+  // 2. The measured size: the smallest >= bytes, else the largest.
+  uint64_t size = 0;
+  for (const TableRow* r : mine) {
+    if (r->bytes >= bytes && (size == 0 || r->bytes < size)) size = r->bytes;
+  }
+  if (size == 0) {
+    for (const TableRow* r : mine) size = std::max(size, r->bytes);
+  }
+  // 3. Among that size's rows: the requested algorithm, or the fastest for auto.
+  const TableRow* best = nullptr;
+  for (const TableRow* r : mine) {
+    if (r->bytes != size) continue;
+    if (requested != Algorithm::kAuto && r->algo != requested) continue;
+    if (best == nullptr || r->time_us < best->time_us) best = r;
+  }
+  if (best == nullptr) return default_choice(world_size, op, bytes, requested);
+  return Choice{best->algo, best->grid, true};
+}
+
+std::string DispatchTable::to_text(const std::vector<std::string>& header_comments) const {
+  std::ostringstream os;
+  for (const auto& c : header_comments) os << "# " << c << "\n";
+  os << "# arch\tworld_size\top\tbytes\talgo\tblocks\tthreads\ttime_us\n";
+  for (const auto& r : rows_) {
+    char time[32];
+    std::snprintf(time, sizeof time, "%.2f", r.time_us);
+    os << r.arch << '\t' << r.world_size << '\t' << op_name(r.op) << '\t' << r.bytes << '\t' << algorithm_name(r.algo)
+       << '\t' << r.grid.blocks << '\t' << r.grid.threads << '\t' << time << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace exactcoll::cuda

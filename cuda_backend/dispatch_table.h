@@ -1,0 +1,87 @@
+// The `auto` dispatch table: for each (GPU arch, world size, op, message size) the algorithm and
+// grid that `exactcoll tune` measured fastest. Kept in the repo (cuda_backend/tuning/sm90.tsv),
+// compiled into the binary, and replaceable at run time (--table FILE, or EXACTCOLL_TABLE).
+//
+// File format: tab-separated, '#' starts a comment line. Columns:
+//   arch  world_size  op  bytes  algo  blocks  threads  time_us
+//   sm90  2           allreduce  524288  one_shot  32  512  5.10
+// `bytes` is the per-rank input size in bytes of the measured message; a lookup for b bytes uses
+// the rows of the smallest measured size >= b (the largest size when b is beyond every row).
+// Every algorithm of the IPC path gives the contract's bits, so `auto` may pick any of them;
+// NCCL is never picked by `auto` (its bits follow no contract).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda_backend/kernel_args.h"
+
+namespace exactcoll::cuda {
+
+// The algorithms a caller can ask for. kDirect is the SM kernel of reduce_scatter / allgather;
+// kCopyEngine is the copy-engine all-gather; kAuto consults the table; kNccl calls NCCL.
+enum class Algorithm : uint8_t { kOneShot, kTwoShot, kDirect, kCopyEngine, kAuto, kNccl };
+
+const char* algorithm_name(Algorithm a);
+// Parses one_shot | two_shot | direct | copy_engine | auto | nccl; nullopt otherwise.
+std::optional<Algorithm> parse_algorithm(const std::string& name);
+// The IPC algorithms of an op (what auto chooses among).
+std::vector<Algorithm> ipc_algorithms(Op op);
+// Parses allreduce | reduce_scatter | allgather.
+std::optional<Op> parse_op(const std::string& name);
+
+struct TableError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct TableRow {
+  std::string arch;  // "sm90"
+  int world_size = 0;
+  Op op = Op::kAllReduce;
+  uint64_t bytes = 0;
+  Algorithm algo = Algorithm::kOneShot;
+  LaunchConfig grid;
+  double time_us = 0;
+};
+
+// An algorithm with its grid.
+struct Choice {
+  Algorithm algo = Algorithm::kOneShot;
+  LaunchConfig grid;
+  bool from_table = false;  // false: the built-in heuristic (no row for this arch / world size / op)
+};
+
+class DispatchTable {
+ public:
+  DispatchTable() = default;
+  explicit DispatchTable(std::vector<TableRow> rows);
+
+  // Parses the file format above. Throws TableError naming `name`, the line and what is wrong.
+  static DispatchTable parse(const std::string& text, const std::string& name);
+  // The table compiled into the binary (cuda_backend/tuning/sm90.tsv at build time).
+  static const DispatchTable& embedded();
+  // The table to use: the file named by $EXACTCOLL_TABLE if set, else the embedded one.
+  static DispatchTable from_environment();
+
+  // Returns the algorithm and grid for a message of `bytes` per rank. `requested` is a concrete
+  // IPC algorithm (its measured grid) or kAuto (the fastest measured algorithm). Without rows for
+  // (arch, world_size, op) it falls back to default_choice.
+  Choice choose(const std::string& arch, int world_size, Op op, uint64_t bytes, Algorithm requested) const;
+
+  // The heuristic used without a table: one_shot below 512 KiB (any size on 2 GPUs up to 1 MiB),
+  // two_shot above; 512 threads; one block per 512 packs of work, at most kMaxBlocks.
+  static Choice default_choice(int world_size, Op op, uint64_t bytes, Algorithm requested);
+
+  // Returns the table in the file format (header comment lines first).
+  std::string to_text(const std::vector<std::string>& header_comments) const;
+
+  const std::vector<TableRow>& rows() const { return rows_; }
+
+ private:
+  std::vector<TableRow> rows_;
+};
+
+}  // namespace exactcoll::cuda

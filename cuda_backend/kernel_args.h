@@ -1,0 +1,70 @@
+// What one launch of a collective kernel needs, as plain data: filled by the host (communicator.cc,
+// compiled by g++), passed by value as a __grid_constant__ kernel parameter (kernels.cuh, nvcc).
+// No CUDA headers, so host code and tests include it freely.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/signal.h"
+
+namespace exactcoll::cuda {
+
+// The collectives the IPC kernels implement.
+enum class Op : uint8_t { kAllReduce, kReduceScatter, kAllGather };
+
+// The IPC algorithms. All-reduce has one_shot and two_shot; reduce_scatter and allgather have one
+// kernel each (Algo::kOneShot names it in tables and flags as "direct").
+enum class Algo : uint8_t { kOneShot, kTwoShot };
+
+// Which core template a kernel runs (the two all-reduce algorithms, reduce_scatter, allgather), or
+// kBarrier: one barrier of the signal protocol and nothing else (copy-engine steps, line-ups).
+enum class KernelKind : int { kOneShot = 0, kTwoShot = 1, kReduceScatter = 2, kAllGather = 3, kBarrier = 4 };
+
+inline const char* op_name(Op op) {
+  return op == Op::kAllReduce ? "allreduce" : op == Op::kReduceScatter ? "reduce_scatter" : "allgather";
+}
+
+// A timeout seen by a wait on a flag, recorded by the first thread that saw one (per communicator)
+// and read by the host after the launch: "rank R block B: peer P never arrived at barrier (set S,
+// value V)".
+struct DeviceError {
+  uint32_t claimed;     // 0 until some thread records an error (atomicCAS 0 -> 1)
+  uint32_t kind;        // 1 = a flag wait timed out
+  int32_t rank;         // the waiting rank
+  int32_t block;        // the waiting block
+  int32_t peer;         // whose signal never came
+  int32_t set;          // flag set of the barrier
+  uint32_t expected;    // the barrier value waited for
+  uint32_t observed;    // the flag's value when the wait gave up
+  uint64_t waited_ns;   // how long it waited
+};
+
+inline constexpr uint32_t kErrorFlagTimeout = 1;
+
+// One launch. Pointers are device addresses valid in this process (peers' buffers opened through
+// CUDA IPC). inputs[r] is what the algorithm reads as rank r's input: peers' staging buffers or
+// registered user buffers. When stage_from is not null the kernel first copies this rank's input
+// from stage_from into inputs[rank] (the staging buffer), exactly the elements each peer's block
+// of the same index will read (kernels.cuh, stage_own_input).
+struct KernelArgs {
+  const void* inputs[kMaxRanks];
+  void* scratch[kMaxRanks];
+  SignalBuffer* signals[kMaxRanks];
+  void* output;
+  const void* stage_from;
+  DeviceError* error;
+  uint64_t count;       // elements: per-rank input count (all ops)
+  uint64_t timeout_ns;  // bound on every flag wait
+  int32_t rank;
+  int32_t world_size;
+};
+
+// Grid of one launch. Preconditions: 1 <= blocks <= kMaxBlocks; threads a multiple of 32 in
+// [64, 1024] (>= world_size, so that thread t < n can signal peer t).
+struct LaunchConfig {
+  int blocks = 0;
+  int threads = 0;
+};
+
+}  // namespace exactcoll::cuda

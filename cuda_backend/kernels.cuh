@@ -1,0 +1,109 @@
+// The collective kernels: core/collectives.h's templates instantiated with DeviceCtx, one kernel
+// per (storage type, compile-time world size, algorithm). Included by one .cu per storage type
+// (kernels_bf16.cu, ...) so that nvcc compiles each type's instantiations in a separate action.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/collectives.h"
+#include "cuda_backend/device_ctx.cuh"
+#include "cuda_backend/kernel_args.h"
+
+namespace exactcoll::cuda {
+
+// Staged inputs: copies this rank's input from args.stage_from into its staging buffer
+// (args.inputs[rank]), exactly the elements that block b of every rank (this one included) reads
+// from this rank's input in the algorithm, so that block b's first barrier publishes them to the
+// peers' block b (the barrier pairs equal block indices only). The shares are computed by the
+// same core functions the algorithms use (block_share, two_shot_slice); the bits are copied
+// unchanged.
+template <class T, KernelKind kKind, class Ctx>
+__device__ __forceinline__ void stage_own_input(Ctx& ctx, const KernelArgs& args) {
+  constexpr int P = Storage<T>::kPack;
+  const T* src = static_cast<const T*>(args.stage_from);
+  T* dst = static_cast<T*>(const_cast<void*>(args.inputs[args.rank]));
+  const size_t count = args.count;
+  const int n = ctx.world_size();
+  if constexpr (kKind == KernelKind::kOneShot || kKind == KernelKind::kAllGather) {
+    copy_range<T>(ctx, block_share(0, count, P, ctx.block(), ctx.num_blocks()), src, dst, 0);
+  } else if constexpr (kKind == KernelKind::kTwoShot) {
+    for (int p = 0; p < n; ++p) {
+      const Slice s = two_shot_slice(count, P, p, n);
+      copy_range<T>(ctx, block_share(s.begin, s.end, P, ctx.block(), ctx.num_blocks()), src, dst, 0);
+    }
+  } else {
+    const size_t per = count / static_cast<size_t>(n);
+    for (int p = 0; p < n; ++p) {
+      const size_t begin = per * static_cast<size_t>(p);
+      copy_range<T>(ctx, block_share(begin, begin + per, P, ctx.block(), ctx.num_blocks()), src, dst, 0);
+    }
+  }
+}
+
+template <class T, int kRanks, KernelKind kKind>
+__global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant__ KernelArgs args) {
+  __shared__ int aborted;
+  if (threadIdx.x == 0) aborted = 0;
+  // No __syncthreads here: every algorithm starts with a barrier whose first step is sync_block,
+  // which orders this store before any wait reads it.
+  DeviceCtx<T, kRanks> ctx(args, &aborted);
+  if (args.stage_from != nullptr) stage_own_input<T, kKind>(ctx, args);
+  if constexpr (kKind == KernelKind::kOneShot) {
+    allreduce_one_shot<T, kRanks>(ctx, args.count);
+  } else if constexpr (kKind == KernelKind::kTwoShot) {
+    allreduce_two_shot<T, kRanks>(ctx, args.count);
+  } else if constexpr (kKind == KernelKind::kReduceScatter) {
+    reduce_scatter<T, kRanks>(ctx, args.count);
+  } else {
+    allgather<T, kRanks>(ctx, args.count);
+  }
+}
+
+// One barrier of the production protocol (block_barrier over block b's flags), nothing else.
+template <class T>
+__global__ void __launch_bounds__(1024) barrier_kernel(const __grid_constant__ KernelArgs args) {
+  __shared__ int aborted;
+  if (threadIdx.x == 0) aborted = 0;
+  DeviceCtx<T, 0> ctx(args, &aborted);
+  uint32_t barriers = load_barrier_count(ctx);
+  block_barrier<TwoSetProtocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
+template <class T, int kRanks>
+cudaError_t launch_for_ranks(KernelKind kind, const KernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(cfg.blocks)), block(static_cast<unsigned>(cfg.threads));
+  switch (kind) {
+    case KernelKind::kOneShot:
+      collective_kernel<T, kRanks, KernelKind::kOneShot><<<grid, block, 0, stream>>>(args);
+      break;
+    case KernelKind::kTwoShot:
+      collective_kernel<T, kRanks, KernelKind::kTwoShot><<<grid, block, 0, stream>>>(args);
+      break;
+    case KernelKind::kReduceScatter:
+      collective_kernel<T, kRanks, KernelKind::kReduceScatter><<<grid, block, 0, stream>>>(args);
+      break;
+    case KernelKind::kAllGather:
+      collective_kernel<T, kRanks, KernelKind::kAllGather><<<grid, block, 0, stream>>>(args);
+      break;
+    case KernelKind::kBarrier:
+      barrier_kernel<T><<<grid, block, 0, stream>>>(args);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+// Compile-time world sizes 2, 3, 4 and 8 (the machines' shapes); every other size runs the
+// run-time-n kernels (same bits, the loads are issued rank by rank).
+template <class T>
+cudaError_t launch_typed(KernelKind kind, const KernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
+  switch (args.world_size) {
+    case 2: return launch_for_ranks<T, 2>(kind, args, cfg, stream);
+    case 3: return launch_for_ranks<T, 3>(kind, args, cfg, stream);
+    case 4: return launch_for_ranks<T, 4>(kind, args, cfg, stream);
+    case 8: return launch_for_ranks<T, 8>(kind, args, cfg, stream);
+    default: return launch_for_ranks<T, 0>(kind, args, cfg, stream);
+  }
+}
+
+}  // namespace exactcoll::cuda

@@ -1,0 +1,11 @@
+// The fp16 instantiations of the collective kernels (kernels.cuh).
+#include "cuda_backend/kernels.cuh"
+#include "cuda_backend/kernels.h"
+
+namespace exactcoll::cuda {
+
+cudaError_t launch_collective_fp16(KernelKind kind, const KernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
+  return launch_typed<fp16>(kind, args, cfg, stream);
+}
+
+}  // namespace exactcoll::cuda

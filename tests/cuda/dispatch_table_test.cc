@@ -1,0 +1,139 @@
+// The dispatch table: parsing (every malformed line named), lookup rules, writing, the embedded
+// table, and the built-in heuristic. CPU only.
+#include "cuda_backend/dispatch_table.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace exactcoll::cuda {
+namespace {
+
+const char* kTable =
+    "# a comment\n"
+    "sm90\t2\tallreduce\t1024\tone_shot\t2\t512\t5.00\n"
+    "sm90\t2\tallreduce\t1024\ttwo_shot\t4\t256\t6.00\n"
+    "sm90\t2\tallreduce\t1048576\tone_shot\t64\t512\t20.00\n"
+    "sm90\t2\tallreduce\t1048576\ttwo_shot\t32\t1024\t12.50\n"
+    "sm90\t4\treduce_scatter\t4096\tdirect\t8\t512\t7.00\n"
+    "sm90\t4\tallgather\t4096\tdirect\t8\t512\t9.00\n"
+    "sm90\t4\tallgather\t4096\tcopy_engine\t1\t64\t8.00\n";
+
+TEST(DispatchTable, ParsesAndChoosesFastestForAuto) {
+  const DispatchTable t = DispatchTable::parse(kTable, "t.tsv");
+  ASSERT_EQ(t.rows().size(), 7u);
+  // Small message: the 1024-byte rows; auto takes one_shot (5.00 < 6.00).
+  Choice c = t.choose("sm90", 2, Op::kAllReduce, 512, Algorithm::kAuto);
+  EXPECT_TRUE(c.from_table);
+  EXPECT_EQ(c.algo, Algorithm::kOneShot);
+  EXPECT_EQ(c.grid.blocks, 2);
+  EXPECT_EQ(c.grid.threads, 512);
+  // Exactly at a measured size.
+  c = t.choose("sm90", 2, Op::kAllReduce, 1024, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kOneShot);
+  // Between sizes: the next larger measured size (1 MiB), where two_shot is faster.
+  c = t.choose("sm90", 2, Op::kAllReduce, 1025, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kTwoShot);
+  EXPECT_EQ(c.grid.blocks, 32);
+  EXPECT_EQ(c.grid.threads, 1024);
+  // Beyond every row: the largest.
+  c = t.choose("sm90", 2, Op::kAllReduce, uint64_t{1} << 30, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kTwoShot);
+  // A named algorithm gets its own grid at that size.
+  c = t.choose("sm90", 2, Op::kAllReduce, 1 << 20, Algorithm::kOneShot);
+  EXPECT_EQ(c.algo, Algorithm::kOneShot);
+  EXPECT_EQ(c.grid.blocks, 64);
+  // All-gather: copy_engine is faster here.
+  c = t.choose("sm90", 4, Op::kAllGather, 100, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kCopyEngine);
+  c = t.choose("sm90", 4, Op::kReduceScatter, 100, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kDirect);
+  EXPECT_EQ(c.grid.blocks, 8);
+}
+
+TEST(DispatchTable, FallsBackToTheHeuristicWithoutRows) {
+  const DispatchTable t = DispatchTable::parse(kTable, "t.tsv");
+  // No rows for 3 ranks, nor for sm80.
+  for (const Choice& c : {t.choose("sm90", 3, Op::kAllReduce, 1024, Algorithm::kAuto),
+                          t.choose("sm80", 2, Op::kAllReduce, 1024, Algorithm::kAuto)}) {
+    EXPECT_FALSE(c.from_table);
+    EXPECT_EQ(c.algo, Algorithm::kOneShot);
+  }
+  // The heuristic: two_shot for large messages on 4 ranks, one block per 512 packs, capped.
+  Choice c = DispatchTable::default_choice(4, Op::kAllReduce, uint64_t{16} << 20, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kTwoShot);
+  EXPECT_EQ(c.grid.blocks, kMaxBlocks);
+  EXPECT_EQ(c.grid.threads, 512);
+  c = DispatchTable::default_choice(4, Op::kAllReduce, 16, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kOneShot);
+  EXPECT_EQ(c.grid.blocks, 1);
+  c = DispatchTable::default_choice(2, Op::kAllGather, 4096, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kDirect);
+}
+
+TEST(DispatchTable, RoundTripsThroughText) {
+  const DispatchTable t = DispatchTable::parse(kTable, "t.tsv");
+  const std::string text = t.to_text({"header line"});
+  EXPECT_EQ(text.rfind("# header line\n", 0), 0u);
+  const DispatchTable again = DispatchTable::parse(text, "again");
+  ASSERT_EQ(again.rows().size(), t.rows().size());
+  for (size_t i = 0; i < t.rows().size(); ++i) {
+    EXPECT_EQ(again.rows()[i].bytes, t.rows()[i].bytes);
+    EXPECT_EQ(again.rows()[i].algo, t.rows()[i].algo);
+    EXPECT_EQ(again.rows()[i].grid.blocks, t.rows()[i].grid.blocks);
+    EXPECT_DOUBLE_EQ(again.rows()[i].time_us, t.rows()[i].time_us);
+  }
+}
+
+TEST(DispatchTable, NamesTheLineAndProblemOfMalformedInput) {
+  struct Case {
+    const char* line;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"sm90\t2\tallreduce\t1024\tone_shot\t2\t512\n", "expected 8 tab-separated fields, got 7"},
+      {"sm90\t0\tallreduce\t1024\tone_shot\t2\t512\t1\n", "world_size must be 1..16"},
+      {"sm90\t2\tbroadcast\t1024\tone_shot\t2\t512\t1\n", "unknown op 'broadcast'"},
+      {"sm90\t2\tallreduce\t0\tone_shot\t2\t512\t1\n", "bytes must be a positive whole number"},
+      {"sm90\t2\tallreduce\t1024\tdirect\t2\t512\t1\n", "not an IPC algorithm of allreduce"},
+      {"sm90\t2\tallgather\t1024\tnccl\t2\t512\t1\n", "not an IPC algorithm of allgather"},
+      {"sm90\t2\tallreduce\t1024\tone_shot\t65\t512\t1\n", "blocks must be 1..64"},
+      {"sm90\t2\tallreduce\t1024\tone_shot\t2\t500\t1\n", "threads must be a multiple of 32"},
+      {"sm90\t2\tallreduce\t1024\tone_shot\t2\t512\t-3\n", "time_us must be a positive number"},
+  };
+  for (const Case& c : cases) {
+    const std::string text = std::string("# ok\n") + c.line;
+    try {
+      DispatchTable::parse(text, "bad.tsv");
+      ADD_FAILURE() << "accepted: " << c.line;
+    } catch (const TableError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("bad.tsv:2:"), std::string::npos) << what;
+      EXPECT_NE(what.find(c.message), std::string::npos) << what;
+    }
+  }
+}
+
+TEST(DispatchTable, EmbeddedTableParses) {
+  // The repo's cuda_backend/tuning/sm90.tsv, compiled in; every row must be usable.
+  const DispatchTable& t = DispatchTable::embedded();
+  for (const TableRow& r : t.rows()) {
+    EXPECT_EQ(r.arch, "sm90");
+    EXPECT_GE(r.grid.blocks, 1);
+    EXPECT_LE(r.grid.blocks, kMaxBlocks);
+  }
+}
+
+TEST(DispatchTable, AlgorithmNamesRoundTrip) {
+  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kDirect, Algorithm::kCopyEngine,
+                      Algorithm::kAuto, Algorithm::kNccl}) {
+    const auto parsed = parse_algorithm(algorithm_name(a));
+    ASSERT_TRUE(parsed.has_value());
+    EXPECT_EQ(*parsed, a);
+  }
+  EXPECT_FALSE(parse_algorithm("ring").has_value());
+  EXPECT_FALSE(parse_op("broadcast").has_value());
+}
+
+}  // namespace
+}  // namespace exactcoll::cuda

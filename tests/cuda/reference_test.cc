@@ -1,0 +1,119 @@
+// The machinery `exactcoll verify` and `bench` compare GPU outputs with, on CPU: the input
+// patterns hold what they promise, the simulator and the independent contract transcription agree
+// on them (so a GPU mismatch reported by verify is the GPU's), and the bit comparison catches one
+// flipped bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "tools/gpu/inputs.h"
+#include "tools/gpu/reference.h"
+
+namespace exactcoll::gpu {
+namespace {
+
+using cuda::Algorithm;
+using cuda::Op;
+
+uint32_t bits_at(DType d, const Bytes& b, size_t i) {
+  uint32_t v = 0;
+  std::memcpy(&v, b.data() + i * static_cast<size_t>(dtype_size(d)), static_cast<size_t>(dtype_size(d)));
+  return v;
+}
+
+TEST(Inputs, AreDeterministicPerSeedAndDifferPerRank) {
+  const Bytes a = make_input(DType::kBF16, 1000, 1, 42, Pattern::kRandom);
+  EXPECT_EQ(a, make_input(DType::kBF16, 1000, 1, 42, Pattern::kRandom));
+  EXPECT_NE(a, make_input(DType::kBF16, 1000, 2, 42, Pattern::kRandom));
+  EXPECT_NE(a, make_input(DType::kBF16, 1000, 1, 43, Pattern::kRandom));
+  EXPECT_EQ(a.size(), 2000u);
+  EXPECT_EQ(make_input(DType::kFP32, 10, 0, 1, Pattern::kRandom).size(), 40u);
+}
+
+TEST(Inputs, SpecialsHoldEveryKindOfValue) {
+  for (DType d : {DType::kBF16, DType::kFP16}) {
+    const Bytes x = make_input(d, 20000, 0, 7, Pattern::kSpecials);
+    const uint32_t exp_mask = d == DType::kBF16 ? 0x7F80u : 0x7C00u;
+    const uint32_t mant_mask = d == DType::kBF16 ? 0x7Fu : 0x3FFu;
+    std::set<std::string> seen;
+    for (size_t i = 0; i < 20000; ++i) {
+      const uint32_t b = bits_at(d, x, i);
+      const uint32_t mag = b & 0x7FFFu;
+      if (mag == 0) seen.insert(b & 0x8000u ? "-0" : "+0");
+      if (mag == exp_mask) seen.insert(b & 0x8000u ? "-inf" : "+inf");
+      if ((b & exp_mask) == exp_mask && (b & mant_mask) != 0) seen.insert(b == 0x7FFFu ? "nan7fff" : "nan_payload");
+      if ((b & exp_mask) == 0 && (b & mant_mask) != 0) seen.insert("subnormal");
+    }
+    for (const char* kind : {"+0", "-0", "+inf", "-inf", "nan_payload", "subnormal"}) {
+      EXPECT_TRUE(seen.count(kind)) << dtype_name(d) << " specials lack " << kind;
+    }
+  }
+}
+
+TEST(Inputs, CancelGivesRanksZeroAndOneOppositeValues) {
+  const auto in = make_inputs(DType::kFP32, 100, 3, 5, Pattern::kCancel);
+  for (size_t i = 0; i < 100; ++i) EXPECT_EQ(bits_at(DType::kFP32, in[0], i) ^ 0x80000000u, bits_at(DType::kFP32, in[1], i));
+}
+
+// The simulator and the scalar contract agree on every pattern, op, dtype and world size tried.
+TEST(Reference, SimulatorEqualsContractOnAdversarialInputs) {
+  for (int n : {1, 2, 3, 4}) {
+    Simulator sim(n);
+    for (Op op : {Op::kAllReduce, Op::kReduceScatter, Op::kAllGather}) {
+      for (DType d : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+        for (Pattern p : all_patterns()) {
+          for (size_t c : {size_t{1}, size_t{9}, size_t{1001}}) {
+            const size_t count = op == Op::kReduceScatter ? c * static_cast<size_t>(n) : c;
+            const auto inputs = make_inputs(d, count, n, 11, p);
+            const std::vector<Algorithm> algos = op == Op::kAllReduce
+                                                     ? std::vector<Algorithm>{Algorithm::kOneShot, Algorithm::kTwoShot}
+                                                     : std::vector<Algorithm>{Algorithm::kDirect};
+            for (Algorithm a : algos) {
+              const auto outs = sim.run(op, a, d, inputs, count, 3);
+              for (int r = 0; r < n; ++r) {
+                const Bytes want = contract_output(op, d, inputs, count, r);
+                const Comparison cmp = compare_bits(d, outs[static_cast<size_t>(r)].data(), want.data(),
+                                                    output_count(op, count, n));
+                EXPECT_EQ(cmp.mismatches, 0u) << op_name(op) << " " << dtype_name(d) << " " << pattern_name(p) << " n=" << n
+                                              << " count=" << count << " rank " << r << " first " << cmp.first;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Reference, ContractAllReduceFollowsTheFoldOrder) {
+  // bf16 max finite 0x7F7F: (max + max) overflows in fp32? No: 2 * 3.39e38 = 6.8e38 > FLT_MAX, so
+  // (max + max) + (-max) = inf, while the other orders give max. Rank order 0, 1, 2 decides.
+  std::vector<Bytes> in(3, Bytes(2));
+  const uint16_t max = 0x7F7F, neg = 0xFF7F;
+  std::memcpy(in[0].data(), &max, 2);
+  std::memcpy(in[1].data(), &max, 2);
+  std::memcpy(in[2].data(), &neg, 2);
+  const Bytes out = contract_output(Op::kAllReduce, DType::kBF16, in, 1, 0);
+  EXPECT_EQ(bits_at(DType::kBF16, out, 0), 0x7F80u);  // +inf
+  std::swap(in[1], in[2]);
+  const Bytes out2 = contract_output(Op::kAllReduce, DType::kBF16, in, 1, 0);
+  EXPECT_EQ(bits_at(DType::kBF16, out2, 0), 0x7F7Fu);  // max
+}
+
+TEST(Reference, CompareBitsCatchesOneFlippedBit) {
+  Bytes a = make_input(DType::kBF16, 4096, 0, 3, Pattern::kRandomBits);
+  Bytes b = a;
+  EXPECT_EQ(compare_bits(DType::kBF16, a.data(), b.data(), 4096).mismatches, 0u);
+  b[2 * 1234 + 1] ^= 0x01;  // one bit of element 1234
+  const Comparison c = compare_bits(DType::kBF16, a.data(), b.data(), 4096);
+  EXPECT_EQ(c.mismatches, 1u);
+  EXPECT_EQ(c.first, 1234u);
+  EXPECT_EQ(c.got_bits ^ c.want_bits, 0x100u);
+  EXPECT_EQ(bits_hex(DType::kBF16, 0x7fc1), "0x7fc1");
+  EXPECT_EQ(bits_hex(DType::kFP32, 0x7fc00001), "0x7fc00001");
+}
+
+}  // namespace
+}  // namespace exactcoll::gpu

@@ -1,0 +1,57 @@
+// Small RAII helpers and timing for the GPU commands: device buffers, a stream, and per-op times
+// by CUDA-graph replay and by eager launches (median of many, events around each).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace exactcoll::gpu {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class Stream {
+ public:
+  Stream();
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// Returns the median over `replays` of (time of one graph launch) / ops, in µs: `enqueue` (which
+// enqueues one op on stream) is captured `ops` times into one graph, launched `warmup` times
+// untimed, then `replays` times with events around each launch.
+double time_graph_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int replays);
+
+// The same for eager launches: `rounds` rounds of `ops` back-to-back enqueue() calls.
+double time_eager_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int rounds);
+
+double median(std::vector<double> values);
+
+// Splits "a,b,c" at commas (empty items dropped).
+std::vector<std::string> split_list(const std::string& text);
+
+}  // namespace exactcoll::gpu

@@ -1,0 +1,132 @@
+#include "tools/gpu/reference.h"
+
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "core/contract.h"
+#include "sim/collectives.h"
+#include "sim/world.h"
+
+namespace exactcoll::gpu {
+namespace {
+
+template <class T>
+T element(const Bytes& b, size_t i) {
+  T x;
+  std::memcpy(&x, b.data() + i * sizeof(T), sizeof(T));
+  return x;
+}
+
+template <class T>
+Bytes contract_typed(cuda::Op op, const std::vector<Bytes>& inputs, size_t count, int rank) {
+  const int n = static_cast<int>(inputs.size());
+  const size_t out_count = output_count(op, count, n);
+  Bytes out(out_count * sizeof(T));
+  T* o = reinterpret_cast<T*>(out.data());
+  switch (op) {
+    case cuda::Op::kAllReduce:
+      for (size_t i = 0; i < count; ++i) o[i] = contract::fold<T>(n, [&](int r) { return element<T>(inputs[r], i); });
+      break;
+    case cuda::Op::kReduceScatter: {
+      const size_t per = count / static_cast<size_t>(n);
+      const size_t begin = per * static_cast<size_t>(rank);
+      for (size_t j = 0; j < per; ++j) {
+        o[j] = contract::fold<T>(n, [&](int r) { return element<T>(inputs[r], begin + j); });
+      }
+      break;
+    }
+    case cuda::Op::kAllGather:
+      for (int r = 0; r < n; ++r) std::memcpy(o + static_cast<size_t>(r) * count, inputs[r].data(), count * sizeof(T));
+      break;
+  }
+  return out;
+}
+
+sim::Collective sim_op(cuda::Op op) {
+  switch (op) {
+    case cuda::Op::kAllReduce: return sim::Collective::kAllReduce;
+    case cuda::Op::kReduceScatter: return sim::Collective::kReduceScatter;
+    case cuda::Op::kAllGather: return sim::Collective::kAllGather;
+  }
+  return sim::Collective::kAllReduce;
+}
+
+}  // namespace
+
+size_t output_count(cuda::Op op, size_t count, int n) {
+  switch (op) {
+    case cuda::Op::kAllReduce: return count;
+    case cuda::Op::kReduceScatter: return count / static_cast<size_t>(n);
+    case cuda::Op::kAllGather: return count * static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+Simulator::Simulator(int world_size) : world_size_(world_size) {
+  sim::WorldOptions options;
+  options.ranks = world_size;
+  world_ = std::make_unique<sim::World>(options);
+}
+
+Simulator::~Simulator() = default;
+
+std::vector<Bytes> Simulator::run(cuda::Op op, cuda::Algorithm algo, DType dtype, const std::vector<Bytes>& inputs,
+                                  size_t count, int blocks) {
+  if (static_cast<int>(inputs.size()) != world_size_) throw std::invalid_argument("Simulator::run: one input per rank");
+  sim::CollectiveSpec spec;
+  spec.op = sim_op(op);
+  // The simulator's --algo applies to all-reduce only; its other ops have one algorithm each.
+  spec.algorithm = op != cuda::Op::kAllReduce       ? sim::Algorithm::kAuto
+                   : algo == cuda::Algorithm::kTwoShot ? sim::Algorithm::kTwoShot
+                                                       : sim::Algorithm::kOneShot;
+  spec.dtype = dtype;
+  spec.count = count;
+  spec.blocks = blocks;
+  const size_t out_bytes = output_count(op, count, world_size_) * static_cast<size_t>(dtype_size(dtype));
+  std::vector<Bytes> outputs(static_cast<size_t>(world_size_), Bytes(out_bytes));
+  std::vector<const void*> in_ptrs;
+  std::vector<void*> out_ptrs;
+  for (int r = 0; r < world_size_; ++r) {
+    in_ptrs.push_back(inputs[static_cast<size_t>(r)].data());
+    out_ptrs.push_back(outputs[static_cast<size_t>(r)].data());
+  }
+  sim::enqueue_collective(*world_, spec, in_ptrs, out_ptrs);
+  world_->run();
+  return outputs;
+}
+
+Bytes contract_output(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank) {
+  switch (dtype) {
+    case DType::kBF16: return contract_typed<bf16>(op, inputs, count, rank);
+    case DType::kFP16: return contract_typed<fp16>(op, inputs, count, rank);
+    case DType::kFP32: return contract_typed<float>(op, inputs, count, rank);
+  }
+  return {};
+}
+
+Comparison compare_bits(DType dtype, const void* got, const void* want, size_t count) {
+  Comparison c;
+  c.compared = count;
+  const size_t size = static_cast<size_t>(dtype_size(dtype));
+  const auto* g = static_cast<const uint8_t*>(got);
+  const auto* w = static_cast<const uint8_t*>(want);
+  if (std::memcmp(g, w, count * size) == 0) return c;
+  for (size_t i = 0; i < count; ++i) {
+    if (std::memcmp(g + i * size, w + i * size, size) == 0) continue;
+    if (c.mismatches++ == 0) {
+      c.first = i;
+      std::memcpy(&c.got_bits, g + i * size, size);
+      std::memcpy(&c.want_bits, w + i * size, size);
+    }
+  }
+  return c;
+}
+
+std::string bits_hex(DType dtype, uint32_t bits) {
+  char text[16];
+  std::snprintf(text, sizeof text, dtype == DType::kFP32 ? "0x%08x" : "0x%04x", bits);
+  return text;
+}
+
+}  // namespace exactcoll::gpu

@@ -1,0 +1,201 @@
+// `exactcoll tune --nproc N [--ops …] [--output FILE]`: measures every IPC algorithm over a grid of
+// launch configurations for message sizes 1 KiB … 64 MiB per rank and writes the dispatch table
+// (cuda_backend/dispatch_table.h) that `auto` reads: per (arch, world size, op, size, algorithm)
+// the fastest grid and its time. Rows of other world sizes, ops and archs already in FILE are kept.
+//
+// Steps per (op, size, algorithm, grid): a registered input of random bf16 values; the op captured
+// `graph-ops` times into a CUDA graph; median of `replays` replays per op on every rank; the
+// maximum over ranks is the grid's time. The table is written atomically by rank 0.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda_backend/communicator.h"
+#include "cuda_backend/cuda_check.h"
+#include "tools/cli.h"
+#include "tools/gpu/device_util.h"
+#include "tools/gpu/inputs.h"
+#include "tools/gpu/reference.h"
+#include "tools/gpu/worker.h"
+#include "tools/npy/npy.h"
+
+namespace exactcoll::gpu {
+namespace {
+
+using cuda::Algorithm;
+using cuda::Communicator;
+using cuda::LaunchConfig;
+using cuda::Op;
+
+struct TuneOptions {
+  std::vector<Op> ops;
+  std::string output;
+  int64_t min_bytes = 1024, max_bytes = int64_t{64} << 20;
+  int64_t graph_ops = 10, replays = 9;
+  bool quick = false;
+};
+
+// The grids tried for a message whose busiest rank works on `packs` 16-byte packs.
+std::vector<LaunchConfig> candidate_grids(uint64_t packs, bool quick) {
+  std::vector<LaunchConfig> out;
+  const std::vector<int> threads = quick ? std::vector<int>{512, 1024} : std::vector<int>{256, 512, 1024};
+  const std::vector<int> blocks = quick ? std::vector<int>{1, 2, 4, 8, 16, 32, 48, 64}
+                                        : std::vector<int>{1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64};
+  for (int t : threads) {
+    for (int b : blocks) {
+      // Skip grids with more than twice as many threads as packs (all but the first).
+      if (b > 1 && static_cast<uint64_t>(b) * static_cast<uint64_t>(t) > 2 * packs + static_cast<uint64_t>(t)) continue;
+      out.push_back(LaunchConfig{b, t});
+    }
+  }
+  return out;
+}
+
+int tune_worker(const TuneOptions& o) {
+  Worker w("tune");
+  const int n = w.world_size(), rank = w.rank();
+  const DType dtype = DType::kBF16;
+  cuda::CommunicatorOptions co;
+  co.name = "tune";
+  co.buffer_bytes = static_cast<size_t>(o.max_bytes);  // two_shot scratch; inputs are registered
+  co.table = cuda::DispatchTable();  // tuning measures forced grids; no table needed
+  Communicator comm(w.store(), rank, n, co);
+  if (!comm.ipc_ready()) return cli::fail("tune", "the IPC path is unavailable: " + comm.ipc_unavailable_reason(), 3);
+  const size_t max_in = static_cast<size_t>(o.max_bytes);
+  size_t max_out = max_in * static_cast<size_t>(n);
+  DeviceBuffer input(max_in), output(max_out);
+  const cuda::RegisteredBuffer reg = comm.register_buffer(input.get(), max_in);
+  Stream stream;
+  {
+    const Bytes mine = make_input(dtype, max_in / 2, rank, 7, Pattern::kRandom);
+    EXC_CUDA_CHECK(cudaMemcpy(input.get(), mine.data(), mine.size(), cudaMemcpyHostToDevice));
+  }
+  std::vector<cuda::TableRow> rows;
+  std::ostringstream report;
+  report << "# exactcoll tune: " << n << " ranks on " << w.device_name() << " (" << comm.arch() << ")\n";
+  for (Op op : o.ops) {
+    for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
+      uint64_t count = static_cast<uint64_t>(bytes) / 2;
+      if (op == Op::kReduceScatter) count -= count % static_cast<uint64_t>(n);
+      if (count == 0) continue;
+      for (Algorithm algo : cuda::ipc_algorithms(op)) {
+        uint64_t packs = count / 8 + 1;
+        if (algo == Algorithm::kTwoShot || op == Op::kReduceScatter) packs = packs / static_cast<uint64_t>(n) + 1;
+        if (op == Op::kAllGather) packs *= static_cast<uint64_t>(n);
+        std::vector<LaunchConfig> grids = candidate_grids(packs, o.quick);
+        if (algo == Algorithm::kCopyEngine) grids = {LaunchConfig{1, 64}};  // no SM grid
+        double best_us = 0;
+        LaunchConfig best{};
+        for (const LaunchConfig& grid : grids) {
+          auto enqueue = [&] {
+            switch (op) {
+              case Op::kAllReduce: comm.allreduce(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid); break;
+              case Op::kReduceScatter:
+                comm.reduce_scatter(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid);
+                break;
+              case Op::kAllGather: comm.allgather(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid); break;
+            }
+          };
+          w.barrier("grid");
+          const double us = time_graph_us(stream.get(), enqueue, static_cast<int>(o.graph_ops), 2, static_cast<int>(o.replays));
+          comm.check(stream.get());
+          char text[32];
+          std::snprintf(text, sizeof text, "%.6f", us);
+          double worst = 0;
+          for (const auto& s : w.all_gather("us", text)) worst = std::max(worst, std::stod(s));
+          if (best_us == 0 || worst < best_us) {
+            best_us = worst;
+            best = grid;
+          }
+        }
+        cuda::TableRow row;
+        row.arch = comm.arch();
+        row.world_size = n;
+        row.op = op;
+        row.bytes = static_cast<uint64_t>(bytes);
+        row.algo = algo;
+        row.grid = best;
+        row.time_us = best_us;
+        rows.push_back(row);
+        char line[160];
+        std::snprintf(line, sizeof line, "%-15s %10lld %-12s %3d x %4d %9.2f us\n", op_name(op), static_cast<long long>(bytes),
+                      cuda::algorithm_name(algo), best.blocks, best.threads, best_us);
+        report << line;
+        print_leader(w, line);
+      }
+    }
+  }
+  if (!w.leader()) return cli::kExitOk;
+  // Merge: keep the file's rows of other (arch, world size, op).
+  const std::string path = cli::resolve_path(o.output);
+  std::vector<cuda::TableRow> merged;
+  std::vector<std::string> comments;
+  std::ifstream existing(path);
+  if (existing) {
+    std::stringstream text;
+    text << existing.rdbuf();
+    const cuda::DispatchTable old = cuda::DispatchTable::parse(text.str(), path);
+    for (const auto& r : old.rows()) {
+      const bool replaced = r.arch == comm.arch() && r.world_size == n &&
+                            std::find(o.ops.begin(), o.ops.end(), r.op) != o.ops.end();
+      if (!replaced) merged.push_back(r);
+    }
+  }
+  merged.insert(merged.end(), rows.begin(), rows.end());
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  comments.push_back("exactcoll dispatch table (cuda_backend/dispatch_table.h): written by `exactcoll tune`.");
+  comments.push_back(std::string("last tuned ") + date + ": " + std::to_string(n) + " x " + w.device_name() +
+                     "; time_us = max over ranks of the median per-op time, CUDA graph, bf16.");
+  const std::string text = cuda::DispatchTable(merged).to_text(comments);
+  npy::write_file_atomic(path, text.data(), text.size());
+  print_leader(w, "# wrote " + path + " (" + std::to_string(merged.size()) + " rows)\n");
+  return cli::kExitOk;
+}
+
+int run_tune(int argc, char** argv) {
+  int64_t nproc = 0;
+  std::string ops_text = "allreduce,reduce_scatter,allgather";
+  TuneOptions o;
+  o.output = "cuda_backend/tuning/sm90.tsv";
+  cli::ArgParser parser("exactcoll tune --nproc N [--ops …] [--output FILE] [--quick]",
+                        "Measures every IPC algorithm over launch grids for message sizes from --min-bytes to\n"
+                        "--max-bytes per rank (powers of two) and writes the dispatch table that `auto` uses.\n"
+                        "Rows of other world sizes, ops and GPU archs already in FILE are kept.");
+  parser.add_int("nproc", &nproc, "processes, one per GPU");
+  parser.add_string("ops", &ops_text, "comma list of allreduce, reduce_scatter, allgather");
+  parser.add_string("output", &o.output, "table file to write (merged with its other rows)");
+  parser.add_int("min-bytes", &o.min_bytes, "smallest message, bytes per rank");
+  parser.add_int("max-bytes", &o.max_bytes, "largest message, bytes per rank");
+  parser.add_int("graph-ops", &o.graph_ops, "ops per CUDA graph");
+  parser.add_int("replays", &o.replays, "timed replays per grid");
+  parser.add_bool("quick", &o.quick, "fewer grids");
+  if (const auto code = parser.parse(argc, argv)) return *code;
+  for (const auto& s : split_list(ops_text)) {
+    const auto op = cuda::parse_op(s);
+    if (!op) return cli::fail("tune", "unknown op '" + s + "'");
+    o.ops.push_back(*op);
+  }
+  if (o.ops.empty()) return cli::fail("tune", "nothing to tune");
+  if (o.min_bytes < 16 || o.max_bytes < o.min_bytes || o.graph_ops < 1 || o.replays < 1) {
+    return cli::fail("tune", "need 16 <= --min-bytes <= --max-bytes and positive --graph-ops, --replays");
+  }
+  if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "tune")) return *code;
+  try {
+    return tune_worker(o);
+  } catch (const std::exception& e) {
+    return cli::fail("tune", e.what(), cli::kExitFailure);
+  }
+}
+
+const cli::Registrar kRegistrar({"tune", "measure the algorithms and grids, write auto's dispatch table", run_tune});
+
+}  // namespace
+}  // namespace exactcoll::gpu

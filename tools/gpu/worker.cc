@@ -1,0 +1,91 @@
+#include "tools/gpu/worker.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "cuda_backend/bootstrap/worker_store.h"
+#include "cuda_backend/cuda_check.h"
+#include "tools/launch/launcher.h"
+
+namespace exactcoll::gpu {
+
+std::optional<int> relaunch_unless_worker(int argc, char** argv, int64_t nproc, bool nproc_given,
+                                          const std::string& command) {
+  const char* rank = std::getenv("RANK");
+  if (rank != nullptr && *rank != '\0') {
+    const char* world = std::getenv("WORLD_SIZE");
+    if (nproc_given && world != nullptr && std::to_string(nproc) != world) {
+      std::cerr << "exactcoll " << command << ": --nproc " << nproc << " disagrees with WORLD_SIZE=" << world << "\n";
+      return 2;
+    }
+    return std::nullopt;
+  }
+  if (!nproc_given) {
+    std::cerr << "exactcoll " << command
+              << ": give --nproc N (one process per GPU), or start workers with `exactcoll launch` or torchrun\n";
+    return 2;
+  }
+  if (nproc < 1 || nproc > 1024) {
+    std::cerr << "exactcoll " << command << ": --nproc must be 1..1024, got " << nproc << "\n";
+    return 2;
+  }
+  launch::LaunchOptions options;
+  options.executable = "/proc/self/exe";
+  options.argv.push_back("exactcoll");
+  for (int i = 0; i < argc; ++i) options.argv.push_back(argv[i]);
+  options.nproc = static_cast<int>(nproc);
+  return launch::run_workers(options);
+}
+
+Worker::Worker(const std::string& command) : command_(command) {
+  env_ = parse_worker_env(process_environment());
+  int count = 0;
+  EXC_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (count < 1) throw cuda::CudaError("no CUDA device is visible");
+  device_ = env_.local_rank % count;
+  EXC_CUDA_CHECK(cudaSetDevice(device_));
+  cudaDeviceProp prop{};
+  EXC_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  device_name_ = prop.name;
+  WorkerStoreOptions options;
+  options.connect_timeout = std::chrono::milliseconds(60000);
+  options.request_timeout = std::chrono::milliseconds(60000);
+  store_ = connect_worker_store(env_, options);
+}
+
+Worker::~Worker() {
+  try {
+    store_->barrier(command_ + "/exit", env_.world_size, std::chrono::milliseconds(60000));
+  } catch (const std::exception& e) {
+    std::cerr << "exactcoll " << command_ << ": rank " << env_.rank << " leaving without the final barrier: " << e.what()
+              << "\n";
+  }
+}
+
+int64_t Worker::sum(const std::string& name, int64_t value) {
+  const std::string key = command_ + "/sum/" + name + "/" + std::to_string(serial_++);
+  store_->add(key, value);
+  store_->barrier(key + "/done", env_.world_size, store_timeout);
+  return store_->add(key, 0);
+}
+
+std::vector<std::string> Worker::all_gather(const std::string& name, const std::string& value) {
+  const std::string key = command_ + "/gather/" + name + "/" + std::to_string(serial_++);
+  store_->set(key + "/" + std::to_string(env_.rank), value);
+  std::vector<std::string> out;
+  for (int r = 0; r < env_.world_size; ++r) out.push_back(store_->get(key + "/" + std::to_string(r), store_timeout));
+  return out;
+}
+
+void Worker::barrier(const std::string& name) {
+  store_->barrier(command_ + "/barrier/" + name + "/" + std::to_string(serial_++), env_.world_size, store_timeout);
+}
+
+void print_leader(const Worker& worker, const std::string& text) {
+  if (!worker.leader()) return;
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace exactcoll::gpu
