@@ -1,0 +1,85 @@
+// The overlap schedules (sim/overlap/plan.h) on the simulated world: each rank's call is one
+// launch whose blocks are the plan's streams (comm0, comm1, ..., compute), so the seeded scheduler
+// interleaves the pulls, the products and the get protocol's flag waits and signals, and traces
+// show every step per rank and stream. Products use Eigen with float accumulation
+// (sim/overlap/matmul.h), one shard's rows at a time.
+//
+// Example (4 ranks, C = allgather(A) @ B):
+//   sim::World world({.ranks = 4, .schedule = sim::Schedule::kSeeded, .schedule_seed = 7});
+//   overlap::OverlapSim ov(world);
+//   ov.enqueue(shape, io);   // io: per-rank shards, B, gathered and product buffers
+//   world.run();             // throws sim::SimError on deadlock (naming flags and epochs)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/storage.h"
+#include "sim/overlap/plan.h"
+#include "sim/world.h"
+
+namespace exactcoll::overlap {
+
+struct OverlapShape {
+  Pattern pattern = Pattern::kAgMatmul;
+  DType dtype = DType::kBF16;
+  // kAgMatmul: C [m, n] = allgather(A) [m, k] @ B [k, n]; A's rows are split evenly (m % ranks == 0).
+  // kPrefetch: C [m, n] = X [m, k] @ W [k, n] on every rank, unrelated to the all-gather.
+  size_t m = 0, k = 0, n = 0;
+  size_t gather_count = 0;  // kPrefetch: elements per rank all-gathered (kAgMatmul: m / ranks * k)
+
+  // Elements of one rank's shard.
+  size_t shard_elements(int ranks) const {
+    return pattern == Pattern::kAgMatmul ? m / static_cast<size_t>(ranks) * k : gather_count;
+  }
+};
+
+// Returns "" when shape is valid on `ranks` ranks, else what is wrong.
+std::string check_shape(const OverlapShape& shape, int ranks);
+
+// Host buffers of one call (storage bit patterns; one entry per rank).
+struct OverlapIo {
+  std::vector<const void*> shards;  // shard_elements(ranks) elements each
+  std::vector<const void*> lhs;     // kPrefetch: X [m, k]; kAgMatmul: unused (may be empty)
+  std::vector<const void*> rhs;     // B (or W) [k, n]
+  std::vector<void*> gathered;      // ranks * shard_elements(ranks) elements each
+  std::vector<void*> products;      // C [m, n]
+};
+
+// Returns "" when io has one buffer of each kind per rank (lhs only for kPrefetch).
+std::string check_io(const OverlapShape& shape, const OverlapIo& io, int ranks);
+
+class OverlapSim {
+ public:
+  // Adds the flag block (OverlapFlags) to every rank's symmetric heap.
+  explicit OverlapSim(sim::World& world, int comm_streams = 2);
+
+  // Queues one call (one launch per rank; the call's epoch is the number of calls queued so far
+  // plus one). `plans` replaces the default plans (make_plan), e.g. with a broken protocol in a
+  // test; it must hold one plan per rank with comm_streams + 1 streams. The host buffers must stay
+  // alive until world.run() returns. Throws std::invalid_argument for a bad shape or io.
+  void enqueue(const OverlapShape& shape, const OverlapIo& io, std::vector<RankPlan> plans = {});
+
+  uint32_t calls() const { return epoch_; }
+  int comm_streams() const { return comm_streams_; }
+
+ private:
+  sim::World& world_;
+  int comm_streams_;
+  int flags_id_;
+  uint32_t epoch_ = 0;
+};
+
+// The unpipelined schedule on the same world (its queue must be empty): the simulator's all-gather
+// (core/collectives.h allgather) into io.gathered, run, then the products on the host, shard by
+// shard in rank order for kAgMatmul (the same row blocks as the pipeline), X @ W for kPrefetch.
+void run_unpipelined(sim::World& world, const OverlapShape& shape, const OverlapIo& io);
+
+// Rank `rank`'s products from its gathered A (or X) and B: what both schedules compute.
+void products_for_rank(const OverlapShape& shape, int ranks, const void* gathered_or_lhs, const void* rhs,
+                       void* product);
+
+}  // namespace exactcoll::overlap

@@ -1,0 +1,131 @@
+// The all-gather + matmul overlap schedules, written once as data: for every rank, an ordered list
+// of operations per stream. The simulator (sim/overlap/overlap_sim.h) runs each stream as one
+// simulated block; the CUDA backend (cuda_backend/overlap/pipeline.h) enqueues each operation on a
+// CUDA stream. Plain C++, no simulator or CUDA dependency, so both backends walk the same plan.
+//
+// ---- The two patterns ----------------------------------------------------------------------------
+// kAgMatmul (tensor parallel): A [m, k] is sharded by rows over n ranks (shard r = rows
+//   [r*m/n, (r+1)*m/n)), B [k, n_out] is replicated, every rank computes C = allgather(A) @ B.
+//   Step 0 multiplies the local shard (read from this rank's own symmetric buffer) while the
+//   communication streams pull the peers' shards in the order rank+1, rank+2, ... (step j pulls
+//   shard (rank + j) mod n on comm stream (j - 1) mod comm_streams); step j's product waits only
+//   for step j's shard. One product per shard.
+// kPrefetch (FSDP style): the same all-gather, with no data dependency, beside one unrelated
+//   product on the compute stream.
+//
+// ---- The "get" protocol ----------------------------------------------------------------------------
+// Each rank's symmetric memory holds its shard and an OverlapFlags block. Flags carry the call's
+// epoch (1, 2, ... counted by the host, equal on every rank).
+//   1. The owner marks its shard ready: for every peer q it stores the epoch into q's ready[owner]
+//      (signal_ready). The shard was written before the call (stream order).
+//   2. The puller waits until its OWN ready[owner] holds the epoch (wait_ready): the state is
+//      mirrored into the puller's memory, so the wait polls local memory, never a peer's.
+//   3. It copies the shard into its gathered A (pull_shard: a copy engine on the GPU), then
+//      stores the epoch into the owner's consumed[puller] (signal_consumed).
+//   4. Before the call ends, the owner waits until its OWN consumed[q] holds the epoch for every
+//      peer q (wait_consumed): after that nobody reads its shard, so the next call may overwrite it.
+// Why equality waits suffice: the owner stores epoch e+1 into ready[owner] only after its
+// wait_consumed for e, which needs this puller's consumed e, sent after its wait_ready e; and a
+// puller stores e+1 into consumed[] only after wait_ready e+1, sent after the owner's
+// wait_consumed e. So a slot never moves past e before its reader has seen e.
+// Local stream-to-stream dependencies (step j's product after step j's pull) are record_arrival /
+// wait_arrival: CUDA events on the GPU, a local flag in the simulator.
+//
+// ---- Stream layout ---------------------------------------------------------------------------------
+// streams[0 .. comm_streams-1] are communication streams, streams.back() is the compute stream.
+// Every cross-stream wait goes from a later stream to an earlier one or across ranks, never from
+// an earlier stream of a rank to a later stream of the same rank: the simulator's threads
+// scheduler runs a rank's blocks in index order, and this ordering keeps that schedule legal.
+//
+// Example (rank 1 of 4, kAgMatmul, 2 comm streams):
+//   comm0:   signal_ready(0) signal_ready(2) signal_ready(3)
+//            wait_ready(2,s1) pull_shard(2,s1) signal_consumed(2,s1) record_arrival(s1)
+//            wait_ready(0,s3) pull_shard(0,s3) signal_consumed(0,s3) record_arrival(s3)
+//   comm1:   copy_own_shard(s0) wait_ready(3,s2) pull_shard(3,s2) signal_consumed(3,s2) record_arrival(s2)
+//   compute: matmul(s0, shard 1) wait_arrival(s1) matmul(s1, shard 2) wait_arrival(s2) matmul(s2, shard 3)
+//            wait_arrival(s3) matmul(s3, shard 0) wait_consumed(0) wait_consumed(2) wait_consumed(3)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace exactcoll::overlap {
+
+inline constexpr int kMaxOverlapRanks = 16;
+
+enum class Pattern : uint8_t { kAgMatmul, kPrefetch };
+
+const char* pattern_name(Pattern p);
+// Parses "ag_matmul" | "prefetch"; returns false otherwise.
+bool parse_pattern(const std::string& text, Pattern* out);
+
+enum class OpKind : uint8_t {
+  kSignalReady,     // peer: store epoch into peer's ready[rank]
+  kWaitReady,       // peer, step: wait until own ready[peer] == epoch
+  kPullShard,       // peer, step: copy peer's shard into gathered rows of shard `peer`
+  kCopyOwnShard,    // step 0: copy own shard into own gathered rows
+  kSignalConsumed,  // peer, step: store epoch into peer's consumed[rank]
+  kRecordArrival,   // step: step's shard is in gathered (for the compute stream)
+  kWaitArrival,     // step: wait for record_arrival(step)
+  kMatmul,          // step: kAgMatmul: rows of shard `peer` (step 0: own symmetric buffer); kPrefetch: the
+                    // unrelated product (peer = -1)
+  kWaitConsumed,    // peer: wait until own consumed[peer] == epoch
+};
+
+const char* op_name(OpKind kind);
+
+struct PlanOp {
+  OpKind kind = OpKind::kMatmul;
+  int step = 0;   // pipeline step (0 = own shard); -1 where no step applies
+  int peer = -1;  // the other rank (or the shard's owner for matmul / pull), -1 where none
+};
+
+struct StreamPlan {
+  std::string name;  // "comm0", "comm1", ..., "compute"
+  std::vector<PlanOp> ops;
+};
+
+struct RankPlan {
+  Pattern pattern = Pattern::kAgMatmul;
+  int rank = 0;
+  int world_size = 1;
+  std::vector<StreamPlan> streams;  // comm streams first, the compute stream last
+  const StreamPlan& compute() const { return streams.back(); }
+  int comm_streams() const { return static_cast<int>(streams.size()) - 1; }
+};
+
+// Shared layout of a rank's flag block in symmetric memory (zeroed once at allocation).
+// ready[p]: written by owner p, read by this rank. consumed[q]: written by puller q, read by this
+// rank. arrived[j]: the simulator's local flag for record/wait_arrival of step j (the GPU uses
+// CUDA events and leaves it untouched).
+struct OverlapFlags {
+  uint32_t ready[kMaxOverlapRanks];
+  uint32_t consumed[kMaxOverlapRanks];
+  uint32_t arrived[kMaxOverlapRanks];
+};
+
+// Trace "set" numbers of the three flag kinds (the simulator's signal/wait events carry them).
+inline constexpr int kFlagReady = 0;
+inline constexpr int kFlagConsumed = 1;
+inline constexpr int kFlagArrived = 2;
+
+// Returns the shard rank `rank` works on at pipeline step `step`: (rank + step) mod world_size.
+inline int shard_of_step(int rank, int step, int world_size) { return (rank + step) % world_size; }
+
+// Returns rank's plan. Preconditions: 1 <= world_size <= kMaxOverlapRanks, 0 <= rank < world_size,
+// comm_streams >= 1. Throws std::invalid_argument otherwise.
+RankPlan make_plan(Pattern pattern, int rank, int world_size, int comm_streams = 2);
+
+// Returns "" when `plans` (one per rank, index = rank) is a complete, deadlock-free get protocol:
+// every shard pulled exactly once per peer, each pull preceded on its stream by the wait_ready of
+// the same peer and followed by its signal_consumed, every wait matched by a signal, every
+// cross-stream dependency legal for the stream layout above, every kAgMatmul product after its
+// shard's arrival. Otherwise what is wrong (naming rank, stream and op).
+std::string check_plans(const std::vector<RankPlan>& plans);
+
+// One line per stream: "comm0: signal_ready(0) wait_ready(2,s1) ...".
+std::string plan_text(const RankPlan& plan);
+
+}  // namespace exactcoll::overlap
