@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (no Bazel there): environment check, GPU tests, verify, tune and
+# bench with binaries built here and carried in .gpubin/ (exactcoll, collectives_gpu_test,
+# libpng16.so.16). Logs and the tuned table go to $OUT; a short table is printed last.
+#   usage: tools/gpu/device_run.sh [phases]   phases: env,test,verify,tune,bench (default all)
+#   build first: bazel build //tools:exactcoll //tests/cuda:collectives_gpu_test, then
+#   mkdir -p .gpubin && cp bazel-bin/tools/exactcoll bazel-bin/tests/cuda/collectives_gpu_test .gpubin/ &&
+#   cp /lib/x86_64-linux-gnu/libpng16.so.16 .gpubin/
+set -uo pipefail
+PHASES=${1:-env,test,verify,tune,bench}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/.gpubin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export NCCL_NVLS_ENABLE=0
+B=.gpubin/exactcoll
+has() { [[ ",$PHASES," == *",$1,"* ]]; }
+status=0
+if has env; then
+  { date -u; nvidia-smi -L; nvidia-smi topo -m; ls -la /usr/lib/x86_64-linux-gnu/libnccl.so.2;
+    ls /usr/lib/x86_64-linux-gnu/ | grep -i -E "cublas" | head -3; nproc; $B --help | head -3; } > "$OUT/env.log" 2>&1
+  head -8 "$OUT/env.log"
+fi
+if has test; then
+  timeout 600 .gpubin/collectives_gpu_test > "$OUT/test_verify.log" 2>&1 || status=1
+  tail -4 "$OUT/test_verify.log"
+fi
+if has verify; then
+  for n in ${VERIFY_NPROC:-2 3 4}; do
+    timeout 600 $B verify --nproc "$n" --max-count "${VERIFY_MAX_COUNT:-1048579}" >> "$OUT/test_verify.log" 2>&1 || status=1
+    grep -E "^verify|MISMATCH|error|never arrived" "$OUT/test_verify.log" | tail -3
+  done
+fi
+if has tune; then
+  cp cuda_backend/tuning/sm90.tsv "$OUT/sm90.tsv"
+  for n in ${TUNE_NPROC:-2 4}; do
+    timeout 600 $B tune --nproc "$n" --output "$OUT/sm90.tsv" ${TUNE_FLAGS:---quick} >> "$OUT/tune.log" 2>&1 || status=1
+  done
+  tail -2 "$OUT/tune.log"
+fi
+if has bench; then
+  TABLE=$OUT/sm90.tsv
+  [ -f "$TABLE" ] || TABLE=cuda_backend/tuning/sm90.tsv
+  for n in ${BENCH_NPROC:-2 4}; do
+    for op in ${BENCH_OPS:-allreduce}; do
+      timeout 600 $B bench --nproc "$n" --op "$op" --table "$TABLE" --json "$OUT/bench_${op}_$n.json" \
+        >> "$OUT/bench.log" 2>&1 || status=1
+    done
+  done
+  grep -A 20 "summary" "$OUT/bench.log" | grep -v "^--"
+fi
+exit $status
