@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/storage.h"
+#include "sim/overlap/inputs.h"
 #include "sim/overlap/matmul.h"
 #include "sim/overlap/overlap_sim.h"
 #include "sim/prng.h"
@@ -16,24 +17,6 @@
 namespace exactcoll::overlap::test {
 
 using Bytes = std::vector<uint8_t>;
-
-// Returns `count` elements of dtype with values uniform in [-2, 2), rounded to the storage type.
-inline Bytes finite_values(DType dtype, size_t count, uint64_t seed) {
-  sim::Xoshiro256 g(seed);
-  const size_t esize = static_cast<size_t>(dtype_size(dtype));
-  Bytes out(count * esize);
-  for (size_t i = 0; i < count; ++i) {
-    const float v = static_cast<float>(static_cast<double>(g.next() >> 11) * 0x1p-53 * 4.0 - 2.0);
-    uint32_t bits = 0;
-    switch (dtype) {
-      case DType::kBF16: bits = round_to<bf16>(v).bits; break;
-      case DType::kFP16: bits = round_to<fp16>(v).bits; break;
-      case DType::kFP32: bits = float_to_bits(v); break;
-    }
-    std::memcpy(out.data() + i * esize, &bits, esize);
-  }
-  return out;
-}
 
 // Returns `count` elements whose bit patterns include NaNs with payloads, -0, ±inf and subnormals
 // (a bit copy must keep all of them).
@@ -79,11 +62,11 @@ inline CallBuffers make_call(const OverlapShape& shape, int ranks, uint64_t seed
   const size_t esize = static_cast<size_t>(dtype_size(shape.dtype));
   const size_t shard = shape.shard_elements(ranks);
   CallBuffers c;
-  const Bytes b = finite_values(shape.dtype, shape.k * shape.n, seed * 7919 + 1);
+  const Bytes b = finite_values(shape.dtype, shape.k * shape.n, rhs_seed(seed));
   for (int r = 0; r < ranks; ++r) {
-    const uint64_t s = seed * 1000 + static_cast<uint64_t>(r);
+    const uint64_t s = shard_seed(seed, r);
     c.shards.push_back(adversarial_shards ? adversarial_bits(shape.dtype, shard, s) : finite_values(shape.dtype, shard, s));
-    if (shape.pattern == Pattern::kPrefetch) c.lhs.push_back(finite_values(shape.dtype, shape.m * shape.k, s + 500));
+    if (shape.pattern == Pattern::kPrefetch) c.lhs.push_back(finite_values(shape.dtype, shape.m * shape.k, lhs_seed(seed, r)));
     c.rhs.push_back(b);
     c.gathered.emplace_back(shard * static_cast<size_t>(ranks) * esize, 0xA5);
     c.products.emplace_back(shape.m * shape.n * esize, 0xA5);
