@@ -1,0 +1,303 @@
+// `exactcoll sim <op>`: the collectives on the CPU simulator.
+//
+//   exactcoll sim allreduce|reduce_scatter|allgather --ranks N --dtype bf16|fp16|fp32
+//       [--input in.npy | --count C --seed S] [--output out.npy] [--algo one_shot|two_shot|auto]
+//       [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE]
+//       [--trace-elements I,J,...] [--chrome-trace FILE] [--print]
+//
+// in.npy is [N, ...] (rank first); bf16 and fp16 are '<u2' bit patterns, fp32 '<f4'. Outputs keep
+// the per-rank shape: all-reduce [N, ...]; reduce_scatter [N, count/N]; allgather [N, N*count].
+// Random inputs come from //tools/gpu:inputs (pattern "random"), so `exactcoll gpu` with the same
+// --count and --seed runs on the same inputs. Small runs (count <= 32, or --print) print inputs
+// and outputs as floats. The last line is a summary ending with the sha256 of the output bytes.
+// Bad input exits 2 before anything is written; a failed run (deadlock, timeout) exits 3 and
+// writes no output (the traces are written: they show what happened).
+//
+// Other ops (`exactcoll sim fused_rmsnorm`) register through tools/fused/sim_subcommands.h and
+// are dispatched from here.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/signal.h"
+#include "core/storage.h"
+#include "sim/collectives.h"
+#include "sim/trace.h"
+#include "sim/world.h"
+#include "tools/cli.h"
+#include "tools/fused/sim_subcommands.h"
+#include "tools/gpu/inputs.h"
+#include "tools/npy/npy.h"
+#include "tools/sim/progress.h"
+#include "tools/sim/sha256.h"
+#include "tools/sim/sim_flags.h"
+
+namespace exactcoll::tools {
+namespace {
+
+using sim::Algorithm;
+using sim::Collective;
+
+constexpr size_t kPrintLimit = 32;
+
+float element_value(DType d, const uint8_t* bytes, size_t i) {
+  if (d == DType::kFP32) {
+    float f;
+    std::memcpy(&f, bytes + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, bytes + 2 * i, 2);
+  return d == DType::kBF16 ? bf16_bits_to_float(h) : fp16_bits_to_float(h);
+}
+
+// The values as floats (shortest text that reads back exactly), 8 to a line; continuation lines
+// are indented by `indent` spaces.
+std::string row_text(DType d, const uint8_t* bytes, size_t count, size_t indent) {
+  std::string out;
+  for (size_t i = 0; i < count; ++i) {
+    if (i > 0 && i % 8 == 0) {
+      out.push_back('\n');
+      out.append(indent, ' ');
+    } else if (i > 0) {
+      out.push_back(' ');
+    }
+    std::string v = sim::float_text(element_value(d, bytes, i));
+    if (v.size() < 12) v.insert(0, 12 - v.size(), ' ');
+    out += v;
+  }
+  return out;
+}
+
+std::string rank_label(int r, int n) {
+  std::string label = "  rank " + std::to_string(r) + ":";
+  if (n > 10 && r < 10) label += " ";
+  return label;
+}
+
+int collective_main(Collective op, int argc, char** argv) {
+  const std::string command = std::string("sim ") + sim::collective_name(op);
+  // 1. Flags.
+  SimFlags f;
+  std::string input_path, output_path, algo_text = "auto";
+  int64_t count = 0, seed = 1, blocks = 1;
+  bool print = false;
+  cli::ArgParser parser(
+      "exactcoll " + command +
+          " --ranks N --dtype bf16|fp16|fp32 [--input in.npy | --count C --seed S] [--output out.npy]" +
+          (op == Collective::kAllReduce ? " [--algo one_shot|two_shot|auto]" : "") +
+          " [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
+          "[--chrome-trace FILE] [--print]",
+      std::string("Runs ") + sim::collective_name(op) +
+          " on N simulated ranks under the rounding contract (docs/numerics.md). in.npy is [N, ...], rank\n"
+          "first ('<u2' bit patterns for bf16/fp16, '<f4' for fp32). The last line ends with the sha256 of\n"
+          "the output bytes.");
+  add_world_flags(parser, &f);
+  parser.add_string("input", &input_path, "input .npy [N, ...] (rank first)");
+  parser.add_int("count", &count, "elements per rank of random input (instead of --input)");
+  parser.add_int("seed", &seed, "seed of the random input");
+  parser.add_string("output", &output_path, "write the output .npy here");
+  if (op == Collective::kAllReduce) {
+    parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "auto"},
+                      "algorithm; auto = one_shot below 256 KiB per rank, two_shot above (same bits)");
+  }
+  parser.add_int("blocks", &blocks, "blocks per rank (the work split; same bits for every count)");
+  parser.add_bool("print", &print, "print inputs and outputs as floats (default when count <= 32)");
+  if (auto code = parser.parse(argc, argv)) return *code;
+
+  sim::WorldOptions options;
+  std::string problem = world_options(f, parser, &options);
+  if (!problem.empty()) return cli::fail(command, problem);
+  const DType dtype = *parse_dtype(f.dtype);
+  const size_t esize = static_cast<size_t>(dtype_size(dtype));
+  if (!input_path.empty() && parser.given("count")) return cli::fail(command, "give --input or --count, not both");
+  if (input_path.empty() && !parser.given("count")) return cli::fail(command, "give --input FILE or --count C");
+  if (parser.given("seed") && !input_path.empty()) return cli::fail(command, "--seed applies to random inputs (--count)");
+  if (seed < 0) return cli::fail(command, "--seed must be >= 0, got " + std::to_string(seed));
+  if (blocks < 1 || blocks > kMaxBlocks) {
+    return cli::fail(command, "--blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(blocks));
+  }
+
+  // 2. Inputs: the file (checked against --dtype and --ranks) or random ones.
+  const int n = options.ranks;
+  std::vector<uint8_t> input;
+  std::vector<int64_t> input_shape;
+  std::string input_note;
+  if (!input_path.empty()) {
+    npy::NpyArray a;
+    try {
+      a = npy::read_npy(cli::resolve_path(input_path));
+    } catch (const npy::NpyError& e) {
+      return cli::fail(command, e.what());
+    }
+    const std::string want = dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
+    if (a.dtype != want) {
+      return cli::fail(command, input_path + " holds '" + a.dtype + "' but --dtype " + f.dtype + " needs '" + want +
+                                    "' (bf16 and fp16 as uint16 bit patterns, fp32 as float32)");
+    }
+    if (a.shape.empty()) return cli::fail(command, input_path + " is a scalar; it must be [N, ...] (rank first)");
+    if (a.shape[0] != n) {
+      return cli::fail(command, input_path + " has " + std::to_string(a.shape[0]) + " rows in its first dimension " +
+                                    npy::shape_text(a.shape) + " but --ranks is " + std::to_string(n));
+    }
+    const size_t total = a.element_count();
+    if (total == 0) return cli::fail(command, input_path + " has no elements " + npy::shape_text(a.shape));
+    count = static_cast<int64_t>(total / static_cast<size_t>(n));
+    input = std::move(a.data);
+    input_shape = a.shape;
+    input_note = input_path + " " + npy::shape_text(a.shape);
+  } else {
+    if (count < 1) return cli::fail(command, "--count must be >= 1, got " + std::to_string(count));
+    if (static_cast<uint64_t>(count) * static_cast<uint64_t>(n) * esize > (uint64_t{1} << 34)) {
+      return cli::fail(command, "--count " + std::to_string(count) + " x " + std::to_string(n) +
+                                    " ranks is more than 16 GiB of input");
+    }
+    for (const auto& rank_bytes : gpu::make_inputs(dtype, static_cast<size_t>(count), n, static_cast<uint64_t>(seed),
+                                                   gpu::Pattern::kRandom)) {
+      input.insert(input.end(), rank_bytes.begin(), rank_bytes.end());
+    }
+    input_shape = {n, count};
+    input_note = "random, --seed " + std::to_string(seed) + (parser.given("seed") ? "" : " (the default)");
+  }
+
+  sim::CollectiveSpec spec;
+  spec.op = op;
+  spec.dtype = dtype;
+  spec.count = static_cast<size_t>(count);
+  spec.blocks = static_cast<int>(blocks);
+  spec.algorithm = algo_text == "one_shot" ? Algorithm::kOneShot
+                   : algo_text == "two_shot" ? Algorithm::kTwoShot
+                                             : Algorithm::kAuto;
+  problem = sim::check_spec(spec, n);
+  if (!problem.empty()) return cli::fail(command, problem);
+  for (uint64_t index : options.trace_elements) {
+    if (index >= spec.count) {
+      return cli::fail(command, "--trace-elements index " + std::to_string(index) + " is past the " +
+                                    std::to_string(spec.count) + " elements per rank");
+    }
+  }
+
+  // 3. Run.
+  const size_t out_count = sim::output_count(op, spec.count, n);
+  std::vector<uint8_t> output(static_cast<size_t>(n) * out_count * esize);
+  std::vector<const void*> inputs;
+  std::vector<void*> outputs;
+  for (int r = 0; r < n; ++r) {
+    inputs.push_back(input.data() + static_cast<size_t>(r) * spec.count * esize);
+    outputs.push_back(output.data() + static_cast<size_t>(r) * out_count * esize);
+  }
+  const bool show = print || spec.count <= kPrintLimit;
+  const std::string algo_note =
+      op == Collective::kAllReduce
+          ? std::string(sim::algorithm_name(sim::resolve_algorithm(spec))) + (spec.algorithm == Algorithm::kAuto ? " (auto)" : "")
+          : "";
+  std::cout << "exactcoll " << command << ": " << n << " ranks x " << spec.count << " " << f.dtype
+            << " elements; inputs: " << input_note << "\n";
+  if (show) {
+    std::cout << "input (as floats):\n";
+    for (int r = 0; r < n; ++r) {
+      const std::string label = rank_label(r, n);
+      std::cout << label << row_text(dtype, static_cast<const uint8_t*>(inputs[r]), spec.count, label.size()) << "\n";
+    }
+  }
+  std::cout.flush();
+  double elapsed_ms = 0;
+  {
+    sim::World world(options);
+    sim::enqueue_collective(world, spec, inputs, outputs);
+    const auto start = std::chrono::steady_clock::now();
+    std::string failure;
+    {
+      ProgressBar bar(command, [&world] { return world.progress(); });
+      try {
+        world.run();
+      } catch (const sim::SimError& e) {
+        failure = e.what();
+      }
+    }
+    elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    problem = write_traces(f, world);
+    if (!problem.empty()) return cli::fail(command, problem, cli::kExitFailure);
+    if (!failure.empty()) return cli::fail(command, "the run failed: " + failure, cli::kExitFailure);
+  }
+
+  // 4. Results.
+  if (show) {
+    const std::string what = op == Collective::kAllReduce ? "all-reduce, " + algo_note : sim::collective_name(op);
+    const size_t row_bytes = out_count * esize;
+    bool all_same = true;
+    for (int r = 1; r < n; ++r) {
+      all_same = all_same && std::memcmp(output.data(), output.data() + r * row_bytes, row_bytes) == 0;
+    }
+    if (all_same && n > 1) {
+      const std::string label = "  every rank:";
+      std::cout << what << " (identical bits on all " << n << " ranks):\n"
+                << label << row_text(dtype, output.data(), out_count, label.size()) << "\n";
+    } else {
+      std::cout << what << " output:\n";
+      for (int r = 0; r < n; ++r) {
+        const std::string label = rank_label(r, n);
+        std::cout << label << row_text(dtype, output.data() + r * row_bytes, out_count, label.size()) << "\n";
+      }
+    }
+  }
+  std::vector<int64_t> output_shape = {n, static_cast<int64_t>(out_count)};
+  if (op == Collective::kAllReduce) output_shape = input_shape;
+  if (!output_path.empty()) {
+    try {
+      npy::write_npy(cli::resolve_path(output_path), dtype == DType::kFP32 ? npy::kF32 : npy::kU16, output_shape,
+                     output.data(), output.size());
+    } catch (const npy::NpyError& e) {
+      return cli::fail(command, e.what(), cli::kExitFailure);
+    }
+  }
+  char ms[32];
+  std::snprintf(ms, sizeof ms, "%.3f", elapsed_ms);
+  std::cout << command << " " << f.dtype << ": " << n << " ranks x " << spec.count << " elements"
+            << (algo_note.empty() ? "" : ", " + algo_note) << ", " << spec.blocks
+            << (spec.blocks == 1 ? " block" : " blocks") << ", " << schedule_note(options) << ", " << ms
+            << " ms; output " << npy::shape_text(output_shape) << (output_path.empty() ? "" : " -> " + output_path)
+            << " sha256 " << sha256_hex(output.data(), output.size()) << "\n";
+  return cli::kExitOk;
+}
+
+int sim_main(int argc, char** argv) {
+  auto list = [] {
+    std::string out;
+    for (const auto& s : cli::sim_subcommands()) {
+      out += "  " + s.name + std::string(s.name.size() < 16 ? 16 - s.name.size() : 1, ' ') + s.summary + "\n";
+    }
+    return out;
+  };
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    (argc < 2 ? std::cerr : std::cout) << "usage: exactcoll sim <op> [flags]   (exactcoll sim <op> --help for its flags)\n\n"
+                                          "The collectives on the CPU simulator: N ranks as threads in one process, the same\n"
+                                          "algorithm code as the GPUs, the bits of the rounding contract.\n\nops:\n"
+                                       << list();
+    return argc < 2 ? cli::kExitUsage : cli::kExitOk;
+  }
+  const cli::SimSubcommand* sub = cli::find_sim_subcommand(argv[1]);
+  if (sub == nullptr) {
+    std::cerr << "exactcoll sim: unknown op '" << argv[1] << "'; ops:\n" << list();
+    return cli::kExitUsage;
+  }
+  return sub->run(argc - 1, argv + 1);
+}
+
+const cli::Registrar kSim({"sim", "the collectives on the CPU simulator (exactcoll sim --help)", sim_main});
+const cli::SimSubcommandRegistrar kAllReduce(
+    {"allreduce", "all-reduce: one_shot, two_shot or auto",
+     [](int argc, char** argv) { return collective_main(Collective::kAllReduce, argc, argv); }});
+const cli::SimSubcommandRegistrar kReduceScatter(
+    {"reduce_scatter", "reduce-scatter: rank r gets the fold of slice r",
+     [](int argc, char** argv) { return collective_main(Collective::kReduceScatter, argc, argv); }});
+const cli::SimSubcommandRegistrar kAllGather(
+    {"allgather", "all-gather: a bit copy of every rank's input",
+     [](int argc, char** argv) { return collective_main(Collective::kAllGather, argc, argv); }});
+
+}  // namespace
+}  // namespace exactcoll::tools

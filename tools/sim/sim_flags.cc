@@ -1,0 +1,96 @@
+#include "tools/sim/sim_flags.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "core/signal.h"
+#include "tools/npy/npy.h"
+
+namespace exactcoll::tools {
+
+void add_world_flags(cli::ArgParser& parser, SimFlags* f) {
+  parser.add_int("ranks", &f->ranks, "simulated ranks, 1..16");
+  parser.add_choice("dtype", &f->dtype, {"bf16", "fp16", "fp32"}, "storage type");
+  parser.add_choice("schedule", &f->schedule, {"threads", "seeded"},
+                    "threads: free-running, one thread per rank; seeded: one simulated thread at a time, "
+                    "picked by a PRNG at every flag signal and wait");
+  parser.add_int("schedule-seed", &f->schedule_seed, "seed of the seeded scheduler");
+  parser.add_string("trace", &f->trace, "write a JSON-lines trace (one event per rank, block and step)");
+  parser.add_string("trace-elements", &f->trace_elements,
+                    "also trace every fold and rounding of these element indices (I,J,...)");
+  parser.add_string("chrome-trace", &f->chrome_trace, "write a Chrome trace (open it in Perfetto)");
+  parser.add_int("timeout-ms", &f->timeout_ms, "threads scheduler: a flag wait longer than this is an error");
+  parser.add_int("max-steps", &f->max_steps, "seeded scheduler: scheduling steps before a livelock is reported");
+}
+
+std::optional<DType> parse_dtype(const std::string& name) {
+  if (name == "bf16") return DType::kBF16;
+  if (name == "fp16") return DType::kFP16;
+  if (name == "fp32") return DType::kFP32;
+  return std::nullopt;
+}
+
+bool parse_indices(const std::string& text, std::vector<uint64_t>* out) {
+  out->clear();
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = text.find(',', at);
+    const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos) return false;
+    errno = 0;
+    const unsigned long long v = std::strtoull(item.c_str(), nullptr, 10);
+    if (errno != 0) return false;
+    out->push_back(v);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return !out->empty();
+}
+
+std::string world_options(const SimFlags& f, const cli::ArgParser& parser, sim::WorldOptions* o) {
+  if (f.ranks == 0 && !parser.given("ranks")) return "give --ranks N (1.." + std::to_string(kMaxRanks) + ")";
+  if (f.ranks < 1 || f.ranks > kMaxRanks) {
+    return "--ranks must be 1.." + std::to_string(kMaxRanks) + ", got " + std::to_string(f.ranks);
+  }
+  if (!parse_dtype(f.dtype)) return "--dtype must be bf16, fp16 or fp32";
+  if (f.schedule_seed < 0) return "--schedule-seed must be >= 0, got " + std::to_string(f.schedule_seed);
+  if (parser.given("schedule-seed") && f.schedule != "seeded") return "--schedule-seed needs --schedule seeded";
+  if (f.timeout_ms < 1) return "--timeout-ms must be >= 1";
+  if (f.max_steps < 1) return "--max-steps must be >= 1";
+  o->ranks = static_cast<int>(f.ranks);
+  o->schedule = f.schedule == "seeded" ? sim::Schedule::kSeeded : sim::Schedule::kThreads;
+  o->schedule_seed = static_cast<uint64_t>(f.schedule_seed);
+  o->wait_timeout = std::chrono::milliseconds(f.timeout_ms);
+  o->max_steps = static_cast<uint64_t>(f.max_steps);
+  o->trace_elements.clear();
+  if (!f.trace_elements.empty() && !parse_indices(f.trace_elements, &o->trace_elements)) {
+    return "--trace-elements wants element indices like 3,17,42, got '" + f.trace_elements + "'";
+  }
+  o->trace = !f.trace.empty() || !f.chrome_trace.empty();
+  if (!o->trace_elements.empty() && f.trace.empty()) return "--trace-elements needs --trace FILE";
+  return "";
+}
+
+std::string write_traces(const SimFlags& f, const sim::World& world) {
+  if (world.tracer() == nullptr) return "";
+  try {
+    if (!f.trace.empty()) {
+      const std::string text = world.tracer()->json_lines();
+      npy::write_file_atomic(cli::resolve_path(f.trace), text.data(), text.size());
+    }
+    if (!f.chrome_trace.empty()) {
+      const std::string text = world.tracer()->chrome_trace(world.options().schedule == sim::Schedule::kSeeded);
+      npy::write_file_atomic(cli::resolve_path(f.chrome_trace), text.data(), text.size());
+    }
+  } catch (const npy::NpyError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string schedule_note(const sim::WorldOptions& o) {
+  if (o.schedule == sim::Schedule::kThreads) return "threads schedule";
+  return "seeded schedule (--schedule-seed " + std::to_string(o.schedule_seed) + ")";
+}
+
+}  // namespace exactcoll::tools
