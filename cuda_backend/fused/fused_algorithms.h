@@ -1,0 +1,210 @@
+// The pieces of the fused all-reduce + residual + RMSNorm that the CUDA backend adds to
+// core/fused_rmsnorm.h, written the same way: templates over the execution context
+// (core/collectives.h, plus core/fused_rmsnorm.h's row_sum_squares hook), so that they compile
+// under g++ and run on the CPU test worlds too (tests/cuda_fused), and bit for bit give the
+// contract's results (docs/numerics.md, "Fused all-reduce + residual + RMSNorm"):
+//   s = fold over ranks of x (rounded), residual_out = residual_add(s, residual),
+//   out = the canonical RMSNorm of residual_out.
+//
+//   fused_rmsnorm_gather_norm  a two-stage split that suits NVLink better than core's two_stage:
+//                              ranks reduce row slices and publish only residual_out; every rank
+//                              gathers the other slices' residual_out and normalizes them itself.
+//                              The gather moves half the bytes of two_stage (which gathers
+//                              residual_out AND out); the norm of the same bits gives the same out.
+//   residual_rmsnorm_rows      the split path's separate residual + RMSNorm kernel (after any
+//                              all-reduce into s): one launch, no peers, no barrier.
+//   stage_fused_input          copies this rank's x into its staging buffer: exactly the rows that
+//                              block b of every rank reads from it, so that block b's first
+//                              barrier publishes them (barriers pair equal block indices only).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/collectives.h"
+#include "core/contract.h"
+#include "core/fused_rmsnorm.h"
+#include "core/platform.h"
+#include "core/signal.h"
+#include "core/storage.h"
+
+// Unrolls a loop with a compile-time trip count on the GPU (register arrays indexed by the loop
+// variable stay in registers only when unrolled); host code (g++, nvcc's host pass) needs none.
+#if defined(__CUDA_ARCH__)
+#define EXC_FUSED_UNROLL _Pragma("unroll")
+#else
+#define EXC_FUSED_UNROLL
+#endif
+
+namespace exactcoll::fused_gpu {
+
+// Scratch elements gather_norm needs on every rank: its slice's residual_out rows at their row
+// positions, [rows, H].
+EXC_HD inline size_t gather_norm_scratch_elements(int rows, int hidden) {
+  return static_cast<size_t>(rows) * static_cast<size_t>(hidden);
+}
+
+// out_row = the canonical RMSNorm of v_row, every thread of the block taking part. v_row must be
+// complete in memory that the block can read (written before a sync_block). Ends with sync_block,
+// so the caller may overwrite what the reduction used. out_row may not alias v_row.
+template <class T, class Ctx>
+EXC_HD void normalize_row(Ctx& ctx, const contract::RmsNormTree& tree, const T* v_row, const T* weight, float eps,
+                          T* out_row) {
+  constexpr int P = Storage<T>::kPack;
+  const float ss = ctx.row_sum_squares(tree, [v_row](int j) { return to_float(v_row[j]); });
+  const float inv = contract::rmsnorm_inverse(ss, tree.hidden, eps);
+  for (int p = ctx.thread(); p < tree.num_packs; p += ctx.num_threads()) {
+    const size_t j = static_cast<size_t>(p) * P;
+    const Pack<T> v = ctx.load(reinterpret_cast<const Pack<T>*>(v_row + j));
+    const Pack<T> w = ctx.load(reinterpret_cast<const Pack<T>*>(weight + j));
+    Pack<T> y;
+    for (int e = 0; e < P; ++e) y.v[e] = contract::rmsnorm_scale<T>(to_float(v.v[e]), inv, w.v[e]);
+    ctx.store(reinterpret_cast<Pack<T>*>(out_row + j), y);
+  }
+  ctx.sync_block();
+}
+
+// Packs of the next row that a thread holds in registers while the block normalizes the current
+// one (gather_rows): enough for H = 16384 bf16 with 512 threads.
+inline constexpr int kHeldPacks = 4;
+
+// For each row in [range.begin, range.end): copies the row from src (a peer's scratch, [rows, H])
+// into residual_out, then normalizes it into out. When a thread's packs of a row fit in
+// kHeldPacks registers, the next row's loads are issued before the current row is normalized, so
+// the peer-read latency overlaps the norm (the bits are those of a plain copy either way).
+template <class T, class Ctx>
+EXC_HD void gather_rows(Ctx& ctx, const contract::RmsNormTree& tree, RowRange range, const T* src, T* residual_out,
+                        const T* weight, float eps, T* out) {
+  constexpr int P = Storage<T>::kPack;
+  const size_t H = static_cast<size_t>(tree.hidden);
+  const int np = tree.num_packs;
+  const int t = ctx.thread(), nt = ctx.num_threads();
+  const bool held = np <= kHeldPacks * nt;
+  Pack<T> next[kHeldPacks];
+  auto fetch = [&](int row) {
+    EXC_FUSED_UNROLL
+    for (int k = 0; k < kHeldPacks; ++k) {
+      const int p = t + k * nt;
+      if (p < np) next[k] = ctx.load(reinterpret_cast<const Pack<T>*>(src + static_cast<size_t>(row) * H + p * P));
+    }
+  };
+  if (held && range.begin < range.end) fetch(range.begin);
+  for (int row = range.begin; row < range.end; ++row) {
+    T* ro_row = residual_out + static_cast<size_t>(row) * H;
+    if (held) {
+      EXC_FUSED_UNROLL
+      for (int k = 0; k < kHeldPacks; ++k) {
+        const int p = t + k * nt;
+        if (p < np) ctx.store(reinterpret_cast<Pack<T>*>(ro_row + p * P), next[k]);
+      }
+      if (row + 1 < range.end) fetch(row + 1);
+    } else {
+      const T* src_row = src + static_cast<size_t>(row) * H;
+      for (int p = t; p < np; p += nt) {
+        ctx.store(reinterpret_cast<Pack<T>*>(ro_row + p * P), ctx.load(reinterpret_cast<const Pack<T>*>(src_row + p * P)));
+      }
+    }
+    ctx.sync_block();
+    normalize_row<T>(ctx, tree, ro_row, weight, eps, out + static_cast<size_t>(row) * H);
+  }
+}
+
+// gather_norm (one kernel launch's work for one block of one rank). Preconditions: as
+// core/fused_rmsnorm.h's algorithms (fused_rmsnorm_args_error(args) == nullptr, the same rows, H,
+// eps and grid on every rank, world_size <= kMaxRanks, every x in place in ctx.input(rank)), and
+// ctx.scratch(r) holds gather_norm_scratch_elements(rows, H) elements on every rank. Steps:
+//   1. barrier: every peer's x is in place;
+//   2. for each of this block's rows of this rank's slice (fused_rank_rows, fused_block_rows):
+//      core's fused_row: s = fold over ranks, residual_out = residual_add(s, residual) into
+//      args.residual_out and into this rank's scratch at the row's position, out = RMSNorm into
+//      args.out;
+//   3. barrier: every slice's residual_out is published;
+//   4. for each peer (rank+1, rank+2, ...): the rows that the peer's block b wrote in step 2 (the
+//      only ones block b's pairwise barrier vouches for): copy residual_out from the peer's
+//      scratch (a bit copy) and normalize it here (gather_rows);
+//   5. barrier (end): no peer overwrites its scratch or x while this rank may still read them.
+template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Ctx>
+EXC_HD void fused_rmsnorm_gather_norm(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(args.hidden, &tree);
+  const size_t H = static_cast<size_t>(args.hidden);
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  uint32_t barriers = load_barrier_count(ctx);
+  block_barrier<Protocol>(ctx, &barriers);
+  {
+    const RowRange mine = fused_block_rows(fused_rank_rows(args.rows, me, n), ctx.block(), ctx.num_blocks());
+    T* scratch = ctx.scratch(me);
+    for (int row = mine.begin; row < mine.end; ++row) {
+      const size_t base = static_cast<size_t>(row) * H;
+      fused_row<T, kRanks>(ctx, tree, base, args.residual + base, args.weight, args.eps, args.residual_out + base,
+                           args.out + base, scratch + base, static_cast<T*>(nullptr));
+    }
+  }
+  block_barrier<Protocol>(ctx, &barriers);
+  for (int k = 1; k < n; ++k) {
+    const int peer = (me + k) % n;
+    const RowRange theirs = fused_block_rows(fused_rank_rows(args.rows, peer, n), ctx.block(), ctx.num_blocks());
+    gather_rows<T>(ctx, tree, theirs, ctx.scratch(peer), args.residual_out, args.weight, args.eps, args.out);
+  }
+  if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
+// The split path's second kernel: for each of this block's rows (rows b, b + num_blocks, ...),
+//   1. residual_out = residual_add(s, residual), threads striding over packs;
+//   2. sync_block; 3. out = the canonical RMSNorm of residual_out (normalize_row).
+// s is the all-reduce's output [rows, H]; it may be the same buffer as out (each row of s is read
+// in step 1 before the same block writes that row of out in step 3). All pointers 16-byte
+// aligned, H a positive multiple of the pack. No peers, no barrier: any grid gives the same bits.
+template <class T, class Ctx>
+EXC_HD void residual_rmsnorm_rows(Ctx& ctx, const T* s, const T* residual, const T* weight, T* residual_out, T* out,
+                                  int rows, int hidden, float eps) {
+  constexpr int P = Storage<T>::kPack;
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(hidden, &tree);
+  const size_t H = static_cast<size_t>(hidden);
+  for (int row = ctx.block(); row < rows; row += ctx.num_blocks()) {
+    const size_t base = static_cast<size_t>(row) * H;
+    for (int p = ctx.thread(); p < tree.num_packs; p += ctx.num_threads()) {
+      const size_t j = base + static_cast<size_t>(p) * P;
+      const Pack<T> a = ctx.load(reinterpret_cast<const Pack<T>*>(s + j));
+      const Pack<T> b = ctx.load(reinterpret_cast<const Pack<T>*>(residual + j));
+      Pack<T> y;
+      for (int e = 0; e < P; ++e) y.v[e] = contract::residual_add<T>(a.v[e], b.v[e]);
+      ctx.store(reinterpret_cast<Pack<T>*>(residual_out + j), y);
+    }
+    ctx.sync_block();
+    normalize_row<T>(ctx, tree, residual_out + base, weight, eps, out + base);
+  }
+}
+
+// Which fused kernel a launch runs (the staging below depends on which rows each block reads).
+enum class FusedKernelKind : int {
+  kOneStage = 0,        // core fused_rmsnorm_one_stage
+  kTwoStage = 1,        // core fused_rmsnorm_two_stage
+  kGatherNorm = 2,      // fused_rmsnorm_gather_norm
+  kResidualRmsNorm = 3  // residual_rmsnorm_rows (local; the split path)
+};
+
+// Copies from src (this rank's x, [rows, H]) into dst (its staging buffer) the rows that block
+// ctx.block() of any rank reads from this rank in `kind`: one_stage reads the block's chunk of all
+// rows; two_stage and gather_norm read, for each rank p, the block's chunk of p's slice. Bits are
+// copied unchanged.
+template <class T, class Ctx>
+EXC_HD void stage_fused_input(Ctx& ctx, FusedKernelKind kind, const T* src, T* dst, int rows, int hidden) {
+  constexpr int P = Storage<T>::kPack;
+  const size_t H = static_cast<size_t>(hidden);
+  auto copy_rows = [&](RowRange r) {
+    copy_range<T>(ctx, block_share(static_cast<size_t>(r.begin) * H, static_cast<size_t>(r.end) * H, P, 0, 1), src, dst,
+                  0);
+  };
+  if (kind == FusedKernelKind::kOneStage) {
+    copy_rows(fused_block_rows(RowRange{0, rows}, ctx.block(), ctx.num_blocks()));
+  } else {
+    const int n = ctx.world_size();
+    for (int p = 0; p < n; ++p) copy_rows(fused_block_rows(fused_rank_rows(rows, p, n), ctx.block(), ctx.num_blocks()));
+  }
+}
+
+}  // namespace exactcoll::fused_gpu

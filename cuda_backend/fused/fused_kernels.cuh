@@ -1,0 +1,98 @@
+// The fused kernels: core/fused_rmsnorm.h's one_stage and two_stage, and fused_algorithms.h's
+// gather_norm and residual_rmsnorm_rows, instantiated with the device context (DeviceCtx, whose
+// row_sum_squares computes the canonical tree with warp shuffles). One kernel per (storage type,
+// compile-time world size, kind); included by one .cu per storage type.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/fused_rmsnorm.h"
+#include "cuda_backend/device_ctx.cuh"
+#include "cuda_backend/fused/fused_algorithms.h"
+#include "cuda_backend/fused/fused_kernel_args.h"
+
+namespace exactcoll::cuda::fused {
+
+using fused_gpu::FusedKernelKind;
+
+template <class T>
+__device__ __forceinline__ FusedRmsNormArgs<T> fused_args(const FusedKernelArgs& args) {
+  FusedRmsNormArgs<T> a;
+  a.residual = static_cast<const T*>(args.residual);
+  a.weight = static_cast<const T*>(args.weight);
+  a.residual_out = static_cast<T*>(args.residual_out);
+  a.out = static_cast<T*>(args.out);
+  a.rows = args.rows;
+  a.hidden = args.hidden;
+  a.eps = args.eps;
+  return a;
+}
+
+template <class T, int kRanks, FusedKernelKind kKind>
+__global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ FusedKernelArgs args) {
+  __shared__ int aborted;
+  if (threadIdx.x == 0) aborted = 0;
+  // No __syncthreads here: every kind with waits starts with a barrier whose first step is
+  // sync_block, which orders this store before any wait reads it.
+  DeviceCtx<T, kRanks> ctx(args.base, &aborted);
+  if constexpr (kKind == FusedKernelKind::kResidualRmsNorm) {
+    fused_gpu::residual_rmsnorm_rows<T>(ctx, static_cast<const T*>(args.s), static_cast<const T*>(args.residual),
+                                        static_cast<const T*>(args.weight), static_cast<T*>(args.residual_out),
+                                        static_cast<T*>(args.out), args.rows, args.hidden, args.eps);
+  } else {
+    if (args.stage_from != nullptr) {
+      fused_gpu::stage_fused_input<T>(ctx, kKind, static_cast<const T*>(args.stage_from),
+                                      static_cast<T*>(const_cast<void*>(args.base.inputs[args.base.rank])), args.rows,
+                                      args.hidden);
+    }
+    const FusedRmsNormArgs<T> a = fused_args<T>(args);
+    if constexpr (kKind == FusedKernelKind::kOneStage) {
+      fused_rmsnorm_one_stage<T, kRanks>(ctx, a);
+    } else if constexpr (kKind == FusedKernelKind::kTwoStage) {
+      fused_rmsnorm_two_stage<T, kRanks>(ctx, a);
+    } else {
+      fused_gpu::fused_rmsnorm_gather_norm<T, kRanks>(ctx, a);
+    }
+  }
+}
+
+template <class T, int kRanks>
+cudaError_t launch_fused_for_ranks(FusedKernelKind kind, const FusedKernelArgs& args, LaunchConfig cfg,
+                                   cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(cfg.blocks)), block(static_cast<unsigned>(cfg.threads));
+  switch (kind) {
+    case FusedKernelKind::kOneStage:
+      fused_kernel<T, kRanks, FusedKernelKind::kOneStage><<<grid, block, 0, stream>>>(args);
+      break;
+    case FusedKernelKind::kTwoStage:
+      fused_kernel<T, kRanks, FusedKernelKind::kTwoStage><<<grid, block, 0, stream>>>(args);
+      break;
+    case FusedKernelKind::kGatherNorm:
+      fused_kernel<T, kRanks, FusedKernelKind::kGatherNorm><<<grid, block, 0, stream>>>(args);
+      break;
+    case FusedKernelKind::kResidualRmsNorm:
+      return cudaErrorInvalidValue;  // not per world size: launch_fused_typed launches it
+  }
+  return cudaGetLastError();
+}
+
+// Compile-time world sizes 2, 3, 4 and 8 (the machines' shapes); other sizes run the run-time-n
+// kernels (same bits; the loads are issued rank by rank).
+template <class T>
+cudaError_t launch_fused_typed(FusedKernelKind kind, const FusedKernelArgs& args, LaunchConfig cfg,
+                               cudaStream_t stream) {
+  if (kind == FusedKernelKind::kResidualRmsNorm) {
+    fused_kernel<T, 1, FusedKernelKind::kResidualRmsNorm>
+        <<<dim3(static_cast<unsigned>(cfg.blocks)), dim3(static_cast<unsigned>(cfg.threads)), 0, stream>>>(args);
+    return cudaGetLastError();
+  }
+  switch (args.base.world_size) {
+    case 2: return launch_fused_for_ranks<T, 2>(kind, args, cfg, stream);
+    case 3: return launch_fused_for_ranks<T, 3>(kind, args, cfg, stream);
+    case 4: return launch_fused_for_ranks<T, 4>(kind, args, cfg, stream);
+    case 8: return launch_fused_for_ranks<T, 8>(kind, args, cfg, stream);
+    default: return launch_fused_for_ranks<T, 0>(kind, args, cfg, stream);
+  }
+}
+
+}  // namespace exactcoll::cuda::fused

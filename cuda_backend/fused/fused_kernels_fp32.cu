@@ -1,0 +1,11 @@
+// The fp32 instantiations of the fused kernels (fused_kernels.cuh).
+#include "cuda_backend/fused/fused_kernels.cuh"
+#include "cuda_backend/fused/fused_kernels.h"
+
+namespace exactcoll::cuda::fused {
+
+cudaError_t launch_fused_fp32(FusedKernelKind kind, const FusedKernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
+  return launch_fused_typed<float>(kind, args, cfg, stream);
+}
+
+}  // namespace exactcoll::cuda::fused

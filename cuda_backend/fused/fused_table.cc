@@ -1,0 +1,217 @@
+#include "cuda_backend/fused/fused_table.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "core/signal.h"
+
+namespace exactcoll::cuda::fused {
+
+extern const char kEmbeddedFusedSm90Table[];  // generated from tuning/fused_sm90.tsv (BUILD)
+
+namespace {
+
+constexpr FusedAlgorithm kAll[] = {FusedAlgorithm::kOneStage, FusedAlgorithm::kTwoStage,   FusedAlgorithm::kGatherNorm,
+                                   FusedAlgorithm::kUnfused,  FusedAlgorithm::kAuto,       FusedAlgorithm::kNcclSplit};
+
+int pack_of(DType dtype) { return 16 / dtype_size(dtype); }
+
+// The RMSNorm tree's lane count for H (contract::make_rmsnorm_tree), at least 64 threads.
+int tree_threads(int hidden, DType dtype) {
+  const int packs = std::max(1, hidden / pack_of(dtype));
+  const int active = std::min(packs, 1024);
+  return std::max(64, 32 * ((active + 31) / 32));
+}
+
+}  // namespace
+
+const char* fused_algorithm_name(FusedAlgorithm a) {
+  switch (a) {
+    case FusedAlgorithm::kOneStage: return "one_stage";
+    case FusedAlgorithm::kTwoStage: return "two_stage";
+    case FusedAlgorithm::kGatherNorm: return "gather_norm";
+    case FusedAlgorithm::kUnfused: return "unfused";
+    case FusedAlgorithm::kAuto: return "auto";
+    case FusedAlgorithm::kNcclSplit: return "nccl_split";
+  }
+  return "?";
+}
+
+std::optional<FusedAlgorithm> parse_fused_algorithm(const std::string& name) {
+  for (FusedAlgorithm a : kAll) {
+    if (name == fused_algorithm_name(a)) return a;
+  }
+  return std::nullopt;
+}
+
+std::vector<FusedAlgorithm> fused_ipc_algorithms() {
+  return {FusedAlgorithm::kOneStage, FusedAlgorithm::kTwoStage, FusedAlgorithm::kGatherNorm, FusedAlgorithm::kUnfused};
+}
+
+bool is_fused_kernel(FusedAlgorithm a) {
+  return a == FusedAlgorithm::kOneStage || a == FusedAlgorithm::kTwoStage || a == FusedAlgorithm::kGatherNorm;
+}
+
+LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType dtype, int world_size) {
+  LaunchConfig g;
+  g.threads = tree_threads(hidden, dtype);
+  const int n = std::max(1, world_size);
+  const int per_block_rows = algo == FusedAlgorithm::kOneStage ? rows : (rows + n - 1) / n;
+  g.blocks = std::clamp(per_block_rows, 1, kMaxBlocks);
+  return g;
+}
+
+LaunchConfig residual_rmsnorm_grid(int rows, int hidden, DType dtype) {
+  return LaunchConfig{std::clamp(rows, 1, 8192), tree_threads(hidden, dtype)};
+}
+
+FusedTable::FusedTable(std::vector<FusedTableRow> rows) : rows_(std::move(rows)) {
+  std::stable_sort(rows_.begin(), rows_.end(), [](const FusedTableRow& a, const FusedTableRow& b) {
+    if (a.arch != b.arch) return a.arch < b.arch;
+    if (a.world_size != b.world_size) return a.world_size < b.world_size;
+    if (a.row_bytes != b.row_bytes) return a.row_bytes < b.row_bytes;
+    return a.rows < b.rows;
+  });
+}
+
+FusedTable FusedTable::parse(const std::string& text, const std::string& name) {
+  std::vector<FusedTableRow> rows;
+  std::istringstream in(text);
+  std::string line;
+  int line_number = 0;
+  while (std::getline(in, line)) {
+    ++line_number;
+    if (line.empty() || line[0] == '#') continue;
+    auto bad = [&](const std::string& what) {
+      return FusedTableError(name + ":" + std::to_string(line_number) + ": " + what + " in '" + line + "'");
+    };
+    std::vector<std::string> fields;
+    std::istringstream fs(line);
+    std::string field;
+    while (std::getline(fs, field, '\t')) fields.push_back(field);
+    if (fields.size() != 8) throw bad("expected 8 tab-separated fields, got " + std::to_string(fields.size()));
+    FusedTableRow row;
+    row.arch = fields[0];
+    if (row.arch.empty()) throw bad("empty arch");
+    char* end = nullptr;
+    const long ws = std::strtol(fields[1].c_str(), &end, 10);
+    if (fields[1].empty() || *end != '\0' || ws < 1 || ws > kMaxRanks) {
+      throw bad("world_size must be 1.." + std::to_string(kMaxRanks));
+    }
+    row.world_size = static_cast<int>(ws);
+    const unsigned long long row_bytes = std::strtoull(fields[2].c_str(), &end, 10);
+    if (fields[2].empty() || *end != '\0' || row_bytes == 0 || row_bytes % 16 != 0 || fields[2][0] == '-') {
+      throw bad("row_bytes must be a positive multiple of 16");
+    }
+    row.row_bytes = row_bytes;
+    const long r = std::strtol(fields[3].c_str(), &end, 10);
+    if (fields[3].empty() || *end != '\0' || r < 1 || r > (1L << 30)) throw bad("rows must be a positive whole number");
+    row.rows = static_cast<int>(r);
+    const auto algo = parse_fused_algorithm(fields[4]);
+    const auto allowed = fused_ipc_algorithms();
+    if (!algo || std::find(allowed.begin(), allowed.end(), *algo) == allowed.end()) {
+      throw bad("algorithm '" + fields[4] + "' is not one of one_stage, two_stage, gather_norm, unfused");
+    }
+    row.algo = *algo;
+    const long blocks = std::strtol(fields[5].c_str(), &end, 10);
+    if (fields[5].empty() || *end != '\0' || blocks < 0 || blocks > 8192) throw bad("blocks must be 0..8192");
+    const long threads = std::strtol(fields[6].c_str(), &end, 10);
+    if (fields[6].empty() || *end != '\0' || threads < 0 || threads > 1024 || threads % 32 != 0) {
+      throw bad("threads must be a multiple of 32 in 0..1024");
+    }
+    if (is_fused_kernel(row.algo) && (blocks < 1 || blocks > kMaxBlocks || threads < 64)) {
+      throw bad("a fused kernel needs 1.." + std::to_string(kMaxBlocks) + " blocks and 64..1024 threads");
+    }
+    row.grid = LaunchConfig{static_cast<int>(blocks), static_cast<int>(threads)};
+    row.time_us = std::strtod(fields[7].c_str(), &end);
+    if (fields[7].empty() || *end != '\0' || !(row.time_us > 0)) throw bad("time_us must be a positive number");
+    rows.push_back(row);
+  }
+  return FusedTable(std::move(rows));
+}
+
+const FusedTable& FusedTable::embedded() {
+  static const FusedTable table = parse(kEmbeddedFusedSm90Table, "cuda_backend/fused/tuning/fused_sm90.tsv (embedded)");
+  return table;
+}
+
+FusedTable FusedTable::from_environment() {
+  const char* path = std::getenv("EXACTCOLL_FUSED_TABLE");
+  if (path == nullptr || *path == '\0') return embedded();
+  std::ifstream file(path);
+  if (!file) throw FusedTableError(std::string("cannot open fused dispatch table ") + path + " (from EXACTCOLL_FUSED_TABLE)");
+  std::stringstream text;
+  text << file.rdbuf();
+  return parse(text.str(), path);
+}
+
+FusedChoice FusedTable::default_choice(int world_size, int rows, int hidden, DType dtype, FusedAlgorithm requested) {
+  FusedChoice c;
+  if (requested == FusedAlgorithm::kAuto) {
+    const uint64_t bytes = static_cast<uint64_t>(rows) * static_cast<uint64_t>(hidden) * dtype_size(dtype);
+    c.algo = rows <= 16 || bytes <= (uint64_t{256} << 10) ? FusedAlgorithm::kOneStage : FusedAlgorithm::kGatherNorm;
+  } else {
+    c.algo = requested;
+  }
+  c.grid = is_fused_kernel(c.algo) ? default_fused_grid(c.algo, rows, hidden, dtype, world_size)
+                                   : residual_rmsnorm_grid(rows, hidden, dtype);
+  return c;
+}
+
+FusedChoice FusedTable::choose(const std::string& arch, int world_size, int rows, int hidden, DType dtype,
+                               FusedAlgorithm requested) const {
+  if (requested != FusedAlgorithm::kAuto) return default_choice(world_size, rows, hidden, dtype, requested);
+  // 1. Rows of this (arch, world size); none -> heuristic.
+  std::vector<const FusedTableRow*> mine;
+  for (const auto& r : rows_) {
+    if (r.arch == arch && r.world_size == world_size) mine.push_back(&r);
+  }
+  if (mine.empty()) return default_choice(world_size, rows, hidden, dtype, requested);
+  // 2. The measured row size: the smallest >= this one's, else the largest.
+  const uint64_t row_bytes = static_cast<uint64_t>(hidden) * dtype_size(dtype);
+  uint64_t size = 0;
+  for (const auto* r : mine) {
+    if (r->row_bytes >= row_bytes && (size == 0 || r->row_bytes < size)) size = r->row_bytes;
+  }
+  if (size == 0) {
+    for (const auto* r : mine) size = std::max(size, r->row_bytes);
+  }
+  // 3. The measured row count: the smallest >= rows, else the largest.
+  int count = 0;
+  for (const auto* r : mine) {
+    if (r->row_bytes == size && r->rows >= rows && (count == 0 || r->rows < count)) count = r->rows;
+  }
+  if (count == 0) {
+    for (const auto* r : mine) {
+      if (r->row_bytes == size) count = std::max(count, r->rows);
+    }
+  }
+  // 4. The fastest there. Its grid applies only to the measured problem itself; other problems
+  //    get the algorithm's default grid for their own rows.
+  const FusedTableRow* best = nullptr;
+  for (const auto* r : mine) {
+    if (r->row_bytes == size && r->rows == count && (best == nullptr || r->time_us < best->time_us)) best = r;
+  }
+  FusedChoice c = default_choice(world_size, rows, hidden, dtype, best->algo);
+  c.from_table = true;
+  if (best->row_bytes == row_bytes && best->rows == rows && is_fused_kernel(best->algo)) c.grid = best->grid;
+  return c;
+}
+
+std::string FusedTable::to_text(const std::vector<std::string>& header_comments) const {
+  std::ostringstream os;
+  for (const auto& c : header_comments) os << "# " << c << "\n";
+  os << "# arch\tworld_size\trow_bytes\trows\talgo\tblocks\tthreads\ttime_us\n";
+  for (const auto& r : rows_) {
+    char time[32];
+    std::snprintf(time, sizeof time, "%.2f", r.time_us);
+    os << r.arch << '\t' << r.world_size << '\t' << r.row_bytes << '\t' << r.rows << '\t' << fused_algorithm_name(r.algo)
+       << '\t' << r.grid.blocks << '\t' << r.grid.threads << '\t' << time << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace exactcoll::cuda::fused

@@ -1,0 +1,101 @@
+// The fused op's algorithms and `auto`'s table: for each (GPU arch, world size, row bytes, rows)
+// the algorithm that `exactcoll bench --op fused_rmsnorm --write-table` measured fastest. Kept in
+// the repo (cuda_backend/fused/tuning/fused_sm90.tsv), compiled into the binary, replaceable at
+// run time ($EXACTCOLL_FUSED_TABLE). Plain C++ (no CUDA), tested on CPU.
+//
+// File format: tab-separated, '#' starts a comment line. Columns:
+//   arch  world_size  row_bytes  rows  algo  blocks  threads  time_us
+//   sm90  4           16384      16    one_stage  16  1024  7.90
+// row_bytes = H * element size (bf16 H = 8192 and fp32 H = 4096 share rows). A lookup uses the
+// smallest measured row_bytes >= the message's (else the largest), then the smallest measured
+// rows >= its rows (else the largest), then the fastest row there. Every IPC algorithm gives the
+// contract's bits, so `auto` may pick any of them; nccl_split is never picked (no contract).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/storage.h"
+#include "cuda_backend/kernel_args.h"
+
+namespace exactcoll::cuda::fused {
+
+// one_stage, two_stage: core/fused_rmsnorm.h's (what the simulator runs). gather_norm:
+// fused_algorithms.h's two-stage variant (gathers residual_out only, normalizes locally).
+// unfused: the project's all-reduce (auto) + the separate residual + RMSNorm kernel. auto: the
+// table. nccl_split: NCCL all-reduce + the same separate kernel (baseline; NCCL's sums follow no
+// contract, so its bits are not the contract's).
+enum class FusedAlgorithm : uint8_t { kOneStage, kTwoStage, kGatherNorm, kUnfused, kAuto, kNcclSplit };
+
+const char* fused_algorithm_name(FusedAlgorithm a);
+// Parses the names above; nullopt otherwise.
+std::optional<FusedAlgorithm> parse_fused_algorithm(const std::string& name);
+// The algorithms whose bits follow the contract (what auto chooses among).
+std::vector<FusedAlgorithm> fused_ipc_algorithms();
+// Whether the algorithm is one kernel with peers (one_stage, two_stage, gather_norm).
+bool is_fused_kernel(FusedAlgorithm a);
+
+struct FusedTableError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct FusedTableRow {
+  std::string arch;  // "sm90"
+  int world_size = 0;
+  uint64_t row_bytes = 0;
+  int rows = 0;
+  FusedAlgorithm algo = FusedAlgorithm::kOneStage;
+  LaunchConfig grid;  // as measured (zero for unfused)
+  double time_us = 0;
+};
+
+// An algorithm with its grid (the fused kernel's; unfused's all-reduce picks its own).
+struct FusedChoice {
+  FusedAlgorithm algo = FusedAlgorithm::kOneStage;
+  LaunchConfig grid;
+  bool from_table = false;  // false: the built-in heuristic decided the algorithm
+};
+
+// The grid the fused kernels use for a problem: threads = the RMSNorm tree's lanes (32 *
+// ceil(min(H / pack, 1024) / 32), at least 64), so that in the common case each thread owns its
+// lanes' packs; blocks = one per row of the block's rows (one_stage: rows; two-stage kinds: a
+// rank's slice, ceil(rows / n)), at most kMaxBlocks.
+LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType dtype, int world_size);
+
+// The grid of the separate residual + RMSNorm kernel (no barriers: one block per row, up to 8192).
+LaunchConfig residual_rmsnorm_grid(int rows, int hidden, DType dtype);
+
+class FusedTable {
+ public:
+  FusedTable() = default;
+  explicit FusedTable(std::vector<FusedTableRow> rows);
+
+  // Parses the file format above. Throws FusedTableError naming `name`, the line and the problem.
+  static FusedTable parse(const std::string& text, const std::string& name);
+  // The table compiled into the binary (cuda_backend/fused/tuning/fused_sm90.tsv).
+  static const FusedTable& embedded();
+  // $EXACTCOLL_FUSED_TABLE if set, else the embedded table.
+  static FusedTable from_environment();
+
+  // Returns the algorithm and grid for a problem. requested: a concrete algorithm (its default
+  // grid) or kAuto (the table's fastest at the nearest measured point; the heuristic without rows
+  // for this arch and world size).
+  FusedChoice choose(const std::string& arch, int world_size, int rows, int hidden, DType dtype,
+                     FusedAlgorithm requested) const;
+
+  // The heuristic without a table: one_stage up to 16 rows or 256 KiB per rank, gather_norm above.
+  static FusedChoice default_choice(int world_size, int rows, int hidden, DType dtype, FusedAlgorithm requested);
+
+  // The table in the file format, header comment lines first.
+  std::string to_text(const std::vector<std::string>& header_comments) const;
+
+  const std::vector<FusedTableRow>& rows() const { return rows_; }
+
+ private:
+  std::vector<FusedTableRow> rows_;
+};
+
+}  // namespace exactcoll::cuda::fused

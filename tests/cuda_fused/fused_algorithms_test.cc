@@ -1,0 +1,272 @@
+// cuda_backend/fused/fused_algorithms.h on the CPU test world (tests/fused/thread_world.h: every
+// (rank, block, thread) a std::thread, real flags and block barriers): gather_norm, the split
+// path's residual + RMSNorm rows and the in-kernel input staging give the contract's bits (the
+// scalar reference of sim/fused/reference.h) on every rank, for several world sizes, grids,
+// shapes and adversarial values. The GPU runs the same templates (exactcoll verify).
+#include "cuda_backend/fused/fused_algorithms.h"
+
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/collectives.h"
+#include "core/contract.h"
+#include "core/fused_rmsnorm.h"
+#include "sim/fused/random.h"
+#include "sim/fused/reference.h"
+#include "tests/fused/thread_world.h"
+
+namespace exactcoll::fused_gpu {
+namespace {
+
+using testing_world::AlignedBuffer;
+using testing_world::ThreadWorld;
+
+// A problem with values that stress the contract: normal values, plus (when `specials`) a NaN with
+// a payload, infinities of both signs, -0, values whose sum overflows and subnormals, placed in
+// different rows so that most rows stay finite and their bits stay meaningful.
+template <class T>
+struct Problem {
+  int ranks, rows, hidden;
+  float eps = 1e-5f;
+  std::vector<T> x, residual, weight;
+
+  Problem(int ranks_, int rows_, int hidden_, uint64_t seed, bool specials)
+      : ranks(ranks_), rows(rows_), hidden(hidden_) {
+    fused::SplitMix64 rng(seed);
+    x.resize(static_cast<size_t>(ranks) * count());
+    residual.resize(count());
+    weight.resize(static_cast<size_t>(hidden));
+    for (auto& v : x) v = round_to<T>(rng.normal() * 4.0f);
+    for (auto& v : residual) v = round_to<T>(rng.normal());
+    for (auto& v : weight) v = round_to<T>(1.0f + 0.1f * rng.normal());
+    if (!specials) return;
+    const float inf = bits_to_float(0x7F800000u);
+    for (int row = 0; row < rows; ++row) {
+      const size_t at = static_cast<size_t>(row) * hidden + rng.next() % static_cast<uint64_t>(hidden);
+      const int rank = static_cast<int>(rng.next() % static_cast<uint64_t>(ranks));
+      T* xr = x.data() + static_cast<size_t>(rank) * count();
+      switch (row % 6) {
+        case 1: xr[at] = nan_with_payload(); break;
+        case 2: residual[at] = round_to<T>(row % 12 == 2 ? inf : -inf); break;
+        case 3:  // the largest finite value on every rank: the fold overflows (fp16, bf16) or not (fp32)
+          for (int r = 0; r < ranks; ++r) x[static_cast<size_t>(r) * count() + at] = largest();
+          break;
+        case 4:  // a row of zeros of both signs and subnormals: ss is tiny, eps dominates
+          for (int j = 0; j < hidden; ++j) {
+            const size_t i = static_cast<size_t>(row) * hidden + j;
+            for (int r = 0; r < ranks; ++r) x[static_cast<size_t>(r) * count() + i] = tiny(rng.next());
+            residual[i] = tiny(rng.next());
+          }
+          break;
+        default: break;
+      }
+    }
+  }
+  size_t count() const { return static_cast<size_t>(rows) * hidden; }
+
+  static T nan_with_payload() {
+    if constexpr (std::is_same_v<T, float>) return bits_to_float(0xFFC00123u);
+    else return T{0xFF81};
+  }
+  static T largest() {
+    if constexpr (std::is_same_v<T, float>) return bits_to_float(0x7F7FFFFFu);
+    else if constexpr (std::is_same_v<T, bf16>) return T{0x7F7F};
+    else return T{0x7BFF};
+  }
+  // -0, +0 or a subnormal of either sign.
+  static T tiny(uint64_t r) {
+    const uint32_t sign = (r & 1) ? 1u : 0u;
+    const uint32_t m = static_cast<uint32_t>((r >> 1) % 4);
+    if constexpr (std::is_same_v<T, float>) return bits_to_float((sign << 31) | m);
+    else return T{static_cast<uint16_t>((sign << 15) | m)};
+  }
+
+  // The contract's outputs (the same on every rank).
+  void expected(std::vector<T>* ro, std::vector<T>* out) const {
+    fused::FusedProblem<T> p;
+    p.ranks = ranks, p.rows = rows, p.hidden = hidden, p.eps = eps;
+    p.x = x.data(), p.residual = residual.data(), p.weight = weight.data();
+    ro->resize(count());
+    out->resize(count());
+    fused::fused_reference<T>(fused::FusedContract::kCanonical, p, ro->data(), out->data());
+  }
+};
+
+template <class T>
+size_t differing(const T* got, const std::vector<T>& want) {
+  size_t d = 0;
+  for (size_t i = 0; i < want.size(); ++i) d += std::memcmp(got + i, &want[i], sizeof(T)) != 0;
+  return d;
+}
+
+// Fills a buffer with a NaN pattern that no algorithm writes (0x7FC1 / 0x7FC00001 are never
+// produced: NaN results are canonical), so any element left unwritten or read unstaged shows.
+template <class T>
+void poison(T* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, float>) p[i] = bits_to_float(0x7FC00001u);
+    else p[i] = T{0x7FC1};
+  }
+}
+
+enum class Run { kGatherNorm, kGatherNormStaged, kOneStageStaged, kTwoStageStaged };
+
+// Runs one algorithm on a fresh world; returns the number of differing elements over all ranks
+// and both outputs.
+template <class T>
+size_t run_and_count(const Problem<T>& p, Run run, int blocks, int threads) {
+  const size_t count = p.count();
+  const size_t scratch = fused_two_stage_scratch_elements(p.rows, p.hidden) + 16;
+  ThreadWorld<T> world(p.ranks, blocks, threads, count, scratch, count);
+  std::vector<AlignedBuffer<T>> xs, residual, weight, ro, out;
+  for (int r = 0; r < p.ranks; ++r) {
+    xs.emplace_back(count);
+    residual.emplace_back(count);
+    weight.emplace_back(p.hidden);
+    ro.emplace_back(count);
+    out.emplace_back(count);
+    std::memcpy(xs[r].data(), p.x.data() + r * count, count * sizeof(T));
+    std::memcpy(residual[r].data(), p.residual.data(), count * sizeof(T));
+    std::memcpy(weight[r].data(), p.weight.data(), p.hidden * sizeof(T));
+    poison(ro[r].data(), count);
+    poison(out[r].data(), count);
+    poison(world.scratches[r].data(), scratch);
+    if (run == Run::kGatherNorm) {
+      std::memcpy(world.inputs[r].data(), xs[r].data(), count * sizeof(T));
+    } else {
+      poison(world.inputs[r].data(), count);  // the kernel stages what its blocks read
+    }
+  }
+  using Ctx = typename ThreadWorld<T>::Ctx;
+  world.run([&](Ctx& ctx) {
+    const int r = ctx.rank();
+    FusedRmsNormArgs<T> a;
+    a.residual = residual[r].data();
+    a.weight = weight[r].data();
+    a.residual_out = ro[r].data();
+    a.out = out[r].data();
+    a.rows = p.rows;
+    a.hidden = p.hidden;
+    a.eps = p.eps;
+    const FusedKernelKind kind = run == Run::kOneStageStaged   ? FusedKernelKind::kOneStage
+                                 : run == Run::kTwoStageStaged ? FusedKernelKind::kTwoStage
+                                                               : FusedKernelKind::kGatherNorm;
+    if (run != Run::kGatherNorm) stage_fused_input<T>(ctx, kind, xs[r].data(), world.inputs[r].data(), p.rows, p.hidden);
+    dispatch_world_size(p.ranks, [&](auto n) {
+      constexpr int kRanks = decltype(n)::value;
+      if (kind == FusedKernelKind::kOneStage) {
+        fused_rmsnorm_one_stage<T, kRanks>(ctx, a);
+      } else if (kind == FusedKernelKind::kTwoStage) {
+        fused_rmsnorm_two_stage<T, kRanks>(ctx, a);
+      } else {
+        fused_rmsnorm_gather_norm<T, kRanks>(ctx, a);
+      }
+    });
+  });
+  std::vector<T> want_ro, want_out;
+  p.expected(&want_ro, &want_out);
+  size_t d = 0;
+  for (int r = 0; r < p.ranks; ++r) d += differing(ro[r].data(), want_ro) + differing(out[r].data(), want_out);
+  return d;
+}
+
+template <class T>
+class FusedAlgorithmsTest : public ::testing::Test {};
+using StorageTypes = ::testing::Types<bf16, fp16, float>;
+TYPED_TEST_SUITE(FusedAlgorithmsTest, StorageTypes);
+
+// gather_norm: world sizes 1..4, rows fewer than, equal to and more than ranks * blocks, H with
+// one partial group of lanes and several groups, blocks 1..3, threads 1 (a thread owns many
+// packs: the plain copy path) and 8 (the held-register path).
+TYPED_TEST(FusedAlgorithmsTest, GatherNormMatchesTheContract) {
+  using T = TypeParam;
+  constexpr int P = Storage<T>::kPack;
+  uint64_t seed = 11;
+  for (int ranks : {1, 2, 3, 4}) {
+    for (int rows : {1, 2, 5, 9}) {
+      for (int hidden : {P, 5 * P, 40 * P}) {
+        for (int blocks : {1, 3}) {
+          for (int threads : {1, 8}) {
+            if (ranks * blocks * threads > 96) continue;
+            const Problem<T> p(ranks, rows, hidden, ++seed, true);
+            EXPECT_EQ(run_and_count(p, Run::kGatherNorm, blocks, threads), 0u)
+                << "ranks " << ranks << " rows " << rows << " H " << hidden << " blocks " << blocks << " threads "
+                << threads;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The staged variants: every row each block reads is staged by that block on every rank before
+// its first barrier; a row staged by the wrong block (or not at all) would be read as the poison.
+TYPED_TEST(FusedAlgorithmsTest, StagedInputsGiveTheContract) {
+  using T = TypeParam;
+  constexpr int P = Storage<T>::kPack;
+  uint64_t seed = 101;
+  for (Run run : {Run::kGatherNormStaged, Run::kOneStageStaged, Run::kTwoStageStaged}) {
+    for (int ranks : {2, 3}) {
+      for (int rows : {1, 4, 7}) {
+        for (int blocks : {1, 2, 4}) {
+          const Problem<T> p(ranks, rows, 3 * P, ++seed, true);
+          EXPECT_EQ(run_and_count(p, run, blocks, 4), 0u)
+              << "run " << static_cast<int>(run) << " ranks " << ranks << " rows " << rows << " blocks " << blocks;
+        }
+      }
+    }
+  }
+}
+
+// The split path's second kernel, with s = the contract's all-reduce and s aliasing out (as the
+// host API runs it), several grids.
+TYPED_TEST(FusedAlgorithmsTest, ResidualRmsNormRowsMatchTheContract) {
+  using T = TypeParam;
+  constexpr int P = Storage<T>::kPack;
+  uint64_t seed = 1001;
+  for (int rows : {1, 3, 8}) {
+    for (int hidden : {P, 7 * P, 64 * P}) {
+      for (int blocks : {1, 2, 5}) {
+        for (int threads : {1, 4}) {
+          const Problem<T> p(3, rows, hidden, ++seed, true);
+          const size_t count = p.count();
+          ThreadWorld<T> world(1, blocks, threads, 16, 16, 16);
+          AlignedBuffer<T> residual(count), weight(hidden), ro(count), out(count);
+          for (size_t i = 0; i < count; ++i) {
+            out.data()[i] = contract::fold<T>(3, [&](int r) { return p.x[r * count + i]; });
+          }
+          std::memcpy(residual.data(), p.residual.data(), count * sizeof(T));
+          std::memcpy(weight.data(), p.weight.data(), hidden * sizeof(T));
+          poison(ro.data(), count);
+          using Ctx = typename ThreadWorld<T>::Ctx;
+          world.run([&](Ctx& ctx) {
+            residual_rmsnorm_rows<T>(ctx, out.data(), residual.data(), weight.data(), ro.data(), out.data(), rows,
+                                     hidden, p.eps);
+          });
+          std::vector<T> want_ro, want_out;
+          p.expected(&want_ro, &want_out);
+          EXPECT_EQ(differing(ro.data(), want_ro), 0u) << "rows " << rows << " H " << hidden << " blocks " << blocks;
+          EXPECT_EQ(differing(out.data(), want_out), 0u) << "rows " << rows << " H " << hidden << " blocks " << blocks;
+        }
+      }
+    }
+  }
+}
+
+// The comparison can fail: one flipped bit in an input changes the outputs.
+TEST(FusedAlgorithmsCheck, AFlippedInputBitIsCaught) {
+  Problem<bf16> p(2, 3, 64, 7, false);
+  std::vector<bf16> want_ro, want_out;
+  p.expected(&want_ro, &want_out);
+  p.x[5].bits ^= 1;
+  std::vector<bf16> got_ro, got_out;
+  p.expected(&got_ro, &got_out);
+  EXPECT_GT(differing(got_ro.data(), want_ro) + differing(got_out.data(), want_out), 0u);
+}
+
+}  // namespace
+}  // namespace exactcoll::fused_gpu

@@ -1,0 +1,123 @@
+// cuda_backend/fused/fused_table.h: parsing (every malformed field named), lookup (nearest measured
+// row size and row count, the fastest algorithm there), the heuristic without rows, the default
+// grids, and round trips through the file format.
+#include "cuda_backend/fused/fused_table.h"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace exactcoll::cuda::fused {
+namespace {
+
+const char* kTable =
+    "# comment\n"
+    "sm90\t4\t16384\t1\tone_stage\t1\t1024\t7.5\n"
+    "sm90\t4\t16384\t1\tgather_norm\t1\t1024\t9.0\n"
+    "sm90\t4\t16384\t256\tone_stage\t64\t1024\t40\n"
+    "sm90\t4\t16384\t256\tgather_norm\t64\t1024\t25\n"
+    "sm90\t4\t16384\t256\tunfused\t256\t1024\t30\n"
+    "sm90\t4\t8192\t1\tone_stage\t1\t512\t6.0\n"
+    "sm90\t4\t8192\t1024\ttwo_stage\t64\t512\t50\n";
+
+TEST(FusedTable, ParsesAndPicksTheFastestAtTheNearestMeasuredPoint) {
+  const FusedTable t = FusedTable::parse(kTable, "t");
+  ASSERT_EQ(t.rows().size(), 7u);
+  // Exactly measured: its grid too.
+  FusedChoice c = t.choose("sm90", 4, 256, 8192, DType::kBF16, FusedAlgorithm::kAuto);
+  EXPECT_EQ(c.algo, FusedAlgorithm::kGatherNorm);
+  EXPECT_TRUE(c.from_table);
+  EXPECT_EQ(c.grid.blocks, 64);
+  // Between measured row counts: the next larger (256) decides; the grid is the default for 100 rows.
+  c = t.choose("sm90", 4, 100, 8192, DType::kBF16, FusedAlgorithm::kAuto);
+  EXPECT_EQ(c.algo, FusedAlgorithm::kGatherNorm);
+  EXPECT_EQ(c.grid.blocks, 25);
+  EXPECT_EQ(c.grid.threads, 1024);
+  // Beyond every measured row count: the largest.
+  EXPECT_EQ(t.choose("sm90", 4, 5000, 8192, DType::kBF16, FusedAlgorithm::kAuto).algo, FusedAlgorithm::kGatherNorm);
+  // fp32 H = 4096 is 16384 bytes a row, like bf16 H = 8192.
+  EXPECT_EQ(t.choose("sm90", 4, 1, 4096, DType::kFP32, FusedAlgorithm::kAuto).algo, FusedAlgorithm::kOneStage);
+  // A smaller row size uses the 8192-byte rows.
+  EXPECT_EQ(t.choose("sm90", 4, 600, 2880, DType::kBF16, FusedAlgorithm::kAuto).algo, FusedAlgorithm::kTwoStage);
+  // A larger row size than any measured: the largest (16384).
+  EXPECT_EQ(t.choose("sm90", 4, 200, 16384, DType::kBF16, FusedAlgorithm::kAuto).algo, FusedAlgorithm::kGatherNorm);
+  // Another world size: the heuristic.
+  c = t.choose("sm90", 2, 1, 8192, DType::kBF16, FusedAlgorithm::kAuto);
+  EXPECT_FALSE(c.from_table);
+  EXPECT_EQ(c.algo, FusedAlgorithm::kOneStage);
+  // A named algorithm: itself, with its default grid.
+  c = t.choose("sm90", 4, 256, 8192, DType::kBF16, FusedAlgorithm::kTwoStage);
+  EXPECT_EQ(c.algo, FusedAlgorithm::kTwoStage);
+  EXPECT_EQ(c.grid.blocks, 64);
+}
+
+TEST(FusedTable, HeuristicAndDefaultGrids) {
+  EXPECT_EQ(FusedTable::default_choice(4, 16, 8192, DType::kBF16, FusedAlgorithm::kAuto).algo, FusedAlgorithm::kOneStage);
+  EXPECT_EQ(FusedTable::default_choice(4, 17, 8192, DType::kBF16, FusedAlgorithm::kAuto).algo,
+            FusedAlgorithm::kGatherNorm);
+  EXPECT_EQ(FusedTable::default_choice(4, 100, 512, DType::kBF16, FusedAlgorithm::kAuto).algo, FusedAlgorithm::kOneStage);
+  // Threads: the tree's lanes (H / pack rounded up to warps, capped at 1024), at least 64.
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kOneStage, 3, 2880, DType::kBF16, 4).threads, 384);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kOneStage, 3, 2880, DType::kBF16, 4).blocks, 3);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kOneStage, 3, 16384, DType::kFP32, 4).threads, 1024);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kOneStage, 3, 8, DType::kBF16, 4).threads, 64);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kOneStage, 4096, 8192, DType::kBF16, 4).blocks, 64);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kGatherNorm, 9, 8192, DType::kBF16, 4).blocks, 3);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kTwoStage, 1, 8192, DType::kBF16, 4).blocks, 1);
+  EXPECT_EQ(residual_rmsnorm_grid(100000, 8192, DType::kBF16).blocks, 8192);
+}
+
+TEST(FusedTable, RoundTripsThroughText) {
+  const FusedTable t = FusedTable::parse(kTable, "t");
+  const FusedTable back = FusedTable::parse(t.to_text({"header"}), "back");
+  ASSERT_EQ(back.rows().size(), t.rows().size());
+  for (size_t i = 0; i < t.rows().size(); ++i) {
+    EXPECT_EQ(back.rows()[i].algo, t.rows()[i].algo);
+    EXPECT_EQ(back.rows()[i].rows, t.rows()[i].rows);
+    EXPECT_EQ(back.rows()[i].row_bytes, t.rows()[i].row_bytes);
+    EXPECT_EQ(back.rows()[i].grid.blocks, t.rows()[i].grid.blocks);
+    EXPECT_DOUBLE_EQ(back.rows()[i].time_us, t.rows()[i].time_us);
+  }
+}
+
+TEST(FusedTable, RejectsMalformedLinesNamingThem) {
+  const std::string bad[] = {
+      "sm90\t4\t16384\t1\tone_stage\t1\t1024\n",             // 7 fields
+      "sm90\t0\t16384\t1\tone_stage\t1\t1024\t1\n",          // world size
+      "sm90\t4\t100\t1\tone_stage\t1\t1024\t1\n",            // row bytes not a multiple of 16
+      "sm90\t4\t16384\t0\tone_stage\t1\t1024\t1\n",          // rows
+      "sm90\t4\t16384\t1\tnccl_split\t1\t1024\t1\n",         // not an IPC algorithm
+      "sm90\t4\t16384\t1\tauto\t1\t1024\t1\n",               // auto is not a measurement
+      "sm90\t4\t16384\t1\tone_stage\t65\t1024\t1\n",         // too many blocks for a barrier kernel
+      "sm90\t4\t16384\t1\tone_stage\t1\t1000\t1\n",          // threads not a multiple of 32
+      "sm90\t4\t16384\t1\tone_stage\t1\t1024\t-3\n",         // time
+      "sm90\t4\t16384\t1\tone_stage\t1\t1024\tfast\n",       // time
+  };
+  for (const std::string& line : bad) {
+    try {
+      FusedTable::parse("# ok\n" + line, "file.tsv");
+      ADD_FAILURE() << "accepted: " << line;
+    } catch (const FusedTableError& e) {
+      EXPECT_NE(std::string(e.what()).find("file.tsv:2:"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(FusedTable, NamesRoundTrip) {
+  for (FusedAlgorithm a : {FusedAlgorithm::kOneStage, FusedAlgorithm::kTwoStage, FusedAlgorithm::kGatherNorm,
+                           FusedAlgorithm::kUnfused, FusedAlgorithm::kAuto, FusedAlgorithm::kNcclSplit}) {
+    EXPECT_EQ(parse_fused_algorithm(fused_algorithm_name(a)), a);
+  }
+  EXPECT_FALSE(parse_fused_algorithm("one_shot").has_value());
+}
+
+TEST(FusedTable, TheEmbeddedTableParses) {
+  const FusedTable& t = FusedTable::embedded();
+  for (const auto& r : t.rows()) {
+    EXPECT_EQ(r.arch, "sm90");
+    EXPECT_GT(r.time_us, 0);
+  }
+}
+
+}  // namespace
+}  // namespace exactcoll::cuda::fused
