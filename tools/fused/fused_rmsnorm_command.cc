@@ -1,7 +1,5 @@
 #include "tools/fused/fused_rmsnorm_command.h"
 
-#include <openssl/evp.h>
-
 #include <cstring>
 #include <iostream>
 #include <stdexcept>
@@ -15,24 +13,14 @@
 #include "tools/cli.h"
 #include "tools/fused/sim_subcommands.h"
 #include "tools/npy/npy.h"
+#include "tools/sim/progress.h"
+#include "tools/sim/sha256.h"
+#include "tools/sim/sim_flags.h"
 
 namespace exactcoll::fused {
 namespace {
 
 constexpr const char* kCommand = "sim fused_rmsnorm";
-
-// Parses "3,17,42" into element indices. Returns false on anything else.
-bool parse_indices(const std::string& text, std::vector<uint64_t>* out) {
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t comma = std::min(text.find(',', pos), text.size());
-    const std::string token = text.substr(pos, comma - pos);
-    if (token.empty() || token.find_first_not_of("0123456789") != std::string::npos || token.size() > 18) return false;
-    out->push_back(std::stoull(token));
-    pos = comma + 1;
-  }
-  return !out->empty();
-}
 
 template <class T>
 void run_reference(FusedContract contract, int ranks, int rows, int hidden, float eps, const npy::NpyArray& x,
@@ -55,10 +43,12 @@ void run_reference(FusedContract contract, int ranks, int rows, int hidden, floa
 }
 
 int run(int argc, char** argv) {
-  int64_t ranks = 0, blocks = 1, schedule_seed = 1;
+  // 1. Flags (the world's flags are shared with every `exactcoll sim <op>`: tools/sim/sim_flags.h).
+  tools::SimFlags f;
+  int64_t blocks = 1;
   double eps = 1e-6;
-  std::string dtype_text = "bf16", input, residual_path, weight_path, output, residual_output, algo_text = "one_stage",
-              contract_text = "canonical", schedule_text = "threads", trace_path, trace_elements, chrome_path;
+  std::string input, residual_path, weight_path, output, residual_output, algo_text = "one_stage",
+              contract_text = "canonical";
   cli::ArgParser parser(
       "exactcoll sim fused_rmsnorm --ranks N --dtype bf16|fp16|fp32 --input x.npy --residual r.npy --weight w.npy "
       "[--eps E] [--output out.npy] [--residual-output ro.npy] [--algo one_stage|two_stage|unfused] "
@@ -67,52 +57,45 @@ int run(int argc, char** argv) {
       "[--chrome-trace FILE]",
       "Fused all-reduce + residual add + RMSNorm on the simulator. x.npy is [N, rows, H] (rank r's partial\n"
       "sums at [r]), r.npy [rows, H], w.npy [H]; bf16/fp16 as '<u2' bit patterns, fp32 as '<f4'. Outputs\n"
-      "are [N, rows, H]. The alternative contracts (simulator only) reproduce other systems' rounding.");
-  parser.add_int("ranks", &ranks, "world size N (1..16); x.npy's first dimension");
-  parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
+      "are [N, rows, H]. The canonical contract runs core/fused_rmsnorm.h on the simulated ranks; the\n"
+      "alternative contracts (simulator only) reproduce other systems' rounding with the scalar reference\n"
+      "(sim/fused/reference.h). The last line ends with the sha256 of each output's bytes.");
+  tools::add_world_flags(parser, &f);
   parser.add_string("input", &input, "x.npy: [N, rows, H] partial sums");
   parser.add_string("residual", &residual_path, "r.npy: [rows, H] residual (the same on every rank)");
   parser.add_string("weight", &weight_path, "w.npy: [H] RMSNorm weight");
   parser.add_double("eps", &eps, "RMSNorm epsilon");
   parser.add_string("output", &output, "out.npy: [N, rows, H] normed output");
   parser.add_string("residual-output", &residual_output, "ro.npy: [N, rows, H] residual output");
-  parser.add_choice("algo", &algo_text, {"one_stage", "two_stage", "unfused"}, "algorithm (canonical contract)");
+  parser.add_choice("algo", &algo_text, {"one_stage", "two_stage", "unfused"},
+                    "algorithm of the canonical contract (all three give the same bits)");
   parser.add_choice("contract", &contract_text, contract_names(), "rounding contract");
-  parser.add_int("blocks", &blocks, "blocks per rank (1..64)");
-  parser.add_choice("schedule", &schedule_text, {"threads", "seeded"}, "scheduler");
-  parser.add_int("schedule-seed", &schedule_seed, "seed of the seeded scheduler");
-  parser.add_string("trace", &trace_path, "write a JSON-lines trace");
-  parser.add_string("trace-elements", &trace_elements, "also trace these flat indices of x's [rows, H] (I,J,...)");
-  parser.add_string("chrome-trace", &chrome_path, "write a Chrome trace (Perfetto)");
+  parser.add_int("blocks", &blocks, "blocks per rank (1..64; the work split, same bits)");
   if (auto code = parser.parse(argc, argv)) return *code;
 
-  // 1. Flags.
-  if (!parser.given("ranks")) return cli::fail(kCommand, "--ranks is required");
-  if (ranks < 1 || ranks > kMaxRanks) return cli::fail(kCommand, "--ranks must be 1..16, got " + std::to_string(ranks));
+  sim::WorldOptions options;
+  if (const std::string problem = tools::world_options(f, parser, &options); !problem.empty()) {
+    return cli::fail(kCommand, problem);
+  }
   if (input.empty() || residual_path.empty() || weight_path.empty()) {
     return cli::fail(kCommand, "--input, --residual and --weight are required");
   }
   if (!output.empty() && output == residual_output) {
     return cli::fail(kCommand, "--output and --residual-output name the same file");
   }
-  if (schedule_seed < 0) return cli::fail(kCommand, "--schedule-seed must be >= 0");
   if (blocks < 1 || blocks > kMaxBlocks) {
     return cli::fail(kCommand, "--blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(blocks));
   }
   FusedContract contract = FusedContract::kCanonical;
   parse_contract(contract_text, &contract);
   const bool canonical = contract == FusedContract::kCanonical;
-  const bool tracing = !trace_path.empty() || !chrome_path.empty() || !trace_elements.empty();
-  if (!canonical && (parser.given("algo") || tracing || parser.given("blocks") || parser.given("schedule"))) {
+  if (!canonical && (parser.given("algo") || options.trace || parser.given("blocks") || parser.given("schedule"))) {
     return cli::fail(kCommand, "--algo, --blocks, --schedule and the trace flags apply to the canonical contract; " +
                                    contract_text + " is computed by the scalar reference (sim/fused/reference.h)");
   }
-  std::vector<uint64_t> traced;
-  if (!trace_elements.empty() && !parse_indices(trace_elements, &traced)) {
-    return cli::fail(kCommand, "--trace-elements wants indices like 3,17,42, got '" + trace_elements + "'");
-  }
-  const DType dtype = dtype_text == "fp32" ? DType::kFP32 : dtype_text == "fp16" ? DType::kFP16 : DType::kBF16;
+  const DType dtype = *tools::parse_dtype(f.dtype);
   const std::string want = dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
+  const int64_t ranks = options.ranks;
 
   // 2. Inputs: readable, the flags' dtype, consistent shapes.
   npy::NpyArray x, residual, weight;
@@ -126,7 +109,8 @@ int run(int argc, char** argv) {
   for (const auto& [path, a] : {std::pair<const std::string&, const npy::NpyArray&>{input, x},
                                 {residual_path, residual}, {weight_path, weight}}) {
     if (a.dtype != want) {
-      return cli::fail(kCommand, path + " holds " + a.dtype + ", but --dtype " + dtype_text + " needs " + want);
+      return cli::fail(kCommand, path + " holds '" + a.dtype + "' but --dtype " + f.dtype + " needs '" + want +
+                                     "' (bf16 and fp16 as uint16 bit patterns, fp32 as float32)");
     }
   }
   if (x.shape.size() != 3) {
@@ -159,53 +143,47 @@ int run(int argc, char** argv) {
   if (const std::string problem = check_fused_spec(spec, static_cast<int>(ranks)); !problem.empty()) {
     return cli::fail(kCommand, problem);
   }
-  for (uint64_t i : traced) {
+  for (uint64_t i : options.trace_elements) {
     if (i >= static_cast<uint64_t>(rows * hidden)) {
       return cli::fail(kCommand, "--trace-elements index " + std::to_string(i) + " is past rows * H = " +
                                      std::to_string(rows * hidden));
     }
   }
 
-  // 3. Run.
+  // 3. Run: the canonical algorithm on the simulated world, or the alternative contract's reference.
   const size_t count = static_cast<size_t>(rows * hidden);
   const size_t elem = static_cast<size_t>(dtype_size(dtype));
   std::vector<uint8_t> out(count * elem * ranks), residual_out(count * elem * ranks);
-  std::string trace_json, chrome_json;
-  const sim::Schedule schedule = schedule_text == "seeded" ? sim::Schedule::kSeeded : sim::Schedule::kThreads;
-  try {
-    if (canonical) {
-      sim::WorldOptions options;
-      options.ranks = static_cast<int>(ranks);
-      options.schedule = schedule;
-      options.schedule_seed = static_cast<uint64_t>(schedule_seed);
-      options.trace = tracing;
-      options.trace_elements = traced;
-      sim::World world(options);
-      FusedIo io;
-      for (int r = 0; r < ranks; ++r) {
-        io.x.push_back(x.data.data() + r * count * elem);
-        io.residual.push_back(residual.data.data());
-        io.weight.push_back(weight.data.data());
-        io.out.push_back(out.data() + r * count * elem);
-        io.residual_out.push_back(residual_out.data() + r * count * elem);
-      }
-      run_fused(world, spec, io);
-      if (tracing) {
-        trace_json = world.tracer()->json_lines();
-        chrome_json = world.tracer()->chrome_trace(schedule == sim::Schedule::kSeeded);
-      }
-    } else {
-      const int n = static_cast<int>(ranks);
-      switch (dtype) {
-        case DType::kBF16: run_reference<bf16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out); break;
-        case DType::kFP16: run_reference<fp16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out); break;
-        case DType::kFP32: run_reference<float>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out); break;
+  if (canonical) {
+    sim::World world(options);
+    FusedIo io;
+    for (int r = 0; r < ranks; ++r) {
+      io.x.push_back(x.data.data() + r * count * elem);
+      io.residual.push_back(residual.data.data());
+      io.weight.push_back(weight.data.data());
+      io.out.push_back(out.data() + r * count * elem);
+      io.residual_out.push_back(residual_out.data() + r * count * elem);
+    }
+    std::string failure;
+    {
+      tools::ProgressBar bar(kCommand, [&world] { return world.progress(); });
+      try {
+        run_fused(world, spec, io);
+      } catch (const sim::SimError& e) {
+        failure = e.what();
       }
     }
-  } catch (const sim::SimError& e) {
-    return cli::fail(kCommand, e.what(), cli::kExitFailure);
-  } catch (const std::invalid_argument& e) {
-    return cli::fail(kCommand, e.what());
+    if (const std::string problem = tools::write_traces(f, world); !problem.empty()) {
+      return cli::fail(kCommand, problem, cli::kExitFailure);
+    }
+    if (!failure.empty()) return cli::fail(kCommand, "the run failed: " + failure, cli::kExitFailure);
+  } else {
+    const int n = static_cast<int>(ranks);
+    switch (dtype) {
+      case DType::kBF16: run_reference<bf16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out); break;
+      case DType::kFP16: run_reference<fp16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out); break;
+      case DType::kFP32: run_reference<float>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out); break;
+    }
   }
 
   // 4. Outputs (each written atomically), then the summary.
@@ -215,21 +193,17 @@ int run(int argc, char** argv) {
     if (!residual_output.empty()) {
       npy::write_npy(cli::resolve_path(residual_output), want, shape, residual_out.data(), residual_out.size());
     }
-    if (!trace_path.empty()) npy::write_file_atomic(cli::resolve_path(trace_path), trace_json.data(), trace_json.size());
-    if (!chrome_path.empty()) {
-      npy::write_file_atomic(cli::resolve_path(chrome_path), chrome_json.data(), chrome_json.size());
-    }
   } catch (const npy::NpyError& e) {
     return cli::fail(kCommand, e.what(), cli::kExitFailure);
   }
-  std::cout << "sim fused_rmsnorm: " << dtype_text << ", " << ranks << " ranks, " << rows << " rows, H " << hidden
-            << ", contract " << contract_text;
+  std::cout << kCommand << " " << f.dtype << ": " << ranks << " ranks x [" << rows << ", " << hidden << "], contract "
+            << contract_text;
   if (canonical) {
-    std::cout << ", " << fused_algo_name(spec.algo) << ", " << spec.blocks << " block" << (spec.blocks > 1 ? "s" : "")
-              << ", " << schedule_text << (schedule == sim::Schedule::kSeeded ? " seed " + std::to_string(schedule_seed) : "");
+    std::cout << ", " << fused_algo_name(spec.algo) << ", " << spec.blocks << (spec.blocks == 1 ? " block" : " blocks")
+              << ", " << tools::schedule_note(options);
   }
-  std::cout << ": out sha256 " << sha256_hex(out.data(), out.size()) << " residual_out sha256 "
-            << sha256_hex(residual_out.data(), residual_out.size()) << "\n";
+  std::cout << "; out sha256 " << tools::sha256_hex(out.data(), out.size()) << ", residual_out sha256 "
+            << tools::sha256_hex(residual_out.data(), residual_out.size()) << "\n";
   return cli::kExitOk;
 }
 
@@ -238,21 +212,6 @@ const cli::SimSubcommandRegistrar kRegistrar(
      fused_rmsnorm_main});
 
 }  // namespace
-
-std::string sha256_hex(const void* data, size_t bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  if (EVP_Digest(data, bytes, digest, &length, EVP_sha256(), nullptr) != 1) {
-    throw std::runtime_error("OpenSSL EVP_Digest(sha256) failed");
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < length; ++i) {
-    hex += kHex[digest[i] >> 4];
-    hex += kHex[digest[i] & 15];
-  }
-  return hex;
-}
 
 int fused_rmsnorm_main(int argc, char** argv) {
   // Messages name the command as the user typed it: "exactcoll sim fused_rmsnorm: ...".

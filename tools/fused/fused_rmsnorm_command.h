@@ -10,19 +10,15 @@
 // '<u2' bit patterns, fp32 as '<f4'. Outputs are [N, rows, H] (every rank's result). The canonical
 // contract runs core/fused_rmsnorm.h's algorithm on the simulated world; the alternative contracts
 // (simulator only) are computed by sim/fused/reference.h and take no --algo. The summary line ends
-// with the sha256 of each output's bytes. Bad input (dtype or shape not matching the flags, H not
+// with the sha256 of each output's bytes (tools/sim/sha256.h,
+// as every `exactcoll sim` op). World flags (--ranks, --dtype, schedulers, traces, --timeout-ms,
+// --max-steps) are tools/sim/sim_flags.h's. Bad input (dtype or shape not matching the flags, H not
 // a multiple of the pack, a malformed file) exits 2 before any output is written.
 #pragma once
-
-#include <cstddef>
-#include <string>
 
 namespace exactcoll::fused {
 
 // argv[0] is the subcommand's name ("fused_rmsnorm").
 int fused_rmsnorm_main(int argc, char** argv);
-
-// Returns the lower-case hex sha256 of bytes (OpenSSL).
-std::string sha256_hex(const void* data, size_t bytes);
 
 }  // namespace exactcoll::fused
