@@ -1,0 +1,761 @@
+// `exactcoll bench-overlap --nproc N`: all-gather + matmul overlap on the GPUs, checked and timed.
+//
+//   exactcoll bench-overlap --nproc N [--dtypes bf16,fp16] [--iters 30] [--warmup 3] [--seed S]
+//       [--fsdp-size 8192] [--gather-mib 64] [--ag-shapes 8192x8192x8192,2048x16384x8192]
+//       [--check-shape 1024x512x768] [--sections check,fsdp,ag] [--json FILE] [--timeout-ms T]
+//
+// Sections (per dtype):
+//   check  AG->matmul at a small shape: the pipeline's gathered A against the simulator's
+//          (sim/overlap, the same plan on simulated ranks, same seeded operands) bit for bit, C
+//          within tolerance of the simulator's; C against the GPU's own unpipelined schedule (the
+//          SM all-gather of core/collectives.h, then one product per row block with the pipeline's
+//          cuBLASLt configuration) bit for bit; and what holds for one big GEMM (the heuristic's
+//          algorithm for the full shape, and the shard's algorithm run on the full shape).
+//   fsdp   an m=n=k product beside an unrelated all-gather of --gather-mib MiB (output): matmul
+//          alone; each all-gather alone (SM kernel = the communicator's direct all-gather from a
+//          registered buffer; copy engine = the get-protocol pull with no SM; NCCL); sequential
+//          (all-gather, then the matmul, one stream); overlapped (all-gather on a side stream). The
+//          gathered bits are checked against the shards and the overlapped product against the
+//          product alone.
+//   ag     AG->matmul per shape: the full matmul alone (heuristic algorithm, full A), the shard
+//          products alone, the all-gather alone, sequential (copy-engine or NCCL all-gather, then
+//          the full matmul), and the pipeline; gathered A and C checked as in `check`.
+// Times: per variant, the maximum over ranks of each rank's median of --iters per-iteration
+// event times (after --warmup), eager launches. TFLOP/s = 2mkn / time. Overlap efficiency =
+// max(matmul alone, all-gather alone) / overlapped time.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_backend/communicator.h"
+#include "cuda_backend/cuda_check.h"
+#include "cuda_backend/nccl_api.h"
+#include "cuda_backend/overlap/cublaslt_api.h"
+#include "cuda_backend/overlap/lt_matmul.h"
+#include "cuda_backend/overlap/pipeline.h"
+#include "sim/overlap/inputs.h"
+#include "sim/overlap/matmul.h"
+#include "sim/overlap/overlap_sim.h"
+#include "sim/world.h"
+#include "tools/cli.h"
+#include "tools/gpu/device_util.h"
+#include "tools/gpu/worker.h"
+#include "tools/npy/npy.h"
+
+namespace exactcoll::gpu {
+namespace {
+
+constexpr const char* kCommand = "bench-overlap";
+using Bytes = std::vector<uint8_t>;
+using cuda::Algorithm;
+using cuda::LtMatmul;
+using cuda::OverlapPipeline;
+using overlap::Pattern;
+
+struct Shape {
+  size_t m = 0, k = 0, n = 0;
+};
+
+struct Options {
+  std::vector<DType> dtypes;
+  int64_t iters = 30, warmup = 3, seed = 1, fsdp_size = 8192, gather_mib = 64, timeout_ms = 20000;
+  std::vector<Shape> ag_shapes;
+  Shape check_shape{1024, 512, 768};
+  bool check = true, fsdp = true, ag = true;
+  std::string json_path;
+};
+
+struct Row {
+  std::string section, dtype, variant;
+  double us = 0, tflops = 0, efficiency = 0;  // 0: not applicable
+  std::string note;
+};
+
+std::string fmt(const char* format, double v) {
+  char text[64];
+  std::snprintf(text, sizeof text, format, v);
+  return text;
+}
+
+bool parse_shape(const std::string& text, Shape* out) {
+  unsigned long long m = 0, k = 0, n = 0;
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "%llux%llux%llu%c", &m, &k, &n, &tail) != 3 || m == 0 || k == 0 || n == 0) return false;
+  *out = Shape{m, k, n};
+  return true;
+}
+
+// A store key from a label (letters, digits, '/', '_', '.', '-' kept; anything else becomes '_').
+std::string key_of(const std::string& label) {
+  std::string out = label;
+  for (char& ch : out) {
+    const bool keep = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '/' ||
+                      ch == '_' || ch == '.' || ch == '-';
+    if (!keep) ch = '_';
+  }
+  return out;
+}
+
+std::string shape_text(const Shape& s) {
+  return std::to_string(s.m) + "x" + std::to_string(s.k) + "x" + std::to_string(s.n);
+}
+
+// Counts elements (esize bytes each) whose bytes differ; *first: the first such index.
+size_t differing_elements(const Bytes& a, const Bytes& b, size_t esize, size_t* first) {
+  if (a.size() != b.size()) return std::max(a.size(), b.size()) / esize;
+  size_t count = 0;
+  *first = SIZE_MAX;
+  for (size_t i = 0; i + esize <= a.size(); i += esize) {
+    if (std::memcmp(&a[i], &b[i], esize) != 0) {
+      if (count == 0) *first = i / esize;
+      ++count;
+    }
+  }
+  return count;
+}
+
+Bytes download(const void* device, size_t bytes) {
+  Bytes host(bytes);
+  EXC_CUDA_CHECK(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost));
+  return host;
+}
+
+void upload(void* device, const Bytes& host) {
+  EXC_CUDA_CHECK(cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice));
+}
+
+// Every rank's shard, concatenated (what every rank's gathered A must hold).
+Bytes all_shards(DType dtype, size_t shard_elements, int ranks, uint64_t seed) {
+  const size_t esize = static_cast<size_t>(dtype_size(dtype));
+  Bytes out(shard_elements * esize * static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    overlap::fill_finite(dtype, out.data() + static_cast<size_t>(r) * shard_elements * esize, shard_elements,
+                         overlap::shard_seed(seed, r));
+  }
+  return out;
+}
+
+// Max over sampled (i, j) of |C - ref| / max(|ref|, rms of the sampled refs), ref in float64.
+double sampled_error(DType dtype, const Bytes& a, const Bytes& b, const Bytes& c, const Shape& s, uint64_t seed) {
+  sim::Xoshiro256 g(seed);
+  std::vector<double> refs, errs;
+  for (int t = 0; t < 48; ++t) {
+    const size_t i = g.below(s.m), j = g.below(s.n);
+    const double ref = overlap::dot_reference(dtype, a.data(), i, s.k, b.data(), s.n, j);
+    refs.push_back(ref);
+    errs.push_back(std::fabs(overlap::element_value(dtype, c.data(), i * s.n + j) - ref));
+  }
+  double rms = 0;
+  for (double r : refs) rms += r * r;
+  rms = std::sqrt(rms / static_cast<double>(refs.size()));
+  double worst = 0;
+  for (size_t t = 0; t < refs.size(); ++t) {
+    const double e = errs[t] / std::max(std::fabs(refs[t]), rms);
+    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+  }
+  return worst;
+}
+
+class Bench {
+ public:
+  Bench(Worker& w, const Options& o) : w_(w), o_(o), rank_(w.rank()), n_(w.world_size()) {
+    const cuda::CublasLtApi& lt = cuda::CublasLtApi::get();
+    cuda::check_cublas(lt.Create(&lt_), "cublasLtCreate");
+    lt_version_ = std::to_string(lt.GetVersion()) + " (" + lt.path + ")";
+    workspace_ = DeviceBuffer(kWorkspaceBytes);
+    cuda::CommunicatorOptions co;
+    co.name = "overlap_comm";
+    co.buffer_bytes = size_t{64} << 20;
+    co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
+    comm_ = std::make_unique<cuda::Communicator>(w.store(), rank_, n_, co);
+  }
+  ~Bench() {
+    (void)cudaEventDestroy(fork_);
+    (void)cudaEventDestroy(join_);
+    comm_.reset();  // closes the peers' mappings before ag_in_ (a later member) is freed
+    if (lt_ != nullptr) (void)cuda::CublasLtApi::get().Destroy(lt_);
+  }
+
+  void check_section(DType dtype);
+  void fsdp_section(DType dtype);
+  void ag_section(DType dtype, const Shape& shape);
+  void report();
+
+ private:
+  static constexpr size_t kWorkspaceBytes = size_t{64} << 20;
+
+  cuda::OverlapPipelineOptions pipeline_options(const std::string& name, Pattern pattern, DType dtype, const Shape& s,
+                                                size_t gather_count) const {
+    cuda::OverlapPipelineOptions p;
+    p.name = name;
+    p.pattern = pattern;
+    p.dtype = dtype;
+    p.m = s.m;
+    p.k = s.k;
+    p.n = s.n;
+    p.gather_count = gather_count;
+    p.wait_timeout_ms = static_cast<uint64_t>(o_.timeout_ms);
+    return p;
+  }
+  // Waits for stream with a deadline (NCCL and cuBLAS have no bound of their own).
+  void sync_bounded(cudaStream_t stream, const std::string& what) {
+    cudaEvent_t e = nullptr;
+    EXC_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    EXC_CUDA_CHECK(cudaEventRecord(e, stream));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o_.timeout_ms);
+    cudaError_t q;
+    while ((q = cudaEventQuery(e)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    (void)cudaEventDestroy(e);
+    if (q == cudaErrorNotReady) {
+      throw std::runtime_error("rank " + std::to_string(rank_) + ": " + what + " did not complete within " +
+                               std::to_string(o_.timeout_ms) + " ms");
+    }
+    EXC_CUDA_CHECK(q);
+  }
+  // Max over ranks of this rank's median per-iteration time (µs) of body() on main_.
+  double time_us(const std::string& label, const std::function<void()>& body, const std::function<void()>& finish) {
+    const std::string name = key_of(label);
+    for (int64_t i = 0; i < o_.warmup; ++i) body();
+    finish();
+    w_.barrier("t/" + name);
+    std::vector<cudaEvent_t> start(static_cast<size_t>(o_.iters)), stop(static_cast<size_t>(o_.iters));
+    for (auto& e : start) EXC_CUDA_CHECK(cudaEventCreate(&e));
+    for (auto& e : stop) EXC_CUDA_CHECK(cudaEventCreate(&e));
+    for (size_t i = 0; i < start.size(); ++i) {
+      EXC_CUDA_CHECK(cudaEventRecord(start[i], main_.get()));
+      body();
+      EXC_CUDA_CHECK(cudaEventRecord(stop[i], main_.get()));
+    }
+    finish();
+    std::vector<double> us;
+    for (size_t i = 0; i < start.size(); ++i) {
+      float ms = 0;
+      EXC_CUDA_CHECK(cudaEventElapsedTime(&ms, start[i], stop[i]));
+      us.push_back(ms * 1000.0);
+    }
+    for (auto e : start) (void)cudaEventDestroy(e);
+    for (auto e : stop) (void)cudaEventDestroy(e);
+    double worst = 0;
+    for (const std::string& v : w_.all_gather("t/" + name, fmt("%.3f", median(us)))) worst = std::max(worst, std::stod(v));
+    return worst;
+  }
+  void add(const std::string& section, DType dtype, const std::string& variant, double us, double flops,
+           double efficiency = 0, const std::string& note = "") {
+    Row r{section, dtype_name(dtype), variant, us, flops > 0 ? flops / (us * 1e6) : 0, efficiency, note};
+    rows_.push_back(r);
+    if (w_.leader()) {
+      std::printf("  %-6s %-5s %-40s %10.1f us %8s TFLOP/s %6s %s\n", section.c_str(), r.dtype.c_str(), variant.c_str(),
+                  us, r.tflops > 0 ? fmt("%.1f", r.tflops).c_str() : "-", efficiency > 0 ? fmt("%.3f", efficiency).c_str() : "",
+                  note.c_str());
+      std::fflush(stdout);
+    }
+  }
+  // Sums a count over ranks.
+  int64_t total(const std::string& label, int64_t value) { return w_.sum(key_of(label), value); }
+  void note(const std::string& text) {
+    notes_.push_back(text);
+    print_leader(w_, "  # " + text + "\n");
+  }
+  void fork_side() {
+    EXC_CUDA_CHECK(cudaEventRecord(fork_, main_.get()));
+    EXC_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), fork_, 0));
+  }
+  void join_side() {
+    EXC_CUDA_CHECK(cudaEventRecord(join_, side_.get()));
+    EXC_CUDA_CHECK(cudaStreamWaitEvent(main_.get(), join_, 0));
+  }
+
+  Worker& w_;
+  Options o_;
+  int rank_, n_;
+  cublasLtHandle_t lt_ = nullptr;
+  std::string lt_version_;
+  DeviceBuffer workspace_;
+  std::unique_ptr<cuda::Communicator> comm_;
+  Stream main_, side_;
+  cudaEvent_t fork_ = make_event(), join_ = make_event();
+  DeviceBuffer ag_in_;              // the FSDP shard, registered with the communicator once
+  cuda::RegisteredBuffer ag_reg_;
+  std::vector<Row> rows_;
+  std::vector<std::string> notes_;
+  std::vector<std::string> targets_;
+  bool failed_check_ = false;
+
+  static cudaEvent_t make_event() {
+    cudaEvent_t e = nullptr;
+    EXC_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+
+ public:
+  bool failed_check() const { return failed_check_; }
+  const std::string& lt_version() const { return lt_version_; }
+  cuda::Communicator& comm() { return *comm_; }
+};
+
+// ---- check: pipeline vs simulator vs the GPU's unpipelined schedule ----------------------------------
+
+void Bench::check_section(DType dtype) {
+  const Shape s = o_.check_shape;
+  const size_t esize = static_cast<size_t>(dtype_size(dtype));
+  const size_t rows = s.m / static_cast<size_t>(n_);
+  const size_t shard = rows * s.k;
+  const uint64_t seed = static_cast<uint64_t>(o_.seed);
+  const std::string tag = std::string(dtype_name(dtype)) + " AG->matmul " + shape_text(s);
+
+  // 1. The simulator's run of the same plan on the same operands (every rank runs it, small).
+  overlap::OverlapShape shape;
+  shape.pattern = Pattern::kAgMatmul;
+  shape.dtype = dtype;
+  shape.m = s.m;
+  shape.k = s.k;
+  shape.n = s.n;
+  std::vector<Bytes> shards, rhs, sim_gathered, sim_c;
+  const Bytes b = overlap::finite_values(dtype, s.k * s.n, overlap::rhs_seed(seed));
+  for (int r = 0; r < n_; ++r) {
+    shards.push_back(overlap::finite_values(dtype, shard, overlap::shard_seed(seed, r)));
+    rhs.push_back(b);
+    sim_gathered.emplace_back(shard * esize * static_cast<size_t>(n_), 0xA5);
+    sim_c.emplace_back(s.m * s.n * esize, 0xA5);
+  }
+  {
+    sim::WorldOptions wo;
+    wo.ranks = n_;
+    sim::World world(wo);
+    overlap::OverlapSim ov(world);
+    overlap::OverlapIo io;
+    for (int r = 0; r < n_; ++r) {
+      io.shards.push_back(shards[static_cast<size_t>(r)].data());
+      io.rhs.push_back(rhs[static_cast<size_t>(r)].data());
+      io.gathered.push_back(sim_gathered[static_cast<size_t>(r)].data());
+      io.products.push_back(sim_c[static_cast<size_t>(r)].data());
+    }
+    ov.enqueue(shape, io);
+    world.run();
+  }
+
+  // 2. The GPU pipeline.
+  OverlapPipeline p(w_.store(), rank_, n_, pipeline_options("check/" + std::string(dtype_name(dtype)), Pattern::kAgMatmul, dtype, s, 0),
+                    lt_, workspace_.get(), kWorkspaceBytes);
+  DeviceBuffer db(s.k * s.n * esize), gathered(s.m * s.k * esize), c(s.m * s.n * esize), gathered_ref(s.m * s.k * esize),
+      c_ref(s.m * s.n * esize), c_big(s.m * s.n * esize);
+  upload(p.shard(), shards[static_cast<size_t>(rank_)]);
+  upload(db.get(), b);
+  for (void* d : {gathered.get(), c.get(), gathered_ref.get(), c_ref.get(), c_big.get()}) {
+    EXC_CUDA_CHECK(cudaMemset(d, 0xFF, d == gathered.get() || d == gathered_ref.get() ? s.m * s.k * esize : s.m * s.n * esize));
+  }
+  EXC_CUDA_CHECK(cudaDeviceSynchronize());
+  p.run(gathered.get(), nullptr, db.get(), c.get(), main_.get());
+  p.finish(main_.get());
+  const Bytes g = download(gathered.get(), s.m * s.k * esize), cc = download(c.get(), s.m * s.n * esize);
+  size_t first = 0;
+  const size_t gather_diff = differing_elements(g, sim_gathered[static_cast<size_t>(rank_)], esize, &first);
+  Bytes a_full;
+  for (const Bytes& sh : shards) a_full.insert(a_full.end(), sh.begin(), sh.end());
+  const double sim_err = sampled_error(dtype, a_full, b, cc, s, seed + 77);
+  // The simulator's C (Eigen, float accumulation) vs the GPU's (cuBLASLt): within tolerance, compared
+  // element by element relative to the larger of |sim| and the rms of the sim's C.
+  double rms = 0, worst_vs_sim = 0;
+  for (size_t i = 0; i < s.m * s.n; ++i) rms += std::pow(overlap::element_value(dtype, sim_c[static_cast<size_t>(rank_)].data(), i), 2);
+  rms = std::sqrt(rms / static_cast<double>(s.m * s.n));
+  for (size_t i = 0; i < s.m * s.n; ++i) {
+    const double x = overlap::element_value(dtype, sim_c[static_cast<size_t>(rank_)].data(), i);
+    const double y = overlap::element_value(dtype, cc.data(), i);
+    const double e = std::fabs(x - y) / std::max(std::fabs(x), rms);
+    worst_vs_sim = std::isnan(e) ? INFINITY : std::max(worst_vs_sim, e);
+  }
+
+  // 3. The GPU's unpipelined schedule: the SM all-gather (core template), then one product per row
+  //    block with the pipeline's configuration.
+  comm_->allgather(p.shard(), gathered_ref.get(), shard, dtype, Algorithm::kDirect, main_.get());
+  comm_->check(main_.get());
+  for (int r = 0; r < n_; ++r) {
+    p.gemm().run(static_cast<char*>(gathered_ref.get()) + static_cast<size_t>(r) * shard * esize, db.get(),
+                 static_cast<char*>(c_ref.get()) + static_cast<size_t>(r) * rows * s.n * esize, main_.get());
+  }
+  sync_bounded(main_.get(), "the unpipelined reference");
+  const Bytes gref = download(gathered_ref.get(), s.m * s.k * esize), cref = download(c_ref.get(), s.m * s.n * esize);
+  const size_t ref_gather_diff = differing_elements(gref, g, esize, &first);
+  const size_t c_diff = differing_elements(cc, cref, esize, &first);
+
+  // 4. One big GEMM: the heuristic's algorithm for the full shape, and the shard's algorithm on it.
+  LtMatmul big(lt_, dtype, s.m, s.k, s.n, workspace_.get(), kWorkspaceBytes);
+  big.run(gathered_ref.get(), db.get(), c_big.get(), main_.get());
+  sync_bounded(main_.get(), "the big GEMM");
+  const size_t big_diff = differing_elements(download(c_big.get(), s.m * s.n * esize), cref, esize, &first);
+  std::string same_algo = "not supported for the full shape";
+  int64_t same_diff = -1;
+  if (LtMatmul::supports(lt_, dtype, s.m, s.k, s.n, kWorkspaceBytes, p.gemm().algo())) {
+    LtMatmul big_same(lt_, dtype, s.m, s.k, s.n, workspace_.get(), kWorkspaceBytes, p.gemm().algo());
+    EXC_CUDA_CHECK(cudaMemset(c_big.get(), 0xFF, s.m * s.n * esize));
+    big_same.run(gathered_ref.get(), db.get(), c_big.get(), main_.get());
+    sync_bounded(main_.get(), "the big GEMM with the shard's algorithm");
+    same_diff = static_cast<int64_t>(differing_elements(download(c_big.get(), s.m * s.n * esize), cref, esize, &first));
+  }
+
+  // 5. Sums over ranks, one line each.
+  const int64_t g_bad = total("check/g/" + tag, static_cast<int64_t>(gather_diff));
+  const int64_t gr_bad = total("check/gr/" + tag, static_cast<int64_t>(ref_gather_diff));
+  const int64_t c_bad = total("check/c/" + tag, static_cast<int64_t>(c_diff));
+  const int64_t big_bad = total("check/big/" + tag, static_cast<int64_t>(big_diff));
+  const int64_t same_bad = total("check/same/" + tag, same_diff);
+  const int64_t sim_bad = total("check/sim/" + tag, worst_vs_sim > 2e-2 || sim_err > 2e-2 ? 1 : 0);
+  const uint64_t elements_a = static_cast<uint64_t>(n_) * s.m * s.k, elements_c = static_cast<uint64_t>(n_) * s.m * s.n;
+  note(tag + ": gathered A vs the simulator's: " + std::to_string(g_bad) + " of " + std::to_string(elements_a) +
+       " elements differ (all ranks); vs the SM all-gather: " + std::to_string(gr_bad));
+  note(tag + ": C vs the simulator's C: max relative difference " + fmt("%.2e", worst_vs_sim) + " (rank " +
+       std::to_string(rank_) + "), vs float64 on 48 samples " + fmt("%.2e", sim_err) + (sim_bad ? " OVER 2e-2" : " (within 2e-2)"));
+  note(tag + ": C pipelined vs unpipelined (SM all-gather + per-row-block products, " + p.gemm().algo_text() + "): " +
+       std::to_string(c_bad) + " of " + std::to_string(elements_c) + " elements differ");
+  note(tag + ": one big GEMM (heuristic " + big.algo_text() + ") vs per-row-block: " + std::to_string(big_bad) + " of " +
+       std::to_string(elements_c) + " differ; the shard's algorithm on the full shape: " +
+       (same_diff < 0 ? same_algo : std::to_string(same_bad) + " of " + std::to_string(elements_c) + " differ"));
+  if (g_bad != 0 || gr_bad != 0 || c_bad != 0 || sim_bad != 0) failed_check_ = true;
+}
+
+// ---- fsdp: an unrelated all-gather beside a product ------------------------------------------------------
+
+void Bench::fsdp_section(DType dtype) {
+  const size_t dim = static_cast<size_t>(o_.fsdp_size);
+  const Shape s{dim, dim, dim};
+  const size_t esize = static_cast<size_t>(dtype_size(dtype));
+  const size_t gather_bytes = static_cast<size_t>(o_.gather_mib) << 20;
+  const size_t count = gather_bytes / esize / static_cast<size_t>(n_);  // per rank
+  const uint64_t seed = static_cast<uint64_t>(o_.seed) + 100;
+  const std::string dt = dtype_name(dtype);
+  const double flops = 2.0 * static_cast<double>(dim) * static_cast<double>(dim) * static_cast<double>(dim);
+
+  // 1. Operands: X, W (finite random), this rank's shard in a registered buffer (SM, NCCL) and in
+  //    the pipeline's symmetric buffer (copy engine).
+  DeviceBuffer x(dim * dim * esize), wt(dim * dim * esize), c(dim * dim * esize),
+      ag_out(count * esize * static_cast<size_t>(n_)), ce_out(count * esize * static_cast<size_t>(n_));
+  if (ag_in_.get() == nullptr) {  // the same bytes for every dtype: gather_bytes / ranks
+    ag_in_ = DeviceBuffer(count * esize);
+    ag_reg_ = comm_->register_buffer(ag_in_.get(), count * esize);
+  }
+  DeviceBuffer& ag_in = ag_in_;
+  const cuda::RegisteredBuffer& reg = ag_reg_;
+  upload(x.get(), overlap::finite_values(dtype, dim * dim, overlap::lhs_seed(seed, rank_)));
+  upload(wt.get(), overlap::finite_values(dtype, dim * dim, overlap::rhs_seed(seed)));
+  const Bytes my_shard = overlap::finite_values(dtype, count, overlap::shard_seed(seed, rank_));
+  upload(ag_in.get(), my_shard);
+  OverlapPipeline p(w_.store(), rank_, n_, pipeline_options("fsdp/" + dt, Pattern::kPrefetch, dtype, s, count), lt_,
+                    workspace_.get(), kWorkspaceBytes);
+  upload(p.shard(), my_shard);
+  const Bytes expected = all_shards(dtype, count, n_, seed);
+  LtMatmul gemm(lt_, dtype, dim, dim, dim, workspace_.get(), kWorkspaceBytes);
+  print_leader(w_, "  # fsdp " + dt + ": " + std::to_string(dim) + "^3 product (" + gemm.algo_text() + "), all-gather of " +
+                       std::to_string(o_.gather_mib) + " MiB output (" + std::to_string(count) + " elements per rank); " +
+                       "copy-engine signals: " + p.signal_mechanism() + "\n");
+  cudaStream_t m = main_.get(), side = side_.get();
+  auto finish_main = [&] { sync_bounded(m, "fsdp " + dt); comm_->check(m); };
+  auto finish_pipe = [&] { p.finish(m); };
+
+  // 2. Matmul alone, and its bits (the overlapped runs must not change them).
+  const double mm = time_us("fsdp/mm/" + dt, [&] { gemm.run(x.get(), wt.get(), c.get(), m); }, finish_main);
+  const Bytes c_alone = download(c.get(), dim * dim * esize);
+  add("fsdp", dtype, "matmul alone", mm, flops);
+
+  struct Kind {
+    std::string name;
+    std::function<void(cudaStream_t)> gather;  // enqueue the all-gather on a stream
+    void* out;
+  };
+  const std::vector<Kind> kinds = {
+      {"SM all-gather", [&](cudaStream_t st) { comm_->allgather(ag_in.get(), ag_out.get(), count, dtype, Algorithm::kDirect, st, &reg); },
+       ag_out.get()},
+      {"NCCL all-gather", [&](cudaStream_t st) { comm_->allgather(ag_in.get(), ag_out.get(), count, dtype, Algorithm::kNccl, st); },
+       ag_out.get()},
+  };
+  // 3. Per kind: alone, sequential, overlapped; then the bits.
+  auto check_gather = [&](const std::string& what, void* out) {
+    size_t first = 0;
+    const int64_t bad = total("fsdp/g/" + dt + what,
+                              static_cast<int64_t>(differing_elements(download(out, expected.size()), expected, esize, &first)));
+    if (bad != 0) failed_check_ = true;
+    return bad;
+  };
+  auto check_product = [&](const std::string& what) {
+    size_t first = 0;
+    const int64_t bad = total("fsdp/c/" + dt + what,
+                              static_cast<int64_t>(differing_elements(download(c.get(), dim * dim * esize), c_alone, esize, &first)));
+    if (bad != 0) failed_check_ = true;
+    return bad;
+  };
+  for (const Kind& k : kinds) {
+    EXC_CUDA_CHECK(cudaMemset(k.out, 0xFF, expected.size()));
+    const double alone = time_us("fsdp/ag/" + dt + k.name, [&] { k.gather(m); }, finish_main);
+    const int64_t wrong = check_gather(k.name, k.out);
+    add("fsdp", dtype, k.name + " alone", alone, 0, 0, "#wrong " + std::to_string(wrong));
+    const double seq = time_us("fsdp/seq/" + dt + k.name, [&] { k.gather(m); gemm.run(x.get(), wt.get(), c.get(), m); }, finish_main);
+    add("fsdp", dtype, "sequential, " + k.name, seq, flops, std::max(mm, alone) / seq);
+    EXC_CUDA_CHECK(cudaMemset(k.out, 0xFF, expected.size()));
+    EXC_CUDA_CHECK(cudaMemset(c.get(), 0xFF, dim * dim * esize));
+    const double ov = time_us(
+        "fsdp/ov/" + dt + k.name,
+        [&] {
+          fork_side();
+          k.gather(side);
+          gemm.run(x.get(), wt.get(), c.get(), m);
+          join_side();
+        },
+        finish_main);
+    const int64_t wrong_ov = check_gather(k.name + "/ov", k.out), c_bad = check_product(k.name);
+    add("fsdp", dtype, "overlapped, " + k.name, ov, flops, std::max(mm, alone) / ov,
+        "#wrong " + std::to_string(wrong_ov) + ", C vs alone " + std::to_string(c_bad));
+  }
+  // The copy-engine all-gather (get protocol, no SM) through the pipeline: alone, sequential, overlapped.
+  EXC_CUDA_CHECK(cudaMemset(ce_out.get(), 0xFF, expected.size()));
+  const double ce_alone =
+      time_us("fsdp/ag/" + dt + "ce", [&] { p.run(ce_out.get(), x.get(), wt.get(), c.get(), m, false); }, finish_pipe);
+  add("fsdp", dtype, "copy-engine all-gather alone", ce_alone, 0, 0, "#wrong " + std::to_string(check_gather("ce", ce_out.get())));
+  const double ce_seq = time_us(
+      "fsdp/seq/" + dt + "ce",
+      [&] {
+        p.run(ce_out.get(), x.get(), wt.get(), c.get(), m, false);
+        gemm.run(x.get(), wt.get(), c.get(), m);
+      },
+      finish_pipe);
+  add("fsdp", dtype, "sequential, copy-engine all-gather", ce_seq, flops, std::max(mm, ce_alone) / ce_seq);
+  EXC_CUDA_CHECK(cudaMemset(ce_out.get(), 0xFF, expected.size()));
+  EXC_CUDA_CHECK(cudaMemset(c.get(), 0xFF, dim * dim * esize));
+  const double ce_ov = time_us("fsdp/ov/" + dt + "ce", [&] { p.run(ce_out.get(), x.get(), wt.get(), c.get(), m, true); }, finish_pipe);
+  const int64_t ce_wrong = check_gather("ce/ov", ce_out.get()), ce_c = check_product("ce");
+  add("fsdp", dtype, "overlapped, copy-engine all-gather", ce_ov, flops, std::max(mm, ce_alone) / ce_ov,
+      "#wrong " + std::to_string(ce_wrong) + ", C vs alone " + std::to_string(ce_c));
+  targets_.push_back("FSDP " + dt + ": copy-engine overlapped " + fmt("%.1f", ce_ov) + " us = " + fmt("%.3f", ce_ov / mm) +
+                     " x matmul alone (" + fmt("%.1f", mm) + " us); target <= 1.04: " + (ce_ov <= 1.04 * mm ? "MET" : "NOT MET"));
+}
+
+// ---- ag: tensor-parallel AG->matmul -------------------------------------------------------------------------
+
+void Bench::ag_section(DType dtype, const Shape& s) {
+  const size_t esize = static_cast<size_t>(dtype_size(dtype));
+  if (s.m % static_cast<size_t>(n_) != 0) {
+    note("ag " + shape_text(s) + ": m is not a multiple of " + std::to_string(n_) + " ranks; skipped");
+    return;
+  }
+  const size_t rows = s.m / static_cast<size_t>(n_), shard = rows * s.k;
+  const uint64_t seed = static_cast<uint64_t>(o_.seed) + 200 + s.m + s.k;
+  const std::string dt = dtype_name(dtype), tag = dt + "/" + shape_text(s);
+  const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.k) * static_cast<double>(s.n);
+
+  OverlapPipeline p(w_.store(), rank_, n_, pipeline_options("ag/" + tag, Pattern::kAgMatmul, dtype, s, 0), lt_,
+                    workspace_.get(), kWorkspaceBytes);
+  DeviceBuffer b(s.k * s.n * esize), gathered(s.m * s.k * esize), gathered_ref(s.m * s.k * esize), c(s.m * s.n * esize),
+      c_ref(s.m * s.n * esize), c_full(s.m * s.n * esize);
+  const Bytes hb = overlap::finite_values(dtype, s.k * s.n, overlap::rhs_seed(seed));
+  upload(b.get(), hb);
+  upload(p.shard(), overlap::finite_values(dtype, shard, overlap::shard_seed(seed, rank_)));
+  const Bytes a_full = all_shards(dtype, shard, n_, seed);
+  LtMatmul full(lt_, dtype, s.m, s.k, s.n, workspace_.get(), kWorkspaceBytes);
+  print_leader(w_, "  # ag " + tag + ": shard products " + p.gemm().algo_text() + "; full product " + full.algo_text() + "\n");
+  cudaStream_t m = main_.get();
+  auto finish_main = [&] { sync_bounded(m, "ag " + tag); comm_->check(m); };
+  auto finish_pipe = [&] { p.finish(m); };
+
+  // 1. Checks: the pipeline's gathered A and C; the unpipelined reference (NCCL all-gather, then
+  //    the row blocks with the pipeline's configuration); one big GEMM; float64 samples.
+  EXC_CUDA_CHECK(cudaMemset(gathered.get(), 0xFF, s.m * s.k * esize));
+  EXC_CUDA_CHECK(cudaMemset(c.get(), 0xFF, s.m * s.n * esize));
+  EXC_CUDA_CHECK(cudaDeviceSynchronize());
+  p.run(gathered.get(), nullptr, b.get(), c.get(), m);
+  p.finish(m);
+  comm_->allgather(p.shard(), gathered_ref.get(), shard, dtype, Algorithm::kNccl, m);
+  for (int r = 0; r < n_; ++r) {
+    p.gemm().run(static_cast<char*>(gathered_ref.get()) + static_cast<size_t>(r) * shard * esize, b.get(),
+                 static_cast<char*>(c_ref.get()) + static_cast<size_t>(r) * rows * s.n * esize, m);
+  }
+  full.run(gathered_ref.get(), b.get(), c_full.get(), m);
+  sync_bounded(m, "ag reference " + tag);
+  size_t first = 0;
+  const Bytes g = download(gathered.get(), s.m * s.k * esize), cc = download(c.get(), s.m * s.n * esize),
+              cref = download(c_ref.get(), s.m * s.n * esize);
+  const int64_t g_bad = total("ag/g/" + tag, static_cast<int64_t>(differing_elements(g, a_full, esize, &first)));
+  const int64_t c_bad = total("ag/c/" + tag, static_cast<int64_t>(differing_elements(cc, cref, esize, &first)));
+  const int64_t big_bad =
+      total("ag/big/" + tag, static_cast<int64_t>(differing_elements(download(c_full.get(), s.m * s.n * esize), cref, esize, &first)));
+  const double err = sampled_error(dtype, a_full, hb, cc, s, seed + 5);
+  const int64_t err_bad = total("ag/e/" + tag, err > 2e-2 ? 1 : 0);
+  if (g_bad != 0 || c_bad != 0 || err_bad != 0) failed_check_ = true;
+  const uint64_t ec = static_cast<uint64_t>(n_) * s.m * s.n;
+  note("ag " + tag + ": gathered A vs the shards: " + std::to_string(g_bad) + " of " +
+       std::to_string(static_cast<uint64_t>(n_) * s.m * s.k) + " elements differ (all ranks); C pipelined vs NCCL all-gather "
+       "+ per-row-block products (same configuration): " + std::to_string(c_bad) + " of " + std::to_string(ec) +
+       " differ; one big GEMM vs per-row-block: " + std::to_string(big_bad) + " differ; C vs float64 (48 samples, rank " +
+       std::to_string(rank_) + "): " + fmt("%.2e", err));
+
+  // 2. Times.
+  const double full_alone = time_us("ag/full/" + tag, [&] { full.run(gathered.get(), b.get(), c_full.get(), m); }, finish_main);
+  add("ag", dtype, shape_text(s) + " full matmul alone", full_alone, flops);
+  const double shards_alone = time_us(
+      "ag/shards/" + tag,
+      [&] {
+        for (int r = 0; r < n_; ++r) {
+          p.gemm().run(static_cast<char*>(gathered.get()) + static_cast<size_t>(r) * shard * esize, b.get(),
+                       static_cast<char*>(c.get()) + static_cast<size_t>(r) * rows * s.n * esize, m);
+        }
+      },
+      finish_main);
+  add("ag", dtype, shape_text(s) + " shard matmuls alone", shards_alone, flops);
+  const double ag_alone =
+      time_us("ag/ag/" + tag, [&] { p.run(gathered.get(), nullptr, b.get(), c.get(), m, false); }, finish_pipe);
+  add("ag", dtype, shape_text(s) + " copy-engine all-gather alone", ag_alone, 0);
+  const double nccl_alone = time_us(
+      "ag/nccl/" + tag, [&] { comm_->allgather(p.shard(), gathered_ref.get(), shard, dtype, Algorithm::kNccl, m); }, finish_main);
+  add("ag", dtype, shape_text(s) + " NCCL all-gather alone", nccl_alone, 0);
+  const double seq_nccl = time_us(
+      "ag/seqnccl/" + tag,
+      [&] {
+        comm_->allgather(p.shard(), gathered_ref.get(), shard, dtype, Algorithm::kNccl, m);
+        full.run(gathered_ref.get(), b.get(), c_full.get(), m);
+      },
+      finish_main);
+  add("ag", dtype, shape_text(s) + " NCCL all-gather + matmul", seq_nccl, flops, std::max(full_alone, nccl_alone) / seq_nccl);
+  const double seq_ce = time_us(
+      "ag/seqce/" + tag,
+      [&] {
+        p.run(gathered.get(), nullptr, b.get(), c.get(), m, false);
+        full.run(gathered.get(), b.get(), c_full.get(), m);
+      },
+      finish_pipe);
+  add("ag", dtype, shape_text(s) + " copy-engine all-gather + matmul", seq_ce, flops, std::max(full_alone, ag_alone) / seq_ce);
+  EXC_CUDA_CHECK(cudaMemset(c.get(), 0xFF, s.m * s.n * esize));
+  const double piped = time_us("ag/pipe/" + tag, [&] { p.run(gathered.get(), nullptr, b.get(), c.get(), m, true); }, finish_pipe);
+  const int64_t c_after = total("ag/c2/" + tag, static_cast<int64_t>(differing_elements(download(c.get(), s.m * s.n * esize), cref, esize, &first)));
+  if (c_after != 0) failed_check_ = true;
+  add("ag", dtype, shape_text(s) + " pipelined AG->matmul", piped, flops, std::max(full_alone, ag_alone) / piped,
+      "C vs unpipelined " + std::to_string(c_after));
+  targets_.push_back("AG->matmul " + tag + ": pipelined " + fmt("%.1f", piped) + " us = " + fmt("%.3f", piped / full_alone) +
+                     " x full matmul alone (" + fmt("%.1f", full_alone) + " us); target <= 1.03: " +
+                     (piped <= 1.03 * full_alone ? "MET" : "NOT MET"));
+}
+
+void Bench::report() {
+  std::ostringstream t;
+  t << "\n# summary (" << n_ << " ranks, " << w_.device_name() << "; max over ranks of the median of " << o_.iters
+    << " iterations; eff = max(matmul alone, all-gather alone) / time)\n";
+  t << "| section | dtype | variant | time (us) | TFLOP/s | eff | note |\n|---|---|---|---|---|---|---|\n";
+  for (const Row& r : rows_) {
+    t << "| " << r.section << " | " << r.dtype << " | " << r.variant << " | " << fmt("%.1f", r.us) << " | "
+      << (r.tflops > 0 ? fmt("%.1f", r.tflops) : "-") << " | " << (r.efficiency > 0 ? fmt("%.3f", r.efficiency) : "-") << " | "
+      << r.note << " |\n";
+  }
+  for (const std::string& line : targets_) t << "# " << line << "\n";
+  t << "# checks: " << (failed_check_ ? "SOME FAILED (see the notes above)" : "all passed") << "\n";
+  print_leader(w_, t.str());
+  if (w_.leader() && !o_.json_path.empty()) {
+    std::ostringstream j;
+    j << "{\"ranks\":" << n_ << ",\"device\":\"" << w_.device_name() << "\",\"cublaslt\":\"" << lt_version_ << "\",\"rows\":[";
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      const Row& r = rows_[i];
+      j << (i ? "," : "") << "{\"section\":\"" << r.section << "\",\"dtype\":\"" << r.dtype << "\",\"variant\":\"" << r.variant
+        << "\",\"us\":" << fmt("%.3f", r.us) << ",\"tflops\":" << fmt("%.2f", r.tflops) << ",\"efficiency\":"
+        << fmt("%.4f", r.efficiency) << ",\"note\":\"" << r.note << "\"}";
+    }
+    j << "],\"notes\":[";
+    for (size_t i = 0; i < notes_.size(); ++i) j << (i ? "," : "") << "\"" << notes_[i] << "\"";
+    j << "],\"targets\":[";
+    for (size_t i = 0; i < targets_.size(); ++i) j << (i ? "," : "") << "\"" << targets_[i] << "\"";
+    j << "],\"checks_passed\":" << (failed_check_ ? "false" : "true") << "}\n";
+    const std::string text = j.str();
+    npy::write_file_atomic(cli::resolve_path(o_.json_path), text.data(), text.size());
+  }
+}
+
+int worker_main(const Options& o) {
+  Worker w(kCommand);
+  Bench bench(w, o);
+  print_leader(w, "# exactcoll bench-overlap: " + std::to_string(w.world_size()) + " ranks on " + w.device_name() +
+                      "; cuBLASLt " + bench.lt_version() + "; NCCL " +
+                      (bench.comm().nccl_ready() ? cuda::NcclApi::get().version() : std::string("unavailable")) + "\n");
+  for (DType dtype : o.dtypes) {
+    if (o.check) bench.check_section(dtype);
+    if (o.fsdp) bench.fsdp_section(dtype);
+    if (o.ag) {
+      for (const Shape& s : o.ag_shapes) bench.ag_section(dtype, s);
+    }
+  }
+  bench.report();
+  return bench.failed_check() ? cli::kExitDiffer : cli::kExitOk;
+}
+
+int run_bench_overlap(int argc, char** argv) {
+  Options o;
+  int64_t nproc = 0;
+  std::string dtypes = "bf16,fp16", shapes = "8192x8192x8192,2048x16384x8192", check_shape = "1024x512x768",
+              sections = "check,fsdp,ag";
+  cli::ArgParser parser(
+      "exactcoll bench-overlap --nproc N [--dtypes bf16,fp16] [--iters K] [--warmup K] [--seed S] [--fsdp-size D] "
+      "[--gather-mib M] [--ag-shapes MxKxN,...] [--check-shape MxKxN] [--sections check,fsdp,ag] [--json FILE] "
+      "[--timeout-ms T]",
+      "All-gather + matmul overlap on the GPUs: checks (gathered bits vs the simulator, C vs the unpipelined schedule) "
+      "and times (matmul alone, all-gathers alone, sequential, overlapped; TFLOP/s and overlap efficiency).");
+  parser.add_int("nproc", &nproc, "processes (one per GPU)");
+  parser.add_string("dtypes", &dtypes, "bf16,fp16 (comma-separated)");
+  parser.add_int("iters", &o.iters, "timed iterations per variant (the median is reported)");
+  parser.add_int("warmup", &o.warmup, "untimed iterations first");
+  parser.add_int("seed", &o.seed, "seed of the random operands");
+  parser.add_int("fsdp-size", &o.fsdp_size, "m = n = k of the FSDP section's product");
+  parser.add_int("gather-mib", &o.gather_mib, "FSDP all-gather output size in MiB");
+  parser.add_string("ag-shapes", &shapes, "AG->matmul shapes MxKxN, comma-separated (M: all ranks' rows)");
+  parser.add_string("check-shape", &check_shape, "the check section's AG->matmul shape MxKxN");
+  parser.add_string("sections", &sections, "check, fsdp, ag (comma-separated)");
+  parser.add_string("json", &o.json_path, "write every row, note and target as JSON (rank 0)");
+  parser.add_int("timeout-ms", &o.timeout_ms, "bound on every wait (flags, streams)");
+  if (auto code = parser.parse(argc, argv)) return *code;
+  for (const std::string& d : split_list(dtypes)) {
+    if (d == "bf16") {
+      o.dtypes.push_back(DType::kBF16);
+    } else if (d == "fp16") {
+      o.dtypes.push_back(DType::kFP16);
+    } else {
+      return cli::fail(kCommand, "--dtypes takes bf16 and fp16, not '" + d + "'");
+    }
+  }
+  for (const std::string& text : split_list(shapes)) {
+    Shape s;
+    if (!parse_shape(text, &s)) return cli::fail(kCommand, "--ag-shapes wants MxKxN, got '" + text + "'");
+    o.ag_shapes.push_back(s);
+  }
+  if (!parse_shape(check_shape, &o.check_shape)) return cli::fail(kCommand, "--check-shape wants MxKxN, got '" + check_shape + "'");
+  o.check = o.fsdp = o.ag = false;
+  for (const std::string& s : split_list(sections)) {
+    if (s == "check") {
+      o.check = true;
+    } else if (s == "fsdp") {
+      o.fsdp = true;
+    } else if (s == "ag") {
+      o.ag = true;
+    } else {
+      return cli::fail(kCommand, "--sections takes check, fsdp and ag, not '" + s + "'");
+    }
+  }
+  if (o.dtypes.empty() || o.iters < 1 || o.warmup < 0 || o.seed < 0 || o.fsdp_size < 1 || o.gather_mib < 1 ||
+      o.timeout_ms < 1) {
+    return cli::fail(kCommand, "--dtypes must name a type; --iters, --fsdp-size, --gather-mib, --timeout-ms must be positive");
+  }
+  if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), kCommand)) return *code;
+  try {
+    return worker_main(o);
+  } catch (const std::exception& e) {
+    return cli::fail(kCommand, e.what(), cli::kExitFailure);
+  }
+}
+
+const cli::Registrar kRegistrar({"bench-overlap", "all-gather + matmul overlap on the GPUs: checks and times", run_bench_overlap});
+
+}  // namespace
+}  // namespace exactcoll::gpu
