@@ -324,6 +324,7 @@ KernelArgs Communicator::base_args() const {
 }
 
 void Communicator::launch(DType dtype, KernelKind kind, const KernelArgs& args, LaunchConfig grid, cudaStream_t stream) {
+  grid.programmatic = options_.programmatic_launch;
   EXC_CUDA_CHECK(launch_collective(dtype, kind, args, grid, stream));
 }
 

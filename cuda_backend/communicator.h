@@ -59,6 +59,7 @@ struct CommunicatorOptions {
   uint64_t flag_timeout_ms = 5000;           // bound on every in-kernel flag wait
   std::chrono::milliseconds store_timeout{120000};
   bool use_nccl = true;                      // create the NCCL communicator (baseline, fallback)
+  bool programmatic_launch = true;           // launch kernels with programmatic dependent launch
   std::optional<DispatchTable> table;        // auto's table; default DispatchTable::from_environment()
 };
 

@@ -65,6 +65,10 @@ struct KernelArgs {
 struct LaunchConfig {
   int blocks = 0;
   int threads = 0;
+  // Launch attribute, not part of the dispatch table: programmatic dependent launch (the kernel
+  // may be scheduled before the previous kernel of the stream finishes; it waits for that kernel's
+  // completion in griddepcontrol.wait before touching memory).
+  bool programmatic = false;
 };
 
 }  // namespace exactcoll::cuda

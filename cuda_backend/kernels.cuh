@@ -40,8 +40,17 @@ __device__ __forceinline__ void stage_own_input(Ctx& ctx, const KernelArgs& args
   }
 }
 
+// Programmatic dependent launch: wait until the previous kernel of the stream has completed and its
+// writes are visible (a no-op when this launch had no programmatic dependency), then let the next
+// kernel be scheduled early, so that its launch latency overlaps this kernel.
+__device__ __forceinline__ void enter_after_previous_grid() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 template <class T, int kRanks, KernelKind kKind>
 __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant__ KernelArgs args) {
+  enter_after_previous_grid();
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;
   // No __syncthreads here: every algorithm starts with a barrier whose first step is sync_block,
@@ -62,6 +71,7 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
 // One barrier of the production protocol (block_barrier over block b's flags), nothing else.
 template <class T>
 __global__ void __launch_bounds__(1024) barrier_kernel(const __grid_constant__ KernelArgs args) {
+  enter_after_previous_grid();
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;
   DeviceCtx<T, 0> ctx(args, &aborted);
@@ -70,27 +80,38 @@ __global__ void __launch_bounds__(1024) barrier_kernel(const __grid_constant__ K
   store_barrier_count(ctx, barriers);
 }
 
+// Launches kernel(args) on cfg's grid, with the programmatic-dependent-launch attribute when
+// cfg.programmatic (captured into CUDA graphs as a programmatic edge).
+inline cudaError_t launch_kernel(void (*kernel)(const KernelArgs), const KernelArgs& args, LaunchConfig cfg,
+                                 cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(cfg.blocks));
+  config.blockDim = dim3(static_cast<unsigned>(cfg.threads));
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = cfg.programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args);
+}
+
 template <class T, int kRanks>
 cudaError_t launch_for_ranks(KernelKind kind, const KernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(cfg.blocks)), block(static_cast<unsigned>(cfg.threads));
   switch (kind) {
     case KernelKind::kOneShot:
-      collective_kernel<T, kRanks, KernelKind::kOneShot><<<grid, block, 0, stream>>>(args);
-      break;
+      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kOneShot>, args, cfg, stream);
     case KernelKind::kTwoShot:
-      collective_kernel<T, kRanks, KernelKind::kTwoShot><<<grid, block, 0, stream>>>(args);
-      break;
+      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kTwoShot>, args, cfg, stream);
     case KernelKind::kReduceScatter:
-      collective_kernel<T, kRanks, KernelKind::kReduceScatter><<<grid, block, 0, stream>>>(args);
-      break;
+      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kReduceScatter>, args, cfg, stream);
     case KernelKind::kAllGather:
-      collective_kernel<T, kRanks, KernelKind::kAllGather><<<grid, block, 0, stream>>>(args);
-      break;
+      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kAllGather>, args, cfg, stream);
     case KernelKind::kBarrier:
-      barrier_kernel<T><<<grid, block, 0, stream>>>(args);
-      break;
+      return launch_kernel(barrier_kernel<T>, args, cfg, stream);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 // Compile-time world sizes 2, 3, 4 and 8 (the machines' shapes); every other size runs the

@@ -27,6 +27,7 @@
 #include "cuda_backend/nccl_api.h"
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
+#include "tools/gpu/fused/fused_commands.h"
 #include "tools/gpu/inputs.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
@@ -46,7 +47,7 @@ struct BenchOptions {
   std::vector<int64_t> rows;
   std::vector<Algorithm> algos;
   int64_t graph_ops = 20, replays = 25, warmup = 3, eager_rounds = 10;
-  bool eager = true, check = true, bound = true;
+  bool eager = true, check = true, bound = true, pdl = true;
   std::string json_path, csv_path, table_path;
   int64_t timeout_ms = 10000;
   uint64_t seed = 1;
@@ -110,6 +111,7 @@ int bench_worker(const BenchOptions& o) {
   cuda::CommunicatorOptions co;
   co.name = "bench";
   co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
+  co.programmatic_launch = o.pdl;
   if (!o.table_path.empty()) {
     std::ifstream file(o.table_path);
     if (!file) return cli::fail("bench", "cannot open --table " + o.table_path);
@@ -145,7 +147,7 @@ int bench_worker(const BenchOptions& o) {
        << (comm.nccl_ready() ? cuda::NcclApi::get().version() : std::string("unavailable")) << "\n"
        << "# time: max over ranks of the median per-op µs; graph: " << o.graph_ops << " ops per CUDA graph, "
        << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops
-       << " launches; inputs registered; #wrong: output elements differing from the simulator (all ranks)\n";
+       << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; #wrong: output elements differing from the simulator (all ranks)\n";
   print_leader(w, head.str());
 
   // 2. The NVLink bound.
@@ -354,9 +356,11 @@ int bench_worker(const BenchOptions& o) {
 }
 
 int run_bench(int argc, char** argv) {
+  // `exactcoll bench --op fused_rmsnorm …` (tools/gpu/fused).
+  if (asks_for_fused(argc, argv, "op")) return run_fused_bench(argc, argv);
   int64_t nproc = 0;
   std::string op_text = "allreduce", dtype_text = "bf16", rows_text, algos_text;
-  bool no_eager = false, no_check = false, no_bound = false;
+  bool no_eager = false, no_check = false, no_bound = false, no_pdl = false;
   int64_t seed = 1;
   BenchOptions o;
   cli::ArgParser parser(
@@ -384,12 +388,14 @@ int run_bench(int argc, char** argv) {
   parser.add_bool("no-eager", &no_eager, "graph replay only");
   parser.add_bool("no-check", &no_check, "skip the simulator check");
   parser.add_bool("no-bound", &no_bound, "skip the peer-copy bandwidth measurement");
+  parser.add_bool("no-pdl", &no_pdl, "launch without programmatic dependent launch");
   if (const auto code = parser.parse(argc, argv)) return *code;
   o.op = *cuda::parse_op(op_text);
   o.dtype = *parse_dtype(dtype_text);
   o.eager = !no_eager;
   o.check = !no_check;
   o.bound = !no_bound;
+  o.pdl = !no_pdl;
   o.seed = static_cast<uint64_t>(seed);
   if (o.hidden < 1) return cli::fail("bench", "--hidden must be positive");
   if (rows_text.empty()) {

@@ -25,6 +25,7 @@
 #include "cuda_backend/cuda_check.h"
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
+#include "tools/gpu/fused/fused_commands.h"
 #include "tools/gpu/inputs.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
@@ -193,6 +194,8 @@ int gpu_worker(const GpuOptions& o) {
 }
 
 int run_gpu(int argc, char** argv) {
+  // `exactcoll gpu fused_rmsnorm …` (tools/gpu/fused).
+  if (argc >= 2 && std::string(argv[1]) == "fused_rmsnorm") return run_gpu_fused_rmsnorm(argc, argv);
   int64_t nproc = 0, seed = 1;
   std::string op_text, dtype_text = "bf16", algo_text = "auto";
   GpuOptions o;

@@ -39,6 +39,7 @@ struct TuneOptions {
   int64_t min_bytes = 1024, max_bytes = int64_t{64} << 20;
   int64_t graph_ops = 10, replays = 9;
   bool quick = false;
+  bool pdl = true;
 };
 
 // The grids tried for a message whose busiest rank works on `packs` 16-byte packs.
@@ -65,6 +66,7 @@ int tune_worker(const TuneOptions& o) {
   co.name = "tune";
   co.buffer_bytes = static_cast<size_t>(o.max_bytes);  // two_shot scratch; inputs are registered
   co.table = cuda::DispatchTable();  // tuning measures forced grids; no table needed
+  co.programmatic_launch = o.pdl;
   Communicator comm(w.store(), rank, n, co);
   if (!comm.ipc_ready()) return cli::fail("tune", "the IPC path is unavailable: " + comm.ipc_unavailable_reason(), 3);
   const size_t max_in = static_cast<size_t>(o.max_bytes);
@@ -177,12 +179,15 @@ int run_tune(int argc, char** argv) {
   parser.add_int("graph-ops", &o.graph_ops, "ops per CUDA graph");
   parser.add_int("replays", &o.replays, "timed replays per grid");
   parser.add_bool("quick", &o.quick, "fewer grids");
+  bool no_pdl = false;
+  parser.add_bool("no-pdl", &no_pdl, "launch without programmatic dependent launch");
   if (const auto code = parser.parse(argc, argv)) return *code;
   for (const auto& s : split_list(ops_text)) {
     const auto op = cuda::parse_op(s);
     if (!op) return cli::fail("tune", "unknown op '" + s + "'");
     o.ops.push_back(*op);
   }
+  o.pdl = !no_pdl;
   if (o.ops.empty()) return cli::fail("tune", "nothing to tune");
   if (o.min_bytes < 16 || o.max_bytes < o.min_bytes || o.graph_ops < 1 || o.replays < 1) {
     return cli::fail("tune", "need 16 <= --min-bytes <= --max-bytes and positive --graph-ops, --replays");

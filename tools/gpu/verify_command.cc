@@ -28,6 +28,7 @@
 #include "cuda_backend/nccl_api.h"
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
+#include "tools/gpu/fused/fused_commands.h"
 #include "tools/gpu/inputs.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
@@ -51,6 +52,7 @@ struct VerifyOptions {
   int64_t timeout_ms = 10000;
   int64_t buffer_mib = 64;
   int64_t show = 8;  // mismatch details printed per rank
+  bool pdl = true;
 };
 
 // Per-rank element counts (reduce_scatter multiplies them by n so that slices are odd-sized too).
@@ -83,11 +85,12 @@ int verify_worker(const VerifyOptions& o) {
   co.name = "verify";
   co.buffer_bytes = static_cast<size_t>(o.buffer_mib) << 20;
   co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
+  co.programmatic_launch = o.pdl;
   Communicator comm(w.store(), rank, n, co);
   {
     std::ostringstream os;
     os << "# exactcoll verify: " << n << " ranks on " << w.device_name() << " (" << comm.arch() << "), seed " << o.seed
-       << ", iterations " << o.iters << "\n";
+       << ", iterations " << o.iters << ", programmatic launch " << (o.pdl ? "on" : "off") << "\n";
     os << "# IPC path: " << (comm.ipc_ready() ? "ready" : "UNAVAILABLE: " + comm.ipc_unavailable_reason()) << "; NCCL: ";
     if (comm.nccl_ready()) {
       os << cuda::NcclApi::get().version();
@@ -285,6 +288,8 @@ int verify_worker(const VerifyOptions& o) {
 }
 
 int run_verify(int argc, char** argv) {
+  // `exactcoll verify --ops fused_rmsnorm …` (tools/gpu/fused).
+  if (asks_for_fused(argc, argv, "ops")) return run_fused_verify(argc, argv);
   int64_t nproc = 0;
   std::string ops_text = "allreduce,reduce_scatter,allgather", dtypes_text = "bf16,fp16,fp32";
   std::string patterns_text = "random,random_bits,specials,overflow,subnormal,cancel";
@@ -307,6 +312,8 @@ int run_verify(int argc, char** argv) {
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
   parser.add_int("buffer-mib", &o.buffer_mib, "staging and scratch MiB per rank");
   parser.add_int("show", &o.show, "mismatch details printed per rank");
+  bool no_pdl = false;
+  parser.add_bool("no-pdl", &no_pdl, "launch without programmatic dependent launch");
   if (const auto code = parser.parse(argc, argv)) return *code;
   for (const auto& s : split_list(ops_text)) {
     const auto op = cuda::parse_op(s);
@@ -323,6 +330,7 @@ int run_verify(int argc, char** argv) {
     if (!p) return cli::fail("verify", "unknown pattern '" + s + "'");
     o.patterns.push_back(*p);
   }
+  o.pdl = !no_pdl;
   if (o.ops.empty() || o.dtypes.empty() || o.patterns.empty()) return cli::fail("verify", "nothing to verify");
   if (o.iters < 1 || o.max_count < 1 || o.timeout_ms < 1 || o.buffer_mib < 1) {
     return cli::fail("verify", "--iters, --max-count, --timeout-ms and --buffer-mib must be positive");

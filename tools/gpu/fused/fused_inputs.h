@@ -1,0 +1,35 @@
+// Inputs of the fused all-reduce + residual + RMSNorm for `exactcoll gpu fused_rmsnorm`, `verify`
+// and `bench`: deterministic in (seed, rows, H, ranks, dtype), so every rank makes every rank's x
+// (the simulator needs them all) without sending any.
+//
+// Values: finite values of random sign, exponent and mantissa (x with a wider exponent range than
+// the residual; weights near 1). With `specials`, about half of the rows carry one kind of
+// adversarial value each, so that the other rows stay finite and their bits stay meaningful:
+//   a NaN with a payload in some rank's x; +inf or -inf in the residual; +inf on one rank and -inf
+//   on another at the same element (the fold gives NaN); the largest finite value on every rank
+//   (the fold overflows to inf); a row of zeros of both signs and subnormals (ss is tiny: eps
+//   decides; no flush to zero anywhere);
+// and in every third problem the weight holds a NaN, an inf and a -0 (whole columns change).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/storage.h"
+
+namespace exactcoll::gpu {
+
+struct FusedInputs {
+  int ranks = 0, rows = 0, hidden = 0;
+  DType dtype = DType::kBF16;
+  std::vector<std::vector<uint8_t>> x;  // per rank: [rows, H] storage bits, little-endian
+  std::vector<uint8_t> residual;        // [rows, H]
+  std::vector<uint8_t> weight;          // [H]
+  size_t count() const { return static_cast<size_t>(rows) * static_cast<size_t>(hidden); }
+};
+
+// Returns the problem. Preconditions: ranks >= 1, rows >= 0, hidden >= 1.
+FusedInputs make_fused_inputs(DType dtype, int ranks, int rows, int hidden, uint64_t seed, bool specials);
+
+}  // namespace exactcoll::gpu

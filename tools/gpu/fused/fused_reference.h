@@ -1,0 +1,32 @@
+// What the GPU's fused results are compared with: the simulator (sim/fused/fused_sim.h: the same
+// core templates on the simulated world, with its own contexts, buffers and scheduler) and the
+// scalar reference (sim/fused/reference.h: the contract written out without the templates).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/fused_rmsnorm.h"
+#include "core/storage.h"
+#include "tools/gpu/fused/fused_inputs.h"
+
+namespace exactcoll::sim {
+class World;
+}
+
+namespace exactcoll::gpu {
+
+// One rank's outputs, [rows, H] each, as storage bits.
+struct FusedOutputs {
+  std::vector<uint8_t> residual_out, out;
+};
+
+// Returns every rank's outputs of `algo` on the simulated world (world.ranks() == in.ranks).
+// Throws sim::SimError when the simulated run fails.
+std::vector<FusedOutputs> simulate_fused(sim::World& world, FusedAlgo algo, const FusedInputs& in, float eps,
+                                         int blocks);
+
+// Returns the contract's outputs (the same on every rank) from the scalar reference.
+FusedOutputs reference_fused(const FusedInputs& in, float eps);
+
+}  // namespace exactcoll::gpu

@@ -1,0 +1,377 @@
+// `exactcoll verify --nproc N --ops fused_rmsnorm [--dtypes …] [--hidden …] [--rows …]`: the fused
+// all-reduce + residual + RMSNorm on the GPUs, every algorithm and variant, compared bit for bit
+// with the simulator and with the scalar reference of the contract, on inputs with NaN payloads,
+// infinities, overflowing sums, subnormals and -0 (tools/gpu/fused/fused_inputs.h).
+//
+// Steps, per (iteration, dtype, H, rows) with rows * H <= --max-elements:
+//   1. every rank makes every rank's inputs (seeded: all ranks agree);
+//   2. the scalar reference computes the contract's outputs; the simulator runs each algorithm
+//      that it has (one_stage, two_stage, unfused) on the same inputs;
+//   3. each algorithm (one_stage, two_stage, gather_norm, unfused, auto) runs on the GPUs in these
+//      variants: staged x, registered x, registered x replayed twice from a CUDA graph, forced grids
+//      (3 blocks x 64 threads staged; 64 x 1024 registered) and chunked (a second communicator with
+//      1 MiB buffers, so that larger problems run as several launches over row chunks); both outputs
+//      are poisoned first, so an element no thread writes shows as a mismatch;
+//   4. every output bit of this rank is compared with the simulator's (the same algorithm, or
+//      one_stage for gather_norm; all are the contract's bits) and with the reference;
+//   5. counts are summed over ranks; rank 0 prints one line per (dtype, algorithm, variant).
+// Exit 0 when nothing differs, 1 when something does, 3 on a runtime failure.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda_backend/communicator.h"
+#include "cuda_backend/cuda_check.h"
+#include "cuda_backend/fused/fused_rmsnorm.h"
+#include "sim/world.h"
+#include "tools/cli.h"
+#include "tools/gpu/device_util.h"
+#include "tools/gpu/fused/fused_commands.h"
+#include "tools/gpu/fused/fused_inputs.h"
+#include "tools/gpu/fused/fused_reference.h"
+#include "tools/gpu/inputs.h"
+#include "tools/gpu/reference.h"
+#include "tools/gpu/worker.h"
+
+namespace exactcoll::gpu {
+namespace {
+
+constexpr const char* kCommand = "verify";
+
+using cuda::LaunchConfig;
+using cuda::fused::FusedAlgorithm;
+
+struct VerifyOptions {
+  std::vector<DType> dtypes;
+  std::vector<int64_t> hidden, rows;
+  std::vector<FusedAlgorithm> algos;
+  int64_t iters = 1, max_elements = int64_t{1} << 24, timeout_ms = 10000, buffer_mib = 256, show = 8;
+  uint64_t seed = 0;
+  float eps = 1e-6f;
+};
+
+struct Tally {
+  uint64_t runs = 0, compared = 0, sim_mismatches = 0, ref_mismatches = 0;
+};
+
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t z = a * 0x9E3779B97F4A7C15ull + b + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::optional<FusedAlgo> sim_algo(FusedAlgorithm a) {
+  switch (a) {
+    case FusedAlgorithm::kOneStage: return FusedAlgo::kOneStage;
+    case FusedAlgorithm::kTwoStage: return FusedAlgo::kTwoStage;
+    case FusedAlgorithm::kUnfused: return FusedAlgo::kUnfused;
+    default: return std::nullopt;
+  }
+}
+
+int verify_worker(const VerifyOptions& o) {
+  Worker w("verify_fused");
+  const int n = w.world_size(), rank = w.rank();
+  cuda::CommunicatorOptions co;
+  co.name = "verify_fused";
+  co.buffer_bytes = static_cast<size_t>(o.buffer_mib) << 20;
+  co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
+  co.use_nccl = false;
+  cuda::Communicator comm(w.store(), rank, n, co);
+  cuda::CommunicatorOptions small_options = co;
+  small_options.name = "verify_fused_small";
+  small_options.buffer_bytes = size_t{1} << 20;
+  cuda::Communicator small_comm(w.store(), rank, n, small_options);
+  {
+    std::ostringstream os;
+    os << "# exactcoll verify fused_rmsnorm: " << n << " ranks on " << w.device_name() << " (" << comm.arch()
+       << "), seed " << o.seed << ", iterations " << o.iters << ", rows * H <= " << o.max_elements << "\n";
+    os << "# IPC path: " << (comm.ipc_ready() ? "ready" : "UNAVAILABLE: " + comm.ipc_unavailable_reason()) << "\n";
+    print_leader(w, os.str());
+  }
+  if (!comm.ipc_ready()) return cli::fail(kCommand, "the IPC path is unavailable: " + comm.ipc_unavailable_reason(), 3);
+  cuda::fused::FusedRmsNorm fused(comm), small_fused(small_comm);
+
+  // 1. Buffers for the largest problem; x registered once with both communicators.
+  size_t max_count = 0, max_hidden = 0;
+  for (int64_t h : o.hidden) {
+    for (int64_t r : o.rows) {
+      if (r * h <= o.max_elements) max_count = std::max(max_count, static_cast<size_t>(r * h));
+    }
+    max_hidden = std::max(max_hidden, static_cast<size_t>(h));
+  }
+  const size_t max_bytes = std::max<size_t>(max_count * 4, 16);
+  DeviceBuffer x(max_bytes), residual(max_bytes), weight(max_hidden * 4), ro(max_bytes), out(max_bytes);
+  const cuda::RegisteredBuffer registered = comm.register_buffer(x.get(), max_bytes);  // the chunked variant stages
+  Stream stream;
+  sim::WorldOptions world_options;
+  world_options.ranks = n;
+  sim::World world(world_options);
+  std::map<std::string, Tally> tallies;
+  int64_t shown = 0;
+  const auto started = std::chrono::steady_clock::now();
+
+  for (int64_t iter = 0; iter < o.iters; ++iter) {
+    for (DType dtype : o.dtypes) {
+      const size_t elem = static_cast<size_t>(dtype_size(dtype));
+      for (int64_t hidden : o.hidden) {
+        for (int64_t rows : o.rows) {
+          if (rows * hidden > o.max_elements) continue;
+          // 1. Inputs; this rank's go to the GPU.
+          const uint64_t case_seed =
+              mix(mix(mix(o.seed, static_cast<uint64_t>(iter)), static_cast<uint64_t>(dtype)),
+                  static_cast<uint64_t>(hidden) * 100003 + static_cast<uint64_t>(rows));
+          const FusedInputs in =
+              make_fused_inputs(dtype, n, static_cast<int>(rows), static_cast<int>(hidden), case_seed, true);
+          const size_t count = in.count(), bytes = count * elem;
+          EXC_CUDA_CHECK(cudaMemcpy(x.get(), in.x[static_cast<size_t>(rank)].data(), bytes, cudaMemcpyHostToDevice));
+          EXC_CUDA_CHECK(cudaMemcpy(residual.get(), in.residual.data(), bytes, cudaMemcpyHostToDevice));
+          EXC_CUDA_CHECK(cudaMemcpy(weight.get(), in.weight.data(), in.weight.size(), cudaMemcpyHostToDevice));
+          // 2. The reference and the simulator.
+          const FusedOutputs by_reference = reference_fused(in, o.eps);
+          std::map<FusedAlgo, FusedOutputs> by_sim;
+          auto simulated = [&](FusedAlgo a) -> const FusedOutputs& {
+            auto it = by_sim.find(a);
+            if (it == by_sim.end()) {
+              it = by_sim.emplace(a, simulate_fused(world, a, in, o.eps, 4)[static_cast<size_t>(rank)]).first;
+            }
+            return it->second;
+          };
+          const cuda::fused::FusedRmsNormShape shape{static_cast<int>(rows), static_cast<int>(hidden), o.eps, dtype};
+          const cuda::fused::FusedRmsNormBuffers buffers{x.get(), residual.get(), weight.get(), ro.get(), out.get()};
+          for (FusedAlgorithm requested : o.algos) {
+            const cuda::fused::FusedChoice choice = fused.choose(shape, requested);
+            const FusedOutputs& want = simulated(sim_algo(choice.algo).value_or(FusedAlgo::kOneStage));
+            const std::string label = cuda::fused::fused_algorithm_name(requested);
+            // 3. The variants.
+            struct Variant {
+              std::string name;
+              bool registered, graph, small;
+              std::optional<LaunchConfig> grid;
+            };
+            std::vector<Variant> variants = {{"staged", false, false, false, std::nullopt},
+                                             {"registered", true, false, false, std::nullopt},
+                                             {"graph", true, true, false, std::nullopt}};
+            if (requested != FusedAlgorithm::kAuto) {
+              variants.push_back({"grid3x64", false, false, false, LaunchConfig{3, 64}});
+              variants.push_back({"grid64x1024", true, false, false, LaunchConfig{64, 1024}});
+              if (requested != FusedAlgorithm::kUnfused) variants.push_back({"chunked", false, false, true, std::nullopt});
+            }
+            for (const Variant& v : variants) {
+              cuda::fused::FusedRmsNorm& f = v.small ? small_fused : fused;
+              cuda::Communicator& c = v.small ? small_comm : comm;
+              auto call = [&] {
+                f.run(buffers, shape, requested, stream.get(), v.registered ? &registered : nullptr, v.grid);
+              };
+              cudaGraphExec_t exec = nullptr;
+              if (v.graph) {
+                cudaGraph_t graph = nullptr;
+                EXC_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+                call();
+                EXC_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
+                EXC_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+                EXC_CUDA_CHECK(cudaGraphDestroy(graph));
+              }
+              for (int replay = 0; replay < (v.graph ? 2 : 1); ++replay) {
+                // Poison both outputs (a different byte each replay, so stale results show).
+                EXC_CUDA_CHECK(cudaMemsetAsync(ro.get(), 0xA5 ^ (replay * 0x3C), bytes, stream.get()));
+                EXC_CUDA_CHECK(cudaMemsetAsync(out.get(), 0x5A ^ (replay * 0x3C), bytes, stream.get()));
+                if (v.graph) {
+                  EXC_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+                } else {
+                  call();
+                }
+                c.check(stream.get());
+                FusedOutputs got;
+                got.residual_out.resize(bytes);
+                got.out.resize(bytes);
+                EXC_CUDA_CHECK(cudaMemcpy(got.residual_out.data(), ro.get(), bytes, cudaMemcpyDeviceToHost));
+                EXC_CUDA_CHECK(cudaMemcpy(got.out.data(), out.get(), bytes, cudaMemcpyDeviceToHost));
+                // 4. Every bit, against the simulator and the reference.
+                const Comparison sim_ro = compare_bits(dtype, got.residual_out.data(), want.residual_out.data(), count);
+                const Comparison sim_out = compare_bits(dtype, got.out.data(), want.out.data(), count);
+                const Comparison ref_ro =
+                    compare_bits(dtype, got.residual_out.data(), by_reference.residual_out.data(), count);
+                const Comparison ref_out = compare_bits(dtype, got.out.data(), by_reference.out.data(), count);
+                Tally& t = tallies[std::string(dtype_name(dtype)) + " " + label + " " + v.name];
+                ++t.runs;
+                t.compared += 2 * count;
+                t.sim_mismatches += sim_ro.mismatches + sim_out.mismatches;
+                t.ref_mismatches += ref_ro.mismatches + ref_out.mismatches;
+                const uint64_t bad = sim_ro.mismatches + sim_out.mismatches + ref_ro.mismatches + ref_out.mismatches;
+                if (bad > 0 && shown++ < o.show) {
+                  const bool in_ro = sim_ro.mismatches + ref_ro.mismatches > 0;
+                  const Comparison& cmp = in_ro ? (sim_ro.mismatches > 0 ? sim_ro : ref_ro)
+                                                : (sim_out.mismatches > 0 ? sim_out : ref_out);
+                  std::cerr << "MISMATCH rank " << rank << ": fused_rmsnorm " << dtype_name(dtype) << " " << label << " ("
+                            << cuda::fused::fused_algorithm_name(choice.algo) << ") " << v.name << " rows " << rows
+                            << " H " << hidden << ": " << (sim_ro.mismatches + sim_out.mismatches)
+                            << " elements differ from the simulator, " << (ref_ro.mismatches + ref_out.mismatches)
+                            << " from the reference; first in " << (in_ro ? "residual_out" : "out") << " at row "
+                            << cmp.first / static_cast<size_t>(hidden) << " column " << cmp.first % static_cast<size_t>(hidden)
+                            << ": gpu " << bits_hex(dtype, cmp.got_bits) << ", expected " << bits_hex(dtype, cmp.want_bits)
+                            << "\n";
+                }
+              }
+              if (exec != nullptr) EXC_CUDA_CHECK(cudaGraphExecDestroy(exec));
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // 5. Sum over ranks; rank 0 prints.
+  std::ostringstream mine;
+  for (const auto& [k, t] : tallies) {
+    mine << k << '\t' << t.runs << '\t' << t.compared << '\t' << t.sim_mismatches << '\t' << t.ref_mismatches << '\n';
+  }
+  const std::vector<std::string> all = w.all_gather("fused_tallies", mine.str());
+  std::map<std::string, Tally> total;
+  for (const std::string& text : all) {
+    std::istringstream is(text);
+    std::string line;
+    while (std::getline(is, line)) {
+      const size_t tab = line.find('\t');
+      std::istringstream fields(line.substr(tab + 1));
+      Tally t;
+      fields >> t.runs >> t.compared >> t.sim_mismatches >> t.ref_mismatches;
+      Tally& sum = total[line.substr(0, tab)];
+      sum.runs += t.runs;
+      sum.compared += t.compared;
+      sum.sim_mismatches += t.sim_mismatches;
+      sum.ref_mismatches += t.ref_mismatches;
+    }
+  }
+  Tally grand;
+  std::ostringstream os;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-15s %-5s %-12s %-12s %8s %14s %12s %12s\n", "op", "dtype", "algorithm", "variant",
+                "runs", "elements", "diff_vs_sim", "diff_vs_ref");
+  os << line;
+  for (const auto& [k, t] : total) {
+    std::istringstream parts(k);
+    std::string dtype, algo, variant;
+    parts >> dtype >> algo >> variant;
+    std::snprintf(line, sizeof line, "%-15s %-5s %-12s %-12s %8llu %14llu %12llu %12llu\n", "fused_rmsnorm", dtype.c_str(),
+                  algo.c_str(), variant.c_str(), static_cast<unsigned long long>(t.runs),
+                  static_cast<unsigned long long>(t.compared), static_cast<unsigned long long>(t.sim_mismatches),
+                  static_cast<unsigned long long>(t.ref_mismatches));
+    os << line;
+    grand.runs += t.runs;
+    grand.compared += t.compared;
+    grand.sim_mismatches += t.sim_mismatches;
+    grand.ref_mismatches += t.ref_mismatches;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::snprintf(line, sizeof line,
+                "verify fused_rmsnorm %d ranks: %llu runs, %llu elements compared (both outputs, all ranks), %llu differ "
+                "from the simulator, %llu from the reference (%.1f s)\n",
+                n, static_cast<unsigned long long>(grand.runs), static_cast<unsigned long long>(grand.compared),
+                static_cast<unsigned long long>(grand.sim_mismatches), static_cast<unsigned long long>(grand.ref_mismatches),
+                seconds);
+  os << line;
+  print_leader(w, os.str());
+  return grand.sim_mismatches == 0 && grand.ref_mismatches == 0 && grand.compared > 0 ? cli::kExitOk
+                                                                                      : cli::kExitDiffer;
+}
+
+// Parses "a,b,c" of positive whole numbers into out; false on anything else.
+bool parse_counts(const std::string& text, std::vector<int64_t>* out) {
+  for (const std::string& item : split_list(text)) {
+    if (item.empty() || item.size() > 9 || item.find_first_not_of("0123456789") != std::string::npos) return false;
+    const int64_t v = std::stoll(item);
+    if (v < 1) return false;
+    out->push_back(v);
+  }
+  return !out->empty();
+}
+
+}  // namespace
+
+int run_fused_verify(int argc, char** argv) {
+  int64_t nproc = 0, seed = -1;
+  double eps = 1e-6;
+  std::string ops_text, dtypes_text = "bf16,fp16", hidden_text = "2880,4096,5120,7168,8192,16384",
+                        rows_text = "1,2,3,7,16,64,257,1024,4096", algos_text = "one_stage,two_stage,gather_norm,unfused,auto";
+  VerifyOptions o;
+  cli::ArgParser parser(
+      "exactcoll verify --nproc N --ops fused_rmsnorm [--dtypes …] [--hidden …] [--rows …] [--algos …] [--iters K] "
+      "[--seed S]",
+      "Runs the fused all-reduce + residual + RMSNorm on the GPUs (one process each) in every algorithm\n"
+      "and variant (staged, registered, CUDA graph, forced grids, row-chunked) on inputs with NaN\n"
+      "payloads, infinities, overflowing sums and subnormals, and compares every bit of both outputs\n"
+      "with the simulator and with the scalar reference. Exit 0 when nothing differs, 1 when\n"
+      "something does, 3 on a runtime failure.");
+  parser.add_int("nproc", &nproc, "processes, one per GPU");
+  parser.add_string("ops", &ops_text, "fused_rmsnorm (the other ops are verified without it)");
+  parser.add_string("dtypes", &dtypes_text, "comma list of bf16, fp16, fp32");
+  parser.add_string("hidden", &hidden_text, "comma list of H");
+  parser.add_string("rows", &rows_text, "comma list of row counts");
+  parser.add_string("algos", &algos_text, "comma list of one_stage, two_stage, gather_norm, unfused, auto");
+  parser.add_int("max-elements", &o.max_elements, "skip (H, rows) with rows * H above this");
+  parser.add_double("eps", &eps, "RMSNorm epsilon");
+  parser.add_int("iters", &o.iters, "repetitions with fresh inputs");
+  parser.add_int("seed", &seed, "seed of the inputs (default: from the job's store token)");
+  parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
+  parser.add_int("buffer-mib", &o.buffer_mib, "staging and scratch MiB per rank");
+  parser.add_int("show", &o.show, "mismatch details printed per rank");
+  if (const auto code = parser.parse(argc, argv)) return *code;
+  if (ops_text != "fused_rmsnorm") {
+    return cli::fail(kCommand, "verify the fused op on its own: --ops fused_rmsnorm (got '" + ops_text + "')");
+  }
+  for (const auto& s : split_list(dtypes_text)) {
+    const auto d = parse_dtype(s);
+    if (!d) return cli::fail(kCommand, "unknown dtype '" + s + "' (bf16, fp16, fp32)");
+    o.dtypes.push_back(*d);
+  }
+  for (const auto& s : split_list(algos_text)) {
+    const auto a = cuda::fused::parse_fused_algorithm(s);
+    if (!a || *a == FusedAlgorithm::kNcclSplit) {
+      return cli::fail(kCommand, "unknown algorithm '" + s + "' (one_stage, two_stage, gather_norm, unfused, auto)");
+    }
+    o.algos.push_back(*a);
+  }
+  if (!parse_counts(hidden_text, &o.hidden)) return cli::fail(kCommand, "--hidden wants positive numbers like 2880,4096");
+  if (!parse_counts(rows_text, &o.rows)) return cli::fail(kCommand, "--rows wants positive numbers like 1,2,3");
+  for (int64_t h : o.hidden) {
+    for (DType d : o.dtypes) {
+      if (h % (16 / dtype_size(d)) != 0) {
+        return cli::fail(kCommand, "H " + std::to_string(h) + " is not a multiple of the " + dtype_name(d) + " pack");
+      }
+    }
+  }
+  if (o.dtypes.empty() || o.algos.empty()) return cli::fail(kCommand, "nothing to verify");
+  if (o.iters < 1 || o.max_elements < 1 || o.timeout_ms < 1 || o.buffer_mib < 1) {
+    return cli::fail(kCommand, "--iters, --max-elements, --timeout-ms and --buffer-mib must be positive");
+  }
+  o.eps = static_cast<float>(eps);
+  if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "verify")) return *code;
+  // Every rank needs the same seed: without --seed, a hash of the job's store token (the same in
+  // every worker of one job, fresh per job).
+  if (seed < 0) {
+    const char* token = std::getenv("EXACTCOLL_STORE_TOKEN");
+    uint64_t h = 1469598103934665603ull;
+    for (const char* p = token != nullptr ? token : ""; *p != '\0'; ++p) h = (h ^ static_cast<uint8_t>(*p)) * 1099511628211ull;
+    o.seed = h % 1000000007ull;
+  } else {
+    o.seed = static_cast<uint64_t>(seed);
+  }
+  try {
+    return verify_worker(o);
+  } catch (const std::exception& e) {
+    return cli::fail(kCommand, e.what(), cli::kExitFailure);
+  }
+}
+
+}  // namespace exactcoll::gpu
