@@ -170,14 +170,24 @@ EXC_HD EXC_INLINE Pack<T> fold_pack(Ctx& ctx, size_t i) {
   if constexpr (Ctx::kTraceElements) {
     for (int e = 0; e < P; ++e) traced[e] = ctx.trace_element(i + e);
   }
+  // Rank 0 begins every element's fold and ranks 1.. step it, in two element loops without a
+  // per-element rank test (control flow that keeps the host compiler from vectorizing them).
   auto step = [&](int r, const Pack<T>& x) {
-    for (int e = 0; e < P; ++e) {
-      const float before = acc[e];
-      acc[e] = r == 0 ? contract::fold_begin<T>(x.v[e]) : contract::fold_step<T>(acc[e], x.v[e]);
-      if constexpr (Ctx::kTraceElements) {
-        if (traced[e]) ctx.trace_fold(i + e, r, r == 0 ? 0.0f : before, to_float(x.v[e]), acc[e]);
+    float before[P] = {};
+    if constexpr (Ctx::kTraceElements) {
+      for (int e = 0; e < P; ++e) before[e] = acc[e];
+    }
+    if (r == 0) {
+      EXC_HOST_VECTOR_LOOP
+      for (int e = 0; e < P; ++e) acc[e] = contract::fold_begin<T>(x.v[e]);
+    } else {
+      EXC_HOST_VECTOR_LOOP
+      for (int e = 0; e < P; ++e) acc[e] = contract::fold_step<T>(acc[e], x.v[e]);
+    }
+    if constexpr (Ctx::kTraceElements) {
+      for (int e = 0; e < P; ++e) {
+        if (traced[e]) ctx.trace_fold(i + e, r, r == 0 ? 0.0f : before[e], to_float(x.v[e]), acc[e]);
       }
-      (void)before;
     }
   };
   if constexpr (kRanks > 0) {

@@ -10,7 +10,7 @@
 // after passing barrier k+1 (the other set), which needs this block's signal k+1, which this block
 // sends only after it has read k. So a slot never changes before its reader has seen the value it
 // waits for, and the wait is an equality test. With one set, p's signal k+1 can overwrite k before
-// it is read, and the reader waits forever (tests/protocol_exploration_test.cc proves the seeded
+// it is read, and the reader waits forever (tests/sim/protocol_exploration_test.cc proves the seeded
 // scheduler catches that).
 #pragma once
 

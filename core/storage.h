@@ -55,6 +55,13 @@ EXC_HD EXC_INLINE float bits_to_float(uint32_t u) {
 #endif
 }
 
+// Returns condition ? a : b as a bit select, not a branch: host loops over packs then vectorize
+// (g++ does not if-convert a branch around a floating-point operation that may trap).
+EXC_HD EXC_INLINE uint32_t select_bits(bool condition, uint32_t a, uint32_t b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(condition);
+  return (a & mask) | (b & ~mask);
+}
+
 // Returns the bf16 nearest to f (ties to even); 0x7FFF for every NaN.
 EXC_HD EXC_INLINE uint16_t float_to_bf16_bits(float f) {
 #if EXC_DEVICE_PASS
@@ -69,6 +76,8 @@ EXC_HD EXC_INLINE uint16_t float_to_bf16_bits(float f) {
 }
 
 // Returns the fp16 nearest to f (ties to even, subnormals included); 0x7FFF for every NaN.
+// Host form without branches, so that loops of it vectorize: every case is computed and the
+// right one selected.
 EXC_HD EXC_INLINE uint16_t float_to_fp16_bits(float f) {
 #if EXC_DEVICE_PASS
   return __half_as_ushort(__float2half_rn(f));
@@ -76,20 +85,21 @@ EXC_HD EXC_INLINE uint16_t float_to_fp16_bits(float f) {
   const uint32_t u = float_to_bits(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return kStorageNaN16;
-  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520 rounds to inf
-  if (a >= 0x38800000u) {                                              // normal half (>= 2^-14)
-    const uint32_t rebiased = a - 0x38000000u;                         // exponent bias 127 -> 15
-    const uint32_t rounded = (rebiased + 0xFFFu + ((rebiased >> 13) & 1u)) >> 13;
-    return static_cast<uint16_t>(sign | rounded);
-  }
-  if (a <= 0x33000000u) return static_cast<uint16_t>(sign);  // <= 2^-25 rounds to zero (tie to even)
-  // Subnormal half: the value is m * 2^(e-150); the half unit is 2^-24.
-  const uint32_t e = a >> 23;
-  const uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
-  const uint32_t shift = 126u - e;  // 14 (e = 112) .. 24 (e = 102)
-  const uint32_t rounded = (m + (1u << (shift - 1)) - 1u + ((m >> shift) & 1u)) >> shift;
-  return static_cast<uint16_t>(sign | rounded);
+  // Normal half (a >= 2^-14): rebias the exponent (127 -> 15) and round the mantissa to 10 bits.
+  const uint32_t rebiased = a - 0x38000000u;
+  const uint32_t normal = (rebiased + 0xFFFu + ((rebiased >> 13) & 1u)) >> 13;
+  // Subnormal half (a < 2^-14): in |f| + 0.5 the unit in the last place is 2^-24, the half
+  // subnormal unit, so the IEEE addition (round to nearest even) rounds |f| to whole units and
+  // the sum's low bits count them (1024 units = 0x400, the smallest normal half, when it rounds up).
+  // This needs the default rounding mode (nearest even), which nothing in exactcoll changes; it
+  // holds with flush-to-zero too (no operand or result here is a subnormal float).
+  // (Inputs below 2^-25 round to zero; they enter the addition as 0, so that no subnormal float
+  // operand slows the vector unit down.)
+  const float small = bits_to_float(select_bits(a < 0x33000000u, 0u, a));
+  const uint32_t subnormal = float_to_bits(small + 0.5f) - 0x3F000000u;
+  uint32_t r = select_bits(a >= 0x38800000u, normal, subnormal);
+  r = select_bits(a >= 0x477FF000u, 0x7C00u, r);  // >= 65520 rounds to inf
+  return static_cast<uint16_t>(select_bits(a > 0x7F800000u, kStorageNaN16, sign | r));
 #endif
 }
 
@@ -98,7 +108,7 @@ EXC_HD EXC_INLINE float bf16_bits_to_float(uint16_t h) {
   return bits_to_float(static_cast<uint32_t>(h) << 16);
 }
 
-// Exact for every non-NaN; NaN becomes 0x7FFFFFFF.
+// Exact for every non-NaN; NaN becomes 0x7FFFFFFF. Host form without branches (vectorizes).
 EXC_HD EXC_INLINE float fp16_bits_to_float(uint16_t h) {
 #if EXC_DEVICE_PASS
   return __half2float(__ushort_as_half(h));
@@ -106,17 +116,11 @@ EXC_HD EXC_INLINE float fp16_bits_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t e = (h >> 10) & 0x1Fu;
   const uint32_t m = h & 0x3FFu;
-  if (e == 0x1F) return bits_to_float(m ? kCanonicalNaN32 : (sign | 0x7F800000u));
-  if (e != 0) return bits_to_float(sign | ((e + 112u) << 23) | (m << 13));
-  if (m == 0) return bits_to_float(sign);
-  // Subnormal: m * 2^-24, normalized into a float.
-  uint32_t mant = m;
-  uint32_t exp = 113;  // float exponent of 2^-14 is 113; shift left until the hidden bit is set
-  while ((mant & 0x400u) == 0) {
-    mant <<= 1;
-    --exp;
-  }
-  return bits_to_float(sign | (exp << 23) | ((mant & 0x3FFu) << 13));
+  const uint32_t normal = sign | ((e + 112u) << 23) | (m << 13);
+  // Subnormal (and zero): m * 2^-24, exact (m < 2^10 converts exactly; the scaling is a power of 2).
+  const uint32_t subnormal = sign | float_to_bits(static_cast<float>(static_cast<int32_t>(m)) * 0x1p-24f);
+  const uint32_t special = select_bits(m != 0, kCanonicalNaN32, sign | 0x7F800000u);
+  return bits_to_float(select_bits(e == 0, subnormal, select_bits(e == 0x1Fu, special, normal)));
 #endif
 }
 
@@ -124,7 +128,13 @@ EXC_HD EXC_INLINE float fp16_bits_to_float(uint16_t h) {
 // Explicit on both sides: a NaN input that no operation touched (an fp32 all-reduce of one rank)
 // still carries its payload, on the GPU too.
 EXC_HD EXC_INLINE float canonicalize_nan(float f) {
+#if EXC_DEVICE_PASS
   return f != f ? bits_to_float(kCanonicalNaN32) : f;
+#else
+  // A bit select rather than a branch, so that folds over packs vectorize on the host.
+  const uint32_t u = float_to_bits(f);
+  return bits_to_float(select_bits((u & 0x7FFFFFFFu) > 0x7F800000u, kCanonicalNaN32, u));
+#endif
 }
 
 // Storage traits: the pack (16 bytes of elements), names, and the two conversions.
