@@ -8,7 +8,8 @@
 //   Layer l = 1..L, in each run separately:
 //     1. every rank r forms its partial sums from the run's previous normed output y = y_{l-1}:
 //          x_r[i, j] = round(a_lr * y[i, j] + b_lr * y[i, (j + k_lr) mod H] + c * n_lr[i, j])
-//        with a_lr, b_lr ~ N(0, 1) * 0.5 / sqrt(N), k_lr uniform in [1, H), c = 0.25 / sqrt(N) and
+//        with a_lr, b_lr ~ N(0, 1/2) (so each rank's partial sums have about unit scale, like the
+//        single-op AITER test's x ~ N(0, 1) per rank), k_lr uniform in [1, H), c = 0.1 and
 //        n_lr[i, j] ~ N(0, 1) (a stand-in for the rest of the layer: a linear mix of the normed
 //        activations plus an input-independent term), all drawn from (seed, l, r);
 //     2. the fused op under the run's contract: h_l = residual_out, y_l = float(out), with weight
