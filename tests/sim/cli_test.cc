@@ -1,0 +1,228 @@
+// `exactcoll sim`: outputs against the reference, the summary's sha256, traces, and every bad
+// input case (clear message, exit 2, no output file). Runs the simulator-only binary
+// //tools/sim:exactcoll_sim (same command library as //tools:exactcoll).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "sim/collectives.h"
+#include "tests/sim/sim_test_util.h"
+#include "tools/npy/npy.h"
+#include "tools/sim/sha256.h"
+
+namespace exactcoll {
+namespace {
+
+std::string binary() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return std::string(srcdir ? srcdir : ".") + "/" + (workspace ? workspace : "exactcoll") + "/tools/sim/exactcoll_sim";
+}
+
+std::string tmp(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result run(const std::string& args) {
+  const std::string out = tmp("stdout.txt"), err = tmp("stderr.txt");
+  const int status = std::system((binary() + " " + args + " >" + out + " 2>" + err).c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+std::string last_line(const std::string& text) {
+  const size_t end = text.find_last_not_of('\n');
+  const size_t begin = text.rfind('\n', end);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1, end - (begin == std::string::npos ? 0 : begin + 1) + 1);
+}
+
+// Writes rank-first inputs [n, count] of dtype from the test generator.
+std::vector<std::vector<uint8_t>> write_input(const std::string& path, DType d, int n, size_t count, uint64_t seed) {
+  const auto in = simtest::random_inputs(d, n, count, seed);
+  std::vector<uint8_t> flat;
+  for (const auto& r : in) flat.insert(flat.end(), r.begin(), r.end());
+  npy::write_npy(path, d == DType::kFP32 ? npy::kF32 : npy::kU16, {n, static_cast<int64_t>(count)}, flat.data(),
+                 flat.size());
+  return in;
+}
+
+TEST(SimCli, OutputsMatchTheReferenceAndTheSummaryEndsWithTheirSha256) {
+  struct Case {
+    const char* op;
+    sim::Collective collective;
+    DType dtype;
+    const char* dtype_name;
+    int ranks;
+    size_t count;
+    const char* extra;
+  };
+  const Case cases[] = {
+      {"allreduce", sim::Collective::kAllReduce, DType::kBF16, "bf16", 4, 37, "--algo two_shot --blocks 3"},
+      {"allreduce", sim::Collective::kAllReduce, DType::kFP16, "fp16", 3, 100, "--schedule seeded --schedule-seed 9"},
+      {"reduce_scatter", sim::Collective::kReduceScatter, DType::kFP32, "fp32", 5, 45, ""},
+      {"allgather", sim::Collective::kAllGather, DType::kBF16, "bf16", 2, 9, "--blocks 2"},
+  };
+  for (const Case& c : cases) {
+    const std::string in_path = tmp(std::string("in_") + c.op + ".npy");
+    const std::string out_path = tmp(std::string("out_") + c.op + ".npy");
+    const auto in = write_input(in_path, c.dtype, c.ranks, c.count, 3);
+    const Result r = run(std::string("sim ") + c.op + " --ranks " + std::to_string(c.ranks) + " --dtype " +
+                         c.dtype_name + " --input " + in_path + " --output " + out_path + " " + c.extra);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const npy::NpyArray out = npy::read_npy(out_path);
+    sim::CollectiveSpec spec;
+    spec.op = c.collective;
+    spec.dtype = c.dtype;
+    spec.count = c.count;
+    const auto want = simtest::expected_outputs(spec, in);
+    std::vector<uint8_t> flat;
+    for (const auto& w : want) flat.insert(flat.end(), w.begin(), w.end());
+    EXPECT_EQ(out.data, flat) << c.op;
+    const std::vector<int64_t> shape = {c.ranks, static_cast<int64_t>(sim::output_count(c.collective, c.count, c.ranks))};
+    EXPECT_EQ(out.shape, shape) << c.op;
+    const std::string summary = last_line(r.out);
+    const std::string sha = tools::sha256_hex(out.data.data(), out.data.size());
+    ASSERT_GE(summary.size(), 64u);
+    EXPECT_EQ(summary.substr(summary.size() - 64), sha) << summary;
+  }
+}
+
+TEST(SimCli, RandomInputsPrintFloatsAndTheDefaultSeed) {
+  const Result r = run("sim allreduce --ranks 4 --dtype bf16 --count 16");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("--seed 1 (the default)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 3:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("identical bits on all 4 ranks"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err, "");  // no progress bar when stderr is not a terminal
+  // Same seed, same bits; another seed, other bits.
+  const std::string sha1 = last_line(r.out).substr(last_line(r.out).size() - 64);
+  const Result again = run("sim allreduce --ranks 4 --dtype bf16 --count 16 --seed 1 --algo two_shot --blocks 2");
+  EXPECT_EQ(last_line(again.out).substr(last_line(again.out).size() - 64), sha1);
+  const Result other = run("sim allreduce --ranks 4 --dtype bf16 --count 16 --seed 2");
+  EXPECT_NE(last_line(other.out).substr(last_line(other.out).size() - 64), sha1);
+}
+
+TEST(SimCli, SeededTracesAreByteIdenticalPerScheduleSeed) {
+  std::string traces[3], chromes[3];
+  const int seeds[3] = {5, 5, 6};
+  for (int i = 0; i < 3; ++i) {
+    const std::string t = tmp("trace" + std::to_string(i) + ".jsonl"), c = tmp("chrome" + std::to_string(i) + ".json");
+    const Result r = run("sim allreduce --ranks 3 --dtype fp16 --count 40 --blocks 2 --algo two_shot --schedule seeded "
+                         "--schedule-seed " +
+                         std::to_string(seeds[i]) + " --trace " + t + " --trace-elements 0,39 --chrome-trace " + c);
+    ASSERT_EQ(r.code, 0) << r.err;
+    traces[i] = slurp(t);
+    chromes[i] = slurp(c);
+  }
+  EXPECT_FALSE(traces[0].empty());
+  EXPECT_EQ(traces[0], traces[1]);
+  EXPECT_EQ(chromes[0], chromes[1]);
+  EXPECT_NE(traces[0], traces[2]);
+  EXPECT_NE(traces[0].find("\"event\":\"round\""), std::string::npos);
+  EXPECT_NE(traces[0].find("\"index\":39"), std::string::npos);
+}
+
+// Each bad input: exit 2, a message naming the problem, and no output file.
+TEST(SimCli, BadInputsExitTwoWithAMessageAndNoOutput) {
+  const std::string out = tmp("bad_out.npy");
+  const std::string good = tmp("good.npy"), f32 = tmp("f32.npy"), malformed = tmp("malformed.npy");
+  write_input(good, DType::kBF16, 4, 10, 1);
+  write_input(f32, DType::kFP32, 4, 10, 1);
+  {
+    std::ofstream m(malformed, std::ios::binary);
+    m << "\x93NUMPY\x01\x00garbage";
+  }
+  struct Case {
+    std::string args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"sim allreduce --ranks 4 --dtype bf16 --input " + f32, "holds '<f4' but --dtype bf16 needs '<u2'"},
+      {"sim allreduce --ranks 4 --dtype fp32 --input " + good, "holds '<u2' but --dtype fp32 needs '<f4'"},
+      {"sim allreduce --ranks 3 --dtype bf16 --input " + good, "has 4 rows in its first dimension"},
+      {"sim allreduce --ranks 4 --dtype bf16 --input " + malformed, malformed},
+      {"sim allreduce --ranks 4 --dtype bf16 --input " + tmp("missing.npy"), "missing.npy"},
+      {"sim reduce_scatter --ranks 4 --dtype bf16 --input " + good, "divisible by the ranks: 10 elements over 4 ranks"},
+      {"sim reduce_scatter --ranks 3 --dtype bf16 --count 7", "divisible by the ranks"},
+      {"sim allreduce --ranks 0 --dtype bf16 --count 8", "--ranks must be 1..16, got 0"},
+      {"sim allreduce --ranks -2 --dtype bf16 --count 8", "--ranks must be 1..16, got -2"},
+      {"sim allreduce --ranks 17 --dtype bf16 --count 8", "--ranks must be 1..16, got 17"},
+      {"sim allreduce --dtype bf16 --count 8", "give --ranks"},
+      {"sim allreduce --ranks 2 --dtype bf16 --count 0", "--count must be >= 1"},
+      {"sim allreduce --ranks 2 --dtype bf16", "give --input FILE or --count C"},
+      {"sim allreduce --ranks 4 --dtype bf16 --count 8 --input " + good, "not both"},
+      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --blocks 65", "--blocks must be 1..64"},
+      {"sim allreduce --ranks 2 --dtype bf17 --count 8", "--dtype must be one of"},
+      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --algo three_shot", "--algo must be one of"},
+      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --trace-elements 1,x --trace " + tmp("t.jsonl"),
+       "--trace-elements wants element indices"},
+      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --trace-elements 8 --trace " + tmp("t.jsonl"),
+       "index 8 is past the 8 elements"},
+      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --schedule-seed 3", "needs --schedule seeded"},
+      {"sim allgather --ranks 2 --dtype bf16 --count 8 --bogus 1", "unknown flag --bogus"},
+      {"sim allsum --ranks 2", "unknown op 'allsum'"},
+  };
+  for (const Case& c : cases) {
+    std::remove(out.c_str());
+    const Result r = run(c.args + " --output " + out);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << "\nstderr: " << r.err;
+    EXPECT_FALSE(exists(out)) << c.args;
+  }
+}
+
+// A run that fails (here: a step bound of 5 stops the seeded run, reported as a livelock) exits 3
+// and writes no output.
+TEST(SimCli, FailedRunExitsThreeWithoutOutput) {
+  const std::string out = tmp("fail_out.npy");
+  const Result r = run("sim allreduce --ranks 3 --dtype bf16 --count 8 --schedule seeded --schedule-seed 4 "
+                       "--max-steps 5 --output " +
+                       out);
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_NE(r.err.find("reproduce with --schedule-seed 4"), std::string::npos) << r.err;
+  EXPECT_FALSE(exists(out));
+}
+
+TEST(Sha256, KnownVectors) {
+  EXPECT_EQ(tools::sha256_hex("", 0), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(tools::sha256_hex("abc", 3), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  EXPECT_EQ(tools::sha256_hex(two_blocks.data(), two_blocks.size()),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  // One million 'a', fed in uneven pieces (exercises the buffering).
+  tools::Sha256 h;
+  const std::string piece(997, 'a');
+  size_t fed = 0;
+  while (fed + piece.size() <= 1000000) {
+    h.update(piece.data(), piece.size());
+    fed += piece.size();
+  }
+  h.update(piece.data(), 1000000 - fed);
+  EXPECT_EQ(h.hex_digest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+}  // namespace
+}  // namespace exactcoll
