@@ -101,7 +101,7 @@ TEST(SimFusedCommand, AlgorithmsWriteIdenticalFilesEqualToTheReference) {
     const CommandRun r = run_fused({"--ranks", "4", "--dtype", "bf16", "--input", f.x, "--residual", f.r, "--weight",
                                     f.w, "--output", out, "--residual-output", ro, "--algo", algo, "--blocks", "3"});
     ASSERT_EQ(r.code, 0) << algo << ": " << r.err;
-    EXPECT_NE(r.out.find(std::string("sim fused_rmsnorm bf16: 4 ranks x [3, 4096], contract canonical, ") + algo +
+    EXPECT_NE(r.out.find(std::string("sim fused_rmsnorm bf16: 4 ranks x [3, 4096] (") + f.x + " (4, 3, 4096)), contract canonical, " + algo +
                          ", 3 blocks, threads schedule; out sha256 "),
               std::string::npos)
         << r.out;
@@ -158,6 +158,26 @@ TEST(SimFusedCommand, SeededScheduleAndTraces) {
   EXPECT_EQ(std::memcmp(o.data.data(), f.ref_out.data(), f.ref_out.size() * 2), 0);
 }
 
+// Random inputs: the same as tools/gpu/fused's generator makes (so `exactcoll gpu fused_rmsnorm`
+// with the same flags prints comparable sha256s), every algorithm the same bits, specials too.
+TEST(SimFusedCommand, RandomInputsAllAlgorithmsSameSha) {
+  std::string hashes;
+  for (const char* algo : {"one_stage", "two_stage", "unfused"}) {
+    const CommandRun r = run_fused({"--ranks", "3", "--dtype", "fp16", "--rows", "5", "--hidden", "256", "--specials",
+                                    "--algo", algo, "--blocks", "2"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("3 ranks x [5, 256] (random with specials, --seed 1 (the default)), contract canonical"),
+              std::string::npos)
+        << r.out;
+    const std::string h = r.out.substr(r.out.find("out sha256"));
+    if (hashes.empty()) hashes = h;
+    EXPECT_EQ(h, hashes) << algo;
+  }
+  const CommandRun other = run_fused({"--ranks", "3", "--dtype", "fp16", "--rows", "5", "--hidden", "256", "--seed", "2"});
+  ASSERT_EQ(other.code, 0) << other.err;
+  EXPECT_EQ(other.out.find(hashes), std::string::npos);
+}
+
 TEST(SimFusedCommand, BadInputExitsTwoAndWritesNothing) {
   const Files f = make_files("bad", 2, 2, 64, 14);
   const std::string out = temp_path("bad_out.npy");
@@ -173,7 +193,11 @@ TEST(SimFusedCommand, BadInputExitsTwoAndWritesNothing) {
   expect_bad({"--ranks", "2", "--dtype", "fp32", "--input", f.x, "--residual", f.r, "--weight", f.w}, "needs '<f4'");
   expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.x, "--weight", f.w}, "must be [rows, H] = (2, 64)");
   expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.r}, "must be [H] = (64,)");
-  expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r}, "are required");
+  expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r}, "give all of --input, --residual and --weight");
+  expect_bad({"--ranks", "2"}, "or --rows and --hidden for random inputs");
+  expect_bad({"--ranks", "2", "--rows", "2"}, "or --rows and --hidden for random inputs");
+  expect_bad({"--ranks", "2", "--rows", "2", "--hidden", "100"}, "not a positive multiple");
+  expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--seed", "3"}, "not with --input");
   expect_bad({"--input", f.x, "--residual", f.r, "--weight", f.w}, "give --ranks N");
   expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--blocks", "65"}, "--blocks must be");
   // H = 12 is not a multiple of the bf16 pack (8).

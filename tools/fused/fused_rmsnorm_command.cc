@@ -12,6 +12,7 @@
 #include "sim/world.h"
 #include "tools/cli.h"
 #include "tools/fused/sim_subcommands.h"
+#include "tools/gpu/fused/fused_inputs.h"
 #include "tools/npy/npy.h"
 #include "tools/sim/progress.h"
 #include "tools/sim/sha256.h"
@@ -45,25 +46,32 @@ void run_reference(FusedContract contract, int ranks, int rows, int hidden, floa
 int run(int argc, char** argv) {
   // 1. Flags (the world's flags are shared with every `exactcoll sim <op>`: tools/sim/sim_flags.h).
   tools::SimFlags f;
-  int64_t blocks = 1;
+  int64_t blocks = 1, rows_flag = 0, hidden_flag = 0, seed = 1;
+  bool specials = false;
   double eps = 1e-6;
   std::string input, residual_path, weight_path, output, residual_output, algo_text = "one_stage",
               contract_text = "canonical";
   cli::ArgParser parser(
-      "exactcoll sim fused_rmsnorm --ranks N --dtype bf16|fp16|fp32 --input x.npy --residual r.npy --weight w.npy "
-      "[--eps E] [--output out.npy] [--residual-output ro.npy] [--algo one_stage|two_stage|unfused] "
+      "exactcoll sim fused_rmsnorm --ranks N --dtype bf16|fp16|fp32 (--input x.npy --residual r.npy --weight w.npy | "
+      "--rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy] [--residual-output ro.npy] [--algo one_stage|two_stage|unfused] "
       "[--contract canonical|f32_residual|bf16_accumulate|rotated_two_shot] [--blocks B] "
       "[--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
       "[--chrome-trace FILE]",
       "Fused all-reduce + residual add + RMSNorm on the simulator. x.npy is [N, rows, H] (rank r's partial\n"
       "sums at [r]), r.npy [rows, H], w.npy [H]; bf16/fp16 as '<u2' bit patterns, fp32 as '<f4'. Outputs\n"
-      "are [N, rows, H]. The canonical contract runs core/fused_rmsnorm.h on the simulated ranks; the\n"
+      "are [N, rows, H]. Without files, inputs are random from --seed (tools/gpu/fused/fused_inputs.h: the\n"
+      "same as `exactcoll gpu fused_rmsnorm` with the same --rows, --hidden and --seed).\n"
+      "The canonical contract runs core/fused_rmsnorm.h on the simulated ranks; the\n"
       "alternative contracts (simulator only) reproduce other systems' rounding with the scalar reference\n"
       "(sim/fused/reference.h). The last line ends with the sha256 of each output's bytes.");
   tools::add_world_flags(parser, &f);
   parser.add_string("input", &input, "x.npy: [N, rows, H] partial sums");
   parser.add_string("residual", &residual_path, "r.npy: [rows, H] residual (the same on every rank)");
   parser.add_string("weight", &weight_path, "w.npy: [H] RMSNorm weight");
+  parser.add_int("rows", &rows_flag, "rows of random inputs (without --input)");
+  parser.add_int("hidden", &hidden_flag, "H of random inputs (without --input)");
+  parser.add_int("seed", &seed, "seed of random inputs");
+  parser.add_bool("specials", &specials, "random inputs with NaN, inf, overflow and subnormal rows");
   parser.add_double("eps", &eps, "RMSNorm epsilon");
   parser.add_string("output", &output, "out.npy: [N, rows, H] normed output");
   parser.add_string("residual-output", &residual_output, "ro.npy: [N, rows, H] residual output");
@@ -77,9 +85,17 @@ int run(int argc, char** argv) {
   if (const std::string problem = tools::world_options(f, parser, &options); !problem.empty()) {
     return cli::fail(kCommand, problem);
   }
-  if (input.empty() || residual_path.empty() || weight_path.empty()) {
-    return cli::fail(kCommand, "--input, --residual and --weight are required");
+  const bool from_files = !input.empty() || !residual_path.empty() || !weight_path.empty();
+  if (from_files && (input.empty() || residual_path.empty() || weight_path.empty())) {
+    return cli::fail(kCommand, "give all of --input, --residual and --weight (or --rows and --hidden for random inputs)");
   }
+  if (from_files && (parser.given("rows") || parser.given("hidden") || parser.given("seed") || specials)) {
+    return cli::fail(kCommand, "--rows, --hidden, --seed and --specials are for random inputs, not with --input");
+  }
+  if (!from_files && (!parser.given("rows") || !parser.given("hidden"))) {
+    return cli::fail(kCommand, "give --input, --residual and --weight, or --rows and --hidden for random inputs");
+  }
+  if (seed < 0) return cli::fail(kCommand, "--seed must be >= 0, got " + std::to_string(seed));
   if (!output.empty() && output == residual_output) {
     return cli::fail(kCommand, "--output and --residual-output name the same file");
   }
@@ -97,14 +113,43 @@ int run(int argc, char** argv) {
   const std::string want = dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
   const int64_t ranks = options.ranks;
 
-  // 2. Inputs: readable, the flags' dtype, consistent shapes.
+  // 2. Inputs: files (readable, the flags' dtype, consistent shapes) or random ones.
   npy::NpyArray x, residual, weight;
-  try {
-    x = npy::read_npy(cli::resolve_path(input));
-    residual = npy::read_npy(cli::resolve_path(residual_path));
-    weight = npy::read_npy(cli::resolve_path(weight_path));
-  } catch (const npy::NpyError& e) {
-    return cli::fail(kCommand, e.what());
+  std::string input_note;
+  if (!from_files) {
+    if (rows_flag < 1 || rows_flag > (1 << 24) || hidden_flag < 1 || hidden_flag > (1 << 24)) {
+      return cli::fail(kCommand, "--rows and --hidden must be in 1..16777216");
+    }
+    if (static_cast<uint64_t>(rows_flag) * static_cast<uint64_t>(hidden_flag) * static_cast<uint64_t>(ranks + 3) *
+            static_cast<uint64_t>(dtype_size(dtype)) > (uint64_t{1} << 34)) {
+      return cli::fail(kCommand, "--rows x --hidden x --ranks is more than 16 GiB of inputs and outputs");
+    }
+    const int pack = dtype == DType::kFP32 ? Storage<float>::kPack : Storage<bf16>::kPack;
+    if (hidden_flag % pack != 0) {
+      return cli::fail(kCommand, "hidden size " + std::to_string(hidden_flag) + " is not a positive multiple of the " +
+                                     f.dtype + " pack (" + std::to_string(pack) + " elements)");
+    }
+    const gpu::FusedInputs in = gpu::make_fused_inputs(dtype, static_cast<int>(ranks), static_cast<int>(rows_flag),
+                                                       static_cast<int>(hidden_flag), static_cast<uint64_t>(seed), specials);
+    x.dtype = residual.dtype = weight.dtype = want;
+    x.shape = {ranks, rows_flag, hidden_flag};
+    for (const auto& xr : in.x) x.data.insert(x.data.end(), xr.begin(), xr.end());
+    residual.shape = {rows_flag, hidden_flag};
+    residual.data = in.residual;
+    weight.shape = {hidden_flag};
+    weight.data = in.weight;
+    input_note = std::string(specials ? "random with specials" : "random") + ", --seed " + std::to_string(seed) +
+                 (parser.given("seed") ? "" : " (the default)");
+  }
+  if (from_files) {
+    try {
+      x = npy::read_npy(cli::resolve_path(input));
+      residual = npy::read_npy(cli::resolve_path(residual_path));
+      weight = npy::read_npy(cli::resolve_path(weight_path));
+    } catch (const npy::NpyError& e) {
+      return cli::fail(kCommand, e.what());
+    }
+    input_note = input + " " + npy::shape_text(x.shape);
   }
   for (const auto& [path, a] : {std::pair<const std::string&, const npy::NpyArray&>{input, x},
                                 {residual_path, residual}, {weight_path, weight}}) {
@@ -196,13 +241,13 @@ int run(int argc, char** argv) {
   } catch (const npy::NpyError& e) {
     return cli::fail(kCommand, e.what(), cli::kExitFailure);
   }
-  std::cout << kCommand << " " << f.dtype << ": " << ranks << " ranks x [" << rows << ", " << hidden << "], contract "
-            << contract_text;
+  std::cout << kCommand << " " << f.dtype << ": " << ranks << " ranks x [" << rows << ", " << hidden << "] ("
+            << input_note << "), contract " << contract_text;
   if (canonical) {
     std::cout << ", " << fused_algo_name(spec.algo) << ", " << spec.blocks << (spec.blocks == 1 ? " block" : " blocks")
               << ", " << tools::schedule_note(options);
   }
-  std::cout << "; out sha256 " << tools::sha256_hex(out.data(), out.size()) << ", residual_out sha256 "
+  std::cout << "; out sha256 " << tools::sha256_hex(out.data(), out.size()) << " residual_out sha256 "
             << tools::sha256_hex(residual_out.data(), residual_out.size()) << "\n";
   return cli::kExitOk;
 }

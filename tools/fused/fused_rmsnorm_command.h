@@ -1,13 +1,16 @@
 // `exactcoll sim fused_rmsnorm`: the fused all-reduce + residual add + RMSNorm on the simulator.
 //
-//   exactcoll sim fused_rmsnorm --ranks N --dtype bf16|fp16|fp32 --input x.npy --residual r.npy
-//       --weight w.npy [--eps E] [--output out.npy] [--residual-output ro.npy]
+//   exactcoll sim fused_rmsnorm --ranks N --dtype bf16|fp16|fp32 (--input x.npy --residual r.npy
+//       --weight w.npy | --rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy]
+//       [--residual-output ro.npy]
 //       [--algo one_stage|two_stage|unfused] [--contract canonical|f32_residual|bf16_accumulate|
 //       rotated_two_shot] [--blocks B] [--schedule threads|seeded] [--schedule-seed K]
 //       [--trace FILE] [--trace-elements I,J,...] [--chrome-trace FILE]
 //
 // x.npy [N, rows, H] (rank r's partial sums at [r]), r.npy [rows, H], w.npy [H]; bf16 and fp16 as
-// '<u2' bit patterns, fp32 as '<f4'. Outputs are [N, rows, H] (every rank's result). The canonical
+// '<u2' bit patterns, fp32 as '<f4'. Without files, inputs are random (tools/gpu/fused/fused_inputs.h,
+// the inputs `exactcoll gpu fused_rmsnorm` makes from the same --rows, --hidden, --seed, --specials,
+// so the two summaries' sha256 compare directly). Outputs are [N, rows, H] (every rank's result). The canonical
 // contract runs core/fused_rmsnorm.h's algorithm on the simulated world; the alternative contracts
 // (simulator only) are computed by sim/fused/reference.h and take no --algo. The summary line ends
 // with the sha256 of each output's bytes (tools/sim/sha256.h,
