@@ -1,5 +1,6 @@
 #include "cuda_backend/overlap/lt_matmul.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace exactcoll::cuda {
@@ -69,21 +70,31 @@ LtMatmul::LtMatmul(cublasLtHandle_t handle, DType dtype, size_t m, size_t k, siz
     algo_ = *algo;
     return;
   }
+  algo_ = candidates(handle, dtype, m, k, n, workspace_bytes, 1).front();
+}
+
+std::vector<cublasLtMatmulAlgo_t> LtMatmul::candidates(cublasLtHandle_t handle, DType dtype, size_t m, size_t k, size_t n,
+                                                       size_t workspace_bytes, int count) {
+  Descriptors d(dtype, m, k, n);
   cublasLtMatmulPreference_t pref = nullptr;
   check_cublas(lt().MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
   const uint64_t ws = workspace_bytes;
   lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(std::max(count, 1)));
   int found = 0;
-  const cublasStatus_t status =
-      lt().MatmulAlgoGetHeuristic(handle_, d_->desc, d_->a, d_->b, d_->c, d_->c, pref, 1, &result, &found);
+  const cublasStatus_t status = lt().MatmulAlgoGetHeuristic(handle, d.desc, d.a, d.b, d.c, d.c, pref, std::max(count, 1),
+                                                            results.data(), &found);
   lt().MatmulPreferenceDestroy(pref);
   check_cublas(status, "cublasLtMatmulAlgoGetHeuristic");
-  if (found < 1) {
+  std::vector<cublasLtMatmulAlgo_t> out;
+  for (int i = 0; i < found; ++i) {
+    if (results[static_cast<size_t>(i)].state == CUBLAS_STATUS_SUCCESS) out.push_back(results[static_cast<size_t>(i)].algo);
+  }
+  if (out.empty()) {
     throw CublasError("cuBLASLt offers no algorithm for m=" + std::to_string(m) + " k=" + std::to_string(k) +
                       " n=" + std::to_string(n));
   }
-  algo_ = result.algo;
+  return out;
 }
 
 LtMatmul::~LtMatmul() = default;

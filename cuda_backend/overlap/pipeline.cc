@@ -148,9 +148,9 @@ OverlapPipeline::OverlapPipeline(Store& store, int rank, int world_size, Overlap
   // 6. The product, then a barrier: every rank's region is open and tested before any call.
   if (o.pattern == Pattern::kAgMatmul) {
     gemm_ = std::make_unique<LtMatmul>(handle, o.dtype, o.m / static_cast<size_t>(world_size_), o.k, o.n, workspace,
-                                       workspace_bytes, o.shard_algo);
+                                       workspace_bytes, o.product_algo);
   } else {
-    gemm_ = std::make_unique<LtMatmul>(handle, o.dtype, o.m, o.k, o.n, workspace, workspace_bytes);
+    gemm_ = std::make_unique<LtMatmul>(handle, o.dtype, o.m, o.k, o.n, workspace, workspace_bytes, o.product_algo);
   }
   store_.barrier(o.name + "/ready", world_size_, o.store_timeout);
 }

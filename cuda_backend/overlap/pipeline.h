@@ -60,9 +60,9 @@ struct OverlapPipelineOptions {
   int comm_streams = 2;
   uint64_t wait_timeout_ms = 20000;  // finish()'s bound
   std::chrono::milliseconds store_timeout{120000};
-  // kAgMatmul: the cuBLASLt algorithm of every shard's product (empty: the heuristic's choice for
-  // the shard shape).
-  std::optional<cublasLtMatmulAlgo_t> shard_algo;
+  // The cuBLASLt algorithm of the products: kAgMatmul every shard's [m / ranks, k] @ [k, n],
+  // kPrefetch X @ W (empty: the heuristic's choice for that shape).
+  std::optional<cublasLtMatmulAlgo_t> product_algo;
 };
 
 class OverlapPipeline {
