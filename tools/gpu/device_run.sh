@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (no Bazel there): environment check, GPU tests, verify, tune and
-# bench with binaries built here and carried in .gpubin/ (exactcoll, collectives_gpu_test,
-# libpng16.so.16). Logs and the tuned table go to $OUT; a short table is printed last.
+# bench with binaries built here and carried in .gpubin/ (exactcoll_gpu, the GPU subset of the CLI,
+# and collectives_gpu_test). Logs and the tuned table go to $OUT; a short table is printed last.
 #   usage: tools/gpu/device_run.sh [phases]   phases: env,test,verify,tune,bench (default all)
-#   build first: bazel build //tools:exactcoll //tests/cuda:collectives_gpu_test, then
-#   mkdir -p .gpubin && cp bazel-bin/tools/exactcoll bazel-bin/tests/cuda/collectives_gpu_test .gpubin/ &&
-#   cp /lib/x86_64-linux-gnu/libpng16.so.16 .gpubin/
+#   build first: bazel build //tools/gpu:exactcoll_gpu //tests/cuda:collectives_gpu_test, then copy
+#   both binaries from bazel-bin/ into .gpubin/ (ignored by git; name it in the device call's carry).
 set -uo pipefail
 PHASES=${1:-env,test,verify,tune,bench}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.gpubin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export NCCL_NVLS_ENABLE=0
-B=.gpubin/exactcoll
+B=.gpubin/exactcoll_gpu
 has() { [[ ",$PHASES," == *",$1,"* ]]; }
 status=0
 if has env; then

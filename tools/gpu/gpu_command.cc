@@ -8,7 +8,6 @@
 // 3. writes its output row to a part file beside the output; 4. rank 0 assembles the .npy
 // (atomically) and prints a one-line summary ending with the sha256 of the output bytes.
 #include <cuda_runtime_api.h>
-#include <openssl/sha.h>
 
 #include <cstdio>
 #include <unistd.h>
@@ -30,24 +29,13 @@
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
 #include "tools/npy/npy.h"
+#include "tools/sim/sha256.h"
 
 namespace exactcoll::gpu {
 namespace {
 
 using cuda::Algorithm;
 using cuda::Op;
-
-std::string sha256_hex(const void* data, size_t bytes) {
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(static_cast<const unsigned char*>(data), bytes, digest);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : digest) {
-    out.push_back(hex[c >> 4]);
-    out.push_back(hex[c & 15]);
-  }
-  return out;
-}
 
 struct GpuOptions {
   Op op = Op::kAllReduce;
@@ -184,7 +172,7 @@ int gpu_worker(const GpuOptions& o) {
       os << (info.staged ? ", staged" : ", registered") << (o.graph ? ", CUDA graph" : "");
       if (!info.exact) os << ", NOT bit-exact (" << (info.note.empty() ? "NCCL" : info.note) << ")";
       if (!o.output_path.empty()) os << ", output " << o.output_path << " " << npy::shape_text(shape);
-      os << ", sha256 " << sha256_hex(all.data(), all.size()) << "\n";
+      os << ", sha256 " << tools::sha256_hex(all.data(), all.size()) << "\n";
       print_leader(w, os.str());
     }
   }

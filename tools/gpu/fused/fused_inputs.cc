@@ -7,18 +7,45 @@
 namespace exactcoll::gpu {
 namespace {
 
-// Storage bits of a finite value: random sign, a binary exponent in [lo, hi] (unbiased), random
-// mantissa. bf16: 8 exponent bits, 7 mantissa; fp16: 5 and 10; fp32: 8 and 23.
-uint32_t finite_bits(DType dtype, uint64_t r, int lo, int hi, bool random_sign) {
-  const uint32_t sign = random_sign ? static_cast<uint32_t>(r & 1) : 0u;
-  const int e = lo + static_cast<int>((r >> 1) % static_cast<uint64_t>(hi - lo + 1));
-  const uint64_t m = r >> 8;
+uint64_t stream_seed(uint64_t seed, uint64_t a, uint64_t b) {
+  fused::SplitMix64 mix(seed ^ (a * 0x9E3779B97F4A7C15ull) ^ (b * 0xC2B2AE3D27D4EB4Full));
+  return mix.next();
+}
+
+// Storage bits of a finite value from `bits` (at least 1 + 3 + mantissa bits used): sign (when
+// random_sign), an unbiased exponent lo + (3 bits % span), the mantissa.
+uint32_t finite_bits(DType dtype, uint64_t bits, int lo, int span, bool random_sign) {
+  const uint32_t sign = random_sign ? static_cast<uint32_t>(bits & 1) : 0u;
+  const int e = lo + static_cast<int>((bits >> 1) & 7) % span;
+  const uint64_t m = bits >> 4;
   switch (dtype) {
     case DType::kBF16: return (sign << 15) | (static_cast<uint32_t>(e + 127) << 7) | static_cast<uint32_t>(m & 0x7F);
     case DType::kFP16: return (sign << 15) | (static_cast<uint32_t>(e + 15) << 10) | static_cast<uint32_t>(m & 0x3FF);
     case DType::kFP32: return (sign << 31) | (static_cast<uint32_t>(e + 127) << 23) | static_cast<uint32_t>(m & 0x7FFFFF);
   }
   return 0;
+}
+
+// Fills n elements at dst with finite values: 16 random bits each for bf16/fp16, 32 for fp32.
+void fill_finite(DType dtype, uint64_t seed, int lo, int span, bool random_sign, uint8_t* dst, size_t n) {
+  fused::SplitMix64 rng(seed);
+  if (dtype == DType::kFP32) {
+    for (size_t i = 0; i < n; i += 2) {
+      const uint64_t r = rng.next();
+      for (size_t k = 0; k < 2 && i + k < n; ++k) {
+        const uint32_t v = finite_bits(dtype, r >> (32 * k), lo, span, random_sign);
+        std::memcpy(dst + (i + k) * 4, &v, 4);
+      }
+    }
+  } else {
+    for (size_t i = 0; i < n; i += 4) {
+      const uint64_t r = rng.next();
+      for (size_t k = 0; k < 4 && i + k < n; ++k) {
+        const uint16_t v = static_cast<uint16_t>(finite_bits(dtype, (r >> (16 * k)) & 0xFFFF, lo, span, random_sign));
+        std::memcpy(dst + (i + k) * 2, &v, 2);
+      }
+    }
+  }
 }
 
 struct Specials {
@@ -41,66 +68,98 @@ uint32_t tiny_bits(DType dtype, uint64_t r) {
   return dtype == DType::kFP32 ? (sign << 31) | m : (sign << 15) | m;
 }
 
-void put(std::vector<uint8_t>& buffer, DType dtype, size_t i, uint32_t bits) {
+void put(uint8_t* base, DType dtype, size_t i, uint32_t bits) {
   if (dtype == DType::kFP32) {
-    std::memcpy(buffer.data() + i * 4, &bits, 4);
+    std::memcpy(base + i * 4, &bits, 4);
   } else {
     const uint16_t h = static_cast<uint16_t>(bits);
-    std::memcpy(buffer.data() + i * 2, &h, 2);
+    std::memcpy(base + i * 2, &h, 2);
   }
+}
+
+constexpr uint64_t kResidualStream = 1ull << 40, kSpecialStream = 2ull << 40, kWeightStream = 3ull << 40;
+
+// Writes row `row` of the problem into row `at` of *in (x of the ranks whose buffers are not empty).
+void make_row(uint64_t seed, bool specials, int row, FusedInputs* in, int at) {
+  const DType dtype = in->dtype;
+  const size_t elem = static_cast<size_t>(dtype_size(dtype));
+  const size_t H = static_cast<size_t>(in->hidden);
+  const size_t offset = static_cast<size_t>(at) * H;
+  // 1. Finite values (x: exponents -6..1; residual: -3..0).
+  for (int r = 0; r < in->ranks; ++r) {
+    auto& x = in->x[static_cast<size_t>(r)];
+    if (!x.empty()) {
+      fill_finite(dtype, stream_seed(seed, static_cast<uint64_t>(row), static_cast<uint64_t>(r)), -6, 8, true,
+                  x.data() + offset * elem, H);
+    }
+  }
+  fill_finite(dtype, stream_seed(seed, static_cast<uint64_t>(row), kResidualStream), -3, 4, true,
+              in->residual.data() + offset * elem, H);
+  if (!specials) return;
+  // 2. One kind of adversarial value in about half of the rows.
+  const Specials s = specials_of(dtype);
+  fused::SplitMix64 rng(stream_seed(seed, static_cast<uint64_t>(row), kSpecialStream));
+  const uint64_t kind = rng.next() % 12;
+  const size_t column = rng.next() % H;
+  const size_t i = offset + column;
+  const size_t rank = static_cast<size_t>(rng.next() % static_cast<uint64_t>(in->ranks));
+  auto put_x = [&](size_t r, size_t index, uint32_t bits) {
+    if (!in->x[r].empty()) put(in->x[r].data(), dtype, index, bits);
+  };
+  switch (kind) {
+    case 0: put_x(rank, i, s.nan_payload); break;
+    case 1: put(in->residual.data(), dtype, i, s.pos_inf); break;
+    case 2: put(in->residual.data(), dtype, i, s.neg_inf); break;
+    case 3:  // +inf and -inf at one element: NaN (one rank: just -inf)
+      put_x(0, i, s.pos_inf);
+      put_x(static_cast<size_t>(in->ranks - 1), i, s.neg_inf);
+      break;
+    case 4:
+      for (size_t r = 0; r < in->x.size(); ++r) put_x(r, i, s.largest);
+      break;
+    case 5:
+      for (size_t j = 0; j < H; ++j) {
+        for (size_t r = 0; r < in->x.size(); ++r) put_x(r, offset + j, tiny_bits(dtype, rng.next()));
+        put(in->residual.data(), dtype, offset + j, tiny_bits(dtype, rng.next()));
+      }
+      break;
+    default: break;  // a plain row
+  }
+}
+
+FusedInputs allocate(DType dtype, int ranks, int rows, int hidden, uint64_t seed, bool specials, int only_rank) {
+  FusedInputs in;
+  in.ranks = ranks, in.rows = rows, in.hidden = hidden, in.dtype = dtype;
+  const size_t elem = static_cast<size_t>(dtype_size(dtype));
+  in.x.resize(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    if (only_rank < 0 || r == only_rank) in.x[static_cast<size_t>(r)].resize(in.count() * elem);
+  }
+  in.residual.resize(in.count() * elem);
+  in.weight.resize(static_cast<size_t>(hidden) * elem);
+  // Weights in [0.5, 2) (exponents -1..0), positive.
+  fill_finite(dtype, stream_seed(seed, 0, kWeightStream), -1, 2, false, in.weight.data(), static_cast<size_t>(hidden));
+  if (specials && seed % 3 == 0 && hidden >= 3) {
+    const Specials s = specials_of(dtype);
+    put(in.weight.data(), dtype, 0, s.nan_payload);
+    put(in.weight.data(), dtype, 1, s.pos_inf);
+    put(in.weight.data(), dtype, 2, s.neg_zero);
+  }
+  return in;
 }
 
 }  // namespace
 
-FusedInputs make_fused_inputs(DType dtype, int ranks, int rows, int hidden, uint64_t seed, bool specials) {
-  FusedInputs in;
-  in.ranks = ranks, in.rows = rows, in.hidden = hidden, in.dtype = dtype;
-  const size_t elem = static_cast<size_t>(dtype_size(dtype));
-  const size_t count = in.count();
-  fused::SplitMix64 rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(rows) * 131 + static_cast<uint64_t>(hidden));
-  // 1. Finite values (x: exponents -6..3; residual: -3..1; weight: near 1).
-  in.x.assign(static_cast<size_t>(ranks), std::vector<uint8_t>(count * elem));
-  for (auto& x : in.x) {
-    for (size_t i = 0; i < count; ++i) put(x, dtype, i, finite_bits(dtype, rng.next(), -6, 3, true));
-  }
-  in.residual.resize(count * elem);
-  for (size_t i = 0; i < count; ++i) put(in.residual, dtype, i, finite_bits(dtype, rng.next(), -3, 1, true));
-  in.weight.resize(static_cast<size_t>(hidden) * elem);
-  for (int j = 0; j < hidden; ++j) put(in.weight, dtype, static_cast<size_t>(j), finite_bits(dtype, rng.next(), -1, 0, false));
-  if (!specials) return in;
+FusedInputs make_fused_inputs(DType dtype, int ranks, int rows, int hidden, uint64_t seed, bool specials, int only_rank) {
+  FusedInputs in = allocate(dtype, ranks, rows, hidden, seed, specials, only_rank);
+  for (int row = 0; row < rows; ++row) make_row(seed, specials, row, &in, row);
+  return in;
+}
 
-  // 2. One kind of adversarial value in about half of the rows.
-  const Specials s = specials_of(dtype);
-  for (int row = 0; row < rows; ++row) {
-    const uint64_t kind = rng.next() % 12;
-    const size_t at = static_cast<size_t>(row) * static_cast<size_t>(hidden) + rng.next() % static_cast<uint64_t>(hidden);
-    const size_t rank = static_cast<size_t>(rng.next() % static_cast<uint64_t>(ranks));
-    switch (kind) {
-      case 0: put(in.x[rank], dtype, at, s.nan_payload); break;
-      case 1: put(in.residual, dtype, at, s.pos_inf); break;
-      case 2: put(in.residual, dtype, at, s.neg_inf); break;
-      case 3:  // +inf and -inf at one element: NaN (one rank: just inf)
-        put(in.x[0], dtype, at, s.pos_inf);
-        put(in.x[static_cast<size_t>(ranks - 1)], dtype, at, s.neg_inf);
-        break;
-      case 4:
-        for (auto& x : in.x) put(x, dtype, at, s.largest);
-        break;
-      case 5:
-        for (int j = 0; j < hidden; ++j) {
-          const size_t i = static_cast<size_t>(row) * static_cast<size_t>(hidden) + static_cast<size_t>(j);
-          for (auto& x : in.x) put(x, dtype, i, tiny_bits(dtype, rng.next()));
-          put(in.residual, dtype, i, tiny_bits(dtype, rng.next()));
-        }
-        break;
-      default: break;  // a plain row
-    }
-  }
-  if (seed % 3 == 0 && hidden >= 3) {
-    put(in.weight, dtype, 0, s.nan_payload);
-    put(in.weight, dtype, 1, s.pos_inf);
-    put(in.weight, dtype, 2, s.neg_zero);
-  }
+FusedInputs make_fused_rows(DType dtype, int ranks, int hidden, uint64_t seed, bool specials,
+                            const std::vector<int>& row_list) {
+  FusedInputs in = allocate(dtype, ranks, static_cast<int>(row_list.size()), hidden, seed, specials, -1);
+  for (size_t k = 0; k < row_list.size(); ++k) make_row(seed, specials, row_list[k], &in, static_cast<int>(k));
   return in;
 }
 

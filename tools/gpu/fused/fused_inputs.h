@@ -1,15 +1,16 @@
 // Inputs of the fused all-reduce + residual + RMSNorm for `exactcoll gpu fused_rmsnorm`, `verify`
-// and `bench`: deterministic in (seed, rows, H, ranks, dtype), so every rank makes every rank's x
-// (the simulator needs them all) without sending any.
+// and `bench`: deterministic in (seed, H, ranks, dtype, row, rank), each row of each rank from its
+// own random stream, so that every rank can make every rank's x (the simulator needs them all), or
+// only its own, or a few rows of everyone's (bench's reference check), and get the same bits.
 //
 // Values: finite values of random sign, exponent and mantissa (x with a wider exponent range than
-// the residual; weights near 1). With `specials`, about half of the rows carry one kind of
+// the residual; weights in [0.5, 2)). With `specials`, about half of the rows carry one kind of
 // adversarial value each, so that the other rows stay finite and their bits stay meaningful:
-//   a NaN with a payload in some rank's x; +inf or -inf in the residual; +inf on one rank and -inf
-//   on another at the same element (the fold gives NaN); the largest finite value on every rank
-//   (the fold overflows to inf); a row of zeros of both signs and subnormals (ss is tiny: eps
+//   a NaN with a payload in some rank's x; +inf or -inf in the residual; +inf on rank 0 and -inf
+//   on the last rank at the same element (the fold gives NaN); the largest finite value on every
+//   rank (the fold overflows to inf); a row of zeros of both signs and subnormals (ss is tiny: eps
 //   decides; no flush to zero anywhere);
-// and in every third problem the weight holds a NaN, an inf and a -0 (whole columns change).
+// and in every third problem (by seed) the weight holds a NaN, an inf and a -0 (whole columns).
 #pragma once
 
 #include <cstddef>
@@ -23,13 +24,20 @@ namespace exactcoll::gpu {
 struct FusedInputs {
   int ranks = 0, rows = 0, hidden = 0;
   DType dtype = DType::kBF16;
-  std::vector<std::vector<uint8_t>> x;  // per rank: [rows, H] storage bits, little-endian
+  std::vector<std::vector<uint8_t>> x;  // per rank: [rows, H] storage bits, little-endian (may be empty)
   std::vector<uint8_t> residual;        // [rows, H]
   std::vector<uint8_t> weight;          // [H]
   size_t count() const { return static_cast<size_t>(rows) * static_cast<size_t>(hidden); }
 };
 
-// Returns the problem. Preconditions: ranks >= 1, rows >= 0, hidden >= 1.
-FusedInputs make_fused_inputs(DType dtype, int ranks, int rows, int hidden, uint64_t seed, bool specials);
+// Returns the problem: x of every rank, or of `only_rank` alone (the others empty) when
+// only_rank >= 0. Preconditions: ranks >= 1, rows >= 0, hidden >= 1.
+FusedInputs make_fused_inputs(DType dtype, int ranks, int rows, int hidden, uint64_t seed, bool specials,
+                              int only_rank = -1);
+
+// Returns rows `row_list` of the problem above (the same bits, every rank's x), as a problem of
+// row_list.size() rows. Preconditions: each listed row < rows.
+FusedInputs make_fused_rows(DType dtype, int ranks, int hidden, uint64_t seed, bool specials,
+                            const std::vector<int>& row_list);
 
 }  // namespace exactcoll::gpu

@@ -6,7 +6,8 @@
 // Steps, per (iteration, dtype, H, rows) with rows * H <= --max-elements:
 //   1. every rank makes every rank's inputs (seeded: all ranks agree);
 //   2. the scalar reference computes the contract's outputs; the simulator runs each algorithm
-//      that it has (one_stage, two_stage, unfused) on the same inputs;
+//      that it has (one_stage, two_stage, unfused; above --sim-all-max-elements one_stage only)
+//      on the same inputs;
 //   3. each algorithm (one_stage, two_stage, gather_norm, unfused, auto) runs on the GPUs in these
 //      variants: staged x, registered x, registered x replayed twice from a CUDA graph, forced grids
 //      (3 blocks x 64 threads staged; 64 x 1024 registered) and chunked (a second communicator with
@@ -54,7 +55,8 @@ struct VerifyOptions {
   std::vector<DType> dtypes;
   std::vector<int64_t> hidden, rows;
   std::vector<FusedAlgorithm> algos;
-  int64_t iters = 1, max_elements = int64_t{1} << 24, timeout_ms = 10000, buffer_mib = 256, show = 8;
+  int64_t iters = 1, max_elements = int64_t{1} << 22, sim_all_max_elements = int64_t{1} << 20, timeout_ms = 10000,
+          buffer_mib = 256, show = 8;
   uint64_t seed = 0;
   float eps = 1e-6f;
 };
@@ -151,7 +153,13 @@ int verify_worker(const VerifyOptions& o) {
           const cuda::fused::FusedRmsNormBuffers buffers{x.get(), residual.get(), weight.get(), ro.get(), out.get()};
           for (FusedAlgorithm requested : o.algos) {
             const cuda::fused::FusedChoice choice = fused.choose(shape, requested);
-            const FusedOutputs& want = simulated(sim_algo(choice.algo).value_or(FusedAlgo::kOneStage));
+            // The simulator runs the same algorithm where it has it (and the problem is small
+            // enough, --sim-all-max-elements); its one_stage otherwise (every algorithm's bits are
+            // the contract's: the simulator's own tests hold its three algorithms equal).
+            const FusedAlgo sim_choice = count <= static_cast<size_t>(o.sim_all_max_elements)
+                                             ? sim_algo(choice.algo).value_or(FusedAlgo::kOneStage)
+                                             : FusedAlgo::kOneStage;
+            const FusedOutputs& want = simulated(sim_choice);
             const std::string label = cuda::fused::fused_algorithm_name(requested);
             // 3. The variants.
             struct Variant {
@@ -320,6 +328,8 @@ int run_fused_verify(int argc, char** argv) {
   parser.add_string("rows", &rows_text, "comma list of row counts");
   parser.add_string("algos", &algos_text, "comma list of one_stage, two_stage, gather_norm, unfused, auto");
   parser.add_int("max-elements", &o.max_elements, "skip (H, rows) with rows * H above this");
+  parser.add_int("sim-all-max-elements", &o.sim_all_max_elements,
+                 "simulate each GPU algorithm itself up to this rows * H (one_stage above)");
   parser.add_double("eps", &eps, "RMSNorm epsilon");
   parser.add_int("iters", &o.iters, "repetitions with fresh inputs");
   parser.add_int("seed", &seed, "seed of the inputs (default: from the job's store token)");
@@ -352,7 +362,7 @@ int run_fused_verify(int argc, char** argv) {
     }
   }
   if (o.dtypes.empty() || o.algos.empty()) return cli::fail(kCommand, "nothing to verify");
-  if (o.iters < 1 || o.max_elements < 1 || o.timeout_ms < 1 || o.buffer_mib < 1) {
+  if (o.iters < 1 || o.max_elements < 1 || o.sim_all_max_elements < 0 || o.timeout_ms < 1 || o.buffer_mib < 1) {
     return cli::fail(kCommand, "--iters, --max-elements, --timeout-ms and --buffer-mib must be positive");
   }
   o.eps = static_cast<float>(eps);
