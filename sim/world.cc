@@ -230,6 +230,18 @@ void World::run_block(int rank, int block, uint32_t k, Executor* executor) {
 
 void World::run() {
   const int n = options_.ranks;
+  // The queue is emptied whatever happens (launch ids keep counting, for traces).
+  struct Clear {
+    World* w;
+    ~Clear() {
+      w->launch_base_ += static_cast<uint32_t>(w->queue_.size());
+      w->queue_.clear();
+    }
+  } clear{this};
+  if (failed_) {
+    throw std::logic_error("sim::World: an earlier run on this world failed (its flags are in an unknown state); "
+                           "make a new world");
+  }
   // 1. Check the launches and size the heaps for the largest of them.
   size_t input_bytes = 0, scratch_bytes = 0, output_bytes = 0;
   uint64_t units = 0;
@@ -262,23 +274,22 @@ void World::run() {
   }
   progress_done_.store(0);
   progress_total_.store(units);
-  // 4. Run; the queue is emptied whatever happens.
-  struct Clear {
-    World* w;
-    ~Clear() {
-      w->launch_base_ += static_cast<uint32_t>(w->queue_.size());
-      w->queue_.clear();
-    }
-  } clear{this};
+  // 4. Run.
   if (options_.schedule == Schedule::kThreads) {
     ThreadsScheduler scheduler(*this, options_.wait_timeout);
-    scheduler.run();
+    try {
+      scheduler.run();
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
   } else {
     SeededScheduler scheduler(*this, options_.schedule_seed, options_.max_steps);
     try {
       scheduler.run();
     } catch (...) {
       last_steps_ = scheduler.steps();
+      failed_ = true;
       throw;
     }
     last_steps_ = scheduler.steps();

@@ -266,8 +266,9 @@ class World {
   }
 
   // Runs every queued launch under the scheduler and empties the queue. Throws SimError on a
-  // deadlock, livelock, wait timeout or an exception in a kernel; std::invalid_argument for a
-  // malformed launch (blocks outside 1..kMaxBlocks, inputs or outputs not one per rank).
+  // deadlock, livelock, wait timeout or an exception in a kernel (the world is then spent: a later
+  // run() throws std::logic_error); std::invalid_argument for a malformed launch (blocks outside
+  // 1..kMaxBlocks, inputs or outputs not one per rank).
   void run();
 
   // The trace of every run so far (null unless options.trace).
@@ -331,6 +332,7 @@ class World {
   std::atomic<uint64_t> progress_total_{0};
   uint64_t last_steps_ = 0;
   uint64_t next_generation_ = 1;
+  bool failed_ = false;
 };
 
 }  // namespace exactcoll::sim

@@ -158,6 +158,9 @@ TEST(SimScheduler, DeadlockIsReportedWithFlagEpochAndSeed) {
         << m;
     EXPECT_NE(m.find("reproduce with --schedule-seed 1234"), std::string::npos) << m;
   }
+  // The world's flags are in an unknown state now: it refuses further runs.
+  enqueue_stuck(world);
+  EXPECT_THROW(world.run(), std::logic_error);
 }
 
 TEST(SimScheduler, ThreadsWaitTimesOutNamingRankBlockPeerAndEpoch) {
