@@ -3,28 +3,28 @@
 # `exactcoll bench-overlap` on N GPUs (checks, then times), and torch's baselines in the same
 # call. Binaries built here and carried in .gpubin/ (exactcoll plus the shared libraries it loads
 # that the machine may lack). Logs and JSON go to $OUT; the short tables are printed last.
-#   build first: bazel build //tools:exactcoll && mkdir -p .gpubin && cp bazel-bin/tools/exactcoll .gpubin/ &&
-#                cp /lib/x86_64-linux-gnu/libpng16.so.16 .gpubin/
+#   build first: bazel build //tools:exactcoll && mkdir -p .gpubin/overlap && cp bazel-bin/tools/exactcoll .gpubin/overlap/ &&
+#                cp /lib/x86_64-linux-gnu/libpng16.so.16 .gpubin/overlap/
 #   usage: tools/overlap/device_run.sh [nproc]   (default 4)
 set -uo pipefail
 NPROC=${1:-4}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-LIBS=$PWD/.gpubin
+LIBS=$PWD/.gpubin/overlap
 # cuBLASLt 13: the toolkit's, else the pip wheel's.
 for d in /usr/local/cuda/lib64 "$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null)"; do
   if [ -n "$d" ] && [ -e "$d/libcublasLt.so.13" ]; then LIBS=$LIBS:$d; break; fi
 done
 export LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 { date -u; nvidia-smi -L; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; ls /usr/local/cuda/lib64 2>/dev/null | grep -i cublas;
-  ldd .gpubin/exactcoll | grep -i "not found"; } > "$OUT/env.log" 2>&1
+  ldd .gpubin/overlap/exactcoll | grep -i "not found"; } > "$OUT/env.log" 2>&1
 cat "$OUT/env.log"
 status=0
-timeout 330 .gpubin/exactcoll bench-overlap --nproc "$NPROC" --json "$OUT/bench_overlap.json" > "$OUT/bench_overlap.log" 2>&1 || status=$?
+timeout 170 .gpubin/overlap/exactcoll bench-overlap --nproc "$NPROC" --json "$OUT/bench_overlap.json" > "$OUT/bench_overlap.log" 2>&1 || status=$?
 echo "bench-overlap exit $status"
 if [ "${TORCH_BASELINE:-1}" = 1 ]; then
-  timeout 150 torchrun --nproc-per-node "$NPROC" tools/overlap/torch_baseline.py > "$OUT/torch_baseline.log" 2>&1 ||
+  timeout 90 torchrun --nproc-per-node "$NPROC" tools/overlap/torch_baseline.py > "$OUT/torch_baseline.log" 2>&1 ||
     echo "torch baseline exit $?"
 fi
 grep -E "^  # |FAILED|error|never" "$OUT/bench_overlap.log" | head -30
