@@ -7,10 +7,11 @@
 //   nccl_split                          NCCL all-reduce + the same separate kernel
 //   allreduce, norm                     the split's two parts alone (the project's all-reduce; the
 //                                       separate kernel), to see where the time goes
-// Per (H, rows): 1. every rank makes every rank's x (seeded) and the scalar reference computes the
-// contract's outputs; 2. x goes into a registered buffer (what CUDA-graph users do); 3. per
-// algorithm: one checked run (#wrong = elements of both outputs, summed over ranks, whose bits
-// differ from the reference; nccl_split's are reported apart, its sums follow no contract), then
+// Per (H, rows): 1. every rank makes its x and every rank's x of the checked rows (all rows up to
+// 256, else 256 spread evenly; seeded per row) and the scalar reference computes their outputs;
+// 2. x goes into a registered buffer (what CUDA-graph users do); 3. per algorithm: one checked run
+// (#wrong = elements of both outputs in the checked rows, summed over ranks, whose bits differ
+// from the reference; nccl_split's are reported apart, its sums follow no contract), then
 // the per-op time by CUDA-graph replay (ops per graph, median of replays; --eager adds eager
 // launches); 4. times are the maximum over ranks of each rank's median. speedup = the best split
 // (min of unfused, nccl_split) / auto.
@@ -149,20 +150,24 @@ int bench_worker(const BenchOptions& o) {
   const cuda::RegisteredBuffer registered = comm.register_buffer(x.get(), max_bytes);
   Stream stream;
 
-  // This rank's inputs and the expected outputs of every point, kept for the auto pass.
+  // This rank's inputs and the expected outputs of the checked rows of every point (all rows up
+  // to kCheckedRows, else kCheckedRows rows spread evenly), kept for the auto pass.
+  constexpr int kCheckedRows = 256;
   struct Case {
     FusedInputs in;  // x holds this rank's only
-    FusedOutputs want;
+    std::vector<int> checked;
+    FusedOutputs want;  // of the checked rows
   };
   std::vector<Case> cases;
   std::vector<Point> points;
   for (int64_t h : o.hidden) {
     for (int64_t r : o.rows) {
       Case c;
-      c.in = make_fused_inputs(o.dtype, n, static_cast<int>(r), static_cast<int>(h), o.seed * 7919 + static_cast<uint64_t>(h * r),
-                               false);
-      c.want = reference_fused(c.in, o.eps);
-      c.in.x = {c.in.x[static_cast<size_t>(rank)]};
+      const uint64_t seed = o.seed * 7919 + static_cast<uint64_t>(h * 131 + r);
+      c.in = make_fused_inputs(o.dtype, n, static_cast<int>(r), static_cast<int>(h), seed, false, rank);
+      const int checked = static_cast<int>(std::min<int64_t>(r, kCheckedRows));
+      for (int k = 0; k < checked; ++k) c.checked.push_back(static_cast<int>(static_cast<int64_t>(k) * r / checked));
+      c.want = reference_fused(make_fused_rows(o.dtype, n, static_cast<int>(h), seed, false, c.checked), o.eps);
       cases.push_back(std::move(c));
       Point p;
       p.hidden = h;
@@ -176,7 +181,7 @@ int bench_worker(const BenchOptions& o) {
     const Case& c = cases[i];
     Point& p = points[i];
     const size_t count = c.in.count(), bytes = count * elem;
-    EXC_CUDA_CHECK(cudaMemcpy(x.get(), c.in.x[0].data(), bytes, cudaMemcpyHostToDevice));
+    EXC_CUDA_CHECK(cudaMemcpy(x.get(), c.in.x[static_cast<size_t>(rank)].data(), bytes, cudaMemcpyHostToDevice));
     EXC_CUDA_CHECK(cudaMemcpy(residual.get(), c.in.residual.data(), bytes, cudaMemcpyHostToDevice));
     EXC_CUDA_CHECK(cudaMemcpy(weight.get(), c.in.weight.data(), c.in.weight.size(), cudaMemcpyHostToDevice));
     const cuda::fused::FusedRmsNormShape shape{c.in.rows, c.in.hidden, o.eps, o.dtype};
@@ -204,11 +209,17 @@ int bench_worker(const BenchOptions& o) {
     comm.check(stream.get());
     uint64_t wrong = 0;
     if (algorithm_of(column)) {
-      std::vector<uint8_t> got(bytes);
-      EXC_CUDA_CHECK(cudaMemcpy(got.data(), ro.get(), bytes, cudaMemcpyDeviceToHost));
-      wrong += compare_bits(o.dtype, got.data(), c.want.residual_out.data(), count).mismatches;
-      EXC_CUDA_CHECK(cudaMemcpy(got.data(), out.get(), bytes, cudaMemcpyDeviceToHost));
-      wrong += compare_bits(o.dtype, got.data(), c.want.out.data(), count).mismatches;
+      const size_t row_bytes = static_cast<size_t>(c.in.hidden) * elem;
+      std::vector<uint8_t> got_ro(bytes), got_out(bytes);
+      EXC_CUDA_CHECK(cudaMemcpy(got_ro.data(), ro.get(), bytes, cudaMemcpyDeviceToHost));
+      EXC_CUDA_CHECK(cudaMemcpy(got_out.data(), out.get(), bytes, cudaMemcpyDeviceToHost));
+      for (size_t k = 0; k < c.checked.size(); ++k) {
+        const size_t at = static_cast<size_t>(c.checked[k]) * row_bytes;
+        wrong += compare_bits(o.dtype, got_ro.data() + at, c.want.residual_out.data() + k * row_bytes,
+                              static_cast<size_t>(c.in.hidden)).mismatches;
+        wrong += compare_bits(o.dtype, got_out.data() + at, c.want.out.data() + k * row_bytes,
+                              static_cast<size_t>(c.in.hidden)).mismatches;
+      }
     }
     // 2. Timings.
     const double graph = time_graph_us(stream.get(), enqueue, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),

@@ -66,7 +66,7 @@ struct Options {
 std::string load_inputs(const Options& o, int ranks, int rank, FusedInputs* in, std::vector<uint8_t>* mine) {
   if (o.input.empty()) {
     *in = make_fused_inputs(o.dtype, ranks, static_cast<int>(o.rows), static_cast<int>(o.hidden),
-                            static_cast<uint64_t>(o.seed), o.specials);
+                            static_cast<uint64_t>(o.seed), o.specials, rank);
     *mine = in->x[static_cast<size_t>(rank)];
     return "";
   }
