@@ -108,7 +108,7 @@ TEST(SimCollectives, ReferenceKnownValues) {
 // same bits (and the reference's).
 TEST(SimCollectives, IdenticalBitsAcrossAlgorithmsBlocksAndSchedulers) {
   for (const DType d : kDTypes) {
-    for (const int n : {3, 5, 8}) {
+    for (const int n : {3, 5, 6, 7, 8}) {
       for (const size_t count : {size_t{37}, size_t{1001}}) {
         const auto in = random_inputs(d, n, count, 77 + n);
         CollectiveSpec spec;
