@@ -15,6 +15,8 @@
 //                                                bounded: a peer that never arrives is an error
 //   void sync_block()                            all threads of this block
 //   Pack<T> load(const Pack<T>*), void store(Pack<T>*, const Pack<T>&)   16-byte accesses
+//   static constexpr int kPacksInFlight (optional, default 1): packs whose loads a thread issues
+//     before its first fold or store in fold_range / copy_range (the GPU sets 8; see packs_in_flight)
 //   static constexpr bool kTraceSteps, kTraceElements, and when they are true:
 //     trace_step_begin(const char* name), trace_access(Access, int peer, Buffer, size_t begin,
 //     size_t end), trace_step_end(), bool trace_element(size_t index),
@@ -160,10 +162,11 @@ EXC_HD EXC_INLINE T fold_element(Ctx& ctx, size_t i) {
   return out;
 }
 
-// Returns the fold of the pack starting at element i (aligned). With kRanks > 0 all loads are
-// issued before the first add (latency hiding on the GPU); the adds run in rank order either way.
-template <class T, int kRanks, class Ctx>
-EXC_HD EXC_INLINE Pack<T> fold_pack(Ctx& ctx, size_t i) {
+// Returns the fold of the pack starting at element i (aligned), rank r's pack being source(r).
+// With kRanks > 0 every source(r) is taken before the first add (latency hiding on the GPU); the
+// adds run in rank order either way.
+template <class T, int kRanks, class Ctx, class Source>
+EXC_HD EXC_INLINE Pack<T> fold_pack_from(Ctx& ctx, size_t i, Source source) {
   constexpr int P = Storage<T>::kPack;
   float acc[P] = {};  // set by rank 0's step; initialized so g++ -O3 sees no maybe-uninitialized read (kRanks = 0)
   bool traced[P] = {};
@@ -192,11 +195,11 @@ EXC_HD EXC_INLINE Pack<T> fold_pack(Ctx& ctx, size_t i) {
   };
   if constexpr (kRanks > 0) {
     Pack<T> in[kRanks];
-    for (int r = 0; r < kRanks; ++r) in[r] = ctx.load(reinterpret_cast<const Pack<T>*>(ctx.input(r) + i));
+    for (int r = 0; r < kRanks; ++r) in[r] = source(r);
     for (int r = 0; r < kRanks; ++r) step(r, in[r]);
   } else {
     const int n = ctx.world_size();
-    for (int r = 0; r < n; ++r) step(r, ctx.load(reinterpret_cast<const Pack<T>*>(ctx.input(r) + i)));
+    for (int r = 0; r < n; ++r) step(r, source(r));
   }
   Pack<T> out;
   for (int e = 0; e < P; ++e) {
@@ -206,6 +209,48 @@ EXC_HD EXC_INLINE Pack<T> fold_pack(Ctx& ctx, size_t i) {
     }
   }
   return out;
+}
+
+// Returns the fold of the pack starting at element i (aligned), loading every rank's pack.
+template <class T, int kRanks, class Ctx>
+EXC_HD EXC_INLINE Pack<T> fold_pack(Ctx& ctx, size_t i) {
+  return fold_pack_from<T, kRanks>(
+      ctx, i, [&](int r) { return ctx.load(reinterpret_cast<const Pack<T>*>(ctx.input(r) + i)); });
+}
+
+// How many packs a thread handles per loop iteration in fold_range / copy_range, with every load of
+// the group issued before the first fold or store: Ctx::kPacksInFlight when the context defines it
+// (the GPU: more bytes in flight per thread, since one iteration's loads cannot pass the previous
+// iteration's stores), else 1. A fold takes kRanks loads per pack, so it groups
+// kPacksInFlight / kRanks packs. Grouping changes only the order in which a thread issues its
+// packs: every element is folded and stored exactly as without it, so the bits are the same.
+template <class Ctx>
+EXC_HD constexpr int packs_in_flight() {
+  if constexpr (requires { Ctx::kPacksInFlight; }) {
+    return Ctx::kPacksInFlight;
+  } else {
+    return 1;
+  }
+}
+
+// for_share with the packs of each thread taken kGroup at a time: group_fn(i, stride) handles packs
+// i, i + stride, ..., i + (kGroup - 1) * stride; pack_fn(i) the thread's remaining packs one by one;
+// scalar_fn(i) the unaligned elements. The same elements go to the same threads as in for_share.
+template <int kGroup, class Ctx, class GroupFn, class PackFn, class ScalarFn>
+EXC_HD EXC_INLINE void for_share_grouped(Ctx& ctx, const BlockShare& s, int pack, GroupFn group_fn, PackFn pack_fn,
+                                         ScalarFn scalar_fn) {
+  const size_t stride = static_cast<size_t>(ctx.num_threads()) * static_cast<size_t>(pack);
+  size_t i = s.pack_begin + static_cast<size_t>(ctx.thread()) * pack;
+  if constexpr (kGroup > 1) {
+    for (; i + (kGroup - 1) * stride < s.pack_end; i += kGroup * stride) group_fn(i, stride);
+  } else {
+    (void)group_fn;
+  }
+  for (; i < s.pack_end; i += stride) pack_fn(i);
+  const size_t t = static_cast<size_t>(ctx.thread());
+  const size_t nt = static_cast<size_t>(ctx.num_threads());
+  for (size_t j = s.head_begin + t; j < s.head_end; j += nt) scalar_fn(j);
+  for (size_t j = s.tail_begin + t; j < s.tail_end; j += nt) scalar_fn(j);
 }
 
 // Stores a pack at dst, with one 16-byte store when dst is 16-byte aligned, element by element
@@ -224,13 +269,27 @@ EXC_HD EXC_INLINE void put_pack(Ctx& ctx, T* dst, const Pack<T>& x) {
 template <class T, int kRanks, class Ctx>
 EXC_HD void fold_range(Ctx& ctx, const BlockShare& share, T* dst0, T* dst1, size_t shift = 0) {
   constexpr int P = Storage<T>::kPack;
-  for_share(
+  constexpr int kGroup = packs_in_flight<Ctx>() / (kRanks > 0 ? kRanks : packs_in_flight<Ctx>()) > 1
+                             ? packs_in_flight<Ctx>() / (kRanks > 0 ? kRanks : 1)
+                             : 1;  // the run-time-n fold (kRanks = 0) is not grouped
+  auto put = [&](size_t i, const Pack<T>& out) {
+    put_pack(ctx, dst0 + (i - shift), out);
+    if (dst1 != nullptr) put_pack(ctx, dst1 + (i - shift), out);
+  };
+  for_share_grouped<kGroup>(
       ctx, share, P,
-      [&](size_t i) {
-        const Pack<T> out = fold_pack<T, kRanks>(ctx, i);
-        put_pack(ctx, dst0 + (i - shift), out);
-        if (dst1 != nullptr) put_pack(ctx, dst1 + (i - shift), out);
+      [&](size_t i, size_t stride) {
+        Pack<T> in[kGroup][kRanks > 0 ? kRanks : 1];
+        for (int u = 0; u < kGroup; ++u) {
+          for (int r = 0; r < kRanks; ++r) {
+            in[u][r] = ctx.load(reinterpret_cast<const Pack<T>*>(ctx.input(r) + i + u * stride));
+          }
+        }
+        for (int u = 0; u < kGroup; ++u) {
+          put(i + u * stride, fold_pack_from<T, kRanks>(ctx, i + u * stride, [&](int r) { return in[u][r]; }));
+        }
       },
+      [&](size_t i) { put(i, fold_pack<T, kRanks>(ctx, i)); },
       [&](size_t i) {
         const T out = fold_element<T>(ctx, i);
         dst0[i - shift] = out;
@@ -242,8 +301,14 @@ EXC_HD void fold_range(Ctx& ctx, const BlockShare& share, T* dst0, T* dst1, size
 template <class T, class Ctx>
 EXC_HD void copy_range(Ctx& ctx, const BlockShare& share, const T* src, T* dst, size_t offset) {
   constexpr int P = Storage<T>::kPack;
-  for_share(
+  constexpr int kGroup = packs_in_flight<Ctx>() / 2 > 1 ? packs_in_flight<Ctx>() / 2 : 1;
+  for_share_grouped<kGroup>(
       ctx, share, P,
+      [&](size_t i, size_t stride) {
+        Pack<T> in[kGroup];
+        for (int u = 0; u < kGroup; ++u) in[u] = ctx.load(reinterpret_cast<const Pack<T>*>(src + i + u * stride));
+        for (int u = 0; u < kGroup; ++u) put_pack(ctx, dst + offset + i + u * stride, in[u]);
+      },
       [&](size_t i) { put_pack(ctx, dst + offset + i, ctx.load(reinterpret_cast<const Pack<T>*>(src + i))); },
       [&](size_t i) { dst[offset + i] = src[i]; });
 }

@@ -47,6 +47,9 @@ class DeviceCtx {
   using value_type = T;
   static constexpr bool kTraceSteps = false;
   static constexpr bool kTraceElements = false;
+  // Loads in flight per thread before the first fold or store (core/collectives.h,
+  // packs_in_flight): one_shot on 2 ranks folds 4 packs per iteration, copies take 4 at a time.
+  static constexpr int kPacksInFlight = 8;
 
   // aborted: a block-shared word, 0 at launch (set once any wait of the block times out).
   __device__ __forceinline__ DeviceCtx(const KernelArgs& args, volatile int* aborted)
