@@ -2,7 +2,9 @@
 # One call on a lent GPU machine (no Bazel there): environment check, GPU tests, verify, tune and
 # bench with binaries built here and carried in .gpubin/ (exactcoll_gpu, the GPU subset of the CLI,
 # and collectives_gpu_test). Logs and the tuned table go to $OUT; a short table is printed last.
-#   usage: tools/gpu/device_run.sh [phases]   phases: env,test,verify,tune,bench (default all)
+#   usage: tools/gpu/device_run.sh [phases]   phases: env,test,verify,tune,bench,extra (default
+#   all but extra; extra = all-reduce without programmatic launch at small sizes, and the
+#   reduce_scatter / allgather tables)
 #   build first: bazel build //tools/gpu:exactcoll_gpu //tests/cuda:collectives_gpu_test, then copy
 #   both binaries from bazel-bin/ into .gpubin/ (ignored by git; name it in the device call's carry).
 set -uo pipefail
@@ -31,7 +33,9 @@ fi
 if has tune; then
   cp cuda_backend/tuning/sm90.tsv "$OUT/sm90.tsv"
   for n in ${TUNE_NPROC:-2 4}; do
-    timeout 600 $B tune --nproc "$n" --output "$OUT/sm90.tsv" ${TUNE_FLAGS:---quick} >> "$OUT/tune.log" 2>&1 || status=1
+    timeout 600 $B tune --nproc "$n" --ops allreduce --output "$OUT/sm90.tsv" ${TUNE_FLAGS:-} >> "$OUT/tune.log" 2>&1 || status=1
+    timeout 600 $B tune --nproc "$n" --ops reduce_scatter,allgather --output "$OUT/sm90.tsv" --quick \
+      >> "$OUT/tune.log" 2>&1 || status=1
   done
   tail -2 "$OUT/tune.log"
 fi
@@ -45,5 +49,17 @@ if has bench; then
     done
   done
   grep -A 20 "summary" "$OUT/bench.log" | grep -v "^--"
+fi
+if has extra; then
+  TABLE=$OUT/sm90.tsv
+  [ -f "$TABLE" ] || TABLE=cuda_backend/tuning/sm90.tsv
+  for n in ${BENCH_NPROC:-2 4}; do
+    timeout 300 $B bench --nproc "$n" --table "$TABLE" --no-pdl --no-eager --rows 1,4,16,64,256 >> "$OUT/extra.log" 2>&1 || status=1
+    for op in reduce_scatter allgather; do
+      timeout 300 $B bench --nproc "$n" --op "$op" --table "$TABLE" --no-eager --rows 1,4,16,64,256,1024,4096 \
+        >> "$OUT/extra.log" 2>&1 || status=1
+    done
+  done
+  grep -E "^# exactcoll|^ +[0-9]+ +[0-9.]+ +[0-9.]+ " "$OUT/extra.log" | head -60
 fi
 exit $status
