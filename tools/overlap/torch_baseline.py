@@ -2,7 +2,8 @@
 # process per GPU): the FSDP-style product beside an NCCL all-gather, and AG->matmul (NCCL
 # all-gather + matmul, torch's fused_all_gather_matmul on symmetric memory, the full matmul alone).
 # Same method as the C++ bench: per variant the max over ranks of each rank's median of ITERS
-# per-iteration CUDA-event times after a warm-up; random normal operands.
+# per-iteration CUDA-event times after a warm-up, the variants that run a product interleaved
+# round by round (so each sees the same clock and power state); random normal operands.
 #   usage: torchrun --nproc-per-node 4 tools/overlap/torch_baseline.py
 import os
 import sys
@@ -40,6 +41,27 @@ def main():
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
+    def bench_interleaved(fns):
+        for _ in range(WARMUP):
+            for fn in fns:
+                fn()
+        torch.cuda.synchronize()
+        dist.barrier()
+        events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(ITERS)] for _ in fns]
+        for i in range(ITERS):
+            for v, fn in enumerate(fns):
+                events[v][i][0].record()
+                fn()
+                events[v][i][1].record()
+        torch.cuda.synchronize()
+        out = []
+        for v in range(len(fns)):
+            times = sorted(s.elapsed_time(e) * 1000.0 for s, e in events[v])
+            t = torch.tensor([times[len(times) // 2]], device=dev)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            out.append(t.item())
+        return out
+
     def add(section, dtype, variant, us, flops=0.0):
         rows.append((section, str(dtype).replace("torch.", ""), variant, us, flops / (us * 1e6) if flops else 0.0))
         if rank == 0:
@@ -61,14 +83,11 @@ def main():
             shard = torch.randn((64 << 20) // 2 // world, device=dev, dtype=dtype)
             out = torch.empty(shard.numel() * world, device=dev, dtype=dtype)
             flops = 2.0 * 8192**3
-            add("fsdp", dtype, "matmul alone", bench(lambda: torch.matmul(a, b)), flops)
             add("fsdp", dtype, "NCCL all-gather alone", bench(lambda: dist.all_gather_into_tensor(out, shard)))
 
             def seq():
                 dist.all_gather_into_tensor(out, shard)
                 torch.matmul(a, b)
-
-            add("fsdp", dtype, "sequential, NCCL all-gather", bench(seq), flops)
 
             def overlapped():
                 side.wait_stream(torch.cuda.current_stream())
@@ -77,7 +96,10 @@ def main():
                 torch.matmul(a, b)
                 torch.cuda.current_stream().wait_stream(side)
 
-            add("fsdp", dtype, "overlapped, NCCL all-gather", bench(overlapped), flops)
+            mm, sq, ov = bench_interleaved([lambda: torch.matmul(a, b), seq, overlapped])
+            add("fsdp", dtype, "matmul alone", mm, flops)
+            add("fsdp", dtype, "sequential, NCCL all-gather", sq, flops)
+            add("fsdp", dtype, "overlapped, NCCL all-gather", ov, flops)
 
         attempt(f"fsdp {dtype}", fsdp)
 
@@ -90,28 +112,27 @@ def main():
                 full = torch.empty(m, k, device=dev, dtype=dtype)
                 dist.all_gather_into_tensor(full, a)
                 flops = 2.0 * m * k * n
-                add("ag", dtype, f"{shape} full matmul alone", bench(lambda: torch.matmul(full, b)), flops)
 
                 def agmm():
                     dist.all_gather_into_tensor(full, a)
                     torch.matmul(full, b)
 
-                add("ag", dtype, f"{shape} NCCL all-gather + matmul", bench(agmm), flops)
-
-                def fused():
+                fns = [lambda: torch.matmul(full, b), agmm]
+                names = ["full matmul alone", "NCCL all-gather + matmul"]
+                try:
                     import torch.distributed._symmetric_memory as symm_mem
 
                     group = dist.group.WORLD.group_name
                     symm_mem.enable_symm_mem_for_group(group)
-                    add(
-                        "ag",
-                        dtype,
-                        f"{shape} torch fused_all_gather_matmul",
-                        bench(lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=group)),
-                        flops,
-                    )
-
-                attempt(f"fused_all_gather_matmul {shape}", fused)
+                    fused = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=group)
+                    fused()
+                    fns.append(fused)
+                    names.append("torch fused_all_gather_matmul")
+                except Exception as e:
+                    if rank == 0:
+                        print(f"  torch fused_all_gather_matmul {shape}: FAILED {type(e).__name__}: {e}", flush=True)
+                for name, us in zip(names, bench_interleaved(fns)):
+                    add("ag", dtype, f"{shape} {name}", us, flops)
 
             attempt(f"ag {dtype} {shape}", ag)
 
