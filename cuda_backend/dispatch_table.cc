@@ -144,26 +144,23 @@ Choice DispatchTable::default_choice(int world_size, Op op, uint64_t bytes, Algo
 
 Choice DispatchTable::choose(const std::string& arch, int world_size, Op op, uint64_t bytes,
                              Algorithm requested) const {
-  // 1. Rows of this (arch, world size, op); none -> heuristic.
-  std::vector<const TableRow*> mine;
+  // No allocation: this runs on every eager call. Rows are few (tens per world size).
+  auto mine = [&](const TableRow& r) { return r.world_size == world_size && r.op == op && r.arch == arch; };
+  // 1. The measured size: the smallest >= bytes, else the largest; no rows -> heuristic.
+  uint64_t at_least = 0, largest = 0;
   for (const auto& r : rows_) {
-    if (r.arch == arch && r.world_size == world_size && r.op == op) mine.push_back(&r);
+    if (!mine(r)) continue;
+    largest = std::max(largest, r.bytes);
+    if (r.bytes >= bytes && (at_least == 0 || r.bytes < at_least)) at_least = r.bytes;
   }
-  if (mine.empty()) return default_choice(world_size, op, bytes, requested);
-  // 2. The measured size: the smallest >= bytes, else the largest.
-  uint64_t size = 0;
-  for (const TableRow* r : mine) {
-    if (r->bytes >= bytes && (size == 0 || r->bytes < size)) size = r->bytes;
-  }
-  if (size == 0) {
-    for (const TableRow* r : mine) size = std::max(size, r->bytes);
-  }
-  // 3. Among that size's rows: the requested algorithm, or the fastest for auto.
+  if (largest == 0) return default_choice(world_size, op, bytes, requested);
+  const uint64_t size = at_least != 0 ? at_least : largest;
+  // 2. Among that size's rows: the requested algorithm, or the fastest for auto.
   const TableRow* best = nullptr;
-  for (const TableRow* r : mine) {
-    if (r->bytes != size) continue;
-    if (requested != Algorithm::kAuto && r->algo != requested) continue;
-    if (best == nullptr || r->time_us < best->time_us) best = r;
+  for (const auto& r : rows_) {
+    if (!mine(r) || r.bytes != size) continue;
+    if (requested != Algorithm::kAuto && r.algo != requested) continue;
+    if (best == nullptr || r.time_us < best->time_us) best = &r;
   }
   if (best == nullptr) return default_choice(world_size, op, bytes, requested);
   return Choice{best->algo, best->grid, true};

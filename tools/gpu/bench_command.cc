@@ -104,6 +104,39 @@ double measure_peer_copy_gbs(Worker& w, Communicator& comm, const cuda::Register
   return std::stod(all[0]);
 }
 
+// Every rank at once pulls `bytes` from rank + 1's registered buffer by copy engine (lined up by a
+// device barrier before each copy): the per-GPU inbound GB/s with NVLink busy in both directions,
+// as during an all-reduce. Returns the slowest rank's median.
+double measure_all_pull_gbs(Worker& w, Communicator& comm, const cuda::RegisteredBuffer& reg, void* dst, size_t bytes,
+                            cudaStream_t stream) {
+  w.barrier("all_pull");
+  const void* src = comm.peer_address(reg, (w.rank() + 1) % w.world_size());
+  std::vector<double> us;
+  cudaEvent_t a, b;
+  EXC_CUDA_CHECK(cudaEventCreate(&a));
+  EXC_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 12; ++i) {
+    comm.device_barrier(stream);
+    EXC_CUDA_CHECK(cudaEventRecord(a, stream));
+    EXC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+    EXC_CUDA_CHECK(cudaEventRecord(b, stream));
+    EXC_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    EXC_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (i >= 2) us.push_back(ms * 1000.0);
+  }
+  comm.check(stream);
+  (void)cudaEventDestroy(a);
+  (void)cudaEventDestroy(b);
+  const double gbs = static_cast<double>(bytes) / (median(us) * 1e3);
+  double slowest = 0;
+  for (const auto& s : w.all_gather("all_pull_gbs", fmt("%.6f", gbs))) {
+    const double v = std::stod(s);
+    slowest = slowest == 0 ? v : std::min(slowest, v);
+  }
+  return slowest;
+}
+
 int bench_worker(const BenchOptions& o) {
   Worker w("bench");
   const int n = w.world_size(), rank = w.rank();
@@ -156,9 +189,11 @@ int bench_worker(const BenchOptions& o) {
     const size_t copy_bytes = std::min<size_t>(max_in, size_t{64} << 20);
     if (copy_bytes >= (size_t{1} << 20) && max_out >= copy_bytes) {
       bound_gbs = measure_peer_copy_gbs(w, comm, reg, output.get(), copy_bytes, stream.get());
+      const double all_pull_gbs = measure_all_pull_gbs(w, comm, reg, output.get(), copy_bytes, stream.get());
       std::ostringstream os;
       os << "# NVLink bound: copy-engine peer copy rank 1 -> rank 0 of " << (copy_bytes >> 20) << " MiB: "
-         << fmt("%.1f", bound_gbs) << " GB/s\n";
+         << fmt("%.1f", bound_gbs) << " GB/s (the others idle); every rank pulling from rank+1 at once: "
+         << fmt("%.1f", all_pull_gbs) << " GB/s per GPU (slowest rank)\n";
       print_leader(w, os.str());
     }
   }

@@ -154,8 +154,19 @@ int tune_worker(const TuneOptions& o) {
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   comments.push_back("exactcoll dispatch table (cuda_backend/dispatch_table.h): written by `exactcoll tune`.");
-  comments.push_back(std::string("last tuned ") + date + ": " + std::to_string(n) + " x " + w.device_name() +
-                     "; time_us = max over ranks of the median per-op time, CUDA graph, bf16.");
+  std::string sizes;
+  for (int ws = 1; ws <= kMaxRanks; ++ws) {
+    for (const auto& r : merged) {
+      if (r.world_size == ws) {
+        sizes += (sizes.empty() ? "" : ", ") + std::to_string(ws);
+        break;
+      }
+    }
+  }
+  comments.push_back(std::string("last tuned ") + date + " (" + std::to_string(n) + " x " + w.device_name() +
+                     "); world sizes in this file: " + sizes + ".");
+  comments.push_back("time_us = max over ranks of the median per-op time, CUDA graph of " +
+                     std::to_string(o.graph_ops) + " ops, bf16, registered inputs.");
   const std::string text = cuda::DispatchTable(merged).to_text(comments);
   npy::write_file_atomic(path, text.data(), text.size());
   print_leader(w, "# wrote " + path + " (" + std::to_string(merged.size()) + " rows)\n");
