@@ -37,13 +37,13 @@
 // an earlier stream of a rank to a later stream of the same rank: the simulator's threads
 // scheduler runs a rank's blocks in index order, and this ordering keeps that schedule legal.
 //
-// Example (rank 1 of 4, kAgMatmul, 2 comm streams):
-//   comm0:   signal_ready(0) signal_ready(2) signal_ready(3)
-//            wait_ready(2,s1) pull_shard(2,s1) signal_consumed(2,s1) record_arrival(s1)
-//            wait_ready(0,s3) pull_shard(0,s3) signal_consumed(0,s3) record_arrival(s3)
-//   comm1:   copy_own_shard(s0) wait_ready(3,s2) pull_shard(3,s2) signal_consumed(3,s2) record_arrival(s2)
-//   compute: matmul(s0, shard 1) wait_arrival(s1) matmul(s1, shard 2) wait_arrival(s2) matmul(s2, shard 3)
-//            wait_arrival(s3) matmul(s3, shard 0) wait_consumed(0) wait_consumed(2) wait_consumed(3)
+// Example (rank 1 of 4, kAgMatmul, 2 comm streams; plan_text's form: op(peer,s<step>)):
+//   comm0:   signal_ready(2) signal_ready(3) signal_ready(0)
+//            wait_ready(2,s1) pull_shard(2,s1) signal_consumed(2,s1) record_arrival(2,s1)
+//            wait_ready(0,s3) pull_shard(0,s3) signal_consumed(0,s3) record_arrival(0,s3)
+//   comm1:   copy_own_shard(1,s0) wait_ready(3,s2) pull_shard(3,s2) signal_consumed(3,s2) record_arrival(3,s2)
+//   compute: matmul(1,s0) wait_arrival(2,s1) matmul(2,s1) wait_arrival(3,s2) matmul(3,s2)
+//            wait_arrival(0,s3) matmul(0,s3) wait_consumed(2) wait_consumed(3) wait_consumed(0)
 #pragma once
 
 #include <cstddef>
