@@ -313,6 +313,51 @@ EXC_HD void copy_range(Ctx& ctx, const BlockShare& share, const T* src, T* dst, 
       [&](size_t i) { dst[offset + i] = src[i]; });
 }
 
+// Copies several ranges at once: for each source q, this block's share[q] of src[q] into dst
+// (element i of src[q] to dst[i + offset[q]]), kGroup packs of every source loaded before the
+// first store of an iteration. The GPU's gather steps use it (packs_in_flight > 1) so that the
+// peers' read latencies overlap instead of adding up, peer after peer; the elements, the threads
+// that copy them and the bits are those of copy_range called once per source.
+template <class T, int kSources, int kGroup, class Ctx>
+EXC_HD void copy_ranges(Ctx& ctx, const BlockShare (&share)[kSources], const T* const (&src)[kSources], T* dst,
+                        const size_t (&offset)[kSources]) {
+  constexpr int P = Storage<T>::kPack;
+  const size_t t = static_cast<size_t>(ctx.thread());
+  const size_t nt = static_cast<size_t>(ctx.num_threads());
+  const size_t stride = nt * P;
+  for (size_t j = t * P;; j += kGroup * stride) {
+    Pack<T> v[kGroup][kSources] = {};  // initialized: g++ cannot see that only loaded packs are stored
+    bool any = false;
+    for (int u = 0; u < kGroup; ++u) {
+      for (int q = 0; q < kSources; ++q) {
+        const size_t i = share[q].pack_begin + j + u * stride;
+        if (i < share[q].pack_end) {
+          v[u][q] = ctx.load(reinterpret_cast<const Pack<T>*>(src[q] + i));
+          any = true;
+        }
+      }
+    }
+    if (!any) break;
+    for (int u = 0; u < kGroup; ++u) {
+      for (int q = 0; q < kSources; ++q) {
+        const size_t i = share[q].pack_begin + j + u * stride;
+        if (i < share[q].pack_end) put_pack(ctx, dst + offset[q] + i, v[u][q]);
+      }
+    }
+  }
+  for (int q = 0; q < kSources; ++q) {
+    for (size_t i = share[q].head_begin + t; i < share[q].head_end; i += nt) dst[offset[q] + i] = src[q][i];
+    for (size_t i = share[q].tail_begin + t; i < share[q].tail_end; i += nt) dst[offset[q] + i] = src[q][i];
+  }
+}
+
+// Packs per source per iteration of copy_ranges: half the context's loads in flight, shared by
+// the sources (at least 1).
+template <class Ctx, int kSources>
+EXC_HD constexpr int copy_ranges_group() {
+  return packs_in_flight<Ctx>() / 2 / kSources > 1 ? packs_in_flight<Ctx>() / 2 / kSources : 1;
+}
+
 // ---- The algorithms ------------------------------------------------------------------------------------
 // Each is one kernel launch's work for one block of one rank. Preconditions common to all: every
 // rank calls with the same count and the same grid (num_blocks <= kMaxBlocks), world_size <=
@@ -380,17 +425,40 @@ EXC_HD void allreduce_two_shot(Ctx& ctx, size_t count) {
     fold_range<T, kRanks>(ctx, share, ctx.scratch(me), ctx.output());
   }
   block_barrier<Protocol>(ctx, &barriers);
-  for (int k = 1; k < n; ++k) {
-    const int peer = (me + k) % n;
-    const Slice theirs = two_shot_slice(count, P, peer, n);
-    const BlockShare share = block_share(theirs.begin, theirs.end, P, ctx.block(), ctx.num_blocks());
-    if constexpr (Ctx::kTraceSteps) {
-      ctx.trace_step_begin("gather_slice");
-      trace_share(ctx, share, Access::kRead, peer, Buffer::kScratch);
-      trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
-      ctx.trace_step_end();
+  if constexpr (kRanks > 1 && kRanks <= 4 && packs_in_flight<Ctx>() > 1) {
+    // GPU: every peer's slice in one pass (copy_ranges), the same elements as the loop below
+    // (up to 4 ranks: beyond, the shares of 7 peers no longer fit the GPU's registers).
+    constexpr int S = kRanks - 1;
+    BlockShare shares[S];
+    const T* sources[S];
+    size_t offsets[S];
+    for (int k = 1; k < kRanks; ++k) {
+      const int peer = (me + k) % n;
+      const Slice theirs = two_shot_slice(count, P, peer, n);
+      shares[k - 1] = block_share(theirs.begin, theirs.end, P, ctx.block(), ctx.num_blocks());
+      sources[k - 1] = ctx.scratch(peer);
+      offsets[k - 1] = 0;
+      if constexpr (Ctx::kTraceSteps) {
+        ctx.trace_step_begin("gather_slice");
+        trace_share(ctx, shares[k - 1], Access::kRead, peer, Buffer::kScratch);
+        trace_share(ctx, shares[k - 1], Access::kWrite, me, Buffer::kOutput);
+        ctx.trace_step_end();
+      }
     }
-    copy_range<T>(ctx, share, ctx.scratch(peer), ctx.output(), 0);
+    copy_ranges<T, S, copy_ranges_group<Ctx, S>()>(ctx, shares, sources, ctx.output(), offsets);
+  } else {
+    for (int k = 1; k < n; ++k) {
+      const int peer = (me + k) % n;
+      const Slice theirs = two_shot_slice(count, P, peer, n);
+      const BlockShare share = block_share(theirs.begin, theirs.end, P, ctx.block(), ctx.num_blocks());
+      if constexpr (Ctx::kTraceSteps) {
+        ctx.trace_step_begin("gather_slice");
+        trace_share(ctx, share, Access::kRead, peer, Buffer::kScratch);
+        trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
+        ctx.trace_step_end();
+      }
+      copy_range<T>(ctx, share, ctx.scratch(peer), ctx.output(), 0);
+    }
   }
   if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
   store_barrier_count(ctx, barriers);
@@ -433,16 +501,36 @@ EXC_HD void allgather(Ctx& ctx, size_t count) {
   uint32_t barriers = load_barrier_count(ctx);
   block_barrier<Protocol>(ctx, &barriers);
   const BlockShare share = block_share(0, count, P, ctx.block(), ctx.num_blocks());
-  for (int k = 0; k < n; ++k) {
-    const int peer = (me + k) % n;
-    const size_t offset = count * static_cast<size_t>(peer);
-    if constexpr (Ctx::kTraceSteps) {
-      ctx.trace_step_begin("gather");
-      trace_share(ctx, share, Access::kRead, peer, Buffer::kInput);
-      trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput, offset);
-      ctx.trace_step_end();
+  if constexpr (kRanks > 0 && packs_in_flight<Ctx>() > 1) {
+    // GPU: every rank's input in one pass (copy_ranges), the same elements as the loop below.
+    BlockShare shares[kRanks];
+    const T* sources[kRanks];
+    size_t offsets[kRanks];
+    for (int k = 0; k < kRanks; ++k) {
+      const int peer = (me + k) % n;
+      shares[k] = share;
+      sources[k] = ctx.input(peer);
+      offsets[k] = count * static_cast<size_t>(peer);
+      if constexpr (Ctx::kTraceSteps) {
+        ctx.trace_step_begin("gather");
+        trace_share(ctx, share, Access::kRead, peer, Buffer::kInput);
+        trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput, offsets[k]);
+        ctx.trace_step_end();
+      }
     }
-    copy_range<T>(ctx, share, ctx.input(peer), ctx.output(), offset);
+    copy_ranges<T, kRanks, copy_ranges_group<Ctx, kRanks>()>(ctx, shares, sources, ctx.output(), offsets);
+  } else {
+    for (int k = 0; k < n; ++k) {
+      const int peer = (me + k) % n;
+      const size_t offset = count * static_cast<size_t>(peer);
+      if constexpr (Ctx::kTraceSteps) {
+        ctx.trace_step_begin("gather");
+        trace_share(ctx, share, Access::kRead, peer, Buffer::kInput);
+        trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput, offset);
+        ctx.trace_step_end();
+      }
+      copy_range<T>(ctx, share, ctx.input(peer), ctx.output(), offset);
+    }
   }
   if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
   store_barrier_count(ctx, barriers);
