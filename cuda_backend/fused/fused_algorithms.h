@@ -11,6 +11,11 @@
 //                              gathers the other slices' residual_out and normalizes them itself.
 //                              The gather moves half the bytes of two_stage (which gathers
 //                              residual_out AND out); the norm of the same bits gives the same out.
+//   fused_rmsnorm_one_stage_reg  one_stage with each row held in registers: the lane partials of
+//                              the sum of squares come from the registers (no read-back of
+//                              residual_out), the weight is loaded once per block before the first
+//                              barrier. Needs the Ctx extension below (sum_lane_partials) and a
+//                              block of exactly the tree's lanes; other grids take core's path.
 //   residual_rmsnorm_rows      the split path's separate residual + RMSNorm kernel (after any
 //                              all-reduce into s): one launch, no peers, no barrier.
 //   stage_fused_input          copies this rank's x into its staging buffer: exactly the rows that
@@ -109,6 +114,217 @@ EXC_HD void gather_rows(Ctx& ctx, const contract::RmsNormTree& tree, RowRange ra
   }
 }
 
+// ---- The register row engine ------------------------------------------------------------------
+// Ctx extension used by the register path (the device context of cuda_backend/fused and the CPU
+// test world provide it):
+//   float sum_lane_partials(const contract::RmsNormTree& tree, float partial)
+//       Called by every thread of a block of exactly tree.lanes threads; thread t passes lane t's
+//       partial (contract::lane_sum_squares: packs t, t + lanes, ... in order, elements in order,
+//       from 0.0f). Returns ss (the two 32-lane butterflies of contract::sum_squares) to every
+//       thread.
+// With blockDim == lanes, thread t's packs t, t + nt, ... ARE lane t's packs, so a thread that
+// holds its packs in registers has its lane partial without reading the row back.
+
+// Whether the register path serves this block: threads == lanes and at most kMax packs a thread
+// (the kernels use kMax = 2).
+template <int kMax, class Ctx>
+EXC_HD inline bool register_path_fits(const Ctx& ctx, const contract::RmsNormTree& tree) {
+  return ctx.num_threads() == tree.lanes && tree.num_packs <= kMax * tree.lanes;
+}
+
+// Packs per thread (1, 2 or 4) that the register path holds for this tree (threads == lanes). The
+// kernels take the register path for 1 and 2 (up to H = 16384 bf16/fp16, 8192 fp32): holding 4
+// would spill under the 64-register cap of 1024-thread blocks.
+EXC_HD inline int register_packs(const contract::RmsNormTree& tree) {
+  return tree.num_packs <= tree.lanes ? 1 : tree.num_packs <= 2 * tree.lanes ? 2 : 4;
+}
+
+// This thread's packs of the weight (packs t + k * nt, k < kHeld), loaded once per block.
+template <class T, int kHeld, class Ctx>
+EXC_HD void load_weight_packs(Ctx& ctx, const contract::RmsNormTree& tree, const T* weight, Pack<T> (&w)[kHeld]) {
+  constexpr int P = Storage<T>::kPack;
+  EXC_FUSED_UNROLL
+  for (int k = 0; k < kHeld; ++k) {
+    const int p = ctx.thread() + k * ctx.num_threads();
+    if (p < tree.num_packs) w[k] = ctx.load(reinterpret_cast<const Pack<T>*>(weight + static_cast<size_t>(p) * P));
+  }
+}
+
+// Normalizes a row whose residual_out packs this thread holds in ro (packs t + k * nt): lane
+// partial from the registers, ss through sum_lane_partials, out = rmsnorm_scale into out_row.
+template <class T, int kHeld, class Ctx>
+EXC_HD void normalize_held_row(Ctx& ctx, const contract::RmsNormTree& tree, const Pack<T> (&ro)[kHeld],
+                               const Pack<T> (&w)[kHeld], float eps, T* out_row) {
+  constexpr int P = Storage<T>::kPack;
+  const int t = ctx.thread(), nt = ctx.num_threads();
+  float partial = 0.0f;
+  EXC_FUSED_UNROLL
+  for (int k = 0; k < kHeld; ++k) {
+    if (t + k * nt < tree.num_packs) {
+      for (int e = 0; e < P; ++e) {
+        const float v = to_float(ro[k].v[e]);
+        partial = contract::add(partial, contract::mul(v, v));
+      }
+    }
+  }
+  const float ss = ctx.sum_lane_partials(tree, partial);
+  const float inv = contract::rmsnorm_inverse(ss, tree.hidden, eps);
+  EXC_FUSED_UNROLL
+  for (int k = 0; k < kHeld; ++k) {
+    const int p = t + k * nt;
+    if (p < tree.num_packs) {
+      Pack<T> y;
+      for (int e = 0; e < P; ++e) y.v[e] = contract::rmsnorm_scale<T>(to_float(ro[k].v[e]), inv, w[k].v[e]);
+      ctx.store(reinterpret_cast<Pack<T>*>(out_row + static_cast<size_t>(p) * P), y);
+    }
+  }
+}
+
+// core's fused_row with the row in registers: s = fold over ranks and residual_out =
+// residual_add(s, residual) for this thread's packs (all loads issued before the first store),
+// stored to residual_out (and copy_residual_out when not null), then normalize_held_row.
+template <class T, int kRanks, int kHeld, class Ctx>
+EXC_HD void fused_row_held(Ctx& ctx, const contract::RmsNormTree& tree, size_t row_begin, const T* residual,
+                           const Pack<T> (&w)[kHeld], float eps, T* residual_out, T* out, T* copy_residual_out) {
+  constexpr int P = Storage<T>::kPack;
+  const int t = ctx.thread(), nt = ctx.num_threads();
+  Pack<T> ro[kHeld];
+  EXC_FUSED_UNROLL
+  for (int k = 0; k < kHeld; ++k) {
+    const int p = t + k * nt;
+    if (p < tree.num_packs) {
+      const size_t j = static_cast<size_t>(p) * P;
+      const Pack<T> res = ctx.load(reinterpret_cast<const Pack<T>*>(residual + j));
+      const Pack<T> sum = fold_pack<T, kRanks>(ctx, row_begin + j);
+      for (int e = 0; e < P; ++e) ro[k].v[e] = contract::residual_add<T>(sum.v[e], res.v[e]);
+    }
+  }
+  EXC_FUSED_UNROLL
+  for (int k = 0; k < kHeld; ++k) {
+    const int p = t + k * nt;
+    if (p < tree.num_packs) {
+      const size_t j = static_cast<size_t>(p) * P;
+      ctx.store(reinterpret_cast<Pack<T>*>(residual_out + j), ro[k]);
+      if (copy_residual_out != nullptr) ctx.store(reinterpret_cast<Pack<T>*>(copy_residual_out + j), ro[k]);
+    }
+  }
+  normalize_held_row<T, kHeld>(ctx, tree, ro, w, eps, out);
+}
+
+// one_stage_reg with kHeld packs a thread. Steps: 1. this thread's weight packs; 2. barrier;
+// 3. for each of this block's rows (contiguous chunks of all rows): fused_row_held; 4. barrier (end).
+template <class T, int kRanks, int kHeld, class Protocol, class Ctx>
+EXC_HD void one_stage_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, const contract::RmsNormTree& tree) {
+  const size_t H = static_cast<size_t>(args.hidden);
+  Pack<T> w[kHeld];
+  load_weight_packs<T, kHeld>(ctx, tree, args.weight, w);
+  uint32_t barriers = load_barrier_count(ctx);
+  block_barrier<Protocol>(ctx, &barriers);
+  const RowRange mine = fused_block_rows(RowRange{0, args.rows}, ctx.block(), ctx.num_blocks());
+  for (int row = mine.begin; row < mine.end; ++row) {
+    const size_t base = static_cast<size_t>(row) * H;
+    fused_row_held<T, kRanks, kHeld>(ctx, tree, base, args.residual + base, w, args.eps, args.residual_out + base,
+                                     args.out + base, static_cast<T*>(nullptr));
+  }
+  if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
+// one_stage with the rows in registers (same preconditions and bits as core's
+// fused_rmsnorm_one_stage, which it runs when the register path does not fit the grid).
+template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Ctx>
+EXC_HD void fused_rmsnorm_one_stage_reg(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(args.hidden, &tree);
+  if constexpr (requires(Ctx& c, const contract::RmsNormTree& tr) { c.sum_lane_partials(tr, 0.0f); }) {
+    if (register_path_fits<2>(ctx, tree)) {
+      if (register_packs(tree) == 1) {
+        one_stage_held<T, kRanks, 1, Protocol>(ctx, args, tree);
+      } else {
+        one_stage_held<T, kRanks, 2, Protocol>(ctx, args, tree);
+      }
+      return;
+    }
+  }
+  fused_rmsnorm_one_stage<T, kRanks, Protocol>(ctx, args);
+}
+
+// The gather of gather_norm on the register path: the rows that the peers' block b wrote (peers
+// rank+1, rank+2, ...), one sequence across peers; each row's packs are loaded before the previous
+// row is normalized, so peer reads overlap the norms. Per row: store residual_out, normalize.
+template <class T, int kHeld, class Ctx>
+EXC_HD void gather_held_rows(Ctx& ctx, const contract::RmsNormTree& tree, const FusedRmsNormArgs<T>& args,
+                             const Pack<T> (&w)[kHeld]) {
+  constexpr int P = Storage<T>::kPack;
+  const size_t H = static_cast<size_t>(args.hidden);
+  const int n = ctx.world_size(), me = ctx.rank();
+  const int t = ctx.thread(), nt = ctx.num_threads();
+  // The sequence: (k, row) for k = 1..n-1 and row in peer (me + k)'s block-b rows.
+  int k = 1;
+  RowRange range = n > 1 ? fused_block_rows(fused_rank_rows(args.rows, (me + 1) % n, n), ctx.block(), ctx.num_blocks())
+                         : RowRange{};
+  int row = range.begin;
+  auto settle = [&] {  // moves (k, row) to the next existing row, or k = n at the end
+    while (k < n && row >= range.end) {
+      if (++k < n) {
+        range = fused_block_rows(fused_rank_rows(args.rows, (me + k) % n, n), ctx.block(), ctx.num_blocks());
+        row = range.begin;
+      }
+    }
+  };
+  Pack<T> next[kHeld];
+  auto fetch = [&] {
+    const T* src = ctx.scratch((me + k) % n) + static_cast<size_t>(row) * H;
+    EXC_FUSED_UNROLL
+    for (int i = 0; i < kHeld; ++i) {
+      const int p = t + i * nt;
+      if (p < tree.num_packs) next[i] = ctx.load(reinterpret_cast<const Pack<T>*>(src + static_cast<size_t>(p) * P));
+    }
+  };
+  settle();
+  if (k < n) fetch();
+  while (k < n) {
+    Pack<T> cur[kHeld];
+    EXC_FUSED_UNROLL
+    for (int i = 0; i < kHeld; ++i) cur[i] = next[i];
+    const size_t base = static_cast<size_t>(row) * H;
+    ++row;
+    settle();
+    if (k < n) fetch();
+    EXC_FUSED_UNROLL
+    for (int i = 0; i < kHeld; ++i) {
+      const int p = t + i * nt;
+      if (p < tree.num_packs) ctx.store(reinterpret_cast<Pack<T>*>(args.residual_out + base + static_cast<size_t>(p) * P), cur[i]);
+    }
+    normalize_held_row<T, kHeld>(ctx, tree, cur, w, args.eps, args.out + base);
+  }
+}
+
+// gather_norm on the register path (the steps of fused_rmsnorm_gather_norm below).
+template <class T, int kRanks, int kHeld, class Protocol, class Ctx>
+EXC_HD void gather_norm_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, const contract::RmsNormTree& tree) {
+  const size_t H = static_cast<size_t>(args.hidden);
+  Pack<T> w[kHeld];
+  load_weight_packs<T, kHeld>(ctx, tree, args.weight, w);
+  uint32_t barriers = load_barrier_count(ctx);
+  block_barrier<Protocol>(ctx, &barriers);
+  {
+    const RowRange mine = fused_block_rows(fused_rank_rows(args.rows, ctx.rank(), ctx.world_size()), ctx.block(),
+                                           ctx.num_blocks());
+    T* scratch = ctx.scratch(ctx.rank());
+    for (int row = mine.begin; row < mine.end; ++row) {
+      const size_t base = static_cast<size_t>(row) * H;
+      fused_row_held<T, kRanks, kHeld>(ctx, tree, base, args.residual + base, w, args.eps, args.residual_out + base,
+                                       args.out + base, scratch + base);
+    }
+  }
+  // Every thread's scratch stores happen-before the barrier's release (its first sync_block).
+  block_barrier<Protocol>(ctx, &barriers);
+  gather_held_rows<T, kHeld>(ctx, tree, args, w);
+  if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
 // gather_norm (one kernel launch's work for one block of one rank). Preconditions: as
 // core/fused_rmsnorm.h's algorithms (fused_rmsnorm_args_error(args) == nullptr, the same rows, H,
 // eps and grid on every rank, world_size <= kMaxRanks, every x in place in ctx.input(rank)), and
@@ -123,10 +339,22 @@ EXC_HD void gather_rows(Ctx& ctx, const contract::RmsNormTree& tree, RowRange ra
 //      only ones block b's pairwise barrier vouches for): copy residual_out from the peer's
 //      scratch (a bit copy) and normalize it here (gather_rows);
 //   5. barrier (end): no peer overwrites its scratch or x while this rank may still read them.
+// When the Ctx has sum_lane_partials and the block has exactly the tree's lanes, steps 2 and 4 run
+// on the register path (fused_row_held, gather_held_rows; the weight is loaded before step 1).
 template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Ctx>
 EXC_HD void fused_rmsnorm_gather_norm(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(args.hidden, &tree);
+  if constexpr (requires(Ctx& c, const contract::RmsNormTree& tr) { c.sum_lane_partials(tr, 0.0f); }) {
+    if (register_path_fits<2>(ctx, tree)) {
+      if (register_packs(tree) == 1) {
+        gather_norm_held<T, kRanks, 1, Protocol>(ctx, args, tree);
+      } else {
+        gather_norm_held<T, kRanks, 2, Protocol>(ctx, args, tree);
+      }
+      return;
+    }
+  }
   const size_t H = static_cast<size_t>(args.hidden);
   const int n = ctx.world_size();
   const int me = ctx.rank();
@@ -184,12 +412,13 @@ enum class FusedKernelKind : int {
   kOneStage = 0,        // core fused_rmsnorm_one_stage
   kTwoStage = 1,        // core fused_rmsnorm_two_stage
   kGatherNorm = 2,      // fused_rmsnorm_gather_norm
-  kResidualRmsNorm = 3  // residual_rmsnorm_rows (local; the split path)
+  kResidualRmsNorm = 3,  // residual_rmsnorm_rows (local; the split path)
+  kOneStageReg = 4       // fused_rmsnorm_one_stage_reg
 };
 
 // Copies from src (this rank's x, [rows, H]) into dst (its staging buffer) the rows that block
-// ctx.block() of any rank reads from this rank in `kind`: one_stage reads the block's chunk of all
-// rows; two_stage and gather_norm read, for each rank p, the block's chunk of p's slice. Bits are
+// ctx.block() of any rank reads from this rank in `kind`: one_stage (and one_stage_reg) reads the
+// block's chunk of all rows; two_stage and gather_norm read, for each rank p, the block's chunk of p's slice. Bits are
 // copied unchanged.
 template <class T, class Ctx>
 EXC_HD void stage_fused_input(Ctx& ctx, FusedKernelKind kind, const T* src, T* dst, int rows, int hidden) {
@@ -199,7 +428,7 @@ EXC_HD void stage_fused_input(Ctx& ctx, FusedKernelKind kind, const T* src, T* d
     copy_range<T>(ctx, block_share(static_cast<size_t>(r.begin) * H, static_cast<size_t>(r.end) * H, P, 0, 1), src, dst,
                   0);
   };
-  if (kind == FusedKernelKind::kOneStage) {
+  if (kind == FusedKernelKind::kOneStage || kind == FusedKernelKind::kOneStageReg) {
     copy_rows(fused_block_rows(RowRange{0, rows}, ctx.block(), ctx.num_blocks()));
   } else {
     const int n = ctx.world_size();

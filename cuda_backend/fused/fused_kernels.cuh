@@ -1,6 +1,7 @@
 // The fused kernels: core/fused_rmsnorm.h's one_stage and two_stage, and fused_algorithms.h's
-// gather_norm and residual_rmsnorm_rows, instantiated with the device context (DeviceCtx, whose
-// row_sum_squares computes the canonical tree with warp shuffles). One kernel per (storage type,
+// one_stage_reg, gather_norm and residual_rmsnorm_rows, instantiated with the device context
+// (DeviceCtx, whose row_sum_squares computes the canonical tree with warp shuffles, plus
+// sum_lane_partials for the register path). One kernel per (storage type,
 // compile-time world size, kind); included by one .cu per storage type.
 #pragma once
 
@@ -14,6 +15,38 @@
 namespace exactcoll::cuda::fused {
 
 using fused_gpu::FusedKernelKind;
+
+// The device context plus fused_algorithms.h's register-path extension, sum_lane_partials: thread
+// t holds lane t's partial (blockDim == tree.lanes, so warp w is group w); a 32-lane xor butterfly
+// of contract::add by shuffles gives each group's value; lane 0 stores it; the values, padded with
+// 0.0f to 32, get the second butterfly in every warp after one __syncthreads (the same tree as
+// contract::sum_squares). Two shared arrays alternate between calls, so one __syncthreads per call
+// suffices (call k+2 reuses call k's array only after every thread passed call k+1's sync).
+template <class T, int kRanks>
+class FusedDeviceCtx : public DeviceCtx<T, kRanks> {
+ public:
+  using DeviceCtx<T, kRanks>::DeviceCtx;
+
+  __device__ float sum_lane_partials(const contract::RmsNormTree& tree, float partial) {
+    __shared__ float group_values[2][contract::kWarp];
+    float* values = group_values[calls_++ & 1u];
+    const int lane = static_cast<int>(threadIdx.x) % contract::kWarp;
+    const int warp = static_cast<int>(threadIdx.x) / contract::kWarp;
+    float v = partial;
+    for (int off = contract::kWarp / 2; off >= 1; off /= 2) v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+    if (lane == 0) values[warp] = v;
+    if (static_cast<int>(threadIdx.x) < contract::kWarp && static_cast<int>(threadIdx.x) >= tree.groups) {
+      values[threadIdx.x] = 0.0f;
+    }
+    __syncthreads();
+    v = values[lane];
+    for (int off = contract::kWarp / 2; off >= 1; off /= 2) v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+    return v;
+  }
+
+ private:
+  uint32_t calls_ = 0;
+};
 
 template <class T>
 __device__ __forceinline__ FusedRmsNormArgs<T> fused_args(const FusedKernelArgs& args) {
@@ -34,7 +67,7 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
   if (threadIdx.x == 0) aborted = 0;
   // No __syncthreads here: every kind with waits starts with a barrier whose first step is
   // sync_block, which orders this store before any wait reads it.
-  DeviceCtx<T, kRanks> ctx(args.base, &aborted);
+  FusedDeviceCtx<T, kRanks> ctx(args.base, &aborted);
   if constexpr (kKind == FusedKernelKind::kResidualRmsNorm) {
     fused_gpu::residual_rmsnorm_rows<T>(ctx, static_cast<const T*>(args.s), static_cast<const T*>(args.residual),
                                         static_cast<const T*>(args.weight), static_cast<T*>(args.residual_out),
@@ -50,6 +83,8 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
       fused_rmsnorm_one_stage<T, kRanks>(ctx, a);
     } else if constexpr (kKind == FusedKernelKind::kTwoStage) {
       fused_rmsnorm_two_stage<T, kRanks>(ctx, a);
+    } else if constexpr (kKind == FusedKernelKind::kOneStageReg) {
+      fused_gpu::fused_rmsnorm_one_stage_reg<T, kRanks>(ctx, a);
     } else {
       fused_gpu::fused_rmsnorm_gather_norm<T, kRanks>(ctx, a);
     }
@@ -69,6 +104,9 @@ cudaError_t launch_fused_for_ranks(FusedKernelKind kind, const FusedKernelArgs& 
       break;
     case FusedKernelKind::kGatherNorm:
       fused_kernel<T, kRanks, FusedKernelKind::kGatherNorm><<<grid, block, 0, stream>>>(args);
+      break;
+    case FusedKernelKind::kOneStageReg:
+      fused_kernel<T, kRanks, FusedKernelKind::kOneStageReg><<<grid, block, 0, stream>>>(args);
       break;
     case FusedKernelKind::kResidualRmsNorm:
       return cudaErrorInvalidValue;  // not per world size: launch_fused_typed launches it

@@ -18,6 +18,7 @@ const char* kind_of_error = "internal: no fused kernel for this algorithm";
 FusedKernelKind kernel_kind(FusedAlgorithm a) {
   switch (a) {
     case FusedAlgorithm::kOneStage: return FusedKernelKind::kOneStage;
+    case FusedAlgorithm::kOneStageReg: return FusedKernelKind::kOneStageReg;
     case FusedAlgorithm::kTwoStage: return FusedKernelKind::kTwoStage;
     case FusedAlgorithm::kGatherNorm: return FusedKernelKind::kGatherNorm;
     default: throw std::logic_error(kind_of_error);

@@ -14,8 +14,9 @@ extern const char kEmbeddedFusedSm90Table[];  // generated from tuning/fused_sm9
 
 namespace {
 
-constexpr FusedAlgorithm kAll[] = {FusedAlgorithm::kOneStage, FusedAlgorithm::kTwoStage,   FusedAlgorithm::kGatherNorm,
-                                   FusedAlgorithm::kUnfused,  FusedAlgorithm::kAuto,       FusedAlgorithm::kNcclSplit};
+constexpr FusedAlgorithm kAll[] = {FusedAlgorithm::kOneStage, FusedAlgorithm::kOneStageReg, FusedAlgorithm::kTwoStage,
+                                   FusedAlgorithm::kGatherNorm, FusedAlgorithm::kUnfused, FusedAlgorithm::kAuto,
+                                   FusedAlgorithm::kNcclSplit};
 
 int pack_of(DType dtype) { return 16 / dtype_size(dtype); }
 
@@ -36,6 +37,7 @@ const char* fused_algorithm_name(FusedAlgorithm a) {
     case FusedAlgorithm::kUnfused: return "unfused";
     case FusedAlgorithm::kAuto: return "auto";
     case FusedAlgorithm::kNcclSplit: return "nccl_split";
+    case FusedAlgorithm::kOneStageReg: return "one_stage_reg";
   }
   return "?";
 }
@@ -48,18 +50,21 @@ std::optional<FusedAlgorithm> parse_fused_algorithm(const std::string& name) {
 }
 
 std::vector<FusedAlgorithm> fused_ipc_algorithms() {
-  return {FusedAlgorithm::kOneStage, FusedAlgorithm::kTwoStage, FusedAlgorithm::kGatherNorm, FusedAlgorithm::kUnfused};
+  return {FusedAlgorithm::kOneStage, FusedAlgorithm::kOneStageReg, FusedAlgorithm::kTwoStage, FusedAlgorithm::kGatherNorm,
+          FusedAlgorithm::kUnfused};
 }
 
 bool is_fused_kernel(FusedAlgorithm a) {
-  return a == FusedAlgorithm::kOneStage || a == FusedAlgorithm::kTwoStage || a == FusedAlgorithm::kGatherNorm;
+  return a == FusedAlgorithm::kOneStage || a == FusedAlgorithm::kOneStageReg || a == FusedAlgorithm::kTwoStage ||
+         a == FusedAlgorithm::kGatherNorm;
 }
 
 LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType dtype, int world_size) {
   LaunchConfig g;
   g.threads = tree_threads(hidden, dtype);
   const int n = std::max(1, world_size);
-  const int per_block_rows = algo == FusedAlgorithm::kOneStage ? rows : (rows + n - 1) / n;
+  const bool all_rows = algo == FusedAlgorithm::kOneStage || algo == FusedAlgorithm::kOneStageReg;
+  const int per_block_rows = all_rows ? rows : (rows + n - 1) / n;
   g.blocks = std::clamp(per_block_rows, 1, kMaxBlocks);
   return g;
 }
@@ -113,7 +118,7 @@ FusedTable FusedTable::parse(const std::string& text, const std::string& name) {
     const auto algo = parse_fused_algorithm(fields[4]);
     const auto allowed = fused_ipc_algorithms();
     if (!algo || std::find(allowed.begin(), allowed.end(), *algo) == allowed.end()) {
-      throw bad("algorithm '" + fields[4] + "' is not one of one_stage, two_stage, gather_norm, unfused");
+      throw bad("algorithm '" + fields[4] + "' is not one of one_stage, one_stage_reg, two_stage, gather_norm, unfused");
     }
     row.algo = *algo;
     const long blocks = std::strtol(fields[5].c_str(), &end, 10);
@@ -152,7 +157,7 @@ FusedChoice FusedTable::default_choice(int world_size, int rows, int hidden, DTy
   FusedChoice c;
   if (requested == FusedAlgorithm::kAuto) {
     const uint64_t bytes = static_cast<uint64_t>(rows) * static_cast<uint64_t>(hidden) * dtype_size(dtype);
-    c.algo = rows <= 16 || bytes <= (uint64_t{256} << 10) ? FusedAlgorithm::kOneStage : FusedAlgorithm::kGatherNorm;
+    c.algo = rows <= 16 || bytes <= (uint64_t{256} << 10) ? FusedAlgorithm::kOneStageReg : FusedAlgorithm::kGatherNorm;
   } else {
     c.algo = requested;
   }

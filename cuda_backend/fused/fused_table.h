@@ -23,12 +23,13 @@
 
 namespace exactcoll::cuda::fused {
 
-// one_stage, two_stage: core/fused_rmsnorm.h's (what the simulator runs). gather_norm:
-// fused_algorithms.h's two-stage variant (gathers residual_out only, normalizes locally).
+// one_stage, two_stage: core/fused_rmsnorm.h's (what the simulator runs). one_stage_reg:
+// fused_algorithms.h's one_stage with the row in registers. gather_norm: fused_algorithms.h's
+// two-stage variant (gathers residual_out only, normalizes locally).
 // unfused: the project's all-reduce (auto) + the separate residual + RMSNorm kernel. auto: the
 // table. nccl_split: NCCL all-reduce + the same separate kernel (baseline; NCCL's sums follow no
 // contract, so its bits are not the contract's).
-enum class FusedAlgorithm : uint8_t { kOneStage, kTwoStage, kGatherNorm, kUnfused, kAuto, kNcclSplit };
+enum class FusedAlgorithm : uint8_t { kOneStage, kTwoStage, kGatherNorm, kUnfused, kAuto, kNcclSplit, kOneStageReg };
 
 const char* fused_algorithm_name(FusedAlgorithm a);
 // Parses the names above; nullopt otherwise.
@@ -86,7 +87,7 @@ class FusedTable {
   FusedChoice choose(const std::string& arch, int world_size, int rows, int hidden, DType dtype,
                      FusedAlgorithm requested) const;
 
-  // The heuristic without a table: one_stage up to 16 rows or 256 KiB per rank, gather_norm above.
+  // The heuristic without a table: one_stage_reg up to 16 rows or 256 KiB per rank, gather_norm above.
   static FusedChoice default_choice(int world_size, int rows, int hidden, DType dtype, FusedAlgorithm requested);
 
   // The table in the file format, header comment lines first.

@@ -113,7 +113,31 @@ void poison(T* p, size_t n) {
   }
 }
 
-enum class Run { kGatherNorm, kGatherNormStaged, kOneStageStaged, kTwoStageStaged };
+enum class Run { kGatherNorm, kGatherNormStaged, kOneStageStaged, kTwoStageStaged, kOneStageReg, kGatherNormReg };
+
+// The test world's context plus the register path's sum_lane_partials (fused_algorithms.h): each
+// thread stores its lane partial into its (rank, block)'s shared array, sync_block, and every
+// thread computes the two butterflies of contract::sum_squares over the array. Two arrays
+// alternate, as on the GPU.
+template <class T>
+struct RegCtx : ThreadWorld<T>::Ctx {
+  float* shared = nullptr;  // 2 * kMaxLanes floats of this (rank, block)
+  uint32_t calls = 0;
+  float sum_lane_partials(const contract::RmsNormTree& tree, float partial) {
+    float* values = shared + (calls++ & 1u) * contract::kMaxLanes;
+    values[this->thread()] = partial;
+    this->sync_block();
+    float groups[contract::kWarp] = {};
+    for (int g = 0; g < tree.groups; ++g) {
+      float lanes[contract::kWarp];
+      for (int l = 0; l < contract::kWarp; ++l) lanes[l] = values[g * contract::kWarp + l];
+      contract::butterfly32(lanes);
+      groups[g] = lanes[0];
+    }
+    contract::butterfly32(groups);
+    return groups[0];
+  }
+};
 
 // Runs one algorithm on a fresh world; returns the number of differing elements over all ranks
 // and both outputs.
@@ -135,14 +159,21 @@ size_t run_and_count(const Problem<T>& p, Run run, int blocks, int threads) {
     poison(ro[r].data(), count);
     poison(out[r].data(), count);
     poison(world.scratches[r].data(), scratch);
-    if (run == Run::kGatherNorm) {
+    if (run == Run::kGatherNorm || run == Run::kGatherNormReg) {
       std::memcpy(world.inputs[r].data(), xs[r].data(), count * sizeof(T));
     } else {
       poison(world.inputs[r].data(), count);  // the kernel stages what its blocks read
     }
   }
   using Ctx = typename ThreadWorld<T>::Ctx;
-  world.run([&](Ctx& ctx) {
+  std::vector<std::vector<float>> shared(static_cast<size_t>(p.ranks * blocks),
+                                         std::vector<float>(2 * contract::kMaxLanes));
+  world.run([&](Ctx& base_ctx) {
+    RegCtx<T> reg_ctx;
+    static_cast<Ctx&>(reg_ctx) = base_ctx;
+    reg_ctx.shared = shared[static_cast<size_t>(base_ctx.rank() * blocks + base_ctx.block())].data();
+    const bool reg = run == Run::kOneStageReg || run == Run::kGatherNormReg;
+    auto body = [&](auto& ctx) {
     const int r = ctx.rank();
     FusedRmsNormArgs<T> a;
     a.residual = residual[r].data();
@@ -154,18 +185,29 @@ size_t run_and_count(const Problem<T>& p, Run run, int blocks, int threads) {
     a.eps = p.eps;
     const FusedKernelKind kind = run == Run::kOneStageStaged   ? FusedKernelKind::kOneStage
                                  : run == Run::kTwoStageStaged ? FusedKernelKind::kTwoStage
+                                 : run == Run::kOneStageReg    ? FusedKernelKind::kOneStageReg
                                                                : FusedKernelKind::kGatherNorm;
-    if (run != Run::kGatherNorm) stage_fused_input<T>(ctx, kind, xs[r].data(), world.inputs[r].data(), p.rows, p.hidden);
+    const bool staged = run == Run::kGatherNormStaged || run == Run::kOneStageStaged || run == Run::kTwoStageStaged ||
+                        run == Run::kOneStageReg;
+    if (staged) stage_fused_input<T>(ctx, kind, xs[r].data(), world.inputs[r].data(), p.rows, p.hidden);
     dispatch_world_size(p.ranks, [&](auto n) {
       constexpr int kRanks = decltype(n)::value;
       if (kind == FusedKernelKind::kOneStage) {
         fused_rmsnorm_one_stage<T, kRanks>(ctx, a);
       } else if (kind == FusedKernelKind::kTwoStage) {
         fused_rmsnorm_two_stage<T, kRanks>(ctx, a);
+      } else if (kind == FusedKernelKind::kOneStageReg) {
+        fused_rmsnorm_one_stage_reg<T, kRanks>(ctx, a);
       } else {
         fused_rmsnorm_gather_norm<T, kRanks>(ctx, a);
       }
     });
+    };
+    if (reg) {
+      body(reg_ctx);
+    } else {
+      body(base_ctx);
+    }
   });
   std::vector<T> want_ro, want_out;
   p.expected(&want_ro, &want_out);
@@ -253,6 +295,37 @@ TYPED_TEST(FusedAlgorithmsTest, ResidualRmsNormRowsMatchTheContract) {
           EXPECT_EQ(differing(out.data(), want_out), 0u) << "rows " << rows << " H " << hidden << " blocks " << blocks;
         }
       }
+    }
+  }
+}
+
+// The register path (threads == the tree's lanes): one_stage_reg and gather_norm hold each row in
+// registers and take the lane partials from them. Lanes 32 and 64 (one and two groups), and rows
+// that hold 2 packs a thread and 4 (beyond the register path: the memory path), 1024 threads a block, in a few
+// cases (2048 std::threads).
+TYPED_TEST(FusedAlgorithmsTest, RegisterPathMatchesTheContract) {
+  using T = TypeParam;
+  constexpr int P = Storage<T>::kPack;
+  uint64_t seed = 5001;
+  for (Run run : {Run::kOneStageReg, Run::kGatherNormReg}) {
+    for (int ranks : {1, 2, 3}) {
+      for (int rows : {1, 4, 7}) {
+        for (int hidden : {5 * P, 40 * P}) {
+          const int lanes = hidden / P <= 32 ? 32 : 64;
+          for (int blocks : {1, 2}) {
+            const Problem<T> p(ranks, rows, hidden, ++seed, true);
+            EXPECT_EQ(run_and_count(p, run, blocks, lanes), 0u)
+                << "run " << static_cast<int>(run) << " ranks " << ranks << " rows " << rows << " H " << hidden
+                << " blocks " << blocks;
+          }
+        }
+      }
+    }
+  }
+  for (Run run : {Run::kOneStageReg, Run::kGatherNormReg}) {
+    for (int packs : {1500, 2056}) {  // 2 packs a thread (register path); 4 (the memory path)
+      const Problem<T> p(2, 3, packs * P, ++seed, true);
+      EXPECT_EQ(run_and_count(p, run, 1, 1024), 0u) << "run " << static_cast<int>(run) << " packs " << packs;
     }
   }
 }

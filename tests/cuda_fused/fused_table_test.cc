@@ -44,7 +44,7 @@ TEST(FusedTable, ParsesAndPicksTheFastestAtTheNearestMeasuredPoint) {
   // Another world size: the heuristic.
   c = t.choose("sm90", 2, 1, 8192, DType::kBF16, FusedAlgorithm::kAuto);
   EXPECT_FALSE(c.from_table);
-  EXPECT_EQ(c.algo, FusedAlgorithm::kOneStage);
+  EXPECT_EQ(c.algo, FusedAlgorithm::kOneStageReg);
   // A named algorithm: itself, with its default grid.
   c = t.choose("sm90", 4, 256, 8192, DType::kBF16, FusedAlgorithm::kTwoStage);
   EXPECT_EQ(c.algo, FusedAlgorithm::kTwoStage);
@@ -52,10 +52,12 @@ TEST(FusedTable, ParsesAndPicksTheFastestAtTheNearestMeasuredPoint) {
 }
 
 TEST(FusedTable, HeuristicAndDefaultGrids) {
-  EXPECT_EQ(FusedTable::default_choice(4, 16, 8192, DType::kBF16, FusedAlgorithm::kAuto).algo, FusedAlgorithm::kOneStage);
+  EXPECT_EQ(FusedTable::default_choice(4, 16, 8192, DType::kBF16, FusedAlgorithm::kAuto).algo,
+            FusedAlgorithm::kOneStageReg);
   EXPECT_EQ(FusedTable::default_choice(4, 17, 8192, DType::kBF16, FusedAlgorithm::kAuto).algo,
             FusedAlgorithm::kGatherNorm);
-  EXPECT_EQ(FusedTable::default_choice(4, 100, 512, DType::kBF16, FusedAlgorithm::kAuto).algo, FusedAlgorithm::kOneStage);
+  EXPECT_EQ(FusedTable::default_choice(4, 100, 512, DType::kBF16, FusedAlgorithm::kAuto).algo,
+            FusedAlgorithm::kOneStageReg);
   // Threads: the tree's lanes (H / pack rounded up to warps, capped at 1024), at least 64.
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kOneStage, 3, 2880, DType::kBF16, 4).threads, 384);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kOneStage, 3, 2880, DType::kBF16, 4).blocks, 3);
@@ -104,7 +106,7 @@ TEST(FusedTable, RejectsMalformedLinesNamingThem) {
 }
 
 TEST(FusedTable, NamesRoundTrip) {
-  for (FusedAlgorithm a : {FusedAlgorithm::kOneStage, FusedAlgorithm::kTwoStage, FusedAlgorithm::kGatherNorm,
+  for (FusedAlgorithm a : {FusedAlgorithm::kOneStage, FusedAlgorithm::kOneStageReg, FusedAlgorithm::kTwoStage, FusedAlgorithm::kGatherNorm,
                            FusedAlgorithm::kUnfused, FusedAlgorithm::kAuto, FusedAlgorithm::kNcclSplit}) {
     EXPECT_EQ(parse_fused_algorithm(fused_algorithm_name(a)), a);
   }

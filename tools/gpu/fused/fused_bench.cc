@@ -1,6 +1,6 @@
 // `exactcoll bench --op fused_rmsnorm --nproc N [--hidden 4096,8192] [--rows …] [--algos …]`: the
 // fused all-reduce + residual + RMSNorm against the split paths, measured in the same run:
-//   one_stage, two_stage, gather_norm   the fused kernels (one launch each)
+//   one_stage, one_stage_reg, two_stage, gather_norm   the fused kernels (one launch each)
 //   auto                                what the table picks (after --write-table: the new table)
 //   unfused                             the project's all-reduce (auto) + the separate residual +
 //                                       RMSNorm kernel (the split path that keeps the contract)
@@ -50,13 +50,15 @@ constexpr const char* kCommand = "bench";
 using cuda::fused::FusedAlgorithm;
 
 // What a column measures: a FusedAlgorithm, or one part of the split path alone.
-enum class Column { kOneStage, kTwoStage, kGatherNorm, kAuto, kUnfused, kNcclSplit, kAllReduce, kNorm };
-constexpr Column kColumns[] = {Column::kOneStage, Column::kTwoStage,  Column::kGatherNorm, Column::kAuto,
-                               Column::kUnfused,  Column::kNcclSplit, Column::kAllReduce,  Column::kNorm};
+enum class Column { kOneStage, kOneStageReg, kTwoStage, kGatherNorm, kAuto, kUnfused, kNcclSplit, kAllReduce, kNorm };
+constexpr Column kColumns[] = {Column::kOneStage, Column::kOneStageReg, Column::kTwoStage,  Column::kGatherNorm,
+                               Column::kAuto,     Column::kUnfused,     Column::kNcclSplit, Column::kAllReduce,
+                               Column::kNorm};
 
 const char* column_name(Column c) {
   switch (c) {
     case Column::kOneStage: return "one_stage";
+    case Column::kOneStageReg: return "one_stage_reg";
     case Column::kTwoStage: return "two_stage";
     case Column::kGatherNorm: return "gather_norm";
     case Column::kAuto: return "auto";
@@ -71,6 +73,7 @@ const char* column_name(Column c) {
 std::optional<FusedAlgorithm> algorithm_of(Column c) {
   switch (c) {
     case Column::kOneStage: return FusedAlgorithm::kOneStage;
+    case Column::kOneStageReg: return FusedAlgorithm::kOneStageReg;
     case Column::kTwoStage: return FusedAlgorithm::kTwoStage;
     case Column::kGatherNorm: return FusedAlgorithm::kGatherNorm;
     case Column::kAuto: return FusedAlgorithm::kAuto;
@@ -279,7 +282,7 @@ int bench_worker(const BenchOptions& o) {
   if (!o.table_path.empty()) {
     std::vector<cuda::fused::FusedTableRow> rows;
     for (const Point& p : points) {
-      for (Column c : {Column::kOneStage, Column::kTwoStage, Column::kGatherNorm, Column::kUnfused}) {
+      for (Column c : {Column::kOneStage, Column::kOneStageReg, Column::kTwoStage, Column::kGatherNorm, Column::kUnfused}) {
         if (!p.graph_us.count(c)) continue;
         cuda::fused::FusedTableRow row;
         row.arch = comm.arch();
@@ -321,9 +324,9 @@ int bench_worker(const BenchOptions& o) {
   std::snprintf(line, sizeof line, "\n# fused_rmsnorm, %d ranks, %s, CUDA graph, us per op (max over ranks)\n", n,
                 dtype_name(o.dtype));
   os << line;
-  std::snprintf(line, sizeof line, "%6s %5s %9s %9s %9s %11s %9s %-12s %9s %10s %9s %7s %7s %6s\n", "H", "rows", "KB",
-                "one_stage", "two_stage", "gather_norm", "auto", "(auto=)", "unfused", "nccl_split", "allreduce", "norm",
-                "speedup", "#wrong");
+  std::snprintf(line, sizeof line, "%5s %4s %7s %9s %9s %9s %9s %7s %-16s %7s %7s %7s %5s %6s %5s\n", "H", "rows", "KB",
+                "one_stage", "1stg_reg", "two_stage", "gath_norm", "auto", "(auto=)", "unfused", "nccl_sp", "allred", "norm",
+                "speedup", "wrong");
   os << line;
   std::ostringstream csv;
   csv << "world_size,dtype,hidden,rows,bytes,column,chosen,graph_us,eager_us\n";
@@ -342,9 +345,10 @@ int bench_worker(const BenchOptions& o) {
       }
     }
     const std::string auto_choice = p.chosen.count(Column::kAuto) ? p.chosen.at(Column::kAuto) : "";
-    std::snprintf(line, sizeof line, "%6lld %5lld %9.1f %9s %9s %11s %9s %-12s %9s %10s %9s %7s %7s %6llu\n",
+    std::snprintf(line, sizeof line, "%5lld %4lld %7.0f %9s %9s %9s %9s %7s %-16s %7s %7s %7s %5s %6s %5llu\n",
                   static_cast<long long>(p.hidden), static_cast<long long>(p.rows), kb,
-                  us_text(p.graph_us, Column::kOneStage).c_str(), us_text(p.graph_us, Column::kTwoStage).c_str(),
+                  us_text(p.graph_us, Column::kOneStage).c_str(), us_text(p.graph_us, Column::kOneStageReg).c_str(),
+                  us_text(p.graph_us, Column::kTwoStage).c_str(),
                   us_text(p.graph_us, Column::kGatherNorm).c_str(), us_text(p.graph_us, Column::kAuto).c_str(),
                   auto_choice.c_str(), us_text(p.graph_us, Column::kUnfused).c_str(),
                   us_text(p.graph_us, Column::kNcclSplit).c_str(), us_text(p.graph_us, Column::kAllReduce).c_str(),
@@ -382,7 +386,7 @@ int run_fused_bench(int argc, char** argv) {
   double eps = 1e-6;
   std::string op_text, dtype_text = "bf16", hidden_text = "4096,8192",
                        rows_text = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096",
-                       columns_text = "one_stage,two_stage,gather_norm,auto,unfused,nccl_split,allreduce,norm";
+                       columns_text = "one_stage,one_stage_reg,two_stage,gather_norm,auto,unfused,nccl_split,allreduce,norm";
   BenchOptions o;
   cli::ArgParser parser(
       "exactcoll bench --op fused_rmsnorm --nproc N [--dtype bf16|fp16|fp32] [--hidden 4096,8192] [--rows …] "
@@ -398,7 +402,8 @@ int run_fused_bench(int argc, char** argv) {
   parser.add_string("hidden", &hidden_text, "comma list of H");
   parser.add_string("rows", &rows_text, "comma list of row counts");
   parser.add_string("algos", &columns_text,
-                    "comma list of one_stage, two_stage, gather_norm, auto, unfused, nccl_split, allreduce, norm");
+                    "comma list of one_stage, one_stage_reg, two_stage, gather_norm, auto, unfused, nccl_split, allreduce, "
+                    "norm");
   parser.add_int("graph-ops", &o.graph_ops, "ops captured per CUDA graph");
   parser.add_int("replays", &o.replays, "timed graph replays (the median is reported)");
   parser.add_int("warmup", &o.warmup, "untimed replays first");

@@ -8,13 +8,14 @@
 //   2. the scalar reference computes the contract's outputs; the simulator runs each algorithm
 //      that it has (one_stage, two_stage, unfused; above --sim-all-max-elements one_stage only)
 //      on the same inputs;
-//   3. each algorithm (one_stage, two_stage, gather_norm, unfused, auto) runs on the GPUs in these
+//   3. each algorithm (one_stage, one_stage_reg, two_stage, gather_norm, unfused, auto) runs in these
 //      variants: staged x, registered x, registered x replayed twice from a CUDA graph, forced grids
 //      (3 blocks x 64 threads staged; 64 x 1024 registered) and chunked (a second communicator with
 //      1 MiB buffers, so that larger problems run as several launches over row chunks); both outputs
 //      are poisoned first, so an element no thread writes shows as a mismatch;
 //   4. every output bit of this rank is compared with the simulator's (the same algorithm, or
-//      one_stage for gather_norm; all are the contract's bits) and with the reference;
+//      one_stage for one_stage_reg and gather_norm; all are the contract's bits) and with the
+//      reference;
 //   5. counts are summed over ranks; rank 0 prints one line per (dtype, algorithm, variant).
 // Exit 0 when nothing differs, 1 when something does, 3 on a runtime failure.
 #include <cuda_runtime_api.h>
@@ -75,6 +76,7 @@ uint64_t mix(uint64_t a, uint64_t b) {
 std::optional<FusedAlgo> sim_algo(FusedAlgorithm a) {
   switch (a) {
     case FusedAlgorithm::kOneStage: return FusedAlgo::kOneStage;
+    case FusedAlgorithm::kOneStageReg: return FusedAlgo::kOneStage;
     case FusedAlgorithm::kTwoStage: return FusedAlgo::kTwoStage;
     case FusedAlgorithm::kUnfused: return FusedAlgo::kUnfused;
     default: return std::nullopt;
@@ -311,7 +313,7 @@ int run_fused_verify(int argc, char** argv) {
   int64_t nproc = 0, seed = -1;
   double eps = 1e-6;
   std::string ops_text, dtypes_text = "bf16,fp16", hidden_text = "2880,4096,5120,7168,8192,16384",
-                        rows_text = "1,2,3,7,16,64,257,1024,4096", algos_text = "one_stage,two_stage,gather_norm,unfused,auto";
+                        rows_text = "1,2,3,7,16,64,257,1024,4096", algos_text = "one_stage,one_stage_reg,two_stage,gather_norm,unfused,auto";
   VerifyOptions o;
   cli::ArgParser parser(
       "exactcoll verify --nproc N --ops fused_rmsnorm [--dtypes …] [--hidden …] [--rows …] [--algos …] [--iters K] "
@@ -326,7 +328,7 @@ int run_fused_verify(int argc, char** argv) {
   parser.add_string("dtypes", &dtypes_text, "comma list of bf16, fp16, fp32");
   parser.add_string("hidden", &hidden_text, "comma list of H");
   parser.add_string("rows", &rows_text, "comma list of row counts");
-  parser.add_string("algos", &algos_text, "comma list of one_stage, two_stage, gather_norm, unfused, auto");
+  parser.add_string("algos", &algos_text, "comma list of one_stage, one_stage_reg, two_stage, gather_norm, unfused, auto");
   parser.add_int("max-elements", &o.max_elements, "skip (H, rows) with rows * H above this");
   parser.add_int("sim-all-max-elements", &o.sim_all_max_elements,
                  "simulate each GPU algorithm itself up to this rows * H (one_stage above)");
@@ -348,7 +350,8 @@ int run_fused_verify(int argc, char** argv) {
   for (const auto& s : split_list(algos_text)) {
     const auto a = cuda::fused::parse_fused_algorithm(s);
     if (!a || *a == FusedAlgorithm::kNcclSplit) {
-      return cli::fail(kCommand, "unknown algorithm '" + s + "' (one_stage, two_stage, gather_norm, unfused, auto)");
+      return cli::fail(kCommand,
+                       "unknown algorithm '" + s + "' (one_stage, one_stage_reg, two_stage, gather_norm, unfused, auto)");
     }
     o.algos.push_back(*a);
   }
