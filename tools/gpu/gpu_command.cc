@@ -224,6 +224,8 @@ int run_gpu(int argc, char** argv) {
     return cli::fail("gpu", "give either --input FILE or --count C (with --seed S)");
   }
   if (o.input_path.empty() && o.count < 1) return cli::fail("gpu", "--count must be at least 1");
+  if (parser.given("seed") && !o.input_path.empty()) return cli::fail("gpu", "--seed applies to random inputs (--count)");
+  if (seed < 0) return cli::fail("gpu", "--seed must be >= 0, got " + std::to_string(seed));
   if (o.blocks < 0 || o.blocks > 64) return cli::fail("gpu", "--blocks must be 1..64");
   if (o.threads != 0 && (o.threads < 64 || o.threads > 1024 || o.threads % 32 != 0)) {
     return cli::fail("gpu", "--threads must be a multiple of 32 in 64..1024");
