@@ -169,7 +169,8 @@ int gpu_worker(const GpuOptions& o) {
       os << "gpu " << op_name(o.op) << ": " << n << " ranks, " << dtype_name(o.dtype) << ", " << count
          << " elements per rank, algo " << cuda::algorithm_name(info.algo);
       if (info.grid.blocks > 0) os << " (" << info.grid.blocks << "x" << info.grid.threads << ")";
-      os << (info.staged ? ", staged" : ", registered") << (o.graph ? ", CUDA graph" : "");
+      if (info.algo != Algorithm::kNccl) os << (info.staged ? ", staged" : ", registered");
+      os << (o.graph ? ", CUDA graph" : "");
       if (!info.exact) os << ", NOT bit-exact (" << (info.note.empty() ? "NCCL" : info.note) << ")";
       if (!o.output_path.empty()) os << ", output " << o.output_path << " " << npy::shape_text(shape);
       os << ", sha256 " << tools::sha256_hex(all.data(), all.size()) << "\n";
