@@ -114,17 +114,16 @@ cudaError_t launch_for_ranks(KernelKind kind, const KernelArgs& args, LaunchConf
   return cudaErrorInvalidValue;
 }
 
-// Compile-time world sizes 2, 3, 4 and 8 (the machines' shapes); every other size runs the
-// run-time-n kernels (same bits, the loads are issued rank by rank).
+// World sizes 1..8 as compile-time constants (core's dispatch_world_size: every rank's loads are
+// issued before the first add); larger worlds run the run-time-n kernels (same bits, loads issued
+// rank by rank).
 template <class T>
 cudaError_t launch_typed(KernelKind kind, const KernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
-  switch (args.world_size) {
-    case 2: return launch_for_ranks<T, 2>(kind, args, cfg, stream);
-    case 3: return launch_for_ranks<T, 3>(kind, args, cfg, stream);
-    case 4: return launch_for_ranks<T, 4>(kind, args, cfg, stream);
-    case 8: return launch_for_ranks<T, 8>(kind, args, cfg, stream);
-    default: return launch_for_ranks<T, 0>(kind, args, cfg, stream);
-  }
+  cudaError_t result = cudaErrorInvalidValue;
+  dispatch_world_size(args.world_size, [&](auto ranks) {
+    result = launch_for_ranks<T, decltype(ranks)::value>(kind, args, cfg, stream);
+  });
+  return result;
 }
 
 }  // namespace exactcoll::cuda

@@ -211,7 +211,7 @@ struct MiniWorld {
 
 template <class T, int kRanks>
 void check_algorithms(size_t c, int blocks, int threads) {
-  const DType dtype = sizeof(T) == 4 ? DType::kFP32 : DType::kBF16;
+  const DType dtype = sizeof(T) == 4 ? DType::kFP32 : std::is_same_v<T, bf16> ? DType::kBF16 : DType::kFP16;
   const int n = kRanks;
   for (int algo = 0; algo < 4; ++algo) {  // one_shot, two_shot, reduce_scatter, allgather
     const size_t count = algo == 2 ? c * n : c;
@@ -249,9 +249,11 @@ TEST(GroupedLoops, WholeAlgorithmsWithTheGpuGroupingEqualTheContract) {
   for (size_t c : {size_t{1}, size_t{9}, size_t{1003}}) {
     for (int blocks : {1, 3}) {
       for (int threads : {1, 3}) {
+        check_algorithms<bf16, 1>(c, blocks, threads);
         check_algorithms<bf16, 2>(c, blocks, threads);
         check_algorithms<float, 3>(c, blocks, threads);
         check_algorithms<bf16, 4>(c, blocks, threads);
+        check_algorithms<fp16, 5>(c, blocks, threads);  // two_shot's gather: the per-peer loop (> 4 ranks)
       }
     }
   }
