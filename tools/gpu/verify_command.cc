@@ -300,14 +300,17 @@ int run_verify(int argc, char** argv) {
       "Runs every op and algorithm of the CUDA IPC path (one process per GPU) on random and\n"
       "adversarial inputs (NaN payloads, ±0, ±inf, subnormals, overflowing sums, 1 element, odd\n"
       "counts), in staged, registered, CUDA-graph and forced-grid variants, and compares every\n"
-      "output bit with the simulator and with the contract. Exit 0 when nothing differs, 1 when\n"
+      "output bit with the simulator and with the contract. Without --ops the fused all-reduce +\n"
+      "residual + RMSNorm is verified too, after the collectives. Exit 0 when nothing differs, 1 when\n"
       "something does, 3 on a runtime failure (e.g. a peer that never arrived at a barrier).");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
-  parser.add_string("ops", &ops_text, "comma list of allreduce, reduce_scatter, allgather");
+  parser.add_string("ops", &ops_text,
+                    "comma list of allreduce, reduce_scatter, allgather, or fused_rmsnorm alone (see verify --ops "
+                    "fused_rmsnorm --help); without --ops: all of them");
   parser.add_string("dtypes", &dtypes_text, "comma list of bf16, fp16, fp32");
   parser.add_string("patterns", &patterns_text, "comma list of input patterns");
   parser.add_int("iters", &o.iters, "repetitions with fresh inputs");
-  parser.add_int("seed", &seed, "seed of the inputs (default: from the clock, printed)");
+  parser.add_int("seed", &seed, "seed of the inputs (default: derived from the job's store token, printed)");
   parser.add_int("max-count", &o.max_count, "largest element count per rank tried");
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
   parser.add_int("buffer-mib", &o.buffer_mib, "staging and scratch MiB per rank");
@@ -334,6 +337,38 @@ int run_verify(int argc, char** argv) {
   if (o.ops.empty() || o.dtypes.empty() || o.patterns.empty()) return cli::fail("verify", "nothing to verify");
   if (o.iters < 1 || o.max_count < 1 || o.timeout_ms < 1 || o.buffer_mib < 1) {
     return cli::fail("verify", "--iters, --max-count, --timeout-ms and --buffer-mib must be positive");
+  }
+  const char* rank_env = std::getenv("RANK");
+  const bool in_worker = rank_env != nullptr && *rank_env != '\0';
+  if (!parser.given("ops") && !in_worker && parser.given("nproc")) {
+    // No --ops: every op. Two jobs, one after the other (each with its own store and GPUs' state):
+    // the collectives, then the fused all-reduce + residual + RMSNorm with its own defaults for H
+    // and rows, and the same dtypes, seed, repetitions and wait bound when they were given.
+    std::vector<std::string> collective_args(argv, argv + argc);
+    collective_args.insert(collective_args.end(), {"--ops", "allreduce,reduce_scatter,allgather"});
+    std::vector<std::string> fused_args = {"verify", "--ops", "fused_rmsnorm", "--nproc", std::to_string(nproc)};
+    for (const char* flag : {"dtypes", "seed", "iters", "timeout-ms"}) {
+      if (!parser.given(flag)) continue;
+      fused_args.push_back(std::string("--") + flag);
+      fused_args.push_back(flag == std::string("dtypes") ? dtypes_text
+                           : flag == std::string("seed") ? std::to_string(seed)
+                           : flag == std::string("iters") ? std::to_string(o.iters)
+                                                          : std::to_string(o.timeout_ms));
+    }
+    auto run_with = [](std::vector<std::string>& args, int (*run)(int, char**)) {
+      std::vector<char*> v;
+      for (auto& a : args) v.push_back(a.data());
+      v.push_back(nullptr);
+      return run(static_cast<int>(args.size()), v.data());
+    };
+    const int collectives = run_with(collective_args, run_verify);
+    const int fused = run_with(fused_args, run_fused_verify);
+    // The worse of the two: a runtime failure (3) over differing bits (1) over success (0).
+    return std::max(collectives, fused);
+  }
+  if (!parser.given("ops") && in_worker && std::string(rank_env) == "0") {
+    std::cerr << "exactcoll verify: under torchrun or launch, verify the fused op with a second job: "
+                 "exactcoll verify --ops fused_rmsnorm\n";
   }
   if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "verify")) return *code;
   // Every rank needs the same seed: without --seed, rank 0's clock is shared through the store
