@@ -1,5 +1,6 @@
 #include "tools/gpu/inputs.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "sim/prng.h"
@@ -90,6 +91,20 @@ const std::vector<Pattern>& all_patterns() {
   static const std::vector<Pattern> patterns = {Pattern::kRandom,   Pattern::kRandomBits, Pattern::kSpecials,
                                                 Pattern::kOverflow, Pattern::kSubnormal,  Pattern::kCancel};
   return patterns;
+}
+
+uint64_t mix_seed(uint64_t a, uint64_t b) {
+  uint64_t z = a * 0x9E3779B97F4A7C15ull + b + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t seed_from_store_token() {
+  const char* token = std::getenv("EXACTCOLL_STORE_TOKEN");
+  uint64_t h = 1469598103934665603ull;
+  for (const char* p = token != nullptr ? token : ""; *p != '\0'; ++p) h = (h ^ static_cast<uint8_t>(*p)) * 1099511628211ull;
+  return h % 1000000007ull;
 }
 
 std::optional<DType> parse_dtype(const std::string& name) {

@@ -34,6 +34,14 @@ std::vector<uint8_t> make_input(DType dtype, size_t count, int rank, uint64_t se
 // Returns every rank's input (index = rank).
 std::vector<std::vector<uint8_t>> make_inputs(DType dtype, size_t count, int world_size, uint64_t seed, Pattern pattern);
 
+// Returns a well-mixed 64-bit combination of a and b (SplitMix64's finalizer over a * golden + b):
+// the verify commands derive each case's seed from (seed, iteration, case) with it.
+uint64_t mix_seed(uint64_t a, uint64_t b);
+
+// Returns the default seed of a verify job: an FNV-1a hash of EXACTCOLL_STORE_TOKEN (the same in
+// every worker of one job, fresh per job) modulo 1000000007; the hash of "" without a token.
+uint64_t seed_from_store_token();
+
 // Parses bf16 | fp16 | fp32.
 std::optional<DType> parse_dtype(const std::string& name);
 

@@ -31,6 +31,7 @@
 #include "tools/gpu/fused/fused_commands.h"
 #include "tools/gpu/inputs.h"
 #include "tools/gpu/reference.h"
+#include "tools/gpu/tally.h"
 #include "tools/gpu/worker.h"
 
 namespace exactcoll::gpu {
@@ -63,19 +64,8 @@ const std::vector<size_t>& base_counts() {
   return counts;
 }
 
-struct Tally {
-  uint64_t runs = 0, compared = 0, sim_mismatches = 0, contract_mismatches = 0;
-};
-
 std::string tally_key(Op op, DType dtype, const std::string& algo, const std::string& variant) {
   return std::string(op_name(op)) + " " + dtype_name(dtype) + " " + algo + " " + variant;
-}
-
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t z = a * 0x9E3779B97F4A7C15ull + b + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
 }
 
 int verify_worker(const VerifyOptions& o) {
@@ -116,7 +106,7 @@ int verify_worker(const VerifyOptions& o) {
   const cuda::RegisteredBuffer registered = comm.register_buffer(input.get(), max_in);
   Stream stream;
   Simulator simulator(n);
-  std::map<std::string, Tally> tallies;
+  Tallies tallies;
   int64_t shown = 0;
   const auto started = std::chrono::steady_clock::now();
 
@@ -132,9 +122,10 @@ int verify_worker(const VerifyOptions& o) {
           for (Pattern pattern : o.patterns) {
             // Large counts: the random patterns only (the simulator's time grows with the count).
             if (c > 4097 && pattern != Pattern::kRandom && pattern != Pattern::kRandomBits) continue;
-            const uint64_t case_seed = mix(mix(mix(o.seed, static_cast<uint64_t>(iter)), static_cast<uint64_t>(op) * 16 +
-                                                                                          static_cast<uint64_t>(dtype)),
-                                           case_index++);
+            const uint64_t case_seed =
+                mix_seed(mix_seed(mix_seed(o.seed, static_cast<uint64_t>(iter)),
+                                  static_cast<uint64_t>(op) * 16 + static_cast<uint64_t>(dtype)),
+                         case_index++);
             // 1. Inputs of every rank; this rank's goes to the GPU.
             const std::vector<Bytes> inputs = make_inputs(dtype, count, n, case_seed, pattern);
             const Bytes by_contract = contract_output(op, dtype, inputs, count, rank);
@@ -211,7 +202,7 @@ int verify_worker(const VerifyOptions& o) {
                   ++t.runs;
                   t.compared += out_count;
                   t.sim_mismatches += vs_sim.mismatches;
-                  t.contract_mismatches += vs_contract.mismatches;
+                  t.reference_mismatches += vs_contract.mismatches;
                   if ((vs_sim.mismatches > 0 || vs_contract.mismatches > 0) && shown++ < o.show) {
                     const Comparison& c = vs_sim.mismatches > 0 ? vs_sim : vs_contract;
                     std::cerr << "MISMATCH rank " << rank << ": " << op_name(op) << " " << dtype_name(dtype) << " "
@@ -232,47 +223,11 @@ int verify_worker(const VerifyOptions& o) {
   }
 
   // 5. Sum over ranks; rank 0 prints.
-  std::ostringstream mine;
-  for (const auto& [k, t] : tallies) {
-    mine << k << '\t' << t.runs << '\t' << t.compared << '\t' << t.sim_mismatches << '\t' << t.contract_mismatches << '\n';
-  }
-  const std::vector<std::string> all = w.all_gather("tallies", mine.str());
-  std::map<std::string, Tally> total;
-  for (const std::string& text : all) {
-    std::istringstream is(text);
-    std::string line;
-    while (std::getline(is, line)) {
-      const size_t tab = line.find('\t');
-      std::istringstream fields(line.substr(tab + 1));
-      Tally t;
-      fields >> t.runs >> t.compared >> t.sim_mismatches >> t.contract_mismatches;
-      Tally& sum = total[line.substr(0, tab)];
-      sum.runs += t.runs;
-      sum.compared += t.compared;
-      sum.sim_mismatches += t.sim_mismatches;
-      sum.contract_mismatches += t.contract_mismatches;
-    }
-  }
+  const Tallies total = sum_tallies(w.all_gather("tallies", serialize_tallies(tallies)));
   Tally grand;
   std::ostringstream os;
+  os << format_tally_table(total, "diff_vs_ctr", &grand);
   char line[256];
-  std::snprintf(line, sizeof line, "%-15s %-5s %-12s %-12s %8s %14s %12s %12s\n", "op", "dtype", "algorithm", "variant", "runs",
-                "elements", "diff_vs_sim", "diff_vs_ctr");
-  os << line;
-  for (const auto& [k, t] : total) {
-    std::istringstream parts(k);
-    std::string op, dtype, algo, variant;
-    parts >> op >> dtype >> algo >> variant;
-    std::snprintf(line, sizeof line, "%-15s %-5s %-12s %-12s %8llu %14llu %12llu %12llu\n", op.c_str(), dtype.c_str(),
-                  algo.c_str(), variant.c_str(), static_cast<unsigned long long>(t.runs),
-                  static_cast<unsigned long long>(t.compared), static_cast<unsigned long long>(t.sim_mismatches),
-                  static_cast<unsigned long long>(t.contract_mismatches));
-    os << line;
-    grand.runs += t.runs;
-    grand.compared += t.compared;
-    grand.sim_mismatches += t.sim_mismatches;
-    grand.contract_mismatches += t.contract_mismatches;
-  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::snprintf(line, sizeof line,
@@ -280,11 +235,10 @@ int verify_worker(const VerifyOptions& o) {
                 "%llu from the contract (%.1f s)\n",
                 n, static_cast<unsigned long long>(grand.runs), static_cast<unsigned long long>(grand.compared),
                 static_cast<unsigned long long>(grand.sim_mismatches),
-                static_cast<unsigned long long>(grand.contract_mismatches), seconds);
+                static_cast<unsigned long long>(grand.reference_mismatches), seconds);
   os << line;
   print_leader(w, os.str());
-  return grand.sim_mismatches == 0 && grand.contract_mismatches == 0 && grand.compared > 0 ? cli::kExitOk
-                                                                                          : cli::kExitDiffer;
+  return grand.clean() ? cli::kExitOk : cli::kExitDiffer;
 }
 
 int run_verify(int argc, char** argv) {
@@ -374,14 +328,7 @@ int run_verify(int argc, char** argv) {
   // Every rank needs the same seed: without --seed, rank 0's clock is shared through the store
   // (below, inside the worker) -- here the launcher has not started workers, so take it from the
   // environment the launcher passes through (EXACTCOLL_VERIFY_SEED) or the token.
-  if (seed < 0) {
-    const char* token = std::getenv("EXACTCOLL_STORE_TOKEN");
-    uint64_t h = 1469598103934665603ull;
-    for (const char* p = token != nullptr ? token : ""; *p != '\0'; ++p) h = (h ^ static_cast<uint8_t>(*p)) * 1099511628211ull;
-    o.seed = h % 1000000007ull;
-  } else {
-    o.seed = static_cast<uint64_t>(seed);
-  }
+  o.seed = seed < 0 ? seed_from_store_token() : static_cast<uint64_t>(seed);
   try {
     return verify_worker(o);
   } catch (const std::exception& e) {

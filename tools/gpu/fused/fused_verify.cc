@@ -42,6 +42,7 @@
 #include "tools/gpu/fused/fused_reference.h"
 #include "tools/gpu/inputs.h"
 #include "tools/gpu/reference.h"
+#include "tools/gpu/tally.h"
 #include "tools/gpu/worker.h"
 
 namespace exactcoll::gpu {
@@ -61,17 +62,6 @@ struct VerifyOptions {
   uint64_t seed = 0;
   float eps = 1e-6f;
 };
-
-struct Tally {
-  uint64_t runs = 0, compared = 0, sim_mismatches = 0, ref_mismatches = 0;
-};
-
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t z = a * 0x9E3779B97F4A7C15ull + b + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 std::optional<FusedAlgo> sim_algo(FusedAlgorithm a) {
   switch (a) {
@@ -121,7 +111,7 @@ int verify_worker(const VerifyOptions& o) {
   sim::WorldOptions world_options;
   world_options.ranks = n;
   sim::World world(world_options);
-  std::map<std::string, Tally> tallies;
+  Tallies tallies;
   int64_t shown = 0;
   const auto started = std::chrono::steady_clock::now();
 
@@ -133,8 +123,8 @@ int verify_worker(const VerifyOptions& o) {
           if (rows * hidden > o.max_elements) continue;
           // 1. Inputs; this rank's go to the GPU.
           const uint64_t case_seed =
-              mix(mix(mix(o.seed, static_cast<uint64_t>(iter)), static_cast<uint64_t>(dtype)),
-                  static_cast<uint64_t>(hidden) * 100003 + static_cast<uint64_t>(rows));
+              mix_seed(mix_seed(mix_seed(o.seed, static_cast<uint64_t>(iter)), static_cast<uint64_t>(dtype)),
+                       static_cast<uint64_t>(hidden) * 100003 + static_cast<uint64_t>(rows));
           const FusedInputs in =
               make_fused_inputs(dtype, n, static_cast<int>(rows), static_cast<int>(hidden), case_seed, true);
           const size_t count = in.count(), bytes = count * elem;
@@ -213,11 +203,11 @@ int verify_worker(const VerifyOptions& o) {
                 const Comparison ref_ro =
                     compare_bits(dtype, got.residual_out.data(), by_reference.residual_out.data(), count);
                 const Comparison ref_out = compare_bits(dtype, got.out.data(), by_reference.out.data(), count);
-                Tally& t = tallies[std::string(dtype_name(dtype)) + " " + label + " " + v.name];
+                Tally& t = tallies[std::string("fused_rmsnorm ") + dtype_name(dtype) + " " + label + " " + v.name];
                 ++t.runs;
                 t.compared += 2 * count;
                 t.sim_mismatches += sim_ro.mismatches + sim_out.mismatches;
-                t.ref_mismatches += ref_ro.mismatches + ref_out.mismatches;
+                t.reference_mismatches += ref_ro.mismatches + ref_out.mismatches;
                 const uint64_t bad = sim_ro.mismatches + sim_out.mismatches + ref_ro.mismatches + ref_out.mismatches;
                 if (bad > 0 && shown++ < o.show) {
                   const bool in_ro = sim_ro.mismatches + ref_ro.mismatches > 0;
@@ -242,58 +232,21 @@ int verify_worker(const VerifyOptions& o) {
   }
 
   // 5. Sum over ranks; rank 0 prints.
-  std::ostringstream mine;
-  for (const auto& [k, t] : tallies) {
-    mine << k << '\t' << t.runs << '\t' << t.compared << '\t' << t.sim_mismatches << '\t' << t.ref_mismatches << '\n';
-  }
-  const std::vector<std::string> all = w.all_gather("fused_tallies", mine.str());
-  std::map<std::string, Tally> total;
-  for (const std::string& text : all) {
-    std::istringstream is(text);
-    std::string line;
-    while (std::getline(is, line)) {
-      const size_t tab = line.find('\t');
-      std::istringstream fields(line.substr(tab + 1));
-      Tally t;
-      fields >> t.runs >> t.compared >> t.sim_mismatches >> t.ref_mismatches;
-      Tally& sum = total[line.substr(0, tab)];
-      sum.runs += t.runs;
-      sum.compared += t.compared;
-      sum.sim_mismatches += t.sim_mismatches;
-      sum.ref_mismatches += t.ref_mismatches;
-    }
-  }
+  const Tallies total = sum_tallies(w.all_gather("fused_tallies", serialize_tallies(tallies)));
   Tally grand;
   std::ostringstream os;
+  os << format_tally_table(total, "diff_vs_ref", &grand);
   char line[256];
-  std::snprintf(line, sizeof line, "%-15s %-5s %-12s %-12s %8s %14s %12s %12s\n", "op", "dtype", "algorithm", "variant",
-                "runs", "elements", "diff_vs_sim", "diff_vs_ref");
-  os << line;
-  for (const auto& [k, t] : total) {
-    std::istringstream parts(k);
-    std::string dtype, algo, variant;
-    parts >> dtype >> algo >> variant;
-    std::snprintf(line, sizeof line, "%-15s %-5s %-12s %-12s %8llu %14llu %12llu %12llu\n", "fused_rmsnorm", dtype.c_str(),
-                  algo.c_str(), variant.c_str(), static_cast<unsigned long long>(t.runs),
-                  static_cast<unsigned long long>(t.compared), static_cast<unsigned long long>(t.sim_mismatches),
-                  static_cast<unsigned long long>(t.ref_mismatches));
-    os << line;
-    grand.runs += t.runs;
-    grand.compared += t.compared;
-    grand.sim_mismatches += t.sim_mismatches;
-    grand.ref_mismatches += t.ref_mismatches;
-  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::snprintf(line, sizeof line,
                 "verify fused_rmsnorm %d ranks: %llu runs, %llu elements compared (both outputs, all ranks), %llu differ "
                 "from the simulator, %llu from the reference (%.1f s)\n",
                 n, static_cast<unsigned long long>(grand.runs), static_cast<unsigned long long>(grand.compared),
-                static_cast<unsigned long long>(grand.sim_mismatches), static_cast<unsigned long long>(grand.ref_mismatches),
-                seconds);
+                static_cast<unsigned long long>(grand.sim_mismatches),
+                static_cast<unsigned long long>(grand.reference_mismatches), seconds);
   os << line;
   print_leader(w, os.str());
-  return grand.sim_mismatches == 0 && grand.ref_mismatches == 0 && grand.compared > 0 ? cli::kExitOk
-                                                                                      : cli::kExitDiffer;
+  return grand.clean() ? cli::kExitOk : cli::kExitDiffer;
 }
 
 // Parses "a,b,c" of positive whole numbers into out; false on anything else.
@@ -372,14 +325,7 @@ int run_fused_verify(int argc, char** argv) {
   if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "verify")) return *code;
   // Every rank needs the same seed: without --seed, a hash of the job's store token (the same in
   // every worker of one job, fresh per job).
-  if (seed < 0) {
-    const char* token = std::getenv("EXACTCOLL_STORE_TOKEN");
-    uint64_t h = 1469598103934665603ull;
-    for (const char* p = token != nullptr ? token : ""; *p != '\0'; ++p) h = (h ^ static_cast<uint8_t>(*p)) * 1099511628211ull;
-    o.seed = h % 1000000007ull;
-  } else {
-    o.seed = static_cast<uint64_t>(seed);
-  }
+  o.seed = seed < 0 ? seed_from_store_token() : static_cast<uint64_t>(seed);
   try {
     return verify_worker(o);
   } catch (const std::exception& e) {

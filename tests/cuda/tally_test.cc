@@ -1,0 +1,53 @@
+// tools/gpu/tally.h: the verify commands' per-rank counts survive the text round trip, sum key by
+// key over ranks, and print as the fixed-width table the commands have always printed.
+#include "tools/gpu/tally.h"
+
+#include <gtest/gtest.h>
+
+namespace exactcoll::gpu {
+namespace {
+
+TEST(Tally, SumsEveryRanksTextKeyByKey) {
+  Tallies rank0, rank1;
+  rank0["allreduce bf16 one_shot staged"] = {2, 100, 0, 1};
+  rank0["allgather fp32 auto graph"] = {1, 7, 3, 0};
+  rank1["allreduce bf16 one_shot staged"] = {2, 100, 5, 0};
+  const Tallies total = sum_tallies({serialize_tallies(rank0), serialize_tallies(rank1), ""});
+  ASSERT_EQ(total.size(), 2u);
+  const Tally& a = total.at("allreduce bf16 one_shot staged");
+  EXPECT_EQ(a.runs, 4u);
+  EXPECT_EQ(a.compared, 200u);
+  EXPECT_EQ(a.sim_mismatches, 5u);
+  EXPECT_EQ(a.reference_mismatches, 1u);
+  const Tally& g = total.at("allgather fp32 auto graph");
+  EXPECT_EQ(g.runs, 1u);
+  EXPECT_EQ(g.compared, 7u);
+  EXPECT_EQ(g.sim_mismatches, 3u);
+  EXPECT_EQ(g.reference_mismatches, 0u);
+}
+
+TEST(Tally, CleanOnlyWhenSomethingWasComparedAndNothingDiffers) {
+  EXPECT_FALSE(Tally{}.clean());
+  EXPECT_TRUE((Tally{1, 10, 0, 0}.clean()));
+  EXPECT_FALSE((Tally{1, 10, 1, 0}.clean()));
+  EXPECT_FALSE((Tally{1, 10, 0, 1}.clean()));
+}
+
+TEST(Tally, TableHasTheHeaderAndOneRowPerKeyAndAddsIntoTheGrandTotal) {
+  Tallies total;
+  total["fused_rmsnorm bf16 two_stage registered"] = {3, 4096, 0, 2};
+  total["fused_rmsnorm bf16 auto staged"] = {1, 16, 1, 0};
+  Tally grand{1, 1, 1, 1};
+  const std::string table = format_tally_table(total, "diff_vs_ref", &grand);
+  EXPECT_EQ(table,
+            "op              dtype algorithm    variant          runs       elements  diff_vs_sim  diff_vs_ref\n"
+            "fused_rmsnorm   bf16  auto         staged              1             16            1            0\n"
+            "fused_rmsnorm   bf16  two_stage    registered          3           4096            0            2\n");
+  EXPECT_EQ(grand.runs, 5u);
+  EXPECT_EQ(grand.compared, 4113u);
+  EXPECT_EQ(grand.sim_mismatches, 2u);
+  EXPECT_EQ(grand.reference_mismatches, 3u);
+}
+
+}  // namespace
+}  // namespace exactcoll::gpu
