@@ -1,11 +1,12 @@
 #include "cuda_backend/dispatch_table.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <limits>
 #include <sstream>
+#include <tuple>
+
+#include "cuda_backend/tsv.h"
 
 namespace exactcoll::cuda {
 
@@ -48,59 +49,43 @@ std::optional<Op> parse_op(const std::string& name) {
 }
 
 DispatchTable::DispatchTable(std::vector<TableRow> rows) : rows_(std::move(rows)) {
-  std::stable_sort(rows_.begin(), rows_.end(), [](const TableRow& a, const TableRow& b) {
-    if (a.arch != b.arch) return a.arch < b.arch;
-    if (a.world_size != b.world_size) return a.world_size < b.world_size;
-    if (a.op != b.op) return a.op < b.op;
-    return a.bytes < b.bytes;
-  });
+  sort_rows_by(rows_, [](const TableRow& r) { return std::tie(r.arch, r.world_size, r.op, r.bytes); });
 }
 
 DispatchTable DispatchTable::parse(const std::string& text, const std::string& name) {
   std::vector<TableRow> rows;
-  std::istringstream in(text);
-  std::string line;
-  int line_number = 0;
-  while (std::getline(in, line)) {
-    ++line_number;
-    if (line.empty() || line[0] == '#') continue;
-    auto bad = [&](const std::string& what) {
-      return TableError(name + ":" + std::to_string(line_number) + ": " + what + " in '" + line + "'");
-    };
-    std::vector<std::string> fields;
-    std::istringstream fs(line);
-    std::string field;
-    while (std::getline(fs, field, '\t')) fields.push_back(field);
-    if (fields.size() != 8) throw bad("expected 8 tab-separated fields, got " + std::to_string(fields.size()));
+  for_each_tsv_row<TableError>(text, name, 8, [&](const TsvLine& line) {
+    const std::vector<std::string>& fields = line.fields;
+    auto bad = [&](const std::string& what) { return TableError(line.error(what)); };
     TableRow row;
     row.arch = fields[0];
-    char* end = nullptr;
-    const long ws = std::strtol(fields[1].c_str(), &end, 10);
-    if (*end != '\0' || ws < 1 || ws > kMaxRanks) throw bad("world_size must be 1.." + std::to_string(kMaxRanks));
-    row.world_size = static_cast<int>(ws);
+    const auto ws = parse_long_field(fields[1]);
+    if (!ws || *ws < 1 || *ws > kMaxRanks) throw bad("world_size must be 1.." + std::to_string(kMaxRanks));
+    row.world_size = static_cast<int>(*ws);
     const auto op = parse_op(fields[2]);
     if (!op) throw bad("unknown op '" + fields[2] + "'");
     row.op = *op;
-    const unsigned long long bytes = std::strtoull(fields[3].c_str(), &end, 10);
-    if (*end != '\0' || bytes == 0) throw bad("bytes must be a positive whole number");
-    row.bytes = bytes;
+    const auto bytes = parse_unsigned_field(fields[3]);
+    if (!bytes || *bytes == 0) throw bad("bytes must be a positive whole number");
+    row.bytes = *bytes;
     const auto algo = parse_algorithm(fields[4]);
     const auto allowed = ipc_algorithms(row.op);
     if (!algo || std::find(allowed.begin(), allowed.end(), *algo) == allowed.end()) {
       throw bad("algorithm '" + fields[4] + "' is not an IPC algorithm of " + fields[2]);
     }
     row.algo = *algo;
-    const long blocks = std::strtol(fields[5].c_str(), &end, 10);
-    if (*end != '\0' || blocks < 1 || blocks > kMaxBlocks) throw bad("blocks must be 1.." + std::to_string(kMaxBlocks));
-    const long threads = std::strtol(fields[6].c_str(), &end, 10);
-    if (*end != '\0' || threads < 64 || threads > 1024 || threads % 32 != 0) {
+    const auto blocks = parse_long_field(fields[5]);
+    if (!blocks || *blocks < 1 || *blocks > kMaxBlocks) throw bad("blocks must be 1.." + std::to_string(kMaxBlocks));
+    const auto threads = parse_long_field(fields[6]);
+    if (!threads || *threads < 64 || *threads > 1024 || *threads % 32 != 0) {
       throw bad("threads must be a multiple of 32 in 64..1024");
     }
-    row.grid = LaunchConfig{static_cast<int>(blocks), static_cast<int>(threads)};
-    row.time_us = std::strtod(fields[7].c_str(), &end);
-    if (*end != '\0' || !(row.time_us > 0)) throw bad("time_us must be a positive number");
+    row.grid = LaunchConfig{static_cast<int>(*blocks), static_cast<int>(*threads)};
+    const auto time_us = parse_double_field(fields[7]);
+    if (!time_us || !(*time_us > 0)) throw bad("time_us must be a positive number");
+    row.time_us = *time_us;
     rows.push_back(row);
-  }
+  });
   return DispatchTable(std::move(rows));
 }
 
@@ -171,10 +156,8 @@ std::string DispatchTable::to_text(const std::vector<std::string>& header_commen
   for (const auto& c : header_comments) os << "# " << c << "\n";
   os << "# arch\tworld_size\top\tbytes\talgo\tblocks\tthreads\ttime_us\n";
   for (const auto& r : rows_) {
-    char time[32];
-    std::snprintf(time, sizeof time, "%.2f", r.time_us);
     os << r.arch << '\t' << r.world_size << '\t' << op_name(r.op) << '\t' << r.bytes << '\t' << algorithm_name(r.algo)
-       << '\t' << r.grid.blocks << '\t' << r.grid.threads << '\t' << time << "\n";
+       << '\t' << r.grid.blocks << '\t' << r.grid.threads << '\t' << format_time_us(r.time_us) << "\n";
   }
   return os.str();
 }

@@ -1,12 +1,13 @@
 #include "cuda_backend/fused/fused_table.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "core/signal.h"
+#include "cuda_backend/tsv.h"
 
 namespace exactcoll::cuda::fused {
 
@@ -74,67 +75,49 @@ LaunchConfig residual_rmsnorm_grid(int rows, int hidden, DType dtype) {
 }
 
 FusedTable::FusedTable(std::vector<FusedTableRow> rows) : rows_(std::move(rows)) {
-  std::stable_sort(rows_.begin(), rows_.end(), [](const FusedTableRow& a, const FusedTableRow& b) {
-    if (a.arch != b.arch) return a.arch < b.arch;
-    if (a.world_size != b.world_size) return a.world_size < b.world_size;
-    if (a.row_bytes != b.row_bytes) return a.row_bytes < b.row_bytes;
-    return a.rows < b.rows;
-  });
+  sort_rows_by(rows_, [](const FusedTableRow& r) { return std::tie(r.arch, r.world_size, r.row_bytes, r.rows); });
 }
 
 FusedTable FusedTable::parse(const std::string& text, const std::string& name) {
   std::vector<FusedTableRow> rows;
-  std::istringstream in(text);
-  std::string line;
-  int line_number = 0;
-  while (std::getline(in, line)) {
-    ++line_number;
-    if (line.empty() || line[0] == '#') continue;
-    auto bad = [&](const std::string& what) {
-      return FusedTableError(name + ":" + std::to_string(line_number) + ": " + what + " in '" + line + "'");
-    };
-    std::vector<std::string> fields;
-    std::istringstream fs(line);
-    std::string field;
-    while (std::getline(fs, field, '\t')) fields.push_back(field);
-    if (fields.size() != 8) throw bad("expected 8 tab-separated fields, got " + std::to_string(fields.size()));
+  for_each_tsv_row<FusedTableError>(text, name, 8, [&](const TsvLine& line) {
+    const std::vector<std::string>& fields = line.fields;
+    auto bad = [&](const std::string& what) { return FusedTableError(line.error(what)); };
     FusedTableRow row;
     row.arch = fields[0];
     if (row.arch.empty()) throw bad("empty arch");
-    char* end = nullptr;
-    const long ws = std::strtol(fields[1].c_str(), &end, 10);
-    if (fields[1].empty() || *end != '\0' || ws < 1 || ws > kMaxRanks) {
-      throw bad("world_size must be 1.." + std::to_string(kMaxRanks));
-    }
-    row.world_size = static_cast<int>(ws);
-    const unsigned long long row_bytes = std::strtoull(fields[2].c_str(), &end, 10);
-    if (fields[2].empty() || *end != '\0' || row_bytes == 0 || row_bytes % 16 != 0 || fields[2][0] == '-') {
+    const auto ws = parse_long_field(fields[1]);
+    if (!ws || *ws < 1 || *ws > kMaxRanks) throw bad("world_size must be 1.." + std::to_string(kMaxRanks));
+    row.world_size = static_cast<int>(*ws);
+    const auto row_bytes = parse_unsigned_field(fields[2]);
+    if (!row_bytes || *row_bytes == 0 || *row_bytes % 16 != 0 || fields[2][0] == '-') {
       throw bad("row_bytes must be a positive multiple of 16");
     }
-    row.row_bytes = row_bytes;
-    const long r = std::strtol(fields[3].c_str(), &end, 10);
-    if (fields[3].empty() || *end != '\0' || r < 1 || r > (1L << 30)) throw bad("rows must be a positive whole number");
-    row.rows = static_cast<int>(r);
+    row.row_bytes = *row_bytes;
+    const auto r = parse_long_field(fields[3]);
+    if (!r || *r < 1 || *r > (1L << 30)) throw bad("rows must be a positive whole number");
+    row.rows = static_cast<int>(*r);
     const auto algo = parse_fused_algorithm(fields[4]);
     const auto allowed = fused_ipc_algorithms();
     if (!algo || std::find(allowed.begin(), allowed.end(), *algo) == allowed.end()) {
       throw bad("algorithm '" + fields[4] + "' is not one of one_stage, one_stage_reg, two_stage, gather_norm, unfused");
     }
     row.algo = *algo;
-    const long blocks = std::strtol(fields[5].c_str(), &end, 10);
-    if (fields[5].empty() || *end != '\0' || blocks < 0 || blocks > 8192) throw bad("blocks must be 0..8192");
-    const long threads = std::strtol(fields[6].c_str(), &end, 10);
-    if (fields[6].empty() || *end != '\0' || threads < 0 || threads > 1024 || threads % 32 != 0) {
+    const auto blocks = parse_long_field(fields[5]);
+    if (!blocks || *blocks < 0 || *blocks > 8192) throw bad("blocks must be 0..8192");
+    const auto threads = parse_long_field(fields[6]);
+    if (!threads || *threads < 0 || *threads > 1024 || *threads % 32 != 0) {
       throw bad("threads must be a multiple of 32 in 0..1024");
     }
-    if (is_fused_kernel(row.algo) && (blocks < 1 || blocks > kMaxBlocks || threads < 64)) {
+    if (is_fused_kernel(row.algo) && (*blocks < 1 || *blocks > kMaxBlocks || *threads < 64)) {
       throw bad("a fused kernel needs 1.." + std::to_string(kMaxBlocks) + " blocks and 64..1024 threads");
     }
-    row.grid = LaunchConfig{static_cast<int>(blocks), static_cast<int>(threads)};
-    row.time_us = std::strtod(fields[7].c_str(), &end);
-    if (fields[7].empty() || *end != '\0' || !(row.time_us > 0)) throw bad("time_us must be a positive number");
+    row.grid = LaunchConfig{static_cast<int>(*blocks), static_cast<int>(*threads)};
+    const auto time_us = parse_double_field(fields[7]);
+    if (!time_us || !(*time_us > 0)) throw bad("time_us must be a positive number");
+    row.time_us = *time_us;
     rows.push_back(row);
-  }
+  });
   return FusedTable(std::move(rows));
 }
 
@@ -211,10 +194,8 @@ std::string FusedTable::to_text(const std::vector<std::string>& header_comments)
   for (const auto& c : header_comments) os << "# " << c << "\n";
   os << "# arch\tworld_size\trow_bytes\trows\talgo\tblocks\tthreads\ttime_us\n";
   for (const auto& r : rows_) {
-    char time[32];
-    std::snprintf(time, sizeof time, "%.2f", r.time_us);
     os << r.arch << '\t' << r.world_size << '\t' << r.row_bytes << '\t' << r.rows << '\t' << fused_algorithm_name(r.algo)
-       << '\t' << r.grid.blocks << '\t' << r.grid.threads << '\t' << time << "\n";
+       << '\t' << r.grid.blocks << '\t' << r.grid.threads << '\t' << format_time_us(r.time_us) << "\n";
   }
   return os.str();
 }
