@@ -135,11 +135,12 @@ EXC_HD EXC_INLINE void for_share(Ctx& ctx, const BlockShare& s, int pack, PackFn
 
 // ---- The fold, per element and per pack --------------------------------------------------------------
 
-// Returns the contract's fold of element i over ranks 0..n-1 of ctx.input(r).
-template <class T, class Ctx>
-EXC_HD EXC_INLINE T fold_element(Ctx& ctx, size_t i) {
+// Returns the contract's fold of element i over ranks 0..n-1, rank r's element being src(r)[i]
+// (src(r) returns a const T*).
+template <class T, class Ctx, class Src>
+EXC_HD EXC_INLINE T fold_element_from(Ctx& ctx, size_t i, Src src) {
   const int n = ctx.world_size();
-  const T x0 = ctx.input(0)[i];
+  const T x0 = src(0)[i];
   float acc = contract::fold_begin<T>(x0);
   bool traced = false;
   if constexpr (Ctx::kTraceElements) {
@@ -147,7 +148,7 @@ EXC_HD EXC_INLINE T fold_element(Ctx& ctx, size_t i) {
     if (traced) ctx.trace_fold(i, 0, 0.0f, to_float(x0), acc);
   }
   for (int r = 1; r < n; ++r) {
-    const T x = ctx.input(r)[i];
+    const T x = src(r)[i];
     const float before = acc;
     acc = contract::fold_step<T>(acc, x);
     if constexpr (Ctx::kTraceElements) {
@@ -160,6 +161,12 @@ EXC_HD EXC_INLINE T fold_element(Ctx& ctx, size_t i) {
     if (traced) ctx.trace_round(i, acc, Storage<T>::bits(out));
   }
   return out;
+}
+
+// Returns the contract's fold of element i over ranks 0..n-1 of ctx.input(r).
+template <class T, class Ctx>
+EXC_HD EXC_INLINE T fold_element(Ctx& ctx, size_t i) {
+  return fold_element_from<T>(ctx, i, [&](int r) { return ctx.input(r); });
 }
 
 // Returns the fold of the pack starting at element i (aligned), rank r's pack being source(r).
@@ -264,10 +271,11 @@ EXC_HD EXC_INLINE void put_pack(Ctx& ctx, T* dst, const Pack<T>& x) {
   }
 }
 
-// Folds this block's share of every rank's input; element i goes to dst0[i - shift] (and
-// dst1[i - shift] if dst1 is not null).
-template <class T, int kRanks, class Ctx>
-EXC_HD void fold_range(Ctx& ctx, const BlockShare& share, T* dst0, T* dst1, size_t shift = 0) {
+// Folds this block's share of every rank's data, rank r's element i being src(r)[i] (src(r)
+// returns a const T* with the same 16-byte alignment as element 0 of an input); element i goes to
+// dst0[i - shift] (and dst1[i - shift] if dst1 is not null).
+template <class T, int kRanks, class Ctx, class Src>
+EXC_HD void fold_range_from(Ctx& ctx, const BlockShare& share, Src src, T* dst0, T* dst1, size_t shift = 0) {
   constexpr int P = Storage<T>::kPack;
   constexpr int kGroup = packs_in_flight<Ctx>() / (kRanks > 0 ? kRanks : packs_in_flight<Ctx>()) > 1
                              ? packs_in_flight<Ctx>() / (kRanks > 0 ? kRanks : 1)
@@ -282,19 +290,29 @@ EXC_HD void fold_range(Ctx& ctx, const BlockShare& share, T* dst0, T* dst1, size
         Pack<T> in[kGroup][kRanks > 0 ? kRanks : 1];
         for (int u = 0; u < kGroup; ++u) {
           for (int r = 0; r < kRanks; ++r) {
-            in[u][r] = ctx.load(reinterpret_cast<const Pack<T>*>(ctx.input(r) + i + u * stride));
+            in[u][r] = ctx.load(reinterpret_cast<const Pack<T>*>(src(r) + i + u * stride));
           }
         }
         for (int u = 0; u < kGroup; ++u) {
           put(i + u * stride, fold_pack_from<T, kRanks>(ctx, i + u * stride, [&](int r) { return in[u][r]; }));
         }
       },
-      [&](size_t i) { put(i, fold_pack<T, kRanks>(ctx, i)); },
       [&](size_t i) {
-        const T out = fold_element<T>(ctx, i);
+        put(i, fold_pack_from<T, kRanks>(
+                   ctx, i, [&](int r) { return ctx.load(reinterpret_cast<const Pack<T>*>(src(r) + i)); }));
+      },
+      [&](size_t i) {
+        const T out = fold_element_from<T>(ctx, i, src);
         dst0[i - shift] = out;
         if (dst1 != nullptr) dst1[i - shift] = out;
       });
+}
+
+// Folds this block's share of every rank's input; element i goes to dst0[i - shift] (and
+// dst1[i - shift] if dst1 is not null).
+template <class T, int kRanks, class Ctx>
+EXC_HD void fold_range(Ctx& ctx, const BlockShare& share, T* dst0, T* dst1, size_t shift = 0) {
+  fold_range_from<T, kRanks>(ctx, share, [&](int r) { return ctx.input(r); }, dst0, dst1, shift);
 }
 
 // Copies this block's share of src into dst: element i goes to dst[i + offset] (bits unchanged).
@@ -461,6 +479,143 @@ EXC_HD void allreduce_two_shot(Ctx& ctx, size_t count) {
     }
   }
   if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
+// ---- push_one_shot: inputs pushed into peers' scratch, one barrier per call -------------------------
+
+// Which of the two receive halves a push_one_shot call uses, from this rank's push call number
+// (SignalBuffer::push_calls, the same in every block of the launch) and the block's barrier count
+// before the call. The production choice alternates per call; tests/sim/protocol_exploration_test.cc
+// has broken choices (one half; the block's barrier-count parity) that the seeded scheduler catches.
+struct AlternatingHalves {
+  EXC_HD static EXC_INLINE int half(uint32_t push_calls, uint32_t /*barriers*/) {
+    return static_cast<int>(push_calls & 1u);
+  }
+};
+
+// Elements between two receive slots: count rounded up to whole packs, so that every slot starts
+// 16-byte aligned and element i of a slot has the alignment of element i of an input.
+EXC_HD inline size_t push_slot_stride(size_t count, int pack) {
+  const size_t p = static_cast<size_t>(pack);
+  return (count + p - 1) / p * p;
+}
+
+// Returns the scratch elements push_one_shot needs per rank: 2 halves x n slots x the slot stride.
+EXC_HD inline size_t push_scratch_elements(size_t count, int pack, int n) {
+  return 2 * static_cast<size_t>(n) * push_slot_stride(count, pack);
+}
+
+// Returns where, in a rank's scratch, half `half`'s slot for sender `from` begins (elements).
+EXC_HD inline size_t push_slot_offset(size_t count, int pack, int n, int half, int from) {
+  return (static_cast<size_t>(half) * static_cast<size_t>(n) + static_cast<size_t>(from)) *
+         push_slot_stride(count, pack);
+}
+
+// All-reduce, push one shot: every rank stores its input into every peer's scratch before a single
+// barrier, then folds from local memory; no end barrier. Same bits as one_shot (the fold runs over
+// ranks 0..n-1 in rank order; only where the operands are read from changes).
+// Preconditions (besides the common ones): every rank's scratch holds
+// push_scratch_elements(count, kPack, n) elements; the scratch is not used by another algorithm
+// without an end barrier in between (one_shot, two_shot, reduce_scatter and allgather have theirs).
+// Example: 2 ranks, count 8 bf16 (one pack): rank 0 stores its pack into rank 1's scratch slot
+// (half h, from 0), rank 1 into rank 0's slot (h, 1); after the barrier rank 0 folds
+// input_0 + scratch_0[h, 1], rank 1 folds scratch_1[h, 0] + input_1.
+// Steps:
+//   1. h = push_calls & 1 (this rank's push call number; every block reads the same value);
+//   2. push: this block's share of [0, count) of this rank's input, read locally with 16-byte
+//      loads, stored with 16-byte stores into slot (h, rank) of every peer's scratch;
+//   3. barrier: the release after the stores, the acquire before the reads; every peer's share of
+//      this block is now in this rank's slots (h, p);
+//   4. advance the push call number: block b writes push_calls + 1 into slots b, b + G, b + 2G, ...
+//      (G = blocks of this launch), so every slot is advanced by exactly one block (slot b is read
+//      in step 1 by block b only, and before the barrier's sync);
+//   5. fold this block's share in rank order 0..n-1 from local memory (own input for this rank,
+//      own scratch slot (h, p) for peer p) into output.
+// Why no end barrier. Two hazards an end barrier would cover:
+//   (a) a peer overwrites the slot this rank is still folding. Peer p writes half h of this rank's
+//       scratch in call k and again, in the same half, at the earliest in call k+2 (the halves
+//       alternate per call, and every rank counts the same calls). Before its call k+2 stores, p
+//       has completed call k+1 (stream order), so some block of p has passed call k+1's barrier,
+//       which needs this rank's signal for call k+1 from the block of the same index, sent only
+//       after this rank's call k+1 kernel started, i.e. after its call k kernel had finished
+//       every fold (stream order). So a slot is rewritten only after its reader is done with it.
+//       In call k+1, p writes the other half, which this rank does not read in call k. Another
+//       collective between two push calls passes a barrier too, which makes the argument hold
+//       with any call in place of call k+1.
+//   (b) a fast rank's next launch stages new input over the buffer a peer is still reading: peers
+//       never read this rank's input (only this rank does, in its own launch).
+// The half must not be the block's barrier-count parity: blocks' counts differ after launches
+// with different grids, and then block b of call k+1 can use the half that block b' of call k is
+// still folding (tests/sim/protocol_exploration_test.cc catches that variant, and one half).
+template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Halves = AlternatingHalves, class Ctx>
+EXC_HD void allreduce_push_one_shot(Ctx& ctx, size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  const int b = ctx.block();
+  const int num_blocks = ctx.num_blocks();
+  uint32_t barriers = load_barrier_count(ctx);
+  // 1. The receive half of this call.
+  const uint32_t calls = ctx.signals(me)->push_calls[b];
+  const int half = Halves::half(calls, barriers);
+  const BlockShare share = block_share(0, count, P, b, num_blocks);
+  const T* mine = ctx.input(me);
+  const size_t my_slot = push_slot_offset(count, P, n, half, me);
+  // 2. Push this block's share into every peer's slot (half, me); peers in order me+1, me+2, ...
+  constexpr int kPeerBound = kRanks > 0 ? kRanks : 0;
+  const int peers = kPeerBound > 0 ? kPeerBound : n;
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("push");
+    trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
+    for (int k = 1; k < n; ++k) trace_share(ctx, share, Access::kWrite, (me + k) % n, Buffer::kScratch, my_slot);
+    ctx.trace_step_end();
+  }
+  constexpr int kGroup = packs_in_flight<Ctx>();
+  for_share_grouped<kGroup>(
+      ctx, share, P,
+      [&](size_t i, size_t stride) {
+        Pack<T> in[kGroup];
+        for (int u = 0; u < kGroup; ++u) in[u] = ctx.load(reinterpret_cast<const Pack<T>*>(mine + i + u * stride));
+        for (int k = 1; k < peers; ++k) {
+          T* dst = ctx.scratch((me + k) % n) + my_slot;
+          for (int u = 0; u < kGroup; ++u) ctx.store(reinterpret_cast<Pack<T>*>(dst + i + u * stride), in[u]);
+        }
+      },
+      [&](size_t i) {
+        const Pack<T> x = ctx.load(reinterpret_cast<const Pack<T>*>(mine + i));
+        for (int k = 1; k < peers; ++k) {
+          ctx.store(reinterpret_cast<Pack<T>*>(ctx.scratch((me + k) % n) + my_slot + i), x);
+        }
+      },
+      [&](size_t i) {
+        const T x = mine[i];
+        for (int k = 1; k < peers; ++k) ctx.scratch((me + k) % n)[my_slot + i] = x;
+      });
+  // 3. One barrier: every peer's share of this block is in this rank's slots.
+  block_barrier<Protocol>(ctx, &barriers);
+  // 4. Advance the push call number in the slots this block owns in this launch.
+  for (int s = b + num_blocks * ctx.thread(); s < kMaxBlocks; s += num_blocks * ctx.num_threads()) {
+    ctx.signals(me)->push_calls[s] = calls + 1;
+  }
+  // 5. Fold in rank order from local memory.
+  const T* recv = ctx.scratch(me);
+  auto source = [&](int r) -> const T* {
+    return r == me ? mine : recv + push_slot_offset(count, P, n, half, r);
+  };
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("fold");
+    for (int r = 0; r < n; ++r) {
+      if (r == me) {
+        trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
+      } else {
+        trace_share(ctx, share, Access::kRead, me, Buffer::kScratch, push_slot_offset(count, P, n, half, r));
+      }
+    }
+    trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
+    ctx.trace_step_end();
+  }
+  fold_range_from<T, kRanks>(ctx, share, source, ctx.output(), static_cast<T*>(nullptr));
   store_barrier_count(ctx, barriers);
 }
 

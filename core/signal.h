@@ -30,6 +30,11 @@ struct SignalBuffer {
   uint32_t flags[kFlagSets][kMaxBlocks][kMaxRanks];
   // barrier_count[block]: how many barriers this rank's block has passed (owner-only).
   uint32_t barrier_count[kMaxBlocks];
+  // push_calls[slot]: how many allreduce_push_one_shot calls this rank has made (owner-only). All
+  // kMaxBlocks slots hold the same value between launches (every launch advances every slot, each
+  // slot by exactly one block), so every block of a launch reads the same call number whatever the
+  // grid of earlier launches (core/collectives.h, allreduce_push_one_shot).
+  uint32_t push_calls[kMaxBlocks];
 };
 
 // The production protocol: two flag sets, one barrier before and one after each collective.

@@ -20,6 +20,8 @@ void enqueue_typed(World& world, const CollectiveSpec& spec, Algorithm algorithm
         case Collective::kAllReduce:
           if (algorithm == Algorithm::kTwoShot) {
             allreduce_two_shot<T, kRanks>(ctx, count);
+          } else if (algorithm == Algorithm::kPushOneShot) {
+            allreduce_push_one_shot<T, kRanks>(ctx, count);
           } else {
             allreduce_one_shot<T, kRanks>(ctx, count);
           }
@@ -51,8 +53,29 @@ const char* algorithm_name(Algorithm a) {
     case Algorithm::kOneShot: return "one_shot";
     case Algorithm::kTwoShot: return "two_shot";
     case Algorithm::kAuto: return "auto";
+    case Algorithm::kPushOneShot: return "push_one_shot";
   }
   return "?";
+}
+
+bool parse_algorithm(const std::string& text, Algorithm* out) {
+  for (const Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kAuto}) {
+    if (text == algorithm_name(a)) {
+      *out = a;
+      return true;
+    }
+  }
+  return false;
+}
+
+size_t scratch_bytes(const CollectiveSpec& spec, int ranks) {
+  if (spec.op != Collective::kAllReduce) return 0;
+  const size_t element = static_cast<size_t>(dtype_size(spec.dtype));
+  switch (resolve_algorithm(spec)) {
+    case Algorithm::kTwoShot: return spec.count * element;
+    case Algorithm::kPushOneShot: return push_scratch_elements(spec.count, 16 / static_cast<int>(element), ranks) * element;
+    default: return 0;
+  }
 }
 
 Algorithm resolve_algorithm(const CollectiveSpec& spec) {
@@ -104,7 +127,7 @@ void enqueue_collective(World& world, const CollectiveSpec& spec, const std::vec
   launch.blocks = spec.blocks;
   launch.inputs = inputs;
   launch.input_bytes = spec.count * element;
-  launch.scratch_bytes = spec.op == Collective::kAllReduce && algorithm == Algorithm::kTwoShot ? spec.count * element : 0;
+  launch.scratch_bytes = scratch_bytes(spec, world.ranks());
   launch.outputs = outputs;
   launch.output_bytes = output_count(spec.op, spec.count, world.ranks()) * element;
   switch (spec.dtype) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -34,7 +35,8 @@ struct Op {
 constexpr Op kOps[] = {{Collective::kAllReduce, Algorithm::kOneShot},
                        {Collective::kAllReduce, Algorithm::kTwoShot},
                        {Collective::kReduceScatter, Algorithm::kAuto},
-                       {Collective::kAllGather, Algorithm::kAuto}};
+                       {Collective::kAllGather, Algorithm::kAuto},
+                       {Collective::kAllReduce, Algorithm::kPushOneShot}};
 
 // Sizes per rank: 1 element, 1 pack, odd counts, a few thousand, one large-ish. Reduce-scatter
 // uses ranks x these (its count must divide by the ranks).
@@ -76,7 +78,7 @@ TEST(SimCollectives, EveryAlgorithmDtypeWorldSizeAndSizeMatchesTheReference) {
       }
     }
   }
-  EXPECT_EQ(cases, 7 * 3 * 4 * 7);
+  EXPECT_EQ(cases, 7 * 3 * 5 * 7);
 }
 
 // The reference itself: known roundings (so the comparison above is against the contract, not
@@ -104,7 +106,7 @@ TEST(SimCollectives, ReferenceKnownValues) {
   EXPECT_EQ(reference::fold(Format::kFP32, {0x7F800000u, 0xFF800000u}), 0x7FFFFFFFu);  // inf + -inf
 }
 
-// Same inputs: one_shot and two_shot, every block count, both schedulers (three seeds) give the
+// Same inputs: one_shot, two_shot and push_one_shot, every block count, both schedulers (three seeds) give the
 // same bits (and the reference's).
 TEST(SimCollectives, IdenticalBitsAcrossAlgorithmsBlocksAndSchedulers) {
   for (const DType d : kDTypes) {
@@ -124,7 +126,7 @@ TEST(SimCollectives, IdenticalBitsAcrossAlgorithmsBlocksAndSchedulers) {
             options.schedule = schedule;
             options.schedule_seed = schedule_seed;
             sim::World world(options);
-            for (const Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot}) {
+            for (const Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot}) {
               for (const int blocks : {1, 2, 7, 64}) {
                 spec.algorithm = a;
                 spec.blocks = blocks;
@@ -137,7 +139,7 @@ TEST(SimCollectives, IdenticalBitsAcrossAlgorithmsBlocksAndSchedulers) {
             }
           }
         }
-        EXPECT_EQ(runs, 4 * 2 * 4);
+        EXPECT_EQ(runs, 4 * 3 * 4);
       }
     }
   }
@@ -155,14 +157,18 @@ TEST(SimCollectives, ConsecutiveCollectivesInterleavedAcrossRanks) {
     sim::World world(options);
     std::vector<CollectiveSpec> specs;
     std::vector<std::vector<std::vector<uint8_t>>> ins, outs;
-    const Op ops[] = {kOps[0], kOps[1], kOps[2], kOps[3], kOps[1], kOps[0]};
-    for (const Op& op : ops) {
+    // push_one_shot (kOps[4]) back to back, after and before the others, with grids that change
+    // between calls (its receive half must not depend on the grid).
+    const Op ops[] = {kOps[0], kOps[1], kOps[2], kOps[3], kOps[1], kOps[0], kOps[4], kOps[4], kOps[4], kOps[1], kOps[4]};
+    const int grids[] = {2, 2, 2, 2, 2, 2, 2, 3, 1, 2, 3};
+    for (size_t k = 0; k < std::size(ops); ++k) {
+      const Op& op = ops[k];
       CollectiveSpec spec;
       spec.op = op.op;
       spec.algorithm = op.algorithm;
       spec.dtype = DType::kBF16;
       spec.count = 24;
-      spec.blocks = 2;
+      spec.blocks = grids[k];
       specs.push_back(spec);
       ins.push_back(random_inputs(spec.dtype, n, spec.count, schedule_seed * 100 + specs.size()));
       outs.emplace_back(n, std::vector<uint8_t>(sim::output_count(spec.op, spec.count, n) * 2));

@@ -33,6 +33,19 @@ struct NoEndBarrierProtocol {
   static constexpr bool kEndBarrier = false;
 };
 
+// Broken push_one_shot receive halves. One half: peer p's call k+1 stores into the slot this rank
+// is still folding from call k: wrong bits.
+struct OneHalf {
+  static int half(uint32_t, uint32_t) { return 0; }
+};
+
+// The block's barrier-count parity: equal to the alternating half while every launch has the same
+// grid, but after a launch with fewer blocks the blocks' counts differ, and block 0 of call k+1
+// (covering every element) can store into the half that block 1 of call k is still folding.
+struct BarrierParityHalf {
+  static int half(uint32_t, uint32_t barriers) { return static_cast<int>((barriers + 1) & 1u); }
+};
+
 enum class Outcome { kCorrect, kDeadlock, kWrongBits };
 
 constexpr int kLaunches = 4;
@@ -42,10 +55,17 @@ struct Workload {
   size_t count;
   int blocks;
   bool two_shot;
+  bool push = false;     // allreduce_push_one_shot (two_shot ignored)
+  int odd_blocks = 0;    // > 0: odd-numbered launches use this grid instead of `blocks`
 };
 
-// Runs kLaunches all-reduces with Protocol under schedule `seed` on one fresh world.
-template <class Protocol>
+const char* algorithm(const Workload& w) {
+  return w.push ? "push_one_shot" : w.two_shot ? "two_shot" : "one_shot";
+}
+
+// Runs kLaunches all-reduces with Protocol (and, for push_one_shot, Halves) under schedule `seed`
+// on one fresh world.
+template <class Protocol, class Halves = AlternatingHalves>
 Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
   sim::WorldOptions options;
   options.ranks = w.ranks;
@@ -63,17 +83,20 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
   }
   for (int k = 0; k < kLaunches; ++k) {
     sim::Launch launch;
-    launch.name = w.two_shot ? "allreduce_two_shot" : "allreduce_one_shot";
-    launch.blocks = w.blocks;
+    launch.name = std::string("allreduce_") + algorithm(w);
+    launch.blocks = w.odd_blocks > 0 && k % 2 == 1 ? w.odd_blocks : w.blocks;
     launch.input_bytes = w.count * 2;
-    launch.scratch_bytes = w.count * 2;
+    launch.scratch_bytes = (w.push ? push_scratch_elements(w.count, Storage<bf16>::kPack, w.ranks) : w.count) * 2;
     launch.output_bytes = w.count * 2;
     for (int r = 0; r < w.ranks; ++r) {
       launch.inputs.push_back(ins[k][r].data());
       launch.outputs.push_back(outs[k][r].data());
     }
     const size_t count = w.count;
-    if (w.two_shot) {
+    if (w.push) {
+      world.enqueue<bf16>(launch,
+                          [count](auto& ctx) { allreduce_push_one_shot<bf16, 0, Protocol, Halves>(ctx, count); });
+    } else if (w.two_shot) {
       world.enqueue<bf16>(launch, [count](auto& ctx) { allreduce_two_shot<bf16, 0, Protocol>(ctx, count); });
     } else {
       world.enqueue<bf16>(launch, [count](auto& ctx) { allreduce_one_shot<bf16, 0, Protocol>(ctx, count); });
@@ -100,13 +123,13 @@ constexpr uint64_t kSeedBound = 200;
 
 // Returns the first seed in 1..kSeedBound at which Protocol fails, or 0; *caught counts the
 // failing seeds among all kSeedBound (how often a random schedule exposes the bug).
-template <class Protocol>
+template <class Protocol, class Halves = AlternatingHalves>
 uint64_t first_failing_seed(const Workload& w, Outcome* outcome, std::string* detail, int* caught) {
   uint64_t first = 0;
   *caught = 0;
   for (uint64_t seed = 1; seed <= kSeedBound; ++seed) {
     std::string d;
-    const Outcome o = explore<Protocol>(w, seed, &d);
+    const Outcome o = explore<Protocol, Halves>(w, seed, &d);
     if (o == Outcome::kCorrect) continue;
     ++*caught;
     if (first == 0) {
@@ -130,7 +153,7 @@ TEST(ProtocolExploration, OneFlagSetIsCaughtWithinTheSeedBound) {
     const uint64_t seed = first_failing_seed<OneSetProtocol>(w, &outcome, &detail, &caught);
     EXPECT_NE(seed, 0u) << "one flag set survived " << kSeedBound << " seeds on " << w.ranks << " ranks";
     std::printf("one flag set, %d ranks, %s: caught in %d of %llu seeds, first at seed %llu (%s)\n%s\n", w.ranks,
-                w.two_shot ? "two_shot" : "one_shot", caught, static_cast<unsigned long long>(kSeedBound),
+                algorithm(w), caught, static_cast<unsigned long long>(kSeedBound),
                 static_cast<unsigned long long>(seed), name(outcome), detail.c_str());
   }
 }
@@ -147,7 +170,7 @@ TEST(ProtocolExploration, MissingEndBarrierIsCaughtWithinTheSeedBound) {
     const uint64_t seed = first_failing_seed<NoEndBarrierProtocol>(w, &outcome, &detail, &caught);
     EXPECT_NE(seed, 0u) << "no end barrier survived " << kSeedBound << " seeds on " << w.ranks << " ranks";
     std::printf("no end barrier, %d ranks, %s: caught in %d of %llu seeds, first at seed %llu (%s)\n%s\n", w.ranks,
-                w.two_shot ? "two_shot" : "one_shot", caught, static_cast<unsigned long long>(kSeedBound),
+                algorithm(w), caught, static_cast<unsigned long long>(kSeedBound),
                 static_cast<unsigned long long>(seed), name(outcome), detail.c_str());
   }
 }
@@ -165,6 +188,56 @@ TEST(ProtocolExploration, TwoSetProtocolPassesThousandsOfSeeds) {
     }
   }
   EXPECT_EQ(runs, 3000);
+}
+
+// push_one_shot workloads: consecutive calls on one grid, and calls whose grid alternates.
+const Workload kPushWorkloads[] = {Workload{2, 16, 1, false, true}, Workload{3, 40, 2, false, true},
+                                   Workload{4, 40, 1, false, true}, Workload{2, 24, 1, false, true, 2},
+                                   Workload{3, 40, 2, false, true, 1}};
+
+// One receive half instead of two: a peer's next call overwrites what this rank still folds.
+TEST(ProtocolExploration, PushOneShotWithOneReceiveHalfIsCaughtWithinTheSeedBound) {
+  for (const Workload& w : {kPushWorkloads[0], kPushWorkloads[1], kPushWorkloads[2]}) {
+    Outcome outcome = Outcome::kCorrect;
+    std::string detail;
+    int caught = 0;
+    const uint64_t seed = first_failing_seed<TwoSetProtocol, OneHalf>(w, &outcome, &detail, &caught);
+    EXPECT_NE(seed, 0u) << "one receive half survived " << kSeedBound << " seeds on " << w.ranks << " ranks";
+    std::printf("push_one_shot, one receive half, %d ranks: caught in %d of %llu seeds, first at seed %llu (%s)\n%s\n",
+                w.ranks, caught, static_cast<unsigned long long>(kSeedBound), static_cast<unsigned long long>(seed),
+                name(outcome), detail.c_str());
+  }
+}
+
+// The half from the block's barrier count: fine on one grid, caught when the grid changes.
+TEST(ProtocolExploration, PushOneShotWithBarrierParityHalvesIsCaughtWhenTheGridChanges) {
+  for (const Workload& w : {kPushWorkloads[3], kPushWorkloads[4]}) {
+    Outcome outcome = Outcome::kCorrect;
+    std::string detail;
+    int caught = 0;
+    const uint64_t seed = first_failing_seed<TwoSetProtocol, BarrierParityHalf>(w, &outcome, &detail, &caught);
+    EXPECT_NE(seed, 0u) << "barrier-parity halves survived " << kSeedBound << " seeds on " << w.ranks << " ranks";
+    std::printf("push_one_shot, barrier-parity halves, %d ranks, grids %d/%d: caught in %d of %llu seeds, first at "
+                "seed %llu (%s)\n%s\n",
+                w.ranks, w.blocks, w.odd_blocks, caught, static_cast<unsigned long long>(kSeedBound),
+                static_cast<unsigned long long>(seed), name(outcome), detail.c_str());
+  }
+}
+
+// The production push_one_shot (alternating halves by call number, one barrier per call):
+// thousands of seeds, all correct, on one grid and with grids that change between calls.
+TEST(ProtocolExploration, PushOneShotPassesThousandsOfSeeds) {
+  int runs = 0;
+  for (const Workload& w : kPushWorkloads) {
+    for (uint64_t seed = 1; seed <= 1000; ++seed) {
+      std::string detail;
+      const Outcome o = explore<TwoSetProtocol>(w, seed, &detail);
+      ASSERT_EQ(o, Outcome::kCorrect) << name(o) << " with push_one_shot, " << w.ranks << " ranks, seed " << seed
+                                      << ": " << detail;
+      ++runs;
+    }
+  }
+  EXPECT_EQ(runs, 5000);
 }
 
 }  // namespace

@@ -65,7 +65,7 @@ int sim_bench_main(int argc, char** argv) {
                         "of all input plus output bytes; prints the medians and their ratio.");
   add_world_flags(parser, &f);
   parser.add_int("mib", &mib, "MiB of input per rank");
-  parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "auto"}, "all-reduce algorithm");
+  parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "auto"}, "all-reduce algorithm");
   parser.add_int("blocks", &blocks, "blocks per rank");
   parser.add_int("iters", &iters, "timed iterations (after one warm-up)");
   if (auto code = parser.parse(argc, argv)) return *code;
@@ -83,9 +83,7 @@ int sim_bench_main(int argc, char** argv) {
   spec.dtype = dtype;
   spec.count = bytes_per_rank / esize;
   spec.blocks = static_cast<int>(blocks);
-  spec.algorithm = algo_text == "one_shot" ? sim::Algorithm::kOneShot
-                   : algo_text == "two_shot" ? sim::Algorithm::kTwoShot
-                                             : sim::Algorithm::kAuto;
+  if (!sim::parse_algorithm(algo_text, &spec.algorithm)) return cli::fail(command, "unknown --algo " + algo_text);
   problem = sim::check_spec(spec, n);
   if (!problem.empty()) return cli::fail(command, problem);
 
