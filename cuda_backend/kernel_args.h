@@ -17,9 +17,16 @@ enum class Op : uint8_t { kAllReduce, kReduceScatter, kAllGather };
 // kernel each (Algo::kOneShot names it in tables and flags as "direct").
 enum class Algo : uint8_t { kOneShot, kTwoShot };
 
-// Which core template a kernel runs (the two all-reduce algorithms, reduce_scatter, allgather), or
-// kBarrier: one barrier of the signal protocol and nothing else (copy-engine steps, line-ups).
-enum class KernelKind : int { kOneShot = 0, kTwoShot = 1, kReduceScatter = 2, kAllGather = 3, kBarrier = 4 };
+// Which core template a kernel runs (the three all-reduce algorithms, reduce_scatter, allgather),
+// or kBarrier: one barrier of the signal protocol and nothing else (copy-engine steps, line-ups).
+enum class KernelKind : int {
+  kOneShot = 0,
+  kTwoShot = 1,
+  kReduceScatter = 2,
+  kAllGather = 3,
+  kBarrier = 4,
+  kPushOneShot = 5,  // allreduce_push_one_shot: scratch of push_scratch_elements(count, pack, n)
+};
 
 inline const char* op_name(Op op) {
   return op == Op::kAllReduce ? "allreduce" : op == Op::kReduceScatter ? "reduce_scatter" : "allgather";

@@ -24,7 +24,7 @@ __device__ __forceinline__ void stage_own_input(Ctx& ctx, const KernelArgs& args
   T* dst = static_cast<T*>(const_cast<void*>(args.inputs[args.rank]));
   const size_t count = args.count;
   const int n = ctx.world_size();
-  if constexpr (kKind == KernelKind::kOneShot || kKind == KernelKind::kAllGather) {
+  if constexpr (kKind == KernelKind::kOneShot || kKind == KernelKind::kAllGather || kKind == KernelKind::kPushOneShot) {
     copy_range<T>(ctx, block_share(0, count, P, ctx.block(), ctx.num_blocks()), src, dst, 0);
   } else if constexpr (kKind == KernelKind::kTwoShot) {
     for (int p = 0; p < n; ++p) {
@@ -56,11 +56,18 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
   // No __syncthreads here: every algorithm starts with a barrier whose first step is sync_block,
   // which orders this store before any wait reads it.
   DeviceCtx<T, kRanks> ctx(args, &aborted);
-  if (args.stage_from != nullptr) stage_own_input<T, kKind>(ctx, args);
+  if (args.stage_from != nullptr) {
+    stage_own_input<T, kKind>(ctx, args);
+    // push_one_shot reads its own staged input before any barrier: make every thread's staging
+    // stores visible to the block (the other kernels publish them with their first barrier).
+    if constexpr (kKind == KernelKind::kPushOneShot) ctx.sync_block();
+  }
   if constexpr (kKind == KernelKind::kOneShot) {
     allreduce_one_shot<T, kRanks>(ctx, args.count);
   } else if constexpr (kKind == KernelKind::kTwoShot) {
     allreduce_two_shot<T, kRanks>(ctx, args.count);
+  } else if constexpr (kKind == KernelKind::kPushOneShot) {
+    allreduce_push_one_shot<T, kRanks>(ctx, args.count);
   } else if constexpr (kKind == KernelKind::kReduceScatter) {
     reduce_scatter<T, kRanks>(ctx, args.count);
   } else {
@@ -108,6 +115,8 @@ cudaError_t launch_for_ranks(KernelKind kind, const KernelArgs& args, LaunchConf
       return launch_kernel(collective_kernel<T, kRanks, KernelKind::kReduceScatter>, args, cfg, stream);
     case KernelKind::kAllGather:
       return launch_kernel(collective_kernel<T, kRanks, KernelKind::kAllGather>, args, cfg, stream);
+    case KernelKind::kPushOneShot:
+      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kPushOneShot>, args, cfg, stream);
     case KernelKind::kBarrier:
       return launch_kernel(barrier_kernel<T>, args, cfg, stream);
   }

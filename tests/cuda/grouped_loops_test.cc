@@ -162,7 +162,7 @@ struct MiniWorld {
   MiniWorld(int r, int b, int t, size_t elems, size_t out_elems) : ranks(r), blocks(b), threads(t), signals(r) {
     const size_t packs = elems / Storage<T>::kPack + 1, out_packs = out_elems / Storage<T>::kPack + 1;
     inputs.assign(r, std::vector<Pack<T>>(packs));
-    scratches.assign(r, std::vector<Pack<T>>(packs));
+    scratches.assign(r, std::vector<Pack<T>>(2 * static_cast<size_t>(r) * packs));  // push_one_shot's 2 x n slots
     outputs.assign(r, std::vector<Pack<T>>(out_packs));
     std::memset(signals.data(), 0, sizeof(SignalBuffer) * signals.size());
     for (int i = 0; i < r * b; ++i) bars.push_back(std::make_unique<std::barrier<>>(t));
@@ -213,7 +213,7 @@ template <class T, int kRanks>
 void check_algorithms(size_t c, int blocks, int threads) {
   const DType dtype = sizeof(T) == 4 ? DType::kFP32 : std::is_same_v<T, bf16> ? DType::kBF16 : DType::kFP16;
   const int n = kRanks;
-  for (int algo = 0; algo < 4; ++algo) {  // one_shot, two_shot, reduce_scatter, allgather
+  for (int algo = 0; algo < 5; ++algo) {  // one_shot, two_shot, reduce_scatter, allgather, push_one_shot
     const size_t count = algo == 2 ? c * n : c;
     const size_t out_count = algo == 2 ? c : algo == 3 ? c * n : c;
     MiniWorld<T> w(n, blocks, threads, count, out_count);
@@ -225,6 +225,7 @@ void check_algorithms(size_t c, int blocks, int threads) {
       if (algo == 1) allreduce_two_shot<T, kRanks>(ctx, count);
       if (algo == 2) reduce_scatter<T, kRanks>(ctx, count);
       if (algo == 3) allgather<T, kRanks>(ctx, count);
+      if (algo == 4) allreduce_push_one_shot<T, kRanks>(ctx, count);
     });
     for (int r = 0; r < n; ++r) {
       const T* out = reinterpret_cast<const T*>(w.outputs[r].data());
