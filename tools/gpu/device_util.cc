@@ -65,6 +65,21 @@ struct Events {
 
 }  // namespace
 
+CapturedGraph::CapturedGraph(cudaStream_t stream, const std::function<void()>& enqueue) {
+  cudaGraph_t graph = nullptr;
+  EXC_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  enqueue();
+  EXC_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  EXC_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph, 0));
+  EXC_CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
+CapturedGraph::~CapturedGraph() {
+  if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
+}
+
+void CapturedGraph::launch(cudaStream_t stream) const { EXC_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+
 double time_graph_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int replays) {
   cudaGraph_t graph = nullptr;
   EXC_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));

@@ -41,6 +41,20 @@ class Stream {
   cudaStream_t stream_ = nullptr;
 };
 
+// A CUDA graph of what `enqueue` enqueues on `stream` (captured once, thread-local capture mode),
+// instantiated; destroyed with the object. Example: CapturedGraph g(s, call); g.launch(s);
+class CapturedGraph {
+ public:
+  CapturedGraph(cudaStream_t stream, const std::function<void()>& enqueue);
+  ~CapturedGraph();
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void launch(cudaStream_t stream) const;
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 // Returns the median over `replays` of (time of one graph launch) / ops, in µs: `enqueue` (which
 // enqueues one op on stream) is captured `ops` times into one graph, launched `warmup` times
 // untimed, then `replays` times with events around each launch.

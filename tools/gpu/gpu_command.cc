@@ -9,12 +9,9 @@
 // (atomically) and prints a one-line summary ending with the sha256 of the output bytes.
 #include <cuda_runtime_api.h>
 
-#include <cstdio>
-#include <unistd.h>
-
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -26,6 +23,7 @@
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/fused/fused_commands.h"
 #include "tools/gpu/inputs.h"
+#include "tools/gpu/part_files.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
 #include "tools/npy/npy.h"
@@ -112,16 +110,9 @@ int gpu_worker(const GpuOptions& o) {
     }
   };
   if (o.graph) {
-    cudaGraph_t g = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    EXC_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-    call();
-    EXC_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &g));
-    EXC_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    EXC_CUDA_CHECK(cudaGraphDestroy(g));
-    EXC_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+    const CapturedGraph graph(stream.get(), call);
+    graph.launch(stream.get());
     comm.check(stream.get());
-    EXC_CUDA_CHECK(cudaGraphExecDestroy(exec));
   } else {
     call();
     comm.check(stream.get());
@@ -130,28 +121,19 @@ int gpu_worker(const GpuOptions& o) {
   EXC_CUDA_CHECK(cudaMemcpy(result.data(), output.get(), result.size(), cudaMemcpyDeviceToHost));
 
   // 3. Rows to rank 0 through part files in the output's directory (or /tmp).
-  std::string dir = "/tmp";
-  if (!o.output_path.empty()) {
-    const std::string path = cli::resolve_path(o.output_path);
-    const size_t slash = path.rfind('/');
-    dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
-  }
-  const std::string token = w.all_gather("part_token", std::to_string(::getpid()))[0];
-  auto part = [&](int r) { return dir + "/.exactcoll_gpu_" + token + "_rank" + std::to_string(r) + ".part"; };
-  npy::write_file_atomic(part(rank), result.data(), result.size());
-  w.barrier("parts");
+  PartFiles parts(w, o.output_path, "gpu");
+  parts.write(result);
   int code = cli::kExitOk;
   if (w.leader()) {
     Bytes all;
     all.reserve(result.size() * static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
-      std::ifstream f(part(r), std::ios::binary);
-      const Bytes piece((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      if (piece.size() != result.size()) {
+      const std::optional<Bytes> piece = parts.read(r, result.size());
+      if (!piece) {
         code = cli::fail("gpu", "rank " + std::to_string(r) + "'s output part is missing or short", cli::kExitFailure);
         break;
       }
-      all.insert(all.end(), piece.begin(), piece.end());
+      all.insert(all.end(), piece->begin(), piece->end());
     }
     // 4. The output file and the summary.
     if (code == cli::kExitOk) {
@@ -177,8 +159,7 @@ int gpu_worker(const GpuOptions& o) {
       print_leader(w, os.str());
     }
   }
-  w.barrier("assembled");
-  std::remove(part(rank).c_str());
+  parts.finish();
   return code;
 }
 

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -175,20 +176,13 @@ int verify_worker(const VerifyOptions& o) {
                   return CallInfo{};
                 };
                 const int replays = v.graph ? 2 : 1;
-                cudaGraphExec_t exec = nullptr;
-                if (v.graph) {
-                  cudaGraph_t graph = nullptr;
-                  EXC_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-                  call();
-                  EXC_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-                  EXC_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-                  EXC_CUDA_CHECK(cudaGraphDestroy(graph));
-                }
+                std::optional<CapturedGraph> graph;
+                if (v.graph) graph.emplace(stream.get(), call);
                 for (int replay = 0; replay < replays; ++replay) {
                   // Poison: a different byte each time, so stale results from the last run show.
                   EXC_CUDA_CHECK(cudaMemsetAsync(output.get(), 0xA5 ^ (replay * 0x3C), out_count * elem, stream.get()));
-                  if (v.graph) {
-                    EXC_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+                  if (graph) {
+                    graph->launch(stream.get());
                   } else {
                     call();
                   }
@@ -213,7 +207,6 @@ int verify_worker(const VerifyOptions& o) {
                               << ", expected " << bits_hex(dtype, c.want_bits) << "\n";
                   }
                 }
-                if (exec != nullptr) EXC_CUDA_CHECK(cudaGraphExecDestroy(exec));
               }
             }
           }

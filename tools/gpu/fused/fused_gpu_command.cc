@@ -10,12 +10,9 @@
 // summary ending with the sha256 of each output.
 #include <cuda_runtime_api.h>
 #include <openssl/evp.h>
-#include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -28,6 +25,7 @@
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/fused/fused_commands.h"
 #include "tools/gpu/fused/fused_inputs.h"
+#include "tools/gpu/part_files.h"
 #include "tools/gpu/worker.h"
 #include "tools/npy/npy.h"
 
@@ -155,16 +153,9 @@ int worker(const Options& o) {
                      o.registered ? &reg : nullptr, grid);
   };
   if (o.graph) {
-    cudaGraph_t g = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    EXC_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-    call();
-    EXC_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &g));
-    EXC_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    EXC_CUDA_CHECK(cudaGraphDestroy(g));
-    EXC_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+    const CapturedGraph graph(stream.get(), call);
+    graph.launch(stream.get());
     comm.check(stream.get());
-    EXC_CUDA_CHECK(cudaGraphExecDestroy(exec));
   } else {
     call();
     comm.check(stream.get());
@@ -174,31 +165,21 @@ int worker(const Options& o) {
   EXC_CUDA_CHECK(cudaMemcpy(result.data() + bytes, residual_out.get(), bytes, cudaMemcpyDeviceToHost));
 
   // 3. Outputs to rank 0 through part files beside the output (or in /tmp).
-  std::string dir = "/tmp";
-  const std::string first_output = !o.output.empty() ? o.output : o.residual_output;
-  if (!first_output.empty()) {
-    const std::string path = cli::resolve_path(first_output);
-    const size_t slash = path.rfind('/');
-    dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
-  }
-  const std::string token = w.all_gather("part_token", std::to_string(::getpid()))[0];
-  auto part = [&](int r) { return dir + "/.exactcoll_gpu_fused_" + token + "_rank" + std::to_string(r) + ".part"; };
-  npy::write_file_atomic(part(rank), result.data(), result.size());
-  w.barrier("parts");
+  PartFiles parts(w, !o.output.empty() ? o.output : o.residual_output, "gpu_fused");
+  parts.write(result);
   int code = cli::kExitOk;
   if (w.leader()) {
     std::vector<uint8_t> all_out, all_ro;
     all_out.reserve(bytes * static_cast<size_t>(n));
     all_ro.reserve(bytes * static_cast<size_t>(n));
     for (int r = 0; r < n && code == cli::kExitOk; ++r) {
-      std::ifstream f(part(r), std::ios::binary);
-      const std::vector<uint8_t> piece((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      if (piece.size() != result.size()) {
+      const std::optional<std::vector<uint8_t>> piece = parts.read(r, result.size());
+      if (!piece) {
         code = cli::fail(kCommand, "rank " + std::to_string(r) + "'s output part is missing or short", cli::kExitFailure);
         break;
       }
-      all_out.insert(all_out.end(), piece.begin(), piece.begin() + static_cast<std::ptrdiff_t>(bytes));
-      all_ro.insert(all_ro.end(), piece.begin() + static_cast<std::ptrdiff_t>(bytes), piece.end());
+      all_out.insert(all_out.end(), piece->begin(), piece->begin() + static_cast<std::ptrdiff_t>(bytes));
+      all_ro.insert(all_ro.end(), piece->begin() + static_cast<std::ptrdiff_t>(bytes), piece->end());
     }
     // 4. The output files and the summary.
     if (code == cli::kExitOk) {
@@ -220,8 +201,7 @@ int worker(const Options& o) {
       print_leader(w, os.str());
     }
   }
-  w.barrier("assembled");
-  std::remove(part(rank).c_str());
+  parts.finish();
   return code;
 }
 

@@ -173,21 +173,14 @@ int verify_worker(const VerifyOptions& o) {
               auto call = [&] {
                 f.run(buffers, shape, requested, stream.get(), v.registered ? &registered : nullptr, v.grid);
               };
-              cudaGraphExec_t exec = nullptr;
-              if (v.graph) {
-                cudaGraph_t graph = nullptr;
-                EXC_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-                call();
-                EXC_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-                EXC_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-                EXC_CUDA_CHECK(cudaGraphDestroy(graph));
-              }
+              std::optional<CapturedGraph> graph;
+              if (v.graph) graph.emplace(stream.get(), call);
               for (int replay = 0; replay < (v.graph ? 2 : 1); ++replay) {
                 // Poison both outputs (a different byte each replay, so stale results show).
                 EXC_CUDA_CHECK(cudaMemsetAsync(ro.get(), 0xA5 ^ (replay * 0x3C), bytes, stream.get()));
                 EXC_CUDA_CHECK(cudaMemsetAsync(out.get(), 0x5A ^ (replay * 0x3C), bytes, stream.get()));
-                if (v.graph) {
-                  EXC_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+                if (graph) {
+                  graph->launch(stream.get());
                 } else {
                   call();
                 }
@@ -223,7 +216,6 @@ int verify_worker(const VerifyOptions& o) {
                             << "\n";
                 }
               }
-              if (exec != nullptr) EXC_CUDA_CHECK(cudaGraphExecDestroy(exec));
             }
           }
         }
