@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cuda_backend/cuda_check.h"
+#include "cuda_backend/ipc_exchange.h"
 #include "cuda_backend/kernels.h"
 #include "cuda_backend/nccl_api.h"
 
@@ -158,26 +159,9 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
   HandleExchangeOptions hx_options;
   hx_options.key_prefix = key("handles");
   hx_options.timeout = options_.store_timeout;
-  exchange_ = std::make_unique<HandleExchange>(
-      store_, rank_, world_size_,
-      [this](int /*peer*/, const ExportedBuffer& b) {
-        cudaIpcMemHandle_t h{};
-        if (b.handle.size() != sizeof h) throw CollectiveError("IPC handle of the wrong size from a peer");
-        std::memcpy(&h, b.handle.data(), sizeof h);
-        void* address = nullptr;
-        EXC_CUDA_CHECK(cudaIpcOpenMemHandle(&address, h, cudaIpcMemLazyEnablePeerAccess));
-        opened_.push_back(address);
-        return address;
-      },
-      [this](int /*peer*/, void* address) {
-        (void)cudaIpcCloseMemHandle(address);
-        opened_.erase(std::remove(opened_.begin(), opened_.end(), address), opened_.end());
-      },
-      hx_options);
+  exchange_ = make_ipc_exchange<CollectiveError>(store_, rank_, world_size_, &opened_, hx_options);
   if (ipc_reason_.empty()) {
-    const ExportedBuffer region{std::string(reinterpret_cast<const char*>(&handle), sizeof handle),
-                                reinterpret_cast<uint64_t>(region_), region_bytes_, 0};
-    const auto peers = exchange_->exchange({region});
+    const auto peers = exchange_->exchange({exported_ipc_region(handle, region_, region_bytes_)});
     for (int p = 0; p < world_size_; ++p) peers_[static_cast<size_t>(p)].base = peers[0][static_cast<size_t>(p)];
     ipc_ready_ = true;  // device_barrier needs it
     const uint64_t saved = options_.flag_timeout_ms;

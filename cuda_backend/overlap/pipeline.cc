@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cuda_backend/cuda_check.h"
+#include "cuda_backend/ipc_exchange.h"
 #include "cuda_backend/overlap/flag_kernel.h"
 
 namespace exactcoll::cuda {
@@ -107,25 +108,8 @@ OverlapPipeline::OverlapPipeline(Store& store, int rank, int world_size, Overlap
   HandleExchangeOptions hx;
   hx.key_prefix = o.name + "/handles";
   hx.timeout = o.store_timeout;
-  exchange_ = std::make_unique<HandleExchange>(
-      store_, rank_, world_size_,
-      [this](int /*peer*/, const ExportedBuffer& b) {
-        cudaIpcMemHandle_t h{};
-        if (b.handle.size() != sizeof h) throw OverlapError("IPC handle of the wrong size from a peer");
-        std::memcpy(&h, b.handle.data(), sizeof h);
-        void* address = nullptr;
-        EXC_CUDA_CHECK(cudaIpcOpenMemHandle(&address, h, cudaIpcMemLazyEnablePeerAccess));
-        opened_.push_back(address);
-        return address;
-      },
-      [this](int /*peer*/, void* address) {
-        (void)cudaIpcCloseMemHandle(address);
-        opened_.erase(std::remove(opened_.begin(), opened_.end(), address), opened_.end());
-      },
-      hx);
-  const ExportedBuffer mine{std::string(reinterpret_cast<const char*>(&ipc), sizeof ipc),
-                            reinterpret_cast<uint64_t>(region_), region_bytes, 0};
-  const auto peers = exchange_->exchange({mine});
+  exchange_ = make_ipc_exchange<OverlapError>(store_, rank_, world_size_, &opened_, hx);
+  const auto peers = exchange_->exchange({exported_ipc_region(ipc, region_, region_bytes)});
   for (int p = 0; p < world_size_; ++p) peer_regions_.push_back(static_cast<char*>(peers[0][static_cast<size_t>(p)]));
 
   // 5. Signals: stream memory writes into a peer's IPC-mapped flags where the driver accepts them
