@@ -138,4 +138,15 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
+bool parse_counts(const std::string& text, std::vector<int64_t>* out) {
+  out->clear();
+  for (const std::string& item : split_list(text)) {
+    if (item.empty() || item.size() > 9 || item.find_first_not_of("0123456789") != std::string::npos) return false;
+    const int64_t v = std::stoll(item);
+    if (v < 1) return false;
+    out->push_back(v);
+  }
+  return !out->empty();
+}
+
 }  // namespace exactcoll::gpu

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -67,5 +68,9 @@ double median(std::vector<double> values);
 
 // Splits "a,b,c" at commas (empty items dropped).
 std::vector<std::string> split_list(const std::string& text);
+
+// Parses "a,b,c" of positive whole numbers (at most 9 digits each) into *out, replacing what it
+// held. Returns false on anything else, or on an empty list.
+bool parse_counts(const std::string& text, std::vector<int64_t>* out);
 
 }  // namespace exactcoll::gpu

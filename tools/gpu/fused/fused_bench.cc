@@ -102,17 +102,6 @@ struct Point {
   uint64_t wrong = 0, nccl_wrong = 0;           // summed over ranks
 };
 
-bool parse_counts(const std::string& text, std::vector<int64_t>* out) {
-  out->clear();
-  for (const std::string& item : split_list(text)) {
-    if (item.empty() || item.size() > 9 || item.find_first_not_of("0123456789") != std::string::npos) return false;
-    const int64_t v = std::stoll(item);
-    if (v < 1) return false;
-    out->push_back(v);
-  }
-  return !out->empty();
-}
-
 std::string us_text(const std::map<Column, double>& m, Column c) {
   const auto it = m.find(c);
   if (it == m.end()) return "-";

@@ -241,17 +241,6 @@ int verify_worker(const VerifyOptions& o) {
   return grand.clean() ? cli::kExitOk : cli::kExitDiffer;
 }
 
-// Parses "a,b,c" of positive whole numbers into out; false on anything else.
-bool parse_counts(const std::string& text, std::vector<int64_t>* out) {
-  for (const std::string& item : split_list(text)) {
-    if (item.empty() || item.size() > 9 || item.find_first_not_of("0123456789") != std::string::npos) return false;
-    const int64_t v = std::stoll(item);
-    if (v < 1) return false;
-    out->push_back(v);
-  }
-  return !out->empty();
-}
-
 }  // namespace
 
 int run_fused_verify(int argc, char** argv) {
