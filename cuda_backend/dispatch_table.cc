@@ -20,13 +20,14 @@ const char* algorithm_name(Algorithm a) {
     case Algorithm::kCopyEngine: return "copy_engine";
     case Algorithm::kAuto: return "auto";
     case Algorithm::kNccl: return "nccl";
+    case Algorithm::kPushOneShot: return "push_one_shot";
   }
   return "?";
 }
 
 std::optional<Algorithm> parse_algorithm(const std::string& name) {
-  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kDirect, Algorithm::kCopyEngine,
-                      Algorithm::kAuto, Algorithm::kNccl}) {
+  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kDirect,
+                      Algorithm::kCopyEngine, Algorithm::kAuto, Algorithm::kNccl}) {
     if (name == algorithm_name(a)) return a;
   }
   return std::nullopt;
@@ -34,7 +35,7 @@ std::optional<Algorithm> parse_algorithm(const std::string& name) {
 
 std::vector<Algorithm> ipc_algorithms(Op op) {
   switch (op) {
-    case Op::kAllReduce: return {Algorithm::kOneShot, Algorithm::kTwoShot};
+    case Op::kAllReduce: return {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot};
     case Op::kReduceScatter: return {Algorithm::kDirect};
     case Op::kAllGather: return {Algorithm::kDirect, Algorithm::kCopyEngine};
   }

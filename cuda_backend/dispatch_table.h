@@ -22,11 +22,12 @@
 namespace exactcoll::cuda {
 
 // The algorithms a caller can ask for. kDirect is the SM kernel of reduce_scatter / allgather;
-// kCopyEngine is the copy-engine all-gather; kAuto consults the table; kNccl calls NCCL.
-enum class Algorithm : uint8_t { kOneShot, kTwoShot, kDirect, kCopyEngine, kAuto, kNccl };
+// kCopyEngine is the copy-engine all-gather; kAuto consults the table; kNccl calls NCCL;
+// kPushOneShot is the all-reduce that pushes inputs into peers' scratch (one barrier per call).
+enum class Algorithm : uint8_t { kOneShot, kTwoShot, kDirect, kCopyEngine, kAuto, kNccl, kPushOneShot };
 
 const char* algorithm_name(Algorithm a);
-// Parses one_shot | two_shot | direct | copy_engine | auto | nccl; nullopt otherwise.
+// Parses one_shot | two_shot | push_one_shot | direct | copy_engine | auto | nccl; nullopt otherwise.
 std::optional<Algorithm> parse_algorithm(const std::string& name);
 // The IPC algorithms of an op (what auto chooses among).
 std::vector<Algorithm> ipc_algorithms(Op op);

@@ -114,6 +114,32 @@ TEST(DispatchTable, NamesTheLineAndProblemOfMalformedInput) {
   }
 }
 
+// push_one_shot is an IPC algorithm of allreduce only; auto takes it where its row is fastest.
+TEST(DispatchTable, PushOneShotRowsParseAndAutoPicksThemWhereFastest) {
+  const DispatchTable t = DispatchTable::parse(
+      "sm90\t4\tallreduce\t16384\tone_shot\t2\t512\t5.70\n"
+      "sm90\t4\tallreduce\t16384\tpush_one_shot\t4\t256\t4.90\n"
+      "sm90\t4\tallreduce\t4194304\tone_shot\t64\t512\t45.0\n"
+      "sm90\t4\tallreduce\t4194304\ttwo_shot\t64\t512\t28.4\n"
+      "sm90\t4\tallreduce\t4194304\tpush_one_shot\t64\t512\t40.0\n",
+      "push.tsv");
+  Choice c = t.choose("sm90", 4, Op::kAllReduce, 16384, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kPushOneShot);
+  EXPECT_EQ(c.grid.blocks, 4);
+  EXPECT_EQ(c.grid.threads, 256);
+  c = t.choose("sm90", 4, Op::kAllReduce, 4194304, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kTwoShot);
+  c = t.choose("sm90", 4, Op::kAllReduce, 4194304, Algorithm::kPushOneShot);
+  EXPECT_EQ(c.algo, Algorithm::kPushOneShot);
+  EXPECT_EQ(c.grid.blocks, 64);
+  try {
+    DispatchTable::parse("sm90\t4\treduce_scatter\t1024\tpush_one_shot\t2\t512\t1\n", "rs.tsv");
+    ADD_FAILURE() << "push_one_shot accepted for reduce_scatter";
+  } catch (const TableError& e) {
+    EXPECT_NE(std::string(e.what()).find("not an IPC algorithm of reduce_scatter"), std::string::npos) << e.what();
+  }
+}
+
 TEST(DispatchTable, EmbeddedTableParses) {
   // The repo's cuda_backend/tuning/sm90.tsv, compiled in; every row must be usable.
   const DispatchTable& t = DispatchTable::embedded();
@@ -125,8 +151,8 @@ TEST(DispatchTable, EmbeddedTableParses) {
 }
 
 TEST(DispatchTable, AlgorithmNamesRoundTrip) {
-  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kDirect, Algorithm::kCopyEngine,
-                      Algorithm::kAuto, Algorithm::kNccl}) {
+  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kDirect,
+                      Algorithm::kCopyEngine, Algorithm::kAuto, Algorithm::kNccl}) {
     const auto parsed = parse_algorithm(algorithm_name(a));
     ASSERT_TRUE(parsed.has_value());
     EXPECT_EQ(*parsed, a);

@@ -79,6 +79,7 @@ std::vector<Bytes> Simulator::run(cuda::Op op, cuda::Algorithm algo, DType dtype
   // The simulator's --algo applies to all-reduce only; its other ops have one algorithm each.
   spec.algorithm = op != cuda::Op::kAllReduce       ? sim::Algorithm::kAuto
                    : algo == cuda::Algorithm::kTwoShot ? sim::Algorithm::kTwoShot
+                   : algo == cuda::Algorithm::kPushOneShot ? sim::Algorithm::kPushOneShot
                                                        : sim::Algorithm::kOneShot;
   spec.dtype = dtype;
   spec.count = count;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/collectives.h"
 #include "cuda_backend/communicator.h"
 #include "cuda_backend/cuda_check.h"
 #include "tools/cli.h"
@@ -64,7 +65,11 @@ int tune_worker(const TuneOptions& o) {
   const DType dtype = DType::kBF16;
   cuda::CommunicatorOptions co;
   co.name = "tune";
-  co.buffer_bytes = static_cast<size_t>(o.max_bytes);  // two_shot scratch; inputs are registered
+  // two_shot's scratch (inputs are registered), and push_one_shot's 2 x n slots up to what a
+  // default communicator holds: push_one_shot is measured only where it fits there (beyond, auto
+  // would not run it).
+  const size_t default_buffer = cuda::CommunicatorOptions{}.buffer_bytes;
+  co.buffer_bytes = std::max(static_cast<size_t>(o.max_bytes), default_buffer);
   co.table = cuda::DispatchTable();  // tuning measures forced grids; no table needed
   co.programmatic_launch = o.pdl;
   Communicator comm(w.store(), rank, n, co);
@@ -87,6 +92,7 @@ int tune_worker(const TuneOptions& o) {
       if (op == Op::kReduceScatter) count -= count % static_cast<uint64_t>(n);
       if (count == 0) continue;
       for (Algorithm algo : cuda::ipc_algorithms(op)) {
+        if (algo == Algorithm::kPushOneShot && push_scratch_elements(count, 8, n) * 2 > default_buffer) continue;
         uint64_t packs = count / 8 + 1;
         if (algo == Algorithm::kTwoShot || op == Op::kReduceScatter) packs = packs / static_cast<uint64_t>(n) + 1;
         if (op == Op::kAllGather) packs *= static_cast<uint64_t>(n);
