@@ -5,18 +5,19 @@
 # world size replaced; larger sizes and other ops kept), then bench the all-reduce at rows 1..64
 # (bf16, hidden 8192: 16 KiB .. 1 MiB) with one_shot, two_shot, push_one_shot, auto and NCCL in the
 # same run, auto reading the merged table. The merged table is written only if verify passed.
-# Binaries: .gpubin/exactcoll_gpu and .gpubin/collectives_gpu_test (bazel build
+# Binaries: .gpubin/push/exactcoll_gpu and .gpubin/push/collectives_gpu_test (bazel build
 # //tools/gpu:exactcoll_gpu //tests/cuda:collectives_gpu_test, copied from bazel-bin/).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
-B=.gpubin/exactcoll_gpu
+BIN=${BIN:-.gpubin/push}
+B=$BIN/exactcoll_gpu
 start=$(date +%s)
 elapsed() { echo $(($(date +%s) - start)); }
 status=0
 verified=1
-timeout 150 .gpubin/collectives_gpu_test > "$OUT/test.log" 2>&1 || { status=1; verified=0; }
+timeout 150 $BIN/collectives_gpu_test > "$OUT/test.log" 2>&1 || { status=1; verified=0; }
 tail -3 "$OUT/test.log"
 for n in 2 3 4; do
   timeout 150 $B verify --nproc "$n" --max-count 1048579 > "$OUT/verify_$n.log" 2>&1 || { status=1; verified=0; }
