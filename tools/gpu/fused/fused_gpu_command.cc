@@ -9,7 +9,6 @@
 // its two outputs to part files; 5. rank 0 assembles the .npy files (atomically) and prints a
 // summary ending with the sha256 of each output.
 #include <cuda_runtime_api.h>
-#include <openssl/evp.h>
 
 #include <cstdio>
 #include <iostream>
@@ -28,28 +27,17 @@
 #include "tools/gpu/part_files.h"
 #include "tools/gpu/worker.h"
 #include "tools/npy/npy.h"
+#include "tools/sim/sha256.h"
 
 namespace exactcoll::gpu {
 namespace {
+
+using tools::sha256_hex;
 
 constexpr const char* kCommand = "gpu fused_rmsnorm";
 
 using cuda::fused::FusedAlgorithm;
 
-std::string sha256_hex(const void* data, size_t bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  if (EVP_Digest(data, bytes, digest, &length, EVP_sha256(), nullptr) != 1) {
-    throw std::runtime_error("OpenSSL EVP_Digest(sha256) failed");
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < length; ++i) {
-    hex += kHex[digest[i] >> 4];
-    hex += kHex[digest[i] & 15];
-  }
-  return hex;
-}
 
 struct Options {
   DType dtype = DType::kBF16;
