@@ -619,6 +619,153 @@ EXC_HD void allreduce_push_one_shot(Ctx& ctx, size_t count) {
   store_barrier_count(ctx, barriers);
 }
 
+// Stores this block's share of src (element i) into every peer's scratch at
+// ctx.scratch(peer) + offset(peer) + i, peers in order rank+1, rank+2, ...; 16-byte loads and
+// stores for the aligned packs. Preconditions: offset(peer) is a multiple of the pack.
+template <class T, int kRanks, class Ctx, class Offset>
+EXC_HD void push_share(Ctx& ctx, const BlockShare& share, const T* src, Offset offset) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  const int peers = kRanks > 0 ? kRanks : n;
+  constexpr int kGroup = packs_in_flight<Ctx>();
+  for_share_grouped<kGroup>(
+      ctx, share, P,
+      [&](size_t i, size_t stride) {
+        Pack<T> in[kGroup];
+        for (int u = 0; u < kGroup; ++u) in[u] = ctx.load(reinterpret_cast<const Pack<T>*>(src + i + u * stride));
+        for (int k = 1; k < peers; ++k) {
+          const int peer = (me + k) % n;
+          T* dst = ctx.scratch(peer) + offset(peer);
+          for (int u = 0; u < kGroup; ++u) ctx.store(reinterpret_cast<Pack<T>*>(dst + i + u * stride), in[u]);
+        }
+      },
+      [&](size_t i) {
+        const Pack<T> x = ctx.load(reinterpret_cast<const Pack<T>*>(src + i));
+        for (int k = 1; k < peers; ++k) {
+          const int peer = (me + k) % n;
+          ctx.store(reinterpret_cast<Pack<T>*>(ctx.scratch(peer) + offset(peer) + i), x);
+        }
+      },
+      [&](size_t i) {
+        const T x = src[i];
+        for (int k = 1; k < peers; ++k) {
+          const int peer = (me + k) % n;
+          ctx.scratch(peer)[offset(peer) + i] = x;
+        }
+      });
+}
+
+// All-reduce, push two shot: slices pushed to their owners, each owner folds its slice and pushes
+// the result to every peer; two barriers, no end barrier. Same bits as one_shot (each element is
+// folded once, by its slice's owner, in rank order 0..n-1). Scratch: push_scratch_elements(count,
+// kPack, n), the layout of push_one_shot (two halves of n slots, element i at position i of a
+// slot); the preconditions of push_one_shot apply.
+// Steps:
+//   1. h = push_calls & 1 (the call counter push_one_shot uses; every push call advances it);
+//   2. push slices: for every peer o, this block's share of slice o (two_shot_slice) of this
+//      rank's input into slot (h, rank) of o's scratch;
+//   3. barrier: every peer's part of this rank's slice is in this rank's slots (h, p);
+//   4. advance the push call number (as push_one_shot's step 4);
+//   5. fold this block's share of this rank's slice in rank order 0..n-1 (own input, own scratch
+//      slots (h, p) for the peers) into output;
+//   6. push the result: the same share of output into slot (h, p) of every peer p's scratch (p's
+//      own slot, which no sender writes);
+//   7. barrier: every owner's result for this block's shares is in this rank's slot (h, rank);
+//   8. copy every peer's slice from this rank's own slot (h, rank) into output (local reads).
+// Why no end barrier: as push_one_shot's (a) and (b). Half h of this rank's scratch is written
+// in call k (steps 2 and 6 of the peers) and again at the earliest in call k+2, after the writer
+// passed a barrier of call k+1 that needs this rank's call k+1 signal, sent after its call k
+// kernel finished (step 8 included). Within a call, step 2 writes slots (h, sender) and step 6
+// slot (h, receiver): different slots, and each is read only after the barrier that follows it.
+template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Halves = AlternatingHalves, class Ctx>
+EXC_HD void allreduce_push_two_shot(Ctx& ctx, size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  const int b = ctx.block();
+  const int num_blocks = ctx.num_blocks();
+  uint32_t barriers = load_barrier_count(ctx);
+  // 1. The receive half of this call.
+  const uint32_t calls = ctx.signals(me)->push_calls[b];
+  const int half = Halves::half(calls, barriers);
+  const T* mine = ctx.input(me);
+  auto slot = [&](int from) { return push_slot_offset(count, P, n, half, from); };
+  // 2. Push every peer's slice of this rank's input to that peer.
+  for (int k = 1; k < n; ++k) {
+    const int owner = (me + k) % n;
+    const Slice theirs = two_shot_slice(count, P, owner, n);
+    const BlockShare share = block_share(theirs.begin, theirs.end, P, b, num_blocks);
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("push_slice");
+      trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
+      trace_share(ctx, share, Access::kWrite, owner, Buffer::kScratch, slot(me));
+      ctx.trace_step_end();
+    }
+    // One receiver per slice, so a plain store loop (push_share sends to every peer).
+    for_share(
+        ctx, share, P,
+        [&](size_t i) {
+          ctx.store(reinterpret_cast<Pack<T>*>(ctx.scratch(owner) + slot(me) + i),
+                    ctx.load(reinterpret_cast<const Pack<T>*>(mine + i)));
+        },
+        [&](size_t i) { ctx.scratch(owner)[slot(me) + i] = mine[i]; });
+  }
+  // 3. Barrier: this rank's slice has arrived from every peer.
+  block_barrier<Protocol>(ctx, &barriers);
+  // 4. Advance the push call number in the slots this block owns in this launch.
+  for (int s = b + num_blocks * ctx.thread(); s < kMaxBlocks; s += num_blocks * ctx.num_threads()) {
+    ctx.signals(me)->push_calls[s] = calls + 1;
+  }
+  // 5. Fold this rank's slice in rank order from local memory into output.
+  const Slice own = two_shot_slice(count, P, me, n);
+  const BlockShare own_share = block_share(own.begin, own.end, P, b, num_blocks);
+  const T* recv = ctx.scratch(me);
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("reduce_slice");
+    for (int r = 0; r < n; ++r) {
+      if (r == me) {
+        trace_share(ctx, own_share, Access::kRead, me, Buffer::kInput);
+      } else {
+        trace_share(ctx, own_share, Access::kRead, me, Buffer::kScratch, slot(r));
+      }
+    }
+    trace_share(ctx, own_share, Access::kWrite, me, Buffer::kOutput);
+    ctx.trace_step_end();
+  }
+  fold_range_from<T, kRanks>(
+      ctx, own_share, [&](int r) -> const T* { return r == me ? mine : recv + slot(r); }, ctx.output(),
+      static_cast<T*>(nullptr));
+  ctx.sync_block();  // step 6 reads output packs that other threads of the block may have written
+  // 6. Push the folded slice into every peer's own slot.
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("push_result");
+    trace_share(ctx, own_share, Access::kRead, me, Buffer::kOutput);
+    for (int k = 1; k < n; ++k) {
+      const int peer = (me + k) % n;
+      trace_share(ctx, own_share, Access::kWrite, peer, Buffer::kScratch, slot(peer));
+    }
+    ctx.trace_step_end();
+  }
+  push_share<T, kRanks>(ctx, own_share, static_cast<const T*>(ctx.output()), slot);
+  // 7. Barrier: every owner's result is in this rank's own slot.
+  block_barrier<Protocol>(ctx, &barriers);
+  // 8. Copy the peers' slices from local memory into output.
+  for (int k = 1; k < n; ++k) {
+    const int owner = (me + k) % n;
+    const Slice theirs = two_shot_slice(count, P, owner, n);
+    const BlockShare share = block_share(theirs.begin, theirs.end, P, b, num_blocks);
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("gather_slice");
+      trace_share(ctx, share, Access::kRead, me, Buffer::kScratch, slot(me));
+      trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
+      ctx.trace_step_end();
+    }
+    copy_range<T>(ctx, share, recv + slot(me), ctx.output(), 0);
+  }
+  store_barrier_count(ctx, barriers);
+}
+
 // Reduce-scatter: rank r gets the fold of elements [r*count/n, (r+1)*count/n) in its output[0..).
 // Preconditions: count % n == 0. Steps:
 //   1. barrier: every peer's input is in place;

@@ -22,6 +22,8 @@ void enqueue_typed(World& world, const CollectiveSpec& spec, Algorithm algorithm
             allreduce_two_shot<T, kRanks>(ctx, count);
           } else if (algorithm == Algorithm::kPushOneShot) {
             allreduce_push_one_shot<T, kRanks>(ctx, count);
+          } else if (algorithm == Algorithm::kPushTwoShot) {
+            allreduce_push_two_shot<T, kRanks>(ctx, count);
           } else {
             allreduce_one_shot<T, kRanks>(ctx, count);
           }
@@ -54,12 +56,14 @@ const char* algorithm_name(Algorithm a) {
     case Algorithm::kTwoShot: return "two_shot";
     case Algorithm::kAuto: return "auto";
     case Algorithm::kPushOneShot: return "push_one_shot";
+    case Algorithm::kPushTwoShot: return "push_two_shot";
   }
   return "?";
 }
 
 bool parse_algorithm(const std::string& text, Algorithm* out) {
-  for (const Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kAuto}) {
+  for (const Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot,
+                            Algorithm::kAuto}) {
     if (text == algorithm_name(a)) {
       *out = a;
       return true;
@@ -73,7 +77,8 @@ size_t scratch_bytes(const CollectiveSpec& spec, int ranks) {
   const size_t element = static_cast<size_t>(dtype_size(spec.dtype));
   switch (resolve_algorithm(spec)) {
     case Algorithm::kTwoShot: return spec.count * element;
-    case Algorithm::kPushOneShot: return push_scratch_elements(spec.count, 16 / static_cast<int>(element), ranks) * element;
+    case Algorithm::kPushOneShot:
+    case Algorithm::kPushTwoShot: return push_scratch_elements(spec.count, 16 / static_cast<int>(element), ranks) * element;
     default: return 0;
   }
 }

@@ -12,7 +12,7 @@
 namespace exactcoll::sim {
 
 enum class Collective { kAllReduce, kReduceScatter, kAllGather };
-enum class Algorithm { kOneShot, kTwoShot, kAuto, kPushOneShot };  // all-reduce only
+enum class Algorithm { kOneShot, kTwoShot, kAuto, kPushOneShot, kPushTwoShot };  // all-reduce only
 
 // `auto` picks one_shot below this many bytes per rank, two_shot at or above. one_shot reads n
 // inputs per rank, two_shot reads each once plus one gather, so two_shot moves less data for large
@@ -30,12 +30,13 @@ struct CollectiveSpec {
 const char* collective_name(Collective op);
 const char* algorithm_name(Algorithm a);
 
-// Returns the algorithm named `text` ("one_shot", "two_shot", "push_one_shot", "auto"); false if
+// Returns the algorithm named `text` ("one_shot", "two_shot", "push_one_shot", "push_two_shot",
+// "auto"); false if
 // none is.
 bool parse_algorithm(const std::string& text, Algorithm* out);
 
 // Returns the scratch bytes per rank that spec's algorithm needs on `ranks` ranks (two_shot: its
-// slice; push_one_shot: two halves of `ranks` receive slots; others: 0).
+// slice; push_one_shot, push_two_shot: two halves of `ranks` receive slots; others: 0).
 size_t scratch_bytes(const CollectiveSpec& spec, int ranks);
 
 // Returns the algorithm `auto` stands for (kAuto -> one_shot or two_shot); others unchanged.
@@ -50,7 +51,7 @@ size_t output_count(Collective op, size_t count, int ranks);
 std::string check_spec(const CollectiveSpec& spec, int ranks);
 
 // The launch name used in traces: "allreduce_one_shot", "allreduce_two_shot",
-// "allreduce_push_one_shot", "reduce_scatter", "allgather".
+// "allreduce_push_one_shot", "allreduce_push_two_shot", "reduce_scatter", "allgather".
 std::string launch_name(const CollectiveSpec& spec);
 
 // Queues one collective on world. inputs[r]: rank r's count elements (storage bit patterns);

@@ -213,7 +213,7 @@ template <class T, int kRanks>
 void check_algorithms(size_t c, int blocks, int threads) {
   const DType dtype = sizeof(T) == 4 ? DType::kFP32 : std::is_same_v<T, bf16> ? DType::kBF16 : DType::kFP16;
   const int n = kRanks;
-  for (int algo = 0; algo < 5; ++algo) {  // one_shot, two_shot, reduce_scatter, allgather, push_one_shot
+  for (int algo = 0; algo < 6; ++algo) {  // one_shot, two_shot, reduce_scatter, allgather, push_one_shot, push_two_shot
     const size_t count = algo == 2 ? c * n : c;
     const size_t out_count = algo == 2 ? c : algo == 3 ? c * n : c;
     MiniWorld<T> w(n, blocks, threads, count, out_count);
@@ -226,6 +226,7 @@ void check_algorithms(size_t c, int blocks, int threads) {
       if (algo == 2) reduce_scatter<T, kRanks>(ctx, count);
       if (algo == 3) allgather<T, kRanks>(ctx, count);
       if (algo == 4) allreduce_push_one_shot<T, kRanks>(ctx, count);
+      if (algo == 5) allreduce_push_two_shot<T, kRanks>(ctx, count);
     });
     for (int r = 0; r < n; ++r) {
       const T* out = reinterpret_cast<const T*>(w.outputs[r].data());

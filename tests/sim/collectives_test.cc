@@ -36,7 +36,8 @@ constexpr Op kOps[] = {{Collective::kAllReduce, Algorithm::kOneShot},
                        {Collective::kAllReduce, Algorithm::kTwoShot},
                        {Collective::kReduceScatter, Algorithm::kAuto},
                        {Collective::kAllGather, Algorithm::kAuto},
-                       {Collective::kAllReduce, Algorithm::kPushOneShot}};
+                       {Collective::kAllReduce, Algorithm::kPushOneShot},
+                       {Collective::kAllReduce, Algorithm::kPushTwoShot}};
 
 // Sizes per rank: 1 element, 1 pack, odd counts, a few thousand, one large-ish. Reduce-scatter
 // uses ranks x these (its count must divide by the ranks).
@@ -78,7 +79,7 @@ TEST(SimCollectives, EveryAlgorithmDtypeWorldSizeAndSizeMatchesTheReference) {
       }
     }
   }
-  EXPECT_EQ(cases, 7 * 3 * 5 * 7);
+  EXPECT_EQ(cases, 7 * 3 * 6 * 7);
 }
 
 // The reference itself: known roundings (so the comparison above is against the contract, not
@@ -106,7 +107,7 @@ TEST(SimCollectives, ReferenceKnownValues) {
   EXPECT_EQ(reference::fold(Format::kFP32, {0x7F800000u, 0xFF800000u}), 0x7FFFFFFFu);  // inf + -inf
 }
 
-// Same inputs: one_shot, two_shot and push_one_shot, every block count, both schedulers (three seeds) give the
+// Same inputs: one_shot, two_shot, push_one_shot and push_two_shot, every block count, both schedulers (three seeds) give the
 // same bits (and the reference's).
 TEST(SimCollectives, IdenticalBitsAcrossAlgorithmsBlocksAndSchedulers) {
   for (const DType d : kDTypes) {
@@ -126,7 +127,8 @@ TEST(SimCollectives, IdenticalBitsAcrossAlgorithmsBlocksAndSchedulers) {
             options.schedule = schedule;
             options.schedule_seed = schedule_seed;
             sim::World world(options);
-            for (const Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot}) {
+            for (const Algorithm a :
+                 {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot}) {
               for (const int blocks : {1, 2, 7, 64}) {
                 spec.algorithm = a;
                 spec.blocks = blocks;
@@ -139,7 +141,7 @@ TEST(SimCollectives, IdenticalBitsAcrossAlgorithmsBlocksAndSchedulers) {
             }
           }
         }
-        EXPECT_EQ(runs, 4 * 3 * 4);
+        EXPECT_EQ(runs, 4 * 4 * 4);
       }
     }
   }
@@ -157,10 +159,11 @@ TEST(SimCollectives, ConsecutiveCollectivesInterleavedAcrossRanks) {
     sim::World world(options);
     std::vector<CollectiveSpec> specs;
     std::vector<std::vector<std::vector<uint8_t>>> ins, outs;
-    // push_one_shot (kOps[4]) back to back, after and before the others, with grids that change
-    // between calls (its receive half must not depend on the grid).
-    const Op ops[] = {kOps[0], kOps[1], kOps[2], kOps[3], kOps[1], kOps[0], kOps[4], kOps[4], kOps[4], kOps[1], kOps[4]};
-    const int grids[] = {2, 2, 2, 2, 2, 2, 2, 3, 1, 2, 3};
+    // push_one_shot (kOps[4]) and push_two_shot (kOps[5]) back to back, after and before the
+    // others, with grids that change between calls (the receive half must not depend on the grid).
+    const Op ops[] = {kOps[0], kOps[1], kOps[2], kOps[3], kOps[1], kOps[0], kOps[4], kOps[4], kOps[4], kOps[1],
+                      kOps[4], kOps[5], kOps[5], kOps[4], kOps[5], kOps[2], kOps[5]};
+    const int grids[] = {2, 2, 2, 2, 2, 2, 2, 3, 1, 2, 3, 1, 3, 2, 2, 2, 1};
     for (size_t k = 0; k < std::size(ops); ++k) {
       const Op& op = ops[k];
       CollectiveSpec spec;
