@@ -462,13 +462,16 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
 
   Choice choice = choose(op, count, dtype, algo);
   if (grid) choice.grid = *grid;
-  // push_one_shot needs two halves of n receive slots of the message in every rank's scratch.
-  // `auto` never runs it where they do not fit: one_shot instead (same bits, its own grid); a
-  // named push_one_shot runs in chunks that fit (below).
+  // push_one_shot and push_two_shot need two halves of n receive slots of the message in every
+  // rank's scratch. `auto` never runs them where they do not fit: one_shot / two_shot instead
+  // (same bits, its own grid); a named push algorithm runs in chunks that fit (below).
   const int pack = 16 / static_cast<int>(elem);
   auto push_fits = [&](size_t c) { return push_scratch_elements(c, pack, world_size_) * elem <= capacity; };
-  if (op == Op::kAllReduce && algo == Algorithm::kAuto && choice.algo == Algorithm::kPushOneShot && !push_fits(count)) {
-    choice = choose(op, count, dtype, Algorithm::kOneShot);
+  const bool auto_push = op == Op::kAllReduce && algo == Algorithm::kAuto &&
+                         (choice.algo == Algorithm::kPushOneShot || choice.algo == Algorithm::kPushTwoShot);
+  if (auto_push && !push_fits(count)) {
+    choice = choose(op, count, dtype,
+                    choice.algo == Algorithm::kPushOneShot ? Algorithm::kOneShot : Algorithm::kTwoShot);
     if (grid) choice.grid = *grid;
   }
   CallInfo info;
@@ -499,17 +502,19 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   // 5. SM kernels. All-reduce folds element by element, so a message larger than the buffers
   //    runs as chunks with the same bits; the other ops fall back to NCCL beyond the buffers.
   const bool needs_scratch = op == Op::kAllReduce && choice.algo == Algorithm::kTwoShot;
-  const bool push = op == Op::kAllReduce && choice.algo == Algorithm::kPushOneShot;
+  const bool push = op == Op::kAllReduce &&
+                    (choice.algo == Algorithm::kPushOneShot || choice.algo == Algorithm::kPushTwoShot);
   const bool fits = (!staged || in_bytes <= capacity) && (!needs_scratch || in_bytes <= capacity) &&
                     (!push || push_fits(count));
   if (!fits && op != Op::kAllReduce) return fallback("message larger than the staging buffer");
   const KernelKind kind = op == Op::kReduceScatter ? KernelKind::kReduceScatter
                           : op == Op::kAllGather  ? KernelKind::kAllGather
                           : choice.algo == Algorithm::kTwoShot ? KernelKind::kTwoShot
-                          : push                               ? KernelKind::kPushOneShot
+                          : choice.algo == Algorithm::kPushOneShot ? KernelKind::kPushOneShot
+                          : choice.algo == Algorithm::kPushTwoShot ? KernelKind::kPushTwoShot
                                                                : KernelKind::kOneShot;
-  // Chunks are multiples of 64 elements, so every chunk starts 16-byte aligned (push_one_shot's:
-  // 2 x n slots of a chunk fit the scratch).
+  // Chunks are multiples of 64 elements, so every chunk starts 16-byte aligned (the push
+  // algorithms': 2 x n slots of a chunk fit the scratch).
   const size_t chunk_limit = push ? capacity / elem / (2 * static_cast<size_t>(world_size_)) : capacity / elem;
   const size_t chunk = fits ? count : std::max<size_t>(64, chunk_limit / 64 * 64);
   for (size_t first = 0; first < count; first += chunk) {

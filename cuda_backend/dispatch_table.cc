@@ -21,13 +21,14 @@ const char* algorithm_name(Algorithm a) {
     case Algorithm::kAuto: return "auto";
     case Algorithm::kNccl: return "nccl";
     case Algorithm::kPushOneShot: return "push_one_shot";
+    case Algorithm::kPushTwoShot: return "push_two_shot";
   }
   return "?";
 }
 
 std::optional<Algorithm> parse_algorithm(const std::string& name) {
-  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kDirect,
-                      Algorithm::kCopyEngine, Algorithm::kAuto, Algorithm::kNccl}) {
+  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot,
+                      Algorithm::kDirect, Algorithm::kCopyEngine, Algorithm::kAuto, Algorithm::kNccl}) {
     if (name == algorithm_name(a)) return a;
   }
   return std::nullopt;
@@ -35,7 +36,8 @@ std::optional<Algorithm> parse_algorithm(const std::string& name) {
 
 std::vector<Algorithm> ipc_algorithms(Op op) {
   switch (op) {
-    case Op::kAllReduce: return {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot};
+    case Op::kAllReduce:
+      return {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot};
     case Op::kReduceScatter: return {Algorithm::kDirect};
     case Op::kAllGather: return {Algorithm::kDirect, Algorithm::kCopyEngine};
   }

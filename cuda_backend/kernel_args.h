@@ -17,7 +17,7 @@ enum class Op : uint8_t { kAllReduce, kReduceScatter, kAllGather };
 // kernel each (Algo::kOneShot names it in tables and flags as "direct").
 enum class Algo : uint8_t { kOneShot, kTwoShot };
 
-// Which core template a kernel runs (the three all-reduce algorithms, reduce_scatter, allgather),
+// Which core template a kernel runs (the four all-reduce algorithms, reduce_scatter, allgather),
 // or kBarrier: one barrier of the signal protocol and nothing else (copy-engine steps, line-ups).
 enum class KernelKind : int {
   kOneShot = 0,
@@ -26,6 +26,7 @@ enum class KernelKind : int {
   kAllGather = 3,
   kBarrier = 4,
   kPushOneShot = 5,  // allreduce_push_one_shot: scratch of push_scratch_elements(count, pack, n)
+  kPushTwoShot = 6,  // allreduce_push_two_shot: the same scratch as push_one_shot
 };
 
 inline const char* op_name(Op op) {

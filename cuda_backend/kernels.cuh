@@ -26,7 +26,7 @@ __device__ __forceinline__ void stage_own_input(Ctx& ctx, const KernelArgs& args
   const int n = ctx.world_size();
   if constexpr (kKind == KernelKind::kOneShot || kKind == KernelKind::kAllGather || kKind == KernelKind::kPushOneShot) {
     copy_range<T>(ctx, block_share(0, count, P, ctx.block(), ctx.num_blocks()), src, dst, 0);
-  } else if constexpr (kKind == KernelKind::kTwoShot) {
+  } else if constexpr (kKind == KernelKind::kTwoShot || kKind == KernelKind::kPushTwoShot) {
     for (int p = 0; p < n; ++p) {
       const Slice s = two_shot_slice(count, P, p, n);
       copy_range<T>(ctx, block_share(s.begin, s.end, P, ctx.block(), ctx.num_blocks()), src, dst, 0);
@@ -58,9 +58,10 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
   DeviceCtx<T, kRanks> ctx(args, &aborted);
   if (args.stage_from != nullptr) {
     stage_own_input<T, kKind>(ctx, args);
-    // push_one_shot reads its own staged input before any barrier: make every thread's staging
-    // stores visible to the block (the other kernels publish them with their first barrier).
-    if constexpr (kKind == KernelKind::kPushOneShot) ctx.sync_block();
+    // push_one_shot and push_two_shot read their own staged input before any barrier (same block
+    // shares as the staging, other threads): make every thread's staging stores visible to the
+    // block (the other kernels publish them with their first barrier).
+    if constexpr (kKind == KernelKind::kPushOneShot || kKind == KernelKind::kPushTwoShot) ctx.sync_block();
   }
   if constexpr (kKind == KernelKind::kOneShot) {
     allreduce_one_shot<T, kRanks>(ctx, args.count);
@@ -68,6 +69,8 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
     allreduce_two_shot<T, kRanks>(ctx, args.count);
   } else if constexpr (kKind == KernelKind::kPushOneShot) {
     allreduce_push_one_shot<T, kRanks>(ctx, args.count);
+  } else if constexpr (kKind == KernelKind::kPushTwoShot) {
+    allreduce_push_two_shot<T, kRanks>(ctx, args.count);
   } else if constexpr (kKind == KernelKind::kReduceScatter) {
     reduce_scatter<T, kRanks>(ctx, args.count);
   } else {
@@ -117,6 +120,8 @@ cudaError_t launch_for_ranks(KernelKind kind, const KernelArgs& args, LaunchConf
       return launch_kernel(collective_kernel<T, kRanks, KernelKind::kAllGather>, args, cfg, stream);
     case KernelKind::kPushOneShot:
       return launch_kernel(collective_kernel<T, kRanks, KernelKind::kPushOneShot>, args, cfg, stream);
+    case KernelKind::kPushTwoShot:
+      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kPushTwoShot>, args, cfg, stream);
     case KernelKind::kBarrier:
       return launch_kernel(barrier_kernel<T>, args, cfg, stream);
   }

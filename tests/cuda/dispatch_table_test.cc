@@ -140,6 +140,32 @@ TEST(DispatchTable, PushOneShotRowsParseAndAutoPicksThemWhereFastest) {
   }
 }
 
+// push_two_shot is an IPC algorithm of allreduce only; auto takes it where its row is fastest.
+TEST(DispatchTable, PushTwoShotRowsParseAndAutoPicksThemWhereFastest) {
+  const DispatchTable t = DispatchTable::parse(
+      "sm90\t4\tallreduce\t524288\tone_shot\t16\t512\t12.0\n"
+      "sm90\t4\tallreduce\t524288\tpush_one_shot\t16\t512\t9.06\n"
+      "sm90\t4\tallreduce\t524288\tpush_two_shot\t8\t1024\t6.90\n"
+      "sm90\t4\tallreduce\t1048576\tpush_one_shot\t32\t512\t14.0\n"
+      "sm90\t4\tallreduce\t1048576\tpush_two_shot\t32\t512\t15.0\n",
+      "push2.tsv");
+  Choice c = t.choose("sm90", 4, Op::kAllReduce, 524288, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kPushTwoShot);
+  EXPECT_EQ(c.grid.blocks, 8);
+  EXPECT_EQ(c.grid.threads, 1024);
+  c = t.choose("sm90", 4, Op::kAllReduce, 1048576, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kPushOneShot);
+  c = t.choose("sm90", 4, Op::kAllReduce, 1048576, Algorithm::kPushTwoShot);
+  EXPECT_EQ(c.algo, Algorithm::kPushTwoShot);
+  EXPECT_EQ(c.grid.blocks, 32);
+  try {
+    DispatchTable::parse("sm90\t4\tallgather\t1024\tpush_two_shot\t2\t512\t1\n", "ag.tsv");
+    ADD_FAILURE() << "push_two_shot accepted for allgather";
+  } catch (const TableError& e) {
+    EXPECT_NE(std::string(e.what()).find("not an IPC algorithm of allgather"), std::string::npos) << e.what();
+  }
+}
+
 TEST(DispatchTable, EmbeddedTableParses) {
   // The repo's cuda_backend/tuning/sm90.tsv, compiled in; every row must be usable.
   const DispatchTable& t = DispatchTable::embedded();
@@ -151,8 +177,8 @@ TEST(DispatchTable, EmbeddedTableParses) {
 }
 
 TEST(DispatchTable, AlgorithmNamesRoundTrip) {
-  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kDirect,
-                      Algorithm::kCopyEngine, Algorithm::kAuto, Algorithm::kNccl}) {
+  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot,
+                      Algorithm::kDirect, Algorithm::kCopyEngine, Algorithm::kAuto, Algorithm::kNccl}) {
     const auto parsed = parse_algorithm(algorithm_name(a));
     ASSERT_TRUE(parsed.has_value());
     EXPECT_EQ(*parsed, a);

@@ -68,7 +68,8 @@ TEST(Reference, SimulatorEqualsContractOnAdversarialInputs) {
             const size_t count = op == Op::kReduceScatter ? c * static_cast<size_t>(n) : c;
             const auto inputs = make_inputs(d, count, n, 11, p);
             const std::vector<Algorithm> algos = op == Op::kAllReduce
-                                                     ? std::vector<Algorithm>{Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot}
+                                                     ? std::vector<Algorithm>{Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot,
+                                                                             Algorithm::kPushTwoShot}
                                                      : std::vector<Algorithm>{Algorithm::kDirect};
             for (Algorithm a : algos) {
               const auto outs = sim.run(op, a, d, inputs, count, 3);

@@ -167,7 +167,7 @@ int bench_worker(const BenchOptions& o) {
     max_out = std::max<size_t>(max_out, output_count(o.op, in, n) * elem);
   }
   // At least a default communicator's buffers, so that auto chooses as it would for a user
-  // (push_one_shot needs 2 x n x the message of scratch).
+  // (push_one_shot and push_two_shot need 2 x n x the message of scratch).
   co.buffer_bytes = std::max<size_t>(max_in, cuda::CommunicatorOptions{}.buffer_bytes);
   Communicator comm(w.store(), rank, n, co);
   if (!comm.ipc_ready()) return cli::fail("bench", "the IPC path is unavailable: " + comm.ipc_unavailable_reason(), 3);

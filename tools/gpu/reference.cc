@@ -80,6 +80,7 @@ std::vector<Bytes> Simulator::run(cuda::Op op, cuda::Algorithm algo, DType dtype
   spec.algorithm = op != cuda::Op::kAllReduce       ? sim::Algorithm::kAuto
                    : algo == cuda::Algorithm::kTwoShot ? sim::Algorithm::kTwoShot
                    : algo == cuda::Algorithm::kPushOneShot ? sim::Algorithm::kPushOneShot
+                   : algo == cuda::Algorithm::kPushTwoShot ? sim::Algorithm::kPushTwoShot
                                                        : sim::Algorithm::kOneShot;
   spec.dtype = dtype;
   spec.count = count;

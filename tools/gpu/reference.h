@@ -34,7 +34,7 @@ class Simulator {
   ~Simulator();
 
   // Returns every rank's output of op over `inputs` (one per rank, count elements each) under the
-  // simulator, running the algorithm that `algo` names (one_shot / two_shot / push_one_shot for all-reduce; the
+  // simulator, running the algorithm that `algo` names (one_shot / two_shot / push_one_shot / push_two_shot for all-reduce; the
   // single SM algorithm of the other ops; copy_engine all-gather is simulated as allgather).
   std::vector<Bytes> run(cuda::Op op, cuda::Algorithm algo, DType dtype, const std::vector<Bytes>& inputs, size_t count,
                          int blocks);

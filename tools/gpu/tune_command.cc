@@ -65,8 +65,8 @@ int tune_worker(const TuneOptions& o) {
   const DType dtype = DType::kBF16;
   cuda::CommunicatorOptions co;
   co.name = "tune";
-  // two_shot's scratch (inputs are registered), and push_one_shot's 2 x n slots up to what a
-  // default communicator holds: push_one_shot is measured only where it fits there (beyond, auto
+  // two_shot's scratch (inputs are registered), and the push algorithms' 2 x n slots up to what a
+  // default communicator holds: they are measured only where it fits there (beyond, auto
   // would not run it).
   const size_t default_buffer = cuda::CommunicatorOptions{}.buffer_bytes;
   co.buffer_bytes = std::max(static_cast<size_t>(o.max_bytes), default_buffer);
@@ -92,9 +92,10 @@ int tune_worker(const TuneOptions& o) {
       if (op == Op::kReduceScatter) count -= count % static_cast<uint64_t>(n);
       if (count == 0) continue;
       for (Algorithm algo : cuda::ipc_algorithms(op)) {
-        if (algo == Algorithm::kPushOneShot && push_scratch_elements(count, 8, n) * 2 > default_buffer) continue;
+        const bool push = algo == Algorithm::kPushOneShot || algo == Algorithm::kPushTwoShot;
+        if (push && push_scratch_elements(count, 8, n) * 2 > default_buffer) continue;
         uint64_t packs = count / 8 + 1;
-        if (algo == Algorithm::kTwoShot || op == Op::kReduceScatter) packs = packs / static_cast<uint64_t>(n) + 1;
+        if (algo == Algorithm::kTwoShot || algo == Algorithm::kPushTwoShot || op == Op::kReduceScatter) packs = packs / static_cast<uint64_t>(n) + 1;
         if (op == Op::kAllGather) packs *= static_cast<uint64_t>(n);
         std::vector<LaunchConfig> grids = candidate_grids(packs, o.quick);
         if (algo == Algorithm::kCopyEngine) grids = {LaunchConfig{1, 64}};  // no SM grid
