@@ -5,7 +5,7 @@
 #   1. GPU tests, then verify on 2, 3, 4 GPUs (every algorithm, push_two_shot included; default ops,
 #      fused included), one log;
 #   2. only if 1 passed: tune the all-reduce at <= 1 MiB on 2 and 4 GPUs and merge those rows into a
-#      copy of cuda_backend/tuning/sm90.tsv ($OUT/sm90.tsv; as device_run_push.sh);
+#      copy of cuda_backend/tuning/sm90.tsv ($OUT/sm90.tsv);
 #   3. bench the all-reduce at rows 1..64 (bf16, hidden 8192: 16 KiB .. 1 MiB) with one_shot,
 #      two_shot, push_one_shot, push_two_shot, auto and NCCL in the same run;
 #   4. sanity checks, printed as PASS/FAIL lines: gpu fused_rmsnorm's two sha256s (4 GPUs bf16

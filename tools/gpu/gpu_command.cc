@@ -177,7 +177,9 @@ int run_gpu(int argc, char** argv) {
       "in.npy is [N, …] (rank first; bf16/fp16 as uint16 bit patterns '<u2', fp32 as '<f4'); the\n"
       "output is all-reduce [N, …], reduce_scatter [N, count/N], allgather [N, N·count]. The summary\n"
       "line ends with the sha256 of the output bytes. --algo nccl gives NCCL's result (not bit-exact).");
-  parser.add_positional("op", &op_text, "allreduce | reduce_scatter | allgather");
+  parser.add_positional(
+      "op", &op_text,
+      "allreduce | reduce_scatter | allgather (fused_rmsnorm has its own flags: gpu fused_rmsnorm --help)");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
   parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
   parser.add_string("input", &o.input_path, "input .npy [N, …]");
