@@ -8,6 +8,10 @@
 //   int block(), num_blocks(), thread(), num_threads()
 //   const T* input(int peer)                     peer's symmetric input buffer (16-byte aligned)
 //   T* scratch(int peer)                         peer's symmetric scratch buffer (16-byte aligned)
+//   size_t scratch_elements()                    elements of T in every rank's scratch (the same on
+//                                                every rank and in every launch that may run
+//                                                concurrently with a peer's; only the push
+//                                                algorithms need it)
 //   T* output()                                  this rank's output (16-byte aligned)
 //   SignalBuffer* signals(int peer)              peer's signal buffer (core/signal.h)
 //   void signal(uint32_t* flag, uint32_t value, int peer, int set)      store with release
@@ -484,13 +488,25 @@ EXC_HD void allreduce_two_shot(Ctx& ctx, size_t count) {
 
 // ---- push_one_shot: inputs pushed into peers' scratch, one barrier per call -------------------------
 
-// Which of the two receive halves a push_one_shot call uses, from this rank's push call number
-// (SignalBuffer::push_calls, the same in every block of the launch) and the block's barrier count
-// before the call. The production choice alternates per call; tests/sim/protocol_exploration_test.cc
-// has broken choices (one half; the block's barrier-count parity) that the seeded scheduler catches.
+// The receive halves of the push algorithms (push_one_shot, push_two_shot). Which half a call uses
+// comes from this rank's push call number (SignalBuffer::push_calls, the same in every block of
+// the launch) and the block's barrier count before the call; where half 1 begins comes from the
+// scratch size. The production choice alternates per call and puts half 1 at the middle of the
+// scratch, whatever the call's count. tests/sim/protocol_exploration_test.cc has broken choices
+// (one half; the block's barrier-count parity; half 1 placed after the call's own slots) that the
+// seeded scheduler catches.
 struct AlternatingHalves {
   EXC_HD static EXC_INLINE int half(uint32_t push_calls, uint32_t /*barriers*/) {
     return static_cast<int>(push_calls & 1u);
+  }
+  // Returns the elements from the start of half 0 to the start of half 1. Why not the call's own
+  // n x slot-stride: consecutive calls with different counts would then place their halves at
+  // different offsets, and a larger call k+1 writing half 0 could reach into the half 1 that a
+  // slow peer is still folding from call k. With half 1 at scratch_elements / 2 for every call,
+  // half 0 of any call lies in [0, half) and half 1 in [half, 2 half).
+  EXC_HD static EXC_INLINE size_t half_elements(size_t /*count*/, int pack, int /*n*/, size_t scratch_elements) {
+    const size_t p = static_cast<size_t>(pack);
+    return scratch_elements / 2 / p * p;
   }
 };
 
@@ -501,28 +517,31 @@ EXC_HD inline size_t push_slot_stride(size_t count, int pack) {
   return (count + p - 1) / p * p;
 }
 
-// Returns the scratch elements push_one_shot needs per rank: 2 halves x n slots x the slot stride.
+// Returns the scratch elements the push algorithms need per rank for a call of `count` elements:
+// 2 halves, each of at least n slots (AlternatingHalves puts half 1 at the middle of the scratch,
+// so a scratch of this size or more serves the call).
 EXC_HD inline size_t push_scratch_elements(size_t count, int pack, int n) {
   return 2 * static_cast<size_t>(n) * push_slot_stride(count, pack);
 }
 
-// Returns where, in a rank's scratch, half `half`'s slot for sender `from` begins (elements).
-EXC_HD inline size_t push_slot_offset(size_t count, int pack, int n, int half, int from) {
-  return (static_cast<size_t>(half) * static_cast<size_t>(n) + static_cast<size_t>(from)) *
-         push_slot_stride(count, pack);
+// Returns where, in a rank's scratch, half `half`'s slot for sender `from` begins (elements);
+// half_elements is Halves::half_elements(...), at least n x push_slot_stride(count, pack).
+EXC_HD inline size_t push_slot_offset(size_t count, int pack, int half, int from, size_t half_elements) {
+  return static_cast<size_t>(half) * half_elements + static_cast<size_t>(from) * push_slot_stride(count, pack);
 }
 
 // All-reduce, push one shot: every rank stores its input into every peer's scratch before a single
 // barrier, then folds from local memory; no end barrier. Same bits as one_shot (the fold runs over
 // ranks 0..n-1 in rank order; only where the operands are read from changes).
-// Preconditions (besides the common ones): every rank's scratch holds
-// push_scratch_elements(count, kPack, n) elements; the scratch is not used by another algorithm
-// without an end barrier in between (one_shot, two_shot, reduce_scatter and allgather have theirs).
+// Preconditions (besides the common ones): ctx.scratch_elements() >= push_scratch_elements(count,
+// kPack, n), the same on every rank; the scratch is not used by another algorithm without an end
+// barrier in between (one_shot, two_shot, reduce_scatter and allgather have theirs).
 // Example: 2 ranks, count 8 bf16 (one pack): rank 0 stores its pack into rank 1's scratch slot
 // (half h, from 0), rank 1 into rank 0's slot (h, 1); after the barrier rank 0 folds
 // input_0 + scratch_0[h, 1], rank 1 folds scratch_1[h, 0] + input_1.
 // Steps:
-//   1. h = push_calls & 1 (this rank's push call number; every block reads the same value);
+//   1. h = push_calls & 1 (this rank's push call number; every block reads the same value); half h
+//      begins at h x half_elements (AlternatingHalves: the middle of the scratch);
 //   2. push: this block's share of [0, count) of this rank's input, read locally with 16-byte
 //      loads, stored with 16-byte stores into slot (h, rank) of every peer's scratch;
 //   3. barrier: the release after the stores, the acquire before the reads; every peer's share of
@@ -540,9 +559,10 @@ EXC_HD inline size_t push_slot_offset(size_t count, int pack, int n, int half, i
 //       which needs this rank's signal for call k+1 from the block of the same index, sent only
 //       after this rank's call k+1 kernel started, i.e. after its call k kernel had finished
 //       every fold (stream order). So a slot is rewritten only after its reader is done with it.
-//       In call k+1, p writes the other half, which this rank does not read in call k. Another
-//       collective between two push calls passes a barrier too, which makes the argument hold
-//       with any call in place of call k+1.
+//       In call k+1, p writes the other half, which this rank does not read in call k, whatever
+//       the two calls' counts (the halves do not move with the count). Another collective
+//       between two push calls passes a barrier too, which makes the argument hold with any call
+//       in place of call k+1.
 //   (b) a fast rank's next launch stages new input over the buffer a peer is still reading: peers
 //       never read this rank's input (only this rank does, in its own launch).
 // The half must not be the block's barrier-count parity: blocks' counts differ after launches
@@ -559,9 +579,10 @@ EXC_HD void allreduce_push_one_shot(Ctx& ctx, size_t count) {
   // 1. The receive half of this call.
   const uint32_t calls = ctx.signals(me)->push_calls[b];
   const int half = Halves::half(calls, barriers);
+  const size_t half_elements = Halves::half_elements(count, P, n, ctx.scratch_elements());
   const BlockShare share = block_share(0, count, P, b, num_blocks);
   const T* mine = ctx.input(me);
-  const size_t my_slot = push_slot_offset(count, P, n, half, me);
+  const size_t my_slot = push_slot_offset(count, P, half, me, half_elements);
   // 2. Push this block's share into every peer's slot (half, me); peers in order me+1, me+2, ...
   constexpr int kPeerBound = kRanks > 0 ? kRanks : 0;
   const int peers = kPeerBound > 0 ? kPeerBound : n;
@@ -601,7 +622,7 @@ EXC_HD void allreduce_push_one_shot(Ctx& ctx, size_t count) {
   // 5. Fold in rank order from local memory.
   const T* recv = ctx.scratch(me);
   auto source = [&](int r) -> const T* {
-    return r == me ? mine : recv + push_slot_offset(count, P, n, half, r);
+    return r == me ? mine : recv + push_slot_offset(count, P, half, r, half_elements);
   };
   if constexpr (Ctx::kTraceSteps) {
     ctx.trace_step_begin("fold");
@@ -609,7 +630,7 @@ EXC_HD void allreduce_push_one_shot(Ctx& ctx, size_t count) {
       if (r == me) {
         trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
       } else {
-        trace_share(ctx, share, Access::kRead, me, Buffer::kScratch, push_slot_offset(count, P, n, half, r));
+        trace_share(ctx, share, Access::kRead, me, Buffer::kScratch, push_slot_offset(count, P, half, r, half_elements));
       }
     }
     trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
@@ -658,9 +679,9 @@ EXC_HD void push_share(Ctx& ctx, const BlockShare& share, const T* src, Offset o
 
 // All-reduce, push two shot: slices pushed to their owners, each owner folds its slice and pushes
 // the result to every peer; two barriers, no end barrier. Same bits as one_shot (each element is
-// folded once, by its slice's owner, in rank order 0..n-1). Scratch: push_scratch_elements(count,
-// kPack, n), the layout of push_one_shot (two halves of n slots, element i at position i of a
-// slot); the preconditions of push_one_shot apply.
+// folded once, by its slice's owner, in rank order 0..n-1). Scratch: the layout of push_one_shot
+// (two halves of n slots, half 1 at Halves::half_elements, element i at position i of a slot);
+// the preconditions of push_one_shot apply.
 // Steps:
 //   1. h = push_calls & 1 (the call counter push_one_shot uses; every push call advances it);
 //   2. push slices: for every peer o, this block's share of slice o (two_shot_slice) of this
@@ -689,8 +710,9 @@ EXC_HD void allreduce_push_two_shot(Ctx& ctx, size_t count) {
   // 1. The receive half of this call.
   const uint32_t calls = ctx.signals(me)->push_calls[b];
   const int half = Halves::half(calls, barriers);
+  const size_t half_elements = Halves::half_elements(count, P, n, ctx.scratch_elements());
   const T* mine = ctx.input(me);
-  auto slot = [&](int from) { return push_slot_offset(count, P, n, half, from); };
+  auto slot = [&](int from) { return push_slot_offset(count, P, half, from, half_elements); };
   // 2. Push every peer's slice of this rank's input to that peer.
   for (int k = 1; k < n; ++k) {
     const int owner = (me + k) % n;

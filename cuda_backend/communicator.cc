@@ -301,6 +301,7 @@ KernelArgs Communicator::base_args() const {
     a.inputs[r] = base + staging_offset_;
     a.scratch[r] = base + scratch_offset_;
   }
+  a.scratch_bytes = options_.buffer_bytes;  // every rank's: the options must match across ranks
   a.error = error_;
   a.timeout_ns = options_.flag_timeout_ms * 1000000ull;
   a.rank = rank_;

@@ -64,6 +64,7 @@ class DeviceCtx {
 
   __device__ __forceinline__ const T* input(int peer) const { return static_cast<const T*>(args_.inputs[peer]); }
   __device__ __forceinline__ T* scratch(int peer) const { return static_cast<T*>(args_.scratch[peer]); }
+  __device__ __forceinline__ size_t scratch_elements() const { return args_.scratch_bytes / sizeof(T); }
   __device__ __forceinline__ T* output() const { return static_cast<T*>(args_.output); }
   __device__ __forceinline__ SignalBuffer* signals(int peer) const { return args_.signals[peer]; }
 

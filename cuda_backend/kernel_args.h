@@ -63,6 +63,7 @@ struct KernelArgs {
   const void* stage_from;
   DeviceError* error;
   uint64_t count;       // elements: per-rank input count (all ops)
+  uint64_t scratch_bytes;  // of every rank's scratch buffer (the push algorithms' halves)
   uint64_t timeout_ns;  // bound on every flag wait
   int32_t rank;
   int32_t world_size;

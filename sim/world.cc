@@ -157,6 +157,7 @@ void World::sync_handles() {
     PeerTable& table = peers_[r];
     const auto& res = results[r];
     table.extra.assign(heaps_[r].extra.size(), {});
+    table.scratch_bytes = heaps_[r].scratch.bytes;
     for (int p = 0; p < n; ++p) {
       table.signals[p] = static_cast<SignalBuffer*>(res[0][p]);
       table.input[p] = res[1][p];

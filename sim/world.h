@@ -94,6 +94,7 @@ struct PeerTable {
   std::array<SignalBuffer*, kMaxRanks> signals{};
   std::array<void*, kMaxRanks> input{};
   std::array<void*, kMaxRanks> scratch{};
+  size_t scratch_bytes = 0;  // of every rank's scratch (the heaps grow alike)
   std::vector<std::array<void*, kMaxRanks>> extra;  // extra[buffer id][peer]
 };
 
@@ -141,6 +142,7 @@ class SimCtx {
 
   const T* input(int peer) const { return static_cast<const T*>(env_.peers->input[peer]); }
   T* scratch(int peer) const { return static_cast<T*>(env_.peers->scratch[peer]); }
+  size_t scratch_elements() const { return env_.peers->scratch_bytes / sizeof(T); }
   T* output() const { return static_cast<T*>(env_.output); }
   SignalBuffer* signals(int peer) const { return env_.peers->signals[peer]; }
   // Extra symmetric buffer `id` (World::add_buffer) of `peer`.

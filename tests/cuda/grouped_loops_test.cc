@@ -182,6 +182,7 @@ struct MiniWorld {
     int num_threads() const { return w->threads; }
     const T* input(int p) const { return reinterpret_cast<const T*>(w->inputs[p].data()); }
     T* scratch(int p) const { return reinterpret_cast<T*>(w->scratches[p].data()); }
+    size_t scratch_elements() const { return w->scratches[0].size() * Storage<T>::kPack; }
     T* output() const { return reinterpret_cast<T*>(w->outputs[r].data()); }
     SignalBuffer* signals(int p) const { return &w->signals[p]; }
     void signal(uint32_t* flag, uint32_t v, int, int) { std::atomic_ref<uint32_t>(*flag).store(v, std::memory_order_release); }

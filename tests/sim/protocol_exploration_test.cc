@@ -33,17 +33,27 @@ struct NoEndBarrierProtocol {
   static constexpr bool kEndBarrier = false;
 };
 
-// Broken push_one_shot receive halves. One half: peer p's call k+1 stores into the slot this rank
-// is still folding from call k: wrong bits.
-struct OneHalf {
+// Broken push_one_shot receive halves (each keeps the production choice of what it does not
+// break). One half: peer p's call k+1 stores into the slot this rank is still folding from call
+// k: wrong bits.
+struct OneHalf : AlternatingHalves {
   static int half(uint32_t, uint32_t) { return 0; }
 };
 
 // The block's barrier-count parity: equal to the alternating half while every launch has the same
 // grid, but after a launch with fewer blocks the blocks' counts differ, and block 0 of call k+1
 // (covering every element) can store into the half that block 1 of call k is still folding.
-struct BarrierParityHalf {
+struct BarrierParityHalf : AlternatingHalves {
   static int half(uint32_t, uint32_t barriers) { return static_cast<int>((barriers + 1) & 1u); }
+};
+
+// Half 1 right after the call's own n slots (where it was before 2026-11-21): fine while every
+// call has the same count, but a larger call k+1 writing half 0 reaches into the half 1 that a
+// slow peer is still folding from a smaller call k.
+struct CountSizedHalves : AlternatingHalves {
+  static size_t half_elements(size_t count, int pack, int n, size_t) {
+    return static_cast<size_t>(n) * push_slot_stride(count, pack);
+  }
 };
 
 enum class Outcome { kCorrect, kDeadlock, kWrongBits };
@@ -57,7 +67,10 @@ struct Workload {
   bool two_shot;
   bool push = false;     // allreduce_push_one_shot, or with two_shot allreduce_push_two_shot
   int odd_blocks = 0;    // > 0: odd-numbered launches use this grid instead of `blocks`
+  size_t odd_count = 0;  // > 0: odd-numbered launches reduce this many elements instead of `count`
 };
+
+size_t launch_count(const Workload& w, int k) { return w.odd_count > 0 && k % 2 == 1 ? w.odd_count : w.count; }
 
 const char* algorithm(const Workload& w) {
   return w.push ? (w.two_shot ? "push_two_shot" : "push_one_shot") : w.two_shot ? "two_shot" : "one_shot";
@@ -74,25 +87,24 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
   sim::World world(options);
   sim::CollectiveSpec spec;
   spec.dtype = DType::kBF16;
-  spec.count = w.count;
   spec.algorithm = w.two_shot ? sim::Algorithm::kTwoShot : sim::Algorithm::kOneShot;
   std::vector<std::vector<std::vector<uint8_t>>> ins, outs;
   for (int k = 0; k < kLaunches; ++k) {
-    ins.push_back(simtest::random_inputs(spec.dtype, w.ranks, w.count, 1000 * seed + k));
-    outs.emplace_back(w.ranks, std::vector<uint8_t>(w.count * 2));
+    ins.push_back(simtest::random_inputs(spec.dtype, w.ranks, launch_count(w, k), 1000 * seed + k));
+    outs.emplace_back(w.ranks, std::vector<uint8_t>(launch_count(w, k) * 2));
   }
   for (int k = 0; k < kLaunches; ++k) {
+    const size_t count = launch_count(w, k);
     sim::Launch launch;
     launch.name = std::string("allreduce_") + algorithm(w);
     launch.blocks = w.odd_blocks > 0 && k % 2 == 1 ? w.odd_blocks : w.blocks;
-    launch.input_bytes = w.count * 2;
-    launch.scratch_bytes = (w.push ? push_scratch_elements(w.count, Storage<bf16>::kPack, w.ranks) : w.count) * 2;
-    launch.output_bytes = w.count * 2;
+    launch.input_bytes = count * 2;
+    launch.scratch_bytes = (w.push ? push_scratch_elements(count, Storage<bf16>::kPack, w.ranks) : count) * 2;
+    launch.output_bytes = count * 2;
     for (int r = 0; r < w.ranks; ++r) {
       launch.inputs.push_back(ins[k][r].data());
       launch.outputs.push_back(outs[k][r].data());
     }
-    const size_t count = w.count;
     if (w.push && w.two_shot) {
       world.enqueue<bf16>(launch,
                           [count](auto& ctx) { allreduce_push_two_shot<bf16, 0, Protocol, Halves>(ctx, count); });
@@ -113,6 +125,7 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
     return Outcome::kDeadlock;
   }
   for (int k = 0; k < kLaunches; ++k) {
+    spec.count = launch_count(w, k);
     const std::string diff = simtest::first_difference(outs[k], simtest::expected_outputs(spec, ins[k]), 2);
     if (!diff.empty()) {
       *detail = "collective " + std::to_string(k) + ": " + diff;
@@ -202,6 +215,14 @@ const Workload kPushWorkloads[] = {Workload{2, 16, 1, false, true}, Workload{3, 
 const Workload kPushTwoShotWorkloads[] = {Workload{2, 16, 1, true, true}, Workload{3, 40, 2, true, true},
                                           Workload{4, 40, 1, true, true}, Workload{3, 40, 2, true, true, 1}};
 
+// Push workloads whose count changes between calls: the odd-numbered calls (receive half 1) are
+// smaller than the even ones, so with CountSizedHalves an even call's half 0 covers the previous
+// call's half 1. One of them also changes the grid.
+const Workload kPushMixedCountWorkloads[] = {
+    Workload{2, 48, 1, false, true, 0, 16}, Workload{3, 64, 2, false, true, 0, 24},
+    Workload{4, 40, 1, false, true, 2, 8},  Workload{2, 48, 1, true, true, 0, 16},
+    Workload{3, 64, 2, true, true, 0, 24},  Workload{4, 80, 1, true, true, 2, 16}};
+
 // One receive half instead of two: a peer's next call overwrites what this rank still folds.
 TEST(ProtocolExploration, PushOneShotWithOneReceiveHalfIsCaughtWithinTheSeedBound) {
   for (const Workload& w : {kPushWorkloads[0], kPushWorkloads[1], kPushWorkloads[2]}) {
@@ -276,6 +297,43 @@ TEST(ProtocolExploration, PushTwoShotPassesThousandsOfSeeds) {
     }
   }
   EXPECT_EQ(runs, 4000);
+}
+
+// Half 1 sized by the call's own count (the layout before 2026-11-21): caught once consecutive
+// calls have different counts (push_one_shot: a peer's larger next call overwrites the slots this
+// rank still folds). push_two_shot is printed, not required: its second barrier already orders
+// most of what the halves protect.
+TEST(ProtocolExploration, PushHalvesSizedByTheCallsCountAreCaughtWhenTheCountChanges) {
+  for (const Workload& w : kPushMixedCountWorkloads) {
+    Outcome outcome = Outcome::kCorrect;
+    std::string detail;
+    int caught = 0;
+    const uint64_t seed = first_failing_seed<TwoSetProtocol, CountSizedHalves>(w, &outcome, &detail, &caught);
+    if (!w.two_shot) {
+      EXPECT_NE(seed, 0u) << "count-sized halves survived " << kSeedBound << " seeds on " << w.ranks << " ranks";
+    }
+    std::printf("%s, count-sized halves, %d ranks, counts %zu/%zu: caught in %d of %llu seeds, first at seed %llu "
+                "(%s)\n%s\n",
+                algorithm(w), w.ranks, w.count, w.odd_count, caught, static_cast<unsigned long long>(kSeedBound),
+                static_cast<unsigned long long>(seed), name(outcome), detail.c_str());
+  }
+}
+
+// The production halves (half 1 at the middle of the scratch) with counts that change between
+// calls: thousands of seeds, all correct, for both push algorithms.
+TEST(ProtocolExploration, PushAlgorithmsPassThousandsOfSeedsWhenTheCountChanges) {
+  int runs = 0;
+  for (const Workload& w : kPushMixedCountWorkloads) {
+    for (uint64_t seed = 1; seed <= 500; ++seed) {
+      std::string detail;
+      const Outcome o = explore<TwoSetProtocol>(w, seed, &detail);
+      ASSERT_EQ(o, Outcome::kCorrect) << name(o) << " with " << algorithm(w) << ", " << w.ranks
+                                      << " ranks, counts " << w.count << "/" << w.odd_count << ", seed " << seed
+                                      << ": " << detail;
+      ++runs;
+    }
+  }
+  EXPECT_EQ(runs, 3000);
 }
 
 }  // namespace

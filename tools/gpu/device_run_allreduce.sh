@@ -1,24 +1,30 @@
 #!/usr/bin/env bash
-# One device call for push_two_shot (2026-11-21), binaries from .gpubin/push2 (exactcoll_gpu,
-# collectives_gpu_test, exactcoll_sim; bazel build //tools/gpu:exactcoll_gpu
-# //tests/cuda:collectives_gpu_test //tools/sim:exactcoll_sim, copied from bazel-bin/):
-#   1. GPU tests, then verify on 2, 3, 4 GPUs (every algorithm, push_two_shot included; default ops,
-#      fused included), one log;
-#   2. only if 1 passed: tune the all-reduce at <= 1 MiB on 2 and 4 GPUs and merge those rows into a
-#      copy of cuda_backend/tuning/sm90.tsv ($OUT/sm90.tsv);
-#   3. bench the all-reduce at rows 1..64 (bf16, hidden 8192: 16 KiB .. 1 MiB) with one_shot,
-#      two_shot, push_one_shot, push_two_shot, auto and NCCL in the same run;
+# One device call for the all-reduce (first used as device_run_push2.sh at commit 6e372d0), binaries
+# from $BIN (default .gpubin/allreduce: exactcoll_gpu, collectives_gpu_test, exactcoll_sim; bazel
+# build //tools/gpu:exactcoll_gpu //tests/cuda:collectives_gpu_test //tools/sim:exactcoll_sim, copied
+# from bazel-bin/):
+#   1. GPU tests, then verify on 2, 3, 4 GPUs (every algorithm; default ops, fused included), one log;
+#   2. only if 1 passed: tune the all-reduce from TUNE_MIN_BYTES to TUNE_MAX_BYTES (default 1 KiB ..
+#      1 MiB) on 2 and 4 GPUs and merge those rows into a copy of cuda_backend/tuning/sm90.tsv
+#      ($OUT/sm90.tsv): rows of that world size within the tuned range are replaced;
+#   3. bench the all-reduce at BENCH_ROWS (default 1..64; bf16, hidden 8192: 16 KiB .. 1 MiB) with
+#      BENCH_ALGOS (default every IPC algorithm, auto and NCCL) in the same run;
 #   4. sanity checks, printed as PASS/FAIL lines: gpu fused_rmsnorm's two sha256s (4 GPUs bf16
 #      7 x 4096, seed 3, specials) and device_run.sh's cli phase (gpu vs sim sha256, .npy bytes,
 #      nccl label, bad input), plus gpu allreduce --algo push_two_shot against sim;
 #   5. a short table of the bench medians.
+# Time guards (seconds since the start): TUNE_UNTIL_S (200), BENCH_UNTIL_S (300).
 # At most 6 files under $OUT (test_verify.log, tune.log, sm90.tsv, bench.log, checks.log, cli.log).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
 export NCCL_NVLS_ENABLE=0
-BIN=${BIN:-.gpubin/push2}
+BIN=${BIN:-.gpubin/allreduce}
+TUNE_MIN_BYTES=${TUNE_MIN_BYTES:-1024}
+TUNE_MAX_BYTES=${TUNE_MAX_BYTES:-1048576}
+BENCH_ROWS=${BENCH_ROWS:-1,2,4,8,16,32,64}
+BENCH_ALGOS=${BENCH_ALGOS:-one_shot,two_shot,push_one_shot,push_two_shot,auto,nccl}
 B=$BIN/exactcoll_gpu
 S=$BIN/exactcoll_sim
 start=$(date +%s)
@@ -42,10 +48,11 @@ if [ "$verified" = 1 ]; then
   cp cuda_backend/tuning/sm90.tsv "$OUT/sm90.tsv"
   for n in 2 4; do
     if [ "$(elapsed)" -gt "${TUNE_UNTIL_S:-200}" ]; then echo "tune $n skipped (time)"; continue; fi
-    if timeout 90 $B tune --nproc "$n" --ops allreduce --max-bytes 1048576 --output "$WORK/tune_$n.tsv" >> "$OUT/tune.log" 2>&1; then
-      python3 - "$OUT/sm90.tsv" "$WORK/tune_$n.tsv" "$n" <<'PY'
+    if timeout 150 $B tune --nproc "$n" --ops allreduce --min-bytes "$TUNE_MIN_BYTES" --max-bytes "$TUNE_MAX_BYTES" \
+        --output "$WORK/tune_$n.tsv" >> "$OUT/tune.log" 2>&1; then
+      python3 - "$OUT/sm90.tsv" "$WORK/tune_$n.tsv" "$n" "$(date +%F)" <<'PY'
 import os, sys
-path, new_path, n = sys.argv[1], sys.argv[2], sys.argv[3]
+path, new_path, n, day = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 def split(p):
     head, rows = [], []
     for line in open(p):
@@ -55,10 +62,11 @@ head, rows = split(path)
 _, new = split(new_path)
 new = [r for r in new if r.split('\t')[1] == n and r.split('\t')[2] == 'allreduce']
 top = max(int(r.split('\t')[3]) for r in new)
-keep = [r for r in rows if not (r.split('\t')[1] == n and r.split('\t')[2] == 'allreduce' and int(r.split('\t')[3]) <= top)]
+bottom = min(int(r.split('\t')[3]) for r in new)
+keep = [r for r in rows if not (r.split('\t')[1] == n and r.split('\t')[2] == 'allreduce' and bottom <= int(r.split('\t')[3]) <= top)]
 order = {'allreduce': 0, 'reduce_scatter': 1, 'allgather': 2}
 allrows = sorted(keep + new, key=lambda r: (r.split('\t')[0], int(r.split('\t')[1]), order[r.split('\t')[2]], int(r.split('\t')[3])))
-note = '# world size %s: allreduce rows <= %d bytes re-tuned with push_two_shot (2026-11-21, nvidia-h200-x4)\n' % (n, top)
+note = '# world size %s: allreduce rows %d .. %d bytes re-tuned (%s, nvidia-h200-x4)\n' % (n, bottom, top, day)
 head = [h for h in head if not h.startswith('# arch')] + [note] + [h for h in head if h.startswith('# arch')]
 open(path + '.tmp', 'w').write(''.join(head + allrows))
 os.replace(path + '.tmp', path)
@@ -74,8 +82,8 @@ fi
 for n in 2 4; do
   if [ "$(elapsed)" -gt "${BENCH_UNTIL_S:-300}" ]; then echo "bench $n skipped (time)"; status=1; continue; fi
   echo "== bench --nproc $n" >> "$OUT/bench.log"
-  timeout 90 $B bench --nproc "$n" --op allreduce --rows 1,2,4,8,16,32,64 \
-    --algos one_shot,two_shot,push_one_shot,push_two_shot,auto,nccl --table "$TABLE" >> "$OUT/bench.log" 2>&1 || { status=1; echo "bench $n failed"; }
+  timeout 150 $B bench --nproc "$n" --op allreduce --rows "$BENCH_ROWS" \
+    --algos "$BENCH_ALGOS" --table "$TABLE" >> "$OUT/bench.log" 2>&1 || { status=1; echo "bench $n failed"; }
 done
 echo "== table used by auto: $TABLE (t=$(elapsed)s); verified=$verified"
 # 4. Sanity checks.
