@@ -21,7 +21,7 @@
 namespace exactcoll {
 
 inline constexpr int kMaxRanks = 16;
-inline constexpr int kMaxBlocks = 64;
+inline constexpr int kMaxBlocks = 128;
 inline constexpr int kFlagSets = 2;
 
 // Lives at offset 0 of each rank's symmetric signal allocation. Zero-initialized once.

@@ -97,7 +97,7 @@ TEST(DispatchTable, NamesTheLineAndProblemOfMalformedInput) {
       {"sm90\t2\tallreduce\t0\tone_shot\t2\t512\t1\n", "bytes must be a positive whole number"},
       {"sm90\t2\tallreduce\t1024\tdirect\t2\t512\t1\n", "not an IPC algorithm of allreduce"},
       {"sm90\t2\tallgather\t1024\tnccl\t2\t512\t1\n", "not an IPC algorithm of allgather"},
-      {"sm90\t2\tallreduce\t1024\tone_shot\t65\t512\t1\n", "blocks must be 1..64"},
+      {"sm90\t2\tallreduce\t1024\tone_shot\t129\t512\t1\n", "blocks must be 1..128"},
       {"sm90\t2\tallreduce\t1024\tone_shot\t2\t500\t1\n", "threads must be a multiple of 32"},
       {"sm90\t2\tallreduce\t1024\tone_shot\t2\t512\t-3\n", "time_us must be a positive number"},
   };

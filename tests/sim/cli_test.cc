@@ -174,7 +174,7 @@ TEST(SimCli, BadInputsExitTwoWithAMessageAndNoOutput) {
       {"sim allreduce --ranks 2 --dtype bf16 --count 0", "--count must be >= 1"},
       {"sim allreduce --ranks 2 --dtype bf16", "give --input FILE or --count C"},
       {"sim allreduce --ranks 4 --dtype bf16 --count 8 --input " + good, "not both"},
-      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --blocks 65", "--blocks must be 1..64"},
+      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --blocks 129", "--blocks must be 1..128"},
       {"sim allreduce --ranks 2 --dtype bf17 --count 8", "--dtype must be one of"},
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --algo three_shot", "--algo must be one of"},
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --trace-elements 1,x --trace " + tmp("t.jsonl"),

@@ -47,8 +47,10 @@ struct TuneOptions {
 std::vector<LaunchConfig> candidate_grids(uint64_t packs, bool quick) {
   std::vector<LaunchConfig> out;
   const std::vector<int> threads = quick ? std::vector<int>{512, 1024} : std::vector<int>{256, 512, 1024};
-  const std::vector<int> blocks = quick ? std::vector<int>{1, 2, 4, 8, 16, 32, 48, 64}
-                                        : std::vector<int>{1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64};
+  // Up to kMaxBlocks (128 of the H200's 132 SMs): large messages move more bytes over NVLink
+  // with more SMs issuing loads and stores.
+  const std::vector<int> blocks = quick ? std::vector<int>{1, 2, 4, 8, 16, 32, 48, 64, 96, 128}
+                                        : std::vector<int>{1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128};
   for (int t : threads) {
     for (int b : blocks) {
       // Skip grids with more than twice as many threads as packs (all but the first).
