@@ -387,6 +387,46 @@ CallInfo Communicator::run_nccl(Op op, const void* input, void* output, size_t c
   return info;
 }
 
+// Chunk j covers output elements [j * chunk, j * chunk + c) of every rank: each rank copies, in one
+// 2-D copy-engine copy, the pieces [r * per + j * chunk, + c) of its input for r = 0..n-1 into its
+// staging buffer, laid out as a reduce_scatter of c * n elements expects (piece r at r * c), and
+// one reduce_scatter kernel folds its piece from every rank into output + j * chunk. Every element
+// is folded over ranks 0..n-1 in rank order as in one call, so the bits are one call's. Reusing the
+// staging buffer is safe: reduce_scatter ends with a barrier, so no peer still reads chunk j when
+// this rank's copy for chunk j + 1 (stream order) overwrites it; the copy completes before the
+// kernel starts, and the kernel's first barrier tells the peers it is in place (as the copy-engine
+// all-gather's staging). Chunks are multiples of 64 elements, so every output chunk stays 16-byte
+// aligned.
+CallInfo Communicator::run_chunked_reduce_scatter(const void* input, void* output, size_t count, DType dtype,
+                                                  const Choice& choice, cudaStream_t stream) {
+  const size_t elem = static_cast<size_t>(dtype_size(dtype));
+  const size_t n = static_cast<size_t>(world_size_);
+  const size_t per = count / n;
+  const size_t chunk = options_.buffer_bytes / elem / n / 64 * 64;
+  if (chunk == 0) {
+    CallInfo info = run_nccl(Op::kReduceScatter, input, output, count, dtype, stream);
+    info.note = "staging buffer smaller than 64 elements per rank";
+    return info;
+  }
+  CallInfo info;
+  info.algo = choice.algo;
+  info.grid = choice.grid;
+  info.staged = true;
+  for (size_t first = 0; first < per; first += chunk) {
+    const size_t c = std::min(chunk, per - first);
+    KernelArgs a = base_args();
+    EXC_CUDA_CHECK(cudaMemcpy2DAsync(const_cast<void*>(a.inputs[rank_]), c * elem,
+                                     static_cast<const char*>(input) + first * elem, per * elem, c * elem, n,
+                                     cudaMemcpyDeviceToDevice, stream));
+    a.count = c * n;
+    a.output = static_cast<char*>(output) + first * elem;
+    a.stage_from = nullptr;
+    launch(dtype, KernelKind::kReduceScatter, a, choice.grid, stream);
+    ++info.launches;
+  }
+  return info;
+}
+
 void Communicator::run_copy_engine_allgather(const char* const* inputs, const void* input, void* output, size_t bytes,
                                              bool staged, cudaStream_t stream) {
   // 1. Staged: this rank's input into its staging buffer, where peers read it.
@@ -507,6 +547,7 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
                     (choice.algo == Algorithm::kPushOneShot || choice.algo == Algorithm::kPushTwoShot);
   const bool fits = (!staged || in_bytes <= capacity) && (!needs_scratch || in_bytes <= capacity) &&
                     (!push || push_fits(count));
+  if (!fits && op == Op::kReduceScatter && staged) return run_chunked_reduce_scatter(input, output, count, dtype, choice, stream);
   if (!fits && op != Op::kAllReduce) return fallback("message larger than the staging buffer");
   const KernelKind kind = op == Op::kReduceScatter ? KernelKind::kReduceScatter
                           : op == Op::kAllGather  ? KernelKind::kAllGather

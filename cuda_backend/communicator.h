@@ -116,7 +116,8 @@ class Communicator {
                      const RegisteredBuffer* registered = nullptr, std::optional<LaunchConfig> grid = {});
 
   // output[j] = fold over ranks of input_r[rank * count/n + j], j < count/n (count = per-rank input
-  // elements, a multiple of n). algo: direct, auto or nccl.
+  // elements, a multiple of n). algo: direct, auto or nccl. A staged input larger than buffer_bytes
+  // runs in chunks (same bits); only an input that does not fit at all falls back to NCCL.
   CallInfo reduce_scatter(const void* input, void* output, size_t count, DType dtype, Algorithm algo,
                           cudaStream_t stream, const RegisteredBuffer* registered = nullptr,
                           std::optional<LaunchConfig> grid = {});
@@ -156,6 +157,10 @@ class Communicator {
   CallInfo run(Op op, const void* input, void* output, size_t count, DType dtype, Algorithm algo, cudaStream_t stream,
                const RegisteredBuffer* registered, std::optional<LaunchConfig> grid);
   CallInfo run_nccl(Op op, const void* input, void* output, size_t count, DType dtype, cudaStream_t stream);
+  // Reduce-scatter of a staged input larger than the staging buffer, in chunks with the bits of
+  // one call (communicator.cc says how).
+  CallInfo run_chunked_reduce_scatter(const void* input, void* output, size_t count, DType dtype, const Choice& choice,
+                                      cudaStream_t stream);
   void run_copy_engine_allgather(const char* const* inputs, const void* input, void* output, size_t bytes,
                                  bool staged, cudaStream_t stream);
   KernelArgs base_args() const;

@@ -3,7 +3,9 @@
 # from $BIN (default .gpubin/allreduce: exactcoll_gpu, collectives_gpu_test, exactcoll_sim; bazel
 # build //tools/gpu:exactcoll_gpu //tests/cuda:collectives_gpu_test //tools/sim:exactcoll_sim, copied
 # from bazel-bin/):
-#   1. GPU tests, then verify on 2, 3, 4 GPUs (every algorithm; default ops, fused included), one log;
+#   1. GPU tests, then verify on 2, 3, 4 GPUs (every algorithm; default ops, fused included), and on
+#      4 GPUs with 1 MiB buffers (chunked all-reduce and reduce_scatter, all-gather's NCCL fallback);
+#      one log;
 #   2. only if 1 passed: tune the all-reduce from TUNE_MIN_BYTES to TUNE_MAX_BYTES (default 1 KiB ..
 #      1 MiB) on 2 and 4 GPUs and merge those rows into a copy of cuda_backend/tuning/sm90.tsv
 #      ($OUT/sm90.tsv): rows of that world size within the tuned range are replaced;
@@ -41,6 +43,12 @@ for n in 2 3 4; do
   rc=$?
   if [ $rc = 0 ]; then echo "PASS verify $n GPUs (exit 0, t=$(elapsed)s)"; else echo "FAIL verify $n GPUs (exit $rc)"; status=1; verified=0; fi
 done
+# Messages beyond the buffers: 1 MiB buffers make the larger all-reduces run in chunks, the larger
+# reduce_scatters in staged chunks, and the larger all-gathers fall back to NCCL (a copy: exact).
+echo "== verify --nproc 4 --buffer-mib 1" >> "$OUT/test_verify.log"
+timeout 120 $B verify --nproc 4 --buffer-mib 1 --ops allreduce,reduce_scatter,allgather --max-count 1048579 >> "$OUT/test_verify.log" 2>&1
+rc=$?
+if [ $rc = 0 ]; then echo "PASS verify 4 GPUs, 1 MiB buffers (exit 0, t=$(elapsed)s)"; else echo "FAIL verify 4 GPUs, 1 MiB buffers (exit $rc)"; status=1; verified=0; fi
 grep -E "^verify|MISMATCH|never arrived|differ" "$OUT/test_verify.log" | tail -12
 # 2. Tune (only after a clean verify).
 TABLE=cuda_backend/tuning/sm90.tsv

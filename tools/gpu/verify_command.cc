@@ -6,8 +6,8 @@
 //   1. every rank makes every rank's input (tools/gpu/inputs.h; seeded, so all ranks agree);
 //   2. for each algorithm (the op's IPC algorithms and auto) the simulator computes the outputs;
 //   3. each variant runs on the GPUs: staged input, registered input, registered input replayed
-//      twice from a CUDA graph, and forced grids (3 blocks × 64 threads, 64 × 1024); the output is
-//      poisoned first, so an element that no thread writes is a mismatch;
+//      twice from a CUDA graph, and forced grids (3 blocks × 64 threads, kMaxBlocks = 128 × 1024);
+//      the output is poisoned first, so an element that no thread writes is a mismatch;
 //   4. every output bit of this rank is compared with the simulator's and the contract's;
 //   5. the counts are summed over ranks and rank 0 prints one line per (op, dtype, algorithm,
 //      variant). Exit 1 on any mismatch, 3 on a runtime failure (a timeout names rank and peer).
@@ -159,7 +159,7 @@ int verify_worker(const VerifyOptions& o) {
                                                {"graph", true, true, std::nullopt}};
               if (choice.algo != Algorithm::kCopyEngine && requested != Algorithm::kAuto) {
                 variants.push_back({"grid3x64", false, false, LaunchConfig{3, 64}});
-                variants.push_back({"grid64x1024", true, false, LaunchConfig{64, 1024}});
+                variants.push_back({"grid128x1024", true, false, LaunchConfig{kMaxBlocks, 1024}});
               }
               for (const Variant& v : variants) {
                 auto call = [&] {
