@@ -7,10 +7,9 @@
 // consecutive columns there, so a block of A's rows gives the same block of C's rows.
 //
 // The algorithm (kernel, tile, split-K, stages, ...) is fixed at construction: the heuristic's
-// first choice for this shape, or one passed in (e.g. the one chosen for another shape: the
-// AG->matmul pipeline runs every shard's product and the unpipelined reference's row blocks with
-// one configuration, so their bits can be compared). cuBLASLt is reached through CublasLtApi
-// (dlopen).
+// first choice for this shape, or one passed in (e.g. a tuned one: the AG->matmul pipeline and the
+// unpipelined reference multiply the same row blocks with the same configuration per row count,
+// so their bits can be compared). cuBLASLt is reached through CublasLtApi (dlopen).
 #pragma once
 
 #include <cublasLt.h>

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "cuda_backend/cuda_check.h"
@@ -70,7 +71,7 @@ OverlapPipeline::OverlapPipeline(Store& store, int rank, int world_size, Overlap
   if (o.pattern == Pattern::kPrefetch && o.gather_count < 1) {
     throw std::invalid_argument("OverlapPipeline: prefetch needs gather_count >= 1");
   }
-  plan_ = overlap::make_plan(o.pattern, rank, world_size, o.comm_streams);
+  plan_ = overlap::make_plan(o.pattern, rank, world_size, o.comm_streams, o.products);
   shard_elements_ = o.pattern == Pattern::kAgMatmul ? o.m / static_cast<size_t>(world_size) * o.k : o.gather_count;
 
   // 2. The symmetric region [flags | shard], flags zeroed before anyone can see them.
@@ -129,12 +130,20 @@ OverlapPipeline::OverlapPipeline(Store& store, int rank, int world_size, Overlap
     signal_mechanism_ = std::string("one-thread release-store kernels (") + e.what() + ")";
   }
 
-  // 6. The product, then a barrier: every rank's region is open and tested before any call.
+  // 6. The products (one configuration per row count), then a barrier: every rank's region is
+  //    open and tested before any call.
+  std::vector<size_t> product_rows;
   if (o.pattern == Pattern::kAgMatmul) {
-    gemm_ = std::make_unique<LtMatmul>(handle, o.dtype, o.m / static_cast<size_t>(world_size_), o.k, o.n, workspace,
-                                       workspace_bytes, o.product_algo);
+    for (const overlap::ShardRange& r : product_ranges()) product_rows.push_back(shard_rows() * static_cast<size_t>(r.count));
   } else {
-    gemm_ = std::make_unique<LtMatmul>(handle, o.dtype, o.m, o.k, o.n, workspace, workspace_bytes, o.product_algo);
+    product_rows.push_back(o.m);
+  }
+  for (size_t rows : product_rows) {
+    if (gemms_.count(rows) != 0) continue;
+    const auto algo = o.product_algos.find(rows);
+    gemms_[rows] = std::make_unique<LtMatmul>(
+        handle, o.dtype, rows, o.k, o.n, workspace, workspace_bytes,
+        algo == o.product_algos.end() ? std::nullopt : std::optional<cublasLtMatmulAlgo_t>(algo->second));
   }
   store_.barrier(o.name + "/ready", world_size_, o.store_timeout);
 }
@@ -150,7 +159,7 @@ OverlapPipeline::~OverlapPipeline() {
   } catch (const std::exception& e) {
     std::cerr << "exactcoll: rank " << rank_ << ": closing overlap pipeline " << options_.name << ": " << e.what() << "\n";
   }
-  gemm_.reset();
+  gemms_.clear();
   exchange_.reset();
   for (void* address : opened_) (void)cudaIpcCloseMemHandle(address);
   for (cudaEvent_t e : arrival_) (void)cudaEventDestroy(e);
@@ -198,7 +207,6 @@ void OverlapPipeline::run(void* gathered, const void* lhs, const void* rhs, void
   if (poisoned_) throw OverlapError("overlap pipeline " + options_.name + " is unusable after an earlier error: " + poison_);
   const uint32_t epoch = ++epoch_;
   const size_t esize = static_cast<size_t>(dtype_size(options_.dtype));
-  const size_t rows = options_.pattern == Pattern::kAgMatmul ? options_.m / static_cast<size_t>(world_size_) : 0;
   char* out = static_cast<char*>(gathered);
   pending_.clear();
 
@@ -242,12 +250,15 @@ void OverlapPipeline::run(void* gathered, const void* lhs, const void* rhs, void
         case OpKind::kMatmul:
           if (!products) break;
           if (options_.pattern == Pattern::kAgMatmul) {
-            const size_t first_row = rows * static_cast<size_t>(op.peer);
+            // Rows of shards [peer, peer + shards): step 0 reads the own shard in place, the
+            // others the gathered rows (contiguous, like C's).
+            const size_t first_row = shard_rows() * static_cast<size_t>(op.peer);
             const void* a = op.step == 0 ? static_cast<const void*>(shard_)
                                          : static_cast<const void*>(out + static_cast<size_t>(op.peer) * shard_bytes());
-            gemm_->run(a, rhs, static_cast<char*>(product) + first_row * options_.n * esize, s);
+            gemm(shard_rows() * static_cast<size_t>(op.shards))
+                .run(a, rhs, static_cast<char*>(product) + first_row * options_.n * esize, s);
           } else {
-            gemm_->run(lhs, rhs, product, s);
+            gemm(options_.m).run(lhs, rhs, product, s);
           }
           break;
         case OpKind::kWaitConsumed:

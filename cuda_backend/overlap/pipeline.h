@@ -10,7 +10,8 @@
 //                                    mirrored, so the wait polls local memory (no SM is used)
 //   pull_shard / copy_own_shard      cudaMemcpyAsync from the peer's IPC-mapped shard (copy engine)
 //   record_arrival / wait_arrival    cudaEventRecord / cudaStreamWaitEvent
-//   matmul                           one cuBLASLt product (LtMatmul) on the compute stream
+//   matmul                           one cuBLASLt product (LtMatmul) on the compute stream; kAgMatmul:
+//                                    one LtMatmul per distinct row count of the grouping's products
 // The compute stream is the caller's stream; the comm streams fork from it at the call's start and
 // join it at the end, so a call is ordered like one operation on the caller's stream.
 //
@@ -31,8 +32,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -52,6 +53,7 @@ struct OverlapError : std::runtime_error {
 struct OverlapPipelineOptions {
   std::string name = "overlap";  // store key prefix; unique per pipeline in a job
   overlap::Pattern pattern = overlap::Pattern::kAgMatmul;
+  overlap::ProductGrouping products = overlap::ProductGrouping::kPerShard;  // kAgMatmul's row blocks
   DType dtype = DType::kBF16;
   // kAgMatmul: C [m, n] = allgather(A) [m, k] @ B [k, n], A's rows split evenly over the ranks.
   // kPrefetch: C [m, n] = X [m, k] @ W [k, n], unrelated to the all-gather of gather_count elements.
@@ -60,9 +62,10 @@ struct OverlapPipelineOptions {
   int comm_streams = 2;
   uint64_t wait_timeout_ms = 20000;  // finish()'s bound
   std::chrono::milliseconds store_timeout{120000};
-  // The cuBLASLt algorithm of the products: kAgMatmul every shard's [m / ranks, k] @ [k, n],
-  // kPrefetch X @ W (empty: the heuristic's choice for that shape).
-  std::optional<cublasLtMatmulAlgo_t> product_algo;
+  // The cuBLASLt algorithm of the products by their row count: kAgMatmul a product of s shards has
+  // s * m / ranks rows, kPrefetch's X @ W has m. A row count not in the map: the heuristic's first
+  // choice for that shape.
+  std::map<size_t, cublasLtMatmulAlgo_t> product_algos;
 };
 
 class OverlapPipeline {
@@ -91,8 +94,13 @@ class OverlapPipeline {
   // Waits for everything enqueued so far on `stream`, bounded as described above.
   void finish(cudaStream_t stream);
 
-  const LtMatmul& gemm() const { return *gemm_; }  // the shard product (kAgMatmul) or X @ W (kPrefetch)
+  // The product configuration for `rows` rows of C: kAgMatmul a row count of product_ranges()
+  // times m / ranks, kPrefetch m. Throws std::out_of_range for a row count the plan has no product of.
+  const LtMatmul& gemm(size_t rows) const { return *gemms_.at(rows); }
   const overlap::RankPlan& plan() const { return plan_; }
+  // kAgMatmul: this rank's products' row blocks in compute order (overlap::product_ranges).
+  std::vector<overlap::ShardRange> product_ranges() const { return overlap::product_ranges(plan_); }
+  size_t shard_rows() const { return options_.m / static_cast<size_t>(world_size_); }
   // "stream memory operations" or why signals fell back to a one-thread kernel.
   const std::string& signal_mechanism() const { return signal_mechanism_; }
 
@@ -118,7 +126,7 @@ class OverlapPipeline {
   std::vector<char*> peer_regions_;
   std::vector<void*> opened_;
   std::unique_ptr<HandleExchange> exchange_;
-  std::unique_ptr<LtMatmul> gemm_;
+  std::map<size_t, std::unique_ptr<LtMatmul>> gemms_;  // by row count
   std::vector<cudaStream_t> comm_;
   cudaStream_t helper_ = nullptr;  // flag reads and releases after a timeout
   cudaEvent_t fork_ = nullptr, done_ = nullptr;

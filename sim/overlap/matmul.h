@@ -3,9 +3,9 @@
 // contract's conversion (core/storage.h). Also a float64 reference for tolerance checks.
 //
 // The bits of an Eigen product depend on its blocking, which depends on the shapes; the overlap
-// simulator therefore always multiplies one shard's rows at a time, in the pipelined and in the
-// unpipelined schedule alike, so both give the same bits. Products are compared with the float64
-// reference within a tolerance only.
+// simulator therefore multiplies the same row blocks (those of the plan's ProductGrouping) in the
+// pipelined and in the unpipelined schedule, so both give the same bits. Products are compared
+// with the float64 reference within a tolerance only.
 #pragma once
 
 #include <cstddef>

@@ -20,15 +20,17 @@ struct CallState {
   int ranks = 1;
 };
 
-// Products of shard `shard`'s rows (kAgMatmul) from `a_rows` into C.
-void shard_product(const CallState& s, int me, int shard, const void* a_rows) {
-  const OverlapShape& sh = s.shape;
-  const size_t rows = sh.m / static_cast<size_t>(s.ranks);
-  const size_t esize = static_cast<size_t>(dtype_size(sh.dtype));
-  const std::vector<float> a = widen_all(sh.dtype, a_rows, rows * sh.k);
-  const std::vector<float> b = widen_all(sh.dtype, s.io.rhs[static_cast<size_t>(me)], sh.k * sh.n);
-  char* c = static_cast<char*>(s.io.products[static_cast<size_t>(me)]) + static_cast<size_t>(shard) * rows * sh.n * esize;
-  matmul_rounded(sh.dtype, a.data(), rows, sh.k, b.data(), sh.n, c);
+// kAgMatmul: the rows of C of shards [range.first, range.first + range.count), one product, from
+// `a_rows` (those rows of A) and B into `product` (all of C).
+void block_product(const OverlapShape& shape, int ranks, ShardRange range, const void* a_rows, const void* rhs,
+                   void* product) {
+  const size_t shard_rows = shape.m / static_cast<size_t>(ranks);
+  const size_t rows = shard_rows * static_cast<size_t>(range.count);
+  const size_t esize = static_cast<size_t>(dtype_size(shape.dtype));
+  const std::vector<float> a = widen_all(shape.dtype, a_rows, rows * shape.k);
+  const std::vector<float> b = widen_all(shape.dtype, rhs, shape.k * shape.n);
+  char* c = static_cast<char*>(product) + static_cast<size_t>(range.first) * shard_rows * shape.n * esize;
+  matmul_rounded(shape.dtype, a.data(), rows, shape.k, b.data(), shape.n, c);
 }
 
 // Runs stream `ctx.block()` of this rank's plan: the body of one simulated block.
@@ -80,22 +82,25 @@ void run_stream(Ctx& ctx, const CallState& s) {
         break;
       case OpKind::kMatmul:
         if (plan.pattern == Pattern::kAgMatmul) {
-          // Step 0 reads the local shard in place (symmetric input); later steps the gathered rows.
+          // Step 0 reads the local shard in place (symmetric input); other products the gathered
+          // rows of the shards they cover.
           const size_t offset = shard * static_cast<size_t>(op.peer);
+          const size_t length = shard * static_cast<size_t>(op.shards);
           if constexpr (Ctx::kTraceSteps) {
             if (op.step == 0) {
               ctx.trace_access(Access::kRead, me, Buffer::kInput, 0, shard);
             } else {
-              ctx.trace_access(Access::kRead, me, Buffer::kOutput, offset, offset + shard);
+              ctx.trace_access(Access::kRead, me, Buffer::kOutput, offset, offset + length);
             }
             ctx.trace_step_end();
           }
           const void* rows = op.step == 0 ? static_cast<const void*>(ctx.input(me))
                                           : static_cast<const void*>(gathered + offset * esize);
-          shard_product(s, me, op.peer, rows);
+          block_product(s.shape, s.ranks, {op.peer, op.shards}, rows, s.io.rhs[static_cast<size_t>(me)],
+                        s.io.products[static_cast<size_t>(me)]);
         } else {
           if constexpr (Ctx::kTraceSteps) ctx.trace_step_end();
-          products_for_rank(s.shape, s.ranks, s.io.lhs[static_cast<size_t>(me)], s.io.rhs[static_cast<size_t>(me)],
+          products_for_rank(s.shape, s.ranks, me, s.io.lhs[static_cast<size_t>(me)], s.io.rhs[static_cast<size_t>(me)],
                             s.io.products[static_cast<size_t>(me)]);
         }
         break;
@@ -156,12 +161,12 @@ void OverlapSim::enqueue(const OverlapShape& shape, const OverlapIo& io, std::ve
   if (problem.empty()) problem = check_io(shape, io, n);
   if (!problem.empty()) throw std::invalid_argument("overlap: " + problem);
   if (plans.empty()) {
-    for (int r = 0; r < n; ++r) plans.push_back(make_plan(shape.pattern, r, n, comm_streams_));
+    for (int r = 0; r < n; ++r) plans.push_back(make_plan(shape.pattern, r, n, comm_streams_, shape.grouping));
   }
   if (static_cast<int>(plans.size()) != n) throw std::invalid_argument("overlap: one plan per rank is needed");
   for (const RankPlan& p : plans) {
-    if (p.comm_streams() != comm_streams_ || p.pattern != shape.pattern) {
-      throw std::invalid_argument("overlap: a plan's stream count or pattern does not match the call");
+    if (p.comm_streams() != comm_streams_ || p.pattern != shape.pattern || p.grouping != shape.grouping) {
+      throw std::invalid_argument("overlap: a plan's stream count, pattern or grouping does not match the call");
     }
   }
   auto state = std::make_shared<CallState>();
@@ -188,22 +193,18 @@ void OverlapSim::enqueue(const OverlapShape& shape, const OverlapIo& io, std::ve
   }
 }
 
-void products_for_rank(const OverlapShape& shape, int ranks, const void* gathered_or_lhs, const void* rhs,
+void products_for_rank(const OverlapShape& shape, int ranks, int rank, const void* gathered_or_lhs, const void* rhs,
                        void* product) {
-  const size_t esize = static_cast<size_t>(dtype_size(shape.dtype));
-  const std::vector<float> b = widen_all(shape.dtype, rhs, shape.k * shape.n);
   if (shape.pattern == Pattern::kPrefetch) {
     const std::vector<float> a = widen_all(shape.dtype, gathered_or_lhs, shape.m * shape.k);
+    const std::vector<float> b = widen_all(shape.dtype, rhs, shape.k * shape.n);
     matmul_rounded(shape.dtype, a.data(), shape.m, shape.k, b.data(), shape.n, product);
     return;
   }
-  const size_t rows = shape.m / static_cast<size_t>(ranks);
-  for (int s = 0; s < ranks; ++s) {
-    const size_t first_row = rows * static_cast<size_t>(s);
-    const std::vector<float> a =
-        widen_all(shape.dtype, static_cast<const char*>(gathered_or_lhs) + first_row * shape.k * esize, rows * shape.k);
-    matmul_rounded(shape.dtype, a.data(), rows, shape.k, b.data(), shape.n,
-                   static_cast<char*>(product) + first_row * shape.n * esize);
+  const size_t shard_bytes = shape.m / static_cast<size_t>(ranks) * shape.k * static_cast<size_t>(dtype_size(shape.dtype));
+  for (const ShardRange range : product_ranges(make_plan(shape.pattern, rank, ranks, 1, shape.grouping))) {
+    block_product(shape, ranks, range,
+                  static_cast<const char*>(gathered_or_lhs) + static_cast<size_t>(range.first) * shard_bytes, rhs, product);
   }
 }
 
@@ -221,7 +222,7 @@ void run_unpipelined(sim::World& world, const OverlapShape& shape, const Overlap
   for (int r = 0; r < n; ++r) {
     const void* a = shape.pattern == Pattern::kAgMatmul ? static_cast<const void*>(io.gathered[static_cast<size_t>(r)])
                                                         : io.lhs[static_cast<size_t>(r)];
-    products_for_rank(shape, n, a, io.rhs[static_cast<size_t>(r)], io.products[static_cast<size_t>(r)]);
+    products_for_rank(shape, n, r, a, io.rhs[static_cast<size_t>(r)], io.products[static_cast<size_t>(r)]);
   }
 }
 

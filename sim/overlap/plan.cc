@@ -1,5 +1,6 @@
 #include "sim/overlap/plan.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -21,6 +22,34 @@ bool parse_pattern(const std::string& text, Pattern* out) {
   return false;
 }
 
+const char* grouping_name(ProductGrouping g) {
+  switch (g) {
+    case ProductGrouping::kPerShard: return "per_shard";
+    case ProductGrouping::kMerged: return "merged";
+    case ProductGrouping::kPairs: return "pairs";
+  }
+  return "?";
+}
+
+bool parse_grouping(const std::string& text, ProductGrouping* out) {
+  for (ProductGrouping g : {ProductGrouping::kPerShard, ProductGrouping::kMerged, ProductGrouping::kPairs}) {
+    if (text == grouping_name(g)) {
+      *out = g;
+      return true;
+    }
+  }
+  return false;
+}
+
+int max_shards_per_product(ProductGrouping g, int world_size) {
+  switch (g) {
+    case ProductGrouping::kPerShard: return 1;
+    case ProductGrouping::kMerged: return world_size;
+    case ProductGrouping::kPairs: return 2;
+  }
+  return 1;
+}
+
 const char* op_name(OpKind kind) {
   switch (kind) {
     case OpKind::kSignalReady: return "signal_ready";
@@ -36,7 +65,7 @@ const char* op_name(OpKind kind) {
   return "?";
 }
 
-RankPlan make_plan(Pattern pattern, int rank, int world_size, int comm_streams) {
+RankPlan make_plan(Pattern pattern, int rank, int world_size, int comm_streams, ProductGrouping grouping) {
   if (world_size < 1 || world_size > kMaxOverlapRanks) {
     throw std::invalid_argument("overlap: world size must be 1.." + std::to_string(kMaxOverlapRanks) + ", not " +
                                 std::to_string(world_size));
@@ -48,6 +77,7 @@ RankPlan make_plan(Pattern pattern, int rank, int world_size, int comm_streams) 
   if (comm_streams < 1) throw std::invalid_argument("overlap: at least one communication stream is needed");
   RankPlan plan;
   plan.pattern = pattern;
+  plan.grouping = grouping;
   plan.rank = rank;
   plan.world_size = world_size;
   plan.streams.resize(static_cast<size_t>(comm_streams) + 1);
@@ -72,11 +102,19 @@ RankPlan make_plan(Pattern pattern, int rank, int world_size, int comm_streams) 
   }
   // 4. The compute stream: the products, then the owner's wait until every puller is done.
   if (pattern == Pattern::kAgMatmul) {
-    compute.push_back({OpKind::kMatmul, 0, rank});
-    for (int j = 1; j < world_size; ++j) {
-      const int owner = shard_of_step(rank, j, world_size);
-      compute.push_back({OpKind::kWaitArrival, j, owner});
-      compute.push_back({OpKind::kMatmul, j, owner});
+    compute.push_back({OpKind::kMatmul, 0, rank, 1});
+    // The after block [rank+1, n), then the before block [0, rank) (ProductGrouping says why),
+    // each cut into products of at most `most` shards in pull order (ascending shard index).
+    const int most = max_shards_per_product(grouping, world_size);
+    for (const ShardRange block : {ShardRange{rank + 1, world_size - rank - 1}, ShardRange{0, rank}}) {
+      for (int first = block.first; first < block.first + block.count; first += most) {
+        const int count = std::min(most, block.first + block.count - first);
+        for (int shard = first; shard < first + count; ++shard) {
+          compute.push_back({OpKind::kWaitArrival, step_of_shard(rank, shard, world_size), shard});
+        }
+        const int step = count == 1 ? step_of_shard(rank, first, world_size) : -1;
+        compute.push_back({OpKind::kMatmul, step, first, count});
+      }
     }
   } else {
     compute.push_back({OpKind::kMatmul, -1, -1});
@@ -87,11 +125,45 @@ RankPlan make_plan(Pattern pattern, int rank, int world_size, int comm_streams) 
   return plan;
 }
 
+std::vector<ShardRange> product_ranges(const RankPlan& plan) {
+  std::vector<ShardRange> out;
+  for (const PlanOp& op : plan.compute().ops) {
+    if (op.kind == OpKind::kMatmul) out.push_back({op.peer, op.shards});
+  }
+  return out;
+}
+
 namespace {
 
 std::string where(const RankPlan& plan, size_t stream, size_t index) {
   return "rank " + std::to_string(plan.rank) + " " + plan.streams[stream].name + " op " + std::to_string(index) + " (" +
          op_name(plan.streams[stream].ops[index].kind) + ")";
+}
+
+// Returns "" when the kAgMatmul product ops[i] (on the compute stream) covers valid shards, is
+// the local shard alone exactly when it is step 0, and comes after the wait_arrival of every
+// peer shard it covers; else what is wrong.
+std::string check_product(const RankPlan& plan, const std::vector<PlanOp>& ops, size_t i) {
+  const PlanOp& op = ops[i];
+  const int n = plan.world_size, me = plan.rank;
+  if (op.shards < 1 || op.peer < 0 || op.peer + op.shards > n) {
+    return "shards [" + std::to_string(op.peer) + ", " + std::to_string(op.peer + op.shards) + ") outside 0.." +
+           std::to_string(n);
+  }
+  const bool covers_own = op.peer <= me && me < op.peer + op.shards;
+  if ((op.step == 0) != covers_own || (covers_own && op.shards != 1)) {
+    return "the own shard must be multiplied alone, at step 0 (from the symmetric buffer)";
+  }
+  if (covers_own) return "";  // reads the symmetric buffer: nothing to wait for
+  const int expected_step = op.shards == 1 ? step_of_shard(me, op.peer, n) : -1;
+  if (op.step != expected_step) return "step " + std::to_string(op.step) + ", not " + std::to_string(expected_step);
+  for (int shard = op.peer; shard < op.peer + op.shards; ++shard) {
+    const int step = step_of_shard(me, shard, n);
+    bool waited = false;
+    for (size_t b = 0; b < i; ++b) waited = waited || (ops[b].kind == OpKind::kWaitArrival && ops[b].step == step);
+    if (!waited) return "product of shard " + std::to_string(shard) + " (step " + std::to_string(step) + ") before its shard arrived";
+  }
+  return "";
 }
 
 // Structural checks of one rank's plan.
@@ -141,15 +213,10 @@ std::string check_structure(const RankPlan& plan) {
           if (!is_compute) return where(plan, s, i) + ": products belong on the compute stream";
           ++products;
           if (plan.pattern == Pattern::kAgMatmul) {
-            if (op.peer != shard_of_step(me, op.step, n)) return where(plan, s, i) + ": wrong shard for its step";
-            ++matmul_shards[op.peer];
-            if (op.step > 0) {
-              bool waited = false;
-              for (size_t b = 0; b < i; ++b) {
-                waited = waited || (ops[b].kind == OpKind::kWaitArrival && ops[b].step == op.step);
-              }
-              if (!waited) return where(plan, s, i) + ": product of step " + std::to_string(op.step) + " before its shard arrived";
+            if (const std::string problem = check_product(plan, ops, i); !problem.empty()) {
+              return where(plan, s, i) + ": " + problem;
             }
+            for (int shard = op.peer; shard < op.peer + op.shards; ++shard) ++matmul_shards[shard];
           }
           break;
         case OpKind::kWaitConsumed:
@@ -179,7 +246,7 @@ std::string check_structure(const RankPlan& plan) {
   }
   if (plan.pattern == Pattern::kAgMatmul) {
     for (int p = 0; p < n; ++p) {
-      if (matmul_shards[p] != 1) return who + "multiplies shard " + std::to_string(p) + " " +
+      if (matmul_shards[p] != 1) return who + "computes the rows of C of shard " + std::to_string(p) + " " +
                                         std::to_string(matmul_shards[p]) + " times, not once";
     }
   } else if (products != 1) {
@@ -256,7 +323,11 @@ std::string plan_text(const RankPlan& plan) {
       out += " ";
       out += op_name(op.kind);
       std::string args;
-      if (op.peer >= 0) args += std::to_string(op.peer);
+      if (op.kind == OpKind::kMatmul && op.shards > 1) {
+        args = std::to_string(op.peer) + ".." + std::to_string(op.peer + op.shards - 1);
+      } else if (op.peer >= 0) {
+        args += std::to_string(op.peer);
+      }
       if (op.step >= 0) args += (args.empty() ? "s" : ",s") + std::to_string(op.step);
       out += "(" + args + ")";
     }

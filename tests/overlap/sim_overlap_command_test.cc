@@ -56,6 +56,23 @@ TEST(SimOverlapCommand, AgMatmulPassesItsChecksAndPrintsDigests) {
   EXPECT_NE(r.out.find("C sha256 "), std::string::npos) << r.out;
 }
 
+TEST(SimOverlapCommand, MergedAndPairedProductsPassTheirChecksAndPrintTheirPlans) {
+  for (const char* products : {"merged", "pairs"}) {
+    const Result r = run({"--ranks", "4", "--m", "32", "--k", "24", "--n", "16", "--products", products, "--plan",
+                          "--schedule", "seeded", "--schedule-seed", "3"});
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find(std::string("m=32 k=24 n=16, products ") + products), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("C identical to the unpipelined schedule (bitwise)"), std::string::npos) << r.out;
+    // Rank 3: every peer shard in one product (merged), or the first two pulls' shards (pairs).
+    EXPECT_NE(r.out.find(std::string("rank 3:\n")), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(products == std::string("merged") ? "matmul(0..2)" : "matmul(0..1) wait_arrival(2,s3) matmul(2,s3)"),
+              std::string::npos)
+        << r.out;
+  }
+  const Result bad = run({"--ranks", "2", "--products", "both"});
+  EXPECT_EQ(bad.code, 2);
+}
+
 TEST(SimOverlapCommand, SameSeedSameDigestsAcrossSchedulers) {
   const Result a = run({"--ranks", "3", "--pattern", "prefetch", "--dtype", "fp16", "--m", "9", "--k", "8", "--n", "5",
                         "--gather-count", "77"});

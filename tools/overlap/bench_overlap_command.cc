@@ -2,24 +2,33 @@
 //
 //   exactcoll bench-overlap --nproc N [--dtypes bf16,fp16] [--iters 30] [--warmup 3] [--seed S]
 //       [--fsdp-size 8192] [--gather-mib 64] [--ag-shapes 8192x8192x8192,2048x16384x8192]
-//       [--check-shape 1024x512x768] [--sections check,fsdp,ag] [--json FILE] [--timeout-ms T]
+//       [--check-shape 1024x512x768] [--products all] [--sections check,fsdp,ag] [--json FILE]
+//       [--timeout-ms T]
+//
+// --products: the AG->matmul product groupings to check and time side by side (sim/overlap/plan.h
+// ProductGrouping): per_shard, merged, pairs, comma-separated; both = per_shard,merged; all = the
+// three. Each grouping runs its own pipeline on the same shards.
 //
 // Sections (per dtype):
-//   check  AG->matmul at a small shape: the pipeline's gathered A against the simulator's
-//          (sim/overlap, the same plan on simulated ranks, same seeded operands) bit for bit, C
-//          within tolerance of the simulator's; C against the GPU's own unpipelined schedule (the
-//          SM all-gather of core/collectives.h, then one product per row block with the pipeline's
-//          cuBLASLt configuration) bit for bit; and what holds for one big GEMM (the heuristic's
-//          algorithm for the full shape, and the shard's algorithm run on the full shape).
+//   check  AG->matmul at a small shape, per grouping: the pipeline's gathered A against the
+//          simulator's (sim/overlap, the same plan on simulated ranks, same seeded operands) bit for
+//          bit, C within tolerance of the simulator's; C against the GPU's own unpipelined schedule
+//          (the SM all-gather of core/collectives.h, then one product per row block of the grouping
+//          with the pipeline's cuBLASLt configuration for that row count) bit for bit; and what
+//          holds for one big GEMM (the heuristic's algorithm for the full shape, and the shard's
+//          algorithm run on the full shape).
 //   fsdp   an m=n=k product beside an unrelated all-gather of --gather-mib MiB (output): matmul
 //          alone; each all-gather alone (SM kernel = the communicator's direct all-gather from a
 //          registered buffer; copy engine = the get-protocol pull with no SM; NCCL); sequential
 //          (all-gather, then the matmul, one stream); overlapped (all-gather on a side stream). The
 //          gathered bits are checked against the shards and the overlapped product against the
 //          product alone.
-//   ag     AG->matmul per shape: the full matmul alone (heuristic algorithm, full A), the shard
-//          products alone, the all-gather alone, sequential (copy-engine or NCCL all-gather, then
-//          the full matmul), and the pipeline; gathered A and C checked as in `check`.
+//   ag     AG->matmul per shape: the full matmul alone (tuned and heuristic algorithm, full A),
+//          per grouping its products alone (this rank's row blocks, no communication), the
+//          all-gather alone, sequential (copy-engine or NCCL all-gather, then the full matmul), and
+//          per grouping the pipeline; gathered A and C checked as in `check` (the reference: an NCCL
+//          all-gather, then the grouping's row blocks). Every product row count of every grouping
+//          gets its own tuned algorithm.
 // Times: per variant, the maximum over ranks of each rank's median of --iters per-iteration
 // event times (after --warmup), eager launches. TFLOP/s = 2mkn / time. Overlap efficiency =
 // max(matmul alone, all-gather alone) / overlapped time.
@@ -31,8 +40,8 @@
 #include <cstring>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -62,6 +71,8 @@ using cuda::Algorithm;
 using cuda::LtMatmul;
 using cuda::OverlapPipeline;
 using overlap::Pattern;
+using overlap::ProductGrouping;
+using Algos = std::map<size_t, cublasLtMatmulAlgo_t>;  // cuBLASLt algorithm by a product's row count
 
 struct Shape {
   size_t m = 0, k = 0, n = 0;
@@ -72,6 +83,7 @@ struct Options {
   int64_t iters = 30, warmup = 3, seed = 1, fsdp_size = 8192, gather_mib = 64, timeout_ms = 20000;
   std::vector<Shape> ag_shapes;
   Shape check_shape{1024, 512, 768};
+  std::vector<ProductGrouping> groupings;  // AG->matmul's product groupings, compared side by side
   bool check = true, fsdp = true, ag = true;
   std::string json_path;
 };
@@ -188,6 +200,7 @@ class Bench {
   }
 
   void check_section(DType dtype);
+  void check_grouping(DType dtype, ProductGrouping grouping);
   void fsdp_section(DType dtype);
   void ag_section(DType dtype, const Shape& shape);
   void report();
@@ -197,18 +210,61 @@ class Bench {
 
   cuda::OverlapPipelineOptions pipeline_options(const std::string& name, Pattern pattern, DType dtype, const Shape& s,
                                                 size_t gather_count,
-                                                std::optional<cublasLtMatmulAlgo_t> algo = std::nullopt) const {
+                                                ProductGrouping grouping = ProductGrouping::kPerShard,
+                                                Algos algos = {}) const {
     cuda::OverlapPipelineOptions p;
     p.name = name;
     p.pattern = pattern;
+    p.products = grouping;
     p.dtype = dtype;
     p.m = s.m;
     p.k = s.k;
     p.n = s.n;
     p.gather_count = gather_count;
     p.wait_timeout_ms = static_cast<uint64_t>(o_.timeout_ms);
-    p.product_algo = algo;
+    p.product_algos = std::move(algos);
     return p;
+  }
+  // Returns every row count that a product of the chosen groupings has on any rank (shard_rows
+  // times the shards it covers), ascending: what the ag section tunes, so that every rank tunes
+  // the same shapes in the same order.
+  std::vector<size_t> product_row_counts(size_t shard_rows) const {
+    std::vector<size_t> out;
+    for (ProductGrouping g : o_.groupings) {
+      for (int r = 0; r < n_; ++r) {
+        for (const overlap::ShardRange& range : overlap::product_ranges(overlap::make_plan(Pattern::kAgMatmul, r, n_, 1, g))) {
+          out.push_back(shard_rows * static_cast<size_t>(range.count));
+        }
+      }
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
+  // Enqueues on `stream` the unpipelined products of p's plan: C's row blocks of this rank's
+  // product_ranges() from `gathered` (all of A) and b, each with the pipeline's configuration for
+  // its row count (the reference the pipelined C must equal bit for bit).
+  static void run_products(const OverlapPipeline& p, const void* gathered, const void* b, void* c, DType dtype, const Shape& s,
+                           cudaStream_t stream) {
+    const size_t esize = static_cast<size_t>(dtype_size(dtype));
+    for (const overlap::ShardRange& range : p.product_ranges()) {
+      const size_t first_row = p.shard_rows() * static_cast<size_t>(range.first);
+      p.gemm(p.shard_rows() * static_cast<size_t>(range.count))
+          .run(static_cast<const char*>(gathered) + first_row * s.k * esize, b, static_cast<char*>(c) + first_row * s.n * esize,
+               stream);
+    }
+  }
+  // "512 rows: algo 21 tile ...; 1024 rows: ..." for the row counts p multiplies.
+  static std::string algos_text(const OverlapPipeline& p) {
+    std::string out;
+    std::vector<size_t> seen;
+    for (const overlap::ShardRange& range : p.product_ranges()) {
+      const size_t rows = p.shard_rows() * static_cast<size_t>(range.count);
+      if (std::find(seen.begin(), seen.end(), rows) != seen.end()) continue;
+      seen.push_back(rows);
+      out += (out.empty() ? "" : "; ") + std::to_string(rows) + " rows: " + p.gemm(rows).algo_text();
+    }
+    return out;
   }
   // Returns the fastest of the heuristic's first kCandidates algorithms for C = A @ B of shape s
   // (row-major), timed on main_: per candidate each rank's median of 5 runs, summed over ranks, so
@@ -403,16 +459,22 @@ class Bench {
 // ---- check: pipeline vs simulator vs the GPU's unpipelined schedule ----------------------------------
 
 void Bench::check_section(DType dtype) {
+  for (ProductGrouping g : o_.groupings) check_grouping(dtype, g);
+}
+
+void Bench::check_grouping(DType dtype, ProductGrouping grouping) {
   const Shape s = o_.check_shape;
   const size_t esize = static_cast<size_t>(dtype_size(dtype));
   const size_t rows = s.m / static_cast<size_t>(n_);
   const size_t shard = rows * s.k;
   const uint64_t seed = static_cast<uint64_t>(o_.seed);
-  const std::string tag = std::string(dtype_name(dtype)) + " AG->matmul " + shape_text(s);
+  const std::string gname = overlap::grouping_name(grouping);
+  const std::string tag = std::string(dtype_name(dtype)) + " AG->matmul " + shape_text(s) + " " + gname;
 
   // 1. The simulator's run of the same plan on the same operands (every rank runs it, small).
   overlap::OverlapShape shape;
   shape.pattern = Pattern::kAgMatmul;
+  shape.grouping = grouping;
   shape.dtype = dtype;
   shape.m = s.m;
   shape.k = s.k;
@@ -442,7 +504,8 @@ void Bench::check_section(DType dtype) {
   }
 
   // 2. The GPU pipeline.
-  OverlapPipeline p(w_.store(), rank_, n_, pipeline_options("check/" + std::string(dtype_name(dtype)), Pattern::kAgMatmul, dtype, s, 0),
+  OverlapPipeline p(w_.store(), rank_, n_,
+                    pipeline_options("check/" + std::string(dtype_name(dtype)) + "/" + gname, Pattern::kAgMatmul, dtype, s, 0, grouping),
                     lt_, workspace_.get(), kWorkspaceBytes);
   DeviceBuffer db(s.k * s.n * esize), gathered(s.m * s.k * esize), c(s.m * s.n * esize), gathered_ref(s.m * s.k * esize),
       c_ref(s.m * s.n * esize), c_big(s.m * s.n * esize);
@@ -473,13 +536,10 @@ void Bench::check_section(DType dtype) {
   }
 
   // 3. The GPU's unpipelined schedule: the SM all-gather (core template), then one product per row
-  //    block with the pipeline's configuration.
+  //    block of the grouping with the pipeline's configuration for its row count.
   comm_->allgather(p.shard(), gathered_ref.get(), shard, dtype, Algorithm::kDirect, main_.get());
   comm_->check(main_.get());
-  for (int r = 0; r < n_; ++r) {
-    p.gemm().run(static_cast<char*>(gathered_ref.get()) + static_cast<size_t>(r) * shard * esize, db.get(),
-                 static_cast<char*>(c_ref.get()) + static_cast<size_t>(r) * rows * s.n * esize, main_.get());
-  }
+  run_products(p, gathered_ref.get(), db.get(), c_ref.get(), dtype, s, main_.get());
   sync_bounded(main_.get(), "the unpipelined reference");
   const Bytes gref = download(gathered_ref.get(), s.m * s.k * esize), cref = download(c_ref.get(), s.m * s.n * esize);
   const size_t ref_gather_diff = differing_elements(gref, g, esize, &first);
@@ -492,8 +552,8 @@ void Bench::check_section(DType dtype) {
   const size_t big_diff = differing_elements(download(c_big.get(), s.m * s.n * esize), cref, esize, &first);
   std::string same_algo = "not supported for the full shape";
   int64_t same_diff = -1;
-  if (LtMatmul::supports(lt_, dtype, s.m, s.k, s.n, kWorkspaceBytes, p.gemm().algo())) {
-    LtMatmul big_same(lt_, dtype, s.m, s.k, s.n, workspace_.get(), kWorkspaceBytes, p.gemm().algo());
+  if (LtMatmul::supports(lt_, dtype, s.m, s.k, s.n, kWorkspaceBytes, p.gemm(rows).algo())) {
+    LtMatmul big_same(lt_, dtype, s.m, s.k, s.n, workspace_.get(), kWorkspaceBytes, p.gemm(rows).algo());
     EXC_CUDA_CHECK(cudaMemset(c_big.get(), 0xFF, s.m * s.n * esize));
     big_same.run(gathered_ref.get(), db.get(), c_big.get(), main_.get());
     sync_bounded(main_.get(), "the big GEMM with the shard's algorithm");
@@ -512,7 +572,7 @@ void Bench::check_section(DType dtype) {
        " elements differ (all ranks); vs the SM all-gather: " + std::to_string(gr_bad));
   note(tag + ": C vs the simulator's C: max relative difference " + fmt("%.2e", worst_vs_sim) + " (rank " +
        std::to_string(rank_) + "), vs float64 on 48 samples " + fmt("%.2e", sim_err) + (sim_bad ? " OVER 2e-2" : " (within 2e-2)"));
-  note(tag + ": C pipelined vs unpipelined (SM all-gather + per-row-block products, " + p.gemm().algo_text() + "): " +
+  note(tag + ": C pipelined vs unpipelined (SM all-gather + the same row blocks; " + algos_text(p) + "): " +
        std::to_string(c_bad) + " of " + std::to_string(elements_c) + " elements differ");
   note(tag + ": one big GEMM (heuristic " + big.algo_text() + ") vs per-row-block: " + std::to_string(big_bad) + " of " +
        std::to_string(elements_c) + " differ; the shard's algorithm on the full shape: " +
@@ -549,7 +609,8 @@ void Bench::fsdp_section(DType dtype) {
   std::string tuned;
   const cublasLtMatmulAlgo_t algo = tune(dtype, s, x.get(), wt.get(), c.get(), "fsdp " + dt + " " + shape_text(s), &tuned);
   note(tuned);
-  OverlapPipeline p(w_.store(), rank_, n_, pipeline_options("fsdp/" + dt, Pattern::kPrefetch, dtype, s, count, algo), lt_,
+  OverlapPipeline p(w_.store(), rank_, n_, pipeline_options("fsdp/" + dt, Pattern::kPrefetch, dtype, s, count,
+                                                            ProductGrouping::kPerShard, Algos{{dim, algo}}), lt_,
                     workspace_.get(), kWorkspaceBytes);
   upload(p.shard(), my_shard);
   const Bytes expected = all_shards(dtype, count, n_, seed);
@@ -656,117 +717,172 @@ void Bench::ag_section(DType dtype, const Shape& s) {
     note("ag " + shape_text(s) + ": m is not a multiple of " + std::to_string(n_) + " ranks; skipped");
     return;
   }
-  const size_t rows = s.m / static_cast<size_t>(n_), shard = rows * s.k;
+  const size_t rows = s.m / static_cast<size_t>(n_), shard = rows * s.k, a_bytes = s.m * s.k * esize,
+               c_bytes = s.m * s.n * esize;
   const uint64_t seed = static_cast<uint64_t>(o_.seed) + 200 + s.m + s.k;
   const std::string dt = dtype_name(dtype), tag = dt + "/" + shape_text(s);
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.k) * static_cast<double>(s.n);
 
-  DeviceBuffer b(s.k * s.n * esize), gathered(s.m * s.k * esize), gathered_ref(s.m * s.k * esize), c(s.m * s.n * esize),
-      c_ref(s.m * s.n * esize), c_full(s.m * s.n * esize);
+  // 1. Operands, and the algorithms: the fastest of the heuristic's first candidates for every
+  //    product row count of the groupings and for the full product.
+  DeviceBuffer b(s.k * s.n * esize), gathered_ref(a_bytes), c_scratch(c_bytes), c_full(c_bytes);
   const Bytes hb = overlap::finite_values(dtype, s.k * s.n, overlap::rhs_seed(seed));
   upload(b.get(), hb);
   const Bytes a_full = all_shards(dtype, shard, n_, seed);
-  upload(gathered_ref.get(), a_full);  // operands for tuning (the pipeline fills `gathered` itself)
-  std::string tuned_shard, tuned_full;
-  const cublasLtMatmulAlgo_t shard_algo =
-      tune(dtype, Shape{rows, s.k, s.n}, gathered_ref.get(), b.get(), c_ref.get(), "ag " + tag + " shard product", &tuned_shard);
+  upload(gathered_ref.get(), a_full);  // operands for tuning (the pipelines fill their gathered A themselves)
+  Algos algos;
+  for (size_t product_rows : product_row_counts(rows)) {
+    std::string tuned;
+    algos[product_rows] = tune(dtype, Shape{product_rows, s.k, s.n}, gathered_ref.get(), b.get(), c_scratch.get(),
+                               "ag " + tag + " " + std::to_string(product_rows) + "-row product", &tuned);
+    note(tuned);
+  }
+  std::string tuned_full;
   const cublasLtMatmulAlgo_t full_algo = tune(dtype, s, gathered_ref.get(), b.get(), c_full.get(), "ag " + tag + " full product", &tuned_full);
-  note(tuned_shard);
   note(tuned_full);
-  OverlapPipeline p(w_.store(), rank_, n_, pipeline_options("ag/" + tag, Pattern::kAgMatmul, dtype, s, 0, shard_algo), lt_,
-                    workspace_.get(), kWorkspaceBytes);
-  upload(p.shard(), overlap::finite_values(dtype, shard, overlap::shard_seed(seed, rank_)));
   LtMatmul full(lt_, dtype, s.m, s.k, s.n, workspace_.get(), kWorkspaceBytes, full_algo);
   LtMatmul full_heuristic(lt_, dtype, s.m, s.k, s.n, workspace_.get(), kWorkspaceBytes);
-  print_leader(w_, "  # ag " + tag + ": shard products " + p.gemm().algo_text() + "; full product " + full.algo_text() + "\n");
+
+  // 2. One pipeline per grouping (its own symmetric region and streams), all on the same shard.
+  struct Grouped {
+    std::string name;
+    std::unique_ptr<OverlapPipeline> pipeline;
+    DeviceBuffer gathered, c, c_ref, c_alone;  // c: the pipeline's; c_ref: unpipelined; c_alone: products alone
+  };
+  std::vector<Grouped> groups;
+  const Bytes my_shard = overlap::finite_values(dtype, shard, overlap::shard_seed(seed, rank_));
+  for (ProductGrouping g : o_.groupings) {
+    Grouped x;
+    x.name = overlap::grouping_name(g);
+    x.pipeline = std::make_unique<OverlapPipeline>(
+        w_.store(), rank_, n_, pipeline_options("ag/" + tag + "/" + x.name, Pattern::kAgMatmul, dtype, s, 0, g, algos), lt_,
+        workspace_.get(), kWorkspaceBytes);
+    upload(x.pipeline->shard(), my_shard);
+    x.gathered = DeviceBuffer(a_bytes);
+    x.c = DeviceBuffer(c_bytes);
+    x.c_ref = DeviceBuffer(c_bytes);
+    x.c_alone = DeviceBuffer(c_bytes);
+    print_leader(w_, "  # ag " + tag + " " + x.name + ": rank " + std::to_string(rank_) + "'s products " +
+                         algos_text(*x.pipeline) + "\n");
+    groups.push_back(std::move(x));
+  }
+  print_leader(w_, "  # ag " + tag + ": full product " + full.algo_text() + "\n");
+  OverlapPipeline& first = *groups.front().pipeline;
   cudaStream_t m = main_.get();
   auto finish_main = [&] { sync_bounded(m, "ag " + tag); comm_->check(m); };
-  auto finish_pipe = [&] { p.finish(m); };
+  auto finish_pipes = [&] {
+    for (Grouped& x : groups) x.pipeline->finish(m);
+    comm_->check(m);
+  };
 
-  // 1. Checks: the pipeline's gathered A and C; the unpipelined reference (NCCL all-gather, then
-  //    the row blocks with the pipeline's configuration); one big GEMM; float64 samples.
-  EXC_CUDA_CHECK(cudaMemset(gathered.get(), 0xFF, s.m * s.k * esize));
-  EXC_CUDA_CHECK(cudaMemset(c.get(), 0xFF, s.m * s.n * esize));
-  EXC_CUDA_CHECK(cudaDeviceSynchronize());
-  p.run(gathered.get(), nullptr, b.get(), c.get(), m);
-  p.finish(m);
-  comm_->allgather(p.shard(), gathered_ref.get(), shard, dtype, Algorithm::kNccl, m);
-  for (int r = 0; r < n_; ++r) {
-    p.gemm().run(static_cast<char*>(gathered_ref.get()) + static_cast<size_t>(r) * shard * esize, b.get(),
-                 static_cast<char*>(c_ref.get()) + static_cast<size_t>(r) * rows * s.n * esize, m);
-  }
+  // 3. Checks per grouping: the pipeline's gathered A and C; the unpipelined reference (NCCL
+  //    all-gather, then the grouping's row blocks with the pipeline's configurations); one big
+  //    GEMM; float64 samples.
+  comm_->allgather(first.shard(), gathered_ref.get(), shard, dtype, Algorithm::kNccl, m);
   full.run(gathered_ref.get(), b.get(), c_full.get(), m);
+  for (Grouped& x : groups) {
+    EXC_CUDA_CHECK(cudaMemsetAsync(x.gathered.get(), 0xFF, a_bytes, m));
+    EXC_CUDA_CHECK(cudaMemsetAsync(x.c.get(), 0xFF, c_bytes, m));
+    x.pipeline->run(x.gathered.get(), nullptr, b.get(), x.c.get(), m);
+    x.pipeline->finish(m);
+    run_products(*x.pipeline, gathered_ref.get(), b.get(), x.c_ref.get(), dtype, s, m);
+  }
   sync_bounded(m, "ag reference " + tag);
-  size_t first = 0;
-  const Bytes g = download(gathered.get(), s.m * s.k * esize), cc = download(c.get(), s.m * s.n * esize),
-              cref = download(c_ref.get(), s.m * s.n * esize);
-  const int64_t g_bad = total("ag/g/" + tag, static_cast<int64_t>(differing_elements(g, a_full, esize, &first)));
-  const int64_t c_bad = total("ag/c/" + tag, static_cast<int64_t>(differing_elements(cc, cref, esize, &first)));
-  const int64_t big_bad =
-      total("ag/big/" + tag, static_cast<int64_t>(differing_elements(download(c_full.get(), s.m * s.n * esize), cref, esize, &first)));
-  const double err = sampled_error(dtype, a_full, hb, cc, s, seed + 5);
-  const int64_t err_bad = total("ag/e/" + tag, err > 2e-2 ? 1 : 0);
-  if (g_bad != 0 || c_bad != 0 || err_bad != 0) failed_check_ = true;
-  const uint64_t ec = static_cast<uint64_t>(n_) * s.m * s.n;
-  note("ag " + tag + ": gathered A vs the shards: " + std::to_string(g_bad) + " of " +
-       std::to_string(static_cast<uint64_t>(n_) * s.m * s.k) + " elements differ (all ranks); C pipelined vs NCCL all-gather "
-       "+ per-row-block products (same configuration): " + std::to_string(c_bad) + " of " + std::to_string(ec) +
-       " differ; one big GEMM vs per-row-block: " + std::to_string(big_bad) + " differ; C vs float64 (48 samples, rank " +
-       std::to_string(rank_) + "): " + fmt("%.2e", err));
+  const Bytes c_big = download(c_full.get(), c_bytes);
+  std::vector<Bytes> crefs;
+  for (Grouped& x : groups) {
+    const std::string gtag = tag + " " + x.name;
+    size_t first_bad = 0;
+    const Bytes g = download(x.gathered.get(), a_bytes), cc = download(x.c.get(), c_bytes);
+    crefs.push_back(download(x.c_ref.get(), c_bytes));
+    const Bytes& cref = crefs.back();
+    const int64_t g_bad = total("ag/g/" + gtag, static_cast<int64_t>(differing_elements(g, a_full, esize, &first_bad)));
+    const int64_t c_bad = total("ag/c/" + gtag, static_cast<int64_t>(differing_elements(cc, cref, esize, &first_bad)));
+    const int64_t big_bad = total("ag/big/" + gtag, static_cast<int64_t>(differing_elements(c_big, cref, esize, &first_bad)));
+    const double err = sampled_error(dtype, a_full, hb, cc, s, seed + 5);
+    const int64_t err_bad = total("ag/e/" + gtag, err > 2e-2 ? 1 : 0);
+    if (g_bad != 0 || c_bad != 0 || err_bad != 0) failed_check_ = true;
+    note("ag " + gtag + ": gathered A vs the shards: " + std::to_string(g_bad) + " of " +
+         std::to_string(static_cast<uint64_t>(n_) * s.m * s.k) + " elements differ (all ranks); C pipelined vs NCCL "
+         "all-gather + the same row blocks (same configurations): " + std::to_string(c_bad) + " of " +
+         std::to_string(static_cast<uint64_t>(n_) * s.m * s.n) + " differ; one big GEMM vs these row blocks: " +
+         std::to_string(big_bad) + " differ; C vs float64 (48 samples, rank " + std::to_string(rank_) + "): " + fmt("%.2e", err));
+  }
+  for (size_t i = 1; i < groups.size(); ++i) {
+    size_t first_bad = 0;
+    const int64_t differ = total("ag/x/" + tag + groups[i].name,
+                                 static_cast<int64_t>(differing_elements(crefs[i], crefs[0], esize, &first_bad)));
+    note("ag " + tag + ": C of " + groups[i].name + " vs C of " + groups[0].name + ": " + std::to_string(differ) +
+         " elements differ (all ranks; not a check: the row count of a product may change its bits)");
+  }
 
-  // 2. Times: the full matmul on a rested GPU first; the all-gathers alone (communication only);
-  //    then everything that runs products, interleaved round by round (the pipeline last in each
-  //    round, so `c` ends with its result).
-  const double full_fresh = time_us("ag/full/" + tag, [&] { full.run(gathered.get(), b.get(), c_full.get(), m); }, finish_main);
+  // 4. Times: the full matmul on a rested GPU first; the all-gathers alone (communication only);
+  //    then everything that runs products, interleaved round by round.
+  const double full_fresh = time_us("ag/full/" + tag, [&] { full.run(gathered_ref.get(), b.get(), c_full.get(), m); }, finish_main);
   note("ag " + tag + ": full matmul alone measured first, on a rested GPU: " + fmt("%.1f", full_fresh) + " us");
-  const double ag_alone =
-      time_us("ag/ag/" + tag, [&] { p.run(gathered.get(), nullptr, b.get(), c.get(), m, false); }, finish_pipe);
+  const double ag_alone = time_us(
+      "ag/ag/" + tag, [&] { first.run(groups.front().gathered.get(), nullptr, b.get(), c_scratch.get(), m, false); }, finish_pipes);
   add("ag", dtype, shape_text(s) + " copy-engine all-gather alone", ag_alone, 0);
   const double nccl_alone = time_us(
-      "ag/nccl/" + tag, [&] { comm_->allgather(p.shard(), gathered_ref.get(), shard, dtype, Algorithm::kNccl, m); }, finish_main);
+      "ag/nccl/" + tag, [&] { comm_->allgather(first.shard(), gathered_ref.get(), shard, dtype, Algorithm::kNccl, m); }, finish_main);
   add("ag", dtype, shape_text(s) + " NCCL all-gather alone", nccl_alone, 0);
-  DeviceBuffer c_shards(s.m * s.n * esize);
-  EXC_CUDA_CHECK(cudaMemset(c.get(), 0xFF, s.m * s.n * esize));
-  const std::vector<Variant> variants = {
-      {shape_text(s) + " full matmul alone", [&] { full.run(gathered.get(), b.get(), c_full.get(), m); }},
-      {shape_text(s) + " full matmul alone (heuristic's first)",
-       [&] { full_heuristic.run(gathered.get(), b.get(), c_full.get(), m); }},
-      {shape_text(s) + " shard matmuls alone",
-       [&] {
-         for (int r = 0; r < n_; ++r) {
-           p.gemm().run(static_cast<char*>(gathered.get()) + static_cast<size_t>(r) * shard * esize, b.get(),
-                        static_cast<char*>(c_shards.get()) + static_cast<size_t>(r) * rows * s.n * esize, m);
-         }
-       }},
-      {shape_text(s) + " NCCL all-gather + matmul",
-       [&] {
-         comm_->allgather(p.shard(), gathered_ref.get(), shard, dtype, Algorithm::kNccl, m);
-         full.run(gathered_ref.get(), b.get(), c_full.get(), m);
-       }},
-      {shape_text(s) + " copy-engine all-gather + matmul",
-       [&] {
-         p.run(gathered.get(), nullptr, b.get(), c_shards.get(), m, false);
-         full.run(gathered.get(), b.get(), c_full.get(), m);
-       }},
-      {shape_text(s) + " pipelined AG->matmul", [&] { p.run(gathered.get(), nullptr, b.get(), c.get(), m, true); }},
+  for (Grouped& x : groups) EXC_CUDA_CHECK(cudaMemsetAsync(x.c.get(), 0xFF, c_bytes, m));
+  struct Timed {
+    Variant variant;
+    double comm_alone_us = 0;  // the all-gather it overlaps or runs after (0: none)
+    int group = -1;            // the pipeline's index in groups (-1: not a pipeline)
   };
-  const std::vector<double> t = time_interleaved("ag/all/" + tag, variants, [&] {
-    p.finish(m);
-    comm_->check(m);
-  });
-  const double full_alone = t[0], full_heur = t[1], piped = t[5];
-  const int64_t c_after = total("ag/c2/" + tag, static_cast<int64_t>(differing_elements(download(c.get(), s.m * s.n * esize), cref, esize, &first)));
-  if (c_after != 0) failed_check_ = true;
-  const double comm_of[] = {0, 0, 0, nccl_alone, ag_alone, ag_alone};
-  for (size_t v = 0; v < variants.size(); ++v) {
-    add("ag", dtype, variants[v].label, t[v], flops, comm_of[v] > 0 ? std::max(full_alone, comm_of[v]) / t[v] : 0,
-        v == 5 ? "C vs unpipelined " + std::to_string(c_after) : "");
+  std::vector<Timed> timed = {
+      {{shape_text(s) + " full matmul alone", [&] { full.run(gathered_ref.get(), b.get(), c_full.get(), m); }}},
+      {{shape_text(s) + " full matmul alone (heuristic's first)",
+        [&] { full_heuristic.run(gathered_ref.get(), b.get(), c_full.get(), m); }}},
+  };
+  for (Grouped& x : groups) {
+    timed.push_back({{shape_text(s) + " products alone (" + x.name + ")",
+                      [&] { run_products(*x.pipeline, x.gathered.get(), b.get(), x.c_alone.get(), dtype, s, m); }}});
   }
-  const double best_full = std::min(full_alone, full_heur);
-  targets_.push_back("AG->matmul " + tag + ": pipelined " + fmt("%.1f", piped) + " us = " + fmt("%.3f", piped / best_full) +
-                     " x the faster full matmul alone (" + fmt("%.1f", best_full) + " us, interleaved; heuristic's first " +
-                     fmt("%.1f", full_heur) + " us; rested-GPU full matmul " + fmt("%.1f", full_fresh) + " us, ratio " +
-                     fmt("%.3f", piped / full_fresh) + "); target <= 1.03: " + (piped <= 1.03 * best_full ? "MET" : "NOT MET"));
+  timed.push_back({{shape_text(s) + " NCCL all-gather + matmul",
+                    [&] {
+                      comm_->allgather(first.shard(), gathered_ref.get(), shard, dtype, Algorithm::kNccl, m);
+                      full.run(gathered_ref.get(), b.get(), c_full.get(), m);
+                    }},
+                   nccl_alone});
+  timed.push_back({{shape_text(s) + " copy-engine all-gather + matmul",
+                    [&] {
+                      first.run(groups.front().gathered.get(), nullptr, b.get(), c_scratch.get(), m, false);
+                      full.run(groups.front().gathered.get(), b.get(), c_full.get(), m);
+                    }},
+                   ag_alone});
+  for (size_t i = 0; i < groups.size(); ++i) {
+    Grouped& x = groups[i];
+    timed.push_back({{shape_text(s) + " pipelined AG->matmul (" + x.name + ")",
+                      [&] { x.pipeline->run(x.gathered.get(), nullptr, b.get(), x.c.get(), m, true); }},
+                     ag_alone,
+                     static_cast<int>(i)});
+  }
+  std::vector<Variant> variants;
+  for (const Timed& t : timed) variants.push_back(t.variant);
+  const std::vector<double> t = time_interleaved("ag/all/" + tag, variants, finish_pipes);
+  const double full_alone = t[0], full_heur = t[1], best_full = std::min(full_alone, full_heur);
+  for (size_t v = 0; v < timed.size(); ++v) {
+    std::string check_note;
+    if (timed[v].group >= 0) {
+      const Grouped& x = groups[static_cast<size_t>(timed[v].group)];
+      size_t first_bad = 0;
+      const int64_t c_after = total("ag/c2/" + tag + x.name,
+                                    static_cast<int64_t>(differing_elements(download(x.c.get(), c_bytes),
+                                                                            crefs[static_cast<size_t>(timed[v].group)], esize, &first_bad)));
+      if (c_after != 0) failed_check_ = true;
+      check_note = "C vs unpipelined " + std::to_string(c_after);
+      targets_.push_back("AG->matmul " + tag + " " + x.name + ": pipelined " + fmt("%.1f", t[v]) + " us = " +
+                         fmt("%.3f", t[v] / best_full) + " x the faster full matmul alone (" + fmt("%.1f", best_full) +
+                         " us, interleaved; heuristic's first " + fmt("%.1f", full_heur) + " us; rested-GPU full matmul " +
+                         fmt("%.1f", full_fresh) + " us, ratio " + fmt("%.3f", t[v] / full_fresh) + "); target <= 1.03: " +
+                         (t[v] <= 1.03 * best_full ? "MET" : "NOT MET"));
+    }
+    const double comm = timed[v].comm_alone_us;
+    add("ag", dtype, timed[v].variant.label, t[v], flops, comm > 0 ? std::max(full_alone, comm) / t[v] : 0, check_note);
+  }
 }
 
 void Bench::report() {
@@ -822,13 +938,15 @@ int run_bench_overlap(int argc, char** argv) {
   Options o;
   int64_t nproc = 0;
   std::string dtypes = "bf16,fp16", shapes = "8192x8192x8192,2048x16384x8192", check_shape = "1024x512x768",
-              sections = "check,fsdp,ag";
+              sections = "check,fsdp,ag", products = "all";
   cli::ArgParser parser(
       "exactcoll bench-overlap --nproc N [--dtypes bf16,fp16] [--iters K] [--warmup K] [--seed S] [--fsdp-size D] "
-      "[--gather-mib M] [--ag-shapes MxKxN,...] [--check-shape MxKxN] [--sections check,fsdp,ag] [--json FILE] "
-      "[--timeout-ms T]",
+      "[--gather-mib M] [--ag-shapes MxKxN,...] [--check-shape MxKxN] [--products per_shard,merged,pairs|both|all] "
+      "[--sections check,fsdp,ag] [--json FILE] [--timeout-ms T]",
       "All-gather + matmul overlap on the GPUs: checks (gathered bits vs the simulator, C vs the unpipelined schedule) "
-      "and times (matmul alone, all-gathers alone, sequential, overlapped; TFLOP/s and overlap efficiency).");
+      "and times (matmul alone, all-gathers alone, sequential, overlapped; TFLOP/s and overlap efficiency). AG->matmul "
+      "runs one pipeline per product grouping, side by side: per_shard (one product per shard), merged (the peers' "
+      "rows in at most two products, one per contiguous row block of C), pairs (at most two shards per product).");
   parser.add_int("nproc", &nproc, "processes (one per GPU)");
   parser.add_string("dtypes", &dtypes, "bf16,fp16 (comma-separated)");
   parser.add_int("iters", &o.iters, "timed iterations per variant (the median is reported)");
@@ -838,6 +956,9 @@ int run_bench_overlap(int argc, char** argv) {
   parser.add_int("gather-mib", &o.gather_mib, "FSDP all-gather output size in MiB");
   parser.add_string("ag-shapes", &shapes, "AG->matmul shapes MxKxN, comma-separated (M: all ranks' rows)");
   parser.add_string("check-shape", &check_shape, "the check section's AG->matmul shape MxKxN");
+  parser.add_string("products", &products,
+                    "AG->matmul product groupings: per_shard, merged, pairs (comma-separated); both = per_shard,merged; "
+                    "all = the three");
   parser.add_string("sections", &sections, "check, fsdp, ag (comma-separated)");
   parser.add_string("json", &o.json_path, "write every row, note and target as JSON (rank 0)");
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every wait (flags, streams)");
@@ -857,6 +978,16 @@ int run_bench_overlap(int argc, char** argv) {
     o.ag_shapes.push_back(s);
   }
   if (!parse_shape(check_shape, &o.check_shape)) return cli::fail(kCommand, "--check-shape wants MxKxN, got '" + check_shape + "'");
+  for (const std::string& g : split_list(products == "both" ? "per_shard,merged"
+                                        : products == "all" ? "per_shard,merged,pairs"
+                                                            : products)) {
+    ProductGrouping grouping;
+    if (!overlap::parse_grouping(g, &grouping)) {
+      return cli::fail(kCommand, "--products takes per_shard, merged, pairs, both or all, not '" + g + "'");
+    }
+    if (std::find(o.groupings.begin(), o.groupings.end(), grouping) == o.groupings.end()) o.groupings.push_back(grouping);
+  }
+  if (o.groupings.empty()) return cli::fail(kCommand, "--products must name a grouping");
   o.check = o.fsdp = o.ag = false;
   for (const std::string& s : split_list(sections)) {
     if (s == "check") {

@@ -89,22 +89,26 @@ std::string digest_of(const std::vector<Bytes>& per_rank) {
 
 int run(int argc, char** argv) {
   SimFlags flags;
-  std::string pattern_text = "ag_matmul";
+  std::string pattern_text = "ag_matmul", products_text = "per_shard";
   int64_t m = 256, k = 128, n = 192, gather_count = 4096, seed = 1, comm_streams = 2, calls = 1;
   bool print_plan = false, no_check = false;
   cli::ArgParser parser(
-      "exactcoll sim overlap --ranks N [--pattern ag_matmul|prefetch] [--dtype bf16|fp16|fp32] [--m M --k K --n N] "
-      "[--gather-count C] [--seed S] [--comm-streams S] [--calls K] [--plan] [--no-check] "
-      "[--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--chrome-trace FILE]",
+      "exactcoll sim overlap --ranks N [--pattern ag_matmul|prefetch] [--products per_shard|merged|pairs] "
+      "[--dtype bf16|fp16|fp32] [--m M --k K --n N] [--gather-count C] [--seed S] [--comm-streams S] [--calls K] "
+      "[--plan] [--no-check] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--chrome-trace FILE]",
       "Runs the all-gather + matmul overlap schedule on simulated ranks. ag_matmul: C = allgather(A) @ B, A [m, k] "
       "sharded by rows, the local shard multiplied first while peers' shards are pulled (get protocol) in the order "
-      "rank+1, rank+2, ... on alternating comm streams, one product per shard. prefetch: an all-gather of "
-      "--gather-count elements per rank beside an unrelated product X [m, k] @ W [k, n]. Products: Eigen, float "
+      "rank+1, rank+2, ... on alternating comm streams; the peers' rows in one product per shard (per_shard), in one "
+      "product per contiguous row block of C (merged: the shards after the local one, then those before it), or in "
+      "products of at most two shards (pairs); each product waits for every shard it covers. prefetch: an all-gather "
+      "of --gather-count elements per rank beside an unrelated product X [m, k] @ W [k, n]. Products: Eigen, float "
       "accumulation, one rounding. Checks every rank's gathered A bit for bit against the shards, C bit for bit "
-      "against the unpipelined schedule, and sampled elements of C against float64. Traces show every step per "
-      "rank (pid) and stream (block 0.. = comm streams, the last block = compute).");
+      "against the unpipelined schedule with the same row blocks, and sampled elements of C against float64. Traces "
+      "show every step per rank (pid) and stream (block 0.. = comm streams, the last block = compute).");
   add_world_flags(parser, &flags);
   parser.add_choice("pattern", &pattern_text, {"ag_matmul", "prefetch"}, "which schedule");
+  parser.add_choice("products", &products_text, {"per_shard", "merged", "pairs"},
+                    "ag_matmul: how the peers' rows are grouped into products");
   parser.add_int("m", &m, "rows of A (ag_matmul: all shards together; a multiple of --ranks) or of X (prefetch)");
   parser.add_int("k", &k, "inner dimension");
   parser.add_int("n", &n, "columns of B and C");
@@ -123,6 +127,7 @@ int run(int argc, char** argv) {
   }
   OverlapShape shape;
   overlap::parse_pattern(pattern_text, &shape.pattern);
+  overlap::parse_grouping(products_text, &shape.grouping);
   shape.dtype = *parse_dtype(flags.dtype);
   if (m < 1 || k < 1 || n < 1) return cli::fail(kCommand, "--m, --k and --n must be at least 1");
   if (gather_count < 1) return cli::fail(kCommand, "--gather-count must be at least 1");
@@ -138,7 +143,8 @@ int run(int argc, char** argv) {
 
   if (print_plan) {
     for (int r = 0; r < ranks; ++r) {
-      std::cout << "rank " << r << ":\n" << overlap::plan_text(overlap::make_plan(shape.pattern, r, ranks, static_cast<int>(comm_streams)));
+      std::cout << "rank " << r << ":\n" << overlap::plan_text(overlap::make_plan(shape.pattern, r, ranks, static_cast<int>(comm_streams),
+                                                                         shape.grouping));
     }
   }
 
@@ -162,6 +168,7 @@ int run(int argc, char** argv) {
   std::ostringstream out;
   out << "sim overlap " << overlap::pattern_name(shape.pattern) << " " << flags.dtype << ": " << ranks << " ranks, m=" << m
       << " k=" << k << " n=" << n;
+  if (shape.pattern == Pattern::kAgMatmul) out << ", products " << overlap::grouping_name(shape.grouping);
   if (shape.pattern == Pattern::kPrefetch) out << ", all-gather of " << gather_count << " elements per rank";
   out << ", " << comm_streams << " comm streams, " << schedule_note(options) << ", " << calls << " call(s)\n";
   bool ok = true;
