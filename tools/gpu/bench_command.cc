@@ -51,6 +51,7 @@ struct BenchOptions {
   std::string json_path, csv_path, table_path;
   int64_t timeout_ms = 10000;
   uint64_t seed = 1;
+  int64_t buffer_mib = 0;  // 0: the largest message or a default communicator's, whichever is larger
 };
 
 struct Result {
@@ -167,8 +168,10 @@ int bench_worker(const BenchOptions& o) {
     max_out = std::max<size_t>(max_out, output_count(o.op, in, n) * elem);
   }
   // At least a default communicator's buffers, so that auto chooses as it would for a user
-  // (push_one_shot and push_two_shot need 2 x n x the message of scratch).
-  co.buffer_bytes = std::max<size_t>(max_in, cuda::CommunicatorOptions{}.buffer_bytes);
+  // (push_one_shot and push_two_shot need 2 x n x the message of scratch; larger buffers with
+  // --buffer-mib let auto run them on larger messages).
+  co.buffer_bytes = std::max<size_t>(
+      max_in, o.buffer_mib > 0 ? static_cast<size_t>(o.buffer_mib) << 20 : cuda::CommunicatorOptions{}.buffer_bytes);
   Communicator comm(w.store(), rank, n, co);
   if (!comm.ipc_ready()) return cli::fail("bench", "the IPC path is unavailable: " + comm.ipc_unavailable_reason(), 3);
   DeviceBuffer input(max_in), output(max_out);
@@ -182,7 +185,9 @@ int bench_worker(const BenchOptions& o) {
        << (comm.nccl_ready() ? cuda::NcclApi::get().version() : std::string("unavailable")) << "\n"
        << "# time: max over ranks of the median per-op µs; graph: " << o.graph_ops << " ops per CUDA graph, "
        << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops
-       << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; #wrong: output elements differing from the simulator (all ranks)\n";
+       << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off")
+       << "; buffers " << (co.buffer_bytes >> 20) << " MiB per rank"
+       << "; #wrong: output elements differing from the simulator (all ranks)\n";
   print_leader(w, head.str());
 
   // 2. The NVLink bound.
@@ -419,6 +424,8 @@ int run_bench(int argc, char** argv) {
   parser.add_int("eager-rounds", &o.eager_rounds, "timed eager rounds");
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
   parser.add_int("seed", &seed, "seed of the random inputs");
+  parser.add_int("buffer-mib", &o.buffer_mib,
+                 "staging and scratch MiB per rank (default: a default communicator's, or the largest message)");
   parser.add_string("table", &o.table_path, "dispatch table file for auto (default: the built-in one)");
   parser.add_string("json", &o.json_path, "also write every result as JSON");
   parser.add_string("csv", &o.csv_path, "also write every result as CSV");
@@ -460,8 +467,8 @@ int run_bench(int argc, char** argv) {
       o.algos.push_back(*a);
     }
   }
-  if (o.graph_ops < 1 || o.replays < 1 || o.eager_rounds < 1 || o.timeout_ms < 1) {
-    return cli::fail("bench", "--graph-ops, --replays, --eager-rounds and --timeout-ms must be positive");
+  if (o.graph_ops < 1 || o.replays < 1 || o.eager_rounds < 1 || o.timeout_ms < 1 || o.buffer_mib < 0) {
+    return cli::fail("bench", "--graph-ops, --replays, --eager-rounds and --timeout-ms must be positive, --buffer-mib >= 0");
   }
   if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "bench")) return *code;
   try {

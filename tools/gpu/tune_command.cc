@@ -41,6 +41,7 @@ struct TuneOptions {
   int64_t graph_ops = 10, replays = 9;
   bool quick = false;
   bool pdl = true;
+  int64_t buffer_mib = 0;  // 0: a default communicator's buffers
 };
 
 // The grids tried for a message whose busiest rank works on `packs` 16-byte packs.
@@ -67,11 +68,12 @@ int tune_worker(const TuneOptions& o) {
   const DType dtype = DType::kBF16;
   cuda::CommunicatorOptions co;
   co.name = "tune";
-  // two_shot's scratch (inputs are registered), and the push algorithms' 2 x n slots up to what a
-  // default communicator holds: they are measured only where it fits there (beyond, auto
-  // would not run it).
-  const size_t default_buffer = cuda::CommunicatorOptions{}.buffer_bytes;
-  co.buffer_bytes = std::max(static_cast<size_t>(o.max_bytes), default_buffer);
+  // two_shot's scratch (inputs are registered), and the push algorithms' 2 x n slots up to what the
+  // buffers hold (a default communicator's, or --buffer-mib): they are measured only where they
+  // fit there (beyond, auto would not run them on such a communicator).
+  const size_t push_buffer =
+      o.buffer_mib > 0 ? static_cast<size_t>(o.buffer_mib) << 20 : cuda::CommunicatorOptions{}.buffer_bytes;
+  co.buffer_bytes = std::max(static_cast<size_t>(o.max_bytes), push_buffer);
   co.table = cuda::DispatchTable();  // tuning measures forced grids; no table needed
   co.programmatic_launch = o.pdl;
   Communicator comm(w.store(), rank, n, co);
@@ -95,7 +97,7 @@ int tune_worker(const TuneOptions& o) {
       if (count == 0) continue;
       for (Algorithm algo : cuda::ipc_algorithms(op)) {
         const bool push = algo == Algorithm::kPushOneShot || algo == Algorithm::kPushTwoShot;
-        if (push && push_scratch_elements(count, 8, n) * 2 > default_buffer) continue;
+        if (push && push_scratch_elements(count, 8, n) * 2 > push_buffer) continue;
         uint64_t packs = count / 8 + 1;
         if (algo == Algorithm::kTwoShot || algo == Algorithm::kPushTwoShot || op == Op::kReduceScatter) packs = packs / static_cast<uint64_t>(n) + 1;
         if (op == Op::kAllGather) packs *= static_cast<uint64_t>(n);
@@ -199,6 +201,9 @@ int run_tune(int argc, char** argv) {
   parser.add_int("graph-ops", &o.graph_ops, "ops per CUDA graph");
   parser.add_int("replays", &o.replays, "timed replays per grid");
   parser.add_bool("quick", &o.quick, "fewer grids");
+  parser.add_int("buffer-mib", &o.buffer_mib,
+                 "staging and scratch MiB per rank (default: a default communicator's); push algorithms are "
+                 "measured where their 2 x n slots fit");
   bool no_pdl = false;
   parser.add_bool("no-pdl", &no_pdl, "launch without programmatic dependent launch");
   if (const auto code = parser.parse(argc, argv)) return *code;
@@ -209,8 +214,8 @@ int run_tune(int argc, char** argv) {
   }
   o.pdl = !no_pdl;
   if (o.ops.empty()) return cli::fail("tune", "nothing to tune");
-  if (o.min_bytes < 16 || o.max_bytes < o.min_bytes || o.graph_ops < 1 || o.replays < 1) {
-    return cli::fail("tune", "need 16 <= --min-bytes <= --max-bytes and positive --graph-ops, --replays");
+  if (o.min_bytes < 16 || o.max_bytes < o.min_bytes || o.graph_ops < 1 || o.replays < 1 || o.buffer_mib < 0) {
+    return cli::fail("tune", "need 16 <= --min-bytes <= --max-bytes, positive --graph-ops, --replays, --buffer-mib >= 0");
   }
   if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "tune")) return *code;
   try {
