@@ -15,7 +15,8 @@
 #      7 x 4096, seed 3, specials) and device_run.sh's cli phase (gpu vs sim sha256, .npy bytes,
 #      nccl label, bad input), plus gpu allreduce --algo push_two_shot against sim;
 #   5. a short table of the bench medians.
-# Time guards (seconds since the start): TUNE_UNTIL_S (200), BENCH_UNTIL_S (300).
+# Time guards (seconds since the start): TUNE_UNTIL_S (200), BENCH_UNTIL_S (300). TUNE_EXTRA and
+# BENCH_EXTRA are appended to the tune and bench command lines (e.g. "--buffer-mib 512").
 # At most 6 files under $OUT (test_verify.log, tune.log, sm90.tsv, bench.log, checks.log, cli.log).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -57,7 +58,7 @@ if [ "$verified" = 1 ]; then
   for n in 2 4; do
     if [ "$(elapsed)" -gt "${TUNE_UNTIL_S:-200}" ]; then echo "tune $n skipped (time)"; continue; fi
     if timeout 150 $B tune --nproc "$n" --ops allreduce --min-bytes "$TUNE_MIN_BYTES" --max-bytes "$TUNE_MAX_BYTES" \
-        --output "$WORK/tune_$n.tsv" >> "$OUT/tune.log" 2>&1; then
+        --output "$WORK/tune_$n.tsv" ${TUNE_EXTRA:-} >> "$OUT/tune.log" 2>&1; then
       python3 - "$OUT/sm90.tsv" "$WORK/tune_$n.tsv" "$n" "$(date +%F)" <<'PY'
 import os, sys
 path, new_path, n, day = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
@@ -91,7 +92,7 @@ for n in 2 4; do
   if [ "$(elapsed)" -gt "${BENCH_UNTIL_S:-300}" ]; then echo "bench $n skipped (time)"; status=1; continue; fi
   echo "== bench --nproc $n" >> "$OUT/bench.log"
   timeout 150 $B bench --nproc "$n" --op allreduce --rows "$BENCH_ROWS" \
-    --algos "$BENCH_ALGOS" --table "$TABLE" >> "$OUT/bench.log" 2>&1 || { status=1; echo "bench $n failed"; }
+    --algos "$BENCH_ALGOS" --table "$TABLE" ${BENCH_EXTRA:-} >> "$OUT/bench.log" 2>&1 || { status=1; echo "bench $n failed"; }
 done
 echo "== table used by auto: $TABLE (t=$(elapsed)s); verified=$verified"
 # 4. Sanity checks.
