@@ -490,22 +490,20 @@ EXC_HD void allreduce_two_shot(Ctx& ctx, size_t count) {
 
 // The receive halves of the push algorithms (push_one_shot, push_two_shot). Which half a call uses
 // comes from this rank's push call number (SignalBuffer::push_calls, the same in every block of
-// the launch) and the block's barrier count before the call; where the halves meet comes from the
-// scratch size. The production choice alternates per call and puts the meeting point at the middle
-// of the scratch, whatever the call's count: half 0 grows down from it, half 1 up from it
-// (push_slot_offset). tests/sim/protocol_exploration_test.cc has broken choices (one half; the
-// block's barrier-count parity; the meeting point after the call's own slots) that the seeded
-// scheduler catches.
+// the launch) and the block's barrier count before the call; where half 1 begins comes from the
+// scratch size. The production choice alternates per call and puts half 1 at the middle of the
+// scratch, whatever the call's count. tests/sim/protocol_exploration_test.cc has broken choices
+// (one half; the block's barrier-count parity; half 1 placed after the call's own slots) that the
+// seeded scheduler catches.
 struct AlternatingHalves {
   EXC_HD static EXC_INLINE int half(uint32_t push_calls, uint32_t /*barriers*/) {
     return static_cast<int>(push_calls & 1u);
   }
-  // Returns where the halves meet (elements from the start of the scratch), which is also the most
-  // each half can hold. Why not the call's own n x slot-stride: consecutive calls with different
-  // counts would then place their halves differently, and a larger call k+1 writing half 0 could
-  // reach into the half 1 that a slow peer is still folding from call k. With the meeting point M
-  // fixed, half 0 of any call lies in [M - n x stride, M) and half 1 in [M, M + n x stride):
-  // disjoint whatever the two counts, and for small messages still close together.
+  // Returns the elements from the start of half 0 to the start of half 1. Why not the call's own
+  // n x slot-stride: consecutive calls with different counts would then place their halves at
+  // different offsets, and a larger call k+1 writing half 0 could reach into the half 1 that a
+  // slow peer is still folding from call k. With half 1 at scratch_elements / 2 for every call,
+  // half 0 of any call lies in [0, half) and half 1 in [half, 2 half).
   EXC_HD static EXC_INLINE size_t half_elements(size_t /*count*/, int pack, int /*n*/, size_t scratch_elements) {
     const size_t p = static_cast<size_t>(pack);
     return scratch_elements / 2 / p * p;
@@ -526,15 +524,10 @@ EXC_HD inline size_t push_scratch_elements(size_t count, int pack, int n) {
   return 2 * static_cast<size_t>(n) * push_slot_stride(count, pack);
 }
 
-// Returns where, in a rank's scratch, half `half`'s slot for sender `from` begins (elements):
-// half 1's slots run up from the meeting point half_elements (Halves::half_elements), slot `from`
-// at half_elements + from x stride; half 0's run down from it, slot `from` at half_elements -
-// (from + 1) x stride. Preconditions: n x push_slot_stride(count, pack) <= half_elements, and the
-// scratch holds 2 x half_elements elements.
+// Returns where, in a rank's scratch, half `half`'s slot for sender `from` begins (elements);
+// half_elements is Halves::half_elements(...), at least n x push_slot_stride(count, pack).
 EXC_HD inline size_t push_slot_offset(size_t count, int pack, int half, int from, size_t half_elements) {
-  const size_t stride = push_slot_stride(count, pack);
-  const size_t f = static_cast<size_t>(from);
-  return half == 1 ? half_elements + f * stride : half_elements - (f + 1) * stride;
+  return static_cast<size_t>(half) * half_elements + static_cast<size_t>(from) * push_slot_stride(count, pack);
 }
 
 // All-reduce, push one shot: every rank stores its input into every peer's scratch before a single
@@ -547,8 +540,8 @@ EXC_HD inline size_t push_slot_offset(size_t count, int pack, int half, int from
 // (half h, from 0), rank 1 into rank 0's slot (h, 1); after the barrier rank 0 folds
 // input_0 + scratch_0[h, 1], rank 1 folds scratch_1[h, 0] + input_1.
 // Steps:
-//   1. h = push_calls & 1 (this rank's push call number; every block reads the same value); the
-//      halves meet at half_elements (AlternatingHalves: the middle of the scratch);
+//   1. h = push_calls & 1 (this rank's push call number; every block reads the same value); half h
+//      begins at h x half_elements (AlternatingHalves: the middle of the scratch);
 //   2. push: this block's share of [0, count) of this rank's input, read locally with 16-byte
 //      loads, stored with 16-byte stores into slot (h, rank) of every peer's scratch;
 //   3. barrier: the release after the stores, the acquire before the reads; every peer's share of
@@ -687,7 +680,7 @@ EXC_HD void push_share(Ctx& ctx, const BlockShare& share, const T* src, Offset o
 // All-reduce, push two shot: slices pushed to their owners, each owner folds its slice and pushes
 // the result to every peer; two barriers, no end barrier. Same bits as one_shot (each element is
 // folded once, by its slice's owner, in rank order 0..n-1). Scratch: the layout of push_one_shot
-// (two halves of n slots meeting at Halves::half_elements, element i at position i of a slot);
+// (two halves of n slots, half 1 at Halves::half_elements, element i at position i of a slot);
 // the preconditions of push_one_shot apply.
 // Steps:
 //   1. h = push_calls & 1 (the call counter push_one_shot uses; every push call advances it);

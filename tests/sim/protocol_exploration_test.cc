@@ -47,9 +47,9 @@ struct BarrierParityHalf : AlternatingHalves {
   static int half(uint32_t, uint32_t barriers) { return static_cast<int>((barriers + 1) & 1u); }
 };
 
-// The halves meeting right after the call's own n slots (the layout before 2026-11-21, half 0's
-// slots in another order): fine while every call has the same count, but a larger call k+1
-// writing half 0 reaches into the half 1 that a slow peer is still folding from a smaller call k.
+// Half 1 right after the call's own n slots (where it was before 2026-11-21): fine while every
+// call has the same count, but a larger call k+1 writing half 0 reaches into the half 1 that a
+// slow peer is still folding from a smaller call k.
 struct CountSizedHalves : AlternatingHalves {
   static size_t half_elements(size_t count, int pack, int n, size_t) {
     return static_cast<size_t>(n) * push_slot_stride(count, pack);
