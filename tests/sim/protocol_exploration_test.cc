@@ -217,8 +217,7 @@ const Workload kPushTwoShotWorkloads[] = {Workload{2, 16, 1, true, true}, Worklo
 
 // Push workloads whose count changes between calls: the odd-numbered calls (receive half 1) are
 // smaller than the even ones, so with CountSizedHalves an even call's half 0 covers the previous
-// call's half 1 (on 2 ranks only where the larger count exceeds 3 x the smaller: a rank reads
-// only its peer's slot). One of them also changes the grid.
+// call's half 1. One of them also changes the grid.
 const Workload kPushMixedCountWorkloads[] = {
     Workload{2, 64, 1, false, true, 0, 16}, Workload{3, 64, 2, false, true, 0, 24},
     Workload{4, 40, 1, false, true, 2, 8},  Workload{2, 64, 1, true, true, 0, 16},
