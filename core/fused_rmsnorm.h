@@ -26,7 +26,9 @@
 // ---- Extra buffers ----------------------------------------------------------------------------------
 // The residual, the weight and the two outputs come in FusedRmsNormArgs (no new context virtuals).
 // All four pointers must be 16-byte aligned (packs are loaded and stored whole). two_stage also
-// needs ctx.scratch(r) to hold fused_two_stage_scratch_elements(rows, H) elements on every rank.
+// needs ctx.scratch(r) to hold fused_two_stage_scratch_elements(rows, H) elements on every rank;
+// push_one_stage needs ctx.scratch_elements() >= push_scratch_elements(rows * H, pack, n)
+// (core/collectives.h: the push algorithms' two receive halves of n slots).
 #pragma once
 
 #include <cstddef>
@@ -51,10 +53,20 @@ struct FusedRmsNormArgs {
   float eps = 0.0f;
 };
 
-enum class FusedAlgo : uint8_t { kOneStage, kTwoStage, kUnfused };
+enum class FusedAlgo : uint8_t { kOneStage, kTwoStage, kUnfused, kPushOneStage };
+
+// Every FusedAlgo, in the order the command line lists them.
+inline constexpr FusedAlgo kFusedAlgos[] = {FusedAlgo::kOneStage, FusedAlgo::kTwoStage, FusedAlgo::kPushOneStage,
+                                            FusedAlgo::kUnfused};
 
 inline const char* fused_algo_name(FusedAlgo a) {
-  return a == FusedAlgo::kOneStage ? "one_stage" : a == FusedAlgo::kTwoStage ? "two_stage" : "unfused";
+  switch (a) {
+    case FusedAlgo::kOneStage: return "one_stage";
+    case FusedAlgo::kTwoStage: return "two_stage";
+    case FusedAlgo::kPushOneStage: return "push_one_stage";
+    case FusedAlgo::kUnfused: return "unfused";
+  }
+  return "?";
 }
 
 // Returns nullptr when args satisfy the preconditions common to every algorithm, else what is
@@ -118,24 +130,43 @@ EXC_HD void trace_rows(Ctx& ctx, size_t begin, size_t end, bool reads_inputs, in
 }
 
 // ---- Row steps, shared by the algorithms ---------------------------------------------------------------
+// Where a row's fold reads rank r's x: a callable x_of(r) returning a const T* to element 0 of rank
+// r's [rows, H] x (element i at x_of(r) + i). one_stage and two_stage read every rank's x in place
+// (inputs_in_place); push_one_stage reads its own x and the copies the peers pushed into its scratch.
+
+// Returns x_of for every rank's x read in place from its symmetric input buffer: ctx.input(r).
+template <class Ctx>
+EXC_HD EXC_INLINE auto inputs_in_place(Ctx& ctx) {
+  return [&ctx](int r) { return ctx.input(r); };
+}
+
+// Returns the fold of the pack at element i (aligned) over ranks 0..n-1, rank r's pack loaded from
+// x_of(r) + i (with kRanks > 0 every load is issued before the first add).
+template <class T, int kRanks, class Ctx, class XOf>
+EXC_HD EXC_INLINE Pack<T> fold_pack_of(Ctx& ctx, size_t i, XOf x_of) {
+  return fold_pack_from<T, kRanks>(ctx, i,
+                                   [&](int r) { return ctx.load(reinterpret_cast<const Pack<T>*>(x_of(r) + i)); });
+}
 
 // Computes residual_out and out for one row, every thread of the block taking part. Steps:
-//   1. threads stride over the row's packs: s = fold over ranks (fold_pack), residual_out =
-//      residual_add(s, residual), stored to residual_out (and copy_residual_out when not null);
+//   1. threads stride over the row's packs: s = fold over ranks of x_of(r) (fold_pack_of, rank
+//      order), residual_out = residual_add(s, residual), stored to residual_out (and
+//      copy_residual_out when not null);
 //   2. sync_block, so that every thread sees the whole row;
 //   3. ss = ctx.row_sum_squares(tree, row of residual_out); inv = rmsnorm_inverse(ss, H, eps);
 //   4. threads stride over the packs: out = rmsnorm_scale(residual_out, inv, weight), stored to
 //      out (and copy_out when not null);
 //   5. sync_block: the next row may reuse what the reduction in step 3 used.
-// residual_out/out/copy_* point at element 0 of the row in their buffers.
-template <class T, int kRanks, class Ctx>
-EXC_HD void fused_row(Ctx& ctx, const contract::RmsNormTree& tree, size_t row_begin, const T* residual,
+// row_begin is the row's first element in x; residual_out/out/copy_* point at element 0 of the
+// row in their buffers.
+template <class T, int kRanks, class Ctx, class XOf>
+EXC_HD void fused_row(Ctx& ctx, const contract::RmsNormTree& tree, XOf x_of, size_t row_begin, const T* residual,
                       const T* weight, float eps, T* residual_out, T* out, T* copy_residual_out, T* copy_out) {
   constexpr int P = Storage<T>::kPack;
   const int np = tree.num_packs;
   for (int p = ctx.thread(); p < np; p += ctx.num_threads()) {
     const size_t j = static_cast<size_t>(p) * P;
-    const Pack<T> s = fold_pack<T, kRanks>(ctx, row_begin + j);
+    const Pack<T> s = fold_pack_of<T, kRanks>(ctx, row_begin + j, x_of);
     const Pack<T> res = ctx.load(reinterpret_cast<const Pack<T>*>(residual + j));
     Pack<T> ro;
     for (int e = 0; e < P; ++e) ro.v[e] = contract::residual_add<T>(s.v[e], res.v[e]);
@@ -159,7 +190,7 @@ EXC_HD void fused_row(Ctx& ctx, const contract::RmsNormTree& tree, size_t row_be
 }
 
 // ---- The fused algorithms (one kernel launch's work for one block of one rank) ---------------------------
-// Preconditions common to both: fused_rmsnorm_args_error(args) == nullptr; every rank calls with
+// Preconditions common to all: fused_rmsnorm_args_error(args) == nullptr; every rank calls with
 // the same rows, H, eps and grid (num_blocks <= kMaxBlocks); world_size <= kMaxRanks; every rank's
 // x is in place in ctx.input(rank) before the launch.
 
@@ -183,8 +214,8 @@ EXC_HD void fused_rmsnorm_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
   }
   for (int row = mine.begin; row < mine.end; ++row) {
     const size_t base = static_cast<size_t>(row) * H;
-    fused_row<T, kRanks>(ctx, tree, base, args.residual + base, args.weight, args.eps, args.residual_out + base,
-                         args.out + base, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
+    fused_row<T, kRanks>(ctx, tree, inputs_in_place(ctx), base, args.residual + base, args.weight, args.eps,
+                         args.residual_out + base, args.out + base, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
   }
   if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
   store_barrier_count(ctx, barriers);
@@ -223,8 +254,8 @@ EXC_HD void fused_rmsnorm_two_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
     }
     for (int row = mine.begin; row < mine.end; ++row) {
       const size_t base = static_cast<size_t>(row) * H;
-      fused_row<T, kRanks>(ctx, tree, base, args.residual + base, args.weight, args.eps, args.residual_out + base,
-                           args.out + base, scratch + base, scratch + total + base);
+      fused_row<T, kRanks>(ctx, tree, inputs_in_place(ctx), base, args.residual + base, args.weight, args.eps,
+                           args.residual_out + base, args.out + base, scratch + base, scratch + total + base);
     }
   }
   block_barrier<Protocol>(ctx, &barriers);
@@ -247,6 +278,112 @@ EXC_HD void fused_rmsnorm_two_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
   }
   if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
   store_barrier_count(ctx, barriers);
+}
+
+// push_one_stage: every rank pushes its x into every peer's scratch before a single barrier, then
+// reduces its rows from local memory; no end barrier. The all-reduce part is
+// allreduce_push_one_shot's (core/collectives.h), on rows instead of a flat share, and it SHARES
+// that algorithm's call counter (SignalBuffer::push_calls) and receive halves (Halves) with every
+// push algorithm on the same signal and scratch buffers. Additional preconditions (those of
+// allreduce_push_one_shot): ctx.scratch_elements() >= push_scratch_elements(rows * H, pack, n), the
+// same on every rank; the scratch is not used by another algorithm without an end barrier in
+// between (one_stage, two_stage and the all-reduces without push have theirs).
+// Example: 2 ranks, 1 row, 1 block: rank 0 stores its row of x into slot (h, 0) of rank 1's
+// scratch and rank 1 its row into slot (h, 1) of rank 0's; after the barrier rank 0 folds
+// x_0 + scratch_0[h, 1], rank 1 scratch_1[h, 0] + x_1, and both finish the row as one_stage does.
+// Steps:
+//   1. h = Halves::half(push_calls[block], barriers) (the call number's parity; every block of the
+//      launch reads the same number); half h begins at h x Halves::half_elements(rows * H, ...)
+//      (AlternatingHalves: the middle of the scratch, whatever the call's size);
+//   2. push: this block's rows (fused_block_rows of all rows: exactly the rows that block b of
+//      every rank folds) of this rank's x, read locally, stored with 16-byte stores (several packs
+//      in flight, push_share) into slot (h, rank) of every peer's scratch, at their positions in x;
+//      then before_barrier(): work of this block that needs no peer's data (the register path
+//      loads the weight there; core passes nothing);
+//   3. one barrier: the release after the stores, the acquire before the reads; block b's
+//      pairwise barrier vouches for exactly the rows that the peers' block b pushed in step 2;
+//   4. advance the push call number as allreduce_push_one_shot's step 4 does (slots b, b + G, ...);
+//   5. for each of this block's rows: row_fn(row, x_of) with x_of(r) = this rank's own x for r ==
+//      rank, its own scratch slot (h, r) otherwise (local reads only). fused_rmsnorm_push_one_stage
+//      passes core's fused_row (fold in rank order, residual_add, canonical RMSNorm); the CUDA
+//      backend's register path (cuda_backend/fused/fused_algorithms.h) its row held in registers.
+// Why no end barrier: allreduce_push_one_shot's argument (a) and (b) hold unchanged. (a) Peer p
+// writes half h of this rank's scratch in this call k, the other half in its next push call
+// (push_one_shot, push_two_shot or push_one_stage alike: they advance the same counter), and half
+// h again at the earliest in push call k+2, after passing a barrier of call k+1 whose signal from
+// this rank is sent only after this rank's call k kernel finished every row (stream order); any
+// other collective in between has a barrier of its own that serves as call k+1. The calls' sizes
+// may differ (rows * H here, any count in an all-reduce, any rows in the next fused call): half 1
+// starts at the same place for every size, so a call writing half h^1 never reaches into half h.
+// (b) Peers never read this rank's x, residual, weight or outputs: a fast rank's next launch may
+// overwrite them while a peer is still in this call. Hence also: x needs no staging (the CUDA
+// backend reads it from the caller's pointer).
+template <class T, int kRanks, class Protocol, class Halves, class Ctx, class BeforeBarrier, class RowFn>
+EXC_HD void push_one_stage_rows(Ctx& ctx, const FusedRmsNormArgs<T>& args, BeforeBarrier before_barrier, RowFn row_fn) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  const int b = ctx.block();
+  const int num_blocks = ctx.num_blocks();
+  const size_t H = static_cast<size_t>(args.hidden);
+  const size_t count = static_cast<size_t>(args.rows) * H;
+  uint32_t barriers = load_barrier_count(ctx);
+  // 1. The receive half of this call.
+  const uint32_t calls = ctx.signals(me)->push_calls[b];
+  const int half = Halves::half(calls, barriers);
+  const size_t half_elements = Halves::half_elements(count, P, n, ctx.scratch_elements());
+  const size_t my_slot = push_slot_offset(count, P, half, me, half_elements);
+  const RowRange mine = fused_block_rows(RowRange{0, args.rows}, b, num_blocks);
+  const BlockShare share = block_share(mine.begin * H, mine.end * H, P, 0, 1);
+  const T* x = ctx.input(me);
+  // 2. Push this block's rows into every peer's slot (half, me); peers in order me+1, me+2, ...
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("push_rows");
+    trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
+    for (int k = 1; k < n; ++k) trace_share(ctx, share, Access::kWrite, (me + k) % n, Buffer::kScratch, my_slot);
+    ctx.trace_step_end();
+  }
+  push_share<T, kRanks>(ctx, share, x, [my_slot](int) { return my_slot; });
+  before_barrier();
+  // 3. One barrier: every peer's rows of this block are in this rank's slots.
+  block_barrier<Protocol>(ctx, &barriers);
+  // 4. Advance the push call number in the slots this block owns in this launch.
+  for (int s = b + num_blocks * ctx.thread(); s < kMaxBlocks; s += num_blocks * ctx.num_threads()) {
+    ctx.signals(me)->push_calls[s] = calls + 1;
+  }
+  // 5. The rows, folded from local memory.
+  const T* recv = ctx.scratch(me);
+  auto x_of = [&](int r) -> const T* {
+    return r == me ? x : recv + push_slot_offset(count, P, half, r, half_elements);
+  };
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("fused_rows");
+    for (int r = 0; r < n; ++r) {
+      if (r == me) {
+        trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
+      } else {
+        trace_share(ctx, share, Access::kRead, me, Buffer::kScratch, push_slot_offset(count, P, half, r, half_elements));
+      }
+    }
+    trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
+    ctx.trace_step_end();
+  }
+  for (int row = mine.begin; row < mine.end; ++row) row_fn(row, x_of);
+  store_barrier_count(ctx, barriers);
+}
+
+// push_one_stage with core's row step (the simulator's and the CUDA backend's fallback when its
+// register path does not fit the grid). Same bits as one_stage.
+template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Halves = AlternatingHalves, class Ctx>
+EXC_HD void fused_rmsnorm_push_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(args.hidden, &tree);
+  const size_t H = static_cast<size_t>(args.hidden);
+  push_one_stage_rows<T, kRanks, Protocol, Halves>(ctx, args, [] {}, [&](int row, auto x_of) {
+    const size_t base = static_cast<size_t>(row) * H;
+    fused_row<T, kRanks>(ctx, tree, x_of, base, args.residual + base, args.weight, args.eps, args.residual_out + base,
+                         args.out + base, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
+  });
 }
 
 // ---- The unfused steps (local kernels; the caller runs an all-reduce first) -------------------------------

@@ -16,6 +16,10 @@
 //                              residual_out), the weight is loaded once per block before the first
 //                              barrier. Needs the Ctx extension below (sum_lane_partials) and a
 //                              block of exactly the tree's lanes; other grids take core's path.
+//   fused_rmsnorm_push_one_stage_reg  core's push_one_stage (x pushed into the peers' scratch,
+//                              one barrier, no end barrier) with the rows held in registers as in
+//                              one_stage_reg, the weight loaded between the pushes and the
+//                              barrier; other grids take core's fused_rmsnorm_push_one_stage.
 //   residual_rmsnorm_rows      the split path's separate residual + RMSNorm kernel (after any
 //                              all-reduce into s): one launch, no peers, no barrier.
 //   stage_fused_input          copies this rank's x into its staging buffer: exactly the rows that
@@ -25,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/collectives.h"
 #include "core/contract.h"
@@ -180,11 +185,12 @@ EXC_HD void normalize_held_row(Ctx& ctx, const contract::RmsNormTree& tree, cons
   }
 }
 
-// core's fused_row with the row in registers: s = fold over ranks and residual_out =
-// residual_add(s, residual) for this thread's packs (all loads issued before the first store),
-// stored to residual_out (and copy_residual_out when not null), then normalize_held_row.
-template <class T, int kRanks, int kHeld, class Ctx>
-EXC_HD void fused_row_held(Ctx& ctx, const contract::RmsNormTree& tree, size_t row_begin, const T* residual,
+// core's fused_row with the row in registers: s = fold over ranks of x_of(r) (core's x_of; row_begin
+// is the row's first element in x) and residual_out = residual_add(s, residual) for this thread's
+// packs (all loads issued before the first store), stored to residual_out (and copy_residual_out
+// when not null), then normalize_held_row.
+template <class T, int kRanks, int kHeld, class Ctx, class XOf>
+EXC_HD void fused_row_held(Ctx& ctx, const contract::RmsNormTree& tree, XOf x_of, size_t row_begin, const T* residual,
                            const Pack<T> (&w)[kHeld], float eps, T* residual_out, T* out, T* copy_residual_out) {
   constexpr int P = Storage<T>::kPack;
   const int t = ctx.thread(), nt = ctx.num_threads();
@@ -195,7 +201,7 @@ EXC_HD void fused_row_held(Ctx& ctx, const contract::RmsNormTree& tree, size_t r
     if (p < tree.num_packs) {
       const size_t j = static_cast<size_t>(p) * P;
       const Pack<T> res = ctx.load(reinterpret_cast<const Pack<T>*>(residual + j));
-      const Pack<T> sum = fold_pack<T, kRanks>(ctx, row_begin + j);
+      const Pack<T> sum = fold_pack_of<T, kRanks>(ctx, row_begin + j, x_of);
       for (int e = 0; e < P; ++e) ro[k].v[e] = contract::residual_add<T>(sum.v[e], res.v[e]);
     }
   }
@@ -211,6 +217,27 @@ EXC_HD void fused_row_held(Ctx& ctx, const contract::RmsNormTree& tree, size_t r
   normalize_held_row<T, kHeld>(ctx, tree, ro, w, eps, out);
 }
 
+// When the register path serves this block (the Ctx has sum_lane_partials, and
+// register_path_fits<2>: threads == lanes, at most 2 packs a thread), calls
+// held_fn(std::integral_constant<int, kHeld>{}) with the packs a thread holds (register_packs: 1
+// or 2) and returns true; otherwise returns false and the caller takes core's path.
+template <class Ctx, class HeldFn>
+EXC_HD bool run_register_path(Ctx& ctx, const contract::RmsNormTree& tree, HeldFn held_fn) {
+  if constexpr (requires(Ctx& c, const contract::RmsNormTree& tr) { c.sum_lane_partials(tr, 0.0f); }) {
+    if (register_path_fits<2>(ctx, tree)) {
+      if (register_packs(tree) == 1) {
+        held_fn(std::integral_constant<int, 1>{});
+      } else {
+        held_fn(std::integral_constant<int, 2>{});
+      }
+      return true;
+    }
+  } else {
+    (void)ctx, (void)tree, (void)held_fn;
+  }
+  return false;
+}
+
 // one_stage_reg with kHeld packs a thread. Steps: 1. this thread's weight packs; 2. barrier;
 // 3. for each of this block's rows (contiguous chunks of all rows): fused_row_held; 4. barrier (end).
 template <class T, int kRanks, int kHeld, class Protocol, class Ctx>
@@ -223,8 +250,8 @@ EXC_HD void one_stage_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, const cont
   const RowRange mine = fused_block_rows(RowRange{0, args.rows}, ctx.block(), ctx.num_blocks());
   for (int row = mine.begin; row < mine.end; ++row) {
     const size_t base = static_cast<size_t>(row) * H;
-    fused_row_held<T, kRanks, kHeld>(ctx, tree, base, args.residual + base, w, args.eps, args.residual_out + base,
-                                     args.out + base, static_cast<T*>(nullptr));
+    fused_row_held<T, kRanks, kHeld>(ctx, tree, inputs_in_place(ctx), base, args.residual + base, w, args.eps,
+                                     args.residual_out + base, args.out + base, static_cast<T*>(nullptr));
   }
   if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
   store_barrier_count(ctx, barriers);
@@ -236,17 +263,41 @@ template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Ctx>
 EXC_HD void fused_rmsnorm_one_stage_reg(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(args.hidden, &tree);
-  if constexpr (requires(Ctx& c, const contract::RmsNormTree& tr) { c.sum_lane_partials(tr, 0.0f); }) {
-    if (register_path_fits<2>(ctx, tree)) {
-      if (register_packs(tree) == 1) {
-        one_stage_held<T, kRanks, 1, Protocol>(ctx, args, tree);
-      } else {
-        one_stage_held<T, kRanks, 2, Protocol>(ctx, args, tree);
-      }
-      return;
-    }
-  }
-  fused_rmsnorm_one_stage<T, kRanks, Protocol>(ctx, args);
+  const bool held = run_register_path(ctx, tree, [&](auto packs) {
+    one_stage_held<T, kRanks, decltype(packs)::value, Protocol>(ctx, args, tree);
+  });
+  if (!held) fused_rmsnorm_one_stage<T, kRanks, Protocol>(ctx, args);
+}
+
+// push_one_stage on the register path with kHeld packs a thread: core's push_one_stage_rows (push,
+// one barrier, the call counter, no end barrier) with fused_row_held as the row step. This
+// thread's weight packs are loaded between its pushes and the barrier: their latency hides in the
+// barrier's, and the pushes' packs are no longer live (loading the weight first, or the first
+// row's residual there too, spills registers under the 64-register cap of 1024-thread blocks).
+template <class T, int kRanks, int kHeld, class Protocol, class Halves, class Ctx>
+EXC_HD void push_one_stage_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, const contract::RmsNormTree& tree) {
+  const size_t H = static_cast<size_t>(args.hidden);
+  Pack<T> w[kHeld];
+  push_one_stage_rows<T, kRanks, Protocol, Halves>(
+      ctx, args, [&] { load_weight_packs<T, kHeld>(ctx, tree, args.weight, w); },
+      [&](int row, auto x_of) {
+        const size_t base = static_cast<size_t>(row) * H;
+        fused_row_held<T, kRanks, kHeld>(ctx, tree, x_of, base, args.residual + base, w, args.eps,
+                                         args.residual_out + base, args.out + base, static_cast<T*>(nullptr));
+      });
+}
+
+// push_one_stage with the rows in registers (same preconditions and bits as core's
+// fused_rmsnorm_push_one_stage, which it runs when the register path does not fit the grid; the
+// two share the call counter and the receive halves, so either may follow the other).
+template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Halves = AlternatingHalves, class Ctx>
+EXC_HD void fused_rmsnorm_push_one_stage_reg(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(args.hidden, &tree);
+  const bool held = run_register_path(ctx, tree, [&](auto packs) {
+    push_one_stage_held<T, kRanks, decltype(packs)::value, Protocol, Halves>(ctx, args, tree);
+  });
+  if (!held) fused_rmsnorm_push_one_stage<T, kRanks, Protocol, Halves>(ctx, args);
 }
 
 // The gather of gather_norm on the register path: the rows that the peers' block b wrote (peers
@@ -314,8 +365,8 @@ EXC_HD void gather_norm_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, const co
     T* scratch = ctx.scratch(ctx.rank());
     for (int row = mine.begin; row < mine.end; ++row) {
       const size_t base = static_cast<size_t>(row) * H;
-      fused_row_held<T, kRanks, kHeld>(ctx, tree, base, args.residual + base, w, args.eps, args.residual_out + base,
-                                       args.out + base, scratch + base);
+      fused_row_held<T, kRanks, kHeld>(ctx, tree, inputs_in_place(ctx), base, args.residual + base, w, args.eps,
+                                       args.residual_out + base, args.out + base, scratch + base);
     }
   }
   // Every thread's scratch stores happen-before the barrier's release (its first sync_block).
@@ -345,16 +396,10 @@ template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Ctx>
 EXC_HD void fused_rmsnorm_gather_norm(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(args.hidden, &tree);
-  if constexpr (requires(Ctx& c, const contract::RmsNormTree& tr) { c.sum_lane_partials(tr, 0.0f); }) {
-    if (register_path_fits<2>(ctx, tree)) {
-      if (register_packs(tree) == 1) {
-        gather_norm_held<T, kRanks, 1, Protocol>(ctx, args, tree);
-      } else {
-        gather_norm_held<T, kRanks, 2, Protocol>(ctx, args, tree);
-      }
-      return;
-    }
-  }
+  const bool held = run_register_path(ctx, tree, [&](auto packs) {
+    gather_norm_held<T, kRanks, decltype(packs)::value, Protocol>(ctx, args, tree);
+  });
+  if (held) return;
   const size_t H = static_cast<size_t>(args.hidden);
   const int n = ctx.world_size();
   const int me = ctx.rank();
@@ -365,8 +410,8 @@ EXC_HD void fused_rmsnorm_gather_norm(Ctx& ctx, const FusedRmsNormArgs<T>& args)
     T* scratch = ctx.scratch(me);
     for (int row = mine.begin; row < mine.end; ++row) {
       const size_t base = static_cast<size_t>(row) * H;
-      fused_row<T, kRanks>(ctx, tree, base, args.residual + base, args.weight, args.eps, args.residual_out + base,
-                           args.out + base, scratch + base, static_cast<T*>(nullptr));
+      fused_row<T, kRanks>(ctx, tree, inputs_in_place(ctx), base, args.residual + base, args.weight, args.eps,
+                           args.residual_out + base, args.out + base, scratch + base, static_cast<T*>(nullptr));
     }
   }
   block_barrier<Protocol>(ctx, &barriers);
@@ -409,17 +454,19 @@ EXC_HD void residual_rmsnorm_rows(Ctx& ctx, const T* s, const T* residual, const
 
 // Which fused kernel a launch runs (the staging below depends on which rows each block reads).
 enum class FusedKernelKind : int {
-  kOneStage = 0,        // core fused_rmsnorm_one_stage
-  kTwoStage = 1,        // core fused_rmsnorm_two_stage
-  kGatherNorm = 2,      // fused_rmsnorm_gather_norm
+  kOneStage = 0,         // core fused_rmsnorm_one_stage
+  kTwoStage = 1,         // core fused_rmsnorm_two_stage
+  kGatherNorm = 2,       // fused_rmsnorm_gather_norm
   kResidualRmsNorm = 3,  // residual_rmsnorm_rows (local; the split path)
-  kOneStageReg = 4       // fused_rmsnorm_one_stage_reg
+  kOneStageReg = 4,      // fused_rmsnorm_one_stage_reg
+  kPushOneStage = 5      // fused_rmsnorm_push_one_stage_reg (reads only its own x: never staged)
 };
 
 // Copies from src (this rank's x, [rows, H]) into dst (its staging buffer) the rows that block
 // ctx.block() of any rank reads from this rank in `kind`: one_stage (and one_stage_reg) reads the
-// block's chunk of all rows; two_stage and gather_norm read, for each rank p, the block's chunk of p's slice. Bits are
-// copied unchanged.
+// block's chunk of all rows; two_stage and gather_norm read, for each rank p, the block's chunk of
+// p's slice. Bits are copied unchanged. Not for kPushOneStage (peers never read its x; the kernel
+// reads x where the caller keeps it).
 template <class T, class Ctx>
 EXC_HD void stage_fused_input(Ctx& ctx, FusedKernelKind kind, const T* src, T* dst, int rows, int hidden) {
   constexpr int P = Storage<T>::kPack;

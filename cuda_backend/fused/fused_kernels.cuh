@@ -1,5 +1,6 @@
 // The fused kernels: core/fused_rmsnorm.h's one_stage and two_stage, and fused_algorithms.h's
-// one_stage_reg, gather_norm and residual_rmsnorm_rows, instantiated with the device context
+// one_stage_reg, push_one_stage_reg, gather_norm and residual_rmsnorm_rows, instantiated with the
+// device context
 // (DeviceCtx, whose row_sum_squares computes the canonical tree with warp shuffles, plus
 // sum_lane_partials for the register path). One kernel per (storage type,
 // compile-time world size, kind); included by one .cu per storage type.
@@ -72,6 +73,10 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
     fused_gpu::residual_rmsnorm_rows<T>(ctx, static_cast<const T*>(args.s), static_cast<const T*>(args.residual),
                                         static_cast<const T*>(args.weight), static_cast<T*>(args.residual_out),
                                         static_cast<T*>(args.out), args.rows, args.hidden, args.eps);
+  } else if constexpr (kKind == FusedKernelKind::kPushOneStage) {
+    // No staging: base.inputs[rank] is this rank's x where the caller keeps it (only this kernel
+    // reads it; the peers read the copies it pushes).
+    fused_gpu::fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, fused_args<T>(args));
   } else {
     if (args.stage_from != nullptr) {
       fused_gpu::stage_fused_input<T>(ctx, kKind, static_cast<const T*>(args.stage_from),
@@ -107,6 +112,9 @@ cudaError_t launch_fused_for_ranks(FusedKernelKind kind, const FusedKernelArgs& 
       break;
     case FusedKernelKind::kOneStageReg:
       fused_kernel<T, kRanks, FusedKernelKind::kOneStageReg><<<grid, block, 0, stream>>>(args);
+      break;
+    case FusedKernelKind::kPushOneStage:
+      fused_kernel<T, kRanks, FusedKernelKind::kPushOneStage><<<grid, block, 0, stream>>>(args);
       break;
     case FusedKernelKind::kResidualRmsNorm:
       return cudaErrorInvalidValue;  // not per world size: launch_fused_typed launches it

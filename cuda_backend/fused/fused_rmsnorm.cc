@@ -19,6 +19,7 @@ FusedKernelKind kernel_kind(FusedAlgorithm a) {
   switch (a) {
     case FusedAlgorithm::kOneStage: return FusedKernelKind::kOneStage;
     case FusedAlgorithm::kOneStageReg: return FusedKernelKind::kOneStageReg;
+    case FusedAlgorithm::kPushOneStage: return FusedKernelKind::kPushOneStage;
     case FusedAlgorithm::kTwoStage: return FusedKernelKind::kTwoStage;
     case FusedAlgorithm::kGatherNorm: return FusedKernelKind::kGatherNorm;
     default: throw std::logic_error(kind_of_error);
@@ -52,7 +53,18 @@ FusedRmsNorm::FusedRmsNorm(Communicator& comm, std::optional<FusedTable> table)
     : comm_(comm), table_(table ? std::move(*table) : FusedTable::from_environment()) {}
 
 FusedChoice FusedRmsNorm::choose(const FusedRmsNormShape& shape, FusedAlgorithm algo) const {
-  return table_.choose(comm_.arch(), comm_.world_size(), shape.rows, shape.hidden, shape.dtype, algo);
+  FusedChoice c = table_.choose(comm_.arch(), comm_.world_size(), shape.rows, shape.hidden, shape.dtype, algo);
+  // auto never runs push_one_stage where its receive halves for all rows do not fit the scratch
+  // (it would take several launches): one_stage_reg instead (same bits). A named push_one_stage
+  // runs in row chunks that fit (run).
+  if (algo == FusedAlgorithm::kAuto && c.algo == FusedAlgorithm::kPushOneStage &&
+      max_rows_per_launch(FusedAlgorithm::kPushOneStage, shape, false) < shape.rows) {
+    const bool from_table = c.from_table;
+    c = table_.choose(comm_.arch(), comm_.world_size(), shape.rows, shape.hidden, shape.dtype,
+                      FusedAlgorithm::kOneStageReg);
+    c.from_table = from_table;
+  }
+  return c;
 }
 
 int FusedRmsNorm::max_rows_per_launch(FusedAlgorithm algo, const FusedRmsNormShape& shape, bool staged) const {
@@ -62,6 +74,10 @@ int FusedRmsNorm::max_rows_per_launch(FusedAlgorithm algo, const FusedRmsNormSha
   if (staged) rows = std::min(rows, capacity / row_bytes);
   if (algo == FusedAlgorithm::kTwoStage) rows = std::min(rows, capacity / (2 * row_bytes));
   if (algo == FusedAlgorithm::kGatherNorm) rows = std::min(rows, capacity / row_bytes);
+  if (algo == FusedAlgorithm::kPushOneStage) {
+    // push_scratch_elements(rows * H, pack, n): H is a multiple of the pack, so 2 x n x rows x H.
+    rows = std::min(rows, capacity / (2 * static_cast<uint64_t>(comm_.world_size()) * row_bytes));
+  }
   return static_cast<int>(rows);
 }
 
@@ -121,8 +137,10 @@ FusedCallInfo FusedRmsNorm::run(const FusedRmsNormBuffers& b, const FusedRmsNorm
     return info;
   }
 
-  // 3. Where x comes from: registered (peers' copies at the same offset) or staged.
+  // 3. Where x comes from: registered (peers' copies at the same offset) or staged; push_one_stage
+  //    reads it where it is (only this rank's kernel reads it: peers read what it pushes).
   check_grid(info.grid, true);
+  const bool x_in_place = choice.algo == FusedAlgorithm::kPushOneStage;
   KernelArgs base = comm_.ipc_kernel_args();
   size_t x_offset = 0;
   if (registered_x != nullptr) {
@@ -132,7 +150,7 @@ FusedCallInfo FusedRmsNorm::run(const FusedRmsNormBuffers& b, const FusedRmsNorm
     }
     x_offset = x - local;
   }
-  info.staged = registered_x == nullptr;
+  info.staged = registered_x == nullptr && !x_in_place;
   const int chunk = max_rows_per_launch(choice.algo, shape, info.staged);
   if (chunk < 1) {
     throw std::invalid_argument("fused_rmsnorm: one row of " + std::to_string(H * elem) + " bytes does not fit the " +
@@ -145,7 +163,10 @@ FusedCallInfo FusedRmsNorm::run(const FusedRmsNormBuffers& b, const FusedRmsNorm
     const size_t shift = static_cast<size_t>(first) * H * elem;
     FusedKernelArgs a{};
     a.base = base;
-    if (registered_x != nullptr) {
+    if (x_in_place) {
+      a.base.inputs[comm_.rank()] = static_cast<const char*>(b.x) + shift;
+      a.stage_from = nullptr;
+    } else if (registered_x != nullptr) {
       for (int r = 0; r < comm_.world_size(); ++r) {
         a.base.inputs[r] = static_cast<const char*>(comm_.peer_address(*registered_x, r)) + x_offset + shift;
       }
@@ -161,7 +182,9 @@ FusedCallInfo FusedRmsNorm::run(const FusedRmsNormBuffers& b, const FusedRmsNorm
     a.hidden = shape.hidden;
     a.eps = shape.eps;
     // A chunk smaller than the grid's blocks still runs every block (idle ones only pass the
-    // barriers), so the per-block barrier counts stay equal on every rank.
+    // barriers and, for push_one_stage, advance the call counter), so the per-block barrier
+    // counts stay equal on every rank. Consecutive push_one_stage chunks of different sizes are
+    // safe: the receive halves do not move with the size (core/collectives.h).
     EXC_CUDA_CHECK(launch_fused(shape.dtype, kernel_kind(choice.algo), a, info.grid, stream));
     ++info.launches;
   }

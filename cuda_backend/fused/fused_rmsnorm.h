@@ -9,8 +9,10 @@
 //
 // Inputs reach the fused kernels staged (the kernel copies this rank's x into its staging buffer
 // before the first barrier) or registered (Communicator::register_buffer once; peers read x in
-// place, so CUDA-graph-captured calls copy nothing). Problems larger than the communicator's
-// buffers run as consecutive launches over row chunks (rows are independent: same bits).
+// place, so CUDA-graph-captured calls copy nothing). push_one_stage needs neither: peers never
+// read x, its kernel pushes x into their scratch (2 x n x rows x H elements of it). Problems
+// larger than the communicator's buffers run as consecutive launches over row chunks (rows are
+// independent: same bits).
 // Same-decision rule (communicator.h): every choice depends only on arguments that are equal on
 // every rank (rows, H, dtype, algorithm, the table, whether x is registered).
 //
@@ -80,11 +82,13 @@ class FusedRmsNorm {
                                 const FusedRmsNormShape& shape, cudaStream_t stream,
                                 std::optional<LaunchConfig> grid = {});
 
-  // The choice `auto` (or a named algorithm) makes (no launch).
+  // The choice `auto` (or a named algorithm) makes (no launch): the table's, except that auto takes
+  // one_stage_reg where push_one_stage would not fit the scratch in one launch.
   FusedChoice choose(const FusedRmsNormShape& shape, FusedAlgorithm algo) const;
 
   // Rows one launch of algo can take with these buffers (the communicator's staging and scratch
-  // capacity); 0 when not even one row fits.
+  // capacity; staged: x goes through the staging buffer, never for push_one_stage); 0 when not
+  // even one row fits.
   int max_rows_per_launch(FusedAlgorithm algo, const FusedRmsNormShape& shape, bool staged) const;
 
   Communicator& communicator() { return comm_; }

@@ -15,9 +15,10 @@ extern const char kEmbeddedFusedSm90Table[];  // generated from tuning/fused_sm9
 
 namespace {
 
-constexpr FusedAlgorithm kAll[] = {FusedAlgorithm::kOneStage, FusedAlgorithm::kOneStageReg, FusedAlgorithm::kTwoStage,
-                                   FusedAlgorithm::kGatherNorm, FusedAlgorithm::kUnfused, FusedAlgorithm::kAuto,
-                                   FusedAlgorithm::kNcclSplit};
+constexpr FusedAlgorithm kAll[] = {FusedAlgorithm::kOneStage,   FusedAlgorithm::kOneStageReg,
+                                   FusedAlgorithm::kPushOneStage, FusedAlgorithm::kTwoStage,
+                                   FusedAlgorithm::kGatherNorm,   FusedAlgorithm::kUnfused,
+                                   FusedAlgorithm::kAuto,         FusedAlgorithm::kNcclSplit};
 
 int pack_of(DType dtype) { return 16 / dtype_size(dtype); }
 
@@ -39,6 +40,7 @@ const char* fused_algorithm_name(FusedAlgorithm a) {
     case FusedAlgorithm::kAuto: return "auto";
     case FusedAlgorithm::kNcclSplit: return "nccl_split";
     case FusedAlgorithm::kOneStageReg: return "one_stage_reg";
+    case FusedAlgorithm::kPushOneStage: return "push_one_stage";
   }
   return "?";
 }
@@ -51,20 +53,21 @@ std::optional<FusedAlgorithm> parse_fused_algorithm(const std::string& name) {
 }
 
 std::vector<FusedAlgorithm> fused_ipc_algorithms() {
-  return {FusedAlgorithm::kOneStage, FusedAlgorithm::kOneStageReg, FusedAlgorithm::kTwoStage, FusedAlgorithm::kGatherNorm,
-          FusedAlgorithm::kUnfused};
+  return {FusedAlgorithm::kOneStage,   FusedAlgorithm::kOneStageReg, FusedAlgorithm::kPushOneStage,
+          FusedAlgorithm::kTwoStage,   FusedAlgorithm::kGatherNorm,  FusedAlgorithm::kUnfused};
 }
 
 bool is_fused_kernel(FusedAlgorithm a) {
-  return a == FusedAlgorithm::kOneStage || a == FusedAlgorithm::kOneStageReg || a == FusedAlgorithm::kTwoStage ||
-         a == FusedAlgorithm::kGatherNorm;
+  return a == FusedAlgorithm::kOneStage || a == FusedAlgorithm::kOneStageReg || a == FusedAlgorithm::kPushOneStage ||
+         a == FusedAlgorithm::kTwoStage || a == FusedAlgorithm::kGatherNorm;
 }
 
 LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType dtype, int world_size) {
   LaunchConfig g;
   g.threads = tree_threads(hidden, dtype);
   const int n = std::max(1, world_size);
-  const bool all_rows = algo == FusedAlgorithm::kOneStage || algo == FusedAlgorithm::kOneStageReg;
+  const bool all_rows = algo == FusedAlgorithm::kOneStage || algo == FusedAlgorithm::kOneStageReg ||
+                        algo == FusedAlgorithm::kPushOneStage;
   const int per_block_rows = all_rows ? rows : (rows + n - 1) / n;
   g.blocks = std::clamp(per_block_rows, 1, kMaxBlocks);
   return g;
@@ -100,7 +103,8 @@ FusedTable FusedTable::parse(const std::string& text, const std::string& name) {
     const auto algo = parse_fused_algorithm(fields[4]);
     const auto allowed = fused_ipc_algorithms();
     if (!algo || std::find(allowed.begin(), allowed.end(), *algo) == allowed.end()) {
-      throw bad("algorithm '" + fields[4] + "' is not one of one_stage, one_stage_reg, two_stage, gather_norm, unfused");
+      throw bad("algorithm '" + fields[4] +
+                "' is not one of one_stage, one_stage_reg, push_one_stage, two_stage, gather_norm, unfused");
     }
     row.algo = *algo;
     const auto blocks = parse_long_field(fields[5]);
@@ -140,7 +144,9 @@ FusedChoice FusedTable::default_choice(int world_size, int rows, int hidden, DTy
   FusedChoice c;
   if (requested == FusedAlgorithm::kAuto) {
     const uint64_t bytes = static_cast<uint64_t>(rows) * static_cast<uint64_t>(hidden) * dtype_size(dtype);
-    c.algo = rows <= 16 || bytes <= (uint64_t{256} << 10) ? FusedAlgorithm::kOneStageReg : FusedAlgorithm::kGatherNorm;
+    c.algo = rows <= 16                          ? FusedAlgorithm::kPushOneStage
+             : bytes <= (uint64_t{256} << 10) ? FusedAlgorithm::kOneStageReg
+                                              : FusedAlgorithm::kGatherNorm;
   } else {
     c.algo = requested;
   }

@@ -24,19 +24,32 @@
 namespace exactcoll::cuda::fused {
 
 // one_stage, two_stage: core/fused_rmsnorm.h's (what the simulator runs). one_stage_reg:
-// fused_algorithms.h's one_stage with the row in registers. gather_norm: fused_algorithms.h's
-// two-stage variant (gathers residual_out only, normalizes locally).
+// fused_algorithms.h's one_stage with the row in registers. push_one_stage: core's push_one_stage
+// (x pushed into the peers' scratch, one barrier, no end barrier; the push all-reduces' call
+// counter and receive halves) on fused_algorithms.h's register path; needs 2 x n x rows x H
+// elements of scratch. gather_norm: fused_algorithms.h's two-stage variant (gathers residual_out
+// only, normalizes locally).
 // unfused: the project's all-reduce (auto) + the separate residual + RMSNorm kernel. auto: the
 // table. nccl_split: NCCL all-reduce + the same separate kernel (baseline; NCCL's sums follow no
 // contract, so its bits are not the contract's).
-enum class FusedAlgorithm : uint8_t { kOneStage, kTwoStage, kGatherNorm, kUnfused, kAuto, kNcclSplit, kOneStageReg };
+enum class FusedAlgorithm : uint8_t {
+  kOneStage,
+  kTwoStage,
+  kGatherNorm,
+  kUnfused,
+  kAuto,
+  kNcclSplit,
+  kOneStageReg,
+  kPushOneStage
+};
 
 const char* fused_algorithm_name(FusedAlgorithm a);
 // Parses the names above; nullopt otherwise.
 std::optional<FusedAlgorithm> parse_fused_algorithm(const std::string& name);
 // The algorithms whose bits follow the contract (what auto chooses among).
 std::vector<FusedAlgorithm> fused_ipc_algorithms();
-// Whether the algorithm is one kernel with peers (one_stage, two_stage, gather_norm).
+// Whether the algorithm is one kernel with peers (one_stage, one_stage_reg, push_one_stage,
+// two_stage, gather_norm).
 bool is_fused_kernel(FusedAlgorithm a);
 
 struct FusedTableError : std::runtime_error {
@@ -62,8 +75,8 @@ struct FusedChoice {
 
 // The grid the fused kernels use for a problem: threads = the RMSNorm tree's lanes (32 *
 // ceil(min(H / pack, 1024) / 32), at least 64), so that in the common case each thread owns its
-// lanes' packs; blocks = one per row of the block's rows (one_stage: rows; two-stage kinds: a
-// rank's slice, ceil(rows / n)), at most kMaxBlocks.
+// lanes' packs; blocks = one per row of the block's rows (one_stage, one_stage_reg,
+// push_one_stage: rows; two-stage kinds: a rank's slice, ceil(rows / n)), at most kMaxBlocks.
 LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType dtype, int world_size);
 
 // The grid of the separate residual + RMSNorm kernel (no barriers: one block per row, up to 8192).
@@ -87,7 +100,9 @@ class FusedTable {
   FusedChoice choose(const std::string& arch, int world_size, int rows, int hidden, DType dtype,
                      FusedAlgorithm requested) const;
 
-  // The heuristic without a table: one_stage_reg up to 16 rows or 256 KiB per rank, gather_norm above.
+  // The heuristic without a table: push_one_stage up to 16 rows, one_stage_reg up to 256 KiB per
+  // rank, gather_norm above. (FusedRmsNorm::choose takes one_stage_reg where push_one_stage's
+  // receive halves do not fit the communicator's scratch.)
   static FusedChoice default_choice(int world_size, int rows, int hidden, DType dtype, FusedAlgorithm requested);
 
   // The table in the file format, header comment lines first.

@@ -4,7 +4,6 @@
 #include <memory>
 #include <new>
 #include <stdexcept>
-#include <type_traits>
 
 #include "core/collectives.h"
 #include "core/contract.h"
@@ -12,26 +11,6 @@
 
 namespace exactcoll::fused {
 namespace {
-
-// The simulator's context plus the row_sum_squares hook that core/fused_rmsnorm.h adds to the
-// execution-context concept: one simulated thread per block computes the whole canonical tree.
-template <class Base>
-class FusedCtx : public Base {
- public:
-  using Base::Base;
-  template <class Row>
-  float row_sum_squares(const contract::RmsNormTree& tree, Row row) {
-    return contract::sum_squares(tree, row);
-  }
-};
-
-// Runs body with a FusedCtx built on the world's context (same BlockEnv, so the same rank, block,
-// peers, executor and tracer).
-template <class SimCtxT, class Body>
-void with_fused_ctx(SimCtxT& ctx, Body body) {
-  FusedCtx<std::remove_cv_t<SimCtxT>> fused_ctx(ctx.env());
-  body(fused_ctx);
-}
 
 // 16-byte aligned storage, zeroed.
 struct Aligned {
@@ -104,7 +83,11 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
     launch.blocks = spec.blocks;
     launch.inputs = io.x;
     launch.input_bytes = bytes;
-    launch.scratch_bytes = spec.algo == FusedAlgo::kTwoStage ? fused_two_stage_scratch_elements(spec.rows, spec.hidden) * sizeof(T) : 0;
+    launch.scratch_bytes =
+        (spec.algo == FusedAlgo::kTwoStage       ? fused_two_stage_scratch_elements(spec.rows, spec.hidden)
+         : spec.algo == FusedAlgo::kPushOneStage ? push_scratch_elements(count, Storage<T>::kPack, n)
+                                                 : 0) *
+        sizeof(T);
     const FusedAlgo algo = spec.algo;
     world.enqueue<T>(launch, [args, algo](auto& ctx) {
       with_fused_ctx(ctx, [&](auto& fctx) {
@@ -113,6 +96,8 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
           constexpr int kRanks = decltype(ranks)::value;
           if (algo == FusedAlgo::kOneStage) {
             fused_rmsnorm_one_stage<T, kRanks>(fctx, a);
+          } else if (algo == FusedAlgo::kPushOneStage) {
+            fused_rmsnorm_push_one_stage<T, kRanks>(fctx, a);
           } else {
             fused_rmsnorm_two_stage<T, kRanks>(fctx, a);
           }

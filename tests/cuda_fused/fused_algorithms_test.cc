@@ -1,10 +1,12 @@
 // cuda_backend/fused/fused_algorithms.h on the CPU test world (tests/fused/thread_world.h: every
-// (rank, block, thread) a std::thread, real flags and block barriers): gather_norm, the split
-// path's residual + RMSNorm rows and the in-kernel input staging give the contract's bits (the
-// scalar reference of sim/fused/reference.h) on every rank, for several world sizes, grids,
-// shapes and adversarial values. The GPU runs the same templates (exactcoll verify).
+// (rank, block, thread) a std::thread, real flags and block barriers): gather_norm, one_stage_reg,
+// push_one_stage_reg (register path and core fallback), the split path's residual + RMSNorm rows
+// and the in-kernel input staging give the contract's bits (the scalar reference of
+// sim/fused/reference.h) on every rank, for several world sizes, grids, shapes and adversarial
+// values. The GPU runs the same templates (exactcoll verify).
 #include "cuda_backend/fused/fused_algorithms.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -113,7 +115,15 @@ void poison(T* p, size_t n) {
   }
 }
 
-enum class Run { kGatherNorm, kGatherNormStaged, kOneStageStaged, kTwoStageStaged, kOneStageReg, kGatherNormReg };
+enum class Run {
+  kGatherNorm,
+  kGatherNormStaged,
+  kOneStageStaged,
+  kTwoStageStaged,
+  kOneStageReg,
+  kGatherNormReg,
+  kPushOneStageReg
+};
 
 // The test world's context plus the register path's sum_lane_partials (fused_algorithms.h): each
 // thread stores its lane partial into its (rank, block)'s shared array, sync_block, and every
@@ -139,12 +149,24 @@ struct RegCtx : ThreadWorld<T>::Ctx {
   }
 };
 
+// push_one_stage's promise that peers never read this rank's x (so the GPU reads it from the
+// caller's pointer, unstaged): a context whose input(p) is poison for every p but its own rank.
+template <class Base>
+struct OwnInputOnly : Base {
+  using T = typename Base::value_type;
+  const T* poisoned = nullptr;
+  const T* input(int peer) const { return peer == this->rank() ? Base::input(peer) : poisoned; }
+};
+
 // Runs one algorithm on a fresh world; returns the number of differing elements over all ranks
 // and both outputs.
 template <class T>
 size_t run_and_count(const Problem<T>& p, Run run, int blocks, int threads) {
   const size_t count = p.count();
-  const size_t scratch = fused_two_stage_scratch_elements(p.rows, p.hidden) + 16;
+  const size_t scratch = std::max(fused_two_stage_scratch_elements(p.rows, p.hidden) + 16,
+                                  push_scratch_elements(count, Storage<T>::kPack, p.ranks));
+  AlignedBuffer<T> poisoned_x(count);
+  poison(poisoned_x.data(), count);
   ThreadWorld<T> world(p.ranks, blocks, threads, count, scratch, count);
   std::vector<AlignedBuffer<T>> xs, residual, weight, ro, out;
   for (int r = 0; r < p.ranks; ++r) {
@@ -159,7 +181,7 @@ size_t run_and_count(const Problem<T>& p, Run run, int blocks, int threads) {
     poison(ro[r].data(), count);
     poison(out[r].data(), count);
     poison(world.scratches[r].data(), scratch);
-    if (run == Run::kGatherNorm || run == Run::kGatherNormReg) {
+    if (run == Run::kGatherNorm || run == Run::kGatherNormReg || run == Run::kPushOneStageReg) {
       std::memcpy(world.inputs[r].data(), xs[r].data(), count * sizeof(T));
     } else {
       poison(world.inputs[r].data(), count);  // the kernel stages what its blocks read
@@ -172,7 +194,7 @@ size_t run_and_count(const Problem<T>& p, Run run, int blocks, int threads) {
     RegCtx<T> reg_ctx;
     static_cast<Ctx&>(reg_ctx) = base_ctx;
     reg_ctx.shared = shared[static_cast<size_t>(base_ctx.rank() * blocks + base_ctx.block())].data();
-    const bool reg = run == Run::kOneStageReg || run == Run::kGatherNormReg;
+    const bool reg = run == Run::kOneStageReg || run == Run::kGatherNormReg || run == Run::kPushOneStageReg;
     auto body = [&](auto& ctx) {
     const int r = ctx.rank();
     FusedRmsNormArgs<T> a;
@@ -183,10 +205,11 @@ size_t run_and_count(const Problem<T>& p, Run run, int blocks, int threads) {
     a.rows = p.rows;
     a.hidden = p.hidden;
     a.eps = p.eps;
-    const FusedKernelKind kind = run == Run::kOneStageStaged   ? FusedKernelKind::kOneStage
-                                 : run == Run::kTwoStageStaged ? FusedKernelKind::kTwoStage
-                                 : run == Run::kOneStageReg    ? FusedKernelKind::kOneStageReg
-                                                               : FusedKernelKind::kGatherNorm;
+    const FusedKernelKind kind = run == Run::kOneStageStaged     ? FusedKernelKind::kOneStage
+                                 : run == Run::kTwoStageStaged   ? FusedKernelKind::kTwoStage
+                                 : run == Run::kOneStageReg      ? FusedKernelKind::kOneStageReg
+                                 : run == Run::kPushOneStageReg  ? FusedKernelKind::kPushOneStage
+                                                                 : FusedKernelKind::kGatherNorm;
     const bool staged = run == Run::kGatherNormStaged || run == Run::kOneStageStaged || run == Run::kTwoStageStaged ||
                         run == Run::kOneStageReg;
     if (staged) stage_fused_input<T>(ctx, kind, xs[r].data(), world.inputs[r].data(), p.rows, p.hidden);
@@ -198,12 +221,19 @@ size_t run_and_count(const Problem<T>& p, Run run, int blocks, int threads) {
         fused_rmsnorm_two_stage<T, kRanks>(ctx, a);
       } else if (kind == FusedKernelKind::kOneStageReg) {
         fused_rmsnorm_one_stage_reg<T, kRanks>(ctx, a);
+      } else if (kind == FusedKernelKind::kPushOneStage) {
+        fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, a);
       } else {
         fused_rmsnorm_gather_norm<T, kRanks>(ctx, a);
       }
     });
     };
-    if (reg) {
+    if (run == Run::kPushOneStageReg) {
+      OwnInputOnly<RegCtx<T>> own_ctx;
+      static_cast<RegCtx<T>&>(own_ctx) = reg_ctx;
+      own_ctx.poisoned = poisoned_x.data();
+      body(own_ctx);
+    } else if (reg) {
       body(reg_ctx);
     } else {
       body(base_ctx);
@@ -327,6 +357,36 @@ TYPED_TEST(FusedAlgorithmsTest, RegisterPathMatchesTheContract) {
       const Problem<T> p(2, 3, packs * P, ++seed, true);
       EXPECT_EQ(run_and_count(p, run, 1, 1024), 0u) << "run " << static_cast<int>(run) << " packs " << packs;
     }
+  }
+}
+
+// push_one_stage_reg: the register path (threads == the tree's lanes, 1 or 2 packs a thread) and
+// core's fallback (other thread counts; 4 packs a thread), world sizes 1..4, rows fewer than,
+// equal to and more than the blocks, blocks 1..3. Peers' x is poison (OwnInputOnly): only this
+// rank's own x and the copies pushed into its scratch are read.
+TYPED_TEST(FusedAlgorithmsTest, PushOneStageMatchesTheContract) {
+  using T = TypeParam;
+  constexpr int P = Storage<T>::kPack;
+  uint64_t seed = 7001;
+  for (int ranks : {1, 2, 3, 4}) {
+    for (int rows : {1, 4, 7}) {
+      for (int hidden : {5 * P, 40 * P, 72 * P}) {
+        const int lanes = 32 * ((hidden / P + 31) / 32);  // the tree's lanes (at most 1024 packs here)
+        for (int blocks : {1, 3}) {
+          for (int threads : {lanes, 4}) {
+            if (ranks * blocks * threads > 512) continue;  // std::threads per run
+            const Problem<T> p(ranks, rows, hidden, ++seed, true);
+            EXPECT_EQ(run_and_count(p, Run::kPushOneStageReg, blocks, threads), 0u)
+                << "ranks " << ranks << " rows " << rows << " H " << hidden << " blocks " << blocks << " threads "
+                << threads << (threads == lanes && hidden / P <= 2 * lanes ? " (register path)" : " (core path)");
+          }
+        }
+      }
+    }
+  }
+  for (int packs : {1500, 2056}) {  // 2 packs a thread (register path); 4 (core's path)
+    const Problem<T> p(2, 3, packs * P, ++seed, true);
+    EXPECT_EQ(run_and_count(p, Run::kPushOneStageReg, 2, 1024), 0u) << "packs " << packs;
   }
 }
 

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "core/signal.h"
+
 namespace exactcoll::cuda::fused {
 namespace {
 
@@ -44,7 +46,7 @@ TEST(FusedTable, ParsesAndPicksTheFastestAtTheNearestMeasuredPoint) {
   // Another world size: the heuristic.
   c = t.choose("sm90", 2, 1, 8192, DType::kBF16, FusedAlgorithm::kAuto);
   EXPECT_FALSE(c.from_table);
-  EXPECT_EQ(c.algo, FusedAlgorithm::kOneStageReg);
+  EXPECT_EQ(c.algo, FusedAlgorithm::kPushOneStage);
   // A named algorithm: itself, with its default grid.
   c = t.choose("sm90", 4, 256, 8192, DType::kBF16, FusedAlgorithm::kTwoStage);
   EXPECT_EQ(c.algo, FusedAlgorithm::kTwoStage);
@@ -53,7 +55,9 @@ TEST(FusedTable, ParsesAndPicksTheFastestAtTheNearestMeasuredPoint) {
 
 TEST(FusedTable, HeuristicAndDefaultGrids) {
   EXPECT_EQ(FusedTable::default_choice(4, 16, 8192, DType::kBF16, FusedAlgorithm::kAuto).algo,
-            FusedAlgorithm::kOneStageReg);
+            FusedAlgorithm::kPushOneStage);
+  EXPECT_EQ(FusedTable::default_choice(3, 1, 16384, DType::kFP32, FusedAlgorithm::kAuto).algo,
+            FusedAlgorithm::kPushOneStage);
   EXPECT_EQ(FusedTable::default_choice(4, 17, 8192, DType::kBF16, FusedAlgorithm::kAuto).algo,
             FusedAlgorithm::kGatherNorm);
   EXPECT_EQ(FusedTable::default_choice(4, 100, 512, DType::kBF16, FusedAlgorithm::kAuto).algo,
@@ -63,9 +67,13 @@ TEST(FusedTable, HeuristicAndDefaultGrids) {
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kOneStage, 3, 2880, DType::kBF16, 4).blocks, 3);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kOneStage, 3, 16384, DType::kFP32, 4).threads, 1024);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kOneStage, 3, 8, DType::kBF16, 4).threads, 64);
-  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kOneStage, 4096, 8192, DType::kBF16, 4).blocks, 64);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kOneStage, 4096, 8192, DType::kBF16, 4).blocks, kMaxBlocks);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kGatherNorm, 9, 8192, DType::kBF16, 4).blocks, 3);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kTwoStage, 1, 8192, DType::kBF16, 4).blocks, 1);
+  // push_one_stage: one block per row of all rows, like one_stage (its blocks push their own rows).
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kPushOneStage, 9, 8192, DType::kBF16, 4).blocks, 9);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kPushOneStage, 9, 8192, DType::kBF16, 4).threads, 1024);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kPushOneStage, 4096, 4096, DType::kBF16, 2).blocks, kMaxBlocks);
   EXPECT_EQ(residual_rmsnorm_grid(100000, 8192, DType::kBF16).blocks, 8192);
 }
 
@@ -90,7 +98,7 @@ TEST(FusedTable, RejectsMalformedLinesNamingThem) {
       "sm90\t4\t16384\t0\tone_stage\t1\t1024\t1\n",          // rows
       "sm90\t4\t16384\t1\tnccl_split\t1\t1024\t1\n",         // not an IPC algorithm
       "sm90\t4\t16384\t1\tauto\t1\t1024\t1\n",               // auto is not a measurement
-      "sm90\t4\t16384\t1\tone_stage\t65\t1024\t1\n",         // too many blocks for a barrier kernel
+      "sm90\t4\t16384\t1\tone_stage\t129\t1024\t1\n",        // too many blocks for a barrier kernel (kMaxBlocks 128)
       "sm90\t4\t16384\t1\tone_stage\t1\t1000\t1\n",          // threads not a multiple of 32
       "sm90\t4\t16384\t1\tone_stage\t1\t1024\t-3\n",         // time
       "sm90\t4\t16384\t1\tone_stage\t1\t1024\tfast\n",       // time
@@ -106,10 +114,13 @@ TEST(FusedTable, RejectsMalformedLinesNamingThem) {
 }
 
 TEST(FusedTable, NamesRoundTrip) {
-  for (FusedAlgorithm a : {FusedAlgorithm::kOneStage, FusedAlgorithm::kOneStageReg, FusedAlgorithm::kTwoStage, FusedAlgorithm::kGatherNorm,
-                           FusedAlgorithm::kUnfused, FusedAlgorithm::kAuto, FusedAlgorithm::kNcclSplit}) {
+  for (FusedAlgorithm a : {FusedAlgorithm::kOneStage, FusedAlgorithm::kOneStageReg, FusedAlgorithm::kPushOneStage,
+                           FusedAlgorithm::kTwoStage, FusedAlgorithm::kGatherNorm, FusedAlgorithm::kUnfused,
+                           FusedAlgorithm::kAuto, FusedAlgorithm::kNcclSplit}) {
     EXPECT_EQ(parse_fused_algorithm(fused_algorithm_name(a)), a);
   }
+  EXPECT_EQ(std::string(fused_algorithm_name(FusedAlgorithm::kPushOneStage)), "push_one_stage");
+  EXPECT_TRUE(is_fused_kernel(FusedAlgorithm::kPushOneStage));
   EXPECT_FALSE(parse_fused_algorithm("one_shot").has_value());
 }
 
@@ -118,6 +129,22 @@ TEST(FusedTable, TheEmbeddedTableParses) {
   for (const auto& r : t.rows()) {
     EXPECT_EQ(r.arch, "sm90");
     EXPECT_GT(r.time_us, 0);
+  }
+}
+
+// The embedded table (provisional push_one_stage rows, tuning/fused_sm90.tsv): auto runs
+// push_one_stage at rows <= 16 on 2 and 4 GPUs, and what was measured above 16 rows.
+TEST(FusedTable, TheEmbeddedTableTakesPushOneStageUpTo16Rows) {
+  const FusedTable& t = FusedTable::embedded();
+  for (int n : {2, 4}) {
+    for (int hidden : {4096, 8192}) {
+      for (int rows : {1, 2, 3, 8, 16}) {
+        const FusedChoice c = t.choose("sm90", n, rows, hidden, DType::kBF16, FusedAlgorithm::kAuto);
+        EXPECT_EQ(c.algo, FusedAlgorithm::kPushOneStage) << n << " GPUs, H " << hidden << ", rows " << rows;
+        EXPECT_TRUE(c.from_table);
+      }
+      EXPECT_NE(t.choose("sm90", n, 32, hidden, DType::kBF16, FusedAlgorithm::kAuto).algo, FusedAlgorithm::kPushOneStage);
+    }
   }
 }
 

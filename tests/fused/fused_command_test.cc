@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -96,7 +97,7 @@ TEST(SimFusedCommand, AlgorithmsWriteIdenticalFilesEqualToTheReference) {
   const int ranks = 4, rows = 3, H = 4096;
   const Files f = make_files("alg", ranks, rows, H, 11);
   std::string first_summary_hashes;
-  for (const char* algo : {"one_stage", "two_stage", "unfused"}) {
+  for (const char* algo : {"one_stage", "two_stage", "push_one_stage", "unfused"}) {
     const std::string out = temp_path(std::string(algo) + "_out.npy"), ro = temp_path(std::string(algo) + "_ro.npy");
     const CommandRun r = run_fused({"--ranks", "4", "--dtype", "bf16", "--input", f.x, "--residual", f.r, "--weight",
                                     f.w, "--output", out, "--residual-output", ro, "--algo", algo, "--blocks", "3"});
@@ -158,11 +159,49 @@ TEST(SimFusedCommand, SeededScheduleAndTraces) {
   EXPECT_EQ(std::memcmp(o.data.data(), f.ref_out.data(), f.ref_out.size() * 2), 0);
 }
 
+// push_one_stage's trace: the push into the peers' scratch, then the rows read from this rank's
+// own input and scratch only.
+TEST(SimFusedCommand, PushOneStageTraceShowsPushThenLocalReads) {
+  const Files f = make_files("push", 3, 2, 64, 16);
+  const std::string trace = temp_path("push.jsonl"), out = temp_path("push_out.npy");
+  const CommandRun r = run_fused({"--ranks", "3", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo",
+                                  "push_one_stage", "--blocks", "2", "--schedule", "seeded", "--schedule-seed", "3",
+                                  "--trace", trace, "--trace-elements", "0,70", "--output", out});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string t = file_bytes(trace);
+  EXPECT_NE(t.find("\"step\":\"push_rows\""), std::string::npos);
+  EXPECT_NE(t.find("\"step\":\"fused_rows\""), std::string::npos);
+  // Rank 0 block 0 writes into rank 1's and rank 2's scratch; its rows read nobody else's buffers.
+  std::istringstream lines(t);
+  int pushes_to_peers = 0, rows_steps = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("\"rank\":0,\"block\":0,\"step\":\"push_rows\"") != std::string::npos) {
+      pushes_to_peers += line.find("\"access\":\"write\",\"peer\":1,\"buffer\":\"scratch\"") != std::string::npos;
+      pushes_to_peers += line.find("\"access\":\"write\",\"peer\":2,\"buffer\":\"scratch\"") != std::string::npos;
+    }
+    if (line.find("\"step\":\"fused_rows\"") != std::string::npos) {
+      ++rows_steps;
+      const size_t at = line.find("\"rank\":");
+      ASSERT_NE(at, std::string::npos);
+      const std::string me = line.substr(at + 7, 1);
+      for (const char* peer : {"0", "1", "2"}) {
+        if (me != peer) {
+          EXPECT_EQ(line.find(std::string("\"peer\":") + peer), std::string::npos) << line;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(pushes_to_peers, 2);
+  EXPECT_EQ(rows_steps, 6);  // 3 ranks x 2 blocks
+  const npy::NpyArray o = npy::read_npy(out);
+  EXPECT_EQ(std::memcmp(o.data.data(), f.ref_out.data(), f.ref_out.size() * 2), 0);
+}
+
 // Random inputs: the same as tools/gpu/fused's generator makes (so `exactcoll gpu fused_rmsnorm`
 // with the same flags prints comparable sha256s), every algorithm the same bits, specials too.
 TEST(SimFusedCommand, RandomInputsAllAlgorithmsSameSha) {
   std::string hashes;
-  for (const char* algo : {"one_stage", "two_stage", "unfused"}) {
+  for (const char* algo : {"one_stage", "two_stage", "push_one_stage", "unfused"}) {
     const CommandRun r = run_fused({"--ranks", "3", "--dtype", "fp16", "--rows", "5", "--hidden", "256", "--specials",
                                     "--algo", algo, "--blocks", "2"});
     ASSERT_EQ(r.code, 0) << r.err;
@@ -199,7 +238,7 @@ TEST(SimFusedCommand, BadInputExitsTwoAndWritesNothing) {
   expect_bad({"--ranks", "2", "--rows", "2", "--hidden", "100"}, "not a positive multiple");
   expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--seed", "3"}, "not with --input");
   expect_bad({"--input", f.x, "--residual", f.r, "--weight", f.w}, "give --ranks N");
-  expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--blocks", "65"}, "--blocks must be");
+  expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--blocks", "129"}, "--blocks must be");
   // H = 12 is not a multiple of the bf16 pack (8).
   const Files odd = make_files("odd", 2, 1, 12, 15);
   expect_bad({"--ranks", "2", "--input", odd.x, "--residual", odd.r, "--weight", odd.w}, "not a positive multiple");

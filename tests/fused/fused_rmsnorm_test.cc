@@ -1,6 +1,6 @@
 // core/fused_rmsnorm.h against sim/fused's scalar reference, bit for bit; identical bits across
-// one_stage, two_stage and unfused for many shapes, world sizes and dtypes; the AITER case; the
-// alternative contracts' documented behaviour.
+// one_stage, two_stage, push_one_stage and unfused for many shapes, world sizes and dtypes; the
+// AITER case; the alternative contracts' documented behaviour.
 #include "core/fused_rmsnorm.h"
 
 #include <cmath>
@@ -58,7 +58,8 @@ void expect_matches_reference(FusedAlgo algo, const RandomProblem<T>& p, const R
   }
 }
 
-constexpr FusedAlgo kAlgos[] = {FusedAlgo::kOneStage, FusedAlgo::kTwoStage, FusedAlgo::kUnfused};
+constexpr FusedAlgo kAlgos[] = {FusedAlgo::kOneStage, FusedAlgo::kTwoStage, FusedAlgo::kPushOneStage,
+                                FusedAlgo::kUnfused};
 
 // ---- The reference itself ---------------------------------------------------------------------------
 

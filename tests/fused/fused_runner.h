@@ -1,6 +1,7 @@
 // Runs core/fused_rmsnorm.h's algorithms on the test ThreadWorld and returns every rank's outputs.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -45,13 +46,15 @@ struct RankOutputs {
   std::vector<std::vector<T>> residual_out, out;  // [rank][rows * H]
 };
 
-// Runs algo (one_stage, two_stage, or unfused = all-reduce `unfused_allreduce` + residual_add_step
-// + rmsnorm_step as three launches) with `blocks` blocks of `threads` threads per rank.
+// Runs algo (one_stage, two_stage, push_one_stage, or unfused = all-reduce `unfused_allreduce` +
+// residual_add_step + rmsnorm_step as three launches) with `blocks` blocks of `threads` threads per
+// rank. The scratch fits two_stage's rows and push_one_stage's receive halves.
 template <class T>
 RankOutputs<T> run_algo(FusedAlgo algo, const RandomProblem<T>& p, int blocks, int threads,
                         bool unfused_two_shot = false) {
   const size_t count = p.count();
-  const size_t scratch = fused_two_stage_scratch_elements(p.rows, p.hidden) + count + 64;
+  const size_t scratch = std::max(fused_two_stage_scratch_elements(p.rows, p.hidden) + count + 64,
+                                  push_scratch_elements(count, Storage<T>::kPack, p.ranks));
   ThreadWorld<T> world(p.ranks, blocks, threads, count, scratch, count);
   std::vector<AlignedBuffer<T>> residual, weight, residual_out, out;
   for (int r = 0; r < p.ranks; ++r) {
@@ -98,6 +101,8 @@ RankOutputs<T> run_algo(FusedAlgo algo, const RandomProblem<T>& p, int blocks, i
       dispatch_world_size(p.ranks, [&](auto n) {
         if (algo == FusedAlgo::kOneStage) {
           fused_rmsnorm_one_stage<T, decltype(n)::value>(ctx, a);
+        } else if (algo == FusedAlgo::kPushOneStage) {
+          fused_rmsnorm_push_one_stage<T, decltype(n)::value>(ctx, a);
         } else {
           fused_rmsnorm_two_stage<T, decltype(n)::value>(ctx, a);
         }

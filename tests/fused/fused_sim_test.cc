@@ -80,7 +80,8 @@ void check(const Case<T>& c, FusedAlgo algo, int blocks, sim::Schedule schedule,
   }
 }
 
-constexpr FusedAlgo kAlgos[] = {FusedAlgo::kOneStage, FusedAlgo::kTwoStage, FusedAlgo::kUnfused};
+constexpr FusedAlgo kAlgos[] = {FusedAlgo::kOneStage, FusedAlgo::kTwoStage, FusedAlgo::kPushOneStage,
+                                FusedAlgo::kUnfused};
 
 TEST(FusedSim, ThreadsSchedulerEveryAlgorithmDtypeAndWorldSize) {
   uint64_t seed = 1;

@@ -73,7 +73,7 @@ struct ThreadWorld {
     int num_threads() const { return w->threads; }
     const T* input(int peer) const { return w->inputs[peer].data(); }
     T* scratch(int peer) const { return w->scratches[peer].data(); }
-    size_t scratch_elements() const { return w->scratches[0].size(); }
+    size_t scratch_elements() const { return w->scratches[0].size; }
     T* output() const { return w->outputs[rank_].data(); }
     SignalBuffer* signals(int peer) const { return w->signals[peer].get(); }
     void signal(uint32_t* flag, uint32_t value, int, int) { std::atomic_ref<uint32_t>(*flag).store(value, std::memory_order_release); }

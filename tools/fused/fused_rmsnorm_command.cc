@@ -53,7 +53,7 @@ int run(int argc, char** argv) {
               contract_text = "canonical";
   cli::ArgParser parser(
       "exactcoll sim fused_rmsnorm --ranks N --dtype bf16|fp16|fp32 (--input x.npy --residual r.npy --weight w.npy | "
-      "--rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy] [--residual-output ro.npy] [--algo one_stage|two_stage|unfused] "
+      "--rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy] [--residual-output ro.npy] [--algo one_stage|two_stage|push_one_stage|unfused] "
       "[--contract canonical|f32_residual|bf16_accumulate|rotated_two_shot] [--blocks B] "
       "[--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
       "[--chrome-trace FILE]",
@@ -75,10 +75,11 @@ int run(int argc, char** argv) {
   parser.add_double("eps", &eps, "RMSNorm epsilon");
   parser.add_string("output", &output, "out.npy: [N, rows, H] normed output");
   parser.add_string("residual-output", &residual_output, "ro.npy: [N, rows, H] residual output");
-  parser.add_choice("algo", &algo_text, {"one_stage", "two_stage", "unfused"},
-                    "algorithm of the canonical contract (all three give the same bits)");
+  std::vector<std::string> algo_names;
+  for (FusedAlgo a : kFusedAlgos) algo_names.push_back(fused_algo_name(a));
+  parser.add_choice("algo", &algo_text, algo_names, "algorithm of the canonical contract (all give the same bits)");
   parser.add_choice("contract", &contract_text, contract_names(), "rounding contract");
-  parser.add_int("blocks", &blocks, "blocks per rank (1..64; the work split, same bits)");
+  parser.add_int("blocks", &blocks, "blocks per rank (1.." + std::to_string(kMaxBlocks) + "; the work split, same bits)");
   if (auto code = parser.parse(argc, argv)) return *code;
 
   sim::WorldOptions options;
@@ -178,8 +179,9 @@ int run(int argc, char** argv) {
                                    npy::shape_text(weight.shape));
   }
   FusedSpec spec;
-  spec.algo = algo_text == "two_stage" ? FusedAlgo::kTwoStage : algo_text == "unfused" ? FusedAlgo::kUnfused
-                                                                                        : FusedAlgo::kOneStage;
+  for (FusedAlgo a : kFusedAlgos) {
+    if (algo_text == fused_algo_name(a)) spec.algo = a;
+  }
   spec.dtype = dtype;
   spec.rows = static_cast<int>(rows);
   spec.hidden = static_cast<int>(hidden);

@@ -1,6 +1,7 @@
 // `exactcoll bench --op fused_rmsnorm --nproc N [--hidden 4096,8192] [--rows …] [--algos …]`: the
 // fused all-reduce + residual + RMSNorm against the split paths, measured in the same run:
-//   one_stage, one_stage_reg, two_stage, gather_norm   the fused kernels (one launch each)
+//   one_stage, one_stage_reg, push_one_stage,   the fused kernels (one launch each)
+//   two_stage, gather_norm
 //   auto                                what the table picks (after --write-table: the new table)
 //   unfused                             the project's all-reduce (auto) + the separate residual +
 //                                       RMSNorm kernel (the split path that keeps the contract)
@@ -50,15 +51,30 @@ constexpr const char* kCommand = "bench";
 using cuda::fused::FusedAlgorithm;
 
 // What a column measures: a FusedAlgorithm, or one part of the split path alone.
-enum class Column { kOneStage, kOneStageReg, kTwoStage, kGatherNorm, kAuto, kUnfused, kNcclSplit, kAllReduce, kNorm };
-constexpr Column kColumns[] = {Column::kOneStage, Column::kOneStageReg, Column::kTwoStage,  Column::kGatherNorm,
-                               Column::kAuto,     Column::kUnfused,     Column::kNcclSplit, Column::kAllReduce,
-                               Column::kNorm};
+enum class Column {
+  kOneStage,
+  kOneStageReg,
+  kPushOneStage,
+  kTwoStage,
+  kGatherNorm,
+  kAuto,
+  kUnfused,
+  kNcclSplit,
+  kAllReduce,
+  kNorm
+};
+constexpr Column kColumns[] = {Column::kOneStage,   Column::kOneStageReg, Column::kPushOneStage, Column::kTwoStage,
+                               Column::kGatherNorm, Column::kAuto,        Column::kUnfused,      Column::kNcclSplit,
+                               Column::kAllReduce,  Column::kNorm};
+// The columns whose times make auto's table (--write-table): every exact algorithm but auto.
+constexpr Column kTableColumns[] = {Column::kOneStage, Column::kOneStageReg, Column::kPushOneStage, Column::kTwoStage,
+                                    Column::kGatherNorm, Column::kUnfused};
 
 const char* column_name(Column c) {
   switch (c) {
     case Column::kOneStage: return "one_stage";
     case Column::kOneStageReg: return "one_stage_reg";
+    case Column::kPushOneStage: return "push_one_stage";
     case Column::kTwoStage: return "two_stage";
     case Column::kGatherNorm: return "gather_norm";
     case Column::kAuto: return "auto";
@@ -74,6 +90,7 @@ std::optional<FusedAlgorithm> algorithm_of(Column c) {
   switch (c) {
     case Column::kOneStage: return FusedAlgorithm::kOneStage;
     case Column::kOneStageReg: return FusedAlgorithm::kOneStageReg;
+    case Column::kPushOneStage: return FusedAlgorithm::kPushOneStage;
     case Column::kTwoStage: return FusedAlgorithm::kTwoStage;
     case Column::kGatherNorm: return FusedAlgorithm::kGatherNorm;
     case Column::kAuto: return FusedAlgorithm::kAuto;
@@ -124,7 +141,9 @@ int bench_worker(const BenchOptions& o) {
   cuda::CommunicatorOptions co;
   co.name = "bench_fused";
   co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
-  co.buffer_bytes = std::max<size_t>(2 * max_bytes, size_t{8} << 20);
+  // Room for every algorithm's largest problem in one launch: two_stage's 2 x rows x H, and
+  // push_one_stage's (and push_one_shot's, in unfused) 2 x n x rows x H.
+  co.buffer_bytes = std::max<size_t>(2 * static_cast<size_t>(std::max(n, 1)) * max_bytes, size_t{8} << 20);
   co.use_nccl = wants_nccl;
   cuda::Communicator comm(w.store(), rank, n, co);
   if (!comm.ipc_ready()) return cli::fail(kCommand, "the IPC path is unavailable: " + comm.ipc_unavailable_reason(), 3);
@@ -271,7 +290,7 @@ int bench_worker(const BenchOptions& o) {
   if (!o.table_path.empty()) {
     std::vector<cuda::fused::FusedTableRow> rows;
     for (const Point& p : points) {
-      for (Column c : {Column::kOneStage, Column::kOneStageReg, Column::kTwoStage, Column::kGatherNorm, Column::kUnfused}) {
+      for (Column c : kTableColumns) {
         if (!p.graph_us.count(c)) continue;
         cuda::fused::FusedTableRow row;
         row.arch = comm.arch();
@@ -313,9 +332,9 @@ int bench_worker(const BenchOptions& o) {
   std::snprintf(line, sizeof line, "\n# fused_rmsnorm, %d ranks, %s, CUDA graph, us per op (max over ranks)\n", n,
                 dtype_name(o.dtype));
   os << line;
-  std::snprintf(line, sizeof line, "%5s %4s %7s %9s %9s %9s %9s %7s %-16s %7s %7s %7s %5s %6s %5s\n", "H", "rows", "KB",
-                "one_stage", "1stg_reg", "two_stage", "gath_norm", "auto", "(auto=)", "unfused", "nccl_sp", "allred", "norm",
-                "speedup", "wrong");
+  std::snprintf(line, sizeof line, "%5s %4s %7s %9s %9s %9s %9s %9s %7s %-16s %7s %7s %7s %5s %6s %5s\n", "H", "rows",
+                "KB", "one_stage", "1stg_reg", "push_1stg", "two_stage", "gath_norm", "auto", "(auto=)", "unfused",
+                "nccl_sp", "allred", "norm", "speedup", "wrong");
   os << line;
   std::ostringstream csv;
   csv << "world_size,dtype,hidden,rows,bytes,column,chosen,graph_us,eager_us\n";
@@ -334,10 +353,10 @@ int bench_worker(const BenchOptions& o) {
       }
     }
     const std::string auto_choice = p.chosen.count(Column::kAuto) ? p.chosen.at(Column::kAuto) : "";
-    std::snprintf(line, sizeof line, "%5lld %4lld %7.0f %9s %9s %9s %9s %7s %-16s %7s %7s %7s %5s %6s %5llu\n",
+    std::snprintf(line, sizeof line, "%5lld %4lld %7.0f %9s %9s %9s %9s %9s %7s %-16s %7s %7s %7s %5s %6s %5llu\n",
                   static_cast<long long>(p.hidden), static_cast<long long>(p.rows), kb,
                   us_text(p.graph_us, Column::kOneStage).c_str(), us_text(p.graph_us, Column::kOneStageReg).c_str(),
-                  us_text(p.graph_us, Column::kTwoStage).c_str(),
+                  us_text(p.graph_us, Column::kPushOneStage).c_str(), us_text(p.graph_us, Column::kTwoStage).c_str(),
                   us_text(p.graph_us, Column::kGatherNorm).c_str(), us_text(p.graph_us, Column::kAuto).c_str(),
                   auto_choice.c_str(), us_text(p.graph_us, Column::kUnfused).c_str(),
                   us_text(p.graph_us, Column::kNcclSplit).c_str(), us_text(p.graph_us, Column::kAllReduce).c_str(),
@@ -375,24 +394,27 @@ int run_fused_bench(int argc, char** argv) {
   double eps = 1e-6;
   std::string op_text, dtype_text = "bf16", hidden_text = "4096,8192",
                        rows_text = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096",
-                       columns_text = "one_stage,one_stage_reg,two_stage,gather_norm,auto,unfused,nccl_split,allreduce,norm";
+                       columns_text =
+                           "one_stage,one_stage_reg,push_one_stage,two_stage,gather_norm,auto,unfused,nccl_split,allreduce,"
+                           "norm";
   BenchOptions o;
   cli::ArgParser parser(
       "exactcoll bench --op fused_rmsnorm --nproc N [--dtype bf16|fp16|fp32] [--hidden 4096,8192] [--rows …] "
       "[--algos …] [--write-table FILE] [--csv FILE] [--eager]",
-      "Times the fused all-reduce + residual + RMSNorm (one_stage, two_stage, gather_norm, auto) against\n"
-      "the split paths measured in the same run: the project's all-reduce + a separate residual + RMSNorm\n"
-      "kernel (unfused), and NCCL's all-reduce + the same kernel (nccl_split); allreduce and norm are the\n"
-      "split's parts alone. CUDA-graph replay; every exact algorithm's outputs are checked against the\n"
-      "contract (#wrong). --write-table makes auto's table from this run's times and measures auto with it.");
+      "Times the fused all-reduce + residual + RMSNorm (one_stage, one_stage_reg, push_one_stage, two_stage,\n"
+      "gather_norm, auto) against the split paths measured in the same run: the project's all-reduce + a\n"
+      "separate residual + RMSNorm kernel (unfused), and NCCL's all-reduce + the same kernel (nccl_split);\n"
+      "allreduce and norm are the split's parts alone. CUDA-graph replay; every exact algorithm's outputs\n"
+      "are checked against the contract (#wrong). --write-table makes auto's table from this run's times\n"
+      "and measures auto with it.");
   parser.add_string("op", &op_text, "fused_rmsnorm");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
   parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
   parser.add_string("hidden", &hidden_text, "comma list of H");
   parser.add_string("rows", &rows_text, "comma list of row counts");
   parser.add_string("algos", &columns_text,
-                    "comma list of one_stage, one_stage_reg, two_stage, gather_norm, auto, unfused, nccl_split, allreduce, "
-                    "norm");
+                    "comma list of one_stage, one_stage_reg, push_one_stage, two_stage, gather_norm, auto, unfused, "
+                    "nccl_split, allreduce, norm");
   parser.add_int("graph-ops", &o.graph_ops, "ops captured per CUDA graph");
   parser.add_int("replays", &o.replays, "timed graph replays (the median is reported)");
   parser.add_int("warmup", &o.warmup, "untimed replays first");

@@ -1,8 +1,9 @@
 // `exactcoll gpu fused_rmsnorm --nproc N …`: the fused all-reduce + residual add + RMSNorm on the
 // GPUs, with the flags and .npy conventions of `exactcoll sim fused_rmsnorm`: x.npy [N, rows, H]
 // (rank r's partial sums at [r]), r.npy [rows, H], w.npy [H]; bf16/fp16 as '<u2' bit patterns,
-// fp32 as '<f4'; outputs [N, rows, H] (every rank's result). Plus --algo gather_norm|auto|
-// nccl_split, --registered, --graph, --blocks/--threads; or random inputs (--rows, --hidden, --seed).
+// fp32 as '<f4'; outputs [N, rows, H] (every rank's result). Plus the GPU's own --algo choices
+// (one_stage_reg, push_one_stage, gather_norm, auto, nccl_split), --registered, --graph,
+// --blocks/--threads; or random inputs (--rows, --hidden, --seed).
 //
 // Steps: 1. the parent checks the flags and the input files (bad input exits 2 before any worker
 // starts); 2. each worker reads its row of x, the residual and the weight; 3. runs the op; 4. writes
@@ -221,8 +222,8 @@ int run_gpu_fused_rmsnorm(int argc, char** argv) {
   cli::ArgParser parser(
       "exactcoll gpu fused_rmsnorm --nproc N --dtype bf16|fp16|fp32 (--input x.npy --residual r.npy --weight w.npy | "
       "--rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy] [--residual-output ro.npy] "
-      "[--algo one_stage|one_stage_reg|two_stage|gather_norm|unfused|auto|nccl_split] [--contract canonical] [--blocks B] "
-      "[--threads T] [--registered] [--graph]",
+      "[--algo one_stage|one_stage_reg|push_one_stage|two_stage|gather_norm|unfused|auto|nccl_split] "
+      "[--contract canonical] [--blocks B] [--threads T] [--registered] [--graph]",
       "Fused all-reduce + residual add + RMSNorm on N GPUs (one process each), with the conventions of\n"
       "`exactcoll sim fused_rmsnorm`: x.npy is [N, rows, H] (rank r's partial sums at [r]), r.npy [rows, H],\n"
       "w.npy [H]; bf16/fp16 as '<u2' bit patterns, fp32 as '<f4'. Outputs are [N, rows, H]. Every algorithm\n"
@@ -242,7 +243,8 @@ int run_gpu_fused_rmsnorm(int argc, char** argv) {
   parser.add_string("output", &o.output, "out.npy: [N, rows, H] normed output");
   parser.add_string("residual-output", &o.residual_output, "ro.npy: [N, rows, H] residual output");
   parser.add_choice("algo", &algo_text,
-                    {"one_stage", "one_stage_reg", "two_stage", "gather_norm", "unfused", "auto", "nccl_split"},
+                    {"one_stage", "one_stage_reg", "push_one_stage", "two_stage", "gather_norm", "unfused", "auto",
+                     "nccl_split"},
                     "algorithm");
   parser.add_choice("contract", &contract_text, {"canonical"}, "rounding contract (the GPU has the canonical one only)");
   parser.add_int("blocks", &o.blocks, "force the fused kernel's block count (1..64)");

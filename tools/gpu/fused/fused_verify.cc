@@ -6,13 +6,17 @@
 // Steps, per (iteration, dtype, H, rows) with rows * H <= --max-elements:
 //   1. every rank makes every rank's inputs (seeded: all ranks agree);
 //   2. the scalar reference computes the contract's outputs; the simulator runs each algorithm
-//      that it has (one_stage, two_stage, unfused; above --sim-all-max-elements one_stage only)
-//      on the same inputs;
-//   3. each algorithm (one_stage, one_stage_reg, two_stage, gather_norm, unfused, auto) runs in these
+//      that it has (one_stage, two_stage, push_one_stage, unfused; above --sim-all-max-elements
+//      one_stage only) on the same inputs;
+//   3. each algorithm (one_stage, one_stage_reg, push_one_stage, two_stage, gather_norm, unfused,
+//      auto) runs in these
 //      variants: staged x, registered x, registered x replayed twice from a CUDA graph, forced grids
 //      (3 blocks x 64 threads staged; 64 x 1024 registered) and chunked (a second communicator with
 //      1 MiB buffers, so that larger problems run as several launches over row chunks); both outputs
-//      are poisoned first, so an element no thread writes shows as a mismatch;
+//      are poisoned first, so an element no thread writes shows as a mismatch. push_one_stage never
+//      stages (staged and registered differ only in what the caller passes); its calls and the
+//      unfused path's push all-reduces share the communicator's call counter and receive halves,
+//      back to back with other row counts and grids;
 //   4. every output bit of this rank is compared with the simulator's (the same algorithm, or
 //      one_stage for one_stage_reg and gather_norm; all are the contract's bits) and with the
 //      reference;
@@ -67,6 +71,7 @@ std::optional<FusedAlgo> sim_algo(FusedAlgorithm a) {
   switch (a) {
     case FusedAlgorithm::kOneStage: return FusedAlgo::kOneStage;
     case FusedAlgorithm::kOneStageReg: return FusedAlgo::kOneStage;
+    case FusedAlgorithm::kPushOneStage: return FusedAlgo::kPushOneStage;
     case FusedAlgorithm::kTwoStage: return FusedAlgo::kTwoStage;
     case FusedAlgorithm::kUnfused: return FusedAlgo::kUnfused;
     default: return std::nullopt;
@@ -247,7 +252,8 @@ int run_fused_verify(int argc, char** argv) {
   int64_t nproc = 0, seed = -1;
   double eps = 1e-6;
   std::string ops_text, dtypes_text = "bf16,fp16", hidden_text = "2880,4096,5120,7168,8192,16384",
-                        rows_text = "1,2,3,7,16,64,257,1024,4096", algos_text = "one_stage,one_stage_reg,two_stage,gather_norm,unfused,auto";
+                        rows_text = "1,2,3,7,16,64,257,1024,4096",
+                        algos_text = "one_stage,one_stage_reg,push_one_stage,two_stage,gather_norm,unfused,auto";
   VerifyOptions o;
   cli::ArgParser parser(
       "exactcoll verify --nproc N --ops fused_rmsnorm [--dtypes …] [--hidden …] [--rows …] [--algos …] [--iters K] "
@@ -262,7 +268,8 @@ int run_fused_verify(int argc, char** argv) {
   parser.add_string("dtypes", &dtypes_text, "comma list of bf16, fp16, fp32");
   parser.add_string("hidden", &hidden_text, "comma list of H");
   parser.add_string("rows", &rows_text, "comma list of row counts");
-  parser.add_string("algos", &algos_text, "comma list of one_stage, one_stage_reg, two_stage, gather_norm, unfused, auto");
+  parser.add_string("algos", &algos_text,
+                    "comma list of one_stage, one_stage_reg, push_one_stage, two_stage, gather_norm, unfused, auto");
   parser.add_int("max-elements", &o.max_elements, "skip (H, rows) with rows * H above this");
   parser.add_int("sim-all-max-elements", &o.sim_all_max_elements,
                  "simulate each GPU algorithm itself up to this rows * H (one_stage above)");
@@ -285,7 +292,8 @@ int run_fused_verify(int argc, char** argv) {
     const auto a = cuda::fused::parse_fused_algorithm(s);
     if (!a || *a == FusedAlgorithm::kNcclSplit) {
       return cli::fail(kCommand,
-                       "unknown algorithm '" + s + "' (one_stage, one_stage_reg, two_stage, gather_norm, unfused, auto)");
+                       "unknown algorithm '" + s +
+                           "' (one_stage, one_stage_reg, push_one_stage, two_stage, gather_norm, unfused, auto)");
     }
     o.algos.push_back(*a);
   }
