@@ -530,6 +530,17 @@ EXC_HD inline size_t push_slot_offset(size_t count, int pack, int half, int from
   return static_cast<size_t>(half) * half_elements + static_cast<size_t>(from) * push_slot_stride(count, pack);
 }
 
+// Stores calls + 1 (the next push call number) into the push_calls slots this block owns in this
+// launch: b, b + G, b + 2G, ... (G = blocks of the launch), so every slot is advanced by exactly one
+// block whatever the grid. Preconditions: called after the block's barrier, by every thread of the
+// block, with the value every block read from its own slot before the barrier.
+template <class Ctx>
+EXC_HD EXC_INLINE void advance_push_calls(Ctx& ctx, uint32_t calls) {
+  const int g = ctx.num_blocks();
+  SignalBuffer* mine = ctx.signals(ctx.rank());
+  for (int s = ctx.block() + g * ctx.thread(); s < kMaxBlocks; s += g * ctx.num_threads()) mine->push_calls[s] = calls + 1;
+}
+
 // All-reduce, push one shot: every rank stores its input into every peer's scratch before a single
 // barrier, then folds from local memory; no end barrier. Same bits as one_shot (the fold runs over
 // ranks 0..n-1 in rank order; only where the operands are read from changes).
@@ -616,9 +627,7 @@ EXC_HD void allreduce_push_one_shot(Ctx& ctx, size_t count) {
   // 3. One barrier: every peer's share of this block is in this rank's slots.
   block_barrier<Protocol>(ctx, &barriers);
   // 4. Advance the push call number in the slots this block owns in this launch.
-  for (int s = b + num_blocks * ctx.thread(); s < kMaxBlocks; s += num_blocks * ctx.num_threads()) {
-    ctx.signals(me)->push_calls[s] = calls + 1;
-  }
+  advance_push_calls(ctx, calls);
   // 5. Fold in rank order from local memory.
   const T* recv = ctx.scratch(me);
   auto source = [&](int r) -> const T* {
@@ -736,9 +745,7 @@ EXC_HD void allreduce_push_two_shot(Ctx& ctx, size_t count) {
   // 3. Barrier: this rank's slice has arrived from every peer.
   block_barrier<Protocol>(ctx, &barriers);
   // 4. Advance the push call number in the slots this block owns in this launch.
-  for (int s = b + num_blocks * ctx.thread(); s < kMaxBlocks; s += num_blocks * ctx.num_threads()) {
-    ctx.signals(me)->push_calls[s] = calls + 1;
-  }
+  advance_push_calls(ctx, calls);
   // 5. Fold this rank's slice in rank order from local memory into output.
   const Slice own = two_shot_slice(count, P, me, n);
   const BlockShare own_share = block_share(own.begin, own.end, P, b, num_blocks);

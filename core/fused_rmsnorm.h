@@ -348,9 +348,7 @@ EXC_HD void push_one_stage_rows(Ctx& ctx, const FusedRmsNormArgs<T>& args, Befor
   // 3. One barrier: every peer's rows of this block are in this rank's slots.
   block_barrier<Protocol>(ctx, &barriers);
   // 4. Advance the push call number in the slots this block owns in this launch.
-  for (int s = b + num_blocks * ctx.thread(); s < kMaxBlocks; s += num_blocks * ctx.num_threads()) {
-    ctx.signals(me)->push_calls[s] = calls + 1;
-  }
+  advance_push_calls(ctx, calls);
   // 5. The rows, folded from local memory.
   const T* recv = ctx.scratch(me);
   auto x_of = [&](int r) -> const T* {
