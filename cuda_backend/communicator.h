@@ -97,6 +97,9 @@ class Communicator {
   const std::string& ipc_unavailable_reason() const { return ipc_reason_; }
   bool nccl_ready() const { return nccl_comm_ != nullptr; }
   size_t buffer_bytes() const { return options_.buffer_bytes; }
+  // Whether kernels launch with programmatic dependent launch (CommunicatorOptions); the fused
+  // kernels on this communicator follow it too.
+  bool programmatic_launch() const { return options_.programmatic_launch; }
   const DispatchTable& table() const { return table_; }
 
   // Collective: every rank passes its own buffer of the same size, in the same order. Returns a

@@ -91,9 +91,10 @@ __global__ void __launch_bounds__(1024) barrier_kernel(const __grid_constant__ K
 }
 
 // Launches kernel(args) on cfg's grid, with the programmatic-dependent-launch attribute when
-// cfg.programmatic (captured into CUDA graphs as a programmatic edge).
-inline cudaError_t launch_kernel(void (*kernel)(const KernelArgs), const KernelArgs& args, LaunchConfig cfg,
-                                 cudaStream_t stream) {
+// cfg.programmatic (captured into CUDA graphs as a programmatic edge). Preconditions: the kernel
+// calls enter_after_previous_grid() before it touches memory (the collective and fused kernels).
+template <class Args>
+inline cudaError_t launch_kernel(void (*kernel)(const Args), const Args& args, LaunchConfig cfg, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(cfg.blocks));
   config.blockDim = dim3(static_cast<unsigned>(cfg.threads));

@@ -12,6 +12,7 @@
 #include "cuda_backend/device_ctx.cuh"
 #include "cuda_backend/fused/fused_algorithms.h"
 #include "cuda_backend/fused/fused_kernel_args.h"
+#include "cuda_backend/kernels.cuh"
 
 namespace exactcoll::cuda::fused {
 
@@ -64,6 +65,7 @@ __device__ __forceinline__ FusedRmsNormArgs<T> fused_args(const FusedKernelArgs&
 
 template <class T, int kRanks, FusedKernelKind kKind>
 __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ FusedKernelArgs args) {
+  enter_after_previous_grid();  // programmatic dependent launch (launch_kernel, kernels.cuh)
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;
   // No __syncthreads here: every kind with waits starts with a barrier whose first step is
@@ -99,27 +101,21 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
 template <class T, int kRanks>
 cudaError_t launch_fused_for_ranks(FusedKernelKind kind, const FusedKernelArgs& args, LaunchConfig cfg,
                                    cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(cfg.blocks)), block(static_cast<unsigned>(cfg.threads));
   switch (kind) {
     case FusedKernelKind::kOneStage:
-      fused_kernel<T, kRanks, FusedKernelKind::kOneStage><<<grid, block, 0, stream>>>(args);
-      break;
+      return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kOneStage>, args, cfg, stream);
     case FusedKernelKind::kTwoStage:
-      fused_kernel<T, kRanks, FusedKernelKind::kTwoStage><<<grid, block, 0, stream>>>(args);
-      break;
+      return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kTwoStage>, args, cfg, stream);
     case FusedKernelKind::kGatherNorm:
-      fused_kernel<T, kRanks, FusedKernelKind::kGatherNorm><<<grid, block, 0, stream>>>(args);
-      break;
+      return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kGatherNorm>, args, cfg, stream);
     case FusedKernelKind::kOneStageReg:
-      fused_kernel<T, kRanks, FusedKernelKind::kOneStageReg><<<grid, block, 0, stream>>>(args);
-      break;
+      return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kOneStageReg>, args, cfg, stream);
     case FusedKernelKind::kPushOneStage:
-      fused_kernel<T, kRanks, FusedKernelKind::kPushOneStage><<<grid, block, 0, stream>>>(args);
-      break;
+      return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kPushOneStage>, args, cfg, stream);
     case FusedKernelKind::kResidualRmsNorm:
       return cudaErrorInvalidValue;  // not per world size: launch_fused_typed launches it
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 // Compile-time world sizes 2, 3, 4 and 8 (the machines' shapes); other sizes run the run-time-n
@@ -128,9 +124,7 @@ template <class T>
 cudaError_t launch_fused_typed(FusedKernelKind kind, const FusedKernelArgs& args, LaunchConfig cfg,
                                cudaStream_t stream) {
   if (kind == FusedKernelKind::kResidualRmsNorm) {
-    fused_kernel<T, 1, FusedKernelKind::kResidualRmsNorm>
-        <<<dim3(static_cast<unsigned>(cfg.blocks)), dim3(static_cast<unsigned>(cfg.threads)), 0, stream>>>(args);
-    return cudaGetLastError();
+    return launch_kernel(fused_kernel<T, 1, FusedKernelKind::kResidualRmsNorm>, args, cfg, stream);
   }
   switch (args.base.world_size) {
     case 2: return launch_fused_for_ranks<T, 2>(kind, args, cfg, stream);

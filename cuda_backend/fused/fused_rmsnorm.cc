@@ -102,7 +102,9 @@ LaunchConfig FusedRmsNorm::residual_rmsnorm(const void* s, const void* residual,
   a.rows = shape.rows;
   a.hidden = shape.hidden;
   a.eps = shape.eps;
-  EXC_CUDA_CHECK(launch_fused(shape.dtype, FusedKernelKind::kResidualRmsNorm, a, g, stream));
+  LaunchConfig launch_grid = g;
+  launch_grid.programmatic = comm_.programmatic_launch();
+  EXC_CUDA_CHECK(launch_fused(shape.dtype, FusedKernelKind::kResidualRmsNorm, a, launch_grid, stream));
   return g;
 }
 
@@ -185,7 +187,9 @@ FusedCallInfo FusedRmsNorm::run(const FusedRmsNormBuffers& b, const FusedRmsNorm
     // barriers and, for push_one_stage, advance the call counter), so the per-block barrier
     // counts stay equal on every rank. Consecutive push_one_stage chunks of different sizes are
     // safe: the receive halves do not move with the size (core/collectives.h).
-    EXC_CUDA_CHECK(launch_fused(shape.dtype, kernel_kind(choice.algo), a, info.grid, stream));
+    LaunchConfig launch_grid = info.grid;
+    launch_grid.programmatic = comm_.programmatic_launch();
+    EXC_CUDA_CHECK(launch_fused(shape.dtype, kernel_kind(choice.algo), a, launch_grid, stream));
     ++info.launches;
   }
   return info;
