@@ -74,8 +74,8 @@ new_rows = [r for p in news for r in split(p)[1]]
 measured = {key(r) for r in new_rows}
 rows = [r for r in rows if key(r) not in measured] + new_rows
 rows.sort(key=lambda r: (r.split('\t')[0], int(r.split('\t')[1]), int(r.split('\t')[2]), int(r.split('\t')[3]), r.split('\t')[4]))
-head = [h for h in head if not any(w in h for w in ('PROVISIONAL', 'at their point minus', 'this file (2026-11-21'))]
-note = '# World sizes %s, bf16 H 4096 and 8192, rows 1..1024: re-measured with push_one_stage by tools/gpu/fused/device_run_push_fused.sh.\n' % ' and '.join(sorted({k[0] for k in measured}))
+head = [h for h in head if not any(w in h for w in ('PROVISIONAL', 'at their point minus', 'this file (2026-11-21', 're-measured with push_one_stage'))]
+note = '# World sizes %s, bf16 H 4096 and 8192, rows 1..1024: re-measured with push_one_stage and programmatic dependent launch by tools/gpu/fused/device_run_push_fused.sh.\n' % ' and '.join(sorted({k[0] for k in measured}))
 head = [h for h in head if not h.startswith('# arch')] + [note] + [h for h in head if h.startswith('# arch')]
 open(out, 'w').write(''.join(head + rows))
 print('merged %d measured rows into %s' % (len(new_rows), out))
