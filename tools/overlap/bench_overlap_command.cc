@@ -81,6 +81,7 @@ struct Shape {
 struct Options {
   std::vector<DType> dtypes;
   int64_t iters = 30, warmup = 3, seed = 1, fsdp_size = 8192, gather_mib = 64, timeout_ms = 20000;
+  int64_t comm_streams = 2;  // the pipelines' communication streams (pulls alternate over them)
   std::vector<Shape> ag_shapes;
   Shape check_shape{1024, 512, 768};
   std::vector<ProductGrouping> groupings;  // AG->matmul's product groupings, compared side by side
@@ -222,6 +223,7 @@ class Bench {
     p.n = s.n;
     p.gather_count = gather_count;
     p.wait_timeout_ms = static_cast<uint64_t>(o_.timeout_ms);
+    p.comm_streams = static_cast<int>(o_.comm_streams);
     p.product_algos = std::move(algos);
     return p;
   }
@@ -962,6 +964,9 @@ int run_bench_overlap(int argc, char** argv) {
   parser.add_string("sections", &sections, "check, fsdp, ag (comma-separated)");
   parser.add_string("json", &o.json_path, "write every row, note and target as JSON (rank 0)");
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every wait (flags, streams)");
+  parser.add_int("comm-streams", &o.comm_streams,
+                 "communication streams per pipeline (pulls alternate over them; fewer spread the copies' "
+                 "memory traffic over more of the products)");
   if (auto code = parser.parse(argc, argv)) return *code;
   for (const std::string& d : split_list(dtypes)) {
     if (d == "bf16") {
@@ -1001,8 +1006,10 @@ int run_bench_overlap(int argc, char** argv) {
     }
   }
   if (o.dtypes.empty() || o.iters < 1 || o.warmup < 0 || o.seed < 0 || o.fsdp_size < 1 || o.gather_mib < 1 ||
-      o.timeout_ms < 1) {
-    return cli::fail(kCommand, "--dtypes must name a type; --iters, --fsdp-size, --gather-mib, --timeout-ms must be positive");
+      o.timeout_ms < 1 || o.comm_streams < 1 || o.comm_streams > 8) {
+    return cli::fail(kCommand,
+                     "--dtypes must name a type; --iters, --fsdp-size, --gather-mib, --timeout-ms must be positive; "
+                     "--comm-streams 1..8");
   }
   if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), kCommand)) return *code;
   try {
