@@ -541,6 +541,96 @@ EXC_HD EXC_INLINE void advance_push_calls(Ctx& ctx, uint32_t calls) {
   for (int s = ctx.block() + g * ctx.thread(); s < kMaxBlocks; s += g * ctx.num_threads()) mine->push_calls[s] = calls + 1;
 }
 
+// Stores this block's share of src (element i) into every peer's scratch at
+// ctx.scratch(peer) + offset(peer) + i, peers in order rank+1, rank+2, ...; 16-byte loads and
+// stores for the aligned packs. Preconditions: offset(peer) is a multiple of the pack.
+template <class T, int kRanks, class Ctx, class Offset>
+EXC_HD void push_share(Ctx& ctx, const BlockShare& share, const T* src, Offset offset) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  const int peers = kRanks > 0 ? kRanks : n;
+  constexpr int kGroup = packs_in_flight<Ctx>();
+  for_share_grouped<kGroup>(
+      ctx, share, P,
+      [&](size_t i, size_t stride) {
+        Pack<T> in[kGroup];
+        for (int u = 0; u < kGroup; ++u) in[u] = ctx.load(reinterpret_cast<const Pack<T>*>(src + i + u * stride));
+        for (int k = 1; k < peers; ++k) {
+          const int peer = (me + k) % n;
+          T* dst = ctx.scratch(peer) + offset(peer);
+          for (int u = 0; u < kGroup; ++u) ctx.store(reinterpret_cast<Pack<T>*>(dst + i + u * stride), in[u]);
+        }
+      },
+      [&](size_t i) {
+        const Pack<T> x = ctx.load(reinterpret_cast<const Pack<T>*>(src + i));
+        for (int k = 1; k < peers; ++k) {
+          const int peer = (me + k) % n;
+          ctx.store(reinterpret_cast<Pack<T>*>(ctx.scratch(peer) + offset(peer) + i), x);
+        }
+      },
+      [&](size_t i) {
+        const T x = src[i];
+        for (int k = 1; k < peers; ++k) {
+          const int peer = (me + k) % n;
+          ctx.scratch(peer)[offset(peer) + i] = x;
+        }
+      });
+}
+
+// One push call's receive half, as every block of the launch computes it before the call's
+// barrier (step 1 of the push algorithms): the call number from this block's push_calls slot,
+// the half Halves picks from it, and where the halves meet.
+struct PushCall {
+  uint32_t calls = 0;        // this rank's push call number (SignalBuffer::push_calls)
+  int half = 0;              // the receive half of this call
+  size_t half_elements = 0;  // Halves::half_elements: where half 1 begins
+};
+
+template <class Halves, class Ctx>
+EXC_HD EXC_INLINE PushCall begin_push_call(Ctx& ctx, size_t count, int pack, uint32_t barriers) {
+  PushCall c;
+  c.calls = ctx.signals(ctx.rank())->push_calls[ctx.block()];
+  c.half = Halves::half(c.calls, barriers);
+  c.half_elements = Halves::half_elements(count, pack, ctx.world_size(), ctx.scratch_elements());
+  return c;
+}
+
+// Returns where, after a push call's barrier, rank r's operand of the fold lies: `mine` (this
+// rank's own input) for r == rank, else this rank's own receive slot (half, r).
+template <class T, class Ctx>
+EXC_HD EXC_INLINE auto push_fold_sources(Ctx& ctx, const T* mine, size_t count, const PushCall& call) {
+  const T* recv = ctx.scratch(ctx.rank());
+  const int me = ctx.rank();
+  const int half = call.half;
+  const size_t half_elements = call.half_elements;
+  return [=](int r) -> const T* {
+    return r == me ? mine : recv + push_slot_offset(count, Storage<T>::kPack, half, r, half_elements);
+  };
+}
+
+// Traces a push algorithm's fold step `name` over `share`: the reads of this rank's input and of
+// its slots (half, r), and the write of output.
+template <class T, class Ctx>
+EXC_HD void trace_push_fold(Ctx& ctx, const char* name, const BlockShare& share, size_t count, const PushCall& call) {
+  if constexpr (Ctx::kTraceSteps) {
+    const int me = ctx.rank();
+    ctx.trace_step_begin(name);
+    for (int r = 0; r < ctx.world_size(); ++r) {
+      if (r == me) {
+        trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
+      } else {
+        trace_share(ctx, share, Access::kRead, me, Buffer::kScratch,
+                    push_slot_offset(count, Storage<T>::kPack, call.half, r, call.half_elements));
+      }
+    }
+    trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
+    ctx.trace_step_end();
+  } else {
+    (void)ctx, (void)name, (void)share, (void)count, (void)call;
+  }
+}
+
 // All-reduce, push one shot: every rank stores its input into every peer's scratch before a single
 // barrier, then folds from local memory; no end barrier. Same bits as one_shot (the fold runs over
 // ranks 0..n-1 in rank order; only where the operands are read from changes).
@@ -584,106 +674,29 @@ EXC_HD void allreduce_push_one_shot(Ctx& ctx, size_t count) {
   constexpr int P = Storage<T>::kPack;
   const int n = ctx.world_size();
   const int me = ctx.rank();
-  const int b = ctx.block();
-  const int num_blocks = ctx.num_blocks();
   uint32_t barriers = load_barrier_count(ctx);
   // 1. The receive half of this call.
-  const uint32_t calls = ctx.signals(me)->push_calls[b];
-  const int half = Halves::half(calls, barriers);
-  const size_t half_elements = Halves::half_elements(count, P, n, ctx.scratch_elements());
-  const BlockShare share = block_share(0, count, P, b, num_blocks);
+  const PushCall call = begin_push_call<Halves>(ctx, count, P, barriers);
+  const BlockShare share = block_share(0, count, P, ctx.block(), ctx.num_blocks());
   const T* mine = ctx.input(me);
-  const size_t my_slot = push_slot_offset(count, P, half, me, half_elements);
+  const size_t my_slot = push_slot_offset(count, P, call.half, me, call.half_elements);
   // 2. Push this block's share into every peer's slot (half, me); peers in order me+1, me+2, ...
-  constexpr int kPeerBound = kRanks > 0 ? kRanks : 0;
-  const int peers = kPeerBound > 0 ? kPeerBound : n;
   if constexpr (Ctx::kTraceSteps) {
     ctx.trace_step_begin("push");
     trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
     for (int k = 1; k < n; ++k) trace_share(ctx, share, Access::kWrite, (me + k) % n, Buffer::kScratch, my_slot);
     ctx.trace_step_end();
   }
-  constexpr int kGroup = packs_in_flight<Ctx>();
-  for_share_grouped<kGroup>(
-      ctx, share, P,
-      [&](size_t i, size_t stride) {
-        Pack<T> in[kGroup];
-        for (int u = 0; u < kGroup; ++u) in[u] = ctx.load(reinterpret_cast<const Pack<T>*>(mine + i + u * stride));
-        for (int k = 1; k < peers; ++k) {
-          T* dst = ctx.scratch((me + k) % n) + my_slot;
-          for (int u = 0; u < kGroup; ++u) ctx.store(reinterpret_cast<Pack<T>*>(dst + i + u * stride), in[u]);
-        }
-      },
-      [&](size_t i) {
-        const Pack<T> x = ctx.load(reinterpret_cast<const Pack<T>*>(mine + i));
-        for (int k = 1; k < peers; ++k) {
-          ctx.store(reinterpret_cast<Pack<T>*>(ctx.scratch((me + k) % n) + my_slot + i), x);
-        }
-      },
-      [&](size_t i) {
-        const T x = mine[i];
-        for (int k = 1; k < peers; ++k) ctx.scratch((me + k) % n)[my_slot + i] = x;
-      });
+  push_share<T, kRanks>(ctx, share, mine, [my_slot](int) { return my_slot; });
   // 3. One barrier: every peer's share of this block is in this rank's slots.
   block_barrier<Protocol>(ctx, &barriers);
   // 4. Advance the push call number in the slots this block owns in this launch.
-  advance_push_calls(ctx, calls);
+  advance_push_calls(ctx, call.calls);
   // 5. Fold in rank order from local memory.
-  const T* recv = ctx.scratch(me);
-  auto source = [&](int r) -> const T* {
-    return r == me ? mine : recv + push_slot_offset(count, P, half, r, half_elements);
-  };
-  if constexpr (Ctx::kTraceSteps) {
-    ctx.trace_step_begin("fold");
-    for (int r = 0; r < n; ++r) {
-      if (r == me) {
-        trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
-      } else {
-        trace_share(ctx, share, Access::kRead, me, Buffer::kScratch, push_slot_offset(count, P, half, r, half_elements));
-      }
-    }
-    trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
-    ctx.trace_step_end();
-  }
-  fold_range_from<T, kRanks>(ctx, share, source, ctx.output(), static_cast<T*>(nullptr));
+  trace_push_fold<T>(ctx, "fold", share, count, call);
+  fold_range_from<T, kRanks>(ctx, share, push_fold_sources(ctx, mine, count, call), ctx.output(),
+                             static_cast<T*>(nullptr));
   store_barrier_count(ctx, barriers);
-}
-
-// Stores this block's share of src (element i) into every peer's scratch at
-// ctx.scratch(peer) + offset(peer) + i, peers in order rank+1, rank+2, ...; 16-byte loads and
-// stores for the aligned packs. Preconditions: offset(peer) is a multiple of the pack.
-template <class T, int kRanks, class Ctx, class Offset>
-EXC_HD void push_share(Ctx& ctx, const BlockShare& share, const T* src, Offset offset) {
-  constexpr int P = Storage<T>::kPack;
-  const int n = ctx.world_size();
-  const int me = ctx.rank();
-  const int peers = kRanks > 0 ? kRanks : n;
-  constexpr int kGroup = packs_in_flight<Ctx>();
-  for_share_grouped<kGroup>(
-      ctx, share, P,
-      [&](size_t i, size_t stride) {
-        Pack<T> in[kGroup];
-        for (int u = 0; u < kGroup; ++u) in[u] = ctx.load(reinterpret_cast<const Pack<T>*>(src + i + u * stride));
-        for (int k = 1; k < peers; ++k) {
-          const int peer = (me + k) % n;
-          T* dst = ctx.scratch(peer) + offset(peer);
-          for (int u = 0; u < kGroup; ++u) ctx.store(reinterpret_cast<Pack<T>*>(dst + i + u * stride), in[u]);
-        }
-      },
-      [&](size_t i) {
-        const Pack<T> x = ctx.load(reinterpret_cast<const Pack<T>*>(src + i));
-        for (int k = 1; k < peers; ++k) {
-          const int peer = (me + k) % n;
-          ctx.store(reinterpret_cast<Pack<T>*>(ctx.scratch(peer) + offset(peer) + i), x);
-        }
-      },
-      [&](size_t i) {
-        const T x = src[i];
-        for (int k = 1; k < peers; ++k) {
-          const int peer = (me + k) % n;
-          ctx.scratch(peer)[offset(peer) + i] = x;
-        }
-      });
 }
 
 // All-reduce, push two shot: slices pushed to their owners, each owner folds its slice and pushes
@@ -717,11 +730,9 @@ EXC_HD void allreduce_push_two_shot(Ctx& ctx, size_t count) {
   const int num_blocks = ctx.num_blocks();
   uint32_t barriers = load_barrier_count(ctx);
   // 1. The receive half of this call.
-  const uint32_t calls = ctx.signals(me)->push_calls[b];
-  const int half = Halves::half(calls, barriers);
-  const size_t half_elements = Halves::half_elements(count, P, n, ctx.scratch_elements());
+  const PushCall call = begin_push_call<Halves>(ctx, count, P, barriers);
   const T* mine = ctx.input(me);
-  auto slot = [&](int from) { return push_slot_offset(count, P, half, from, half_elements); };
+  auto slot = [&](int from) { return push_slot_offset(count, P, call.half, from, call.half_elements); };
   // 2. Push every peer's slice of this rank's input to that peer.
   for (int k = 1; k < n; ++k) {
     const int owner = (me + k) % n;
@@ -745,26 +756,13 @@ EXC_HD void allreduce_push_two_shot(Ctx& ctx, size_t count) {
   // 3. Barrier: this rank's slice has arrived from every peer.
   block_barrier<Protocol>(ctx, &barriers);
   // 4. Advance the push call number in the slots this block owns in this launch.
-  advance_push_calls(ctx, calls);
+  advance_push_calls(ctx, call.calls);
   // 5. Fold this rank's slice in rank order from local memory into output.
   const Slice own = two_shot_slice(count, P, me, n);
   const BlockShare own_share = block_share(own.begin, own.end, P, b, num_blocks);
-  const T* recv = ctx.scratch(me);
-  if constexpr (Ctx::kTraceSteps) {
-    ctx.trace_step_begin("reduce_slice");
-    for (int r = 0; r < n; ++r) {
-      if (r == me) {
-        trace_share(ctx, own_share, Access::kRead, me, Buffer::kInput);
-      } else {
-        trace_share(ctx, own_share, Access::kRead, me, Buffer::kScratch, slot(r));
-      }
-    }
-    trace_share(ctx, own_share, Access::kWrite, me, Buffer::kOutput);
-    ctx.trace_step_end();
-  }
-  fold_range_from<T, kRanks>(
-      ctx, own_share, [&](int r) -> const T* { return r == me ? mine : recv + slot(r); }, ctx.output(),
-      static_cast<T*>(nullptr));
+  trace_push_fold<T>(ctx, "reduce_slice", own_share, count, call);
+  fold_range_from<T, kRanks>(ctx, own_share, push_fold_sources(ctx, mine, count, call), ctx.output(),
+                             static_cast<T*>(nullptr));
   ctx.sync_block();  // step 6 reads output packs that other threads of the block may have written
   // 6. Push the folded slice into every peer's own slot.
   if constexpr (Ctx::kTraceSteps) {
@@ -790,7 +788,7 @@ EXC_HD void allreduce_push_two_shot(Ctx& ctx, size_t count) {
       trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
       ctx.trace_step_end();
     }
-    copy_range<T>(ctx, share, recv + slot(me), ctx.output(), 0);
+    copy_range<T>(ctx, share, ctx.scratch(me) + slot(me), ctx.output(), 0);
   }
   store_barrier_count(ctx, barriers);
 }

@@ -329,10 +329,8 @@ EXC_HD void push_one_stage_rows(Ctx& ctx, const FusedRmsNormArgs<T>& args, Befor
   const size_t count = static_cast<size_t>(args.rows) * H;
   uint32_t barriers = load_barrier_count(ctx);
   // 1. The receive half of this call.
-  const uint32_t calls = ctx.signals(me)->push_calls[b];
-  const int half = Halves::half(calls, barriers);
-  const size_t half_elements = Halves::half_elements(count, P, n, ctx.scratch_elements());
-  const size_t my_slot = push_slot_offset(count, P, half, me, half_elements);
+  const PushCall call = begin_push_call<Halves>(ctx, count, P, barriers);
+  const size_t my_slot = push_slot_offset(count, P, call.half, me, call.half_elements);
   const RowRange mine = fused_block_rows(RowRange{0, args.rows}, b, num_blocks);
   const BlockShare share = block_share(mine.begin * H, mine.end * H, P, 0, 1);
   const T* x = ctx.input(me);
@@ -348,24 +346,10 @@ EXC_HD void push_one_stage_rows(Ctx& ctx, const FusedRmsNormArgs<T>& args, Befor
   // 3. One barrier: every peer's rows of this block are in this rank's slots.
   block_barrier<Protocol>(ctx, &barriers);
   // 4. Advance the push call number in the slots this block owns in this launch.
-  advance_push_calls(ctx, calls);
+  advance_push_calls(ctx, call.calls);
   // 5. The rows, folded from local memory.
-  const T* recv = ctx.scratch(me);
-  auto x_of = [&](int r) -> const T* {
-    return r == me ? x : recv + push_slot_offset(count, P, half, r, half_elements);
-  };
-  if constexpr (Ctx::kTraceSteps) {
-    ctx.trace_step_begin("fused_rows");
-    for (int r = 0; r < n; ++r) {
-      if (r == me) {
-        trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
-      } else {
-        trace_share(ctx, share, Access::kRead, me, Buffer::kScratch, push_slot_offset(count, P, half, r, half_elements));
-      }
-    }
-    trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
-    ctx.trace_step_end();
-  }
+  trace_push_fold<T>(ctx, "fused_rows", share, count, call);
+  const auto x_of = push_fold_sources(ctx, x, count, call);
   for (int row = mine.begin; row < mine.end; ++row) row_fn(row, x_of);
   store_barrier_count(ctx, barriers);
 }

@@ -36,7 +36,7 @@
 #include "tools/gpu/inputs.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
-#include "tools/launch/launcher.h"
+#include "tests/cuda/gpu_test_harness.h"
 
 namespace exactcoll::gpu {
 namespace {
@@ -313,20 +313,11 @@ int scenario_mixed() {
 
 // ---- the tests (parent process) --------------------------------------------------------------------
 
-int visible_gpus() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
-  return count;
+int launch_scenario(const std::string& scenario, int nproc) {
+  return test::launch_scenario("fused_gpu_test", scenario, nproc, std::chrono::minutes(2));
 }
 
-int launch_scenario(const std::string& scenario, int nproc) {
-  launch::LaunchOptions options;
-  options.executable = "/proc/self/exe";
-  options.argv = {"fused_gpu_test", "--scenario=" + scenario};
-  options.nproc = nproc;
-  options.timeout = std::chrono::minutes(2);
-  return launch::run_workers(options);
-}
+using test::visible_gpus;
 
 TEST(GpuFused, EveryAlgorithmMatchesTheContract) {
   const int gpus = visible_gpus();
@@ -347,21 +338,6 @@ TEST(GpuFused, PushCallsBackToBackWithDriftingRanksMatchTheContract) {
 }  // namespace exactcoll::gpu
 
 int main(int argc, char** argv) {
-  if (const char* rank = std::getenv("RANK"); rank != nullptr && *rank != '\0') {
-    std::string scenario;
-    for (int i = 1; i < argc; ++i) {
-      if (std::strncmp(argv[i], "--scenario=", 11) == 0) scenario = argv[i] + 11;
-    }
-    try {
-      if (scenario == "exact") return exactcoll::gpu::scenario_exact();
-      if (scenario == "mixed") return exactcoll::gpu::scenario_mixed();
-    } catch (const std::exception& e) {
-      std::cerr << "worker failed: " << e.what() << "\n";
-      return 3;
-    }
-    std::cerr << "unknown scenario '" << scenario << "'\n";
-    return 2;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return exactcoll::gpu::test::gpu_test_main(
+      argc, argv, {{"exact", exactcoll::gpu::scenario_exact}, {"mixed", exactcoll::gpu::scenario_mixed}});
 }

@@ -65,29 +65,8 @@ if has extra; then
 fi
 if has cli; then
   S=.gpubin/exactcoll_sim
-  same() {  # op ranks dtype gpu-only-flags -- shared flags...
-    local op=$1 n=$2 d=$3 extra=$4; shift 5
-    local a b
-    a=$($S sim "$op" --ranks "$n" --dtype "$d" "$@" 2>&1 | grep -o 'sha256 [0-9a-f]*')
-    b=$(timeout 120 $B gpu "$op" --nproc "$n" --dtype "$d" $extra "$@" 2>&1 | tee -a "$OUT/cli.log" | grep -o 'sha256 [0-9a-f]*')
-    if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "PASS gpu $op $n $d $extra $* ($a)"; else echo "FAIL gpu $op $n $d $extra $*: sim '$a' gpu '$b'"; status=1; fi
-  }
-  {
-    same allreduce 2 bf16 "" -- --count 100003 --seed 5
-    same allreduce 4 fp16 "" -- --count 777 --seed 6 --algo two_shot
-    same allreduce 3 fp32 "--registered --graph" -- --count 65537 --seed 11
-    same reduce_scatter 3 fp32 "" -- --count 3003 --seed 7
-    same allgather 4 bf16 "--registered --graph" -- --count 4097 --seed 8
-    $S sim allgather --ranks 2 --dtype bf16 --count 5000 --seed 9 --output "$OUT/x.npy" > /dev/null
-    $S sim allreduce --ranks 2 --dtype bf16 --input "$OUT/x.npy" --output "$OUT/s.npy" > /dev/null
-    timeout 120 $B gpu allreduce --nproc 2 --dtype bf16 --input "$OUT/x.npy" --output "$OUT/g.npy" >> "$OUT/cli.log" 2>&1
-    if cmp "$OUT/s.npy" "$OUT/g.npy"; then echo "PASS gpu --input/--output: the .npy equals sim's byte for byte"; else echo "FAIL npy"; status=1; fi
-    timeout 120 $B gpu allreduce --nproc 4 --dtype bf16 --count 1000 --algo nccl 2>&1 | tee -a "$OUT/cli.log" | grep -q "NOT bit-exact" \
-      && echo "PASS --algo nccl is labelled not bit-exact" || { echo "FAIL nccl label"; status=1; }
-    timeout 120 $B gpu allreduce --nproc 3 --dtype bf16 --input "$OUT/x.npy" --output "$OUT/bad.npy" >> "$OUT/cli.log" 2>&1
-    rc=$?
-    if [ $rc = 2 ] && [ ! -e "$OUT/bad.npy" ]; then echo "PASS a [2, …] input on 3 ranks: exit 2, no output"; else echo "FAIL bad input rc=$rc"; status=1; fi
-    rm -f "$OUT"/*.npy
-  } 2>&1 | tee "$OUT/cli_summary.log"
+  . tools/gpu/cli_checks.sh
+  cli_checks "$OUT" 2>&1 | tee "$OUT/cli_summary.log"
+  grep -q "^FAIL" "$OUT/cli_summary.log" && status=1
 fi
 exit $status
