@@ -501,20 +501,15 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   const bool staged = reg == nullptr;
   const size_t capacity = options_.buffer_bytes;
 
-  Choice choice = choose(op, count, dtype, algo);
-  if (grid) choice.grid = *grid;
   // push_one_shot and push_two_shot need two halves of n receive slots of the message in every
-  // rank's scratch. `auto` never runs them where they do not fit: one_shot / two_shot instead
-  // (same bits, its own grid); a named push algorithm runs in chunks that fit (below).
-  const int pack = 16 / static_cast<int>(elem);
-  auto push_fits = [&](size_t c) { return push_scratch_elements(c, pack, world_size_) * elem <= capacity; };
-  const bool auto_push = op == Op::kAllReduce && algo == Algorithm::kAuto &&
-                         (choice.algo == Algorithm::kPushOneShot || choice.algo == Algorithm::kPushTwoShot);
-  if (auto_push && !push_fits(count)) {
-    choice = choose(op, count, dtype,
-                    choice.algo == Algorithm::kPushOneShot ? Algorithm::kOneShot : Algorithm::kTwoShot);
-    if (grid) choice.grid = *grid;
-  }
+  // rank's scratch; where those do not fit they run in chunks that do (below). `auto` prices that:
+  // a push algorithm that does not fit is chosen only where its chunks beat the other algorithms
+  // (DispatchTable::choose_allreduce_auto).
+  const int elem_bytes = static_cast<int>(elem);
+  Choice choice = op == Op::kAllReduce && algo == Algorithm::kAuto
+                      ? table_.choose_allreduce_auto(arch_, world_size_, count, elem_bytes, capacity)
+                      : choose(op, count, dtype, algo);
+  if (grid) choice.grid = *grid;
   CallInfo info;
   info.algo = choice.algo;
   info.grid = choice.grid;
@@ -546,7 +541,7 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   const bool push = op == Op::kAllReduce &&
                     (choice.algo == Algorithm::kPushOneShot || choice.algo == Algorithm::kPushTwoShot);
   const bool fits = (!staged || in_bytes <= capacity) && (!needs_scratch || in_bytes <= capacity) &&
-                    (!push || push_fits(count));
+                    (!push || push_fits(count, elem_bytes, world_size_, capacity));
   if (!fits && op == Op::kReduceScatter && staged) return run_chunked_reduce_scatter(input, output, count, dtype, choice, stream);
   if (!fits && op != Op::kAllReduce) return fallback("message larger than the staging buffer");
   const KernelKind kind = op == Op::kReduceScatter ? KernelKind::kReduceScatter
@@ -556,9 +551,10 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
                           : choice.algo == Algorithm::kPushTwoShot ? KernelKind::kPushTwoShot
                                                                : KernelKind::kOneShot;
   // Chunks are multiples of 64 elements, so every chunk starts 16-byte aligned (the push
-  // algorithms': 2 x n slots of a chunk fit the scratch).
-  const size_t chunk_limit = push ? capacity / elem / (2 * static_cast<size_t>(world_size_)) : capacity / elem;
-  const size_t chunk = fits ? count : std::max<size_t>(64, chunk_limit / 64 * 64);
+  // algorithms': 2 x n slots of a chunk fit the scratch, push_chunk_elements).
+  const size_t chunk = fits ? count
+                       : push ? push_chunk_elements(elem_bytes, world_size_, capacity)
+                              : std::max<size_t>(64, capacity / elem / 64 * 64);
   for (size_t first = 0; first < count; first += chunk) {
     const size_t c = std::min(chunk, count - first);
     KernelArgs a = base_args();

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "core/collectives.h"
 #include "cuda_backend/tsv.h"
 
 namespace exactcoll::cuda {
@@ -130,28 +131,71 @@ Choice DispatchTable::default_choice(int world_size, Op op, uint64_t bytes, Algo
   return c;
 }
 
-Choice DispatchTable::choose(const std::string& arch, int world_size, Op op, uint64_t bytes,
-                             Algorithm requested) const {
-  // No allocation: this runs on every eager call. Rows are few (tens per world size).
-  auto mine = [&](const TableRow& r) { return r.world_size == world_size && r.op == op && r.arch == arch; };
-  // 1. The measured size: the smallest >= bytes, else the largest; no rows -> heuristic.
+uint64_t DispatchTable::measured_size(const std::string& arch, int world_size, Op op, uint64_t bytes) const {
   uint64_t at_least = 0, largest = 0;
   for (const auto& r : rows_) {
-    if (!mine(r)) continue;
+    if (r.world_size != world_size || r.op != op || r.arch != arch) continue;
     largest = std::max(largest, r.bytes);
     if (r.bytes >= bytes && (at_least == 0 || r.bytes < at_least)) at_least = r.bytes;
   }
-  if (largest == 0) return default_choice(world_size, op, bytes, requested);
-  const uint64_t size = at_least != 0 ? at_least : largest;
-  // 2. Among that size's rows: the requested algorithm, or the fastest for auto.
+  return at_least != 0 ? at_least : largest;
+}
+
+const TableRow* DispatchTable::fastest_row(const std::string& arch, int world_size, Op op, uint64_t size,
+                                           Algorithm requested) const {
   const TableRow* best = nullptr;
   for (const auto& r : rows_) {
-    if (!mine(r) || r.bytes != size) continue;
+    if (r.world_size != world_size || r.op != op || r.bytes != size || r.arch != arch) continue;
     if (requested != Algorithm::kAuto && r.algo != requested) continue;
     if (best == nullptr || r.time_us < best->time_us) best = &r;
   }
+  return best;
+}
+
+Choice DispatchTable::choose(const std::string& arch, int world_size, Op op, uint64_t bytes,
+                             Algorithm requested) const {
+  // No allocation: this runs on every eager call. Rows are few (tens per world size).
+  // 1. The measured size: the smallest >= bytes, else the largest; no rows -> heuristic.
+  const uint64_t size = measured_size(arch, world_size, op, bytes);
+  if (size == 0) return default_choice(world_size, op, bytes, requested);
+  // 2. Among that size's rows: the requested algorithm, or the fastest for auto.
+  const TableRow* best = fastest_row(arch, world_size, op, size, requested);
   if (best == nullptr) return default_choice(world_size, op, bytes, requested);
   return Choice{best->algo, best->grid, true};
+}
+
+bool push_fits(uint64_t count, int elem_bytes, int world_size, uint64_t scratch_bytes) {
+  return push_scratch_elements(count, 16 / elem_bytes, world_size) * static_cast<uint64_t>(elem_bytes) <= scratch_bytes;
+}
+
+uint64_t push_chunk_elements(int elem_bytes, int world_size, uint64_t scratch_bytes) {
+  const uint64_t limit = scratch_bytes / static_cast<uint64_t>(elem_bytes) / (2 * static_cast<uint64_t>(world_size));
+  return std::max<uint64_t>(64, limit / 64 * 64);
+}
+
+Choice DispatchTable::choose_allreduce_auto(const std::string& arch, int world_size, uint64_t count, int elem_bytes,
+                                            uint64_t scratch_bytes) const {
+  const uint64_t bytes = count * static_cast<uint64_t>(elem_bytes);
+  const Choice best = choose(arch, world_size, Op::kAllReduce, bytes, Algorithm::kAuto);
+  if (push_fits(count, elem_bytes, world_size, scratch_bytes)) return best;  // runs as measured
+  if (!best.from_table) {
+    if (best.algo == Algorithm::kPushOneShot) return choose(arch, world_size, Op::kAllReduce, bytes, Algorithm::kOneShot);
+    if (best.algo == Algorithm::kPushTwoShot) return choose(arch, world_size, Op::kAllReduce, bytes, Algorithm::kTwoShot);
+    return best;
+  }
+  const uint64_t chunk = push_chunk_elements(elem_bytes, world_size, scratch_bytes);
+  const uint64_t chunks = (count + chunk - 1) / chunk;
+  const TableRow* cheapest = nullptr;
+  double cheapest_us = 0;
+  for (Algorithm algo : ipc_algorithms(Op::kAllReduce)) {
+    const bool push = algo == Algorithm::kPushOneShot || algo == Algorithm::kPushTwoShot;
+    const uint64_t at = push ? chunk * static_cast<uint64_t>(elem_bytes) : bytes;
+    const TableRow* row = fastest_row(arch, world_size, Op::kAllReduce, measured_size(arch, world_size, Op::kAllReduce, at), algo);
+    if (row == nullptr) continue;
+    const double us = row->time_us * static_cast<double>(push ? chunks : 1);
+    if (cheapest == nullptr || us < cheapest_us) cheapest = row, cheapest_us = us;
+  }
+  return Choice{cheapest->algo, cheapest->grid, true};  // not null: best came from a row
 }
 
 std::string DispatchTable::to_text(const std::vector<std::string>& header_comments) const {

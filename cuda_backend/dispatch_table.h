@@ -35,6 +35,14 @@ std::vector<Algorithm> ipc_algorithms(Op op);
 // Parses allreduce | reduce_scatter | allgather.
 std::optional<Op> parse_op(const std::string& name);
 
+// Does an all-reduce of `count` elements (elem_bytes each) fit a push algorithm's scratch
+// (push_scratch_elements: 2 halves of n slots) of scratch_bytes per rank?
+bool push_fits(uint64_t count, int elem_bytes, int world_size, uint64_t scratch_bytes);
+// Elements per launch when a push all-reduce that does not fit runs in chunks: 2 x n slots of a
+// chunk fit scratch_bytes; a multiple of 64 elements (so every chunk starts 16-byte aligned), at
+// least 64.
+uint64_t push_chunk_elements(int elem_bytes, int world_size, uint64_t scratch_bytes);
+
 struct TableError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -73,6 +81,18 @@ class DispatchTable {
   // (arch, world_size, op) it falls back to default_choice.
   Choice choose(const std::string& arch, int world_size, Op op, uint64_t bytes, Algorithm requested) const;
 
+  // `auto` for an all-reduce of `count` elements of elem_bytes each on a communicator whose scratch
+  // holds scratch_bytes per rank. A push algorithm needs push_scratch_elements(count) of scratch;
+  // where that does not fit, the communicator runs it in chunks of push_chunk_elements, so it is
+  // priced here as those chunks: ceil(count / chunk) x its measured time at the chunk's size, with
+  // the grid measured at that size. Every other algorithm is priced at its measured time for the
+  // message. Returns the cheapest. Without rows for (arch, world_size, allreduce): the heuristic,
+  // with one_shot / two_shot in place of a push algorithm that does not fit.
+  // Example (4 GPUs, 128 MiB scratch, bf16, 32 MiB): push_two_shot needs 256 MiB, so it would run
+  // as 2 chunks of 16 MiB; 2 x 80.5 us beats two_shot's 166 us for the whole message.
+  Choice choose_allreduce_auto(const std::string& arch, int world_size, uint64_t count, int elem_bytes,
+                               uint64_t scratch_bytes) const;
+
   // The heuristic used without a table: one_shot below 512 KiB (any size on 2 GPUs up to 1 MiB),
   // two_shot above; 512 threads; one block per 512 packs of work, at most kMaxBlocks.
   static Choice default_choice(int world_size, Op op, uint64_t bytes, Algorithm requested);
@@ -83,6 +103,12 @@ class DispatchTable {
   const std::vector<TableRow>& rows() const { return rows_; }
 
  private:
+  // The size whose rows serve a message of `bytes`: the smallest measured >= bytes, else the
+  // largest; 0 without rows for (arch, world_size, op).
+  uint64_t measured_size(const std::string& arch, int world_size, Op op, uint64_t bytes) const;
+  // The fastest row of that size for `requested` (any algorithm for kAuto), or null.
+  const TableRow* fastest_row(const std::string& arch, int world_size, Op op, uint64_t size, Algorithm requested) const;
+
   std::vector<TableRow> rows_;
 };
 

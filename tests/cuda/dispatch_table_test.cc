@@ -166,6 +166,47 @@ TEST(DispatchTable, PushTwoShotRowsParseAndAutoPicksThemWhereFastest) {
   }
 }
 
+// A push algorithm whose 2 x n slots do not fit the scratch runs in chunks; auto prices it as those
+// chunks (measured time at the chunk's size x chunks) against the other algorithms' whole-message
+// time, and uses the grid measured at the chunk's size. Numbers from the 4-GPU run of 2026-11-21.
+TEST(DispatchTable, AutoPricesAPushAlgorithmThatDoesNotFitAsItsChunks) {
+  const DispatchTable t = DispatchTable::parse(
+      "sm90\t4\tallreduce\t16777216\ttwo_shot\t128\t256\t88.0\n"
+      "sm90\t4\tallreduce\t16777216\tpush_two_shot\t128\t256\t80.5\n"
+      "sm90\t4\tallreduce\t33554432\ttwo_shot\t64\t512\t166.0\n"
+      "sm90\t4\tallreduce\t33554432\tpush_two_shot\t128\t512\t153.9\n"
+      "sm90\t4\tallreduce\t67108864\ttwo_shot\t128\t256\t318.0\n"
+      "sm90\t4\tallreduce\t67108864\tpush_two_shot\t128\t512\t303.3\n",
+      "chunks.tsv");
+  const uint64_t mib = 1 << 20;
+  // bf16 on 4 ranks: a push call of c elements needs 2 x 4 x c x 2 bytes, so 128 MiB holds
+  // 16 MiB messages whole and runs 32 MiB as 2 chunks of 16 MiB, 64 MiB as 4.
+  EXPECT_TRUE(push_fits(8 * mib, 2, 4, 128 * mib));
+  EXPECT_FALSE(push_fits(8 * mib + 64, 2, 4, 128 * mib));
+  EXPECT_EQ(push_chunk_elements(2, 4, 128 * mib), 8 * mib);
+  EXPECT_EQ(push_chunk_elements(2, 4, 1000), 64u);  // never below 64 elements
+  EXPECT_EQ(push_chunk_elements(2, 3, 100000), 100000u / 2 / 6 / 64 * 64);
+  // Fits: the table's choice as measured.
+  Choice c = t.choose_allreduce_auto("sm90", 4, 16 * mib, 2, 512 * mib);
+  EXPECT_EQ(c.algo, Algorithm::kPushTwoShot);
+  EXPECT_EQ(c.grid.threads, 512);
+  // 32 MiB on 128 MiB: 2 x 80.5 = 161 us beats two_shot's 166; the 16 MiB row's grid.
+  c = t.choose_allreduce_auto("sm90", 4, 16 * mib, 2, 128 * mib);
+  EXPECT_EQ(c.algo, Algorithm::kPushTwoShot);
+  EXPECT_EQ(c.grid.blocks, 128);
+  EXPECT_EQ(c.grid.threads, 256);
+  // 64 MiB on 128 MiB: 4 x 80.5 = 322 us loses to two_shot's 318.
+  c = t.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 128 * mib);
+  EXPECT_EQ(c.algo, Algorithm::kTwoShot);
+  EXPECT_EQ(c.grid.blocks, 128);
+  EXPECT_EQ(c.grid.threads, 256);
+  // Without rows for the world size: the heuristic, never a push algorithm.
+  c = t.choose_allreduce_auto("sm90", 2, 32 * mib, 2, 128 * mib);
+  EXPECT_FALSE(c.from_table);
+  EXPECT_NE(c.algo, Algorithm::kPushOneShot);
+  EXPECT_NE(c.algo, Algorithm::kPushTwoShot);
+}
+
 TEST(DispatchTable, EmbeddedTableParses) {
   // The repo's cuda_backend/tuning/sm90.tsv, compiled in; every row must be usable.
   const DispatchTable& t = DispatchTable::embedded();
