@@ -15,6 +15,8 @@
 #      7 x 4096, seed 3, specials) and device_run.sh's cli phase (gpu vs sim sha256, .npy bytes,
 #      nccl label, bad input), plus gpu allreduce --algo push_two_shot against sim;
 #   5. a short table of the bench medians.
+# VERIFY_MAX_COUNT (default 1048579) and VERIFY_TIMEOUT_S (100 s per world size) bound step 1's
+# verify (4194319: push_two_shot's two-part second phase, from 8 MiB of bf16).
 # Time guards (seconds since the start): TUNE_UNTIL_S (200), BENCH_UNTIL_S (300). TUNE_EXTRA and
 # BENCH_EXTRA are appended to the tune and bench command lines (e.g. "--buffer-mib 512").
 # At most 6 files under $OUT (test_verify.log, tune.log, sm90.tsv, bench.log, checks.log, cli.log).
@@ -40,7 +42,7 @@ timeout 120 $BIN/collectives_gpu_test > "$OUT/test_verify.log" 2>&1 || { status=
 tail -3 "$OUT/test_verify.log"
 for n in 2 3 4; do
   echo "== verify --nproc $n" >> "$OUT/test_verify.log"
-  timeout 100 $B verify --nproc "$n" --max-count 1048579 >> "$OUT/test_verify.log" 2>&1
+  timeout "${VERIFY_TIMEOUT_S:-100}" $B verify --nproc "$n" --max-count "${VERIFY_MAX_COUNT:-1048579}" >> "$OUT/test_verify.log" 2>&1
   rc=$?
   if [ $rc = 0 ]; then echo "PASS verify $n GPUs (exit 0, t=$(elapsed)s)"; else echo "FAIL verify $n GPUs (exit $rc)"; status=1; verified=0; fi
 done
