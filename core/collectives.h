@@ -244,35 +244,22 @@ EXC_HD constexpr int packs_in_flight() {
   }
 }
 
-// The threads of a block that share a piece of work: threads [first, first + count). Every thread
-// of the span calls the loop; the others do not. all_threads: the whole block.
-struct ThreadSpan {
-  int first = 0;
-  int count = 0;
-};
-template <class Ctx>
-EXC_HD EXC_INLINE ThreadSpan all_threads(Ctx& ctx) {
-  return ThreadSpan{0, ctx.num_threads()};
-}
-
 // for_share with the packs of each thread taken kGroup at a time: group_fn(i, stride) handles packs
 // i, i + stride, ..., i + (kGroup - 1) * stride; pack_fn(i) the thread's remaining packs one by one;
-// scalar_fn(i) the unaligned elements. The threads of `span` share the work (with all_threads, the
-// same elements go to the same threads as in for_share). Preconditions: the calling thread is in
-// span.
+// scalar_fn(i) the unaligned elements. The same elements go to the same threads as in for_share.
 template <int kGroup, class Ctx, class GroupFn, class PackFn, class ScalarFn>
 EXC_HD EXC_INLINE void for_share_grouped(Ctx& ctx, const BlockShare& s, int pack, GroupFn group_fn, PackFn pack_fn,
-                                         ScalarFn scalar_fn, ThreadSpan span) {
-  const size_t stride = static_cast<size_t>(span.count) * static_cast<size_t>(pack);
-  size_t i = s.pack_begin + static_cast<size_t>(ctx.thread() - span.first) * pack;
+                                         ScalarFn scalar_fn) {
+  const size_t stride = static_cast<size_t>(ctx.num_threads()) * static_cast<size_t>(pack);
+  size_t i = s.pack_begin + static_cast<size_t>(ctx.thread()) * pack;
   if constexpr (kGroup > 1) {
     for (; i + (kGroup - 1) * stride < s.pack_end; i += kGroup * stride) group_fn(i, stride);
   } else {
     (void)group_fn;
   }
   for (; i < s.pack_end; i += stride) pack_fn(i);
-  const size_t t = static_cast<size_t>(ctx.thread() - span.first);
-  const size_t nt = static_cast<size_t>(span.count);
+  const size_t t = static_cast<size_t>(ctx.thread());
+  const size_t nt = static_cast<size_t>(ctx.num_threads());
   for (size_t j = s.head_begin + t; j < s.head_end; j += nt) scalar_fn(j);
   for (size_t j = s.tail_begin + t; j < s.tail_end; j += nt) scalar_fn(j);
 }
@@ -292,11 +279,9 @@ EXC_HD EXC_INLINE void put_pack(Ctx& ctx, T* dst, const Pack<T>& x) {
 // returns a const T* with the same 16-byte alignment as element 0 of an input), and hands every
 // result to the caller: put(i, pack) for the aligned pack starting at element i, put_element(i, x)
 // for an unaligned element. The fold of each element is the contract's whatever the callbacks do
-// with it (where results go never changes a bit). The threads of `span` share the work (default:
-// the whole block).
+// with it (where results go never changes a bit).
 template <class T, int kRanks, class Ctx, class Src, class Put, class PutElement>
-EXC_HD void fold_range_with(Ctx& ctx, const BlockShare& share, Src src, Put put, PutElement put_element,
-                            ThreadSpan span) {
+EXC_HD void fold_range_with(Ctx& ctx, const BlockShare& share, Src src, Put put, PutElement put_element) {
   constexpr int P = Storage<T>::kPack;
   constexpr int kGroup = packs_in_flight<Ctx>() / (kRanks > 0 ? kRanks : packs_in_flight<Ctx>()) > 1
                              ? packs_in_flight<Ctx>() / (kRanks > 0 ? kRanks : 1)
@@ -318,11 +303,7 @@ EXC_HD void fold_range_with(Ctx& ctx, const BlockShare& share, Src src, Put put,
         put(i, fold_pack_from<T, kRanks>(
                    ctx, i, [&](int r) { return ctx.load(reinterpret_cast<const Pack<T>*>(src(r) + i)); }));
       },
-      [&](size_t i) { put_element(i, fold_element_from<T>(ctx, i, src)); }, span);
-}
-template <class T, int kRanks, class Ctx, class Src, class Put, class PutElement>
-EXC_HD void fold_range_with(Ctx& ctx, const BlockShare& share, Src src, Put put, PutElement put_element) {
-  fold_range_with<T, kRanks>(ctx, share, src, put, put_element, all_threads(ctx));
+      [&](size_t i) { put_element(i, fold_element_from<T>(ctx, i, src)); });
 }
 
 // fold_range_with, element i going to dst0[i - shift] (and dst1[i - shift] if dst1 is not null).
@@ -347,10 +328,9 @@ EXC_HD void fold_range(Ctx& ctx, const BlockShare& share, T* dst0, T* dst1, size
   fold_range_from<T, kRanks>(ctx, share, [&](int r) { return ctx.input(r); }, dst0, dst1, shift);
 }
 
-// Copies this block's share of src into dst: element i goes to dst[i + offset] (bits unchanged),
-// the threads of `span` sharing the work (default: the whole block).
+// Copies this block's share of src into dst: element i goes to dst[i + offset] (bits unchanged).
 template <class T, class Ctx>
-EXC_HD void copy_range(Ctx& ctx, const BlockShare& share, const T* src, T* dst, size_t offset, ThreadSpan span) {
+EXC_HD void copy_range(Ctx& ctx, const BlockShare& share, const T* src, T* dst, size_t offset) {
   constexpr int P = Storage<T>::kPack;
   constexpr int kGroup = packs_in_flight<Ctx>() / 2 > 1 ? packs_in_flight<Ctx>() / 2 : 1;
   for_share_grouped<kGroup>(
@@ -361,11 +341,7 @@ EXC_HD void copy_range(Ctx& ctx, const BlockShare& share, const T* src, T* dst, 
         for (int u = 0; u < kGroup; ++u) put_pack(ctx, dst + offset + i + u * stride, in[u]);
       },
       [&](size_t i) { put_pack(ctx, dst + offset + i, ctx.load(reinterpret_cast<const Pack<T>*>(src + i))); },
-      [&](size_t i) { dst[offset + i] = src[i]; }, span);
-}
-template <class T, class Ctx>
-EXC_HD void copy_range(Ctx& ctx, const BlockShare& share, const T* src, T* dst, size_t offset) {
-  copy_range<T>(ctx, share, src, dst, offset, all_threads(ctx));
+      [&](size_t i) { dst[offset + i] = src[i]; });
 }
 
 // Copies several ranges at once: for each source q, this block's share[q] of src[q] into dst
@@ -608,8 +584,7 @@ EXC_HD void push_share(Ctx& ctx, const BlockShare& share, const T* src, Offset o
           const int peer = (me + k) % n;
           ctx.scratch(peer)[offset(peer) + i] = x;
         }
-      },
-      all_threads(ctx));
+      });
 }
 
 // One push call's receive half, as every block of the launch computes it before the call's
@@ -740,70 +715,36 @@ EXC_HD void allreduce_push_one_shot(Ctx& ctx, size_t count) {
   store_barrier_count(ctx, barriers);
 }
 
-// Where push_two_shot's second phase is cut in two parts (default): messages of this many bytes
-// and more. Below it the extra barrier costs more than the hidden gather saves (the gather of a
-// 4-GPU call moves 1.5 x the message through local memory, about 3 us at 4 MB).
-inline constexpr size_t kPushTwoShotPipelineMinBytes = size_t{8} << 20;
-
-// Part `part` of `parts` (1 or 2) of a block's share: with 2, part 0 is the first half of its packs
-// (rounded down) and part 1 the rest with the unaligned head and tail. Cutting the share, not the
-// slice, keeps every element with the block that pushed it in the first phase: a block's barrier
-// covers only what the same block of every peer wrote.
-EXC_HD inline BlockShare share_part(const BlockShare& s, int pack, int part, int parts) {
-  if (parts == 1) return s;
-  const size_t p = static_cast<size_t>(pack);
-  const size_t mid = s.pack_begin + (s.pack_end - s.pack_begin) / p / 2 * p;
-  BlockShare half = s;
-  if (part == 0) {
-    half.pack_end = mid;
-    half.head_begin = half.head_end = half.tail_begin = half.tail_end = 0;
-  } else {
-    half.pack_begin = mid;
-  }
-  return half;
-}
-
 // All-reduce, push two shot: slices pushed to their owners, each owner folds its slice and pushes
-// the result to every peer; two barriers (three for messages of kPipelineMinBytes and more), no end
-// barrier. Same bits as one_shot (each element is folded once, by its slice's owner, in rank order
-// 0..n-1). Scratch: the layout of push_one_shot (two halves of n slots, half 1 at
-// Halves::half_elements, element i at position i of a slot); the preconditions of push_one_shot
-// apply.
-// Steps (parts = 2 from kPipelineMinBytes, else 1; share_part cuts every block's share of a slice):
+// the result to every peer; two barriers, no end barrier. Same bits as one_shot (each element is
+// folded once, by its slice's owner, in rank order 0..n-1). Scratch: the layout of push_one_shot
+// (two halves of n slots, half 1 at Halves::half_elements, element i at position i of a slot);
+// the preconditions of push_one_shot apply.
+// Steps:
 //   1. h = push_calls & 1 (the call counter push_one_shot uses; every push call advances it);
 //   2. push slices: for every peer o, this block's share of slice o (two_shot_slice) of this
 //      rank's input into slot (h, rank) of o's scratch;
 //   3. barrier: every peer's part of this rank's slice is in this rank's slots (h, p);
 //   4. advance the push call number (as push_one_shot's step 4);
-//   5. fold this block's share of part 0 of this rank's slice in rank order 0..n-1 (own input, own
-//      scratch slots (h, p) for the peers) and store each result pack, from registers, into output
-//      and into slot (h, p) of every peer p's scratch (p's own slot, which no sender writes). One
-//      pass: the fold's local reads overlap the NVLink stores, and output is not read back;
-//   6. with 2 parts:
-//      a. barrier: every owner's part 0 for this block's shares is in this rank's slot (h, rank);
-//      b. at once, on different warps: the fold and push of part 1 (as step 5) on three quarters
-//         of the block's warps, and the copy of every peer's part 0 from this rank's own slot
-//         (h, rank) into output on the others. The local copy hides under the NVLink-bound stores
-//         (at 64 MB on 4 GPUs the copy of every part after the last barrier was a tenth of the
-//         call). Blocks of fewer than 4 warps, and the simulator's one thread, do the two one
-//         after the other;
-//   7. barrier: every owner's last part is in this rank's slot (h, rank);
-//   8. copy every peer's last part from this rank's own slot (h, rank) into output (local reads).
+//   5. fold this block's share of this rank's slice in rank order 0..n-1 (own input, own scratch
+//      slots (h, p) for the peers) and store each result pack, from registers, into output and
+//      into slot (h, p) of every peer p's scratch (p's own slot, which no sender writes). One pass:
+//      the fold's local reads overlap the NVLink stores instead of preceding them (at 64 MB on 4
+//      GPUs the separate fold took about a tenth of the call), and output is not read back;
+//   6. barrier: every owner's result for this block's shares is in this rank's slot (h, rank);
+//   7. copy every peer's slice from this rank's own slot (h, rank) into output (local reads).
 // Why no end barrier: as push_one_shot's (a) and (b). Half h of this rank's scratch is written
-// in call k (steps 2, 5 and 6b of the peers) and again at the earliest in call k+2, after the
-// writer passed a barrier of call k+1 that needs this rank's call k+1 signal, sent after its call k
-// kernel finished (step 8 included). Within a call, step 2 writes slots (h, sender) and steps 5 and
-// 6b slot (h, receiver): different slots, and each part is read only after the barrier that
-// follows its writes.
-template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Halves = AlternatingHalves,
-          size_t kPipelineMinBytes = kPushTwoShotPipelineMinBytes, class Ctx>
+// in call k (steps 2 and 5 of the peers) and again at the earliest in call k+2, after the writer
+// passed a barrier of call k+1 that needs this rank's call k+1 signal, sent after its call k
+// kernel finished (step 7 included). Within a call, step 2 writes slots (h, sender) and step 5
+// slot (h, receiver): different slots, and each is read only after the barrier that follows it.
+template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Halves = AlternatingHalves, class Ctx>
 EXC_HD void allreduce_push_two_shot(Ctx& ctx, size_t count) {
   constexpr int P = Storage<T>::kPack;
   const int n = ctx.world_size();
   const int me = ctx.rank();
   const int b = ctx.block();
   const int num_blocks = ctx.num_blocks();
-  const int parts = count * sizeof(T) >= kPipelineMinBytes ? 2 : 1;
   uint32_t barriers = load_barrier_count(ctx);
   // 1. The receive half of this call.
   const PushCall call = begin_push_call<Halves>(ctx, count, P, barriers);
@@ -833,69 +774,44 @@ EXC_HD void allreduce_push_two_shot(Ctx& ctx, size_t count) {
   block_barrier<Protocol>(ctx, &barriers);
   // 4. Advance the push call number in the slots this block owns in this launch.
   advance_push_calls(ctx, call.calls);
-  // Steps 5 and 6b: fold this block's share of part `part` of this rank's slice in rank order
-  // from local memory; each result into output and into every peer's own slot, peers in order
-  // me+1, me+2, ...
+  // 5. Fold this rank's slice in rank order from local memory; each result into output and into
+  //    every peer's own slot, peers in order me+1, me+2, ...
   const Slice own = two_shot_slice(count, P, me, n);
+  const BlockShare own_share = block_share(own.begin, own.end, P, b, num_blocks);
+  trace_push_fold<T>(ctx, "reduce_push", own_share, count, call, /*result_to_peers=*/true);
   const int peers = kRanks > 0 ? kRanks : n;
   T* const out = ctx.output();
-  auto fold_and_push = [&](int part, ThreadSpan span) {
-    const BlockShare share = share_part(block_share(own.begin, own.end, P, b, num_blocks), P, part, parts);
-    trace_push_fold<T>(ctx, "reduce_push", share, count, call, /*result_to_peers=*/true);
-    fold_range_with<T, kRanks>(
-        ctx, share, push_fold_sources(ctx, mine, count, call),
-        [&](size_t i, const Pack<T>& x) {
-          ctx.store(reinterpret_cast<Pack<T>*>(out + i), x);
-          for (int k = 1; k < peers; ++k) {
-            const int peer = (me + k) % n;
-            ctx.store(reinterpret_cast<Pack<T>*>(ctx.scratch(peer) + slot(peer) + i), x);
-          }
-        },
-        [&](size_t i, T x) {
-          out[i] = x;
-          for (int k = 1; k < peers; ++k) {
-            const int peer = (me + k) % n;
-            ctx.scratch(peer)[slot(peer) + i] = x;
-          }
-        },
-        span);
-  };
-  // Steps 6b and 8: copy part `part` of every peer's slice from this rank's own slot into output.
-  auto gather = [&](int part, ThreadSpan span) {
-    for (int k = 1; k < n; ++k) {
-      const int owner = (me + k) % n;
-      const Slice theirs = two_shot_slice(count, P, owner, n);
-      const BlockShare share = share_part(block_share(theirs.begin, theirs.end, P, b, num_blocks), P, part, parts);
-      if constexpr (Ctx::kTraceSteps) {
-        ctx.trace_step_begin("gather_slice");
-        trace_share(ctx, share, Access::kRead, me, Buffer::kScratch, slot(me));
-        trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
-        ctx.trace_step_end();
-      }
-      copy_range<T>(ctx, share, ctx.scratch(me) + slot(me), out, 0, span);
-    }
-  };
-  // 5. Fold and push part 0 (the whole slice with one part).
-  fold_and_push(0, all_threads(ctx));
-  if (parts == 2) {
-    // 6a. Barrier: part 0 of every peer's slice is in this rank's own slot.
-    block_barrier<Protocol>(ctx, &barriers);
-    // 6b. Part 1's fold and push beside part 0's copy.
-    const int threads = ctx.num_threads();
-    const int copiers = threads >= 128 ? threads / 4 / 32 * 32 : 0;
-    if (copiers == 0) {
-      fold_and_push(1, all_threads(ctx));
-      gather(0, all_threads(ctx));
-    } else if (ctx.thread() < copiers) {
-      gather(0, ThreadSpan{0, copiers});
-    } else {
-      fold_and_push(1, ThreadSpan{copiers, threads - copiers});
-    }
-  }
-  // 7. Barrier: every owner's last part is in this rank's own slot.
+  fold_range_with<T, kRanks>(
+      ctx, own_share, push_fold_sources(ctx, mine, count, call),
+      [&](size_t i, const Pack<T>& x) {
+        ctx.store(reinterpret_cast<Pack<T>*>(out + i), x);
+        for (int k = 1; k < peers; ++k) {
+          const int peer = (me + k) % n;
+          ctx.store(reinterpret_cast<Pack<T>*>(ctx.scratch(peer) + slot(peer) + i), x);
+        }
+      },
+      [&](size_t i, T x) {
+        out[i] = x;
+        for (int k = 1; k < peers; ++k) {
+          const int peer = (me + k) % n;
+          ctx.scratch(peer)[slot(peer) + i] = x;
+        }
+      });
+  // 6. Barrier: every owner's result is in this rank's own slot.
   block_barrier<Protocol>(ctx, &barriers);
-  // 8. Copy the peers' last parts from local memory into output.
-  gather(parts - 1, all_threads(ctx));
+  // 7. Copy the peers' slices from local memory into output.
+  for (int k = 1; k < n; ++k) {
+    const int owner = (me + k) % n;
+    const Slice theirs = two_shot_slice(count, P, owner, n);
+    const BlockShare share = block_share(theirs.begin, theirs.end, P, b, num_blocks);
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("gather_slice");
+      trace_share(ctx, share, Access::kRead, me, Buffer::kScratch, slot(me));
+      trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
+      ctx.trace_step_end();
+    }
+    copy_range<T>(ctx, share, ctx.scratch(me) + slot(me), ctx.output(), 0);
+  }
   store_barrier_count(ctx, barriers);
 }
 

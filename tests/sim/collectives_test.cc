@@ -6,10 +6,8 @@
 #include <cstdint>
 #include <iterator>
 #include <string>
-#include <type_traits>
 #include <vector>
 
-#include "core/collectives.h"
 #include "sim/collectives.h"
 #include "sim/world.h"
 #include "tests/sim/reference.h"
@@ -144,60 +142,6 @@ TEST(SimCollectives, IdenticalBitsAcrossAlgorithmsBlocksAndSchedulers) {
           }
         }
         EXPECT_EQ(runs, 4 * 4 * 4);
-      }
-    }
-  }
-}
-
-// push_two_shot with its second phase in two parts (kPipelineMinBytes = 0: from the first byte;
-// production cuts messages of 8 MiB and more): the contract's bits for every world size, count
-// (slices of no packs, one pack, odd remainders), grid and both schedulers, one call after another
-// on one world so that the extra barrier and the halves meet calls of other counts.
-TEST(SimCollectives, PushTwoShotInTwoPartsGivesTheContractsBits) {
-  for (const DType d : kDTypes) {
-    for (const int n : {2, 3, 4, 5, 8}) {
-      for (const sim::Schedule schedule : {sim::Schedule::kThreads, sim::Schedule::kSeeded}) {
-        sim::WorldOptions options;
-        options.ranks = n;
-        options.schedule = schedule;
-        options.schedule_seed = 11 + static_cast<uint64_t>(n);
-        sim::World world(options);
-        std::vector<std::vector<std::vector<uint8_t>>> ins, outs;
-        std::vector<size_t> counts;
-        const size_t elem = static_cast<size_t>(dtype_size(d));
-        for (const size_t count : {size_t{1}, size_t{7}, size_t{37}, size_t{1001}, size_t{4099}}) {
-          for (const int blocks : {1, 2, 7}) {
-            counts.push_back(count);
-            ins.push_back(random_inputs(d, n, count, 500 + count + static_cast<size_t>(blocks)));
-            outs.emplace_back(n, std::vector<uint8_t>(count * elem));
-            sim::Launch launch;
-            launch.name = "allreduce_push_two_shot";
-            launch.blocks = blocks;
-            launch.input_bytes = count * elem;
-            launch.scratch_bytes = push_scratch_elements(4099, 16 / static_cast<int>(elem), n) * elem;
-            launch.output_bytes = count * elem;
-            for (int r = 0; r < n; ++r) {
-              launch.inputs.push_back(ins.back()[static_cast<size_t>(r)].data());
-              launch.outputs.push_back(outs.back()[static_cast<size_t>(r)].data());
-            }
-            auto two_parts = [count](auto& ctx) {
-              using T = typename std::remove_reference_t<decltype(ctx)>::value_type;
-              allreduce_push_two_shot<T, 0, TwoSetProtocol, AlternatingHalves, 0>(ctx, count);
-            };
-            if (d == DType::kBF16) world.enqueue<bf16>(launch, two_parts);
-            if (d == DType::kFP16) world.enqueue<fp16>(launch, two_parts);
-            if (d == DType::kFP32) world.enqueue<float>(launch, two_parts);
-          }
-        }
-        world.run();
-        for (size_t k = 0; k < counts.size(); ++k) {
-          CollectiveSpec spec;
-          spec.dtype = d;
-          spec.count = counts[k];
-          ASSERT_EQ(first_difference(outs[k], expected_outputs(spec, ins[k]), elem), "")
-              << dtype_name(d) << " n=" << n << " count=" << counts[k] << " call " << k << " "
-              << sim::schedule_name(schedule);
-        }
       }
     }
   }

@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -69,7 +68,6 @@ struct Workload {
   bool push = false;     // allreduce_push_one_shot, or with two_shot allreduce_push_two_shot
   int odd_blocks = 0;    // > 0: odd-numbered launches use this grid instead of `blocks`
   size_t odd_count = 0;  // > 0: odd-numbered launches reduce this many elements instead of `count`
-  bool two_parts = false;  // push_two_shot with its second phase in two parts at every count
 };
 
 size_t launch_count(const Workload& w, int k) { return w.odd_count > 0 && k % 2 == 1 ? w.odd_count : w.count; }
@@ -107,10 +105,7 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
       launch.inputs.push_back(ins[k][r].data());
       launch.outputs.push_back(outs[k][r].data());
     }
-    if (w.push && w.two_shot && w.two_parts) {
-      world.enqueue<bf16>(launch,
-                          [count](auto& ctx) { allreduce_push_two_shot<bf16, 0, Protocol, Halves, 0>(ctx, count); });
-    } else if (w.push && w.two_shot) {
+    if (w.push && w.two_shot) {
       world.enqueue<bf16>(launch,
                           [count](auto& ctx) { allreduce_push_two_shot<bf16, 0, Protocol, Halves>(ctx, count); });
     } else if (w.push) {
@@ -220,12 +215,6 @@ const Workload kPushWorkloads[] = {Workload{2, 16, 1, false, true}, Workload{3, 
 const Workload kPushTwoShotWorkloads[] = {Workload{2, 16, 1, true, true}, Workload{3, 40, 2, true, true},
                                           Workload{4, 40, 1, true, true}, Workload{3, 40, 2, true, true, 1}};
 
-// push_two_shot with its second phase in two parts (three barriers per call), with grids and
-// counts that change between calls.
-const Workload kPushTwoShotTwoPartsWorkloads[] = {
-    Workload{2, 64, 1, true, true, 0, 16, true}, Workload{3, 72, 2, true, true, 1, 0, true},
-    Workload{4, 80, 1, true, true, 2, 24, true}, Workload{4, 160, 3, true, true, 0, 0, true}};
-
 // Push workloads whose count changes between calls: the odd-numbered calls (receive half 1) are
 // smaller than the even ones, so with CountSizedHalves an even call's half 0 covers the previous
 // call's half 1. One of them also changes the grid.
@@ -285,17 +274,13 @@ TEST(ProtocolExploration, PushOneShotPassesThousandsOfSeeds) {
 // which follows the fold that reads those slots; and the result slot (h, rank) is rewritten only
 // after the next call's first barrier, which needs this rank's signal from the next call. The two
 // halves are there for mixing with push_one_shot (which shares the call counter and the layout).
-// The same holds with the second phase in two parts.
 TEST(ProtocolExploration, PushTwoShotAloneIsSafeWithOneReceiveHalf) {
-  std::vector<Workload> workloads(std::begin(kPushTwoShotWorkloads), std::end(kPushTwoShotWorkloads));
-  workloads.insert(workloads.end(), std::begin(kPushTwoShotTwoPartsWorkloads), std::end(kPushTwoShotTwoPartsWorkloads));
-  for (const Workload& w : workloads) {
+  for (const Workload& w : kPushTwoShotWorkloads) {
     Outcome outcome = Outcome::kCorrect;
     std::string detail;
     int caught = 0;
     const uint64_t seed = first_failing_seed<TwoSetProtocol, OneHalf>(w, &outcome, &detail, &caught);
-    EXPECT_EQ(seed, 0u) << name(outcome) << " at seed " << seed << (w.two_parts ? " (two parts)" : "") << ": "
-                        << detail;
+    EXPECT_EQ(seed, 0u) << name(outcome) << " at seed " << seed << ": " << detail;
   }
 }
 
@@ -312,22 +297,6 @@ TEST(ProtocolExploration, PushTwoShotPassesThousandsOfSeeds) {
     }
   }
   EXPECT_EQ(runs, 4000);
-}
-
-// push_two_shot in two parts: its extra barrier and the copy of part 0 after it, under thousands of
-// schedules (the production kernels cut messages of 8 MiB and more).
-TEST(ProtocolExploration, PushTwoShotInTwoPartsPassesThousandsOfSeeds) {
-  int runs = 0;
-  for (const Workload& w : kPushTwoShotTwoPartsWorkloads) {
-    for (uint64_t seed = 1; seed <= 500; ++seed) {
-      std::string detail;
-      const Outcome o = explore<TwoSetProtocol>(w, seed, &detail);
-      ASSERT_EQ(o, Outcome::kCorrect) << name(o) << " with push_two_shot in two parts, " << w.ranks << " ranks, seed "
-                                      << seed << ": " << detail;
-      ++runs;
-    }
-  }
-  EXPECT_EQ(runs, 2000);
 }
 
 // Half 1 sized by the call's own count (the layout before 2026-11-21): caught once consecutive

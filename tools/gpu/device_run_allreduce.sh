@@ -16,7 +16,7 @@
 #      nccl label, bad input), plus gpu allreduce --algo push_two_shot against sim;
 #   5. a short table of the bench medians.
 # VERIFY_MAX_COUNT (default 1048579) and VERIFY_TIMEOUT_S (100 s per world size) bound step 1's
-# verify (4194319: push_two_shot's two-part second phase, from 8 MiB of bf16).
+# verify (4194319 adds 8 MiB of bf16 per rank, where auto runs push_two_shot on 4 GPUs).
 # Time guards (seconds since the start): TUNE_UNTIL_S (200), BENCH_UNTIL_S (300). TUNE_EXTRA and
 # BENCH_EXTRA are appended to the tune and bench command lines (e.g. "--buffer-mib 512").
 # At most 6 files under $OUT (test_verify.log, tune.log, sm90.tsv, bench.log, checks.log, cli.log).
