@@ -1,5 +1,6 @@
 #include "cuda_backend/tsv.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -26,17 +27,28 @@ void for_each_tsv_line(const std::string& text, const std::string& name,
   }
 }
 
+namespace {
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+}  // namespace
+
 std::optional<long> parse_long_field(const std::string& field) {
+  // strtol would skip leading blanks and take "+5"; a field is digits with an optional '-'.
+  const size_t first = !field.empty() && field[0] == '-' ? 1 : 0;
+  if (field.size() <= first || !is_digit(field[first])) return std::nullopt;
   char* end = nullptr;
+  errno = 0;
   const long value = std::strtol(field.c_str(), &end, 10);
-  if (field.empty() || *end != '\0') return std::nullopt;
+  if (*end != '\0' || errno == ERANGE) return std::nullopt;
   return value;
 }
 
 std::optional<unsigned long long> parse_unsigned_field(const std::string& field) {
+  // strtoull would take "-5" as 2^64 - 5 and wrap on overflow: digits only, in range.
+  if (field.empty() || !is_digit(field[0])) return std::nullopt;
   char* end = nullptr;
+  errno = 0;
   const unsigned long long value = std::strtoull(field.c_str(), &end, 10);
-  if (field.empty() || *end != '\0') return std::nullopt;
+  if (*end != '\0' || errno == ERANGE) return std::nullopt;
   return value;
 }
 

@@ -46,7 +46,8 @@ void for_each_tsv_row(const std::string& text, const std::string& name, size_t f
 }
 
 // Return the field's value when strtol / strtoull / strtod (base 10) reads all of a non-empty
-// field; nullopt otherwise. Like strtoull, parse_unsigned_field takes "-5" as 2^64 - 5.
+// field; nullopt otherwise. Integer fields are digits only (a leading '-' for parse_long_field)
+// and in range: no blanks, no '+', no "-5" read as 2^64 - 5, no overflow.
 std::optional<long> parse_long_field(const std::string& field);
 std::optional<unsigned long long> parse_unsigned_field(const std::string& field);
 std::optional<double> parse_double_field(const std::string& field);

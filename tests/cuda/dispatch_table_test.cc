@@ -95,6 +95,7 @@ TEST(DispatchTable, NamesTheLineAndProblemOfMalformedInput) {
       {"sm90\t0\tallreduce\t1024\tone_shot\t2\t512\t1\n", "world_size must be 1..16"},
       {"sm90\t2\tbroadcast\t1024\tone_shot\t2\t512\t1\n", "unknown op 'broadcast'"},
       {"sm90\t2\tallreduce\t0\tone_shot\t2\t512\t1\n", "bytes must be a positive whole number"},
+      {"sm90\t2\tallreduce\t-5\tone_shot\t2\t512\t1\n", "bytes must be a positive whole number"},
       {"sm90\t2\tallreduce\t1024\tdirect\t2\t512\t1\n", "not an IPC algorithm of allreduce"},
       {"sm90\t2\tallgather\t1024\tnccl\t2\t512\t1\n", "not an IPC algorithm of allgather"},
       {"sm90\t2\tallreduce\t1024\tone_shot\t129\t512\t1\n", "blocks must be 1..128"},

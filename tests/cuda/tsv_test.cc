@@ -37,6 +37,15 @@ TEST(Tsv, NumbersMustFillTheWholeNonEmptyField) {
   EXPECT_FALSE(parse_long_field("4x"));
   EXPECT_EQ(parse_unsigned_field("18446744073709551615"), 18446744073709551615ull);
   EXPECT_FALSE(parse_unsigned_field("1.5"));
+  // strtoull alone would read these as 2^64 - 5, 5, 5 and wrap the last to 2^64 - 1.
+  EXPECT_FALSE(parse_unsigned_field("-5"));
+  EXPECT_FALSE(parse_unsigned_field(" 5"));
+  EXPECT_FALSE(parse_unsigned_field("+5"));
+  EXPECT_FALSE(parse_unsigned_field("18446744073709551616"));
+  EXPECT_EQ(parse_long_field("-5"), -5);
+  EXPECT_FALSE(parse_long_field("-"));
+  EXPECT_FALSE(parse_long_field(" 5"));
+  EXPECT_FALSE(parse_long_field("99999999999999999999"));
   EXPECT_EQ(parse_double_field("2.25"), 2.25);
   EXPECT_FALSE(parse_double_field(""));
   EXPECT_FALSE(parse_double_field("1us"));
