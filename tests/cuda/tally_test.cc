@@ -49,5 +49,17 @@ TEST(Tally, TableHasTheHeaderAndOneRowPerKeyAndAddsIntoTheGrandTotal) {
   EXPECT_EQ(grand.reference_mismatches, 3u);
 }
 
+// The summary line verify prints last (device scripts grep it).
+TEST(Tally, VerifySummaryLineNamesEveryCount) {
+  Tally grand;
+  grand.runs = 3;
+  grand.compared = 1116315288;
+  grand.sim_mismatches = 0;
+  grand.reference_mismatches = 2;
+  EXPECT_EQ(verify_summary_line("verify 2 ranks", grand, "all ranks", "contract", 3.25),
+            "verify 2 ranks: 3 runs, 1116315288 elements compared (all ranks), 0 differ from the simulator, 2 from the "
+            "contract (3.2 s)\n");
+}
+
 }  // namespace
 }  // namespace exactcoll::gpu

@@ -1,6 +1,7 @@
 #include "tools/gpu/tally.h"
 
 #include <cstdio>
+#include <iomanip>
 #include <sstream>
 
 namespace exactcoll::gpu {
@@ -54,6 +55,15 @@ std::string format_tally_table(const Tallies& total, const char* reference_colum
     os << line;
     grand->add(t);
   }
+  return os.str();
+}
+
+std::string verify_summary_line(const std::string& title, const Tally& grand, const std::string& compared_what,
+                                const std::string& reference_name, double seconds) {
+  std::ostringstream os;
+  os << title << ": " << grand.runs << " runs, " << grand.compared << " elements compared (" << compared_what << "), "
+     << grand.sim_mismatches << " differ from the simulator, " << grand.reference_mismatches << " from the "
+     << reference_name << " (" << std::fixed << std::setprecision(1) << seconds << " s)\n";
   return os.str();
 }
 

@@ -33,4 +33,10 @@ Tallies sum_tallies(const std::vector<std::string>& per_rank_texts);
 // "diff_vs_ref") and one row per key, in key order. Adds every row into *grand.
 std::string format_tally_table(const Tallies& total, const char* reference_column, Tally* grand);
 
+// Returns verify's last line: "<title>: R runs, C elements compared (<compared_what>), S differ
+// from the simulator, F from the <reference_name> (T s)\n".
+// Example: verify_summary_line("verify 4 ranks", grand, "all ranks", "contract", 5.4).
+std::string verify_summary_line(const std::string& title, const Tally& grand, const std::string& compared_what,
+                                const std::string& reference_name, double seconds);
+
 }  // namespace exactcoll::gpu

@@ -223,16 +223,8 @@ int verify_worker(const VerifyOptions& o) {
   Tally grand;
   std::ostringstream os;
   os << format_tally_table(total, "diff_vs_ctr", &grand);
-  char line[256];
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::snprintf(line, sizeof line,
-                "verify %d ranks: %llu runs, %llu elements compared (all ranks), %llu differ from the simulator, "
-                "%llu from the contract (%.1f s)\n",
-                n, static_cast<unsigned long long>(grand.runs), static_cast<unsigned long long>(grand.compared),
-                static_cast<unsigned long long>(grand.sim_mismatches),
-                static_cast<unsigned long long>(grand.reference_mismatches), seconds);
-  os << line;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  os << verify_summary_line("verify " + std::to_string(n) + " ranks", grand, "all ranks", "contract", seconds);
   print_leader(w, os.str());
   return grand.clean() ? cli::kExitOk : cli::kExitDiffer;
 }

@@ -233,15 +233,9 @@ int verify_worker(const VerifyOptions& o) {
   Tally grand;
   std::ostringstream os;
   os << format_tally_table(total, "diff_vs_ref", &grand);
-  char line[256];
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::snprintf(line, sizeof line,
-                "verify fused_rmsnorm %d ranks: %llu runs, %llu elements compared (both outputs, all ranks), %llu differ "
-                "from the simulator, %llu from the reference (%.1f s)\n",
-                n, static_cast<unsigned long long>(grand.runs), static_cast<unsigned long long>(grand.compared),
-                static_cast<unsigned long long>(grand.sim_mismatches),
-                static_cast<unsigned long long>(grand.reference_mismatches), seconds);
-  os << line;
+  os << verify_summary_line("verify fused_rmsnorm " + std::to_string(n) + " ranks", grand,
+                            "both outputs, all ranks", "reference", seconds);
   print_leader(w, os.str());
   return grand.clean() ? cli::kExitOk : cli::kExitDiffer;
 }
