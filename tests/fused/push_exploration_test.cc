@@ -4,9 +4,9 @@
 // grid) may store into a slow peer's scratch while that peer still folds. Every run is one world
 // running a sequence of such calls back to back; every output of every call is compared with the
 // contract. The production halves (AlternatingHalves) pass thousands of seeds; broken halves,
-// which exist only in this test, are caught within 200 seeds — so the runs do reach the
-// interleavings that the halves protect against. (tests/sim/protocol_exploration_test.cc does the
-// same for the all-reduces alone.)
+// which exist only in the tests (tests/sim/exploration.h), are caught within 200 seeds — so the
+// runs do reach the interleavings that the halves protect against.
+// (tests/sim/protocol_exploration_test.cc does the same for the all-reduces alone.)
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -24,24 +24,17 @@
 #include "sim/fused/reference.h"
 #include "sim/world.h"
 #include "tests/fused/thread_world.h"
+#include "tests/sim/exploration.h"
 
 namespace exactcoll {
 namespace {
 
+using exploration::CountSizedHalves;  // broken halves, caught within kSeedBound seeds
+using exploration::kSeedBound;
+using exploration::name;
+using exploration::OneHalf;
+using exploration::Outcome;
 using testing_world::AlignedBuffer;
-
-// Broken: one receive half. A peer's next push call stores into the slot this rank still folds.
-struct OneHalf : AlternatingHalves {
-  static int half(uint32_t, uint32_t) { return 0; }
-};
-
-// Broken: half 1 right after the call's own n slots (the layout before 2026-11-21). A peer's larger
-// next call, writing half 0, reaches into the half 1 this rank still folds from a smaller call.
-struct CountSizedHalves : AlternatingHalves {
-  static size_t half_elements(size_t count, int pack, int n, size_t) {
-    return static_cast<size_t>(n) * push_slot_stride(count, pack);
-  }
-};
 
 enum class Kind { kFusedPush, kPushOneShot, kPushTwoShot };
 
@@ -76,12 +69,6 @@ const Workload kWorkloads[] = {
     {3, {{Kind::kFusedPush, 3, 2}, {Kind::kPushTwoShot, 48, 1}, {Kind::kPushOneShot, 24, 2},
          {Kind::kFusedPush, 5, 1}, {Kind::kPushTwoShot, 64, 2}, {Kind::kFusedPush, 2, 3}}},
 };
-
-enum class Outcome { kCorrect, kDeadlock, kWrongBits };
-
-const char* name(Outcome o) {
-  return o == Outcome::kDeadlock ? "deadlock" : o == Outcome::kWrongBits ? "wrong bits" : "correct";
-}
 
 std::string describe(const Workload& w) {
   std::string s = std::to_string(w.ranks) + " ranks:";
@@ -225,35 +212,16 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
   return Outcome::kCorrect;
 }
 
-constexpr uint64_t kSeedBound = 200;
-
-// Returns the first seed in 1..kSeedBound at which Halves fails, or 0; *caught counts the failing
-// seeds among all kSeedBound.
-template <class Halves>
-uint64_t first_failing_seed(const Workload& w, Outcome* outcome, std::string* detail, int* caught) {
-  uint64_t first = 0;
-  *caught = 0;
-  for (uint64_t seed = 1; seed <= kSeedBound; ++seed) {
-    std::string d;
-    const Outcome o = explore<Halves>(w, seed, &d);
-    if (o == Outcome::kCorrect) continue;
-    ++*caught;
-    if (first == 0) {
-      first = seed;
-      *outcome = o;
-      *detail = d;
-    }
-  }
-  return first;
-}
-
+// Expects the broken Halves to be caught within kSeedBound seeds on every workload, and prints
+// how often and where first (exploration::first_failing_seed).
 template <class Halves>
 void expect_caught(const char* variant) {
   for (const Workload& w : kWorkloads) {
     Outcome outcome = Outcome::kCorrect;
     std::string detail;
     int caught = 0;
-    const uint64_t seed = first_failing_seed<Halves>(w, &outcome, &detail, &caught);
+    const uint64_t seed = exploration::first_failing_seed(
+        [&](uint64_t s, std::string* d) { return explore<Halves>(w, s, d); }, &outcome, &detail, &caught);
     EXPECT_NE(seed, 0u) << variant << " survived " << kSeedBound << " seeds on " << describe(w);
     std::printf("%s, %s: caught in %d of %llu seeds, first at seed %llu (%s)\n%s\n", variant, describe(w).c_str(),
                 caught, static_cast<unsigned long long>(kSeedBound), static_cast<unsigned long long>(seed),

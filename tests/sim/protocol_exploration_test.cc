@@ -14,10 +14,17 @@
 #include "core/signal.h"
 #include "sim/collectives.h"
 #include "sim/world.h"
+#include "tests/sim/exploration.h"
 #include "tests/sim/sim_test_util.h"
 
 namespace exactcoll {
 namespace {
+
+using exploration::CountSizedHalves;
+using exploration::kSeedBound;
+using exploration::name;
+using exploration::OneHalf;
+using exploration::Outcome;
 
 // Broken: one flag set. Peer p's signal for barrier k+1 can overwrite its signal k in this block's
 // slot before this block has read k; this block then waits for k forever.
@@ -33,30 +40,14 @@ struct NoEndBarrierProtocol {
   static constexpr bool kEndBarrier = false;
 };
 
-// Broken push_one_shot receive halves (each keeps the production choice of what it does not
-// break). One half: peer p's call k+1 stores into the slot this rank is still folding from call
-// k: wrong bits.
-struct OneHalf : AlternatingHalves {
-  static int half(uint32_t, uint32_t) { return 0; }
-};
-
-// The block's barrier-count parity: equal to the alternating half while every launch has the same
-// grid, but after a launch with fewer blocks the blocks' counts differ, and block 0 of call k+1
-// (covering every element) can store into the half that block 1 of call k is still folding.
+// Broken push_one_shot receive halves: OneHalf and CountSizedHalves (tests/sim/exploration.h), and
+// this one, which keeps the production choice of what it does not break. The block's
+// barrier-count parity: equal to the alternating half while every launch has the same grid, but
+// after a launch with fewer blocks the blocks' counts differ, and block 0 of call k+1 (covering
+// every element) can store into the half that block 1 of call k is still folding.
 struct BarrierParityHalf : AlternatingHalves {
   static int half(uint32_t, uint32_t barriers) { return static_cast<int>((barriers + 1) & 1u); }
 };
-
-// Half 1 right after the call's own n slots (where it was before 2026-11-21): fine while every
-// call has the same count, but a larger call k+1 writing half 0 reaches into the half 1 that a
-// slow peer is still folding from a smaller call k.
-struct CountSizedHalves : AlternatingHalves {
-  static size_t half_elements(size_t count, int pack, int n, size_t) {
-    return static_cast<size_t>(n) * push_slot_stride(count, pack);
-  }
-};
-
-enum class Outcome { kCorrect, kDeadlock, kWrongBits };
 
 constexpr int kLaunches = 4;
 
@@ -135,30 +126,12 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
   return Outcome::kCorrect;
 }
 
-constexpr uint64_t kSeedBound = 200;
-
-// Returns the first seed in 1..kSeedBound at which Protocol fails, or 0; *caught counts the
-// failing seeds among all kSeedBound (how often a random schedule exposes the bug).
+// Returns the first seed in 1..kSeedBound at which Protocol (with Halves) fails on w, or 0;
+// *caught counts the failing seeds among all kSeedBound (exploration::first_failing_seed).
 template <class Protocol, class Halves = AlternatingHalves>
 uint64_t first_failing_seed(const Workload& w, Outcome* outcome, std::string* detail, int* caught) {
-  uint64_t first = 0;
-  *caught = 0;
-  for (uint64_t seed = 1; seed <= kSeedBound; ++seed) {
-    std::string d;
-    const Outcome o = explore<Protocol, Halves>(w, seed, &d);
-    if (o == Outcome::kCorrect) continue;
-    ++*caught;
-    if (first == 0) {
-      first = seed;
-      *outcome = o;
-      *detail = d;
-    }
-  }
-  return first;
-}
-
-const char* name(Outcome o) {
-  return o == Outcome::kDeadlock ? "deadlock" : o == Outcome::kWrongBits ? "wrong bits" : "correct";
+  return exploration::first_failing_seed(
+      [&](uint64_t seed, std::string* d) { return explore<Protocol, Halves>(w, seed, d); }, outcome, detail, caught);
 }
 
 TEST(ProtocolExploration, OneFlagSetIsCaughtWithinTheSeedBound) {
