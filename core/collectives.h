@@ -550,6 +550,29 @@ EXC_HD EXC_INLINE void advance_push_calls(Ctx& ctx, uint32_t calls) {
   for (int s = ctx.block() + g * ctx.thread(); s < kMaxBlocks; s += g * ctx.num_threads()) mine->push_calls[s] = calls + 1;
 }
 
+// Stores pack x (element i, aligned) into every peer p's scratch at ctx.scratch(p) + offset(p) + i,
+// peers in order rank+1, rank+2, ... (kRanks > 0: the compile-time world size).
+template <class T, int kRanks, class Ctx, class Offset>
+EXC_HD EXC_INLINE void store_pack_to_peers(Ctx& ctx, size_t i, const Pack<T>& x, Offset offset) {
+  const int n = ctx.world_size();
+  const int peers = kRanks > 0 ? kRanks : n;
+  for (int k = 1; k < peers; ++k) {
+    const int peer = (ctx.rank() + k) % n;
+    ctx.store(reinterpret_cast<Pack<T>*>(ctx.scratch(peer) + offset(peer) + i), x);
+  }
+}
+
+// The same for one unaligned element.
+template <class T, int kRanks, class Ctx, class Offset>
+EXC_HD EXC_INLINE void store_element_to_peers(Ctx& ctx, size_t i, T x, Offset offset) {
+  const int n = ctx.world_size();
+  const int peers = kRanks > 0 ? kRanks : n;
+  for (int k = 1; k < peers; ++k) {
+    const int peer = (ctx.rank() + k) % n;
+    ctx.scratch(peer)[offset(peer) + i] = x;
+  }
+}
+
 // Stores this block's share of src (element i) into every peer's scratch at
 // ctx.scratch(peer) + offset(peer) + i, peers in order rank+1, rank+2, ...; 16-byte loads and
 // stores for the aligned packs. Preconditions: offset(peer) is a multiple of the pack.
@@ -571,20 +594,22 @@ EXC_HD void push_share(Ctx& ctx, const BlockShare& share, const T* src, Offset o
           for (int u = 0; u < kGroup; ++u) ctx.store(reinterpret_cast<Pack<T>*>(dst + i + u * stride), in[u]);
         }
       },
-      [&](size_t i) {
-        const Pack<T> x = ctx.load(reinterpret_cast<const Pack<T>*>(src + i));
-        for (int k = 1; k < peers; ++k) {
-          const int peer = (me + k) % n;
-          ctx.store(reinterpret_cast<Pack<T>*>(ctx.scratch(peer) + offset(peer) + i), x);
-        }
-      },
-      [&](size_t i) {
-        const T x = src[i];
-        for (int k = 1; k < peers; ++k) {
-          const int peer = (me + k) % n;
-          ctx.scratch(peer)[offset(peer) + i] = x;
-        }
-      });
+      [&](size_t i) { store_pack_to_peers<T, kRanks>(ctx, i, ctx.load(reinterpret_cast<const Pack<T>*>(src + i)), offset); },
+      [&](size_t i) { store_element_to_peers<T, kRanks>(ctx, i, src[i], offset); });
+}
+
+// Step 2 of push_one_shot and push_one_stage: traces step `name` (the read of this block's share of
+// src, the writes into slot `my_slot` of every peer's scratch) and runs push_share into that slot.
+template <class T, int kRanks, class Ctx>
+EXC_HD void push_share_into_slot(Ctx& ctx, const char* name, const BlockShare& share, const T* src, size_t my_slot) {
+  if constexpr (Ctx::kTraceSteps) {
+    const int n = ctx.world_size();
+    ctx.trace_step_begin(name);
+    trace_share(ctx, share, Access::kRead, ctx.rank(), Buffer::kInput);
+    for (int k = 1; k < n; ++k) trace_share(ctx, share, Access::kWrite, (ctx.rank() + k) % n, Buffer::kScratch, my_slot);
+    ctx.trace_step_end();
+  }
+  push_share<T, kRanks>(ctx, share, src, [my_slot](int) { return my_slot; });
 }
 
 // One push call's receive half, as every block of the launch computes it before the call's
@@ -688,7 +713,6 @@ EXC_HD void trace_push_fold(Ctx& ctx, const char* name, const BlockShare& share,
 template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Halves = AlternatingHalves, class Ctx>
 EXC_HD void allreduce_push_one_shot(Ctx& ctx, size_t count) {
   constexpr int P = Storage<T>::kPack;
-  const int n = ctx.world_size();
   const int me = ctx.rank();
   uint32_t barriers = load_barrier_count(ctx);
   // 1. The receive half of this call.
@@ -697,13 +721,7 @@ EXC_HD void allreduce_push_one_shot(Ctx& ctx, size_t count) {
   const T* mine = ctx.input(me);
   const size_t my_slot = push_slot_offset(count, P, call.half, me, call.half_elements);
   // 2. Push this block's share into every peer's slot (half, me); peers in order me+1, me+2, ...
-  if constexpr (Ctx::kTraceSteps) {
-    ctx.trace_step_begin("push");
-    trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
-    for (int k = 1; k < n; ++k) trace_share(ctx, share, Access::kWrite, (me + k) % n, Buffer::kScratch, my_slot);
-    ctx.trace_step_end();
-  }
-  push_share<T, kRanks>(ctx, share, mine, [my_slot](int) { return my_slot; });
+  push_share_into_slot<T, kRanks>(ctx, "push", share, mine, my_slot);
   // 3. One barrier: every peer's share of this block is in this rank's slots.
   block_barrier<Protocol>(ctx, &barriers);
   // 4. Advance the push call number in the slots this block owns in this launch.
@@ -779,23 +797,16 @@ EXC_HD void allreduce_push_two_shot(Ctx& ctx, size_t count) {
   const Slice own = two_shot_slice(count, P, me, n);
   const BlockShare own_share = block_share(own.begin, own.end, P, b, num_blocks);
   trace_push_fold<T>(ctx, "reduce_push", own_share, count, call, /*result_to_peers=*/true);
-  const int peers = kRanks > 0 ? kRanks : n;
   T* const out = ctx.output();
   fold_range_with<T, kRanks>(
       ctx, own_share, push_fold_sources(ctx, mine, count, call),
       [&](size_t i, const Pack<T>& x) {
         ctx.store(reinterpret_cast<Pack<T>*>(out + i), x);
-        for (int k = 1; k < peers; ++k) {
-          const int peer = (me + k) % n;
-          ctx.store(reinterpret_cast<Pack<T>*>(ctx.scratch(peer) + slot(peer) + i), x);
-        }
+        store_pack_to_peers<T, kRanks>(ctx, i, x, slot);
       },
       [&](size_t i, T x) {
         out[i] = x;
-        for (int k = 1; k < peers; ++k) {
-          const int peer = (me + k) % n;
-          ctx.scratch(peer)[slot(peer) + i] = x;
-        }
+        store_element_to_peers<T, kRanks>(ctx, i, x, slot);
       });
   // 6. Barrier: every owner's result is in this rank's own slot.
   block_barrier<Protocol>(ctx, &barriers);

@@ -321,7 +321,6 @@ EXC_HD void fused_rmsnorm_two_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
 template <class T, int kRanks, class Protocol, class Halves, class Ctx, class BeforeBarrier, class RowFn>
 EXC_HD void push_one_stage_rows(Ctx& ctx, const FusedRmsNormArgs<T>& args, BeforeBarrier before_barrier, RowFn row_fn) {
   constexpr int P = Storage<T>::kPack;
-  const int n = ctx.world_size();
   const int me = ctx.rank();
   const int b = ctx.block();
   const int num_blocks = ctx.num_blocks();
@@ -335,13 +334,7 @@ EXC_HD void push_one_stage_rows(Ctx& ctx, const FusedRmsNormArgs<T>& args, Befor
   const BlockShare share = block_share(mine.begin * H, mine.end * H, P, 0, 1);
   const T* x = ctx.input(me);
   // 2. Push this block's rows into every peer's slot (half, me); peers in order me+1, me+2, ...
-  if constexpr (Ctx::kTraceSteps) {
-    ctx.trace_step_begin("push_rows");
-    trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
-    for (int k = 1; k < n; ++k) trace_share(ctx, share, Access::kWrite, (me + k) % n, Buffer::kScratch, my_slot);
-    ctx.trace_step_end();
-  }
-  push_share<T, kRanks>(ctx, share, x, [my_slot](int) { return my_slot; });
+  push_share_into_slot<T, kRanks>(ctx, "push_rows", share, x, my_slot);
   before_barrier();
   // 3. One barrier: every peer's rows of this block are in this rank's slots.
   block_barrier<Protocol>(ctx, &barriers);

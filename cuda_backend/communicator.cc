@@ -538,8 +538,7 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   // 5. SM kernels. All-reduce folds element by element, so a message larger than the buffers
   //    runs as chunks with the same bits; the other ops fall back to NCCL beyond the buffers.
   const bool needs_scratch = op == Op::kAllReduce && choice.algo == Algorithm::kTwoShot;
-  const bool push = op == Op::kAllReduce &&
-                    (choice.algo == Algorithm::kPushOneShot || choice.algo == Algorithm::kPushTwoShot);
+  const bool push = op == Op::kAllReduce && is_push_algorithm(choice.algo);
   const bool fits = (!staged || in_bytes <= capacity) && (!needs_scratch || in_bytes <= capacity) &&
                     (!push || push_fits(count, elem_bytes, world_size_, capacity));
   if (!fits && op == Op::kReduceScatter && staged) return run_chunked_reduce_scatter(input, output, count, dtype, choice, stream);

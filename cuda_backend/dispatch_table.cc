@@ -177,25 +177,24 @@ Choice DispatchTable::choose_allreduce_auto(const std::string& arch, int world_s
                                             uint64_t scratch_bytes) const {
   const uint64_t bytes = count * static_cast<uint64_t>(elem_bytes);
   const Choice best = choose(arch, world_size, Op::kAllReduce, bytes, Algorithm::kAuto);
-  if (push_fits(count, elem_bytes, world_size, scratch_bytes)) return best;  // runs as measured
-  if (!best.from_table) {
-    if (best.algo == Algorithm::kPushOneShot) return choose(arch, world_size, Op::kAllReduce, bytes, Algorithm::kOneShot);
-    if (best.algo == Algorithm::kPushTwoShot) return choose(arch, world_size, Op::kAllReduce, bytes, Algorithm::kTwoShot);
-    return best;
-  }
+  // As measured when it fits; the heuristic (no rows) never picks a push algorithm.
+  if (!best.from_table || push_fits(count, elem_bytes, world_size, scratch_bytes)) return best;
   const uint64_t chunk = push_chunk_elements(elem_bytes, world_size, scratch_bytes);
   const uint64_t chunks = (count + chunk - 1) / chunk;
   const TableRow* cheapest = nullptr;
   double cheapest_us = 0;
   for (Algorithm algo : ipc_algorithms(Op::kAllReduce)) {
-    const bool push = algo == Algorithm::kPushOneShot || algo == Algorithm::kPushTwoShot;
+    const bool push = is_push_algorithm(algo);
     const uint64_t at = push ? chunk * static_cast<uint64_t>(elem_bytes) : bytes;
     const TableRow* row = fastest_row(arch, world_size, Op::kAllReduce, measured_size(arch, world_size, Op::kAllReduce, at), algo);
     if (row == nullptr) continue;
     const double us = row->time_us * static_cast<double>(push ? chunks : 1);
     if (cheapest == nullptr || us < cheapest_us) cheapest = row, cheapest_us = us;
   }
-  return Choice{cheapest->algo, cheapest->grid, true};  // not null: best came from a row
+  if (cheapest != nullptr) return Choice{cheapest->algo, cheapest->grid, true};
+  if (!is_push_algorithm(best.algo)) return best;
+  return choose(arch, world_size, Op::kAllReduce, bytes,
+                best.algo == Algorithm::kPushOneShot ? Algorithm::kOneShot : Algorithm::kTwoShot);
 }
 
 std::string DispatchTable::to_text(const std::vector<std::string>& header_comments) const {

@@ -35,6 +35,9 @@ std::vector<Algorithm> ipc_algorithms(Op op);
 // Parses allreduce | reduce_scatter | allgather.
 std::optional<Op> parse_op(const std::string& name);
 
+// Is `a` push_one_shot or push_two_shot (the algorithms that need push_scratch_elements)?
+inline bool is_push_algorithm(Algorithm a) { return a == Algorithm::kPushOneShot || a == Algorithm::kPushTwoShot; }
+
 // Does an all-reduce of `count` elements (elem_bytes each) fit a push algorithm's scratch
 // (push_scratch_elements: 2 halves of n slots) of scratch_bytes per rank?
 bool push_fits(uint64_t count, int elem_bytes, int world_size, uint64_t scratch_bytes);
@@ -86,8 +89,9 @@ class DispatchTable {
   // where that does not fit, the communicator runs it in chunks of push_chunk_elements, so it is
   // priced here as those chunks: ceil(count / chunk) x its measured time at the chunk's size, with
   // the grid measured at that size. Every other algorithm is priced at its measured time for the
-  // message. Returns the cheapest. Without rows for (arch, world_size, allreduce): the heuristic,
-  // with one_shot / two_shot in place of a push algorithm that does not fit.
+  // message. Returns the cheapest. Without rows for (arch, world_size, allreduce): the heuristic
+  // (never a push algorithm). When no algorithm has a row to price it by (a table with gaps), the
+  // table's choice for the message, with one_shot / two_shot in place of a push algorithm.
   // Example (4 GPUs, 128 MiB scratch, bf16, 32 MiB): push_two_shot needs 256 MiB, so it would run
   // as 2 chunks of 16 MiB; 2 x 80.5 us beats two_shot's 166 us for the whole message.
   Choice choose_allreduce_auto(const std::string& arch, int world_size, uint64_t count, int elem_bytes,

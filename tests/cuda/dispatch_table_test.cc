@@ -201,6 +201,18 @@ TEST(DispatchTable, AutoPricesAPushAlgorithmThatDoesNotFitAsItsChunks) {
   EXPECT_EQ(c.algo, Algorithm::kTwoShot);
   EXPECT_EQ(c.grid.blocks, 128);
   EXPECT_EQ(c.grid.threads, 256);
+  // A table with gaps: at 64 MiB only push_two_shot has a row, and at 16 MiB (the chunk on 128 MiB)
+  // no push algorithm has one, so nothing can be priced: two_shot (the push algorithm's sibling)
+  // runs instead, never a push algorithm that does not fit.
+  const DispatchTable gaps = DispatchTable::parse(
+      "sm90\t4\tallreduce\t16777216\tone_shot\t64\t512\t160.0\n"
+      "sm90\t4\tallreduce\t67108864\tpush_two_shot\t128\t512\t303.3\n",
+      "gaps.tsv");
+  c = gaps.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 512 * mib);
+  EXPECT_EQ(c.algo, Algorithm::kPushTwoShot);  // fits 512 MiB: as measured
+  c = gaps.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 128 * mib);
+  EXPECT_EQ(c.algo, Algorithm::kTwoShot);
+  EXPECT_FALSE(c.from_table);  // no two_shot row either: the heuristic's grid
   // Without rows for the world size: the heuristic, never a push algorithm.
   c = t.choose_allreduce_auto("sm90", 2, 32 * mib, 2, 128 * mib);
   EXPECT_FALSE(c.from_table);

@@ -96,8 +96,8 @@ int tune_worker(const TuneOptions& o) {
       if (op == Op::kReduceScatter) count -= count % static_cast<uint64_t>(n);
       if (count == 0) continue;
       for (Algorithm algo : cuda::ipc_algorithms(op)) {
-        const bool push = algo == Algorithm::kPushOneShot || algo == Algorithm::kPushTwoShot;
-        if (push && push_scratch_elements(count, 8, n) * 2 > push_buffer) continue;
+        // bf16 (2 bytes), as every tuned row.
+        if (cuda::is_push_algorithm(algo) && !cuda::push_fits(count, 2, n, push_buffer)) continue;
         uint64_t packs = count / 8 + 1;
         if (algo == Algorithm::kTwoShot || algo == Algorithm::kPushTwoShot || op == Op::kReduceScatter) packs = packs / static_cast<uint64_t>(n) + 1;
         if (op == Op::kAllGather) packs *= static_cast<uint64_t>(n);
