@@ -76,7 +76,21 @@ WorkerEnv parse_worker_env(const EnvLookup& lookup) {
   const auto world_size = read_int(lookup, "WORLD_SIZE", 1, kIntMax, problems);
   const auto rank = read_int(lookup, "RANK", 0, kIntMax, problems);
   const auto local_rank = read_int(lookup, "LOCAL_RANK", 0, kIntMax, problems);
-  const auto port = read_int(lookup, "MASTER_PORT", 1, 65535, problems);
+  // The store's port: EXACTCOLL_STORE_PORT, else MASTER_PORT + 1 (never MASTER_PORT itself, which
+  // torch's store holds); MASTER_PORT is needed only for that default.
+  const bool store_port_set = lookup("EXACTCOLL_STORE_PORT").has_value();
+  std::optional<int64_t> port, store_port;
+  if (store_port_set) {
+    store_port = read_int(lookup, "EXACTCOLL_STORE_PORT", 1, 65535, problems);
+    if (lookup("MASTER_PORT")) port = read_int(lookup, "MASTER_PORT", 1, 65535, problems);
+  } else {
+    port = read_int(lookup, "MASTER_PORT", 1, 65535, problems);
+    if (port && *port == 65535) {
+      problems.add("MASTER_PORT=65535 leaves no port above it for the exactcoll store: set EXACTCOLL_STORE_PORT");
+    } else if (port) {
+      store_port = *port + 1;
+    }
+  }
   if (world_size && rank && *rank >= *world_size) {
     problems.add("RANK=" + std::to_string(*rank) + " is not below WORLD_SIZE=" + std::to_string(*world_size));
   }
@@ -113,7 +127,8 @@ WorkerEnv parse_worker_env(const EnvLookup& lookup) {
   env.world_size = static_cast<int>(*world_size);
   env.rank = static_cast<int>(*rank);
   env.local_rank = static_cast<int>(*local_rank);
-  env.master_port = static_cast<uint16_t>(*port);
+  env.master_port = port ? static_cast<uint16_t>(*port) : 0;
+  env.store_port = static_cast<uint16_t>(*store_port);
   env.master_addr = *master_addr;
   env.store_token = *token;
   if (bind) env.store_bind_address = *bind;

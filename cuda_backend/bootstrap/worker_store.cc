@@ -40,7 +40,7 @@ std::unique_ptr<Store> connect_worker_store(const WorkerEnv& env, const WorkerSt
   const std::string who = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
   TcpStoreClientOptions client_options;
   client_options.token = env.store_token;
-  client_options.port = env.master_port;
+  client_options.port = env.store_port;
   client_options.connect_timeout = options.connect_timeout;
   client_options.request_timeout = options.request_timeout;
 
@@ -49,13 +49,14 @@ std::unique_ptr<Store> connect_worker_store(const WorkerEnv& env, const WorkerSt
   if (env.rank == 0) {
     TcpStoreServerOptions server_options;
     server_options.bind_address = env.store_bind_address;
-    server_options.port = env.master_port;
+    server_options.port = env.store_port;
     server_options.token = env.store_token;
     try {
       server = std::make_unique<TcpStoreServer>(server_options);
     } catch (const StoreError& e) {
       throw StoreError(who + " could not start the rendezvous store: " + e.what() +
-                       " (is MASTER_PORT=" + std::to_string(env.master_port) + " taken? choose another)");
+                       " (is port " + std::to_string(env.store_port) +
+                       " taken? set EXACTCOLL_STORE_PORT to a free port; the default is MASTER_PORT + 1)");
     }
     // Rank 0 reaches its own server on the address it bound (loopback when it bound every interface).
     const std::string& bound = env.store_bind_address;

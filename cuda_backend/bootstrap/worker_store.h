@@ -1,5 +1,5 @@
 // Builds a worker's connection to its job's rendezvous store from its WorkerEnv: rank 0 starts the
-// server (cuda_backend/store) on MASTER_PORT first, then every rank, rank 0 too, connects to it.
+// server (cuda_backend/store) on EXACTCOLL_STORE_PORT (default MASTER_PORT + 1) first, then every rank, rank 0 too, connects to it.
 #pragma once
 
 #include <chrono>
@@ -21,7 +21,7 @@ struct WorkerStoreOptions {
 // On rank 0 the returned object also owns the server, which stops when it is destroyed: so rank 0
 // should leave last (e.g. every rank passes a final barrier, and rank 0 destroys its store after
 // it); the other ranks' stores then see their connection drop.
-// Throws StoreError when rank 0 cannot listen on MASTER_PORT (in use: pick another) or a rank
+// Throws StoreError when rank 0 cannot listen on the store port (in use: set EXACTCOLL_STORE_PORT) or a rank
 // cannot reach the store within connect_timeout; the message names the address, port and rank.
 std::unique_ptr<Store> connect_worker_store(const WorkerEnv& env, const WorkerStoreOptions& options = {});
 

@@ -178,7 +178,8 @@ class TcpStoreClient::Impl {
     }
     throw StoreError("store: could not connect to the store server at " + endpoint_text_ + " within " +
                      std::to_string(options_.connect_timeout.count()) + " ms (last error: " + last_error +
-                     "); is rank 0 running and MASTER_ADDR/MASTER_PORT right?");
+                     "); is rank 0 running, and are MASTER_ADDR and EXACTCOLL_STORE_PORT (default MASTER_PORT + 1) "
+                     "right?");
   }
 
   void hello() {

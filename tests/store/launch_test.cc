@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_backend/store/tcp_store_server.h"
 #include "tools/launch/launcher.h"
 
 extern char** environ;
@@ -101,19 +102,29 @@ TEST(LaunchTest, AllWorkersSucceed) {
   EXPECT_EQ(r.out.find("exactcoll launch:"), std::string::npos) << "a successful job prints nothing itself";
 }
 
-TEST(LaunchTest, GivenPortAndNoPrefix) {
-  const uint16_t port = launch::pick_free_port();
-  const RunResult r =
-      run({"launch", "--nproc", "2", "--master-port", std::to_string(port), "--no-prefix", "--", "store_worker"});
+TEST(LaunchTest, GivenPortsAndNoPrefix) {
+  // MASTER_PORT is held by another server, as torch's TCPStore holds it under torchrun: the store
+  // listens on its own port and the job forms.
+  TcpStoreServerOptions torch_like;
+  torch_like.token = "torch-holds-master-port-000000";
+  TcpStoreServer torch_store(torch_like);
+  const uint16_t store_port = launch::pick_free_port();
+  const RunResult r = run({"launch", "--nproc", "2", "--master-port", std::to_string(torch_store.port()),
+                           "--store-port", std::to_string(store_port), "--no-prefix", "--", "store_worker"});
   EXPECT_EQ(r.exit_code, 0) << r.out;
   expect_contains(r.out, "store_worker: rank 1 of 2 ok");
   EXPECT_EQ(r.out.find("[rank "), std::string::npos) << r.out;
+  const RunResult same = run({"launch", "--nproc", "2", "--master-port", "29999", "--store-port", "29999", "--",
+                              "store_worker"});
+  EXPECT_EQ(same.exit_code, 2) << same.out;
+  expect_contains(same.out, "--store-port and --master-port must differ");
 }
 
 TEST(LaunchTest, LaunchReplacesInheritedJobVariables) {
   // Stale torchrun variables in the launcher's environment must not leak into the workers.
   const RunResult r = run({"launch", "--nproc", "2", "--", "store_worker"},
-                          {"RANK=7", "WORLD_SIZE=9", "LOCAL_RANK=7", "MASTER_PORT=1", "EXACTCOLL_STORE_TOKEN=x"});
+                          {"RANK=7", "WORLD_SIZE=9", "LOCAL_RANK=7", "MASTER_PORT=1", "EXACTCOLL_STORE_PORT=1",
+                           "EXACTCOLL_STORE_TOKEN=x"});
   EXPECT_EQ(r.exit_code, 0) << r.out;
   expect_contains(r.out, "[rank 1] store_worker: rank 1 of 2 ok");
 }

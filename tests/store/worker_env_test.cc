@@ -7,6 +7,7 @@
 
 #include "cuda_backend/bootstrap/worker_env.h"
 #include "cuda_backend/bootstrap/worker_store.h"
+#include "cuda_backend/store/tcp_store_server.h"
 #include "tools/launch/launcher.h"
 
 namespace exactcoll {
@@ -51,6 +52,7 @@ TEST(WorkerEnvTest, ParsesTorchrunVariables) {
   EXPECT_EQ(parsed.local_rank, 1);
   EXPECT_EQ(parsed.master_addr, "127.0.0.1");
   EXPECT_EQ(parsed.master_port, 29500);
+  EXPECT_EQ(parsed.store_port, 29501) << "the store defaults to MASTER_PORT + 1, never MASTER_PORT (torch's)";
   EXPECT_EQ(parsed.store_token, kToken);
   EXPECT_EQ(parsed.store_bind_address, "127.0.0.1");
   env["EXACTCOLL_STORE_BIND"] = "0.0.0.0";
@@ -63,6 +65,25 @@ TEST(WorkerEnvTest, MissingVariablesAreAllNamed) {
     expect_contains(message, std::string(name) + " is not set");
   }
   expect_contains(message, "exactcoll launch --nproc N");
+}
+
+TEST(WorkerEnvTest, StorePortIsItsOwn) {
+  Env env = valid_env();
+  env["EXACTCOLL_STORE_PORT"] = "31000";
+  WorkerEnv parsed = parse_worker_env(lookup_in(env));
+  EXPECT_EQ(parsed.store_port, 31000);
+  EXPECT_EQ(parsed.master_port, 29500);
+  env.erase("MASTER_PORT");  // not needed once the store's port is given
+  parsed = parse_worker_env(lookup_in(env));
+  EXPECT_EQ(parsed.store_port, 31000);
+  EXPECT_EQ(parsed.master_port, 0);
+  env["EXACTCOLL_STORE_PORT"] = "0";
+  expect_contains(error_for(env), "EXACTCOLL_STORE_PORT=0 is outside 1..65535");
+  env["EXACTCOLL_STORE_PORT"] = "x";
+  expect_contains(error_for(env), "EXACTCOLL_STORE_PORT='x' is not a whole number");
+  env = valid_env();
+  env["MASTER_PORT"] = "65535";
+  expect_contains(error_for(env), "MASTER_PORT=65535 leaves no port above it for the exactcoll store");
 }
 
 TEST(WorkerEnvTest, MissingTokenSaysHowToSetIt) {
@@ -119,7 +140,7 @@ TEST(WorkerStoreTest, RankZeroServesAndEveryRankConnects) {
       Env env = valid_env();
       env["RANK"] = env["LOCAL_RANK"] = std::to_string(rank);
       env["WORLD_SIZE"] = std::to_string(kWorld);
-      env["MASTER_PORT"] = std::to_string(port);
+      env["EXACTCOLL_STORE_PORT"] = std::to_string(port);
       try {
         WorkerStoreOptions options;
         options.connect_timeout = std::chrono::milliseconds(5000);
@@ -143,7 +164,7 @@ TEST(WorkerStoreTest, WrongTokenAndBusyPortAreClearErrors) {
   Env env0 = valid_env();
   env0["RANK"] = env0["LOCAL_RANK"] = "0";
   env0["WORLD_SIZE"] = "2";
-  env0["MASTER_PORT"] = std::to_string(port);
+  env0["EXACTCOLL_STORE_PORT"] = std::to_string(port);
   auto rank0 = connect_worker_store(parse_worker_env(lookup_in(env0)));
 
   Env env1 = env0;
@@ -156,16 +177,53 @@ TEST(WorkerStoreTest, WrongTokenAndBusyPortAreClearErrors) {
     expect_contains(e.what(), "rank 1 of 2");
     expect_contains(e.what(), "wrong token");
   }
-  // A second rank 0 on the same port (e.g. two jobs given one MASTER_PORT).
+  // A second rank 0 on the same port (e.g. two jobs given one EXACTCOLL_STORE_PORT).
   try {
     connect_worker_store(parse_worker_env(lookup_in(env0)));
     ADD_FAILURE() << "two servers on one port";
   } catch (const StoreError& e) {
     expect_contains(e.what(), "rank 0 of 2 could not start the rendezvous store");
-    expect_contains(e.what(), "MASTER_PORT=" + std::to_string(port));
+    expect_contains(e.what(), "is port " + std::to_string(port) + " taken? set EXACTCOLL_STORE_PORT");
   }
   rank0->set("still", "fine");
   EXPECT_EQ(rank0->get("still", std::chrono::milliseconds(0)), "fine");
+}
+
+// The torchrun case: torch's TCPStore already listens on MASTER_PORT in every worker's job. The
+// exactcoll store must form anyway, on a port of its own (before 2026-11-24 it bound MASTER_PORT
+// and failed with "Address already in use").
+TEST(WorkerStoreTest, FormsWhileTorchHoldsMasterPort) {
+  TcpStoreServerOptions torch_like;
+  torch_like.token = "torch-holds-master-port-000000";
+  TcpStoreServer torch_store(torch_like);  // port 0: any free one
+  const uint16_t master_port = torch_store.port();
+  const uint16_t store_port = launch::pick_free_port();
+  ASSERT_NE(master_port, store_port);
+  constexpr int kWorld = 2;
+  std::vector<std::thread> ranks;
+  std::vector<std::string> seen(kWorld);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    ranks.emplace_back([&, rank] {
+      Env env = valid_env();
+      env["RANK"] = env["LOCAL_RANK"] = std::to_string(rank);
+      env["WORLD_SIZE"] = std::to_string(kWorld);
+      env["MASTER_PORT"] = std::to_string(master_port);
+      env["EXACTCOLL_STORE_PORT"] = std::to_string(store_port);
+      try {
+        WorkerStoreOptions options;
+        options.connect_timeout = std::chrono::milliseconds(5000);
+        auto store = connect_worker_store(parse_worker_env(lookup_in(env)), options);
+        store->set(key_of(rank), "here");
+        seen[rank] = store->get(key_of(1 - rank), std::chrono::milliseconds(5000));
+        store->barrier("done", kWorld, std::chrono::milliseconds(5000));
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << rank << ": " << e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(seen[0], "here");
+  EXPECT_EQ(seen[1], "here");
 }
 
 }  // namespace

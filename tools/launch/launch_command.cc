@@ -1,5 +1,5 @@
-// `exactcoll launch --nproc N [--master-port P] [--timeout-s S] -- <command …>`: runs N local
-// workers of this same binary (/proc/self/exe) as one job (tools/launch/launcher.h does the work).
+// `exactcoll launch --nproc N [--master-port P] [--store-port Q] [--timeout-s S] -- <command …>`:
+// runs N local workers of this same binary (/proc/self/exe) as one job (tools/launch/launcher.h does the work).
 #include <chrono>
 #include <string>
 #include <vector>
@@ -16,16 +16,18 @@ constexpr double kMaxTimeoutS = 7 * 24 * 3600.0;
 int run_launch(int argc, char** argv) {
   int64_t nproc = 0;
   int64_t master_port = 0;
+  int64_t store_port = 0;
   double timeout_s = 3600;
   double kill_grace_s = 5;
   bool no_prefix = false;
   std::vector<std::string> command;
   cli::ArgParser parser(
-      "exactcoll launch --nproc N [--master-port P] [--timeout-s S] -- <command> [args…]",
+      "exactcoll launch --nproc N [--master-port P] [--store-port Q] [--timeout-s S] -- <command> [args…]",
       "Runs N workers of one job on this machine: each is `exactcoll <command> [args…]` with\n"
-      "RANK and LOCAL_RANK (0..N-1), WORLD_SIZE=N, MASTER_ADDR=127.0.0.1, MASTER_PORT and a fresh\n"
-      "random EXACTCOLL_STORE_TOKEN (32 hex digits from /dev/urandom) that rank 0's rendezvous\n"
-      "store demands from every rank. The rest of the environment, CUDA_VISIBLE_DEVICES included,\n"
+      "RANK and LOCAL_RANK (0..N-1), WORLD_SIZE=N, MASTER_ADDR=127.0.0.1, MASTER_PORT (for\n"
+      "torch.distributed in the workers), EXACTCOLL_STORE_PORT (where rank 0's rendezvous store\n"
+      "listens; never MASTER_PORT, which torch's own store holds) and a fresh random\n"
+      "EXACTCOLL_STORE_TOKEN (32 hex digits from /dev/urandom) that the store demands from every rank. The rest of the environment, CUDA_VISIBLE_DEVICES included,\n"
       "is passed through unchanged; workers pick their GPU from LOCAL_RANK.\n"
       "\n"
       "Each worker's stderr lines are prefixed with \"[rank R] \"; stdout is passed through as is.\n"
@@ -36,10 +38,14 @@ int run_launch(int argc, char** argv) {
       "Under torchrun instead: export EXACTCOLL_STORE_TOKEN yourself (the same value on every\n"
       "node, at least 16 characters), e.g.\n"
       "  export EXACTCOLL_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')\n"
+      "and, if MASTER_PORT + 1 is taken, EXACTCOLL_STORE_PORT. (Python and C programs can\n"
+      "bootstrap through their own store instead: exactcoll.torch, exactcoll_store_create.)\n"
       "\n"
-      "example: exactcoll launch --nproc 2 -- gpu allreduce --in x.npy --out y.npy");
+      "example: exactcoll launch --nproc 2 -- gpu allreduce --input x.npy --output y.npy");
   parser.add_int("nproc", &nproc, "number of workers (ranks 0..N-1), 1.." + std::to_string(kMaxProcesses));
-  parser.add_int("master-port", &master_port, "rank 0's store port on 127.0.0.1; 0 picks a free one");
+  parser.add_int("master-port", &master_port, "MASTER_PORT given to the workers (torch.distributed); 0 picks a free one");
+  parser.add_int("store-port", &store_port,
+                 "EXACTCOLL_STORE_PORT: rank 0's store port on 127.0.0.1; 0 picks a free one (never MASTER_PORT)");
   parser.add_double("timeout-s", &timeout_s, "seconds the whole job may take before every worker is stopped");
   parser.add_double("kill-grace-s", &kill_grace_s, "seconds between SIGTERM and SIGKILL when stopping workers");
   parser.add_bool("no-prefix", &no_prefix, "let workers write to stderr directly, without \"[rank R] \"");
@@ -52,6 +58,12 @@ int run_launch(int argc, char** argv) {
   }
   if (master_port < 0 || master_port > 65535) {
     return cli::fail("launch", "--master-port must be 0..65535, got " + std::to_string(master_port));
+  }
+  if (store_port < 0 || store_port > 65535) {
+    return cli::fail("launch", "--store-port must be 0..65535, got " + std::to_string(store_port));
+  }
+  if (store_port != 0 && store_port == master_port) {
+    return cli::fail("launch", "--store-port and --master-port must differ (torch's store holds MASTER_PORT)");
   }
   if (!(timeout_s > 0 && timeout_s <= kMaxTimeoutS)) {
     return cli::fail("launch", "--timeout-s must be > 0 and at most a week, got " + std::to_string(timeout_s));
@@ -70,6 +82,7 @@ int run_launch(int argc, char** argv) {
   options.argv.insert(options.argv.end(), command.begin(), command.end());
   options.nproc = static_cast<int>(nproc);
   options.master_port = static_cast<uint16_t>(master_port);
+  options.store_port = static_cast<uint16_t>(store_port);
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
   options.kill_grace = std::chrono::milliseconds(static_cast<int64_t>(kill_grace_s * 1000.0));
   options.prefix_stderr = !no_prefix;

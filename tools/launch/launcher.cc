@@ -36,8 +36,8 @@ constexpr auto kDrainAfterExit = std::chrono::seconds(1);
 constexpr auto kReapAfterKill = std::chrono::seconds(5);
 
 // The variables every worker gets from the launcher (replacing inherited ones).
-constexpr std::string_view kJobVariables[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
-                                              "MASTER_ADDR", "MASTER_PORT", "EXACTCOLL_STORE_TOKEN"};
+constexpr std::string_view kJobVariables[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",          "MASTER_ADDR",
+                                              "MASTER_PORT", "EXACTCOLL_STORE_PORT", "EXACTCOLL_STORE_TOKEN"};
 
 volatile sig_atomic_t g_interrupt_signal = 0;
 void on_interrupt(int signal_number) { g_interrupt_signal = signal_number; }
@@ -148,7 +148,8 @@ void drain(Worker& w) {
 
 // Returns the environment of one worker: the launcher's, minus the job variables, plus this
 // worker's values of them.
-std::vector<std::string> worker_environment(int rank, int nproc, uint16_t port, const std::string& token) {
+std::vector<std::string> worker_environment(int rank, int nproc, uint16_t master_port, uint16_t store_port,
+                                            const std::string& token) {
   std::vector<std::string> env;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     const std::string_view text(*entry);
@@ -161,7 +162,8 @@ std::vector<std::string> worker_environment(int rank, int nproc, uint16_t port, 
   env.push_back("WORLD_SIZE=" + std::to_string(nproc));
   env.push_back("LOCAL_RANK=" + std::to_string(rank));
   env.push_back("MASTER_ADDR=127.0.0.1");
-  env.push_back("MASTER_PORT=" + std::to_string(port));
+  env.push_back("MASTER_PORT=" + std::to_string(master_port));
+  env.push_back("EXACTCOLL_STORE_PORT=" + std::to_string(store_port));
   env.push_back("EXACTCOLL_STORE_TOKEN=" + token);
   return env;
 }
@@ -243,11 +245,17 @@ std::string random_token_hex(size_t bytes) {
 }
 
 int run_workers(const LaunchOptions& options) {
-  // 1. The job's port and token.
+  // 1. The job's ports (MASTER_PORT for torch in the workers, and the exactcoll store's own, never
+  //    the same) and token.
   uint16_t port = options.master_port;
+  uint16_t store_port = options.store_port;
   std::string token;
   try {
     if (port == 0) port = pick_free_port();
+    for (int attempt = 0; store_port == 0 || store_port == port; ++attempt) {
+      if (attempt == 100) throw std::runtime_error("cannot find a free port distinct from MASTER_PORT");
+      store_port = pick_free_port();
+    }
     token = random_token_hex(16);
   } catch (const std::exception& e) {
     say(e.what());
@@ -292,7 +300,7 @@ int run_workers(const LaunchOptions& options) {
   for (int rank = 0; rank < options.nproc; ++rank) {
     Worker& w = workers[static_cast<size_t>(rank)];
     w.rank = rank;
-    std::vector<std::string> env_strings = worker_environment(rank, options.nproc, port, token);
+    std::vector<std::string> env_strings = worker_environment(rank, options.nproc, port, store_port, token);
     const std::vector<char*> envp = pointers_to(env_strings);
     const std::string exec_failed = "exactcoll launch: rank " + std::to_string(rank) + " could not execute " +
                                     options.executable + "\n";

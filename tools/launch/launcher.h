@@ -13,7 +13,8 @@ struct LaunchOptions {
   std::string executable;         // what every worker execs (`exactcoll launch` uses /proc/self/exe)
   std::vector<std::string> argv;  // each worker's argv, argv[0] included
   int nproc = 1;                  // workers, ranks 0..nproc-1
-  uint16_t master_port = 0;       // rank 0's store port; 0: pick a free one
+  uint16_t master_port = 0;       // MASTER_PORT for torch.distributed in the workers; 0: pick a free one
+  uint16_t store_port = 0;        // EXACTCOLL_STORE_PORT, rank 0's store; 0: pick a free one (never MASTER_PORT)
   std::chrono::milliseconds timeout{std::chrono::hours(1)};  // for the whole job
   // After the first failure (or the timeout) the others get SIGTERM, then SIGKILL this much later.
   std::chrono::milliseconds kill_grace{std::chrono::seconds(5)};
@@ -22,8 +23,9 @@ struct LaunchOptions {
   bool prefix_stderr = true;
 };
 
-// Runs the job: picks the port and a fresh token, starts the workers with RANK, WORLD_SIZE,
-// LOCAL_RANK (= RANK), MASTER_ADDR=127.0.0.1, MASTER_PORT and EXACTCOLL_STORE_TOKEN set (the rest
+// Runs the job: picks the ports and a fresh token, starts the workers with RANK, WORLD_SIZE,
+// LOCAL_RANK (= RANK), MASTER_ADDR=127.0.0.1, MASTER_PORT, EXACTCOLL_STORE_PORT and
+// EXACTCOLL_STORE_TOKEN set (the rest
 // of the environment, CUDA_VISIBLE_DEVICES included, is passed through), and waits for them.
 // Returns 0 when every worker exited 0. Otherwise stops the rest (SIGTERM, then SIGKILL after
 // kill_grace), prints to stderr which rank failed and how, and returns: the first failed worker's
