@@ -19,6 +19,10 @@ namespace {
 
 constexpr size_t kAlign = 4096;
 constexpr uint64_t kIpcTestTimeoutMs = 3000;
+// Ranks sharing a GPU run by time slicing: a barrier round trip takes milliseconds (about 4.5 ms
+// for two processes on an H100, ../shared/facts/environment.md), and a slice can hold a kernel
+// for much longer under load, so their in-kernel waits get at least this bound.
+constexpr uint64_t kSharedGpuMinFlagTimeoutMs = 60000;
 constexpr std::chrono::milliseconds kCloseTimeout{30000};
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -119,8 +123,10 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
   peers_.assign(static_cast<size_t>(world_size_), PeerRegion{});
   peers_[static_cast<size_t>(rank_)].base = region_;
 
-  // 3. Can every pair share memory? Each rank publishes its GPU (or why it cannot export), checks
-  //    peer access to every peer's GPU, and all ranks agree before anyone opens anything.
+  // 3. Can every pair share memory? Each rank publishes its GPU (or why it cannot export), reads
+  //    every rank's, checks peer access to every other GPU, and all ranks agree before anyone opens
+  //    anything. Ranks on the same GPU share memory through IPC too (across processes), but they
+  //    run by time slicing: every rank sees the same list, so all agree on shared_gpu_.
   std::string problem;
   cudaIpcMemHandle_t handle{};
   if (world_size_ > kMaxRanks) {
@@ -129,9 +135,25 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
     problem = "rank " + std::to_string(rank_) + ": cudaIpcGetMemHandle: " + cudaGetErrorString(cudaGetLastError());
   }
   store_.set(key("ipc/gpu/" + std::to_string(rank_)), bus_id);
+  std::vector<std::string> buses(static_cast<size_t>(world_size_));
+  for (int p = 0; p < world_size_; ++p) {
+    buses[static_cast<size_t>(p)] = p == rank_ ? std::string(bus_id)
+                                               : store_.get(key("ipc/gpu/" + std::to_string(p)), options_.store_timeout);
+  }
+  for (int p = 0; p < world_size_ && shared_gpu_note_.empty(); ++p) {
+    for (int q = p + 1; q < world_size_ && shared_gpu_note_.empty(); ++q) {
+      if (buses[static_cast<size_t>(p)] == buses[static_cast<size_t>(q)]) {
+        shared_gpu_note_ = "ranks " + std::to_string(p) + " and " + std::to_string(q) + " share GPU " +
+                           buses[static_cast<size_t>(p)];
+      }
+    }
+  }
+  if (!shared_gpu_note_.empty()) {
+    options_.flag_timeout_ms = std::max(options_.flag_timeout_ms, kSharedGpuMinFlagTimeoutMs);
+  }
   for (int p = 0; p < world_size_ && problem.empty(); ++p) {
     if (p == rank_) continue;
-    const std::string peer_bus = store_.get(key("ipc/gpu/" + std::to_string(p)), options_.store_timeout);
+    const std::string& peer_bus = buses[static_cast<size_t>(p)];
     int peer_device = -1;
     if (cudaDeviceGetByPCIBusId(&peer_device, peer_bus.c_str()) == cudaSuccess && peer_device != device_) {
       int can = 0;
@@ -166,7 +188,7 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
     for (int p = 0; p < world_size_; ++p) peers_[static_cast<size_t>(p)].base = peers[0][static_cast<size_t>(p)];
     ipc_ready_ = true;  // device_barrier needs it
     const uint64_t saved = options_.flag_timeout_ms;
-    options_.flag_timeout_ms = kIpcTestTimeoutMs;
+    options_.flag_timeout_ms = shared_gpu() ? saved : kIpcTestTimeoutMs;
     try {
       device_barrier(nullptr);
       check(nullptr);
@@ -182,8 +204,13 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
   }
 
   // 5. NCCL: every rank must have the library before any calls ncclCommInitRank (which waits for
-  //    all ranks without a bound).
-  if (options_.use_nccl) {
+  //    all ranks without a bound). NCCL refuses two ranks on one GPU ("invalid usage"), so ranks
+  //    sharing a GPU go on without it (every rank knows, from the same list of GPUs).
+  if (!options_.use_nccl) {
+    nccl_reason_ = "created without NCCL (use_nccl = false)";
+  } else if (shared_gpu()) {
+    nccl_reason_ = "left out because " + shared_gpu_note_ + " (NCCL refuses two ranks on one GPU)";
+  } else {
     std::string nccl_problem;
     try {
       (void)NcclApi::get();
@@ -196,6 +223,7 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
     for (int p = 0; p < world_size_; ++p) {
       everyone = everyone && store_.get(key("nccl/loaded/" + std::to_string(p)), options_.store_timeout).empty();
     }
+    if (!everyone) nccl_reason_ = "libnccl.so.2 could not be loaded on some rank";
     if (everyone) {
       const NcclApi& nccl = NcclApi::get();
       ncclUniqueId id{};
@@ -368,8 +396,7 @@ CallInfo Communicator::allgather(const void* input, void* output, size_t count, 
 
 CallInfo Communicator::run_nccl(Op op, const void* input, void* output, size_t count, DType dtype, cudaStream_t stream) {
   if (nccl_comm_ == nullptr) {
-    throw CollectiveError("NCCL is not available in communicator " + options_.name +
-                          (options_.use_nccl ? " (libnccl.so.2 missing on some rank)" : " (created without NCCL)"));
+    throw CollectiveError("NCCL is not available in communicator " + options_.name + ": " + nccl_reason_);
   }
   const NcclApi& nccl = NcclApi::get();
   const ncclDataType_t t = nccl_type(dtype);

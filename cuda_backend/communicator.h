@@ -42,6 +42,7 @@
 #include "core/handle_exchange.h"
 #include "core/storage.h"
 #include "core/store.h"
+#include "cuda_backend/communicator_options.h"
 #include "cuda_backend/dispatch_table.h"
 #include "cuda_backend/kernel_args.h"
 
@@ -51,16 +52,6 @@ namespace exactcoll::cuda {
 // the communicator was used after such an error.
 struct CollectiveError : std::runtime_error {
   using std::runtime_error::runtime_error;
-};
-
-struct CommunicatorOptions {
-  std::string name = "exactcoll";            // store key prefix; unique per communicator in a job
-  size_t buffer_bytes = size_t{128} << 20;   // staging and scratch capacity per rank
-  uint64_t flag_timeout_ms = 5000;           // bound on every in-kernel flag wait
-  std::chrono::milliseconds store_timeout{120000};
-  bool use_nccl = true;                      // create the NCCL communicator (baseline, fallback)
-  bool programmatic_launch = true;           // launch kernels with programmatic dependent launch
-  std::optional<DispatchTable> table;        // auto's table; default DispatchTable::from_environment()
 };
 
 // A user buffer whose peers' addresses this communicator knows (register_buffer).
@@ -82,8 +73,9 @@ struct CallInfo {
 
 class Communicator {
  public:
-  // Collective: every rank of the job calls it with the same options (and world_size), each on
-  // its own GPU (cudaSetDevice before). Throws StoreError, CudaError or CollectiveError.
+  // Collective: every rank of the job calls it with the same options (and world_size), each in
+  // its own process on its GPU (cudaSetDevice before). Ranks may share a GPU (shared_gpu()).
+  // Throws StoreError, CudaError or CollectiveError.
   Communicator(Store& store, int rank, int world_size, CommunicatorOptions options = {});
   ~Communicator();
   Communicator(const Communicator&) = delete;
@@ -96,6 +88,16 @@ class Communicator {
   bool ipc_ready() const { return ipc_ready_; }       // agreed by every rank
   const std::string& ipc_unavailable_reason() const { return ipc_reason_; }
   bool nccl_ready() const { return nccl_comm_ != nullptr; }
+  // False after a kernel timed out (check() threw): IPC calls are refused from then on.
+  bool usable() const { return !poisoned_; }
+  // Why NCCL was not created ("" when it was).
+  const std::string& nccl_unavailable_reason() const { return nccl_reason_; }
+  // Some ranks share a GPU (a correctness mode: kernels interleave by time slicing, NCCL is left
+  // out, and flag waits get at least 60 s). Agreed by every rank.
+  bool shared_gpu() const { return !shared_gpu_note_.empty(); }
+  const std::string& shared_gpu_note() const { return shared_gpu_note_; }  // "ranks 0 and 1 share GPU ..."
+  // The bound on in-kernel flag waits in effect (options, raised when ranks share a GPU).
+  uint64_t flag_timeout_ms() const { return options_.flag_timeout_ms; }
   size_t buffer_bytes() const { return options_.buffer_bytes; }
   // Whether kernels launch with programmatic dependent launch (CommunicatorOptions); the fused
   // kernels on this communicator follow it too.
@@ -182,6 +184,8 @@ class Communicator {
   std::string ipc_reason_;
   bool poisoned_ = false;
   std::string poison_message_;
+  std::string shared_gpu_note_;
+  std::string nccl_reason_;
 
   void* region_ = nullptr;  // this rank's [signals | staging | scratch]
   size_t staging_offset_ = 0, scratch_offset_ = 0, region_bytes_ = 0;

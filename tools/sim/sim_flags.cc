@@ -72,15 +72,20 @@ std::string world_options(const SimFlags& f, const cli::ArgParser& parser, sim::
 }
 
 std::string write_traces(const SimFlags& f, const sim::World& world) {
+  return write_trace_files(world, f.trace.empty() ? "" : cli::resolve_path(f.trace),
+                           f.chrome_trace.empty() ? "" : cli::resolve_path(f.chrome_trace));
+}
+
+std::string write_trace_files(const sim::World& world, const std::string& json_path, const std::string& chrome_path) {
   if (world.tracer() == nullptr) return "";
   try {
-    if (!f.trace.empty()) {
+    if (!json_path.empty()) {
       const std::string text = world.tracer()->json_lines();
-      npy::write_file_atomic(cli::resolve_path(f.trace), text.data(), text.size());
+      npy::write_file_atomic(json_path, text.data(), text.size());
     }
-    if (!f.chrome_trace.empty()) {
+    if (!chrome_path.empty()) {
       const std::string text = world.tracer()->chrome_trace(world.options().schedule == sim::Schedule::kSeeded);
-      npy::write_file_atomic(cli::resolve_path(f.chrome_trace), text.data(), text.size());
+      npy::write_file_atomic(chrome_path, text.data(), text.size());
     }
   } catch (const npy::NpyError& e) {
     return e.what();

@@ -36,6 +36,11 @@ std::string world_options(const SimFlags& flags, const cli::ArgParser& parser, s
 // Writes the JSON-lines and Chrome traces requested by flags (atomically). Returns "" or the error.
 std::string write_traces(const SimFlags& flags, const sim::World& world);
 
+// Writes world's trace as JSON lines to json_path and in Chrome's format to chrome_path (each
+// atomically; an empty path skips it; paths as given, not resolved). Returns "" or the error.
+// Nothing is written when the world was not traced.
+std::string write_trace_files(const sim::World& world, const std::string& json_path, const std::string& chrome_path);
+
 // "threads schedule" or "seeded schedule (--schedule-seed K)".
 std::string schedule_note(const sim::WorldOptions& options);
 

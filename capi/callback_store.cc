@@ -1,0 +1,108 @@
+#include "capi/callback_store.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "capi/api_support.h"
+
+namespace exactcoll::capi {
+namespace {
+
+thread_local std::string callback_message;
+
+constexpr size_t kFirstGetBytes = 4096;
+
+int64_t remaining_ms(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return std::max<int64_t>(0, left.count());
+}
+
+}  // namespace
+
+std::string take_store_callback_message() {
+  std::string message;
+  message.swap(callback_message);
+  return message;
+}
+
+CallbackStore::CallbackStore(const exactcoll_store_callbacks& callbacks, int rank, int world_size)
+    : callbacks_(callbacks), rank_(rank), world_size_(world_size) {}
+
+void CallbackStore::check(int status, const std::string& what) const {
+  const std::string message = take_store_callback_message();
+  if (status == EXACTCOLL_OK) return;
+  throw StoreError("store callback " + what + " failed with " + exactcoll_status_name(status) +
+                   (message.empty() ? std::string() : ": " + message));
+}
+
+void CallbackStore::set(const std::string& key, const std::string& value) {
+  take_store_callback_message();
+  check(callbacks_.set(callbacks_.user_data, key.c_str(), value.data(), value.size()), "set('" + key + "')");
+}
+
+std::string CallbackStore::get(const std::string& key, std::chrono::milliseconds timeout) {
+  std::string value(kFirstGetBytes, '\0');
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    size_t length = 0;
+    take_store_callback_message();
+    const int status =
+        callbacks_.get(callbacks_.user_data, key.c_str(), timeout.count(), value.data(), value.size(), &length);
+    if (status == EXACTCOLL_ERROR_TIMEOUT) {
+      const std::string message = take_store_callback_message();
+      throw StoreError("key '" + key + "' never appeared in the store within " + std::to_string(timeout.count()) +
+                       " ms" + (message.empty() ? std::string() : " (" + message + ")"));
+    }
+    check(status, "get('" + key + "')");
+    if (length <= value.size()) {
+      value.resize(length);
+      return value;
+    }
+    value.assign(length, '\0');  // the value is there now: the second call returns it at once
+  }
+  throw StoreError("store callback get('" + key + "') reported a longer value on each of two calls");
+}
+
+int64_t CallbackStore::add(const std::string& key, int64_t delta) {
+  int64_t result = 0;
+  take_store_callback_message();
+  check(callbacks_.add(callbacks_.user_data, key.c_str(), delta, &result), "add('" + key + "')");
+  return result;
+}
+
+bool CallbackStore::erase(const std::string& key) {
+  if (callbacks_.erase == nullptr) return false;
+  int existed = 0;
+  take_store_callback_message();
+  check(callbacks_.erase(callbacks_.user_data, key.c_str(), &existed), "erase('" + key + "')");
+  return existed != 0;
+}
+
+void CallbackStore::barrier(const std::string& name, int world_size, std::chrono::milliseconds timeout) {
+  if (world_size != world_size_) {
+    throw StoreError("barrier '" + name + "' for " + std::to_string(world_size) + " ranks on a store made for " +
+                     std::to_string(world_size_));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const uint64_t round = barrier_rounds_[name]++;
+  const std::string prefix = name + "/" + std::to_string(round) + "/";
+  set(prefix + std::to_string(rank_), "1");
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer == rank_) continue;
+    try {
+      get(prefix + std::to_string(peer), std::chrono::milliseconds(remaining_ms(deadline)));
+    } catch (const StoreError& e) {
+      throw StoreError("barrier '" + name + "': rank " + std::to_string(peer) + " never arrived within " +
+                       std::to_string(timeout.count()) + " ms (" + e.what() + ")");
+    }
+  }
+  if (round > 0) erase(name + "/" + std::to_string(round - 1) + "/" + std::to_string(rank_));
+}
+
+}  // namespace exactcoll::capi
+
+extern "C" void exactcoll_set_store_error(const char* message) {
+  try {
+    exactcoll::capi::callback_message = message == nullptr ? "" : message;
+  } catch (...) {
+  }
+}

@@ -1,0 +1,304 @@
+// The C API's GPU functions (exactcoll.h, "GPU communicators"), over cuda::Communicator and
+// cuda::fused::FusedRmsNorm. Compiled only with a CUDA toolkit; capi/gpu_api_stub.cc stands in
+// without one.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "capi/api_support.h"
+#include "capi/enum_names.h"
+#include "capi/store_api.h"
+#include "cuda_backend/communicator.h"
+#include "cuda_backend/cuda_check.h"
+#include "cuda_backend/fused/fused_rmsnorm.h"
+#include "cuda_backend/nccl_api.h"
+#include "exactcoll/exactcoll.h"
+
+using namespace exactcoll;
+using namespace exactcoll::capi;
+
+namespace {
+
+// A communicator behind a C handle: the store it was formed over (kept alive), the
+// communicator, the fused op bound to it, and its registered buffers.
+struct CommState {
+  std::shared_ptr<Store> store;
+  std::unique_ptr<cuda::Communicator> comm;
+  std::unique_ptr<cuda::fused::FusedRmsNorm> fused;
+  std::vector<cuda::RegisteredBuffer> registered;
+  int device = -1;
+};
+
+HandleTable<CommState>& comms() {
+  static HandleTable<CommState>* table = new HandleTable<CommState>();  // never destroyed: usable at exit
+  return *table;
+}
+
+// Makes the communicator's GPU current for the call, and restores the caller's afterwards.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    EXC_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) EXC_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceScope() {
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) (void)cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// Runs body, turning the CUDA backend's exceptions into statuses: a CUDA runtime failure is CUDA,
+// NCCL missing is UNAVAILABLE, a CollectiveError from a communicator that refuses IPC calls after
+// an earlier timeout is UNUSABLE, and any other CollectiveError is `collective_status` (what it
+// means at that call site: a timed-out wait for check, the IPC path missing for the ops).
+template <class Body>
+void translating(const cuda::Communicator* comm, exactcoll_status collective_status, Body&& body) {
+  try {
+    body();
+  } catch (const cuda::CudaError& e) {
+    fail(EXACTCOLL_ERROR_CUDA, e.what());
+  } catch (const cuda::NcclError& e) {
+    fail(EXACTCOLL_ERROR_UNAVAILABLE, e.what());
+  } catch (const cuda::CollectiveError& e) {
+    const bool refused = comm != nullptr && !comm->usable() && collective_status != EXACTCOLL_ERROR_TIMEOUT;
+    fail(refused ? EXACTCOLL_ERROR_UNUSABLE : collective_status, e.what());
+  }
+}
+
+std::shared_ptr<CommState> comm_of(exactcoll_comm comm) { return comms().get(comm.id, "communicator"); }
+
+cuda::Algorithm gpu_algorithm(int algo) {
+  const std::string name = checked_name(kAlgoNames, algo, "algo");
+  return *cuda::parse_algorithm(name);  // every C name is the backend's (tests/capi/enum_names_test.cc)
+}
+
+int c_algorithm(cuda::Algorithm a) { return value_of(kAlgoNames, cuda::algorithm_name(a)); }
+
+const cuda::RegisteredBuffer* registered_buffer(const CommState& state, int registered_id) {
+  if (registered_id == -1) return nullptr;
+  if (registered_id < 0 || registered_id >= static_cast<int>(state.registered.size())) {
+    bad_argument("registered_id " + std::to_string(registered_id) + " is not a buffer registered on this communicator (" +
+                 std::to_string(state.registered.size()) + " are; -1 for none)");
+  }
+  return &state.registered[static_cast<size_t>(registered_id)];
+}
+
+void fill_info(exactcoll_call_info* info, int algo, int allreduce_algo, bool exact, bool staged, int launches,
+               const cuda::LaunchConfig& grid, const std::string& note) {
+  if (info == nullptr) return;
+  exactcoll_call_info_init(info);
+  info->algo = algo;
+  info->allreduce_algo = allreduce_algo;
+  info->exact = exact ? 1 : 0;
+  info->staged = staged ? 1 : 0;
+  info->launches = launches;
+  info->blocks = grid.blocks;
+  info->threads = grid.threads;
+  copy_text(info->note, note);
+}
+
+using CollectiveCall = cuda::CallInfo (cuda::Communicator::*)(const void*, void*, size_t, DType, cuda::Algorithm,
+                                                               cudaStream_t, const cuda::RegisteredBuffer*,
+                                                               std::optional<cuda::LaunchConfig>);
+
+int run_collective(const char* function, CollectiveCall call, exactcoll_comm comm, const void* input, void* output,
+                   size_t count, int dtype, int algo, void* stream, int registered_id, exactcoll_call_info* info) {
+  return guarded(function, [&] {
+    if (info != nullptr) require_struct_size(info->struct_size, sizeof(exactcoll_call_info), "exactcoll_call_info");
+    const std::shared_ptr<CommState> state = comm_of(comm);
+    const DType type = to_dtype(dtype);
+    const cuda::Algorithm a = gpu_algorithm(algo);
+    if (count > 0) {
+      require(input, "input");
+      require(output, "output");
+    }
+    const cuda::RegisteredBuffer* registered = registered_buffer(*state, registered_id);
+    translating(state->comm.get(), EXACTCOLL_ERROR_UNAVAILABLE, [&] {
+      DeviceScope device(state->device);
+      const cuda::CallInfo ran =
+          ((*state->comm).*call)(input, output, count, type, a, static_cast<cudaStream_t>(stream), registered, {});
+      fill_info(info, c_algorithm(ran.algo), -1, ran.exact, ran.staged, ran.launches, ran.grid, ran.note);
+    });
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+int exactcoll_has_cuda(void) { return 1; }
+
+int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const exactcoll_comm_options* options,
+                          exactcoll_comm* comm) {
+  return guarded("exactcoll_comm_create", [&] {
+    require(comm, "the result pointer");
+    exactcoll_comm_options o;
+    exactcoll_comm_options_init(&o);
+    if (options != nullptr) {
+      require_struct_size(options->struct_size, sizeof(exactcoll_comm_options), "exactcoll_comm_options");
+      o = *options;
+    }
+    if (world_size < 1) bad_argument("world_size must be >= 1, got " + std::to_string(world_size));
+    if (rank < 0 || rank >= world_size) {
+      bad_argument("rank " + std::to_string(rank) + " is outside 0.." + std::to_string(world_size - 1));
+    }
+    if (o.buffer_bytes < 4096) bad_argument("buffer_bytes must be at least 4096, got " + std::to_string(o.buffer_bytes));
+    if (o.flag_timeout_ms < 1) bad_argument("flag_timeout_ms must be >= 1");
+    if (o.store_timeout_ms < 1) bad_argument("store_timeout_ms must be >= 1");
+    if (o.name != nullptr && *o.name == '\0') bad_argument("name is empty (NULL gives \"exactcoll\")");
+    auto state = std::make_shared<CommState>();
+    state->store = store_of(store);
+    cuda::CommunicatorOptions co;
+    if (o.name != nullptr) co.name = o.name;
+    co.buffer_bytes = o.buffer_bytes;
+    co.flag_timeout_ms = o.flag_timeout_ms;
+    co.store_timeout = std::chrono::milliseconds(o.store_timeout_ms);
+    co.use_nccl = o.use_nccl != 0;
+    co.programmatic_launch = o.programmatic_launch != 0;
+    translating(nullptr, EXACTCOLL_ERROR_UNAVAILABLE, [&] {
+      int devices = 0;
+      EXC_CUDA_CHECK(cudaGetDeviceCount(&devices));
+      if (o.device < -1 || o.device >= devices) {
+        bad_argument("device " + std::to_string(o.device) + " is outside -1.." + std::to_string(devices - 1) + " (" +
+                     std::to_string(devices) + " visible)");
+      }
+      if (o.device == -1) {
+        EXC_CUDA_CHECK(cudaGetDevice(&state->device));
+      } else {
+        state->device = o.device;
+      }
+      DeviceScope device(state->device);
+      state->comm = std::make_unique<cuda::Communicator>(*state->store, rank, world_size, co);
+      state->fused = std::make_unique<cuda::fused::FusedRmsNorm>(*state->comm);
+    });
+    comm->id = comms().add(std::move(state));
+  });
+}
+
+int exactcoll_comm_destroy(exactcoll_comm comm) {
+  return guarded("exactcoll_comm_destroy", [&] {
+    std::shared_ptr<CommState> state = comms().remove(comm.id, "communicator");
+    translating(nullptr, EXACTCOLL_ERROR_CUDA, [&] {
+      DeviceScope device(state->device);
+      state.reset();  // the communicator's destructor passes the closing barrier and frees its buffers
+    });
+  });
+}
+
+int exactcoll_comm_properties_get(exactcoll_comm comm, exactcoll_comm_properties* properties) {
+  return guarded("exactcoll_comm_properties_get", [&] {
+    require(properties, "properties");
+    require_struct_size(properties->struct_size, sizeof(exactcoll_comm_properties), "exactcoll_comm_properties");
+    const std::shared_ptr<CommState> state = comm_of(comm);
+    const cuda::Communicator& c = *state->comm;
+    exactcoll_comm_properties p{};
+    p.struct_size = sizeof p;
+    p.rank = c.rank();
+    p.world_size = c.world_size();
+    p.device = c.device();
+    p.ipc_ready = c.ipc_ready() ? 1 : 0;
+    p.nccl_ready = c.nccl_ready() ? 1 : 0;
+    p.shared_gpu = c.shared_gpu() ? 1 : 0;
+    p.buffer_bytes = c.buffer_bytes();
+    p.flag_timeout_ms = c.flag_timeout_ms();
+    copy_text(p.arch, c.arch());
+    copy_text(p.ipc_unavailable_reason, c.ipc_unavailable_reason());
+    copy_text(p.nccl_unavailable_reason, c.nccl_unavailable_reason());
+    *properties = p;
+  });
+}
+
+int exactcoll_comm_register_buffer(exactcoll_comm comm, const void* buffer, size_t bytes, int* id) {
+  return guarded("exactcoll_comm_register_buffer", [&] {
+    require(buffer, "buffer");
+    require(id, "the result pointer");
+    if (bytes == 0) bad_argument("bytes must be > 0");
+    const std::shared_ptr<CommState> state = comm_of(comm);
+    translating(state->comm.get(), EXACTCOLL_ERROR_INVALID_ARGUMENT, [&] {
+      DeviceScope device(state->device);
+      state->registered.push_back(state->comm->register_buffer(buffer, bytes));
+    });
+    *id = static_cast<int>(state->registered.size()) - 1;
+  });
+}
+
+int exactcoll_allreduce(exactcoll_comm comm, const void* input, void* output, size_t count, int dtype, int algo,
+                        void* stream, int registered_id, exactcoll_call_info* info) {
+  return run_collective("exactcoll_allreduce", &cuda::Communicator::allreduce, comm, input, output, count, dtype, algo,
+                        stream, registered_id, info);
+}
+
+int exactcoll_reduce_scatter(exactcoll_comm comm, const void* input, void* output, size_t count, int dtype, int algo,
+                             void* stream, int registered_id, exactcoll_call_info* info) {
+  return run_collective("exactcoll_reduce_scatter", &cuda::Communicator::reduce_scatter, comm, input, output, count,
+                        dtype, algo, stream, registered_id, info);
+}
+
+int exactcoll_allgather(exactcoll_comm comm, const void* input, void* output, size_t count, int dtype, int algo,
+                        void* stream, int registered_id, exactcoll_call_info* info) {
+  return run_collective("exactcoll_allgather", &cuda::Communicator::allgather, comm, input, output, count, dtype, algo,
+                        stream, registered_id, info);
+}
+
+int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x, const void* residual, const void* weight,
+                                void* residual_out, void* out, int64_t rows, int64_t hidden, float eps, int dtype,
+                                int algo, void* stream, int registered_id, exactcoll_call_info* info) {
+  return guarded("exactcoll_fused_add_rmsnorm", [&] {
+    if (info != nullptr) require_struct_size(info->struct_size, sizeof(exactcoll_call_info), "exactcoll_call_info");
+    const std::shared_ptr<CommState> state = comm_of(comm);
+    const DType type = to_dtype(dtype);
+    const std::string name = checked_name(kFusedAlgoNames, algo, "fused algo");
+    const cuda::fused::FusedAlgorithm a = *cuda::fused::parse_fused_algorithm(name);
+    if (rows < 0 || rows > (int64_t{1} << 30)) bad_argument("rows must be 0..2^30, got " + std::to_string(rows));
+    if (hidden < 1 || hidden > (int64_t{1} << 24)) {
+      bad_argument("hidden must be 1..16777216, got " + std::to_string(hidden));
+    }
+    if (!std::isfinite(eps) || eps < 0.0f) bad_argument("eps must be finite and >= 0, got " + std::to_string(eps));
+    if (rows > 0) {
+      require(x, "x");
+      require(residual, "residual");
+      require(weight, "weight");
+      require(residual_out, "residual_out");
+      require(out, "out");
+    }
+    const cuda::RegisteredBuffer* registered = registered_buffer(*state, registered_id);
+    cuda::fused::FusedRmsNormBuffers buffers{x, residual, weight, residual_out, out};
+    cuda::fused::FusedRmsNormShape shape{static_cast<int>(rows), static_cast<int>(hidden), eps, type};
+    translating(state->comm.get(), EXACTCOLL_ERROR_UNAVAILABLE, [&] {
+      DeviceScope device(state->device);
+      const cuda::fused::FusedCallInfo ran =
+          state->fused->run(buffers, shape, a, static_cast<cudaStream_t>(stream), registered);
+      int allreduce_algo = -1;
+      if (!ran.allreduce.empty()) allreduce_algo = value_of(kAlgoNames, ran.allreduce);
+      fill_info(info, value_of(kFusedAlgoNames, cuda::fused::fused_algorithm_name(ran.algo)), allreduce_algo, ran.exact,
+                ran.staged, ran.launches, ran.grid, "");
+    });
+  });
+}
+
+int exactcoll_comm_check(exactcoll_comm comm, void* stream) {
+  return guarded("exactcoll_comm_check", [&] {
+    const std::shared_ptr<CommState> state = comm_of(comm);
+    translating(state->comm.get(), EXACTCOLL_ERROR_TIMEOUT, [&] {
+      DeviceScope device(state->device);
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      EXC_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture));
+      if (capture != cudaStreamCaptureStatusNone) {
+        bad_argument("the stream is being captured into a CUDA graph: check after the graph is replayed");
+      }
+      state->comm->check(static_cast<cudaStream_t>(stream));
+    });
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,299 @@
+// The C API's simulator functions (exactcoll.h, "the simulator"): the same algorithm templates on
+// CPU threads, host arrays in, the contract's bits out, traces on request.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "capi/api_support.h"
+#include "capi/enum_names.h"
+#include "core/signal.h"
+#include "exactcoll/exactcoll.h"
+#include "sim/collectives.h"
+#include "sim/fused/fused_sim.h"
+#include "sim/fused/reference.h"
+#include "sim/world.h"
+#include "tools/sim/sim_flags.h"
+
+using namespace exactcoll;
+using namespace exactcoll::capi;
+
+namespace {
+
+// The options as the simulator takes them, plus the trace files to write afterwards.
+struct SimRun {
+  sim::WorldOptions world;
+  int blocks = 1;
+  std::string trace_path, chrome_trace_path;
+};
+
+SimRun sim_run(const exactcoll_sim_options* given, int ranks) {
+  exactcoll_sim_options o;
+  exactcoll_sim_options_init(&o);
+  if (given != nullptr) {
+    require_struct_size(given->struct_size, sizeof(exactcoll_sim_options), "exactcoll_sim_options");
+    o = *given;
+  }
+  if (ranks < 1 || ranks > kMaxRanks) {
+    bad_argument("ranks must be 1.." + std::to_string(kMaxRanks) + ", got " + std::to_string(ranks));
+  }
+  if (o.blocks < 1 || o.blocks > kMaxBlocks) {
+    bad_argument("blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(o.blocks));
+  }
+  if (o.seeded_schedule != 0 && o.seeded_schedule != 1) bad_argument("seeded_schedule must be 0 or 1");
+  if (o.timeout_ms < 1) bad_argument("timeout_ms must be >= 1, got " + std::to_string(o.timeout_ms));
+  if (o.num_trace_elements > 0 && o.trace_elements == nullptr) bad_argument("trace_elements is NULL");
+  SimRun run;
+  run.blocks = o.blocks;
+  run.world.ranks = ranks;
+  run.world.schedule = o.seeded_schedule ? sim::Schedule::kSeeded : sim::Schedule::kThreads;
+  run.world.schedule_seed = o.schedule_seed;
+  run.world.wait_timeout = std::chrono::milliseconds(o.timeout_ms);
+  run.world.trace_elements.assign(o.trace_elements, o.trace_elements + o.num_trace_elements);
+  if (o.trace_path != nullptr) run.trace_path = o.trace_path;
+  if (o.chrome_trace_path != nullptr) run.chrome_trace_path = o.chrome_trace_path;
+  run.world.trace = !run.trace_path.empty() || !run.chrome_trace_path.empty() || !run.world.trace_elements.empty();
+  return run;
+}
+
+void check_trace_elements(const SimRun& run, uint64_t limit, const char* what) {
+  for (const uint64_t i : run.world.trace_elements) {
+    if (i >= limit) {
+      bad_argument("trace element " + std::to_string(i) + " is past the " + std::to_string(limit) + " " + what);
+    }
+  }
+}
+
+// Runs execute() (which runs the world) and writes the requested traces, also after a failed run,
+// so that the trace shows how far it got; then reports the failure, if any.
+template <class Execute>
+void run_and_trace(sim::World& world, const SimRun& run, Execute execute) {
+  std::string failure;
+  exactcoll_status failure_status = EXACTCOLL_OK;
+  try {
+    execute();
+  } catch (const sim::SimError& e) {
+    failure = e.what();
+    failure_status = status_of(e);
+  }
+  const std::string trace_problem = tools::write_trace_files(world, run.trace_path, run.chrome_trace_path);
+  if (!failure.empty()) fail(failure_status, failure);
+  if (!trace_problem.empty()) bad_argument("cannot write the trace: " + trace_problem);
+}
+
+// bytes = a * b * c, or INVALID_ARGUMENT when that overflows size_t.
+size_t product(size_t a, size_t b, size_t c, const char* what) {
+  const size_t limit = std::numeric_limits<size_t>::max();
+  if ((b != 0 && a > limit / b) || (c != 0 && a * b > limit / c)) bad_argument(std::string(what) + " is too large");
+  return a * b * c;
+}
+
+void fill_info(exactcoll_call_info* info, int algo, int allreduce_algo, int blocks) {
+  if (info == nullptr) return;
+  require_struct_size(info->struct_size, sizeof(exactcoll_call_info), "exactcoll_call_info");
+  exactcoll_call_info_init(info);
+  info->algo = algo;
+  info->allreduce_algo = allreduce_algo;
+  info->exact = 1;
+  info->staged = 1;  // the simulator copies every rank's input into its symmetric heap
+  info->launches = 1;
+  info->blocks = blocks;
+  info->threads = 1;
+}
+
+// The simulator's algorithm for a C algo value on op; INVALID_ARGUMENT for GPU-only algorithms.
+sim::Algorithm sim_algorithm(sim::Collective op, int algo) {
+  const std::string name = checked_name(kAlgoNames, algo, "algo");
+  if (name == "nccl") bad_argument("nccl runs on GPUs only (and its sums follow no contract)");
+  if (op == sim::Collective::kAllReduce) {
+    sim::Algorithm a{};
+    if (!sim::parse_algorithm(name, &a)) {
+      bad_argument("allreduce has no algorithm " + name + " (auto, one_shot, two_shot, push_one_shot, push_two_shot)");
+    }
+    return a;
+  }
+  if (name == "copy_engine") {
+    bad_argument("copy_engine runs on GPUs only (a copy: its bits are direct's, which the simulator runs)");
+  }
+  if (name != "auto" && name != "direct") {
+    bad_argument(std::string(sim::collective_name(op)) + " has no algorithm " + name + " (auto, direct)");
+  }
+  return sim::Algorithm::kAuto;
+}
+
+template <class T>
+void reference_rows(fused::FusedContract contract, int ranks, int rows, int hidden, float eps, const void* x,
+                    const void* residual, const void* weight, void* residual_out, void* out) {
+  fused::FusedProblem<T> problem;
+  problem.ranks = ranks;
+  problem.rows = rows;
+  problem.hidden = hidden;
+  problem.eps = eps;
+  problem.x = static_cast<const T*>(x);
+  problem.residual = static_cast<const T*>(residual);
+  problem.weight = static_cast<const T*>(weight);
+  fused::fused_reference<T>(contract, problem, static_cast<T*>(residual_out), static_cast<T*>(out));
+}
+
+}  // namespace
+
+extern "C" {
+
+void exactcoll_sim_options_init(exactcoll_sim_options* options) {
+  if (options == nullptr) return;
+  *options = exactcoll_sim_options{};
+  options->struct_size = sizeof(exactcoll_sim_options);
+  options->blocks = 1;
+  options->seeded_schedule = 0;
+  options->schedule_seed = 1;
+  options->timeout_ms = 20000;
+}
+
+int exactcoll_sim_collective(int op, int algo, int dtype, int ranks, size_t count, const void* inputs, void* outputs,
+                             const exactcoll_sim_options* options, exactcoll_call_info* info) {
+  return guarded("exactcoll_sim_collective", [&] {
+    const std::string op_name = checked_name(kOpNames, op, "op");
+    const DType type = to_dtype(dtype);
+    const SimRun run = sim_run(options, ranks);
+    sim::CollectiveSpec spec;
+    spec.op = op == EXACTCOLL_OP_ALLREDUCE        ? sim::Collective::kAllReduce
+              : op == EXACTCOLL_OP_REDUCE_SCATTER ? sim::Collective::kReduceScatter
+                                                  : sim::Collective::kAllGather;
+    spec.algorithm = sim_algorithm(spec.op, algo);
+    spec.dtype = type;
+    spec.count = count;
+    spec.blocks = run.blocks;
+    const int resolved = spec.op == sim::Collective::kAllReduce
+                             ? value_of(kAlgoNames, sim::algorithm_name(sim::resolve_algorithm(spec)))
+                             : EXACTCOLL_ALGO_DIRECT;
+    if (count == 0) {
+      fill_info(info, resolved, -1, run.blocks);
+      return;
+    }
+    require(inputs, "inputs");
+    require(outputs, "outputs");
+    if (const std::string problem = sim::check_spec(spec, ranks); !problem.empty()) bad_argument(problem);
+    const size_t elem = static_cast<size_t>(dtype_size(type));
+    const size_t n = static_cast<size_t>(ranks);
+    const size_t out_count = sim::output_count(spec.op, count, ranks);
+    product(count, elem, n, "ranks x count");
+    product(out_count, elem, n, "ranks x the output count");
+    // Traced element indices are per-rank input indices (docs/design.md section 7).
+    check_trace_elements(run, count, "input elements per rank");
+
+    sim::World world(run.world);
+    std::vector<const void*> in(n);
+    std::vector<void*> out(n);
+    for (size_t r = 0; r < n; ++r) {
+      in[r] = static_cast<const char*>(inputs) + r * count * elem;
+      out[r] = static_cast<char*>(outputs) + r * out_count * elem;
+    }
+    sim::enqueue_collective(world, spec, in, out);
+    run_and_trace(world, run, [&] { world.run(); });
+    fill_info(info, resolved, -1, run.blocks);
+  });
+}
+
+int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks, int64_t rows, int64_t hidden,
+                                    float eps, const void* x, const void* residual, const void* weight,
+                                    void* residual_out, void* out, const exactcoll_sim_options* options,
+                                    exactcoll_call_info* info) {
+  return guarded("exactcoll_sim_fused_add_rmsnorm", [&] {
+    const std::string algo_name = checked_name(kFusedAlgoNames, algo, "fused algo");
+    const std::string contract_name = checked_name(kContractNames, contract, "contract");
+    const DType type = to_dtype(dtype);
+    const SimRun run = sim_run(options, ranks);
+    if (rows < 0 || rows > (int64_t{1} << 24)) bad_argument("rows must be 0..16777216, got " + std::to_string(rows));
+    const int pack = 16 / dtype_size(type);
+    if (hidden <= 0 || hidden > (int64_t{1} << 24) || hidden % pack != 0) {
+      bad_argument("hidden size " + std::to_string(hidden) + " is not a positive multiple of the " + dtype_name(type) +
+                   " pack (" + std::to_string(pack) + " elements) up to 16777216");
+    }
+    if (!std::isfinite(eps) || eps < 0.0f) bad_argument("eps must be finite and >= 0, got " + std::to_string(eps));
+
+    // 1. The algorithm: the simulator runs core's four; auto stands for one_stage (same bits).
+    fused::FusedSpec spec;
+    spec.dtype = type;
+    spec.rows = static_cast<int>(rows);
+    spec.hidden = static_cast<int>(hidden);
+    spec.eps = eps;
+    spec.blocks = run.blocks;
+    int ran = EXACTCOLL_FUSED_ONE_STAGE;
+    if (algo_name == "auto") {
+      spec.algo = FusedAlgo::kOneStage;
+    } else {
+      bool found = false;
+      for (const FusedAlgo a : kFusedAlgos) {
+        if (algo_name == fused_algo_name(a)) {
+          spec.algo = a;
+          found = true;
+        }
+      }
+      if (!found) {
+        bad_argument(algo_name + " runs on GPUs only; the simulator runs one_stage, two_stage, push_one_stage and "
+                                 "unfused (every one gives the same bits)");
+      }
+      ran = algo;
+    }
+    const int allreduce_algo = spec.algo == FusedAlgo::kUnfused ? EXACTCOLL_ALGO_ONE_SHOT : -1;
+    fused::FusedContract fused_contract{};
+    fused::parse_contract(contract_name, &fused_contract);
+    const bool canonical = fused_contract == fused::FusedContract::kCanonical;
+    if (!canonical && (algo_name != "auto" || run.blocks != 1 || run.world.schedule != sim::Schedule::kThreads ||
+                       run.world.trace)) {
+      bad_argument("the " + contract_name + " contract is computed by the scalar reference: algo must be auto, and "
+                   "blocks, seeded schedules and traces apply to the canonical contract only");
+    }
+    if (rows == 0) {
+      fill_info(info, ran, allreduce_algo, run.blocks);
+      return;
+    }
+    require(x, "x");
+    require(residual, "residual");
+    require(weight, "weight");
+    require(residual_out, "residual_out");
+    require(out, "out");
+    const size_t elem = static_cast<size_t>(dtype_size(type));
+    const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(hidden);
+    const size_t n = static_cast<size_t>(ranks);
+    product(count, elem, n, "ranks x rows x hidden");
+    check_trace_elements(run, count, "elements of a rank's [rows, hidden]");
+
+    // 2. Canonical: the algorithm on the simulated world. Otherwise the alternative contract's
+    //    reference, once, copied to every rank (every rank gets the same bits under each).
+    if (canonical) {
+      if (const std::string problem = fused::check_fused_spec(spec, ranks); !problem.empty()) bad_argument(problem);
+      sim::World world(run.world);
+      fused::FusedIo io;
+      for (size_t r = 0; r < n; ++r) {
+        io.x.push_back(static_cast<const char*>(x) + r * count * elem);
+        io.residual.push_back(residual);
+        io.weight.push_back(weight);
+        io.residual_out.push_back(static_cast<char*>(residual_out) + r * count * elem);
+        io.out.push_back(static_cast<char*>(out) + r * count * elem);
+      }
+      run_and_trace(world, run, [&] { fused::run_fused(world, spec, io); });
+    } else {
+      switch (type) {
+        case DType::kBF16:
+          reference_rows<bf16>(fused_contract, ranks, spec.rows, spec.hidden, eps, x, residual, weight, residual_out, out);
+          break;
+        case DType::kFP16:
+          reference_rows<fp16>(fused_contract, ranks, spec.rows, spec.hidden, eps, x, residual, weight, residual_out, out);
+          break;
+        case DType::kFP32:
+          reference_rows<float>(fused_contract, ranks, spec.rows, spec.hidden, eps, x, residual, weight, residual_out,
+                                out);
+          break;
+      }
+      for (size_t r = 1; r < n; ++r) {
+        std::memcpy(static_cast<char*>(residual_out) + r * count * elem, residual_out, count * elem);
+        std::memcpy(static_cast<char*>(out) + r * count * elem, out, count * elem);
+      }
+    }
+    fill_info(info, ran, allreduce_algo, run.blocks);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,25 @@
+// A communicator's options (cuda_backend/communicator.h), in a header of their own without CUDA, so
+// that code built without a toolkit (the C API's defaults) shares them.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "cuda_backend/dispatch_table.h"
+
+namespace exactcoll::cuda {
+
+struct CommunicatorOptions {
+  std::string name = "exactcoll";            // store key prefix; unique per communicator in a job
+  size_t buffer_bytes = size_t{128} << 20;   // staging and scratch capacity per rank
+  uint64_t flag_timeout_ms = 5000;           // bound on every in-kernel flag wait (>= 60 s on a shared GPU)
+  std::chrono::milliseconds store_timeout{120000};
+  bool use_nccl = true;                      // create the NCCL communicator (baseline, fallback)
+  bool programmatic_launch = true;           // launch kernels with programmatic dependent launch
+  std::optional<DispatchTable> table;        // auto's table; default DispatchTable::from_environment()
+};
+
+}  // namespace exactcoll::cuda

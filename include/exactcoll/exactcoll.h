@@ -1,0 +1,348 @@
+/* exactcoll: collectives whose every output bit is fixed by a written rounding contract
+ * (docs/numerics.md). This is the library's C API: one header, a stable C ABI, usable from C, C++,
+ * Python (ctypes; the `exactcoll` package), Rust or anything else that can call C.
+ *
+ * What it offers:
+ *   - communicators over CUDA-IPC-linked GPUs (one process per GPU; ranks may share a GPU, as a
+ *     slow correctness mode), bootstrapped through a key-value store that the caller supplies as
+ *     callbacks (torch.distributed's store, Ray, MPI, ...) or through the library's own TCP store;
+ *   - all-reduce, reduce-scatter, all-gather and fused all-reduce + residual add + RMSNorm on
+ *     device pointers and a CUDA stream, with every algorithm and `auto`, buffer registration and
+ *     CUDA-graph capture; every call reports what ran;
+ *   - the same ops on the CPU simulator: host arrays in, the contract's bits out (no GPU needed).
+ *
+ * Conventions:
+ *   - Every function returns an exactcoll_status; EXACTCOLL_OK (0) is success. On failure,
+ *     exactcoll_last_error() returns a message for the calling thread that says what was wrong.
+ *     No C++ exception and no abort crosses this boundary; a bad argument (a null pointer, an
+ *     unknown dtype or algorithm, a handle that was destroyed) is an error, never undefined
+ *     behaviour. (A pointer that is not null but points nowhere cannot be detected.)
+ *   - Handles (exactcoll_store, exactcoll_comm) are small structs passed by value. An id is never
+ *     reused, so using a handle after its destroy call returns EXACTCOLL_ERROR_INVALID_ARGUMENT.
+ *   - Structs that may grow begin with `struct_size`; fill it with sizeof (the *_init functions do)
+ *     so that a program built against this header keeps working with later libraries.
+ *   - Storage types are bit patterns: bf16 and fp16 are 16-bit, fp32 is IEEE binary32.
+ *   - "Collective" calls must be made by every rank of the communicator, with equal arguments
+ *     where the function says so, in the same order.
+ *
+ * Example (C, two processes, the caller's own store):
+ *   exactcoll_store store;
+ *   exactcoll_store_create(&my_callbacks, rank, world_size, &store);
+ *   exactcoll_comm_options options;
+ *   exactcoll_comm_options_init(&options);
+ *   exactcoll_comm comm;
+ *   exactcoll_comm_create(store, rank, world_size, &options, &comm);         // collective
+ *   exactcoll_call_info info;
+ *   exactcoll_call_info_init(&info);
+ *   if (exactcoll_allreduce(comm, d_in, d_out, n, EXACTCOLL_BF16, EXACTCOLL_ALGO_AUTO, stream, -1,
+ *                           &info) != EXACTCOLL_OK) {
+ *     fprintf(stderr, "%s\n", exactcoll_last_error());
+ *   }
+ *   exactcoll_comm_destroy(comm);                                             // collective
+ *   exactcoll_store_destroy(store);
+ */
+#ifndef EXACTCOLL_EXACTCOLL_H_
+#define EXACTCOLL_EXACTCOLL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define EXACTCOLL_API
+#else
+#define EXACTCOLL_API __attribute__((visibility("default")))
+#endif
+
+/* ---- version ----------------------------------------------------------------------------------- */
+
+#define EXACTCOLL_VERSION_MAJOR 0
+#define EXACTCOLL_VERSION_MINOR 2
+#define EXACTCOLL_VERSION_PATCH 0
+/* Bumped only when a function, struct or enum value of this header changes incompatibly. */
+#define EXACTCOLL_ABI_VERSION 1
+
+/* Returns MAJOR * 10000 + MINOR * 100 + PATCH of the loaded library. */
+EXACTCOLL_API int exactcoll_version(void);
+/* Returns the ABI version of the loaded library (compare with EXACTCOLL_ABI_VERSION). */
+EXACTCOLL_API int exactcoll_abi_version(void);
+/* Returns e.g. "0.2.0 (cuda)" or "0.2.0 (no cuda)": whether the GPU functions are compiled in. */
+EXACTCOLL_API const char* exactcoll_version_string(void);
+/* Returns 1 when this library was built with CUDA (the GPU functions work), else 0. */
+EXACTCOLL_API int exactcoll_has_cuda(void);
+
+/* ---- errors ------------------------------------------------------------------------------------ */
+
+typedef enum exactcoll_status {
+  EXACTCOLL_OK = 0,
+  EXACTCOLL_ERROR_INVALID_ARGUMENT = 1, /* null pointer, bad dtype/algo/shape/alignment, dead handle */
+  EXACTCOLL_ERROR_TIMEOUT = 2,          /* a peer never arrived: a flag wait or a simulated wait */
+  EXACTCOLL_ERROR_STORE = 3,            /* the store failed, refused, or a key never appeared */
+  EXACTCOLL_ERROR_CUDA = 4,             /* a CUDA runtime call failed */
+  EXACTCOLL_ERROR_UNAVAILABLE = 5,      /* built without CUDA, no NCCL, no IPC path where needed */
+  EXACTCOLL_ERROR_UNUSABLE = 6,         /* the communicator saw a timeout earlier and refuses IPC calls */
+  EXACTCOLL_ERROR_OUT_OF_MEMORY = 7,    /* host memory */
+  EXACTCOLL_ERROR_SIMULATION = 8,       /* the simulator found a deadlock or livelock */
+  EXACTCOLL_ERROR_INTERNAL = 9          /* a bug: please report the message */
+} exactcoll_status;
+
+/* Returns the calling thread's message for the last call that failed ("" if none). The pointer
+ * stays valid until the next exactcoll call on this thread. */
+EXACTCOLL_API const char* exactcoll_last_error(void);
+/* Returns the status's name, e.g. "EXACTCOLL_ERROR_TIMEOUT"; "unknown status" for other values. */
+EXACTCOLL_API const char* exactcoll_status_name(int status);
+
+/* ---- types and algorithms ---------------------------------------------------------------------- */
+
+typedef enum exactcoll_dtype { EXACTCOLL_BF16 = 0, EXACTCOLL_FP16 = 1, EXACTCOLL_FP32 = 2 } exactcoll_dtype;
+
+typedef enum exactcoll_op {
+  EXACTCOLL_OP_ALLREDUCE = 0,
+  EXACTCOLL_OP_REDUCE_SCATTER = 1,
+  EXACTCOLL_OP_ALLGATHER = 2
+} exactcoll_op;
+
+/* Collective algorithms. All-reduce: one_shot, two_shot, push_one_shot, push_two_shot.
+ * Reduce-scatter: direct. All-gather: direct, copy_engine. Every op: auto (the tuned table on GPUs;
+ * one_shot / two_shot by size in the simulator: the bits are the same), nccl (GPU only: NCCL,
+ * whose sums follow no contract; the call then reports exact = 0). */
+typedef enum exactcoll_algo {
+  EXACTCOLL_ALGO_AUTO = 0,
+  EXACTCOLL_ALGO_ONE_SHOT = 1,
+  EXACTCOLL_ALGO_TWO_SHOT = 2,
+  EXACTCOLL_ALGO_PUSH_ONE_SHOT = 3,
+  EXACTCOLL_ALGO_PUSH_TWO_SHOT = 4,
+  EXACTCOLL_ALGO_DIRECT = 5,
+  EXACTCOLL_ALGO_COPY_ENGINE = 6,
+  EXACTCOLL_ALGO_NCCL = 7
+} exactcoll_algo;
+
+/* Fused all-reduce + residual add + RMSNorm algorithms. The simulator runs one_stage, two_stage,
+ * push_one_stage and unfused (auto: one_stage); the GPU runs all of them (auto: the tuned table).
+ * nccl_split (GPU only) is NCCL's all-reduce + the canonical norm: not the contract's bits. */
+typedef enum exactcoll_fused_algo {
+  EXACTCOLL_FUSED_AUTO = 0,
+  EXACTCOLL_FUSED_ONE_STAGE = 1,
+  EXACTCOLL_FUSED_TWO_STAGE = 2,
+  EXACTCOLL_FUSED_PUSH_ONE_STAGE = 3,
+  EXACTCOLL_FUSED_UNFUSED = 4,
+  EXACTCOLL_FUSED_ONE_STAGE_REG = 5,
+  EXACTCOLL_FUSED_GATHER_NORM = 6,
+  EXACTCOLL_FUSED_NCCL_SPLIT = 7
+} exactcoll_fused_algo;
+
+/* The rounding contract of the simulator's fused op: canonical (the library's, every backend), or
+ * an alternative that reproduces another system's rounding (docs/numerics.md, simulator only). */
+typedef enum exactcoll_contract {
+  EXACTCOLL_CONTRACT_CANONICAL = 0,
+  EXACTCOLL_CONTRACT_F32_RESIDUAL = 1,
+  EXACTCOLL_CONTRACT_BF16_ACCUMULATE = 2,
+  EXACTCOLL_CONTRACT_ROTATED_TWO_SHOT = 3
+} exactcoll_contract;
+
+/* Names: "bf16"; "allreduce"; "one_shot"; "push_one_stage"; "f32_residual". NULL for a value
+ * outside the enum. The *_from_name functions return EXACTCOLL_ERROR_INVALID_ARGUMENT (and list
+ * the valid names in the message) for an unknown name. */
+EXACTCOLL_API const char* exactcoll_dtype_name(int dtype);
+EXACTCOLL_API const char* exactcoll_op_name(int op);
+EXACTCOLL_API const char* exactcoll_algo_name(int algo);
+EXACTCOLL_API const char* exactcoll_fused_algo_name(int algo);
+EXACTCOLL_API const char* exactcoll_contract_name(int contract);
+EXACTCOLL_API int exactcoll_dtype_from_name(const char* name, int* dtype);
+EXACTCOLL_API int exactcoll_algo_from_name(const char* name, int* algo);
+EXACTCOLL_API int exactcoll_fused_algo_from_name(const char* name, int* algo);
+EXACTCOLL_API int exactcoll_contract_from_name(const char* name, int* contract);
+
+/* What one call ran. */
+typedef struct exactcoll_call_info {
+  size_t struct_size;  /* sizeof(exactcoll_call_info) */
+  int algo;            /* the exactcoll_algo (collectives) or exactcoll_fused_algo that ran; never auto */
+  int allreduce_algo;  /* fused unfused / nccl_split: the all-reduce's exactcoll_algo; else -1 */
+  int exact;           /* 1: the contract's bits; 0: an NCCL fallback (its sums follow no contract) */
+  int staged;          /* 1: the input went through the communicator's staging buffer */
+  int launches;        /* kernels launched (more than one when a message ran in chunks) */
+  int blocks;          /* the kernel grid (0 for NCCL and copy-engine steps) */
+  int threads;
+  char note[256];      /* why a fallback happened, or "" */
+} exactcoll_call_info;
+
+EXACTCOLL_API void exactcoll_call_info_init(exactcoll_call_info* info);
+
+/* ---- stores: how ranks find each other ---------------------------------------------------------- */
+
+/* A key-value store that every rank of a job reaches, given as callbacks. Each returns 0 on
+ * success or a nonzero exactcoll_status (EXACTCOLL_ERROR_TIMEOUT when `get` waited timeout_ms in
+ * vain); it may call exactcoll_set_store_error first to say why. The library calls them only from
+ * the thread that called it (communicator creation, registration, destroy), never concurrently for
+ * one store, and never from a CUDA stream. Values are bytes (any byte may occur). */
+typedef struct exactcoll_store_callbacks {
+  size_t struct_size; /* sizeof(exactcoll_store_callbacks) */
+  void* user_data;    /* passed to every callback */
+  /* Sets key to value (overwrites). */
+  int (*set)(void* user_data, const char* key, const void* value, size_t value_bytes);
+  /* Waits until key is set (at most timeout_ms), then copies min(capacity, length) bytes of its
+   * value into buffer and its full length into *value_bytes. When *value_bytes > capacity the
+   * library calls again with a buffer of that size. */
+  int (*get)(void* user_data, const char* key, int64_t timeout_ms, void* buffer, size_t capacity,
+             size_t* value_bytes);
+  /* Adds delta to the integer stored at key (missing = 0) and stores the new value in *result. */
+  int (*add)(void* user_data, const char* key, int64_t delta, int64_t* result);
+  /* Deletes key and sets *existed to 1 if it was there. May be NULL: keys are then left behind. */
+  int (*erase)(void* user_data, const char* key, int* existed);
+} exactcoll_store_callbacks;
+
+typedef struct exactcoll_store {
+  uint64_t id;
+} exactcoll_store;
+
+/* Called from inside a store callback: the message the failing call will report. */
+EXACTCOLL_API void exactcoll_set_store_error(const char* message);
+
+/* A store over the caller's callbacks (copied; user_data must stay valid until destroy). rank and
+ * world_size are this process's place in the job: the store's barriers name the ranks that never
+ * arrived. */
+EXACTCOLL_API int exactcoll_store_create(const exactcoll_store_callbacks* callbacks, int rank, int world_size,
+                                         exactcoll_store* store);
+
+/* The library's own TCP store: rank 0 serves it on bind_address:port (bind_address NULL means
+ * 127.0.0.1; "0.0.0.0" for ranks on other hosts) and every rank connects to host:port, presenting
+ * token (at least 16 characters, the same on every rank). Ranks retry connecting for
+ * connect_timeout_ms. Use a port of its own: torch's store already holds MASTER_PORT. */
+EXACTCOLL_API int exactcoll_store_create_tcp(const char* host, int port, const char* bind_address, const char* token,
+                                             int rank, int world_size, int64_t connect_timeout_ms,
+                                             exactcoll_store* store);
+
+/* The TCP store configured from the environment the way the exactcoll CLI's workers are: RANK,
+ * WORLD_SIZE, MASTER_ADDR, EXACTCOLL_STORE_PORT (default: MASTER_PORT + 1), EXACTCOLL_STORE_TOKEN,
+ * EXACTCOLL_STORE_BIND (`exactcoll launch` sets them all; under torchrun export the token). rank
+ * and world_size, when not NULL, receive the environment's values. */
+EXACTCOLL_API int exactcoll_store_create_from_env(exactcoll_store* store, int* rank, int* world_size);
+
+/* Releases the store. Communicators made on it keep it alive until they are destroyed. */
+EXACTCOLL_API int exactcoll_store_destroy(exactcoll_store store);
+
+/* ---- GPU communicators (EXACTCOLL_ERROR_UNAVAILABLE in a library built without CUDA) ------------ */
+
+typedef struct exactcoll_comm {
+  uint64_t id;
+} exactcoll_comm;
+
+typedef struct exactcoll_comm_options {
+  size_t struct_size;      /* sizeof(exactcoll_comm_options) */
+  const char* name;        /* store key prefix, unique per communicator in a job; NULL: "exactcoll" */
+  size_t buffer_bytes;     /* staging and scratch per rank; 128 MiB. Larger messages run in chunks */
+  uint64_t flag_timeout_ms;  /* bound on every in-kernel wait for a peer; 5000, and at least 60000
+                                when ranks share a GPU (they run by time slicing) */
+  int64_t store_timeout_ms;  /* bound on every store wait; 120000 */
+  int use_nccl;            /* 1: create NCCL (baseline, fallback; skipped when ranks share a GPU) */
+  int programmatic_launch; /* 1: launch kernels with programmatic dependent launch */
+  int device;              /* the CUDA device; -1: the calling thread's current device */
+} exactcoll_comm_options;
+
+EXACTCOLL_API void exactcoll_comm_options_init(exactcoll_comm_options* options);
+
+/* Collective: every rank of the job calls it with the same options, world_size and store, on its
+ * own process. Ranks may share a GPU (a correctness mode: kernels then interleave by time slicing,
+ * milliseconds per barrier; NCCL is left out and nccl_ready is 0). */
+EXACTCOLL_API int exactcoll_comm_create(exactcoll_store store, int rank, int world_size,
+                                        const exactcoll_comm_options* options, exactcoll_comm* comm);
+
+/* Collective (a store barrier, so that no peer still reads this rank's buffers). */
+EXACTCOLL_API int exactcoll_comm_destroy(exactcoll_comm comm);
+
+typedef struct exactcoll_comm_properties {
+  size_t struct_size; /* sizeof(exactcoll_comm_properties) */
+  int rank;
+  int world_size;
+  int device;
+  int ipc_ready;      /* every rank reaches every peer's memory: the exact kernels can run */
+  int nccl_ready;     /* NCCL was created (baseline and fallback) */
+  int shared_gpu;     /* some ranks share a GPU */
+  size_t buffer_bytes;
+  uint64_t flag_timeout_ms;       /* in effect (raised when ranks share a GPU) */
+  char arch[16];                  /* e.g. "sm90" */
+  char ipc_unavailable_reason[256];
+  char nccl_unavailable_reason[256];
+} exactcoll_comm_properties;
+
+EXACTCOLL_API int exactcoll_comm_properties_get(exactcoll_comm comm, exactcoll_comm_properties* properties);
+
+/* Collective: every rank registers its own buffer of the same size, in the same order. Peers then
+ * read inputs inside it in place (no staging copy): pass *id as registered_id to the ops. Buffer:
+ * 16-byte aligned device memory from cudaMalloc (not from cudaMallocAsync pools or VMM). */
+EXACTCOLL_API int exactcoll_comm_register_buffer(exactcoll_comm comm, const void* buffer, size_t bytes, int* id);
+
+/* The ops, on device pointers of this rank's GPU, enqueued on stream (a cudaStream_t; NULL is the
+ * legacy default stream). Collective, with equal count, dtype, algo and registered-or-not on every
+ * rank. Input and output are 16-byte aligned. registered_id: -1, or a buffer that holds input (at
+ * the same offset on every rank). info: NULL, or filled with what ran. Nothing synchronizes, so a
+ * call may be captured in a CUDA graph and replayed; exactcoll_comm_check reports a peer that never
+ * arrived. Sizes are in elements: count = per-rank input elements.
+ *   allreduce:      output[i] = the contract's fold over ranks of input_r[i],       i < count
+ *   reduce_scatter: output[j] = fold over ranks of input_r[rank * count/n + j],     j < count/n
+ *                   (count a multiple of the world size n)
+ *   allgather:      output[r * count + i] = input_r[i]                               (bits kept) */
+EXACTCOLL_API int exactcoll_allreduce(exactcoll_comm comm, const void* input, void* output, size_t count, int dtype,
+                                      int algo, void* stream, int registered_id, exactcoll_call_info* info);
+EXACTCOLL_API int exactcoll_reduce_scatter(exactcoll_comm comm, const void* input, void* output, size_t count,
+                                           int dtype, int algo, void* stream, int registered_id,
+                                           exactcoll_call_info* info);
+EXACTCOLL_API int exactcoll_allgather(exactcoll_comm comm, const void* input, void* output, size_t count, int dtype,
+                                      int algo, void* stream, int registered_id, exactcoll_call_info* info);
+
+/* Fused all-reduce + residual add + RMSNorm (docs/numerics.md): x [rows, hidden] this rank's
+ * partial sums, residual [rows, hidden] (equal on every rank), weight [hidden], eps;
+ *   residual_out = round(float(allreduce(x)) + float(residual)),  out = RMSNorm(residual_out).
+ * hidden: a positive multiple of 8 (bf16, fp16) or 4 (fp32). All pointers 16-byte aligned; x and
+ * the outputs must not overlap; eps finite and >= 0. registered_id: -1, or a registered buffer
+ * that holds x. */
+EXACTCOLL_API int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x, const void* residual,
+                                              const void* weight, void* residual_out, void* out, int64_t rows,
+                                              int64_t hidden, float eps, int dtype, int algo, void* stream,
+                                              int registered_id, exactcoll_call_info* info);
+
+/* Waits for stream, then reports (EXACTCOLL_ERROR_TIMEOUT, naming rank, block and peer) a kernel
+ * wait that timed out since the last check; the communicator then refuses further IPC calls.
+ * Not allowed while stream is being captured. */
+EXACTCOLL_API int exactcoll_comm_check(exactcoll_comm comm, void* stream);
+
+/* ---- the simulator: the same algorithms on CPU threads, bit for bit with the GPU --------------- */
+
+typedef struct exactcoll_sim_options {
+  size_t struct_size;       /* sizeof(exactcoll_sim_options) */
+  int blocks;               /* blocks per rank, 1..128; 1 */
+  int seeded_schedule;      /* 0: a thread per rank; 1: fibers interleaved by a PRNG from schedule_seed */
+  uint64_t schedule_seed;   /* 1 */
+  int64_t timeout_ms;       /* threads schedule: bound on one wait for a peer; 20000 */
+  const char* trace_path;   /* NULL, or a JSON-lines trace file to write (docs/design.md section 7) */
+  const char* chrome_trace_path;    /* NULL, or a Chrome/Perfetto trace file to write */
+  const uint64_t* trace_elements;   /* element indices whose folds and roundings are traced */
+  size_t num_trace_elements;
+} exactcoll_sim_options;
+
+EXACTCOLL_API void exactcoll_sim_options_init(exactcoll_sim_options* options);
+
+/* Runs one collective on `ranks` simulated ranks (1..16). inputs: ranks x count elements, rank r's
+ * at r * count. outputs: ranks x output elements (count, count / ranks, ranks x count for
+ * allreduce, reduce_scatter, allgather), every rank's result. options: NULL for the defaults. */
+EXACTCOLL_API int exactcoll_sim_collective(int op, int algo, int dtype, int ranks, size_t count, const void* inputs,
+                                           void* outputs, const exactcoll_sim_options* options,
+                                           exactcoll_call_info* info);
+
+/* The fused op on the simulator: x [ranks, rows, hidden], residual [rows, hidden], weight [hidden];
+ * residual_out and out [ranks, rows, hidden] (every rank's copy). contract: canonical, or an
+ * alternative (computed by the scalar reference; algo must then be auto, and options may not ask
+ * for blocks, a seeded schedule or traces). */
+EXACTCOLL_API int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks, int64_t rows,
+                                                  int64_t hidden, float eps, const void* x, const void* residual,
+                                                  const void* weight, void* residual_out, void* out,
+                                                  const exactcoll_sim_options* options, exactcoll_call_info* info);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* EXACTCOLL_EXACTCOLL_H_ */

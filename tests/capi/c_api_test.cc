@@ -1,0 +1,412 @@
+// The C API (include/exactcoll/exactcoll.h) on the CPU: the simulator's results through it against
+// the independent references (tests/sim/reference.h, sim/fused/reference.h) bit for bit, and every
+// error path: null pointers, bad dtypes, algorithms, shapes and counts, extensible structs of the
+// wrong size, handles used after destroy, GPU calls on a machine without a GPU. Every failure must
+// return a status and a message, never crash.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "exactcoll/exactcoll.h"
+#include "sim/fused/random.h"
+#include "sim/fused/reference.h"
+#include "tests/capi/memory_store.h"
+#include "tests/sim/sim_test_util.h"
+#include "tools/launch/launcher.h"
+
+namespace exactcoll {
+namespace {
+
+using capitest::callbacks_for;
+using capitest::MemoryStore;
+using simtest::first_difference;
+
+std::string last_error() { return exactcoll_last_error(); }
+
+void expect_contains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "'" << text << "' lacks '" << part << "'";
+}
+
+// Expects `status` to be `expected` and the thread's message to contain `part`.
+void expect_error(int status, int expected, const std::string& part) {
+  EXPECT_EQ(status, expected) << exactcoll_status_name(status) << ": " << last_error();
+  expect_contains(last_error(), part);
+}
+
+DType dtype_of(int c_dtype) {
+  return c_dtype == EXACTCOLL_BF16 ? DType::kBF16 : c_dtype == EXACTCOLL_FP16 ? DType::kFP16 : DType::kFP32;
+}
+
+std::vector<uint8_t> flatten(const std::vector<std::vector<uint8_t>>& per_rank) {
+  std::vector<uint8_t> all;
+  for (const auto& r : per_rank) all.insert(all.end(), r.begin(), r.end());
+  return all;
+}
+
+std::vector<std::vector<uint8_t>> split(const std::vector<uint8_t>& all, int ranks) {
+  const size_t each = all.size() / static_cast<size_t>(ranks);
+  std::vector<std::vector<uint8_t>> per_rank;
+  for (int r = 0; r < ranks; ++r) per_rank.emplace_back(all.begin() + r * each, all.begin() + (r + 1) * each);
+  return per_rank;
+}
+
+std::string temp_path(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+// ---- version and names -------------------------------------------------------------------------
+
+TEST(CApiVersion, MatchesTheHeader) {
+  EXPECT_EQ(exactcoll_version(), EXACTCOLL_VERSION_MAJOR * 10000 + EXACTCOLL_VERSION_MINOR * 100 + EXACTCOLL_VERSION_PATCH);
+  EXPECT_EQ(exactcoll_abi_version(), EXACTCOLL_ABI_VERSION);
+  const std::string text = exactcoll_version_string();
+  expect_contains(text, std::to_string(EXACTCOLL_VERSION_MAJOR) + "." + std::to_string(EXACTCOLL_VERSION_MINOR) + ".");
+  expect_contains(text, exactcoll_has_cuda() ? "(cuda)" : "(no cuda)");
+}
+
+TEST(CApiNames, EveryValueRoundTripsAndUnknownNamesAreListed) {
+  struct Enum {
+    const char* (*name)(int);
+    int (*from)(const char*, int*);
+    int count;
+  };
+  for (const Enum& e : {Enum{exactcoll_dtype_name, exactcoll_dtype_from_name, 3},
+                        Enum{exactcoll_algo_name, exactcoll_algo_from_name, 8},
+                        Enum{exactcoll_fused_algo_name, exactcoll_fused_algo_from_name, 8},
+                        Enum{exactcoll_contract_name, exactcoll_contract_from_name, 4}}) {
+    for (int v = 0; v < e.count; ++v) {
+      ASSERT_NE(e.name(v), nullptr) << v;
+      int back = -1;
+      ASSERT_EQ(e.from(e.name(v), &back), EXACTCOLL_OK) << last_error();
+      EXPECT_EQ(back, v);
+    }
+    EXPECT_EQ(e.name(e.count), nullptr);
+    EXPECT_EQ(e.name(-1), nullptr);
+    int out = 0;
+    expect_error(e.from("no_such_name", &out), EXACTCOLL_ERROR_INVALID_ARGUMENT, "unknown name 'no_such_name'");
+    expect_contains(last_error(), e.name(0));  // the valid names are listed
+    expect_error(e.from(nullptr, &out), EXACTCOLL_ERROR_INVALID_ARGUMENT, "name is NULL");
+    expect_error(e.from(e.name(0), nullptr), EXACTCOLL_ERROR_INVALID_ARGUMENT, "is NULL");
+  }
+  EXPECT_STREQ(exactcoll_op_name(EXACTCOLL_OP_REDUCE_SCATTER), "reduce_scatter");
+  EXPECT_STREQ(exactcoll_status_name(EXACTCOLL_ERROR_TIMEOUT), "EXACTCOLL_ERROR_TIMEOUT");
+  EXPECT_STREQ(exactcoll_status_name(1000), "unknown status");
+}
+
+TEST(CApiErrors, LastErrorIsPerThread) {
+  int out = 0;
+  ASSERT_NE(exactcoll_dtype_from_name("bf17", &out), EXACTCOLL_OK);
+  std::string other = "unset";
+  std::thread([&] { other = exactcoll_last_error(); }).join();
+  EXPECT_EQ(other, "");
+  expect_contains(last_error(), "bf17");
+}
+
+// ---- the simulator through the C API -------------------------------------------------------------
+
+TEST(CApiSim, CollectivesMatchTheReferenceBitForBit) {
+  const int ops[] = {EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_OP_REDUCE_SCATTER, EXACTCOLL_OP_ALLGATHER};
+  uint64_t seed = 11;
+  for (const int op : ops) {
+    const std::vector<int> algos =
+        op == EXACTCOLL_OP_ALLREDUCE
+            ? std::vector<int>{EXACTCOLL_ALGO_AUTO, EXACTCOLL_ALGO_ONE_SHOT, EXACTCOLL_ALGO_TWO_SHOT,
+                               EXACTCOLL_ALGO_PUSH_ONE_SHOT, EXACTCOLL_ALGO_PUSH_TWO_SHOT}
+            : std::vector<int>{EXACTCOLL_ALGO_AUTO, EXACTCOLL_ALGO_DIRECT};
+    for (const int dtype : {EXACTCOLL_BF16, EXACTCOLL_FP16, EXACTCOLL_FP32}) {
+      for (const int ranks : {1, 2, 3, 5, 8}) {
+        for (const int algo : algos) {
+          const size_t count = static_cast<size_t>(ranks) * 37;  // not a pack multiple: the tails run too
+          sim::CollectiveSpec spec;
+          spec.op = static_cast<sim::Collective>(op);
+          spec.dtype = dtype_of(dtype);
+          spec.count = count;
+          const auto in = simtest::random_inputs(spec.dtype, ranks, count, ++seed);
+          const auto want = simtest::expected_outputs(spec, in);
+          const std::vector<uint8_t> inputs = flatten(in);
+          std::vector<uint8_t> outputs(want[0].size() * static_cast<size_t>(ranks), 0xAB);
+          exactcoll_sim_options options;
+          exactcoll_sim_options_init(&options);
+          options.blocks = 1 + static_cast<int>(seed % 3);
+          exactcoll_call_info info;
+          exactcoll_call_info_init(&info);
+          ASSERT_EQ(exactcoll_sim_collective(op, algo, dtype, ranks, count, inputs.data(), outputs.data(), &options, &info),
+                    EXACTCOLL_OK)
+              << last_error();
+          SCOPED_TRACE(std::string(exactcoll_op_name(op)) + " " + exactcoll_algo_name(algo) + " " +
+                       exactcoll_dtype_name(dtype) + " ranks " + std::to_string(ranks));
+          EXPECT_EQ(first_difference(split(outputs, ranks), want, static_cast<size_t>(dtype_size(spec.dtype))), "");
+          EXPECT_EQ(info.exact, 1);
+          EXPECT_EQ(info.blocks, options.blocks);
+          if (algo != EXACTCOLL_ALGO_AUTO) {
+            EXPECT_EQ(info.algo, algo);
+          }
+          EXPECT_NE(info.algo, EXACTCOLL_ALGO_AUTO) << "info names what ran, never auto";
+        }
+      }
+    }
+  }
+}
+
+TEST(CApiSim, ComparisonCatchesOneFlippedBit) {
+  // The comparison above is element by element on the bit patterns: one flipped bit fails it.
+  sim::CollectiveSpec spec;
+  spec.dtype = DType::kBF16;
+  spec.count = 64;
+  const auto in = simtest::random_inputs(spec.dtype, 3, spec.count, 5);
+  auto want = simtest::expected_outputs(spec, in);
+  std::vector<uint8_t> outputs(want[0].size() * 3);
+  ASSERT_EQ(exactcoll_sim_collective(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_ALGO_AUTO, EXACTCOLL_BF16, 3, spec.count,
+                                     flatten(in).data(), outputs.data(), nullptr, nullptr),
+            EXACTCOLL_OK)
+      << last_error();
+  EXPECT_EQ(first_difference(split(outputs, 3), want, 2), "");
+  outputs[2 * 64 + 17] ^= 0x01;
+  EXPECT_NE(first_difference(split(outputs, 3), want, 2), "");
+}
+
+template <class T>
+void expect_fused_matches_reference(int dtype, int ranks, int rows, int hidden, int algo, int contract, uint64_t seed) {
+  const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(hidden);
+  fused::SplitMix64 g(seed);
+  auto value = [&](float scale) {
+    const float f = g.normal() * scale;
+    if constexpr (sizeof(T) == 4) {
+      return f;
+    } else {
+      return round_to<T>(f);
+    }
+  };
+  std::vector<T> x(count * static_cast<size_t>(ranks)), residual(count), weight(static_cast<size_t>(hidden));
+  for (auto& v : x) v = value(1.0f);
+  for (auto& v : residual) v = value(2.0f);
+  for (auto& v : weight) v = value(0.5f);
+  fused::FusedProblem<T> problem{ranks, rows, hidden, 1e-6f, x.data(), residual.data(), weight.data()};
+  std::vector<T> want_ro(count), want_out(count);
+  fused::fused_reference<T>(static_cast<fused::FusedContract>(contract), problem, want_ro.data(), want_out.data());
+  std::vector<T> ro(count * static_cast<size_t>(ranks)), out(count * static_cast<size_t>(ranks));
+  exactcoll_call_info info;
+  exactcoll_call_info_init(&info);
+  ASSERT_EQ(exactcoll_sim_fused_add_rmsnorm(algo, contract, dtype, ranks, rows, hidden, 1e-6f, x.data(), residual.data(),
+                                            weight.data(), ro.data(), out.data(), nullptr, &info),
+            EXACTCOLL_OK)
+      << last_error();
+  for (int r = 0; r < ranks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(std::memcmp(ro.data() + r * count, want_ro.data(), count * sizeof(T)), 0);
+    EXPECT_EQ(std::memcmp(out.data() + r * count, want_out.data(), count * sizeof(T)), 0);
+  }
+  EXPECT_EQ(info.algo, algo == EXACTCOLL_FUSED_AUTO ? EXACTCOLL_FUSED_ONE_STAGE : algo);
+  EXPECT_EQ(info.allreduce_algo, algo == EXACTCOLL_FUSED_UNFUSED ? EXACTCOLL_ALGO_ONE_SHOT : -1);
+}
+
+TEST(CApiSim, FusedMatchesTheScalarReferenceUnderEveryContract) {
+  uint64_t seed = 100;
+  for (const int algo : {EXACTCOLL_FUSED_AUTO, EXACTCOLL_FUSED_ONE_STAGE, EXACTCOLL_FUSED_TWO_STAGE,
+                         EXACTCOLL_FUSED_PUSH_ONE_STAGE, EXACTCOLL_FUSED_UNFUSED}) {
+    for (const int ranks : {1, 3, 4}) {
+      SCOPED_TRACE(std::string(exactcoll_fused_algo_name(algo)) + " ranks " + std::to_string(ranks));
+      expect_fused_matches_reference<bf16>(EXACTCOLL_BF16, ranks, 3, 64, algo, EXACTCOLL_CONTRACT_CANONICAL, ++seed);
+      expect_fused_matches_reference<fp16>(EXACTCOLL_FP16, ranks, 2, 2880, algo, EXACTCOLL_CONTRACT_CANONICAL, ++seed);
+      expect_fused_matches_reference<float>(EXACTCOLL_FP32, ranks, 2, 36, algo, EXACTCOLL_CONTRACT_CANONICAL, ++seed);
+    }
+  }
+  for (const int contract : {EXACTCOLL_CONTRACT_F32_RESIDUAL, EXACTCOLL_CONTRACT_BF16_ACCUMULATE,
+                             EXACTCOLL_CONTRACT_ROTATED_TWO_SHOT}) {
+    SCOPED_TRACE(exactcoll_contract_name(contract));
+    expect_fused_matches_reference<bf16>(EXACTCOLL_BF16, 4, 5, 64, EXACTCOLL_FUSED_AUTO, contract, ++seed);
+    expect_fused_matches_reference<float>(EXACTCOLL_FP32, 3, 5, 64, EXACTCOLL_FUSED_AUTO, contract, ++seed);
+  }
+}
+
+TEST(CApiSim, TracesAreWritten) {
+  const std::string trace = temp_path("capi_trace.jsonl"), chrome = temp_path("capi_trace.json");
+  std::filesystem::remove(trace);
+  std::filesystem::remove(chrome);
+  std::vector<uint16_t> in(2 * 9, 0x3F80), out(2 * 9);
+  const uint64_t elements[] = {8};
+  exactcoll_sim_options options;
+  exactcoll_sim_options_init(&options);
+  options.seeded_schedule = 1;
+  options.schedule_seed = 7;
+  options.trace_path = trace.c_str();
+  options.chrome_trace_path = chrome.c_str();
+  options.trace_elements = elements;
+  options.num_trace_elements = 1;
+  ASSERT_EQ(exactcoll_sim_collective(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_ALGO_ONE_SHOT, EXACTCOLL_BF16, 2, 9, in.data(),
+                                     out.data(), &options, nullptr),
+            EXACTCOLL_OK)
+      << last_error();
+  std::ifstream file(trace);
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  expect_contains(text, "\"event\":\"fold\"");
+  expect_contains(text, "\"index\":8");
+  expect_contains(text, "\"stored\":\"0x4000\"");  // 1 + 1 = 2 is 0x4000 in bf16
+  EXPECT_TRUE(std::filesystem::exists(chrome));
+  EXPECT_EQ(out[0], 0x4000);
+}
+
+TEST(CApiSim, BadArgumentsAreErrorsNotCrashes) {
+  std::vector<uint16_t> in(64), out(256), ro(256);
+  const int ar = EXACTCOLL_OP_ALLREDUCE, rs = EXACTCOLL_OP_REDUCE_SCATTER, ag = EXACTCOLL_OP_ALLGATHER;
+  const int inv = EXACTCOLL_ERROR_INVALID_ARGUMENT;
+  auto coll = [&](int op, int algo, int dtype, int ranks, size_t count, const void* i, void* o,
+                  const exactcoll_sim_options* opt = nullptr) {
+    return exactcoll_sim_collective(op, algo, dtype, ranks, count, i, o, opt, nullptr);
+  };
+  expect_error(coll(ar, 0, EXACTCOLL_BF16, 2, 8, nullptr, out.data()), inv, "inputs is NULL");
+  expect_error(coll(ar, 0, EXACTCOLL_BF16, 2, 8, in.data(), nullptr), inv, "outputs is NULL");
+  expect_error(coll(ar, 0, 7, 2, 8, in.data(), out.data()), inv, "dtype 7 is none of");
+  expect_error(coll(9, 0, EXACTCOLL_BF16, 2, 8, in.data(), out.data()), inv, "op 9 is outside");
+  expect_error(coll(ar, 99, EXACTCOLL_BF16, 2, 8, in.data(), out.data()), inv, "algo 99 is outside");
+  expect_error(coll(ar, EXACTCOLL_ALGO_DIRECT, EXACTCOLL_BF16, 2, 8, in.data(), out.data()), inv,
+               "allreduce has no algorithm direct");
+  expect_error(coll(rs, EXACTCOLL_ALGO_ONE_SHOT, EXACTCOLL_BF16, 2, 8, in.data(), out.data()), inv,
+               "reduce_scatter has no algorithm one_shot");
+  expect_error(coll(ag, EXACTCOLL_ALGO_COPY_ENGINE, EXACTCOLL_BF16, 2, 8, in.data(), out.data()), inv,
+               "copy_engine runs on GPUs only");
+  expect_error(coll(ar, EXACTCOLL_ALGO_NCCL, EXACTCOLL_BF16, 2, 8, in.data(), out.data()), inv,
+               "nccl runs on GPUs only");
+  expect_error(coll(rs, 0, EXACTCOLL_BF16, 3, 8, in.data(), out.data()), inv, "divisible by the ranks");
+  expect_error(coll(ar, 0, EXACTCOLL_BF16, 0, 8, in.data(), out.data()), inv, "ranks must be 1..16, got 0");
+  expect_error(coll(ar, 0, EXACTCOLL_BF16, 17, 8, in.data(), out.data()), inv, "ranks must be 1..16, got 17");
+  expect_error(coll(ag, 0, EXACTCOLL_FP32, 16, std::numeric_limits<size_t>::max() / 8, in.data(), out.data()), inv,
+               "too large");
+  EXPECT_EQ(coll(ar, 0, EXACTCOLL_BF16, 2, 0, nullptr, nullptr), EXACTCOLL_OK) << "count 0 does nothing";
+
+  exactcoll_sim_options options;
+  exactcoll_sim_options_init(&options);
+  options.blocks = 0;
+  expect_error(coll(ar, 0, EXACTCOLL_BF16, 2, 8, in.data(), out.data(), &options), inv, "blocks must be 1..128, got 0");
+  exactcoll_sim_options_init(&options);
+  options.struct_size = 8;
+  expect_error(coll(ar, 0, EXACTCOLL_BF16, 2, 8, in.data(), out.data(), &options), inv,
+               "exactcoll_sim_options.struct_size is 8");
+  exactcoll_sim_options_init(&options);
+  const uint64_t past[] = {8};
+  options.trace_elements = past;
+  options.num_trace_elements = 1;
+  expect_error(coll(ar, 0, EXACTCOLL_BF16, 2, 8, in.data(), out.data(), &options), inv, "trace element 8 is past");
+  exactcoll_sim_options_init(&options);
+  options.trace_path = "/nonexistent-dir/t.jsonl";
+  expect_error(coll(ar, 0, EXACTCOLL_BF16, 2, 8, in.data(), out.data(), &options), inv, "cannot write the trace");
+  exactcoll_call_info info;
+  exactcoll_call_info_init(&info);
+  info.struct_size = 4;
+  expect_error(exactcoll_sim_collective(ar, 0, EXACTCOLL_BF16, 2, 8, in.data(), out.data(), nullptr, &info), inv,
+               "exactcoll_call_info.struct_size is 4");
+
+  auto fused = [&](int algo, int contract, int dtype, int64_t rows, int64_t hidden, float eps,
+                   const exactcoll_sim_options* opt = nullptr) {
+    return exactcoll_sim_fused_add_rmsnorm(algo, contract, dtype, 2, rows, hidden, eps, in.data(), in.data(), in.data(),
+                                           ro.data(), out.data(), opt, nullptr);
+  };
+  expect_error(fused(0, 0, EXACTCOLL_BF16, 2, 12, 1e-6f), inv, "hidden size 12 is not a positive multiple of the bf16 pack");
+  expect_error(fused(0, 0, EXACTCOLL_FP32, 2, 6, 1e-6f), inv, "fp32 pack (4 elements)");
+  expect_error(fused(0, 0, EXACTCOLL_BF16, -1, 8, 1e-6f), inv, "rows must be 0..");
+  expect_error(fused(0, 0, EXACTCOLL_BF16, 2, 8, NAN), inv, "eps must be finite and >= 0");
+  expect_error(fused(0, 0, EXACTCOLL_BF16, 2, 8, -1.0f), inv, "eps must be finite and >= 0");
+  expect_error(fused(0, 0, EXACTCOLL_BF16, 2, 8, INFINITY), inv, "eps must be finite and >= 0");
+  expect_error(fused(EXACTCOLL_FUSED_GATHER_NORM, 0, EXACTCOLL_BF16, 2, 8, 1e-6f), inv, "gather_norm runs on GPUs only");
+  expect_error(fused(EXACTCOLL_FUSED_TWO_STAGE, EXACTCOLL_CONTRACT_F32_RESIDUAL, EXACTCOLL_BF16, 2, 8, 1e-6f), inv,
+               "algo must be auto");
+  expect_error(fused(0, 9, EXACTCOLL_BF16, 2, 8, 1e-6f), inv, "contract 9 is outside");
+  expect_error(exactcoll_sim_fused_add_rmsnorm(0, 0, EXACTCOLL_BF16, 2, 2, 8, 1e-6f, in.data(), nullptr, in.data(),
+                                               ro.data(), out.data(), nullptr, nullptr),
+               inv, "residual is NULL");
+}
+
+// ---- stores ----------------------------------------------------------------------------------------
+
+TEST(CApiStore, HandlesAreCheckedAndNeverReused) {
+  MemoryStore memory;
+  const exactcoll_store_callbacks cb = callbacks_for(&memory);
+  exactcoll_store store{};
+  ASSERT_EQ(exactcoll_store_create(&cb, 0, 2, &store), EXACTCOLL_OK) << last_error();
+  ASSERT_EQ(exactcoll_store_destroy(store), EXACTCOLL_OK);
+  expect_error(exactcoll_store_destroy(store), EXACTCOLL_ERROR_INVALID_ARGUMENT,
+               "store handle " + std::to_string(store.id) + " was destroyed");
+  exactcoll_store again{};
+  ASSERT_EQ(exactcoll_store_create(&cb, 0, 2, &again), EXACTCOLL_OK);
+  EXPECT_NE(again.id, store.id) << "ids are never reused";
+  EXPECT_EQ(exactcoll_store_destroy(again), EXACTCOLL_OK);
+  expect_error(exactcoll_store_destroy(exactcoll_store{0}), EXACTCOLL_ERROR_INVALID_ARGUMENT, "handle is 0");
+  expect_error(exactcoll_store_destroy(exactcoll_store{1u << 30}), EXACTCOLL_ERROR_INVALID_ARGUMENT, "was never created");
+
+  expect_error(exactcoll_store_create(nullptr, 0, 2, &store), EXACTCOLL_ERROR_INVALID_ARGUMENT, "callbacks is NULL");
+  exactcoll_store_callbacks no_get = cb;
+  no_get.get = nullptr;
+  expect_error(exactcoll_store_create(&no_get, 0, 2, &store), EXACTCOLL_ERROR_INVALID_ARGUMENT,
+               "set, get and add callbacks are required");
+  expect_error(exactcoll_store_create(&cb, 2, 2, &store), EXACTCOLL_ERROR_INVALID_ARGUMENT, "rank 2 is outside 0..1");
+  exactcoll_store_callbacks small = cb;
+  small.struct_size = 3;
+  expect_error(exactcoll_store_create(&small, 0, 2, &store), EXACTCOLL_ERROR_INVALID_ARGUMENT,
+               "exactcoll_store_callbacks.struct_size is 3");
+}
+
+TEST(CApiStore, TcpStoreFormsAndRejectsBadArguments) {
+  exactcoll_store store{};
+  expect_error(exactcoll_store_create_tcp("127.0.0.1", 0, nullptr, "0123456789abcdef", 0, 1, 1000, &store),
+               EXACTCOLL_ERROR_INVALID_ARGUMENT, "port must be 1..65535");
+  expect_error(exactcoll_store_create_tcp("127.0.0.1", 30000, nullptr, "short", 0, 1, 1000, &store),
+               EXACTCOLL_ERROR_INVALID_ARGUMENT, "EXACTCOLL_STORE_TOKEN has 5 characters");
+  expect_error(exactcoll_store_create_tcp(nullptr, 30000, nullptr, "0123456789abcdef", 0, 1, 1000, &store),
+               EXACTCOLL_ERROR_INVALID_ARGUMENT, "host is NULL");
+  const int port = launch::pick_free_port();
+  std::vector<exactcoll_store> stores(2);
+  std::vector<int> status(2, -1);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      status[r] = exactcoll_store_create_tcp("127.0.0.1", port, nullptr, "0123456789abcdef01", r, 2, 5000, &stores[r]);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  ASSERT_EQ(status[0], EXACTCOLL_OK);
+  ASSERT_EQ(status[1], EXACTCOLL_OK);
+  EXPECT_EQ(exactcoll_store_destroy(stores[1]), EXACTCOLL_OK);
+  EXPECT_EQ(exactcoll_store_destroy(stores[0]), EXACTCOLL_OK);
+}
+
+// ---- GPU functions on a machine without a GPU, and bad handles ---------------------------------
+
+TEST(CApiGpu, CommunicatorCallsFailCleanlyWithoutAGpu) {
+  std::vector<uint16_t> buf(64);
+  const exactcoll_comm none{0};
+  expect_error(exactcoll_allreduce(none, buf.data(), buf.data(), 8, EXACTCOLL_BF16, 0, nullptr, -1, nullptr),
+               exactcoll_has_cuda() ? EXACTCOLL_ERROR_INVALID_ARGUMENT : EXACTCOLL_ERROR_UNAVAILABLE,
+               exactcoll_has_cuda() ? "communicator handle is 0" : "built without CUDA");
+  expect_error(exactcoll_comm_check(exactcoll_comm{77}, nullptr),
+               exactcoll_has_cuda() ? EXACTCOLL_ERROR_INVALID_ARGUMENT : EXACTCOLL_ERROR_UNAVAILABLE,
+               exactcoll_has_cuda() ? "was never created" : "built without CUDA");
+  MemoryStore memory;
+  const exactcoll_store_callbacks cb = callbacks_for(&memory);
+  exactcoll_store store{};
+  ASSERT_EQ(exactcoll_store_create(&cb, 0, 1, &store), EXACTCOLL_OK);
+  exactcoll_comm comm{};
+  const int status = exactcoll_comm_create(store, 0, 1, nullptr, &comm);
+  if (status == EXACTCOLL_OK) {
+    GTEST_SKIP() << "this machine has a GPU: the GPU tests (tagged gpu) cover it";
+  }
+  EXPECT_TRUE(status == EXACTCOLL_ERROR_CUDA || status == EXACTCOLL_ERROR_UNAVAILABLE) << exactcoll_status_name(status);
+  EXPECT_FALSE(last_error().empty());
+  exactcoll_comm_options options;
+  exactcoll_comm_options_init(&options);
+  options.buffer_bytes = 16;
+  expect_error(exactcoll_comm_create(store, 0, 1, &options, &comm),
+               exactcoll_has_cuda() ? EXACTCOLL_ERROR_INVALID_ARGUMENT : EXACTCOLL_ERROR_UNAVAILABLE,
+               exactcoll_has_cuda() ? "buffer_bytes must be at least 4096" : "built without CUDA");
+  EXPECT_EQ(exactcoll_store_destroy(store), EXACTCOLL_OK);
+}
+
+}  // namespace
+}  // namespace exactcoll

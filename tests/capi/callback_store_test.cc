@@ -1,0 +1,108 @@
+// capi::CallbackStore: the Store (core/store.h) over a caller's C callbacks. Values of any length
+// and any bytes, errors carrying the callback's own message, and the set/get barrier: reusable
+// names, and a timeout that names the rank that never arrived.
+#include "capi/callback_store.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "tests/capi/memory_store.h"
+
+namespace exactcoll::capi {
+namespace {
+
+using capitest::callbacks_for;
+using capitest::MemoryStore;
+using std::chrono::milliseconds;
+
+void expect_contains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "'" << text << "' lacks '" << part << "'";
+}
+
+TEST(CallbackStore, ValuesOfAnyLengthAndBytes) {
+  MemoryStore memory;
+  CallbackStore store(callbacks_for(&memory), 0, 1);
+  std::string big(10000, 'x');
+  big[5] = '\0';
+  big[9999] = '\xff';
+  store.set("big", big);
+  const int before = memory.gets;
+  EXPECT_EQ(store.get("big", milliseconds(100)), big);
+  EXPECT_EQ(memory.gets - before, 2) << "a value longer than the first buffer takes a second get";
+  store.set("small", "abc");
+  EXPECT_EQ(store.get("small", milliseconds(100)), "abc");
+  EXPECT_EQ(store.add("n", 5), 5);
+  EXPECT_EQ(store.add("n", -2), 3);
+  EXPECT_TRUE(store.erase("n"));
+  EXPECT_FALSE(store.erase("n"));
+}
+
+TEST(CallbackStore, ErrorsCarryTheCallbacksMessage) {
+  MemoryStore memory;
+  CallbackStore store(callbacks_for(&memory), 0, 1);
+  memory.fail_sets = true;
+  try {
+    store.set("k", "v");
+    FAIL() << "a failing set did not throw";
+  } catch (const StoreError& e) {
+    expect_contains(e.what(), "store callback set('k') failed with EXACTCOLL_ERROR_STORE");
+    expect_contains(e.what(), "the memory store refuses sets today");
+  }
+  try {
+    store.get("missing", milliseconds(20));
+    FAIL() << "a missing key did not time out";
+  } catch (const StoreError& e) {
+    expect_contains(e.what(), "key 'missing' never appeared in the store within 20 ms");
+  }
+}
+
+TEST(CallbackStore, BarrierIsReusableAndCleansUp) {
+  MemoryStore memory;
+  constexpr int kRanks = 4;
+  std::vector<std::thread> ranks;
+  std::vector<std::string> errors(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      CallbackStore store(callbacks_for(&memory), r, kRanks);
+      try {
+        for (int round = 0; round < 5; ++round) store.barrier("step", kRanks, milliseconds(5000));
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  // Rounds 0..3 were erased by their owners after passing the next round; round 4's keys remain.
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(memory.values.count("step/3/" + std::to_string(r)), 0u);
+    EXPECT_EQ(memory.values.count("step/4/" + std::to_string(r)), 1u);
+  }
+}
+
+TEST(CallbackStore, BarrierTimeoutNamesTheMissingRank) {
+  MemoryStore memory;
+  std::vector<std::thread> ranks;
+  std::vector<std::string> errors(3);
+  for (int r : {0, 2}) {  // rank 1 never comes
+    ranks.emplace_back([&, r] {
+      CallbackStore store(callbacks_for(&memory), r, 3);
+      try {
+        store.barrier("start", 3, milliseconds(200));
+      } catch (const StoreError& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r : {0, 2}) {
+    expect_contains(errors[r], "barrier 'start': rank 1 never arrived within 200 ms");
+  }
+  CallbackStore store(callbacks_for(&memory), 0, 3);
+  EXPECT_THROW(store.barrier("x", 2, milliseconds(10)), StoreError) << "a barrier for another world size";
+}
+
+}  // namespace
+}  // namespace exactcoll::capi
