@@ -43,6 +43,17 @@ const char* exactcoll_version_string(void) {
   return exactcoll_has_cuda() ? with_cuda : without_cuda;
 }
 
+size_t exactcoll_struct_size(const char* struct_name) {
+  if (struct_name == nullptr) return 0;
+  const std::string name = struct_name;
+  if (name == "exactcoll_call_info") return sizeof(exactcoll_call_info);
+  if (name == "exactcoll_store_callbacks") return sizeof(exactcoll_store_callbacks);
+  if (name == "exactcoll_comm_options") return sizeof(exactcoll_comm_options);
+  if (name == "exactcoll_comm_properties") return sizeof(exactcoll_comm_properties);
+  if (name == "exactcoll_sim_options") return sizeof(exactcoll_sim_options);
+  return 0;
+}
+
 const char* exactcoll_last_error(void) { return current_last_error().c_str(); }
 
 const char* exactcoll_dtype_name(int dtype) { return name_of(kDtypeNames, dtype); }

@@ -272,6 +272,15 @@ int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x, const void* 
       require(out, "out");
     }
     const cuda::RegisteredBuffer* registered = registered_buffer(*state, registered_id);
+    // x is read by peers (or staged) while the outputs are written: they must be separate memory.
+    const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(hidden) * static_cast<size_t>(dtype_size(type));
+    auto overlap = [bytes](const void* a, const void* b) {
+      const auto x0 = reinterpret_cast<uintptr_t>(a), y0 = reinterpret_cast<uintptr_t>(b);
+      return x0 < y0 + bytes && y0 < x0 + bytes;
+    };
+    if (rows > 0 && (overlap(x, out) || overlap(x, residual_out) || overlap(out, residual_out))) {
+      bad_argument("x, out and residual_out must not overlap");
+    }
     cuda::fused::FusedRmsNormBuffers buffers{x, residual, weight, residual_out, out};
     cuda::fused::FusedRmsNormShape shape{static_cast<int>(rows), static_cast<int>(hidden), eps, type};
     translating(state->comm.get(), EXACTCOLL_ERROR_UNAVAILABLE, [&] {

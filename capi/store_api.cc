@@ -14,8 +14,14 @@ using namespace exactcoll::capi;
 
 namespace {
 
-HandleTable<Store>& stores() {
-  static HandleTable<Store>* table = new HandleTable<Store>();  // never destroyed: usable at exit
+// A store behind a handle, with the size of the job it was made for (its barriers need it).
+struct StoreEntry {
+  std::shared_ptr<Store> store;
+  int world_size = 1;
+};
+
+HandleTable<StoreEntry>& stores() {
+  static HandleTable<StoreEntry>* table = new HandleTable<StoreEntry>();  // never destroyed: usable at exit
   return *table;
 }
 
@@ -26,7 +32,9 @@ void check_rank(int rank, int world_size) {
   }
 }
 
-exactcoll_store publish(std::shared_ptr<Store> store) { return exactcoll_store{stores().add(std::move(store))}; }
+exactcoll_store publish(std::shared_ptr<Store> store, int world_size) {
+  return exactcoll_store{stores().add(std::make_shared<StoreEntry>(StoreEntry{std::move(store), world_size}))};
+}
 
 // Connects through the worker bootstrap (rank 0 serves, every rank connects), turning a bad
 // environment into INVALID_ARGUMENT.
@@ -40,7 +48,7 @@ std::shared_ptr<Store> connect(const WorkerEnv& env, std::chrono::milliseconds c
 
 namespace exactcoll::capi {
 
-std::shared_ptr<Store> store_of(exactcoll_store store) { return stores().get(store.id, "store"); }
+std::shared_ptr<Store> store_of(exactcoll_store store) { return stores().get(store.id, "store")->store; }
 
 }  // namespace exactcoll::capi
 
@@ -56,7 +64,7 @@ int exactcoll_store_create(const exactcoll_store_callbacks* callbacks, int rank,
       bad_argument("the set, get and add callbacks are required (erase may be NULL)");
     }
     check_rank(rank, world_size);
-    *store = publish(std::make_shared<CallbackStore>(*callbacks, rank, world_size));
+    *store = publish(std::make_shared<CallbackStore>(*callbacks, rank, world_size), world_size);
   });
 }
 
@@ -87,7 +95,7 @@ int exactcoll_store_create_tcp(const char* host, int port, const char* bind_addr
     } catch (const BootstrapError& e) {
       bad_argument(e.what());
     }
-    *store = publish(connect(env, std::chrono::milliseconds(connect_timeout_ms)));
+    *store = publish(connect(env, std::chrono::milliseconds(connect_timeout_ms)), world_size);
   });
 }
 
@@ -100,9 +108,18 @@ int exactcoll_store_create_from_env(exactcoll_store* store, int* rank, int* worl
     } catch (const BootstrapError& e) {
       bad_argument(e.what());
     }
-    *store = publish(connect(env, std::chrono::milliseconds(60000)));
+    *store = publish(connect(env, std::chrono::milliseconds(60000)), env.world_size);
     if (rank != nullptr) *rank = env.rank;
     if (world_size != nullptr) *world_size = env.world_size;
+  });
+}
+
+int exactcoll_store_barrier(exactcoll_store store, const char* name, int64_t timeout_ms) {
+  return guarded("exactcoll_store_barrier", [&] {
+    require(name, "name");
+    if (timeout_ms < 0) bad_argument("timeout_ms must be >= 0, got " + std::to_string(timeout_ms));
+    const std::shared_ptr<StoreEntry> entry = stores().get(store.id, "store");
+    entry->store->barrier(std::string("user/") + name, entry->world_size, std::chrono::milliseconds(timeout_ms));
   });
 }
 

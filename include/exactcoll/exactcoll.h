@@ -73,6 +73,11 @@ EXACTCOLL_API int exactcoll_abi_version(void);
 EXACTCOLL_API const char* exactcoll_version_string(void);
 /* Returns 1 when this library was built with CUDA (the GPU functions work), else 0. */
 EXACTCOLL_API int exactcoll_has_cuda(void);
+/* Returns sizeof the named struct of this header as the library was built ("exactcoll_call_info",
+ * "exactcoll_store_callbacks", "exactcoll_comm_options", "exactcoll_comm_properties",
+ * "exactcoll_sim_options"), or 0 for another name: bindings in other languages check their layouts
+ * with it. */
+EXACTCOLL_API size_t exactcoll_struct_size(const char* struct_name);
 
 /* ---- errors ------------------------------------------------------------------------------------ */
 
@@ -220,6 +225,12 @@ EXACTCOLL_API int exactcoll_store_create_tcp(const char* host, int port, const c
  * EXACTCOLL_STORE_BIND (`exactcoll launch` sets them all; under torchrun export the token). rank
  * and world_size, when not NULL, receive the environment's values. */
 EXACTCOLL_API int exactcoll_store_create_from_env(exactcoll_store* store, int* rank, int* world_size);
+
+/* Collective: returns once every rank of the store's job has entered barrier `name` (a name may be
+ * reused; every rank counts its uses). EXACTCOLL_ERROR_STORE after timeout_ms, naming a rank that
+ * never arrived. Useful to line ranks up, and to check a store's callbacks before making a
+ * communicator on it. */
+EXACTCOLL_API int exactcoll_store_barrier(exactcoll_store store, const char* name, int64_t timeout_ms);
 
 /* Releases the store. Communicators made on it keep it alive until they are destroyed. */
 EXACTCOLL_API int exactcoll_store_destroy(exactcoll_store store);

@@ -72,6 +72,16 @@ TEST(CApiVersion, MatchesTheHeader) {
   expect_contains(text, exactcoll_has_cuda() ? "(cuda)" : "(no cuda)");
 }
 
+TEST(CApiVersion, StructSizesForBindings) {
+  EXPECT_EQ(exactcoll_struct_size("exactcoll_call_info"), sizeof(exactcoll_call_info));
+  EXPECT_EQ(exactcoll_struct_size("exactcoll_store_callbacks"), sizeof(exactcoll_store_callbacks));
+  EXPECT_EQ(exactcoll_struct_size("exactcoll_comm_options"), sizeof(exactcoll_comm_options));
+  EXPECT_EQ(exactcoll_struct_size("exactcoll_comm_properties"), sizeof(exactcoll_comm_properties));
+  EXPECT_EQ(exactcoll_struct_size("exactcoll_sim_options"), sizeof(exactcoll_sim_options));
+  EXPECT_EQ(exactcoll_struct_size("exactcoll_nothing"), 0u);
+  EXPECT_EQ(exactcoll_struct_size(nullptr), 0u);
+}
+
 TEST(CApiNames, EveryValueRoundTripsAndUnknownNamesAreListed) {
   struct Enum {
     const char* (*name)(int);
@@ -353,6 +363,29 @@ TEST(CApiStore, HandlesAreCheckedAndNeverReused) {
                "exactcoll_store_callbacks.struct_size is 3");
 }
 
+TEST(CApiStore, BarrierOverCallbacksNamesTheMissingRank) {
+  MemoryStore memory;
+  const exactcoll_store_callbacks cb = callbacks_for(&memory);
+  std::vector<exactcoll_store> stores(3);
+  for (int r = 0; r < 3; ++r) ASSERT_EQ(exactcoll_store_create(&cb, r, 3, &stores[r]), EXACTCOLL_OK);
+  std::vector<int> status(3, -1);
+  std::vector<std::string> message(3);
+  std::vector<std::thread> ranks;
+  for (int r : {0, 1}) {  // rank 2 never comes
+    ranks.emplace_back([&, r] {
+      status[r] = exactcoll_store_barrier(stores[r], "gather", 200);
+      message[r] = exactcoll_last_error();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r : {0, 1}) {
+    EXPECT_EQ(status[r], EXACTCOLL_ERROR_STORE);
+    expect_contains(message[r], "barrier 'user/gather': rank 2 never arrived within 200 ms");
+  }
+  expect_error(exactcoll_store_barrier(stores[0], nullptr, 10), EXACTCOLL_ERROR_INVALID_ARGUMENT, "name is NULL");
+  for (auto s : stores) EXPECT_EQ(exactcoll_store_destroy(s), EXACTCOLL_OK);
+}
+
 TEST(CApiStore, TcpStoreFormsAndRejectsBadArguments) {
   exactcoll_store store{};
   expect_error(exactcoll_store_create_tcp("127.0.0.1", 0, nullptr, "0123456789abcdef", 0, 1, 1000, &store),
@@ -373,6 +406,13 @@ TEST(CApiStore, TcpStoreFormsAndRejectsBadArguments) {
   for (auto& t : ranks) t.join();
   ASSERT_EQ(status[0], EXACTCOLL_OK);
   ASSERT_EQ(status[1], EXACTCOLL_OK);
+  ranks.clear();
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] { status[r] = exactcoll_store_barrier(stores[r], "lined-up", 5000); });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(status[0], EXACTCOLL_OK);
+  EXPECT_EQ(status[1], EXACTCOLL_OK);
   EXPECT_EQ(exactcoll_store_destroy(stores[1]), EXACTCOLL_OK);
   EXPECT_EQ(exactcoll_store_destroy(stores[0]), EXACTCOLL_OK);
 }

@@ -1,0 +1,231 @@
+"""ctypes bindings of libexactcoll.so (the C API of include/exactcoll/exactcoll.h).
+
+Loaded once, from the package's own directory (or from $EXACTCOLL_LIBRARY). Every C struct is
+mirrored here and its size checked against the library's (exactcoll_struct_size) at load time, so
+a wheel whose Python side and library disagree fails at import, not with corrupted memory.
+Handles (exactcoll_store, exactcoll_comm: a struct holding one uint64) are passed as c_uint64,
+which the x86-64 and AArch64 C ABIs pass exactly like such a struct.
+"""
+
+import ctypes
+import os
+import pathlib
+
+# ---- enum values (exactcoll.h) --------------------------------------------------------------------
+
+OK = 0
+ERROR_INVALID_ARGUMENT = 1
+ERROR_TIMEOUT = 2
+ERROR_STORE = 3
+ERROR_CUDA = 4
+ERROR_UNAVAILABLE = 5
+ERROR_UNUSABLE = 6
+ERROR_OUT_OF_MEMORY = 7
+ERROR_SIMULATION = 8
+ERROR_INTERNAL = 9
+
+DTYPES = {"bf16": 0, "fp16": 1, "fp32": 2}
+OPS = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2}
+ALGOS = {"auto": 0, "one_shot": 1, "two_shot": 2, "push_one_shot": 3, "push_two_shot": 4,
+         "direct": 5, "copy_engine": 6, "nccl": 7}
+FUSED_ALGOS = {"auto": 0, "one_stage": 1, "two_stage": 2, "push_one_stage": 3, "unfused": 4,
+               "one_stage_reg": 5, "gather_norm": 6, "nccl_split": 7}
+CONTRACTS = {"canonical": 0, "f32_residual": 1, "bf16_accumulate": 2, "rotated_two_shot": 3}
+
+_ALGO_NAMES = {v: k for k, v in ALGOS.items()}
+_FUSED_ALGO_NAMES = {v: k for k, v in FUSED_ALGOS.items()}
+
+
+class Error(RuntimeError):
+    """A failure reported by libexactcoll (the message is the library's)."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+class PeerTimeoutError(Error):
+    """A peer never arrived: a flag wait, a simulated wait or a store wait ran out of time."""
+
+
+class UnavailableError(Error):
+    """What was asked for is not there: no CUDA in this build, no NCCL, no IPC path."""
+
+
+# ---- structs ---------------------------------------------------------------------------------------
+
+class CallInfo(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("algo", ctypes.c_int), ("allreduce_algo", ctypes.c_int),
+                ("exact", ctypes.c_int), ("staged", ctypes.c_int), ("launches", ctypes.c_int),
+                ("blocks", ctypes.c_int), ("threads", ctypes.c_int), ("note", ctypes.c_char * 256)]
+
+    def as_dict(self, fused=False):
+        names = _FUSED_ALGO_NAMES if fused else _ALGO_NAMES
+        return {"algo": names.get(self.algo, str(self.algo)),
+                "allreduce_algo": _ALGO_NAMES.get(self.allreduce_algo),
+                "exact": bool(self.exact), "staged": bool(self.staged), "launches": self.launches,
+                "blocks": self.blocks, "threads": self.threads, "note": self.note.decode(errors="replace")}
+
+
+SET_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
+GET_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p,
+                          ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t))
+ADD_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64,
+                          ctypes.POINTER(ctypes.c_int64))
+ERASE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int))
+
+
+class StoreCallbacks(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("user_data", ctypes.c_void_p), ("set", SET_FN),
+                ("get", GET_FN), ("add", ADD_FN), ("erase", ERASE_FN)]
+
+
+class CommOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p), ("buffer_bytes", ctypes.c_size_t),
+                ("flag_timeout_ms", ctypes.c_uint64), ("store_timeout_ms", ctypes.c_int64),
+                ("use_nccl", ctypes.c_int), ("programmatic_launch", ctypes.c_int), ("device", ctypes.c_int)]
+
+
+class CommProperties(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("rank", ctypes.c_int), ("world_size", ctypes.c_int),
+                ("device", ctypes.c_int), ("ipc_ready", ctypes.c_int), ("nccl_ready", ctypes.c_int),
+                ("shared_gpu", ctypes.c_int), ("buffer_bytes", ctypes.c_size_t),
+                ("flag_timeout_ms", ctypes.c_uint64), ("arch", ctypes.c_char * 16),
+                ("ipc_unavailable_reason", ctypes.c_char * 256), ("nccl_unavailable_reason", ctypes.c_char * 256)]
+
+
+class SimOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("blocks", ctypes.c_int), ("seeded_schedule", ctypes.c_int),
+                ("schedule_seed", ctypes.c_uint64), ("timeout_ms", ctypes.c_int64),
+                ("trace_path", ctypes.c_char_p), ("chrome_trace_path", ctypes.c_char_p),
+                ("trace_elements", ctypes.POINTER(ctypes.c_uint64)), ("num_trace_elements", ctypes.c_size_t)]
+
+
+_STRUCTS = {"exactcoll_call_info": CallInfo, "exactcoll_store_callbacks": StoreCallbacks,
+            "exactcoll_comm_options": CommOptions, "exactcoll_comm_properties": CommProperties,
+            "exactcoll_sim_options": SimOptions}
+
+# ---- the library -----------------------------------------------------------------------------------
+
+_c_int, _c_size, _c_u64, _c_i64, _vp = ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int64, ctypes.c_void_p
+_HANDLE = ctypes.c_uint64
+_SIGNATURES = {
+    "exactcoll_version": ([], _c_int),
+    "exactcoll_abi_version": ([], _c_int),
+    "exactcoll_version_string": ([], ctypes.c_char_p),
+    "exactcoll_has_cuda": ([], _c_int),
+    "exactcoll_struct_size": ([ctypes.c_char_p], _c_size),
+    "exactcoll_last_error": ([], ctypes.c_char_p),
+    "exactcoll_status_name": ([_c_int], ctypes.c_char_p),
+    "exactcoll_set_store_error": ([ctypes.c_char_p], None),
+    "exactcoll_call_info_init": ([ctypes.POINTER(CallInfo)], None),
+    "exactcoll_sim_options_init": ([ctypes.POINTER(SimOptions)], None),
+    "exactcoll_comm_options_init": ([ctypes.POINTER(CommOptions)], None),
+    "exactcoll_store_create": ([ctypes.POINTER(StoreCallbacks), _c_int, _c_int, ctypes.POINTER(_HANDLE)], _c_int),
+    "exactcoll_store_create_tcp": ([ctypes.c_char_p, _c_int, ctypes.c_char_p, ctypes.c_char_p, _c_int, _c_int, _c_i64,
+                                    ctypes.POINTER(_HANDLE)], _c_int),
+    "exactcoll_store_barrier": ([_HANDLE, ctypes.c_char_p, _c_i64], _c_int),
+    "exactcoll_store_destroy": ([_HANDLE], _c_int),
+    "exactcoll_comm_create": ([_HANDLE, _c_int, _c_int, ctypes.POINTER(CommOptions), ctypes.POINTER(_HANDLE)], _c_int),
+    "exactcoll_comm_destroy": ([_HANDLE], _c_int),
+    "exactcoll_comm_properties_get": ([_HANDLE, ctypes.POINTER(CommProperties)], _c_int),
+    "exactcoll_comm_register_buffer": ([_HANDLE, _vp, _c_size, ctypes.POINTER(_c_int)], _c_int),
+    "exactcoll_allreduce": ([_HANDLE, _vp, _vp, _c_size, _c_int, _c_int, _vp, _c_int, ctypes.POINTER(CallInfo)], _c_int),
+    "exactcoll_reduce_scatter": ([_HANDLE, _vp, _vp, _c_size, _c_int, _c_int, _vp, _c_int, ctypes.POINTER(CallInfo)],
+                                 _c_int),
+    "exactcoll_allgather": ([_HANDLE, _vp, _vp, _c_size, _c_int, _c_int, _vp, _c_int, ctypes.POINTER(CallInfo)], _c_int),
+    "exactcoll_fused_add_rmsnorm": ([_HANDLE, _vp, _vp, _vp, _vp, _vp, _c_i64, _c_i64, ctypes.c_float, _c_int, _c_int,
+                                     _vp, _c_int, ctypes.POINTER(CallInfo)], _c_int),
+    "exactcoll_comm_check": ([_HANDLE, _vp], _c_int),
+    "exactcoll_sim_collective": ([_c_int, _c_int, _c_int, _c_int, _c_size, _vp, _vp, ctypes.POINTER(SimOptions),
+                                  ctypes.POINTER(CallInfo)], _c_int),
+    "exactcoll_sim_fused_add_rmsnorm": ([_c_int, _c_int, _c_int, _c_int, _c_i64, _c_i64, ctypes.c_float, _vp, _vp, _vp,
+                                         _vp, _vp, ctypes.POINTER(SimOptions), ctypes.POINTER(CallInfo)], _c_int),
+}
+
+
+def library_path():
+    """Where libexactcoll.so is loaded from: $EXACTCOLL_LIBRARY, else next to this file."""
+    return os.environ.get("EXACTCOLL_LIBRARY") or str(pathlib.Path(__file__).resolve().parent / "libexactcoll.so")
+
+
+def _load():
+    path = library_path()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImportError(f"exactcoll: cannot load {path}: {e}") from e
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        function = getattr(lib, name)
+        function.argtypes = argtypes
+        function.restype = restype
+    for c_name, struct in _STRUCTS.items():
+        size = lib.exactcoll_struct_size(c_name.encode())
+        if size != ctypes.sizeof(struct):
+            raise ImportError(f"exactcoll: {path} has {c_name} of {size} bytes, this package expects "
+                              f"{ctypes.sizeof(struct)}: the Python files and the library come from different builds")
+    return lib
+
+
+lib = _load()
+
+
+def check(status):
+    """Raises the Python exception for a non-zero status, with the library's message."""
+    if status == OK:
+        return
+    message = lib.exactcoll_last_error().decode(errors="replace")
+    if status == ERROR_INVALID_ARGUMENT:
+        raise ValueError(message)
+    if status == ERROR_OUT_OF_MEMORY:
+        raise MemoryError(message)
+    if status == ERROR_TIMEOUT:
+        raise PeerTimeoutError(status, message)
+    if status == ERROR_UNAVAILABLE:
+        raise UnavailableError(status, message)
+    raise Error(status, message)
+
+
+def code(table, name, what):
+    """The enum value of name in table; ValueError listing the valid names otherwise."""
+    try:
+        return table[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown {what} {name!r}; expected one of {', '.join(table)}") from None
+
+
+def sim_options(blocks=1, schedule="threads", schedule_seed=1, timeout_ms=20000, trace=None, chrome_trace=None,
+                trace_elements=None):
+    """A SimOptions for the simulator calls (returned with the arrays it points into, to keep alive)."""
+    options = SimOptions()
+    lib.exactcoll_sim_options_init(ctypes.byref(options))
+    if schedule not in ("threads", "seeded"):
+        raise ValueError(f"schedule must be 'threads' or 'seeded', got {schedule!r}")
+    options.blocks = int(blocks)
+    options.seeded_schedule = 1 if schedule == "seeded" else 0
+    if int(schedule_seed) < 0:
+        raise ValueError(f"schedule_seed must be >= 0, got {schedule_seed}")
+    options.schedule_seed = int(schedule_seed)
+    options.timeout_ms = int(timeout_ms)
+    keep = []
+    if trace is not None:
+        keep.append(os.fsencode(trace))
+        options.trace_path = keep[-1]
+    if chrome_trace is not None:
+        keep.append(os.fsencode(chrome_trace))
+        options.chrome_trace_path = keep[-1]
+    if trace_elements is not None:
+        elements = [int(i) for i in trace_elements]
+        if any(i < 0 for i in elements):
+            raise ValueError("trace_elements must be non-negative element indices")
+        array = (ctypes.c_uint64 * len(elements))(*elements)
+        keep.append(array)
+        options.trace_elements = ctypes.cast(array, ctypes.POINTER(ctypes.c_uint64))
+        options.num_trace_elements = len(elements)
+    return options, keep
+
+
+def new_call_info():
+    info = CallInfo()
+    lib.exactcoll_call_info_init(ctypes.byref(info))
+    return info

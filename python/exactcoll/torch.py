@@ -1,0 +1,445 @@
+"""exactcoll on PyTorch: a communicator over a torch.distributed process group, and the ops on CUDA
+tensors, with the same bits as exactcoll.sim for every algorithm, size, batch and world size.
+
+    import torch, torch.distributed as dist
+    import exactcoll.torch as xt
+    dist.init_process_group("gloo")                 # or "nccl"; only its store is used
+    torch.cuda.set_device(local_rank)
+    comm = xt.Communicator()                        # collective; bootstraps through the group's store
+    y = comm.all_reduce(x)                          # x: contiguous bf16/fp16/fp32 CUDA tensor
+    out, residual_out = comm.fused_add_rms_norm(partial, residual, weight, 1e-6)
+
+Ops run on torch's current stream and take out= (and all_reduce_ works in place). Under
+torch.compile they are the torch.library custom ops exactcoll::all_reduce, exactcoll::reduce_scatter,
+exactcoll::all_gather and exactcoll::fused_add_rms_norm (with fake implementations), and every op
+may be captured in a CUDA graph. Errors: ValueError for a bad shape, dtype, device or layout;
+exactcoll.PeerTimeoutError (a RuntimeError) when a peer never arrived, reported by check().
+Ranks may share one GPU (a slow correctness mode: NCCL is left out, kernels time-slice).
+"""
+
+import ctypes
+import datetime
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import _lib
+from ._store import Store
+
+__all__ = ["Communicator", "TorchStore"]
+
+_DTYPE_CODES = {torch.bfloat16: _lib.DTYPES["bf16"], torch.float16: _lib.DTYPES["fp16"],
+                torch.float32: _lib.DTYPES["fp32"]}
+_COMMS = {}                   # communicator id -> Communicator, for the custom ops
+_NAME_COUNTERS = {}           # group tag -> communicators made for it in this process
+_CURRENT_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# torch.compiler.is_compiling (torch >= 2.3); dynamo folds it to True while tracing.
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+
+class TorchStore:
+    """A torch.distributed store (c10d TCPStore, FileStore, PrefixStore, ...) as an exactcoll.Store
+    backend: the communicator forms over the store the process group already uses."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def set(self, key, value):
+        self._store.set(key, value)
+
+    def get(self, key, timeout_s):
+        # c10d reads a zero timeout as "no timeout": an expired deadline is a check, not a wait.
+        if timeout_s <= 0:
+            if not self._store.check([key]):
+                raise TimeoutError(f"key {key!r} is not in the store")
+            return self._store.get(key)
+        start = time.monotonic()
+        try:
+            self._store.wait([key], datetime.timedelta(seconds=timeout_s))
+        except Exception as e:  # c10d raises RuntimeError / DistStoreError on a timeout
+            if time.monotonic() - start >= 0.9 * timeout_s:
+                raise TimeoutError(f"key {key!r} never appeared within {timeout_s:.3f} s ({e})") from e
+            raise
+        return self._store.get(key)
+
+    def add(self, key, delta):
+        return self._store.add(key, delta)
+
+    def delete(self, key):
+        return self._store.delete_key(key)
+
+
+def _group_tag(group):
+    name = getattr(group, "group_name", None)
+    if name:
+        return str(name)
+    return "ranks-" + "-".join(str(r) for r in dist.get_process_group_ranks(group))
+
+
+class Communicator:
+    """exactcoll's communicator over the ranks of a torch.distributed process group.
+
+    Collective: every rank of `group` (default: the whole job) creates it, in the same order, with
+    the current CUDA device set to its GPU. It bootstraps through the group's store (no second
+    port). buffer_mib: staging and scratch per rank (larger messages run in chunks, same bits).
+    flag_timeout_ms: bound on every in-kernel wait for a peer (at least 60 s when ranks share a
+    GPU). name: store key prefix (default: one per group and creation order).
+    """
+
+    def __init__(self, group=None, *, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
+                 programmatic_launch=True, name=None, store=None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("exactcoll.torch.Communicator needs torch.distributed.init_process_group first "
+                               "(any backend: only its store is used)")
+        if not torch.cuda.is_available():
+            raise _lib.UnavailableError(_lib.ERROR_UNAVAILABLE, "exactcoll.torch.Communicator needs a CUDA device")
+        group = group if group is not None else dist.group.WORLD
+        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+        if rank < 0:
+            raise ValueError("this process is not a member of the group")
+        if name is None:
+            tag = _group_tag(group)
+            name = f"exactcoll/{tag}/{_NAME_COUNTERS.get(tag, 0)}"
+            _NAME_COUNTERS[tag] = _NAME_COUNTERS.get(tag, 0) + 1
+        if store is None:
+            store = dist.distributed_c10d._get_default_store()
+        self._store = Store(TorchStore(store), rank, world_size)
+        options = _lib.CommOptions()
+        _lib.lib.exactcoll_comm_options_init(ctypes.byref(options))
+        self._name = name.encode()
+        options.name = self._name
+        options.buffer_bytes = int(buffer_mib * (1 << 20))
+        options.flag_timeout_ms = int(flag_timeout_ms)
+        options.store_timeout_ms = int(store_timeout_s * 1000)
+        options.use_nccl = 1 if use_nccl else 0
+        options.programmatic_launch = 1 if programmatic_launch else 0
+        options.device = torch.cuda.current_device()
+        handle = ctypes.c_uint64()
+        self._store.check(_lib.lib.exactcoll_comm_create(self._store.handle, rank, world_size, ctypes.byref(options),
+                                                         ctypes.byref(handle)))
+        self._handle = handle.value
+        self.id = self._handle
+        self.rank, self.world_size, self.device = rank, world_size, options.device
+        self._info = _lib.new_call_info()
+        self._info_ref = ctypes.byref(self._info)
+        self._registered = []
+        _COMMS[self.id] = self
+
+    # ---- the ops -------------------------------------------------------------------------------------
+
+    def all_reduce(self, x, *, out=None, algo="auto", registered=None):
+        """out = the contract's sum over ranks of x (same shape and dtype).
+        algo: auto, one_shot, two_shot, push_one_shot, push_two_shot, nccl (NCCL: not the contract)."""
+        if _is_compiling():
+            if out is None:
+                return torch.ops.exactcoll.all_reduce(x, self.id, algo)
+            torch.ops.exactcoll.all_reduce_out(x, out, self.id, algo)
+            return out
+        if out is None:
+            out = torch.empty_like(x)
+        elif out.shape != x.shape:
+            raise ValueError(f"out has shape {tuple(out.shape)}, x {tuple(x.shape)}")
+        self._collective(_lib.lib.exactcoll_allreduce, x, out, algo, registered)
+        return out
+
+    def all_reduce_(self, x, *, algo="auto"):
+        """In place: x = the all-reduce of x."""
+        if _is_compiling():
+            torch.ops.exactcoll.all_reduce_inplace(x, self.id, algo)
+            return x
+        self._collective(_lib.lib.exactcoll_allreduce, x, x, algo, None)
+        return x
+
+    def reduce_scatter(self, x, *, out=None, algo="auto", registered=None):
+        """x [n*k, ...] -> out [k, ...]: this rank's block of the sum (as reduce_scatter_tensor).
+        algo: auto, direct, nccl."""
+        shape = self._scattered_shape(x)
+        if _is_compiling():
+            if out is None:
+                return torch.ops.exactcoll.reduce_scatter(x, self.id, algo)
+            torch.ops.exactcoll.reduce_scatter_out(x, out, self.id, algo)
+            return out
+        if out is None:
+            out = x.new_empty(shape)
+        elif tuple(out.shape) != shape:
+            raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
+        self._collective(_lib.lib.exactcoll_reduce_scatter, x, out, algo, registered)
+        return out
+
+    def all_gather(self, x, *, out=None, algo="auto", registered=None):
+        """x [k, ...] -> out [n*k, ...]: every rank's x in rank order (as all_gather_into_tensor),
+        bits unchanged. algo: auto, direct, copy_engine, nccl."""
+        shape = self._gathered_shape(x)
+        if _is_compiling():
+            if out is None:
+                return torch.ops.exactcoll.all_gather(x, self.id, algo)
+            torch.ops.exactcoll.all_gather_out(x, out, self.id, algo)
+            return out
+        if out is None:
+            out = x.new_empty(shape)
+        elif tuple(out.shape) != shape:
+            raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
+        self._collective(_lib.lib.exactcoll_allgather, x, out, algo, registered)
+        return out
+
+    def fused_add_rms_norm(self, x, residual, weight, eps=1e-6, *, out=None, residual_out=None, algo="auto",
+                           registered=None):
+        """The fused all-reduce + residual add + RMSNorm; returns (out, residual_out).
+
+        x [..., H]: this rank's partial sums (a row-parallel layer's output); residual [..., H], the
+        same on every rank; weight [H]. residual_out = round(all_reduce(x) + residual) and out =
+        RMSNorm(residual_out) * weight, with the canonical reduction tree (docs/numerics.md), so a
+        row's bits do not depend on the other rows in the batch. algo: auto, one_stage, two_stage,
+        push_one_stage, one_stage_reg, gather_norm, unfused, nccl_split (NCCL: not the contract).
+        """
+        if _is_compiling():
+            if out is None and residual_out is None:
+                return torch.ops.exactcoll.fused_add_rms_norm(x, residual, weight, float(eps), self.id, algo)
+            out = torch.empty_like(x) if out is None else out
+            residual_out = torch.empty_like(x) if residual_out is None else residual_out
+            torch.ops.exactcoll.fused_add_rms_norm_out(x, residual, weight, out, residual_out, float(eps), self.id,
+                                                       algo)
+            return out, residual_out
+        if out is None:
+            out = torch.empty_like(x)
+        if residual_out is None:
+            residual_out = torch.empty_like(x)
+        self._fused(x, residual, weight, out, residual_out, eps, algo, registered)
+        return out, residual_out
+
+    # ---- registration, checks, state ------------------------------------------------------------
+
+    def register(self, tensor):
+        """Collective: registers tensor's memory (same size on every rank, same order) so that peers
+        read inputs inside it in place; pass the result as registered= to the ops. The tensor must
+        come from cudaMalloc-backed memory (not expandable segments) and stay alive."""
+        self._check_tensor(tensor, "tensor")
+        index = ctypes.c_int()
+        _lib.check(_lib.lib.exactcoll_comm_register_buffer(self._handle, tensor.data_ptr(),
+                                                           tensor.numel() * tensor.element_size(),
+                                                           ctypes.byref(index)))
+        self._registered.append(tensor)
+        return RegisteredBuffer(self, index.value, tensor)
+
+    def check(self):
+        """Waits for the current stream, then raises PeerTimeoutError if a kernel's wait for a peer
+        timed out since the last check (naming rank, block and peer). Not during graph capture."""
+        _lib.check(_lib.lib.exactcoll_comm_check(self._handle, self._stream()))
+
+    def last_call_info(self):
+        """What the last eager op ran: algo, exact (False for an NCCL fallback), staged, launches,
+        grid, note."""
+        return self._info.as_dict(fused=self._last_fused)
+
+    @property
+    def properties(self):
+        p = _lib.CommProperties()
+        p.struct_size = ctypes.sizeof(p)
+        _lib.check(_lib.lib.exactcoll_comm_properties_get(self._handle, ctypes.byref(p)))
+        return {"rank": p.rank, "world_size": p.world_size, "device": p.device, "ipc_ready": bool(p.ipc_ready),
+                "nccl_ready": bool(p.nccl_ready), "shared_gpu": bool(p.shared_gpu), "buffer_bytes": p.buffer_bytes,
+                "flag_timeout_ms": p.flag_timeout_ms, "arch": p.arch.decode(),
+                "ipc_unavailable_reason": p.ipc_unavailable_reason.decode(),
+                "nccl_unavailable_reason": p.nccl_unavailable_reason.decode()}
+
+    def close(self):
+        """Collective: frees the communicator (every rank calls it; a store barrier first)."""
+        if self._handle:
+            handle, self._handle = self._handle, 0
+            _COMMS.pop(self.id, None)
+            self._store.check(_lib.lib.exactcoll_comm_destroy(handle))
+            self._store.close()
+            self._registered.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- internals --------------------------------------------------------------------------------
+
+    _last_fused = False
+
+    def _stream(self):
+        if _CURRENT_STREAM is not None:
+            return _CURRENT_STREAM(self.device)
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+    def _check_tensor(self, t, what, dtype=None):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_cuda or t.get_device() != self.device:
+            raise ValueError(f"{what} is on {t.device}; this communicator runs on cuda:{self.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{what} must be contiguous")
+        if t.dtype not in _DTYPE_CODES:
+            raise ValueError(f"{what} has dtype {t.dtype}; expected torch.bfloat16, torch.float16 or torch.float32")
+        if dtype is not None and t.dtype != dtype:
+            raise ValueError(f"{what} has dtype {t.dtype}, x {dtype}")
+
+    def _require_open(self):
+        if not self._handle:
+            raise ValueError("the communicator is closed")
+
+    def _scattered_shape(self, x):
+        if x.dim() == 0 or x.shape[0] % self.world_size != 0:
+            raise ValueError(f"reduce_scatter splits x's first dimension over {self.world_size} ranks: got shape "
+                             f"{tuple(x.shape)}")
+        return (x.shape[0] // self.world_size,) + tuple(x.shape[1:])
+
+    def _gathered_shape(self, x):
+        if x.dim() == 0:
+            raise ValueError("all_gather needs x with at least one dimension")
+        return (x.shape[0] * self.world_size,) + tuple(x.shape[1:])
+
+    def _registered_index(self, registered):
+        if registered is None:
+            return -1
+        if not isinstance(registered, RegisteredBuffer) or registered.comm is not self:
+            raise ValueError("registered must be a RegisteredBuffer of this communicator (Communicator.register)")
+        return registered.index
+
+    def _collective(self, function, x, out, algo, registered):
+        self._require_open()
+        self._check_tensor(x, "x")
+        self._check_tensor(out, "out", x.dtype)
+        status = function(self._handle, x.data_ptr(), out.data_ptr(), x.numel(), _DTYPE_CODES[x.dtype],
+                          _lib.code(_lib.ALGOS, algo, "algo"), self._stream(), self._registered_index(registered),
+                          self._info_ref)
+        self._last_fused = False
+        if status:
+            _lib.check(status)
+
+    def _fused(self, x, residual, weight, out, residual_out, eps, algo, registered):
+        self._require_open()
+        self._check_tensor(x, "x")
+        for t, what in ((residual, "residual"), (out, "out"), (residual_out, "residual_out")):
+            self._check_tensor(t, what, x.dtype)
+            if t.shape != x.shape:
+                raise ValueError(f"{what} has shape {tuple(t.shape)}, x {tuple(x.shape)}")
+        self._check_tensor(weight, "weight", x.dtype)
+        if x.dim() == 0 or weight.shape != (x.shape[-1],):
+            raise ValueError(f"weight must have shape (H,) = ({x.shape[-1] if x.dim() else '?'},), got "
+                             f"{tuple(weight.shape)}")
+        hidden = x.shape[-1]
+        rows = x.numel() // hidden if hidden else 0
+        status = _lib.lib.exactcoll_fused_add_rmsnorm(
+            self._handle, x.data_ptr(), residual.data_ptr(), weight.data_ptr(), residual_out.data_ptr(),
+            out.data_ptr(), rows, hidden, float(eps), _DTYPE_CODES[x.dtype],
+            _lib.code(_lib.FUSED_ALGOS, algo, "algo"), self._stream(), self._registered_index(registered),
+            self._info_ref)
+        self._last_fused = True
+        if status:
+            _lib.check(status)
+
+
+class RegisteredBuffer:
+    """A tensor registered on a communicator (Communicator.register)."""
+
+    def __init__(self, comm, index, tensor):
+        self.comm, self.index, self.tensor = comm, index, tensor
+
+
+# ---- torch.library custom ops (torch.compile, CUDA graphs) ----------------------------------------
+
+def _comm(comm_id):
+    try:
+        return _COMMS[comm_id]
+    except KeyError:
+        raise ValueError(f"exactcoll communicator {comm_id} does not exist (closed, or made in another process)") \
+            from None
+
+
+def _define_ops():
+    lib = torch.library
+
+    @lib.custom_op("exactcoll::all_reduce", mutates_args=())
+    def all_reduce(x: torch.Tensor, comm: int, algo: str) -> torch.Tensor:
+        out = torch.empty_like(x)
+        _comm(comm)._collective(_lib.lib.exactcoll_allreduce, x, out, algo, None)
+        return out
+
+    @all_reduce.register_fake
+    def _(x, comm, algo):
+        return torch.empty_like(x)
+
+    @lib.custom_op("exactcoll::all_reduce_out", mutates_args=("out",))
+    def all_reduce_out(x: torch.Tensor, out: torch.Tensor, comm: int, algo: str) -> None:
+        _comm(comm)._collective(_lib.lib.exactcoll_allreduce, x, out, algo, None)
+
+    @all_reduce_out.register_fake
+    def _(x, out, comm, algo):
+        return None
+
+    @lib.custom_op("exactcoll::all_reduce_inplace", mutates_args=("x",))
+    def all_reduce_inplace(x: torch.Tensor, comm: int, algo: str) -> None:
+        _comm(comm)._collective(_lib.lib.exactcoll_allreduce, x, x, algo, None)
+
+    @all_reduce_inplace.register_fake
+    def _(x, comm, algo):
+        return None
+
+    @lib.custom_op("exactcoll::reduce_scatter", mutates_args=())
+    def reduce_scatter(x: torch.Tensor, comm: int, algo: str) -> torch.Tensor:
+        c = _comm(comm)
+        out = x.new_empty(c._scattered_shape(x))
+        c._collective(_lib.lib.exactcoll_reduce_scatter, x, out, algo, None)
+        return out
+
+    @reduce_scatter.register_fake
+    def _(x, comm, algo):
+        return x.new_empty(_comm(comm)._scattered_shape(x))
+
+    @lib.custom_op("exactcoll::reduce_scatter_out", mutates_args=("out",))
+    def reduce_scatter_out(x: torch.Tensor, out: torch.Tensor, comm: int, algo: str) -> None:
+        _comm(comm)._collective(_lib.lib.exactcoll_reduce_scatter, x, out, algo, None)
+
+    @reduce_scatter_out.register_fake
+    def _(x, out, comm, algo):
+        return None
+
+    @lib.custom_op("exactcoll::all_gather", mutates_args=())
+    def all_gather(x: torch.Tensor, comm: int, algo: str) -> torch.Tensor:
+        c = _comm(comm)
+        out = x.new_empty(c._gathered_shape(x))
+        c._collective(_lib.lib.exactcoll_allgather, x, out, algo, None)
+        return out
+
+    @all_gather.register_fake
+    def _(x, comm, algo):
+        return x.new_empty(_comm(comm)._gathered_shape(x))
+
+    @lib.custom_op("exactcoll::all_gather_out", mutates_args=("out",))
+    def all_gather_out(x: torch.Tensor, out: torch.Tensor, comm: int, algo: str) -> None:
+        _comm(comm)._collective(_lib.lib.exactcoll_allgather, x, out, algo, None)
+
+    @all_gather_out.register_fake
+    def _(x, out, comm, algo):
+        return None
+
+    @lib.custom_op("exactcoll::fused_add_rms_norm", mutates_args=())
+    def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm: int,
+                           algo: str) -> tuple[torch.Tensor, torch.Tensor]:
+        out, residual_out = torch.empty_like(x), torch.empty_like(x)
+        _comm(comm)._fused(x, residual, weight, out, residual_out, eps, algo, None)
+        return out, residual_out
+
+    @fused_add_rms_norm.register_fake
+    def _(x, residual, weight, eps, comm, algo):
+        return torch.empty_like(x), torch.empty_like(x)
+
+    @lib.custom_op("exactcoll::fused_add_rms_norm_out", mutates_args=("out", "residual_out"))
+    def fused_add_rms_norm_out(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
+                               residual_out: torch.Tensor, eps: float, comm: int, algo: str) -> None:
+        _comm(comm)._fused(x, residual, weight, out, residual_out, eps, algo, None)
+
+    @fused_add_rms_norm_out.register_fake
+    def _(x, residual, weight, out, residual_out, eps, comm, algo):
+        return None
+
+
+CUSTOM_OPS = hasattr(torch.library, "custom_op")  # torch >= 2.4: torch.compile support
+if CUSTOM_OPS:
+    _define_ops()

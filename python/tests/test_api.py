@@ -1,0 +1,152 @@
+"""The Python layer's errors and plumbing: ValueError for bad shapes, dtypes and names (with the
+library's message), exceptions never crashes; stores over Python callbacks (barriers through them,
+a missing rank named, a callback's own exception chained); the wheel's metadata."""
+
+import ctypes
+import os
+import threading
+import unittest
+
+import numpy as np
+
+import exactcoll
+import exactcoll.sim as xs
+from exactcoll import _lib
+
+
+class Errors(unittest.TestCase):
+    def test_bad_inputs_are_value_errors(self):
+        x = np.zeros((2, 8), dtype=np.uint16)
+        cases = [
+            (lambda: xs.all_reduce(x), "pass dtype='bf16' or 'fp16'"),
+            (lambda: xs.all_reduce(x, dtype="bf17"), "pass dtype='bf16' or 'fp16'"),
+            (lambda: xs.all_reduce(np.zeros((2, 8), np.float64)), "has dtype float64"),
+            (lambda: xs.all_reduce(np.zeros((2, 8), np.float32), dtype="bf16"), "float32 but dtype='bf16'"),
+            (lambda: xs.all_reduce(x, dtype="bf16", algo="fastest"), "unknown algo 'fastest'"),
+            (lambda: xs.all_reduce(x, dtype="bf16", algo="nccl"), "nccl runs on GPUs only"),
+            (lambda: xs.all_reduce(np.zeros(8, np.float32)), "must be shaped [ranks, ...]"),
+            (lambda: xs.all_reduce(np.zeros((17, 8), np.float32)), "the simulator runs 1..16"),
+            (lambda: xs.reduce_scatter(np.zeros((3, 8), np.float32)), "must be a multiple of the ranks"),
+            (lambda: xs.all_gather(x, dtype="bf16", algo="copy_engine"), "copy_engine runs on GPUs only"),
+            (lambda: xs.all_reduce(x, dtype="bf16", blocks=0), "blocks must be 1..128"),
+            (lambda: xs.all_reduce(x, dtype="bf16", schedule="random"), "schedule must be"),
+            (lambda: xs.all_reduce(x, dtype="bf16", trace_elements=[99]), "trace element 99 is past"),
+            (lambda: xs.all_reduce(x, dtype="bf16", trace="/nonexistent-dir/t.jsonl"), "cannot write the trace"),
+        ]
+        f12 = np.zeros((2, 3, 12), np.uint16)
+        r12, w12 = np.zeros((3, 12), np.uint16), np.zeros(12, np.uint16)
+        f = np.zeros((2, 3, 16), np.uint16)
+        r, w = np.zeros((3, 16), np.uint16), np.zeros(16, np.uint16)
+        cases += [
+            (lambda: xs.fused_add_rms_norm(f12, r12, w12, dtype="bf16"), "not a positive multiple of the bf16 pack"),
+            (lambda: xs.fused_add_rms_norm(f, r[:2], w, dtype="bf16"), "residual must be shaped like"),
+            (lambda: xs.fused_add_rms_norm(f, r, w[:4], dtype="bf16"), "weight must be shaped [H]"),
+            (lambda: xs.fused_add_rms_norm(f, r, w, float("nan"), dtype="bf16"), "eps must be finite"),
+            (lambda: xs.fused_add_rms_norm(f, r, w, -1.0, dtype="bf16"), "eps must be finite"),
+            (lambda: xs.fused_add_rms_norm(f, r, w, dtype="bf16", algo="gather_norm"), "runs on GPUs only"),
+            (lambda: xs.fused_add_rms_norm(f, r, w, dtype="bf16", contract="aiter"), "unknown contract 'aiter'"),
+            (lambda: xs.fused_add_rms_norm(f, r, w, dtype="bf16", algo="two_stage", contract="f32_residual"),
+             "algo must be auto"),
+        ]
+        for call, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(ValueError) as caught:
+                    call()
+                self.assertIn(message, str(caught.exception))
+
+    def test_names_match_the_library(self):
+        for table, name_of in ((_lib.DTYPES, _lib.lib.exactcoll_dtype_name),
+                               (_lib.ALGOS, _lib.lib.exactcoll_algo_name),
+                               (_lib.FUSED_ALGOS, _lib.lib.exactcoll_fused_algo_name),
+                               (_lib.CONTRACTS, _lib.lib.exactcoll_contract_name)):
+            name_of.restype = ctypes.c_char_p
+            for name, value in table.items():
+                self.assertEqual(name_of(value).decode(), name)
+            self.assertIsNone(name_of(len(table)))
+
+    def test_gpu_calls_without_a_gpu_raise(self):
+        store = exactcoll.Store(exactcoll.MemoryStore(), 0, 1)
+        handle = ctypes.c_uint64()
+        status = _lib.lib.exactcoll_comm_create(store.handle, 0, 1, None, ctypes.byref(handle))
+        if status == _lib.OK:
+            self.skipTest("this machine has a GPU")
+        with self.assertRaises(exactcoll.Error) as caught:
+            _lib.check(status)
+        self.assertTrue(str(caught.exception))
+        old = store.handle
+        store.close()
+        with self.assertRaises(ValueError) as caught:  # a destroyed handle is an error, not a crash
+            _lib.check(_lib.lib.exactcoll_store_destroy(old))
+        self.assertIn(f"store handle {old} was destroyed", str(caught.exception))
+
+
+class Stores(unittest.TestCase):
+    def test_barrier_through_python_callbacks(self):
+        backend = exactcoll.MemoryStore()
+        stores = [exactcoll.Store(backend, r, 3) for r in range(3)]
+        errors = []
+
+        def rank(r):
+            try:
+                for _ in range(3):
+                    stores[r].barrier("lined-up", 10.0)
+            except Exception as e:  # collected, asserted below
+                errors.append(e)
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        for s in stores:
+            s.close()
+
+    def test_missing_rank_is_named(self):
+        backend = exactcoll.MemoryStore()
+        stores = [exactcoll.Store(backend, r, 3) for r in range(3)]
+        failures = {}
+
+        def rank(r):
+            try:
+                stores[r].barrier("start", 0.3)
+            except exactcoll.Error as e:
+                failures[r] = str(e)
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 2)]  # rank 1 never comes
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in (0, 2):
+            self.assertIn("barrier 'user/start': rank 1 never arrived", failures[r])
+
+    def test_callback_exceptions_become_errors_and_chain(self):
+        class Broken(exactcoll.MemoryStore):
+            def set(self, key, value):
+                raise ConnectionError("the store's server went away")
+
+        store = exactcoll.Store(Broken(), 0, 2)
+        with self.assertRaises(exactcoll.Error) as caught:
+            store.barrier("x", 1.0)
+        self.assertIn("ConnectionError: the store's server went away", str(caught.exception))
+        self.assertIsInstance(caught.exception.__cause__, ConnectionError)
+        store.close()
+
+    def test_long_values_pass_through(self):
+        backend = exactcoll.MemoryStore()
+        backend.set("user/big/0/1", b"x" * 10000)  # a peer's arrival key holding a long value
+        store = exactcoll.Store(backend, 0, 2)
+        store.barrier("big", 1.0)  # reads rank 1's key, 10000 bytes: a second get with a larger buffer
+        store.close()
+
+
+class Package(unittest.TestCase):
+    def test_version_and_library(self):
+        self.assertRegex(exactcoll.__version__, r"^\d+\.\d+\.\d+$")
+        self.assertTrue(os.path.exists(exactcoll.library_path()))
+        self.assertIn(exactcoll.has_cuda(), (True, False))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,173 @@
+"""exactcoll.sim against the independent numpy reference of the contract (contract_reference.py):
+every algorithm, world sizes 1-8, the three dtypes, adversarial inputs, compared bit for bit.
+The seed is printed; EXACTCOLL_TEST_SEED reproduces a run."""
+
+import os
+import tempfile
+import unittest
+
+import numpy as np
+
+import contract_reference as ref
+import exactcoll.sim as xs
+
+SEED = int(os.environ.get("EXACTCOLL_TEST_SEED", "20261124"))
+print(f"test_sim: seed {SEED} (EXACTCOLL_TEST_SEED={SEED} reproduces)")
+
+ALLREDUCE_ALGOS = ["auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot"]
+FUSED_ALGOS = ["auto", "one_stage", "two_stage", "push_one_stage", "unfused"]
+DTYPES = ["bf16", "fp16", "fp32"]
+
+
+def as_input(bits, fmt):
+    return bits  # uint16 bit patterns for bf16/fp16, float32 for fp32
+
+
+def assert_bits_equal(test, got, want, what):
+    got_bits, want_bits = ref.bits_of(got), ref.bits_of(want)
+    test.assertEqual(got_bits.shape, want_bits.shape, what)
+    differ = np.flatnonzero(got_bits.ravel() != want_bits.ravel())
+    if differ.size:
+        i = differ[0]
+        test.fail(f"{what}: {differ.size} of {got_bits.size} elements differ; first at flat index {i}: "
+                  f"got {got_bits.ravel()[i]:#x}, want {want_bits.ravel()[i]:#x}")
+
+
+class Collectives(unittest.TestCase):
+    def test_every_algorithm_size_and_dtype_matches_the_reference(self):
+        rng = np.random.default_rng(SEED)
+        for fmt in DTYPES:
+            for ranks in range(1, 9):
+                count = ranks * 37  # not a pack multiple: the tails run too
+                x = ref.adversarial(rng, (ranks, count), fmt)
+                want = ref.all_reduce(x, fmt)
+                for algo in ALLREDUCE_ALGOS:
+                    got = xs.all_reduce(x, dtype=fmt, algo=algo)
+                    for r in range(ranks):
+                        assert_bits_equal(self, got[r], want, f"all_reduce {algo} {fmt} ranks {ranks} rank {r}")
+                for algo in ["auto", "direct"]:
+                    got = xs.reduce_scatter(x, dtype=fmt, algo=algo)
+                    block = count // ranks
+                    for r in range(ranks):
+                        assert_bits_equal(self, got[r], want[r * block:(r + 1) * block],
+                                          f"reduce_scatter {algo} {fmt} ranks {ranks} rank {r}")
+                    got = xs.all_gather(x, dtype=fmt, algo=algo)
+                    for r in range(ranks):
+                        assert_bits_equal(self, got[r], x.reshape(-1), f"all_gather {algo} {fmt} ranks {ranks}")
+
+    def test_comparison_catches_one_flipped_bit(self):
+        rng = np.random.default_rng(SEED + 1)
+        x = ref.adversarial(rng, (3, 64), "bf16")
+        got = xs.all_reduce(x, dtype="bf16")
+        got[1, 17] ^= np.uint16(1)
+        with self.assertRaises(AssertionError):
+            assert_bits_equal(self, got[1], ref.all_reduce(x, "bf16"), "flipped")
+
+    def test_shapes_blocks_and_schedules(self):
+        rng = np.random.default_rng(SEED + 2)
+        x = rng.standard_normal((4, 6, 5)).astype(np.float32)
+        want = ref.all_reduce(x, "fp32")
+        y = xs.all_reduce(x, blocks=3, schedule="seeded", schedule_seed=9)
+        self.assertEqual(y.shape, (4, 6, 5))
+        assert_bits_equal(self, y[2], want, "seeded, 3 blocks")
+        rs = xs.reduce_scatter(np.ascontiguousarray(np.broadcast_to(x[:, :4], (4, 4, 5))))
+        self.assertEqual(rs.shape, (4, 1, 5))
+        ag = xs.all_gather(x)
+        self.assertEqual(ag.shape, (4, 24, 5))
+        assert_bits_equal(self, ag[3], x.reshape(24, 5), "all_gather keeps bits")
+
+    def test_float16_arrays_and_torch_tensors(self):
+        rng = np.random.default_rng(SEED + 3)
+        x16 = rng.standard_normal((3, 40)).astype(np.float16)
+        y16 = xs.all_reduce(x16)
+        self.assertEqual(y16.dtype, np.float16)
+        assert_bits_equal(self, y16[0], ref.all_reduce(x16.view(np.uint16), "fp16"), "float16 input")
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        xt = torch.from_numpy(rng.standard_normal((2, 24)).astype(np.float32)).to(torch.bfloat16)
+        yt = xs.all_reduce(xt)
+        self.assertEqual(yt.dtype, torch.bfloat16)
+        bits = xt.view(torch.int16).numpy().view(np.uint16)
+        assert_bits_equal(self, yt.view(torch.int16).numpy().view(np.uint16)[1], ref.all_reduce(bits, "bf16"),
+                          "torch bf16")
+
+    def test_traces(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.jsonl")
+            chrome = os.path.join(d, "t.json")
+            x = np.full((2, 9), 0x3F80, dtype=np.uint16)  # 1.0 in bf16
+            y = xs.all_reduce(x, dtype="bf16", algo="one_shot", schedule="seeded", trace=path, chrome_trace=chrome,
+                              trace_elements=[8])
+            self.assertEqual(int(y[0, 8]), 0x4000)
+            with open(path) as f:
+                text = f.read()
+            self.assertIn('"event":"fold"', text)
+            self.assertIn('"stored":"0x4000"', text)
+            self.assertTrue(os.path.getsize(chrome) > 0)
+
+
+class Fused(unittest.TestCase):
+    def check(self, rng, fmt, ranks, rows, hidden, algo="auto", contract="canonical", specials=False):
+        if specials:
+            x = ref.adversarial(rng, (ranks, rows, hidden), fmt)
+            residual = ref.adversarial(rng, (rows, hidden), fmt)
+        else:
+            x = ref.narrow(rng.standard_normal((ranks, rows, hidden)).astype(np.float32), fmt)
+            residual = ref.narrow(rng.standard_normal((rows, hidden)).astype(np.float32) * 2, fmt)
+        weight = ref.narrow(rng.standard_normal(hidden).astype(np.float32) * 0.5, fmt)
+        out, ro = xs.fused_add_rms_norm(x, residual, weight, 1e-6, dtype=None if fmt == "fp32" else fmt, algo=algo,
+                                        contract=contract)
+        want_out, want_ro = ref.fused_add_rms_norm(x, residual, weight, 1e-6, fmt, contract)
+        what = f"{fmt} ranks {ranks} rows {rows} H {hidden} {algo} {contract}"
+        for r in range(ranks):
+            assert_bits_equal(self, ro[r], want_ro, what + f" residual_out rank {r}")
+            assert_bits_equal(self, out[r], want_out, what + f" out rank {r}")
+        return x, residual, weight, out
+
+    def test_every_algorithm_matches_the_reference(self):
+        rng = np.random.default_rng(SEED + 10)
+        for fmt in DTYPES:
+            for ranks in (1, 2, 3, 5, 8):
+                for algo in FUSED_ALGOS:
+                    self.check(rng, fmt, ranks, 3, 64, algo)
+                self.check(rng, fmt, ranks, 2, 64, "auto", specials=True)
+
+    def test_model_hidden_sizes(self):
+        rng = np.random.default_rng(SEED + 11)
+        for fmt in DTYPES:
+            for hidden in (2880, 4096, 5120):
+                self.check(rng, fmt, 2, 2, hidden)
+
+    def test_alternative_contracts(self):
+        rng = np.random.default_rng(SEED + 12)
+        for fmt in DTYPES:
+            self.check(rng, fmt, 4, 3, 64, contract="f32_residual")
+            self.check(rng, fmt, 4, 3, 64, contract="bf16_accumulate")
+        # rotated_two_shot folds in a rotated order: with 2 ranks that is the same sum.
+        x = ref.narrow(rng.standard_normal((2, 3, 64)).astype(np.float32), "bf16")
+        residual = ref.narrow(rng.standard_normal((3, 64)).astype(np.float32), "bf16")
+        weight = ref.narrow(rng.standard_normal(64).astype(np.float32), "bf16")
+        rotated = xs.fused_add_rms_norm(x, residual, weight, dtype="bf16", contract="rotated_two_shot")
+        canonical = xs.fused_add_rms_norm(x, residual, weight, dtype="bf16")
+        assert_bits_equal(self, rotated[0], canonical[0], "rotated_two_shot, 2 ranks")
+
+    def test_batch_invariance(self):
+        # A row's bits do not depend on the rows around it: alone, or among 7, 64 or 256.
+        rng = np.random.default_rng(SEED + 13)
+        for fmt in DTYPES:
+            hidden = 256
+            x = ref.narrow(rng.standard_normal((4, 256, hidden)).astype(np.float32), fmt)
+            residual = ref.narrow(rng.standard_normal((256, hidden)).astype(np.float32), fmt)
+            weight = ref.narrow(rng.standard_normal(hidden).astype(np.float32), fmt)
+            dt = None if fmt == "fp32" else fmt
+            alone = xs.fused_add_rms_norm(x[:, :1], residual[:1], weight, dtype=dt)
+            for rows in (8, 65, 256):
+                batch = xs.fused_add_rms_norm(x[:, :rows], residual[:rows], weight, dtype=dt)
+                assert_bits_equal(self, batch[0][:, :1], alone[0], f"{fmt} out, row 0 of {rows}")
+                assert_bits_equal(self, batch[1][:, :1], alone[1], f"{fmt} residual_out, row 0 of {rows}")
+
+
+if __name__ == "__main__":
+    unittest.main()
