@@ -18,6 +18,8 @@ exactcoll_missing_packages() {
   [ -x /usr/bin/python3 ] || missing+=(python3)
   /usr/bin/python3 -c "import numpy" >/dev/null 2>&1 || missing+=(python3-numpy)
   /usr/bin/python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+  # torch (Debian's, CPU only) for the torch-facing Python tests that need no GPU.
+  /usr/bin/python3 -c "import torch" >/dev/null 2>&1 || missing+=(python3-torch)
   echo "${missing[@]:-}"
 }
 

@@ -250,7 +250,9 @@ typedef struct exactcoll_comm_options {
   int64_t store_timeout_ms;  /* bound on every store wait; 120000 */
   int use_nccl;            /* 1: create NCCL (baseline, fallback; skipped when ranks share a GPU) */
   int programmatic_launch; /* 1: launch kernels with programmatic dependent launch */
-  int device;              /* the CUDA device; -1: the calling thread's current device */
+  int device;              /* the CUDA device; -1: the calling thread's current device. The library
+                              links its own CUDA runtime: a program that selects devices with its
+                              own runtime (torch, a static cudart) should name the device here */
 } exactcoll_comm_options;
 
 EXACTCOLL_API void exactcoll_comm_options_init(exactcoll_comm_options* options);

@@ -49,11 +49,8 @@ class TorchStore:
         self._store.set(key, value)
 
     def get(self, key, timeout_s):
-        # c10d reads a zero timeout as "no timeout": an expired deadline is a check, not a wait.
-        if timeout_s <= 0:
-            if not self._store.check([key]):
-                raise TimeoutError(f"key {key!r} is not in the store")
-            return self._store.get(key)
+        # c10d reads a zero timeout as "no timeout": an expired deadline waits the shortest time.
+        timeout_s = max(timeout_s, 0.001)
         start = time.monotonic()
         try:
             self._store.wait([key], datetime.timedelta(seconds=timeout_s))

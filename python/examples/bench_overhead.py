@@ -1,0 +1,97 @@
+"""What the Python layer adds: host time per eager call and GPU time per CUDA-graph-captured op, on
+a communicator of one rank, by the method of tools/api_bench/api_host_bench.c (same ops, sizes and
+counts), so the two tables compare line by line.
+
+    torchrun --nproc-per-node 1 python/examples/bench_overhead.py
+    (and, on the same GPU: api_host_bench, the C API's own numbers)
+
+host: wall time of 200 back-to-back eager calls (out= given, nothing allocated) / 200, the GPU
+running behind. graph: 20 calls captured in a torch.cuda.CUDAGraph, replayed 25 times; the median
+replay / 20. Also: the raw ctypes call alone (the binding's share) and torch.ops (the custom op's
+dispatch, which torch.compile uses; eager calls do not go through it).
+"""
+
+import ctypes
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import exactcoll.torch as xt
+from exactcoll import _lib
+
+CALLS, GRAPH_OPS, REPLAYS = 200, 20, 25
+CASES = [("all_reduce", 1, 4096), ("all_reduce", 256, 8192), ("fused_add_rms_norm", 1, 8192),
+         ("fused_add_rms_norm", 256, 8192)]
+
+
+def host_us(fn):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(CALLS):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / CALLS * 1e6
+
+
+def graph_us(fn):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_OPS):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(REPLAYS):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) * 1000.0 / GRAPH_OPS)
+    return statistics.median(times)
+
+
+def main():
+    dist.init_process_group("gloo")
+    torch.cuda.set_device(0)
+    comm = xt.Communicator()
+    print(f"{'op':<20} {'shape':<12} {'host_us_per_call':>16} {'ctypes_only_us':>14} {'torch_ops_us':>12} "
+          f"{'graph_us_per_op':>16}")
+    for op, rows, hidden in CASES:
+        x = torch.zeros(rows, hidden, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty_like(x)
+        if op == "all_reduce":
+            eager = lambda: comm.all_reduce(x, out=out)  # noqa: E731
+            custom = lambda: torch.ops.exactcoll.all_reduce_out(x, out, comm.id, "auto")  # noqa: E731
+            args = (comm._handle, x.data_ptr(), out.data_ptr(), x.numel(), 0, 0, comm._stream(), -1, None)
+            raw = lambda: _lib.lib.exactcoll_allreduce(*args)  # noqa: E731
+        else:
+            residual, weight, residual_out = torch.zeros_like(x), torch.ones(hidden, dtype=x.dtype, device="cuda"), \
+                torch.empty_like(x)
+            eager = lambda: comm.fused_add_rms_norm(x, residual, weight, 1e-6, out=out,  # noqa: E731
+                                                    residual_out=residual_out)
+            custom = lambda: torch.ops.exactcoll.fused_add_rms_norm_out(x, residual, weight, out,  # noqa: E731
+                                                                        residual_out, 1e-6, comm.id, "auto")
+            args = (comm._handle, x.data_ptr(), residual.data_ptr(), weight.data_ptr(), residual_out.data_ptr(),
+                    out.data_ptr(), rows, hidden, ctypes.c_float(1e-6), 0, 0, comm._stream(), -1, None)
+            raw = lambda: _lib.lib.exactcoll_fused_add_rmsnorm(*args)  # noqa: E731
+        host, raw_host = host_us(eager), host_us(raw)
+        custom_host = host_us(custom) if xt.CUSTOM_OPS else float("nan")
+        graph = graph_us(eager)
+        comm.check()
+        print(f"{op:<20} {f'{rows}x{hidden}':<12} {host:>16.2f} {raw_host:>14.2f} {custom_host:>12.2f} {graph:>16.2f}")
+    comm.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
