@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The C, Python and PyTorch layers on a lent GPU machine (no Bazel there; binaries and the wheel are
+# built here and carried in .gpubin/). Phases (comma list, default check):
+#   check  the README's PyTorch quickstart and the C example (2 ranks), and the tensor-parallel
+#          block check (python/examples/tp_block_check.py: eager, torch.compile, CUDA graph, batch
+#          invariance, every bit against exactcoll.sim) with NPROC_LIST ranks (default "2 4");
+#          torchrun starts the ranks, all on GPU 0 unless the machine has more.
+#   bench  host time per call and graph time per op: the C API (api_host_bench), the Python layer
+#          (python/examples/bench_overhead.py), and `exactcoll bench --nproc 1` for reference.
+# Build first (here):
+#   bazel build //python:wheel //examples/c:gpu_allreduce //tools/api_bench:api_host_bench //tools/gpu:exactcoll_gpu
+#   mkdir -p .gpubin && cp -f bazel-bin/python/exactcoll-*.whl bazel-bin/examples/c/gpu_allreduce \
+#     bazel-bin/tools/api_bench/api_host_bench bazel-bin/tools/gpu/exactcoll_gpu .gpubin/
+# Logs go to $OUT; a short table is printed last.
+set -uo pipefail
+PHASES=${1:-check}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+has() { [[ ",$PHASES," == *",$1,"* ]]; }
+status=0
+summary=()
+note() { summary+=("$1"); }
+
+# The wheel, installed the way a user would (pip from the file), into a scratch directory.
+SITE=$(mktemp -d)
+if python3 -m pip install --quiet --no-deps --no-index --target "$SITE" .gpubin/exactcoll-*.whl > "$OUT/pip.log" 2>&1; then
+  note "wheel: pip installed $(basename .gpubin/exactcoll-*.whl)"
+else
+  python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" .gpubin/exactcoll-*.whl "$SITE"
+  note "wheel: pip failed (see pip.log), unzipped instead"
+fi
+export PYTHONPATH="$SITE"
+export LD_LIBRARY_PATH="$SITE/exactcoll:${LD_LIBRARY_PATH:-}"
+export EXACTCOLL_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+{ date -u; nvidia-smi -L; python3 -c "import torch, exactcoll; print('torch', torch.__version__, 'exactcoll', exactcoll.__version__, exactcoll.has_cuda())"; } > "$OUT/env.log" 2>&1
+cat "$OUT/env.log"
+run() {  # run NAME SECONDS COMMAND...: logs to $OUT/NAME.log, records the exit status
+  local name=$1 seconds=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$seconds" "$@" > "$OUT/$name.log" 2>&1
+  local code=$?
+  [ $code -eq 0 ] || status=1
+  note "$(printf '%-28s exit %3d  %4d s' "$name" "$code" $((SECONDS - start)))"
+  return $code
+}
+TORCHRUN="python3 -m torch.distributed.run --master-port 29600"
+
+if has check; then
+  run quickstart_2 60 $TORCHRUN --nproc-per-node 2 python/examples/quickstart.py
+  grep -h "bit for bit" "$OUT/quickstart_2.log"
+  run c_example_2 40 $TORCHRUN --nproc-per-node 2 --no-python .gpubin/gpu_allreduce
+  grep -h "differ from the simulator" "$OUT/c_example_2.log"
+  for n in ${NPROC_LIST:-2 4}; do
+    run "tp_block_$n" $((60 + 30 * n)) $TORCHRUN --nproc-per-node "$n" python/examples/tp_block_check.py --json "$OUT/tp_block_$n.json"
+    grep -A 40 "^tp_block_check:" "$OUT/tp_block_$n.log" | head -30
+  done
+fi
+if has bench; then
+  run api_host_bench 30 .gpubin/api_host_bench
+  cat "$OUT/api_host_bench.log"
+  run bench_overhead 60 $TORCHRUN --nproc-per-node 1 python/examples/bench_overhead.py
+  grep -v "^\[" "$OUT/bench_overhead.log" | tail -6
+  run cli_bench_fused 40 .gpubin/exactcoll_gpu bench --nproc 1 --op fused_rmsnorm --hidden 8192 --rows 1,256
+  tail -25 "$OUT/cli_bench_fused.log"
+fi
+echo "== summary"
+printf '%s\n' "${summary[@]}"
+exit $status
