@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -250,6 +251,46 @@ int exactcoll_allgather(exactcoll_comm comm, const void* input, void* output, si
                         stream, registered_id, info);
 }
 
+}  // extern "C"
+
+namespace {
+
+// The checks every norm entry point makes: rows, hidden and eps in range, the pointers present.
+void check_norm_arguments(int64_t rows, int64_t hidden, float eps, std::initializer_list<const void*> pointers) {
+  if (rows < 0 || rows > (int64_t{1} << 30)) bad_argument("rows must be 0..2^30, got " + std::to_string(rows));
+  if (hidden < 1 || hidden > (int64_t{1} << 24)) bad_argument("hidden must be 1..16777216, got " + std::to_string(hidden));
+  if (!std::isfinite(eps) || eps < 0.0f) bad_argument("eps must be finite and >= 0, got " + std::to_string(eps));
+  if (rows == 0) return;
+  const char* names[] = {"x", "residual", "weight", "residual_out", "out"};
+  int i = 0;
+  for (const void* p : pointers) require(p, names[i++]);
+}
+
+}  // namespace
+
+extern "C" {
+
+int exactcoll_add_rmsnorm(const void* x, const void* residual, const void* weight, void* residual_out, void* out,
+                          int64_t rows, int64_t hidden, float eps, int dtype, void* stream) {
+  return guarded("exactcoll_add_rmsnorm", [&] {
+    const DType type = to_dtype(dtype);
+    check_norm_arguments(rows, hidden, eps, {x, residual, weight, residual_out, out});
+    translating(nullptr, EXACTCOLL_ERROR_CUDA, [&] {
+      int device = -1;
+      if (stream != nullptr) {
+        EXC_CUDA_CHECK(cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &device));
+      } else {
+        EXC_CUDA_CHECK(cudaGetDevice(&device));
+      }
+      DeviceScope scope(device);
+      cuda::fused::launch_residual_rmsnorm(x, residual, weight, residual_out, out,
+                                           cuda::fused::FusedRmsNormShape{static_cast<int>(rows),
+                                                                          static_cast<int>(hidden), eps, type},
+                                           static_cast<cudaStream_t>(stream), /*programmatic=*/true);
+    });
+  });
+}
+
 int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x, const void* residual, const void* weight,
                                 void* residual_out, void* out, int64_t rows, int64_t hidden, float eps, int dtype,
                                 int algo, void* stream, int registered_id, exactcoll_call_info* info) {
@@ -259,18 +300,7 @@ int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x, const void* 
     const DType type = to_dtype(dtype);
     const std::string name = checked_name(kFusedAlgoNames, algo, "fused algo");
     const cuda::fused::FusedAlgorithm a = *cuda::fused::parse_fused_algorithm(name);
-    if (rows < 0 || rows > (int64_t{1} << 30)) bad_argument("rows must be 0..2^30, got " + std::to_string(rows));
-    if (hidden < 1 || hidden > (int64_t{1} << 24)) {
-      bad_argument("hidden must be 1..16777216, got " + std::to_string(hidden));
-    }
-    if (!std::isfinite(eps) || eps < 0.0f) bad_argument("eps must be finite and >= 0, got " + std::to_string(eps));
-    if (rows > 0) {
-      require(x, "x");
-      require(residual, "residual");
-      require(weight, "weight");
-      require(residual_out, "residual_out");
-      require(out, "out");
-    }
+    check_norm_arguments(rows, hidden, eps, {x, residual, weight, residual_out, out});
     const cuda::RegisteredBuffer* registered = registered_buffer(*state, registered_id);
     // x is read by peers (or staged) while the outputs are written: they must be separate memory.
     const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(hidden) * static_cast<size_t>(dtype_size(type));

@@ -81,9 +81,9 @@ int FusedRmsNorm::max_rows_per_launch(FusedAlgorithm algo, const FusedRmsNormSha
   return static_cast<int>(rows);
 }
 
-LaunchConfig FusedRmsNorm::residual_rmsnorm(const void* s, const void* residual, const void* weight, void* residual_out,
-                                            void* out, const FusedRmsNormShape& shape, cudaStream_t stream,
-                                            std::optional<LaunchConfig> grid) {
+LaunchConfig launch_residual_rmsnorm(const void* s, const void* residual, const void* weight, void* residual_out,
+                                     void* out, const FusedRmsNormShape& shape, cudaStream_t stream, bool programmatic,
+                                     std::optional<LaunchConfig> grid) {
   check_shape(shape);
   if (!aligned16(s) || !aligned16(residual) || !aligned16(weight) || !aligned16(residual_out) || !aligned16(out)) {
     throw std::invalid_argument("residual_rmsnorm: every buffer must be 16-byte aligned");
@@ -92,8 +92,7 @@ LaunchConfig FusedRmsNorm::residual_rmsnorm(const void* s, const void* residual,
   check_grid(g, false);
   if (shape.rows == 0) return g;
   FusedKernelArgs a{};
-  a.base.rank = comm_.rank();
-  a.base.world_size = comm_.world_size();
+  a.base.world_size = 1;
   a.s = s;
   a.residual = residual;
   a.weight = weight;
@@ -103,9 +102,16 @@ LaunchConfig FusedRmsNorm::residual_rmsnorm(const void* s, const void* residual,
   a.hidden = shape.hidden;
   a.eps = shape.eps;
   LaunchConfig launch_grid = g;
-  launch_grid.programmatic = comm_.programmatic_launch();
+  launch_grid.programmatic = programmatic;
   EXC_CUDA_CHECK(launch_fused(shape.dtype, FusedKernelKind::kResidualRmsNorm, a, launch_grid, stream));
   return g;
+}
+
+LaunchConfig FusedRmsNorm::residual_rmsnorm(const void* s, const void* residual, const void* weight, void* residual_out,
+                                            void* out, const FusedRmsNormShape& shape, cudaStream_t stream,
+                                            std::optional<LaunchConfig> grid) {
+  return launch_residual_rmsnorm(s, residual, weight, residual_out, out, shape, stream, comm_.programmatic_launch(),
+                                 grid);
 }
 
 FusedCallInfo FusedRmsNorm::run(const FusedRmsNormBuffers& b, const FusedRmsNormShape& shape, FusedAlgorithm algo,

@@ -61,6 +61,16 @@ struct FusedCallInfo {
   std::string allreduce;                             // unfused / nccl_split: the all-reduce that ran
 };
 
+// The canonical residual add + RMSNorm of rows, alone (no peers, no communicator): residual_out =
+// residual_add(s, residual), out = RMSNorm(residual_out), on the current device. What the split
+// paths run after their all-reduce, and what a single-GPU program runs to get the bits of the
+// tensor-parallel paths. s may be the same buffer as out. programmatic: launch with programmatic
+// dependent launch. Returns the grid it used. Throws std::invalid_argument on a bad shape, pointer
+// or grid, CudaError when the launch fails.
+LaunchConfig launch_residual_rmsnorm(const void* s, const void* residual, const void* weight, void* residual_out,
+                                     void* out, const FusedRmsNormShape& shape, cudaStream_t stream, bool programmatic,
+                                     std::optional<LaunchConfig> grid = {});
+
 class FusedRmsNorm {
  public:
   // table: auto's table (default FusedTable::from_environment()).
@@ -75,9 +85,8 @@ class FusedRmsNorm {
                     cudaStream_t stream, const RegisteredBuffer* registered_x = nullptr,
                     std::optional<LaunchConfig> grid = {});
 
-  // The separate residual + RMSNorm kernel of the split paths alone: residual_out =
-  // residual_add(s, residual), out = RMSNorm(residual_out). s may be the same buffer as out.
-  // Local (no peers). Returns the grid it used.
+  // The separate residual + RMSNorm kernel of the split paths alone (launch_residual_rmsnorm, with
+  // the communicator's launch mode). Local (no peers). Returns the grid it used.
   LaunchConfig residual_rmsnorm(const void* s, const void* residual, const void* weight, void* residual_out, void* out,
                                 const FusedRmsNormShape& shape, cudaStream_t stream,
                                 std::optional<LaunchConfig> grid = {});

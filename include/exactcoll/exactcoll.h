@@ -317,6 +317,15 @@ EXACTCOLL_API int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x
                                               int64_t hidden, float eps, int dtype, int algo, void* stream,
                                               int registered_id, exactcoll_call_info* info);
 
+/* The canonical residual add + RMSNorm alone, on one GPU (no communicator, no peers):
+ *   residual_out = round(float(x) + float(residual)),  out = RMSNorm(residual_out),
+ * with the fused ops' rounding and reduction tree, so a single-GPU program (or the norm after any
+ * all-reduce) gets the bits of the tensor-parallel paths: the same as the fused op on one rank.
+ * x [rows, hidden] may be the same buffer as out; shapes, alignment and eps as for
+ * exactcoll_fused_add_rmsnorm. Runs on stream's device (the current device for NULL). */
+EXACTCOLL_API int exactcoll_add_rmsnorm(const void* x, const void* residual, const void* weight, void* residual_out,
+                                        void* out, int64_t rows, int64_t hidden, float eps, int dtype, void* stream);
+
 /* Waits for stream, then reports (EXACTCOLL_ERROR_TIMEOUT, naming rank, block and peer) a kernel
  * wait that timed out since the last check; the communicator then refuses further IPC calls.
  * Not allowed while stream is being captured. */

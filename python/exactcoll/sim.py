@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _lib
 
-__all__ = ["all_reduce", "reduce_scatter", "all_gather", "fused_add_rms_norm"]
+__all__ = ["all_reduce", "reduce_scatter", "all_gather", "fused_add_rms_norm", "add_rms_norm"]
 
 _TORCH_TO_DTYPE = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
 
@@ -179,3 +179,14 @@ def fused_add_rms_norm(x, residual, weight, eps=1e-6, *, dtype=None, algo="auto"
         _pointer(residual_out), _pointer(out), ctypes.byref(sim_options), ctypes.byref(info)))
     del keep
     return xs.give_back(out), xs.give_back(residual_out)
+
+
+def add_rms_norm(x, residual, weight, eps=1e-6, *, dtype=None, **options):
+    """The canonical residual add + RMSNorm of one rank's x [..., H] (no all-reduce): returns (out,
+    residual_out), each [..., H]: the bits of exactcoll.torch.add_rms_norm and of the fused op on
+    one rank (which is what computes them here)."""
+    xs = _Array(x, dtype, "x")
+    if xs.bits.ndim < 1:
+        raise ValueError("x must have at least one dimension [..., H]")
+    out, residual_out = fused_add_rms_norm(xs.give_back(xs.bits[None]), residual, weight, eps, dtype=dtype, **options)
+    return out[0], residual_out[0]

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from . import _lib
 from ._store import Store
 
-__all__ = ["Communicator", "TorchStore"]
+__all__ = ["Communicator", "TorchStore", "add_rms_norm"]
 
 _DTYPE_CODES = {torch.bfloat16: _lib.DTYPES["bf16"], torch.float16: _lib.DTYPES["fp16"],
                 torch.float32: _lib.DTYPES["fp32"]}
@@ -135,8 +135,6 @@ class Communicator:
             return out
         if out is None:
             out = torch.empty_like(x)
-        elif out.shape != x.shape:
-            raise ValueError(f"out has shape {tuple(out.shape)}, x {tuple(x.shape)}")
         self._collective(_lib.lib.exactcoll_allreduce, x, out, algo, registered)
         return out
 
@@ -159,9 +157,7 @@ class Communicator:
             return out
         if out is None:
             out = x.new_empty(shape)
-        elif tuple(out.shape) != shape:
-            raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
-        self._collective(_lib.lib.exactcoll_reduce_scatter, x, out, algo, registered)
+        self._collective(_lib.lib.exactcoll_reduce_scatter, x, out, algo, registered, shape)
         return out
 
     def all_gather(self, x, *, out=None, algo="auto", registered=None):
@@ -175,9 +171,7 @@ class Communicator:
             return out
         if out is None:
             out = x.new_empty(shape)
-        elif tuple(out.shape) != shape:
-            raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
-        self._collective(_lib.lib.exactcoll_allgather, x, out, algo, registered)
+        self._collective(_lib.lib.exactcoll_allgather, x, out, algo, registered, shape)
         return out
 
     def fused_add_rms_norm(self, x, residual, weight, eps=1e-6, *, out=None, residual_out=None, algo="auto",
@@ -276,10 +270,6 @@ class Communicator:
         if dtype is not None and t.dtype != dtype:
             raise ValueError(f"{what} has dtype {t.dtype}, x {dtype}")
 
-    def _require_open(self):
-        if not self._handle:
-            raise ValueError("the communicator is closed")
-
     def _scattered_shape(self, x):
         if x.dim() == 0 or x.shape[0] % self.world_size != 0:
             raise ValueError(f"reduce_scatter splits x's first dimension over {self.world_size} ranks: got shape "
@@ -298,38 +288,149 @@ class Communicator:
             raise ValueError("registered must be a RegisteredBuffer of this communicator (Communicator.register)")
         return registered.index
 
-    def _collective(self, function, x, out, algo, registered):
-        self._require_open()
-        self._check_tensor(x, "x")
-        self._check_tensor(out, "out", x.dtype)
-        status = function(self._handle, x.data_ptr(), out.data_ptr(), x.numel(), _DTYPE_CODES[x.dtype],
-                          _lib.code(_lib.ALGOS, algo, "algo"), self._stream(), self._registered_index(registered),
-                          self._info_ref)
+    # The eager path is written for host time (python/examples/bench_overhead.py): one combined
+    # check per tensor on the fast path, and the explanation only when it fails.
+
+    def _collective(self, function, x, out, algo, registered, out_shape=None):
+        handle = self._handle
+        device = self.device
+        try:
+            dtype = x.dtype
+            ok = (x.get_device() == device and out.get_device() == device and out.dtype is dtype
+                  and x.is_contiguous() and out.is_contiguous()
+                  and (out.shape == x.shape if out_shape is None else tuple(out.shape) == out_shape))
+            dtype_code = _DTYPE_CODES[dtype]
+            algo_code = _lib.ALGOS[algo]
+        except (AttributeError, KeyError, TypeError):
+            ok = False
+        if not ok or not handle:
+            self._explain((x, "x", None), (out, "out", out_shape if out_shape is not None else x.shape), algo=algo,
+                          algos=_lib.ALGOS)
+        status = function(handle, x.data_ptr(), out.data_ptr(), x.numel(), dtype_code, algo_code,
+                          _CURRENT_STREAM(device) if _CURRENT_STREAM else self._stream(),
+                          -1 if registered is None else self._registered_index(registered), self._info_ref)
         self._last_fused = False
         if status:
             _lib.check(status)
 
     def _fused(self, x, residual, weight, out, residual_out, eps, algo, registered):
-        self._require_open()
-        self._check_tensor(x, "x")
-        for t, what in ((residual, "residual"), (out, "out"), (residual_out, "residual_out")):
-            self._check_tensor(t, what, x.dtype)
-            if t.shape != x.shape:
-                raise ValueError(f"{what} has shape {tuple(t.shape)}, x {tuple(x.shape)}")
-        self._check_tensor(weight, "weight", x.dtype)
-        if x.dim() == 0 or weight.shape != (x.shape[-1],):
-            raise ValueError(f"weight must have shape (H,) = ({x.shape[-1] if x.dim() else '?'},), got "
-                             f"{tuple(weight.shape)}")
-        hidden = x.shape[-1]
-        rows = x.numel() // hidden if hidden else 0
+        handle = self._handle
+        device = self.device
+        try:
+            dtype, shape = x.dtype, x.shape
+            hidden = shape[-1]
+            ok = (x.get_device() == device and residual.get_device() == device and weight.get_device() == device
+                  and out.get_device() == device and residual_out.get_device() == device
+                  and residual.dtype is dtype and weight.dtype is dtype and out.dtype is dtype
+                  and residual_out.dtype is dtype
+                  and x.is_contiguous() and residual.is_contiguous() and weight.is_contiguous()
+                  and out.is_contiguous() and residual_out.is_contiguous()
+                  and residual.shape == shape and out.shape == shape and residual_out.shape == shape
+                  and weight.shape == (hidden,))
+            dtype_code = _DTYPE_CODES[dtype]
+            algo_code = _lib.FUSED_ALGOS[algo]
+        except (AttributeError, KeyError, TypeError, IndexError):
+            ok = False
+        if not ok or not handle:
+            size = tuple(x.shape) if isinstance(x, torch.Tensor) else None
+            hidden_size = (size[-1],) if size else None
+            self._explain((x, "x", None), (residual, "residual", size), (weight, "weight", hidden_size),
+                          (out, "out", size), (residual_out, "residual_out", size), algo=algo,
+                          algos=_lib.FUSED_ALGOS)
         status = _lib.lib.exactcoll_fused_add_rmsnorm(
-            self._handle, x.data_ptr(), residual.data_ptr(), weight.data_ptr(), residual_out.data_ptr(),
-            out.data_ptr(), rows, hidden, float(eps), _DTYPE_CODES[x.dtype],
-            _lib.code(_lib.FUSED_ALGOS, algo, "algo"), self._stream(), self._registered_index(registered),
-            self._info_ref)
+            handle, x.data_ptr(), residual.data_ptr(), weight.data_ptr(), residual_out.data_ptr(), out.data_ptr(),
+            x.numel() // hidden if hidden else 0, hidden, eps, dtype_code, algo_code,
+            _CURRENT_STREAM(device) if _CURRENT_STREAM else self._stream(),
+            -1 if registered is None else self._registered_index(registered), self._info_ref)
         self._last_fused = True
         if status:
             _lib.check(status)
+
+    def _explain(self, *tensors, algo, algos):
+        """Raises the ValueError that says what is wrong with the arguments (the slow path)."""
+        if not self._handle:
+            raise ValueError("the communicator is closed")
+        dtype = None
+        for t, what, shape in tensors:
+            self._check_tensor(t, what, dtype)
+            if dtype is None:
+                dtype = t.dtype
+            if shape is not None and tuple(t.shape) != tuple(shape):
+                raise ValueError(f"{what} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+        if tensors[0][0].dim() == 0:
+            raise ValueError("x must have at least one dimension")
+        _lib.code(algos, algo, "algo")
+        raise ValueError("invalid arguments")  # not reached: one of the checks above names the problem
+
+
+def add_rms_norm(x, residual, weight, eps=1e-6, *, out=None, residual_out=None):
+    """The canonical residual add + RMSNorm on one GPU, no communicator: returns (out, residual_out)
+    with residual_out = round(x + residual) and out = RMSNorm(residual_out) * weight, the bits of
+    the fused op on one rank (and of exactcoll.sim.add_rms_norm). x, residual [..., H], weight [H]:
+    contiguous CUDA tensors of one dtype on one device; runs on that device's current stream."""
+    if _is_compiling():
+        if out is None and residual_out is None:
+            return torch.ops.exactcoll.add_rms_norm(x, residual, weight, float(eps))
+        out = torch.empty_like(x) if out is None else out
+        residual_out = torch.empty_like(x) if residual_out is None else residual_out
+        torch.ops.exactcoll.add_rms_norm_out(x, residual, weight, out, residual_out, float(eps))
+        return out, residual_out
+    if out is None:
+        out = torch.empty_like(x)
+    if residual_out is None:
+        residual_out = torch.empty_like(x)
+    _add_rms_norm(x, residual, weight, out, residual_out, eps)
+    return out, residual_out
+
+
+def _add_rms_norm(x, residual, weight, out, residual_out, eps):
+    try:
+        dtype, shape, device = x.dtype, x.shape, x.get_device()
+        hidden = shape[-1]
+        ok = (device >= 0 and residual.get_device() == device and weight.get_device() == device
+              and out.get_device() == device and residual_out.get_device() == device
+              and residual.dtype is dtype and weight.dtype is dtype and out.dtype is dtype
+              and residual_out.dtype is dtype and x.is_contiguous() and residual.is_contiguous()
+              and weight.is_contiguous() and out.is_contiguous() and residual_out.is_contiguous()
+              and residual.shape == shape and out.shape == shape and residual_out.shape == shape
+              and weight.shape == (hidden,))
+        dtype_code = _DTYPE_CODES[dtype]
+    except (AttributeError, KeyError, TypeError, IndexError):
+        ok = False
+    if not ok:
+        _explain_local((x, "x"), (residual, "residual"), (weight, "weight"), (out, "out"),
+                       (residual_out, "residual_out"))
+    status = _lib.lib.exactcoll_add_rmsnorm(
+        x.data_ptr(), residual.data_ptr(), weight.data_ptr(), residual_out.data_ptr(), out.data_ptr(),
+        x.numel() // hidden if hidden else 0, hidden, eps, dtype_code,
+        _CURRENT_STREAM(device) if _CURRENT_STREAM else torch.cuda.current_stream(device).cuda_stream)
+    if status:
+        _lib.check(status)
+
+
+def _explain_local(*tensors):
+    """Raises the ValueError that says what is wrong with add_rms_norm's tensors (the slow path)."""
+    x = tensors[0][0]
+    for t, what in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_cuda:
+            raise ValueError(f"{what} is on {t.device}: add_rms_norm runs on CUDA tensors")
+        if t.device != x.device:
+            raise ValueError(f"{what} is on {t.device}, x on {x.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{what} must be contiguous")
+        if t.dtype not in _DTYPE_CODES:
+            raise ValueError(f"{what} has dtype {t.dtype}; expected torch.bfloat16, torch.float16 or torch.float32")
+        if t.dtype != x.dtype:
+            raise ValueError(f"{what} has dtype {t.dtype}, x {x.dtype}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension")
+    for t, what in tensors[1:]:
+        want = (x.shape[-1],) if what == "weight" else tuple(x.shape)
+        if tuple(t.shape) != want:
+            raise ValueError(f"{what} must have shape {want}, got {tuple(t.shape)}")
+    raise ValueError("invalid arguments")  # not reached
 
 
 class RegisteredBuffer:
@@ -381,8 +482,9 @@ def _define_ops():
     @lib.custom_op("exactcoll::reduce_scatter", mutates_args=())
     def reduce_scatter(x: torch.Tensor, comm: int, algo: str) -> torch.Tensor:
         c = _comm(comm)
-        out = x.new_empty(c._scattered_shape(x))
-        c._collective(_lib.lib.exactcoll_reduce_scatter, x, out, algo, None)
+        shape = c._scattered_shape(x)
+        out = x.new_empty(shape)
+        c._collective(_lib.lib.exactcoll_reduce_scatter, x, out, algo, None, shape)
         return out
 
     @reduce_scatter.register_fake
@@ -391,7 +493,8 @@ def _define_ops():
 
     @lib.custom_op("exactcoll::reduce_scatter_out", mutates_args=("out",))
     def reduce_scatter_out(x: torch.Tensor, out: torch.Tensor, comm: int, algo: str) -> None:
-        _comm(comm)._collective(_lib.lib.exactcoll_reduce_scatter, x, out, algo, None)
+        c = _comm(comm)
+        c._collective(_lib.lib.exactcoll_reduce_scatter, x, out, algo, None, c._scattered_shape(x))
 
     @reduce_scatter_out.register_fake
     def _(x, out, comm, algo):
@@ -400,8 +503,9 @@ def _define_ops():
     @lib.custom_op("exactcoll::all_gather", mutates_args=())
     def all_gather(x: torch.Tensor, comm: int, algo: str) -> torch.Tensor:
         c = _comm(comm)
-        out = x.new_empty(c._gathered_shape(x))
-        c._collective(_lib.lib.exactcoll_allgather, x, out, algo, None)
+        shape = c._gathered_shape(x)
+        out = x.new_empty(shape)
+        c._collective(_lib.lib.exactcoll_allgather, x, out, algo, None, shape)
         return out
 
     @all_gather.register_fake
@@ -410,7 +514,8 @@ def _define_ops():
 
     @lib.custom_op("exactcoll::all_gather_out", mutates_args=("out",))
     def all_gather_out(x: torch.Tensor, out: torch.Tensor, comm: int, algo: str) -> None:
-        _comm(comm)._collective(_lib.lib.exactcoll_allgather, x, out, algo, None)
+        c = _comm(comm)
+        c._collective(_lib.lib.exactcoll_allgather, x, out, algo, None, c._gathered_shape(x))
 
     @all_gather_out.register_fake
     def _(x, out, comm, algo):
@@ -434,6 +539,26 @@ def _define_ops():
 
     @fused_add_rms_norm_out.register_fake
     def _(x, residual, weight, out, residual_out, eps, comm, algo):
+        return None
+
+    @lib.custom_op("exactcoll::add_rms_norm", mutates_args=())
+    def add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        out, residual_out = torch.empty_like(x), torch.empty_like(x)
+        _add_rms_norm(x, residual, weight, out, residual_out, eps)
+        return out, residual_out
+
+    @add_rms_norm_op.register_fake
+    def _(x, residual, weight, eps):
+        return torch.empty_like(x), torch.empty_like(x)
+
+    @lib.custom_op("exactcoll::add_rms_norm_out", mutates_args=("out", "residual_out"))
+    def add_rms_norm_out(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
+                         residual_out: torch.Tensor, eps: float) -> None:
+        _add_rms_norm(x, residual, weight, out, residual_out, eps)
+
+    @add_rms_norm_out.register_fake
+    def _(x, residual, weight, out, residual_out, eps):
         return None
 
 

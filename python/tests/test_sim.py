@@ -153,6 +153,17 @@ class Fused(unittest.TestCase):
         canonical = xs.fused_add_rms_norm(x, residual, weight, dtype="bf16")
         assert_bits_equal(self, rotated[0], canonical[0], "rotated_two_shot, 2 ranks")
 
+    def test_add_rms_norm_is_the_fused_op_on_one_rank(self):
+        rng = np.random.default_rng(SEED + 14)
+        for fmt in DTYPES:
+            x = ref.adversarial(rng, (5, 64), fmt)
+            residual = ref.adversarial(rng, (5, 64), fmt)
+            weight = ref.narrow(rng.standard_normal(64).astype(np.float32), fmt)
+            out, ro = xs.add_rms_norm(x, residual, weight, 1e-6, dtype=None if fmt == "fp32" else fmt)
+            want_out, want_ro = ref.fused_add_rms_norm(x[None], residual, weight, 1e-6, fmt)
+            assert_bits_equal(self, ro, want_ro, f"{fmt} add_rms_norm residual_out")
+            assert_bits_equal(self, out, want_out, f"{fmt} add_rms_norm out")
+
     def test_batch_invariance(self):
         # A row's bits do not depend on the rows around it: alone, or among 7, 64 or 256.
         rng = np.random.default_rng(SEED + 13)

@@ -448,5 +448,21 @@ TEST(CApiGpu, CommunicatorCallsFailCleanlyWithoutAGpu) {
   EXPECT_EQ(exactcoll_store_destroy(store), EXACTCOLL_OK);
 }
 
+TEST(CApiGpu, AddRmsNormChecksItsArgumentsFirst) {
+  std::vector<uint16_t> buf(64);
+  void* p = buf.data();
+  const int inv = EXACTCOLL_ERROR_INVALID_ARGUMENT;
+  const int unavailable = EXACTCOLL_ERROR_UNAVAILABLE;
+  const bool cuda = exactcoll_has_cuda();
+  expect_error(exactcoll_add_rmsnorm(p, p, p, p, p, 1, 8, NAN, EXACTCOLL_BF16, nullptr), cuda ? inv : unavailable,
+               cuda ? "eps must be finite" : "built without CUDA");
+  expect_error(exactcoll_add_rmsnorm(p, nullptr, p, p, p, 1, 8, 1e-6f, EXACTCOLL_BF16, nullptr), cuda ? inv : unavailable,
+               cuda ? "residual is NULL" : "built without CUDA");
+  expect_error(exactcoll_add_rmsnorm(p, p, p, p, p, 1, 8, 1e-6f, 5, nullptr), cuda ? inv : unavailable,
+               cuda ? "dtype 5 is none of" : "built without CUDA");
+  expect_error(exactcoll_add_rmsnorm(p, p, p, p, p, -1, 8, 1e-6f, EXACTCOLL_BF16, nullptr), cuda ? inv : unavailable,
+               cuda ? "rows must be 0.." : "built without CUDA");
+}
+
 }  // namespace
 }  // namespace exactcoll
