@@ -21,7 +21,8 @@
 //                              one_stage_reg, the weight loaded between the pushes and the
 //                              barrier; other grids take core's fused_rmsnorm_push_one_stage.
 //   residual_rmsnorm_rows      the split path's separate residual + RMSNorm kernel (after any
-//                              all-reduce into s): one launch, no peers, no barrier.
+//                              all-reduce into s; also exactcoll_add_rmsnorm): one launch, no
+//                              peers, no barrier; rows in registers where threads == lanes.
 //   stage_fused_input          copies this rank's x into its staging buffer: exactly the rows that
 //                              block b of every rank reads from it, so that block b's first
 //                              barrier publishes them (barriers pair equal block indices only).
@@ -424,18 +425,73 @@ EXC_HD void fused_rmsnorm_gather_norm(Ctx& ctx, const FusedRmsNormArgs<T>& args)
   store_barrier_count(ctx, barriers);
 }
 
-// The split path's second kernel: for each of this block's rows (rows b, b + num_blocks, ...),
-//   1. residual_out = residual_add(s, residual), threads striding over packs;
-//   2. sync_block; 3. out = the canonical RMSNorm of residual_out (normalize_row).
-// s is the all-reduce's output [rows, H]; it may be the same buffer as out (each row of s is read
-// in step 1 before the same block writes that row of out in step 3). All pointers 16-byte
-// aligned, H a positive multiple of the pack. No peers, no barrier: any grid gives the same bits.
+// residual_rmsnorm_rows on the register path, kHeld packs a thread (threads == lanes): this
+// thread's weight packs once per block; for each of the block's rows (b, b + num_blocks, ...),
+// residual_out = residual_add(s, residual) for this thread's packs, held in registers and stored,
+// then normalize_held_row (the lane partial from the registers, one block sync). The next row's s
+// and residual are loaded before this row is normalized, so their latency hides behind the
+// reduction. One pass over memory: s, residual and weight read once, residual_out and out written
+// once. s may be out: a thread reads its packs of a row before it writes them.
+template <class T, int kHeld, class Ctx>
+EXC_HD void residual_rmsnorm_held(Ctx& ctx, const contract::RmsNormTree& tree, const T* s, const T* residual,
+                                  const T* weight, T* residual_out, T* out, int rows, float eps) {
+  constexpr int P = Storage<T>::kPack;
+  const size_t H = static_cast<size_t>(tree.hidden);
+  const int t = ctx.thread(), nt = ctx.num_threads();
+  Pack<T> w[kHeld];
+  load_weight_packs<T, kHeld>(ctx, tree, weight, w);
+  Pack<T> next_s[kHeld] = {}, next_r[kHeld] = {};  // set by fetch for the packs this thread owns
+  auto fetch = [&](int row) {
+    EXC_FUSED_UNROLL
+    for (int k = 0; k < kHeld; ++k) {
+      const int p = t + k * nt;
+      if (p < tree.num_packs) {
+        const size_t j = static_cast<size_t>(row) * H + static_cast<size_t>(p) * P;
+        next_s[k] = ctx.load(reinterpret_cast<const Pack<T>*>(s + j));
+        next_r[k] = ctx.load(reinterpret_cast<const Pack<T>*>(residual + j));
+      }
+    }
+  };
+  if (ctx.block() < rows) fetch(ctx.block());
+  for (int row = ctx.block(); row < rows; row += ctx.num_blocks()) {
+    const size_t base = static_cast<size_t>(row) * H;
+    Pack<T> ro[kHeld];
+    EXC_FUSED_UNROLL
+    for (int k = 0; k < kHeld; ++k) {
+      if (t + k * nt < tree.num_packs) {
+        for (int e = 0; e < P; ++e) ro[k].v[e] = contract::residual_add<T>(next_s[k].v[e], next_r[k].v[e]);
+      }
+    }
+    if (row + ctx.num_blocks() < rows) fetch(row + ctx.num_blocks());
+    EXC_FUSED_UNROLL
+    for (int k = 0; k < kHeld; ++k) {
+      const int p = t + k * nt;
+      if (p < tree.num_packs) {
+        ctx.store(reinterpret_cast<Pack<T>*>(residual_out + base + static_cast<size_t>(p) * P), ro[k]);
+      }
+    }
+    normalize_held_row<T, kHeld>(ctx, tree, ro, w, eps, out + base);
+  }
+}
+
+// The split path's second kernel (and exactcoll_add_rmsnorm): for each of this block's rows
+// (rows b, b + num_blocks, ...) residual_out = residual_add(s, residual) and out = the canonical
+// RMSNorm of residual_out. On the register path (the Ctx has sum_lane_partials, threads == lanes,
+// at most 2 packs a thread) residual_rmsnorm_held; otherwise, per row: 1. residual_out, threads
+// striding over packs; 2. sync_block; 3. normalize_row. s is the all-reduce's output [rows, H]; it
+// may be the same buffer as out (each row of s is read before the same block writes that row of
+// out). All pointers 16-byte aligned, H a positive multiple of the pack. No peers, no barrier:
+// any grid gives the same bits.
 template <class T, class Ctx>
 EXC_HD void residual_rmsnorm_rows(Ctx& ctx, const T* s, const T* residual, const T* weight, T* residual_out, T* out,
                                   int rows, int hidden, float eps) {
   constexpr int P = Storage<T>::kPack;
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(hidden, &tree);
+  const bool held = run_register_path(ctx, tree, [&](auto packs) {
+    residual_rmsnorm_held<T, decltype(packs)::value>(ctx, tree, s, residual, weight, residual_out, out, rows, eps);
+  });
+  if (held) return;
   const size_t H = static_cast<size_t>(hidden);
   for (int row = ctx.block(); row < rows; row += ctx.num_blocks()) {
     const size_t base = static_cast<size_t>(row) * H;

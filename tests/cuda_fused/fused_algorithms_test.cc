@@ -329,6 +329,46 @@ TYPED_TEST(FusedAlgorithmsTest, ResidualRmsNormRowsMatchTheContract) {
   }
 }
 
+// The split path's kernel on the register path (threads == the tree's lanes, the RegCtx's
+// sum_lane_partials): rows held in registers, the next row's loads before this row's reduction,
+// several rows a block (fewer blocks than rows), s aliasing out; 1 and 2 packs a thread, and 4
+// (beyond the register path: the memory path) at 1024 threads.
+TYPED_TEST(FusedAlgorithmsTest, ResidualRmsNormRegisterPathMatchesTheContract) {
+  using T = TypeParam;
+  constexpr int P = Storage<T>::kPack;
+  uint64_t seed = 3001;
+  auto check = [&](int rows, int hidden, int blocks, int threads) {
+    const Problem<T> p(2, rows, hidden, ++seed, true);
+    const size_t count = p.count();
+    ThreadWorld<T> world(1, blocks, threads, 16, 16, 16);
+    AlignedBuffer<T> residual(count), weight(hidden), ro(count), out(count);
+    for (size_t i = 0; i < count; ++i) out.data()[i] = contract::fold<T>(2, [&](int r) { return p.x[r * count + i]; });
+    std::memcpy(residual.data(), p.residual.data(), count * sizeof(T));
+    std::memcpy(weight.data(), p.weight.data(), hidden * sizeof(T));
+    poison(ro.data(), count);
+    std::vector<std::vector<float>> shared(static_cast<size_t>(blocks), std::vector<float>(2 * contract::kMaxLanes));
+    using Ctx = typename ThreadWorld<T>::Ctx;
+    world.run([&](Ctx& base_ctx) {
+      RegCtx<T> ctx;
+      static_cast<Ctx&>(ctx) = base_ctx;
+      ctx.shared = shared[static_cast<size_t>(base_ctx.block())].data();
+      residual_rmsnorm_rows<T>(ctx, out.data(), residual.data(), weight.data(), ro.data(), out.data(), rows, hidden,
+                               p.eps);
+    });
+    std::vector<T> want_ro, want_out;
+    p.expected(&want_ro, &want_out);
+    EXPECT_EQ(differing(ro.data(), want_ro), 0u) << "rows " << rows << " H " << hidden << " blocks " << blocks;
+    EXPECT_EQ(differing(out.data(), want_out), 0u) << "rows " << rows << " H " << hidden << " blocks " << blocks;
+  };
+  for (int rows : {1, 2, 5, 9}) {
+    for (int hidden : {5 * P, 32 * P, 40 * P, 70 * P}) {
+      const int lanes = 32 * ((hidden / P + 31) / 32);
+      for (int blocks : {1, 2, 3}) check(rows, hidden, blocks, lanes);
+    }
+  }
+  for (int packs : {1500, 2056}) check(3, packs * P, 2, 1024);  // 2 packs a thread; 4 (the memory path)
+}
+
 // The register path (threads == the tree's lanes): one_stage_reg and gather_norm hold each row in
 // registers and take the lane partials from them. Lanes 32 and 64 (one and two groups), and rows
 // that hold 2 packs a thread and 4 (beyond the register path: the memory path), 1024 threads a block, in a few

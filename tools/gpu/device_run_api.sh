@@ -7,6 +7,10 @@
 #          torchrun starts the ranks, all on GPU 0 unless the machine has more.
 #   bench  host time per call and graph time per op: the C API (api_host_bench), the Python layer
 #          (python/examples/bench_overhead.py), and `exactcoll bench --nproc 1` for reference.
+#   norm   the canonical residual + RMSNorm kernel: `verify --nproc 1` (bits, fused included), the
+#          CLI's norm column (and .gpubin/exactcoll_gpu_old's, when carried: the kernel before a
+#          change), python/examples/bench_norm.py (beside torch eager and torch.compile, the traffic
+#          bound, every bit against exactcoll.sim), and an ncu profile at 4096 x 8192 bf16.
 # Build first (here):
 #   bazel build //python:wheel //examples/c:gpu_allreduce //tools/api_bench:api_host_bench //tools/gpu:exactcoll_gpu
 #   mkdir -p .gpubin && cp -f bazel-bin/python/exactcoll-*.whl bazel-bin/examples/c/gpu_allreduce \
@@ -64,6 +68,32 @@ if has bench; then
   grep -v "^\[" "$OUT/bench_overhead.log" | tail -6
   run cli_bench_fused 40 .gpubin/exactcoll_gpu bench --nproc 1 --op fused_rmsnorm --hidden 8192 --rows 1,256
   tail -25 "$OUT/cli_bench_fused.log"
+fi
+if has norm; then
+  run verify_1 120 .gpubin/exactcoll_gpu verify --nproc 1
+  grep -E "^verify|differ|MISMATCH" "$OUT/verify_1.log" | tail -4
+  NORM_SHAPES="--hidden 4096,8192 --rows 1,16,256,1024,4096"
+  if [ -x .gpubin/exactcoll_gpu_old ]; then
+    run norm_cli_old 60 .gpubin/exactcoll_gpu_old bench --nproc 1 --op fused_rmsnorm --algos norm $NORM_SHAPES
+    grep -E "^ *[0-9]+ +[0-9]+ " "$OUT/norm_cli_old.log" | head -12
+  fi
+  run norm_cli 60 .gpubin/exactcoll_gpu bench --nproc 1 --op fused_rmsnorm --algos norm $NORM_SHAPES
+  grep -E "^ *[0-9]+ +[0-9]+ " "$OUT/norm_cli.log" | head -12
+  EXACTCOLL_NORM_GRID=rows run norm_cli_rows 60 .gpubin/exactcoll_gpu bench --nproc 1 --op fused_rmsnorm --algos norm \
+    $NORM_SHAPES
+  grep -E "^ *[0-9]+ +[0-9]+ " "$OUT/norm_cli_rows.log" | head -12
+  run bench_norm 420 python3 python/examples/bench_norm.py --json "$OUT/bench_norm.json"
+  sed -n '/^dtype/,$p' "$OUT/bench_norm.log"
+  if command -v ncu >/dev/null; then
+    run ncu_norm 120 ncu --clock-control none --kernel-name regex:fused_kernel --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section SchedulerStats python3 -c "
+import torch, exactcoll.torch as xt
+x = torch.randn(4096, 8192, device='cuda').to(torch.bfloat16); r = torch.randn_like(x); w = torch.ones(8192, device='cuda', dtype=x.dtype)
+for _ in range(5): xt.add_rms_norm(x, r, w)
+torch.cuda.synchronize()"
+    grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Theoretical Occupancy|One or More|No Eligible|Stall" "$OUT/ncu_norm.log" | head -30
+  fi
 fi
 echo "== summary"
 printf '%s\n' "${summary[@]}"
