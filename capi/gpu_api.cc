@@ -271,17 +271,14 @@ void check_norm_arguments(int64_t rows, int64_t hidden, float eps, std::initiali
 extern "C" {
 
 int exactcoll_add_rmsnorm(const void* x, const void* residual, const void* weight, void* residual_out, void* out,
-                          int64_t rows, int64_t hidden, float eps, int dtype, void* stream) {
+                          int64_t rows, int64_t hidden, float eps, int dtype, int device, void* stream) {
   return guarded("exactcoll_add_rmsnorm", [&] {
     const DType type = to_dtype(dtype);
     check_norm_arguments(rows, hidden, eps, {x, residual, weight, residual_out, out});
+    if (device < -1) bad_argument("device must be -1 (the current one) or a device index, got " + std::to_string(device));
     translating(nullptr, EXACTCOLL_ERROR_CUDA, [&] {
-      int device = -1;
-      if (stream != nullptr) {
-        EXC_CUDA_CHECK(cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &device));
-      } else {
-        EXC_CUDA_CHECK(cudaGetDevice(&device));
-      }
+      // Not from the stream (cudaStreamGetDevice is refused while the stream is being captured).
+      if (device == -1) EXC_CUDA_CHECK(cudaGetDevice(&device));
       DeviceScope scope(device);
       cuda::fused::launch_residual_rmsnorm(x, residual, weight, residual_out, out,
                                            cuda::fused::FusedRmsNormShape{static_cast<int>(rows),

@@ -432,6 +432,18 @@ EXC_HD void fused_rmsnorm_gather_norm(Ctx& ctx, const FusedRmsNormArgs<T>& args)
 // and residual are loaded before this row is normalized, so their latency hides behind the
 // reduction. One pass over memory: s, residual and weight read once, residual_out and out written
 // once. s may be out: a thread reads its packs of a row before it writes them.
+// This thread's packs (t + k * nt, k < kHeld) of one row of src into held: the loads of the
+// register path, issued together.
+template <class T, int kHeld, class Ctx>
+EXC_HD void load_row_packs(Ctx& ctx, const contract::RmsNormTree& tree, const T* src_row, Pack<T> (&held)[kHeld]) {
+  constexpr int P = Storage<T>::kPack;
+  EXC_FUSED_UNROLL
+  for (int k = 0; k < kHeld; ++k) {
+    const int p = ctx.thread() + k * ctx.num_threads();
+    if (p < tree.num_packs) held[k] = ctx.load(reinterpret_cast<const Pack<T>*>(src_row + static_cast<size_t>(p) * P));
+  }
+}
+
 template <class T, int kHeld, class Ctx>
 EXC_HD void residual_rmsnorm_held(Ctx& ctx, const contract::RmsNormTree& tree, const T* s, const T* residual,
                                   const T* weight, T* residual_out, T* out, int rows, float eps) {
@@ -440,20 +452,13 @@ EXC_HD void residual_rmsnorm_held(Ctx& ctx, const contract::RmsNormTree& tree, c
   const int t = ctx.thread(), nt = ctx.num_threads();
   Pack<T> w[kHeld];
   load_weight_packs<T, kHeld>(ctx, tree, weight, w);
-  Pack<T> next_s[kHeld] = {}, next_r[kHeld] = {};  // set by fetch for the packs this thread owns
-  auto fetch = [&](int row) {
-    EXC_FUSED_UNROLL
-    for (int k = 0; k < kHeld; ++k) {
-      const int p = t + k * nt;
-      if (p < tree.num_packs) {
-        const size_t j = static_cast<size_t>(row) * H + static_cast<size_t>(p) * P;
-        next_s[k] = ctx.load(reinterpret_cast<const Pack<T>*>(s + j));
-        next_r[k] = ctx.load(reinterpret_cast<const Pack<T>*>(residual + j));
-      }
-    }
-  };
-  if (ctx.block() < rows) fetch(ctx.block());
-  for (int row = ctx.block(); row < rows; row += ctx.num_blocks()) {
+  Pack<T> next_s[kHeld] = {}, next_r[kHeld] = {};  // loaded for the packs this thread owns
+  int row = ctx.block();
+  if (row < rows) {
+    load_row_packs<T, kHeld>(ctx, tree, s + static_cast<size_t>(row) * H, next_s);
+    load_row_packs<T, kHeld>(ctx, tree, residual + static_cast<size_t>(row) * H, next_r);
+  }
+  for (; row < rows; row += ctx.num_blocks()) {
     const size_t base = static_cast<size_t>(row) * H;
     Pack<T> ro[kHeld];
     EXC_FUSED_UNROLL
@@ -462,7 +467,11 @@ EXC_HD void residual_rmsnorm_held(Ctx& ctx, const contract::RmsNormTree& tree, c
         for (int e = 0; e < P; ++e) ro[k].v[e] = contract::residual_add<T>(next_s[k].v[e], next_r[k].v[e]);
       }
     }
-    if (row + ctx.num_blocks() < rows) fetch(row + ctx.num_blocks());
+    const int following = row + ctx.num_blocks();
+    if (following < rows) {
+      load_row_packs<T, kHeld>(ctx, tree, s + static_cast<size_t>(following) * H, next_s);
+      load_row_packs<T, kHeld>(ctx, tree, residual + static_cast<size_t>(following) * H, next_r);
+    }
     EXC_FUSED_UNROLL
     for (int k = 0; k < kHeld; ++k) {
       const int p = t + k * nt;
@@ -474,25 +483,13 @@ EXC_HD void residual_rmsnorm_held(Ctx& ctx, const contract::RmsNormTree& tree, c
   }
 }
 
-// The split path's second kernel (and exactcoll_add_rmsnorm): for each of this block's rows
-// (rows b, b + num_blocks, ...) residual_out = residual_add(s, residual) and out = the canonical
-// RMSNorm of residual_out. On the register path (the Ctx has sum_lane_partials, threads == lanes,
-// at most 2 packs a thread) residual_rmsnorm_held; otherwise, per row: 1. residual_out, threads
-// striding over packs; 2. sync_block; 3. normalize_row. s is the all-reduce's output [rows, H]; it
-// may be the same buffer as out (each row of s is read before the same block writes that row of
-// out). All pointers 16-byte aligned, H a positive multiple of the pack. No peers, no barrier:
-// any grid gives the same bits.
+// residual_rmsnorm_rows's memory path: per row, 1. residual_out, threads striding over packs;
+// 2. sync_block; 3. normalize_row (which reads residual_out back).
 template <class T, class Ctx>
-EXC_HD void residual_rmsnorm_rows(Ctx& ctx, const T* s, const T* residual, const T* weight, T* residual_out, T* out,
-                                  int rows, int hidden, float eps) {
+EXC_HD void residual_rmsnorm_memory(Ctx& ctx, const contract::RmsNormTree& tree, const T* s, const T* residual,
+                                    const T* weight, T* residual_out, T* out, int rows, float eps) {
   constexpr int P = Storage<T>::kPack;
-  contract::RmsNormTree tree;
-  contract::make_rmsnorm_tree<T>(hidden, &tree);
-  const bool held = run_register_path(ctx, tree, [&](auto packs) {
-    residual_rmsnorm_held<T, decltype(packs)::value>(ctx, tree, s, residual, weight, residual_out, out, rows, eps);
-  });
-  if (held) return;
-  const size_t H = static_cast<size_t>(hidden);
+  const size_t H = static_cast<size_t>(tree.hidden);
   for (int row = ctx.block(); row < rows; row += ctx.num_blocks()) {
     const size_t base = static_cast<size_t>(row) * H;
     for (int p = ctx.thread(); p < tree.num_packs; p += ctx.num_threads()) {
@@ -506,6 +503,33 @@ EXC_HD void residual_rmsnorm_rows(Ctx& ctx, const T* s, const T* residual, const
     ctx.sync_block();
     normalize_row<T>(ctx, tree, residual_out + base, weight, eps, out + base);
   }
+}
+
+// The split path's second kernel (and exactcoll_add_rmsnorm): for each of this block's rows
+// (rows b, b + num_blocks, ...) residual_out = residual_add(s, residual) and out = the canonical
+// RMSNorm of residual_out. On the register path (the Ctx has sum_lane_partials, threads == lanes,
+// at most 2 packs a thread) residual_rmsnorm_held; otherwise residual_rmsnorm_memory. s is the
+// all-reduce's output [rows, H]; it
+// may be the same buffer as out (each row of s is read before the same block writes that row of
+// out). All pointers 16-byte aligned, H a positive multiple of the pack. No peers, no barrier:
+// any grid gives the same bits.
+template <class T, class Ctx>
+EXC_HD void residual_rmsnorm_rows(Ctx& ctx, const T* s, const T* residual, const T* weight, T* residual_out, T* out,
+                                  int rows, int hidden, float eps) {
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(hidden, &tree);
+  const bool held = run_register_path(ctx, tree, [&](auto packs) {
+    residual_rmsnorm_held<T, decltype(packs)::value>(ctx, tree, s, residual, weight, residual_out, out, rows, eps);
+  });
+  if (!held) residual_rmsnorm_memory<T>(ctx, tree, s, residual, weight, residual_out, out, rows, eps);
+}
+
+// Packs a thread holds on residual_rmsnorm_rows's register path for this grid and tree (1 or 2),
+// or 0 when the memory path serves it. The kernels instantiate one path each, chosen with this on
+// the host, so that each is compiled with only the registers its own path needs.
+EXC_HD inline int residual_rmsnorm_held_packs(int threads, const contract::RmsNormTree& tree) {
+  if (threads != tree.lanes || tree.num_packs > 2 * tree.lanes) return 0;
+  return register_packs(tree);
 }
 
 // Which fused kernel a launch runs (the staging below depends on which rows each block reads).

@@ -8,6 +8,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
 #include "core/fused_rmsnorm.h"
 #include "cuda_backend/device_ctx.cuh"
 #include "cuda_backend/fused/fused_algorithms.h"
@@ -71,11 +75,7 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
   // No __syncthreads here: every kind with waits starts with a barrier whose first step is
   // sync_block, which orders this store before any wait reads it.
   FusedDeviceCtx<T, kRanks> ctx(args.base, &aborted);
-  if constexpr (kKind == FusedKernelKind::kResidualRmsNorm) {
-    fused_gpu::residual_rmsnorm_rows<T>(ctx, static_cast<const T*>(args.s), static_cast<const T*>(args.residual),
-                                        static_cast<const T*>(args.weight), static_cast<T*>(args.residual_out),
-                                        static_cast<T*>(args.out), args.rows, args.hidden, args.eps);
-  } else if constexpr (kKind == FusedKernelKind::kPushOneStage) {
+  if constexpr (kKind == FusedKernelKind::kPushOneStage) {
     // No staging: base.inputs[rank] is this rank's x where the caller keeps it (only this kernel
     // reads it; the peers read the copies it pushes).
     fused_gpu::fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, fused_args<T>(args));
@@ -95,6 +95,79 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
     } else {
       fused_gpu::fused_rmsnorm_gather_norm<T, kRanks>(ctx, a);
     }
+  }
+}
+
+// The split paths' residual + RMSNorm (and exactcoll_add_rmsnorm), one kernel per path:
+// kHeld = 1 or 2 packs a thread on the register path, 0 the memory path (the host picks with
+// residual_rmsnorm_held_packs), so each is compiled with the registers of its own path only.
+// kMinBlocks: __launch_bounds__'s blocks a multiprocessor (2 caps a 1024-thread block at 32
+// registers). No barriers, no peers.
+template <class T, int kHeld, int kMinBlocks = 1>
+__global__ void __launch_bounds__(1024, kMinBlocks)
+    residual_rmsnorm_kernel(const __grid_constant__ FusedKernelArgs args) {
+  enter_after_previous_grid();
+  __shared__ int aborted;
+  if (threadIdx.x == 0) aborted = 0;
+  FusedDeviceCtx<T, 1> ctx(args.base, &aborted);
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(args.hidden, &tree);
+  const T* s = static_cast<const T*>(args.s);
+  const T* residual = static_cast<const T*>(args.residual);
+  const T* weight = static_cast<const T*>(args.weight);
+  T* residual_out = static_cast<T*>(args.residual_out);
+  T* out = static_cast<T*>(args.out);
+  if constexpr (kHeld == 0) {
+    fused_gpu::residual_rmsnorm_memory<T>(ctx, tree, s, residual, weight, residual_out, out, args.rows, args.eps);
+  } else {
+    fused_gpu::residual_rmsnorm_held<T, kHeld>(ctx, tree, s, residual, weight, residual_out, out, args.rows, args.eps);
+  }
+}
+
+// EXPERIMENT (2026-11-24): EXACTCOLL_NORM_KERNEL=memory forces the memory path, =bounded2 the
+// 1-pack kernel held to 32 registers; EXACTCOLL_NORM_GRID=rows one block per row (else the blocks
+// are capped at what the GPU holds at once: they loop over rows, prefetching the next).
+inline int norm_experiment_kernel() {
+  static const int v = [] {
+    const char* e = std::getenv("EXACTCOLL_NORM_KERNEL");
+    if (e == nullptr) return 0;
+    return std::string(e) == "memory" ? 1 : std::string(e) == "bounded2" ? 2 : 0;
+  }();
+  return v;
+}
+inline bool norm_experiment_rows_grid() {
+  static const bool v = [] {
+    const char* e = std::getenv("EXACTCOLL_NORM_GRID");
+    return e != nullptr && std::string(e) == "rows";
+  }();
+  return v;
+}
+
+// Launches kernel on cfg, its blocks capped at what the GPU holds at once (occupancy x SMs).
+template <class Kernel>
+cudaError_t launch_resident(Kernel kernel, const FusedKernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
+  if (!norm_experiment_rows_grid()) {
+    int device = 0, sms = 0, per_sm = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, 0);
+    if (e != cudaSuccess) return e;
+    cfg.blocks = std::min(cfg.blocks, std::max(1, sms * per_sm));
+  }
+  return launch_kernel(kernel, args, cfg, stream);
+}
+
+template <class T>
+cudaError_t launch_residual_rmsnorm_typed(const FusedKernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
+  contract::RmsNormTree tree;
+  if (!contract::make_rmsnorm_tree<T>(args.hidden, &tree)) return cudaErrorInvalidValue;
+  const int held = norm_experiment_kernel() == 1 ? 0 : fused_gpu::residual_rmsnorm_held_packs(cfg.threads, tree);
+  switch (held) {
+    case 1:
+      if (norm_experiment_kernel() == 2) return launch_resident(residual_rmsnorm_kernel<T, 1, 2>, args, cfg, stream);
+      return launch_resident(residual_rmsnorm_kernel<T, 1>, args, cfg, stream);
+    case 2: return launch_resident(residual_rmsnorm_kernel<T, 2>, args, cfg, stream);
+    default: return launch_resident(residual_rmsnorm_kernel<T, 0>, args, cfg, stream);
   }
 }
 
@@ -123,9 +196,7 @@ cudaError_t launch_fused_for_ranks(FusedKernelKind kind, const FusedKernelArgs& 
 template <class T>
 cudaError_t launch_fused_typed(FusedKernelKind kind, const FusedKernelArgs& args, LaunchConfig cfg,
                                cudaStream_t stream) {
-  if (kind == FusedKernelKind::kResidualRmsNorm) {
-    return launch_kernel(fused_kernel<T, 1, FusedKernelKind::kResidualRmsNorm>, args, cfg, stream);
-  }
+  if (kind == FusedKernelKind::kResidualRmsNorm) return launch_residual_rmsnorm_typed<T>(args, cfg, stream);
   switch (args.base.world_size) {
     case 2: return launch_fused_for_ranks<T, 2>(kind, args, cfg, stream);
     case 3: return launch_fused_for_ranks<T, 3>(kind, args, cfg, stream);

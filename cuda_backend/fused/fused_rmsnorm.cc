@@ -1,8 +1,6 @@
 #include "cuda_backend/fused/fused_rmsnorm.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -49,30 +47,6 @@ void check_grid(const LaunchConfig& g, bool with_barriers) {
   }
 }
 
-// Blocks of `threads` threads that the current GPU holds at once (its multiprocessors x the threads
-// one holds): the residual + RMSNorm kernel's blocks loop over rows, prefetching the next, so more
-// blocks than that only queue.
-int resident_blocks(int threads) {
-  static thread_local int cached_device = -1, sms = 0, threads_per_sm = 0;
-  int device = 0;
-  EXC_CUDA_CHECK(cudaGetDevice(&device));
-  if (device != cached_device) {
-    EXC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    EXC_CUDA_CHECK(cudaDeviceGetAttribute(&threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
-    cached_device = device;
-  }
-  return std::max(1, sms * std::max(1, threads_per_sm / threads));
-}
-
-// EXPERIMENT (2026-11-24): EXACTCOLL_NORM_GRID=rows launches one block per row as before.
-bool resident_grid() {
-  static const bool resident = [] {
-    const char* v = std::getenv("EXACTCOLL_NORM_GRID");
-    return v == nullptr || std::string(v) != "rows";
-  }();
-  return resident;
-}
-
 }  // namespace
 
 FusedRmsNorm::FusedRmsNorm(Communicator& comm, std::optional<FusedTable> table)
@@ -114,8 +88,7 @@ LaunchConfig launch_residual_rmsnorm(const void* s, const void* residual, const 
   if (!aligned16(s) || !aligned16(residual) || !aligned16(weight) || !aligned16(residual_out) || !aligned16(out)) {
     throw std::invalid_argument("residual_rmsnorm: every buffer must be 16-byte aligned");
   }
-  LaunchConfig g = grid ? *grid : residual_rmsnorm_grid(shape.rows, shape.hidden, shape.dtype);
-  if (!grid && resident_grid()) g.blocks = std::min(g.blocks, resident_blocks(g.threads));
+  const LaunchConfig g = grid ? *grid : residual_rmsnorm_grid(shape.rows, shape.hidden, shape.dtype);
   check_grid(g, false);
   if (shape.rows == 0) return g;
   FusedKernelArgs a{};

@@ -322,9 +322,11 @@ EXACTCOLL_API int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x
  * with the fused ops' rounding and reduction tree, so a single-GPU program (or the norm after any
  * all-reduce) gets the bits of the tensor-parallel paths: the same as the fused op on one rank.
  * x [rows, hidden] may be the same buffer as out; shapes, alignment and eps as for
- * exactcoll_fused_add_rmsnorm. Runs on stream's device (the current device for NULL). */
+ * exactcoll_fused_add_rmsnorm. device: the GPU that holds the tensors and stream (-1: the calling
+ * thread's current device; name it when the program selects devices with its own CUDA runtime). */
 EXACTCOLL_API int exactcoll_add_rmsnorm(const void* x, const void* residual, const void* weight, void* residual_out,
-                                        void* out, int64_t rows, int64_t hidden, float eps, int dtype, void* stream);
+                                        void* out, int64_t rows, int64_t hidden, float eps, int dtype, int device,
+                                        void* stream);
 
 /* Waits for stream, then reports (EXACTCOLL_ERROR_TIMEOUT, naming rank, block and peer) a kernel
  * wait that timed out since the last check; the communicator then refuses further IPC calls.

@@ -402,7 +402,7 @@ def _add_rms_norm(x, residual, weight, out, residual_out, eps):
                        (residual_out, "residual_out"))
     status = _lib.lib.exactcoll_add_rmsnorm(
         x.data_ptr(), residual.data_ptr(), weight.data_ptr(), residual_out.data_ptr(), out.data_ptr(),
-        x.numel() // hidden if hidden else 0, hidden, eps, dtype_code,
+        x.numel() // hidden if hidden else 0, hidden, eps, dtype_code, device,
         _CURRENT_STREAM(device) if _CURRENT_STREAM else torch.cuda.current_stream(device).cuda_stream)
     if status:
         _lib.check(status)

@@ -454,13 +454,13 @@ TEST(CApiGpu, AddRmsNormChecksItsArgumentsFirst) {
   const int inv = EXACTCOLL_ERROR_INVALID_ARGUMENT;
   const int unavailable = EXACTCOLL_ERROR_UNAVAILABLE;
   const bool cuda = exactcoll_has_cuda();
-  expect_error(exactcoll_add_rmsnorm(p, p, p, p, p, 1, 8, NAN, EXACTCOLL_BF16, nullptr), cuda ? inv : unavailable,
+  expect_error(exactcoll_add_rmsnorm(p, p, p, p, p, 1, 8, NAN, EXACTCOLL_BF16, -1, nullptr), cuda ? inv : unavailable,
                cuda ? "eps must be finite" : "built without CUDA");
-  expect_error(exactcoll_add_rmsnorm(p, nullptr, p, p, p, 1, 8, 1e-6f, EXACTCOLL_BF16, nullptr), cuda ? inv : unavailable,
+  expect_error(exactcoll_add_rmsnorm(p, nullptr, p, p, p, 1, 8, 1e-6f, EXACTCOLL_BF16, -1, nullptr), cuda ? inv : unavailable,
                cuda ? "residual is NULL" : "built without CUDA");
-  expect_error(exactcoll_add_rmsnorm(p, p, p, p, p, 1, 8, 1e-6f, 5, nullptr), cuda ? inv : unavailable,
+  expect_error(exactcoll_add_rmsnorm(p, p, p, p, p, 1, 8, 1e-6f, 5, -1, nullptr), cuda ? inv : unavailable,
                cuda ? "dtype 5 is none of" : "built without CUDA");
-  expect_error(exactcoll_add_rmsnorm(p, p, p, p, p, -1, 8, 1e-6f, EXACTCOLL_BF16, nullptr), cuda ? inv : unavailable,
+  expect_error(exactcoll_add_rmsnorm(p, p, p, p, p, -1, 8, 1e-6f, EXACTCOLL_BF16, -1, nullptr), cuda ? inv : unavailable,
                cuda ? "rows must be 0.." : "built without CUDA");
 }
 

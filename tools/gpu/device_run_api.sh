@@ -72,16 +72,19 @@ fi
 if has norm; then
   run verify_1 120 .gpubin/exactcoll_gpu verify --nproc 1
   grep -E "^verify|differ|MISMATCH" "$OUT/verify_1.log" | tail -4
-  NORM_SHAPES="--hidden 4096,8192 --rows 1,16,256,1024,4096"
+  NORM_SHAPES="--hidden 2880,4096,5120,7168,8192 --rows 1,16,256,1024,4096"
+  norm_table() { grep -E "^ *[0-9]+ +[0-9]+ " "$OUT/$1.log" | awk '{printf "%s/%s:%s ", $1, $2, $(NF-2)} END {print ""}'; }
   if [ -x .gpubin/exactcoll_gpu_old ]; then
     run norm_cli_old 60 .gpubin/exactcoll_gpu_old bench --nproc 1 --op fused_rmsnorm --algos norm $NORM_SHAPES
-    grep -E "^ *[0-9]+ +[0-9]+ " "$OUT/norm_cli_old.log" | head -12
+    echo "old:           $(norm_table norm_cli_old)"
   fi
-  run norm_cli 60 .gpubin/exactcoll_gpu bench --nproc 1 --op fused_rmsnorm --algos norm $NORM_SHAPES
-  grep -E "^ *[0-9]+ +[0-9]+ " "$OUT/norm_cli.log" | head -12
-  EXACTCOLL_NORM_GRID=rows run norm_cli_rows 60 .gpubin/exactcoll_gpu bench --nproc 1 --op fused_rmsnorm --algos norm \
-    $NORM_SHAPES
-  grep -E "^ *[0-9]+ +[0-9]+ " "$OUT/norm_cli_rows.log" | head -12
+  for variant in default memory/rows memory held/rows bounded2; do
+    kernel=${variant%/*}; grid=resident; [[ $variant == */rows ]] && grid=rows
+    name=norm_cli_${variant//\//_}
+    EXACTCOLL_NORM_KERNEL=$kernel EXACTCOLL_NORM_GRID=$grid run "$name" 60 .gpubin/exactcoll_gpu bench --nproc 1 \
+      --op fused_rmsnorm --algos norm $NORM_SHAPES
+    printf '%-14s %s\n' "$variant:" "$(norm_table "$name")"
+  done
   run bench_norm 420 python3 python/examples/bench_norm.py --json "$OUT/bench_norm.json"
   sed -n '/^dtype/,$p' "$OUT/bench_norm.log"
   if command -v ncu >/dev/null; then
