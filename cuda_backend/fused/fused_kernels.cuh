@@ -101,11 +101,10 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
 // The split paths' residual + RMSNorm (and exactcoll_add_rmsnorm), one kernel per path:
 // kHeld = 1 or 2 packs a thread on the register path, 0 the memory path (the host picks with
 // residual_rmsnorm_held_packs), so each is compiled with the registers of its own path only.
-// kMinBlocks: __launch_bounds__'s blocks a multiprocessor (2 caps a 1024-thread block at 32
-// registers). No barriers, no peers.
-template <class T, int kHeld, int kMinBlocks = 1>
-__global__ void __launch_bounds__(1024, kMinBlocks)
-    residual_rmsnorm_kernel(const __grid_constant__ FusedKernelArgs args) {
+// kDepth: rows of a block in flight on the register path (residual_rmsnorm_held). No barriers,
+// no peers.
+template <class T, int kHeld, int kDepth = 1>
+__global__ void __launch_bounds__(1024) residual_rmsnorm_kernel(const __grid_constant__ FusedKernelArgs args) {
   enter_after_previous_grid();
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;
@@ -120,18 +119,19 @@ __global__ void __launch_bounds__(1024, kMinBlocks)
   if constexpr (kHeld == 0) {
     fused_gpu::residual_rmsnorm_memory<T>(ctx, tree, s, residual, weight, residual_out, out, args.rows, args.eps);
   } else {
-    fused_gpu::residual_rmsnorm_held<T, kHeld>(ctx, tree, s, residual, weight, residual_out, out, args.rows, args.eps);
+    fused_gpu::residual_rmsnorm_held<T, kHeld, kDepth>(ctx, tree, s, residual, weight, residual_out, out, args.rows,
+                                                       args.eps);
   }
 }
 
-// EXPERIMENT (2026-11-24): EXACTCOLL_NORM_KERNEL=memory forces the memory path, =bounded2 the
-// 1-pack kernel held to 32 registers; EXACTCOLL_NORM_GRID=rows one block per row (else the blocks
-// are capped at what the GPU holds at once: they loop over rows, prefetching the next).
+// EXPERIMENT (2026-11-24): EXACTCOLL_NORM_KERNEL=memory forces the memory path, =depth1 the
+// 1-pack kernel with one row in flight; EXACTCOLL_NORM_GRID=rows one block per row (else the
+// blocks are capped at what the GPU holds at once: they loop over rows, prefetching).
 inline int norm_experiment_kernel() {
   static const int v = [] {
     const char* e = std::getenv("EXACTCOLL_NORM_KERNEL");
     if (e == nullptr) return 0;
-    return std::string(e) == "memory" ? 1 : std::string(e) == "bounded2" ? 2 : 0;
+    return std::string(e) == "memory" ? 1 : std::string(e) == "depth1" ? 2 : 0;
   }();
   return v;
 }
@@ -164,9 +164,9 @@ cudaError_t launch_residual_rmsnorm_typed(const FusedKernelArgs& args, LaunchCon
   const int held = norm_experiment_kernel() == 1 ? 0 : fused_gpu::residual_rmsnorm_held_packs(cfg.threads, tree);
   switch (held) {
     case 1:
-      if (norm_experiment_kernel() == 2) return launch_resident(residual_rmsnorm_kernel<T, 1, 2>, args, cfg, stream);
-      return launch_resident(residual_rmsnorm_kernel<T, 1>, args, cfg, stream);
-    case 2: return launch_resident(residual_rmsnorm_kernel<T, 2>, args, cfg, stream);
+      if (norm_experiment_kernel() == 2) return launch_resident(residual_rmsnorm_kernel<T, 1, 1>, args, cfg, stream);
+      return launch_resident(residual_rmsnorm_kernel<T, 1, 2>, args, cfg, stream);
+    case 2: return launch_resident(residual_rmsnorm_kernel<T, 2, 1>, args, cfg, stream);
     default: return launch_resident(residual_rmsnorm_kernel<T, 0>, args, cfg, stream);
   }
 }

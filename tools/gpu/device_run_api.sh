@@ -78,7 +78,7 @@ if has norm; then
     run norm_cli_old 60 .gpubin/exactcoll_gpu_old bench --nproc 1 --op fused_rmsnorm --algos norm $NORM_SHAPES
     echo "old:           $(norm_table norm_cli_old)"
   fi
-  for variant in default memory/rows memory held/rows bounded2; do
+  for variant in default depth1 memory default/rows; do
     kernel=${variant%/*}; grid=resident; [[ $variant == */rows ]] && grid=rows
     name=norm_cli_${variant//\//_}
     EXACTCOLL_NORM_KERNEL=$kernel EXACTCOLL_NORM_GRID=$grid run "$name" 60 .gpubin/exactcoll_gpu bench --nproc 1 \
@@ -88,7 +88,7 @@ if has norm; then
   run bench_norm 420 python3 python/examples/bench_norm.py --json "$OUT/bench_norm.json"
   sed -n '/^dtype/,$p' "$OUT/bench_norm.log"
   if command -v ncu >/dev/null; then
-    run ncu_norm 120 ncu --clock-control none --kernel-name regex:fused_kernel --launch-skip 3 --launch-count 1 \
+    run ncu_norm 120 ncu --clock-control none --kernel-name regex:residual_rmsnorm_kernel --launch-skip 3 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
       --section WarpStateStats --section SchedulerStats python3 -c "
 import torch, exactcoll.torch as xt
