@@ -444,53 +444,42 @@ EXC_HD void load_row_packs(Ctx& ctx, const contract::RmsNormTree& tree, const T*
   }
 }
 
-template <class T, int kHeld, int kDepth = 2, class Ctx>
+template <class T, int kHeld, class Ctx>
 EXC_HD void residual_rmsnorm_held(Ctx& ctx, const contract::RmsNormTree& tree, const T* s, const T* residual,
                                   const T* weight, T* residual_out, T* out, int rows, float eps) {
   constexpr int P = Storage<T>::kPack;
   const size_t H = static_cast<size_t>(tree.hidden);
   const int t = ctx.thread(), nt = ctx.num_threads();
-  const int stride = ctx.num_blocks();
   Pack<T> w[kHeld];
   load_weight_packs<T, kHeld>(ctx, tree, weight, w);
-  // Ring of kDepth rows in flight: slot d holds this block's rows row0 + d * stride, then
-  // + kDepth * stride, ... (loaded for the packs this thread owns).
-  Pack<T> held_s[kDepth][kHeld] = {}, held_r[kDepth][kHeld] = {};
-  EXC_FUSED_UNROLL
-  for (int d = 0; d < kDepth; ++d) {
-    const int row = ctx.block() + d * stride;
-    if (row < rows) {
-      load_row_packs<T, kHeld>(ctx, tree, s + static_cast<size_t>(row) * H, held_s[d]);
-      load_row_packs<T, kHeld>(ctx, tree, residual + static_cast<size_t>(row) * H, held_r[d]);
-    }
+  Pack<T> next_s[kHeld] = {}, next_r[kHeld] = {};  // loaded for the packs this thread owns
+  int row = ctx.block();
+  if (row < rows) {
+    load_row_packs<T, kHeld>(ctx, tree, s + static_cast<size_t>(row) * H, next_s);
+    load_row_packs<T, kHeld>(ctx, tree, residual + static_cast<size_t>(row) * H, next_r);
   }
-  for (int first = ctx.block(); first < rows; first += kDepth * stride) {
+  for (; row < rows; row += ctx.num_blocks()) {
+    const size_t base = static_cast<size_t>(row) * H;
+    Pack<T> ro[kHeld];
     EXC_FUSED_UNROLL
-    for (int d = 0; d < kDepth; ++d) {
-      const int row = first + d * stride;
-      if (row >= rows) break;
-      const size_t base = static_cast<size_t>(row) * H;
-      Pack<T> ro[kHeld];
-      EXC_FUSED_UNROLL
-      for (int k = 0; k < kHeld; ++k) {
-        if (t + k * nt < tree.num_packs) {
-          for (int e = 0; e < P; ++e) ro[k].v[e] = contract::residual_add<T>(held_s[d][k].v[e], held_r[d][k].v[e]);
-        }
+    for (int k = 0; k < kHeld; ++k) {
+      if (t + k * nt < tree.num_packs) {
+        for (int e = 0; e < P; ++e) ro[k].v[e] = contract::residual_add<T>(next_s[k].v[e], next_r[k].v[e]);
       }
-      const int refill = row + kDepth * stride;
-      if (refill < rows) {
-        load_row_packs<T, kHeld>(ctx, tree, s + static_cast<size_t>(refill) * H, held_s[d]);
-        load_row_packs<T, kHeld>(ctx, tree, residual + static_cast<size_t>(refill) * H, held_r[d]);
-      }
-      EXC_FUSED_UNROLL
-      for (int k = 0; k < kHeld; ++k) {
-        const int p = t + k * nt;
-        if (p < tree.num_packs) {
-          ctx.store(reinterpret_cast<Pack<T>*>(residual_out + base + static_cast<size_t>(p) * P), ro[k]);
-        }
-      }
-      normalize_held_row<T, kHeld>(ctx, tree, ro, w, eps, out + base);
     }
+    const int following = row + ctx.num_blocks();
+    if (following < rows) {
+      load_row_packs<T, kHeld>(ctx, tree, s + static_cast<size_t>(following) * H, next_s);
+      load_row_packs<T, kHeld>(ctx, tree, residual + static_cast<size_t>(following) * H, next_r);
+    }
+    EXC_FUSED_UNROLL
+    for (int k = 0; k < kHeld; ++k) {
+      const int p = t + k * nt;
+      if (p < tree.num_packs) {
+        ctx.store(reinterpret_cast<Pack<T>*>(residual_out + base + static_cast<size_t>(p) * P), ro[k]);
+      }
+    }
+    normalize_held_row<T, kHeld>(ctx, tree, ro, w, eps, out + base);
   }
 }
 
@@ -536,8 +525,8 @@ EXC_HD void residual_rmsnorm_rows(Ctx& ctx, const T* s, const T* residual, const
 }
 
 // Packs a thread holds on residual_rmsnorm_rows's register path for this grid and tree (1 or 2),
-// or 0 when the memory path serves it. The kernels instantiate one path each, chosen with this on
-// the host, so that each is compiled with only the registers its own path needs.
+// or 0 when the memory path serves it. The kernels instantiate one path each, chosen on the host
+// (this, and the working set's size), so that each is compiled with only its own registers.
 EXC_HD inline int residual_rmsnorm_held_packs(int threads, const contract::RmsNormTree& tree) {
   if (threads != tree.lanes || tree.num_packs > 2 * tree.lanes) return 0;
   return register_packs(tree);

@@ -9,8 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
+#include <cstdint>
 
 #include "core/fused_rmsnorm.h"
 #include "cuda_backend/device_ctx.cuh"
@@ -98,12 +97,12 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
   }
 }
 
-// The split paths' residual + RMSNorm (and exactcoll_add_rmsnorm), one kernel per path:
-// kHeld = 1 or 2 packs a thread on the register path, 0 the memory path (the host picks with
-// residual_rmsnorm_held_packs), so each is compiled with the registers of its own path only.
-// kDepth: rows of a block in flight on the register path (residual_rmsnorm_held). No barriers,
+// The split paths' residual + RMSNorm (and exactcoll_add_rmsnorm), one kernel per path, so each
+// is compiled with only its own registers: kHeld = 1 pack a thread on the register path
+// (residual_rmsnorm_held: 57 registers, bf16; 2 packs would spill at 64), 0 the memory path
+// (residual_rmsnorm_memory: 31 registers, two 1024-thread blocks a multiprocessor). No barriers,
 // no peers.
-template <class T, int kHeld, int kDepth = 1>
+template <class T, int kHeld>
 __global__ void __launch_bounds__(1024) residual_rmsnorm_kernel(const __grid_constant__ FusedKernelArgs args) {
   enter_after_previous_grid();
   __shared__ int aborted;
@@ -119,56 +118,41 @@ __global__ void __launch_bounds__(1024) residual_rmsnorm_kernel(const __grid_con
   if constexpr (kHeld == 0) {
     fused_gpu::residual_rmsnorm_memory<T>(ctx, tree, s, residual, weight, residual_out, out, args.rows, args.eps);
   } else {
-    fused_gpu::residual_rmsnorm_held<T, kHeld, kDepth>(ctx, tree, s, residual, weight, residual_out, out, args.rows,
-                                                       args.eps);
+    fused_gpu::residual_rmsnorm_held<T, kHeld>(ctx, tree, s, residual, weight, residual_out, out, args.rows, args.eps);
   }
 }
 
-// EXPERIMENT (2026-11-24): EXACTCOLL_NORM_KERNEL=memory forces the memory path, =depth1 the
-// 1-pack kernel with one row in flight; EXACTCOLL_NORM_GRID=rows one block per row (else the
-// blocks are capped at what the GPU holds at once: they loop over rows, prefetching).
-inline int norm_experiment_kernel() {
-  static const int v = [] {
-    const char* e = std::getenv("EXACTCOLL_NORM_KERNEL");
-    if (e == nullptr) return 0;
-    return std::string(e) == "memory" ? 1 : std::string(e) == "depth1" ? 2 : 0;
-  }();
-  return v;
-}
-inline bool norm_experiment_rows_grid() {
-  static const bool v = [] {
-    const char* e = std::getenv("EXACTCOLL_NORM_GRID");
-    return e != nullptr && std::string(e) == "rows";
-  }();
-  return v;
-}
-
-// Launches kernel on cfg, its blocks capped at what the GPU holds at once (occupancy x SMs).
-template <class Kernel>
-cudaError_t launch_resident(Kernel kernel, const FusedKernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
-  if (!norm_experiment_rows_grid()) {
-    int device = 0, sms = 0, per_sm = 0;
-    cudaError_t e = cudaGetDevice(&device);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, 0);
-    if (e != cudaSuccess) return e;
-    cfg.blocks = std::min(cfg.blocks, std::max(1, sms * per_sm));
-  }
-  return launch_kernel(kernel, args, cfg, stream);
-}
-
+// Which path, measured on H100 (docs/benchmarks.md, "The canonical residual + RMSNorm"): the
+// register path reads each input once and hides the next row's loads behind this row's reduction,
+// but its registers allow one 1024-thread block a multiprocessor; the memory path rereads
+// residual_out (from L2) with twice the blocks in flight. The register path is faster while the
+// working set (x, residual and the two outputs) fits the L2 cache, where the rereads are cheap
+// anyway and latency rules; the memory path from there on, where DRAM bandwidth does. Register
+// path: blocks capped at what the GPU holds at once (they loop over rows, prefetching the next);
+// memory path: one block per row (new blocks fill in as rows finish). Rows of more than one pack
+// a thread (bf16 H > 8192, fp32 H > 4096) take the memory path.
 template <class T>
 cudaError_t launch_residual_rmsnorm_typed(const FusedKernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
   contract::RmsNormTree tree;
   if (!contract::make_rmsnorm_tree<T>(args.hidden, &tree)) return cudaErrorInvalidValue;
-  const int held = norm_experiment_kernel() == 1 ? 0 : fused_gpu::residual_rmsnorm_held_packs(cfg.threads, tree);
-  switch (held) {
-    case 1:
-      if (norm_experiment_kernel() == 2) return launch_resident(residual_rmsnorm_kernel<T, 1, 1>, args, cfg, stream);
-      return launch_resident(residual_rmsnorm_kernel<T, 1, 2>, args, cfg, stream);
-    case 2: return launch_resident(residual_rmsnorm_kernel<T, 2, 1>, args, cfg, stream);
-    default: return launch_resident(residual_rmsnorm_kernel<T, 0>, args, cfg, stream);
+  int device = 0, l2_bytes = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
+  if (e != cudaSuccess) return e;
+  const uint64_t working_set = 4ull * static_cast<uint64_t>(args.rows) * static_cast<uint64_t>(args.hidden) * sizeof(T);
+  if (working_set > static_cast<uint64_t>(l2_bytes) ||
+      fused_gpu::residual_rmsnorm_held_packs(cfg.threads, tree) != 1) {
+    return launch_kernel(residual_rmsnorm_kernel<T, 0>, args, cfg, stream);
   }
+  int sms = 0, per_sm = 0;
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) {
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, residual_rmsnorm_kernel<T, 1>, cfg.threads, 0);
+  }
+  if (e != cudaSuccess) return e;
+  LaunchConfig resident = cfg;
+  resident.blocks = std::min(cfg.blocks, std::max(1, sms * per_sm));
+  return launch_kernel(residual_rmsnorm_kernel<T, 1>, args, resident, stream);
 }
 
 template <class T, int kRanks>

@@ -150,16 +150,26 @@ def library_path():
     return os.environ.get("EXACTCOLL_LIBRARY") or str(pathlib.Path(__file__).resolve().parent / "libexactcoll.so")
 
 
+# The ops that only enqueue work on a stream: called through a PyDLL handle, which keeps the GIL
+# (they never call back into Python and return in microseconds; releasing and retaking the GIL
+# would cost about as much as the rest of the binding). Everything that may wait (stores,
+# communicator creation, check) goes through the CDLL handle, which releases the GIL.
+_ENQUEUE_ONLY = ("exactcoll_allreduce", "exactcoll_reduce_scatter", "exactcoll_allgather",
+                 "exactcoll_fused_add_rmsnorm", "exactcoll_add_rmsnorm")
+
+
 def _load():
     path = library_path()
     try:
         lib = ctypes.CDLL(path)
+        enqueue = ctypes.PyDLL(path)
     except OSError as e:
         raise ImportError(f"exactcoll: cannot load {path}: {e}") from e
     for name, (argtypes, restype) in _SIGNATURES.items():
-        function = getattr(lib, name)
+        function = getattr(enqueue if name in _ENQUEUE_ONLY else lib, name)
         function.argtypes = argtypes
         function.restype = restype
+        setattr(lib, name, function)
     for c_name, struct in _STRUCTS.items():
         size = lib.exactcoll_struct_size(c_name.encode())
         if size != ctypes.sizeof(struct):

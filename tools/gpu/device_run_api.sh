@@ -12,8 +12,9 @@
 #          change), python/examples/bench_norm.py (beside torch eager and torch.compile, the traffic
 #          bound, every bit against exactcoll.sim), and an ncu profile at 4096 x 8192 bf16.
 # Build first (here):
-#   bazel build //python:wheel //examples/c:gpu_allreduce //tools/api_bench:api_host_bench //tools/gpu:exactcoll_gpu
+#   bazel build //python:wheel //examples/c:gpu_allreduce //tools/api_bench:all //tools/gpu:exactcoll_gpu
 #   mkdir -p .gpubin && cp -f bazel-bin/python/exactcoll-*.whl bazel-bin/examples/c/gpu_allreduce \
+#     bazel-bin/tools/api_bench/libexactcoll_host_loop.so \
 #     bazel-bin/tools/api_bench/api_host_bench bazel-bin/tools/gpu/exactcoll_gpu .gpubin/
 # Logs go to $OUT; a short table is printed last.
 set -uo pipefail
@@ -64,7 +65,7 @@ fi
 if has bench; then
   run api_host_bench 30 .gpubin/api_host_bench
   cat "$OUT/api_host_bench.log"
-  run bench_overhead 60 $TORCHRUN --nproc-per-node 1 python/examples/bench_overhead.py
+  run bench_overhead 90 $TORCHRUN --nproc-per-node 1 python/examples/bench_overhead.py .gpubin/libexactcoll_host_loop.so
   grep -v "^\[" "$OUT/bench_overhead.log" | tail -6
   run cli_bench_fused 40 .gpubin/exactcoll_gpu bench --nproc 1 --op fused_rmsnorm --hidden 8192 --rows 1,256
   tail -25 "$OUT/cli_bench_fused.log"
@@ -78,13 +79,8 @@ if has norm; then
     run norm_cli_old 60 .gpubin/exactcoll_gpu_old bench --nproc 1 --op fused_rmsnorm --algos norm $NORM_SHAPES
     echo "old:           $(norm_table norm_cli_old)"
   fi
-  for variant in default depth1 memory default/rows; do
-    kernel=${variant%/*}; grid=resident; [[ $variant == */rows ]] && grid=rows
-    name=norm_cli_${variant//\//_}
-    EXACTCOLL_NORM_KERNEL=$kernel EXACTCOLL_NORM_GRID=$grid run "$name" 60 .gpubin/exactcoll_gpu bench --nproc 1 \
-      --op fused_rmsnorm --algos norm $NORM_SHAPES
-    printf '%-14s %s\n' "$variant:" "$(norm_table "$name")"
-  done
+  run norm_cli 60 .gpubin/exactcoll_gpu bench --nproc 1 --op fused_rmsnorm --algos norm $NORM_SHAPES
+  echo "new:           $(norm_table norm_cli)"
   run bench_norm 420 python3 python/examples/bench_norm.py --json "$OUT/bench_norm.json"
   sed -n '/^dtype/,$p' "$OUT/bench_norm.log"
   if command -v ncu >/dev/null; then
