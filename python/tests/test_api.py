@@ -142,6 +142,17 @@ class Stores(unittest.TestCase):
 
 
 class Package(unittest.TestCase):
+    def test_readme_quickstart_is_the_example_file(self):
+        # The README's PyTorch example is python/examples/quickstart.py, which the GPU run executes.
+        here = os.path.dirname(os.path.abspath(__file__))
+        with open(os.path.join(here, "..", "..", "README.md")) as f:
+            readme = f.read()
+        with open(os.path.join(here, "..", "examples", "quickstart.py")) as f:
+            example = f.read()
+        block = readme.split("```python\n# torchrun --nproc-per-node 2 python/examples/quickstart.py", 1)[1]
+        block = "# torchrun --nproc-per-node 2 python/examples/quickstart.py" + block.split("```", 1)[0]
+        self.assertEqual(block, example)
+
     def test_version_and_library(self):
         self.assertRegex(exactcoll.__version__, r"^\d+\.\d+\.\d+$")
         self.assertTrue(os.path.exists(exactcoll.library_path()))
