@@ -11,6 +11,7 @@
 #          CLI's norm column (and .gpubin/exactcoll_gpu_old's, when carried: the kernel before a
 #          change), python/examples/bench_norm.py (beside torch eager and torch.compile, the traffic
 #          bound, every bit against exactcoll.sim), and an ncu profile at 4096 x 8192 bf16.
+#   profile ncu of the norm kernel and of torch.compile's kernel at 256 x 8192 and 1024 x 7168 bf16.
 # Build first (here):
 #   bazel build //python:wheel //examples/c:gpu_allreduce //tools/api_bench:all //tools/gpu:exactcoll_gpu
 #   mkdir -p .gpubin && cp -f bazel-bin/python/exactcoll-*.whl bazel-bin/examples/c/gpu_allreduce \
@@ -93,6 +94,20 @@ for _ in range(5): xt.add_rms_norm(x, r, w)
 torch.cuda.synchronize()"
     grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Theoretical Occupancy|One or More|No Eligible|Stall" "$OUT/ncu_norm.log" | head -30
   fi
+fi
+if has profile; then
+  # The norm kernel beside torch.compile's at shapes where torch.compile is faster (docs/benchmarks.md).
+  SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats"
+  for shape in "256 8192" "1024 7168"; do
+    set -- $shape
+    for kernel in residual_rmsnorm_kernel triton; do
+      run "ncu_${kernel}_$1x$2" 120 ncu --clock-control none --kernel-name regex:$kernel --launch-skip 3 --launch-count 1 \
+        $SECTIONS python3 python/examples/profile_norm.py --rows "$1" --hidden "$2"
+      echo "== $kernel $1 x $2"
+      grep -E "Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Theoretical Occupancy|Eligible|Warp Cycles Per Issued|Dynamic Shared|Static Shared" \
+        "$OUT/ncu_${kernel}_$1x$2.log" | head -16
+    done
+  done
 fi
 echo "== summary"
 printf '%s\n' "${summary[@]}"
