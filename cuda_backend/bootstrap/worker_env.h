@@ -25,7 +25,7 @@ struct WorkerEnv {
   int local_rank = 0;   // LOCAL_RANK: index on this host (picks the GPU), 0 <= local_rank < world_size
   std::string master_addr;   // MASTER_ADDR: where rank 0's store listens
   uint16_t master_port = 0;  // MASTER_PORT: 1..65535
-  std::string store_token;   // EXACTCOLL_STORE_TOKEN: >= 16 characters, shared by every rank
+  std::string store_token;   // EXACTCOLL_STORE_TOKEN: 16..4087 characters, shared by every rank
   // EXACTCOLL_STORE_BIND (optional): the address rank 0's store binds; 127.0.0.1 keeps the store
   // off the network. Multi-host jobs set it to 0.0.0.0 or the interface MASTER_ADDR names.
   std::string store_bind_address = "127.0.0.1";
