@@ -363,8 +363,8 @@ void TcpStoreServer::Impl::handle_request(const SessionPtr& s) {
   // The frame leaves the session's buffer before any reply is started (a reply may reach its
   // client at once, and the buffer count must not lag behind what the client sees); a small
   // buffer goes back to the session afterwards, to be reused.
-  std::vector<uint8_t> frame = std::move(s->body);
-  s->body = {};
+  std::vector<uint8_t> frame;
+  frame.swap(s->body);
   account(s);
   struct GiveBack {
     Impl* server;
@@ -690,8 +690,10 @@ void TcpStoreServer::Impl::close_session(const SessionPtr& s) {
     hello_queue_.erase(s->in_hello_queue);
     unauthenticated_.store(hello_queue_.size());
   }
-  s->body = {};
-  account(s);
+  // Its buffer stops counting now; the memory goes with the session object, after the handlers
+  // still holding it (a read cancelled by the close below among them) have run.
+  buffered_bytes_.store(buffered_bytes_.load() - s->buffered);
+  s->buffered = 0;
   s->timer.cancel();
   error_code ignored;
   s->socket.shutdown(tcp::socket::shutdown_both, ignored);
