@@ -300,7 +300,7 @@ TEST(CliFuzz, EveryArgvEndsInADocumentedExitCodeWithNoPartialOutput) {
   std::vector<CommandSpec> specs;
   for (const Fuzzed& fuzzed : kCommands) specs.push_back(discover(fuzzed, root + "/in", log_dir));
   std::map<int, uint64_t> codes;
-  fuzz::FuzzRun run("cli", 30.0);
+  fuzz::SeededRun run("fuzz cli", "EXACTCOLL_FUZZ", 30.0);
   run.each([&](sim::Xoshiro256& rng, uint64_t) {
     for (const auto& entry : fs::directory_iterator(out_dir)) fs::remove_all(entry.path());
     const CommandSpec& spec = specs[rng.below(specs.size())];

@@ -161,7 +161,7 @@ TEST(StoreFuzz, FramesNeverHarmTheServer) {
   size_t rss_peak = rss_start;
   std::vector<std::unique_ptr<RawConnection>> pool;
   uint64_t replies = 0;
-  fuzz::FuzzRun run("store", 30.0);
+  fuzz::SeededRun run("fuzz store", "EXACTCOLL_FUZZ", 30.0);
   run.each([&](sim::Xoshiro256& rng, uint64_t input) {
     const uint64_t action = rng.below(10);
     if (pool.empty() || (action < 3 && pool.size() < 12)) {
@@ -208,7 +208,9 @@ TEST(StoreFuzz, FramesNeverHarmTheServer) {
   const size_t grown = std::max(rss_peak, resident_bytes()) - rss_start;
   std::printf("fuzz store: %llu replies checked; RSS %.1f MiB at the start, peak %.1f MiB (+%.1f MiB)\n",
               static_cast<unsigned long long>(replies), rss_start / 1048576.0, rss_peak / 1048576.0, grown / 1048576.0);
-  EXPECT_LT(grown, size_t{64} << 20) << "the server's memory must stay bounded";
+  if (fuzz::kRssIsMeaningful) {
+    EXPECT_LT(grown, size_t{64} << 20) << "the server's memory must stay bounded";
+  }
   EXPECT_GT(replies, 0u);
 }
 
