@@ -4,6 +4,7 @@
 // simulator and run on the GPUs. Host-only; bootstrap path, so virtual calls are fine here.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <stdexcept>
@@ -53,36 +54,43 @@ class Store {
 };
 
 // Returns the message of a barrier timeout, shared by the stores so that every one words it
-// alike: `arrived` callers came within `timeout`, and `ranks` (sorted) are those of them that
-// gave their rank. When every arrival gave one, the message names the ranks that never came.
-// Example: barrier_timeout_message("start", 3, 2, {0, 1}, 500ms) ==
-//   "barrier 'start': rank 2 never arrived within 500 ms (2 of 3 arrived: ranks 0, 1)"
+// alike. `present` (sorted) are the ranks of the callers waiting at the deadline (the caller that
+// timed out among them), `arrived` how many callers wait in all (callers without a rank count
+// here only), and `left` (sorted) the ranks that came but left before the end (their own timeout,
+// or their process ended). When every waiting caller gave its rank, the message names the ranks
+// that never came.
+// Example: barrier_timeout_message("start", 3, 1, {2}, {0}, 500ms) ==
+//   "barrier 'start': rank 1 never arrived within 500 ms (1 of 3 waiting: rank 2; rank 0 came
+//    but left before the end: its own timeout, or its process ended)"
+// Without ranks: "barrier 'start': only 1 of 3 callers arrived within 500 ms (callers that give
+// their rank are named)".
 inline std::string barrier_timeout_message(const std::string& name, int world_size, size_t arrived,
-                                           const std::vector<int>& ranks, std::chrono::milliseconds timeout) {
-  auto list = [](const std::vector<int>& values) {
-    std::string text;
-    for (const int v : values) text += (text.empty() ? "" : ", ") + std::to_string(v);
+                                           const std::vector<int>& present, const std::vector<int>& left,
+                                           std::chrono::milliseconds timeout) {
+  auto ranks_text = [](const std::vector<int>& values) {
+    std::string text = values.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + std::to_string(values[i]);
     return text;
   };
   const std::string within = " within " + std::to_string(timeout.count()) + " ms";
-  const std::string counted = std::to_string(arrived) + " of " + std::to_string(world_size) + " arrived";
-  if (ranks.size() == arrived) {
+  const std::string left_text =
+      left.empty() ? "" : "; " + ranks_text(left) + " came but left before the end: its own timeout, or its process ended";
+  if (present.size() == arrived) {
     std::vector<int> missing;
-    size_t next = 0;
     for (int r = 0; r < world_size; ++r) {
-      if (next < ranks.size() && ranks[next] == r) {
-        ++next;
-      } else {
-        missing.push_back(r);
-      }
+      const bool came = std::binary_search(present.begin(), present.end(), r) ||
+                        std::binary_search(left.begin(), left.end(), r);
+      if (!came) missing.push_back(r);
     }
     if (!missing.empty()) {
-      return "barrier '" + name + "': " + (missing.size() == 1 ? "rank " : "ranks ") + list(missing) +
-             " never arrived" + within + " (" + counted + (ranks.empty() ? "" : ": ranks " + list(ranks)) + ")";
+      return "barrier '" + name + "': " + ranks_text(missing) + " never arrived" + within + " (" +
+             std::to_string(arrived) + " of " + std::to_string(world_size) + " waiting" +
+             (present.empty() ? "" : ": " + ranks_text(present)) + left_text + ")";
     }
   }
-  return "barrier '" + name + "': only " + counted + within +
-         (ranks.empty() ? " (callers that give their rank would be named)" : " (among them ranks " + list(ranks) + ")");
+  return "barrier '" + name + "': only " + std::to_string(arrived) + " of " + std::to_string(world_size) +
+         " callers arrived" + within + (present.empty() ? "" : " (among them " + ranks_text(present) + ")") + left_text +
+         (present.size() == arrived ? "" : " (callers that give their rank are named)");
 }
 
 }  // namespace exactcoll

@@ -67,6 +67,7 @@ void LocalStore::barrier(const std::string& name, int rank, int world_size, std:
   if (++b.arrived == world_size) {
     b.arrived = 0;
     b.ranks.clear();
+    b.left.clear();
     ++b.generation;
     lock.unlock();
     changed_.notify_all();
@@ -76,10 +77,17 @@ void LocalStore::barrier(const std::string& name, int rank, int world_size, std:
   if (!done) {
     Barrier& late = barriers_[name];
     const std::string message =
-        barrier_timeout_message(name, world_size, static_cast<size_t>(late.arrived), late.ranks, timeout);
-    // This caller gives up: it no longer counts toward the round.
+        barrier_timeout_message(name, world_size, static_cast<size_t>(late.arrived), late.ranks, late.left, timeout);
+    // This caller gives up: it no longer counts toward the round, but is named as one that came.
     --late.arrived;
-    if (rank != kUnknownRank) late.ranks.erase(std::lower_bound(late.ranks.begin(), late.ranks.end(), rank));
+    if (rank != kUnknownRank) {
+      late.ranks.erase(std::lower_bound(late.ranks.begin(), late.ranks.end(), rank));
+      late.left.insert(std::lower_bound(late.left.begin(), late.left.end(), rank), rank);
+    }
+    if (late.arrived == 0) {
+      late.ranks.clear();
+      late.left.clear();
+    }
     throw StoreError("store " + message);
   }
 }

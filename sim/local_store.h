@@ -32,6 +32,7 @@ class LocalStore final : public Store {
   struct Barrier {
     int arrived = 0;
     std::vector<int> ranks;   // of the callers waiting now that gave one, sorted
+    std::vector<int> left;    // of callers that came and gave up before the round ended, sorted
     uint64_t generation = 0;  // completed rounds; a waiter leaves when it changes
   };
   mutable std::mutex mutex_;

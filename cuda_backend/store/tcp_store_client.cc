@@ -144,20 +144,28 @@ class TcpStoreClient::Impl {
     throw StoreError("store " + what + ": " + why + " (" + server_text_ + ")");
   }
 
-  // Reads a timeout reply's fields: callers arrived, and the ranks among them that gave one.
-  // Returns nullopt when they are malformed.
-  static std::optional<std::pair<uint32_t, std::vector<int>>> timeout_fields(PayloadReader& reader) {
+  // A timeout reply's fields: callers waiting, the ranks among them, the ranks that left.
+  struct TimeoutFields {
+    uint32_t arrived = 0;
+    std::vector<int> present, left;
+  };
+  // Returns nullopt when the fields are malformed.
+  static std::optional<TimeoutFields> timeout_fields(PayloadReader& reader) {
+    TimeoutFields f;
     const auto arrived = reader.u32();
-    const auto count = reader.u32();
-    if (!arrived || !count || *count > *arrived) return std::nullopt;
-    std::vector<int> ranks;
-    for (uint32_t i = 0; i < *count; ++i) {
-      const auto rank = reader.u32();
-      if (!rank || *rank > static_cast<uint32_t>(INT32_MAX)) return std::nullopt;
-      ranks.push_back(static_cast<int>(*rank));
+    if (!arrived) return std::nullopt;
+    f.arrived = *arrived;
+    for (std::vector<int>* ranks : {&f.present, &f.left}) {
+      const auto count = reader.u32();
+      if (!count || *count > 4096) return std::nullopt;
+      for (uint32_t i = 0; i < *count; ++i) {
+        const auto rank = reader.u32();
+        if (!rank || *rank > static_cast<uint32_t>(INT32_MAX)) return std::nullopt;
+        ranks->push_back(static_cast<int>(*rank));
+      }
     }
-    if (!reader.at_end()) return std::nullopt;
-    return std::make_pair(*arrived, std::move(ranks));
+    if (f.present.size() > f.arrived || !reader.at_end()) return std::nullopt;
+    return f;
   }
 
   // A reply whose fields do not match its request: the server is not speaking our protocol.
@@ -327,7 +335,8 @@ void TcpStoreClient::barrier(const std::string& name, int rank, int world_size, 
   if (status == Status::kTimeout) {
     const auto fields = Impl::timeout_fields(reader);
     if (!fields) impl_->malformed(what);
-    throw StoreError("store " + barrier_timeout_message(name, world_size, fields->first, fields->second, timeout));
+    throw StoreError("store " + barrier_timeout_message(name, world_size, fields->arrived, fields->present,
+                                                        fields->left, timeout));
   }
   if (!reader.at_end()) impl_->malformed(what);
 }

@@ -48,11 +48,16 @@ std::vector<uint8_t> busy_reply(std::string_view message) {
   return PayloadWriter().u8(static_cast<uint8_t>(Status::kBusy)).str(message).frame();
 }
 
-// `arrived` callers were there; `ranks` are those of them that gave their rank.
-std::vector<uint8_t> timeout_reply(size_t arrived, const std::vector<uint32_t>& ranks) {
+// `arrived` callers were there; `present` are the ranks those of them gave, `left` the ranks of
+// callers that came and left before the end.
+std::vector<uint8_t> timeout_reply(size_t arrived, const std::vector<uint32_t>& present,
+                                   const std::vector<uint32_t>& left) {
   PayloadWriter w;
-  w.u8(static_cast<uint8_t>(Status::kTimeout)).u32(static_cast<uint32_t>(arrived)).u32(static_cast<uint32_t>(ranks.size()));
-  for (const uint32_t r : ranks) w.u32(r);
+  w.u8(static_cast<uint8_t>(Status::kTimeout)).u32(static_cast<uint32_t>(arrived));
+  for (const std::vector<uint32_t>* ranks : {&present, &left}) {
+    w.u32(static_cast<uint32_t>(ranks->size()));
+    for (const uint32_t r : *ranks) w.u32(r);
+  }
   return w.frame();
 }
 
@@ -158,10 +163,13 @@ class TcpStoreServer::Impl {
   struct BarrierState {
     uint32_t world_size = 0;
     std::vector<uint64_t> arrived;  // parked sessions, in arrival order
+    std::vector<uint32_t> left;     // ranks of callers that left before the end (timeout, exit), sorted
   };
   std::unordered_map<std::string, BarrierState> barriers_;
   // The ranks its callers gave, sorted (callers without one are left out).
   std::vector<uint32_t> ranks_in(const BarrierState& barrier) const;
+  // Remembers that `rank` came to the barrier and left before it completed.
+  static void note_left(BarrierState& barrier, uint32_t rank);
 };
 
 TcpStoreServer::Impl::Impl(TcpStoreServerOptions options) : options_(std::move(options)) {
@@ -485,7 +493,7 @@ void TcpStoreServer::Impl::handle_get(const SessionPtr& s, PayloadReader& reader
   if (it != values_.end()) {
     reply(s, PayloadWriter().u8(static_cast<uint8_t>(Status::kOk)).str(it->second).frame());
   } else if (*timeout_ms == 0) {
-    reply(s, timeout_reply(0, {}));
+    reply(s, timeout_reply(0, {}, {}));
   } else {
     get_waiters_[*key].push_back(s->id);
     park(s, Session::Wait::kGet, *key, *timeout_ms);
@@ -590,12 +598,20 @@ void TcpStoreServer::Impl::handle_barrier(const SessionPtr& s, PayloadReader& re
   if (*timeout_ms == 0) {
     const std::vector<uint32_t> ranks = ranks_in(barrier);
     const size_t arrived = barrier.arrived.size();
+    const std::vector<uint32_t> left = barrier.left;
     barrier.arrived.pop_back();
+    note_left(barrier, *rank);
     if (barrier.arrived.empty()) barriers_.erase(*name);
-    reply(s, timeout_reply(arrived, ranks));
+    reply(s, timeout_reply(arrived, ranks, left));
     return;
   }
   park(s, Session::Wait::kBarrier, *name, *timeout_ms);
+}
+
+void TcpStoreServer::Impl::note_left(BarrierState& barrier, uint32_t rank) {
+  if (rank == store_wire::kNoRank) return;
+  const auto at = std::lower_bound(barrier.left.begin(), barrier.left.end(), rank);
+  if (at == barrier.left.end() || *at != rank) barrier.left.insert(at, rank);
 }
 
 std::vector<uint32_t> TcpStoreServer::Impl::ranks_in(const BarrierState& barrier) const {
@@ -627,16 +643,17 @@ void TcpStoreServer::Impl::park(const SessionPtr& s, Session::Wait wait, const s
 
 void TcpStoreServer::Impl::on_wait_deadline(const SessionPtr& s) {
   size_t arrived = 0;
-  std::vector<uint32_t> ranks;
+  std::vector<uint32_t> ranks, left;
   if (s->wait == Session::Wait::kBarrier) {
     const auto it = barriers_.find(s->wait_key);
     if (it != barriers_.end()) {
       arrived = it->second.arrived.size();  // this caller included
       ranks = ranks_in(it->second);
+      left = it->second.left;
     }
   }
   unpark(s);
-  reply(s, timeout_reply(arrived, ranks));
+  reply(s, timeout_reply(arrived, ranks, left));
 }
 
 void TcpStoreServer::Impl::unpark(const SessionPtr& s) {
@@ -649,7 +666,8 @@ void TcpStoreServer::Impl::unpark(const SessionPtr& s) {
   } else if (s->wait == Session::Wait::kBarrier) {
     const auto it = barriers_.find(s->wait_key);
     if (it != barriers_.end()) {
-      erase_id(it->second.arrived, s->id);  // a caller that left no longer counts
+      erase_id(it->second.arrived, s->id);  // a caller that left no longer waits, but is named as one that came
+      note_left(it->second, s->barrier_rank);
       if (it->second.arrived.empty()) barriers_.erase(it);
     }
   }

@@ -13,7 +13,8 @@
 //   reply   = u8 status, fields                      ok: get: str value; add: i64 sum;
 //                                                        erase: u8 existed; others: nothing
 //                                                    timeout: u32 callers arrived (get: 0),
-//                                                             u32 n, n x u32 rank (those that gave one)
+//                                                             u32 n, n x u32 rank (those that gave one),
+//                                                             u32 m, m x u32 rank (came and left)
 //                                                    error: str message
 //                                                    busy: str message (a limit; connect again)
 // Strictly one request, then its reply, per connection: the server reads the next frame only after

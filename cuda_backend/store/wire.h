@@ -50,7 +50,8 @@ enum class Op : uint8_t {
 enum class Status : uint8_t {
   kOk = 0,       // followed by the op's result: get: str value; add: i64 sum; erase: u8 existed
   kTimeout = 1,  // followed by u32 arrived (barrier: callers present at the deadline; get: 0),
-                 // u32 n, n x u32 rank: the ranks among them that said who they are
+                 // u32 n, n x u32 rank: the ranks among them that said who they are,
+                 // u32 m, m x u32 rank: the ranks that came and left before the end
   kError = 2,    // followed by str message; the request (or, refusing a hello, the job) failed
   kBusy = 3,     // followed by str message; the server is at a limit and closes the connection,
                  // a client may connect again (only ever the answer to a hello or a frame it cut)
