@@ -84,10 +84,50 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
+// EXACTCOLL_FUZZ_IN_PROCESS=1 runs each command in this process instead of a forked child: many
+// times faster for the long runs by hand (most inputs are refused in microseconds, a fork costs
+// milliseconds), but a crash ends the whole run and a hang is not bounded. CI forks.
+bool in_process() {
+  const char* text = std::getenv("EXACTCOLL_FUZZ_IN_PROCESS");
+  return text != nullptr && std::string(text) == "1";
+}
+
+// In this process: the command's stdout and stderr go to files for the call.
+Outcome run_here(std::vector<std::string> args, const std::string& out_path, const std::string& err_path) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  const int saved_out = dup(STDOUT_FILENO), saved_err = dup(STDERR_FILENO);
+  const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  dup2(out, STDOUT_FILENO);
+  dup2(err, STDERR_FILENO);
+  close(out);
+  close(err);
+  args.insert(args.begin(), "exactcoll");
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  const int code = cli::run_command(static_cast<int>(args.size()), argv.data());
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  dup2(saved_out, STDOUT_FILENO);
+  dup2(saved_err, STDERR_FILENO);
+  close(saved_out);
+  close(saved_err);
+  Outcome o;
+  o.status = (code & 0xFF) << 8;  // as waitpid reports an exit with `code`
+  o.out = slurp(out_path);
+  o.err = slurp(err_path);
+  return o;
+}
+
 // Runs `exactcoll <args>` in a forked child (stdout and stderr to files) and waits at most
 // kRunLimit. Only the child this function forked is ever signalled, by its pid.
 Outcome run_child(const std::vector<std::string>& args, const std::string& log_dir) {
   const std::string out_path = log_dir + "/stdout", err_path = log_dir + "/stderr";
+  if (in_process()) return run_here(args, out_path, err_path);
   std::fflush(stdout);
   std::fflush(stderr);
   const pid_t pid = fork();

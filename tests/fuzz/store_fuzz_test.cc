@@ -110,7 +110,9 @@ void expect_well_formed_reply(const std::vector<uint8_t>& payload) {
       for (int list = 0; list < 2; ++list) {  // the ranks waiting, then those that left
         const auto n = reader.u32();
         ASSERT_TRUE(n) << "timeout reply without its rank lists";
-        if (list == 0) EXPECT_LE(*n, *arrived);
+        if (list == 0) {
+          EXPECT_LE(*n, *arrived);
+        }
         for (uint32_t i = 0; i < *n; ++i) EXPECT_TRUE(reader.u32().has_value());
       }
       EXPECT_TRUE(reader.at_end());
