@@ -16,6 +16,7 @@
 #include "cuda_backend/store/tcp_store_server.h"
 #include "cuda_backend/store/wire.h"
 #include "tests/fuzz/fuzz_harness.h"
+#include "tests/resident_memory.h"
 #include "tests/store/raw_connection.h"
 
 namespace exactcoll {
@@ -30,14 +31,7 @@ using storetest::RawConnection;
 
 const std::string kToken = "fuzz-token-0123456789abcdef";
 
-size_t resident_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
-}
+using testing_memory::resident_bytes;
 
 const char* const kKeys[] = {"a", "b", "handles/1/miss/0", "", "k\xff", "a-much-longer-key-for-the-fuzzer"};
 

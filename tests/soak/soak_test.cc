@@ -28,19 +28,13 @@
 #include "sim/fused/reference.h"
 #include "sim/world.h"
 #include "tests/fuzz/fuzz_harness.h"
+#include "tests/resident_memory.h"
 #include "tests/sim/sim_test_util.h"
 
 namespace exactcoll {
 namespace {
 
-size_t resident_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
-}
+using testing_memory::resident_bytes;
 
 uint64_t wrong_bits(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want) {
   uint64_t bits = 0;

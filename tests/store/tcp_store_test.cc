@@ -19,6 +19,7 @@
 #include "cuda_backend/store/tcp_store_client.h"
 #include "cuda_backend/store/tcp_store_server.h"
 #include "cuda_backend/store/wire.h"
+#include "tests/resident_memory.h"
 #include "tests/store/raw_connection.h"
 
 namespace exactcoll {
@@ -480,15 +481,7 @@ TEST(TcpStoreTest, ServerRefusesBadOptions) {
 
 // ---- Issue 15: a store that cannot be broken without the token -----------------------------------
 
-// Resident memory of this process, from /proc/self/status (VmRSS), in bytes.
-size_t resident_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
-}
+using testing_memory::resident_bytes;
 
 TEST(TcpStoreTest, StrangersWithoutTheTokenCannotTakeTheRanksSlots) {
   // Issue 15, item 9: 1,100 idle connections that never said hello filled all 1,024 slots; a real
