@@ -11,6 +11,7 @@
 // once EXACTCOLL_SOAK_CALLS calls (default 10^6) are made. docs/reliability.md records the last
 // run's figures.
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <bit>
 #include <cstdint>
@@ -47,10 +48,12 @@ const sim::Algorithm kAlgorithms[] = {sim::Algorithm::kOneShot, sim::Algorithm::
                                       sim::Algorithm::kPushOneShot, sim::Algorithm::kPushTwoShot};
 const int kWorldSizes[] = {1, 2, 3, 4, 5, 8};
 
-// A count per rank: mostly small, sometimes up to 64 Ki elements; a multiple of the ranks for
-// reduce_scatter.
+constexpr size_t kLargestCount = 65536;
+
+// A count per rank: mostly small, sometimes up to kLargestCount elements; a multiple of the ranks
+// for reduce_scatter.
 size_t random_count(sim::Xoshiro256& rng, sim::Collective op, int ranks) {
-  const uint64_t scale = rng.below(16) == 0 ? 65536 : rng.below(4) == 0 ? 4096 : 300;
+  const uint64_t scale = rng.below(16) == 0 ? kLargestCount : rng.below(4) == 0 ? 4096 : 300;
   size_t count = 1 + rng.below(scale);
   if (op == sim::Collective::kReduceScatter) count = (count + ranks - 1) / ranks * ranks;
   return count;
@@ -103,6 +106,27 @@ void soak_collectives(sim::World& world, sim::Xoshiro256& rng, Tally& tally) {
   }
 }
 
+// Grows a world's buffers to the largest the soak will ask of them (fp32 at the largest count:
+// reduce_scatter's rounded-up input, the push all-reduces' 2 x ranks slots of scratch), so that
+// what the heap holds afterwards no longer depends on which sizes happened to come first.
+void grow_to_largest(sim::World& world) {
+  const int n = world.ranks();
+  std::vector<sim::CollectiveSpec> specs;
+  for (const sim::Algorithm a : {sim::Algorithm::kPushOneShot, sim::Algorithm::kPushTwoShot, sim::Algorithm::kTwoShot}) {
+    sim::CollectiveSpec spec;
+    spec.dtype = DType::kFP32;
+    spec.algorithm = a;
+    spec.count = kLargestCount;
+    specs.push_back(spec);
+  }
+  sim::CollectiveSpec rs;
+  rs.op = sim::Collective::kReduceScatter;
+  rs.dtype = DType::kFP32;
+  rs.count = (kLargestCount + n - 1) / n * n;
+  specs.push_back(rs);
+  for (const sim::CollectiveSpec& spec : specs) simtest::run_collective(world, spec, simtest::random_inputs(spec.dtype, n, spec.count, 1));
+}
+
 // One fused all-reduce + residual + RMSNorm (bf16, canonical), checked against its reference.
 void soak_fused(sim::World& world, sim::Xoshiro256& rng, Tally& tally) {
   const int n = world.ranks();
@@ -147,30 +171,46 @@ void soak_fused(sim::World& world, sim::Xoshiro256& rng, Tally& tally) {
   ++tally.by_op[std::string("fused_rmsnorm/") + fused_algo_name(spec.algo)];
 }
 
+// Bytes the heap holds for the program now (malloc's in-use chunks and its mmapped ones): what a
+// leak grows. RSS also grows with the allocator's fragmentation, which is not a leak.
+size_t heap_in_use_bytes() {
+  const struct mallinfo2 info = mallinfo2();
+  return info.uordblks + info.hblkhd;
+}
+
 TEST(Soak, AMillionCollectivesKeepEveryBitAndTheirMemory) {
+  // Buffers over 128 KiB always come from mmap and go back when freed: glibc otherwise raises its
+  // mmap threshold to the largest freed buffer, serves those from the heap, and RSS then grows
+  // with fragmentation, hiding what this test looks for.
+  mallopt(M_MMAP_THRESHOLD, 128 << 10);
   fuzz::SeededRun run("soak", "EXACTCOLL_SOAK", 1e9);
   const char* calls_text = std::getenv("EXACTCOLL_SOAK_CALLS");
   const uint64_t target_calls = calls_text != nullptr ? std::strtoull(calls_text, nullptr, 10) : 1'000'000;
-  // One long-lived world per (world size, schedule), as a communicator lives across calls.
+  const size_t rss_start = resident_bytes();
+  // One long-lived world per (world size, schedule), as a communicator lives across calls, each
+  // grown to its largest buffers first.
   std::map<std::pair<int, bool>, std::unique_ptr<sim::World>> worlds;
-  auto world_for = [&](sim::Xoshiro256& rng) -> sim::World& {
-    const int ranks = fuzz::pick(rng, kWorldSizes);
-    const bool seeded = rng.below(8) == 0;
-    auto& w = worlds[{ranks, seeded}];
-    if (!w) {
+  for (const int ranks : kWorldSizes) {
+    for (const bool seeded : {false, true}) {
       sim::WorldOptions o;
       o.ranks = ranks;
       o.schedule = seeded ? sim::Schedule::kSeeded : sim::Schedule::kThreads;
+      auto& w = worlds[{ranks, seeded}];
       w = std::make_unique<sim::World>(o);
+      grow_to_largest(*w);
     }
-    if (seeded) w->set_schedule_seed(rng.next());
-    return *w;
+  }
+  auto world_for = [&](sim::Xoshiro256& rng) -> sim::World& {
+    const int ranks = fuzz::pick(rng, kWorldSizes);
+    const bool seeded = rng.below(8) == 0;
+    sim::World& w = *worlds.at({ranks, seeded});
+    if (seeded) w.set_schedule_seed(rng.next());
+    return w;
   };
   Tally tally;
-  // By the end of the warm-up the worlds' buffers have reached their largest sizes.
-  const uint64_t warm_up_inputs = std::min<uint64_t>(20000, target_calls / 40);
-  size_t rss_after_warm_up = 0;
-  const size_t rss_start = resident_bytes();
+  // After a short warm-up (the allocator's caches settle) RSS and the heap are measured.
+  const uint64_t warm_up_inputs = std::min<uint64_t>(5000, target_calls / 40);
+  size_t rss_after_warm_up = 0, heap_after_warm_up = 0;
   run.each([&](sim::Xoshiro256& rng, uint64_t input) {
     sim::World& world = world_for(rng);
     if (rng.below(10) == 0) {
@@ -178,27 +218,35 @@ TEST(Soak, AMillionCollectivesKeepEveryBitAndTheirMemory) {
     } else {
       soak_collectives(world, rng, tally);
     }
-    if (input + 1 == warm_up_inputs) rss_after_warm_up = resident_bytes();
+    if (input + 1 == warm_up_inputs) {
+      rss_after_warm_up = resident_bytes();
+      heap_after_warm_up = heap_in_use_bytes();
+    }
     if ((input + 1) % 100000 == 0) {
-      std::printf("soak: %llu inputs, %llu calls, %llu wrong bits, RSS %.1f MiB\n",
+      std::printf("soak: %llu inputs, %llu calls, %llu wrong bits, RSS %.1f MiB, heap in use %.1f MiB\n",
                   static_cast<unsigned long long>(input + 1), static_cast<unsigned long long>(tally.calls),
-                  static_cast<unsigned long long>(tally.wrong_bits), resident_bytes() / 1048576.0);
+                  static_cast<unsigned long long>(tally.wrong_bits), resident_bytes() / 1048576.0,
+                  heap_in_use_bytes() / 1048576.0);
       std::fflush(stdout);
     }
     ASSERT_EQ(tally.wrong_bits, 0u) << "input " << input;
     if (tally.calls >= target_calls) run.stop();
   });
   const size_t rss_end = resident_bytes();
+  const size_t heap_end = heap_in_use_bytes();
   std::printf("soak: %llu calls (%llu fused), %llu elements per rank-call summed, wrong bits %llu\n",
               static_cast<unsigned long long>(tally.calls), static_cast<unsigned long long>(tally.fused_calls),
               static_cast<unsigned long long>(tally.elements), static_cast<unsigned long long>(tally.wrong_bits));
   for (const auto& [op, count] : tally.by_op) std::printf("soak:   %-32s %llu\n", op.c_str(), static_cast<unsigned long long>(count));
-  std::printf("soak: RSS %.1f MiB at the start, %.1f MiB after %llu warm-up inputs, %.1f MiB at the end\n",
+  std::printf("soak: RSS %.1f MiB at the start, %.1f MiB after %llu warm-up inputs, %.1f MiB at the end; "
+              "heap in use %.2f MiB after the warm-up, %.2f MiB at the end\n",
               rss_start / 1048576.0, rss_after_warm_up / 1048576.0, static_cast<unsigned long long>(warm_up_inputs),
-              rss_end / 1048576.0);
+              rss_end / 1048576.0, heap_after_warm_up / 1048576.0, heap_end / 1048576.0);
   EXPECT_EQ(tally.wrong_bits, 0u);
   if (rss_after_warm_up > 0 && fuzz::kRssIsMeaningful) {
-    // After the warm-up nothing may accumulate per call: allow 16 MiB of allocator noise.
+    // After the warm-up nothing may accumulate per call: the heap in use stays within 1 MiB (a
+    // leak of 1 byte per call would pass it), RSS within 16 MiB of allocator noise.
+    EXPECT_LT(heap_end, heap_after_warm_up + (size_t{1} << 20)) << "the heap in use grew after the warm-up";
     EXPECT_LT(rss_end, rss_after_warm_up + (size_t{16} << 20)) << "RSS grew after the warm-up";
   }
 }
