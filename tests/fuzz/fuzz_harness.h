@@ -70,11 +70,18 @@ class SeededRun {
   uint64_t each(const std::function<void(sim::Xoshiro256& rng, uint64_t input)>& one) {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + std::chrono::duration<double>(seconds_);
+    auto next_report = start + std::chrono::minutes(1);  // long runs say how far they are
     for (uint64_t i = only_input_.value_or(0); i < max_inputs_; ++i) {  // bounded by inputs, time or failure
       if (!only_input_ && std::chrono::steady_clock::now() >= deadline) break;
       sim::Xoshiro256 rng(input_seed(i));
       one(rng, i);
       ++inputs_;
+      if (const auto now = std::chrono::steady_clock::now(); now >= next_report) {
+        std::printf("%s: %llu inputs in %.0f s\n", target_.c_str(), static_cast<unsigned long long>(inputs_),
+                    std::chrono::duration<double>(now - start).count());
+        std::fflush(stdout);
+        next_report = now + std::chrono::minutes(1);
+      }
       if (::testing::Test::HasFailure()) {
         std::printf("%s: input %llu failed; reproduce with %s_SEED=%llu %s_INPUT=%llu\n", target_.c_str(),
                     static_cast<unsigned long long>(i), prefix_.c_str(), static_cast<unsigned long long>(seed_),
