@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <new>
@@ -86,9 +87,20 @@ int run_command(int argc, char** argv) {
 }
 
 uint64_t memory_limit_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGE_SIZE);
-  uint64_t limit = pages > 0 && page_bytes > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_bytes)
-                                               : UINT64_MAX;
+  // MemAvailable: what the kernel can give without swapping, other processes' memory left out
+  // (the machine's total would let a large request through to the OOM killer).
+  uint64_t limit = UINT64_MAX;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      limit = std::strtoull(line.c_str() + 13, nullptr, 10) * 1024;
+      break;
+    }
+  }
+  if (limit == UINT64_MAX) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page_bytes > 0) limit = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_bytes);
+  }
   for (const int resource : {RLIMIT_AS, RLIMIT_DATA}) {
     rlimit r{};
     if (getrlimit(resource, &r) == 0 && r.rlim_cur != RLIM_INFINITY) limit = std::min<uint64_t>(limit, r.rlim_cur);
@@ -105,7 +117,7 @@ std::string check_memory(uint64_t bytes, const std::string& what) {
     return std::string(text);
   };
   return what + " need " + gib(bytes) + ", more than the " + gib(limit) +
-         " this process may use (the machine's memory, or its ulimit -v / prlimit --as)";
+         " this process may use (the machine's available memory, or its ulimit -v / prlimit --as)";
 }
 
 ArgParser::ArgParser(std::string usage, std::string description)

@@ -103,8 +103,9 @@ int fail(const std::string& command, const std::string& message, int code = kExi
 // error" (a bug: commands report their own failures). Precondition: argc >= 2.
 int run_command(int argc, char** argv);
 
-// Returns the bytes of memory this process may use: the least of the machine's physical memory
-// and the soft RLIMIT_AS and RLIMIT_DATA limits (`ulimit -v`, `prlimit --as`).
+// Returns the bytes of memory this process may use: the least of the machine's available memory
+// (MemAvailable: what other processes hold is not there to take) and the soft RLIMIT_AS and
+// RLIMIT_DATA limits (`ulimit -v`, `prlimit --as`).
 uint64_t memory_limit_bytes();
 
 // Returns "" when `bytes` fit in memory_limit_bytes(), else a message for the user: what needs

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -84,6 +85,12 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
+std::string quoted(const std::vector<std::string>& args) {
+  std::string text = "exactcoll";
+  for (const auto& a : args) text += " '" + a + "'";
+  return text;
+}
+
 // EXACTCOLL_FUZZ_IN_PROCESS=1 runs each command in this process instead of a forked child: many
 // times faster for the long runs by hand (most inputs are refused in microseconds, a fork costs
 // milliseconds), but a crash ends the whole run and a hang is not bounded. CI forks.
@@ -92,8 +99,11 @@ bool in_process() {
   return text != nullptr && std::string(text) == "1";
 }
 
-// In this process: the command's stdout and stderr go to files for the call.
-Outcome run_here(std::vector<std::string> args, const std::string& out_path, const std::string& err_path) {
+// In this process: the command's stdout and stderr go to files for the call; its argv goes to
+// `current_path` first, so that the input that ends the whole process is known.
+Outcome run_here(std::vector<std::string> args, const std::string& out_path, const std::string& err_path,
+                 const std::string& current_path) {
+  std::ofstream(current_path, std::ios::trunc) << quoted(args) << "\n";
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
@@ -123,15 +133,27 @@ Outcome run_here(std::vector<std::string> args, const std::string& out_path, con
   return o;
 }
 
+// Every command runs with at most 8 GiB of address space, as libFuzzer bounds its targets' RSS:
+// an allocation past it fails (and must be reported as such), where on a machine shared with
+// other work it could otherwise wake the OOM killer, whose SIGKILL no command can answer. Not
+// under AddressSanitizer, which reserves terabytes of address space.
+void limit_address_space() {
+#if !defined(__SANITIZE_ADDRESS__)
+  const rlimit limit{rlim_t{8} << 30, rlim_t{8} << 30};
+  setrlimit(RLIMIT_AS, &limit);
+#endif
+}
+
 // Runs `exactcoll <args>` in a forked child (stdout and stderr to files) and waits at most
 // kRunLimit. Only the child this function forked is ever signalled, by its pid.
 Outcome run_child(const std::vector<std::string>& args, const std::string& log_dir) {
   const std::string out_path = log_dir + "/stdout", err_path = log_dir + "/stderr";
-  if (in_process()) return run_here(args, out_path, err_path);
+  if (in_process()) return run_here(args, out_path, err_path, log_dir + "/current");
   std::fflush(stdout);
   std::fflush(stderr);
   const pid_t pid = fork();
   if (pid == 0) {
+    limit_address_space();
     const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(out, STDOUT_FILENO);
@@ -324,12 +346,6 @@ Argv make_argv(sim::Xoshiro256& rng, const CommandSpec& spec, const std::vector<
   return a;
 }
 
-std::string quoted(const std::vector<std::string>& args) {
-  std::string text = "exactcoll";
-  for (const auto& a : args) text += " '" + a + "'";
-  return text;
-}
-
 TEST(CliFuzz, EveryArgvEndsInADocumentedExitCodeWithNoPartialOutput) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string root = std::string(tmp ? tmp : "/tmp") + "/cli_fuzz_" + std::to_string(getpid());
@@ -340,6 +356,7 @@ TEST(CliFuzz, EveryArgvEndsInADocumentedExitCodeWithNoPartialOutput) {
   std::vector<CommandSpec> specs;
   for (const Fuzzed& fuzzed : kCommands) specs.push_back(discover(fuzzed, root + "/in", log_dir));
   std::map<int, uint64_t> codes;
+  if (in_process()) limit_address_space();
   fuzz::SeededRun run("fuzz cli", "EXACTCOLL_FUZZ", 30.0);
   run.each([&](sim::Xoshiro256& rng, uint64_t) {
     for (const auto& entry : fs::directory_iterator(out_dir)) fs::remove_all(entry.path());
