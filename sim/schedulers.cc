@@ -89,7 +89,15 @@ void ThreadsScheduler::wait(const BlockEnv& env, const uint32_t* flag, uint32_t 
   while (true) {
     const uint32_t seen = word.load(std::memory_order_acquire);
     if (seen == value) break;
-    if (aborted_.load(std::memory_order_relaxed)) throw Aborted{};
+    if (aborted_.load(std::memory_order_relaxed)) {
+      // Another wait timed out first; say where this one stood, so that the report shows the
+      // whole chain (the first timeout may be a live rank stuck behind the one that failed).
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      other_waits_ += "\n  " + where(env, world_) + " waits for flag set " + std::to_string(set) + " from peer " +
+                      std::to_string(peer) + " to hold epoch " + std::to_string(value) + " (it holds " +
+                      std::to_string(seen) + ")";
+      throw Aborted{};
+    }
     const auto left = deadline - std::chrono::steady_clock::now();
     if (left <= std::chrono::nanoseconds(0)) {
       throw SimError(SimFailure::kTimeout,
@@ -127,6 +135,15 @@ void ThreadsScheduler::run() {
           // waits for it time out and name it.
         } catch (const Aborted&) {
           // Another rank failed first; its error is the one reported.
+        } catch (const SimError& e) {
+          // A timeout of its own: the first is the error, the others join the report.
+          std::lock_guard<std::mutex> lock(error_mutex_);
+          if (!first_error_) {
+            first_error_ = std::current_exception();
+          } else {
+            other_waits_ += "\n  " + std::string(e.what());
+          }
+          aborted_.store(true);
         } catch (...) {
           std::lock_guard<std::mutex> lock(error_mutex_);
           if (!first_error_) first_error_ = std::current_exception();
@@ -145,8 +162,9 @@ void ThreadsScheduler::run() {
   if (first_error_) {
     try {
       std::rethrow_exception(first_error_);
-    } catch (const SimError&) {
-      throw;
+    } catch (const SimError& e) {
+      if (other_waits_.empty()) throw;
+      throw SimError(e.kind(), e.what() + std::string("\nthe other waits at that moment:") + other_waits_);
     } catch (const std::exception& e) {
       throw SimError(SimFailure::kError, std::string("a kernel failed: ") + e.what());
     }
