@@ -55,7 +55,9 @@ exactcoll_status status_of(const sim::SimError& error) {
     case sim::SimFailure::kTimeout: return EXACTCOLL_ERROR_TIMEOUT;
     case sim::SimFailure::kError: return EXACTCOLL_ERROR_INTERNAL;
     case sim::SimFailure::kDeadlock:
-    case sim::SimFailure::kLivelock: return EXACTCOLL_ERROR_SIMULATION;
+    case sim::SimFailure::kLivelock:
+    case sim::SimFailure::kRankDied:  // fault injection, which the C API does not offer
+      return EXACTCOLL_ERROR_SIMULATION;
   }
   return EXACTCOLL_ERROR_INTERNAL;
 }

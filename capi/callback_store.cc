@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "capi/api_support.h"
+#include "core/key_barrier.h"
 
 namespace exactcoll::capi {
 namespace {
@@ -11,11 +12,6 @@ namespace {
 thread_local std::string callback_message;
 
 constexpr size_t kFirstGetBytes = 4096;
-
-int64_t remaining_ms(std::chrono::steady_clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-  return std::max<int64_t>(0, left.count());
-}
 
 }  // namespace
 
@@ -77,25 +73,12 @@ bool CallbackStore::erase(const std::string& key) {
   return existed != 0;
 }
 
-void CallbackStore::barrier(const std::string& name, int world_size, std::chrono::milliseconds timeout) {
+void CallbackStore::barrier(const std::string& name, int rank, int world_size, std::chrono::milliseconds timeout) {
   if (world_size != world_size_) {
     throw StoreError("barrier '" + name + "' for " + std::to_string(world_size) + " ranks on a store made for " +
                      std::to_string(world_size_));
   }
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const uint64_t round = barrier_rounds_[name]++;
-  const std::string prefix = name + "/" + std::to_string(round) + "/";
-  set(prefix + std::to_string(rank_), "1");
-  for (int peer = 0; peer < world_size_; ++peer) {
-    if (peer == rank_) continue;
-    try {
-      get(prefix + std::to_string(peer), std::chrono::milliseconds(remaining_ms(deadline)));
-    } catch (const StoreError& e) {
-      throw StoreError("barrier '" + name + "': rank " + std::to_string(peer) + " never arrived within " +
-                       std::to_string(timeout.count()) + " ms (" + e.what() + ")");
-    }
-  }
-  if (round > 0) erase(name + "/" + std::to_string(round - 1) + "/" + std::to_string(rank_));
+  key_barrier(*this, name, rank == kUnknownRank ? rank_ : rank, world_size, timeout);
 }
 
 }  // namespace exactcoll::capi

@@ -168,7 +168,7 @@ std::vector<std::vector<void*>> HandleExchange::exchange(const std::vector<Expor
   }
   const std::string barrier = key(round, "barrier", -1);
   try {
-    store_.barrier(barrier, world_size_, options_.timeout);
+    store_.barrier(barrier, rank_, world_size_, options_.timeout);
   } catch (const StoreError& e) {
     throw StoreError("handle exchange round " + std::to_string(round) + " (rank " + std::to_string(rank_) +
                      "): the closing barrier '" + barrier + "' did not complete: " + e.what());

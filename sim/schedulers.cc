@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <climits>
 #include <ctime>
+#include <system_error>
 #include <thread>
 
 namespace exactcoll::sim {
@@ -63,6 +64,7 @@ uint64_t ThreadsScheduler::now() const {
 }
 
 void ThreadsScheduler::signal(const BlockEnv& env, uint32_t* flag, uint32_t value, int peer, int set) {
+  world_.fault_step(env.rank);
   // seq_cst store and load pair with the waiter's sleepers_ increment and flag re-check: either
   // the waiter sees the value, or this sees the sleeper and wakes it (release/acquire included).
   std::atomic_ref<uint32_t>(*flag).store(value, std::memory_order_seq_cst);
@@ -71,6 +73,7 @@ void ThreadsScheduler::signal(const BlockEnv& env, uint32_t* flag, uint32_t valu
 }
 
 void ThreadsScheduler::wait(const BlockEnv& env, const uint32_t* flag, uint32_t value, int peer, int set) {
+  world_.fault_step(env.rank);
   std::atomic_ref<uint32_t> word(*const_cast<uint32_t*>(flag));
   const uint64_t since = env.tracer ? now() : 0;
   // 1. A short spin: the peer is often just behind.
@@ -86,7 +89,15 @@ void ThreadsScheduler::wait(const BlockEnv& env, const uint32_t* flag, uint32_t 
   while (true) {
     const uint32_t seen = word.load(std::memory_order_acquire);
     if (seen == value) break;
-    if (aborted_.load(std::memory_order_relaxed)) throw Aborted{};
+    if (aborted_.load(std::memory_order_relaxed)) {
+      // Another wait timed out first; say where this one stood, so that the report shows the
+      // whole chain (the first timeout may be a live rank stuck behind the one that failed).
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      other_waits_ += "\n  " + where(env, world_) + " waits for flag set " + std::to_string(set) + " from peer " +
+                      std::to_string(peer) + " to hold epoch " + std::to_string(value) + " (it holds " +
+                      std::to_string(seen) + ")";
+      throw Aborted{};
+    }
     const auto left = deadline - std::chrono::steady_clock::now();
     if (left <= std::chrono::nanoseconds(0)) {
       throw SimError(SimFailure::kTimeout,
@@ -109,30 +120,51 @@ void ThreadsScheduler::run() {
   const int n = world_.ranks();
   const uint32_t launches = static_cast<uint32_t>(world_.queue_size());
   std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([this, r, launches] {
-      try {
-        for (uint32_t k = 0; k < launches; ++k) {
-          world_.stage(r, k, this);
-          const int blocks = world_.queued(k).launch.blocks;
-          for (int b = 0; b < blocks; ++b) world_.run_block(r, b, k, this);
-          world_.finish(r, k);
+  try {
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([this, r, launches] {
+        try {
+          for (uint32_t k = 0; k < launches; ++k) {
+            world_.stage(r, k, this);
+            const int blocks = world_.queued(k).launch.blocks;
+            for (int b = 0; b < blocks; ++b) world_.run_block(r, b, k, this);
+            world_.finish(r, k);
+          }
+        } catch (const RankDied&) {
+          // Fault injection stopped this rank: like a killed process it reports nothing; its peers'
+          // waits for it time out and name it.
+        } catch (const Aborted&) {
+          // Another rank failed first; its error is the one reported.
+        } catch (const SimError& e) {
+          // A timeout of its own: the first is the error, the others join the report.
+          std::lock_guard<std::mutex> lock(error_mutex_);
+          if (!first_error_) {
+            first_error_ = std::current_exception();
+          } else {
+            other_waits_ += "\n  " + std::string(e.what());
+          }
+          aborted_.store(true);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(error_mutex_);
+          if (!first_error_) first_error_ = std::current_exception();
+          aborted_.store(true);
         }
-      } catch (const Aborted&) {
-        // Another rank failed first; its error is the one reported.
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex_);
-        if (!first_error_) first_error_ = std::current_exception();
-        aborted_.store(true);
-      }
-    });
+      });
+    }
+  } catch (const std::system_error& e) {
+    // A rank's thread could not start (e.g. out of memory): stop the started ones and join them
+    // (a joinable std::thread must never be destroyed).
+    aborted_.store(true);
+    for (auto& t : threads) t.join();
+    throw SimError(SimFailure::kError, std::string("could not start a thread for every rank: ") + e.what());
   }
   for (auto& t : threads) t.join();
   if (first_error_) {
     try {
       std::rethrow_exception(first_error_);
-    } catch (const SimError&) {
-      throw;
+    } catch (const SimError& e) {
+      if (other_waits_.empty()) throw;
+      throw SimError(e.kind(), e.what() + std::string("\nthe other waits at that moment:") + other_waits_);
     } catch (const std::exception& e) {
       throw SimError(SimFailure::kError, std::string("a kernel failed: ") + e.what());
     }
@@ -156,14 +188,18 @@ void SeededScheduler::block_on(const uint32_t* word, uint32_t value, int peer, i
 }
 
 void SeededScheduler::signal(const BlockEnv& env, uint32_t* flag, uint32_t value, int peer, int set) {
+  world_.fault_step(env.rank);
   current_->fiber->yield();  // a scheduling point: others may run before the store lands
+  world_.fault_check(env.rank);  // another block of this rank may have died meanwhile
   std::atomic_ref<uint32_t>(*flag).store(value, std::memory_order_release);
   trace_flag(env, TraceEvent::Kind::kSignal, steps_, 0, peer, set, value);
 }
 
 void SeededScheduler::wait(const BlockEnv& env, const uint32_t* flag, uint32_t value, int peer, int set) {
+  world_.fault_step(env.rank);
   const uint64_t since = steps_;
-  block_on(flag, value, peer, set);  // resumed only once *flag == value
+  block_on(flag, value, peer, set);  // resumed once *flag == value, or to unwind a dead rank
+  world_.fault_check(env.rank);
   trace_flag(env, TraceEvent::Kind::kWait, steps_, since, peer, set, value);
 }
 
@@ -173,6 +209,7 @@ void SeededScheduler::stream(int rank) {
   for (uint32_t k = 0; k < launches; ++k) {
     if (k > 0) {
       block_on(&blocks_done_[rank], static_cast<uint32_t>(world_.queued(k - 1).launch.blocks), -1, -1);
+      world_.fault_check(rank);
       world_.finish(rank, k - 1);
     }
     blocks_done_[rank] = 0;
@@ -192,6 +229,7 @@ void SeededScheduler::stream(int rank) {
   }
   if (launches > 0) {
     block_on(&blocks_done_[rank], static_cast<uint32_t>(world_.queued(launches - 1).launch.blocks), -1, -1);
+    world_.fault_check(rank);
     world_.finish(rank, launches - 1);
   }
 }
@@ -222,13 +260,16 @@ void SeededScheduler::run() {
   const std::string reproduce = "reproduce with --schedule-seed " + std::to_string(seed_);
   std::vector<SimThread*> runnable;
   while (true) {
-    // 1. Who can run: not finished, and not waiting for a value that is not there yet.
+    // 1. Who can run: not finished, and not waiting for a value that is not there yet. A thread
+    //    of a rank that fault injection stopped runs too: it unwinds (RankDied) at once.
     runnable.clear();
     bool unfinished = false;
     for (const auto& t : threads_) {
       if (t->fiber->finished()) continue;
       unfinished = true;
-      if (t->wait_word == nullptr || *t->wait_word == t->wait_value) runnable.push_back(t.get());
+      if (t->wait_word == nullptr || *t->wait_word == t->wait_value || world_.rank_dead(t->rank)) {
+        runnable.push_back(t.get());
+      }
     }
     if (!unfinished) break;
     if (runnable.empty()) {
@@ -254,6 +295,8 @@ void SeededScheduler::run() {
       if (std::exception_ptr error = next->fiber->error()) {
         try {
           std::rethrow_exception(error);
+        } catch (const RankDied&) {
+          // A thread of the stopped rank has unwound; it reports nothing.
         } catch (const SimError&) {
           throw;
         } catch (const std::exception& e) {

@@ -36,6 +36,7 @@ class ThreadsScheduler final : public Executor {
   std::atomic<int> sleepers_{0};
   std::mutex error_mutex_;
   std::exception_ptr first_error_;
+  std::string other_waits_;  // where the other ranks waited when the first error stopped them
 };
 
 // seeded: fibers, one running at a time, the next picked by a PRNG at every signal, wait and launch

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "sim/schedulers.h"
@@ -26,33 +27,50 @@ World::World(WorldOptions options) : options_(std::move(options)), world_id_(nex
     throw std::invalid_argument("a world has 1.." + std::to_string(kMaxRanks) + " ranks, not " +
                                 std::to_string(options_.ranks));
   }
+  if (options_.fail_rank < -1 || options_.fail_rank >= options_.ranks) {
+    throw std::invalid_argument("fail_rank " + std::to_string(options_.fail_rank) + " is not a rank of a world of " +
+                                std::to_string(options_.ranks));
+  }
   heaps_.resize(options_.ranks);
   peers_.resize(options_.ranks);
-  for (int r = 0; r < options_.ranks; ++r) {
-    heaps_[r].signals.name = "signals";
-    heaps_[r].input.name = "input";
-    heaps_[r].scratch.name = "scratch";
-    heaps_[r].output.name = "output";
-    allocate(heaps_[r].signals, r, sizeof(SignalBuffer));
-    allocate(heaps_[r].input, r, 64);
-    allocate(heaps_[r].scratch, r, 64);
+  try {
+    for (int r = 0; r < options_.ranks; ++r) {
+      heaps_[r].signals.name = "signals";
+      heaps_[r].input.name = "input";
+      heaps_[r].scratch.name = "scratch";
+      heaps_[r].output.name = "output";
+      allocate(heaps_[r].signals, r, sizeof(SignalBuffer));
+      allocate(heaps_[r].input, r, 64);
+      allocate(heaps_[r].scratch, r, 64);
+    }
+    if (options_.trace) tracer_ = std::make_unique<Tracer>(options_.ranks, options_.trace_elements);
+    for (int r = 0; r < options_.ranks; ++r) {
+      HandleExchangeOptions hx;
+      hx.key_prefix = "sim/world" + std::to_string(world_id_);
+      hx.timeout = options_.store_timeout;
+      exchangers_.push_back(std::make_unique<HandleExchange>(
+          store_, r, options_.ranks, [this](int peer, const ExportedBuffer& b) { return open_handle(peer, b); },
+          CloseHandleFn{}, hx));
+    }
+    sync_handles();
+  } catch (...) {
+    release_heaps();  // no destructor runs for a constructor that throws
+    throw;
   }
-  if (options_.trace) tracer_ = std::make_unique<Tracer>(options_.ranks, options_.trace_elements);
-  for (int r = 0; r < options_.ranks; ++r) {
-    HandleExchangeOptions hx;
-    hx.key_prefix = "sim/world" + std::to_string(world_id_);
-    hx.timeout = options_.wait_timeout;
-    exchangers_.push_back(std::make_unique<HandleExchange>(
-        store_, r, options_.ranks, [this](int peer, const ExportedBuffer& b) { return open_handle(peer, b); },
-        CloseHandleFn{}, hx));
-  }
-  sync_handles();
 }
 
-World::~World() {
+World::~World() { release_heaps(); }
+
+void World::release_heaps() {
   for (auto& heap : heaps_) {
-    for (Region* region : {&heap.signals, &heap.input, &heap.scratch, &heap.output}) std::free(region->data);
-    for (auto& region : heap.extra) std::free(region.data);
+    for (Region* region : {&heap.signals, &heap.input, &heap.scratch, &heap.output}) {
+      std::free(region->data);
+      region->data = nullptr;
+    }
+    for (auto& region : heap.extra) {
+      std::free(region.data);
+      region.data = nullptr;
+    }
   }
 }
 
@@ -140,18 +158,41 @@ void World::sync_handles() {
   std::vector<std::vector<std::vector<void*>>> results(n);
   std::vector<std::exception_ptr> errors(n);
   std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        results[r] = exchangers_[r]->exchange(exports(r));
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
+  // Fault injection, step 0: the failing rank never joins (its peers time out naming it).
+  if (options_.fail_rank >= 0 && options_.fail_at_step == 0) fault_fired_.store(true);
+  try {
+    for (int r = 0; r < n; ++r) {
+      if (rank_dead(r)) continue;
+      threads.emplace_back([&, r] {
+        try {
+          results[r] = exchangers_[r]->exchange(exports(r));
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+    }
+  } catch (const std::system_error& e) {
+    // No thread for a rank (e.g. out of memory): the started ones time out without it; join them.
+    for (auto& t : threads) t.join();
+    failed_ = true;
+    throw SimError(SimFailure::kError, std::string("could not start a thread for the handle exchange: ") + e.what());
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < n; ++r) {
-    if (errors[r]) std::rethrow_exception(errors[r]);
+    if (!errors[r]) continue;
+    failed_ = true;  // the exchangers' rounds no longer agree: the world is spent
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const StoreError& e) {
+      throw SimError(SimFailure::kTimeout, e.what() + fault_note());
+    } catch (const std::exception& e) {
+      throw SimError(SimFailure::kError, std::string("handle exchange: ") + e.what() + fault_note());
+    }
+  }
+  if (fault_fired_.load()) {
+    failed_ = true;
+    throw SimError(SimFailure::kRankDied, "the handle exchange completed without rank " +
+                                              std::to_string(options_.fail_rank) + fault_note());
   }
   for (int r = 0; r < n; ++r) {
     PeerTable& table = peers_[r];
@@ -166,6 +207,28 @@ void World::sync_handles() {
     }
   }
   handles_dirty_ = false;
+}
+
+void World::fault_step(int rank) {
+  if (rank != options_.fail_rank) return;
+  fault_check(rank);
+  if (fault_steps_.fetch_add(1) + 1 == options_.fail_at_step) {
+    fault_fired_.store(true);
+    throw RankDied{};
+  }
+}
+
+void World::fault_check(int rank) const {
+  if (rank_dead(rank)) throw RankDied{};
+}
+
+std::string World::fault_note() const {
+  if (!fault_fired_.load()) return "";
+  const std::string r = std::to_string(options_.fail_rank);
+  return "\n(rank " + r + " was stopped by fault injection " +
+         (options_.fail_at_step == 0 ? std::string("before it joined the world")
+                                     : "at its synchronization step " + std::to_string(options_.fail_at_step)) +
+         ": --fail-rank " + r + " --fail-at-step " + std::to_string(options_.fail_at_step) + ")";
 }
 
 void World::validate(const QueuedLaunch& q) const {
@@ -184,6 +247,7 @@ void World::validate(const QueuedLaunch& q) const {
 }
 
 void World::stage(int rank, uint32_t k, Executor* executor) {
+  fault_check(rank);
   const QueuedLaunch& q = queue_[k];
   if (!q.launch.inputs.empty() && q.launch.input_bytes > 0) {
     std::memcpy(heaps_[rank].input.data, q.launch.inputs[rank], q.launch.input_bytes);
@@ -224,6 +288,7 @@ BlockEnv World::block_env(int rank, int block, uint32_t k, Executor* executor) {
 }
 
 void World::run_block(int rank, int block, uint32_t k, Executor* executor) {
+  fault_check(rank);
   const BlockEnv env = block_env(rank, block, k, executor);
   queue_[k].run_block(env, tracer_ != nullptr);
   note_progress();
@@ -276,24 +341,30 @@ void World::run() {
   progress_done_.store(0);
   progress_total_.store(units);
   // 4. Run.
-  if (options_.schedule == Schedule::kThreads) {
-    ThreadsScheduler scheduler(*this, options_.wait_timeout);
-    try {
+  try {
+    if (options_.schedule == Schedule::kThreads) {
+      ThreadsScheduler scheduler(*this, options_.wait_timeout);
       scheduler.run();
-    } catch (...) {
-      failed_ = true;
-      throw;
-    }
-  } else {
-    SeededScheduler scheduler(*this, options_.schedule_seed, options_.max_steps);
-    try {
+    } else {
+      SeededScheduler scheduler(*this, options_.schedule_seed, options_.max_steps);
+      struct KeepSteps {
+        World* w;
+        const SeededScheduler& s;
+        ~KeepSteps() { w->last_steps_ = s.steps(); }
+      } keep{this, scheduler};
       scheduler.run();
-    } catch (...) {
-      last_steps_ = scheduler.steps();
-      failed_ = true;
-      throw;
     }
-    last_steps_ = scheduler.steps();
+  } catch (const SimError& e) {
+    failed_ = true;
+    throw SimError(e.kind(), e.what() + fault_note());
+  } catch (...) {
+    failed_ = true;
+    throw;
+  }
+  if (fault_fired_.load()) {
+    failed_ = true;
+    throw SimError(SimFailure::kRankDied, "rank " + std::to_string(options_.fail_rank) +
+                                              " did not finish; its peers finished without it" + fault_note());
   }
 }
 

@@ -55,7 +55,9 @@ namespace exactcoll::sim {
 enum class Schedule { kThreads, kSeeded };
 const char* schedule_name(Schedule s);
 
-enum class SimFailure { kDeadlock, kLivelock, kTimeout, kError };
+// kRankDied: the rank stopped by fault injection (WorldOptions::fail_rank) did not finish, while
+// its peers did (their waits never needed it again).
+enum class SimFailure { kDeadlock, kLivelock, kTimeout, kError, kRankDied };
 
 // A run that did not complete: what went wrong, naming the ranks, blocks, flags and epochs.
 class SimError : public std::runtime_error {
@@ -72,10 +74,27 @@ struct WorldOptions {
   Schedule schedule = Schedule::kThreads;
   uint64_t schedule_seed = 1;                       // seeded scheduler
   std::chrono::milliseconds wait_timeout{20000};    // threads scheduler: one flag wait
+  // Every wait of the handle exchange (over the in-process store) when buffers are new or grown.
+  // Separate from wait_timeout, as on GPUs (store timeout vs kernel wait bound): a short flag-wait
+  // bound must not fail the exchange while 16 threads start on 2 cores.
+  std::chrono::milliseconds store_timeout{20000};
   uint64_t max_steps = 100'000'000;                 // seeded scheduler: livelock bound
   bool trace = false;                               // record steps, signals and waits
   std::vector<uint64_t> trace_elements;             // also record these elements' folds and roundings
+  // Fault injection: what a dead rank looks like to its peers. Rank fail_rank (-1: none) stops at
+  // its fail_at_step-th synchronization step — a flag signal or wait of any of its blocks, counted
+  // from 1 over the world's runs — before doing it: it signals, writes and reads nothing more, as
+  // a killed process. Step 0: it never joins the world's first handle exchange. Its peers then
+  // wait for it until their timeout (wait_timeout; store_timeout for step 0) or, seeded, deadlock;
+  // run() throws SimError naming it, or kRankDied when they finished without it.
+  int fail_rank = -1;
+  uint64_t fail_at_step = 0;
 };
+
+// Thrown inside the failing rank's simulated threads when fault injection stops it; the
+// schedulers end those threads quietly (a dead rank reports nothing) and run() says what happened.
+// Not a std::exception, so that no handler of real errors mistakes it for one.
+struct RankDied {};
 
 // One launch: a kernel over `blocks` blocks on every rank.
 struct Launch {
@@ -279,6 +298,8 @@ class World {
   std::pair<uint64_t, uint64_t> progress() const { return {progress_done_.load(), progress_total_.load()}; }
   // Exchanges every rank's buffer handles (collective over the in-process store, one thread per
   // rank). run() calls it when a buffer was added or grown; calling it again is a cache hit.
+  // Throws SimError (kTimeout) when a rank's exchange times out, naming the rank that never
+  // published its handles.
   void sync_handles();
   // Handle-exchange statistics of rank's exchanger (tests).
   const HandleExchangeStats& exchange_stats(int rank) const;
@@ -300,6 +321,14 @@ class World {
   void note_progress() { progress_done_.fetch_add(1, std::memory_order_relaxed); }
   Tracer* mutable_tracer() { return tracer_.get(); }
   uint32_t launch_id(uint32_t k) const { return launch_base_ + k; }
+  // Fault injection, called by the schedulers: at every synchronization step of `rank` (counts
+  // it; throws RankDied when it is the failing rank's last), and where a rank's thread starts
+  // work (throws RankDied when the rank died already).
+  void fault_step(int rank);
+  void fault_check(int rank) const;
+  bool rank_dead(int rank) const { return rank == options_.fail_rank && fault_fired_.load(); }
+  // Synchronization steps the failing rank has taken so far (fault injection).
+  uint64_t fault_steps() const { return fault_steps_.load(); }
 
  private:
   struct Region {
@@ -313,10 +342,13 @@ class World {
     std::vector<Region> extra;
   };
   void allocate(Region& region, int rank, size_t bytes);
+  void release_heaps();
   void grow(Region& region, int rank, size_t bytes);
   std::vector<ExportedBuffer> exports(int rank) const;
   void* open_handle(int peer, const ExportedBuffer& buffer);
   void validate(const QueuedLaunch& q) const;
+  // What run() adds to a failure when fault injection stopped a rank.
+  std::string fault_note() const;
 
   WorldOptions options_;
   uint64_t world_id_;
@@ -335,6 +367,8 @@ class World {
   uint64_t last_steps_ = 0;
   uint64_t next_generation_ = 1;
   bool failed_ = false;
+  std::atomic<uint64_t> fault_steps_{0};   // steps the failing rank has taken
+  std::atomic<bool> fault_fired_{false};   // it died
 };
 
 }  // namespace exactcoll::sim

@@ -1,12 +1,18 @@
 #include "tools/cli.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
+#include <new>
 #include <sstream>
+#include <system_error>
 
 namespace exactcoll::cli {
 namespace {
@@ -59,6 +65,59 @@ std::string resolve_path(const std::string& path) {
 int fail(const std::string& command, const std::string& message, int code) {
   std::cerr << "exactcoll " << command << ": " << message << "\n";
   return code;
+}
+
+int run_command(int argc, char** argv) {
+  const std::string name = argv[1];
+  const auto commands = registered_commands();
+  const auto it = std::find_if(commands.begin(), commands.end(), [&](const Command& c) { return c.name == name; });
+  if (it == commands.end()) {
+    std::cerr << "exactcoll: unknown command '" << name << "' (exactcoll --help lists them)\n";
+    return kExitUsage;
+  }
+  try {
+    return it->run(argc - 1, argv + 1);
+  } catch (const std::bad_alloc&) {
+    return fail(name, "out of memory (a smaller problem, or more memory, is needed)", kExitFailure);
+  } catch (const std::system_error& e) {
+    return fail(name, std::string("system error: ") + e.what(), kExitFailure);
+  } catch (const std::exception& e) {
+    return fail(name, std::string("internal error: ") + e.what() + " (please report it)", kExitFailure);
+  }
+}
+
+uint64_t memory_limit_bytes() {
+  // MemAvailable: what the kernel can give without swapping, other processes' memory left out
+  // (the machine's total would let a large request through to the OOM killer).
+  uint64_t limit = UINT64_MAX;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      limit = std::strtoull(line.c_str() + 13, nullptr, 10) * 1024;
+      break;
+    }
+  }
+  if (limit == UINT64_MAX) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page_bytes > 0) limit = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_bytes);
+  }
+  for (const int resource : {RLIMIT_AS, RLIMIT_DATA}) {
+    rlimit r{};
+    if (getrlimit(resource, &r) == 0 && r.rlim_cur != RLIM_INFINITY) limit = std::min<uint64_t>(limit, r.rlim_cur);
+  }
+  return limit;
+}
+
+std::string check_memory(uint64_t bytes, const std::string& what) {
+  const uint64_t limit = memory_limit_bytes();
+  if (bytes <= limit) return "";
+  auto gib = [](uint64_t b) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(b) / static_cast<double>(uint64_t{1} << 30));
+    return std::string(text);
+  };
+  return what + " need " + gib(bytes) + ", more than the " + gib(limit) +
+         " this process may use (the machine's available memory, or its ulimit -v / prlimit --as)";
 }
 
 ArgParser::ArgParser(std::string usage, std::string description)

@@ -96,4 +96,23 @@ class ArgParser {
 // Prints "exactcoll <command>: <message>" to stderr and returns `code`.
 int fail(const std::string& command, const std::string& message, int code = kExitUsage);
 
+// Runs the registered command argv[1] with argv[1..argc) and returns its exit code: kExitUsage for
+// an unknown command. The last line of defence of every main(): an exception that escapes the
+// command becomes exit 3 with a message, never an abort — std::bad_alloc "out of memory",
+// std::system_error (e.g. no thread could be started) "system error", anything else "internal
+// error" (a bug: commands report their own failures). Precondition: argc >= 2.
+int run_command(int argc, char** argv);
+
+// Returns the bytes of memory this process may use: the least of the machine's available memory
+// (MemAvailable: what other processes hold is not there to take) and the soft RLIMIT_AS and
+// RLIMIT_DATA limits (`ulimit -v`, `prlimit --as`).
+uint64_t memory_limit_bytes();
+
+// Returns "" when `bytes` fit in memory_limit_bytes(), else a message for the user: what needs
+// how many GiB, and the limit. Commands check their largest buffers with it before allocating,
+// so that a request the machine cannot hold is bad input (exit 2), not a failure half-way.
+// Example: check_memory(input + output, "the inputs and outputs") ->
+//   "the inputs and outputs need 16.0 GiB, more than the 4.0 GiB this process may use (...)"
+std::string check_memory(uint64_t bytes, const std::string& what);
+
 }  // namespace exactcoll::cli

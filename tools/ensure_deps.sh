@@ -7,6 +7,7 @@ exactcoll_missing_packages() {
   local missing=()
   command -v bazel >/dev/null 2>&1 || missing+=(bazel-bootstrap)
   [ -d /usr/share/bazel/rules/java ] || missing+=(bazel-rules-java)
+  # g++ brings libasan8 and libubsan1 (through gcc-12 -> libgcc-12-dev): --config=asan needs no more.
   command -v g++ >/dev/null 2>&1 || missing+=(g++)
   [ -f /usr/include/eigen3/Eigen/Core ] || missing+=(libeigen3-dev)
   [ -f /usr/include/boost/asio.hpp ] || missing+=(libboost-dev)

@@ -26,9 +26,5 @@ int main(int argc, char** argv) {
     print_help();
     return argc < 2 ? exactcoll::cli::kExitUsage : exactcoll::cli::kExitOk;
   }
-  for (const auto& c : exactcoll::cli::registered_commands()) {
-    if (c.name == argv[1]) return c.run(argc - 1, argv + 1);
-  }
-  std::cerr << "exactcoll: unknown command '" << argv[1] << "' (exactcoll --help lists them)\n";
-  return exactcoll::cli::kExitUsage;
+  return exactcoll::cli::run_command(argc, argv);
 }

@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "cuda_backend/store/wire.h"
+
 namespace exactcoll {
 namespace {
 
@@ -121,6 +123,10 @@ WorkerEnv parse_worker_env(const EnvLookup& lookup) {
   } else if (token->size() < kMinStoreTokenChars) {
     problems.add("EXACTCOLL_STORE_TOKEN has " + std::to_string(token->size()) + " characters; use at least " +
                  std::to_string(kMinStoreTokenChars) + " random ones (e.g. 32 hex digits from /dev/urandom)");
+  } else if (token->size() > store_wire::kMaxTokenBytes) {
+    // Every hello would be refused as an oversized frame: say so now, naming the variable.
+    problems.add("EXACTCOLL_STORE_TOKEN has " + std::to_string(token->size()) + " characters; the store's hello " +
+                 "carries at most " + std::to_string(store_wire::kMaxTokenBytes) + " (32 hex digits are plenty)");
   }
 
   if (!problems.empty()) throw BootstrapError(problems.message());

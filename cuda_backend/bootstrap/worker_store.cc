@@ -21,8 +21,9 @@ class WorkerStore final : public Store {
   }
   int64_t add(const std::string& key, int64_t delta) override { return client_->add(key, delta); }
   bool erase(const std::string& key) override { return client_->erase(key); }
-  void barrier(const std::string& name, int world_size, std::chrono::milliseconds timeout) override {
-    client_->barrier(name, world_size, timeout);
+  using Store::barrier;
+  void barrier(const std::string& name, int rank, int world_size, std::chrono::milliseconds timeout) override {
+    client_->barrier(name, rank, world_size, timeout);
   }
 
  private:
@@ -43,6 +44,7 @@ std::unique_ptr<Store> connect_worker_store(const WorkerEnv& env, const WorkerSt
   client_options.port = env.store_port;
   client_options.connect_timeout = options.connect_timeout;
   client_options.request_timeout = options.request_timeout;
+  client_options.server_owner = "rank 0";  // a lost connection then names the rank that died
 
   // 1. Rank 0 serves first, so that the others' connection retries find it.
   std::unique_ptr<TcpStoreServer> server;

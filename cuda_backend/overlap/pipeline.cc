@@ -145,7 +145,7 @@ OverlapPipeline::OverlapPipeline(Store& store, int rank, int world_size, Overlap
         handle, o.dtype, rows, o.k, o.n, workspace, workspace_bytes,
         algo == o.product_algos.end() ? std::nullopt : std::optional<cublasLtMatmulAlgo_t>(algo->second));
   }
-  store_.barrier(o.name + "/ready", world_size_, o.store_timeout);
+  store_.barrier(o.name + "/ready", rank_, world_size_, o.store_timeout);
 }
 
 OverlapPipeline::~OverlapPipeline() {
@@ -155,7 +155,7 @@ OverlapPipeline::~OverlapPipeline() {
     for (cudaStream_t s : comm_) (void)cudaStreamSynchronize(s);
   }
   try {
-    store_.barrier(options_.name + "/close", world_size_, options_.store_timeout);
+    store_.barrier(options_.name + "/close", rank_, world_size_, options_.store_timeout);
   } catch (const std::exception& e) {
     std::cerr << "exactcoll: rank " << rank_ << ": closing overlap pipeline " << options_.name << ": " << e.what() << "\n";
   }

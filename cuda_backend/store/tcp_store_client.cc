@@ -1,8 +1,10 @@
 #include "cuda_backend/store/tcp_store_client.h"
 
 #include <algorithm>
+#include <climits>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -40,9 +42,15 @@ std::string quoted(const std::string& text) { return "'" + text + "'"; }
 class TcpStoreClient::Impl {
  public:
   explicit Impl(TcpStoreClientOptions options)
-      : options_(std::move(options)), endpoint_text_(options_.host + ":" + std::to_string(options_.port)) {
-    connect();
-    hello();
+      : options_(std::move(options)),
+        endpoint_text_(options_.host + ":" + std::to_string(options_.port)),
+        server_text_("the store server at " + endpoint_text_ +
+                     (options_.server_owner.empty() ? "" : " (run by " + options_.server_owner + ")")) {
+    if (options_.token.size() > store_wire::kMaxTokenBytes) {
+      throw StoreError("store: the token has " + std::to_string(options_.token.size()) +
+                       " characters; a hello carries at most " + std::to_string(store_wire::kMaxTokenBytes));
+    }
+    join();
   }
 
   ~Impl() {
@@ -100,7 +108,7 @@ class TcpStoreClient::Impl {
     }
     if (oversized_reply) lose(what, "the server sent a malformed reply frame");
     if (result == asio::error::eof || result == asio::error::connection_reset || result == asio::error::broken_pipe) {
-      lose(what, "the store server closed the connection");
+      lose(what, kClosedByServer);
     }
     if (result) lose(what, result.message());
 
@@ -111,6 +119,11 @@ class TcpStoreClient::Impl {
       const auto message = reader.str();
       throw StoreError("store " + what + ": " + (message ? *message : std::string("error (no message)")) +
                        " (store server " + endpoint_text_ + ")");
+    }
+    if (status == static_cast<uint8_t>(Status::kBusy)) {
+      const auto message = reader.str();
+      lose(what, "the server is at a limit and closed the connection: " +
+                     (message ? *message : std::string("(no message)")));
     }
     if (status != static_cast<uint8_t>(Status::kOk) && status != static_cast<uint8_t>(Status::kTimeout)) {
       lose(what, "the server sent a reply with unknown status");
@@ -123,7 +136,36 @@ class TcpStoreClient::Impl {
     lost_ = why;
     error_code ignored;
     socket_.close(ignored);
-    throw StoreError("store " + what + ": " + why + " (store server " + endpoint_text_ + ")");
+    if (why == kClosedByServer) {
+      // The server's process ended (or stopped its server): say whose it was.
+      throw StoreError("store " + what + ": " + server_text_ + " closed the connection" +
+                       (options_.server_owner.empty() ? "" : ": " + options_.server_owner + " exited or died"));
+    }
+    throw StoreError("store " + what + ": " + why + " (" + server_text_ + ")");
+  }
+
+  // A timeout reply's fields: callers waiting, the ranks among them, the ranks that left.
+  struct TimeoutFields {
+    uint32_t arrived = 0;
+    std::vector<int> present, left;
+  };
+  // Returns nullopt when the fields are malformed.
+  static std::optional<TimeoutFields> timeout_fields(PayloadReader& reader) {
+    TimeoutFields f;
+    const auto arrived = reader.u32();
+    if (!arrived) return std::nullopt;
+    f.arrived = *arrived;
+    for (std::vector<int>* ranks : {&f.present, &f.left}) {
+      const auto count = reader.u32();
+      if (!count) return std::nullopt;  // a count beyond the data fails at the first missing rank
+      for (uint32_t i = 0; i < *count; ++i) {
+        const auto rank = reader.u32();
+        if (!rank || *rank > static_cast<uint32_t>(INT32_MAX)) return std::nullopt;
+        ranks->push_back(static_cast<int>(*rank));
+      }
+    }
+    if (f.present.size() > f.arrived || !reader.at_end()) return std::nullopt;
+    return f;
   }
 
   // A reply whose fields do not match its request: the server is not speaking our protocol.
@@ -134,38 +176,28 @@ class TcpStoreClient::Impl {
   std::mutex mutex;
 
  private:
-  // Connects to host:port, retrying with backoff until connect_timeout has passed. The loop is
-  // bounded: every pass returns, or ends at the deadline, or sleeps toward it.
-  void connect() {
+  // Connects and says hello, trying again with backoff until connect_timeout has passed: the
+  // server may not listen yet, or may drop the connection before answering (at a limit, or
+  // crowded by strangers: tcp_store_server.h). An explicit refusal (wrong token, protocol, the
+  // server's max_connections) ends it at once. Bounded: every pass ends at the deadline, or
+  // sleeps toward it.
+  void join() {
     const auto deadline = std::chrono::steady_clock::now() + clamp_wait(options_.connect_timeout);
     std::chrono::milliseconds backoff(20);
     std::string last_error = "no attempt made";
     for (;;) {
-      const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto remaining =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (remaining.count() <= 0) break;
-      error_code ec;
-      tcp::resolver resolver(io_);
-      const auto endpoints = resolver.resolve(options_.host, std::to_string(options_.port), ec);
-      if (ec) {
-        last_error = "cannot resolve " + options_.host + ": " + ec.message();
-      } else {
-        error_code connect_result = asio::error::would_block;
-        io_.restart();
-        asio::async_connect(socket_, endpoints,
-                            [&](error_code connect_ec, const tcp::endpoint&) { connect_result = connect_ec; });
-        io_.run_for(remaining);
-        if (connect_result == asio::error::would_block) {
-          error_code ignored;
-          socket_.close(ignored);
-          io_.restart();
-          io_.run();
-          last_error = "connect timed out";
-        } else if (!connect_result) {
-          error_code ignored;
-          socket_.set_option(tcp::no_delay(true), ignored);
+      if (connect_once(remaining, &last_error)) {
+        try {
+          hello(std::min(remaining, options_.request_timeout));
           return;
-        } else {
-          last_error = connect_result.message();
+        } catch (const StoreError& e) {
+          if (!lost_) throw;  // the server refused us explicitly: trying again cannot help
+          last_error = *lost_ == kClosedByServer ? "the server closed the connection before answering the hello"
+                                                 : *lost_;
+          lost_.reset();
           error_code ignored;
           socket_.close(ignored);
         }
@@ -176,29 +208,58 @@ class TcpStoreClient::Impl {
       std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(backoff, left));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
     }
-    throw StoreError("store: could not connect to the store server at " + endpoint_text_ + " within " +
+    throw StoreError("store: could not join the store server at " + endpoint_text_ + " within " +
                      std::to_string(options_.connect_timeout.count()) + " ms (last error: " + last_error +
                      "); is rank 0 running, and are MASTER_ADDR and EXACTCOLL_STORE_PORT (default MASTER_PORT + 1) "
                      "right?");
   }
 
-  void hello() {
+  // One connection attempt of at most `within`. Returns whether it connected; else *error says why.
+  bool connect_once(std::chrono::milliseconds within, std::string* error) {
+    error_code ec;
+    tcp::resolver resolver(io_);
+    const auto endpoints = resolver.resolve(options_.host, std::to_string(options_.port), ec);
+    if (ec) {
+      *error = "cannot resolve " + options_.host + ": " + ec.message();
+      return false;
+    }
+    error_code connect_result = asio::error::would_block;
+    io_.restart();
+    asio::async_connect(socket_, endpoints, [&](error_code connect_ec, const tcp::endpoint&) { connect_result = connect_ec; });
+    io_.run_for(within);
+    if (connect_result == asio::error::would_block) {
+      error_code ignored;
+      socket_.close(ignored);
+      io_.restart();
+      io_.run();
+      *error = "connect timed out";
+      return false;
+    }
+    if (connect_result) {
+      *error = connect_result.message();
+      error_code ignored;
+      socket_.close(ignored);
+      return false;
+    }
+    error_code ignored;
+    socket_.set_option(tcp::no_delay(true), ignored);
+    return true;
+  }
+
+  // Throws StoreError: with lost_ set when the connection failed (worth another attempt), without
+  // when the server refused the hello.
+  void hello(std::chrono::milliseconds reply_within) {
     PayloadWriter request;
     request.u8(static_cast<uint8_t>(Op::kHello)).u32(store_wire::kProtocolVersion).str(options_.token);
-    try {
-      auto [status, reader] = round_trip(request, options_.request_timeout, "hello");
-      if (status != Status::kOk || !reader.at_end()) malformed("hello");
-    } catch (const StoreError& e) {
-      if (lost_ && *lost_ == "the store server closed the connection") {
-        throw StoreError("store hello: the store server at " + endpoint_text_ +
-                         " closed the connection (wrong token, too many connections, or it is stopping)");
-      }
-      throw;
-    }
+    auto [status, reader] = round_trip(request, reply_within, "hello");
+    if (status != Status::kOk || !reader.at_end()) malformed("hello");
   }
+
+  static constexpr const char* kClosedByServer = "the store server closed the connection";
 
   TcpStoreClientOptions options_;
   std::string endpoint_text_;
+  std::string server_text_;  // "the store server at host:port (run by rank 0)"
   asio::io_context io_;
   tcp::socket socket_{io_};
   std::optional<std::string> lost_;  // why the connection is unusable, once it is
@@ -226,7 +287,7 @@ std::string TcpStoreClient::get(const std::string& key, std::chrono::millisecond
   request.u8(static_cast<uint8_t>(Op::kGet)).str(key).u32(static_cast<uint32_t>(timeout.count()));
   auto [status, reader] = impl_->round_trip(request, timeout + impl_->options().request_timeout, what);
   if (status == Status::kTimeout) {
-    if (!reader.u32() || !reader.at_end()) impl_->malformed(what);
+    if (!Impl::timeout_fields(reader)) impl_->malformed(what);
     throw StoreError("store " + what + ": no rank set it within " + std::to_string(timeout.count()) + " ms");
   }
   auto value = reader.str();
@@ -256,22 +317,27 @@ bool TcpStoreClient::erase(const std::string& key) {
   return *existed == 1;
 }
 
-void TcpStoreClient::barrier(const std::string& name, int world_size, std::chrono::milliseconds timeout) {
+void TcpStoreClient::barrier(const std::string& name, int rank, int world_size, std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const std::string what = "barrier " + quoted(name);
   if (world_size < 1) throw StoreError("store " + what + ": world_size must be at least 1, got " + std::to_string(world_size));
+  if (rank != kUnknownRank && (rank < 0 || rank >= world_size)) {
+    throw StoreError("store " + what + ": rank " + std::to_string(rank) + " is outside 0.." +
+                     std::to_string(world_size - 1));
+  }
   timeout = clamp_wait(timeout);
   PayloadWriter request;
   request.u8(static_cast<uint8_t>(Op::kBarrier))
       .str(name)
       .u32(static_cast<uint32_t>(world_size))
-      .u32(static_cast<uint32_t>(timeout.count()));
+      .u32(static_cast<uint32_t>(timeout.count()))
+      .u32(rank == kUnknownRank ? store_wire::kNoRank : static_cast<uint32_t>(rank));
   auto [status, reader] = impl_->round_trip(request, timeout + impl_->options().request_timeout, what);
   if (status == Status::kTimeout) {
-    const auto arrived = reader.u32();
-    if (!arrived || !reader.at_end()) impl_->malformed(what);
-    throw StoreError("store " + what + ": only " + std::to_string(*arrived) + " of " + std::to_string(world_size) +
-                     " callers arrived within " + std::to_string(timeout.count()) + " ms");
+    const auto fields = Impl::timeout_fields(reader);
+    if (!fields) impl_->malformed(what);
+    throw StoreError("store " + barrier_timeout_message(name, world_size, fields->arrived, fields->present,
+                                                        fields->left, timeout));
   }
   if (!reader.at_end()) impl_->malformed(what);
 }

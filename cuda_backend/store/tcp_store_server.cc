@@ -1,8 +1,10 @@
 #include "cuda_backend/store/tcp_store_server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cstdio>
+#include <list>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -32,6 +34,9 @@ using store_wire::Status;
 // Buffers larger than this are released after use, so an idle connection that once sent a big
 // frame does not keep holding it.
 constexpr size_t kKeepBufferBytes = 64 << 10;
+// A frame's buffer grows by at most this much per read: memory follows the bytes that arrived,
+// never the length a frame announces.
+constexpr size_t kReadChunkBytes = 64 << 10;
 
 std::vector<uint8_t> ok_reply() { return PayloadWriter().u8(static_cast<uint8_t>(Status::kOk)).frame(); }
 
@@ -39,8 +44,21 @@ std::vector<uint8_t> error_reply(std::string_view message) {
   return PayloadWriter().u8(static_cast<uint8_t>(Status::kError)).str(message).frame();
 }
 
-std::vector<uint8_t> timeout_reply(size_t arrived) {
-  return PayloadWriter().u8(static_cast<uint8_t>(Status::kTimeout)).u32(static_cast<uint32_t>(arrived)).frame();
+std::vector<uint8_t> busy_reply(std::string_view message) {
+  return PayloadWriter().u8(static_cast<uint8_t>(Status::kBusy)).str(message).frame();
+}
+
+// `arrived` callers were there; `present` are the ranks those of them gave, `left` the ranks of
+// callers that came and left before the end.
+std::vector<uint8_t> timeout_reply(size_t arrived, const std::vector<uint32_t>& present,
+                                   const std::vector<uint32_t>& left) {
+  PayloadWriter w;
+  w.u8(static_cast<uint8_t>(Status::kTimeout)).u32(static_cast<uint32_t>(arrived));
+  for (const std::vector<uint32_t>* ranks : {&present, &left}) {
+    w.u32(static_cast<uint32_t>(ranks->size()));
+    for (const uint32_t r : *ranks) w.u32(r);
+  }
+  return w.frame();
 }
 
 void release_if_large(std::vector<uint8_t>& buffer) {
@@ -61,7 +79,10 @@ struct Session {
   asio::steady_timer timer;  // the hello deadline, then the deadline of a parked request
   uint64_t id;
   std::array<uint8_t, store_wire::kLengthPrefixBytes> prefix{};
-  std::vector<uint8_t> body;
+  std::vector<uint8_t> body;  // the frame being received: grows as its bytes arrive
+  uint32_t expected = 0;      // the payload length its prefix announced
+  size_t buffered = 0;        // body.capacity() as counted in the server's buffered bytes
+  std::list<uint64_t>::iterator in_hello_queue;  // while !authenticated: its place in accept order
   std::vector<uint8_t> outgoing;
   bool authenticated = false;
   bool writing = false;
@@ -69,6 +90,7 @@ struct Session {
   bool closed = false;
   Wait wait = Wait::kNone;
   std::string wait_key;  // the key of a parked get, or the name of a parked barrier
+  uint32_t barrier_rank = store_wire::kNoRank;  // the rank a parked barrier caller gave
   // Bumped whenever a parked request ends; a timer or readiness handler that captured an older
   // value belongs to a request that was already answered and does nothing.
   uint64_t wait_generation = 0;
@@ -84,11 +106,17 @@ class TcpStoreServer::Impl {
 
   uint16_t port() const { return port_; }
   void stop();
+  Usage usage() const {
+    return {connections_.load(), unauthenticated_.load(), buffered_bytes_.load(), stored_bytes_.load()};
+  }
 
  private:
   void accept_next();
+  void admit(tcp::socket socket);
   void read_prefix(const SessionPtr& s);
   void read_body(const SessionPtr& s);
+  // Counts s's buffer capacity in buffered_bytes_ (after it changed).
+  void account(const SessionPtr& s);
   void handle_request(const SessionPtr& s);
   void handle_hello(const SessionPtr& s, PayloadReader& reader, std::optional<uint8_t> op);
   void handle_set(const SessionPtr& s, PayloadReader& reader);
@@ -124,19 +152,33 @@ class TcpStoreServer::Impl {
   bool shutting_down_ = false;
   uint64_t next_session_id_ = 1;
   std::unordered_map<uint64_t, SessionPtr> sessions_;
+  std::list<uint64_t> hello_queue_;  // sessions without hello, oldest first (the next to give way)
   std::unordered_map<std::string, std::string> values_;
-  size_t stored_bytes_ = 0;
+  // Written on the io thread only; atomic so that usage() may read them from any thread.
+  std::atomic<size_t> stored_bytes_{0};
+  std::atomic<size_t> connections_{0};      // authenticated
+  std::atomic<size_t> unauthenticated_{0};
+  std::atomic<size_t> buffered_bytes_{0};
   std::unordered_map<std::string, std::vector<uint64_t>> get_waiters_;  // key -> parked sessions
   struct BarrierState {
     uint32_t world_size = 0;
     std::vector<uint64_t> arrived;  // parked sessions, in arrival order
+    std::vector<uint32_t> left;     // ranks of callers that left before the end (timeout, exit), sorted
   };
   std::unordered_map<std::string, BarrierState> barriers_;
+  // The ranks its callers gave, sorted (callers without one are left out).
+  std::vector<uint32_t> ranks_in(const BarrierState& barrier) const;
+  // Remembers that `rank` came to the barrier and left before it completed.
+  static void note_left(BarrierState& barrier, uint32_t rank);
 };
 
 TcpStoreServer::Impl::Impl(TcpStoreServerOptions options) : options_(std::move(options)) {
   if (options_.token.empty()) {
     throw StoreError("store server: refusing to start without a token (every client must present one)");
+  }
+  if (options_.token.size() > store_wire::kMaxTokenBytes) {
+    throw StoreError("store server: the token has " + std::to_string(options_.token.size()) +
+                     " characters; a hello carries at most " + std::to_string(store_wire::kMaxTokenBytes));
   }
   const std::string where = options_.bind_address + ":" + std::to_string(options_.port);
   error_code ec;
@@ -226,24 +268,39 @@ void TcpStoreServer::Impl::accept_next() {
       });
       return;
     }
-    if (sessions_.size() >= options_.max_connections) {
-      error_code ignored;
-      socket.close(ignored);
-      accept_next();
-      return;
-    }
-    error_code ignored;
-    socket.set_option(tcp::no_delay(true), ignored);  // small frames, answered at once
-    auto s = std::make_shared<Session>(io_, std::move(socket), next_session_id_++);
-    sessions_.emplace(s->id, s);
-    s->timer.expires_after(options_.hello_timeout);
-    s->timer.async_wait([this, s](error_code timer_ec) {
-      if (timer_ec || s->closed || s->authenticated) return;
-      close_session(s);  // no hello in time: a stranger or a stuck client
-    });
-    read_prefix(s);
+    admit(std::move(socket));
     accept_next();
   });
+}
+
+void TcpStoreServer::Impl::admit(tcp::socket socket) {
+  // Make room among the connections that have not said hello: the oldest gives way. Strangers
+  // can only ever crowd each other; the ranks' slots (max_connections) count hellos.
+  while (!hello_queue_.empty() && hello_queue_.size() >= options_.max_unauthenticated) {
+    const SessionPtr oldest = find_session(hello_queue_.front());
+    if (oldest) {
+      close_session(oldest);  // removes it from the queue
+    } else {
+      hello_queue_.pop_front();
+    }
+  }
+  if (options_.max_unauthenticated == 0) {
+    error_code ignored;
+    socket.close(ignored);
+    return;
+  }
+  error_code ignored;
+  socket.set_option(tcp::no_delay(true), ignored);  // small frames, answered at once
+  auto s = std::make_shared<Session>(io_, std::move(socket), next_session_id_++);
+  sessions_.emplace(s->id, s);
+  s->in_hello_queue = hello_queue_.insert(hello_queue_.end(), s->id);
+  unauthenticated_.store(hello_queue_.size());
+  s->timer.expires_after(options_.hello_timeout);
+  s->timer.async_wait([this, s](error_code timer_ec) {
+    if (timer_ec || s->closed || s->authenticated) return;
+    close_session(s);  // no hello in time: a stranger or a stuck client
+  });
+  read_prefix(s);
 }
 
 void TcpStoreServer::Impl::read_prefix(const SessionPtr& s) {
@@ -265,16 +322,41 @@ void TcpStoreServer::Impl::read_prefix(const SessionPtr& s) {
                     " bytes" + (s->authenticated ? "" : " before hello"));
       return;
     }
-    s->body.resize(length);
+    s->expected = length;
+    s->body.clear();
     read_body(s);
   });
 }
 
+void TcpStoreServer::Impl::account(const SessionPtr& s) {
+  buffered_bytes_.store(buffered_bytes_.load() - s->buffered + s->body.capacity());
+  s->buffered = s->body.capacity();
+}
+
 void TcpStoreServer::Impl::read_body(const SessionPtr& s) {
-  asio::async_read(s->socket, asio::buffer(s->body), [this, s](error_code ec, size_t) {
+  // Grow the buffer for the next chunk only: a frame that announces 16 MiB and sends 64 bytes
+  // holds 64 KiB. Capacity doubles (amortized copying) but never passes the announced length.
+  const size_t have = s->body.size();
+  const size_t chunk = std::min<size_t>(s->expected - have, kReadChunkBytes);
+  const size_t capacity = std::max(s->body.capacity(), std::min<size_t>(s->expected, std::max(have + chunk, 2 * s->body.capacity())));
+  if (buffered_bytes_.load() - s->buffered + capacity > options_.max_buffered_bytes) {
+    reply(s, busy_reply("busy: the server holds " + std::to_string(buffered_bytes_.load()) +
+                        " bytes of unfinished requests, its limit is " + std::to_string(options_.max_buffered_bytes) +
+                        "; try again"),
+          true);
+    return;
+  }
+  s->body.reserve(capacity);
+  s->body.resize(have + chunk);
+  account(s);
+  asio::async_read(s->socket, asio::buffer(s->body.data() + have, chunk), [this, s](error_code ec, size_t) {
     if (s->closed) return;
     if (ec) {
       close_session(s);
+      return;
+    }
+    if (s->body.size() < s->expected) {
+      read_body(s);
       return;
     }
     try {
@@ -286,7 +368,24 @@ void TcpStoreServer::Impl::read_body(const SessionPtr& s) {
 }
 
 void TcpStoreServer::Impl::handle_request(const SessionPtr& s) {
-  PayloadReader reader(s->body);
+  // The frame leaves the session's buffer before any reply is started (a reply may reach its
+  // client at once, and the buffer count must not lag behind what the client sees); a small
+  // buffer goes back to the session afterwards, to be reused.
+  std::vector<uint8_t> frame;
+  frame.swap(s->body);
+  account(s);
+  struct GiveBack {
+    Impl* server;
+    const SessionPtr& session;
+    std::vector<uint8_t>& frame;
+    ~GiveBack() {
+      if (session->closed || frame.capacity() > kKeepBufferBytes) return;
+      frame.clear();
+      session->body = std::move(frame);
+      server->account(session);
+    }
+  } give_back{this, s, frame};
+  PayloadReader reader(frame);
   const std::optional<uint8_t> op = reader.u8();
   if (!s->authenticated) {
     handle_hello(s, reader, op);
@@ -305,7 +404,6 @@ void TcpStoreServer::Impl::handle_request(const SessionPtr& s) {
   } else {
     refuse(s, "refused: unknown op " + std::to_string(op.value_or(0)));
   }
-  release_if_large(s->body);
 }
 
 void TcpStoreServer::Impl::handle_hello(const SessionPtr& s, PayloadReader& reader, std::optional<uint8_t> op) {
@@ -328,7 +426,15 @@ void TcpStoreServer::Impl::handle_hello(const SessionPtr& s, PayloadReader& read
     refuse(s, "refused: wrong token (every rank needs the same EXACTCOLL_STORE_TOKEN)");
     return;
   }
+  if (connections_.load() >= options_.max_connections) {
+    refuse(s, "refused: " + std::to_string(options_.max_connections) +
+                  " connections have joined already (the server's max_connections)");
+    return;
+  }
   s->authenticated = true;
+  hello_queue_.erase(s->in_hello_queue);
+  unauthenticated_.store(hello_queue_.size());
+  connections_.store(connections_.load() + 1);
   s->timer.cancel();
   reply(s, ok_reply());
 }
@@ -336,12 +442,12 @@ void TcpStoreServer::Impl::handle_hello(const SessionPtr& s, PayloadReader& read
 std::optional<std::string> TcpStoreServer::Impl::store_value(const std::string& key, std::string value) {
   auto it = values_.find(key);
   const size_t old_bytes = it == values_.end() ? 0 : key.size() + it->second.size();
-  const size_t new_total = stored_bytes_ - old_bytes + key.size() + value.size();
+  const size_t new_total = stored_bytes_.load() - old_bytes + key.size() + value.size();
   if (new_total > options_.max_stored_bytes) {
     return "store full: keeping '" + key + "' would hold " + std::to_string(new_total) + " bytes, the limit is " +
            std::to_string(options_.max_stored_bytes);
   }
-  stored_bytes_ = new_total;
+  stored_bytes_.store(new_total);
   if (it == values_.end()) {
     it = values_.emplace(key, std::move(value)).first;
   } else {
@@ -387,7 +493,7 @@ void TcpStoreServer::Impl::handle_get(const SessionPtr& s, PayloadReader& reader
   if (it != values_.end()) {
     reply(s, PayloadWriter().u8(static_cast<uint8_t>(Status::kOk)).str(it->second).frame());
   } else if (*timeout_ms == 0) {
-    reply(s, timeout_reply(0));
+    reply(s, timeout_reply(0, {}, {}));
   } else {
     get_waiters_[*key].push_back(s->id);
     park(s, Session::Wait::kGet, *key, *timeout_ms);
@@ -432,7 +538,7 @@ void TcpStoreServer::Impl::handle_erase(const SessionPtr& s, PayloadReader& read
   const auto it = values_.find(*key);
   const bool existed = it != values_.end();
   if (existed) {
-    stored_bytes_ -= it->first.size() + it->second.size();
+    stored_bytes_.store(stored_bytes_.load() - (it->first.size() + it->second.size()));
     values_.erase(it);
   }
   reply(s, PayloadWriter().u8(static_cast<uint8_t>(Status::kOk)).u8(existed ? 1 : 0).frame());
@@ -442,12 +548,18 @@ void TcpStoreServer::Impl::handle_barrier(const SessionPtr& s, PayloadReader& re
   const auto name = reader.str();
   const auto world_size = reader.u32();
   const auto timeout_ms = reader.u32();
-  if (!name || !world_size || !timeout_ms || !reader.at_end()) {
+  const auto rank = reader.u32();
+  if (!name || !world_size || !timeout_ms || !rank || !reader.at_end()) {
     refuse(s, "refused: malformed barrier");
     return;
   }
   if (*world_size == 0) {
     reply(s, error_reply("barrier '" + *name + "': world_size must be at least 1"));
+    return;
+  }
+  if (*rank != store_wire::kNoRank && *rank >= *world_size) {
+    reply(s, error_reply("barrier '" + *name + "': rank " + std::to_string(*rank) + " is not below world_size " +
+                         std::to_string(*world_size)));
     return;
   }
   BarrierState& barrier = barriers_[*name];
@@ -459,6 +571,17 @@ void TcpStoreServer::Impl::handle_barrier(const SessionPtr& s, PayloadReader& re
                          std::to_string(barrier.world_size)));
     return;
   }
+  if (*rank != store_wire::kNoRank) {
+    for (const uint64_t id : barrier.arrived) {
+      const SessionPtr member = find_session(id);
+      if (member && member->barrier_rank == *rank) {
+        reply(s, error_reply("barrier '" + *name + "': rank " + std::to_string(*rank) +
+                             " entered while a caller with the same rank waits in it"));
+        return;
+      }
+    }
+  }
+  s->barrier_rank = *rank;
   barrier.arrived.push_back(s->id);
   if (barrier.arrived.size() >= barrier.world_size) {
     // Everyone is here: release them all and forget the barrier, so the name can be used again.
@@ -473,13 +596,32 @@ void TcpStoreServer::Impl::handle_barrier(const SessionPtr& s, PayloadReader& re
     return;
   }
   if (*timeout_ms == 0) {
+    const std::vector<uint32_t> ranks = ranks_in(barrier);
     const size_t arrived = barrier.arrived.size();
+    const std::vector<uint32_t> left = barrier.left;
     barrier.arrived.pop_back();
+    note_left(barrier, *rank);
     if (barrier.arrived.empty()) barriers_.erase(*name);
-    reply(s, timeout_reply(arrived));
+    reply(s, timeout_reply(arrived, ranks, left));
     return;
   }
   park(s, Session::Wait::kBarrier, *name, *timeout_ms);
+}
+
+void TcpStoreServer::Impl::note_left(BarrierState& barrier, uint32_t rank) {
+  if (rank == store_wire::kNoRank) return;
+  const auto at = std::lower_bound(barrier.left.begin(), barrier.left.end(), rank);
+  if (at == barrier.left.end() || *at != rank) barrier.left.insert(at, rank);
+}
+
+std::vector<uint32_t> TcpStoreServer::Impl::ranks_in(const BarrierState& barrier) const {
+  std::vector<uint32_t> ranks;
+  for (const uint64_t id : barrier.arrived) {
+    const SessionPtr member = find_session(id);
+    if (member && member->barrier_rank != store_wire::kNoRank) ranks.push_back(member->barrier_rank);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
 }
 
 void TcpStoreServer::Impl::park(const SessionPtr& s, Session::Wait wait, const std::string& key, uint32_t timeout_ms) {
@@ -501,12 +643,17 @@ void TcpStoreServer::Impl::park(const SessionPtr& s, Session::Wait wait, const s
 
 void TcpStoreServer::Impl::on_wait_deadline(const SessionPtr& s) {
   size_t arrived = 0;
+  std::vector<uint32_t> ranks, left;
   if (s->wait == Session::Wait::kBarrier) {
     const auto it = barriers_.find(s->wait_key);
-    if (it != barriers_.end()) arrived = it->second.arrived.size();  // this caller included
+    if (it != barriers_.end()) {
+      arrived = it->second.arrived.size();  // this caller included
+      ranks = ranks_in(it->second);
+      left = it->second.left;
+    }
   }
   unpark(s);
-  reply(s, timeout_reply(arrived));
+  reply(s, timeout_reply(arrived, ranks, left));
 }
 
 void TcpStoreServer::Impl::unpark(const SessionPtr& s) {
@@ -519,7 +666,8 @@ void TcpStoreServer::Impl::unpark(const SessionPtr& s) {
   } else if (s->wait == Session::Wait::kBarrier) {
     const auto it = barriers_.find(s->wait_key);
     if (it != barriers_.end()) {
-      erase_id(it->second.arrived, s->id);  // a caller that left no longer counts
+      erase_id(it->second.arrived, s->id);  // a caller that left no longer waits, but is named as one that came
+      note_left(it->second, s->barrier_rank);
       if (it->second.arrived.empty()) barriers_.erase(it);
     }
   }
@@ -554,6 +702,16 @@ void TcpStoreServer::Impl::close_session(const SessionPtr& s) {
   if (s->closed) return;
   unpark(s);
   s->closed = true;
+  if (s->authenticated) {
+    connections_.store(connections_.load() - 1);
+  } else {
+    hello_queue_.erase(s->in_hello_queue);
+    unauthenticated_.store(hello_queue_.size());
+  }
+  // Its buffer stops counting now; the memory goes with the session object, after the handlers
+  // still holding it (a read cancelled by the close below among them) have run.
+  buffered_bytes_.store(buffered_bytes_.load() - s->buffered);
+  s->buffered = 0;
   s->timer.cancel();
   error_code ignored;
   s->socket.shutdown(tcp::socket::shutdown_both, ignored);
@@ -568,6 +726,8 @@ TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options)
 TcpStoreServer::~TcpStoreServer() = default;
 
 uint16_t TcpStoreServer::port() const { return impl_->port(); }
+
+TcpStoreServer::Usage TcpStoreServer::usage() const { return impl_->usage(); }
 
 void TcpStoreServer::stop() { impl_->stop(); }
 

@@ -15,7 +15,9 @@
 namespace exactcoll::store_wire {
 
 // Bumped whenever a frame's layout changes; a hello with another version is refused.
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2 (2026-11-24): barrier carries the caller's rank; timeout replies list the ranks that arrived;
+// the kBusy status.
+inline constexpr uint32_t kProtocolVersion = 2;
 
 // Largest payload accepted from an authenticated connection (16 MiB: a batch of CUDA IPC handles
 // for 16 ranks is a few KiB, so this is generous and still bounds memory per connection).
@@ -27,19 +29,32 @@ inline constexpr uint32_t kMaxHelloFrameBytes = 4096;
 
 inline constexpr size_t kLengthPrefixBytes = 4;
 
+// A hello's payload is u8 op, u32 version, u32 token length, then the token: the longest token
+// that fits the hello limit. The worker environment, the server and the client refuse longer
+// tokens up front, rather than every hello being refused as an oversized frame.
+inline constexpr size_t kHelloFixedBytes = 1 + 4 + 4;
+inline constexpr size_t kMaxTokenBytes = kMaxHelloFrameBytes - kHelloFixedBytes;
+
+// The rank field of a barrier from a caller that does not say who it is.
+inline constexpr uint32_t kNoRank = 0xFFFFFFFFu;
+
 enum class Op : uint8_t {
   kHello = 1,    // u32 protocol version, str token
   kSet = 2,      // str key, str value
   kGet = 3,      // str key, u32 timeout_ms
   kAdd = 4,      // str key, i64 delta
   kErase = 5,    // str key
-  kBarrier = 6,  // str name, u32 world_size, u32 timeout_ms
+  kBarrier = 6,  // str name, u32 world_size, u32 timeout_ms, u32 rank (kNoRank: not given)
 };
 
 enum class Status : uint8_t {
   kOk = 0,       // followed by the op's result: get: str value; add: i64 sum; erase: u8 existed
-  kTimeout = 1,  // followed by u32 arrived (barrier: callers present at the deadline; get: 0)
-  kError = 2,    // followed by str message
+  kTimeout = 1,  // followed by u32 arrived (barrier: callers present at the deadline; get: 0),
+                 // u32 n, n x u32 rank: the ranks among them that said who they are,
+                 // u32 m, m x u32 rank: the ranks that came and left before the end
+  kError = 2,    // followed by str message; the request (or, refusing a hello, the job) failed
+  kBusy = 3,     // followed by str message; the server is at a limit and closes the connection,
+                 // a client may connect again (only ever the answer to a hello or a frame it cut)
 };
 
 // Returns the 4-byte little-endian length prefix of a payload of `payload_bytes` bytes.

@@ -135,9 +135,11 @@ class Stores(unittest.TestCase):
 
     def test_long_values_pass_through(self):
         backend = exactcoll.MemoryStore()
-        backend.set("user/big/0/1", b"x" * 10000)  # a peer's arrival key holding a long value
+        # core/key_barrier.h: rank 0, first of 2, waits for round 0's done key. Set beforehand to a
+        # long value, it passes only when the 10000 bytes come through (a second get, larger buffer).
+        backend.set("user/big/0/done", b"x" * 10000)
         store = exactcoll.Store(backend, 0, 2)
-        store.barrier("big", 1.0)  # reads rank 1's key, 10000 bytes: a second get with a larger buffer
+        store.barrier("big", 1.0)
         store.close()
 
 

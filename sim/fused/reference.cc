@@ -1,6 +1,8 @@
 #include "sim/fused/reference.h"
 
 #include <cmath>
+#include <cstdio>
+#include <limits>
 #include <stdexcept>
 
 #include "core/collectives.h"  // two_shot_slice: the slice boundaries are part of rotated_two_shot
@@ -31,6 +33,13 @@ std::vector<std::string> contract_names() {
   std::vector<std::string> out;
   for (FusedContract k : kAllContracts) out.push_back(contract_name(k));
   return out;
+}
+
+std::string check_eps(double eps) {
+  if (std::isfinite(eps) && eps >= 0 && eps <= static_cast<double>(std::numeric_limits<float>::max())) return "";
+  char text[64];
+  std::snprintf(text, sizeof text, "%g", eps);
+  return std::string("--eps must be a finite number >= 0 (RMSNorm's epsilon, held as a float), got ") + text;
 }
 
 // Host arithmetic is IEEE single precision, built with -ffp-contract=off: each + and * below is one

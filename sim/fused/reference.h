@@ -38,6 +38,12 @@ bool parse_contract(const std::string& name, FusedContract* c);
 // The names, for flag help and --contract choices.
 std::vector<std::string> contract_names();
 
+// Returns "" when eps is a usable RMSNorm epsilon — a finite number >= 0 that stays finite as a
+// float — else what is wrong, naming the --eps flag. NaN, a negative or an infinite eps would make
+// outputs NaN (or undefined) while the run reports success.
+// Example: check_eps(1e-6) == ""; check_eps(NAN) == "--eps must be a finite number >= 0 (...), got nan".
+std::string check_eps(double eps);
+
 // One problem: n ranks' partial sums x [n, rows, H], the residual [rows, H], weight [H], eps.
 template <class T>
 struct FusedProblem {

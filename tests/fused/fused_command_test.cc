@@ -1,6 +1,7 @@
 // `exactcoll sim fused_rmsnorm` driven through its registered function on temp files: the three
 // algorithms give byte-identical files equal to the reference, alternative contracts differ,
 // traces are written, and bad input exits 2 without writing anything.
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -246,6 +247,52 @@ TEST(SimFusedCommand, BadInputExitsTwoAndWritesNothing) {
   const std::string junk = temp_path("junk.npy");
   std::ofstream(junk) << "not numpy";
   expect_bad({"--ranks", "2", "--input", junk, "--residual", f.r, "--weight", f.w}, "bad magic");
+}
+
+TEST(SimFusedCommand, AnUnwritableOutputLeavesNoOtherOutputAndRunsNothing) {
+  // Issue 15, item 6: --residual-output /nonexistent/o2.npy exited 3 after the whole computation
+  // and left --output o1.npy behind.
+  const std::string o1 = temp_path("half_o1.npy"), trace = temp_path("half_trace.jsonl");
+  std::remove(o1.c_str());
+  const CommandRun r = run_fused({"--ranks", "4", "--rows", "2", "--hidden", "8", "--output", o1, "--trace", trace,
+                                  "--residual-output", "/nonexistent/o2.npy"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent/o2.npy: cannot create"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "") << "nothing may run before every output is known to be writable";
+  EXPECT_FALSE(exists(o1));
+  EXPECT_FALSE(exists(trace));
+}
+
+TEST(SimFusedCommand, EpsMustBeFiniteAndNonNegative) {
+  // Issue 15, item 7: --eps nan made every output NaN and exited 0; -1 and inf were accepted too.
+  const std::string out = temp_path("eps_out.npy");
+  for (const char* eps : {"nan", "-nan", "-1", "inf", "-inf", "1e300"}) {
+    const CommandRun r = run_fused({"--ranks", "2", "--rows", "2", "--hidden", "8", "--eps", eps, "--output", out});
+    EXPECT_EQ(r.code, 2) << eps << ": " << r.err;
+    EXPECT_NE(r.err.find("--eps must be a finite number >= 0"), std::string::npos) << r.err;
+    EXPECT_FALSE(exists(out)) << eps;
+  }
+  EXPECT_EQ(run_fused({"--ranks", "2", "--rows", "2", "--hidden", "8", "--eps", "0"}).code, 0);
+  EXPECT_EQ(check_eps(1e-6), "");
+}
+
+TEST(SimFusedCommand, ADeadRankIsAClearErrorAndNoOutput) {
+  // Fault injection: rank 1 dies at its second flag operation. Its peers time out (threads) or
+  // deadlock (seeded), the error names it, and no output is written.
+  const std::string out = temp_path("dead_out.npy"), ro = temp_path("dead_ro.npy");
+  for (const char* schedule : {"threads", "seeded"}) {
+    for (const char* algo : {"one_stage", "two_stage", "push_one_stage", "unfused"}) {
+      const CommandRun r = run_fused({"--ranks", "3", "--rows", "4", "--hidden", "64", "--algo", algo, "--schedule",
+                                      schedule, "--timeout-ms", "300", "--fail-rank", "1", "--fail-at-step", "2",
+                                      "--output", out, "--residual-output", ro});
+      EXPECT_EQ(r.code, 3) << schedule << " " << algo << ": " << r.err;
+      EXPECT_NE(r.err.find("rank 1 was stopped by fault injection at its synchronization step 2"), std::string::npos)
+          << r.err;
+      EXPECT_NE(r.err.find("peer 1"), std::string::npos) << "the peers' error names the dead rank: " << r.err;
+      EXPECT_FALSE(exists(out));
+      EXPECT_FALSE(exists(ro));
+    }
+  }
 }
 
 }  // namespace

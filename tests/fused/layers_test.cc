@@ -163,9 +163,30 @@ TEST(LayersCommand, BadInputExitsTwoAndWritesNothing) {
   EXPECT_FALSE(exists(csv));
   EXPECT_EQ(run_layers({"--contract", "fast"}).code, 2);
   EXPECT_EQ(run_layers({"--ranks", "0"}).code, 2);
+  // An unwritable output is bad input, found before any work (issue 15, item 6: it was exit 3
+  // after the whole computation).
   r = run_layers({"--layers", "1", "--rows", "1", "--hidden", "64", "--csv", temp_path("no/such/dir.csv")});
-  EXPECT_EQ(r.code, 3);
+  EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("cannot create"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "") << "nothing may run before the outputs are known to be writable";
+  // The plot cannot be written: the CSV, written first, must not be left behind either.
+  r = run_layers({"--layers", "1", "--rows", "1", "--hidden", "64", "--csv", csv, "--plot", temp_path("no/such/p.svg")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_FALSE(exists(csv));
+}
+
+TEST(LayersCommand, EpsAndSizesAreCheckedBeforeAnyWork) {
+  // Issue 15, item 7: --eps nan, -1 and inf were accepted (nan made every output NaN, exit 0).
+  for (const char* eps : {"nan", "-1", "inf", "1e39"}) {
+    const CommandRun r = run_layers({"--layers", "1", "--rows", "1", "--hidden", "64", "--eps", eps});
+    EXPECT_EQ(r.code, 2) << eps;
+    EXPECT_NE(r.err.find("--eps must be a finite number >= 0"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(run_layers({"--layers", "1", "--rows", "1", "--hidden", "64", "--eps", "0"}).code, 0);
+  // Issue 15, item 2: --rows 1048576 --hidden 1048576 (each inside its range) died of std::bad_alloc.
+  const CommandRun r = run_layers({"--rows", "1048576", "--hidden", "1048576", "--layers", "1"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("GiB, more than the"), std::string::npos) << r.err;
 }
 
 // ---- The renderers ------------------------------------------------------------------------------------

@@ -2,8 +2,15 @@
 #include "tools/npy/npy.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <future>
 
 #include <cstdint>
 #include <cstdlib>
@@ -238,7 +245,8 @@ TEST(NpyWrite, ErrorsLeaveNothingHalfWritten) {
             std::string::npos);
   const std::string subdir = dir + "/is_a_dir.npy";
   mkdir(subdir.c_str(), 0755);
-  EXPECT_NE(error_of([&] { write_npy(subdir, kU16, {3}, v, 6); }).find("cannot rename"), std::string::npos);
+  EXPECT_NE(error_of([&] { write_npy(subdir, kU16, {3}, v, 6); }).find("exists and is not a regular file (a directory)"),
+            std::string::npos);
   EXPECT_FALSE(leftover_temp_files(dir));
 
   // A successful overwrite replaces the whole file and leaves no temporary behind.
@@ -246,6 +254,141 @@ TEST(NpyWrite, ErrorsLeaveNothingHalfWritten) {
   const NpyArray a = read_npy(path);
   EXPECT_EQ(a.shape, (std::vector<int64_t>{3}));
   EXPECT_EQ(a.data_as<uint16_t>()[2], 9);
+  EXPECT_FALSE(leftover_temp_files(dir));
+}
+
+// Peak resident memory of this process so far, in bytes.
+size_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<size_t>(usage.ru_maxrss) * 1024;
+}
+
+// A sparse file of `total_bytes` that starts with `head` (no data blocks are written beyond it).
+std::string sparse_file(const std::string& name, const std::string& head, off_t total_bytes) {
+  const std::string path = write_bytes(name, head);
+  EXPECT_EQ(truncate(path.c_str(), total_bytes), 0) << path;
+  return path;
+}
+
+TEST(NpyRead, HugeFileWithASmallHeaderIsRefusedBeforeAnyDataIsRead) {
+  // Issue 15, item 3: the reader reserved the file's size (64 GiB: std::bad_alloc, an abort in
+  // the CLI) and read a 2 GiB file whole (2.1 GB, 26 s) before comparing it with the header.
+  const std::string head = handmade("{'descr': '<u2', 'fortran_order': False, 'shape': (4, 8), }", std::string(64, '\0'));
+  for (const off_t total : {off_t{64} << 30, off_t{2} << 30}) {
+    const std::string path = sparse_file("huge_" + std::to_string(total >> 30) + ".npy", head, total);
+    const size_t rss_before = peak_rss_bytes();
+    const auto start = std::chrono::steady_clock::now();
+    const std::string message = error_of([&] { read_npy(path); });
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    EXPECT_NE(message.find("data size does not match the shape"), std::string::npos) << message;
+    EXPECT_LT(elapsed, std::chrono::seconds(1)) << "the data must not be read";
+    EXPECT_LT(peak_rss_bytes() - rss_before, size_t{64} << 20) << "the data must not be held";
+  }
+}
+
+TEST(NpyRead, HeaderLengthIsBounded) {
+  // A version 2.0 header length of 4 GiB - 1: refused from the length alone, nothing allocated.
+  std::string bytes("\x93NUMPY\x02\x00\xff\xff\xff\xff", 12);
+  const std::string path = sparse_file("long_header.npy", bytes, off_t{5} << 30);
+  const size_t rss_before = peak_rss_bytes();
+  EXPECT_NE(error_of([&] { read_npy(path); }).find("header of 4294967295 bytes is longer than"), std::string::npos);
+  EXPECT_LT(peak_rss_bytes() - rss_before, size_t{64} << 20);
+}
+
+TEST(NpyRead, AFifoIsRefusedWithoutBlocking) {
+  // Issue 15, item 5: open() of a FIFO blocked until a writer came, before the regular-file check.
+  const std::string path = temp_dir() + "/fifo.npy";
+  unlink(path.c_str());
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  auto reading = std::async(std::launch::async, [&] { return error_of([&] { read_npy(path); }); });
+  if (reading.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    // Release the blocked reader so that the test can end, then fail.
+    const int writer = open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) close(writer);
+    reading.wait();
+    FAIL() << "read_npy blocked on a FIFO";
+  }
+  EXPECT_NE(reading.get().find("not a regular file"), std::string::npos);
+}
+
+TEST(NpyOutputFiles, AnUnwritableOutputIsFoundBeforeAnyWorkAndNothingIsCreated) {
+  // Issue 15, item 6: `sim fused_rmsnorm --output o1.npy --residual-output /nonexistent/o2.npy`
+  // left o1.npy behind and reported the bad path only after the computation.
+  const std::string dir = temp_dir() + "/outputs1";
+  mkdir(dir.c_str(), 0755);
+  const std::string first = dir + "/o1.npy";
+  EXPECT_NE(error_of([&] { OutputFiles files({first, dir + "/no/such/o2.npy"}); }).find("cannot create"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { OutputFiles files({first, "/dev/null"}); }).find("a device, FIFO or socket"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { OutputFiles files({first, first}); }).find("named twice"), std::string::npos);
+  struct stat st;
+  EXPECT_NE(stat(first.c_str(), &st), 0) << "o1.npy must not exist";
+  EXPECT_FALSE(leftover_temp_files(dir));
+}
+
+TEST(NpyOutputFiles, CommitsAllOrNothing) {
+  const std::string dir = temp_dir() + "/outputs2";
+  mkdir(dir.c_str(), 0755);
+  const std::string a = dir + "/a.npy", b = dir + "/b.txt", trace = dir + "/t.txt";
+  const uint16_t v[2] = {1, 2};
+  struct stat st;
+  {
+    // Written but never committed (e.g. the second write threw): nothing appears.
+    OutputFiles files({a, b});
+    files.write_npy(a, kU16, {2}, v, 4);
+  }
+  EXPECT_NE(stat(a.c_str(), &st), 0);
+  EXPECT_FALSE(leftover_temp_files(dir));
+  {
+    // Only what was written is committed (a failed run keeps its trace, not its outputs).
+    OutputFiles files({a, trace});
+    files.write(trace, "what happened", 13);
+    files.commit();
+  }
+  EXPECT_NE(stat(a.c_str(), &st), 0);
+  EXPECT_EQ(file_bytes(trace), "what happened");
+  {
+    OutputFiles files({a, b});
+    files.write_npy(a, kU16, {2}, v, 4);
+    files.write(b, "text", 4);
+    files.commit();
+  }
+  EXPECT_EQ(read_npy(a).data_as<uint16_t>()[1], 2);
+  EXPECT_EQ(file_bytes(b), "text");
+  EXPECT_FALSE(leftover_temp_files(dir));
+}
+
+TEST(NpyOutputFiles, AFailedWriteLeavesNothing) {
+  // A write that fails mid-way (here: RLIMIT_FSIZE, as a full disk would) throws and leaves no file.
+  const std::string dir = temp_dir() + "/outputs3";
+  mkdir(dir.c_str(), 0755);
+  const std::string a = dir + "/a.bin", b = dir + "/b.bin";
+  const std::string big(1 << 20, 'x');
+  std::string message;
+  const pid_t child = fork();
+  if (child == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    rlimit limit{512 << 10, 512 << 10};
+    setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      OutputFiles files({a, b});
+      files.write(a, "small", 5);
+      files.write(b, big.data(), big.size());
+      files.commit();
+    } catch (const NpyError& e) {
+      _exit(std::string(e.what()).find("write failed") != std::string::npos ? 42 : 1);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 42);
+  struct stat st;
+  EXPECT_NE(stat(a.c_str(), &st), 0);
+  EXPECT_NE(stat(b.c_str(), &st), 0);
   EXPECT_FALSE(leftover_temp_files(dir));
 }
 

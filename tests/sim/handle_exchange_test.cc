@@ -65,6 +65,51 @@ TEST(LocalStore, BarrierTimeoutNamesTheBarrierAndTheCount) {
   }
 }
 
+TEST(LocalStore, BarrierTimeoutNamesTheRanksThatNeverArrived) {
+  // Issue 15, item 5: a barrier timeout names the ranks that never arrived; a rank that came and
+  // gave up is named as such, not as missing.
+  sim::LocalStore store;
+  std::string first;
+  std::thread rank2([&] {
+    try {
+      store.barrier("b", 2, 4, 50ms);
+    } catch (const StoreError& e) {
+      first = e.what();
+    }
+  });
+  rank2.join();
+  EXPECT_NE(first.find("barrier 'b': ranks 0, 1, 3 never arrived within 50 ms (1 of 4 waiting: rank 2)"),
+            std::string::npos)
+      << first;
+  std::thread rank0([&] {
+    try {
+      store.barrier("c", 0, 3, 300ms);
+    } catch (const StoreError&) {
+    }
+  });
+  std::this_thread::sleep_for(100ms);
+  try {
+    store.barrier("c", 1, 3, 50ms);
+    FAIL() << "no timeout";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 2 never arrived within 50 ms (2 of 3 waiting: ranks 0, 1)"),
+              std::string::npos)
+        << e.what();
+  }
+  rank0.join();
+  // The same rank twice, or one outside the world, is an error at once.
+  std::thread waiting([&] {
+    try {
+      store.barrier("d", 1, 2, 300ms);
+    } catch (const StoreError&) {
+    }
+  });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_THROW(store.barrier("d", 1, 2, 10ms), StoreError);
+  EXPECT_THROW(store.barrier("d", 2, 2, 10ms), StoreError);
+  waiting.join();
+}
+
 TEST(LocalStore, BarrierReleasesEveryoneAndCanBeReused) {
   sim::LocalStore store;
   for (int round = 0; round < 3; ++round) {

@@ -225,6 +225,69 @@ TEST(SimScheduler, KernelExceptionIsReportedUnderBothSchedulers) {
   }
 }
 
+// Fault injection (issue 15, item 5): a rank stopped at step K under both schedulers; its peers'
+// report names it, the note says it was injected, and the world refuses further runs.
+TEST(SimFault, ADeadRankIsNamedUnderBothSchedulers) {
+  for (const Schedule s : {Schedule::kThreads, Schedule::kSeeded}) {
+    for (const uint64_t step : {1u, 2u, 5u}) {
+      sim::WorldOptions options;
+      options.ranks = 4;
+      options.schedule = s;
+      options.wait_timeout = 200ms;
+      options.fail_rank = 3;
+      options.fail_at_step = step;
+      sim::World world(options);
+      sim::CollectiveSpec spec;
+      spec.dtype = DType::kFP32;
+      spec.count = 64;
+      spec.blocks = 2;
+      spec.algorithm = sim::Algorithm::kTwoShot;
+      const auto in = simtest::random_inputs(spec.dtype, 4, spec.count, 3);
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        simtest::run_collective(world, spec, in);
+        FAIL() << "a dead rank went unnoticed";
+      } catch (const SimError& e) {
+        const std::string m = e.what();
+        EXPECT_TRUE(e.kind() == (s == Schedule::kThreads ? SimFailure::kTimeout : SimFailure::kDeadlock) ||
+                    e.kind() == SimFailure::kRankDied)
+            << m;
+        EXPECT_NE(m.find("rank 3 was stopped by fault injection at its synchronization step " + std::to_string(step)),
+                  std::string::npos)
+            << m;
+        if (e.kind() != SimFailure::kRankDied) {
+          EXPECT_NE(m.find("peer 3"), std::string::npos) << m;
+        }
+      }
+      EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+      EXPECT_TRUE(world.rank_dead(3));
+      EXPECT_EQ(world.fault_steps(), step);
+      enqueue_stuck(world);
+      EXPECT_THROW(world.run(), std::logic_error);
+    }
+  }
+}
+
+TEST(SimFault, ARankThatNeverJoinsIsNamedByTheHandleExchange) {
+  // Step 0: rank 1 never joins the world's first handle exchange. Before issue 15 such a store
+  // timeout escaped the world as a StoreError (an abort in the CLI); it is a SimError naming the
+  // rank now.
+  sim::WorldOptions options;
+  options.ranks = 3;
+  options.store_timeout = 100ms;
+  options.fail_rank = 1;
+  options.fail_at_step = 0;
+  try {
+    sim::World world(options);
+    FAIL() << "the world formed without rank 1";
+  } catch (const SimError& e) {
+    EXPECT_EQ(e.kind(), SimFailure::kTimeout);
+    const std::string m = e.what();
+    EXPECT_NE(m.find("rank 1 never published its miss bit"), std::string::npos) << m;
+    EXPECT_NE(m.find("before it joined the world"), std::string::npos) << m;
+  }
+}
+
 // Stream order: rank r's launch k+1 starts only after all its blocks finished launch k. A kernel
 // records (launch, block) order per rank under the seeded scheduler.
 TEST(SimScheduler, LaunchesRunInStreamOrderPerRank) {

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda_backend/store/tcp_store_server.h"
@@ -222,6 +223,103 @@ TEST(LauncherTest, TokensAreFreshHex) {
     tokens.insert(token);
   }
   EXPECT_EQ(tokens.size(), 8u);
+}
+
+// ---- Without a launcher (torchrun style): every worker started here, each on its own ---------------
+
+// Starts one store_worker per rank with the torchrun variables set, waits for all (at most
+// `limit`), and returns each one's result, its elapsed time measured from the common start.
+std::vector<RunResult> run_torchrun_style(int world_size, const std::vector<std::string>& flags,
+                                          std::chrono::milliseconds limit) {
+  const uint16_t port = launch::pick_free_port();
+  const std::string token = launch::random_token_hex(16);
+  std::vector<std::thread> threads;
+  std::vector<RunResult> results(static_cast<size_t>(world_size));
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      std::vector<std::string> args = {"store_worker"};
+      args.insert(args.end(), flags.begin(), flags.end());
+      results[static_cast<size_t>(rank)] =
+          run(args,
+              {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world_size),
+               "LOCAL_RANK=" + std::to_string(rank), "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
+               "EXACTCOLL_STORE_TOKEN=" + token},
+              limit);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+TEST(TorchrunStyleTest, ABarrierTimeoutNamesTheRankThatNeverArrived) {
+  // Issue 15, item 11: rank 2 dies before the first barrier; ranks 0 and 1 said only
+  // "barrier 'start': only 2 of 3 callers arrived".
+  const auto results = run_torchrun_style(3, {"--kill-rank", "2", "--kill-at", "start", "--timeout-ms", "1500"},
+                                          std::chrono::milliseconds(15000));
+  EXPECT_EQ(results[2].exit_code, 128 + SIGKILL) << results[2].out;
+  // Rank 0 hosts the store, so it always gets its timeout reply.
+  EXPECT_EQ(results[0].exit_code, 3) << results[0].out;
+  const std::string named = "barrier 'start': rank 2 never arrived within 1500 ms (2 of 3 waiting: ranks 0, 1)";
+  expect_contains(results[0].out, named);
+  // Rank 1 arrived later, so its deadline is later: by then rank 0 may have given up (rank 1 then
+  // names rank 2 as missing and rank 0 as one that came and left), or left with its server.
+  EXPECT_EQ(results[1].exit_code, 3) << results[1].out;
+  const bool rank1_named =
+      results[1].out.find("barrier 'start': rank 2 never arrived within 1500 ms") != std::string::npos ||
+      results[1].out.find("closed the connection: rank 0 exited or died") != std::string::npos;
+  EXPECT_TRUE(rank1_named) << results[1].out;
+}
+
+TEST(TorchrunStyleTest, WhenRankZeroDiesTheOthersExitWithinTheirTimeoutAndNameIt) {
+  // Issue 15, item 5: rank 0 hosts the store. It dies after the first barrier, while ranks 1 and
+  // 2 wait for its key; they must exit within their timeout + 1 s, naming rank 0.
+  const auto timeout = std::chrono::milliseconds(4000);
+  const auto results = run_torchrun_style(3, {"--kill-rank", "0", "--timeout-ms", std::to_string(timeout.count())},
+                                          std::chrono::milliseconds(20000));
+  EXPECT_EQ(results[0].exit_code, 128 + SIGKILL) << results[0].out;
+  for (int rank = 1; rank < 3; ++rank) {
+    const RunResult& r = results[static_cast<size_t>(rank)];
+    EXPECT_EQ(r.exit_code, 3) << r.out;
+    expect_contains(r.out, "(run by rank 0) closed the connection: rank 0 exited or died");
+    EXPECT_LT(r.elapsed, timeout + std::chrono::milliseconds(1000)) << r.out;
+  }
+}
+
+TEST(LaunchTest, KillingTheLauncherEndsItsWorkers) {
+  // The launcher is killed (SIGKILL: it cannot clean up). Its workers get SIGTERM through their
+  // parent-death signal; the pipe they share with it (their stdout) then reaches its end. Rank 1
+  // would otherwise sleep 60 s, and rank 0 wait 20 s for it.
+  std::vector<std::string> argv_strings = {worker_binary(), "launch", "--nproc", "2", "--", "store_worker",
+                                           "--hang-rank", "1"};
+  std::vector<char*> argv;
+  for (auto& a : argv_strings) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int fds[2];
+  ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
+  const pid_t launcher = fork();
+  if (launcher == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the workers are up
+  const auto killed_at = Clock::now();
+  ASSERT_EQ(kill(launcher, SIGKILL), 0);  // our own child, by pid
+  int status = 0;
+  waitpid(launcher, &status, 0);
+  bool eof = false;
+  while (!eof && Clock::now() - killed_at < std::chrono::seconds(10)) {  // bounded
+    pollfd p{fds[0], POLLIN, 0};
+    if (poll(&p, 1, 100) > 0) {
+      char buffer[4096];
+      eof = read(fds[0], buffer, sizeof buffer) <= 0;
+    }
+  }
+  close(fds[0]);
+  EXPECT_TRUE(eof) << "a worker outlived its killed launcher by 10 s";
+  EXPECT_LT(Clock::now() - killed_at, std::chrono::seconds(5));
 }
 
 }  // namespace

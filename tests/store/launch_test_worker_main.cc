@@ -6,11 +6,7 @@
 #include "tools/cli.h"
 
 int main(int argc, char** argv) {
-  if (argc >= 2) {
-    for (const auto& command : exactcoll::cli::registered_commands()) {
-      if (command.name == argv[1]) return command.run(argc - 1, argv + 1);
-    }
-  }
+  if (argc >= 2) return exactcoll::cli::run_command(argc, argv);
   std::cerr << "usage: launch_test_worker launch|store_worker …\n";
   return exactcoll::cli::kExitUsage;
 }

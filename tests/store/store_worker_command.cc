@@ -20,12 +20,15 @@ int run_store_worker(int argc, char** argv) {
   int64_t fail_rank = -1;
   int64_t hang_rank = -1;
   int64_t kill_rank = -1;
+  std::string kill_at = "after_start";
   int64_t timeout_ms = 20000;
   cli::ArgParser parser("store_worker [--fail-rank R] [--hang-rank R] [--kill-rank R]",
                         "Test worker: barrier, set/get of every rank's key, barrier, exit 0.");
   parser.add_int("fail-rank", &fail_rank, "this rank exits 3 after the first barrier");
   parser.add_int("hang-rank", &hang_rank, "this rank sleeps (up to 60 s) instead of joining the barrier");
-  parser.add_int("kill-rank", &kill_rank, "this rank kills itself with SIGKILL after the first barrier");
+  parser.add_int("kill-rank", &kill_rank, "this rank kills itself with SIGKILL (see --kill-at)");
+  parser.add_choice("kill-at", &kill_at, {"start", "after_start"},
+                    "where --kill-rank dies: before the first barrier, or after it");
   parser.add_int("timeout-ms", &timeout_ms, "timeout of every store wait");
   if (const auto exit_code = parser.parse(argc, argv)) return *exit_code;
 
@@ -45,12 +48,13 @@ int run_store_worker(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::seconds(60));  // launch's timeout must end this
       return cli::kExitFailure;
     }
-    store->barrier("start", env.world_size, timeout);
+    if (env.rank == kill_rank && kill_at == "start") raise(SIGKILL);
+    store->barrier("start", env.rank, env.world_size, timeout);
     if (env.rank == fail_rank) {
       std::cerr << "store_worker: rank " << me << " failing on purpose\n";
       return 3;
     }
-    if (env.rank == kill_rank) raise(SIGKILL);
+    if (env.rank == kill_rank && kill_at == "after_start") raise(SIGKILL);
     store->set("rank/" + me, "hello from " + me);
     for (int peer = 0; peer < env.world_size; ++peer) {
       const std::string value = store->get("rank/" + std::to_string(peer), timeout);
@@ -60,13 +64,13 @@ int run_store_worker(int argc, char** argv) {
       }
     }
     store->add("arrived", 1);
-    store->barrier("end", env.world_size, timeout);
+    store->barrier("end", env.rank, env.world_size, timeout);
     const std::string arrived = store->get("arrived", timeout);
     if (arrived != std::to_string(env.world_size)) {
       return cli::fail("store_worker", "arrived=" + arrived, cli::kExitFailure);
     }
     // Rank 0 owns the server: it must leave after everyone has read `arrived`.
-    store->barrier("leave", env.world_size, timeout);
+    store->barrier("leave", env.rank, env.world_size, timeout);
   } catch (const StoreError& e) {
     return cli::fail("store_worker", e.what(), cli::kExitFailure);
   }

@@ -10,6 +10,7 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,13 +19,15 @@
 #include "cuda_backend/store/tcp_store_client.h"
 #include "cuda_backend/store/tcp_store_server.h"
 #include "cuda_backend/store/wire.h"
+#include "tests/resident_memory.h"
+#include "tests/store/raw_connection.h"
 
 namespace exactcoll {
 namespace {
 
-namespace asio = boost::asio;
-using asio::ip::tcp;
 using std::chrono::milliseconds;
+using storetest::hello_frame;
+using storetest::RawConnection;
 using store_wire::Op;
 using store_wire::PayloadWriter;
 
@@ -59,72 +62,6 @@ std::unique_ptr<TcpStoreClient> connect_client(uint16_t port, const std::string&
   options.request_timeout = milliseconds(3000);
   return std::make_unique<TcpStoreClient>(options);
 }
-
-std::vector<uint8_t> hello_frame(const std::string& token) {
-  return PayloadWriter().u8(static_cast<uint8_t>(Op::kHello)).u32(store_wire::kProtocolVersion).str(token).frame();
-}
-
-// A hand-driven connection for sending bytes the real client never would.
-class RawConnection {
- public:
-  explicit RawConnection(uint16_t port) : socket_(io_) {
-    socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
-  }
-
-  void send(const std::vector<uint8_t>& bytes) { asio::write(socket_, asio::buffer(bytes)); }
-
-  // Returns one reply payload, or nullopt if none arrives within `timeout` or the connection ends.
-  std::optional<std::vector<uint8_t>> read_frame(milliseconds timeout) {
-    std::array<uint8_t, 4> prefix{};
-    std::vector<uint8_t> payload;
-    boost::system::error_code result = asio::error::would_block;
-    io_.restart();
-    asio::async_read(socket_, asio::buffer(prefix), [&](boost::system::error_code ec, size_t) {
-      if (ec) {
-        result = ec;
-        return;
-      }
-      payload.resize(store_wire::decode_length(prefix));
-      asio::async_read(socket_, asio::buffer(payload), [&](boost::system::error_code body_ec, size_t) { result = body_ec; });
-    });
-    io_.run_for(timeout);
-    if (result == asio::error::would_block) {
-      socket_.cancel();
-      io_.restart();
-      io_.run();
-      return std::nullopt;
-    }
-    if (result) return std::nullopt;
-    return payload;
-  }
-
-  // Returns true once the server has closed the connection (EOF or reset), false if it is still
-  // open after `timeout`. Anything the server sent first is discarded.
-  bool closed_by_server_within(milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::array<uint8_t, 256> sink{};
-    while (std::chrono::steady_clock::now() < deadline) {  // bounded by the deadline
-      boost::system::error_code result = asio::error::would_block;
-      io_.restart();
-      socket_.async_read_some(asio::buffer(sink), [&](boost::system::error_code ec, size_t) { result = ec; });
-      io_.run_until(deadline);
-      if (result == asio::error::would_block) {
-        socket_.cancel();
-        io_.restart();
-        io_.run();
-        return false;
-      }
-      if (result) return true;  // eof or connection_reset
-    }
-    return false;
-  }
-
-  void close() { socket_.close(); }
-
- private:
-  asio::io_context io_;
-  tcp::socket socket_;
-};
 
 // Status byte of a reply payload.
 uint8_t status_of(const std::vector<uint8_t>& payload) { return payload.empty() ? 0xFF : payload[0]; }
@@ -540,6 +477,187 @@ TEST(TcpStoreTest, ServerRefusesBadOptions) {
   TcpStoreServerOptions same_port = server_options();
   same_port.port = taken.port();
   EXPECT_STORE_ERROR(TcpStoreServer{same_port}, "cannot listen on 127.0.0.1:" + std::to_string(taken.port()));
+}
+
+// ---- Issue 15: a store that cannot be broken without the token -----------------------------------
+
+using testing_memory::resident_bytes;
+
+TEST(TcpStoreTest, StrangersWithoutTheTokenCannotTakeTheRanksSlots) {
+  // Issue 15, item 9: 1,100 idle connections that never said hello filled all 1,024 slots; a real
+  // rank then failed at once. Here the job has 8 slots and 100 strangers arrive first.
+  TcpStoreServerOptions options = server_options();
+  options.max_connections = 8;
+  TcpStoreServer server(options);
+  std::vector<std::unique_ptr<RawConnection>> strangers;
+  for (int i = 0; i < 100; ++i) strangers.push_back(std::make_unique<RawConnection>(server.port()));
+  std::this_thread::sleep_for(milliseconds(200));  // the server has accepted them all
+  EXPECT_LE(server.usage().unauthenticated, options.max_unauthenticated);
+  std::vector<std::unique_ptr<TcpStoreClient>> ranks;
+  for (int r = 0; r < 8; ++r) ranks.push_back(connect_client(server.port()));  // every slot is the job's
+  ranks[7]->set("joined", "yes");
+  EXPECT_EQ(ranks[0]->get("joined", milliseconds(0)), "yes");
+  EXPECT_EQ(server.usage().connections, 8u);
+  // The oldest strangers were closed to make room.
+  EXPECT_TRUE(strangers.front()->closed_by_server_within(milliseconds(2000)));
+}
+
+TEST(TcpStoreTest, AClientJoinsWhileStrangersKeepConnecting) {
+  // An attacker without the token reconnects as fast as it can, for longer than a hello deadline;
+  // ranks still join (the client connects again when it is dropped before its hello is answered).
+  TcpStoreServerOptions options = server_options();
+  options.max_unauthenticated = 4;
+  options.hello_timeout = milliseconds(500);
+  TcpStoreServer server(options);
+  std::atomic<bool> stop{false};
+  std::atomic<int> attempts{0};
+  std::thread attacker([&] {
+    std::vector<std::unique_ptr<RawConnection>> open;
+    while (!stop.load()) {  // bounded: stop is set below
+      try {
+        open.push_back(std::make_unique<RawConnection>(server.port()));
+        ++attempts;
+      } catch (const std::exception&) {
+      }
+      if (open.size() > 64) open.erase(open.begin(), open.begin() + 32);
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(300));
+  for (int r = 0; r < 4; ++r) {
+    auto client = connect_client(server.port(), kToken, milliseconds(10000));
+    client->set("rank/" + std::to_string(r), "here");
+    EXPECT_EQ(client->get("rank/" + std::to_string(r), milliseconds(0)), "here");
+  }
+  stop.store(true);
+  attacker.join();
+  EXPECT_GT(attempts.load(), 100) << "the attacker should have been busy";
+}
+
+TEST(TcpStoreTest, AnExplicitRefusalIsNotRetried) {
+  TcpStoreServer server(server_options());
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_STORE_ERROR(connect_client(server.port(), std::string(32, 'x'), milliseconds(5000)), "wrong token");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(2000)) << "a wrong token cannot get better";
+}
+
+TEST(TcpStoreTest, AnnouncedFramesDoNotReserveMemory) {
+  // Issue 15, item 10: the server allocated the whole announced frame as soon as its length
+  // arrived: 16 connections sending 64 bytes in all took its RSS from 4.8 MB to 267 MB.
+  TcpStoreServer server(server_options());
+  const size_t before = resident_bytes();
+  std::vector<std::unique_ptr<RawConnection>> holders;
+  for (int i = 0; i < 16; ++i) {
+    holders.push_back(std::make_unique<RawConnection>(server.port()));
+    holders.back()->send(hello_frame(kToken));
+    ASSERT_TRUE(holders.back()->read_frame(milliseconds(2000)).has_value());
+    const auto prefix = store_wire::encode_length(store_wire::kDefaultMaxFrameBytes);
+    std::vector<uint8_t> bytes(prefix.begin(), prefix.end());
+    bytes.resize(bytes.size() + 4, 0x02);  // 4 bytes of the 16 MiB it announced
+    holders.back()->send(bytes);
+  }
+  std::this_thread::sleep_for(milliseconds(300));
+  const size_t grown = resident_bytes() - std::min(before, resident_bytes());
+  EXPECT_LT(grown, size_t{32} << 20) << "RSS grew by " << grown << " bytes";
+  EXPECT_LE(server.usage().buffered_bytes, size_t{16} * (128 << 10));
+  expect_server_serves(server.port(), "while-announced");
+  // Closed connections give their buffers back (the store fuzzer found them still counted once).
+  holders.clear();
+  const auto deadline = std::chrono::steady_clock::now() + milliseconds(2000);
+  while (server.usage().connections > 0 && std::chrono::steady_clock::now() < deadline) {  // bounded
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(server.usage().connections, 0u);
+  EXPECT_EQ(server.usage().buffered_bytes, 0u);
+}
+
+TEST(TcpStoreTest, BufferedBytesHaveAServerWideCap) {
+  TcpStoreServerOptions options = server_options();
+  options.max_buffered_bytes = 1 << 20;
+  TcpStoreServer server(options);
+  // Two frames of 900 KiB each, sent in full: the first fits, the second would pass 1 MiB.
+  auto big_set = [](const std::string& key) {
+    return PayloadWriter().u8(static_cast<uint8_t>(Op::kSet)).str(key).str(std::string(900 << 10, 'v')).frame();
+  };
+  RawConnection first(server.port()), second(server.port());
+  for (RawConnection* c : {&first, &second}) {
+    c->send(hello_frame(kToken));
+    ASSERT_TRUE(c->read_frame(milliseconds(2000)).has_value());
+  }
+  const auto partial = big_set("one");
+  first.send(std::vector<uint8_t>(partial.begin(), partial.begin() + (800 << 10)));  // holds ~800 KiB
+  std::this_thread::sleep_for(milliseconds(200));
+  second.send_until_closed(big_set("two"));  // the server refuses it part-way and closes
+  // A busy reply, then the connection closes (the reply itself may be lost to the reset that
+  // closing a socket with unread bytes sends); either way the frame was not taken.
+  const auto reply = second.read_frame(milliseconds(2000));
+  if (reply) {
+    EXPECT_EQ(status_of(*reply), static_cast<uint8_t>(store_wire::Status::kBusy));
+  }
+  EXPECT_TRUE(second.closed_by_server_within(milliseconds(2000)));
+  EXPECT_LE(server.usage().buffered_bytes, options.max_buffered_bytes);
+  first.send(std::vector<uint8_t>(partial.begin() + (800 << 10), partial.end()));  // the first completes
+  const auto ok = first.read_frame(milliseconds(2000));
+  ASSERT_TRUE(ok.has_value());
+  EXPECT_EQ(status_of(*ok), static_cast<uint8_t>(store_wire::Status::kOk));
+  EXPECT_LE(server.usage().buffered_bytes, size_t{128} << 10) << "a finished frame's buffer is given back";
+  auto reader = connect_client(server.port());
+  EXPECT_EQ(reader->get("one", milliseconds(0)).size(), size_t{900} << 10);
+  EXPECT_STORE_ERROR(reader->get("two", milliseconds(0)), "get 'two'");
+}
+
+TEST(TcpStoreTest, TokensLongerThanAHelloAreRefusedUpFront) {
+  // Issue 15, item 8: a 4,088-character token passed every check, then every hello was refused as
+  // "frame of 4097 bytes exceeds the limit of 4096 bytes before hello".
+  TcpStoreServerOptions longest = server_options();
+  longest.token = std::string(store_wire::kMaxTokenBytes, 't');
+  TcpStoreServer server(longest);
+  auto client = connect_client(server.port(), longest.token);  // exactly at the limit: works
+  client->set("k", "v");
+  TcpStoreServerOptions too_long = server_options();
+  too_long.token = std::string(store_wire::kMaxTokenBytes + 1, 't');
+  EXPECT_STORE_ERROR(TcpStoreServer{too_long}, "4088 characters", "at most 4087");
+  EXPECT_STORE_ERROR(connect_client(server.port(), too_long.token), "4088 characters", "at most 4087");
+}
+
+TEST(TcpStoreTest, BarrierTimeoutNamesTheRanksThatNeverArrived) {
+  // Issue 15, item 11: "barrier 'start': only 2 of 3 callers arrived" did not say who is missing.
+  TcpStoreServer server(server_options());
+  auto rank0 = connect_client(server.port());
+  auto rank1 = connect_client(server.port());
+  std::string message0;
+  std::thread t0([&] {
+    try {
+      rank0->barrier("start", 0, 4, milliseconds(600));
+    } catch (const StoreError& e) {
+      message0 = e.what();
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_STORE_ERROR(rank1->barrier("start", 1, 4, milliseconds(200)),
+                     "barrier 'start': ranks 2, 3 never arrived within 200 ms (2 of 4 waiting: ranks 0, 1)");
+  t0.join();
+  // Rank 1 gave up first: rank 0 names it as one that came and left, not as one that never came.
+  EXPECT_NE(message0.find("ranks 2, 3 never arrived within 600 ms (1 of 4 waiting: rank 0; rank 1 came but left "
+                          "before the end"),
+            std::string::npos)
+      << message0;
+  // A caller without a rank: only counts can be given.
+  EXPECT_STORE_ERROR(rank0->barrier("anon", 3, milliseconds(50)), "only 1 of 3 callers arrived within 50 ms");
+  // The same rank twice, and a rank outside the world, are errors.
+  std::thread t1([&] {
+    try {
+      rank0->barrier("twice", 1, 2, milliseconds(500));
+    } catch (const StoreError&) {
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_STORE_ERROR(rank1->barrier("twice", 1, 2, milliseconds(100)), "rank 1 entered while a caller with the same rank");
+  t1.join();
+  EXPECT_STORE_ERROR(rank1->barrier("outside", 5, 2, milliseconds(100)), "rank 5 is outside 0..1");
+  // Ranked barriers complete as before.
+  std::thread t2([&] { rank0->barrier("both", 0, 2, milliseconds(2000)); });
+  rank1->barrier("both", 1, 2, milliseconds(2000));
+  t2.join();
 }
 
 }  // namespace

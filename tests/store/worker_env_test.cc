@@ -101,6 +101,16 @@ TEST(WorkerEnvTest, MissingTokenSaysHowToSetIt) {
   EXPECT_EQ(short_message.find("short-secret"), std::string::npos) << "the token must not be echoed";
 }
 
+TEST(WorkerEnvTest, ATokenTooLongForTheHelloIsRefusedWhenTheEnvironmentIsRead) {
+  // Issue 15, item 8: 4,088 characters passed this check, then every hello was refused as an
+  // oversized frame. 4,087 (1 + 4 + 4 + 4087 = the 4 KiB hello limit) is the longest that works.
+  Env env = valid_env();
+  env["EXACTCOLL_STORE_TOKEN"] = std::string(4087, 'a');
+  EXPECT_EQ(parse_worker_env(lookup_in(env)).store_token.size(), 4087u);
+  env["EXACTCOLL_STORE_TOKEN"] = std::string(4088, 'a');
+  expect_contains(error_for(env), "EXACTCOLL_STORE_TOKEN has 4088 characters; the store's hello carries at most 4087");
+}
+
 TEST(WorkerEnvTest, MalformedValuesAreNamed) {
   const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
       {{"RANK", "one"}, "RANK='one' is not a whole number"},

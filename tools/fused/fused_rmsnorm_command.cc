@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -103,6 +104,7 @@ int run(int argc, char** argv) {
   if (blocks < 1 || blocks > kMaxBlocks) {
     return cli::fail(kCommand, "--blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(blocks));
   }
+  if (const std::string problem = check_eps(eps); !problem.empty()) return cli::fail(kCommand, problem);
   FusedContract contract = FusedContract::kCanonical;
   parse_contract(contract_text, &contract);
   const bool canonical = contract == FusedContract::kCanonical;
@@ -113,6 +115,24 @@ int run(int argc, char** argv) {
   const DType dtype = *tools::parse_dtype(f.dtype);
   const std::string want = dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
   const int64_t ranks = options.ranks;
+  // The outputs, reserved before any work: an unwritable path is bad input (exit 2), and a failed
+  // write of one output leaves none of them behind.
+  const std::string output_file = output.empty() ? "" : cli::resolve_path(output);
+  const std::string residual_output_file = residual_output.empty() ? "" : cli::resolve_path(residual_output);
+  const auto files = tools::reserve_outputs(kCommand, [&] {
+    std::vector<std::string> paths = tools::trace_paths(f);
+    paths.push_back(output_file);
+    paths.push_back(residual_output_file);
+    return paths;
+  }());
+  if (!files) return cli::kExitUsage;
+  // Inputs, outputs and the world's staging: about 4 (ranks + 1) row blocks.
+  auto check_memory = [&](uint64_t rows, uint64_t hidden) {
+    const unsigned __int128 bytes = static_cast<unsigned __int128>(rows) * hidden * static_cast<unsigned>(dtype_size(dtype)) *
+                                    (4 * static_cast<uint64_t>(ranks) + 4);
+    return cli::check_memory(bytes > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(bytes),
+                             "the inputs, outputs and staging of " + std::to_string(ranks) + " ranks");
+  };
 
   // 2. Inputs: files (readable, the flags' dtype, consistent shapes) or random ones.
   npy::NpyArray x, residual, weight;
@@ -129,6 +149,9 @@ int run(int argc, char** argv) {
     if (hidden_flag % pack != 0) {
       return cli::fail(kCommand, "hidden size " + std::to_string(hidden_flag) + " is not a positive multiple of the " +
                                      f.dtype + " pack (" + std::to_string(pack) + " elements)");
+    }
+    if (const std::string problem = check_memory(rows_flag, hidden_flag); !problem.empty()) {
+      return cli::fail(kCommand, problem);
     }
     const gpu::FusedInputs in = gpu::make_fused_inputs(dtype, static_cast<int>(ranks), static_cast<int>(rows_flag),
                                                        static_cast<int>(hidden_flag), static_cast<uint64_t>(seed), specials);
@@ -178,6 +201,7 @@ int run(int argc, char** argv) {
     return cli::fail(kCommand, weight_path + " must be [H] = " + npy::shape_text({hidden}) + ", got " +
                                    npy::shape_text(weight.shape));
   }
+  if (const std::string problem = check_memory(rows, hidden); !problem.empty()) return cli::fail(kCommand, problem);
   FusedSpec spec;
   for (FusedAlgo a : kFusedAlgos) {
     if (algo_text == fused_algo_name(a)) spec.algo = a;
@@ -202,7 +226,6 @@ int run(int argc, char** argv) {
   const size_t elem = static_cast<size_t>(dtype_size(dtype));
   std::vector<uint8_t> out(count * elem * ranks), residual_out(count * elem * ranks);
   if (canonical) {
-    sim::World world(options);
     FusedIo io;
     for (int r = 0; r < ranks; ++r) {
       io.x.push_back(x.data.data() + r * count * elem);
@@ -211,19 +234,26 @@ int run(int argc, char** argv) {
       io.out.push_back(out.data() + r * count * elem);
       io.residual_out.push_back(residual_out.data() + r * count * elem);
     }
+    std::optional<sim::World> world;
     std::string failure;
-    {
-      tools::ProgressBar bar(kCommand, [&world] { return world.progress(); });
-      try {
-        run_fused(world, spec, io);
-      } catch (const sim::SimError& e) {
-        failure = e.what();
-      }
+    int failure_code = cli::kExitFailure;
+    try {
+      world.emplace(options);
+      tools::ProgressBar bar(kCommand, [&world] { return world->progress(); });
+      run_fused(*world, spec, io);
+      failure = tools::unreached_fault(options, *world);
+      if (!failure.empty()) failure_code = cli::kExitUsage;
+    } catch (const sim::SimError& e) {
+      failure = std::string("the run failed: ") + e.what();
     }
-    if (const std::string problem = tools::write_traces(f, world); !problem.empty()) {
-      return cli::fail(kCommand, problem, cli::kExitFailure);
+    // The traces show what happened, a failed run's too; its outputs are never written.
+    try {
+      if (world) tools::write_traces(f, *world, *files);
+      if (!failure.empty()) files->commit();
+    } catch (const npy::NpyError& e) {
+      return cli::fail(kCommand, e.what(), cli::kExitFailure);
     }
-    if (!failure.empty()) return cli::fail(kCommand, "the run failed: " + failure, cli::kExitFailure);
+    if (!failure.empty()) return cli::fail(kCommand, failure, failure_code);
   } else {
     const int n = static_cast<int>(ranks);
     switch (dtype) {
@@ -236,10 +266,11 @@ int run(int argc, char** argv) {
   // 4. Outputs (each written atomically), then the summary.
   const std::vector<int64_t> shape = {ranks, rows, hidden};
   try {
-    if (!output.empty()) npy::write_npy(cli::resolve_path(output), want, shape, out.data(), out.size());
-    if (!residual_output.empty()) {
-      npy::write_npy(cli::resolve_path(residual_output), want, shape, residual_out.data(), residual_out.size());
+    if (!output_file.empty()) files->write_npy(output_file, want, shape, out.data(), out.size());
+    if (!residual_output_file.empty()) {
+      files->write_npy(residual_output_file, want, shape, residual_out.data(), residual_out.size());
     }
+    files->commit();
   } catch (const npy::NpyError& e) {
     return cli::fail(kCommand, e.what(), cli::kExitFailure);
   }

@@ -56,7 +56,7 @@ Worker::Worker(const std::string& command) : command_(command) {
 
 Worker::~Worker() {
   try {
-    store_->barrier(command_ + "/exit", env_.world_size, std::chrono::milliseconds(60000));
+    store_->barrier(command_ + "/exit", env_.rank, env_.world_size, std::chrono::milliseconds(60000));
   } catch (const std::exception& e) {
     std::cerr << "exactcoll " << command_ << ": rank " << env_.rank << " leaving without the final barrier: " << e.what()
               << "\n";
@@ -66,7 +66,7 @@ Worker::~Worker() {
 int64_t Worker::sum(const std::string& name, int64_t value) {
   const std::string key = command_ + "/sum/" + name + "/" + std::to_string(serial_++);
   store_->add(key, value);
-  store_->barrier(key + "/done", env_.world_size, store_timeout);
+  store_->barrier(key + "/done", env_.rank, env_.world_size, store_timeout);
   return store_->add(key, 0);
 }
 
@@ -79,7 +79,8 @@ std::vector<std::string> Worker::all_gather(const std::string& name, const std::
 }
 
 void Worker::barrier(const std::string& name) {
-  store_->barrier(command_ + "/barrier/" + name + "/" + std::to_string(serial_++), env_.world_size, store_timeout);
+  store_->barrier(command_ + "/barrier/" + name + "/" + std::to_string(serial_++), env_.rank, env_.world_size,
+                  store_timeout);
 }
 
 void print_leader(const Worker& worker, const std::string& text) {

@@ -10,6 +10,7 @@
 #include "tools/layers/layers.h"
 #include "tools/layers/plot.h"
 #include "tools/npy/npy.h"
+#include "tools/sim/sim_flags.h"
 
 namespace exactcoll::layers {
 namespace {
@@ -83,6 +84,21 @@ int layers_main(int argc, char** argv) {
   if (!plot_path.empty() && !ends_with(plot_path, ".svg") && !ends_with(plot_path, ".png")) {
     return cli::fail(kCommand, "--plot wants a file name ending in .svg or .png, got '" + plot_path + "'");
   }
+  if (const std::string problem = fused::check_eps(eps); !problem.empty()) return cli::fail(kCommand, problem);
+  {
+    // Both runs' residual streams and outputs, the partial sums of every rank and the reference's
+    // work arrays: about (ranks + 10) row blocks of floats.
+    const uint64_t bytes = static_cast<uint64_t>(rows) * static_cast<uint64_t>(hidden) * 4 *
+                           static_cast<uint64_t>(ranks + 10);
+    if (const std::string problem = cli::check_memory(bytes, "--rows x --hidden x --ranks"); !problem.empty()) {
+      return cli::fail(kCommand, problem);
+    }
+  }
+  // The CSV and the plot, reserved before any work: an unwritable path is bad input (exit 2).
+  const std::string csv_file = csv_path.empty() ? "" : cli::resolve_path(csv_path);
+  const std::string plot_file = plot_path.empty() ? "" : cli::resolve_path(plot_path);
+  const auto files = tools::reserve_outputs(kCommand, {csv_file, plot_file});
+  if (!files) return cli::kExitUsage;
   o.layers = static_cast<int>(layers);
   o.ranks = static_cast<int>(ranks);
   o.rows = static_cast<int>(rows);
@@ -127,21 +143,20 @@ int layers_main(int argc, char** argv) {
             << "% of the residual stream differs from canonical, relative L2 drift "
             << format("%.4e", last.relative_l2) << "\n";
   try {
-    if (!csv_path.empty()) {
-      npy::write_file_atomic(cli::resolve_path(csv_path), csv.data(), csv.size());
-      std::cout << "wrote " << csv_path << "\n";
-    }
-    if (!plot_path.empty()) {
+    if (!csv_file.empty()) files->write(csv_file, csv.data(), csv.size());
+    if (!plot_file.empty()) {
       const plot::Figure figure = make_figure(o, table);
       if (ends_with(plot_path, ".svg")) {
         const std::string svg = plot::render_svg(figure);
-        npy::write_file_atomic(cli::resolve_path(plot_path), svg.data(), svg.size());
+        files->write(plot_file, svg.data(), svg.size());
       } else {
         const std::vector<uint8_t> png = plot::render_png(figure);
-        npy::write_file_atomic(cli::resolve_path(plot_path), png.data(), png.size());
+        files->write(plot_file, png.data(), png.size());
       }
-      std::cout << "wrote " << plot_path << "\n";
     }
+    files->commit();
+    if (!csv_path.empty()) std::cout << "wrote " << csv_path << "\n";
+    if (!plot_path.empty()) std::cout << "wrote " << plot_path << "\n";
   } catch (const std::exception& e) {
     return cli::fail(kCommand, e.what(), cli::kExitFailure);
   }

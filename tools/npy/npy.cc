@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
@@ -18,6 +19,12 @@ namespace {
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicSize = 6;
 constexpr size_t kAlign = 64;
+// The longest header read (1 MiB): a bound on what a lying header length can make the reader
+// allocate. Real headers are far shorter (numpy's own reader refuses more than 10000 bytes unless
+// told otherwise); make_header's version 2.0 headers for shapes of tens of thousands of
+// dimensions stay below it.
+constexpr size_t kMaxHeaderBytes = 1 << 20;
+constexpr size_t kMaxPreambleBytes = kMagicSize + 2 + 4 + kMaxHeaderBytes;
 
 [[noreturn]] void fail(const std::string& name, const std::string& what) { throw NpyError(name + ": " + what); }
 
@@ -240,7 +247,21 @@ std::string make_header(const std::string& dtype, const std::vector<int64_t>& sh
   throw NpyError("shape " + shape_text(shape) + " makes a header too long for .npy");
 }
 
-NpyArray parse_npy(const uint8_t* bytes, size_t size, const std::string& name) {
+namespace {
+
+// What the preamble (magic, version, header) of a .npy file says: where the data starts and how
+// many bytes of it the shape calls for. Parsed from the first bytes alone, so that a reader can
+// check the file's size against the header before it reads (or allocates) any data.
+struct Preamble {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  size_t data_offset = 0;     // bytes before the data
+  size_t expected_bytes = 0;  // data bytes the shape calls for
+};
+
+// Returns the preamble held in bytes[0, size) (which may be only the file's beginning).
+// Throws NpyError naming `name` when it is malformed or when the file ends inside it.
+Preamble parse_preamble(const uint8_t* bytes, size_t size, const std::string& name) {
   // 1. Magic and version.
   if (size < kMagicSize || std::memcmp(bytes, kMagic, kMagicSize) != 0) {
     fail(name, "not a .npy file (bad magic: the file does not start with \\x93NUMPY)");
@@ -257,6 +278,10 @@ NpyArray parse_npy(const uint8_t* bytes, size_t size, const std::string& name) {
   const size_t prefix = kMagicSize + 2 + static_cast<size_t>(len_bytes);
   if (size < prefix) fail(name, "truncated file: it ends inside the header length");
   const size_t header_len = read_le(bytes + kMagicSize + 2, len_bytes);
+  if (header_len > kMaxHeaderBytes) {
+    fail(name, "header of " + std::to_string(header_len) + " bytes is longer than the " +
+                   std::to_string(kMaxHeaderBytes) + " bytes any shape exactcoll reads needs");
+  }
   if (size - prefix < header_len) {
     fail(name, "truncated file: the header should be " + std::to_string(header_len) + " bytes, the file has " +
                    std::to_string(size - prefix) + " after the preamble");
@@ -265,115 +290,110 @@ NpyArray parse_npy(const uint8_t* bytes, size_t size, const std::string& name) {
   const HeaderParser::Header h = HeaderParser(text, name).parse();
   // 3. The header's meaning.
   if (*h.fortran_order) fail(name, "fortran_order is True; exactcoll reads only C-order arrays");
-  NpyArray a;
-  a.dtype = *h.descr;
+  Preamble p;
+  p.dtype = *h.descr;
   size_t item_size = 0;
   try {
-    item_size = dtype_item_size(a.dtype);
+    item_size = dtype_item_size(p.dtype);
   } catch (const NpyError& e) {
     fail(name, e.what());
   }
-  a.shape = *h.shape;
-  const std::optional<size_t> expected = checked_bytes(a.shape, item_size);
-  if (!expected) fail(name, "shape " + shape_text(a.shape) + " is too large");
-  // 4. The data: exactly the bytes the shape calls for.
-  const size_t have = size - prefix - header_len;
-  if (have < *expected) {
-    fail(name, "truncated file: shape " + shape_text(a.shape) + " of " + a.dtype + " needs " +
-                   std::to_string(*expected) + " data bytes, the file has " + std::to_string(have));
-  }
-  if (have > *expected) {
-    fail(name, "data size does not match the shape: " + shape_text(a.shape) + " of " + a.dtype + " needs " +
-                   std::to_string(*expected) + " data bytes, the file has " + std::to_string(have) +
-                   " (" + std::to_string(have - *expected) + " extra)");
-  }
-  a.data.assign(bytes + prefix + header_len, bytes + size);
-  return a;
+  p.shape = *h.shape;
+  const std::optional<size_t> expected = checked_bytes(p.shape, item_size);
+  if (!expected) fail(name, "shape " + shape_text(p.shape) + " is too large");
+  p.data_offset = prefix + header_len;
+  p.expected_bytes = *expected;
+  return p;
 }
 
-NpyArray read_npy(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw NpyError(path + ": cannot open: " + errno_text());
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const std::string e = errno_text();
-    ::close(fd);
-    throw NpyError(path + ": cannot stat: " + e);
+// Throws NpyError unless the file holds exactly the data bytes the preamble calls for.
+void check_data_size(const Preamble& p, size_t have, const std::string& name) {
+  if (have < p.expected_bytes) {
+    fail(name, "truncated file: shape " + shape_text(p.shape) + " of " + p.dtype + " needs " +
+                   std::to_string(p.expected_bytes) + " data bytes, the file has " + std::to_string(have));
   }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw NpyError(path + ": not a regular file");
+  if (have > p.expected_bytes) {
+    fail(name, "data size does not match the shape: " + shape_text(p.shape) + " of " + p.dtype + " needs " +
+                   std::to_string(p.expected_bytes) + " data bytes, the file has " + std::to_string(have) + " (" +
+                   std::to_string(have - p.expected_bytes) + " extra)");
   }
-  std::vector<uint8_t> bytes;
-  bytes.reserve(static_cast<size_t>(st.st_size));
-  uint8_t buf[1 << 16];
-  for (;;) {
-    const ssize_t got = ::read(fd, buf, sizeof buf);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      const std::string e = errno_text();
-      ::close(fd);
-      throw NpyError(path + ": read failed: " + e);
-    }
-    if (got == 0) break;
-    bytes.insert(bytes.end(), buf, buf + got);
-  }
-  ::close(fd);
-  return parse_npy(bytes.data(), bytes.size(), path);
 }
 
-namespace {
+// Returns a vector of `bytes` bytes, or throws NpyError (not std::bad_alloc) when memory is short.
+std::vector<uint8_t> allocate_data(size_t bytes, const std::string& name) {
+  try {
+    return std::vector<uint8_t>(bytes);
+  } catch (const std::bad_alloc&) {
+    fail(name, "not enough memory to hold its " + std::to_string(bytes) + " data bytes");
+  } catch (const std::length_error&) {
+    fail(name, "not enough memory to hold its " + std::to_string(bytes) + " data bytes");
+  }
+}
 
-struct Piece {
-  const void* data;
-  size_t bytes;
+// Closes fd when it goes out of scope.
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
 };
 
-// Writes the pieces, in order, to path.tmp.<pid>, fsyncs, renames over path.
-void write_pieces_atomic(const std::string& path, std::initializer_list<Piece> pieces) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw NpyError(path + ": cannot create " + tmp + ": " + errno_text());
-  auto abandon = [&](const std::string& what) {
-    const std::string e = errno_text();
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw NpyError(path + ": " + what + ": " + e);
-  };
-  for (const Piece& piece : pieces) {
-    const uint8_t* p = static_cast<const uint8_t*>(piece.data);
-    size_t left = piece.bytes;
-    while (left > 0) {
-      const ssize_t put = ::write(fd, p, left);
-      if (put < 0) {
-        if (errno == EINTR) continue;
-        abandon("write failed");
-      }
-      p += put;
-      left -= static_cast<size_t>(put);
-    }
+// Reads up to `bytes` bytes at `offset` of fd into out; returns how many it got (fewer only at the
+// end of the file). Throws NpyError on a read error.
+size_t read_at(int fd, uint64_t offset, uint8_t* out, size_t bytes, const std::string& name) {
+  size_t got = 0;
+  while (got < bytes) {  // every pass reads at least one byte, retries after EINTR, or ends
+    const ssize_t n = ::pread(fd, out + got, bytes - got, static_cast<off_t>(offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(name, "read failed: " + errno_text());
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) abandon("fsync failed");
-  if (::close(fd) != 0) {
-    const std::string e = errno_text();
-    ::unlink(tmp.c_str());
-    throw NpyError(path + ": close failed: " + e);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string e = errno_text();
-    ::unlink(tmp.c_str());
-    throw NpyError(path + ": cannot rename " + tmp + " into place: " + e);
-  }
+  return got;
 }
 
 }  // namespace
 
-void write_file_atomic(const std::string& path, const void* data, size_t bytes) {
-  write_pieces_atomic(path, {Piece{data, bytes}});
+NpyArray parse_npy(const uint8_t* bytes, size_t size, const std::string& name) {
+  const Preamble p = parse_preamble(bytes, size, name);
+  check_data_size(p, size - p.data_offset, name);
+  NpyArray a;
+  a.dtype = p.dtype;
+  a.shape = p.shape;
+  a.data.assign(bytes + p.data_offset, bytes + size);
+  return a;
 }
 
-void write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
-               const void* data, size_t bytes) {
+NpyArray read_npy(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise block until a writer appears, before
+  // the regular-file check below could refuse it. Regular files ignore the flag.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw NpyError(path + ": cannot open: " + errno_text());
+  const FdCloser closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) throw NpyError(path + ": cannot stat: " + errno_text());
+  if (!S_ISREG(st.st_mode)) throw NpyError(path + ": not a regular file");
+  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  // 1. The preamble, from at most its largest possible size: nothing is sized by the file yet.
+  std::vector<uint8_t> head(static_cast<size_t>(std::min<uint64_t>(file_bytes, kMaxPreambleBytes)));
+  head.resize(read_at(fd, 0, head.data(), head.size(), path));
+  const Preamble p = parse_preamble(head.data(), head.size(), path);
+  // 2. The file's size against the header, before any data is read or allocated.
+  check_data_size(p, static_cast<size_t>(file_bytes - p.data_offset), path);
+  // 3. Exactly the data the shape calls for; a file that shrank meanwhile is truncated.
+  NpyArray a;
+  a.dtype = p.dtype;
+  a.shape = p.shape;
+  a.data = allocate_data(p.expected_bytes, path);
+  const size_t got = read_at(fd, p.data_offset, a.data.data(), a.data.size(), path);
+  check_data_size(p, got, path);
+  return a;
+}
+
+namespace {
+
+// Returns the preamble of an array of dtype and shape holding `bytes` data bytes. Throws NpyError
+// naming path when the dtype is unsupported or the shape and the byte count disagree.
+std::string npy_header(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
+                       size_t bytes) {
   size_t item_size = 0;
   try {
     item_size = dtype_item_size(dtype);
@@ -386,8 +406,113 @@ void write_npy(const std::string& path, const std::string& dtype, const std::vec
     throw NpyError(path + ": shape " + shape_text(shape) + " of " + dtype + " needs " + std::to_string(*expected) +
                    " bytes, given " + std::to_string(bytes));
   }
-  const std::string header = make_header(dtype, shape);
-  write_pieces_atomic(path, {Piece{header.data(), header.size()}, Piece{data, bytes}});
+  return make_header(dtype, shape);
+}
+
+}  // namespace
+
+OutputFiles::OutputFiles(const std::vector<std::string>& paths) {
+  try {
+    for (const std::string& path : paths) {
+      if (path.empty()) continue;
+      for (const Pending& earlier : pending_) {
+        if (earlier.path == path) throw NpyError(path + ": named twice as an output");
+      }
+      // An existing directory, device or FIFO is never replaced (renaming over /dev/null as root
+      // would replace the device node).
+      struct stat st;
+      if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+        throw NpyError(path + ": exists and is not a regular file (" +
+                       (S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket") + "); not replacing it");
+      }
+      Pending p;
+      p.path = path;
+      p.temporary = path + ".tmp." + std::to_string(::getpid());
+      p.fd = ::open(p.temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (p.fd < 0) throw NpyError(path + ": cannot create " + p.temporary + ": " + errno_text());
+      pending_.push_back(std::move(p));
+    }
+  } catch (...) {
+    discard();
+    throw;
+  }
+}
+
+OutputFiles::~OutputFiles() { discard(); }
+
+void OutputFiles::discard() {
+  for (Pending& p : pending_) {
+    if (p.fd >= 0) ::close(p.fd);
+    p.fd = -1;
+    if (!p.temporary.empty()) ::unlink(p.temporary.c_str());
+  }
+  pending_.clear();
+}
+
+OutputFiles::Pending& OutputFiles::find(const std::string& path) {
+  for (Pending& p : pending_) {
+    if (p.path == path) return p;
+  }
+  throw std::logic_error("OutputFiles: '" + path + "' was not named when the outputs were reserved");
+}
+
+void OutputFiles::write(const std::string& path, const void* data, size_t bytes) { write_pieces(path, {{data, bytes}}); }
+
+void OutputFiles::write_pieces(const std::string& path, std::initializer_list<std::pair<const void*, size_t>> pieces) {
+  Pending& p = find(path);
+  if (p.written) throw std::logic_error("OutputFiles: '" + path + "' written twice");
+  for (const auto& [data, size] : pieces) {
+    const uint8_t* at = static_cast<const uint8_t*>(data);
+    size_t left = size;
+    while (left > 0) {  // every pass writes at least one byte, retries after EINTR, or throws
+      const ssize_t put = ::write(p.fd, at, left);
+      if (put < 0 && errno == EINTR) continue;
+      if (put <= 0) throw NpyError(path + ": write failed: " + errno_text());
+      at += put;
+      left -= static_cast<size_t>(put);
+    }
+  }
+  if (::fsync(p.fd) != 0) throw NpyError(path + ": fsync failed: " + errno_text());
+  const int fd = p.fd;
+  p.fd = -1;
+  if (::close(fd) != 0) throw NpyError(path + ": close failed: " + errno_text());
+  p.written = true;
+}
+
+void OutputFiles::write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
+                            const void* data, size_t bytes) {
+  const std::string header = npy_header(path, dtype, shape, bytes);
+  write_pieces(path, {{header.data(), header.size()}, {data, bytes}});
+}
+
+void OutputFiles::commit() {
+  std::vector<const Pending*> renamed;
+  for (Pending& p : pending_) {
+    if (!p.written) continue;
+    if (::rename(p.temporary.c_str(), p.path.c_str()) != 0) {
+      const std::string e = errno_text();
+      // All or nothing: the files already renamed into place go too.
+      for (const Pending* done : renamed) ::unlink(done->path.c_str());
+      throw NpyError(p.path + ": cannot rename " + p.temporary + " into place: " + e);
+    }
+    p.temporary.clear();  // nothing left to remove
+    renamed.push_back(&p);
+  }
+  discard();  // the temporaries of files never written
+}
+
+void write_file_atomic(const std::string& path, const void* data, size_t bytes) {
+  OutputFiles files({path});
+  files.write(path, data, bytes);
+  files.commit();
+}
+
+void write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
+               const void* data, size_t bytes) {
+  npy_header(path, dtype, shape, bytes);  // argument errors first, so that they create nothing at all
+  OutputFiles files({path});
+  files.write_npy(path, dtype, shape, data, bytes);
+  files.commit();
 }
 
 }  // namespace exactcoll::npy

@@ -8,6 +8,7 @@
 // unsupported version, Fortran order, dtype, a header that does not parse, a data size that does
 // not match the shape, a truncated file). Writing is atomic: the bytes go to FILE.tmp.<pid>, are
 // fsynced and renamed over FILE; on any error the temporary file is removed and FILE is untouched.
+// A command with several outputs reserves them together (OutputFiles) and commits all or none.
 //
 // Example:
 //   npy::write_npy("x.npy", "<u2", {4, 8}, bits.data(), bits.size() * 2);
@@ -17,6 +18,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -68,7 +71,9 @@ std::string make_header(const std::string& dtype, const std::vector<int64_t>& sh
 // Parses a whole .npy file held in memory. `name` is used in error messages (usually the path).
 NpyArray parse_npy(const uint8_t* bytes, size_t size, const std::string& name);
 
-// Reads path. Throws NpyError when the file cannot be opened or is malformed.
+// Reads path. Throws NpyError when the file cannot be opened, is not a regular file (a FIFO is
+// refused without blocking), is malformed, or its size disagrees with its header (checked before
+// any data is read or allocated), or when memory for its data cannot be had.
 NpyArray read_npy(const std::string& path);
 
 // Writes an array atomically. Preconditions (checked, NpyError): dtype supported, every dimension
@@ -77,8 +82,53 @@ NpyArray read_npy(const std::string& path);
 void write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
                const void* data, size_t bytes);
 
-// Writes bytes to path atomically (temp file, fsync, rename); the building block of write_npy,
-// exposed for other output files (CSV, SVG, PNG, traces). Throws NpyError on failure.
+// Writes bytes to path atomically (temp file, fsync, rename), for single output files (CSV, SVG,
+// PNG, traces). Throws NpyError on failure, leaving nothing behind.
 void write_file_atomic(const std::string& path, const void* data, size_t bytes);
+
+// The output files of one command, all or nothing. The constructor creates a temporary file
+// (PATH.tmp.<pid>) beside every path, so an unwritable destination is an error before any work
+// is done; write() or write_npy() fills one (written, fsynced, closed); commit() renames every
+// written one into place. Whatever is not committed — after a failed write, an exception, or an
+// early return — is removed by the destructor: a command never leaves a partial set of outputs.
+// Example:
+//   npy::OutputFiles files({out_path, residual_path});   // throws NpyError: "o.npy: cannot create ..."
+//   ... compute ...
+//   files.write_npy(out_path, npy::kU16, shape, out.data(), out.size());
+//   files.write_npy(residual_path, npy::kU16, shape, ro.data(), ro.size());
+//   files.commit();
+class OutputFiles {
+ public:
+  // Reserves every non-empty path. Throws NpyError naming the first path that cannot be created,
+  // that names an existing directory, device or FIFO (never replaced), or that is named twice.
+  explicit OutputFiles(const std::vector<std::string>& paths);
+  ~OutputFiles();
+  OutputFiles(const OutputFiles&) = delete;
+  OutputFiles& operator=(const OutputFiles&) = delete;
+
+  // Writes the whole content of `path`. Preconditions: path was reserved and is written once.
+  // Throws NpyError on an I/O failure (e.g. a full disk).
+  void write(const std::string& path, const void* data, size_t bytes);
+  // As write_npy() below, into the reserved `path`.
+  void write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
+                 const void* data, size_t bytes);
+  // Renames every written file into place; reserved files never written are dropped (a failed
+  // run still commits its traces, not its outputs). Throws NpyError when a rename fails, after
+  // removing the files it had already renamed.
+  void commit();
+
+ private:
+  struct Pending {
+    std::string path;
+    std::string temporary;
+    int fd = -1;
+    bool written = false;
+  };
+  Pending& find(const std::string& path);
+  void write_pieces(const std::string& path, std::initializer_list<std::pair<const void*, size_t>> pieces);
+  void discard();
+
+  std::vector<Pending> pending_;
+};
 
 }  // namespace exactcoll::npy

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -140,6 +141,24 @@ int run(int argc, char** argv) {
   shape.gather_count = static_cast<size_t>(gather_count);
   const int ranks = options.ranks;
   if (std::string problem = overlap::check_shape(shape, ranks); !problem.empty()) return cli::fail(kCommand, problem);
+  {
+    // Every call's operands and results (shards, X, B, gathered A, C per rank), twice for the
+    // world's heaps and the unpipelined check. Dimensions are bounded first, so that the products
+    // below cannot overflow.
+    constexpr int64_t kMaxDimension = int64_t{1} << 31;
+    if (m > kMaxDimension || k > kMaxDimension || n > kMaxDimension || gather_count > kMaxDimension) {
+      return cli::fail(kCommand, "--m, --k, --n and --gather-count must be at most 2^31");
+    }
+    using Wide = unsigned __int128;
+    const Wide mk = Wide(m) * Wide(k), kn = Wide(k) * Wide(n), mn = Wide(m) * Wide(n);
+    const Wide per_call = Wide(dtype_size(shape.dtype)) * (mk + Wide(ranks) * (2 * mk + kn + mn + Wide(gather_count)));
+    const Wide bytes = 2 * per_call * Wide(calls);
+    if (std::string problem = cli::check_memory(bytes > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(bytes),
+                                                "the operands and results of " + std::to_string(calls) + " call(s)");
+        !problem.empty()) {
+      return cli::fail(kCommand, problem);
+    }
+  }
 
   if (print_plan) {
     for (int r = 0; r < ranks; ++r) {
@@ -148,21 +167,35 @@ int run(int argc, char** argv) {
     }
   }
 
+  // The traces, reserved before any work (an unwritable path is bad input).
+  const auto files = reserve_outputs(kCommand, trace_paths(flags));
+  if (!files) return cli::kExitUsage;
+
   // 1. The pipelined schedule, `calls` calls on one world.
   std::vector<Call> work;
   for (int64_t c = 0; c < calls; ++c) work.push_back(make_call(shape, ranks, static_cast<uint64_t>(seed + c)));
-  sim::World world(options);
+  std::optional<sim::World> world;
+  std::string failure;
+  int failure_code = cli::kExitFailure;
   try {
-    overlap::OverlapSim ov(world, static_cast<int>(comm_streams));
+    world.emplace(options);
+    overlap::OverlapSim ov(*world, static_cast<int>(comm_streams));
     for (Call& c : work) ov.enqueue(shape, c.io());
-    ProgressBar bar("sim overlap", [&world] { return world.progress(); });
-    world.run();
+    ProgressBar bar("sim overlap", [&world] { return world->progress(); });
+    world->run();
+    failure = unreached_fault(options, *world);
+    if (!failure.empty()) failure_code = cli::kExitUsage;
   } catch (const sim::SimError& e) {
+    failure = e.what();
+  }
+  // The traces show what happened, a failed run's too.
+  try {
+    if (world) write_traces(flags, *world, *files);
+    files->commit();
+  } catch (const npy::NpyError& e) {
     return cli::fail(kCommand, e.what(), cli::kExitFailure);
   }
-  if (std::string problem = write_traces(flags, world); !problem.empty()) {
-    return cli::fail(kCommand, problem, cli::kExitFailure);
-  }
+  if (!failure.empty()) return cli::fail(kCommand, failure, failure_code);
 
   // 2. Checks and the summary.
   std::ostringstream out;

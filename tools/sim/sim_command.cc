@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -79,6 +80,18 @@ std::string rank_label(int r, int n) {
   return label;
 }
 
+// Returns "" when the run's buffers fit in this process's memory (cli::check_memory), else why not:
+// the inputs and outputs here, the world's staging of both and the algorithm's scratch per rank.
+std::string check_memory(const sim::CollectiveSpec& spec, int ranks) {
+  const unsigned __int128 element = static_cast<unsigned>(dtype_size(spec.dtype));
+  const unsigned __int128 per_rank = 2 * element * spec.count +
+                                     2 * element * sim::output_count(spec.op, spec.count, ranks) +
+                                     sim::scratch_bytes(spec, ranks);
+  const unsigned __int128 total = per_rank * static_cast<unsigned>(ranks);
+  return cli::check_memory(total > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(total),
+                           "the inputs, outputs, staging and scratch of " + std::to_string(ranks) + " ranks");
+}
+
 int collective_main(Collective op, int argc, char** argv) {
   const std::string command = std::string("sim ") + sim::collective_name(op);
   // 1. Flags.
@@ -122,8 +135,21 @@ int collective_main(Collective op, int argc, char** argv) {
     return cli::fail(command, "--blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(blocks));
   }
 
-  // 2. Inputs: the file (checked against --dtype and --ranks) or random ones.
+  // 2. The outputs, reserved before any work: an unwritable path is bad input (exit 2).
+  const auto files = reserve_outputs(command, [&] {
+    std::vector<std::string> paths = trace_paths(f);
+    if (!output_path.empty()) paths.push_back(cli::resolve_path(output_path));
+    return paths;
+  }());
+  if (!files) return cli::kExitUsage;
+
+  // 3. Inputs: the file (checked against --dtype and --ranks) or random ones.
   const int n = options.ranks;
+  sim::CollectiveSpec spec;
+  spec.op = op;
+  spec.dtype = dtype;
+  spec.blocks = static_cast<int>(blocks);
+  if (!sim::parse_algorithm(algo_text, &spec.algorithm)) return cli::fail(command, "unknown --algo " + algo_text);
   std::vector<uint8_t> input;
   std::vector<int64_t> input_shape;
   std::string input_note;
@@ -152,10 +178,14 @@ int collective_main(Collective op, int argc, char** argv) {
     input_note = input_path + " " + npy::shape_text(a.shape);
   } else {
     if (count < 1) return cli::fail(command, "--count must be >= 1, got " + std::to_string(count));
-    if (static_cast<uint64_t>(count) * static_cast<uint64_t>(n) * esize > (uint64_t{1} << 34)) {
+    if (static_cast<unsigned __int128>(count) * static_cast<unsigned>(n) * esize > (uint64_t{1} << 34)) {
       return cli::fail(command, "--count " + std::to_string(count) + " x " + std::to_string(n) +
                                     " ranks is more than 16 GiB of input");
     }
+    spec.count = static_cast<size_t>(count);
+    problem = sim::check_spec(spec, n);
+    if (problem.empty()) problem = check_memory(spec, n);
+    if (!problem.empty()) return cli::fail(command, problem);
     for (const auto& rank_bytes : gpu::make_inputs(dtype, static_cast<size_t>(count), n, static_cast<uint64_t>(seed),
                                                    gpu::Pattern::kRandom)) {
       input.insert(input.end(), rank_bytes.begin(), rank_bytes.end());
@@ -164,12 +194,7 @@ int collective_main(Collective op, int argc, char** argv) {
     input_note = "random, --seed " + std::to_string(seed) + (parser.given("seed") ? "" : " (the default)");
   }
 
-  sim::CollectiveSpec spec;
-  spec.op = op;
-  spec.dtype = dtype;
   spec.count = static_cast<size_t>(count);
-  spec.blocks = static_cast<int>(blocks);
-  if (!sim::parse_algorithm(algo_text, &spec.algorithm)) return cli::fail(command, "unknown --algo " + algo_text);
   problem = sim::check_spec(spec, n);
   if (!problem.empty()) return cli::fail(command, problem);
   for (uint64_t index : options.trace_elements) {
@@ -178,8 +203,10 @@ int collective_main(Collective op, int argc, char** argv) {
                                     std::to_string(spec.count) + " elements per rank");
     }
   }
+  problem = check_memory(spec, n);
+  if (!problem.empty()) return cli::fail(command, problem);
 
-  // 3. Run.
+  // 4. Run.
   const size_t out_count = sim::output_count(op, spec.count, n);
   std::vector<uint8_t> output(static_cast<size_t>(n) * out_count * esize);
   std::vector<const void*> inputs;
@@ -205,25 +232,32 @@ int collective_main(Collective op, int argc, char** argv) {
   std::cout.flush();
   double elapsed_ms = 0;
   {
-    sim::World world(options);
-    sim::enqueue_collective(world, spec, inputs, outputs);
+    std::optional<sim::World> world;
     const auto start = std::chrono::steady_clock::now();
     std::string failure;
-    {
-      ProgressBar bar(command, [&world] { return world.progress(); });
-      try {
-        world.run();
-      } catch (const sim::SimError& e) {
-        failure = e.what();
-      }
+    int failure_code = cli::kExitFailure;
+    try {
+      world.emplace(options);
+      sim::enqueue_collective(*world, spec, inputs, outputs);
+      ProgressBar bar(command, [&world] { return world->progress(); });
+      world->run();
+      failure = unreached_fault(options, *world);
+      if (!failure.empty()) failure_code = cli::kExitUsage;
+    } catch (const sim::SimError& e) {
+      failure = std::string("the run failed: ") + e.what();
     }
     elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    problem = write_traces(f, world);
-    if (!problem.empty()) return cli::fail(command, problem, cli::kExitFailure);
-    if (!failure.empty()) return cli::fail(command, "the run failed: " + failure, cli::kExitFailure);
+    // The traces show what happened, a failed run's too; its output is never written.
+    try {
+      if (world) write_traces(f, *world, *files);
+      if (!failure.empty()) files->commit();
+    } catch (const npy::NpyError& e) {
+      return cli::fail(command, e.what(), cli::kExitFailure);
+    }
+    if (!failure.empty()) return cli::fail(command, failure, failure_code);
   }
 
-  // 4. Results.
+  // 5. Results.
   if (show) {
     const std::string what = op == Collective::kAllReduce ? "all-reduce, " + algo_note : sim::collective_name(op);
     const size_t row_bytes = out_count * esize;
@@ -245,13 +279,14 @@ int collective_main(Collective op, int argc, char** argv) {
   }
   std::vector<int64_t> output_shape = {n, static_cast<int64_t>(out_count)};
   if (op == Collective::kAllReduce) output_shape = input_shape;
-  if (!output_path.empty()) {
-    try {
-      npy::write_npy(cli::resolve_path(output_path), dtype == DType::kFP32 ? npy::kF32 : npy::kU16, output_shape,
-                     output.data(), output.size());
-    } catch (const npy::NpyError& e) {
-      return cli::fail(command, e.what(), cli::kExitFailure);
+  try {
+    if (!output_path.empty()) {
+      files->write_npy(cli::resolve_path(output_path), dtype == DType::kFP32 ? npy::kF32 : npy::kU16, output_shape,
+                       output.data(), output.size());
     }
+    files->commit();
+  } catch (const npy::NpyError& e) {
+    return cli::fail(command, e.what(), cli::kExitFailure);
   }
   char ms[32];
   std::snprintf(ms, sizeof ms, "%.3f", elapsed_ms);

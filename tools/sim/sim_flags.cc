@@ -21,6 +21,11 @@ void add_world_flags(cli::ArgParser& parser, SimFlags* f) {
   parser.add_string("chrome-trace", &f->chrome_trace, "write a Chrome trace (open it in Perfetto)");
   parser.add_int("timeout-ms", &f->timeout_ms, "threads scheduler: a flag wait longer than this is an error");
   parser.add_int("max-steps", &f->max_steps, "seeded scheduler: scheduling steps before a livelock is reported");
+  parser.add_int("fail-rank", &f->fail_rank,
+                 "fault injection: this rank dies (stops, as a killed process) at its --fail-at-step K-th flag "
+                 "signal or wait; its peers time out (--timeout-ms) or deadlock (seeded) and name it; no output "
+                 "is written");
+  parser.add_int("fail-at-step", &f->fail_at_step, "fault injection: the step (>= 1) at which --fail-rank dies");
 }
 
 std::optional<DType> parse_dtype(const std::string& name) {
@@ -68,29 +73,75 @@ std::string world_options(const SimFlags& f, const cli::ArgParser& parser, sim::
   }
   o->trace = !f.trace.empty() || !f.chrome_trace.empty();
   if (!o->trace_elements.empty() && f.trace.empty()) return "--trace-elements needs --trace FILE";
+  if (parser.given("fail-rank") != parser.given("fail-at-step")) return "--fail-rank and --fail-at-step go together";
+  if (parser.given("fail-rank")) {
+    if (f.fail_rank < 0 || f.fail_rank >= f.ranks) {
+      return "--fail-rank must be a rank, 0.." + std::to_string(f.ranks - 1) + ", got " + std::to_string(f.fail_rank);
+    }
+    if (f.fail_at_step < 1) return "--fail-at-step must be >= 1, got " + std::to_string(f.fail_at_step);
+    o->fail_rank = static_cast<int>(f.fail_rank);
+    o->fail_at_step = static_cast<uint64_t>(f.fail_at_step);
+  }
   return "";
 }
 
-std::string write_traces(const SimFlags& f, const sim::World& world) {
-  return write_trace_files(world, f.trace.empty() ? "" : cli::resolve_path(f.trace),
-                           f.chrome_trace.empty() ? "" : cli::resolve_path(f.chrome_trace));
+std::vector<std::string> trace_paths(const SimFlags& f) {
+  std::vector<std::string> paths;
+  for (const std::string* path : {&f.trace, &f.chrome_trace}) {
+    if (!path->empty()) paths.push_back(cli::resolve_path(*path));
+  }
+  return paths;
+}
+
+std::unique_ptr<npy::OutputFiles> reserve_outputs(const std::string& command, const std::vector<std::string>& paths) {
+  try {
+    return std::make_unique<npy::OutputFiles>(paths);
+  } catch (const npy::NpyError& e) {
+    cli::fail(command, std::string(e.what()) + " (no output can be written there; nothing was run)");
+    return nullptr;
+  }
+}
+
+namespace {
+
+// The one writer of both trace formats (empty paths skipped) into reserved outputs.
+void write_trace_texts(const sim::World& world, const std::string& json_path, const std::string& chrome_path,
+                       npy::OutputFiles& files) {
+  if (world.tracer() == nullptr) return;
+  if (!json_path.empty()) {
+    const std::string text = world.tracer()->json_lines();
+    files.write(json_path, text.data(), text.size());
+  }
+  if (!chrome_path.empty()) {
+    const std::string text = world.tracer()->chrome_trace(world.options().schedule == sim::Schedule::kSeeded);
+    files.write(chrome_path, text.data(), text.size());
+  }
+}
+
+}  // namespace
+
+void write_traces(const SimFlags& f, const sim::World& world, npy::OutputFiles& files) {
+  write_trace_texts(world, f.trace.empty() ? "" : cli::resolve_path(f.trace),
+                    f.chrome_trace.empty() ? "" : cli::resolve_path(f.chrome_trace), files);
 }
 
 std::string write_trace_files(const sim::World& world, const std::string& json_path, const std::string& chrome_path) {
   if (world.tracer() == nullptr) return "";
   try {
-    if (!json_path.empty()) {
-      const std::string text = world.tracer()->json_lines();
-      npy::write_file_atomic(json_path, text.data(), text.size());
-    }
-    if (!chrome_path.empty()) {
-      const std::string text = world.tracer()->chrome_trace(world.options().schedule == sim::Schedule::kSeeded);
-      npy::write_file_atomic(chrome_path, text.data(), text.size());
-    }
+    npy::OutputFiles files({json_path, chrome_path});
+    write_trace_texts(world, json_path, chrome_path, files);
+    files.commit();
   } catch (const npy::NpyError& e) {
     return e.what();
   }
   return "";
+}
+
+std::string unreached_fault(const sim::WorldOptions& o, const sim::World& world) {
+  if (o.fail_rank < 0 || world.rank_dead(o.fail_rank)) return "";
+  return "--fail-at-step " + std::to_string(o.fail_at_step) + " was never reached: rank " +
+         std::to_string(o.fail_rank) + " took " + std::to_string(world.fault_steps()) +
+         " synchronization steps in this run (no output was written)";
 }
 
 std::string schedule_note(const sim::WorldOptions& o) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "core/storage.h"
 #include "sim/world.h"
 #include "tools/cli.h"
+#include "tools/npy/npy.h"
 
 namespace exactcoll::tools {
 
@@ -23,21 +25,37 @@ struct SimFlags {
   std::string chrome_trace;    // Chrome trace path
   int64_t timeout_ms = 20000;  // threads: one flag wait
   int64_t max_steps = 100'000'000;  // seeded: livelock bound
+  int64_t fail_rank = -1;      // fault injection: this rank dies ...
+  int64_t fail_at_step = 0;    // ... at its K-th synchronization step (sim::WorldOptions)
 };
 
 // Adds --ranks --dtype --schedule --schedule-seed --trace --trace-elements --chrome-trace
-// --timeout-ms --max-steps.
+// --timeout-ms --max-steps --fail-rank --fail-at-step.
 void add_world_flags(cli::ArgParser& parser, SimFlags* flags);
 
 // Checks the flags and fills *options. Returns "" or what is wrong (no --ranks while flags.ranks
 // has no default (0), ranks outside 1..16, a negative seed, malformed --trace-elements, ...).
 std::string world_options(const SimFlags& flags, const cli::ArgParser& parser, sim::WorldOptions* options);
 
-// Writes the JSON-lines and Chrome traces requested by flags (atomically). Returns "" or the error.
-std::string write_traces(const SimFlags& flags, const sim::World& world);
+// The trace files the flags ask for (resolved paths), to reserve with the command's outputs.
+std::vector<std::string> trace_paths(const SimFlags& flags);
 
-// Writes world's trace as JSON lines to json_path and in Chrome's format to chrome_path (each
-// atomically; an empty path skips it; paths as given, not resolved). Returns "" or the error.
+// Reserves `paths` (empty ones skipped) as the command's outputs, all or nothing (npy::OutputFiles).
+// Returns null after printing "exactcoll <command>: <why>" when one cannot be created: bad input,
+// found before any work (the caller exits 2).
+std::unique_ptr<npy::OutputFiles> reserve_outputs(const std::string& command, const std::vector<std::string>& paths);
+
+// Writes the JSON-lines and Chrome traces requested by flags into `files` (which reserved
+// trace_paths(flags)). Throws npy::NpyError on an I/O failure.
+void write_traces(const SimFlags& flags, const sim::World& world, npy::OutputFiles& files);
+
+// Fault injection (--fail-rank R --fail-at-step K) after a run that completed: returns "" when no
+// fault was asked for, else why it never happened (rank R took fewer than K steps), for exit 2.
+std::string unreached_fault(const sim::WorldOptions& options, const sim::World& world);
+
+// Writes world's trace as JSON lines to json_path and in Chrome's format to chrome_path (both or
+// neither, through npy::OutputFiles; an empty path skips it; paths as given, not resolved).
+// Returns "" or the error.
 // Nothing is written when the world was not traced.
 std::string write_trace_files(const sim::World& world, const std::string& json_path, const std::string& chrome_path);
 

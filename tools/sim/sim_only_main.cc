@@ -10,9 +10,5 @@ int main(int argc, char** argv) {
     std::cerr << "usage: exactcoll <command> [flags]\n";
     return exactcoll::cli::kExitUsage;
   }
-  for (const auto& c : exactcoll::cli::registered_commands()) {
-    if (c.name == argv[1]) return c.run(argc - 1, argv + 1);
-  }
-  std::cerr << "exactcoll: unknown command '" << argv[1] << "'\n";
-  return exactcoll::cli::kExitUsage;
+  return exactcoll::cli::run_command(argc, argv);
 }

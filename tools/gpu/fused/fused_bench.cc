@@ -34,6 +34,7 @@
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/fused/fused_rmsnorm.h"
 #include "cuda_backend/nccl_api.h"
+#include "sim/fused/reference.h"
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/fused/fused_commands.h"
@@ -426,6 +427,7 @@ int run_fused_bench(int argc, char** argv) {
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
   if (const auto code = parser.parse(argc, argv)) return *code;
   if (op_text != "fused_rmsnorm") return cli::fail(kCommand, "--op must be fused_rmsnorm here, got '" + op_text + "'");
+  if (const std::string problem = exactcoll::fused::check_eps(eps); !problem.empty()) return cli::fail(kCommand, problem);
   o.dtype = dtype_text == "fp32" ? DType::kFP32 : dtype_text == "fp16" ? DType::kFP16 : DType::kBF16;
   if (!parse_counts(hidden_text, &o.hidden)) return cli::fail(kCommand, "--hidden wants positive numbers like 4096,8192");
   if (!parse_counts(rows_text, &o.rows)) return cli::fail(kCommand, "--rows wants positive numbers like 1,2,4");

@@ -21,6 +21,7 @@
 #include "cuda_backend/communicator.h"
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/fused/fused_rmsnorm.h"
+#include "sim/fused/reference.h"
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/fused/fused_commands.h"
@@ -254,6 +255,7 @@ int run_gpu_fused_rmsnorm(int argc, char** argv) {
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
   if (const auto code = parser.parse(argc, argv)) return *code;
   if (op_text != "fused_rmsnorm") return cli::fail(kCommand, "unknown op '" + op_text + "'");
+  if (const std::string problem = exactcoll::fused::check_eps(o.eps); !problem.empty()) return cli::fail(kCommand, problem);
   o.dtype = dtype_text == "fp32" ? DType::kFP32 : dtype_text == "fp16" ? DType::kFP16 : DType::kBF16;
   o.algo = *cuda::fused::parse_fused_algorithm(algo_text);
   const bool files = parser.given("input") || parser.given("residual") || parser.given("weight");

@@ -39,6 +39,7 @@
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/fused/fused_rmsnorm.h"
 #include "sim/world.h"
+#include "sim/fused/reference.h"
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/fused/fused_commands.h"
@@ -304,6 +305,7 @@ int run_fused_verify(int argc, char** argv) {
   if (o.iters < 1 || o.max_elements < 1 || o.sim_all_max_elements < 0 || o.timeout_ms < 1 || o.buffer_mib < 1) {
     return cli::fail(kCommand, "--iters, --max-elements, --timeout-ms and --buffer-mib must be positive");
   }
+  if (const std::string problem = exactcoll::fused::check_eps(eps); !problem.empty()) return cli::fail(kCommand, problem);
   o.eps = static_cast<float>(eps);
   if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "verify")) return *code;
   // Every rank needs the same seed: without --seed, a hash of the job's store token (the same in

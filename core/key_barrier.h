@@ -1,0 +1,80 @@
+// A barrier built from a Store's keys alone (set, get with a timeout, add), for stores that have
+// no barrier of their own, such as one whose operations are callbacks into another runtime: its
+// barrier() can be `key_barrier(*this, name, rank, world_size, timeout)`. Like the stores' own
+// barriers, a timeout names the ranks that never arrived (core/store.h, barrier_timeout_message).
+//
+// Keys under `name` (every caller uses the same world_size):
+//   name/arrivals               an add counter: caller k (from 1) is in round (k - 1) / world_size
+//   name/<round>/rank/<rank>    set by a caller that gives its rank, before it counts itself
+//   name/<round>/done           set by the round's last caller; the others wait for it
+// The last caller of round r also erases round r - 1's done key (everyone has left round r - 1
+// by then: they all arrived in round r); a caller erases its rank key once it passes.
+// Unlike LocalStore and the TCP store, a caller that times out stays counted: after a timeout the
+// barrier's name is spent (its next round would be one caller short).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "core/store.h"
+
+namespace exactcoll {
+
+// Returns once world_size callers have entered barrier `name` of `store`. Preconditions:
+// world_size >= 1; rank is kUnknownRank or 0 <= rank < world_size. Throws StoreError naming the
+// barrier and the ranks that never arrived after `timeout`.
+// Example: key_barrier(store, "start", rank, world_size, std::chrono::seconds(30));
+inline void key_barrier(Store& store, const std::string& name, int rank, int world_size,
+                        std::chrono::milliseconds timeout) {
+  if (world_size < 1) throw StoreError("store barrier '" + name + "': world_size must be at least 1");
+  if (rank != kUnknownRank && (rank < 0 || rank >= world_size)) {
+    throw StoreError("store barrier '" + name + "': rank " + std::to_string(rank) + " is outside 0.." +
+                     std::to_string(world_size - 1));
+  }
+  // The round this caller joins: a peek at the counter (an add of 0), then the add that counts it.
+  // A caller that counts itself into a later round than it peeked at moves its rank key along.
+  const int64_t peeked = store.add(name + "/arrivals", 0);
+  auto round_key = [&](int64_t round, const std::string& what) {
+    return name + "/" + std::to_string(round) + "/" + what;
+  };
+  auto rank_key = [&](int64_t round) { return round_key(round, "rank/" + std::to_string(rank)); };
+  int64_t round = peeked / world_size;
+  if (rank != kUnknownRank) store.set(rank_key(round), "1");
+  const int64_t arrival = store.add(name + "/arrivals", 1);  // 1-based over every round
+  if ((arrival - 1) / world_size != round) {
+    if (rank != kUnknownRank) {
+      store.erase(rank_key(round));
+      round = (arrival - 1) / world_size;
+      store.set(rank_key(round), "1");
+    } else {
+      round = (arrival - 1) / world_size;
+    }
+  }
+  const std::string done = round_key(round, "done");
+  if (arrival % world_size == 0) {
+    store.set(done, "1");
+    if (round > 0) store.erase(round_key(round - 1, "done"));
+  } else {
+    try {
+      store.get(done, timeout);
+    } catch (const StoreError&) {
+      // Who is here: the round's ranks that set their keys, and how many counted themselves.
+      std::vector<int> present;
+      for (int p = 0; p < world_size; ++p) {
+        try {
+          store.get(round_key(round, "rank/" + std::to_string(p)), std::chrono::milliseconds(0));
+          present.push_back(p);
+        } catch (const StoreError&) {
+        }
+      }
+      const int64_t counted = store.add(name + "/arrivals", 0) - round * world_size;
+      const size_t arrived = static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(counted, 0), world_size));
+      throw StoreError("store " + barrier_timeout_message(name, world_size, std::max(arrived, present.size()),
+                                                          present, {}, timeout));
+    }
+  }
+  if (rank != kUnknownRank) store.erase(rank_key(round));
+}
+
+}  // namespace exactcoll
