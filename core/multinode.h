@@ -171,9 +171,11 @@ struct GroupBuilder {
 // Chunk j is folded on node k at step j + k, rounded at step j + M - 1 and reaches node k <= M - 2
 // at step j + M + k, so every receive meets the send its neighbour posts in the same step. Two
 // result slots: a step forwards chunk j from one slot while receiving chunk j + 1 into the other;
-// the gather's end barrier keeps a slot until every local peer has copied it.
+// the gather's end barrier keeps a slot until every local peer has copied it. (result_slots = 1 is
+// the broken variant tests/multinode/multinode_sim_test.cc shows the seeded network catching: a
+// forwarding node's receive of chunk j + 1 can land before its send of chunk j has left.)
 template <class T, class Prims>
-void allreduce(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElements) {
+void allreduce(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElements, int result_slots = 2) {
   constexpr int P = Storage<T>::kPack;
   const NodeLayout layout = p.layout();
   const int M = layout.nodes, L = layout.local_ranks, k = p.node(), l = p.local();
@@ -183,7 +185,8 @@ void allreduce(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElem
   auto valid = [&](long j) { return j >= 0 && j < J; };
   auto range = [&](long j) { return detail::chunk_range(count, chunk, j); };
   auto slice = [&](long j) { return two_shot_slice(range(j).length, P, l, L); };
-  auto slot = [&](long j) { return p.scratch() + static_cast<size_t>(j % 2) * chunk; };
+  auto slot_offset = [&](long j) { return static_cast<size_t>(j % result_slots) * chunk; };
+  auto slot = [&](long j) { return p.scratch() + slot_offset(j); };
   const size_t ef = sizeof(float), et = sizeof(T);
   for (long t = 0; t < J + 2 * (M - 1); ++t) {
     // 1. The ring exchange of this step.
@@ -221,8 +224,7 @@ void allreduce(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElem
     // 3. Gather the chunk whose result is now in this node's slots.
     const long gathered = k == M - 1 ? fold_chunk : result_in;
     if (valid(gathered)) {
-      p.gather(NodeGatherArgs{range(gathered).begin, range(gathered).length,
-                              static_cast<size_t>(gathered % 2) * chunk});
+      p.gather(NodeGatherArgs{range(gathered).begin, range(gathered).length, slot_offset(gathered)});
     }
   }
 }

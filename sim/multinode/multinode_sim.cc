@@ -230,6 +230,7 @@ size_t multinode_output_count(Op op, size_t count, int n) {
 
 std::string check_multinode_spec(const MultiNodeSpec& spec, const NodeLayout& layout) {
   if (spec.count == 0) return "count must be >= 1";
+  if (spec.result_slots < 1 || spec.result_slots > 2) return "result_slots must be 1 or 2";
   const size_t n = static_cast<size_t>(layout.world_size());
   if (spec.op == Op::kReduceScatter && spec.count % n != 0) {
     return "reduce_scatter needs a count that is a multiple of the " + std::to_string(n) + " ranks, not " +
@@ -255,7 +256,7 @@ void run_multinode(const NetworkOptions& net, const MultiNodeSpec& spec, const s
     job.network.run([&](int rank) {
       SimPrims<T> prims(job, rank);
       if (spec.op == Op::kAllReduce) {
-        allreduce<T>(prims, spec.count, spec.chunk_elements);
+        allreduce<T>(prims, spec.count, spec.chunk_elements, spec.result_slots);
       } else if (spec.op == Op::kReduceScatter) {
         reduce_scatter<T>(prims, spec.count, spec.chunk_elements);
       } else {

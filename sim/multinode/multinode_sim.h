@@ -25,6 +25,7 @@ struct MultiNodeSpec {
   size_t count = 0;          // elements per rank's input
   int blocks = 1;            // blocks of every node kernel (the work split; same bits)
   size_t chunk_elements = kDefaultChunkElements;  // pipeline chunk (core/multinode.h)
+  int result_slots = 2;      // all-reduce only: 1 is a broken variant for the exploration tests
 };
 
 // Returns "" or what is wrong with spec on layout: count 0, reduce_scatter's count not a multiple

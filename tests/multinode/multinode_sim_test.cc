@@ -236,6 +236,28 @@ TEST(MultiNodeExploration, ManySeedsAcrossTheBoundary) {
   EXPECT_EQ(a.json_lines, b.json_lines);
 }
 
+// The exploration can tell a race from a correct schedule: with one result slot instead of two, a
+// forwarding node (M >= 3) receives chunk j + 1 into the slot it is still sending chunk j from, and
+// some delivery orders put the later chunk on the wire (caught at a printed seed); two slots pass
+// the same seeds (ManySeedsAcrossTheBoundary).
+TEST(MultiNodeExploration, OneResultSlotIsCaught) {
+  MultiNodeSpec spec;
+  spec.count = 200;
+  spec.chunk_elements = 64;
+  spec.result_slots = 1;
+  const Bytes in = simtest::random_inputs(spec.dtype, 3, spec.count, kBaseSeed);
+  const Bytes want = expected(Op::kAllReduce, spec.dtype, spec.count, in);
+  int failing = 0;
+  uint64_t first = 0;
+  for (uint64_t seed = 1; seed <= 100; ++seed) {
+    if (simtest::first_difference(run(seeded(3, 1, seed), spec, in), want, 2).empty()) continue;
+    if (failing++ == 0) first = seed;
+  }
+  std::printf("one result slot: wrong bits in %d of 100 seeds, first at seed %llu\n", failing,
+              static_cast<unsigned long long>(first));
+  EXPECT_GT(failing, 0);
+}
+
 // A message lost on the wire: a bounded wait that names the rank that waits and what never came
 // (threads), or a deadlock report naming it (seeded); never a hang.
 TEST(MultiNodeFaults, LostCarryIsNamed) {
