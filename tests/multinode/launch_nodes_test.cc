@@ -79,6 +79,22 @@ TEST(LaunchNodes, TwoLaunchersFormOneNodeMajorJob) {
   }
 }
 
+// tools/multinode/emulate_nodes.sh (the recipe for issue 17's emulated nodes): 3 nodes of 2 ranks
+// on this host, each node seeing its own GPUs, meeting in one store.
+TEST(LaunchNodes, EmulateNodesScript) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const std::string script = std::string(srcdir ? srcdir : ".") + "/exactcoll/tools/multinode/emulate_nodes.sh";
+  Background run("EXACTCOLL=" + binary() + " MASTER_PORT=" + std::to_string(launch::pick_free_port()) + " bash " + script +
+                     " 3 2 node_worker",
+                 "emulate");
+  const Outcome o = run.wait();
+  ASSERT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("node_worker: rank 0 node 0 local 0: 3 nodes x 2 local ranks (CUDA_VISIBLE_DEVICES=0,1)"),
+            std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("node_worker: rank 5 node 2 local 1: 3 nodes x 2 local ranks (CUDA_VISIBLE_DEVICES=4,5)"),
+            std::string::npos) << o.text;
+}
+
 TEST(LaunchNodes, SeveralNodesNeedTheTokenAndThePort) {
   Outcome o;
   {

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -51,8 +52,10 @@ int run_node_worker(int argc, char** argv) {
   } catch (const StoreError& e) {
     return cli::fail("node_worker", e.what(), cli::kExitFailure);
   }
+  const char* devices = std::getenv("CUDA_VISIBLE_DEVICES");
   const std::string line = "node_worker: rank " + std::to_string(env.rank) + " node " + std::to_string(place.node) +
-                           " local " + std::to_string(place.local_rank) + ": " + verdict + "\n";
+                           " local " + std::to_string(place.local_rank) + ": " + verdict +
+                           " (CUDA_VISIBLE_DEVICES=" + (devices ? devices : "<unset>") + ")\n";
   const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
   if (written != static_cast<ssize_t>(line.size())) return cli::kExitFailure;
   return verdict.rfind("bad layout", 0) == 0 ? cli::kExitFailure : 0;
