@@ -4,6 +4,8 @@
 #include <exception>
 #include <thread>
 
+#include "sim/flag_trace.h"
+
 namespace exactcoll::multinode {
 namespace {
 
@@ -11,22 +13,6 @@ namespace {
 struct Aborted {};
 
 thread_local int tls_rank = -1;  // threads schedule: the rank this OS thread runs
-
-void trace_flag(const sim::BlockEnv& env, sim::TraceEvent::Kind kind, uint64_t t, uint64_t since, int peer, int set,
-                uint32_t value) {
-  if (env.tracer == nullptr) return;
-  sim::TraceEvent e;
-  e.kind = kind;
-  e.t = t;
-  e.since = since;
-  e.launch = env.launch;
-  e.rank = env.rank;
-  e.block = env.block;
-  e.peer = peer;
-  e.set = set;
-  e.epoch = value;
-  env.tracer->add(std::move(e));
-}
 
 }  // namespace
 
@@ -216,7 +202,7 @@ void Network::signal(const sim::BlockEnv& env, uint32_t* flag, uint32_t value, i
     }
     changed_.notify_all();
   }
-  trace_flag(env, sim::TraceEvent::Kind::kSignal, now(), 0, peer, set, value);
+  sim::trace_flag(env, sim::TraceEvent::Kind::kSignal, now(), 0, peer, set, value);
 }
 
 void Network::wait(const sim::BlockEnv& env, const uint32_t* flag, uint32_t value, int peer, int set) {
@@ -234,7 +220,7 @@ void Network::wait(const sim::BlockEnv& env, const uint32_t* flag, uint32_t valu
   } else {
     wait_bounded(rank, ready, what);
   }
-  trace_flag(env, sim::TraceEvent::Kind::kWait, now(), since, peer, set, value);
+  sim::trace_flag(env, sim::TraceEvent::Kind::kWait, now(), since, peer, set, value);
 }
 
 // ---- running -------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@
 #include "cuda_backend/multinode/node_env.h"
 #include "sim/multinode/multinode_sim.h"
 #include "tools/cli.h"
+#include "tools/gpu/device_util.h"
 #include "tools/gpu/fused/fused_inputs.h"
 #include "tools/gpu/inputs.h"
 #include "tools/gpu/worker.h"
@@ -36,17 +37,8 @@ namespace {
 
 using Bytes = std::vector<uint8_t>;
 
-// A device buffer freed at scope end.
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(size_t bytes) { EXC_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
-  ~DeviceBuffer() { (void)cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
-void upload(const Bytes& host, DeviceBuffer& d) {
-  EXC_CUDA_CHECK(cudaMemcpy(d.p, host.data(), host.size(), cudaMemcpyHostToDevice));
+void upload(const Bytes& host, gpu::DeviceBuffer& d) {
+  EXC_CUDA_CHECK(cudaMemcpy(d.get(), host.data(), host.size(), cudaMemcpyHostToDevice));
 }
 
 // Elements of this rank's output that differ from `want` (bit patterns).
@@ -79,7 +71,8 @@ struct Setup {
 
 int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
   const int n = w.world_size(), me = w.rank();
-  cudaStream_t stream = nullptr;
+  const gpu::Stream owned;
+  const cudaStream_t stream = owned.get();
   size_t total_differing = 0, cases = 0;
   const std::vector<size_t> counts = {1, 1000, 4099, static_cast<size_t>(n) * 3000, size_t{1} << 20};
   const NetworkOptions net{comm.layout(), sim::Schedule::kThreads, 1, std::chrono::milliseconds(60000), 0, false, {}};
@@ -92,15 +85,15 @@ int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
         const gpu::Pattern pattern = gpu::all_patterns()[cases % gpu::all_patterns().size()];
         const auto in = gpu::make_inputs(dtype, count, n, gpu::mix_seed(seed, cases), pattern);
         const size_t out_count = multinode_output_count(op, count, n);
-        DeviceBuffer d_in(count * esize), d_out(out_count * esize);
+        gpu::DeviceBuffer d_in(count * esize), d_out(out_count * esize);
         upload(in[static_cast<size_t>(me)], d_in);
         cuda::MultiNodeCallInfo info;
-        if (op == Op::kAllReduce) info = comm.allreduce(d_in.p, d_out.p, count, dtype, cuda::Algorithm::kAuto, stream);
-        if (op == Op::kReduceScatter) info = comm.reduce_scatter(d_in.p, d_out.p, count, dtype, cuda::Algorithm::kAuto, stream);
-        if (op == Op::kAllGather) info = comm.allgather(d_in.p, d_out.p, count, dtype, cuda::Algorithm::kAuto, stream);
+        if (op == Op::kAllReduce) info = comm.allreduce(d_in.get(), d_out.get(), count, dtype, cuda::Algorithm::kAuto, stream);
+        if (op == Op::kReduceScatter) info = comm.reduce_scatter(d_in.get(), d_out.get(), count, dtype, cuda::Algorithm::kAuto, stream);
+        if (op == Op::kAllGather) info = comm.allgather(d_in.get(), d_out.get(), count, dtype, cuda::Algorithm::kAuto, stream);
         comm.check(stream);
         Bytes got(out_count * esize);
-        EXC_CUDA_CHECK(cudaMemcpy(got.data(), d_out.p, got.size(), cudaMemcpyDeviceToHost));
+        EXC_CUDA_CHECK(cudaMemcpy(got.data(), d_out.get(), got.size(), cudaMemcpyDeviceToHost));
         // The simulator's run of every rank; this rank's output.
         std::vector<Bytes> sim_out(static_cast<size_t>(n), Bytes(out_count * esize));
         std::vector<const void*> ins;
@@ -135,15 +128,15 @@ int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
       const int hidden = dtype == DType::kFP32 ? 2880 : 4096;
       const gpu::FusedInputs fin = gpu::make_fused_inputs(dtype, n, rows, hidden, gpu::mix_seed(seed, cases), true);
       const size_t bytes = fin.count() * esize;
-      DeviceBuffer x(bytes), res(bytes), wgt(static_cast<size_t>(hidden) * esize), ro(bytes), out(bytes);
+      gpu::DeviceBuffer x(bytes), res(bytes), wgt(static_cast<size_t>(hidden) * esize), ro(bytes), out(bytes);
       upload(fin.x[static_cast<size_t>(me)], x);
       upload(fin.residual, res);
       upload(fin.weight, wgt);
-      comm.fused_add_rmsnorm(x.p, res.p, wgt.p, ro.p, out.p, rows, hidden, 1e-6f, dtype, cuda::Algorithm::kAuto, stream);
+      comm.fused_add_rmsnorm(x.get(), res.get(), wgt.get(), ro.get(), out.get(), rows, hidden, 1e-6f, dtype, cuda::Algorithm::kAuto, stream);
       comm.check(stream);
       Bytes got_ro(bytes), got_out(bytes);
-      EXC_CUDA_CHECK(cudaMemcpy(got_ro.data(), ro.p, bytes, cudaMemcpyDeviceToHost));
-      EXC_CUDA_CHECK(cudaMemcpy(got_out.data(), out.p, bytes, cudaMemcpyDeviceToHost));
+      EXC_CUDA_CHECK(cudaMemcpy(got_ro.data(), ro.get(), bytes, cudaMemcpyDeviceToHost));
+      EXC_CUDA_CHECK(cudaMemcpy(got_out.data(), out.get(), bytes, cudaMemcpyDeviceToHost));
       std::vector<Bytes> want_ro(static_cast<size_t>(n), Bytes(bytes)), want_out = want_ro;
       MultiNodeFusedIo io;
       for (int r = 0; r < n; ++r) {
@@ -173,27 +166,10 @@ int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
   return total_differing == 0 ? cli::kExitOk : cli::kExitDiffer;
 }
 
-// Microseconds per call of fn on stream: warmup, then `iters` calls between two events.
-template <class F>
-double time_us(F fn, int iters, cudaStream_t stream) {
-  for (int i = 0; i < 3; ++i) fn();
-  cudaEvent_t a, b;
-  EXC_CUDA_CHECK(cudaEventCreate(&a));
-  EXC_CUDA_CHECK(cudaEventCreate(&b));
-  EXC_CUDA_CHECK(cudaEventRecord(a, stream));
-  for (int i = 0; i < iters; ++i) fn();
-  EXC_CUDA_CHECK(cudaEventRecord(b, stream));
-  EXC_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  EXC_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  (void)cudaEventDestroy(a);
-  (void)cudaEventDestroy(b);
-  return 1000.0 * ms / iters;
-}
-
 int bench(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, int64_t max_mib, int64_t iters) {
   const int n = w.world_size();
-  cudaStream_t stream = nullptr;
+  const gpu::Stream owned;
+  const cudaStream_t stream = owned.get();
   if (w.leader()) {
     std::printf("bench multinode allreduce bf16, %s (times: the slowest rank's)\n%12s %12s %10s %10s %12s %10s %10s %8s\n",
                 layout_text(comm.layout()).c_str(), "bytes", "exactcoll us", "algbw", "busbw", "nccl us", "algbw", "busbw",
@@ -201,13 +177,16 @@ int bench(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, int64_t max_mib, in
   }
   for (int64_t mib = 1; mib <= max_mib; mib *= 4) {
     const size_t bytes = static_cast<size_t>(mib) << 20, count = bytes / 2;
-    DeviceBuffer in(bytes), out(bytes);
-    EXC_CUDA_CHECK(cudaMemset(in.p, 0x3c, bytes));
-    const double ours = time_us([&] { comm.allreduce(in.p, out.p, count, DType::kBF16, cuda::Algorithm::kAuto, stream); },
-                                static_cast<int>(iters), stream);
+    gpu::DeviceBuffer in(bytes), out(bytes);
+    EXC_CUDA_CHECK(cudaMemset(in.get(), 0x3c, bytes));
+    // The median of 5 rounds of `iters` back-to-back calls (tools/gpu/device_util.h), after 3 untimed.
+    const double ours = gpu::time_eager_us(
+        stream, [&] { comm.allreduce(in.get(), out.get(), count, DType::kBF16, cuda::Algorithm::kAuto, stream); },
+        static_cast<int>(iters), 3, 5);
     comm.check(stream);
-    const double theirs = time_us([&] { comm.allreduce(in.p, out.p, count, DType::kBF16, cuda::Algorithm::kNccl, stream); },
-                                  static_cast<int>(iters), stream);
+    const double theirs = gpu::time_eager_us(
+        stream, [&] { comm.allreduce(in.get(), out.get(), count, DType::kBF16, cuda::Algorithm::kNccl, stream); },
+        static_cast<int>(iters), 3, 5);
     double slowest_ours = 0, slowest_theirs = 0;
     for (const std::string& v : w.all_gather("bench/" + std::to_string(mib), std::to_string(ours) + " " + std::to_string(theirs))) {
       double a = 0, b = 0;
