@@ -75,6 +75,13 @@ struct Transfer {
   uint32_t chunk = 0;
 };
 
+// "carry chunk 3 (512 bytes) from rank 1 (node 0, local rank 1)": a transfer as waits and errors
+// name it.
+inline std::string transfer_text(const NodeLayout& layout, const Transfer& t) {
+  return std::string(payload_name(t.payload)) + " chunk " + std::to_string(t.chunk) + " (" + std::to_string(t.bytes) +
+         " bytes)" + (t.send ? " to " : " from ") + rank_text(layout, t.peer);
+}
+
 // Elements of the message handled per pipeline step. A multiple of 64 (so every chunk begins
 // 16-byte aligned); smaller chunks fill the chain sooner, larger ones send fewer messages.
 inline constexpr size_t kDefaultChunkElements = size_t{1} << 20;

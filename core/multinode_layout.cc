@@ -82,4 +82,9 @@ std::string layout_text(const NodeLayout& layout) {
          std::to_string(layout.local_ranks) + (layout.local_ranks == 1 ? " local rank" : " local ranks");
 }
 
+std::string rank_text(const NodeLayout& layout, int rank) {
+  return "rank " + std::to_string(rank) + " (node " + std::to_string(layout.node_of(rank)) + ", local rank " +
+         std::to_string(layout.local_of(rank)) + ")";
+}
+
 }  // namespace exactcoll::multinode

@@ -46,4 +46,7 @@ std::string layout_from_places(const std::vector<RankPlace>& places, NodeLayout*
 // "2 nodes x 4 local ranks".
 std::string layout_text(const NodeLayout& layout);
 
+// "rank 5 (node 1, local rank 1)": how every message of the multi-node code names a rank.
+std::string rank_text(const NodeLayout& layout, int rank);
+
 }  // namespace exactcoll::multinode

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "cuda_backend/bootstrap/worker_env.h"
@@ -40,8 +41,10 @@ class CudaPrims {
   void group(const multinode::Transfer* transfers, int count) {
     const NcclApi& nccl = NcclApi::get();
     nccl.check(nccl.GroupStart(), "ncclGroupStart");
+    std::string what;
     for (int i = 0; i < count; ++i) {
       const multinode::Transfer& t = transfers[i];
+      what += (i ? "; " : "") + std::string(t.send ? "send " : "receive ") + multinode::transfer_text(comm_.layout_, t);
       if (t.send) {
         nccl.check(nccl.Send(t.data, t.bytes, ncclUint8, t.peer, comm_.nccl_comm_, stream_), "ncclSend");
         info_->sent_bytes += t.bytes;
@@ -50,6 +53,7 @@ class CudaPrims {
       }
     }
     nccl.check(nccl.GroupEnd(), "ncclGroupEnd");
+    comm_.mark_group(stream_, std::move(what));
     ++info_->groups;
   }
   void fold(const multinode::NodeFoldArgs<T>& a) {
@@ -147,9 +151,51 @@ MultiNodeCommunicator::~MultiNodeCommunicator() {
     }
   }
   if (carry_ != nullptr) (void)cudaFree(carry_);
+  for (const GroupMark& m : marks_) (void)cudaEventDestroy(m.event);
 }
 
-void MultiNodeCommunicator::check(cudaStream_t stream) { node_->check(stream); }
+void MultiNodeCommunicator::mark_group(cudaStream_t stream, std::string what) {
+  if (marks_.size() < kGroupMarks) {
+    GroupMark m;
+    EXC_CUDA_CHECK(cudaEventCreateWithFlags(&m.event, cudaEventDisableTiming));
+    marks_.push_back(m);
+  }
+  GroupMark& m = marks_[marked_ % kGroupMarks];
+  EXC_CUDA_CHECK(cudaEventRecord(m.event, stream));
+  m.what = std::move(what);
+  ++marked_;
+}
+
+void MultiNodeCommunicator::check(cudaStream_t stream) {
+  if (poisoned_) throw CollectiveError(poison_);
+  // 1. The stream, bounded: an NCCL receive whose sender never comes waits forever on its own.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.transfer_timeout_ms);
+  for (cudaError_t q; (q = cudaStreamQuery(stream)) != cudaSuccess;) {
+    if (q != cudaErrorNotReady) EXC_CUDA_CHECK(q);
+    if (std::chrono::steady_clock::now() > deadline) {
+      // 2. The oldest marked group still pending is what never arrived (or was never received).
+      std::string what = "the stream's work (no NCCL group pending among the latest " + std::to_string(kGroupMarks) + ")";
+      for (size_t i = marked_ > kGroupMarks ? marked_ - kGroupMarks : 0; i < marked_; ++i) {
+        if (cudaEventQuery(marks_[i % kGroupMarks].event) == cudaErrorNotReady) {
+          what = "its NCCL group " + marks_[i % kGroupMarks].what;
+          break;
+        }
+      }
+      (void)cudaGetLastError();
+      poisoned_ = true;
+      poison_ = multinode::rank_text(layout_, rank_) + ": after " + std::to_string(options_.transfer_timeout_ms) +
+                " ms, " + what + " had not completed (a peer never sent or never received); NCCL was aborted and " +
+                "the communicator is unusable";
+      if (nccl_comm_ != nullptr) {
+        NcclApi::get().CommAbort(nccl_comm_);
+        nccl_comm_ = nullptr;
+      }
+      throw CollectiveError(poison_);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  node_->check(stream);
+}
 
 MultiNodeCallInfo MultiNodeCommunicator::run_nccl(Kind kind, const void* input, void* output, size_t count, DType dtype,
                                                   cudaStream_t stream, const std::string& note) {
@@ -215,6 +261,7 @@ MultiNodeCallInfo MultiNodeCommunicator::run(Kind kind, const void* input, void*
                                 std::to_string(n) + " ranks");
   }
   if (!aligned16(input) || !aligned16(output)) throw std::invalid_argument("input and output must be 16-byte aligned");
+  if (poisoned_) throw CollectiveError(poison_);
   if (count == 0) return MultiNodeCallInfo{"none", true, 0, 0, 0, ""};
   if (algo == Algorithm::kNccl) return run_nccl(kind, input, output, count, dtype, stream, "");
   // One node: the IPC communicator, any of its algorithms.

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/multinode.h"
 #include "core/multinode_layout.h"
@@ -48,6 +49,9 @@ struct MultiNodeOptions {
   size_t chunk_elements = multinode::kDefaultChunkElements;  // pipeline chunk (a multiple of 64)
   LaunchConfig node_grid{16, 512, false};     // every node kernel's grid
   std::chrono::milliseconds store_timeout{120000};
+  // check(): how long the stream may take before the cross-node transfers are declared lost (NCCL's
+  // receives have no bound of their own).
+  uint64_t transfer_timeout_ms = 120000;
 };
 
 // What one call ran.
@@ -92,9 +96,14 @@ class MultiNodeCommunicator {
                                       void* out, int rows, int hidden, float eps, DType dtype, Algorithm algo,
                                       cudaStream_t stream);
 
-  // Waits for stream, then throws CollectiveError if a node kernel timed out (naming the local
-  // rank, block and peer, as the IPC communicator does).
+  // Waits for stream, bounded by options.transfer_timeout_ms, then throws CollectiveError if a node
+  // kernel timed out (naming the local rank, block and peer, as the IPC communicator does). When
+  // the stream does not finish in time, the first NCCL group of the recent calls that never
+  // completed names what never arrived ("rank 5 (node 1, local rank 1): ... receive carry chunk 3
+  // (512 bytes) from rank 1 (node 0, local rank 1) ..."), NCCL is aborted and every later call
+  // throws.
   void check(cudaStream_t stream);
+  bool usable() const { return !poisoned_; }
 
  private:
   enum class Kind { kAllReduce, kReduceScatter, kAllGather };
@@ -104,8 +113,16 @@ class MultiNodeCommunicator {
   MultiNodeCallInfo run_typed(Kind kind, const void* input, void* output, size_t count, cudaStream_t stream);
   MultiNodeCallInfo run_nccl(Kind kind, const void* input, void* output, size_t count, DType dtype, cudaStream_t stream,
                              const std::string& note);
+  // Records an event after an NCCL group on stream, with what the group moves (a ring of the
+  // latest kGroupMarks groups), for check()'s message.
+  void mark_group(cudaStream_t stream, std::string what);
   template <class T>
   friend class CudaPrims;
+  struct GroupMark {
+    cudaEvent_t event = nullptr;
+    std::string what;
+  };
+  static constexpr size_t kGroupMarks = 64;
 
   Store& store_;
   int rank_;
@@ -116,6 +133,10 @@ class MultiNodeCommunicator {
   std::string nccl_reason_;
   float* carry_ = nullptr;  // [2 * carry_floats_]: carry_in, then carry_out
   size_t carry_floats_ = 0;
+  std::vector<GroupMark> marks_;
+  size_t marked_ = 0;  // groups marked so far
+  bool poisoned_ = false;
+  std::string poison_;
 };
 
 }  // namespace exactcoll::cuda

@@ -34,16 +34,9 @@ Network::Network(NetworkOptions options)
 
 Network::~Network() = default;
 
-std::string Network::where(int rank) const {
-  return "rank " + std::to_string(rank) + " (node " + std::to_string(options_.layout.node_of(rank)) + ", local rank " +
-         std::to_string(options_.layout.local_of(rank)) + ")";
-}
+std::string Network::where(int rank) const { return rank_text(options_.layout, rank); }
 
-std::string Network::describe(const Transfer& t) const {
-  const std::string what = std::string(payload_name(t.payload)) + " chunk " + std::to_string(t.chunk) + " (" +
-                           std::to_string(t.bytes) + " bytes)";
-  return t.send ? what + " to " + where(t.peer) : what + " from " + where(t.peer);
-}
+std::string Network::describe(const Transfer& t) const { return transfer_text(options_.layout, t); }
 
 int Network::current_rank() const { return options_.schedule == sim::Schedule::kSeeded ? current_ : tls_rank; }
 
