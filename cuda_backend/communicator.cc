@@ -13,6 +13,7 @@
 #include "cuda_backend/ipc_exchange.h"
 #include "cuda_backend/kernels.h"
 #include "cuda_backend/nccl_api.h"
+#include "cuda_backend/nccl_bootstrap.h"
 
 namespace exactcoll::cuda {
 namespace {
@@ -26,35 +27,6 @@ constexpr uint64_t kSharedGpuMinFlagTimeoutMs = 60000;
 constexpr std::chrono::milliseconds kCloseTimeout{30000};
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-std::string to_hex(const void* data, size_t bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes * 2);
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) {
-    out.push_back(digits[p[i] >> 4]);
-    out.push_back(digits[p[i] & 15]);
-  }
-  return out;
-}
-
-// Returns false when text is not 2*bytes hex digits.
-bool from_hex(const std::string& text, void* data, size_t bytes) {
-  if (text.size() != bytes * 2) return false;
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  auto* p = static_cast<unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) {
-    const int hi = nibble(text[2 * i]), lo = nibble(text[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    p[i] = static_cast<unsigned char>(hi * 16 + lo);
-  }
-  return true;
-}
 
 using MemGetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 
@@ -211,31 +183,7 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
   } else if (shared_gpu()) {
     nccl_reason_ = "left out because " + shared_gpu_note_ + " (NCCL refuses two ranks on one GPU)";
   } else {
-    std::string nccl_problem;
-    try {
-      (void)NcclApi::get();
-    } catch (const NcclError& e) {
-      nccl_problem = e.what();
-    }
-    store_.set(key("nccl/loaded/" + std::to_string(rank_)), nccl_problem);
-    store_.barrier(key("nccl/loaded"), world_size_, options_.store_timeout);
-    bool everyone = true;
-    for (int p = 0; p < world_size_; ++p) {
-      everyone = everyone && store_.get(key("nccl/loaded/" + std::to_string(p)), options_.store_timeout).empty();
-    }
-    if (!everyone) nccl_reason_ = "libnccl.so.2 could not be loaded on some rank";
-    if (everyone) {
-      const NcclApi& nccl = NcclApi::get();
-      ncclUniqueId id{};
-      if (rank_ == 0) {
-        nccl.check(nccl.GetUniqueId(&id), "ncclGetUniqueId");
-        store_.set(key("nccl/id"), to_hex(&id, sizeof id));
-      } else {
-        const std::string hex = store_.get(key("nccl/id"), options_.store_timeout);
-        if (!from_hex(hex, &id, sizeof id)) throw CollectiveError("malformed NCCL unique id in the store");
-      }
-      nccl.check(nccl.CommInitRank(&nccl_comm_, world_size_, id, rank_), "ncclCommInitRank");
-    }
+    nccl_comm_ = create_nccl_comm(store_, key("nccl"), rank_, world_size_, options_.store_timeout, &nccl_reason_);
   }
 }
 

@@ -31,6 +31,10 @@ NcclApi load() {
   bind(library, "ncclReduceScatter", &api.ReduceScatter);
   bind(library, "ncclAllGather", &api.AllGather);
   bind(library, "ncclGetErrorString", &api.GetErrorString);
+  bind(library, "ncclSend", &api.Send);
+  bind(library, "ncclRecv", &api.Recv);
+  bind(library, "ncclGroupStart", &api.GroupStart);
+  bind(library, "ncclGroupEnd", &api.GroupEnd);
   return api;  // the library stays loaded for the life of the process
 }
 

@@ -11,6 +11,8 @@
 #include <system_error>
 #include <thread>
 
+#include "sim/flag_trace.h"
+
 namespace exactcoll::sim {
 namespace {
 
@@ -33,22 +35,6 @@ std::string where(const BlockEnv& env, const World& world) {
   const auto& q = world.queued(env.launch - world.launch_id(0));
   return "rank " + std::to_string(env.rank) + " block " + std::to_string(env.block) + " (launch " +
          std::to_string(env.launch) + " '" + q.launch.name + "')";
-}
-
-void trace_flag(const BlockEnv& env, TraceEvent::Kind kind, uint64_t t, uint64_t since, int peer, int set,
-                uint32_t value) {
-  if (env.tracer == nullptr) return;
-  TraceEvent e;
-  e.kind = kind;
-  e.t = t;
-  e.since = since;
-  e.launch = env.launch;
-  e.rank = env.rank;
-  e.block = env.block;
-  e.peer = peer;
-  e.set = set;
-  e.epoch = value;
-  env.tracer->add(std::move(e));
 }
 
 }  // namespace

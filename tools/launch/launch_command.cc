@@ -1,6 +1,8 @@
-// `exactcoll launch --nproc N [--master-port P] [--store-port Q] [--timeout-s S] -- <command …>`:
-// runs N local workers of this same binary (/proc/self/exe) as one job (tools/launch/launcher.h does the work).
+// `exactcoll launch --nproc N [--nnodes M --node-rank K --master-addr A] [--master-port P] [--store-port Q]
+// [--timeout-s S] -- <command …>`: runs N local workers of this same binary (/proc/self/exe) as one
+// job, or as node K of a job of M nodes (tools/launch/launcher.h does the work).
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -13,8 +15,15 @@ namespace {
 constexpr int64_t kMaxProcesses = 1024;
 constexpr double kMaxTimeoutS = 7 * 24 * 3600.0;
 
+// True for an address that only this host can reach (the store may then stay on 127.0.0.1).
+bool loopback(const std::string& address) {
+  return address == "localhost" || address == "::1" || address.rfind("127.", 0) == 0;
+}
+
 int run_launch(int argc, char** argv) {
   int64_t nproc = 0;
+  int64_t nnodes = 1, node_rank = 0;
+  std::string master_addr = "127.0.0.1";
   int64_t master_port = 0;
   int64_t store_port = 0;
   double timeout_s = 3600;
@@ -22,7 +31,8 @@ int run_launch(int argc, char** argv) {
   bool no_prefix = false;
   std::vector<std::string> command;
   cli::ArgParser parser(
-      "exactcoll launch --nproc N [--master-port P] [--store-port Q] [--timeout-s S] -- <command> [args…]",
+      "exactcoll launch --nproc N [--nnodes M --node-rank K --master-addr A] [--master-port P] [--store-port Q] "
+      "[--timeout-s S] -- <command> [args…]",
       "Runs N workers of one job on this machine: each is `exactcoll <command> [args…]` with\n"
       "RANK and LOCAL_RANK (0..N-1), WORLD_SIZE=N, MASTER_ADDR=127.0.0.1, MASTER_PORT (for\n"
       "torch.distributed in the workers), EXACTCOLL_STORE_PORT (where rank 0's rendezvous store\n"
@@ -41,8 +51,19 @@ int run_launch(int argc, char** argv) {
       "and, if MASTER_PORT + 1 is taken, EXACTCOLL_STORE_PORT. (Python and C programs can\n"
       "bootstrap through their own store instead: exactcoll.torch, exactcoll_store_create.)\n"
       "\n"
-      "example: exactcoll launch --nproc 2 -- gpu allreduce --input x.npy --output y.npy");
+      "Several hosts, torchrun-style: run one launch per host with the same --nnodes M,\n"
+      "--master-addr (the host of node 0) and --master-port, and --node-rank 0..M-1. Workers get\n"
+      "RANK = node_rank x N + local (node-major), WORLD_SIZE = M x N, LOCAL_RANK, LOCAL_WORLD_SIZE = N\n"
+      "and GROUP_RANK = EXACTCOLL_NODE_RANK = node_rank. Every host must export the same\n"
+      "EXACTCOLL_STORE_TOKEN (no launcher can make one the others know); rank 0's store then binds\n"
+      "0.0.0.0 (unless --master-addr is a loopback address: nodes emulated on one host).\n"
+      "\n"
+      "example: exactcoll launch --nproc 2 -- gpu allreduce --input x.npy --output y.npy\n"
+      "example: exactcoll launch --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --nproc 8 -- multinode verify");
   parser.add_int("nproc", &nproc, "number of workers (ranks 0..N-1), 1.." + std::to_string(kMaxProcesses));
+  parser.add_int("nnodes", &nnodes, "nodes (hosts) of the job; one launch per node");
+  parser.add_int("node-rank", &node_rank, "this node's index, 0..nnodes-1");
+  parser.add_string("master-addr", &master_addr, "MASTER_ADDR: the host of node 0, where rank 0's store listens");
   parser.add_int("master-port", &master_port, "MASTER_PORT given to the workers (torch.distributed); 0 picks a free one");
   parser.add_int("store-port", &store_port,
                  "EXACTCOLL_STORE_PORT: rank 0's store port on 127.0.0.1; 0 picks a free one (never MASTER_PORT)");
@@ -71,6 +92,36 @@ int run_launch(int argc, char** argv) {
   if (!(kill_grace_s >= 0 && kill_grace_s <= 600)) {
     return cli::fail("launch", "--kill-grace-s must be 0..600, got " + std::to_string(kill_grace_s));
   }
+  if (nnodes < 1 || nnodes > kMaxProcesses) {
+    return cli::fail("launch", "--nnodes must be 1.." + std::to_string(kMaxProcesses) + ", got " + std::to_string(nnodes));
+  }
+  if (node_rank < 0 || node_rank >= nnodes) {
+    return cli::fail("launch", "--node-rank must be 0.." + std::to_string(nnodes - 1) + ", got " + std::to_string(node_rank));
+  }
+  if (master_addr.empty() || master_addr.find_first_of(" \t\n") != std::string::npos) {
+    return cli::fail("launch", "--master-addr must be a host name or address, got '" + master_addr + "'");
+  }
+  std::string token, store_bind;
+  if (nnodes > 1) {
+    // Every node's launcher must agree on the ports and the token: none can be made up here.
+    if (master_port == 0) return cli::fail("launch", "--nnodes > 1 needs --master-port (the same on every node)");
+    if (store_port == 0) {
+      if (master_port == 65535) return cli::fail("launch", "--master-port 65535 leaves no port for the store: give --store-port");
+      store_port = master_port + 1;
+    }
+    // A store reachable from other hosts hands out GPU memory handles to whoever presents the token.
+    const char* shared = std::getenv("EXACTCOLL_STORE_TOKEN");
+    if (shared == nullptr || std::string(shared).size() < 16) {
+      return cli::fail("launch",
+                       "--nnodes > 1 needs the same EXACTCOLL_STORE_TOKEN (at least 16 characters) exported on every "
+                       "node, e.g.\n  export EXACTCOLL_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')\n"
+                       "made once and copied to every host");
+    }
+    token = shared;
+    if (!loopback(master_addr)) store_bind = "0.0.0.0";
+  } else if (!loopback(master_addr)) {
+    return cli::fail("launch", "--master-addr other than a loopback address needs --nnodes > 1 (one node serves itself)");
+  }
   if (command.empty()) {
     return cli::fail("launch", "no command to run: put it after `--`, e.g. exactcoll launch --nproc 2 -- verify");
   }
@@ -86,10 +137,15 @@ int run_launch(int argc, char** argv) {
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
   options.kill_grace = std::chrono::milliseconds(static_cast<int64_t>(kill_grace_s * 1000.0));
   options.prefix_stderr = !no_prefix;
+  options.nnodes = static_cast<int>(nnodes);
+  options.node_rank = static_cast<int>(node_rank);
+  options.master_addr = master_addr;
+  options.token = token;
+  options.store_bind = store_bind;
   return run_workers(options);
 }
 
-const cli::Registrar kRegistrar({"launch", "run N local workers of one job (rank, store port, token set up)",
+const cli::Registrar kRegistrar({"launch", "run N local workers of one job, or one node of several (torchrun-style)",
                                  run_launch});
 
 }  // namespace

@@ -37,7 +37,9 @@ constexpr auto kReapAfterKill = std::chrono::seconds(5);
 
 // The variables every worker gets from the launcher (replacing inherited ones).
 constexpr std::string_view kJobVariables[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",          "MASTER_ADDR",
-                                              "MASTER_PORT", "EXACTCOLL_STORE_PORT", "EXACTCOLL_STORE_TOKEN"};
+                                              "MASTER_PORT", "EXACTCOLL_STORE_PORT", "EXACTCOLL_STORE_TOKEN",
+                                              "LOCAL_WORLD_SIZE", "GROUP_RANK", "EXACTCOLL_NODE_RANK",
+                                              "EXACTCOLL_STORE_BIND"};
 
 volatile sig_atomic_t g_interrupt_signal = 0;
 void on_interrupt(int signal_number) { g_interrupt_signal = signal_number; }
@@ -146,10 +148,10 @@ void drain(Worker& w) {
   }
 }
 
-// Returns the environment of one worker: the launcher's, minus the job variables, plus this
-// worker's values of them.
-std::vector<std::string> worker_environment(int rank, int nproc, uint16_t master_port, uint16_t store_port,
-                                            const std::string& token) {
+// Returns the environment of one worker (local index `local` on this node): the launcher's, minus
+// the job variables, plus this worker's values of them (torchrun's names, node-major ranks).
+std::vector<std::string> worker_environment(const LaunchOptions& options, int local, uint16_t master_port,
+                                            uint16_t store_port, const std::string& token) {
   std::vector<std::string> env;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     const std::string_view text(*entry);
@@ -158,13 +160,17 @@ std::vector<std::string> worker_environment(int rank, int nproc, uint16_t master
     for (const std::string_view job_variable : kJobVariables) ours = ours || name == job_variable;
     if (!ours) env.emplace_back(text);
   }
-  env.push_back("RANK=" + std::to_string(rank));
-  env.push_back("WORLD_SIZE=" + std::to_string(nproc));
-  env.push_back("LOCAL_RANK=" + std::to_string(rank));
-  env.push_back("MASTER_ADDR=127.0.0.1");
+  env.push_back("RANK=" + std::to_string(options.node_rank * options.nproc + local));
+  env.push_back("WORLD_SIZE=" + std::to_string(options.nnodes * options.nproc));
+  env.push_back("LOCAL_RANK=" + std::to_string(local));
+  env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(options.nproc));
+  env.push_back("GROUP_RANK=" + std::to_string(options.node_rank));
+  env.push_back("EXACTCOLL_NODE_RANK=" + std::to_string(options.node_rank));
+  env.push_back("MASTER_ADDR=" + options.master_addr);
   env.push_back("MASTER_PORT=" + std::to_string(master_port));
   env.push_back("EXACTCOLL_STORE_PORT=" + std::to_string(store_port));
   env.push_back("EXACTCOLL_STORE_TOKEN=" + token);
+  if (!options.store_bind.empty()) env.push_back("EXACTCOLL_STORE_BIND=" + options.store_bind);
   return env;
 }
 
@@ -256,7 +262,7 @@ int run_workers(const LaunchOptions& options) {
       if (attempt == 100) throw std::runtime_error("cannot find a free port distinct from MASTER_PORT");
       store_port = pick_free_port();
     }
-    token = random_token_hex(16);
+    token = options.token.empty() ? random_token_hex(16) : options.token;
   } catch (const std::exception& e) {
     say(e.what());
     return cli::kExitFailure;
@@ -297,10 +303,11 @@ int run_workers(const LaunchOptions& options) {
   std::vector<std::string> argv_strings = options.argv;
   const std::vector<char*> argv = pointers_to(argv_strings);
   const pid_t launcher_pid = ::getpid();
-  for (int rank = 0; rank < options.nproc; ++rank) {
-    Worker& w = workers[static_cast<size_t>(rank)];
+  for (int local = 0; local < options.nproc; ++local) {
+    const int rank = options.node_rank * options.nproc + local;
+    Worker& w = workers[static_cast<size_t>(local)];
     w.rank = rank;
-    std::vector<std::string> env_strings = worker_environment(rank, options.nproc, port, store_port, token);
+    std::vector<std::string> env_strings = worker_environment(options, local, port, store_port, token);
     const std::vector<char*> envp = pointers_to(env_strings);
     const std::string exec_failed = "exactcoll launch: rank " + std::to_string(rank) + " could not execute " +
                                     options.executable + "\n";

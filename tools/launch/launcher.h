@@ -18,14 +18,23 @@ struct LaunchOptions {
   std::chrono::milliseconds timeout{std::chrono::hours(1)};  // for the whole job
   // After the first failure (or the timeout) the others get SIGTERM, then SIGKILL this much later.
   std::chrono::milliseconds kill_grace{std::chrono::seconds(5)};
+  // Several hosts, torchrun-style: this launcher starts node `node_rank`'s nproc workers of a job of
+  // nnodes x nproc ranks (RANK = node_rank * nproc + local index, LOCAL_RANK, LOCAL_WORLD_SIZE =
+  // nproc, GROUP_RANK = EXACTCOLL_NODE_RANK = node_rank). Every node's launcher is given the same
+  // nnodes, master_addr, master_port (then not 0) and token.
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";  // MASTER_ADDR: where rank 0 (on node 0) serves the store
+  std::string token;       // EXACTCOLL_STORE_TOKEN; "" makes a fresh random one (one node only)
+  std::string store_bind;  // EXACTCOLL_STORE_BIND for the workers; "" leaves the store on 127.0.0.1
   // Forward each worker's stderr line by line as "[rank R] line"; false: workers inherit stderr.
   // stdout is always inherited untouched (it may carry data, e.g. a table).
   bool prefix_stderr = true;
 };
 
-// Runs the job: picks the ports and a fresh token, starts the workers with RANK, WORLD_SIZE,
-// LOCAL_RANK (= RANK), MASTER_ADDR=127.0.0.1, MASTER_PORT, EXACTCOLL_STORE_PORT and
-// EXACTCOLL_STORE_TOKEN set (the rest
+// Runs the job: picks the ports and a fresh token (unless given), starts this node's workers with
+// RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, EXACTCOLL_NODE_RANK, MASTER_ADDR,
+// MASTER_PORT, EXACTCOLL_STORE_PORT, EXACTCOLL_STORE_TOKEN (and EXACTCOLL_STORE_BIND) set (the rest
 // of the environment, CUDA_VISIBLE_DEVICES included, is passed through), and waits for them.
 // Returns 0 when every worker exited 0. Otherwise stops the rest (SIGTERM, then SIGKILL after
 // kill_grace), prints to stderr which rank failed and how, and returns: the first failed worker's

@@ -313,6 +313,15 @@ int sim_main(int argc, char** argv) {
                                        << list();
     return argc < 2 ? cli::kExitUsage : cli::kExitOk;
   }
+  // `--nodes M`: the op's multi-node form, registered as "<op> --nodes" (tools/multinode).
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--nodes") == 0 || std::strncmp(argv[i], "--nodes=", 8) == 0) {
+      if (const auto* multinode = cli::find_sim_subcommand(std::string(argv[1]) + " --nodes")) {
+        return multinode->run(argc - 1, argv + 1);
+      }
+      break;
+    }
+  }
   const cli::SimSubcommand* sub = cli::find_sim_subcommand(argv[1]);
   if (sub == nullptr) {
     std::cerr << "exactcoll sim: unknown op '" << argv[1] << "'; ops:\n" << list();

@@ -1,0 +1,361 @@
+// The multi-node collectives: written once, as numbered steps against a primitives object (the
+// transport concept below), for a world of M nodes x L local ranks numbered node-major
+// (core/multinode_layout.h). Inside a node they launch the node kernels of core/multinode_kernels.h
+// (IPC on GPUs); between nodes they move bytes through the transport (NCCL point-to-point on GPUs,
+// cuda_backend/multinode; a simulated network in sim/multinode). Host-only.
+//
+// ---- Why these algorithms keep the contract's bits (docs/numerics.md, "Past one node") ---------------
+// The contract's all-reduce is acc = float(x_0), acc = acc + float(x_r) for r = 1..n-1, one
+// rounding. With node-major ranks the ranks of node k are kL..kL+L-1, so that left fold is node 0's
+// fold continued by node 1's ranks, then node 2's, ...: the CARRY CHAIN. Each node adds its ranks to
+// the unrounded fp32 accumulator it received from the node before and hands it on; the last node
+// rounds. No addition is regrouped, so no bit changes. What does change bits, and is not done here:
+// reducing each node first and then adding the node sums ((x0+x1)+(x2+x3) is not ((x0+x1)+x2)+x3 in
+// fp32), or rounding the accumulator to storage between nodes.
+//
+// ---- Bytes per element of the message, across one node boundary (bf16; docs/design.md has the diagram)
+//   carry chain (this file):  an fp32 carry (4 bytes) forward + the rounded result (2 bytes) back
+//                             around the ring, per element, shared by the node's L NICs (rail l
+//                             carries local rank l's slice: 1/L of the message).
+//   direct reduce-scatter:    every rank's raw input (2 bytes) to the slice owner, then the result:
+//                             L x 2 bytes forward per element across a boundary instead of 4.
+//   The chain saves cross-node bytes whenever L >= 3 (L = 2: equal; L = 1: direct is smaller).
+//
+// ---- The transport concept: a Prims for storage type T is one rank's handle, and supplies ------------
+//   NodeLayout layout(); int node(); int local();            where this rank is
+//   T* output();                                             this rank's output (local memory)
+//   const T* input();                                        this rank's input as its peers read it
+//   T* scratch();                                            this rank's symmetric scratch (local
+//                                                            peers read it in node kernels)
+//   float* carry_in(); float* carry_out();                   this rank's fp32 carry buffers
+//   void group(const Transfer* transfers, int count)         one group of sends and receives that
+//        progress together and are all complete before anything after the call on this rank
+//        (NCCL: ncclGroupStart, ncclSend/ncclRecv..., ncclGroupEnd on the rank's stream). Between
+//        two ranks, the k-th send from a to b is the k-th receive on b from a (NCCL's rule); the
+//        tags must match too (the simulator checks them).
+//   void fold(const NodeFoldArgs<T>&)                       node kernels: every local rank of the
+//   void gather(const NodeGatherArgs&)                      node launches the same sequence, as a
+//   void gather_inputs(const NodeGatherInputsArgs&)         kernel on each GPU's stream
+//   void copy(T* dst, const T* src, size_t elements)         a local copy (no peer involved)
+// The functions below are the only code that decides what crosses a node boundary.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "core/collectives.h"
+#include "core/multinode_kernels.h"
+#include "core/multinode_layout.h"
+#include "core/storage.h"
+
+namespace exactcoll::multinode {
+
+enum class Op : uint8_t { kAllReduce, kReduceScatter, kAllGather };
+
+inline const char* op_name(Op op) {
+  return op == Op::kAllReduce ? "allreduce" : op == Op::kReduceScatter ? "reduce_scatter" : "allgather";
+}
+
+// What a message carries (traces, and the simulator's matching check).
+enum class Payload : uint8_t { kCarry, kResult, kInput };
+
+inline const char* payload_name(Payload p) {
+  return p == Payload::kCarry ? "carry" : p == Payload::kResult ? "result" : "input";
+}
+
+struct Transfer {
+  bool send = true;  // false: receive
+  int peer = 0;      // global rank
+  void* data = nullptr;
+  size_t bytes = 0;
+  Payload payload = Payload::kCarry;
+  uint32_t chunk = 0;
+};
+
+// "carry chunk 3 (512 bytes) from rank 1 (node 0, local rank 1)": a transfer as waits and errors
+// name it.
+inline std::string transfer_text(const NodeLayout& layout, const Transfer& t) {
+  return std::string(payload_name(t.payload)) + " chunk " + std::to_string(t.chunk) + " (" + std::to_string(t.bytes) +
+         " bytes)" + (t.send ? " to " : " from ") + rank_text(layout, t.peer);
+}
+
+// Elements of the message handled per pipeline step. A multiple of 64 (so every chunk begins
+// 16-byte aligned); smaller chunks fill the chain sooner, larger ones send fewer messages.
+inline constexpr size_t kDefaultChunkElements = size_t{1} << 20;
+
+// Per-rank buffer sizes a call needs (the backends allocate them; the same on every rank).
+struct BufferNeeds {
+  size_t carry_floats = 0;      // each of carry_in and carry_out
+  size_t scratch_elements = 0;  // of T, symmetric
+};
+
+// Returns the chunk length of op's pipeline for `chunk_elements` requested: the all-reduce cuts the
+// message itself; reduce-scatter cuts each owner's piece and all-gather each rank's input into
+// chunk_elements / M (so a step still moves about chunk_elements per rank); at least 64, a multiple
+// of 64.
+inline size_t piece_chunk(Op op, const NodeLayout& layout, size_t chunk_elements) {
+  const size_t c = op == Op::kAllReduce ? chunk_elements : chunk_elements / static_cast<size_t>(layout.nodes);
+  return std::max<size_t>(64, c / 64 * 64);
+}
+
+// Returns the buffers op needs for `count` elements per rank (all-reduce, all-gather: the input;
+// reduce-scatter: the input, count / n per owner).
+template <class T>
+BufferNeeds buffer_needs(Op op, const NodeLayout& layout, size_t count, size_t chunk_elements) {
+  constexpr size_t P = Storage<T>::kPack;
+  const size_t M = static_cast<size_t>(layout.nodes), L = static_cast<size_t>(layout.local_ranks);
+  const size_t c = piece_chunk(op, layout, chunk_elements);
+  BufferNeeds b;
+  if (op == Op::kAllReduce) {
+    const size_t chunk = std::min(c, std::max<size_t>(count, 1));
+    b.carry_floats = chunk / P / L * P + chunk % P + (chunk / P % L) * P;  // the longest local slice
+    b.scratch_elements = 2 * chunk;                                       // two result slots
+  } else if (op == Op::kReduceScatter) {
+    const size_t per = count / (M * L);
+    const size_t piece = std::min(c, std::max<size_t>(per, 1));
+    b.carry_floats = M * piece;
+    b.scratch_elements = 2 * (M > 1 ? M - 1 : 1) * piece;  // results in flight, two slots
+  } else {
+    const size_t piece = std::min(c, std::max<size_t>(count, 1));
+    b.carry_floats = 0;
+    b.scratch_elements = M * piece;  // one slot per node
+  }
+  return b;
+}
+
+namespace detail {
+
+struct ChunkRange {
+  size_t begin = 0, length = 0;
+};
+
+inline size_t chunk_count(size_t total, size_t chunk) { return total == 0 ? 0 : (total + chunk - 1) / chunk; }
+
+inline ChunkRange chunk_range(size_t total, size_t chunk, long j) {
+  const size_t begin = static_cast<size_t>(j) * chunk;
+  return {begin, std::min(chunk, total - begin)};
+}
+
+// Adds a transfer to a group under construction.
+struct GroupBuilder {
+  Transfer items[8];
+  int size = 0;
+  void add(bool send, int peer, const void* data, size_t bytes, Payload payload, long chunk) {
+    if (bytes == 0) return;
+    if (size == 8) throw std::logic_error("multinode: more than 8 transfers in one group");
+    items[size++] = Transfer{send, peer, const_cast<void*>(data), bytes, payload, static_cast<uint32_t>(chunk)};
+  }
+};
+
+}  // namespace detail
+
+// All-reduce across nodes: every rank's output[i] = the contract's fold over ranks 0..n-1 of
+// input_r[i], the bits of the one-node all-reduce (docs/numerics.md section 4).
+// Preconditions: every rank calls with the same count and chunk_elements (a multiple of 64); the
+// Prims' buffers hold buffer_needs<T>(kAllReduce, ...); inputs in place before the call.
+// Example: 2 nodes x 2 ranks, count 16, one chunk: local rank 0 owns elements 0..7, local rank 1
+// 8..15. Step 0: node 0 folds x_0 + x_1 into its carry. Step 1: the carry goes 0 -> 1 (fp32);
+// node 1 adds x_2, x_3 and rounds. Step 2: the rounded slice goes 1 -> 0. Every node gathers its
+// two slices (IPC).
+// Steps, on rank (node k, local l), for the chunks j of the message (a ring over the nodes of rail
+// l: prev = (k-1, l), next = (k+1, l), both mod M; this rank's slice of chunk j is
+// two_shot_slice(chunk length, pack, l, L)):
+//   for t = 0 .. J - 1 + 2(M - 1):
+//     1. one group with the ring neighbours (receives and sends progress together, so no rank
+//        waits on a neighbour that waits on it):
+//          receive from prev  the carry of chunk t - k           (k >= 1)
+//          receive from prev  the result of chunk t - M - k      (k <= M - 2)
+//          send to next       the carry of chunk t - 1 - k       (k <= M - 2), folded last step
+//          send to next       the result of chunk t - M          (k = M - 1), rounded last step
+//                             or of chunk t - 1 - M - k          (k <= M - 3), received last step;
+//     2. fold chunk t - k: this node's ranks continue the carry (node 0 begins the fold); node
+//        M - 1 rounds into result slot (t - k) % 2 of its scratch, the others keep an fp32 carry;
+//     3. gather the chunk whose result arrived here (node M - 1: the one it just rounded) from the
+//        node's slots into output (node_gather: barrier, copy, barrier).
+// Chunk j is folded on node k at step j + k, rounded at step j + M - 1 and reaches node k <= M - 2
+// at step j + M + k, so every receive meets the send its neighbour posts in the same step. Two
+// result slots: a step forwards chunk j from one slot while receiving chunk j + 1 into the other;
+// the gather's end barrier keeps a slot until every local peer has copied it. (result_slots = 1 is
+// the broken variant tests/multinode/multinode_sim_test.cc shows the seeded network catching: a
+// forwarding node's receive of chunk j + 1 can land before its send of chunk j has left.)
+template <class T, class Prims>
+void allreduce(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElements, int result_slots = 2) {
+  constexpr int P = Storage<T>::kPack;
+  const NodeLayout layout = p.layout();
+  const int M = layout.nodes, L = layout.local_ranks, k = p.node(), l = p.local();
+  const size_t chunk = piece_chunk(Op::kAllReduce, layout, chunk_elements);
+  const long J = static_cast<long>(detail::chunk_count(count, chunk));
+  const int prev = layout.rank_of((k + M - 1) % M, l), next = layout.rank_of((k + 1) % M, l);
+  auto valid = [&](long j) { return j >= 0 && j < J; };
+  auto range = [&](long j) { return detail::chunk_range(count, chunk, j); };
+  auto slice = [&](long j) { return two_shot_slice(range(j).length, P, l, L); };
+  auto slot_offset = [&](long j) { return static_cast<size_t>(j % result_slots) * chunk; };
+  auto slot = [&](long j) { return p.scratch() + slot_offset(j); };
+  const size_t ef = sizeof(float), et = sizeof(T);
+  for (long t = 0; t < J + 2 * (M - 1); ++t) {
+    // 1. The ring exchange of this step.
+    detail::GroupBuilder g;
+    const long fold_chunk = t - k, result_in = t - M - k;
+    if (k >= 1 && valid(fold_chunk)) {
+      g.add(false, prev, p.carry_in(), (slice(fold_chunk).end - slice(fold_chunk).begin) * ef, Payload::kCarry, fold_chunk);
+    }
+    if (k <= M - 2 && valid(result_in)) {
+      const Slice s = slice(result_in);
+      g.add(false, prev, slot(result_in) + s.begin, (s.end - s.begin) * et, Payload::kResult, result_in);
+    }
+    if (k <= M - 2 && valid(t - 1 - k)) {
+      g.add(true, next, p.carry_out(), (slice(t - 1 - k).end - slice(t - 1 - k).begin) * ef, Payload::kCarry, t - 1 - k);
+    }
+    const long result_out = k == M - 1 ? t - M : k <= M - 3 ? t - 1 - M - k : -1;
+    if (M >= 2 && valid(result_out)) {
+      const Slice s = slice(result_out);
+      g.add(true, next, slot(result_out) + s.begin, (s.end - s.begin) * et, Payload::kResult, result_out);
+    }
+    if (g.size > 0) p.group(g.items, g.size);
+    // 2. This node's ranks continue the fold of chunk t - k.
+    if (valid(fold_chunk)) {
+      const Slice s = slice(fold_chunk);
+      NodeFoldArgs<T> a;
+      a.first = range(fold_chunk).begin + s.begin;
+      a.length = s.end - s.begin;
+      a.first_rank = layout.rank_of(k, 0);
+      a.carry_in = k >= 1 ? p.carry_in() : nullptr;
+      a.carry_out = k <= M - 2 ? p.carry_out() : nullptr;
+      a.rounded = slot(fold_chunk) + s.begin;
+      a.barrier_before = fold_chunk == 0;
+      p.fold(a);
+    }
+    // 3. Gather the chunk whose result is now in this node's slots.
+    const long gathered = k == M - 1 ? fold_chunk : result_in;
+    if (valid(gathered)) {
+      p.gather(NodeGatherArgs{range(gathered).begin, range(gathered).length, slot_offset(gathered)});
+    }
+  }
+}
+
+// Reduce-scatter across nodes: rank r's output[e] = the contract's fold over ranks 0..n-1 of
+// input[r * per + e], per = count / n (the bits of the one-node reduce_scatter).
+// Preconditions: count % n == 0; as allreduce.
+// Rail l carries the pieces of the owners (k', l), k' = 0..M-1. Steps, on rank (node k, local l),
+// for the chunks j of a piece (elements [jC, jC + c) of every owner's piece):
+//   for t = 0 .. J - 1 + 2(M - 1):
+//     1. one group with the ring neighbours:
+//          receive from prev  the carry of chunk t - k, all M pieces        (k >= 1)
+//          receive from prev  the results of chunk t - M - k for owners k..M-2  (k <= M - 2)
+//          send to next       the carry of chunk t - 1 - k                  (k <= M - 2)
+//          send to next       the results of chunk t - M for owners 0..M-2   (k = M - 1)
+//                             or of chunk t - 1 - M - k for owners k+1..M-2   (k <= M - 3);
+//     2. fold chunk t - k of the M pieces (node 0 begins, node M - 1 rounds: its own piece into
+//        output, the others' into result slot (t - k) % 2);
+//     3. node k <= M - 2: copy its own piece of the results that arrived (chunk t - M - k) from the
+//        slot into output.
+// The last fold of a node passes a barrier after it (no local peer restages its input while one
+// still folds it).
+template <class T, class Prims>
+void reduce_scatter(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElements) {
+  const NodeLayout layout = p.layout();
+  const int M = layout.nodes, L = layout.local_ranks, k = p.node(), l = p.local();
+  const size_t n = static_cast<size_t>(M) * static_cast<size_t>(L);
+  if (count % n != 0) {
+    throw std::invalid_argument("reduce_scatter: count " + std::to_string(count) + " is not a multiple of the " +
+                                std::to_string(n) + " ranks");
+  }
+  const size_t per = count / n;
+  const size_t chunk = piece_chunk(Op::kReduceScatter, layout, chunk_elements);
+  const long J = static_cast<long>(detail::chunk_count(per, chunk));
+  const int prev = layout.rank_of((k + M - 1) % M, l), next = layout.rank_of((k + 1) % M, l);
+  auto valid = [&](long j) { return j >= 0 && j < J; };
+  auto len = [&](long j) { return detail::chunk_range(per, chunk, j).length; };
+  // Slot s holds results of owners (first_owner .. M-2) of one chunk, contiguous, owner order.
+  const size_t slot_elements = static_cast<size_t>(M > 1 ? M - 1 : 1) * chunk;
+  auto slot = [&](long j) { return p.scratch() + static_cast<size_t>(j % 2) * slot_elements; };
+  const size_t ef = sizeof(float), et = sizeof(T);
+  for (long t = 0; t < J + 2 * (M - 1); ++t) {
+    // 1. The ring exchange of this step. A node receives the results for owners k..M-2 at the
+    //    start of its slot and forwards those of owners k+1..M-2 (after its own).
+    detail::GroupBuilder g;
+    const long fold_chunk = t - k, result_in = t - M - k;
+    if (k >= 1 && valid(fold_chunk)) {
+      g.add(false, prev, p.carry_in(), static_cast<size_t>(M) * len(fold_chunk) * ef, Payload::kCarry, fold_chunk);
+    }
+    if (k <= M - 2 && valid(result_in)) {
+      g.add(false, prev, slot(result_in), static_cast<size_t>(M - 1 - k) * len(result_in) * et, Payload::kResult,
+            result_in);
+    }
+    if (k <= M - 2 && valid(t - 1 - k)) {
+      g.add(true, next, p.carry_out(), static_cast<size_t>(M) * len(t - 1 - k) * ef, Payload::kCarry, t - 1 - k);
+    }
+    if (M >= 2 && k == M - 1 && valid(t - M)) {
+      g.add(true, next, slot(t - M), static_cast<size_t>(M - 1) * len(t - M) * et, Payload::kResult, t - M);
+    } else if (k <= M - 3 && valid(t - 1 - M - k)) {
+      const long j = t - 1 - M - k;
+      g.add(true, next, slot(j) + len(j), static_cast<size_t>(M - 2 - k) * len(j) * et, Payload::kResult, j);
+    }
+    if (g.size > 0) p.group(g.items, g.size);
+    // 2. Fold this chunk of the M pieces of rail l.
+    if (valid(fold_chunk)) {
+      NodeFoldArgs<T> a;
+      a.first = static_cast<size_t>(l) * per + static_cast<size_t>(fold_chunk) * chunk;
+      a.stride = static_cast<size_t>(L) * per;
+      a.length = len(fold_chunk);
+      a.pieces = M;
+      a.first_rank = layout.rank_of(k, 0);
+      a.carry_in = k >= 1 ? p.carry_in() : nullptr;
+      a.carry_out = k <= M - 2 ? p.carry_out() : nullptr;
+      a.rounded = slot(fold_chunk);
+      a.rounded_alt = p.output() + static_cast<size_t>(fold_chunk) * chunk;
+      a.alt_piece = M - 1;
+      a.barrier_before = fold_chunk == 0;
+      a.barrier_after = fold_chunk == J - 1;
+      p.fold(a);
+    }
+    // 3. Keep this rank's own piece of the results that arrived.
+    if (k <= M - 2 && valid(result_in)) {
+      p.copy(p.output() + static_cast<size_t>(result_in) * chunk, slot(result_in), len(result_in));
+    }
+  }
+}
+
+// All-gather across nodes: rank r's output[q * count + i] = input_q[i] for every rank q (a bit
+// copy). Steps, on rank (node k, local l), for the chunks j of the input:
+//   1. one group: send this rank's chunk j to rank (k', l) of every other node k', and receive
+//      theirs into slot k' of this rank's scratch (direct: each NIC sends its input M - 1 times,
+//      which is what a ring would forward too, in one hop);
+//   2. node_gather_inputs: every local rank's chunks, of every node, into output.
+template <class T, class Prims>
+void allgather(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElements) {
+  const NodeLayout layout = p.layout();
+  const int M = layout.nodes, k = p.node(), l = p.local();
+  const size_t chunk = piece_chunk(Op::kAllGather, layout, chunk_elements);
+  const long J = static_cast<long>(detail::chunk_count(count, chunk));
+  const size_t et = sizeof(T);
+  for (long j = 0; j < J; ++j) {
+    const detail::ChunkRange r = detail::chunk_range(count, chunk, j);
+    // 1. Exchange with the same local rank of every other node (at most 4 peers per group).
+    for (int first = 1; first < M; first += 4) {
+      detail::GroupBuilder g;
+      for (int h = first; h < M && h < first + 4; ++h) {
+        const int to = (k + h) % M, from = (k + M - h) % M;
+        g.add(true, layout.rank_of(to, l), p.input() + r.begin, r.length * et, Payload::kInput, j);
+        g.add(false, layout.rank_of(from, l), p.scratch() + static_cast<size_t>(from) * chunk, r.length * et,
+              Payload::kInput, j);
+      }
+      p.group(g.items, g.size);
+    }
+    // 2. The node's gather.
+    NodeGatherInputsArgs a;
+    a.count = count;
+    a.chunk_begin = r.begin;
+    a.chunk_length = r.length;
+    a.nodes = M;
+    a.node = k;
+    a.slot_offset = 0;
+    a.slot_stride = chunk;
+    p.gather_inputs(a);
+  }
+}
+
+}  // namespace exactcoll::multinode

@@ -1,0 +1,206 @@
+// The node-level kernels of the multi-node algorithms (core/multinode.h), as templates over the
+// execution context of core/collectives.h. Inside a kernel the context's world is ONE node: rank()
+// is the local rank, world_size() the node's L ranks, input(q) and scratch(q) local rank q's
+// symmetric buffers (CUDA IPC on GPUs). Nothing here crosses a node; the transport does that
+// between kernels.
+//
+// The carry. A node's fold does not start from its own first rank: it continues the left fold of
+// every earlier node's ranks (docs/numerics.md section 4), handed over as the unrounded fp32
+// accumulator `carry_in` (node 0 has none and begins with float(x_0)). Node k's kernel adds its
+// ranks kL, kL+1, ..., kL+L-1 in order, then either hands the accumulator on unrounded
+// (`carry_out`) or, on the last node, rounds once (contract::fold_end). Every element meets exactly
+// the operations of the one-node fold, in the same order, so the bits are the contract's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/collectives.h"
+#include "core/contract.h"
+#include "core/platform.h"
+#include "core/signal.h"
+#include "core/storage.h"
+
+namespace exactcoll::multinode {
+
+// One node_fold launch of one rank: `pieces` ranges of `length` input elements each, piece p
+// beginning at input element first + p * stride.
+template <class T>
+struct NodeFoldArgs {
+  size_t first = 0;
+  size_t stride = 0;
+  size_t length = 0;
+  int pieces = 1;
+  int first_rank = 0;               // global rank of this node's local rank 0 (traces name global ranks)
+  const float* carry_in = nullptr;  // [pieces * length], this rank's own memory; null: this is node 0
+  float* carry_out = nullptr;       // [pieces * length], this rank's own memory; null: round instead
+  T* rounded = nullptr;             // when rounding: piece p element e -> rounded[p * length + e] ...
+  T* rounded_alt = nullptr;         // ... except piece alt_piece -> rounded_alt[e]
+  int alt_piece = -1;
+  bool barrier_before = false;      // pass a barrier first: every local peer's input is in place
+  bool barrier_after = false;       // pass a barrier last: no local peer reuses its input too early
+};
+
+// Returns the fold of element i over this node's ranks in rank order, begun from *carry (the
+// earlier nodes' fold) or, when carry is null, from float(x_{local 0}); unrounded. Traced elements
+// record every add under the global rank first_rank + q.
+template <class T, class Ctx>
+EXC_HD EXC_INLINE float node_fold_element(Ctx& ctx, size_t i, const float* carry, int first_rank) {
+  const int n = ctx.world_size();
+  bool traced = false;
+  if constexpr (Ctx::kTraceElements) traced = ctx.trace_element(i);
+  float acc = 0.0f;
+  for (int q = 0; q < n; ++q) {
+    const T x = ctx.input(q)[i];
+    const float before = q == 0 && carry != nullptr ? *carry : acc;
+    acc = q == 0 && carry == nullptr ? contract::fold_begin<T>(x) : contract::fold_step<T>(before, x);
+    if constexpr (Ctx::kTraceElements) {
+      if (traced) ctx.trace_fold(i, first_rank + q, q == 0 && carry == nullptr ? 0.0f : before, to_float(x), acc);
+    }
+  }
+  (void)traced;
+  return acc;
+}
+
+// Stores the fold of element i (piece p, element e of the piece): unrounded into carry_out, or
+// rounded once into its destination.
+template <class T, class Ctx>
+EXC_HD EXC_INLINE void node_fold_store(Ctx& ctx, const NodeFoldArgs<T>& a, int p, size_t e, size_t i, float acc) {
+  if (a.carry_out != nullptr) {
+    a.carry_out[static_cast<size_t>(p) * a.length + e] = acc;
+    return;
+  }
+  const T out = contract::fold_end<T>(acc);
+  if constexpr (Ctx::kTraceElements) {
+    if (ctx.trace_element(i)) ctx.trace_round(i, acc, Storage<T>::bits(out));
+  }
+  (void)ctx, (void)i;
+  T* dst = p == a.alt_piece ? a.rounded_alt : a.rounded + static_cast<size_t>(p) * a.length;
+  dst[e] = out;
+}
+
+// The node's share of the carried fold (one kernel launch, one block of one local rank). Steps:
+//   1. barrier when barrier_before: every local peer's input is in place;
+//   2. for each piece, this block's share of its elements (block_share; the pack split changes no
+//      bit): fold over the node's ranks in order, continuing carry_in (node_fold_element), and
+//      store unrounded into carry_out or rounded into the piece's destination;
+//   3. barrier when barrier_after (the launch after which this node reads no input of the call).
+// Preconditions: every local rank of the node launches node_fold with the same grid and the same
+// barrier flags (its pieces may differ); first + p * stride + length <= the inputs' elements.
+template <class T, class Protocol = TwoSetProtocol, class Ctx>
+EXC_HD void node_fold(Ctx& ctx, const NodeFoldArgs<T>& a) {
+  constexpr int P = Storage<T>::kPack;
+  uint32_t barriers = load_barrier_count(ctx);
+  if (a.barrier_before) block_barrier<Protocol>(ctx, &barriers);
+  for (int p = 0; p < a.pieces; ++p) {
+    const size_t begin = a.first + static_cast<size_t>(p) * a.stride;
+    const BlockShare share = block_share(begin, begin + a.length, P, ctx.block(), ctx.num_blocks());
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin(a.carry_out != nullptr ? "node_fold_carry" : "node_fold_round");
+      for (int q = 0; q < ctx.world_size(); ++q) trace_share(ctx, share, Access::kRead, q, Buffer::kInput);
+      ctx.trace_step_end();
+    }
+    const float* carry = a.carry_in != nullptr ? a.carry_in + static_cast<size_t>(p) * a.length : nullptr;
+    auto element = [&](size_t i) {
+      const size_t e = i - begin;
+      node_fold_store(ctx, a, p, e, i, node_fold_element<T>(ctx, i, carry != nullptr ? carry + e : nullptr, a.first_rank));
+    };
+    for_share(
+        ctx, share, P,
+        [&](size_t i) {
+          for (int u = 0; u < P; ++u) element(i + static_cast<size_t>(u));
+        },
+        element);
+  }
+  if (a.barrier_after) block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
+// One node_gather launch: the result of one all-reduce chunk, [chunk_begin, chunk_begin +
+// chunk_length) of the message, whose local rank q's slice (two_shot_slice(chunk_length, pack, q,
+// L)) lies in q's scratch at slot_offset + its position in the chunk.
+struct NodeGatherArgs {
+  size_t chunk_begin = 0;
+  size_t chunk_length = 0;
+  size_t slot_offset = 0;
+};
+
+// The all-reduce's intra-node gather of one chunk. Steps:
+//   1. barrier: every local peer's slice of the chunk is in its slot (folded there on the last
+//      node, received there on the others);
+//   2. copy every local rank's slice (this rank's first, then rank+1, ...) from its slot into
+//      output[chunk_begin + position] (a bit copy);
+//   3. barrier (end): no local peer overwrites its slot (the chunk two later) or its input (the next
+//      call) while this rank may still read it.
+template <class T, class Protocol = TwoSetProtocol, class Ctx>
+EXC_HD void node_gather(Ctx& ctx, const NodeGatherArgs& a) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  uint32_t barriers = load_barrier_count(ctx);
+  block_barrier<Protocol>(ctx, &barriers);
+  for (int k = 0; k < n; ++k) {
+    const int q = (me + k) % n;
+    const Slice s = two_shot_slice(a.chunk_length, P, q, n);
+    const BlockShare share = block_share(s.begin, s.end, P, ctx.block(), ctx.num_blocks());
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("node_gather");
+      trace_share(ctx, share, Access::kRead, q, Buffer::kScratch, a.slot_offset);
+      trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput, a.chunk_begin);
+      ctx.trace_step_end();
+    }
+    copy_range<T>(ctx, share, ctx.scratch(q) + a.slot_offset, ctx.output() + a.chunk_begin, 0);
+  }
+  block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
+// One node_gather_inputs launch of the all-gather: chunk [chunk_begin, chunk_begin + chunk_length)
+// of every rank's input. Rank (node k', local q)'s chunk is local rank q's own input when k' is
+// this node, else it lies in local rank q's scratch at slot_offset + k' * slot_stride (received
+// from node k' over the network).
+struct NodeGatherInputsArgs {
+  size_t count = 0;  // elements per rank's input
+  size_t chunk_begin = 0;
+  size_t chunk_length = 0;
+  int nodes = 1;
+  int node = 0;
+  size_t slot_offset = 0;
+  size_t slot_stride = 0;
+};
+
+// The all-gather's intra-node step for one chunk. Steps:
+//   1. barrier: every local peer has its inputs of this chunk from every node;
+//   2. for every node k' and local rank q: copy rank (k', q)'s chunk into output[(k' L + q) count +
+//      chunk_begin ...] (a bit copy);
+//   3. barrier (end): no local peer overwrites its slots or its input while this rank reads them.
+template <class T, class Protocol = TwoSetProtocol, class Ctx>
+EXC_HD void node_gather_inputs(Ctx& ctx, const NodeGatherInputsArgs& a) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  uint32_t barriers = load_barrier_count(ctx);
+  block_barrier<Protocol>(ctx, &barriers);
+  const BlockShare share = block_share(0, a.chunk_length, P, ctx.block(), ctx.num_blocks());
+  for (int node = 0; node < a.nodes; ++node) {
+    for (int k = 0; k < n; ++k) {
+      const int q = (me + k) % n;
+      const bool own_node = node == a.node;
+      const T* src = own_node ? ctx.input(q) + a.chunk_begin
+                              : ctx.scratch(q) + a.slot_offset + static_cast<size_t>(node) * a.slot_stride;
+      const size_t dst = static_cast<size_t>(node * n + q) * a.count + a.chunk_begin;
+      if constexpr (Ctx::kTraceSteps) {
+        ctx.trace_step_begin("node_gather_inputs");
+        trace_share(ctx, share, Access::kRead, q, own_node ? Buffer::kInput : Buffer::kScratch,
+                    own_node ? a.chunk_begin : a.slot_offset + static_cast<size_t>(node) * a.slot_stride);
+        trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput, dst);
+        ctx.trace_step_end();
+      }
+      copy_range<T>(ctx, share, src, ctx.output() + dst, 0);
+    }
+  }
+  block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
+}  // namespace exactcoll::multinode

@@ -1,0 +1,111 @@
+#include "tools/multinode/perf_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace exactcoll::multinode {
+namespace {
+
+// GB/s -> bytes per microsecond.
+double per_us(double gbps) { return gbps * 1e3; }
+
+// The chain's time for one chunk size: (J + 2(M - 1)) steps on one stream, each a network group,
+// then the node kernels (core/multinode.h's steps 1-3).
+double chain_time_us(const ModelCase& c, const LinkRates& r, double chunk, bool overlapped) {
+  const double M = c.nodes, L = c.gpus_per_node, b = c.element_bytes;
+  const double elements = static_cast<double>(c.bytes) / b;
+  const double net = per_us(r.network_gbps), nv = per_us(r.nvlink_gbps);
+  double steps = 0, step_us = 0;
+  if (c.op == Op::kAllReduce) {
+    // A rail carries local rank l's slice (chunk / L): the fp32 carry forward and the rounded
+    // result around the ring; the fold and the gather each read (L-1)/L of the chunk over NVLink.
+    steps = std::ceil(elements / chunk) + 2 * (M - 1);
+    const double nic = chunk / L * (4 + (M > 2 ? b : 0));  // node 0 forwards results only for M >= 3
+    const double network_us = r.network_latency_us + std::max(nic, chunk / L * 4) / net;
+    const double kernels_us = 2 * r.kernel_latency_us + 2 * (L - 1) / L * chunk * b / nv;
+    step_us = overlapped ? std::max(network_us, kernels_us) : network_us + kernels_us;
+  } else if (c.op == Op::kReduceScatter) {
+    // Pieces of chunk / M per owner; a rail carries M pieces' carries and up to M - 1 results.
+    const double piece = std::max(64.0, chunk / M);
+    const double per = elements / (M * L);
+    steps = std::ceil(per / piece) + 2 * (M - 1);
+    const double network_us = r.network_latency_us + (M * piece * 4 + (M - 1) * piece * b) / net;
+    const double kernels_us = r.kernel_latency_us + (L - 1) * M * piece * b / nv;
+    step_us = overlapped ? std::max(network_us, kernels_us) : network_us + kernels_us;
+  } else {
+    // All-gather: each chunk of the input straight to the M - 1 other nodes (groups of 4 peers),
+    // then one gather kernel writing n chunks.
+    const double piece = std::max(64.0, chunk / M);
+    steps = std::ceil(elements / piece);
+    const double network_us = std::ceil((M - 1) / 4) * r.network_latency_us + (M - 1) * piece * b / net;
+    const double kernels_us = r.kernel_latency_us + M * L * piece * b / nv;
+    step_us = overlapped ? std::max(network_us, kernels_us) : network_us + kernels_us;
+  }
+  return steps * step_us;
+}
+
+}  // namespace
+
+double chain_total_cross_node_bytes(const ModelCase& c) {
+  const double M = c.nodes, b = c.element_bytes;
+  const double elements = static_cast<double>(c.bytes) / b;
+  const double n = M * c.gpus_per_node;
+  switch (c.op) {
+    case Op::kAllReduce: return elements * (M - 1) * (4 + b);  // every element's carry and result cross M - 1 boundaries
+    case Op::kReduceScatter: return elements * (M - 1) * (4 + b / 2);  // owner k's result crosses k + 1 boundaries
+    case Op::kAllGather: return n * (M - 1) * elements * b;  // every input to M - 1 other nodes
+  }
+  return 0;
+}
+
+std::vector<Prediction> predict(const ModelCase& c, const LinkRates& r) {
+  const double M = c.nodes, L = c.gpus_per_node, n = M * L, b = c.element_bytes;
+  const double S = static_cast<double>(c.bytes);
+  const double net = per_us(r.network_gbps), nv = per_us(r.nvlink_gbps);
+  const double bus = std::min(L * net, nv);  // NCCL's ring: the node's NICs or one GPU's NVLink
+  std::vector<Prediction> out;
+  // exactcoll's chain, at the best chunk among powers of two from 64 Ki to 64 Mi elements: as built
+  // (the node kernels and the NCCL groups take turns on one stream), and overlapped (the kernels
+  // of one chunk beside the transfers of the next on a second stream: not built, the model says
+  // what it would buy).
+  const double elements = S / b;
+  const double chain_nic = c.op == Op::kAllReduce       ? elements / L * (4 + (M > 2 ? b : 0))
+                           : c.op == Op::kReduceScatter ? elements / L * (4 + b * (M - 1) / M)
+                                                        : (M - 1) * S;
+  for (const bool overlapped : {false, true}) {
+    Prediction chain{overlapped ? "chain, overlapped" : "exactcoll chain", std::numeric_limits<double>::infinity(),
+                     chain_nic, 0};
+    for (double chunk = 65536; chunk <= 64.0 * 1024 * 1024; chunk *= 2) {
+      const double t = chain_time_us(c, r, chunk, overlapped);
+      if (t < chain.time_us) {
+        chain.time_us = t;
+        chain.chunk_elements = static_cast<size_t>(chunk);
+      }
+      if (chunk >= elements) break;
+    }
+    out.push_back(chain);
+  }
+  if (c.op == Op::kAllReduce) {
+    // The direct reduce-scatter + all-gather: raw slices to their owners, results back, per NIC.
+    const double nic = 2 * (M - 1) / M * S;
+    out.push_back({"exactcoll direct", nic / net + 2 * (L - 1) / L * S / nv + 2 * r.network_latency_us, nic, 0});
+    // NCCL ring: 2 (n-1)/n S through every rank; 2 (n-1) steps, each as slow as its network edge.
+    const double ring = 2 * (n - 1) / n * S;
+    out.push_back({"nccl ring", ring / bus + 2 * (n - 1) * r.network_latency_us, ring / L, 0});
+    // NCCL tree: reduce up and broadcast down, about 2 S per node through its L NICs and 2 S per
+    // GPU along the chain inside the node; 2 log2 M network steps and 2 (L-1) NVLink steps.
+    const double tree_bw = std::max(2 * S / (L * net), 2 * S / nv);
+    out.push_back({"nccl tree", tree_bw + 2 * std::ceil(std::log2(std::max(2.0, M))) * r.network_latency_us +
+                                    2 * (L - 1) * r.nvlink_step_us,
+                   2 * S / L, 0});
+  } else {
+    // NCCL ring reduce-scatter (input S) and all-gather (output n S): (n-1)/n of the larger side.
+    const double big = c.op == Op::kReduceScatter ? S : n * S;
+    const double ring = (n - 1) / n * big;
+    out.push_back({"nccl ring", ring / bus + (n - 1) * r.network_latency_us, ring / L, 0});
+  }
+  return out;
+}
+
+}  // namespace exactcoll::multinode

@@ -1,0 +1,253 @@
+// `exactcoll sim <op> --nodes M ...`: the multi-node collectives (core/multinode.h) on the
+// simulator (sim/multinode): M nodes of ranks / M local ranks each, ranks numbered node-major.
+//
+//   exactcoll sim allreduce|reduce_scatter|allgather --nodes M --ranks N --dtype D --count C [--seed S]
+//       [--output out.npy] [--chunk-elements E] [--blocks B] [--schedule threads|seeded]
+//       [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] [--timeout-ms T]
+//   exactcoll sim fused_rmsnorm --nodes M --ranks N --rows R --hidden H [--seed S] [--specials] [--eps E]
+//       [--output out.npy] [--residual-output ro.npy] (same scheduling and trace flags)
+//
+// Inputs are the one-node commands' random inputs for the same --count/--rows/--hidden and --seed
+// (tools/gpu/inputs.h, tools/gpu/fused/fused_inputs.h), so the summary's sha256 equals the one-node
+// command's: the bits do not depend on the number of nodes. Registered as "<op> --nodes" with
+// tools/fused/sim_subcommands.h; tools/sim routes any `sim <op>` given --nodes here.
+// Exit codes: 2 bad input or layout (nothing written), 3 a failed run (its trace is written).
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "core/multinode.h"
+#include "core/multinode_layout.h"
+#include "core/signal.h"
+#include "core/storage.h"
+#include "sim/multinode/multinode_sim.h"
+#include "tools/cli.h"
+#include "tools/fused/sim_subcommands.h"
+#include "tools/gpu/fused/fused_inputs.h"
+#include "tools/gpu/inputs.h"
+#include "tools/npy/npy.h"
+#include "tools/sim/sha256.h"
+#include "tools/sim/sim_flags.h"
+
+namespace exactcoll::multinode {
+namespace {
+
+enum class Kind { kAllReduce, kReduceScatter, kAllGather, kFused };
+
+const char* kind_name(Kind k) {
+  return k == Kind::kAllReduce ? "allreduce" : k == Kind::kReduceScatter ? "reduce_scatter" : k == Kind::kAllGather ? "allgather" : "fused_rmsnorm";
+}
+
+// Writes text to path atomically enough for a trace (a temporary file, then rename). "" or the error.
+std::string write_text(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return "cannot write " + path;
+    f << text;
+    if (!f) return "cannot write " + path;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return "cannot write " + path;
+  return "";
+}
+
+int multinode_main(Kind kind, int argc, char** argv) {
+  const std::string command = std::string("sim ") + kind_name(kind);
+  const bool fused = kind == Kind::kFused;
+  // 1. Flags.
+  tools::SimFlags f;
+  int64_t nodes = 0, count = 0, seed = 1, blocks = 1, chunk = static_cast<int64_t>(kDefaultChunkElements);
+  int64_t rows = 0, hidden = 0;
+  double eps = 1e-6;
+  bool specials = false;
+  std::string output, residual_output;
+  cli::ArgParser parser(
+      "exactcoll " + command + " --nodes M --ranks N --dtype bf16|fp16|fp32 " +
+          (fused ? "--rows R --hidden H [--seed S] [--specials] [--eps E] [--output out.npy] [--residual-output ro.npy]"
+                 : "--count C [--seed S] [--output out.npy]") +
+          " [--chunk-elements E] [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] "
+          "[--trace-elements I,J,...] [--timeout-ms T]",
+      "Runs " + std::string(kind_name(kind)) +
+          " across M simulated nodes of N / M ranks each (ranks numbered node-major): inside a node\n"
+          "the ranks share memory (the IPC kernels), between nodes an unrounded fp32 carry travels the\n"
+          "chain in rank order over a simulated network (core/multinode.h). Inputs are the one-node\n"
+          "command's random inputs for the same sizes and --seed, so the sha256 in the last line equals\n"
+          "the one-node command's. --schedule seeded explores the order in which messages cross node\n"
+          "boundaries; --trace writes every message (with the boundary it crossed) and every node kernel.");
+  tools::add_world_flags(parser, &f);
+  parser.add_int("nodes", &nodes, "nodes M; --ranks must be a multiple of M (every node the same size)");
+  if (fused) {
+    parser.add_int("rows", &rows, "rows of the random inputs");
+    parser.add_int("hidden", &hidden, "H of the random inputs");
+    parser.add_bool("specials", &specials, "random inputs with NaN, inf, overflow and subnormal rows");
+    parser.add_double("eps", &eps, "RMSNorm epsilon");
+    parser.add_string("residual-output", &residual_output, "ro.npy: [N, rows, H] residual output");
+  } else {
+    parser.add_int("count", &count, "elements per rank of random input");
+  }
+  parser.add_int("seed", &seed, "seed of the random inputs");
+  parser.add_string("output", &output, fused ? "out.npy: [N, rows, H] normed output" : "write the output .npy here");
+  parser.add_int("chunk-elements", &chunk, "elements per pipeline step (a multiple of 64)");
+  parser.add_int("blocks", &blocks, "blocks of every node kernel (the work split; same bits)");
+  if (auto code = parser.parse(argc, argv)) return *code;
+
+  // 2. Checks: the layout first (the most likely mistake), then the rest; nothing is written yet.
+  NodeLayout layout;
+  if (!parser.given("nodes")) return cli::fail(command, "give --nodes M");
+  if (!parser.given("ranks")) return cli::fail(command, "give --ranks N (the whole job's ranks)");
+  if (nodes > 1024 || f.ranks > 1 << 16) return cli::fail(command, "--nodes and --ranks are too large for a simulation");
+  if (std::string p = layout_from_counts(static_cast<int>(f.ranks), static_cast<int>(nodes), &layout); !p.empty()) {
+    return cli::fail(command, "bad layout: " + p);
+  }
+  if (layout.local_ranks > kMaxRanks) {
+    return cli::fail(command, "bad layout: " + std::to_string(layout.local_ranks) + " ranks per node; a node has 1.." +
+                                  std::to_string(kMaxRanks));
+  }
+  const DType dtype = *tools::parse_dtype(f.dtype);
+  if (seed < 0) return cli::fail(command, "--seed must be >= 0, got " + std::to_string(seed));
+  if (!f.chrome_trace.empty()) return cli::fail(command, "--chrome-trace is not available with --nodes (use --trace)");
+  if (parser.given("schedule-seed") && f.schedule != "seeded") return cli::fail(command, "--schedule-seed needs --schedule seeded");
+  if (f.schedule_seed < 0 || f.timeout_ms < 1 || f.max_steps < 1) {
+    return cli::fail(command, "--schedule-seed must be >= 0, --timeout-ms and --max-steps >= 1");
+  }
+  std::vector<uint64_t> trace_elements;
+  if (!f.trace_elements.empty() && !tools::parse_indices(f.trace_elements, &trace_elements)) {
+    return cli::fail(command, "--trace-elements must be indices separated by commas, e.g. 0,5,17");
+  }
+  if (!trace_elements.empty() && f.trace.empty()) return cli::fail(command, "--trace-elements needs --trace FILE");
+  NetworkOptions net;
+  net.layout = layout;
+  net.schedule = f.schedule == "seeded" ? sim::Schedule::kSeeded : sim::Schedule::kThreads;
+  net.seed = static_cast<uint64_t>(f.schedule_seed);
+  net.timeout = std::chrono::milliseconds(f.timeout_ms);
+  net.max_steps = static_cast<uint64_t>(f.max_steps);
+  net.trace = !f.trace.empty();
+  const int n = layout.world_size();
+  const size_t esize = static_cast<size_t>(dtype_size(dtype));
+  const std::string npy_type = dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
+  const std::string schedule_text =
+      net.schedule == sim::Schedule::kSeeded ? "seeded schedule (--schedule-seed " + std::to_string(net.seed) + ")" : "threads schedule";
+  const std::string seed_text = "--seed " + std::to_string(seed) + (parser.given("seed") ? "" : " (the default)");
+  MultiNodeTrace trace;
+  std::string failure;
+  auto finish_run = [&]() -> int {
+    if (net.trace) {
+      if (std::string p = write_text(cli::resolve_path(f.trace), trace.json_lines); !p.empty()) {
+        return cli::fail(command, p, cli::kExitFailure);
+      }
+    }
+    if (!failure.empty()) return cli::fail(command, "the run failed: " + failure, cli::kExitFailure);
+    return -1;
+  };
+
+  if (fused) {
+    // 3a. The fused op.
+    MultiNodeFusedSpec spec;
+    spec.dtype = dtype;
+    spec.rows = static_cast<int>(rows);
+    spec.hidden = static_cast<int>(hidden);
+    spec.eps = static_cast<float>(eps);
+    spec.blocks = static_cast<int>(blocks);
+    spec.chunk_elements = static_cast<size_t>(chunk);
+    if (!parser.given("rows") || !parser.given("hidden")) return cli::fail(command, "give --rows R and --hidden H");
+    if (rows > (1 << 20) || hidden > (1 << 20)) return cli::fail(command, "--rows and --hidden must be at most 1048576");
+    if (std::string p = check_multinode_fused_spec(spec, layout); !p.empty()) return cli::fail(command, p);
+    if (!output.empty() && output == residual_output) return cli::fail(command, "--output and --residual-output must differ");
+    const gpu::FusedInputs in = gpu::make_fused_inputs(dtype, n, spec.rows, spec.hidden, static_cast<uint64_t>(seed), specials);
+    const size_t per = in.count() * esize;
+    std::vector<uint8_t> out(per * static_cast<size_t>(n)), ro(out.size());
+    MultiNodeFusedIo io;
+    for (int r = 0; r < n; ++r) {
+      io.x.push_back(in.x[static_cast<size_t>(r)].data());
+      io.residual.push_back(in.residual.data());
+      io.weight.push_back(in.weight.data());
+      io.residual_out.push_back(ro.data() + per * static_cast<size_t>(r));
+      io.out.push_back(out.data() + per * static_cast<size_t>(r));
+    }
+    try {
+      run_multinode_fused(net, spec, io, &trace);
+    } catch (const sim::SimError& e) {
+      failure = e.what();
+    }
+    if (const int code = finish_run(); code >= 0) return code;
+    const std::vector<int64_t> shape = {n, rows, hidden};
+    try {
+      if (!output.empty()) npy::write_npy(cli::resolve_path(output), npy_type, shape, out.data(), out.size());
+      if (!residual_output.empty()) npy::write_npy(cli::resolve_path(residual_output), npy_type, shape, ro.data(), ro.size());
+    } catch (const npy::NpyError& e) {
+      return cli::fail(command, e.what(), cli::kExitFailure);
+    }
+    std::cout << command << " " << f.dtype << ": " << n << " ranks x [" << rows << ", " << hidden << "] ("
+              << (specials ? "random with specials, " : "random, ") << seed_text << "), " << layout_text(layout)
+              << ", carry chain, " << schedule_text << ", " << trace.messages << " messages; out sha256 "
+              << tools::sha256_hex(out.data(), out.size()) << " residual_out sha256 "
+              << tools::sha256_hex(ro.data(), ro.size()) << "\n";
+    return cli::kExitOk;
+  }
+
+  // 3b. The collectives.
+  MultiNodeSpec spec;
+  spec.op = kind == Kind::kAllReduce ? Op::kAllReduce : kind == Kind::kReduceScatter ? Op::kReduceScatter : Op::kAllGather;
+  spec.dtype = dtype;
+  spec.count = static_cast<size_t>(count);
+  spec.blocks = static_cast<int>(blocks);
+  spec.chunk_elements = static_cast<size_t>(chunk);
+  if (!parser.given("count") || count < 1) return cli::fail(command, "give --count C >= 1");
+  if (static_cast<uint64_t>(count) * static_cast<uint64_t>(n) * esize > (uint64_t{1} << 32)) {
+    return cli::fail(command, "--count x --ranks is more than 4 GiB of input");
+  }
+  if (std::string p = check_multinode_spec(spec, layout); !p.empty()) return cli::fail(command, p);
+  for (uint64_t index : trace_elements) {
+    if (index >= spec.count) return cli::fail(command, "--trace-elements index " + std::to_string(index) + " is past the count");
+  }
+  const auto in = gpu::make_inputs(dtype, spec.count, n, static_cast<uint64_t>(seed), gpu::Pattern::kRandom);
+  const size_t out_count = multinode_output_count(spec.op, spec.count, n);
+  std::vector<uint8_t> out(out_count * esize * static_cast<size_t>(n));
+  std::vector<const void*> inputs;
+  std::vector<void*> outputs;
+  for (int r = 0; r < n; ++r) {
+    inputs.push_back(in[static_cast<size_t>(r)].data());
+    outputs.push_back(out.data() + out_count * esize * static_cast<size_t>(r));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    run_multinode(net, spec, inputs, outputs, &trace, trace_elements);
+  } catch (const sim::SimError& e) {
+    failure = e.what();
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (const int code = finish_run(); code >= 0) return code;
+  const std::vector<int64_t> shape = {n, static_cast<int64_t>(out_count)};
+  if (!output.empty()) {
+    try {
+      npy::write_npy(cli::resolve_path(output), npy_type, shape, out.data(), out.size());
+    } catch (const npy::NpyError& e) {
+      return cli::fail(command, e.what(), cli::kExitFailure);
+    }
+  }
+  char ms_text[32];
+  std::snprintf(ms_text, sizeof ms_text, "%.3f", ms);
+  std::cout << command << " " << f.dtype << ": " << n << " ranks x " << spec.count << " elements (random, " << seed_text
+            << "), " << layout_text(layout) << (spec.op == Op::kAllGather ? ", direct exchange, " : ", carry chain, ") << spec.blocks << (spec.blocks == 1 ? " block" : " blocks")
+            << ", " << schedule_text << ", " << trace.messages << " messages, " << trace.cross_node_bytes
+            << " bytes across nodes, " << ms_text << " ms; output " << npy::shape_text(shape)
+            << (output.empty() ? "" : " -> " + output) << " sha256 " << tools::sha256_hex(out.data(), out.size()) << "\n";
+  return cli::kExitOk;
+}
+
+// Registered as "<op> --nodes": tools/sim sends `sim <op> ... --nodes M ...` here.
+const cli::SimSubcommandRegistrar kAllReduce({"allreduce --nodes", "all-reduce across M simulated nodes (carry chain)",
+                                              [](int c, char** v) { return multinode_main(Kind::kAllReduce, c, v); }});
+const cli::SimSubcommandRegistrar kReduceScatter(
+    {"reduce_scatter --nodes", "reduce-scatter across M simulated nodes",
+     [](int c, char** v) { return multinode_main(Kind::kReduceScatter, c, v); }});
+const cli::SimSubcommandRegistrar kAllGather({"allgather --nodes", "all-gather across M simulated nodes",
+                                              [](int c, char** v) { return multinode_main(Kind::kAllGather, c, v); }});
+const cli::SimSubcommandRegistrar kFused({"fused_rmsnorm --nodes", "the fused op across M simulated nodes",
+                                          [](int c, char** v) { return multinode_main(Kind::kFused, c, v); }});
+
+}  // namespace
+}  // namespace exactcoll::multinode
