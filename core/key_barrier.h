@@ -5,7 +5,11 @@
 //
 // Keys under `name` (every caller uses the same world_size):
 //   name/arrivals               an add counter: caller k (from 1) is in round (k - 1) / world_size
-//   name/<round>/rank/<rank>    set by a caller that gives its rank, before it counts itself
+//   name/<round>/rank/<rank>    a counter a caller that gives its rank adds 1 to, before it
+//                               counts itself (a counter, not a value: after a timeout the
+//                               ranks present are read with add(key, 0), which never waits, so
+//                               no timed get follows a timed-out one: some stores' connections
+//                               are unreliable after a get timed out, c10d's TCPStore in torch 1.x)
 //   name/<round>/done           set by the round's last caller; the others wait for it
 // The last caller of round r also erases round r - 1's done key (everyone has left round r - 1
 // by then: they all arrived in round r); a caller erases its rank key once it passes.
@@ -40,13 +44,13 @@ inline void key_barrier(Store& store, const std::string& name, int rank, int wor
   };
   auto rank_key = [&](int64_t round) { return round_key(round, "rank/" + std::to_string(rank)); };
   int64_t round = peeked / world_size;
-  if (rank != kUnknownRank) store.set(rank_key(round), "1");
+  if (rank != kUnknownRank) store.add(rank_key(round), 1);
   const int64_t arrival = store.add(name + "/arrivals", 1);  // 1-based over every round
   if ((arrival - 1) / world_size != round) {
     if (rank != kUnknownRank) {
       store.erase(rank_key(round));
       round = (arrival - 1) / world_size;
-      store.set(rank_key(round), "1");
+      store.add(rank_key(round), 1);
     } else {
       round = (arrival - 1) / world_size;
     }
@@ -58,20 +62,19 @@ inline void key_barrier(Store& store, const std::string& name, int rank, int wor
   } else {
     try {
       store.get(done, timeout);
-    } catch (const StoreError&) {
-      // Who is here: the round's ranks that set their keys, and how many counted themselves.
+    } catch (const StoreError& wait_error) {
+      // Who is here: the round's ranks that counted their keys, and how many counted themselves.
+      // (add(key, 0) creates a missing rank's key at 0 in some stores: the spent name keeps it.)
       std::vector<int> present;
       for (int p = 0; p < world_size; ++p) {
-        try {
-          store.get(round_key(round, "rank/" + std::to_string(p)), std::chrono::milliseconds(0));
-          present.push_back(p);
-        } catch (const StoreError&) {
-        }
+        if (store.add(round_key(round, "rank/" + std::to_string(p)), 0) > 0) present.push_back(p);
       }
       const int64_t counted = store.add(name + "/arrivals", 0) - round * world_size;
       const size_t arrived = static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(counted, 0), world_size));
+      // The wait's own error comes last: a store that failed rather than timed out says so there.
       throw StoreError("store " + barrier_timeout_message(name, world_size, std::max(arrived, present.size()),
-                                                          present, {}, timeout));
+                                                          present, {}, timeout) +
+                       " [waiting for '" + done + "': " + wait_error.what() + "]");
     }
   }
   if (rank != kUnknownRank) store.erase(rank_key(round));

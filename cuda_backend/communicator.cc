@@ -25,6 +25,7 @@ constexpr uint64_t kIpcTestTimeoutMs = 3000;
 // for much longer under load, so their in-kernel waits get at least this bound.
 constexpr uint64_t kSharedGpuMinFlagTimeoutMs = 60000;
 constexpr std::chrono::milliseconds kCloseTimeout{30000};
+constexpr std::chrono::milliseconds kClosePoisonedTimeout{500};
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -188,9 +189,11 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
 }
 
 Communicator::~Communicator() {
-  // Peers may still read this rank's buffers until they pass this barrier.
+  // Peers may still read this rank's buffers until they pass this barrier. After a flag timeout
+  // (poisoned) a peer is dead or stuck: its live peers timed out too and come at once, so the
+  // barrier waits only briefly, and a dead rank costs its peers one timeout, not one more close.
   try {
-    store_.barrier(key("close"), world_size_, kCloseTimeout);
+    store_.barrier(key("close"), rank_, world_size_, poisoned_ ? kClosePoisonedTimeout : kCloseTimeout);
   } catch (const std::exception& e) {
     std::cerr << "exactcoll: rank " << rank_ << ": closing communicator " << options_.name << ": " << e.what() << "\n";
   }

@@ -9,7 +9,9 @@
 // - wait(): ld.acquire.sys.global.u32 polling of this rank's own flag (local memory), bounded by
 //   %globaltimer: after timeout_ns the first thread that gives up records who never arrived in the
 //   DeviceError buffer, marks the block aborted (shared memory) so that the block's other waits
-//   give up at once, and returns; the host reads the record after the launch.
+//   give up at once, and returns; the host reads the record after the launch. A wait that finds
+//   the record already claimed (by another block, or by an earlier launch on this rank) gives up
+//   at once too, so a dead peer costs one timeout, not one per queued kernel.
 // - load()/store(): one 16-byte access (uint4).
 #pragma once
 
@@ -76,12 +78,20 @@ class DeviceCtx {
   __device__ void wait(const uint32_t* flag, uint32_t value, int peer, int set) const {
     if (load_acquire_sys(flag) == value) return;
     if (*aborted_) return;
+    if (error_recorded()) {  // an earlier wait (this launch or an earlier one) gave up: fail fast
+      *aborted_ = 1;
+      return;
+    }
     const uint64_t start = global_timer_ns();
     for (uint32_t spins = 1;; ++spins) {
       const uint32_t seen = load_acquire_sys(flag);
       if (seen == value) return;
       if ((spins & 255u) == 0) {
         if (*aborted_) return;  // another wait of this block already gave up
+        if (error_recorded()) {  // another block of this rank gave up
+          *aborted_ = 1;
+          return;
+        }
         const uint64_t waited = global_timer_ns() - start;
         if (waited > args_.timeout_ns) {
           *aborted_ = 1;
@@ -110,6 +120,14 @@ class DeviceCtx {
     uint4 bits;
     __builtin_memcpy(&bits, &x, sizeof bits);
     __stwb(reinterpret_cast<uint4*>(p), bits);
+  }
+
+  // Whether some wait on this rank already gave up and recorded it (args_.error stays claimed
+  // until the host has read it and the communicator is unusable): every later wait, in this
+  // launch or a later one, then gives up at once. Without this, a dead peer costs every queued
+  // kernel its own full timeout (a graph of 20 all-reduces: 20 x timeout before the host sees it).
+  __device__ __forceinline__ bool error_recorded() const {
+    return *reinterpret_cast<const volatile uint32_t*>(&args_.error->claimed) != 0u;
   }
 
   // Whether some wait of this block gave up (after sync_block, every thread agrees).

@@ -123,7 +123,7 @@ class Stores(unittest.TestCase):
 
     def test_callback_exceptions_become_errors_and_chain(self):
         class Broken(exactcoll.MemoryStore):
-            def set(self, key, value):
+            def add(self, key, delta):  # the barrier's first store operation is an add
                 raise ConnectionError("the store's server went away")
 
         store = exactcoll.Store(Broken(), 0, 2)

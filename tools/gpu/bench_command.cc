@@ -251,13 +251,14 @@ int bench_worker(const BenchOptions& o) {
       w.barrier("graph");
       const double graph_us =
           time_graph_us(stream.get(), [&] { enqueue(); }, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),
-                        static_cast<int>(o.replays));
+                        static_cast<int>(o.replays), [&] { comm.check(stream.get()); });
       comm.check(stream.get());
       double eager_us = 0;
       if (o.eager) {
         w.barrier("eager");
         eager_us = time_eager_us(stream.get(), [&] { enqueue(); }, static_cast<int>(o.graph_ops),
-                                 static_cast<int>(o.warmup), static_cast<int>(o.eager_rounds));
+                                 static_cast<int>(o.warmup), static_cast<int>(o.eager_rounds),
+                                 [&] { comm.check(stream.get()); });
         comm.check(stream.get());
       }
       // 4. Over ranks.

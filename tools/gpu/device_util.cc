@@ -80,7 +80,8 @@ CapturedGraph::~CapturedGraph() {
 
 void CapturedGraph::launch(cudaStream_t stream) const { EXC_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
 
-double time_graph_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int replays) {
+double time_graph_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int replays,
+                     const std::function<void()>& check) {
   cudaGraph_t graph = nullptr;
   EXC_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
@@ -105,6 +106,7 @@ double time_graph_us(cudaStream_t stream, const std::function<void()>& enqueue, 
       EXC_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
       EXC_CUDA_CHECK(cudaEventSynchronize(ev.stop));
       per_op.push_back(ev.elapsed_us() / ops);
+      check();
     }
   } catch (...) {
     (void)cudaGraphExecDestroy(exec);
@@ -114,7 +116,8 @@ double time_graph_us(cudaStream_t stream, const std::function<void()>& enqueue, 
   return median(per_op);
 }
 
-double time_eager_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int rounds) {
+double time_eager_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int rounds,
+                     const std::function<void()>& check) {
   Events ev;
   for (int i = 0; i < warmup; ++i) enqueue();
   std::vector<double> per_op;
@@ -124,6 +127,7 @@ double time_eager_us(cudaStream_t stream, const std::function<void()>& enqueue, 
     EXC_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
     EXC_CUDA_CHECK(cudaEventSynchronize(ev.stop));
     per_op.push_back(ev.elapsed_us() / ops);
+    check();
   }
   return median(per_op);
 }

@@ -58,11 +58,15 @@ class CapturedGraph {
 
 // Returns the median over `replays` of (time of one graph launch) / ops, in µs: `enqueue` (which
 // enqueues one op on stream) is captured `ops` times into one graph, launched `warmup` times
-// untimed, then `replays` times with events around each launch.
-double time_graph_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int replays);
+// untimed, then `replays` times with events around each launch. `check` runs after each timed
+// replay, outside the timed span (the communicator's check(): a peer that died stops the loop at
+// its first timeout instead of after every replay).
+double time_graph_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int replays,
+                     const std::function<void()>& check);
 
 // The same for eager launches: `rounds` rounds of `ops` back-to-back enqueue() calls.
-double time_eager_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int rounds);
+double time_eager_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int rounds,
+                     const std::function<void()>& check);
 
 double median(std::vector<double> values);
 

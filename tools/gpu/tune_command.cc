@@ -116,7 +116,8 @@ int tune_worker(const TuneOptions& o) {
             }
           };
           w.barrier("grid");
-          const double us = time_graph_us(stream.get(), enqueue, static_cast<int>(o.graph_ops), 2, static_cast<int>(o.replays));
+          const double us = time_graph_us(stream.get(), enqueue, static_cast<int>(o.graph_ops), 2, static_cast<int>(o.replays),
+                                          [&] { comm.check(stream.get()); });
           comm.check(stream.get());
           char text[32];
           std::snprintf(text, sizeof text, "%.6f", us);

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <iostream>
 
 #include "cuda_backend/bootstrap/worker_store.h"
@@ -55,8 +56,11 @@ Worker::Worker(const std::string& command) : command_(command) {
 }
 
 Worker::~Worker() {
+  // Unwinding from an error (a peer that never arrived, most often): the peers are failing too or
+  // are dead, so the final barrier waits briefly instead of a minute.
+  const auto timeout = std::chrono::milliseconds(std::uncaught_exceptions() > 0 ? 500 : 60000);
   try {
-    store_->barrier(command_ + "/exit", env_.rank, env_.world_size, std::chrono::milliseconds(60000));
+    store_->barrier(command_ + "/exit", env_.rank, env_.world_size, timeout);
   } catch (const std::exception& e) {
     std::cerr << "exactcoll " << command_ << ": rank " << env_.rank << " leaving without the final barrier: " << e.what()
               << "\n";

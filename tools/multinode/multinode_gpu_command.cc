@@ -182,11 +182,11 @@ int bench(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, int64_t max_mib, in
     // The median of 5 rounds of `iters` back-to-back calls (tools/gpu/device_util.h), after 3 untimed.
     const double ours = gpu::time_eager_us(
         stream, [&] { comm.allreduce(in.get(), out.get(), count, DType::kBF16, cuda::Algorithm::kAuto, stream); },
-        static_cast<int>(iters), 3, 5);
+        static_cast<int>(iters), 3, 5, [&] { comm.check(stream); });
     comm.check(stream);
     const double theirs = gpu::time_eager_us(
         stream, [&] { comm.allreduce(in.get(), out.get(), count, DType::kBF16, cuda::Algorithm::kNccl, stream); },
-        static_cast<int>(iters), 3, 5);
+        static_cast<int>(iters), 3, 5, [&] { comm.check(stream); });
     double slowest_ours = 0, slowest_theirs = 0;
     for (const std::string& v : w.all_gather("bench/" + std::to_string(mib), std::to_string(ours) + " " + std::to_string(theirs))) {
       double a = 0, b = 0;

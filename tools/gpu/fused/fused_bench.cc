@@ -235,11 +235,11 @@ int bench_worker(const BenchOptions& o) {
     }
     // 2. Timings.
     const double graph = time_graph_us(stream.get(), enqueue, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),
-                                       static_cast<int>(o.replays));
+                                       static_cast<int>(o.replays), [&] { comm.check(stream.get()); });
     double eager = 0;
     if (o.eager) {
       eager = time_eager_us(stream.get(), enqueue, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),
-                            static_cast<int>(o.eager_rounds));
+                            static_cast<int>(o.eager_rounds), [&] { comm.check(stream.get()); });
     }
     comm.check(stream.get());
     // 3. Agreed over ranks: the maximum time, the summed mismatches.
