@@ -129,6 +129,14 @@ void ArgParser::add_string(const std::string& name, std::string* value, const st
 void ArgParser::add_int(const std::string& name, int64_t* value, const std::string& help) {
   flags_.push_back({name, Kind::kInt, value, help, {}, std::to_string(*value)});
 }
+void ArgParser::set_default_note(const std::string& name, const std::string& note) {
+  for (auto& f : flags_) {
+    if (f.name == name) {
+      f.default_text = note;
+      f.default_is_note = true;
+    }
+  }
+}
 void ArgParser::add_double(const std::string& name, double* value, const std::string& help) {
   std::ostringstream os;
   os << *value;
@@ -197,13 +205,33 @@ bool ArgParser::assign(Flag& flag, const std::string& text, std::string* error) 
   return false;
 }
 
+namespace {
+
+// The command as typed, for the "--help explains every flag" hint: the words of `usage` after
+// "exactcoll" up to the first flag or bracket ("sim allreduce"), with a word of alternatives
+// ("allreduce|reduce_scatter|allgather") replaced by the one that was given (argv[0]).
+std::string command_path(const std::string& usage, const std::string& given) {
+  std::istringstream words(usage);
+  std::string word, path;
+  words >> word;  // "exactcoll"
+  while (words >> word) {
+    if (word.empty() || word[0] == '-' || word[0] == '[' || word[0] == '<') break;
+    if (word.find('|') != std::string::npos) word = given;
+    path += (path.empty() ? "" : " ") + word;
+  }
+  return path.empty() ? given : path;
+}
+
+}  // namespace
+
 std::optional<int> ArgParser::parse(int argc, char** argv) {
   size_t next_positional = 0;
   const std::string command = argc > 0 ? argv[0] : "";
+  const std::string help_command = command_path(usage_, command);
   auto usage_error = [&](const std::string& message) -> std::optional<int> {
-    std::cerr << "exactcoll " << command << ": " << message << "\n"
+    std::cerr << "exactcoll " << help_command << ": " << message << "\n"
               << "usage: " << usage_ << "\n"
-              << "(exactcoll " << command << " --help explains every flag)\n";
+              << "(exactcoll " << help_command << " --help explains every flag)\n";
     return kExitUsage;
   };
   for (int i = 1; i < argc; ++i) {
@@ -277,7 +305,11 @@ std::string ArgParser::help() const {
         os << " VALUE";
       }
       os << "\n      " << f.help;
-      if (!f.default_text.empty()) os << " (default: " << f.default_text << ")";
+      if (f.default_is_note) {
+        os << " (" << f.default_text << ")";
+      } else if (!f.default_text.empty() && f.help.find("default:") == std::string::npos) {  // help says it
+        os << " (default: " << f.default_text << ")";
+      }
       os << "\n";
     }
   }

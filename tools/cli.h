@@ -52,6 +52,11 @@ class ArgParser {
                   const std::string& help);
   // Positional arguments, in order; required ones must be present.
   void add_positional(const std::string& name, std::string* value, const std::string& help, bool required = true);
+  // The help shows "(<note>)" instead of "(default: <initial value>)": for flags whose initial
+  // value (0) means "not given", e.g. "required" or "required without --input".
+  // Precondition: the flag was added.
+  void set_default_note(const std::string& name, const std::string& note);
+  void mark_required(const std::string& name) { set_default_note(name, "required"); }
   // Everything after a literal `--` goes here (for `launch`).
   void set_rest(std::vector<std::string>* rest, const std::string& name);
 
@@ -74,6 +79,7 @@ class ArgParser {
     std::string help;
     std::vector<std::string> choices;
     std::string default_text;
+    bool default_is_note = false;  // set_default_note: default_text is shown as "(note)"
     bool given = false;
   };
   struct Positional {

@@ -141,7 +141,9 @@ TEST(SimFusedCommand, AlternativeContractDiffersAndTakesNoAlgo) {
   EXPECT_EQ(d.code, 1) << d.out;
   const CommandRun bad = run_fused(with({"--contract", "f32_residual", "--algo", "two_stage"}));
   EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.err.find("apply to the canonical contract"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("--algo applies only to --contract canonical"), std::string::npos) << bad.err;
+  EXPECT_EQ(bad.err.find("--blocks"), std::string::npos) << "only the flags given are named: " << bad.err;
+  EXPECT_EQ(bad.err.find("--trace"), std::string::npos) << "only the flags given are named: " << bad.err;
 }
 
 TEST(SimFusedCommand, SeededScheduleAndTraces) {

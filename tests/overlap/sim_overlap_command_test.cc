@@ -105,7 +105,13 @@ TEST(SimOverlapCommand, BadInputFailsClearlyWithoutWritingTheTrace) {
   EXPECT_FALSE(exists(trace));
   EXPECT_EQ(run({"--m", "8"}).code, 2);                               // no --ranks
   EXPECT_EQ(run({"--ranks", "2", "--pattern", "fsdp"}).code, 2);       // unknown pattern
-  EXPECT_EQ(run({"--ranks", "2", "--trace-elements", "3"}).code, 2);  // folds nothing
+  // It folds nothing, so --trace-elements is no flag of it: refused as unknown, absent from --help.
+  const Result traced = run({"--ranks", "2", "--trace-elements", "3"});
+  EXPECT_EQ(traced.code, 2);
+  EXPECT_NE(traced.err.find("--trace-elements"), std::string::npos) << traced.err;
+  const Result help = run({"--help"});
+  EXPECT_EQ(help.code, 0);
+  EXPECT_EQ(help.out.find("trace-elements"), std::string::npos) << help.out;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "exactcoll/exactcoll.h"
 #include "sim/collectives.h"
 #include "tests/sim/sim_test_util.h"
 #include "tools/npy/npy.h"
@@ -285,6 +286,24 @@ TEST(SimCli, ADeadRankIsAClearErrorAndNoOutput) {
       EXPECT_TRUE(exists(trace)) << op << " " << schedule;
     }
   }
+}
+
+TEST(SimCli, VersionHelpAndHintsNameTheCommandAsTyped) {
+  const Result version = run("--version");
+  EXPECT_EQ(version.code, 0);
+  EXPECT_EQ(version.out, "exactcoll " + std::to_string(EXACTCOLL_VERSION_MAJOR) + "." +
+                             std::to_string(EXACTCOLL_VERSION_MINOR) + "." + std::to_string(EXACTCOLL_VERSION_PATCH) +
+                             " (C ABI " + std::to_string(EXACTCOLL_ABI_VERSION) + ")\n");
+  // A flag error names the command as typed and a help command that exists.
+  const Result bad = run("sim allreduce --ranks 2 --bogus 1");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_EQ(bad.err.rfind("exactcoll sim allreduce: ", 0), 0u) << bad.err;
+  EXPECT_NE(bad.err.find("(exactcoll sim allreduce --help explains every flag)"), std::string::npos) << bad.err;
+  EXPECT_EQ(run("sim allreduce --help").code, 0);
+  // A flag without a default says so instead of "(default: 0)".
+  const Result help = run("sim allreduce --help");
+  EXPECT_NE(help.out.find("simulated ranks, 1..16 (required)"), std::string::npos) << help.out;
+  EXPECT_EQ(help.out.find("(default: 0)"), std::string::npos) << help.out;
 }
 
 TEST(Sha256, KnownVectors) {

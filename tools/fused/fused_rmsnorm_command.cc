@@ -70,7 +70,9 @@ int run(int argc, char** argv) {
   parser.add_string("residual", &residual_path, "r.npy: [rows, H] residual (the same on every rank)");
   parser.add_string("weight", &weight_path, "w.npy: [H] RMSNorm weight");
   parser.add_int("rows", &rows_flag, "rows of random inputs (without --input)");
+  parser.set_default_note("rows", "required without --input");
   parser.add_int("hidden", &hidden_flag, "H of random inputs (without --input)");
+  parser.set_default_note("hidden", "required without --input");
   parser.add_int("seed", &seed, "seed of random inputs");
   parser.add_bool("specials", &specials, "random inputs with NaN, inf, overflow and subnormal rows");
   parser.add_double("eps", &eps, "RMSNorm epsilon");
@@ -108,9 +110,18 @@ int run(int argc, char** argv) {
   FusedContract contract = FusedContract::kCanonical;
   parse_contract(contract_text, &contract);
   const bool canonical = contract == FusedContract::kCanonical;
-  if (!canonical && (parser.given("algo") || options.trace || parser.given("blocks") || parser.given("schedule"))) {
-    return cli::fail(kCommand, "--algo, --blocks, --schedule and the trace flags apply to the canonical contract; " +
-                                   contract_text + " is computed by the scalar reference (sim/fused/reference.h)");
+  if (!canonical) {
+    // Name the flag actually given: "--algo one_stage" refused with a word about trace flags
+    // read as a bug.
+    std::string given;
+    for (const char* flag : {"algo", "blocks", "schedule", "schedule-seed", "trace", "chrome-trace", "trace-elements"}) {
+      if (parser.given(flag)) given += (given.empty() ? "--" : ", --") + std::string(flag);
+    }
+    if (!given.empty()) {
+      return cli::fail(kCommand, given + " applies only to --contract canonical (the simulated algorithms); " +
+                                     contract_text + " is one fixed computation, by the scalar reference " +
+                                     "(sim/fused/reference.h), so it has no algorithm, grid, schedule or trace");
+    }
   }
   const DType dtype = *tools::parse_dtype(f.dtype);
   const std::string want = dtype == DType::kFP32 ? npy::kF32 : npy::kU16;

@@ -415,6 +415,7 @@ int run_bench(int argc, char** argv) {
       "#wrong. Message = rows × hidden elements (all-reduce: each rank's buffer; reduce_scatter: each\n"
       "rank's input; allgather: the gathered output).");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
+  parser.mark_required("nproc");
   parser.add_choice("op", &op_text, {"allreduce", "reduce_scatter", "allgather"}, "collective");
   parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
   parser.add_int("hidden", &o.hidden, "elements per row");

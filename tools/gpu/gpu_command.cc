@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/signal.h"
 #include "cuda_backend/communicator.h"
 #include "cuda_backend/cuda_check.h"
 #include "tools/cli.h"
@@ -181,15 +182,20 @@ int run_gpu(int argc, char** argv) {
       "op", &op_text,
       "allreduce | reduce_scatter | allgather (fused_rmsnorm has its own flags: gpu fused_rmsnorm --help)");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
+  parser.mark_required("nproc");
   parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
   parser.add_string("input", &o.input_path, "input .npy [N, …]");
   parser.add_int("count", &o.count, "elements per rank of random input (without --input)");
+  parser.set_default_note("count", "required without --input");
   parser.add_int("seed", &seed, "seed of the random input");
   parser.add_string("output", &o.output_path, "output .npy (written atomically by rank 0)");
   parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "direct", "copy_engine", "auto", "nccl"},
                     "algorithm");
-  parser.add_int("blocks", &o.blocks, "force the grid's block count (1..64)");
+  parser.add_int("blocks", &o.blocks,
+                 "force the grid's block count (1.." + std::to_string(kMaxBlocks) + ", as auto's table may)");
+  parser.set_default_note("blocks", "the table's choice");
   parser.add_int("threads", &o.threads, "force the threads per block (multiple of 32, 64..1024)");
+  parser.set_default_note("threads", "the table's choice");
   parser.add_bool("registered", &o.registered, "register the input buffer (no staging)");
   parser.add_bool("graph", &o.graph, "capture the call into a CUDA graph and replay it");
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
@@ -211,7 +217,9 @@ int run_gpu(int argc, char** argv) {
   if (o.input_path.empty() && o.count < 1) return cli::fail("gpu", "--count must be at least 1");
   if (parser.given("seed") && !o.input_path.empty()) return cli::fail("gpu", "--seed applies to random inputs (--count)");
   if (seed < 0) return cli::fail("gpu", "--seed must be >= 0, got " + std::to_string(seed));
-  if (o.blocks < 0 || o.blocks > 64) return cli::fail("gpu", "--blocks must be 1..64");
+  if (o.blocks < 0 || o.blocks > kMaxBlocks) {
+    return cli::fail("gpu", "--blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(o.blocks));
+  }
   if (o.threads != 0 && (o.threads < 64 || o.threads > 1024 || o.threads % 32 != 0)) {
     return cli::fail("gpu", "--threads must be a multiple of 32 in 64..1024");
   }

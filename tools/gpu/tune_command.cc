@@ -195,6 +195,7 @@ int run_tune(int argc, char** argv) {
                         "--max-bytes per rank (powers of two) and writes the dispatch table that `auto` uses.\n"
                         "Rows of other world sizes, ops and GPU archs already in FILE are kept.");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
+  parser.mark_required("nproc");
   parser.add_string("ops", &ops_text, "comma list of allreduce, reduce_scatter, allgather");
   parser.add_string("output", &o.output, "table file to write (merged with its other rows)");
   parser.add_int("min-bytes", &o.min_bytes, "smallest message, bytes per rank");

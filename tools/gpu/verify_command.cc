@@ -246,6 +246,7 @@ int run_verify(int argc, char** argv) {
       "residual + RMSNorm is verified too, after the collectives. Exit 0 when nothing differs, 1 when\n"
       "something does, 3 on a runtime failure (e.g. a peer that never arrived at a barrier).");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
+  parser.mark_required("nproc");
   parser.add_string("ops", &ops_text,
                     "comma list of allreduce, reduce_scatter, allgather, or fused_rmsnorm alone (see verify --ops "
                     "fused_rmsnorm --help); without --ops: all of them");

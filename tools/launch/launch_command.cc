@@ -61,12 +61,15 @@ int run_launch(int argc, char** argv) {
       "example: exactcoll launch --nproc 2 -- gpu allreduce --input x.npy --output y.npy\n"
       "example: exactcoll launch --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --nproc 8 -- multinode verify");
   parser.add_int("nproc", &nproc, "number of workers (ranks 0..N-1), 1.." + std::to_string(kMaxProcesses));
+  parser.mark_required("nproc");
   parser.add_int("nnodes", &nnodes, "nodes (hosts) of the job; one launch per node");
   parser.add_int("node-rank", &node_rank, "this node's index, 0..nnodes-1");
   parser.add_string("master-addr", &master_addr, "MASTER_ADDR: the host of node 0, where rank 0's store listens");
   parser.add_int("master-port", &master_port, "MASTER_PORT given to the workers (torch.distributed); 0 picks a free one");
+  parser.set_default_note("master-port", "a free port");
   parser.add_int("store-port", &store_port,
                  "EXACTCOLL_STORE_PORT: rank 0's store port on 127.0.0.1; 0 picks a free one (never MASTER_PORT)");
+  parser.set_default_note("store-port", "a free port");
   parser.add_double("timeout-s", &timeout_s, "seconds the whole job may take before every worker is stopped");
   parser.add_double("kill-grace-s", &kill_grace_s, "seconds between SIGTERM and SIGKILL when stopping workers");
   parser.add_bool("no-prefix", &no_prefix, "let workers write to stderr directly, without \"[rank R] \"");

@@ -55,8 +55,8 @@ int layers_main(int argc, char** argv) {
   double eps = 1e-6;
   std::string contract_text = "f32_residual", dtype_text = "bf16", plot_path, csv_path;
   cli::ArgParser parser(
-      "exactcoll layers [--layers L] [--ranks N] [--rows R] [--hidden H] [--contract X] [--dtype D] [--seed S] "
-      "[--plot FILE.svg|FILE.png] [--csv FILE]",
+      "exactcoll layers [--layers L] [--ranks N] [--rows R] [--hidden H] [--contract X] [--dtype D] [--eps E] "
+      "[--seed S] [--plot FILE.svg|FILE.png] [--csv FILE]",
       "Runs a residual stream through L layers of (partial sums -> fused all-reduce + residual add + RMSNorm)\n"
       "twice from the same start, once under the canonical contract and once under X, and prints per layer\n"
       "the fraction of residual elements that differ, their max ULP distance and the relative L2 drift.\n"

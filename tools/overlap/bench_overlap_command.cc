@@ -950,6 +950,7 @@ int run_bench_overlap(int argc, char** argv) {
       "runs one pipeline per product grouping, side by side: per_shard (one product per shard), merged (the peers' "
       "rows in at most two products, one per contiguous row block of C), pairs (at most two shards per product).");
   parser.add_int("nproc", &nproc, "processes (one per GPU)");
+  parser.mark_required("nproc");
   parser.add_string("dtypes", &dtypes, "bf16,fp16 (comma-separated)");
   parser.add_int("iters", &o.iters, "timed iterations per variant (the median is reported)");
   parser.add_int("warmup", &o.warmup, "untimed iterations first");

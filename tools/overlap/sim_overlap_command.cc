@@ -106,7 +106,7 @@ int run(int argc, char** argv) {
       "accumulation, one rounding. Checks every rank's gathered A bit for bit against the shards, C bit for bit "
       "against the unpipelined schedule with the same row blocks, and sampled elements of C against float64. Traces "
       "show every step per rank (pid) and stream (block 0.. = comm streams, the last block = compute).");
-  add_world_flags(parser, &flags);
+  add_world_flags(parser, &flags, /*element_traces=*/false);  // the schedules copy and multiply, fold nothing
   parser.add_choice("pattern", &pattern_text, {"ag_matmul", "prefetch"}, "which schedule");
   parser.add_choice("products", &products_text, {"per_shard", "merged", "pairs"},
                     "ag_matmul: how the peers' rows are grouped into products");
@@ -123,9 +123,6 @@ int run(int argc, char** argv) {
 
   sim::WorldOptions options;
   if (std::string problem = world_options(flags, parser, &options); !problem.empty()) return cli::fail(kCommand, problem);
-  if (!options.trace_elements.empty()) {
-    return cli::fail(kCommand, "--trace-elements does not apply: the overlap schedules copy and multiply, they fold nothing");
-  }
   OverlapShape shape;
   overlap::parse_pattern(pattern_text, &shape.pattern);
   overlap::parse_grouping(products_text, &shape.grouping);

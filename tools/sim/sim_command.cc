@@ -112,6 +112,7 @@ int collective_main(Collective op, int argc, char** argv) {
   add_world_flags(parser, &f);
   parser.add_string("input", &input_path, "input .npy [N, ...] (rank first)");
   parser.add_int("count", &count, "elements per rank of random input (instead of --input)");
+  parser.set_default_note("count", "required without --input");
   parser.add_int("seed", &seed, "seed of the random input");
   parser.add_string("output", &output_path, "write the output .npy here");
   if (op == Collective::kAllReduce) {

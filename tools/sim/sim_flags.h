@@ -30,8 +30,9 @@ struct SimFlags {
 };
 
 // Adds --ranks --dtype --schedule --schedule-seed --trace --trace-elements --chrome-trace
-// --timeout-ms --max-steps --fail-rank --fail-at-step.
-void add_world_flags(cli::ArgParser& parser, SimFlags* flags);
+// --timeout-ms --max-steps --fail-rank --fail-at-step; --trace-elements only when the command
+// folds something to trace (element_traces).
+void add_world_flags(cli::ArgParser& parser, SimFlags* flags, bool element_traces = true);
 
 // Checks the flags and fills *options. Returns "" or what is wrong (no --ranks while flags.ranks
 // has no default (0), ranks outside 1..16, a negative seed, malformed --trace-elements, ...).

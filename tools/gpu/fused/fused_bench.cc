@@ -410,6 +410,7 @@ int run_fused_bench(int argc, char** argv) {
       "and measures auto with it.");
   parser.add_string("op", &op_text, "fused_rmsnorm");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
+  parser.mark_required("nproc");
   parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
   parser.add_string("hidden", &hidden_text, "comma list of H");
   parser.add_string("rows", &rows_text, "comma list of row counts");

@@ -232,12 +232,15 @@ int run_gpu_fused_rmsnorm(int argc, char** argv) {
       "simulator-only. The summary ends with the sha256 of each output, comparable with the sim's.");
   parser.add_positional("op", &op_text, "fused_rmsnorm");
   parser.add_int("nproc", &nproc, "processes, one per GPU (x.npy's first dimension)");
+  parser.mark_required("nproc");
   parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
   parser.add_string("input", &o.input, "x.npy: [N, rows, H] partial sums");
   parser.add_string("residual", &o.residual, "r.npy: [rows, H] residual (the same on every rank)");
   parser.add_string("weight", &o.weight, "w.npy: [H] RMSNorm weight");
   parser.add_int("rows", &o.rows, "rows of random inputs (without --input)");
+  parser.set_default_note("rows", "required without --input");
   parser.add_int("hidden", &o.hidden, "H of random inputs (without --input)");
+  parser.set_default_note("hidden", "required without --input");
   parser.add_int("seed", &o.seed, "seed of random inputs");
   parser.add_bool("specials", &o.specials, "random inputs with NaN, inf, overflow and subnormal rows");
   parser.add_double("eps", &o.eps, "RMSNorm epsilon");
@@ -249,7 +252,9 @@ int run_gpu_fused_rmsnorm(int argc, char** argv) {
                     "algorithm");
   parser.add_choice("contract", &contract_text, {"canonical"}, "rounding contract (the GPU has the canonical one only)");
   parser.add_int("blocks", &o.blocks, "force the fused kernel's block count (1..64)");
+  parser.set_default_note("blocks", "the table's choice");
   parser.add_int("threads", &o.threads, "force the threads per block (multiple of 32, 64..1024)");
+  parser.set_default_note("threads", "the table's choice");
   parser.add_bool("registered", &o.registered, "register x's buffer (no staging)");
   parser.add_bool("graph", &o.graph, "capture the call into a CUDA graph and replay it");
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");

@@ -259,6 +259,7 @@ int run_fused_verify(int argc, char** argv) {
       "with the simulator and with the scalar reference. Exit 0 when nothing differs, 1 when\n"
       "something does, 3 on a runtime failure.");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
+  parser.mark_required("nproc");
   parser.add_string("ops", &ops_text, "fused_rmsnorm (the other ops are verified without it)");
   parser.add_string("dtypes", &dtypes_text, "comma list of bf16, fp16, fp32");
   parser.add_string("hidden", &hidden_text, "comma list of H");
