@@ -74,7 +74,7 @@ int scenario_exact() {
               };
               EXC_CUDA_CHECK(cudaMemsetAsync(output.get(), 0x5A + variant, out_count * elem, stream.get()));
               if (variant == 2) {
-                time_graph_us(stream.get(), call, 2, 1, 1);  // captured twice, replayed twice
+                time_graph_us(stream.get(), call, 2, 1, 1, [&] { comm.check(stream.get()); });  // captured twice, replayed twice
               } else {
                 call();
               }
