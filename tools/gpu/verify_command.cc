@@ -305,6 +305,8 @@ int run_verify(int argc, char** argv) {
       return run(static_cast<int>(args.size()), v.data());
     };
     const int collectives = run_with(collective_args, run_verify);
+    // A job that could not run at all (no GPU, bad flags) is not tried a second time.
+    if (collectives >= cli::kExitUsage) return collectives;
     const int fused = run_with(fused_args, run_fused_verify);
     // The worse of the two: a runtime failure (3) over differing bits (1) over success (0).
     return std::max(collectives, fused);

@@ -1,12 +1,16 @@
 #include "tools/gpu/worker.h"
 
+#include <cuda_runtime_api.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <string>
 
 #include "cuda_backend/bootstrap/worker_store.h"
 #include "cuda_backend/cuda_check.h"
+#include "tools/cli.h"
 #include "tools/launch/launcher.h"
 
 namespace exactcoll::gpu {
@@ -30,6 +34,17 @@ std::optional<int> relaunch_unless_worker(int argc, char** argv, int64_t nproc, 
   if (nproc < 1 || nproc > 1024) {
     std::cerr << "exactcoll " << command << ": --nproc must be 1..1024, got " << nproc << "\n";
     return 2;
+  }
+  // One check here, before any worker starts: without it every rank fails alike and the launcher
+  // prints N interleaved CUDA errors.
+  int devices = 0;
+  const cudaError_t counted = cudaGetDeviceCount(&devices);
+  if (counted != cudaSuccess || devices < 1) {
+    std::cerr << "exactcoll " << command << ": no usable GPU on this machine ("
+              << (counted != cudaSuccess ? std::string(cudaGetErrorName(counted)) + ": " + cudaGetErrorString(counted)
+                                         : std::string("no CUDA device is visible"))
+              << "); no worker was started\n";
+    return cli::kExitFailure;
   }
   launch::LaunchOptions options;
   options.executable = "/proc/self/exe";
