@@ -1,0 +1,318 @@
+// The flag-in-data (Lamport) one-shot all-reduce with an exact sentinel: no barrier, no flag. Every
+// rank stores its (NaN-canonicalized) input into its slot of every peer's receive buffer, which
+// holds a sentinel beforehand; a reader polls its own buffer until no sentinel remains, then folds
+// in rank order with the fold helpers of core/collectives.h (the contract's bits, -0.0 kept).
+// docs/design.md (§3, §4) has the rotation, docs/numerics.md ("The Lamport sentinel") why the
+// sentinel can never be pushed data.
+//
+// ---- What a context adds for it (besides core/collectives.h's concept) --------------------------------
+//   unsigned char* lamport(int peer)          peer's symmetric Lamport region (16-byte aligned; every
+//                                             byte 0xFF, i.e. sentinels, when the region is created)
+//   size_t lamport_bytes()                    bytes of every rank's region (the same on every rank)
+//   void lamport_store(Pack<T>* dst, const Pack<T>& x, int peer)
+//                                             a store into peer's region (peer == rank: a clear of
+//                                             this rank's own region) that a concurrent poll may see
+//                                             element by element (GPU: a relaxed 16-byte store)
+//   Pack<T> lamport_poll(const Pack<T>* src, int peer, const LamportPoll& where)
+//                                             loads the pack from this rank's own region (relaxed:
+//                                             never cached) until no element is the sentinel
+//                                             (lamport_arrived); bounded: a peer that never writes
+//                                             is an error naming it (and `where`)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/collectives.h"
+#include "core/platform.h"
+#include "core/signal.h"
+#include "core/storage.h"
+
+namespace exactcoll {
+
+// ---- The sentinel and the canonicalization on push ---------------------------------------------------
+
+// The sentinel of storage type T: all bits set (bf16, fp16: 0xFFFF; fp32: 0xFFFFFFFF), a NaN that
+// is not the canonical one (0x7FFF / 0x7FFFFFFF, docs/numerics.md §2). A region filled with 0xFF
+// bytes is all sentinels whatever the type.
+template <class T>
+EXC_HD constexpr uint32_t lamport_sentinel_bits() {
+  return sizeof(T) == 2 ? 0xFFFFu : 0xFFFFFFFFu;
+}
+
+// Is x a NaN of storage type T (any sign, any payload)?
+template <class T>
+EXC_HD EXC_INLINE bool storage_is_nan(T x) {
+  const uint32_t u = Storage<T>::bits(x);
+  if constexpr (sizeof(T) == 4) {
+    return (u & 0x7FFFFFFFu) > 0x7F800000u;
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    return (u & 0x7FFFu) > 0x7F80u;  // exponent all ones (0x7F80), mantissa not zero
+  } else {
+    return (u & 0x7FFFu) > 0x7C00u;  // fp16: exponent all ones (0x7C00), mantissa not zero
+  }
+}
+
+// The contract's canonical NaN of T (what every NaN result is stored as).
+template <class T>
+EXC_HD EXC_INLINE T storage_canonical_nan() {
+  if constexpr (sizeof(T) == 4) {
+    return bits_to_float(kCanonicalNaN32);
+  } else {
+    return T{kStorageNaN16};
+  }
+}
+
+template <class T>
+EXC_HD EXC_INLINE bool lamport_is_sentinel(T x) {
+  return Storage<T>::bits(x) == lamport_sentinel_bits<T>();
+}
+
+// Is every element of x pushed data (none the sentinel)?
+template <class T>
+EXC_HD EXC_INLINE bool lamport_arrived(const Pack<T>& x) {
+  bool ok = true;
+  for (int e = 0; e < Storage<T>::kPack; ++e) ok = ok && !lamport_is_sentinel(x.v[e]);
+  return ok;
+}
+
+// x with every NaN replaced by the canonical NaN: never the sentinel, and the same fold result
+// (a NaN operand makes the fold NaN, stored canonical, whatever its payload: numerics.md).
+template <class T>
+EXC_HD EXC_INLINE Pack<T> lamport_canonicalize(Pack<T> x) {
+  for (int e = 0; e < Storage<T>::kPack; ++e) {
+    if (storage_is_nan(x.v[e])) x.v[e] = storage_canonical_nan<T>();
+  }
+  return x;
+}
+
+// ---- The layout of a rank's Lamport region --------------------------------------------------------------
+// kLamportBuffers buffers of n receive slots each: buffer j at j x buffer_bytes, sender p's slot
+// at p x slot_bytes in it, element i of a message at byte i x sizeof(T) of the slot. The layout
+// depends only on the region's size and n (the same on every rank and for every call), never on
+// the call's count, so calls of different sizes (and types) can follow each other.
+
+inline constexpr int kLamportBuffers = 3;
+
+struct LamportLayout {
+  size_t buffer_bytes = 0;  // multiple of 16
+  size_t slot_bytes = 0;    // multiple of 16
+};
+
+EXC_HD inline LamportLayout lamport_layout(size_t region_bytes, int n) {
+  LamportLayout l;
+  l.buffer_bytes = region_bytes / kLamportBuffers / 16 * 16;
+  l.slot_bytes = l.buffer_bytes / static_cast<size_t>(n) / 16 * 16;
+  return l;
+}
+
+// Bytes of a slot that a message of `count` elements of `element_bytes` occupies (whole packs).
+EXC_HD inline size_t lamport_message_bytes(size_t count, size_t element_bytes) {
+  return (count * element_bytes + 15) / 16 * 16;
+}
+
+// The region bytes per rank that a call of `count` elements of `element_bytes` needs on n ranks.
+EXC_HD inline size_t lamport_region_bytes(size_t count, size_t element_bytes, int n) {
+  return static_cast<size_t>(kLamportBuffers) * static_cast<size_t>(n) * lamport_message_bytes(count, element_bytes);
+}
+
+// Does a call of `count` elements fit a region of region_bytes on n ranks?
+EXC_HD inline bool lamport_fits(size_t count, size_t element_bytes, int n, size_t region_bytes) {
+  return lamport_message_bytes(count, element_bytes) <= lamport_layout(region_bytes, n).slot_bytes;
+}
+
+// What a poll reports when its peer never writes.
+struct LamportPoll {
+  uint32_t call = 0;   // this rank's Lamport call number
+  int buffer = 0;      // which of the buffers
+  size_t element = 0;  // the first element of the polled pack
+};
+
+// ---- Protocol variants (the production one, and broken ones that exist for the tests) -----------------
+// kBuffers: buffers in the rotation (production 3; tests: 2). kClear: clear the previous call's
+// buffer (production true). kCanonicalize: replace NaNs by the canonical NaN before the push
+// (production true; without it an input equal to the sentinel is never seen as arrived).
+struct LamportProtocol {
+  static constexpr int kBuffers = kLamportBuffers;
+  static constexpr bool kClear = true;
+  static constexpr bool kCanonicalize = true;
+};
+
+// This rank's input pack starting at element i (aligned) of a count-element message; elements at
+// or past count (the last pack of a count that is not a multiple of the pack) are +0.0, never the
+// sentinel, and never stored to output.
+template <class T>
+EXC_HD EXC_INLINE Pack<T> lamport_input_pack(const T* mine, size_t i, size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  Pack<T> x;
+  if (i + P <= count) {
+    for (int e = 0; e < P; ++e) x.v[e] = mine[i + e];
+  } else {
+    for (int e = 0; e < P; ++e) {
+      if (i + e < count) {
+        x.v[e] = mine[i + e];
+      } else if constexpr (sizeof(T) == 4) {
+        x.v[e] = 0.0f;
+      } else {
+        x.v[e] = T{0};
+      }
+    }
+  }
+  return x;
+}
+
+// All-reduce, Lamport one shot (flag in data): no barrier and no flag; every rank stores its input
+// into its slot of every peer's receive buffer, and polls the data itself. Same bits as one_shot:
+// every element is folded in rank order 0..n-1 by fold_pack_from, from operands whose only change
+// is a NaN made canonical (which changes no fold result).
+// Preconditions (besides the common ones): lamport_fits(count, sizeof(T), n, ctx.lamport_bytes());
+// the region was filled with 0xFF once, before any call, and is used by Lamport calls only.
+// Example: 2 ranks, 8 bf16 (one pack), call k (buffer b = k mod 3): rank 0 stores its pack into
+// slot 0 of rank 1's buffer b, rank 1 into slot 1 of rank 0's; rank 0 polls its own slot 1 until
+// no element is 0xFFFF and folds input_0 + slot 1; rank 1 folds slot 0 + input_1.
+// Steps (per block, on its share of the message's packs):
+//   1. k = lamport_calls[block] (this rank's Lamport call number); b = k mod 3 is this call's
+//      buffer, c = (k - 1) mod 3 the previous call's;
+//   2. push: each pack of this block's share of the input, NaNs made canonical, into slot (b, rank)
+//      of every peer's region (peers in order rank+1, rank+2, ...);
+//   3. clear: this block's share of the extent that the previous call wrote (lamport_extent[c])
+//      of every peer's slot of this rank's own buffer c, back to the sentinel; it overlaps with
+//      the peers' latency instead of following the fold;
+//   4. poll and fold: for each pack, this rank's own input and the peers' slots (b, p) of its own
+//      region, each polled until no sentinel remains, folded in rank order 0..n-1 into output;
+//   5. (after the block's sync) record this call's extent in lamport_extent[b] and advance the
+//      call number (slots b, b + G, ... as advance_push_calls does).
+// Why three buffers, and why the clear is safe. Rank r reads only its own region, and peer p
+// writes buffer j of r's region only in calls k with k mod 3 = j.
+//   (a) The clear in call k of buffer (k-1) mod 3: r finished reading it in call k-1 (stream
+//       order), so every peer write of call k-1 into it had landed; the next write into it comes
+//       in call k+2 (= k-1 mod 3), which p starts only after finishing call k+1, which needs r's
+//       call k+1 push, issued after r's call k kernel (the clear included) finished. Meanwhile p
+//       is at most in call k+1 and writes buffer (k+1) mod 3: not the one being cleared.
+//   (b) With two buffers, buffer (k-1) mod 2 = (k+1) mod 2: p, done with call k as soon as r's
+//       call k push arrived, may already have written its call k+1 data there, and r's clear
+//       erases it (r then polls call k+1 forever). Clearing at the end of call k-1 instead would
+//       make two buffers enough but puts the clear's stores after the fold, on every call's
+//       critical path; the third buffer moves it off.
+//   (c) Without the clear, call k+3 finds call k's data in buffer k mod 3 and folds it.
+//   (d) The poll is an exact test because pushed data is never the sentinel (canonical NaNs).
+// tests/sim/lamport_exploration_test.cc catches (b), (c) and an uncanonicalized push, and runs
+// the production protocol over thousands of seeds.
+template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
+EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  constexpr int B = Protocol::kBuffers;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  SignalBuffer* own = ctx.signals(me);
+  // 1. The call number and the buffers.
+  const uint32_t calls = own->lamport_calls[ctx.block()];
+  const int buf = static_cast<int>(calls % B);
+  const int prev = static_cast<int>((calls + B - 1) % B);
+  const LamportLayout layout = lamport_layout(ctx.lamport_bytes(), n);
+  const size_t buffer_elements = layout.buffer_bytes / sizeof(T);
+  const size_t slot_elements = layout.slot_bytes / sizeof(T);
+  auto slot = [&](int region_owner, int buffer, int from) {
+    return reinterpret_cast<T*>(ctx.lamport(region_owner)) + static_cast<size_t>(buffer) * buffer_elements +
+           static_cast<size_t>(from) * slot_elements;
+  };
+  const size_t padded = (count + P - 1) / P * P;
+  const BlockShare share = block_share(0, padded, P, ctx.block(), ctx.num_blocks());
+  const T* mine = ctx.input(me);
+  const int peers = kRanks > 0 ? kRanks : n;
+  // 2. Push.
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("push");
+    trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
+    for (int k = 1; k < n; ++k) {
+      trace_share(ctx, share, Access::kWrite, (me + k) % n, Buffer::kLamport,
+                  static_cast<size_t>(buf) * buffer_elements + static_cast<size_t>(me) * slot_elements);
+    }
+    ctx.trace_step_end();
+  }
+  for_share(
+      ctx, share, P,
+      [&](size_t i) {
+        Pack<T> x = lamport_input_pack(mine, i, count);
+        if constexpr (Protocol::kCanonicalize) x = lamport_canonicalize(x);
+        for (int k = 1; k < peers; ++k) {
+          const int peer = (me + k) % n;
+          ctx.lamport_store(reinterpret_cast<Pack<T>*>(slot(peer, buf, me) + i), x, peer);
+        }
+      },
+      [](size_t) {});
+  // 3. Clear the previous call's buffer of this rank's own region.
+  if constexpr (Protocol::kClear) {
+    const size_t extent = static_cast<size_t>(own->lamport_extent[prev]) / sizeof(T);
+    const BlockShare clear = block_share(0, extent, P, ctx.block(), ctx.num_blocks());
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("clear");
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        trace_share(ctx, clear, Access::kWrite, me, Buffer::kLamport,
+                    static_cast<size_t>(prev) * buffer_elements + static_cast<size_t>(p) * slot_elements);
+      }
+      ctx.trace_step_end();
+    }
+    Pack<T> sentinel;
+    for (int e = 0; e < P; ++e) {
+      if constexpr (sizeof(T) == 4) {
+        sentinel.v[e] = bits_to_float(lamport_sentinel_bits<T>());
+      } else {
+        sentinel.v[e] = T{static_cast<uint16_t>(lamport_sentinel_bits<T>())};
+      }
+    }
+    for_share(
+        ctx, clear, P,
+        [&](size_t i) {
+          for (int k = 1; k < peers; ++k) {
+            const int p = (me + k) % n;
+            ctx.lamport_store(reinterpret_cast<Pack<T>*>(slot(me, prev, p) + i), sentinel, me);
+          }
+        },
+        [](size_t) {});
+  }
+  // 4. Poll and fold, in rank order, into output.
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("poll_fold");
+    for (int r = 0; r < n; ++r) {
+      if (r == me) {
+        trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
+      } else {
+        trace_share(ctx, share, Access::kRead, me, Buffer::kLamport,
+                    static_cast<size_t>(buf) * buffer_elements + static_cast<size_t>(r) * slot_elements);
+      }
+    }
+    BlockShare written = share;
+    if (written.pack_end > count) written.pack_end = count > written.pack_begin ? count : written.pack_begin;
+    trace_share(ctx, written, Access::kWrite, me, Buffer::kOutput);
+    ctx.trace_step_end();
+  }
+  T* const out = ctx.output();
+  for_share(
+      ctx, share, P,
+      [&](size_t i) {
+        const Pack<T> own_pack = lamport_input_pack(mine, i, count);
+        const Pack<T> result = fold_pack_from<T, kRanks>(ctx, i, [&](int r) -> Pack<T> {
+          if (r == me) return own_pack;
+          return ctx.lamport_poll(reinterpret_cast<const Pack<T>*>(slot(me, buf, r) + i), r,
+                                  LamportPoll{calls, buf, i});
+        });
+        if (i + P <= count) {
+          put_pack(ctx, out + i, result);
+        } else {
+          for (int e = 0; i + e < count; ++e) out[i + e] = result.v[e];
+        }
+      },
+      [](size_t) {});
+  // 5. Record the extent and advance the call number.
+  ctx.sync_block();
+  if (ctx.thread() == 0) own->lamport_extent[buf] = lamport_message_bytes(count, sizeof(T));
+  const int g = ctx.num_blocks();
+  for (int s = ctx.block() + g * ctx.thread(); s < kMaxBlocks; s += g * ctx.num_threads()) {
+    own->lamport_calls[s] = calls + 1;
+  }
+}
+
+}  // namespace exactcoll
