@@ -109,7 +109,8 @@ sim::Algorithm sim_algorithm(sim::Collective op, int algo) {
   if (op == sim::Collective::kAllReduce) {
     sim::Algorithm a{};
     if (!sim::parse_algorithm(name, &a)) {
-      bad_argument("allreduce has no algorithm " + name + " (auto, one_shot, two_shot, push_one_shot, push_two_shot)");
+      bad_argument("allreduce has no algorithm " + name +
+                   " (auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot)");
     }
     return a;
   }

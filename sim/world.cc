@@ -391,7 +391,7 @@ void lamport_store_word(void* p, int bytes, uint32_t value) {
 }
 
 std::string lamport_poll_text(const LamportPoll& where, int peer) {
-  return "rank " + std::to_string(peer) + "'s slot of Lamport buffer " + std::to_string(where.buffer) + " (call " +
+  return "peer " + std::to_string(peer) + "'s slot of Lamport buffer " + std::to_string(where.buffer) + " (call " +
          std::to_string(where.call) + "), element " + std::to_string(where.element);
 }
 

@@ -158,7 +158,7 @@ class Executor {
 // Loads the `bytes`-wide (2 or 4) word at p with acquire (Lamport polls) / stores with release.
 uint32_t lamport_load_word(const void* p, int bytes);
 void lamport_store_word(void* p, int bytes, uint32_t value);
-// "rank 2's slot of Lamport buffer 1 (call 7), element 16" for reports.
+// "peer 2's slot of Lamport buffer 1 (call 7), element 16" for reports.
 std::string lamport_poll_text(const LamportPoll& where, int peer);
 
 // The simulator's execution context (core/collectives.h): one simulated thread per block.

@@ -131,7 +131,8 @@ def _collective(op, x, dtype, algo, options):
 def all_reduce(x, *, dtype=None, algo="auto", **options):
     """Every rank's result of the all-reduce of x [ranks, ...]: out[r] = fold over ranks of x.
 
-    algo: auto, one_shot, two_shot, push_one_shot, push_two_shot (the bits are the same).
+    algo: auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot (the bits are the
+    same).
     options: blocks (1..128), schedule ('threads' or 'seeded'), schedule_seed, timeout_ms,
     trace (JSON-lines file), chrome_trace (Perfetto file), trace_elements (indices to trace).
     """

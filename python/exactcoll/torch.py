@@ -127,7 +127,8 @@ class Communicator:
 
     def all_reduce(self, x, *, out=None, algo="auto", registered=None):
         """out = the contract's sum over ranks of x (same shape and dtype).
-        algo: auto, one_shot, two_shot, push_one_shot, push_two_shot, nccl (NCCL: not the contract)."""
+        algo: auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot, nccl (NCCL: not
+        the contract)."""
         if _is_compiling():
             if out is None:
                 return torch.ops.exactcoll.all_reduce(x, self.id, algo)

@@ -317,7 +317,7 @@ TEST(Lamport, APollThatNeverSeesDataNamesTheRankThatNeverWrote) {
       const std::string what = e.what();
       EXPECT_EQ(e.kind(), schedule == sim::Schedule::kThreads ? sim::SimFailure::kTimeout : sim::SimFailure::kDeadlock)
           << what;
-      EXPECT_NE(what.find("rank 2's slot of Lamport buffer 0 (call 0)"), std::string::npos) << what;
+      EXPECT_NE(what.find("peer 2's slot of Lamport buffer 0 (call 0)"), std::string::npos) << what;
       EXPECT_NE(what.find("rank 2 "), std::string::npos) << what;
       EXPECT_NE(what.find("never wrote it"), std::string::npos) << what;
     }

@@ -171,7 +171,7 @@ int run_gpu(int argc, char** argv) {
   GpuOptions o;
   cli::ArgParser parser(
       "exactcoll gpu allreduce|reduce_scatter|allgather --nproc N --dtype bf16|fp16|fp32 [--input in.npy | --count C "
-      "--seed S] [--output out.npy] [--algo one_shot|two_shot|push_one_shot|push_two_shot|direct|copy_engine|auto|nccl] [--blocks B] [--threads T] "
+      "--seed S] [--output out.npy] [--algo one_shot|two_shot|push_one_shot|push_two_shot|lamport_one_shot|direct|copy_engine|auto|nccl] [--blocks B] [--threads T] "
       "[--registered] [--graph]",
       "Runs one collective on N GPUs (one process each) with the conventions of `exactcoll sim`:\n"
       "in.npy is [N, …] (rank first; bf16/fp16 as uint16 bit patterns '<u2', fp32 as '<f4'); the\n"
@@ -186,7 +186,7 @@ int run_gpu(int argc, char** argv) {
   parser.add_int("count", &o.count, "elements per rank of random input (without --input)");
   parser.add_int("seed", &seed, "seed of the random input");
   parser.add_string("output", &o.output_path, "output .npy (written atomically by rank 0)");
-  parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "direct", "copy_engine", "auto", "nccl"},
+  parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "direct", "copy_engine", "auto", "nccl"},
                     "algorithm");
   parser.add_int("blocks", &o.blocks, "force the grid's block count (1..64)");
   parser.add_int("threads", &o.threads, "force the threads per block (multiple of 32, 64..1024)");
