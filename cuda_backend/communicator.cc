@@ -90,7 +90,7 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
   staging_offset_ = round_up(sizeof(SignalBuffer), kAlign);
   scratch_offset_ = staging_offset_ + round_up(options_.buffer_bytes, kAlign);
   lamport_offset_ = scratch_offset_ + round_up(options_.buffer_bytes, kAlign);
-  lamport_bytes_ = lamport_region_bytes(options_.lamport_message_bytes, 1, world_size_);
+  lamport_bytes_ = exactcoll::lamport_region_bytes(options_.lamport_message_bytes, 1, world_size_);
   region_bytes_ = lamport_offset_ + round_up(lamport_bytes_, kAlign);
   EXC_CUDA_CHECK(cudaMalloc(&region_, region_bytes_));
   EXC_CUDA_CHECK(cudaMemset(region_, 0, staging_offset_));
