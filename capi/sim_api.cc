@@ -232,8 +232,8 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
         }
       }
       if (!found) {
-        bad_argument(algo_name + " runs on GPUs only; the simulator runs one_stage, two_stage, push_one_stage and "
-                                 "unfused (every one gives the same bits)");
+        bad_argument(algo_name + " runs on GPUs only; the simulator runs one_stage, two_stage, push_one_stage, "
+                                 "lamport_one_stage and unfused (every one gives the same bits)");
       }
       ran = algo;
     }

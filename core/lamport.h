@@ -199,37 +199,64 @@ EXC_HD EXC_INLINE Pack<T> lamport_input_pack(const T* mine, size_t i, size_t cou
 //   (d) The poll is an exact test because pushed data is never the sentinel (canonical NaNs).
 // tests/sim/lamport_exploration_test.cc catches (b), (c) and an uncanonicalized push, and runs
 // the production protocol over thousands of seeds.
-template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
-EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
-  constexpr int P = Storage<T>::kPack;
+// ---- The steps every Lamport algorithm shares (allreduce_lamport_one_shot below,
+// fused_rmsnorm_lamport_one_stage in core/fused_rmsnorm.h); they share the call counter and the
+// extents too, so Lamport calls of either kind may follow each other in any order ------------------
+
+// One Lamport call as a block sees it: the call number, this call's buffer and the previous
+// call's, and the layout in elements of T.
+template <class T>
+struct LamportCall {
+  uint32_t calls = 0;  // this rank's Lamport call number (SignalBuffer::lamport_calls)
+  int buffer = 0;      // calls mod kBuffers: where this call's data goes
+  int previous = 0;    // (calls - 1) mod kBuffers: what this call clears
+  size_t buffer_elements = 0, slot_elements = 0;
+};
+
+// Step 1: reads the call number from this block's slot (every block of the launch reads the same).
+template <class T, class Protocol, class Ctx>
+EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx) {
   constexpr int B = Protocol::kBuffers;
+  LamportCall<T> c;
+  c.calls = ctx.signals(ctx.rank())->lamport_calls[ctx.block()];
+  c.buffer = static_cast<int>(c.calls % B);
+  c.previous = static_cast<int>((c.calls + B - 1) % B);
+  const LamportLayout layout = lamport_layout(ctx.lamport_bytes(), ctx.world_size());
+  c.buffer_elements = layout.buffer_bytes / sizeof(T);
+  c.slot_elements = layout.slot_bytes / sizeof(T);
+  return c;
+}
+
+// Element offset of sender `from`'s slot of `buffer` in a region, and the slot's address in
+// `owner`'s region.
+template <class T>
+EXC_HD EXC_INLINE size_t lamport_slot_offset(const LamportCall<T>& c, int buffer, int from) {
+  return static_cast<size_t>(buffer) * c.buffer_elements + static_cast<size_t>(from) * c.slot_elements;
+}
+template <class T, class Ctx>
+EXC_HD EXC_INLINE T* lamport_slot(Ctx& ctx, const LamportCall<T>& c, int owner, int buffer, int from) {
+  return reinterpret_cast<T*>(ctx.lamport(owner)) + lamport_slot_offset(c, buffer, from);
+}
+
+// Step 2: each pack of `share` (pack-aligned at both ends, within [0, padded count)) of this
+// rank's input `mine` (count elements), NaNs made canonical (Protocol::kCanonicalize), into slot
+// (buffer, rank) of every peer's region, peers in order rank+1, rank+2, ...; traced as `name`.
+template <class T, int kRanks, class Protocol, class Ctx>
+EXC_HD void lamport_push(Ctx& ctx, const char* name, const LamportCall<T>& c, const BlockShare& share, const T* mine,
+                         size_t count) {
+  constexpr int P = Storage<T>::kPack;
   const int n = ctx.world_size();
   const int me = ctx.rank();
-  SignalBuffer* own = ctx.signals(me);
-  // 1. The call number and the buffers.
-  const uint32_t calls = own->lamport_calls[ctx.block()];
-  const int buf = static_cast<int>(calls % B);
-  const int prev = static_cast<int>((calls + B - 1) % B);
-  const LamportLayout layout = lamport_layout(ctx.lamport_bytes(), n);
-  const size_t buffer_elements = layout.buffer_bytes / sizeof(T);
-  const size_t slot_elements = layout.slot_bytes / sizeof(T);
-  auto slot = [&](int region_owner, int buffer, int from) {
-    return reinterpret_cast<T*>(ctx.lamport(region_owner)) + static_cast<size_t>(buffer) * buffer_elements +
-           static_cast<size_t>(from) * slot_elements;
-  };
-  const size_t padded = (count + P - 1) / P * P;
-  const BlockShare share = block_share(0, padded, P, ctx.block(), ctx.num_blocks());
-  const T* mine = ctx.input(me);
   const int peers = kRanks > 0 ? kRanks : n;
-  // 2. Push.
   if constexpr (Ctx::kTraceSteps) {
-    ctx.trace_step_begin("push");
+    ctx.trace_step_begin(name);
     trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
     for (int k = 1; k < n; ++k) {
-      trace_share(ctx, share, Access::kWrite, (me + k) % n, Buffer::kLamport,
-                  static_cast<size_t>(buf) * buffer_elements + static_cast<size_t>(me) * slot_elements);
+      trace_share(ctx, share, Access::kWrite, (me + k) % n, Buffer::kLamport, lamport_slot_offset(c, c.buffer, me));
     }
     ctx.trace_step_end();
+  } else {
+    (void)name;
   }
   for_share(
       ctx, share, P,
@@ -238,20 +265,27 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
         if constexpr (Protocol::kCanonicalize) x = lamport_canonicalize(x);
         for (int k = 1; k < peers; ++k) {
           const int peer = (me + k) % n;
-          ctx.lamport_store(reinterpret_cast<Pack<T>*>(slot(peer, buf, me) + i), x, peer);
+          ctx.lamport_store(reinterpret_cast<Pack<T>*>(lamport_slot(ctx, c, peer, c.buffer, me) + i), x, peer);
         }
       },
       [](size_t) {});
-  // 3. Clear the previous call's buffer of this rank's own region.
+}
+
+// Step 3: this block's share of the extent the previous call wrote (lamport_extent[previous]) of
+// every peer's slot of this rank's own buffer `previous`, back to the sentinel (Protocol::kClear).
+template <class T, int kRanks, class Protocol, class Ctx>
+EXC_HD void lamport_clear_previous(Ctx& ctx, const LamportCall<T>& c) {
   if constexpr (Protocol::kClear) {
-    const size_t extent = static_cast<size_t>(own->lamport_extent[prev]) / sizeof(T);
+    constexpr int P = Storage<T>::kPack;
+    const int n = ctx.world_size();
+    const int me = ctx.rank();
+    const int peers = kRanks > 0 ? kRanks : n;
+    const size_t extent = static_cast<size_t>(ctx.signals(me)->lamport_extent[c.previous]) / sizeof(T);
     const BlockShare clear = block_share(0, extent, P, ctx.block(), ctx.num_blocks());
     if constexpr (Ctx::kTraceSteps) {
       ctx.trace_step_begin("clear");
-      for (int p = 0; p < n; ++p) {
-        if (p == me) continue;
-        trace_share(ctx, clear, Access::kWrite, me, Buffer::kLamport,
-                    static_cast<size_t>(prev) * buffer_elements + static_cast<size_t>(p) * slot_elements);
+      for (int k = 1; k < n; ++k) {
+        trace_share(ctx, clear, Access::kWrite, me, Buffer::kLamport, lamport_slot_offset(c, c.previous, (me + k) % n));
       }
       ctx.trace_step_end();
     }
@@ -268,11 +302,57 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
         [&](size_t i) {
           for (int k = 1; k < peers; ++k) {
             const int p = (me + k) % n;
-            ctx.lamport_store(reinterpret_cast<Pack<T>*>(slot(me, prev, p) + i), sentinel, me);
+            ctx.lamport_store(reinterpret_cast<Pack<T>*>(lamport_slot(ctx, c, me, c.previous, p) + i), sentinel, me);
           }
         },
         [](size_t) {});
+  } else {
+    (void)ctx, (void)c;
   }
+}
+
+// Step 4's operands: pack_of(i, r) is rank r's pack at element i (aligned) for the fold: this
+// rank's own input for r == rank (count elements; +0.0 past the end), else its own slot
+// (buffer, r), polled until no element is the sentinel.
+template <class T, class Ctx>
+EXC_HD EXC_INLINE auto lamport_pack_source(Ctx& ctx, const LamportCall<T>& c, const T* mine, size_t count) {
+  return [&ctx, c, mine, count](size_t i, int r) -> Pack<T> {
+    if (r == ctx.rank()) return lamport_input_pack(mine, i, count);
+    return ctx.lamport_poll(reinterpret_cast<const Pack<T>*>(lamport_slot(ctx, c, ctx.rank(), c.buffer, r) + i), r,
+                            LamportPoll{c.calls, c.buffer, i});
+  };
+}
+
+// Step 5: after the block's sync, records what this call had its peers write into buffer `buffer`
+// (the next call that uses buffer `buffer`'s successor clears it) and advances the call number in
+// the slots this block owns in this launch (b, b + G, ...; as advance_push_calls). Every block
+// writes the same extent.
+template <class T, class Ctx>
+EXC_HD EXC_INLINE void end_lamport_call(Ctx& ctx, const LamportCall<T>& c, size_t count) {
+  SignalBuffer* own = ctx.signals(ctx.rank());
+  ctx.sync_block();
+  if (ctx.thread() == 0) own->lamport_extent[c.buffer] = lamport_message_bytes(count, sizeof(T));
+  const int g = ctx.num_blocks();
+  for (int s = ctx.block() + g * ctx.thread(); s < kMaxBlocks; s += g * ctx.num_threads()) {
+    own->lamport_calls[s] = c.calls + 1;
+  }
+}
+
+template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
+EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  // 1. The call number and the buffers.
+  const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);
+  const size_t padded = (count + P - 1) / P * P;
+  const BlockShare share = block_share(0, padded, P, ctx.block(), ctx.num_blocks());
+  const T* mine = ctx.input(me);
+  (void)n;
+  // 2. Push.
+  lamport_push<T, kRanks, Protocol>(ctx, "push", c, share, mine, count);
+  // 3. Clear the previous call's buffer of this rank's own region.
+  lamport_clear_previous<T, kRanks, Protocol>(ctx, c);
   // 4. Poll and fold, in rank order, into output.
   if constexpr (Ctx::kTraceSteps) {
     ctx.trace_step_begin("poll_fold");
@@ -280,8 +360,7 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
       if (r == me) {
         trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
       } else {
-        trace_share(ctx, share, Access::kRead, me, Buffer::kLamport,
-                    static_cast<size_t>(buf) * buffer_elements + static_cast<size_t>(r) * slot_elements);
+        trace_share(ctx, share, Access::kRead, me, Buffer::kLamport, lamport_slot_offset(c, c.buffer, r));
       }
     }
     BlockShare written = share;
@@ -290,15 +369,11 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
     ctx.trace_step_end();
   }
   T* const out = ctx.output();
+  const auto pack_of = lamport_pack_source(ctx, c, mine, count);
   for_share(
       ctx, share, P,
       [&](size_t i) {
-        const Pack<T> own_pack = lamport_input_pack(mine, i, count);
-        const Pack<T> result = fold_pack_from<T, kRanks>(ctx, i, [&](int r) -> Pack<T> {
-          if (r == me) return own_pack;
-          return ctx.lamport_poll(reinterpret_cast<const Pack<T>*>(slot(me, buf, r) + i), r,
-                                  LamportPoll{calls, buf, i});
-        });
+        const Pack<T> result = fold_pack_from<T, kRanks>(ctx, i, [&](int r) { return pack_of(i, r); });
         if (i + P <= count) {
           put_pack(ctx, out + i, result);
         } else {
@@ -307,12 +382,7 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
       },
       [](size_t) {});
   // 5. Record the extent and advance the call number.
-  ctx.sync_block();
-  if (ctx.thread() == 0) own->lamport_extent[buf] = lamport_message_bytes(count, sizeof(T));
-  const int g = ctx.num_blocks();
-  for (int s = ctx.block() + g * ctx.thread(); s < kMaxBlocks; s += g * ctx.num_threads()) {
-    own->lamport_calls[s] = calls + 1;
-  }
+  end_lamport_call(ctx, c, count);
 }
 
 }  // namespace exactcoll

@@ -138,7 +138,8 @@ typedef enum exactcoll_fused_algo {
   EXACTCOLL_FUSED_UNFUSED = 4,
   EXACTCOLL_FUSED_ONE_STAGE_REG = 5,
   EXACTCOLL_FUSED_GATHER_NORM = 6,
-  EXACTCOLL_FUSED_NCCL_SPLIT = 7
+  EXACTCOLL_FUSED_NCCL_SPLIT = 7,
+  EXACTCOLL_FUSED_LAMPORT_ONE_STAGE = 8
 } exactcoll_fused_algo;
 
 /* The rounding contract of the simulator's fused op: canonical (the library's, every backend), or

@@ -29,21 +29,10 @@ using exploration::kSeedBound;
 using exploration::name;
 using exploration::Outcome;
 
-// Broken: two buffers. The clear of call k's previous buffer, (k-1) mod 2 = (k+1) mod 2, can erase
-// what a fast peer, already in call k+1, has stored there: that call's poll never ends.
-struct TwoBuffers : LamportProtocol {
-  static constexpr int kBuffers = 2;
-};
-
-// Broken: no clear. Call k+3 finds call k's data in its buffer and folds it: wrong bits.
-struct NoClear : LamportProtocol {
-  static constexpr bool kClear = false;
-};
-
-// Broken: NaNs pushed as they are. An input whose bits are the sentinel's is never seen as arrived.
-struct NoCanonicalization : LamportProtocol {
-  static constexpr bool kCanonicalize = false;
-};
+// The broken variants (tests/sim/exploration.h).
+using TwoBuffers = exploration::LamportTwoBuffers;
+using NoClear = exploration::LamportNoClear;
+using NoCanonicalization = exploration::LamportNoCanonicalization;
 
 constexpr int kCalls = 7;
 
