@@ -238,6 +238,13 @@ EXC_HD EXC_INLINE T* lamport_slot(Ctx& ctx, const LamportCall<T>& c, int owner, 
   return reinterpret_cast<T*>(ctx.lamport(owner)) + lamport_slot_offset(c, buffer, from);
 }
 
+// share with its packs cut at `count` (traces: what is read from an input or written to an output
+// of count elements; the padding of the last pack is neither).
+EXC_HD inline BlockShare lamport_clip(BlockShare share, size_t count) {
+  if (share.pack_end > count) share.pack_end = count > share.pack_begin ? count : share.pack_begin;
+  return share;
+}
+
 // Step 2: each pack of `share` (pack-aligned at both ends, within [0, padded count)) of this
 // rank's input `mine` (count elements), NaNs made canonical (Protocol::kCanonicalize), into slot
 // (buffer, rank) of every peer's region, peers in order rank+1, rank+2, ...; traced as `name`.
@@ -250,7 +257,7 @@ EXC_HD void lamport_push(Ctx& ctx, const char* name, const LamportCall<T>& c, co
   const int peers = kRanks > 0 ? kRanks : n;
   if constexpr (Ctx::kTraceSteps) {
     ctx.trace_step_begin(name);
-    trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
+    trace_share(ctx, lamport_clip(share, count), Access::kRead, me, Buffer::kInput);
     for (int k = 1; k < n; ++k) {
       trace_share(ctx, share, Access::kWrite, (me + k) % n, Buffer::kLamport, lamport_slot_offset(c, c.buffer, me));
     }
@@ -358,14 +365,12 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
     ctx.trace_step_begin("poll_fold");
     for (int r = 0; r < n; ++r) {
       if (r == me) {
-        trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
+        trace_share(ctx, lamport_clip(share, count), Access::kRead, me, Buffer::kInput);
       } else {
         trace_share(ctx, share, Access::kRead, me, Buffer::kLamport, lamport_slot_offset(c, c.buffer, r));
       }
     }
-    BlockShare written = share;
-    if (written.pack_end > count) written.pack_end = count > written.pack_begin ? count : written.pack_begin;
-    trace_share(ctx, written, Access::kWrite, me, Buffer::kOutput);
+    trace_share(ctx, lamport_clip(share, count), Access::kWrite, me, Buffer::kOutput);
     ctx.trace_step_end();
   }
   T* const out = ctx.output();
