@@ -109,7 +109,8 @@ sim::Algorithm sim_algorithm(sim::Collective op, int algo) {
   if (op == sim::Collective::kAllReduce) {
     sim::Algorithm a{};
     if (!sim::parse_algorithm(name, &a)) {
-      bad_argument("allreduce has no algorithm " + name + " (auto, one_shot, two_shot, push_one_shot, push_two_shot)");
+      bad_argument("allreduce has no algorithm " + name +
+                   " (auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot)");
     }
     return a;
   }
@@ -231,8 +232,8 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
         }
       }
       if (!found) {
-        bad_argument(algo_name + " runs on GPUs only; the simulator runs one_stage, two_stage, push_one_stage and "
-                                 "unfused (every one gives the same bits)");
+        bad_argument(algo_name + " runs on GPUs only; the simulator runs one_stage, two_stage, push_one_stage, "
+                                 "lamport_one_stage and unfused (every one gives the same bits)");
       }
       ran = algo;
     }

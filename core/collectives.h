@@ -50,11 +50,14 @@ struct alignas(16) Pack {
   T v[Storage<T>::kPack];
 };
 
-enum class Buffer : uint8_t { kInput, kScratch, kOutput };
+enum class Buffer : uint8_t { kInput, kScratch, kOutput, kLamport };
 enum class Access : uint8_t { kRead, kWrite };
 
 inline const char* buffer_name(Buffer b) {
-  return b == Buffer::kInput ? "input" : b == Buffer::kScratch ? "scratch" : "output";
+  return b == Buffer::kInput     ? "input"
+         : b == Buffer::kScratch ? "scratch"
+         : b == Buffer::kOutput  ? "output"
+                                 : "lamport";
 }
 
 // Compile-time world size for the hot loops (0 = read n at run time).

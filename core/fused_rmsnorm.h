@@ -36,6 +36,7 @@
 
 #include "core/collectives.h"
 #include "core/contract.h"
+#include "core/lamport.h"
 #include "core/platform.h"
 #include "core/signal.h"
 #include "core/storage.h"
@@ -53,17 +54,18 @@ struct FusedRmsNormArgs {
   float eps = 0.0f;
 };
 
-enum class FusedAlgo : uint8_t { kOneStage, kTwoStage, kUnfused, kPushOneStage };
+enum class FusedAlgo : uint8_t { kOneStage, kTwoStage, kUnfused, kPushOneStage, kLamportOneStage };
 
 // Every FusedAlgo, in the order the command line lists them.
 inline constexpr FusedAlgo kFusedAlgos[] = {FusedAlgo::kOneStage, FusedAlgo::kTwoStage, FusedAlgo::kPushOneStage,
-                                            FusedAlgo::kUnfused};
+                                            FusedAlgo::kLamportOneStage, FusedAlgo::kUnfused};
 
 inline const char* fused_algo_name(FusedAlgo a) {
   switch (a) {
     case FusedAlgo::kOneStage: return "one_stage";
     case FusedAlgo::kTwoStage: return "two_stage";
     case FusedAlgo::kPushOneStage: return "push_one_stage";
+    case FusedAlgo::kLamportOneStage: return "lamport_one_stage";
     case FusedAlgo::kUnfused: return "unfused";
   }
   return "?";
@@ -159,14 +161,18 @@ EXC_HD EXC_INLINE Pack<T> fold_pack_of(Ctx& ctx, size_t i, XOf x_of) {
 //   5. sync_block: the next row may reuse what the reduction in step 3 used.
 // row_begin is the row's first element in x; residual_out/out/copy_* point at element 0 of the
 // row in their buffers.
-template <class T, int kRanks, class Ctx, class XOf>
-EXC_HD void fused_row(Ctx& ctx, const contract::RmsNormTree& tree, XOf x_of, size_t row_begin, const T* residual,
-                      const T* weight, float eps, T* residual_out, T* out, T* copy_residual_out, T* copy_out) {
+// fused_row_from takes the fold's operands as pack_of(i, r), rank r's pack at element i of x
+// (lamport_one_stage polls them); fused_row loads them from x_of(r) + i.
+template <class T, int kRanks, class Ctx, class PackOf>
+EXC_HD void fused_row_from(Ctx& ctx, const contract::RmsNormTree& tree, PackOf pack_of, size_t row_begin,
+                           const T* residual, const T* weight, float eps, T* residual_out, T* out, T* copy_residual_out,
+                           T* copy_out) {
   constexpr int P = Storage<T>::kPack;
   const int np = tree.num_packs;
   for (int p = ctx.thread(); p < np; p += ctx.num_threads()) {
     const size_t j = static_cast<size_t>(p) * P;
-    const Pack<T> s = fold_pack_of<T, kRanks>(ctx, row_begin + j, x_of);
+    const size_t i = row_begin + j;
+    const Pack<T> s = fold_pack_from<T, kRanks>(ctx, i, [&](int r) { return pack_of(i, r); });
     const Pack<T> res = ctx.load(reinterpret_cast<const Pack<T>*>(residual + j));
     Pack<T> ro;
     for (int e = 0; e < P; ++e) ro.v[e] = contract::residual_add<T>(s.v[e], res.v[e]);
@@ -187,6 +193,14 @@ EXC_HD void fused_row(Ctx& ctx, const contract::RmsNormTree& tree, XOf x_of, siz
     if (copy_out != nullptr) ctx.store(reinterpret_cast<Pack<T>*>(copy_out + j), y);
   }
   ctx.sync_block();
+}
+
+template <class T, int kRanks, class Ctx, class XOf>
+EXC_HD void fused_row(Ctx& ctx, const contract::RmsNormTree& tree, XOf x_of, size_t row_begin, const T* residual,
+                      const T* weight, float eps, T* residual_out, T* out, T* copy_residual_out, T* copy_out) {
+  fused_row_from<T, kRanks>(
+      ctx, tree, [&](size_t i, int r) { return ctx.load(reinterpret_cast<const Pack<T>*>(x_of(r) + i)); }, row_begin,
+      residual, weight, eps, residual_out, out, copy_residual_out, copy_out);
 }
 
 // ---- The fused algorithms (one kernel launch's work for one block of one rank) ---------------------------
@@ -359,6 +373,63 @@ EXC_HD void fused_rmsnorm_push_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>& ar
     fused_row<T, kRanks>(ctx, tree, x_of, base, args.residual + base, args.weight, args.eps, args.residual_out + base,
                          args.out + base, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
   });
+}
+
+// lamport_one_stage: the fused op over allreduce_lamport_one_shot's protocol (core/lamport.h): no
+// barrier, no flag; the call counter, the buffers, the extents and the sentinel are the Lamport
+// all-reduce's, so Lamport calls of both kinds may follow each other. Same bits as one_stage: every
+// element is folded by fold_pack_from in rank order from operands whose only change is a NaN made
+// canonical (numerics.md §9), then fused_row's residual add and canonical RMSNorm.
+// Additional preconditions: lamport_fits(rows * H, sizeof(T), n, ctx.lamport_bytes()); the region
+// was filled with 0xFF once, before any Lamport call.
+// Steps (per block, on its rows: fused_block_rows of all rows, the rows block b of every rank folds):
+//   1. the Lamport call (begin_lamport_call): buffer b = k mod 3, previous = (k - 1) mod 3;
+//   2. push this block's rows of x, NaNs made canonical, into slot (b, rank) of every peer's region;
+//   3. clear this block's share of the previous call's extent of this rank's own buffer `previous`;
+//   4. for each row: fused_row_from with the Lamport operands (own x, own slots (b, p) polled until
+//      no element is the sentinel), into residual_out and out;
+//   5. record the extent and advance the call number (end_lamport_call).
+// Why it needs no barrier and three buffers: allreduce_lamport_one_shot's (a) to (d), unchanged
+// (this rank reads only its own region and its own x, residual and weight; peers read nothing of it).
+template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
+EXC_HD void fused_rmsnorm_lamport_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
+  constexpr int P = Storage<T>::kPack;
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(args.hidden, &tree);
+  const size_t H = static_cast<size_t>(args.hidden);
+  const size_t count = static_cast<size_t>(args.rows) * H;
+  const int me = ctx.rank();
+  // 1. The call.
+  const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);
+  const RowRange mine = fused_block_rows(RowRange{0, args.rows}, ctx.block(), ctx.num_blocks());
+  const BlockShare share = block_share(mine.begin * H, mine.end * H, P, 0, 1);
+  const T* x = ctx.input(me);
+  // 2. Push this block's rows.
+  lamport_push<T, kRanks, Protocol>(ctx, "push_rows", c, share, x, count);
+  // 3. Clear the previous call's buffer.
+  lamport_clear_previous<T, kRanks, Protocol>(ctx, c);
+  // 4. The rows, from the polled operands.
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("fused_rows");
+    for (int r = 0; r < ctx.world_size(); ++r) {
+      if (r == me) {
+        trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
+      } else {
+        trace_share(ctx, share, Access::kRead, me, Buffer::kLamport, lamport_slot_offset(c, c.buffer, r));
+      }
+    }
+    trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
+    ctx.trace_step_end();
+  }
+  const auto pack_of = lamport_pack_source(ctx, c, x, count);
+  for (int row = mine.begin; row < mine.end; ++row) {
+    const size_t base = static_cast<size_t>(row) * H;
+    fused_row_from<T, kRanks>(ctx, tree, pack_of, base, args.residual + base, args.weight, args.eps,
+                              args.residual_out + base, args.out + base, static_cast<T*>(nullptr),
+                              static_cast<T*>(nullptr));
+  }
+  // 5. Record the extent and advance the call number.
+  end_lamport_call(ctx, c, count);
 }
 
 // ---- The unfused steps (local kernels; the caller runs an all-reduce first) -------------------------------

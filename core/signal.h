@@ -35,6 +35,12 @@ struct SignalBuffer {
   // slot by exactly one block), so every block of a launch reads the same call number whatever the
   // grid of earlier launches (core/collectives.h, allreduce_push_one_shot).
   uint32_t push_calls[kMaxBlocks];
+  // lamport_calls[slot]: how many allreduce_lamport_one_shot calls this rank has made (owner-only),
+  // kept like push_calls (every slot equal between launches). core/lamport.h.
+  uint32_t lamport_calls[kMaxBlocks];
+  // lamport_extent[j]: bytes of each receive slot of this rank's Lamport buffer j that the last
+  // call using buffer j had its peers write (owner-only): what the next call clears. core/lamport.h.
+  uint64_t lamport_extent[4];
 };
 
 // The production protocol: two flag sets, one barrier before and one after each collective.

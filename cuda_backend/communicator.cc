@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/collectives.h"
+#include "core/lamport.h"
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/ipc_exchange.h"
 #include "cuda_backend/kernels.h"
@@ -84,12 +85,17 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
   char bus_id[64] = {};
   EXC_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device_));
 
-  // 2. The symmetric region [signals | staging | scratch], signals zeroed before anyone can see it.
+  // 2. The symmetric region [signals | staging | scratch | lamport], signals zeroed and the
+  //    Lamport region filled with sentinels (0xFF bytes: all-ones in every type) before anyone can
+  //    see it.
   staging_offset_ = round_up(sizeof(SignalBuffer), kAlign);
   scratch_offset_ = staging_offset_ + round_up(options_.buffer_bytes, kAlign);
-  region_bytes_ = scratch_offset_ + round_up(options_.buffer_bytes, kAlign);
+  lamport_offset_ = scratch_offset_ + round_up(options_.buffer_bytes, kAlign);
+  lamport_bytes_ = exactcoll::lamport_region_bytes(options_.lamport_message_bytes, 1, world_size_);
+  region_bytes_ = lamport_offset_ + round_up(lamport_bytes_, kAlign);
   EXC_CUDA_CHECK(cudaMalloc(&region_, region_bytes_));
   EXC_CUDA_CHECK(cudaMemset(region_, 0, staging_offset_));
+  EXC_CUDA_CHECK(cudaMemset(static_cast<char*>(region_) + lamport_offset_, 0xFF, lamport_bytes_));
   EXC_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&error_), sizeof(DeviceError)));
   EXC_CUDA_CHECK(cudaMemset(error_, 0, sizeof(DeviceError)));
   EXC_CUDA_CHECK(cudaDeviceSynchronize());
@@ -279,8 +285,10 @@ KernelArgs Communicator::base_args() const {
     a.signals[r] = reinterpret_cast<SignalBuffer*>(base);
     a.inputs[r] = base + staging_offset_;
     a.scratch[r] = base + scratch_offset_;
+    a.lamport[r] = base + lamport_offset_;
   }
   a.scratch_bytes = options_.buffer_bytes;  // every rank's: the options must match across ranks
+  a.lamport_bytes = lamport_bytes_;
   a.error = error_;
   a.timeout_ns = options_.flag_timeout_ms * 1000000ull;
   a.rank = rank_;
@@ -311,9 +319,16 @@ void Communicator::check(cudaStream_t stream) {
   EXC_CUDA_CHECK(cudaMemcpy(&e, error_, sizeof e, cudaMemcpyDeviceToHost));
   if (e.claimed == 0) return;
   char message[256];
-  std::snprintf(message, sizeof message,
-                "rank %d block %d: peer %d never arrived at barrier (set %d, value %u; the flag held %u after %.1f ms)",
-                e.rank, e.block, e.peer, e.set, e.expected, e.observed, static_cast<double>(e.waited_ns) / 1e6);
+  if (e.kind == kErrorLamportTimeout) {
+    std::snprintf(message, sizeof message,
+                  "rank %d block %d: rank %d never wrote its data (lamport_one_shot call %u, Lamport buffer %d: "
+                  "element %u still held the sentinel after %.1f ms)",
+                  e.rank, e.block, e.peer, e.expected, e.set, e.observed, static_cast<double>(e.waited_ns) / 1e6);
+  } else {
+    std::snprintf(message, sizeof message,
+                  "rank %d block %d: peer %d never arrived at barrier (set %d, value %u; the flag held %u after %.1f ms)",
+                  e.rank, e.block, e.peer, e.set, e.expected, e.observed, static_cast<double>(e.waited_ns) / 1e6);
+  }
   poisoned_ = true;
   poison_message_ = message;
   throw CollectiveError(message);
@@ -487,6 +502,12 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   Choice choice = op == Op::kAllReduce && algo == Algorithm::kAuto
                       ? table_.choose_allreduce_auto(arch_, world_size_, count, elem_bytes, capacity)
                       : choose(op, count, dtype, algo);
+  // lamport_one_shot runs whole up to lamport_message_bytes and in chunks beyond; auto takes it only
+  // where it fits (its table rows are measured only there).
+  if (op == Op::kAllReduce && algo == Algorithm::kAuto && choice.algo == Algorithm::kLamportOneShot &&
+      !lamport_fits(count, elem, world_size_, lamport_bytes_)) {
+    choice = DispatchTable::default_choice(world_size_, op, count * elem, Algorithm::kAuto);
+  }
   if (grid) choice.grid = *grid;
   CallInfo info;
   info.algo = choice.algo;
@@ -515,6 +536,24 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
 
   // 5. SM kernels. All-reduce folds element by element, so a message larger than the buffers
   //    runs as chunks with the same bits; the other ops fall back to NCCL beyond the buffers.
+  const bool lamport = op == Op::kAllReduce && choice.algo == Algorithm::kLamportOneShot;
+  if (lamport) {
+    // The input is read in place (peers never read it: no staging, no registration needed); the
+    // message runs in chunks of whole packs that fit one Lamport slot.
+    const size_t slot_elements = lamport_layout(lamport_bytes_, world_size_).slot_bytes / elem / 64 * 64;
+    const size_t chunk = std::max<size_t>(64, slot_elements);
+    for (size_t first = 0; first < count; first += chunk) {
+      KernelArgs a = base_args();
+      a.inputs[rank_] = static_cast<const char*>(input) + first * elem;
+      a.count = std::min(chunk, count - first);
+      a.output = static_cast<char*>(output) + first * elem;
+      a.stage_from = nullptr;
+      launch(dtype, KernelKind::kLamportOneShot, a, choice.grid, stream);
+      ++info.launches;
+    }
+    info.staged = false;
+    return info;
+  }
   const bool needs_scratch = op == Op::kAllReduce && choice.algo == Algorithm::kTwoShot;
   const bool push = op == Op::kAllReduce && is_push_algorithm(choice.algo);
   const bool fits = (!staged || in_bytes <= capacity) && (!needs_scratch || in_bytes <= capacity) &&

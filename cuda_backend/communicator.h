@@ -99,6 +99,8 @@ class Communicator {
   // The bound on in-kernel flag waits in effect (options, raised when ranks share a GPU).
   uint64_t flag_timeout_ms() const { return options_.flag_timeout_ms; }
   size_t buffer_bytes() const { return options_.buffer_bytes; }
+  // Bytes of every rank's Lamport region (core/lamport.h: 3 buffers x n slots).
+  size_t lamport_region_bytes() const { return lamport_bytes_; }
   // Whether kernels launch with programmatic dependent launch (CommunicatorOptions); the fused
   // kernels on this communicator follow it too.
   bool programmatic_launch() const { return options_.programmatic_launch; }
@@ -189,6 +191,7 @@ class Communicator {
 
   void* region_ = nullptr;  // this rank's [signals | staging | scratch]
   size_t staging_offset_ = 0, scratch_offset_ = 0, region_bytes_ = 0;
+  size_t lamport_offset_ = 0, lamport_bytes_ = 0;  // the Lamport region at the end (core/lamport.h)
   std::vector<PeerRegion> peers_;
   DeviceError* error_ = nullptr;
   std::unique_ptr<HandleExchange> exchange_;

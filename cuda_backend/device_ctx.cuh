@@ -19,6 +19,7 @@
 
 #include "core/collectives.h"
 #include "core/contract.h"
+#include "core/lamport.h"
 #include "core/signal.h"
 #include "core/storage.h"
 #include "cuda_backend/kernel_args.h"
@@ -95,7 +96,7 @@ class DeviceCtx {
         const uint64_t waited = global_timer_ns() - start;
         if (waited > args_.timeout_ns) {
           *aborted_ = 1;
-          record_timeout(peer, set, value, seen, waited);
+          record_error(kErrorFlagTimeout, peer, set, value, seen, waited);
           return;
         }
       }
@@ -128,6 +129,53 @@ class DeviceCtx {
   // kernel its own full timeout (a graph of 20 all-reduces: 20 x timeout before the host sees it).
   __device__ __forceinline__ bool error_recorded() const {
     return *reinterpret_cast<const volatile uint32_t*>(&args_.error->claimed) != 0u;
+  }
+
+  // ---- core/lamport.h's primitives ----
+  __device__ __forceinline__ unsigned char* lamport(int peer) const {
+    return static_cast<unsigned char*>(args_.lamport[peer]);
+  }
+  __device__ __forceinline__ size_t lamport_bytes() const { return args_.lamport_bytes; }
+
+  // One volatile 16-byte store (never merged or cached; a concurrent poll may see it element by
+  // element). The clear of call k and the peers' writes of call k+2 into the same buffer are
+  // ordered by this rank's kernel boundary: its call k+1 push, which a peer must see before
+  // writing call k+2, is issued only after griddepcontrol.wait saw call k's kernel complete.
+  __device__ __forceinline__ void lamport_store(Pack<T>* p, const Pack<T>& x, int /*peer*/) const {
+    uint4 b;
+    __builtin_memcpy(&b, &x, sizeof b);
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w)
+                 : "memory");
+  }
+
+  // Volatile 16-byte loads of this rank's own region until no element is the sentinel, bounded by
+  // timeout_ns as wait() is (the first thread to give up records the peer that never wrote).
+  __device__ Pack<T> lamport_poll(const Pack<T>* p, int peer, const LamportPoll& where) const {
+    Pack<T> x = lamport_load(p);
+    if (lamport_arrived(x) || *aborted_) return x;
+    if (error_recorded()) {  // as wait(): an earlier give-up on this rank ends this poll at once
+      *aborted_ = 1;
+      return x;
+    }
+    const uint64_t start = global_timer_ns();
+    for (uint32_t spins = 1;; ++spins) {
+      x = lamport_load(p);
+      if (lamport_arrived(x)) return x;
+      if ((spins & 255u) == 0) {
+        if (*aborted_) return x;
+        if (error_recorded()) {
+          *aborted_ = 1;
+          return x;
+        }
+        const uint64_t waited = global_timer_ns() - start;
+        if (waited > args_.timeout_ns) {
+          *aborted_ = 1;
+          record_error(kErrorLamportTimeout, peer, where.buffer, where.call, static_cast<uint32_t>(where.element),
+                       waited);
+          return x;
+        }
+      }
+    }
   }
 
   // Whether some wait of this block gave up (after sync_block, every thread agrees).
@@ -168,10 +216,22 @@ class DeviceCtx {
   }
 
  private:
-  __device__ void record_timeout(int peer, int set, uint32_t expected, uint32_t observed, uint64_t waited) const {
+  __device__ __forceinline__ Pack<T> lamport_load(const Pack<T>* p) const {
+    uint4 b;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(b.x), "=r"(b.y), "=r"(b.z), "=r"(b.w)
+                 : "l"(p)
+                 : "memory");
+    Pack<T> out;
+    __builtin_memcpy(&out, &b, sizeof b);
+    return out;
+  }
+
+  __device__ void record_error(uint32_t kind, int peer, int set, uint32_t expected, uint32_t observed,
+                               uint64_t waited) const {
     DeviceError* e = args_.error;
     if (atomicCAS(&e->claimed, 0u, 1u) != 0u) return;  // the first error is the one reported
-    e->kind = kErrorFlagTimeout;
+    e->kind = kind;
     e->rank = args_.rank;
     e->block = static_cast<int32_t>(blockIdx.x);
     e->peer = peer;

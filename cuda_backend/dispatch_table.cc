@@ -23,13 +23,14 @@ const char* algorithm_name(Algorithm a) {
     case Algorithm::kNccl: return "nccl";
     case Algorithm::kPushOneShot: return "push_one_shot";
     case Algorithm::kPushTwoShot: return "push_two_shot";
+    case Algorithm::kLamportOneShot: return "lamport_one_shot";
   }
   return "?";
 }
 
 std::optional<Algorithm> parse_algorithm(const std::string& name) {
   for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot,
-                      Algorithm::kDirect, Algorithm::kCopyEngine, Algorithm::kAuto, Algorithm::kNccl}) {
+                      Algorithm::kLamportOneShot, Algorithm::kDirect, Algorithm::kCopyEngine, Algorithm::kAuto, Algorithm::kNccl}) {
     if (name == algorithm_name(a)) return a;
   }
   return std::nullopt;
@@ -38,7 +39,8 @@ std::optional<Algorithm> parse_algorithm(const std::string& name) {
 std::vector<Algorithm> ipc_algorithms(Op op) {
   switch (op) {
     case Op::kAllReduce:
-      return {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot};
+      return {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot,
+              Algorithm::kLamportOneShot};
     case Op::kReduceScatter: return {Algorithm::kDirect};
     case Op::kAllGather: return {Algorithm::kDirect, Algorithm::kCopyEngine};
   }

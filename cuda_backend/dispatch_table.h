@@ -24,11 +24,24 @@ namespace exactcoll::cuda {
 // The algorithms a caller can ask for. kDirect is the SM kernel of reduce_scatter / allgather;
 // kCopyEngine is the copy-engine all-gather; kAuto consults the table; kNccl calls NCCL;
 // kPushOneShot is the all-reduce that pushes inputs into peers' scratch (one barrier per call);
-// kPushTwoShot pushes slices to their owners and the owners' results back (two barriers per call).
-enum class Algorithm : uint8_t { kOneShot, kTwoShot, kDirect, kCopyEngine, kAuto, kNccl, kPushOneShot, kPushTwoShot };
+// kPushTwoShot pushes slices to their owners and the owners' results back (two barriers per call);
+// kLamportOneShot pushes inputs into peers' Lamport buffers and polls the data (no barrier,
+// core/lamport.h). New values go at the end.
+enum class Algorithm : uint8_t {
+  kOneShot,
+  kTwoShot,
+  kDirect,
+  kCopyEngine,
+  kAuto,
+  kNccl,
+  kPushOneShot,
+  kPushTwoShot,
+  kLamportOneShot
+};
 
 const char* algorithm_name(Algorithm a);
-// Parses one_shot | two_shot | push_one_shot | push_two_shot | direct | copy_engine | auto | nccl; nullopt otherwise.
+// Parses one_shot | two_shot | push_one_shot | push_two_shot | lamport_one_shot | direct | copy_engine | auto | nccl;
+// nullopt otherwise.
 std::optional<Algorithm> parse_algorithm(const std::string& name);
 // The IPC algorithms of an op (what auto chooses among).
 std::vector<Algorithm> ipc_algorithms(Op op);

@@ -27,6 +27,7 @@ enum class KernelKind : int {
   kBarrier = 4,
   kPushOneShot = 5,  // allreduce_push_one_shot: scratch of push_scratch_elements(count, pack, n)
   kPushTwoShot = 6,  // allreduce_push_two_shot: the same scratch as push_one_shot
+  kLamportOneShot = 7,  // allreduce_lamport_one_shot: the Lamport region, no staging (core/lamport.h)
 };
 
 inline const char* op_name(Op op) {
@@ -49,6 +50,9 @@ struct DeviceError {
 };
 
 inline constexpr uint32_t kErrorFlagTimeout = 1;
+// A Lamport poll timed out: peer = the rank that never wrote, set = the Lamport buffer, expected =
+// the call number, observed = the element still holding the sentinel.
+inline constexpr uint32_t kErrorLamportTimeout = 2;
 
 // One launch. Pointers are device addresses valid in this process (peers' buffers opened through
 // CUDA IPC). inputs[r] is what the algorithm reads as rank r's input: peers' staging buffers or
@@ -64,6 +68,8 @@ struct KernelArgs {
   DeviceError* error;
   uint64_t count;       // elements: per-rank input count (all ops)
   uint64_t scratch_bytes;  // of every rank's scratch buffer (the push algorithms' halves)
+  void* lamport[kMaxRanks];  // every rank's Lamport region (core/lamport.h), 0xFF-filled at creation
+  uint64_t lamport_bytes;    // of every rank's Lamport region
   uint64_t timeout_ns;  // bound on every flag wait
   int32_t rank;
   int32_t world_size;

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "core/collectives.h"
+#include "core/lamport.h"
 #include "cuda_backend/device_ctx.cuh"
 #include "cuda_backend/kernel_args.h"
 
@@ -56,7 +57,8 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
   // No __syncthreads here: every algorithm starts with a barrier whose first step is sync_block,
   // which orders this store before any wait reads it.
   DeviceCtx<T, kRanks> ctx(args, &aborted);
-  if (args.stage_from != nullptr) {
+  // lamport_one_shot reads its own input in place (peers never read it): never staged.
+  if (kKind != KernelKind::kLamportOneShot && args.stage_from != nullptr) {
     stage_own_input<T, kKind>(ctx, args);
     // push_one_shot and push_two_shot read their own staged input before any barrier (same block
     // shares as the staging, other threads): make every thread's staging stores visible to the
@@ -71,6 +73,8 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
     allreduce_push_one_shot<T, kRanks>(ctx, args.count);
   } else if constexpr (kKind == KernelKind::kPushTwoShot) {
     allreduce_push_two_shot<T, kRanks>(ctx, args.count);
+  } else if constexpr (kKind == KernelKind::kLamportOneShot) {
+    allreduce_lamport_one_shot<T, kRanks>(ctx, args.count);
   } else if constexpr (kKind == KernelKind::kReduceScatter) {
     reduce_scatter<T, kRanks>(ctx, args.count);
   } else {
@@ -123,6 +127,8 @@ cudaError_t launch_for_ranks(KernelKind kind, const KernelArgs& args, LaunchConf
       return launch_kernel(collective_kernel<T, kRanks, KernelKind::kPushOneShot>, args, cfg, stream);
     case KernelKind::kPushTwoShot:
       return launch_kernel(collective_kernel<T, kRanks, KernelKind::kPushTwoShot>, args, cfg, stream);
+    case KernelKind::kLamportOneShot:
+      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kLamportOneShot>, args, cfg, stream);
     case KernelKind::kBarrier:
       return launch_kernel(barrier_kernel<T>, args, cfg, stream);
   }

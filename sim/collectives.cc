@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "core/collectives.h"
+#include "core/lamport.h"
 
 namespace exactcoll::sim {
 namespace {
@@ -24,6 +25,8 @@ void enqueue_typed(World& world, const CollectiveSpec& spec, Algorithm algorithm
             allreduce_push_one_shot<T, kRanks>(ctx, count);
           } else if (algorithm == Algorithm::kPushTwoShot) {
             allreduce_push_two_shot<T, kRanks>(ctx, count);
+          } else if (algorithm == Algorithm::kLamportOneShot) {
+            allreduce_lamport_one_shot<T, kRanks>(ctx, count);
           } else {
             allreduce_one_shot<T, kRanks>(ctx, count);
           }
@@ -57,13 +60,14 @@ const char* algorithm_name(Algorithm a) {
     case Algorithm::kAuto: return "auto";
     case Algorithm::kPushOneShot: return "push_one_shot";
     case Algorithm::kPushTwoShot: return "push_two_shot";
+    case Algorithm::kLamportOneShot: return "lamport_one_shot";
   }
   return "?";
 }
 
 bool parse_algorithm(const std::string& text, Algorithm* out) {
   for (const Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot,
-                            Algorithm::kAuto}) {
+                            Algorithm::kLamportOneShot, Algorithm::kAuto}) {
     if (text == algorithm_name(a)) {
       *out = a;
       return true;
@@ -81,6 +85,11 @@ size_t scratch_bytes(const CollectiveSpec& spec, int ranks) {
     case Algorithm::kPushTwoShot: return push_scratch_elements(spec.count, 16 / static_cast<int>(element), ranks) * element;
     default: return 0;
   }
+}
+
+size_t lamport_bytes(const CollectiveSpec& spec, int ranks) {
+  if (spec.op != Collective::kAllReduce || resolve_algorithm(spec) != Algorithm::kLamportOneShot) return 0;
+  return lamport_region_bytes(spec.count, static_cast<size_t>(dtype_size(spec.dtype)), ranks);
 }
 
 Algorithm resolve_algorithm(const CollectiveSpec& spec) {
@@ -133,6 +142,7 @@ void enqueue_collective(World& world, const CollectiveSpec& spec, const std::vec
   launch.inputs = inputs;
   launch.input_bytes = spec.count * element;
   launch.scratch_bytes = scratch_bytes(spec, world.ranks());
+  launch.lamport_bytes = lamport_bytes(spec, world.ranks());
   launch.outputs = outputs;
   launch.output_bytes = output_count(spec.op, spec.count, world.ranks()) * element;
   switch (spec.dtype) {

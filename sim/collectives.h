@@ -12,7 +12,8 @@
 namespace exactcoll::sim {
 
 enum class Collective { kAllReduce, kReduceScatter, kAllGather };
-enum class Algorithm { kOneShot, kTwoShot, kAuto, kPushOneShot, kPushTwoShot };  // all-reduce only
+// All-reduce only. New values go at the end (the C API's numbers follow this order).
+enum class Algorithm { kOneShot, kTwoShot, kAuto, kPushOneShot, kPushTwoShot, kLamportOneShot };
 
 // `auto` picks one_shot below this many bytes per rank, two_shot at or above. one_shot reads n
 // inputs per rank, two_shot reads each once plus one gather, so two_shot moves less data for large
@@ -31,13 +32,17 @@ const char* collective_name(Collective op);
 const char* algorithm_name(Algorithm a);
 
 // Returns the algorithm named `text` ("one_shot", "two_shot", "push_one_shot", "push_two_shot",
-// "auto"); false if
+// "lamport_one_shot", "auto"); false if
 // none is.
 bool parse_algorithm(const std::string& text, Algorithm* out);
 
 // Returns the scratch bytes per rank that spec's algorithm needs on `ranks` ranks (two_shot: its
 // slice; push_one_shot, push_two_shot: two halves of `ranks` receive slots; others: 0).
 size_t scratch_bytes(const CollectiveSpec& spec, int ranks);
+
+// Returns the Lamport region bytes per rank that spec's algorithm needs on `ranks` ranks
+// (lamport_one_shot: three buffers of `ranks` slots, core/lamport.h; others: 0).
+size_t lamport_bytes(const CollectiveSpec& spec, int ranks);
 
 // Returns the algorithm `auto` stands for (kAuto -> one_shot or two_shot); others unchanged.
 Algorithm resolve_algorithm(const CollectiveSpec& spec);
@@ -51,7 +56,8 @@ size_t output_count(Collective op, size_t count, int ranks);
 std::string check_spec(const CollectiveSpec& spec, int ranks);
 
 // The launch name used in traces: "allreduce_one_shot", "allreduce_two_shot",
-// "allreduce_push_one_shot", "allreduce_push_two_shot", "reduce_scatter", "allgather".
+// "allreduce_push_one_shot", "allreduce_push_two_shot", "allreduce_lamport_one_shot", "reduce_scatter",
+// "allgather".
 std::string launch_name(const CollectiveSpec& spec);
 
 // Queues one collective on world. inputs[r]: rank r's count elements (storage bit patterns);

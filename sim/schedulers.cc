@@ -102,6 +102,32 @@ void ThreadsScheduler::wait(const BlockEnv& env, const uint32_t* flag, uint32_t 
   trace_flag(env, TraceEvent::Kind::kWait, now(), since, peer, set, value);
 }
 
+void ThreadsScheduler::lamport_point(const BlockEnv& env) { world_.fault_step(env.rank); }
+
+void ThreadsScheduler::lamport_wait(const BlockEnv& env, const void* word, int bytes, uint32_t sentinel, int peer,
+                                    const LamportPoll& at) {
+  for (int i = 0; i < 128; ++i) {
+    if (lamport_load_word(word, bytes) != sentinel) return;
+    cpu_relax();
+  }
+  // No futex on a 16-bit word: short sleeps, up to the timeout (the same bound as a flag wait).
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  while (lamport_load_word(word, bytes) == sentinel) {
+    if (aborted_.load(std::memory_order_relaxed)) {
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      other_waits_ += "\n  " + where(env, world_) + " polls " + lamport_poll_text(at, peer) + " (still the sentinel)";
+      throw Aborted{};
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw SimError(SimFailure::kTimeout, where(env, world_) + " polled " + lamport_poll_text(at, peer) + " for " +
+                                               std::to_string(timeout_.count()) +
+                                               " ms: it still holds the sentinel; rank " + std::to_string(peer) +
+                                               " block " + std::to_string(env.block) + " never wrote it");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 void ThreadsScheduler::run() {
   const int n = world_.ranks();
   const uint32_t launches = static_cast<uint32_t>(world_.queue_size());
@@ -189,6 +215,25 @@ void SeededScheduler::wait(const BlockEnv& env, const uint32_t* flag, uint32_t v
   trace_flag(env, TraceEvent::Kind::kWait, steps_, since, peer, set, value);
 }
 
+void SeededScheduler::lamport_point(const BlockEnv& env) {
+  world_.fault_step(env.rank);
+  current_->fiber->yield();  // a scheduling point: others may run before this store or load
+  world_.fault_check(env.rank);
+}
+
+void SeededScheduler::lamport_wait(const BlockEnv& env, const void* word, int bytes, uint32_t sentinel, int peer,
+                                   const LamportPoll& where) {
+  SimThread* self = current_;
+  self->poll_word = word;
+  self->poll_bytes = bytes;
+  self->poll_sentinel = sentinel;
+  self->poll_peer = peer;
+  self->poll_where = where;
+  self->fiber->yield();  // resumed once the word is no longer the sentinel, or to unwind a dead rank
+  self->poll_word = nullptr;
+  world_.fault_check(env.rank);
+}
+
 // Rank r's stream: launch k's staging starts after all of its blocks of launch k-1 finished.
 void SeededScheduler::stream(int rank) {
   const uint32_t launches = static_cast<uint32_t>(world_.queue_size());
@@ -226,6 +271,13 @@ std::string SeededScheduler::deadlock_report() const {
     if (t->fiber->finished()) continue;
     if (t->block < 0) continue;  // streams only wait for their blocks
     const auto& q = world_.queued(t->launch);
+    if (t->poll_word != nullptr) {
+      out += "\n  rank " + std::to_string(t->rank) + " block " + std::to_string(t->block) + " (launch " +
+             std::to_string(world_.launch_id(t->launch)) + " '" + q.launch.name + "') polls " +
+             lamport_poll_text(t->poll_where, t->poll_peer) + ": it still holds the sentinel; rank " +
+             std::to_string(t->poll_peer) + " never wrote it";
+      continue;
+    }
     out += "\n  rank " + std::to_string(t->rank) + " block " + std::to_string(t->block) + " (launch " +
            std::to_string(world_.launch_id(t->launch)) + " '" + q.launch.name + "') waits for flag set " +
            std::to_string(t->wait_set) + ", block " + std::to_string(t->block) + ", from peer " +
@@ -253,7 +305,8 @@ void SeededScheduler::run() {
     for (const auto& t : threads_) {
       if (t->fiber->finished()) continue;
       unfinished = true;
-      if (t->wait_word == nullptr || *t->wait_word == t->wait_value || world_.rank_dead(t->rank)) {
+      const bool polled = t->poll_word == nullptr || lamport_load_word(t->poll_word, t->poll_bytes) != t->poll_sentinel;
+      if ((polled && (t->wait_word == nullptr || *t->wait_word == t->wait_value)) || world_.rank_dead(t->rank)) {
         runnable.push_back(t.get());
       }
     }

@@ -26,6 +26,9 @@ class ThreadsScheduler final : public Executor {
   void signal(const BlockEnv& env, uint32_t* flag, uint32_t value, int peer, int set) override;
   void wait(const BlockEnv& env, const uint32_t* flag, uint32_t value, int peer, int set) override;
   uint64_t now() const override;
+  void lamport_point(const BlockEnv& env) override;
+  void lamport_wait(const BlockEnv& env, const void* word, int bytes, uint32_t sentinel, int peer,
+                    const LamportPoll& where) override;
 
  private:
   struct Aborted {};  // thrown in a rank thread after another rank failed
@@ -51,6 +54,9 @@ class SeededScheduler final : public Executor {
   void signal(const BlockEnv& env, uint32_t* flag, uint32_t value, int peer, int set) override;
   void wait(const BlockEnv& env, const uint32_t* flag, uint32_t value, int peer, int set) override;
   uint64_t now() const override { return steps_; }
+  void lamport_point(const BlockEnv& env) override;
+  void lamport_wait(const BlockEnv& env, const void* word, int bytes, uint32_t sentinel, int peer,
+                    const LamportPoll& where) override;
 
  private:
   struct SimThread {
@@ -62,6 +68,12 @@ class SeededScheduler final : public Executor {
     const uint32_t* wait_word = nullptr;
     uint32_t wait_value = 0;
     int wait_peer = -1, wait_set = -1;  // flag waits only
+    // A Lamport poll: runnable iff the poll_bytes-wide word at poll_word is not poll_sentinel.
+    const void* poll_word = nullptr;
+    int poll_bytes = 0;
+    uint32_t poll_sentinel = 0;
+    int poll_peer = -1;
+    LamportPoll poll_where;
   };
   void block_on(const uint32_t* word, uint32_t value, int peer, int set);
   void stream(int rank);

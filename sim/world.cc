@@ -39,9 +39,11 @@ World::World(WorldOptions options) : options_(std::move(options)), world_id_(nex
       heaps_[r].input.name = "input";
       heaps_[r].scratch.name = "scratch";
       heaps_[r].output.name = "output";
+      heaps_[r].lamport.name = "lamport";
       allocate(heaps_[r].signals, r, sizeof(SignalBuffer));
       allocate(heaps_[r].input, r, 64);
       allocate(heaps_[r].scratch, r, 64);
+      allocate(heaps_[r].lamport, r, 64);
     }
     if (options_.trace) tracer_ = std::make_unique<Tracer>(options_.ranks, options_.trace_elements);
     for (int r = 0; r < options_.ranks; ++r) {
@@ -63,7 +65,7 @@ World::~World() { release_heaps(); }
 
 void World::release_heaps() {
   for (auto& heap : heaps_) {
-    for (Region* region : {&heap.signals, &heap.input, &heap.scratch, &heap.output}) {
+    for (Region* region : {&heap.signals, &heap.input, &heap.scratch, &heap.output, &heap.lamport}) {
       std::free(region->data);
       region->data = nullptr;
     }
@@ -80,7 +82,8 @@ void World::allocate(Region& region, int rank, size_t bytes) {
   if (data == nullptr) {
     throw std::bad_alloc();
   }
-  std::memset(data, 0, rounded);
+  // The Lamport region starts as sentinels (all bits set, whatever the type: core/lamport.h).
+  std::memset(data, &region == &heaps_[rank].lamport ? 0xFF : 0, rounded);
   std::free(region.data);
   region.data = static_cast<std::byte*>(data);
   region.bytes = rounded;
@@ -109,6 +112,7 @@ int World::add_buffer(const std::string& name, size_t bytes) {
 void* World::local_buffer(int id, int rank) const { return heaps_.at(rank).extra.at(id).data; }
 void* World::local_input(int rank) const { return heaps_.at(rank).input.data; }
 void* World::local_scratch(int rank) const { return heaps_.at(rank).scratch.data; }
+void* World::local_lamport(int rank) const { return heaps_.at(rank).lamport.data; }
 SignalBuffer* World::local_signals(int rank) const {
   return reinterpret_cast<SignalBuffer*>(heaps_.at(rank).signals.data);
 }
@@ -129,6 +133,7 @@ std::vector<ExportedBuffer> World::exports(int rank) const {
   add(heap.signals);
   add(heap.input);
   add(heap.scratch);
+  add(heap.lamport);
   for (const Region& region : heap.extra) add(region);
   return out;
 }
@@ -143,7 +148,7 @@ void* World::open_handle(int peer, const ExportedBuffer& buffer) {
     return buffer.handle == expected && buffer.base == reinterpret_cast<uintptr_t>(region.data) &&
            buffer.size == region.bytes;
   };
-  for (const Region* region : {&heap.signals, &heap.input, &heap.scratch}) {
+  for (const Region* region : {&heap.signals, &heap.input, &heap.scratch, &heap.lamport}) {
     if (matches(*region)) return region->data;
   }
   for (const Region& region : heap.extra) {
@@ -199,11 +204,13 @@ void World::sync_handles() {
     const auto& res = results[r];
     table.extra.assign(heaps_[r].extra.size(), {});
     table.scratch_bytes = heaps_[r].scratch.bytes;
+    table.lamport_bytes = heaps_[r].lamport.bytes;
     for (int p = 0; p < n; ++p) {
       table.signals[p] = static_cast<SignalBuffer*>(res[0][p]);
       table.input[p] = res[1][p];
       table.scratch[p] = res[2][p];
-      for (size_t i = 0; i < heaps_[r].extra.size(); ++i) table.extra[i][p] = res[3 + i][p];
+      table.lamport[p] = res[3][p];
+      for (size_t i = 0; i < heaps_[r].extra.size(); ++i) table.extra[i][p] = res[4 + i][p];
     }
   }
   handles_dirty_ = false;
@@ -309,18 +316,20 @@ void World::run() {
                            "make a new world");
   }
   // 1. Check the launches and size the heaps for the largest of them.
-  size_t input_bytes = 0, scratch_bytes = 0, output_bytes = 0;
+  size_t input_bytes = 0, scratch_bytes = 0, output_bytes = 0, lamport_bytes = 0;
   uint64_t units = 0;
   for (const QueuedLaunch& q : queue_) {
     validate(q);
     input_bytes = std::max(input_bytes, q.launch.input_bytes);
     scratch_bytes = std::max(scratch_bytes, q.launch.scratch_bytes);
+    lamport_bytes = std::max(lamport_bytes, q.launch.lamport_bytes);
     output_bytes = std::max(output_bytes, q.launch.output_bytes);
     units += static_cast<uint64_t>(n) * (q.launch.blocks + 1);
   }
   for (int r = 0; r < n; ++r) {
     grow(heaps_[r].input, r, input_bytes);
     grow(heaps_[r].scratch, r, scratch_bytes);
+    grow(heaps_[r].lamport, r, lamport_bytes);
   }
   // 2. Outputs: the user's buffer when 16-byte aligned (the context's promise), else staged.
   for (QueuedLaunch& q : queue_) {
@@ -365,6 +374,38 @@ void World::run() {
     failed_ = true;
     throw SimError(SimFailure::kRankDied, "rank " + std::to_string(options_.fail_rank) +
                                               " did not finish; its peers finished without it" + fault_note());
+  }
+}
+
+uint32_t lamport_load_word(const void* p, int bytes) {
+  if (bytes == 2) return std::atomic_ref<uint16_t>(*static_cast<uint16_t*>(const_cast<void*>(p))).load(std::memory_order_acquire);
+  return std::atomic_ref<uint32_t>(*static_cast<uint32_t*>(const_cast<void*>(p))).load(std::memory_order_acquire);
+}
+
+void lamport_store_word(void* p, int bytes, uint32_t value) {
+  if (bytes == 2) {
+    std::atomic_ref<uint16_t>(*static_cast<uint16_t*>(p)).store(static_cast<uint16_t>(value), std::memory_order_release);
+  } else {
+    std::atomic_ref<uint32_t>(*static_cast<uint32_t*>(p)).store(value, std::memory_order_release);
+  }
+}
+
+std::string lamport_poll_text(const LamportPoll& where, int peer) {
+  return "peer " + std::to_string(peer) + "'s slot of Lamport buffer " + std::to_string(where.buffer) + " (call " +
+         std::to_string(where.call) + "), element " + std::to_string(where.element);
+}
+
+void Executor::lamport_wait(const BlockEnv& env, const void* word, int bytes, uint32_t sentinel, int peer,
+                            const LamportPoll& where) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (lamport_load_word(word, bytes) == sentinel) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw SimError(SimFailure::kTimeout, "rank " + std::to_string(env.rank) + " block " + std::to_string(env.block) +
+                                               " polled " + lamport_poll_text(where, peer) +
+                                               " for 20000 ms: it still holds the sentinel; rank " +
+                                               std::to_string(peer) + " never wrote it");
+    }
+    std::this_thread::yield();
   }
 }
 

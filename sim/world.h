@@ -46,6 +46,7 @@
 
 #include "core/collectives.h"
 #include "core/handle_exchange.h"
+#include "core/lamport.h"
 #include "core/signal.h"
 #include "sim/local_store.h"
 #include "sim/trace.h"
@@ -103,6 +104,8 @@ struct Launch {
   std::vector<const void*> inputs;  // per rank, copied into its input buffer first (or empty)
   size_t input_bytes = 0;           // bytes copied per rank
   size_t scratch_bytes = 0;         // scratch each rank needs
+  size_t lamport_bytes = 0;         // Lamport region each rank needs (core/lamport.h; filled with
+                                    // 0xFF when created or grown, never between launches)
   std::vector<void*> outputs;       // per rank: ctx.output() (or empty)
   size_t output_bytes = 0;          // bytes per rank (a misaligned output is staged and copied out)
   std::function<void(int rank)> before;  // optional staging of extra buffers, in stream order
@@ -114,6 +117,8 @@ struct PeerTable {
   std::array<void*, kMaxRanks> input{};
   std::array<void*, kMaxRanks> scratch{};
   size_t scratch_bytes = 0;  // of every rank's scratch (the heaps grow alike)
+  std::array<void*, kMaxRanks> lamport{};
+  size_t lamport_bytes = 0;  // of every rank's Lamport region
   std::vector<std::array<void*, kMaxRanks>> extra;  // extra[buffer id][peer]
 };
 
@@ -140,7 +145,21 @@ class Executor {
   virtual void wait(const BlockEnv& env, const uint32_t* flag, uint32_t value, int peer, int set) = 0;
   // Trace time: scheduling steps (seeded) or nanoseconds since the run started (threads).
   virtual uint64_t now() const = 0;
+  // Lamport accesses (core/lamport.h). lamport_point: before every Lamport store and poll (a
+  // scheduling point under the seeded scheduler; a fault-injection step). lamport_wait: returns
+  // once the `bytes`-wide word at `word` no longer holds `sentinel`; bounded, the error naming
+  // the peer that never wrote. The defaults (for executors that run no Lamport kernel) do nothing
+  // and spin for at most 20 s.
+  virtual void lamport_point(const BlockEnv& env) { (void)env; }
+  virtual void lamport_wait(const BlockEnv& env, const void* word, int bytes, uint32_t sentinel, int peer,
+                            const LamportPoll& where);
 };
+
+// Loads the `bytes`-wide (2 or 4) word at p with acquire (Lamport polls) / stores with release.
+uint32_t lamport_load_word(const void* p, int bytes);
+void lamport_store_word(void* p, int bytes, uint32_t value);
+// "peer 2's slot of Lamport buffer 1 (call 7), element 16" for reports.
+std::string lamport_poll_text(const LamportPoll& where, int peer);
 
 // The simulator's execution context (core/collectives.h): one simulated thread per block.
 template <class T, bool kTrace>
@@ -164,6 +183,42 @@ class SimCtx {
   size_t scratch_elements() const { return env_.peers->scratch_bytes / sizeof(T); }
   T* output() const { return static_cast<T*>(env_.output); }
   SignalBuffer* signals(int peer) const { return env_.peers->signals[peer]; }
+  // The Lamport region of `peer` (core/lamport.h).
+  unsigned char* lamport(int peer) const { return static_cast<unsigned char*>(env_.peers->lamport[peer]); }
+  size_t lamport_bytes() const { return env_.peers->lamport_bytes; }
+  // Element by element, each a release store (a concurrent poll may see part of a pack, as on the
+  // GPU); a scheduling point first.
+  void lamport_store(Pack<T>* dst, const Pack<T>& x, int peer) {
+    (void)peer;
+    env_.executor->lamport_point(env_);
+    unsigned char* d = reinterpret_cast<unsigned char*>(dst);
+    for (int e = 0; e < Storage<T>::kPack; ++e) {
+      lamport_store_word(d + e * sizeof(T), static_cast<int>(sizeof(T)), Storage<T>::bits(x.v[e]));
+    }
+  }
+  // Acquire loads element by element until none is the sentinel; the executor bounds the wait.
+  Pack<T> lamport_poll(const Pack<T>* src, int peer, const LamportPoll& where) {
+    env_.executor->lamport_point(env_);
+    const unsigned char* s = reinterpret_cast<const unsigned char*>(src);
+    while (true) {
+      Pack<T> x;
+      int missing = -1;
+      for (int e = 0; e < Storage<T>::kPack; ++e) {
+        const uint32_t bits = lamport_load_word(s + e * sizeof(T), static_cast<int>(sizeof(T)));
+        if constexpr (sizeof(T) == 4) {
+          x.v[e] = bits_to_float(bits);
+        } else {
+          x.v[e] = T{static_cast<uint16_t>(bits)};
+        }
+        if (missing < 0 && bits == lamport_sentinel_bits<T>()) missing = e;
+      }
+      if (missing < 0) return x;
+      LamportPoll at = where;
+      at.element += static_cast<size_t>(missing);
+      env_.executor->lamport_wait(env_, s + missing * sizeof(T), static_cast<int>(sizeof(T)),
+                                  lamport_sentinel_bits<T>(), peer, at);
+    }
+  }
   // Extra symmetric buffer `id` (World::add_buffer) of `peer`.
   void* buffer(int id, int peer) const { return env_.peers->extra[id][peer]; }
   const BlockEnv& env() const { return env_; }
@@ -267,6 +322,7 @@ class World {
   // Rank's input and scratch buffers (host side).
   void* local_input(int rank) const;
   void* local_scratch(int rank) const;
+  void* local_lamport(int rank) const;
   SignalBuffer* local_signals(int rank) const;
 
   // Queues a launch of kernel; nothing runs until run(). T is the storage type of the SimCtx.
@@ -339,6 +395,7 @@ class World {
   };
   struct Heap {
     Region signals, input, scratch, output;  // output: staging for misaligned user outputs (local)
+    Region lamport;                          // 0xFF-filled when (re)allocated
     std::vector<Region> extra;
   };
   void allocate(Region& region, int rank, size_t bytes);

@@ -539,7 +539,8 @@ enum class FusedKernelKind : int {
   kGatherNorm = 2,       // fused_rmsnorm_gather_norm
   kResidualRmsNorm = 3,  // residual_rmsnorm_rows (local; the split path)
   kOneStageReg = 4,      // fused_rmsnorm_one_stage_reg
-  kPushOneStage = 5      // fused_rmsnorm_push_one_stage_reg (reads only its own x: never staged)
+  kPushOneStage = 5,     // fused_rmsnorm_push_one_stage_reg (reads only its own x: never staged)
+  kLamportOneStage = 6   // core fused_rmsnorm_lamport_one_stage (reads only its own x: never staged)
 };
 
 // Copies from src (this rank's x, [rows, H]) into dst (its staging buffer) the rows that block

@@ -78,6 +78,9 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
     // No staging: base.inputs[rank] is this rank's x where the caller keeps it (only this kernel
     // reads it; the peers read the copies it pushes).
     fused_gpu::fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, fused_args<T>(args));
+  } else if constexpr (kKind == FusedKernelKind::kLamportOneStage) {
+    // No staging either: base.inputs[rank] is this rank's x where the caller keeps it.
+    fused_rmsnorm_lamport_one_stage<T, kRanks>(ctx, fused_args<T>(args));
   } else {
     if (args.stage_from != nullptr) {
       fused_gpu::stage_fused_input<T>(ctx, kKind, static_cast<const T*>(args.stage_from),
@@ -169,6 +172,8 @@ cudaError_t launch_fused_for_ranks(FusedKernelKind kind, const FusedKernelArgs& 
       return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kOneStageReg>, args, cfg, stream);
     case FusedKernelKind::kPushOneStage:
       return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kPushOneStage>, args, cfg, stream);
+    case FusedKernelKind::kLamportOneStage:
+      return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kLamportOneStage>, args, cfg, stream);
     case FusedKernelKind::kResidualRmsNorm:
       return cudaErrorInvalidValue;  // not per world size: launch_fused_typed launches it
   }

@@ -5,6 +5,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "core/lamport.h"
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/fused/fused_kernels.h"
 
@@ -20,6 +21,7 @@ FusedKernelKind kernel_kind(FusedAlgorithm a) {
     case FusedAlgorithm::kOneStage: return FusedKernelKind::kOneStage;
     case FusedAlgorithm::kOneStageReg: return FusedKernelKind::kOneStageReg;
     case FusedAlgorithm::kPushOneStage: return FusedKernelKind::kPushOneStage;
+    case FusedAlgorithm::kLamportOneStage: return FusedKernelKind::kLamportOneStage;
     case FusedAlgorithm::kTwoStage: return FusedKernelKind::kTwoStage;
     case FusedAlgorithm::kGatherNorm: return FusedKernelKind::kGatherNorm;
     default: throw std::logic_error(kind_of_error);
@@ -64,6 +66,14 @@ FusedChoice FusedRmsNorm::choose(const FusedRmsNormShape& shape, FusedAlgorithm 
                       FusedAlgorithm::kOneStageReg);
     c.from_table = from_table;
   }
+  // Likewise lamport_one_stage where all rows do not fit one Lamport slot.
+  if (algo == FusedAlgorithm::kAuto && c.algo == FusedAlgorithm::kLamportOneStage &&
+      max_rows_per_launch(FusedAlgorithm::kLamportOneStage, shape, false) < shape.rows) {
+    const bool from_table = c.from_table;
+    c = table_.choose(comm_.arch(), comm_.world_size(), shape.rows, shape.hidden, shape.dtype,
+                      FusedAlgorithm::kOneStageReg);
+    c.from_table = from_table;
+  }
   return c;
 }
 
@@ -77,6 +87,10 @@ int FusedRmsNorm::max_rows_per_launch(FusedAlgorithm algo, const FusedRmsNormSha
   if (algo == FusedAlgorithm::kPushOneStage) {
     // push_scratch_elements(rows * H, pack, n): H is a multiple of the pack, so 2 x n x rows x H.
     rows = std::min(rows, capacity / (2 * static_cast<uint64_t>(comm_.world_size()) * row_bytes));
+  }
+  if (algo == FusedAlgorithm::kLamportOneStage) {
+    // One Lamport slot (core/lamport.h: 3 buffers x n slots of the communicator's Lamport region).
+    rows = std::min<uint64_t>(rows, lamport_layout(comm_.lamport_region_bytes(), comm_.world_size()).slot_bytes / row_bytes);
   }
   return static_cast<int>(rows);
 }
@@ -148,7 +162,8 @@ FusedCallInfo FusedRmsNorm::run(const FusedRmsNormBuffers& b, const FusedRmsNorm
   // 3. Where x comes from: registered (peers' copies at the same offset) or staged; push_one_stage
   //    reads it where it is (only this rank's kernel reads it: peers read what it pushes).
   check_grid(info.grid, true);
-  const bool x_in_place = choice.algo == FusedAlgorithm::kPushOneStage;
+  const bool x_in_place =
+      choice.algo == FusedAlgorithm::kPushOneStage || choice.algo == FusedAlgorithm::kLamportOneStage;
   KernelArgs base = comm_.ipc_kernel_args();
   size_t x_offset = 0;
   if (registered_x != nullptr) {

@@ -18,7 +18,8 @@ namespace {
 constexpr FusedAlgorithm kAll[] = {FusedAlgorithm::kOneStage,   FusedAlgorithm::kOneStageReg,
                                    FusedAlgorithm::kPushOneStage, FusedAlgorithm::kTwoStage,
                                    FusedAlgorithm::kGatherNorm,   FusedAlgorithm::kUnfused,
-                                   FusedAlgorithm::kAuto,         FusedAlgorithm::kNcclSplit};
+                                   FusedAlgorithm::kAuto,         FusedAlgorithm::kNcclSplit,
+                                   FusedAlgorithm::kLamportOneStage};
 
 int pack_of(DType dtype) { return 16 / dtype_size(dtype); }
 
@@ -41,6 +42,7 @@ const char* fused_algorithm_name(FusedAlgorithm a) {
     case FusedAlgorithm::kNcclSplit: return "nccl_split";
     case FusedAlgorithm::kOneStageReg: return "one_stage_reg";
     case FusedAlgorithm::kPushOneStage: return "push_one_stage";
+    case FusedAlgorithm::kLamportOneStage: return "lamport_one_stage";
   }
   return "?";
 }
@@ -54,12 +56,13 @@ std::optional<FusedAlgorithm> parse_fused_algorithm(const std::string& name) {
 
 std::vector<FusedAlgorithm> fused_ipc_algorithms() {
   return {FusedAlgorithm::kOneStage,   FusedAlgorithm::kOneStageReg, FusedAlgorithm::kPushOneStage,
-          FusedAlgorithm::kTwoStage,   FusedAlgorithm::kGatherNorm,  FusedAlgorithm::kUnfused};
+          FusedAlgorithm::kTwoStage,   FusedAlgorithm::kGatherNorm,  FusedAlgorithm::kUnfused,
+          FusedAlgorithm::kLamportOneStage};
 }
 
 bool is_fused_kernel(FusedAlgorithm a) {
   return a == FusedAlgorithm::kOneStage || a == FusedAlgorithm::kOneStageReg || a == FusedAlgorithm::kPushOneStage ||
-         a == FusedAlgorithm::kTwoStage || a == FusedAlgorithm::kGatherNorm;
+         a == FusedAlgorithm::kTwoStage || a == FusedAlgorithm::kGatherNorm || a == FusedAlgorithm::kLamportOneStage;
 }
 
 LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType dtype, int world_size) {
@@ -67,7 +70,7 @@ LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType
   g.threads = tree_threads(hidden, dtype);
   const int n = std::max(1, world_size);
   const bool all_rows = algo == FusedAlgorithm::kOneStage || algo == FusedAlgorithm::kOneStageReg ||
-                        algo == FusedAlgorithm::kPushOneStage;
+                        algo == FusedAlgorithm::kPushOneStage || algo == FusedAlgorithm::kLamportOneStage;
   const int per_block_rows = all_rows ? rows : (rows + n - 1) / n;
   g.blocks = std::clamp(per_block_rows, 1, kMaxBlocks);
   return g;

@@ -40,7 +40,8 @@ enum class FusedAlgorithm : uint8_t {
   kAuto,
   kNcclSplit,
   kOneStageReg,
-  kPushOneStage
+  kPushOneStage,
+  kLamportOneStage  // core fused_rmsnorm_lamport_one_stage: flag in data, no barrier (core/lamport.h)
 };
 
 const char* fused_algorithm_name(FusedAlgorithm a);

@@ -110,7 +110,8 @@ typedef enum exactcoll_op {
   EXACTCOLL_OP_ALLGATHER = 2
 } exactcoll_op;
 
-/* Collective algorithms. All-reduce: one_shot, two_shot, push_one_shot, push_two_shot.
+/* Collective algorithms. All-reduce: one_shot, two_shot, push_one_shot, push_two_shot,
+ * lamport_one_shot (flag in data: no barrier; docs/design.md).
  * Reduce-scatter: direct. All-gather: direct, copy_engine. Every op: auto (the tuned table on GPUs;
  * one_shot / two_shot by size in the simulator: the bits are the same), nccl (GPU only: NCCL,
  * whose sums follow no contract; the call then reports exact = 0). */
@@ -122,11 +123,13 @@ typedef enum exactcoll_algo {
   EXACTCOLL_ALGO_PUSH_TWO_SHOT = 4,
   EXACTCOLL_ALGO_DIRECT = 5,
   EXACTCOLL_ALGO_COPY_ENGINE = 6,
-  EXACTCOLL_ALGO_NCCL = 7
+  EXACTCOLL_ALGO_NCCL = 7,
+  EXACTCOLL_ALGO_LAMPORT_ONE_SHOT = 8
 } exactcoll_algo;
 
 /* Fused all-reduce + residual add + RMSNorm algorithms. The simulator runs one_stage, two_stage,
- * push_one_stage and unfused (auto: one_stage); the GPU runs all of them (auto: the tuned table).
+ * push_one_stage, lamport_one_stage and unfused (auto: one_stage); the GPU runs all of them (auto:
+ * the tuned table).
  * nccl_split (GPU only) is NCCL's all-reduce + the canonical norm: not the contract's bits. */
 typedef enum exactcoll_fused_algo {
   EXACTCOLL_FUSED_AUTO = 0,
@@ -136,7 +139,8 @@ typedef enum exactcoll_fused_algo {
   EXACTCOLL_FUSED_UNFUSED = 4,
   EXACTCOLL_FUSED_ONE_STAGE_REG = 5,
   EXACTCOLL_FUSED_GATHER_NORM = 6,
-  EXACTCOLL_FUSED_NCCL_SPLIT = 7
+  EXACTCOLL_FUSED_NCCL_SPLIT = 7,
+  EXACTCOLL_FUSED_LAMPORT_ONE_STAGE = 8
 } exactcoll_fused_algo;
 
 /* The rounding contract of the simulator's fused op: canonical (the library's, every backend), or

@@ -27,9 +27,9 @@ ERROR_INTERNAL = 9
 DTYPES = {"bf16": 0, "fp16": 1, "fp32": 2}
 OPS = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2}
 ALGOS = {"auto": 0, "one_shot": 1, "two_shot": 2, "push_one_shot": 3, "push_two_shot": 4,
-         "direct": 5, "copy_engine": 6, "nccl": 7}
+         "direct": 5, "copy_engine": 6, "nccl": 7, "lamport_one_shot": 8}
 FUSED_ALGOS = {"auto": 0, "one_stage": 1, "two_stage": 2, "push_one_stage": 3, "unfused": 4,
-               "one_stage_reg": 5, "gather_norm": 6, "nccl_split": 7}
+               "one_stage_reg": 5, "gather_norm": 6, "nccl_split": 7, "lamport_one_stage": 8}
 CONTRACTS = {"canonical": 0, "f32_residual": 1, "bf16_accumulate": 2, "rotated_two_shot": 3}
 
 _ALGO_NAMES = {v: k for k, v in ALGOS.items()}

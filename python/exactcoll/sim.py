@@ -131,7 +131,8 @@ def _collective(op, x, dtype, algo, options):
 def all_reduce(x, *, dtype=None, algo="auto", **options):
     """Every rank's result of the all-reduce of x [ranks, ...]: out[r] = fold over ranks of x.
 
-    algo: auto, one_shot, two_shot, push_one_shot, push_two_shot (the bits are the same).
+    algo: auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot (the bits are the
+    same).
     options: blocks (1..128), schedule ('threads' or 'seeded'), schedule_seed, timeout_ms,
     trace (JSON-lines file), chrome_trace (Perfetto file), trace_elements (indices to trace).
     """
@@ -155,7 +156,7 @@ def fused_add_rms_norm(x, residual, weight, eps=1e-6, *, dtype=None, algo="auto"
 
     x [ranks, ..., H]: every rank's partial sums; residual [..., H] (the same on every rank);
     weight [H]. residual_out = round(allreduce(x) + residual); out = RMSNorm(residual_out).
-    algo: auto, one_stage, two_stage, push_one_stage, unfused (the same bits).
+    algo: auto, one_stage, two_stage, push_one_stage, lamport_one_stage, unfused (the same bits).
     contract: canonical, or f32_residual / bf16_accumulate / rotated_two_shot, which reproduce
     other systems' rounding (docs/numerics.md).
     """

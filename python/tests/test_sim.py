@@ -14,8 +14,8 @@ import exactcoll.sim as xs
 SEED = int(os.environ.get("EXACTCOLL_TEST_SEED", "20261124"))
 print(f"test_sim: seed {SEED} (EXACTCOLL_TEST_SEED={SEED} reproduces)")
 
-ALLREDUCE_ALGOS = ["auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot"]
-FUSED_ALGOS = ["auto", "one_stage", "two_stage", "push_one_stage", "unfused"]
+ALLREDUCE_ALGOS = ["auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot"]
+FUSED_ALGOS = ["auto", "one_stage", "two_stage", "push_one_stage", "lamport_one_stage", "unfused"]
 DTYPES = ["bf16", "fp16", "fp32"]
 
 

@@ -88,6 +88,8 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
          : spec.algo == FusedAlgo::kPushOneStage ? push_scratch_elements(count, Storage<T>::kPack, n)
                                                  : 0) *
         sizeof(T);
+    launch.lamport_bytes =
+        spec.algo == FusedAlgo::kLamportOneStage ? lamport_region_bytes(count, sizeof(T), n) : 0;
     const FusedAlgo algo = spec.algo;
     world.enqueue<T>(launch, [args, algo](auto& ctx) {
       with_fused_ctx(ctx, [&](auto& fctx) {
@@ -98,6 +100,8 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
             fused_rmsnorm_one_stage<T, kRanks>(fctx, a);
           } else if (algo == FusedAlgo::kPushOneStage) {
             fused_rmsnorm_push_one_stage<T, kRanks>(fctx, a);
+          } else if (algo == FusedAlgo::kLamportOneStage) {
+            fused_rmsnorm_lamport_one_stage<T, kRanks>(fctx, a);
           } else {
             fused_rmsnorm_two_stage<T, kRanks>(fctx, a);
           }

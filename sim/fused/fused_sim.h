@@ -1,5 +1,5 @@
 // The fused all-reduce + residual add + RMSNorm on the simulated world: core/fused_rmsnorm.h's
-// one_stage, two_stage and push_one_stage launched on every (rank, block), and unfused as three
+// one_stage, two_stage, push_one_stage and lamport_one_stage launched on every (rank, block), and unfused as three
 // launches (the all-reduce of sim/collectives.h, then residual_add_step, then rmsnorm_step).
 #pragma once
 

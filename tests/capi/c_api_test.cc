@@ -89,8 +89,8 @@ TEST(CApiNames, EveryValueRoundTripsAndUnknownNamesAreListed) {
     int count;
   };
   for (const Enum& e : {Enum{exactcoll_dtype_name, exactcoll_dtype_from_name, 3},
-                        Enum{exactcoll_algo_name, exactcoll_algo_from_name, 8},
-                        Enum{exactcoll_fused_algo_name, exactcoll_fused_algo_from_name, 8},
+                        Enum{exactcoll_algo_name, exactcoll_algo_from_name, 9},
+                        Enum{exactcoll_fused_algo_name, exactcoll_fused_algo_from_name, 9},
                         Enum{exactcoll_contract_name, exactcoll_contract_from_name, 4}}) {
     for (int v = 0; v < e.count; ++v) {
       ASSERT_NE(e.name(v), nullptr) << v;
@@ -99,6 +99,12 @@ TEST(CApiNames, EveryValueRoundTripsAndUnknownNamesAreListed) {
       EXPECT_EQ(back, v);
     }
     EXPECT_EQ(e.name(e.count), nullptr);
+    if (e.name == exactcoll_algo_name) {
+      EXPECT_STREQ(e.name(EXACTCOLL_ALGO_LAMPORT_ONE_SHOT), "lamport_one_shot");
+    }
+    if (e.name == exactcoll_fused_algo_name) {
+      EXPECT_STREQ(e.name(EXACTCOLL_FUSED_LAMPORT_ONE_STAGE), "lamport_one_stage");
+    }
     EXPECT_EQ(e.name(-1), nullptr);
     int out = 0;
     expect_error(e.from("no_such_name", &out), EXACTCOLL_ERROR_INVALID_ARGUMENT, "unknown name 'no_such_name'");

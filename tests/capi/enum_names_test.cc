@@ -27,7 +27,7 @@ TEST(EnumNames, EveryGpuAlgorithmNameIsTheBackends) {
 }
 
 TEST(EnumNames, SimulatorNamesAreTheSame) {
-  for (const char* name : {"auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot"}) {
+  for (const char* name : {"auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot"}) {
     sim::Algorithm a{};
     ASSERT_TRUE(sim::parse_algorithm(name, &a)) << name;
     EXPECT_GE(value_of(kAlgoNames, sim::algorithm_name(a)), 0) << name;

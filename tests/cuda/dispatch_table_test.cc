@@ -167,6 +167,33 @@ TEST(DispatchTable, PushTwoShotRowsParseAndAutoPicksThemWhereFastest) {
   }
 }
 
+// lamport_one_shot is an IPC algorithm of allreduce only: a table can name it, auto takes it where
+// its row is fastest, and the embedded table has no rows for it yet (not measured on GPUs).
+TEST(DispatchTable, LamportRowsParseAndTheEmbeddedTableHasNoneYet) {
+  const DispatchTable t = DispatchTable::parse(
+      "sm90\t2\tallreduce\t16384\tone_shot\t2\t256\t5.0\n"
+      "sm90\t2\tallreduce\t16384\tlamport_one_shot\t4\t512\t2.9\n"
+      "sm90\t2\tallreduce\t524288\tone_shot\t16\t512\t8.0\n"
+      "sm90\t2\tallreduce\t524288\tlamport_one_shot\t32\t512\t9.0\n",
+      "lamport.tsv");
+  Choice c = t.choose("sm90", 2, Op::kAllReduce, 16384, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kLamportOneShot);
+  EXPECT_EQ(c.grid.blocks, 4);
+  c = t.choose("sm90", 2, Op::kAllReduce, 524288, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kOneShot);
+  c = t.choose("sm90", 2, Op::kAllReduce, 524288, Algorithm::kLamportOneShot);
+  EXPECT_EQ(c.algo, Algorithm::kLamportOneShot);
+  EXPECT_EQ(c.grid.blocks, 32);
+  EXPECT_STREQ(algorithm_name(Algorithm::kLamportOneShot), "lamport_one_shot");
+  try {
+    DispatchTable::parse("sm90\t4\tallgather\t1024\tlamport_one_shot\t2\t512\t1\n", "ag.tsv");
+    ADD_FAILURE() << "lamport_one_shot accepted for allgather";
+  } catch (const TableError& e) {
+    EXPECT_NE(std::string(e.what()).find("not an IPC algorithm of allgather"), std::string::npos) << e.what();
+  }
+  for (const TableRow& row : DispatchTable::embedded().rows()) EXPECT_NE(row.algo, Algorithm::kLamportOneShot);
+}
+
 // A push algorithm whose 2 x n slots do not fit the scratch runs in chunks; auto prices it as those
 // chunks (measured time at the chunk's size x chunks) against the other algorithms' whole-message
 // time, and uses the grid measured at the chunk's size. Numbers from the 4-GPU run of 2026-11-21.

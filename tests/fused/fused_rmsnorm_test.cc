@@ -59,7 +59,7 @@ void expect_matches_reference(FusedAlgo algo, const RandomProblem<T>& p, const R
 }
 
 constexpr FusedAlgo kAlgos[] = {FusedAlgo::kOneStage, FusedAlgo::kTwoStage, FusedAlgo::kPushOneStage,
-                                FusedAlgo::kUnfused};
+                                FusedAlgo::kLamportOneStage, FusedAlgo::kUnfused};
 
 // ---- The reference itself ---------------------------------------------------------------------------
 
@@ -222,12 +222,16 @@ void specials_for() {
   p.residual[128 + 2] = round_to<T>(-0.0f);
   set_x(0, 128 + 4, 1e-40f);
   // Row 3: NaN payload patterns straight into storage.
+  // Element 200: the Lamport sentinel's pattern (all ones) in rank 2's x, which lamport_one_stage
+  // must canonicalize before its push (numerics.md §9).
   if constexpr (sizeof(T) == 2) {
     p.x[0 * p.count() + 192] = T{0xFFC1};
     p.residual[192 + 7] = T{0x7FA5};
+    p.x[2 * p.count() + 200] = T{0xFFFF};
   } else {
     p.x[0 * p.count() + 192] = bits_to_float(0xFFC00123u);
     p.residual[192 + 7] = bits_to_float(0x7FA00001u);
+    p.x[2 * p.count() + 200] = bits_to_float(0xFFFFFFFFu);
   }
   const auto ref = reference(FusedContract::kCanonical, p);
   for (FusedAlgo algo : kAlgos) expect_matches_reference(algo, p, ref, 2, 1);

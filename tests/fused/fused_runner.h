@@ -46,7 +46,7 @@ struct RankOutputs {
   std::vector<std::vector<T>> residual_out, out;  // [rank][rows * H]
 };
 
-// Runs algo (one_stage, two_stage, push_one_stage, or unfused = all-reduce `unfused_allreduce` +
+// Runs algo (one_stage, two_stage, push_one_stage, lamport_one_stage, or unfused = all-reduce `unfused_allreduce` +
 // residual_add_step + rmsnorm_step as three launches) with `blocks` blocks of `threads` threads per
 // rank. The scratch fits two_stage's rows and push_one_stage's receive halves.
 template <class T>
@@ -56,6 +56,7 @@ RankOutputs<T> run_algo(FusedAlgo algo, const RandomProblem<T>& p, int blocks, i
   const size_t scratch = std::max(fused_two_stage_scratch_elements(p.rows, p.hidden) + count + 64,
                                   push_scratch_elements(count, Storage<T>::kPack, p.ranks));
   ThreadWorld<T> world(p.ranks, blocks, threads, count, scratch, count);
+  if (algo == FusedAlgo::kLamportOneStage) world.add_lamport(lamport_region_bytes(count, sizeof(T), p.ranks));
   std::vector<AlignedBuffer<T>> residual, weight, residual_out, out;
   for (int r = 0; r < p.ranks; ++r) {
     std::memcpy(world.inputs[r].data(), p.x.data() + r * count, count * sizeof(T));
@@ -103,6 +104,8 @@ RankOutputs<T> run_algo(FusedAlgo algo, const RandomProblem<T>& p, int blocks, i
           fused_rmsnorm_one_stage<T, decltype(n)::value>(ctx, a);
         } else if (algo == FusedAlgo::kPushOneStage) {
           fused_rmsnorm_push_one_stage<T, decltype(n)::value>(ctx, a);
+        } else if (algo == FusedAlgo::kLamportOneStage) {
+          fused_rmsnorm_lamport_one_stage<T, decltype(n)::value>(ctx, a);
         } else {
           fused_rmsnorm_two_stage<T, decltype(n)::value>(ctx, a);
         }

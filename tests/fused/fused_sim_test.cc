@@ -81,7 +81,7 @@ void check(const Case<T>& c, FusedAlgo algo, int blocks, sim::Schedule schedule,
 }
 
 constexpr FusedAlgo kAlgos[] = {FusedAlgo::kOneStage, FusedAlgo::kTwoStage, FusedAlgo::kPushOneStage,
-                                FusedAlgo::kUnfused};
+                                FusedAlgo::kLamportOneStage, FusedAlgo::kUnfused};
 
 TEST(FusedSim, ThreadsSchedulerEveryAlgorithmDtypeAndWorldSize) {
   uint64_t seed = 1;

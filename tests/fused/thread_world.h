@@ -18,6 +18,7 @@
 
 #include "core/collectives.h"
 #include "core/contract.h"
+#include "core/lamport.h"
 #include "core/signal.h"
 
 namespace exactcoll::testing_world {
@@ -46,6 +47,18 @@ struct ThreadWorld {
   std::vector<std::unique_ptr<SignalBuffer>> signals;
   std::vector<std::unique_ptr<std::barrier<>>> block_barriers;  // [rank * blocks + block]
   int wait_timeout_ms = 20000;
+  std::vector<AlignedBuffer<float>> lamports;  // per rank: the Lamport region (core/lamport.h)
+  size_t lamport_region = 0;
+
+  // Gives every rank a Lamport region of `bytes`, filled with sentinels (0xFF bytes).
+  void add_lamport(size_t bytes) {
+    lamport_region = bytes / 16 * 16;
+    lamports.clear();
+    for (int r = 0; r < ranks; ++r) {
+      lamports.emplace_back(lamport_region / 4);
+      std::memset(static_cast<void*>(lamports.back().data()), 0xFF, lamport_region);
+    }
+  }
 
   ThreadWorld(int ranks_, int blocks_, int threads_, size_t input_elems, size_t scratch_elems, size_t output_elems)
       : ranks(ranks_), blocks(blocks_), threads(threads_) {
@@ -95,6 +108,53 @@ struct ThreadWorld {
     template <class Row>
     float row_sum_squares(const contract::RmsNormTree& tree, Row row) {
       return contract::sum_squares(tree, row);  // every thread computes the whole tree: same bits
+    }
+    // core/lamport.h: element-wise release stores and acquire polls (a pack may be seen in part).
+    unsigned char* lamport(int peer) const { return reinterpret_cast<unsigned char*>(w->lamports[peer].data()); }
+    size_t lamport_bytes() const { return w->lamport_region; }
+    static uint32_t word(const unsigned char* p) {
+      if constexpr (sizeof(T) == 2) {
+        return std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(const_cast<unsigned char*>(p)))
+            .load(std::memory_order_acquire);
+      } else {
+        return std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(const_cast<unsigned char*>(p)))
+            .load(std::memory_order_acquire);
+      }
+    }
+    void lamport_store(Pack<T>* p, const Pack<T>& x, int) const {
+      unsigned char* d = reinterpret_cast<unsigned char*>(p);
+      for (int e = 0; e < Storage<T>::kPack; ++e) {
+        const uint32_t bits = Storage<T>::bits(x.v[e]);
+        if constexpr (sizeof(T) == 2) {
+          std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(d + 2 * e)).store(static_cast<uint16_t>(bits),
+                                                                                    std::memory_order_release);
+        } else {
+          std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(d + 4 * e)).store(bits, std::memory_order_release);
+        }
+      }
+    }
+    Pack<T> lamport_poll(const Pack<T>* p, int peer, const LamportPoll& where) const {
+      const unsigned char* s = reinterpret_cast<const unsigned char*>(p);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(w->wait_timeout_ms);
+      while (true) {
+        Pack<T> x;
+        for (int e = 0; e < Storage<T>::kPack; ++e) {
+          const uint32_t bits = word(s + e * sizeof(T));
+          if constexpr (sizeof(T) == 2) {
+            x.v[e] = T{static_cast<uint16_t>(bits)};
+          } else {
+            x.v[e] = bits_to_float(bits);
+          }
+        }
+        if (lamport_arrived(x)) return x;
+        if (std::chrono::steady_clock::now() > deadline) {
+          std::fprintf(stderr, "ThreadWorld: rank %d block %d polled rank %d's slot (buffer %d, call %u, element %zu) "
+                       "for %d ms: rank %d never wrote it\n", rank_, block_, peer, where.buffer, where.call,
+                       where.element, w->wait_timeout_ms, peer);
+          std::abort();
+        }
+        std::this_thread::yield();
+      }
     }
   };
 

@@ -90,6 +90,8 @@ TEST(SimCli, OutputsMatchTheReferenceAndTheSummaryEndsWithTheirSha256) {
       {"allreduce", sim::Collective::kAllReduce, DType::kFP16, "fp16", 3, 100, "--schedule seeded --schedule-seed 9"},
       {"reduce_scatter", sim::Collective::kReduceScatter, DType::kFP32, "fp32", 5, 45, ""},
       {"allgather", sim::Collective::kAllGather, DType::kBF16, "bf16", 2, 9, "--blocks 2"},
+      {"allreduce", sim::Collective::kAllReduce, DType::kFP32, "fp32", 6, 101,
+       "--algo lamport_one_shot --blocks 2 --schedule seeded --schedule-seed 4"},
   };
   for (const Case& c : cases) {
     const std::string in_path = tmp(std::string("in_") + c.op + ".npy");
@@ -271,7 +273,8 @@ TEST(SimCli, TheOutputCountsAgainstTheMemoryLimit) {
 TEST(SimCli, ADeadRankIsAClearErrorAndNoOutput) {
   const std::string out = tmp("dead_out.npy"), trace = tmp("dead_trace.jsonl");
   for (const char* op : {"allreduce --algo one_shot", "allreduce --algo two_shot", "allreduce --algo push_one_shot",
-                         "allreduce --algo push_two_shot", "reduce_scatter", "allgather"}) {
+                         "allreduce --algo push_two_shot", "allreduce --algo lamport_one_shot", "reduce_scatter",
+                         "allgather"}) {
     for (const char* schedule : {"threads", "seeded"}) {
       std::remove(out.c_str());
       std::remove(trace.c_str());

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/collectives.h"
+#include "core/lamport.h"
 
 namespace exactcoll::exploration {
 
@@ -30,6 +31,25 @@ struct CountSizedHalves : AlternatingHalves {
   static size_t half_elements(size_t count, int pack, int n, size_t) {
     return static_cast<size_t>(n) * push_slot_stride(count, pack);
   }
+};
+
+// Broken Lamport protocols (core/lamport.h's LamportProtocol knobs), each keeping the production
+// choice of what it does not break.
+
+// Broken: two buffers. The clear of call k's previous buffer, (k-1) mod 2 = (k+1) mod 2, can erase
+// what a fast peer, already in call k+1, has stored there: that call's poll never ends.
+struct LamportTwoBuffers : LamportProtocol {
+  static constexpr int kBuffers = 2;
+};
+
+// Broken: no clear. Call k+3 finds call k's data in its buffer and folds it: wrong bits.
+struct LamportNoClear : LamportProtocol {
+  static constexpr bool kClear = false;
+};
+
+// Broken: NaNs pushed as they are. An input whose bits are the sentinel's is never seen as arrived.
+struct LamportNoCanonicalization : LamportProtocol {
+  static constexpr bool kCanonicalize = false;
 };
 
 // What one seeded run found: every output equal to the contract, a deadlock report from the

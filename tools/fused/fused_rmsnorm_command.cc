@@ -54,7 +54,7 @@ int run(int argc, char** argv) {
               contract_text = "canonical";
   cli::ArgParser parser(
       "exactcoll sim fused_rmsnorm --ranks N --dtype bf16|fp16|fp32 (--input x.npy --residual r.npy --weight w.npy | "
-      "--rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy] [--residual-output ro.npy] [--algo one_stage|two_stage|push_one_stage|unfused] "
+      "--rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy] [--residual-output ro.npy] [--algo one_stage|two_stage|push_one_stage|lamport_one_stage|unfused] "
       "[--contract canonical|f32_residual|bf16_accumulate|rotated_two_shot] [--blocks B] "
       "[--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
       "[--chrome-trace FILE]",

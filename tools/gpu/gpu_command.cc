@@ -172,7 +172,7 @@ int run_gpu(int argc, char** argv) {
   GpuOptions o;
   cli::ArgParser parser(
       "exactcoll gpu allreduce|reduce_scatter|allgather --nproc N --dtype bf16|fp16|fp32 [--input in.npy | --count C "
-      "--seed S] [--output out.npy] [--algo one_shot|two_shot|push_one_shot|push_two_shot|direct|copy_engine|auto|nccl] [--blocks B] [--threads T] "
+      "--seed S] [--output out.npy] [--algo one_shot|two_shot|push_one_shot|push_two_shot|lamport_one_shot|direct|copy_engine|auto|nccl] [--blocks B] [--threads T] "
       "[--registered] [--graph]",
       "Runs one collective on N GPUs (one process each) with the conventions of `exactcoll sim`:\n"
       "in.npy is [N, …] (rank first; bf16/fp16 as uint16 bit patterns '<u2', fp32 as '<f4'); the\n"
@@ -189,7 +189,7 @@ int run_gpu(int argc, char** argv) {
   parser.set_default_note("count", "required without --input");
   parser.add_int("seed", &seed, "seed of the random input");
   parser.add_string("output", &o.output_path, "output .npy (written atomically by rank 0)");
-  parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "direct", "copy_engine", "auto", "nccl"},
+  parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "direct", "copy_engine", "auto", "nccl"},
                     "algorithm");
   parser.add_int("blocks", &o.blocks,
                  "force the grid's block count (1.." + std::to_string(kMaxBlocks) + ", as auto's table may)");

@@ -81,6 +81,7 @@ std::vector<Bytes> Simulator::run(cuda::Op op, cuda::Algorithm algo, DType dtype
                    : algo == cuda::Algorithm::kTwoShot ? sim::Algorithm::kTwoShot
                    : algo == cuda::Algorithm::kPushOneShot ? sim::Algorithm::kPushOneShot
                    : algo == cuda::Algorithm::kPushTwoShot ? sim::Algorithm::kPushTwoShot
+                   : algo == cuda::Algorithm::kLamportOneShot ? sim::Algorithm::kLamportOneShot
                                                        : sim::Algorithm::kOneShot;
   spec.dtype = dtype;
   spec.count = count;

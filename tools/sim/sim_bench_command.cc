@@ -66,7 +66,7 @@ int sim_bench_main(int argc, char** argv) {
                         "of all input plus output bytes; prints the medians and their ratio.");
   add_world_flags(parser, &f);
   parser.add_int("mib", &mib, "MiB of input per rank");
-  parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "auto"},
+  parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "auto"},
                     "all-reduce algorithm");
   parser.add_int("blocks", &blocks, "blocks per rank");
   parser.add_int("iters", &iters, "timed iterations (after one warm-up)");

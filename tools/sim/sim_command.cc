@@ -1,7 +1,7 @@
 // `exactcoll sim <op>`: the collectives on the CPU simulator.
 //
 //   exactcoll sim allreduce|reduce_scatter|allgather --ranks N --dtype bf16|fp16|fp32
-//       [--input in.npy | --count C --seed S] [--output out.npy] [--algo one_shot|two_shot|push_one_shot|push_two_shot|auto]
+//       [--input in.npy | --count C --seed S] [--output out.npy] [--algo one_shot|two_shot|push_one_shot|push_two_shot|lamport_one_shot|auto]
 //       [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE]
 //       [--trace-elements I,J,...] [--chrome-trace FILE] [--print]
 //
@@ -102,7 +102,7 @@ int collective_main(Collective op, int argc, char** argv) {
   cli::ArgParser parser(
       "exactcoll " + command +
           " --ranks N --dtype bf16|fp16|fp32 [--input in.npy | --count C --seed S] [--output out.npy]" +
-          (op == Collective::kAllReduce ? " [--algo one_shot|two_shot|push_one_shot|push_two_shot|auto]" : "") +
+          (op == Collective::kAllReduce ? " [--algo one_shot|two_shot|push_one_shot|push_two_shot|lamport_one_shot|auto]" : "") +
           " [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
           "[--chrome-trace FILE] [--print]",
       std::string("Runs ") + sim::collective_name(op) +
@@ -116,7 +116,7 @@ int collective_main(Collective op, int argc, char** argv) {
   parser.add_int("seed", &seed, "seed of the random input");
   parser.add_string("output", &output_path, "write the output .npy here");
   if (op == Collective::kAllReduce) {
-    parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "auto"},
+    parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "auto"},
                       "algorithm; auto = one_shot below 256 KiB per rank, two_shot above (same bits)");
   }
   parser.add_int("blocks", &blocks, "blocks per rank (the work split; same bits for every count)");

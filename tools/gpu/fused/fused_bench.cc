@@ -56,6 +56,7 @@ enum class Column {
   kOneStage,
   kOneStageReg,
   kPushOneStage,
+  kLamportOneStage,
   kTwoStage,
   kGatherNorm,
   kAuto,
@@ -64,18 +65,20 @@ enum class Column {
   kAllReduce,
   kNorm
 };
-constexpr Column kColumns[] = {Column::kOneStage,   Column::kOneStageReg, Column::kPushOneStage, Column::kTwoStage,
-                               Column::kGatherNorm, Column::kAuto,        Column::kUnfused,      Column::kNcclSplit,
-                               Column::kAllReduce,  Column::kNorm};
+constexpr Column kColumns[] = {Column::kOneStage,   Column::kOneStageReg, Column::kPushOneStage, Column::kLamportOneStage,
+                               Column::kTwoStage,   Column::kGatherNorm,  Column::kAuto,         Column::kUnfused,
+                               Column::kNcclSplit,  Column::kAllReduce,   Column::kNorm};
 // The columns whose times make auto's table (--write-table): every exact algorithm but auto.
-constexpr Column kTableColumns[] = {Column::kOneStage, Column::kOneStageReg, Column::kPushOneStage, Column::kTwoStage,
-                                    Column::kGatherNorm, Column::kUnfused};
+constexpr Column kTableColumns[] = {Column::kOneStage,  Column::kOneStageReg, Column::kPushOneStage,
+                                    Column::kLamportOneStage, Column::kTwoStage, Column::kGatherNorm,
+                                    Column::kUnfused};
 
 const char* column_name(Column c) {
   switch (c) {
     case Column::kOneStage: return "one_stage";
     case Column::kOneStageReg: return "one_stage_reg";
     case Column::kPushOneStage: return "push_one_stage";
+    case Column::kLamportOneStage: return "lamport_one_stage";
     case Column::kTwoStage: return "two_stage";
     case Column::kGatherNorm: return "gather_norm";
     case Column::kAuto: return "auto";
@@ -92,6 +95,7 @@ std::optional<FusedAlgorithm> algorithm_of(Column c) {
     case Column::kOneStage: return FusedAlgorithm::kOneStage;
     case Column::kOneStageReg: return FusedAlgorithm::kOneStageReg;
     case Column::kPushOneStage: return FusedAlgorithm::kPushOneStage;
+    case Column::kLamportOneStage: return FusedAlgorithm::kLamportOneStage;
     case Column::kTwoStage: return FusedAlgorithm::kTwoStage;
     case Column::kGatherNorm: return FusedAlgorithm::kGatherNorm;
     case Column::kAuto: return FusedAlgorithm::kAuto;
@@ -333,9 +337,9 @@ int bench_worker(const BenchOptions& o) {
   std::snprintf(line, sizeof line, "\n# fused_rmsnorm, %d ranks, %s, CUDA graph, us per op (max over ranks)\n", n,
                 dtype_name(o.dtype));
   os << line;
-  std::snprintf(line, sizeof line, "%5s %4s %7s %9s %9s %9s %9s %9s %7s %-16s %7s %7s %7s %5s %6s %5s\n", "H", "rows",
-                "KB", "one_stage", "1stg_reg", "push_1stg", "two_stage", "gath_norm", "auto", "(auto=)", "unfused",
-                "nccl_sp", "allred", "norm", "speedup", "wrong");
+  std::snprintf(line, sizeof line, "%5s %4s %7s %9s %9s %9s %9s %9s %9s %7s %-16s %7s %7s %7s %5s %6s %5s\n", "H",
+                "rows", "KB", "one_stage", "1stg_reg", "push_1stg", "lamp_1stg", "two_stage", "gath_norm", "auto",
+                "(auto=)", "unfused", "nccl_sp", "allred", "norm", "speedup", "wrong");
   os << line;
   std::ostringstream csv;
   csv << "world_size,dtype,hidden,rows,bytes,column,chosen,graph_us,eager_us\n";
@@ -354,10 +358,11 @@ int bench_worker(const BenchOptions& o) {
       }
     }
     const std::string auto_choice = p.chosen.count(Column::kAuto) ? p.chosen.at(Column::kAuto) : "";
-    std::snprintf(line, sizeof line, "%5lld %4lld %7.0f %9s %9s %9s %9s %9s %7s %-16s %7s %7s %7s %5s %6s %5llu\n",
+    std::snprintf(line, sizeof line, "%5lld %4lld %7.0f %9s %9s %9s %9s %9s %9s %7s %-16s %7s %7s %7s %5s %6s %5llu\n",
                   static_cast<long long>(p.hidden), static_cast<long long>(p.rows), kb,
                   us_text(p.graph_us, Column::kOneStage).c_str(), us_text(p.graph_us, Column::kOneStageReg).c_str(),
-                  us_text(p.graph_us, Column::kPushOneStage).c_str(), us_text(p.graph_us, Column::kTwoStage).c_str(),
+                  us_text(p.graph_us, Column::kPushOneStage).c_str(),
+                  us_text(p.graph_us, Column::kLamportOneStage).c_str(), us_text(p.graph_us, Column::kTwoStage).c_str(),
                   us_text(p.graph_us, Column::kGatherNorm).c_str(), us_text(p.graph_us, Column::kAuto).c_str(),
                   auto_choice.c_str(), us_text(p.graph_us, Column::kUnfused).c_str(),
                   us_text(p.graph_us, Column::kNcclSplit).c_str(), us_text(p.graph_us, Column::kAllReduce).c_str(),
@@ -396,8 +401,8 @@ int run_fused_bench(int argc, char** argv) {
   std::string op_text, dtype_text = "bf16", hidden_text = "4096,8192",
                        rows_text = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096",
                        columns_text =
-                           "one_stage,one_stage_reg,push_one_stage,two_stage,gather_norm,auto,unfused,nccl_split,allreduce,"
-                           "norm";
+                           "one_stage,one_stage_reg,push_one_stage,lamport_one_stage,two_stage,gather_norm,auto,unfused,"
+                           "nccl_split,allreduce,norm";
   BenchOptions o;
   cli::ArgParser parser(
       "exactcoll bench --op fused_rmsnorm --nproc N [--dtype bf16|fp16|fp32] [--hidden 4096,8192] [--rows …] "
@@ -415,8 +420,8 @@ int run_fused_bench(int argc, char** argv) {
   parser.add_string("hidden", &hidden_text, "comma list of H");
   parser.add_string("rows", &rows_text, "comma list of row counts");
   parser.add_string("algos", &columns_text,
-                    "comma list of one_stage, one_stage_reg, push_one_stage, two_stage, gather_norm, auto, unfused, "
-                    "nccl_split, allreduce, norm");
+                    "comma list of one_stage, one_stage_reg, push_one_stage, lamport_one_stage, two_stage, gather_norm, "
+                    "auto, unfused, nccl_split, allreduce, norm");
   parser.add_int("graph-ops", &o.graph_ops, "ops captured per CUDA graph");
   parser.add_int("replays", &o.replays, "timed graph replays (the median is reported)");
   parser.add_int("warmup", &o.warmup, "untimed replays first");

@@ -223,7 +223,7 @@ int run_gpu_fused_rmsnorm(int argc, char** argv) {
   cli::ArgParser parser(
       "exactcoll gpu fused_rmsnorm --nproc N --dtype bf16|fp16|fp32 (--input x.npy --residual r.npy --weight w.npy | "
       "--rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy] [--residual-output ro.npy] "
-      "[--algo one_stage|one_stage_reg|push_one_stage|two_stage|gather_norm|unfused|auto|nccl_split] "
+      "[--algo one_stage|one_stage_reg|push_one_stage|lamport_one_stage|two_stage|gather_norm|unfused|auto|nccl_split] "
       "[--contract canonical] [--blocks B] [--threads T] [--registered] [--graph]",
       "Fused all-reduce + residual add + RMSNorm on N GPUs (one process each), with the conventions of\n"
       "`exactcoll sim fused_rmsnorm`: x.npy is [N, rows, H] (rank r's partial sums at [r]), r.npy [rows, H],\n"
@@ -247,7 +247,7 @@ int run_gpu_fused_rmsnorm(int argc, char** argv) {
   parser.add_string("output", &o.output, "out.npy: [N, rows, H] normed output");
   parser.add_string("residual-output", &o.residual_output, "ro.npy: [N, rows, H] residual output");
   parser.add_choice("algo", &algo_text,
-                    {"one_stage", "one_stage_reg", "push_one_stage", "two_stage", "gather_norm", "unfused", "auto",
+                    {"one_stage", "one_stage_reg", "push_one_stage", "lamport_one_stage", "two_stage", "gather_norm", "unfused", "auto",
                      "nccl_split"},
                     "algorithm");
   parser.add_choice("contract", &contract_text, {"canonical"}, "rounding contract (the GPU has the canonical one only)");

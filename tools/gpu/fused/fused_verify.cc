@@ -73,6 +73,7 @@ std::optional<FusedAlgo> sim_algo(FusedAlgorithm a) {
     case FusedAlgorithm::kOneStage: return FusedAlgo::kOneStage;
     case FusedAlgorithm::kOneStageReg: return FusedAlgo::kOneStage;
     case FusedAlgorithm::kPushOneStage: return FusedAlgo::kPushOneStage;
+    case FusedAlgorithm::kLamportOneStage: return FusedAlgo::kLamportOneStage;
     case FusedAlgorithm::kTwoStage: return FusedAlgo::kTwoStage;
     case FusedAlgorithm::kUnfused: return FusedAlgo::kUnfused;
     default: return std::nullopt;
@@ -248,7 +249,7 @@ int run_fused_verify(int argc, char** argv) {
   double eps = 1e-6;
   std::string ops_text, dtypes_text = "bf16,fp16", hidden_text = "2880,4096,5120,7168,8192,16384",
                         rows_text = "1,2,3,7,16,64,257,1024,4096",
-                        algos_text = "one_stage,one_stage_reg,push_one_stage,two_stage,gather_norm,unfused,auto";
+                        algos_text = "one_stage,one_stage_reg,push_one_stage,lamport_one_stage,two_stage,gather_norm,unfused,auto";
   VerifyOptions o;
   cli::ArgParser parser(
       "exactcoll verify --nproc N --ops fused_rmsnorm [--dtypes …] [--hidden …] [--rows …] [--algos …] [--iters K] "
@@ -265,7 +266,8 @@ int run_fused_verify(int argc, char** argv) {
   parser.add_string("hidden", &hidden_text, "comma list of H");
   parser.add_string("rows", &rows_text, "comma list of row counts");
   parser.add_string("algos", &algos_text,
-                    "comma list of one_stage, one_stage_reg, push_one_stage, two_stage, gather_norm, unfused, auto");
+                    "comma list of one_stage, one_stage_reg, push_one_stage, lamport_one_stage, two_stage, gather_norm, unfused, "
+                    "auto");
   parser.add_int("max-elements", &o.max_elements, "skip (H, rows) with rows * H above this");
   parser.add_int("sim-all-max-elements", &o.sim_all_max_elements,
                  "simulate each GPU algorithm itself up to this rows * H (one_stage above)");
@@ -289,7 +291,7 @@ int run_fused_verify(int argc, char** argv) {
     if (!a || *a == FusedAlgorithm::kNcclSplit) {
       return cli::fail(kCommand,
                        "unknown algorithm '" + s +
-                           "' (one_stage, one_stage_reg, push_one_stage, two_stage, gather_norm, unfused, auto)");
+                           "' (one_stage, one_stage_reg, push_one_stage, lamport_one_stage, two_stage, gather_norm, unfused, auto)");
     }
     o.algos.push_back(*a);
   }

@@ -1,0 +1,393 @@
+// The flag-in-data (Lamport) one-shot all-reduce with an exact sentinel: no barrier, no flag. Every
+// rank stores its (NaN-canonicalized) input into its slot of every peer's receive buffer, which
+// holds a sentinel beforehand; a reader polls its own buffer until no sentinel remains, then folds
+// in rank order with the fold helpers of core/collectives.h (the contract's bits, -0.0 kept).
+// docs/design.md (§3, §4) has the rotation, docs/numerics.md ("The Lamport sentinel") why the
+// sentinel can never be pushed data.
+//
+// ---- What a context adds for it (besides core/collectives.h's concept) --------------------------------
+//   unsigned char* lamport(int peer)          peer's symmetric Lamport region (16-byte aligned; every
+//                                             byte 0xFF, i.e. sentinels, when the region is created)
+//   size_t lamport_bytes()                    bytes of every rank's region (the same on every rank)
+//   void lamport_store(Pack<T>* dst, const Pack<T>& x, int peer)
+//                                             a store into peer's region (peer == rank: a clear of
+//                                             this rank's own region) that a concurrent poll may see
+//                                             element by element (GPU: a relaxed 16-byte store)
+//   Pack<T> lamport_poll(const Pack<T>* src, int peer, const LamportPoll& where)
+//                                             loads the pack from this rank's own region (relaxed:
+//                                             never cached) until no element is the sentinel
+//                                             (lamport_arrived); bounded: a peer that never writes
+//                                             is an error naming it (and `where`)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/collectives.h"
+#include "core/platform.h"
+#include "core/signal.h"
+#include "core/storage.h"
+
+namespace exactcoll {
+
+// ---- The sentinel and the canonicalization on push ---------------------------------------------------
+
+// The sentinel of storage type T: all bits set (bf16, fp16: 0xFFFF; fp32: 0xFFFFFFFF), a NaN that
+// is not the canonical one (0x7FFF / 0x7FFFFFFF, docs/numerics.md §2). A region filled with 0xFF
+// bytes is all sentinels whatever the type.
+template <class T>
+EXC_HD constexpr uint32_t lamport_sentinel_bits() {
+  return sizeof(T) == 2 ? 0xFFFFu : 0xFFFFFFFFu;
+}
+
+// Is x a NaN of storage type T (any sign, any payload)?
+template <class T>
+EXC_HD EXC_INLINE bool storage_is_nan(T x) {
+  const uint32_t u = Storage<T>::bits(x);
+  if constexpr (sizeof(T) == 4) {
+    return (u & 0x7FFFFFFFu) > 0x7F800000u;
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    return (u & 0x7FFFu) > 0x7F80u;  // exponent all ones (0x7F80), mantissa not zero
+  } else {
+    return (u & 0x7FFFu) > 0x7C00u;  // fp16: exponent all ones (0x7C00), mantissa not zero
+  }
+}
+
+// The contract's canonical NaN of T (what every NaN result is stored as).
+template <class T>
+EXC_HD EXC_INLINE T storage_canonical_nan() {
+  if constexpr (sizeof(T) == 4) {
+    return bits_to_float(kCanonicalNaN32);
+  } else {
+    return T{kStorageNaN16};
+  }
+}
+
+template <class T>
+EXC_HD EXC_INLINE bool lamport_is_sentinel(T x) {
+  return Storage<T>::bits(x) == lamport_sentinel_bits<T>();
+}
+
+// Is every element of x pushed data (none the sentinel)?
+template <class T>
+EXC_HD EXC_INLINE bool lamport_arrived(const Pack<T>& x) {
+  bool ok = true;
+  for (int e = 0; e < Storage<T>::kPack; ++e) ok = ok && !lamport_is_sentinel(x.v[e]);
+  return ok;
+}
+
+// x with every NaN replaced by the canonical NaN: never the sentinel, and the same fold result
+// (a NaN operand makes the fold NaN, stored canonical, whatever its payload: numerics.md).
+template <class T>
+EXC_HD EXC_INLINE Pack<T> lamport_canonicalize(Pack<T> x) {
+  for (int e = 0; e < Storage<T>::kPack; ++e) {
+    if (storage_is_nan(x.v[e])) x.v[e] = storage_canonical_nan<T>();
+  }
+  return x;
+}
+
+// ---- The layout of a rank's Lamport region --------------------------------------------------------------
+// kLamportBuffers buffers of n receive slots each: buffer j at j x buffer_bytes, sender p's slot
+// at p x slot_bytes in it, element i of a message at byte i x sizeof(T) of the slot. The layout
+// depends only on the region's size and n (the same on every rank and for every call), never on
+// the call's count, so calls of different sizes (and types) can follow each other.
+
+inline constexpr int kLamportBuffers = 3;
+
+struct LamportLayout {
+  size_t buffer_bytes = 0;  // multiple of 16
+  size_t slot_bytes = 0;    // multiple of 16
+};
+
+EXC_HD inline LamportLayout lamport_layout(size_t region_bytes, int n) {
+  LamportLayout l;
+  l.buffer_bytes = region_bytes / kLamportBuffers / 16 * 16;
+  l.slot_bytes = l.buffer_bytes / static_cast<size_t>(n) / 16 * 16;
+  return l;
+}
+
+// Bytes of a slot that a message of `count` elements of `element_bytes` occupies (whole packs).
+EXC_HD inline size_t lamport_message_bytes(size_t count, size_t element_bytes) {
+  return (count * element_bytes + 15) / 16 * 16;
+}
+
+// The region bytes per rank that a call of `count` elements of `element_bytes` needs on n ranks.
+EXC_HD inline size_t lamport_region_bytes(size_t count, size_t element_bytes, int n) {
+  return static_cast<size_t>(kLamportBuffers) * static_cast<size_t>(n) * lamport_message_bytes(count, element_bytes);
+}
+
+// Does a call of `count` elements fit a region of region_bytes on n ranks?
+EXC_HD inline bool lamport_fits(size_t count, size_t element_bytes, int n, size_t region_bytes) {
+  return lamport_message_bytes(count, element_bytes) <= lamport_layout(region_bytes, n).slot_bytes;
+}
+
+// What a poll reports when its peer never writes.
+struct LamportPoll {
+  uint32_t call = 0;   // this rank's Lamport call number
+  int buffer = 0;      // which of the buffers
+  size_t element = 0;  // the first element of the polled pack
+};
+
+// ---- Protocol variants (the production one, and broken ones that exist for the tests) -----------------
+// kBuffers: buffers in the rotation (production 3; tests: 2). kClear: clear the previous call's
+// buffer (production true). kCanonicalize: replace NaNs by the canonical NaN before the push
+// (production true; without it an input equal to the sentinel is never seen as arrived).
+struct LamportProtocol {
+  static constexpr int kBuffers = kLamportBuffers;
+  static constexpr bool kClear = true;
+  static constexpr bool kCanonicalize = true;
+};
+
+// This rank's input pack starting at element i (aligned) of a count-element message; elements at
+// or past count (the last pack of a count that is not a multiple of the pack) are +0.0, never the
+// sentinel, and never stored to output.
+template <class T>
+EXC_HD EXC_INLINE Pack<T> lamport_input_pack(const T* mine, size_t i, size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  Pack<T> x;
+  if (i + P <= count) {
+    for (int e = 0; e < P; ++e) x.v[e] = mine[i + e];
+  } else {
+    for (int e = 0; e < P; ++e) {
+      if (i + e < count) {
+        x.v[e] = mine[i + e];
+      } else if constexpr (sizeof(T) == 4) {
+        x.v[e] = 0.0f;
+      } else {
+        x.v[e] = T{0};
+      }
+    }
+  }
+  return x;
+}
+
+// All-reduce, Lamport one shot (flag in data): no barrier and no flag; every rank stores its input
+// into its slot of every peer's receive buffer, and polls the data itself. Same bits as one_shot:
+// every element is folded in rank order 0..n-1 by fold_pack_from, from operands whose only change
+// is a NaN made canonical (which changes no fold result).
+// Preconditions (besides the common ones): lamport_fits(count, sizeof(T), n, ctx.lamport_bytes());
+// the region was filled with 0xFF once, before any call, and is used by Lamport calls only.
+// Example: 2 ranks, 8 bf16 (one pack), call k (buffer b = k mod 3): rank 0 stores its pack into
+// slot 0 of rank 1's buffer b, rank 1 into slot 1 of rank 0's; rank 0 polls its own slot 1 until
+// no element is 0xFFFF and folds input_0 + slot 1; rank 1 folds slot 0 + input_1.
+// Steps (per block, on its share of the message's packs):
+//   1. k = lamport_calls[block] (this rank's Lamport call number); b = k mod 3 is this call's
+//      buffer, c = (k - 1) mod 3 the previous call's;
+//   2. push: each pack of this block's share of the input, NaNs made canonical, into slot (b, rank)
+//      of every peer's region (peers in order rank+1, rank+2, ...);
+//   3. clear: this block's share of the extent that the previous call wrote (lamport_extent[c])
+//      of every peer's slot of this rank's own buffer c, back to the sentinel; it overlaps with
+//      the peers' latency instead of following the fold;
+//   4. poll and fold: for each pack, this rank's own input and the peers' slots (b, p) of its own
+//      region, each polled until no sentinel remains, folded in rank order 0..n-1 into output;
+//   5. (after the block's sync) record this call's extent in lamport_extent[b] and advance the
+//      call number (slots b, b + G, ... as advance_push_calls does).
+// Why three buffers, and why the clear is safe. Rank r reads only its own region, and peer p
+// writes buffer j of r's region only in calls k with k mod 3 = j.
+//   (a) The clear in call k of buffer (k-1) mod 3: r finished reading it in call k-1 (stream
+//       order), so every peer write of call k-1 into it had landed; the next write into it comes
+//       in call k+2 (= k-1 mod 3), which p starts only after finishing call k+1, which needs r's
+//       call k+1 push, issued after r's call k kernel (the clear included) finished. Meanwhile p
+//       is at most in call k+1 and writes buffer (k+1) mod 3: not the one being cleared.
+//   (b) With two buffers, buffer (k-1) mod 2 = (k+1) mod 2: p, done with call k as soon as r's
+//       call k push arrived, may already have written its call k+1 data there, and r's clear
+//       erases it (r then polls call k+1 forever). Clearing at the end of call k-1 instead would
+//       make two buffers enough but puts the clear's stores after the fold, on every call's
+//       critical path; the third buffer moves it off.
+//   (c) Without the clear, call k+3 finds call k's data in buffer k mod 3 and folds it.
+//   (d) The poll is an exact test because pushed data is never the sentinel (canonical NaNs).
+// tests/sim/lamport_exploration_test.cc catches (b), (c) and an uncanonicalized push, and runs
+// the production protocol over thousands of seeds.
+// ---- The steps every Lamport algorithm shares (allreduce_lamport_one_shot below,
+// fused_rmsnorm_lamport_one_stage in core/fused_rmsnorm.h); they share the call counter and the
+// extents too, so Lamport calls of either kind may follow each other in any order ------------------
+
+// One Lamport call as a block sees it: the call number, this call's buffer and the previous
+// call's, and the layout in elements of T.
+template <class T>
+struct LamportCall {
+  uint32_t calls = 0;  // this rank's Lamport call number (SignalBuffer::lamport_calls)
+  int buffer = 0;      // calls mod kBuffers: where this call's data goes
+  int previous = 0;    // (calls - 1) mod kBuffers: what this call clears
+  size_t buffer_elements = 0, slot_elements = 0;
+};
+
+// Step 1: reads the call number from this block's slot (every block of the launch reads the same).
+template <class T, class Protocol, class Ctx>
+EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx) {
+  constexpr int B = Protocol::kBuffers;
+  LamportCall<T> c;
+  c.calls = ctx.signals(ctx.rank())->lamport_calls[ctx.block()];
+  c.buffer = static_cast<int>(c.calls % B);
+  c.previous = static_cast<int>((c.calls + B - 1) % B);
+  const LamportLayout layout = lamport_layout(ctx.lamport_bytes(), ctx.world_size());
+  c.buffer_elements = layout.buffer_bytes / sizeof(T);
+  c.slot_elements = layout.slot_bytes / sizeof(T);
+  return c;
+}
+
+// Element offset of sender `from`'s slot of `buffer` in a region, and the slot's address in
+// `owner`'s region.
+template <class T>
+EXC_HD EXC_INLINE size_t lamport_slot_offset(const LamportCall<T>& c, int buffer, int from) {
+  return static_cast<size_t>(buffer) * c.buffer_elements + static_cast<size_t>(from) * c.slot_elements;
+}
+template <class T, class Ctx>
+EXC_HD EXC_INLINE T* lamport_slot(Ctx& ctx, const LamportCall<T>& c, int owner, int buffer, int from) {
+  return reinterpret_cast<T*>(ctx.lamport(owner)) + lamport_slot_offset(c, buffer, from);
+}
+
+// share with its packs cut at `count` (traces: what is read from an input or written to an output
+// of count elements; the padding of the last pack is neither).
+EXC_HD inline BlockShare lamport_clip(BlockShare share, size_t count) {
+  if (share.pack_end > count) share.pack_end = count > share.pack_begin ? count : share.pack_begin;
+  return share;
+}
+
+// Step 2: each pack of `share` (pack-aligned at both ends, within [0, padded count)) of this
+// rank's input `mine` (count elements), NaNs made canonical (Protocol::kCanonicalize), into slot
+// (buffer, rank) of every peer's region, peers in order rank+1, rank+2, ...; traced as `name`.
+template <class T, int kRanks, class Protocol, class Ctx>
+EXC_HD void lamport_push(Ctx& ctx, const char* name, const LamportCall<T>& c, const BlockShare& share, const T* mine,
+                         size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  const int peers = kRanks > 0 ? kRanks : n;
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin(name);
+    trace_share(ctx, lamport_clip(share, count), Access::kRead, me, Buffer::kInput);
+    for (int k = 1; k < n; ++k) {
+      trace_share(ctx, share, Access::kWrite, (me + k) % n, Buffer::kLamport, lamport_slot_offset(c, c.buffer, me));
+    }
+    ctx.trace_step_end();
+  } else {
+    (void)name;
+  }
+  for_share(
+      ctx, share, P,
+      [&](size_t i) {
+        Pack<T> x = lamport_input_pack(mine, i, count);
+        if constexpr (Protocol::kCanonicalize) x = lamport_canonicalize(x);
+        for (int k = 1; k < peers; ++k) {
+          const int peer = (me + k) % n;
+          ctx.lamport_store(reinterpret_cast<Pack<T>*>(lamport_slot(ctx, c, peer, c.buffer, me) + i), x, peer);
+        }
+      },
+      [](size_t) {});
+}
+
+// Step 3: this block's share of the extent the previous call wrote (lamport_extent[previous]) of
+// every peer's slot of this rank's own buffer `previous`, back to the sentinel (Protocol::kClear).
+template <class T, int kRanks, class Protocol, class Ctx>
+EXC_HD void lamport_clear_previous(Ctx& ctx, const LamportCall<T>& c) {
+  if constexpr (Protocol::kClear) {
+    constexpr int P = Storage<T>::kPack;
+    const int n = ctx.world_size();
+    const int me = ctx.rank();
+    const int peers = kRanks > 0 ? kRanks : n;
+    const size_t extent = static_cast<size_t>(ctx.signals(me)->lamport_extent[c.previous]) / sizeof(T);
+    const BlockShare clear = block_share(0, extent, P, ctx.block(), ctx.num_blocks());
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("clear");
+      for (int k = 1; k < n; ++k) {
+        trace_share(ctx, clear, Access::kWrite, me, Buffer::kLamport, lamport_slot_offset(c, c.previous, (me + k) % n));
+      }
+      ctx.trace_step_end();
+    }
+    Pack<T> sentinel;
+    for (int e = 0; e < P; ++e) {
+      if constexpr (sizeof(T) == 4) {
+        sentinel.v[e] = bits_to_float(lamport_sentinel_bits<T>());
+      } else {
+        sentinel.v[e] = T{static_cast<uint16_t>(lamport_sentinel_bits<T>())};
+      }
+    }
+    for_share(
+        ctx, clear, P,
+        [&](size_t i) {
+          for (int k = 1; k < peers; ++k) {
+            const int p = (me + k) % n;
+            ctx.lamport_store(reinterpret_cast<Pack<T>*>(lamport_slot(ctx, c, me, c.previous, p) + i), sentinel, me);
+          }
+        },
+        [](size_t) {});
+  } else {
+    (void)ctx, (void)c;
+  }
+}
+
+// Step 4's operands: pack_of(i, r) is rank r's pack at element i (aligned) for the fold: this
+// rank's own input for r == rank (count elements; +0.0 past the end), else its own slot
+// (buffer, r), polled until no element is the sentinel.
+template <class T, class Ctx>
+EXC_HD EXC_INLINE auto lamport_pack_source(Ctx& ctx, const LamportCall<T>& c, const T* mine, size_t count) {
+  return [&ctx, c, mine, count](size_t i, int r) -> Pack<T> {
+    if (r == ctx.rank()) return lamport_input_pack(mine, i, count);
+    return ctx.lamport_poll(reinterpret_cast<const Pack<T>*>(lamport_slot(ctx, c, ctx.rank(), c.buffer, r) + i), r,
+                            LamportPoll{c.calls, c.buffer, i});
+  };
+}
+
+// Step 5: after the block's sync, records what this call had its peers write into buffer `buffer`
+// (the next call that uses buffer `buffer`'s successor clears it) and advances the call number in
+// the slots this block owns in this launch (b, b + G, ...; as advance_push_calls). Every block
+// writes the same extent.
+template <class T, class Ctx>
+EXC_HD EXC_INLINE void end_lamport_call(Ctx& ctx, const LamportCall<T>& c, size_t count) {
+  SignalBuffer* own = ctx.signals(ctx.rank());
+  ctx.sync_block();
+  if (ctx.thread() == 0) own->lamport_extent[c.buffer] = lamport_message_bytes(count, sizeof(T));
+  const int g = ctx.num_blocks();
+  for (int s = ctx.block() + g * ctx.thread(); s < kMaxBlocks; s += g * ctx.num_threads()) {
+    own->lamport_calls[s] = c.calls + 1;
+  }
+}
+
+template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
+EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  // 1. The call number and the buffers.
+  const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);
+  const size_t padded = (count + P - 1) / P * P;
+  const BlockShare share = block_share(0, padded, P, ctx.block(), ctx.num_blocks());
+  const T* mine = ctx.input(me);
+  (void)n;
+  // 2. Push.
+  lamport_push<T, kRanks, Protocol>(ctx, "push", c, share, mine, count);
+  // 3. Clear the previous call's buffer of this rank's own region.
+  lamport_clear_previous<T, kRanks, Protocol>(ctx, c);
+  // 4. Poll and fold, in rank order, into output.
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("poll_fold");
+    for (int r = 0; r < n; ++r) {
+      if (r == me) {
+        trace_share(ctx, lamport_clip(share, count), Access::kRead, me, Buffer::kInput);
+      } else {
+        trace_share(ctx, share, Access::kRead, me, Buffer::kLamport, lamport_slot_offset(c, c.buffer, r));
+      }
+    }
+    trace_share(ctx, lamport_clip(share, count), Access::kWrite, me, Buffer::kOutput);
+    ctx.trace_step_end();
+  }
+  T* const out = ctx.output();
+  const auto pack_of = lamport_pack_source(ctx, c, mine, count);
+  for_share(
+      ctx, share, P,
+      [&](size_t i) {
+        const Pack<T> result = fold_pack_from<T, kRanks>(ctx, i, [&](int r) { return pack_of(i, r); });
+        if (i + P <= count) {
+          put_pack(ctx, out + i, result);
+        } else {
+          for (int e = 0; i + e < count; ++e) out[i + e] = result.v[e];
+        }
+      },
+      [](size_t) {});
+  // 5. Record the extent and advance the call number.
+  end_lamport_call(ctx, c, count);
+}
+
+}  // namespace exactcoll
