@@ -22,6 +22,7 @@
 #include "sim/fused/random.h"
 #include "sim/fused/reference.h"
 #include "sim/world.h"
+#include "tests/fused/exploration_calls.h"
 #include "tests/fused/thread_world.h"
 #include "tests/sim/exploration.h"
 
@@ -31,6 +32,11 @@ namespace {
 using exploration::kSeedBound;
 using exploration::name;
 using exploration::Outcome;
+using fused_exploration::CallData;
+using fused_exploration::complete_call;
+using fused_exploration::first_difference;
+using fused_exploration::kEps;
+using fused_exploration::kHidden;
 using testing_world::AlignedBuffer;
 
 enum class Kind { kFused, kAllReduce };
@@ -47,8 +53,6 @@ struct Workload {
   std::vector<Call> calls;
 };
 
-constexpr int kHidden = 16;  // bf16: 2 packs a row
-constexpr float kEps = 1e-6f;
 
 size_t elements(const Call& c) { return c.kind == Kind::kFused ? static_cast<size_t>(c.size) * kHidden : c.size; }
 
@@ -73,14 +77,6 @@ std::string describe(const Workload& w) {
   return s;
 }
 
-// One call's data on every rank: inputs, outputs and the contract's outputs.
-struct CallData {
-  std::vector<bf16> x;  // [ranks, size]
-  std::vector<AlignedBuffer<bf16>> residual, weight, residual_out, out;  // per rank (fused)
-  std::vector<std::vector<bf16>> ar_out;                                  // per rank (all-reduce)
-  std::vector<bf16> want_ro, want_out;
-  std::vector<FusedRmsNormArgs<bf16>> args;
-};
 
 // Random x, with the sentinel's pattern (0xFFFF, a NaN) in one element of one rank and -0.0 in
 // another: the push must canonicalize the first and keep the second.
@@ -92,52 +88,8 @@ CallData make_data(const Call& c, int ranks, uint64_t seed) {
   for (auto& v : d.x) v = round_to<bf16>(rng.normal() * 2.0f);
   d.x[(rng.next() % ranks) * count + rng.next() % count] = bf16{0xFFFF};
   d.x[(rng.next() % ranks) * count + rng.next() % count] = bf16{0x8000};
-  if (c.kind == Kind::kAllReduce) {
-    d.ar_out.assign(ranks, std::vector<bf16>(count));
-    d.want_out.resize(count);
-    for (size_t i = 0; i < count; ++i) d.want_out[i] = contract::fold<bf16>(ranks, [&](int r) { return d.x[r * count + i]; });
-    return d;
-  }
-  std::vector<bf16> residual(count), weight(kHidden);
-  for (auto& v : residual) v = round_to<bf16>(rng.normal());
-  for (auto& v : weight) v = round_to<bf16>(1.0f + 0.1f * rng.normal());
-  for (int r = 0; r < ranks; ++r) {
-    d.residual.emplace_back(count);
-    d.weight.emplace_back(kHidden);
-    d.residual_out.emplace_back(count);
-    d.out.emplace_back(count);
-    std::memcpy(d.residual[r].data(), residual.data(), count * sizeof(bf16));
-    std::memcpy(d.weight[r].data(), weight.data(), kHidden * sizeof(bf16));
-  }
-  for (int r = 0; r < ranks; ++r) {
-    FusedRmsNormArgs<bf16> a;
-    a.residual = d.residual[r].data();
-    a.weight = d.weight[r].data();
-    a.residual_out = d.residual_out[r].data();
-    a.out = d.out[r].data();
-    a.rows = c.size;
-    a.hidden = kHidden;
-    a.eps = kEps;
-    d.args.push_back(a);
-  }
-  fused::FusedProblem<bf16> p;
-  p.ranks = ranks, p.rows = c.size, p.hidden = kHidden, p.eps = kEps;
-  p.x = d.x.data(), p.residual = residual.data(), p.weight = weight.data();
-  d.want_ro.resize(count);
-  d.want_out.resize(count);
-  fused::fused_reference<bf16>(fused::FusedContract::kCanonical, p, d.want_ro.data(), d.want_out.data());
+  complete_call(c.kind == Kind::kFused, ranks, count, rng, &d);
   return d;
-}
-
-std::string first_difference(const bf16* got, const std::vector<bf16>& want) {
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (got[i].bits != want[i].bits) {
-      char b[96];
-      std::snprintf(b, sizeof b, "element %zu: got 0x%04x, want 0x%04x", i, got[i].bits, want[i].bits);
-      return b;
-    }
-  }
-  return "";
 }
 
 // Runs the workload's calls back to back on one world under the seeded schedule `seed`.
