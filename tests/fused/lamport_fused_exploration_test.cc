@@ -130,13 +130,7 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
       world.enqueue<bf16>(launch, [count](auto& ctx) { allreduce_lamport_one_shot<bf16, 0, Protocol>(ctx, count); });
     }
   }
-  try {
-    world.run();
-  } catch (const sim::SimError& e) {
-    if (e.kind() != sim::SimFailure::kDeadlock) throw;
-    *detail = e.what();
-    return Outcome::kDeadlock;
-  }
+  if (exploration::ran_into_deadlock(world, detail)) return Outcome::kDeadlock;
   for (size_t k = 0; k < w.calls.size(); ++k) {
     const CallData& d = data[k];
     for (int r = 0; r < w.ranks; ++r) {

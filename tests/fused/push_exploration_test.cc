@@ -137,13 +137,7 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
       }
     }
   }
-  try {
-    world.run();
-  } catch (const sim::SimError& e) {
-    if (e.kind() != sim::SimFailure::kDeadlock) throw;
-    *detail = e.what();
-    return Outcome::kDeadlock;
-  }
+  if (exploration::ran_into_deadlock(world, detail)) return Outcome::kDeadlock;
   for (size_t k = 0; k < w.calls.size(); ++k) {
     const CallData& d = data[k];
     for (int r = 0; r < w.ranks; ++r) {

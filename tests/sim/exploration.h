@@ -12,6 +12,7 @@
 
 #include "core/collectives.h"
 #include "core/lamport.h"
+#include "sim/world.h"
 
 namespace exactcoll::exploration {
 
@@ -59,6 +60,19 @@ enum class Outcome { kCorrect, kDeadlock, kWrongBits };
 // Returns the outcome as printed in the tests' lines ("correct", "deadlock", "wrong bits").
 inline const char* name(Outcome o) {
   return o == Outcome::kDeadlock ? "deadlock" : o == Outcome::kWrongBits ? "wrong bits" : "correct";
+}
+
+// Runs the seeded world. Returns true (with the scheduler's report in *detail) when it deadlocked;
+// any other failure propagates. Every exploration test's run ends here.
+inline bool ran_into_deadlock(sim::World& world, std::string* detail) {
+  try {
+    world.run();
+  } catch (const sim::SimError& e) {
+    if (e.kind() != sim::SimFailure::kDeadlock) throw;
+    *detail = e.what();
+    return true;
+  }
+  return false;
 }
 
 // The schedule seeds a broken variant is tried with: 1..kSeedBound.

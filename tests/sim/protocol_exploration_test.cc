@@ -108,13 +108,7 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
       world.enqueue<bf16>(launch, [count](auto& ctx) { allreduce_one_shot<bf16, 0, Protocol>(ctx, count); });
     }
   }
-  try {
-    world.run();
-  } catch (const sim::SimError& e) {
-    if (e.kind() != sim::SimFailure::kDeadlock) throw;
-    *detail = e.what();
-    return Outcome::kDeadlock;
-  }
+  if (exploration::ran_into_deadlock(world, detail)) return Outcome::kDeadlock;
   for (int k = 0; k < kLaunches; ++k) {
     spec.count = launch_count(w, k);
     const std::string diff = simtest::first_difference(outs[k], simtest::expected_outputs(spec, ins[k]), 2);
