@@ -72,6 +72,11 @@ void Network::wait_bounded(int rank, const std::function<bool()>& ready, const s
   while (!ready()) {
     if (aborted_.load()) throw Aborted{};
     if (changed_.wait_until(lock, deadline) == std::cv_status::timeout && !ready()) {
+      // Two waits can time out together; the first to take the lock reports, and it marks the run
+      // aborted under the lock, so that the other stops quietly instead of reporting a list from
+      // which the first has already left.
+      if (aborted_.load()) throw Aborted{};
+      aborted_.store(true);
       // The first wait to time out is often a consequence (a rank waiting on a peer that waits on
       // a lost message), so the error lists what every waiting rank waits for.
       std::string everyone;
