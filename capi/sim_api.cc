@@ -118,7 +118,7 @@ sim::Algorithm sim_algorithm(sim::Collective op, int algo) {
     bad_argument("copy_engine runs on GPUs only (a copy: its bits are direct's, which the simulator runs)");
   }
   if (name != "auto" && name != "direct") {
-    bad_argument(std::string(sim::collective_name(op)) + " has no algorithm " + name + " (auto, direct)");
+    bad_argument(std::string(sim::op_name(op)) + " has no algorithm " + name + " (auto, direct)");
   }
   return sim::Algorithm::kAuto;
 }

@@ -49,15 +49,13 @@
 #include "core/collectives.h"
 #include "core/multinode_kernels.h"
 #include "core/multinode_layout.h"
+#include "core/op.h"
 #include "core/storage.h"
 
 namespace exactcoll::multinode {
 
-enum class Op : uint8_t { kAllReduce, kReduceScatter, kAllGather };
-
-inline const char* op_name(Op op) {
-  return op == Op::kAllReduce ? "allreduce" : op == Op::kReduceScatter ? "reduce_scatter" : "allgather";
-}
+using exactcoll::Op;  // core/op.h
+using exactcoll::op_name;
 
 // What a message carries (traces, and the simulator's matching check).
 enum class Payload : uint8_t { kCarry, kResult, kInput };

@@ -47,13 +47,6 @@ std::vector<Algorithm> ipc_algorithms(Op op) {
   return {};
 }
 
-std::optional<Op> parse_op(const std::string& name) {
-  for (Op op : {Op::kAllReduce, Op::kReduceScatter, Op::kAllGather}) {
-    if (name == op_name(op)) return op;
-  }
-  return std::nullopt;
-}
-
 DispatchTable::DispatchTable(std::vector<TableRow> rows) : rows_(std::move(rows)) {
   sort_rows_by(rows_, [](const TableRow& r) { return std::tie(r.arch, r.world_size, r.op, r.bytes); });
 }

@@ -45,8 +45,7 @@ const char* algorithm_name(Algorithm a);
 std::optional<Algorithm> parse_algorithm(const std::string& name);
 // The IPC algorithms of an op (what auto chooses among).
 std::vector<Algorithm> ipc_algorithms(Op op);
-// Parses allreduce | reduce_scatter | allgather.
-std::optional<Op> parse_op(const std::string& name);
+using exactcoll::parse_op;  // core/op.h: allreduce | reduce_scatter | allgather
 
 // Is `a` push_one_shot or push_two_shot (the algorithms that need push_scratch_elements)?
 inline bool is_push_algorithm(Algorithm a) { return a == Algorithm::kPushOneShot || a == Algorithm::kPushTwoShot; }

@@ -6,12 +6,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/op.h"
 #include "core/signal.h"
 
 namespace exactcoll::cuda {
 
-// The collectives the IPC kernels implement.
-enum class Op : uint8_t { kAllReduce, kReduceScatter, kAllGather };
+// The collectives the IPC kernels implement (core/op.h).
+using exactcoll::Op;
+using exactcoll::op_name;
+using exactcoll::output_count;
 
 // The IPC algorithms. All-reduce has one_shot and two_shot; reduce_scatter and allgather have one
 // kernel each (Algo::kOneShot names it in tables and flags as "direct").
@@ -29,10 +32,6 @@ enum class KernelKind : int {
   kPushTwoShot = 6,  // allreduce_push_two_shot: the same scratch as push_one_shot
   kLamportOneShot = 7,  // allreduce_lamport_one_shot: the Lamport region, no staging (core/lamport.h)
 };
-
-inline const char* op_name(Op op) {
-  return op == Op::kAllReduce ? "allreduce" : op == Op::kReduceScatter ? "reduce_scatter" : "allgather";
-}
 
 // A timeout seen by a wait on a flag, recorded by the first thread that saw one (per communicator)
 // and read by the host after the launch: "rank R block B: peer P never arrived at barrier (set S,

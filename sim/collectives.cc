@@ -44,15 +44,6 @@ void enqueue_typed(World& world, const CollectiveSpec& spec, Algorithm algorithm
 
 }  // namespace
 
-const char* collective_name(Collective op) {
-  switch (op) {
-    case Collective::kAllReduce: return "allreduce";
-    case Collective::kReduceScatter: return "reduce_scatter";
-    case Collective::kAllGather: return "allgather";
-  }
-  return "?";
-}
-
 const char* algorithm_name(Algorithm a) {
   switch (a) {
     case Algorithm::kOneShot: return "one_shot";
@@ -98,15 +89,6 @@ Algorithm resolve_algorithm(const CollectiveSpec& spec) {
   return bytes < kAutoTwoShotBytes ? Algorithm::kOneShot : Algorithm::kTwoShot;
 }
 
-size_t output_count(Collective op, size_t count, int ranks) {
-  switch (op) {
-    case Collective::kAllReduce: return count;
-    case Collective::kReduceScatter: return count / static_cast<size_t>(ranks);
-    case Collective::kAllGather: return count * static_cast<size_t>(ranks);
-  }
-  return 0;
-}
-
 std::string check_spec(const CollectiveSpec& spec, int ranks) {
   if (ranks < 1 || ranks > kMaxRanks) {
     return "ranks must be 1.." + std::to_string(kMaxRanks) + ", got " + std::to_string(ranks);
@@ -120,13 +102,13 @@ std::string check_spec(const CollectiveSpec& spec, int ranks) {
            std::to_string(ranks) + " ranks";
   }
   if (spec.op != Collective::kAllReduce && spec.algorithm != Algorithm::kAuto) {
-    return std::string("--algo applies to allreduce only, not ") + collective_name(spec.op);
+    return std::string("--algo applies to allreduce only, not ") + op_name(spec.op);
   }
   return "";
 }
 
 std::string launch_name(const CollectiveSpec& spec) {
-  if (spec.op != Collective::kAllReduce) return collective_name(spec.op);
+  if (spec.op != Collective::kAllReduce) return op_name(spec.op);
   return std::string("allreduce_") + algorithm_name(resolve_algorithm(spec));
 }
 

@@ -6,12 +6,16 @@
 #include <string>
 #include <vector>
 
+#include "core/op.h"
 #include "core/storage.h"
 #include "sim/world.h"
 
 namespace exactcoll::sim {
 
-enum class Collective { kAllReduce, kReduceScatter, kAllGather };
+// The collective (core/op.h: its name and output size).
+using Collective = exactcoll::Op;
+using exactcoll::op_name;
+using exactcoll::output_count;
 // All-reduce only. New values go at the end (the C API's numbers follow this order).
 enum class Algorithm { kOneShot, kTwoShot, kAuto, kPushOneShot, kPushTwoShot, kLamportOneShot };
 
@@ -28,7 +32,6 @@ struct CollectiveSpec {
   int blocks = 1;
 };
 
-const char* collective_name(Collective op);
 const char* algorithm_name(Algorithm a);
 
 // Returns the algorithm named `text` ("one_shot", "two_shot", "push_one_shot", "push_two_shot",
@@ -46,10 +49,6 @@ size_t lamport_bytes(const CollectiveSpec& spec, int ranks);
 
 // Returns the algorithm `auto` stands for (kAuto -> one_shot or two_shot); others unchanged.
 Algorithm resolve_algorithm(const CollectiveSpec& spec);
-
-// Returns the output elements per rank: count (all-reduce), count / ranks (reduce-scatter),
-// ranks * count (all-gather).
-size_t output_count(Collective op, size_t count, int ranks);
 
 // Returns "" when spec is valid on `ranks` ranks, else what is wrong (count < 1, reduce_scatter
 // count not divisible by ranks, blocks outside 1..kMaxBlocks, ranks outside 1..kMaxRanks).

@@ -197,44 +197,41 @@ void MultiNodeCommunicator::check(cudaStream_t stream) {
   node_->check(stream);
 }
 
-MultiNodeCallInfo MultiNodeCommunicator::run_nccl(Kind kind, const void* input, void* output, size_t count, DType dtype,
+MultiNodeCallInfo MultiNodeCommunicator::run_nccl(Op kind, const void* input, void* output, size_t count, DType dtype,
                                                   cudaStream_t stream, const std::string& note) {
   if (nccl_comm_ == nullptr) throw CollectiveError("NCCL is not available: " + nccl_reason_);
   const NcclApi& nccl = NcclApi::get();
   const ncclDataType_t t = nccl_type(dtype);
   const size_t n = static_cast<size_t>(world_size());
-  if (kind == Kind::kAllReduce) nccl.check(nccl.AllReduce(input, output, count, t, ncclSum, nccl_comm_, stream), "ncclAllReduce");
-  if (kind == Kind::kReduceScatter) {
+  if (kind == Op::kAllReduce) nccl.check(nccl.AllReduce(input, output, count, t, ncclSum, nccl_comm_, stream), "ncclAllReduce");
+  if (kind == Op::kReduceScatter) {
     nccl.check(nccl.ReduceScatter(input, output, count / n, t, ncclSum, nccl_comm_, stream), "ncclReduceScatter");
   }
-  if (kind == Kind::kAllGather) nccl.check(nccl.AllGather(input, output, count, t, nccl_comm_, stream), "ncclAllGather");
+  if (kind == Op::kAllGather) nccl.check(nccl.AllGather(input, output, count, t, nccl_comm_, stream), "ncclAllGather");
   MultiNodeCallInfo info;
   info.algorithm = "nccl";
-  info.exact = kind == Kind::kAllGather;  // a copy; NCCL's sums follow no contract
+  info.exact = kind == Op::kAllGather;  // a copy; NCCL's sums follow no contract
   info.note = note;
   return info;
 }
 
 template <class T>
-MultiNodeCallInfo MultiNodeCommunicator::run_typed(Kind kind, const void* input, void* output, size_t count,
+MultiNodeCallInfo MultiNodeCommunicator::run_typed(Op kind, const void* input, void* output, size_t count,
                                                    cudaStream_t stream) {
   const size_t capacity = node_->buffer_bytes() / sizeof(T) / 64 * 64;  // elements of staging, and of scratch
   const size_t elem = sizeof(T);
   MultiNodeCallInfo info;
-  info.algorithm = kind == Kind::kAllGather ? "direct_exchange" : "carry_chain";
+  info.algorithm = kind == Op::kAllGather ? "direct_exchange" : "carry_chain";
   // Every size below depends only on the call's arguments and options equal on every rank.
   const size_t chunk = std::min(options_.chunk_elements, std::max<size_t>(64, capacity / 2 / 64 * 64));
-  const multinode::Op op = kind == Kind::kAllReduce       ? multinode::Op::kAllReduce
-                           : kind == Kind::kReduceScatter ? multinode::Op::kReduceScatter
-                                                          : multinode::Op::kAllGather;
-  const multinode::BufferNeeds needs = multinode::buffer_needs<T>(op, layout_, count, chunk);
-  if (kind != Kind::kAllReduce && (count > capacity || needs.scratch_elements > capacity * 1)) {
+  const multinode::BufferNeeds needs = multinode::buffer_needs<T>(kind, layout_, count, chunk);
+  if (kind != Op::kAllReduce && (count > capacity || needs.scratch_elements > capacity * 1)) {
     const DType d = sizeof(T) == 4 ? DType::kFP32 : std::is_same_v<T, bf16> ? DType::kBF16 : DType::kFP16;
     return run_nccl(kind, input, output, count, d, stream,
                     "message larger than the node buffers (" + std::to_string(node_->buffer_bytes()) + " bytes)");
   }
   // Pieces that fit the staging buffer (only the all-reduce has more than one).
-  const size_t piece = kind == Kind::kAllReduce ? std::max<size_t>(64, capacity) : count;
+  const size_t piece = kind == Op::kAllReduce ? std::max<size_t>(64, capacity) : count;
   for (size_t first = 0; first < count; first += piece) {
     const size_t c = std::min(piece, count - first);
     CudaPrims<T> prims(*this, static_cast<char*>(output) + first * elem, stream, &info);
@@ -242,9 +239,9 @@ MultiNodeCallInfo MultiNodeCommunicator::run_typed(Kind kind, const void* input,
     EXC_CUDA_CHECK(cudaMemcpyAsync(const_cast<T*>(prims.input()), static_cast<const char*>(input) + first * elem,
                                    c * elem, cudaMemcpyDeviceToDevice, stream));
     // 2. The algorithm (core/multinode.h).
-    if (kind == Kind::kAllReduce) {
+    if (kind == Op::kAllReduce) {
       multinode::allreduce<T>(prims, c, chunk);
-    } else if (kind == Kind::kReduceScatter) {
+    } else if (kind == Op::kReduceScatter) {
       multinode::reduce_scatter<T>(prims, c, chunk);
     } else {
       multinode::allgather<T>(prims, c, chunk);
@@ -253,10 +250,10 @@ MultiNodeCallInfo MultiNodeCommunicator::run_typed(Kind kind, const void* input,
   return info;
 }
 
-MultiNodeCallInfo MultiNodeCommunicator::run(Kind kind, const void* input, void* output, size_t count, DType dtype,
+MultiNodeCallInfo MultiNodeCommunicator::run(Op kind, const void* input, void* output, size_t count, DType dtype,
                                              Algorithm algo, cudaStream_t stream) {
   const size_t n = static_cast<size_t>(world_size());
-  if (kind == Kind::kReduceScatter && count % n != 0) {
+  if (kind == Op::kReduceScatter && count % n != 0) {
     throw std::invalid_argument("reduce_scatter: count " + std::to_string(count) + " is not a multiple of the " +
                                 std::to_string(n) + " ranks");
   }
@@ -266,8 +263,8 @@ MultiNodeCallInfo MultiNodeCommunicator::run(Kind kind, const void* input, void*
   if (algo == Algorithm::kNccl) return run_nccl(kind, input, output, count, dtype, stream, "");
   // One node: the IPC communicator, any of its algorithms.
   if (layout_.nodes == 1) {
-    const CallInfo c = kind == Kind::kAllReduce       ? node_->allreduce(input, output, count, dtype, algo, stream)
-                       : kind == Kind::kReduceScatter ? node_->reduce_scatter(input, output, count, dtype, algo, stream)
+    const CallInfo c = kind == Op::kAllReduce       ? node_->allreduce(input, output, count, dtype, algo, stream)
+                       : kind == Op::kReduceScatter ? node_->reduce_scatter(input, output, count, dtype, algo, stream)
                                                       : node_->allgather(input, output, count, dtype, algo, stream);
     return MultiNodeCallInfo{algorithm_name(c.algo), c.exact, c.launches, 0, 0, c.note};
   }
@@ -286,17 +283,17 @@ MultiNodeCallInfo MultiNodeCommunicator::run(Kind kind, const void* input, void*
 
 MultiNodeCallInfo MultiNodeCommunicator::allreduce(const void* input, void* output, size_t count, DType dtype,
                                                    Algorithm algo, cudaStream_t stream) {
-  return run(Kind::kAllReduce, input, output, count, dtype, algo, stream);
+  return run(Op::kAllReduce, input, output, count, dtype, algo, stream);
 }
 
 MultiNodeCallInfo MultiNodeCommunicator::reduce_scatter(const void* input, void* output, size_t count, DType dtype,
                                                         Algorithm algo, cudaStream_t stream) {
-  return run(Kind::kReduceScatter, input, output, count, dtype, algo, stream);
+  return run(Op::kReduceScatter, input, output, count, dtype, algo, stream);
 }
 
 MultiNodeCallInfo MultiNodeCommunicator::allgather(const void* input, void* output, size_t count, DType dtype,
                                                    Algorithm algo, cudaStream_t stream) {
-  return run(Kind::kAllGather, input, output, count, dtype, algo, stream);
+  return run(Op::kAllGather, input, output, count, dtype, algo, stream);
 }
 
 MultiNodeCallInfo MultiNodeCommunicator::fused_add_rmsnorm(const void* x, const void* residual, const void* weight,

@@ -106,12 +106,11 @@ class MultiNodeCommunicator {
   bool usable() const { return !poisoned_; }
 
  private:
-  enum class Kind { kAllReduce, kReduceScatter, kAllGather };
-  MultiNodeCallInfo run(Kind kind, const void* input, void* output, size_t count, DType dtype, Algorithm algo,
+  MultiNodeCallInfo run(Op kind, const void* input, void* output, size_t count, DType dtype, Algorithm algo,
                         cudaStream_t stream);
   template <class T>
-  MultiNodeCallInfo run_typed(Kind kind, const void* input, void* output, size_t count, cudaStream_t stream);
-  MultiNodeCallInfo run_nccl(Kind kind, const void* input, void* output, size_t count, DType dtype, cudaStream_t stream,
+  MultiNodeCallInfo run_typed(Op kind, const void* input, void* output, size_t count, cudaStream_t stream);
+  MultiNodeCallInfo run_nccl(Op kind, const void* input, void* output, size_t count, DType dtype, cudaStream_t stream,
                              const std::string& note);
   // Records an event after an NCCL group on stream, with what the group moves (a ring of the
   // latest kGroupMarks groups), for check()'s message.

@@ -224,10 +224,6 @@ std::string check_common(int blocks, size_t chunk_elements, const NodeLayout& la
 
 }  // namespace
 
-size_t multinode_output_count(Op op, size_t count, int n) {
-  return op == Op::kAllReduce ? count : op == Op::kReduceScatter ? count / static_cast<size_t>(n) : count * static_cast<size_t>(n);
-}
-
 std::string check_multinode_spec(const MultiNodeSpec& spec, const NodeLayout& layout) {
   if (spec.count == 0) return "count must be >= 1";
   if (spec.result_slots < 1 || spec.result_slots > 2) return "result_slots must be 1 or 2";
@@ -249,7 +245,7 @@ void run_multinode(const NetworkOptions& net, const MultiNodeSpec& spec, const s
   }
   with_type(spec.dtype, [&](auto tag) {
     using T = decltype(tag);
-    const size_t out_count = multinode_output_count(spec.op, spec.count, n);
+    const size_t out_count = output_count(spec.op, spec.count, n);
     Job<T> job(net, spec.blocks, spec.count, out_count,
                buffer_needs<T>(spec.op, net.layout, spec.count, spec.chunk_elements), trace_elements);
     for (int r = 0; r < n; ++r) std::memcpy(job.heaps[static_cast<size_t>(r)].input.data(), inputs[static_cast<size_t>(r)], spec.count * sizeof(T));

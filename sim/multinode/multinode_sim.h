@@ -33,8 +33,7 @@ struct MultiNodeSpec {
 // local ranks than kMaxRanks.
 std::string check_multinode_spec(const MultiNodeSpec& spec, const NodeLayout& layout);
 
-// Output elements per rank of op for `count` input elements on n ranks.
-size_t multinode_output_count(Op op, size_t count, int n);
+using exactcoll::output_count;  // core/op.h
 
 // What a run leaves behind for traces: the JSON lines of every message and of every node kernel
 // (when net.trace), merged by time.
@@ -45,7 +44,7 @@ struct MultiNodeTrace {
 };
 
 // Runs spec on the simulated job; inputs[r] (count elements) and outputs[r]
-// (multinode_output_count elements) are rank r's, any alignment. trace_elements: element indices
+// (output_count elements) are rank r's, any alignment. trace_elements: element indices
 // whose folds are traced (with net.trace). Throws std::invalid_argument for a bad spec or pointer
 // counts, sim::SimError when the run fails (deadlock, timeout, a mismatched message).
 void run_multinode(const NetworkOptions& net, const MultiNodeSpec& spec, const std::vector<const void*>& inputs,

@@ -33,7 +33,7 @@ TEST(EnumNames, SimulatorNamesAreTheSame) {
     EXPECT_GE(value_of(kAlgoNames, sim::algorithm_name(a)), 0) << name;
   }
   for (const auto op : {sim::Collective::kAllReduce, sim::Collective::kReduceScatter, sim::Collective::kAllGather}) {
-    EXPECT_EQ(value_of(kOpNames, sim::collective_name(op)), static_cast<int>(op));
+    EXPECT_EQ(value_of(kOpNames, sim::op_name(op)), static_cast<int>(op));
   }
   for (const char* name : kContractNames) {
     fused::FusedContract c{};

@@ -51,7 +51,7 @@ Bytes run(const NetworkOptions& net, const MultiNodeSpec& spec, const Bytes& in,
           const std::vector<uint64_t>& trace_elements = {}) {
   const int n = net.layout.world_size();
   const size_t esize = static_cast<size_t>(dtype_size(spec.dtype));
-  Bytes out(n, std::vector<uint8_t>(multinode_output_count(spec.op, spec.count, n) * esize, 0xAB));
+  Bytes out(n, std::vector<uint8_t>(output_count(spec.op, spec.count, n) * esize, 0xAB));
   std::vector<const void*> inputs;
   std::vector<void*> outputs;
   for (int r = 0; r < n; ++r) {

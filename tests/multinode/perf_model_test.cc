@@ -24,7 +24,7 @@ TEST(PerfModel, CrossNodeBytesAreTheSimulatorsCount) {
           spec.chunk_elements = 128;
           const auto in = simtest::random_inputs(dtype, n, spec.count, 5);
           const size_t esize = static_cast<size_t>(dtype_size(dtype));
-          std::vector<std::vector<uint8_t>> out(n, std::vector<uint8_t>(multinode_output_count(op, spec.count, n) * esize));
+          std::vector<std::vector<uint8_t>> out(n, std::vector<uint8_t>(output_count(op, spec.count, n) * esize));
           std::vector<const void*> inputs;
           std::vector<void*> outputs;
           for (int r = 0; r < n; ++r) {

@@ -101,7 +101,7 @@ void soak_collectives(sim::World& world, sim::Xoshiro256& rng, Tally& tally) {
     for (int r = 0; r < n; ++r) tally.wrong_bits += wrong_bits(c->out[r], want[r]);
     ++tally.calls;
     tally.elements += c->spec.count * static_cast<uint64_t>(n);
-    ++tally.by_op[std::string(sim::collective_name(c->spec.op)) +
+    ++tally.by_op[std::string(sim::op_name(c->spec.op)) +
                   (c->spec.op == sim::Collective::kAllReduce ? std::string("/") + sim::algorithm_name(sim::resolve_algorithm(c->spec)) : "")];
   }
 }

@@ -43,25 +43,7 @@ Bytes contract_typed(cuda::Op op, const std::vector<Bytes>& inputs, size_t count
   return out;
 }
 
-sim::Collective sim_op(cuda::Op op) {
-  switch (op) {
-    case cuda::Op::kAllReduce: return sim::Collective::kAllReduce;
-    case cuda::Op::kReduceScatter: return sim::Collective::kReduceScatter;
-    case cuda::Op::kAllGather: return sim::Collective::kAllGather;
-  }
-  return sim::Collective::kAllReduce;
-}
-
 }  // namespace
-
-size_t output_count(cuda::Op op, size_t count, int n) {
-  switch (op) {
-    case cuda::Op::kAllReduce: return count;
-    case cuda::Op::kReduceScatter: return count / static_cast<size_t>(n);
-    case cuda::Op::kAllGather: return count * static_cast<size_t>(n);
-  }
-  return 0;
-}
 
 Simulator::Simulator(int world_size) : world_size_(world_size) {
   sim::WorldOptions options;
@@ -75,7 +57,7 @@ std::vector<Bytes> Simulator::run(cuda::Op op, cuda::Algorithm algo, DType dtype
                                   size_t count, int blocks) {
   if (static_cast<int>(inputs.size()) != world_size_) throw std::invalid_argument("Simulator::run: one input per rank");
   sim::CollectiveSpec spec;
-  spec.op = sim_op(op);
+  spec.op = op;  // one enum, core/op.h
   // The simulator's --algo applies to all-reduce only; its other ops have one algorithm each.
   spec.algorithm = op != cuda::Op::kAllReduce       ? sim::Algorithm::kAuto
                    : algo == cuda::Algorithm::kTwoShot ? sim::Algorithm::kTwoShot

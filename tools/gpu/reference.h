@@ -24,8 +24,7 @@ namespace exactcoll::gpu {
 
 using Bytes = std::vector<uint8_t>;
 
-// Output elements per rank of op with `count` input elements per rank on n ranks.
-size_t output_count(cuda::Op op, size_t count, int n);
+using exactcoll::output_count;  // core/op.h
 
 // A simulated world of n ranks, kept across calls (its heaps grow as needed).
 class Simulator {

@@ -84,7 +84,7 @@ int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
         if (count == 0) continue;
         const gpu::Pattern pattern = gpu::all_patterns()[cases % gpu::all_patterns().size()];
         const auto in = gpu::make_inputs(dtype, count, n, gpu::mix_seed(seed, cases), pattern);
-        const size_t out_count = multinode_output_count(op, count, n);
+        const size_t out_count = output_count(op, count, n);
         gpu::DeviceBuffer d_in(count * esize), d_out(out_count * esize);
         upload(in[static_cast<size_t>(me)], d_in);
         cuda::MultiNodeCallInfo info;

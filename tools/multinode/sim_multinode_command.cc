@@ -204,7 +204,7 @@ int multinode_main(Kind kind, int argc, char** argv) {
     if (index >= spec.count) return cli::fail(command, "--trace-elements index " + std::to_string(index) + " is past the count");
   }
   const auto in = gpu::make_inputs(dtype, spec.count, n, static_cast<uint64_t>(seed), gpu::Pattern::kRandom);
-  const size_t out_count = multinode_output_count(spec.op, spec.count, n);
+  const size_t out_count = output_count(spec.op, spec.count, n);
   std::vector<uint8_t> out(out_count * esize * static_cast<size_t>(n));
   std::vector<const void*> inputs;
   std::vector<void*> outputs;

@@ -93,7 +93,7 @@ std::string check_memory(const sim::CollectiveSpec& spec, int ranks) {
 }
 
 int collective_main(Collective op, int argc, char** argv) {
-  const std::string command = std::string("sim ") + sim::collective_name(op);
+  const std::string command = std::string("sim ") + sim::op_name(op);
   // 1. Flags.
   SimFlags f;
   std::string input_path, output_path, algo_text = "auto";
@@ -105,7 +105,7 @@ int collective_main(Collective op, int argc, char** argv) {
           (op == Collective::kAllReduce ? " [--algo one_shot|two_shot|push_one_shot|push_two_shot|lamport_one_shot|auto]" : "") +
           " [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
           "[--chrome-trace FILE] [--print]",
-      std::string("Runs ") + sim::collective_name(op) +
+      std::string("Runs ") + sim::op_name(op) +
           " on N simulated ranks under the rounding contract (docs/numerics.md). in.npy is [N, ...], rank\n"
           "first ('<u2' bit patterns for bf16/fp16, '<f4' for fp32). The last line ends with the sha256 of\n"
           "the output bytes.");
@@ -260,7 +260,7 @@ int collective_main(Collective op, int argc, char** argv) {
 
   // 5. Results.
   if (show) {
-    const std::string what = op == Collective::kAllReduce ? "all-reduce, " + algo_note : sim::collective_name(op);
+    const std::string what = op == Collective::kAllReduce ? "all-reduce, " + algo_note : sim::op_name(op);
     const size_t row_bytes = out_count * esize;
     bool all_same = true;
     for (int r = 1; r < n; ++r) {

@@ -1,0 +1,42 @@
+// The three collectives, named once for every layer (core's multi-node algorithms, the simulator,
+// the CUDA backend, the CLI and the C API's enum values, which follow this order).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace exactcoll {
+
+// New values go at the end (tables, traces and the C API's exactcoll_op numbering rely on it).
+enum class Op : uint8_t { kAllReduce, kReduceScatter, kAllGather };
+
+// Every Op, in the order the command line lists them.
+inline constexpr Op kOps[] = {Op::kAllReduce, Op::kReduceScatter, Op::kAllGather};
+
+// Returns "allreduce", "reduce_scatter" or "allgather": the names of the CLI, the tables and the
+// traces.
+constexpr const char* op_name(Op op) {
+  return op == Op::kAllReduce ? "allreduce" : op == Op::kReduceScatter ? "reduce_scatter" : "allgather";
+}
+
+// Returns the Op named `name` (op_name's spelling), or nullopt.
+inline std::optional<Op> parse_op(std::string_view name) {
+  for (Op op : kOps) {
+    if (name == op_name(op)) return op;
+  }
+  return std::nullopt;
+}
+
+// Returns the output elements per rank of `op` on `ranks` ranks with `count` input elements per
+// rank: count (all-reduce), count / ranks (reduce-scatter; preconditions: ranks divides count),
+// count * ranks (all-gather).
+// Example: output_count(Op::kAllGather, 4096, 4) == 16384.
+constexpr size_t output_count(Op op, size_t count, int ranks) {
+  return op == Op::kAllReduce       ? count
+         : op == Op::kReduceScatter ? count / static_cast<size_t>(ranks)
+                                    : count * static_cast<size_t>(ranks);
+}
+
+}  // namespace exactcoll
