@@ -42,7 +42,42 @@ std::string where(const BlockEnv& env, const World& world) {
 // ---- threads ------------------------------------------------------------------------------------
 
 ThreadsScheduler::ThreadsScheduler(World& world, std::chrono::milliseconds timeout)
-    : world_(world), timeout_(timeout), start_(std::chrono::steady_clock::now()) {}
+    : world_(world),
+      timeout_(timeout),
+      start_(std::chrono::steady_clock::now()),
+      checked_(std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(world.ranks()))) {
+  for (int r = 0; r < world.ranks(); ++r) checked_[r].store(kNotWaiting);
+}
+
+ThreadsScheduler::Stall::Stall(ThreadsScheduler* s, int rank) : s_(s), rank_(rank) {
+  s_->blocked_.fetch_add(1);
+  s_->activity_.fetch_add(1);
+}
+
+ThreadsScheduler::Stall::~Stall() {
+  s_->checked_[rank_].store(kNotWaiting);
+  s_->blocked_.fetch_sub(1);
+}
+
+void ThreadsScheduler::Stall::before_check() { s_->checked_[rank_].store(s_->activity_.load()); }
+
+bool ThreadsScheduler::Stall::no_live_rank_can_move() const {
+  // Only after a fault: a healthy protocol never stalls, and its waits keep their own bound.
+  if (!s_->world_.fault_fired()) return false;
+  const uint64_t activity = s_->activity_.load();
+  if (s_->blocked_.load() != s_->running_.load()) return false;
+  for (int r = 0; r < s_->world_.ranks(); ++r) {
+    const uint64_t seen = s_->checked_[r].load();
+    if (seen != kExited && seen != activity) return false;
+  }
+  return s_->activity_.load() == activity;  // nobody entered a wait or ended meanwhile
+}
+
+void ThreadsScheduler::thread_exited(int rank) {
+  checked_[rank].store(kExited);
+  running_.fetch_sub(1);
+  activity_.fetch_add(1);
+}
 
 uint64_t ThreadsScheduler::now() const {
   return static_cast<uint64_t>(
@@ -70,10 +105,13 @@ void ThreadsScheduler::wait(const BlockEnv& env, const uint32_t* flag, uint32_t 
     }
     cpu_relax();
   }
-  // 2. Sleep on the flag in slices (so that an abort elsewhere is noticed), up to the timeout.
+  // 2. Sleep on the flag in slices (so that an abort or a stall elsewhere is noticed), up to the
+  //    timeout.
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  Stall stall(this, env.rank);
   while (true) {
-    const uint32_t seen = word.load(std::memory_order_acquire);
+    stall.before_check();
+    const uint32_t seen = word.load(std::memory_order_seq_cst);
     if (seen == value) break;
     if (aborted_.load(std::memory_order_relaxed)) {
       // Another wait timed out first; say where this one stood, so that the report shows the
@@ -83,6 +121,14 @@ void ThreadsScheduler::wait(const BlockEnv& env, const uint32_t* flag, uint32_t 
                       std::to_string(peer) + " to hold epoch " + std::to_string(value) + " (it holds " +
                       std::to_string(seen) + ")";
       throw Aborted{};
+    }
+    if (stall.no_live_rank_can_move()) {
+      throw SimError(SimFailure::kDeadlock,
+                     where(env, world_) + " waits for flag set " + std::to_string(set) + " from peer " +
+                         std::to_string(peer) + " to hold epoch " + std::to_string(value) + " (it holds " +
+                         std::to_string(seen) + "), and every other live rank waits too, on flags or Lamport " +
+                         "words no live rank will write (a deadlock): rank " + std::to_string(peer) + " block " +
+                         std::to_string(env.block) + " never arrived");
     }
     const auto left = deadline - std::chrono::steady_clock::now();
     if (left <= std::chrono::nanoseconds(0)) {
@@ -112,11 +158,21 @@ void ThreadsScheduler::lamport_wait(const BlockEnv& env, const void* word, int b
   }
   // No futex on a 16-bit word: short sleeps, up to the timeout (the same bound as a flag wait).
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  while (lamport_load_word(word, bytes) == sentinel) {
+  Stall stall(this, env.rank);
+  while (true) {
+    stall.before_check();
+    if (lamport_load_word(word, bytes) != sentinel) break;
     if (aborted_.load(std::memory_order_relaxed)) {
       std::lock_guard<std::mutex> lock(error_mutex_);
       other_waits_ += "\n  " + where(env, world_) + " polls " + lamport_poll_text(at, peer) + " (still the sentinel)";
       throw Aborted{};
+    }
+    if (stall.no_live_rank_can_move()) {
+      throw SimError(SimFailure::kDeadlock, where(env, world_) + " polls " + lamport_poll_text(at, peer) +
+                                                " (still the sentinel), and every other live rank waits too, on " +
+                                                "flags or Lamport words no live rank will write (a deadlock): rank " +
+                                                std::to_string(peer) + " block " + std::to_string(env.block) +
+                                                " never wrote it");
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       throw SimError(SimFailure::kTimeout, where(env, world_) + " polled " + lamport_poll_text(at, peer) + " for " +
@@ -132,9 +188,15 @@ void ThreadsScheduler::run() {
   const int n = world_.ranks();
   const uint32_t launches = static_cast<uint32_t>(world_.queue_size());
   std::vector<std::thread> threads;
+  running_.store(n);  // before any thread starts: a rank not yet started is not waiting
   try {
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([this, r, launches] {
+        struct Exit {
+          ThreadsScheduler* s;
+          int rank;
+          ~Exit() { s->thread_exited(rank); }
+        } exit{this, r};
         try {
           for (uint32_t k = 0; k < launches; ++k) {
             world_.stage(r, k, this);

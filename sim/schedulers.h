@@ -16,7 +16,10 @@
 namespace exactcoll::sim {
 
 // threads: one OS thread per rank runs its launches, and each launch's blocks, in order. Flag waits
-// spin briefly, then sleep on a futex; each is bounded by `timeout`.
+// spin briefly, then sleep on a futex; each is bounded by `timeout`. Once fault injection has
+// killed a rank, a wait also ends as soon as no live rank can move again (Stall below): every live
+// rank waits, each having seen its wait unmet after the last thing any rank did. Its peers then
+// report a deadlock at once instead of sleeping out a timeout the user may have set to days.
 class ThreadsScheduler final : public Executor {
  public:
   ThreadsScheduler(World& world, std::chrono::milliseconds timeout);
@@ -32,11 +35,36 @@ class ThreadsScheduler final : public Executor {
 
  private:
   struct Aborted {};  // thrown in a rank thread after another rank failed
+  // A rank thread's stay in a wait's sleeping loop, for stall detection. Every entry and every
+  // thread exit bumps activity_ (whatever a rank wrote before it waits or ends happened before
+  // that bump); a waiter records, before each check of its condition, the activity it saw.
+  // Sound: a waiter can only be released by a write after its check, and the writer is then either
+  // still running (blocked_ < running_) or has bumped activity_ since (its record is stale).
+  class Stall {
+   public:
+    Stall(ThreadsScheduler* s, int rank);  // enters the wait: blocked_ + 1, activity_ + 1
+    ~Stall();                              // leaves it: blocked_ - 1
+    // Records the activity seen before a check of the wait's condition (call, then check).
+    void before_check();
+    // Returns true when a rank died by fault injection and no live rank can move again.
+    bool no_live_rank_can_move() const;
+
+   private:
+    ThreadsScheduler* s_;
+    int rank_;
+  };
+  void thread_exited(int rank);
+  static constexpr uint64_t kNotWaiting = ~uint64_t{0};
+  static constexpr uint64_t kExited = ~uint64_t{0} - 1;
   World& world_;
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point start_;
   std::atomic<bool> aborted_{false};
   std::atomic<int> sleepers_{0};
+  std::atomic<uint64_t> activity_{0};
+  std::atomic<int> running_{0};  // rank threads not yet ended
+  std::atomic<int> blocked_{0};  // of those, the ones inside a wait's sleeping loop
+  std::unique_ptr<std::atomic<uint64_t>[]> checked_;  // per rank: activity seen at its last check
   std::mutex error_mutex_;
   std::exception_ptr first_error_;
   std::string other_waits_;  // where the other ranks waited when the first error stopped them

@@ -86,8 +86,9 @@ struct WorldOptions {
   // its fail_at_step-th synchronization step — a flag signal or wait of any of its blocks, counted
   // from 1 over the world's runs — before doing it: it signals, writes and reads nothing more, as
   // a killed process. Step 0: it never joins the world's first handle exchange. Its peers then
-  // wait for it until their timeout (wait_timeout; store_timeout for step 0) or, seeded, deadlock;
-  // run() throws SimError naming it, or kRankDied when they finished without it.
+  // wait for it until every live rank waits and none can move again (a deadlock, under either
+  // scheduler) or, threads, until their timeout (wait_timeout; store_timeout for step 0), whichever
+  // comes first; run() throws SimError naming it, or kRankDied when they finished without it.
   int fail_rank = -1;
   uint64_t fail_at_step = 0;
 };
@@ -383,6 +384,7 @@ class World {
   void fault_step(int rank);
   void fault_check(int rank) const;
   bool rank_dead(int rank) const { return rank == options_.fail_rank && fault_fired_.load(); }
+  bool fault_fired() const { return fault_fired_.load(); }
   // Synchronization steps the failing rank has taken so far (fault injection).
   uint64_t fault_steps() const { return fault_steps_.load(); }
 

@@ -209,25 +209,49 @@ namespace {
 
 // The command as typed, for the "--help explains every flag" hint: the words of `usage` after
 // "exactcoll" up to the first flag or bracket ("sim allreduce"), with a word of alternatives
-// ("allreduce|reduce_scatter|allgather") replaced by the one that was given (argv[0]).
-std::string command_path(const std::string& usage, const std::string& given) {
+// ("allreduce|reduce_scatter|allgather") replaced by the one among `args` (the command's argv,
+// where it may be argv[0] or a positional), and a flag with a fixed value kept ("bench --op
+// fused_rmsnorm"); the path ends before alternatives none of which was given.
+std::string command_path(const std::string& usage, const std::vector<std::string>& args) {
   std::istringstream words(usage);
   std::string word, path;
   words >> word;  // "exactcoll"
+  const auto is_literal = [](const std::string& w) {  // "fused_rmsnorm", not "N" or "FILE"
+    return !w.empty() && std::all_of(w.begin(), w.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    });
+  };
   while (words >> word) {
+    if (word.rfind("--", 0) == 0) {
+      // A flag with a fixed value picks a command of its own ("bench --op fused_rmsnorm").
+      std::string value;
+      if (!(words >> value) || !is_literal(value)) break;
+      path += (path.empty() ? "" : " ") + word + " " + value;
+      continue;
+    }
     if (word.empty() || word[0] == '-' || word[0] == '[' || word[0] == '<') break;
-    if (word.find('|') != std::string::npos) word = given;
+    if (word.find('|') != std::string::npos) {
+      std::string given;
+      std::istringstream alternatives(word);
+      for (std::string alternative; given.empty() && std::getline(alternatives, alternative, '|');) {
+        for (const std::string& arg : args) {
+          if (arg == alternative) given = arg;
+        }
+      }
+      if (given.empty()) break;
+      word = given;
+    }
     path += (path.empty() ? "" : " ") + word;
   }
-  return path.empty() ? given : path;
+  if (path.empty() && !args.empty()) return args[0];
+  return path;
 }
 
 }  // namespace
 
 std::optional<int> ArgParser::parse(int argc, char** argv) {
   size_t next_positional = 0;
-  const std::string command = argc > 0 ? argv[0] : "";
-  const std::string help_command = command_path(usage_, command);
+  const std::string help_command = command_path(usage_, std::vector<std::string>(argv, argv + argc));
   auto usage_error = [&](const std::string& message) -> std::optional<int> {
     std::cerr << "exactcoll " << help_command << ": " << message << "\n"
               << "usage: " << usage_ << "\n"

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "sim/prng.h"
+
 namespace exactcoll::fused {
 
 class SplitMix64 {
@@ -12,12 +14,7 @@ class SplitMix64 {
   explicit SplitMix64(uint64_t seed) : state_(seed) {}
 
   // Returns the next 64 random bits.
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  uint64_t next() { return sim::splitmix64(&state_); }
 
   // Returns a float uniform in [-1, 1) on a grid of 2^-23.
   float uniform_pm1() { return static_cast<float>(static_cast<int64_t>(next() >> 40) - (1 << 23)) * 0x1p-23f; }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/storage.h"
+#include "sim/prng.h"
 #include "tests/numerics/reference_conversions.h"
 
 namespace exactcoll::testing {
@@ -76,16 +77,11 @@ double storage_ulp(double x) {
   return std::ldexp(1.0, exponent - RefStorage<T>::kMantissaBits);
 }
 
-// splitmix64: small, fast, and the same sequence on every platform for a given seed.
+// splitmix64 (sim/prng.h): small, fast, and the same sequence on every platform for a given seed.
 class Rng {
  public:
   explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  uint64_t next() { return sim::splitmix64(&state_); }
   // Uniform in [0, n).
   uint32_t below(uint32_t n) { return static_cast<uint32_t>((next() >> 32) * n >> 32); }
   // Uniform in [0, 1) with 24 random bits.

@@ -315,7 +315,9 @@ TEST(Lamport, APollThatNeverSeesDataNamesTheRankThatNeverWrote) {
       FAIL() << "no error with a dead rank";
     } catch (const sim::SimError& e) {
       const std::string what = e.what();
-      EXPECT_EQ(e.kind(), schedule == sim::Schedule::kThreads ? sim::SimFailure::kTimeout : sim::SimFailure::kDeadlock)
+      // Threads: a deadlock once every live rank polls, or the 300 ms timeout on a loaded machine.
+      EXPECT_TRUE(e.kind() == sim::SimFailure::kDeadlock ||
+                  (schedule == sim::Schedule::kThreads && e.kind() == sim::SimFailure::kTimeout))
           << what;
       EXPECT_NE(what.find("peer 2's slot of Lamport buffer 0 (call 0)"), std::string::npos) << what;
       EXPECT_NE(what.find("rank 2 "), std::string::npos) << what;

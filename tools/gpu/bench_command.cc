@@ -416,7 +416,9 @@ int run_bench(int argc, char** argv) {
       "rank's input; allgather: the gathered output).");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
   parser.mark_required("nproc");
-  parser.add_choice("op", &op_text, {"allreduce", "reduce_scatter", "allgather"}, "collective");
+  parser.add_choice("op", &op_text, {"allreduce", "reduce_scatter", "allgather"},
+                    "collective (the fused all-reduce + residual + RMSNorm has its own flags: bench --op "
+                    "fused_rmsnorm --help)");
   parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
   parser.add_int("hidden", &o.hidden, "elements per row");
   parser.add_string("rows", &rows_text, "comma list of row counts (default 1,2,4,…,4096)");

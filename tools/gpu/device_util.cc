@@ -37,13 +37,6 @@ Stream::~Stream() {
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t m = values.size() / 2;
-  return values.size() % 2 ? values[m] : 0.5 * (values[m - 1] + values[m]);
-}
-
 namespace {
 
 struct Events {

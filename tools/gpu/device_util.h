@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tools/stats/median.h"
+
 namespace exactcoll::gpu {
 
 class DeviceBuffer {
@@ -68,7 +70,7 @@ double time_graph_us(cudaStream_t stream, const std::function<void()>& enqueue, 
 double time_eager_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int rounds,
                      const std::function<void()>& check);
 
-double median(std::vector<double> values);
+using stats::median;  // tools/stats/median.h
 
 // Splits "a,b,c" at commas (empty items dropped).
 std::vector<std::string> split_list(const std::string& text);

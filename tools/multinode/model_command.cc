@@ -36,7 +36,7 @@ int model_main(int argc, char** argv) {
       "Predicts each op's time on M nodes of L GPUs from link rates: exactcoll's carry chain (and, for\n"
       "the all-reduce, the direct reduce-scatter + all-gather it is compared with) beside NCCL's ring\n"
       "and tree. An alpha-beta model (tools/multinode/perf_model.h): NVLink defaults to the 390 GB/s\n"
-      "measured on H200 (../shared/facts/environment.md), the network to 50 GB/s per GPU (400 Gb/s\n"
+      "measured on one H200 with torch.cuda (docs/design.md), the network to 50 GB/s per GPU (400 Gb/s\n"
       "NICs, one per GPU, rail-optimized); give the network you have. fused_rmsnorm is the all-reduce\n"
       "plus a local norm kernel of a few microseconds (not modelled). bytes: the message per rank.");
   parser.add_choice("op", &op_text, {"allreduce", "reduce_scatter", "allgather", "fused_rmsnorm"}, "the op");

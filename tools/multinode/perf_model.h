@@ -29,7 +29,7 @@
 namespace exactcoll::multinode {
 
 struct LinkRates {
-  double nvlink_gbps = 390.0;     // GB/s per direction, one GPU (measured: ../shared/facts/environment.md)
+  double nvlink_gbps = 390.0;     // GB/s per direction, one GPU (measured on H200: docs/design.md)
   double network_gbps = 50.0;     // GB/s per direction per GPU's NIC (given: 400 Gb/s)
   double network_latency_us = 5.0;  // one network step (a p2p group, or an NCCL ring step across nodes)
   double kernel_latency_us = 4.0;   // one node kernel (launch + IPC barrier)

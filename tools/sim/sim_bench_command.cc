@@ -23,14 +23,12 @@
 #include "tools/cli.h"
 #include "tools/sim/sha256.h"
 #include "tools/sim/sim_flags.h"
+#include "tools/stats/median.h"
 
 namespace exactcoll::tools {
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using stats::median;
 
 // Moderate finite values of random sign, exponent and mantissa (no NaN or inf: their sums are
 // no cheaper or dearer, but a benchmark of NaNs would be a strange benchmark).

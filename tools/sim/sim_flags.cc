@@ -26,8 +26,8 @@ void add_world_flags(cli::ArgParser& parser, SimFlags* f, bool element_traces) {
   parser.add_int("max-steps", &f->max_steps, "seeded scheduler: scheduling steps before a livelock is reported");
   parser.add_int("fail-rank", &f->fail_rank,
                  "fault injection: this rank dies (stops, as a killed process) at its --fail-at-step K-th flag "
-                 "signal or wait; its peers time out (--timeout-ms) or deadlock (seeded) and name it; no output "
-                 "is written");
+                 "signal or wait; its peers report a deadlock naming it once every live rank waits (threads: or "
+                 "time out first, --timeout-ms); no output is written");
   parser.set_default_note("fail-rank", "none");
   parser.add_int("fail-at-step", &f->fail_at_step, "fault injection: the step (>= 1) at which --fail-rank dies");
   parser.set_default_note("fail-at-step", "with --fail-rank");
