@@ -193,9 +193,9 @@ int run_gpu(int argc, char** argv) {
                     "algorithm");
   parser.add_int("blocks", &o.blocks,
                  "force the grid's block count (1.." + std::to_string(kMaxBlocks) + ", as auto's table may)");
-  parser.set_default_note("blocks", "the table's choice");
+  parser.set_default_note("blocks", "default: the table's choice");
   parser.add_int("threads", &o.threads, "force the threads per block (multiple of 32, 64..1024)");
-  parser.set_default_note("threads", "the table's choice");
+  parser.set_default_note("threads", "default: the table's choice");
   parser.add_bool("registered", &o.registered, "register the input buffer (no staging)");
   parser.add_bool("graph", &o.graph, "capture the call into a CUDA graph and replay it");
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");

@@ -66,10 +66,10 @@ int run_launch(int argc, char** argv) {
   parser.add_int("node-rank", &node_rank, "this node's index, 0..nnodes-1");
   parser.add_string("master-addr", &master_addr, "MASTER_ADDR: the host of node 0, where rank 0's store listens");
   parser.add_int("master-port", &master_port, "MASTER_PORT given to the workers (torch.distributed); 0 picks a free one");
-  parser.set_default_note("master-port", "a free port");
+  parser.set_default_note("master-port", "default: 0");
   parser.add_int("store-port", &store_port,
                  "EXACTCOLL_STORE_PORT: rank 0's store port on 127.0.0.1; 0 picks a free one (never MASTER_PORT)");
-  parser.set_default_note("store-port", "a free port");
+  parser.set_default_note("store-port", "default: 0");
   parser.add_double("timeout-s", &timeout_s, "seconds the whole job may take before every worker is stopped");
   parser.add_double("kill-grace-s", &kill_grace_s, "seconds between SIGTERM and SIGKILL when stopping workers");
   parser.add_bool("no-prefix", &no_prefix, "let workers write to stderr directly, without \"[rank R] \"");

@@ -218,8 +218,8 @@ int multinode_main(int argc, char** argv) {
       "verify: every op, dtype and several sizes on adversarial inputs, every output bit against the\n"
       "simulator and the scalar contract. bench: the all-reduce beside NCCL's own on the same ranks.");
   parser.add_positional("action", &action, "verify or bench");
-  parser.add_int("nproc", &nproc, "start N local workers of one node (otherwise run as a launched worker)");
-  parser.set_default_note("nproc", "run as a launched worker");
+  parser.add_int("nproc", &nproc, "start N local workers of one node");
+  parser.set_default_note("nproc", "default: run as a launched worker");
   parser.add_int("buffer-mib", &setup.buffer_mib, "the node communicator's staging and scratch, MiB");
   parser.add_int("chunk-elements", &setup.chunk, "pipeline chunk of the carry chain (a multiple of 64)");
   parser.add_int("seed", &seed, "verify: seed of the inputs");

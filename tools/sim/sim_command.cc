@@ -15,6 +15,7 @@
 //
 // Other ops (`exactcoll sim fused_rmsnorm`) register through tools/fused/sim_subcommands.h and
 // are dispatched from here.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -301,9 +302,11 @@ int collective_main(Collective op, int argc, char** argv) {
 
 int sim_main(int argc, char** argv) {
   auto list = [] {
+    size_t width = 0;
+    for (const auto& s : cli::sim_subcommands()) width = std::max(width, s.name.size());
     std::string out;
     for (const auto& s : cli::sim_subcommands()) {
-      out += "  " + s.name + std::string(s.name.size() < 16 ? 16 - s.name.size() : 1, ' ') + s.summary + "\n";
+      out += "  " + s.name + std::string(width + 2 - s.name.size(), ' ') + s.summary + "\n";
     }
     return out;
   };

@@ -28,9 +28,9 @@ void add_world_flags(cli::ArgParser& parser, SimFlags* f, bool element_traces) {
                  "fault injection: this rank dies (stops, as a killed process) at its --fail-at-step K-th flag "
                  "signal or wait; its peers report a deadlock naming it once every live rank waits (threads: or "
                  "time out first, --timeout-ms); no output is written");
-  parser.set_default_note("fail-rank", "none");
+  parser.set_default_note("fail-rank", "default: none");
   parser.add_int("fail-at-step", &f->fail_at_step, "fault injection: the step (>= 1) at which --fail-rank dies");
-  parser.set_default_note("fail-at-step", "with --fail-rank");
+  parser.set_default_note("fail-at-step", "required with --fail-rank");
 }
 
 std::optional<DType> parse_dtype(const std::string& name) {

@@ -252,9 +252,9 @@ int run_gpu_fused_rmsnorm(int argc, char** argv) {
                     "algorithm");
   parser.add_choice("contract", &contract_text, {"canonical"}, "rounding contract (the GPU has the canonical one only)");
   parser.add_int("blocks", &o.blocks, "force the fused kernel's block count (1..64)");
-  parser.set_default_note("blocks", "the table's choice");
+  parser.set_default_note("blocks", "default: the table's choice");
   parser.add_int("threads", &o.threads, "force the threads per block (multiple of 32, 64..1024)");
-  parser.set_default_note("threads", "the table's choice");
+  parser.set_default_note("threads", "default: the table's choice");
   parser.add_bool("registered", &o.registered, "register x's buffer (no staging)");
   parser.add_bool("graph", &o.graph, "capture the call into a CUDA graph and replay it");
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
