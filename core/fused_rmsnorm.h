@@ -319,8 +319,8 @@ EXC_HD void fused_rmsnorm_two_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
 //   4. advance the push call number as allreduce_push_one_shot's step 4 does (slots b, b + G, ...);
 //   5. for each of this block's rows: row_fn(row, x_of) with x_of(r) = this rank's own x for r ==
 //      rank, its own scratch slot (h, r) otherwise (local reads only). fused_rmsnorm_push_one_stage
-//      passes core's fused_row (fold in rank order, residual_add, canonical RMSNorm); the CUDA
-//      backend's register path (cuda_backend/fused/fused_algorithms.h) its row held in registers.
+//      passes core's fused_row (fold in rank order, residual_add, canonical RMSNorm);
+//      push_one_stage_reg's register path (core/fused_rmsnorm_kernels.h) its row held in registers.
 // Why no end barrier: allreduce_push_one_shot's argument (a) and (b) hold unchanged. (a) Peer p
 // writes half h of this rank's scratch in this call k, the other half in its next push call
 // (push_one_shot, push_two_shot or push_one_stage alike: they advance the same counter), and half

@@ -1,9 +1,9 @@
-// The fused kernels: core/fused_rmsnorm.h's one_stage and two_stage, and fused_algorithms.h's
-// one_stage_reg, push_one_stage_reg, gather_norm and residual_rmsnorm_rows, instantiated with the
-// device context
-// (DeviceCtx, whose row_sum_squares computes the canonical tree with warp shuffles, plus
-// sum_lane_partials for the register path). One kernel per (storage type,
-// compile-time world size, kind); included by one .cu per storage type.
+// The fused kernels: core/fused_rmsnorm.h's one_stage and two_stage, and
+// core/fused_rmsnorm_kernels.h's one_stage_reg, push_one_stage_reg, gather_norm and
+// residual_rmsnorm_rows, instantiated with the device context (DeviceCtx, whose row_sum_squares
+// computes the canonical tree with warp shuffles, plus sum_lane_partials for the register path).
+// One kernel per (storage type, compile-time world size, kind); included by one .cu per storage
+// type.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,21 +12,20 @@
 #include <cstdint>
 
 #include "core/fused_rmsnorm.h"
+#include "core/fused_rmsnorm_kernels.h"
 #include "cuda_backend/device_ctx.cuh"
-#include "cuda_backend/fused/fused_algorithms.h"
 #include "cuda_backend/fused/fused_kernel_args.h"
 #include "cuda_backend/kernels.cuh"
 
 namespace exactcoll::cuda::fused {
 
-using fused_gpu::FusedKernelKind;
-
-// The device context plus fused_algorithms.h's register-path extension, sum_lane_partials: thread
-// t holds lane t's partial (blockDim == tree.lanes, so warp w is group w); a 32-lane xor butterfly
-// of contract::add by shuffles gives each group's value; lane 0 stores it; the values, padded with
-// 0.0f to 32, get the second butterfly in every warp after one __syncthreads (the same tree as
-// contract::sum_squares). Two shared arrays alternate between calls, so one __syncthreads per call
-// suffices (call k+2 reuses call k's array only after every thread passed call k+1's sync).
+// The device context plus core/fused_rmsnorm_kernels.h's register-path extension,
+// sum_lane_partials: thread t holds lane t's partial (blockDim == tree.lanes, so warp w is group
+// w); a 32-lane xor butterfly of contract::add by shuffles gives each group's value; lane 0 stores
+// it; the values, padded with 0.0f to 32, get the second butterfly in every warp after one
+// __syncthreads (the same tree as contract::sum_squares). Two shared arrays alternate between
+// calls, so one __syncthreads per call suffices (call k+2 reuses call k's array only after every
+// thread passed call k+1's sync).
 template <class T, int kRanks>
 class FusedDeviceCtx : public DeviceCtx<T, kRanks> {
  public:
@@ -77,13 +76,13 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
   if constexpr (kKind == FusedKernelKind::kPushOneStage) {
     // No staging: base.inputs[rank] is this rank's x where the caller keeps it (only this kernel
     // reads it; the peers read the copies it pushes).
-    fused_gpu::fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, fused_args<T>(args));
+    fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, fused_args<T>(args));
   } else if constexpr (kKind == FusedKernelKind::kLamportOneStage) {
     // No staging either: base.inputs[rank] is this rank's x where the caller keeps it.
     fused_rmsnorm_lamport_one_stage<T, kRanks>(ctx, fused_args<T>(args));
   } else {
     if (args.stage_from != nullptr) {
-      fused_gpu::stage_fused_input<T>(ctx, kKind, static_cast<const T*>(args.stage_from),
+      stage_fused_input<T>(ctx, kKind, static_cast<const T*>(args.stage_from),
                                       static_cast<T*>(const_cast<void*>(args.base.inputs[args.base.rank])), args.rows,
                                       args.hidden);
     }
@@ -93,9 +92,9 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
     } else if constexpr (kKind == FusedKernelKind::kTwoStage) {
       fused_rmsnorm_two_stage<T, kRanks>(ctx, a);
     } else if constexpr (kKind == FusedKernelKind::kOneStageReg) {
-      fused_gpu::fused_rmsnorm_one_stage_reg<T, kRanks>(ctx, a);
+      fused_rmsnorm_one_stage_reg<T, kRanks>(ctx, a);
     } else {
-      fused_gpu::fused_rmsnorm_gather_norm<T, kRanks>(ctx, a);
+      fused_rmsnorm_gather_norm<T, kRanks>(ctx, a);
     }
   }
 }
@@ -119,9 +118,9 @@ __global__ void __launch_bounds__(1024) residual_rmsnorm_kernel(const __grid_con
   T* residual_out = static_cast<T*>(args.residual_out);
   T* out = static_cast<T*>(args.out);
   if constexpr (kHeld == 0) {
-    fused_gpu::residual_rmsnorm_memory<T>(ctx, tree, s, residual, weight, residual_out, out, args.rows, args.eps);
+    residual_rmsnorm_memory<T>(ctx, tree, s, residual, weight, residual_out, out, args.rows, args.eps);
   } else {
-    fused_gpu::residual_rmsnorm_held<T, kHeld>(ctx, tree, s, residual, weight, residual_out, out, args.rows, args.eps);
+    residual_rmsnorm_held<T, kHeld>(ctx, tree, s, residual, weight, residual_out, out, args.rows, args.eps);
   }
 }
 
@@ -144,7 +143,7 @@ cudaError_t launch_residual_rmsnorm_typed(const FusedKernelArgs& args, LaunchCon
   if (e != cudaSuccess) return e;
   const uint64_t working_set = 4ull * static_cast<uint64_t>(args.rows) * static_cast<uint64_t>(args.hidden) * sizeof(T);
   if (working_set > static_cast<uint64_t>(l2_bytes) ||
-      fused_gpu::residual_rmsnorm_held_packs(cfg.threads, tree) != 1) {
+      residual_rmsnorm_held_packs(cfg.threads, tree) != 1) {
     return launch_kernel(residual_rmsnorm_kernel<T, 0>, args, cfg, stream);
   }
   int sms = 0, per_sm = 0;

@@ -5,14 +5,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/fused_rmsnorm_kernels.h"
 #include "core/storage.h"
-#include "cuda_backend/fused/fused_algorithms.h"
 #include "cuda_backend/fused/fused_kernel_args.h"
 #include "cuda_backend/kernel_args.h"
 
 namespace exactcoll::cuda::fused {
-
-using fused_gpu::FusedKernelKind;
 
 // Launches one fused kernel on stream. Returns the launch's error (cudaGetLastError).
 // Preconditions: args filled for this rank (FusedKernelArgs); cfg: 1 <= blocks (<= kMaxBlocks for

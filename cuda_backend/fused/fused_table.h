@@ -24,11 +24,11 @@
 namespace exactcoll::cuda::fused {
 
 // one_stage, two_stage: core/fused_rmsnorm.h's (what the simulator runs). one_stage_reg:
-// fused_algorithms.h's one_stage with the row in registers. push_one_stage: core's push_one_stage
-// (x pushed into the peers' scratch, one barrier, no end barrier; the push all-reduces' call
-// counter and receive halves) on fused_algorithms.h's register path; needs 2 x n x rows x H
-// elements of scratch. gather_norm: fused_algorithms.h's two-stage variant (gathers residual_out
-// only, normalizes locally).
+// core/fused_rmsnorm_kernels.h's one_stage with the row in registers. push_one_stage: core's
+// push_one_stage (x pushed into the peers' scratch, one barrier, no end barrier; the push
+// all-reduces' call counter and receive halves) on core/fused_rmsnorm_kernels.h's register path;
+// needs 2 x n x rows x H elements of scratch. gather_norm: core/fused_rmsnorm_kernels.h's
+// two-stage variant (gathers residual_out only, normalizes locally).
 // unfused: the project's all-reduce (auto) + the separate residual + RMSNorm kernel. auto: the
 // table. nccl_split: NCCL all-reduce + the same separate kernel (baseline; NCCL's sums follow no
 // contract, so its bits are not the contract's).

@@ -1,10 +1,10 @@
-// cuda_backend/fused/fused_algorithms.h on the CPU test world (tests/fused/thread_world.h: every
+// core/fused_rmsnorm_kernels.h on the CPU test world (tests/fused/thread_world.h: every
 // (rank, block, thread) a std::thread, real flags and block barriers): gather_norm, one_stage_reg,
 // push_one_stage_reg (register path and core fallback), the split path's residual + RMSNorm rows
 // and the in-kernel input staging give the contract's bits (the scalar reference of
 // sim/fused/reference.h) on every rank, for several world sizes, grids, shapes and adversarial
 // values. The GPU runs the same templates (exactcoll verify).
-#include "cuda_backend/fused/fused_algorithms.h"
+#include "core/fused_rmsnorm_kernels.h"
 
 #include <algorithm>
 #include <cstring>
@@ -21,7 +21,7 @@
 #include "sim/fused/reference.h"
 #include "tests/fused/thread_world.h"
 
-namespace exactcoll::fused_gpu {
+namespace exactcoll::fused_kernels_test {
 namespace {
 
 using testing_world::AlignedBuffer;
@@ -125,7 +125,7 @@ enum class Run {
   kPushOneStageReg
 };
 
-// The test world's context plus the register path's sum_lane_partials (fused_algorithms.h): each
+// The test world's context plus the register path's sum_lane_partials (core/fused_rmsnorm_kernels.h): each
 // thread stores its lane partial into its (rank, block)'s shared array, sync_block, and every
 // thread computes the two butterflies of contract::sum_squares over the array. Two arrays
 // alternate, as on the GPU.
@@ -442,4 +442,4 @@ TEST(FusedAlgorithmsCheck, AFlippedInputBitIsCaught) {
 }
 
 }  // namespace
-}  // namespace exactcoll::fused_gpu
+}  // namespace exactcoll::fused_kernels_test

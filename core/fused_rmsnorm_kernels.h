@@ -1,7 +1,7 @@
-// The pieces of the fused all-reduce + residual + RMSNorm that the CUDA backend adds to
+// The pieces of the fused all-reduce + residual + RMSNorm that the GPU's kernels add to
 // core/fused_rmsnorm.h, written the same way: templates over the execution context
 // (core/collectives.h, plus core/fused_rmsnorm.h's row_sum_squares hook), so that they compile
-// under g++ and run on the CPU test worlds too (tests/cuda_fused), and bit for bit give the
+// under g++ and nvcc, run on the CPU test worlds too (tests/cuda_fused), and bit for bit give the
 // contract's results (docs/numerics.md, "Fused all-reduce + residual + RMSNorm"):
 //   s = fold over ranks of x (rounded), residual_out = residual_add(s, residual),
 //   out = the canonical RMSNorm of residual_out.
@@ -47,7 +47,7 @@
 #define EXC_FUSED_UNROLL
 #endif
 
-namespace exactcoll::fused_gpu {
+namespace exactcoll {
 
 // Scratch elements gather_norm needs on every rank: its slice's residual_out rows at their row
 // positions, [rows, H].
@@ -564,4 +564,4 @@ EXC_HD void stage_fused_input(Ctx& ctx, FusedKernelKind kind, const T* src, T* d
   }
 }
 
-}  // namespace exactcoll::fused_gpu
+}  // namespace exactcoll
