@@ -190,7 +190,9 @@ int run_gpu(int argc, char** argv) {
   parser.add_int("seed", &seed, "seed of the random input");
   parser.add_string("output", &o.output_path, "output .npy (written atomically by rank 0)");
   parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "direct", "copy_engine", "auto", "nccl"},
-                    "algorithm");
+                    "algorithm; auto = the tuned table's fastest for the size and GPU count "
+                    "(cuda_backend/tuning/, EXACTCOLL_TABLE), or without a row one_shot below 512 KiB (1 MiB on "
+                    "2 GPUs) and two_shot above; every IPC algorithm gives the same bits");
   parser.add_int("blocks", &o.blocks,
                  "force the grid's block count (1.." + std::to_string(kMaxBlocks) + ", as auto's table may)");
   parser.set_default_note("blocks", "default: the table's choice");

@@ -118,7 +118,8 @@ int collective_main(Collective op, int argc, char** argv) {
   parser.add_string("output", &output_path, "write the output .npy here");
   if (op == Collective::kAllReduce) {
     parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "auto"},
-                      "algorithm; auto = one_shot below 256 KiB per rank, two_shot above (same bits)");
+                      ("algorithm; auto = one_shot below 256 KiB per rank, two_shot above (the GPUs' auto picks by its "
+                       "tuned table instead; every choice gives the same bits)"));
   }
   parser.add_int("blocks", &blocks, "blocks per rank (the work split; same bits for every count)");
   parser.add_bool("print", &print, "print inputs and outputs as floats (default when count <= 32)");
