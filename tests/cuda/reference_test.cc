@@ -116,5 +116,106 @@ TEST(Reference, CompareBitsCatchesOneFlippedBit) {
   EXPECT_EQ(bits_hex(DType::kFP32, 0x7fc00001), "0x7fc00001");
 }
 
+// The sum bound bench holds NCCL to: the contract's result and a sum in another order are both
+// inside it; an element moved by a few bound-widths is outside, and so are a NaN where the sum is
+// finite and a finite value where it is NaN.
+template <class T>
+Bytes reverse_order_sum(const std::vector<Bytes>& inputs, size_t count) {
+  // A different order than the contract's: rank n-1 first, rounding to T after every addition.
+  Bytes out(count * sizeof(T));
+  for (size_t i = 0; i < count; ++i) {
+    float acc = 0;
+    for (size_t r = inputs.size(); r-- > 0;) {
+      T x;
+      std::memcpy(&x, inputs[r].data() + i * sizeof(T), sizeof(T));
+      acc = to_float(round_to<T>(acc + to_float(x)));
+    }
+    const T y = round_to<T>(acc);
+    std::memcpy(out.data() + i * sizeof(T), &y, sizeof(T));
+  }
+  return out;
+}
+
+TEST(SumBound, HoldsForEveryOrderAndCatchesAMovedElement) {
+  for (DType d : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+    for (int n : {2, 4, 8}) {
+      const size_t count = 4096;
+      const auto in = make_inputs(d, count, n, 11, Pattern::kRandom);
+      const Bytes contract = contract_output(Op::kAllReduce, d, in, count, 0);
+      const SumBoundCheck a = check_sum_within_bound(Op::kAllReduce, d, in, count, 0, contract.data());
+      EXPECT_EQ(a.compared, count);
+      EXPECT_EQ(a.outside, 0u) << dtype_name(d) << " n=" << n << " element " << a.first << ": got " << a.got
+                               << ", exact " << a.exact << ", bound " << a.bound;
+      const Bytes other = d == DType::kBF16   ? reverse_order_sum<bf16>(in, count)
+                          : d == DType::kFP16 ? reverse_order_sum<fp16>(in, count)
+                                              : reverse_order_sum<float>(in, count);
+      // Two addends commute; from 4 on, the other order rounds some elements differently.
+      if (n > 2) {
+        EXPECT_NE(other, contract) << dtype_name(d) << " n=" << n << ": the other order rounded alike";
+      }
+      EXPECT_EQ(check_sum_within_bound(Op::kAllReduce, d, in, count, 0, other.data()).outside, 0u)
+          << dtype_name(d) << " n=" << n;
+      // Element 100 moved by 4 bound-widths (the value of the type nearest exact + 4 * bound).
+      Bytes moved = contract;
+      double exact = 0, magnitude = 0;
+      for (int r = 0; r < n; ++r) {
+        double x = 0;
+        if (d == DType::kFP32) {
+          float f;
+          std::memcpy(&f, in[static_cast<size_t>(r)].data() + 100 * 4, 4);
+          x = f;
+        } else {
+          uint16_t h;
+          std::memcpy(&h, in[static_cast<size_t>(r)].data() + 100 * 2, 2);
+          x = d == DType::kBF16 ? bf16_bits_to_float(h) : fp16_bits_to_float(h);
+        }
+        exact += x;
+        magnitude += std::fabs(x);
+      }
+      const double u = d == DType::kBF16 ? 0x1p-8 : d == DType::kFP16 ? 0x1p-11 : 0x1p-24;
+      const double far = exact + 4 * (n * u / (1 - n * u)) * magnitude + 1e-3;
+      if (d == DType::kFP32) {
+        const float f = static_cast<float>(far);
+        std::memcpy(moved.data() + 100 * 4, &f, 4);
+      } else {
+        const uint16_t h = d == DType::kBF16 ? round_to<bf16>(static_cast<float>(far)).bits
+                                             : round_to<fp16>(static_cast<float>(far)).bits;
+        std::memcpy(moved.data() + 100 * 2, &h, 2);
+      }
+      const SumBoundCheck m = check_sum_within_bound(Op::kAllReduce, d, in, count, 0, moved.data());
+      EXPECT_EQ(m.outside, 1u) << dtype_name(d) << " n=" << n;
+      EXPECT_EQ(m.first, 100u);
+    }
+  }
+}
+
+TEST(SumBound, ReduceScatterChecksItsSliceAndNaNsAreChecked) {
+  const int n = 4;
+  const size_t count = 64;
+  auto in = make_inputs(DType::kFP32, count, n, 3, Pattern::kRandom);
+  for (int rank = 0; rank < n; ++rank) {
+    const Bytes out = contract_output(Op::kReduceScatter, DType::kFP32, in, count, rank);
+    const SumBoundCheck c = check_sum_within_bound(Op::kReduceScatter, DType::kFP32, in, count, rank, out.data());
+    EXPECT_EQ(c.compared, count / n);
+    EXPECT_EQ(c.outside, 0u) << "rank " << rank;
+    // Rank 0's slice given as rank 1's: outside nearly everywhere.
+    if (rank == 1) {
+      const Bytes slice0 = contract_output(Op::kReduceScatter, DType::kFP32, in, count, 0);
+      EXPECT_GT(check_sum_within_bound(Op::kReduceScatter, DType::kFP32, in, count, 1, slice0.data()).outside, 12u);
+    }
+  }
+  // A NaN input: the sum must be a NaN; a NaN output where the sum is finite is outside.
+  const float nan = std::nanf(""), one = 1.0f;
+  std::memcpy(in[2].data() + 5 * 4, &nan, 4);
+  Bytes out = contract_output(Op::kAllReduce, DType::kFP32, in, count, 0);
+  EXPECT_EQ(check_sum_within_bound(Op::kAllReduce, DType::kFP32, in, count, 0, out.data()).outside, 0u);
+  std::memcpy(out.data() + 5 * 4, &one, 4);
+  std::memcpy(out.data() + 6 * 4, &nan, 4);
+  const SumBoundCheck c = check_sum_within_bound(Op::kAllReduce, DType::kFP32, in, count, 0, out.data());
+  EXPECT_EQ(c.outside, 2u);
+  EXPECT_EQ(c.first, 5u);
+  EXPECT_THROW(check_sum_within_bound(Op::kAllGather, DType::kFP32, in, count, 0, out.data()), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace exactcoll::gpu

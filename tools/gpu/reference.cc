@@ -1,5 +1,6 @@
 #include "tools/gpu/reference.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -106,6 +107,83 @@ Comparison compare_bits(DType dtype, const void* got, const void* want, size_t c
     }
   }
   return c;
+}
+
+namespace {
+
+struct Limits {
+  double unit_roundoff, smallest_subnormal, largest_finite;
+};
+
+Limits limits_of(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return {0x1p-8, 0x1p-133, 0x1.FEp127};
+    case DType::kFP16: return {0x1p-11, 0x1p-24, 65504.0};
+    case DType::kFP32: return {0x1p-24, 0x1p-149, 0x1.FFFFFEp127};
+  }
+  return {};
+}
+
+template <class T>
+double widened(const void* base, size_t i) {
+  T x;
+  std::memcpy(&x, static_cast<const uint8_t*>(base) + i * sizeof(T), sizeof(T));
+  return static_cast<double>(to_float(x));
+}
+
+template <class T>
+SumBoundCheck check_sum_typed(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank,
+                              const void* got) {
+  const int n = static_cast<int>(inputs.size());
+  const size_t out_count = output_count(op, count, n);
+  const size_t begin = op == cuda::Op::kReduceScatter ? out_count * static_cast<size_t>(rank) : 0;
+  const Limits l = limits_of(dtype);
+  const double nu = n * l.unit_roundoff;
+  const double gamma = nu / (1.0 - nu);
+  SumBoundCheck c;
+  c.compared = out_count;
+  for (size_t j = 0; j < out_count; ++j) {
+    // The sum in double: exact for bf16 and fp16, within n * 2^-53 * sum|x| for fp32 (far inside
+    // the bound); NaN and inf follow IEEE (NaN, or the inf of the sum).
+    double exact = 0, magnitude = 0;
+    for (int r = 0; r < n; ++r) {
+      const double x = widened<T>(inputs[static_cast<size_t>(r)].data(), begin + j);
+      exact += x;
+      magnitude += std::fabs(x);
+    }
+    const double g = widened<T>(got, j);
+    const double bound = gamma * magnitude + n * l.smallest_subnormal;
+    bool within;
+    if (std::isnan(exact)) {
+      within = std::isnan(g);
+    } else if (std::isinf(exact)) {
+      within = g == exact;
+    } else if (std::isinf(g)) {
+      within = std::fabs(exact) + bound >= l.largest_finite && std::signbit(g) == std::signbit(exact);
+    } else {
+      within = !std::isnan(g) && std::fabs(g - exact) <= bound;
+    }
+    if (!within && c.outside++ == 0) {
+      c.first = j;
+      c.got = g;
+      c.exact = exact;
+      c.bound = bound;
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+SumBoundCheck check_sum_within_bound(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count,
+                                     int rank, const void* got) {
+  if (op == cuda::Op::kAllGather) throw std::invalid_argument("check_sum_within_bound: all-gather is a copy, not a sum");
+  switch (dtype) {
+    case DType::kBF16: return check_sum_typed<bf16>(op, dtype, inputs, count, rank, got);
+    case DType::kFP16: return check_sum_typed<fp16>(op, dtype, inputs, count, rank, got);
+    case DType::kFP32: return check_sum_typed<float>(op, dtype, inputs, count, rank, got);
+  }
+  return {};
 }
 
 std::string bits_hex(DType dtype, uint32_t bits) {

@@ -55,6 +55,29 @@ struct Comparison {
 };
 Comparison compare_bits(DType dtype, const void* got, const void* want, size_t count);
 
+// What a sum promises when nothing fixes its order (NCCL's all-reduce and reduce-scatter): any
+// order of the n - 1 additions, each rounded to the storage type or to fp32 and once to storage,
+// lands within
+//   bound = gamma_n * sum_r |x_r| + n * (the storage type's smallest subnormal)
+// of the exact sum, gamma_n = n*u / (1 - n*u) with u the storage type's unit roundoff (2^-8 bf16,
+// 2^-11 fp16, 2^-24 fp32; Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., §4.2).
+// Non-finite: when the exact sum is NaN (a NaN input, or +inf and -inf) the result must be a NaN;
+// when it is an inf, that inf; a finite sum whose bound reaches the largest finite value may
+// overflow to the inf of its sign.
+struct SumBoundCheck {
+  uint64_t compared = 0;
+  uint64_t outside = 0;  // elements outside the bound
+  size_t first = 0;      // index of the first (valid when outside > 0)
+  double got = 0, exact = 0, bound = 0;
+};
+
+// Returns rank's output elements (`got`, output_count(op, count, n) of them) checked against the
+// bound above. Preconditions: op is all-reduce or reduce-scatter; one input of count elements per
+// rank. Example: bench's NCCL rows count `outside` as #wrong, and the bits that differ from the
+// contract (compare_bits) in a column of their own.
+SumBoundCheck check_sum_within_bound(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count,
+                                     int rank, const void* got);
+
 // "0x7fc1"/"0x7fc00001": an element's bits in hex.
 std::string bits_hex(DType dtype, uint32_t bits);
 
