@@ -12,6 +12,7 @@
 #include <map>
 #include <new>
 #include <sstream>
+#include <stdexcept>
 #include <system_error>
 
 namespace exactcoll::cli {
@@ -129,6 +130,11 @@ void ArgParser::add_string(const std::string& name, std::string* value, const st
 void ArgParser::add_int(const std::string& name, int64_t* value, const std::string& help) {
   flags_.push_back({name, Kind::kInt, value, help, {}, std::to_string(*value)});
 }
+void ArgParser::add_short(char letter, const std::string& name) {
+  if (find(name) == nullptr) throw std::logic_error("add_short: no flag --" + name);
+  shorts_[std::string("-") + letter] = name;
+}
+
 void ArgParser::set_default_note(const std::string& name, const std::string& note) {
   for (auto& f : flags_) {
     if (f.name == name) {
@@ -269,6 +275,7 @@ std::optional<int> ArgParser::parse(int argc, char** argv) {
       for (int j = i + 1; j < argc; ++j) rest_->push_back(argv[j]);
       break;
     }
+    if (const auto alias = shorts_.find(arg); alias != shorts_.end()) arg = "--" + alias->second;
     if (arg.rfind("--", 0) == 0) {
       std::string name = arg.substr(2);
       std::optional<std::string> value;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,6 +58,9 @@ class ArgParser {
   // Precondition: the flag was added.
   void set_default_note(const std::string& name, const std::string& note);
   void mark_required(const std::string& name) { set_default_note(name, "required"); }
+  // `-<letter>` is also `--<name>` (as nccl-tests' -b/-e/-f); the flag's help should say so.
+  // Precondition: the flag was added.
+  void add_short(char letter, const std::string& name);
   // Everything after a literal `--` goes here (for `launch`).
   void set_rest(std::vector<std::string>* rest, const std::string& name);
 
@@ -95,6 +99,7 @@ class ArgParser {
   std::string description_;
   std::vector<Flag> flags_;
   std::vector<Positional> positionals_;
+  std::map<std::string, std::string> shorts_;  // "-b" -> "minbytes"
   std::vector<std::string>* rest_ = nullptr;
   std::string rest_name_;
 };

@@ -2,6 +2,7 @@
 // command it points to is one that exists.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,37 @@ TEST(ArgParserHint, AFlagWithAFixedValueIsPartOfTheCommand) {
   // A placeholder value ("N") is not.
   expect_names(parse("exactcoll bench --nproc N [--op allreduce|reduce_scatter]", {"bench", "--algo", "bogus"}),
                "bench");
+}
+
+TEST(ArgParserShort, ALetterIsItsFlag) {
+  std::string min_bytes;
+  int64_t factor = 2;
+  cli::ArgParser parser("exactcoll bench [-b BYTES] [-f F]", "a test command");
+  parser.add_string("minbytes", &min_bytes, "-b: bytes");
+  parser.add_int("stepfactor", &factor, "-f: factor");
+  parser.add_short('b', "minbytes");
+  parser.add_short('f', "stepfactor");
+  std::vector<std::string> args = {"bench", "-b", "8K", "-f", "4"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  EXPECT_FALSE(parser.parse(static_cast<int>(argv.size()), argv.data()).has_value());
+  EXPECT_EQ(min_bytes, "8K");
+  EXPECT_EQ(factor, 4);
+  EXPECT_TRUE(parser.given("minbytes"));
+  // An unregistered letter is not a flag of the command.
+  std::vector<std::string> bad = {"bench", "-x", "1"};
+  argv.clear();
+  for (auto& a : bad) argv.push_back(a.data());
+  ::testing::internal::CaptureStderr();
+  cli::ArgParser other("exactcoll bench [-b BYTES]", "a test command");
+  std::string unused;
+  other.add_string("minbytes", &unused, "-b: bytes");
+  other.add_short('b', "minbytes");
+  const auto code = other.parse(static_cast<int>(argv.size()), argv.data());
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, cli::kExitUsage) << err;
+  EXPECT_THROW(other.add_short('z', "no-such-flag"), std::logic_error);
 }
 
 }  // namespace

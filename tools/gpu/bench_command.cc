@@ -73,6 +73,24 @@ double bus_factor(Op op, int n) {
   return op == Op::kAllReduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
 }
 
+// Parses nccl-tests' size syntax: a whole number of bytes with an optional K, M or G (powers of
+// 1024): "8", "256K", "128M". Returns false for anything else, zero, or past 2^40.
+bool parse_bytes(const std::string& text, uint64_t* bytes) {
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  if (digits == 0 || digits > 13 || text.size() > digits + 1) return false;
+  uint64_t value = std::stoull(text.substr(0, digits));
+  if (text.size() == digits + 1) {
+    const char unit = text.back();
+    const int shift = unit == 'K' || unit == 'k' ? 10 : unit == 'M' || unit == 'm' ? 20 : unit == 'G' || unit == 'g' ? 30 : -1;
+    if (shift < 0) return false;
+    value <<= shift;  // at most 13 digits: < 2^44 before the shift; bounded below
+  }
+  if (value == 0 || value > (uint64_t{1} << 40)) return false;
+  *bytes = value;
+  return true;
+}
+
 std::string fmt(const char* format, double v) {
   char text[64];
   std::snprintf(text, sizeof text, format, v);
@@ -426,18 +444,20 @@ int run_bench(int argc, char** argv) {
   // `exactcoll bench --op fused_rmsnorm …` (tools/gpu/fused).
   if (asks_for_fused(argc, argv, "op")) return run_fused_bench(argc, argv);
   int64_t nproc = 0;
-  std::string op_text = "allreduce", dtype_text = "bf16", rows_text, algos_text;
+  std::string op_text = "allreduce", dtype_text = "bf16", rows_text, algos_text, min_bytes_text, max_bytes_text;
+  int64_t step_factor = 2;
   bool no_eager = false, no_check = false, no_bound = false, no_pdl = false;
   int64_t seed = 1;
   BenchOptions o;
   cli::ArgParser parser(
-      "exactcoll bench --nproc N [--op allreduce|reduce_scatter|allgather] [--dtype bf16|fp16|fp32] [--json FILE] "
-      "[--csv FILE]",
+      "exactcoll bench --nproc N [--op allreduce|reduce_scatter|allgather] [--dtype bf16|fp16|fp32] "
+      "[--rows R,… --hidden H | -b BYTES -e BYTES -f F] [--json FILE] [--csv FILE]",
       "Times the CUDA collectives (every IPC algorithm and auto) against NCCL in the same run, by\n"
       "CUDA-graph replay and eager launches, and checks every output against the simulator. Prints\n"
-      "an nccl-tests-style table: size, count, then per algorithm time (µs), algbw, busbw (GB/s) and\n"
-      "#wrong. Message = rows × hidden elements (all-reduce: each rank's buffer; reduce_scatter: each\n"
-      "rank's input; allgather: the gathered output).");
+      "an nccl-tests-style table: size, count, type, redop, then per algorithm time (µs), algbw, busbw\n"
+      "(GB/s) and #wrong (NCCL: and #!=contract). Message = rows × hidden elements, or nccl-tests'\n"
+      "-b/-e/-f bytes (all-reduce: each rank's buffer; reduce_scatter: each rank's input; allgather:\n"
+      "the gathered output). Example: exactcoll bench --nproc 8 -b 8K -e 128M -f 2");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
   parser.mark_required("nproc");
   parser.add_choice("op", &op_text, {"allreduce", "reduce_scatter", "allgather"},
@@ -446,6 +466,16 @@ int run_bench(int argc, char** argv) {
   parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
   parser.add_int("hidden", &o.hidden, "elements per row");
   parser.add_string("rows", &rows_text, "comma list of row counts (default 1,2,4,…,4096)");
+  parser.add_string("minbytes", &min_bytes_text,
+                    "-b: the smallest message in bytes, as nccl-tests (8, 256K, 128M; with -e, instead of "
+                    "--rows/--hidden)");
+  parser.set_default_note("minbytes", "default: the --rows sizes");
+  parser.add_string("maxbytes", &max_bytes_text, "-e: the largest message in bytes (with -b)");
+  parser.set_default_note("maxbytes", "default: the --rows sizes");
+  parser.add_int("stepfactor", &step_factor, "-f: each size is the previous times this (with -b/-e)");
+  parser.add_short('b', "minbytes");
+  parser.add_short('e', "maxbytes");
+  parser.add_short('f', "stepfactor");
   parser.add_string("algos", &algos_text, "comma list (default: the op's IPC algorithms, auto, nccl)");
   parser.add_int("graph-ops", &o.graph_ops, "ops captured per CUDA graph (and per eager round)");
   parser.add_int("replays", &o.replays, "timed graph replays (the median is reported)");
@@ -470,7 +500,28 @@ int run_bench(int argc, char** argv) {
   o.pdl = !no_pdl;
   o.seed = static_cast<uint64_t>(seed);
   if (o.hidden < 1) return cli::fail("bench", "--hidden must be positive");
-  if (rows_text.empty()) {
+  const bool by_bytes = parser.given("minbytes") || parser.given("maxbytes") || parser.given("stepfactor");
+  if (by_bytes) {
+    // nccl-tests' sizes: -b, -b*f, -b*f^2, … up to -e. Rows of one element each (hidden 1).
+    uint64_t min_bytes = 0, max_bytes = 0;
+    if (!parser.given("minbytes") || !parser.given("maxbytes")) return cli::fail("bench", "-b and -e go together");
+    if (parser.given("rows") || parser.given("hidden")) {
+      return cli::fail("bench", "give the sizes either as -b/-e/-f or as --rows/--hidden, not both");
+    }
+    if (!parse_bytes(min_bytes_text, &min_bytes)) {
+      return cli::fail("bench", "-b wants bytes such as 8, 256K or 128M (at most 1T), got '" + min_bytes_text + "'");
+    }
+    if (!parse_bytes(max_bytes_text, &max_bytes)) {
+      return cli::fail("bench", "-e wants bytes such as 8, 256K or 128M (at most 1T), got '" + max_bytes_text + "'");
+    }
+    if (max_bytes < min_bytes) return cli::fail("bench", "-e must be at least -b");
+    if (step_factor < 2 || step_factor > 1024) return cli::fail("bench", "-f must be 2..1024");
+    o.hidden = 1;
+    const uint64_t elem = static_cast<uint64_t>(dtype_size(o.dtype));
+    for (uint64_t b = min_bytes; b <= max_bytes; b *= static_cast<uint64_t>(step_factor)) {
+      o.rows.push_back(static_cast<int64_t>(std::max<uint64_t>(b / elem, 1)));
+    }
+  } else if (rows_text.empty()) {
     for (int64_t r = 1; r <= 4096; r *= 2) o.rows.push_back(r);
   } else {
     for (const auto& s : split_list(rows_text)) {
