@@ -106,7 +106,9 @@ int run(int argc, char** argv) {
       "accumulation, one rounding. Checks every rank's gathered A bit for bit against the shards, C bit for bit "
       "against the unpipelined schedule with the same row blocks, and sampled elements of C against float64. Traces "
       "show every step per rank (pid) and stream (block 0.. = comm streams, the last block = compute).");
-  add_world_flags(parser, &flags, /*element_traces=*/false);  // the schedules copy and multiply, fold nothing
+  WorldFlagSet set;
+  set.element_traces = false;  // the schedules copy and multiply, fold nothing
+  add_world_flags(parser, &flags, set);
   parser.add_choice("pattern", &pattern_text, {"ag_matmul", "prefetch"}, "which schedule");
   parser.add_choice("products", &products_text, {"per_shard", "merged", "pairs"},
                     "ag_matmul: how the peers' rows are grouped into products");

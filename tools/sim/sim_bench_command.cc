@@ -62,7 +62,10 @@ int sim_bench_main(int argc, char** argv) {
                         "[--iters 5]",
                         "Times a simulated all-reduce of --ranks x --mib MiB (threads scheduler) against one memcpy\n"
                         "of all input plus output bytes; prints the medians and their ratio.");
-  add_world_flags(parser, &f);
+  WorldFlagSet set;
+  set.traces = false;  // a timing run writes no trace, and a killed rank would only end it
+  set.faults = false;
+  add_world_flags(parser, &f, set);
   parser.add_int("mib", &mib, "MiB of input per rank");
   parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "auto"},
                     "all-reduce algorithm");
@@ -104,6 +107,9 @@ int sim_bench_main(int argc, char** argv) {
   }
 
   // 2. The all-reduce: one warm-up (sizes the heaps, exchanges handles), then timed runs.
+  std::cerr << "sim-bench: " << n << " ranks x " << mib << " MiB " << f.dtype << ", " << algo_text << ", " << blocks
+            << (blocks == 1 ? " block" : " blocks") << ": 1 warm-up and " << iters
+            << " timed all-reduces, then as many memcpys" << std::endl;
   std::optional<sim::World> world;
   std::vector<double> sim_ms;
   for (int64_t i = 0; i <= iters; ++i) {

@@ -8,7 +8,7 @@
 
 namespace exactcoll::tools {
 
-void add_world_flags(cli::ArgParser& parser, SimFlags* f, bool element_traces) {
+void add_world_flags(cli::ArgParser& parser, SimFlags* f, WorldFlagSet set) {
   parser.add_int("ranks", &f->ranks, "simulated ranks, 1..16");
   if (f->ranks == 0) parser.mark_required("ranks");  // commands without a default world size
   parser.add_choice("dtype", &f->dtype, {"bf16", "fp16", "fp32"}, "storage type");
@@ -16,21 +16,25 @@ void add_world_flags(cli::ArgParser& parser, SimFlags* f, bool element_traces) {
                     "threads: free-running, one thread per rank; seeded: one simulated thread at a time, "
                     "picked by a PRNG at every flag signal and wait");
   parser.add_int("schedule-seed", &f->schedule_seed, "seed of the seeded scheduler");
-  parser.add_string("trace", &f->trace, "write a JSON-lines trace (one event per rank, block and step)");
-  if (element_traces) {
-    parser.add_string("trace-elements", &f->trace_elements,
-                      "also trace every fold and rounding of these element indices (I,J,...)");
+  if (set.traces) {
+    parser.add_string("trace", &f->trace, "write a JSON-lines trace (one event per rank, block and step)");
+    if (set.element_traces) {
+      parser.add_string("trace-elements", &f->trace_elements,
+                        "also trace every fold and rounding of these element indices (I,J,...)");
+    }
+    parser.add_string("chrome-trace", &f->chrome_trace, "write a Chrome trace (open it in Perfetto)");
   }
-  parser.add_string("chrome-trace", &f->chrome_trace, "write a Chrome trace (open it in Perfetto)");
   parser.add_int("timeout-ms", &f->timeout_ms, "threads scheduler: a flag wait longer than this is an error");
   parser.add_int("max-steps", &f->max_steps, "seeded scheduler: scheduling steps before a livelock is reported");
-  parser.add_int("fail-rank", &f->fail_rank,
-                 "fault injection: this rank dies (stops, as a killed process) at its --fail-at-step K-th flag "
-                 "signal or wait; its peers report a deadlock naming it once every live rank waits (threads: or "
-                 "time out first, --timeout-ms); no output is written");
-  parser.set_default_note("fail-rank", "default: none");
-  parser.add_int("fail-at-step", &f->fail_at_step, "fault injection: the step (>= 1) at which --fail-rank dies");
-  parser.set_default_note("fail-at-step", "required with --fail-rank");
+  if (set.faults) {
+    parser.add_int("fail-rank", &f->fail_rank,
+                   "fault injection: this rank dies (stops, as a killed process) at its --fail-at-step K-th flag "
+                   "signal or wait; its peers report a deadlock naming it once every live rank waits (threads: or "
+                   "time out first, --timeout-ms); no output is written");
+    parser.set_default_note("fail-rank", "default: none");
+    parser.add_int("fail-at-step", &f->fail_at_step, "fault injection: the step (>= 1) at which --fail-rank dies");
+    parser.set_default_note("fail-at-step", "required with --fail-rank");
+  }
 }
 
 std::optional<DType> parse_dtype(const std::string& name) {

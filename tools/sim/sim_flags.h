@@ -29,10 +29,16 @@ struct SimFlags {
   int64_t fail_at_step = 0;    // ... at its K-th synchronization step (sim::WorldOptions)
 };
 
-// Adds --ranks --dtype --schedule --schedule-seed --trace --trace-elements --chrome-trace
-// --timeout-ms --max-steps --fail-rank --fail-at-step; --trace-elements only when the command
-// folds something to trace (element_traces).
-void add_world_flags(cli::ArgParser& parser, SimFlags* flags, bool element_traces = true);
+// Which of the world's flags a command offers beyond --ranks --dtype --schedule --schedule-seed
+// --timeout-ms --max-steps.
+struct WorldFlagSet {
+  bool traces = true;          // --trace --chrome-trace: the command writes a run's trace
+  bool element_traces = true;  // --trace-elements: it folds something to trace (needs traces)
+  bool faults = true;          // --fail-rank --fail-at-step: a run can be killed
+};
+
+// Adds the world's flags of `set` (all of them by default).
+void add_world_flags(cli::ArgParser& parser, SimFlags* flags, WorldFlagSet set = {});
 
 // Checks the flags and fills *options. Returns "" or what is wrong (no --ranks while flags.ranks
 // has no default (0), ranks outside 1..16, a negative seed, malformed --trace-elements, ...).
