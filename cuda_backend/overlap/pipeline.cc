@@ -190,7 +190,7 @@ void OverlapPipeline::write_value(cudaStream_t s, uint32_t* flag, uint32_t value
 }
 
 // GEQ (cyclic) rather than EQ: in a correct run the flag never passes the epoch before the wait is
-// satisfied (sim/overlap/plan.h), so both are the same; GEQ lets finish() release a stuck wait of
+// satisfied (core/overlap_plan.h), so both are the same; GEQ lets finish() release a stuck wait of
 // an earlier call by writing a later epoch.
 void OverlapPipeline::wait_value(cudaStream_t s, const uint32_t* flag, uint32_t value, std::string what,
                                  size_t wait_index) {

@@ -1,4 +1,4 @@
-// The overlap schedules (sim/overlap/plan.h) on GPUs: the same plan the simulator runs, each
+// The overlap schedules (core/overlap_plan.h) on GPUs: the same plan the simulator runs, each
 // operation enqueued on a CUDA stream.
 //
 // Per pipeline, every rank allocates one symmetric region [OverlapFlags | shard], exports it with
@@ -42,7 +42,7 @@
 #include "core/storage.h"
 #include "core/store.h"
 #include "cuda_backend/overlap/lt_matmul.h"
-#include "sim/overlap/plan.h"
+#include "core/overlap_plan.h"
 
 namespace exactcoll::cuda {
 

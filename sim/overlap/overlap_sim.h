@@ -1,4 +1,4 @@
-// The overlap schedules (sim/overlap/plan.h) on the simulated world: each rank's call is one
+// The overlap schedules (core/overlap_plan.h) on the simulated world: each rank's call is one
 // launch whose blocks are the plan's streams (comm0, comm1, ..., compute), so the seeded scheduler
 // interleaves the pulls, the products and the get protocol's flag waits and signals, and traces
 // show every step per rank and stream. Products use Eigen with float accumulation
@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "core/storage.h"
-#include "sim/overlap/plan.h"
+#include "core/overlap_plan.h"
 #include "sim/world.h"
 
 namespace exactcoll::overlap {

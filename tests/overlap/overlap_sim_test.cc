@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "sim/overlap/overlap_sim.h"
-#include "sim/overlap/plan.h"
+#include "core/overlap_plan.h"
 #include "sim/world.h"
 #include "tests/overlap/overlap_test_util.h"
 

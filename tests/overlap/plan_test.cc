@@ -1,8 +1,8 @@
-// The overlap plan (sim/overlap/plan.h): pull order rank+1, rank+2, ..., alternating comm streams,
+// The overlap plan (core/overlap_plan.h): pull order rank+1, rank+2, ..., alternating comm streams,
 // every pull guarded by the get protocol, the compute stream's products in step order (per_shard)
 // or over contiguous row blocks (merged, pairs), and the checker catching plans that break the
 // protocol or the products' coverage of C.
-#include "sim/overlap/plan.h"
+#include "core/overlap_plan.h"
 
 #include <gtest/gtest.h>
 

@@ -5,7 +5,7 @@
 //       [--check-shape 1024x512x768] [--products all] [--sections check,fsdp,ag] [--json FILE]
 //       [--timeout-ms T]
 //
-// --products: the AG->matmul product groupings to check and time side by side (sim/overlap/plan.h
+// --products: the AG->matmul product groupings to check and time side by side (core/overlap_plan.h
 // ProductGrouping): per_shard, merged, pairs, comma-separated; both = per_shard,merged; all = the
 // three. Each grouping runs its own pipeline on the same shards.
 //

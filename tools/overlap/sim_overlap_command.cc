@@ -11,7 +11,7 @@
 #include "sim/overlap/inputs.h"
 #include "sim/overlap/matmul.h"
 #include "sim/overlap/overlap_sim.h"
-#include "sim/overlap/plan.h"
+#include "core/overlap_plan.h"
 #include "sim/world.h"
 #include "tools/cli.h"
 #include "tools/fused/sim_subcommands.h"

@@ -1,4 +1,4 @@
-// `exactcoll sim overlap`: the all-gather + matmul overlap schedules (sim/overlap/plan.h) on the
+// `exactcoll sim overlap`: the all-gather + matmul overlap schedules (core/overlap_plan.h) on the
 // simulated world, with seeded random inputs; prints the plan on request, checks the result, and
 // writes traces.
 //

@@ -1,4 +1,4 @@
-#include "sim/overlap/plan.h"
+#include "core/overlap_plan.h"
 
 #include <algorithm>
 #include <map>
