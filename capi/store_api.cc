@@ -6,8 +6,8 @@
 
 #include "capi/api_support.h"
 #include "capi/callback_store.h"
-#include "cuda_backend/bootstrap/worker_env.h"
-#include "cuda_backend/bootstrap/worker_store.h"
+#include "bootstrap/worker_env.h"
+#include "bootstrap/worker_store.h"
 
 using namespace exactcoll;
 using namespace exactcoll::capi;

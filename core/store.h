@@ -1,5 +1,5 @@
 // The rendezvous store interface: a small key-value service every rank of a job reaches. The CUDA
-// backend's TCP store (cuda_backend/store) and the simulator's in-process store (sim/) implement
+// backend's TCP store (store) and the simulator's in-process store (sim/) implement
 // it, so the handle-exchange protocol (core/handle_exchange.h) is one piece of code, tested in the
 // simulator and run on the GPUs. Host-only; bootstrap path, so virtual calls are fine here.
 #pragma once

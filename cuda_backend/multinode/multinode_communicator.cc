@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda_backend/bootstrap/worker_env.h"
+#include "bootstrap/worker_env.h"
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/fused/fused_rmsnorm.h"
 #include "cuda_backend/multinode/node_kernels.h"

@@ -1,7 +1,7 @@
 // Where a worker sits in a multi-node job, from its launcher's variables (plain C++, no CUDA):
 //   node             GROUP_RANK (torchrun), else EXACTCOLL_NODE_RANK (exactcoll launch sets both),
 //                    else NODE_RANK
-//   local rank       LOCAL_RANK (as cuda_backend/bootstrap/worker_env.h reads it)
+//   local rank       LOCAL_RANK (as bootstrap/worker_env.h reads it)
 //   ranks per node   LOCAL_WORLD_SIZE (torchrun and exactcoll launch set it)
 // With none of the node variables set the job is one node: node 0, LOCAL_WORLD_SIZE ranks
 // (default WORLD_SIZE). The places of all ranks are then checked together
@@ -10,7 +10,7 @@
 #pragma once
 
 #include "core/multinode_layout.h"
-#include "cuda_backend/bootstrap/worker_env.h"
+#include "bootstrap/worker_env.h"
 
 namespace exactcoll::cuda {
 

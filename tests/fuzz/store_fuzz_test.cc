@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda_backend/store/tcp_store_client.h"
-#include "cuda_backend/store/tcp_store_server.h"
-#include "cuda_backend/store/wire.h"
+#include "store/tcp_store_client.h"
+#include "store/tcp_store_server.h"
+#include "store/wire.h"
 #include "tests/fuzz/fuzz_harness.h"
 #include "tests/resident_memory.h"
 #include "tests/store/raw_connection.h"

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "core/multinode_layout.h"
-#include "cuda_backend/bootstrap/worker_env.h"
-#include "cuda_backend/bootstrap/worker_store.h"
+#include "bootstrap/worker_env.h"
+#include "bootstrap/worker_store.h"
 #include "cuda_backend/multinode/node_env.h"
 #include "tools/cli.h"
 

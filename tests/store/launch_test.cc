@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda_backend/store/tcp_store_server.h"
+#include "store/tcp_store_server.h"
 #include "tools/launch/launcher.h"
 
 extern char** environ;

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_backend/store/wire.h"
+#include "store/wire.h"
 
 namespace exactcoll::storetest {
 

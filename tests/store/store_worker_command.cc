@@ -9,8 +9,8 @@
 #include <iostream>
 #include <thread>
 
-#include "cuda_backend/bootstrap/worker_env.h"
-#include "cuda_backend/bootstrap/worker_store.h"
+#include "bootstrap/worker_env.h"
+#include "bootstrap/worker_store.h"
 #include "tools/cli.h"
 
 namespace exactcoll {

@@ -2,7 +2,7 @@
 // and the constant-time token comparison.
 #include <gtest/gtest.h>
 
-#include "cuda_backend/store/wire.h"
+#include "store/wire.h"
 
 namespace exactcoll::store_wire {
 namespace {

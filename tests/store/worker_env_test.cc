@@ -5,9 +5,9 @@
 #include <map>
 #include <thread>
 
-#include "cuda_backend/bootstrap/worker_env.h"
-#include "cuda_backend/bootstrap/worker_store.h"
-#include "cuda_backend/store/tcp_store_server.h"
+#include "bootstrap/worker_env.h"
+#include "bootstrap/worker_store.h"
+#include "store/tcp_store_server.h"
 #include "tools/launch/launcher.h"
 
 namespace exactcoll {

@@ -8,7 +8,7 @@
 #include <iostream>
 #include <string>
 
-#include "cuda_backend/bootstrap/worker_store.h"
+#include "bootstrap/worker_store.h"
 #include "cuda_backend/cuda_check.h"
 #include "tools/cli.h"
 #include "tools/launch/launcher.h"

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/store.h"
-#include "cuda_backend/bootstrap/worker_env.h"
+#include "bootstrap/worker_env.h"
 
 namespace exactcoll::gpu {
 

@@ -1,4 +1,4 @@
-#include "cuda_backend/store/wire.h"
+#include "store/wire.h"
 
 #include <cstring>
 

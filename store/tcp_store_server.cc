@@ -1,4 +1,4 @@
-#include "cuda_backend/store/tcp_store_server.h"
+#include "store/tcp_store_server.h"
 
 #include <algorithm>
 #include <atomic>

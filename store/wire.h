@@ -1,5 +1,5 @@
 // The rendezvous store's wire format: length-prefixed binary frames (the format itself is
-// described at the top of cuda_backend/store/tcp_store_server.h). This header holds the constants,
+// described at the top of store/tcp_store_server.h). This header holds the constants,
 // a payload builder and a bounds-checked payload reader, shared by the server, the client and the
 // tests that craft malformed frames on purpose.
 #pragma once

@@ -34,7 +34,7 @@
 //      therefore never fill the slots of the job's ranks (max_connections counts only connections
 //      that said hello), and a rank's own connection, whose hello follows its connect at once, is
 //      evicted only by a flood of over 64 connections within that moment — and the client
-//      connects again until its connect_timeout (cuda_backend/store/tcp_store_client.h).
+//      connects again until its connect_timeout (store/tcp_store_client.h).
 //   4. Malformed frames (unknown op, truncated or trailing fields, zero or oversized length) get an
 //      error reply and that connection is closed; other connections never notice.
 //   5. Memory is bounded: a frame buffer grows as its bytes arrive (64 KiB at a time), never from
@@ -55,7 +55,7 @@
 #include <string>
 
 #include "core/store.h"
-#include "cuda_backend/store/wire.h"
+#include "store/wire.h"
 
 namespace exactcoll {
 

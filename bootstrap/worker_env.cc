@@ -1,11 +1,11 @@
-#include "cuda_backend/bootstrap/worker_env.h"
+#include "bootstrap/worker_env.h"
 
 #include <charconv>
 #include <cstdlib>
 #include <limits>
 #include <vector>
 
-#include "cuda_backend/store/wire.h"
+#include "store/wire.h"
 
 namespace exactcoll {
 namespace {

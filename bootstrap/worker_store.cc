@@ -1,9 +1,9 @@
-#include "cuda_backend/bootstrap/worker_store.h"
+#include "bootstrap/worker_store.h"
 
 #include <string>
 
-#include "cuda_backend/store/tcp_store_client.h"
-#include "cuda_backend/store/tcp_store_server.h"
+#include "store/tcp_store_client.h"
+#include "store/tcp_store_server.h"
 
 namespace exactcoll {
 namespace {

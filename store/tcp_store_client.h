@@ -1,5 +1,5 @@
 // The rendezvous store's TCP client: the Store every rank (rank 0 too) uses. Wire format and
-// security model: cuda_backend/store/tcp_store_server.h.
+// security model: store/tcp_store_server.h.
 #pragma once
 
 #include <chrono>
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/store.h"
-#include "cuda_backend/store/wire.h"
+#include "store/wire.h"
 
 namespace exactcoll {
 

@@ -1,4 +1,4 @@
-#include "cuda_backend/store/tcp_store_client.h"
+#include "store/tcp_store_client.h"
 
 #include <algorithm>
 #include <climits>

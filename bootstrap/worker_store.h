@@ -1,12 +1,12 @@
 // Builds a worker's connection to its job's rendezvous store from its WorkerEnv: rank 0 starts the
-// server (cuda_backend/store) on EXACTCOLL_STORE_PORT (default MASTER_PORT + 1) first, then every rank, rank 0 too, connects to it.
+// server (store) on EXACTCOLL_STORE_PORT (default MASTER_PORT + 1) first, then every rank, rank 0 too, connects to it.
 #pragma once
 
 #include <chrono>
 #include <memory>
 
 #include "core/store.h"
-#include "cuda_backend/bootstrap/worker_env.h"
+#include "bootstrap/worker_env.h"
 
 namespace exactcoll {
 
