@@ -186,32 +186,12 @@ int run(int argc, char** argv) {
     }
     input_note = input + " " + npy::shape_text(x.shape);
   }
-  for (const auto& [path, a] : {std::pair<const std::string&, const npy::NpyArray&>{input, x},
-                                {residual_path, residual}, {weight_path, weight}}) {
-    if (a.dtype != want) {
-      return cli::fail(kCommand, path + " holds '" + a.dtype + "' but --dtype " + f.dtype + " needs '" + want +
-                                     "' (bf16 and fp16 as uint16 bit patterns, fp32 as float32)");
-    }
-  }
-  if (x.shape.size() != 3) {
-    return cli::fail(kCommand, input + " must be [N, rows, H], got shape " + npy::shape_text(x.shape));
-  }
-  if (x.shape[0] != ranks) {
-    return cli::fail(kCommand, input + " has " + std::to_string(x.shape[0]) + " ranks in its first dimension, --ranks is " +
-                                   std::to_string(ranks));
+  if (const std::string problem = gpu::check_fused_arrays(dtype, ranks, "--ranks", {input, x}, {residual_path, residual},
+                                                          {weight_path, weight});
+      !problem.empty()) {
+    return cli::fail(kCommand, problem);
   }
   const int64_t rows = x.shape[1], hidden = x.shape[2];
-  if (rows < 1 || hidden < 1 || rows > (1 << 24) || hidden > (1 << 24)) {
-    return cli::fail(kCommand, input + ": rows and H must be in 1..16777216, got shape " + npy::shape_text(x.shape));
-  }
-  if (residual.shape != std::vector<int64_t>{rows, hidden}) {
-    return cli::fail(kCommand, residual_path + " must be [rows, H] = " + npy::shape_text({rows, hidden}) + ", got " +
-                                   npy::shape_text(residual.shape));
-  }
-  if (weight.shape != std::vector<int64_t>{hidden}) {
-    return cli::fail(kCommand, weight_path + " must be [H] = " + npy::shape_text({hidden}) + ", got " +
-                                   npy::shape_text(weight.shape));
-  }
   if (const std::string problem = check_memory(rows, hidden); !problem.empty()) return cli::fail(kCommand, problem);
   FusedSpec spec;
   for (FusedAlgo a : kFusedAlgos) {

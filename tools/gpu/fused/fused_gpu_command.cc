@@ -66,32 +66,12 @@ std::string load_inputs(const Options& o, int ranks, int rank, FusedInputs* in, 
   } catch (const npy::NpyError& e) {
     return e.what();
   }
-  const std::string want = o.dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
-  for (const auto& [path, a] : {std::pair<const std::string&, const npy::NpyArray&>{o.input, x},
-                                {o.residual, residual}, {o.weight, weight}}) {
-    if (a.dtype != want) return path + " holds " + a.dtype + ", but --dtype " + dtype_name(o.dtype) + " needs " + want;
-  }
-  if (x.shape.size() != 3) return o.input + " must be [N, rows, H], got shape " + npy::shape_text(x.shape);
-  if (x.shape[0] != ranks) {
-    return o.input + " has " + std::to_string(x.shape[0]) + " ranks in its first dimension, --nproc is " +
-           std::to_string(ranks);
+  if (const std::string problem = check_fused_arrays(o.dtype, ranks, "--nproc", {o.input, x}, {o.residual, residual},
+                                                     {o.weight, weight});
+      !problem.empty()) {
+    return problem;
   }
   const int64_t rows = x.shape[1], hidden = x.shape[2];
-  if (rows < 1 || hidden < 1 || rows > (1 << 24) || hidden > (1 << 24)) {
-    return o.input + ": rows and H must be in 1..16777216, got shape " + npy::shape_text(x.shape);
-  }
-  if (residual.shape != std::vector<int64_t>{rows, hidden}) {
-    return o.residual + " must be [rows, H] = " + npy::shape_text({rows, hidden}) + ", got " +
-           npy::shape_text(residual.shape);
-  }
-  if (weight.shape != std::vector<int64_t>{hidden}) {
-    return o.weight + " must be [H] = " + npy::shape_text({hidden}) + ", got " + npy::shape_text(weight.shape);
-  }
-  const int pack = 16 / dtype_size(o.dtype);
-  if (hidden % pack != 0) {
-    return "hidden size " + std::to_string(hidden) + " is not a positive multiple of the " + dtype_name(o.dtype) +
-           " pack (" + std::to_string(pack) + " elements)";
-  }
   in->ranks = ranks, in->rows = static_cast<int>(rows), in->hidden = static_cast<int>(hidden), in->dtype = o.dtype;
   const size_t bytes = in->count() * static_cast<size_t>(dtype_size(o.dtype));
   if (rank >= 0) {

@@ -163,4 +163,38 @@ FusedInputs make_fused_rows(DType dtype, int ranks, int hidden, uint64_t seed, b
   return in;
 }
 
+std::string check_fused_arrays(DType dtype, int64_t ranks, const std::string& ranks_flag, NamedArray x,
+                               NamedArray residual, NamedArray weight) {
+  const std::string want = dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
+  for (const NamedArray& a : {x, residual, weight}) {
+    if (a.array.dtype != want) {
+      return a.path + " holds '" + a.array.dtype + "' but --dtype " + dtype_name(dtype) + " needs '" + want +
+             "' (bf16 and fp16 as uint16 bit patterns, fp32 as float32)";
+    }
+  }
+  const std::vector<int64_t>& shape = x.array.shape;
+  if (shape.size() != 3) return x.path + " must be [N, rows, H], got shape " + npy::shape_text(shape);
+  if (shape[0] != ranks) {
+    return x.path + " has " + std::to_string(shape[0]) + " ranks in its first dimension, " + ranks_flag + " is " +
+           std::to_string(ranks);
+  }
+  const int64_t rows = shape[1], hidden = shape[2];
+  if (rows < 1 || hidden < 1 || rows > (1 << 24) || hidden > (1 << 24)) {
+    return x.path + ": rows and H must be in 1..16777216, got shape " + npy::shape_text(shape);
+  }
+  if (residual.array.shape != std::vector<int64_t>{rows, hidden}) {
+    return residual.path + " must be [rows, H] = " + npy::shape_text({rows, hidden}) + ", got " +
+           npy::shape_text(residual.array.shape);
+  }
+  if (weight.array.shape != std::vector<int64_t>{hidden}) {
+    return weight.path + " must be [H] = " + npy::shape_text({hidden}) + ", got " + npy::shape_text(weight.array.shape);
+  }
+  const int pack = 16 / dtype_size(dtype);
+  if (hidden % pack != 0) {
+    return "hidden size " + std::to_string(hidden) + " is not a positive multiple of the " + dtype_name(dtype) +
+           " pack (" + std::to_string(pack) + " elements)";
+  }
+  return "";
+}
+
 }  // namespace exactcoll::gpu

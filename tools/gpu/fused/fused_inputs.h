@@ -15,9 +15,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+
 #include "core/storage.h"
+#include "tools/npy/npy.h"
 
 namespace exactcoll::gpu {
 
@@ -39,5 +42,20 @@ FusedInputs make_fused_inputs(DType dtype, int ranks, int rows, int hidden, uint
 // row_list.size() rows. Preconditions: each listed row < rows.
 FusedInputs make_fused_rows(DType dtype, int ranks, int hidden, uint64_t seed, bool specials,
                             const std::vector<int>& row_list);
+
+// One of a fused problem's arrays as read from a .npy file, with the file's name for messages.
+struct NamedArray {
+  const std::string& path;
+  const npy::NpyArray& array;
+};
+
+// Checks a fused problem read from files (`exactcoll sim fused_rmsnorm` and `gpu fused_rmsnorm`
+// --input/--residual/--weight): each array holds `dtype` (bf16 and fp16 as '<u2', fp32 as '<f4'),
+// x is [ranks, rows, H], the residual [rows, H], the weight [H], rows and H are in 1..2^24, and H
+// is a multiple of the dtype's pack. Returns "" or what is wrong, naming the file (and
+// `ranks_flag`, e.g. "--nproc", when x's rank count differs).
+// Example: check_fused_arrays(DType::kBF16, 2, "--ranks", {x_path, x}, {r_path, r}, {w_path, w}).
+std::string check_fused_arrays(DType dtype, int64_t ranks, const std::string& ranks_flag, NamedArray x,
+                               NamedArray residual, NamedArray weight);
 
 }  // namespace exactcoll::gpu
