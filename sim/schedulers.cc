@@ -107,7 +107,7 @@ void ThreadsScheduler::wait(const BlockEnv& env, const uint32_t* flag, uint32_t 
   }
   // 2. Sleep on the flag in slices (so that an abort or a stall elsewhere is noticed), up to the
   //    timeout.
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  const auto deadline = deadline_after(timeout_);
   Stall stall(this, env.rank);
   while (true) {
     stall.before_check();
@@ -157,7 +157,7 @@ void ThreadsScheduler::lamport_wait(const BlockEnv& env, const void* word, int b
     cpu_relax();
   }
   // No futex on a 16-bit word: short sleeps, up to the timeout (the same bound as a flag wait).
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  const auto deadline = deadline_after(timeout_);
   Stall stall(this, env.rank);
   while (true) {
     stall.before_check();

@@ -53,6 +53,16 @@
 
 namespace exactcoll::sim {
 
+// Returns now + timeout on the steady clock, or the clock's last instant when that sum would
+// overflow (a timeout of "forever", e.g. std::chrono::milliseconds::max()).
+template <class Rep, class Period>
+std::chrono::steady_clock::time_point deadline_after(std::chrono::duration<Rep, Period> timeout) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point now = Clock::now();
+  const auto room = std::chrono::duration_cast<std::chrono::duration<Rep, Period>>(Clock::time_point::max() - now);
+  return timeout >= room ? Clock::time_point::max() : now + std::chrono::duration_cast<Clock::duration>(timeout);
+}
+
 enum class Schedule { kThreads, kSeeded };
 const char* schedule_name(Schedule s);
 

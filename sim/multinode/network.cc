@@ -62,7 +62,7 @@ void Network::block_until(std::function<bool()> ready, std::function<std::string
 }
 
 void Network::wait_bounded(int rank, const std::function<bool()>& ready, const std::function<std::string()>& what) {
-  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  const auto deadline = sim::deadline_after(options_.timeout);
   std::unique_lock<std::mutex> lock(mutex_);
   waiting_[static_cast<size_t>(rank)] = what;
   struct Clear {

@@ -185,6 +185,10 @@ TEST(SimCli, BadInputsExitTwoWithAMessageAndNoOutput) {
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --fail-rank 1", "--fail-rank and --fail-at-step go together"},
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --fail-rank 2 --fail-at-step 1", "--fail-rank must be a rank, 0..1"},
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --fail-rank 0 --fail-at-step 0", "--fail-at-step must be >= 1"},
+      // The CLI fuzzer's find: now + 2^63 - 1 ms overflowed the clock (UBSan).
+      {"sim allreduce --ranks 4 --count 16 --timeout-ms 9223372036854775807",
+       "--timeout-ms must be 1..2147483647 (about 24.8 days), got 9223372036854775807"},
+      {"sim allreduce --ranks 4 --count 16 --timeout-ms 0", "--timeout-ms must be 1..2147483647"},
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --fail-rank 0 --fail-at-step 999",
        "--fail-at-step 999 was never reached: rank 0 took"},
       {"sim allreduce --ranks 2 --dtype bf16", "give --input FILE or --count C"},

@@ -316,6 +316,19 @@ TEST(SimFault, DeadRankEndsTheRunWithoutItsTimeout) {
   }
 }
 
+// A timeout of "forever" is the clock's last instant, not an overflow (UBSan caught now + 2^63 - 1
+// ms); an ordinary one is now + timeout.
+TEST(SimDeadline, SaturatesAtTheClocksEnd) {
+  using Clock = std::chrono::steady_clock;
+  EXPECT_EQ(sim::deadline_after(std::chrono::milliseconds::max()), Clock::time_point::max());
+  EXPECT_EQ(sim::deadline_after(std::chrono::hours::max()), Clock::time_point::max());
+  EXPECT_EQ(sim::deadline_after(Clock::duration::max()), Clock::time_point::max());
+  const auto before = Clock::now();
+  const auto deadline = sim::deadline_after(std::chrono::milliseconds(1500));
+  EXPECT_GE(deadline - before, 1500ms);
+  EXPECT_LT(deadline - before, 1500ms + 5s);
+}
+
 TEST(SimFault, ARankThatNeverJoinsIsNamedByTheHandleExchange) {
   // Step 0: rank 1 never joins the world's first handle exchange. Before issue 15 such a store
   // timeout escaped the world as a StoreError (an abort in the CLI); it is a SimError naming the

@@ -110,8 +110,11 @@ int multinode_main(Kind kind, int argc, char** argv) {
   if (seed < 0) return cli::fail(command, "--seed must be >= 0, got " + std::to_string(seed));
   if (!f.chrome_trace.empty()) return cli::fail(command, "--chrome-trace is not available with --nodes (use --trace)");
   if (parser.given("schedule-seed") && f.schedule != "seeded") return cli::fail(command, "--schedule-seed needs --schedule seeded");
-  if (f.schedule_seed < 0 || f.timeout_ms < 1 || f.max_steps < 1) {
-    return cli::fail(command, "--schedule-seed must be >= 0, --timeout-ms and --max-steps >= 1");
+  if (f.schedule_seed < 0 || f.max_steps < 1) {
+    return cli::fail(command, "--schedule-seed must be >= 0, --max-steps >= 1");
+  }
+  if (const std::string problem = tools::check_timeout_ms(f.timeout_ms); !problem.empty()) {
+    return cli::fail(command, problem);
   }
   std::vector<uint64_t> trace_elements;
   if (!f.trace_elements.empty() && !tools::parse_indices(f.trace_elements, &trace_elements)) {

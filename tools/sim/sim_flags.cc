@@ -61,6 +61,12 @@ bool parse_indices(const std::string& text, std::vector<uint64_t>* out) {
   return !out->empty();
 }
 
+std::string check_timeout_ms(int64_t timeout_ms) {
+  if (timeout_ms >= 1 && timeout_ms <= kLongestTimeoutMs) return "";
+  return "--timeout-ms must be 1.." + std::to_string(kLongestTimeoutMs) + " (about 24.8 days), got " +
+         std::to_string(timeout_ms);
+}
+
 std::string world_options(const SimFlags& f, const cli::ArgParser& parser, sim::WorldOptions* o) {
   if (f.ranks == 0 && !parser.given("ranks")) return "give --ranks N (1.." + std::to_string(kMaxRanks) + ")";
   if (f.ranks < 1 || f.ranks > kMaxRanks) {
@@ -69,7 +75,7 @@ std::string world_options(const SimFlags& f, const cli::ArgParser& parser, sim::
   if (!parse_dtype(f.dtype)) return "--dtype must be bf16, fp16 or fp32";
   if (f.schedule_seed < 0) return "--schedule-seed must be >= 0, got " + std::to_string(f.schedule_seed);
   if (parser.given("schedule-seed") && f.schedule != "seeded") return "--schedule-seed needs --schedule seeded";
-  if (f.timeout_ms < 1) return "--timeout-ms must be >= 1";
+  if (std::string problem = check_timeout_ms(f.timeout_ms); !problem.empty()) return problem;
   if (f.max_steps < 1) return "--max-steps must be >= 1";
   o->ranks = static_cast<int>(f.ranks);
   o->schedule = f.schedule == "seeded" ? sim::Schedule::kSeeded : sim::Schedule::kThreads;
