@@ -290,7 +290,9 @@ KernelArgs Communicator::base_args() const {
   a.scratch_bytes = options_.buffer_bytes;  // every rank's: the options must match across ranks
   a.lamport_bytes = lamport_bytes_;
   a.error = error_;
-  a.timeout_ns = options_.flag_timeout_ms * 1000000ull;
+  // Saturated: a bound of more than 584 years is "forever", not a product that wraps to a short one.
+  constexpr uint64_t kNsPerMs = 1000000ull;
+  a.timeout_ns = options_.flag_timeout_ms > UINT64_MAX / kNsPerMs ? UINT64_MAX : options_.flag_timeout_ms * kNsPerMs;
   a.rank = rank_;
   a.world_size = world_size_;
   return a;
