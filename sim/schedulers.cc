@@ -37,6 +37,15 @@ std::string where(const BlockEnv& env, const World& world) {
          std::to_string(env.launch) + " '" + q.launch.name + "')";
 }
 
+// The threads scheduler's report of a stall after a rank died: what this wait waits for, and who
+// never came.
+SimError stalled(const std::string& this_wait, const std::string& missing) {
+  return SimError(SimFailure::kDeadlock, this_wait +
+                                             ", and every other live rank waits too, on flags or Lamport words no "
+                                             "live rank will write (a deadlock): " +
+                                             missing);
+}
+
 }  // namespace
 
 // ---- threads ------------------------------------------------------------------------------------
@@ -110,8 +119,8 @@ void ThreadsScheduler::wait(const BlockEnv& env, const uint32_t* flag, uint32_t 
   const auto deadline = deadline_after(timeout_);
   Stall stall(this, env.rank);
   while (true) {
-    stall.before_check();
-    const uint32_t seen = word.load(std::memory_order_seq_cst);
+    stall.before_check();  // then the check: the activity load orders it after what was written
+    const uint32_t seen = word.load(std::memory_order_acquire);
     if (seen == value) break;
     if (aborted_.load(std::memory_order_relaxed)) {
       // Another wait timed out first; say where this one stood, so that the report shows the
@@ -123,12 +132,10 @@ void ThreadsScheduler::wait(const BlockEnv& env, const uint32_t* flag, uint32_t 
       throw Aborted{};
     }
     if (stall.no_live_rank_can_move()) {
-      throw SimError(SimFailure::kDeadlock,
-                     where(env, world_) + " waits for flag set " + std::to_string(set) + " from peer " +
-                         std::to_string(peer) + " to hold epoch " + std::to_string(value) + " (it holds " +
-                         std::to_string(seen) + "), and every other live rank waits too, on flags or Lamport " +
-                         "words no live rank will write (a deadlock): rank " + std::to_string(peer) + " block " +
-                         std::to_string(env.block) + " never arrived");
+      throw stalled(where(env, world_) + " waits for flag set " + std::to_string(set) + " from peer " +
+                        std::to_string(peer) + " to hold epoch " + std::to_string(value) + " (it holds " +
+                        std::to_string(seen) + ")",
+                    "rank " + std::to_string(peer) + " block " + std::to_string(env.block) + " never arrived");
     }
     const auto left = deadline - std::chrono::steady_clock::now();
     if (left <= std::chrono::nanoseconds(0)) {
@@ -168,11 +175,8 @@ void ThreadsScheduler::lamport_wait(const BlockEnv& env, const void* word, int b
       throw Aborted{};
     }
     if (stall.no_live_rank_can_move()) {
-      throw SimError(SimFailure::kDeadlock, where(env, world_) + " polls " + lamport_poll_text(at, peer) +
-                                                " (still the sentinel), and every other live rank waits too, on " +
-                                                "flags or Lamport words no live rank will write (a deadlock): rank " +
-                                                std::to_string(peer) + " block " + std::to_string(env.block) +
-                                                " never wrote it");
+      throw stalled(where(env, world_) + " polls " + lamport_poll_text(at, peer) + " (still the sentinel)",
+                    "rank " + std::to_string(peer) + " block " + std::to_string(env.block) + " never wrote it");
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       throw SimError(SimFailure::kTimeout, where(env, world_) + " polled " + lamport_poll_text(at, peer) + " for " +

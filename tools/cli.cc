@@ -237,15 +237,14 @@ std::string command_path(const std::string& usage, const std::vector<std::string
     }
     if (word.empty() || word[0] == '-' || word[0] == '[' || word[0] == '<') break;
     if (word.find('|') != std::string::npos) {
-      std::string given;
       std::istringstream alternatives(word);
-      for (std::string alternative; given.empty() && std::getline(alternatives, alternative, '|');) {
-        for (const std::string& arg : args) {
-          if (arg == alternative) given = arg;
-        }
+      std::string alternative;
+      bool given = false;
+      while (!given && std::getline(alternatives, alternative, '|')) {
+        given = std::find(args.begin(), args.end(), alternative) != args.end();
       }
-      if (given.empty()) break;
-      word = given;
+      if (!given) break;
+      word = alternative;
     }
     path += (path.empty() ? "" : " ") + word;
   }

@@ -83,8 +83,8 @@ bool parse_bytes(const std::string& text, uint64_t* bytes) {
   if (text.size() == digits + 1) {
     const char unit = text.back();
     const int shift = unit == 'K' || unit == 'k' ? 10 : unit == 'M' || unit == 'm' ? 20 : unit == 'G' || unit == 'g' ? 30 : -1;
-    if (shift < 0) return false;
-    value <<= shift;  // at most 13 digits: < 2^44 before the shift; bounded below
+    if (shift < 0 || value > (uint64_t{1} << 40) >> shift) return false;  // checked before the shift: no wrap
+    value <<= shift;
   }
   if (value == 0 || value > (uint64_t{1} << 40)) return false;
   *bytes = value;

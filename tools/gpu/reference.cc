@@ -13,9 +13,9 @@ namespace exactcoll::gpu {
 namespace {
 
 template <class T>
-T element(const Bytes& b, size_t i) {
+T element(const void* base, size_t i) {
   T x;
-  std::memcpy(&x, b.data() + i * sizeof(T), sizeof(T));
+  std::memcpy(&x, static_cast<const uint8_t*>(base) + i * sizeof(T), sizeof(T));
   return x;
 }
 
@@ -27,13 +27,13 @@ Bytes contract_typed(cuda::Op op, const std::vector<Bytes>& inputs, size_t count
   T* o = reinterpret_cast<T*>(out.data());
   switch (op) {
     case cuda::Op::kAllReduce:
-      for (size_t i = 0; i < count; ++i) o[i] = contract::fold<T>(n, [&](int r) { return element<T>(inputs[r], i); });
+      for (size_t i = 0; i < count; ++i) o[i] = contract::fold<T>(n, [&](int r) { return element<T>(inputs[r].data(), i); });
       break;
     case cuda::Op::kReduceScatter: {
       const size_t per = count / static_cast<size_t>(n);
       const size_t begin = per * static_cast<size_t>(rank);
       for (size_t j = 0; j < per; ++j) {
-        o[j] = contract::fold<T>(n, [&](int r) { return element<T>(inputs[r], begin + j); });
+        o[j] = contract::fold<T>(n, [&](int r) { return element<T>(inputs[r].data(), begin + j); });
       }
       break;
     }
@@ -115,29 +115,21 @@ struct Limits {
   double unit_roundoff, smallest_subnormal, largest_finite;
 };
 
-Limits limits_of(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return {0x1p-8, 0x1p-133, 0x1.FEp127};
-    case DType::kFP16: return {0x1p-11, 0x1p-24, 65504.0};
-    case DType::kFP32: return {0x1p-24, 0x1p-149, 0x1.FFFFFEp127};
-  }
-  return {};
-}
+template <class T>
+constexpr Limits kLimits{};
+template <>
+constexpr Limits kLimits<bf16>{0x1p-8, 0x1p-133, 0x1.FEp127};
+template <>
+constexpr Limits kLimits<fp16>{0x1p-11, 0x1p-24, 65504.0};
+template <>
+constexpr Limits kLimits<float>{0x1p-24, 0x1p-149, 0x1.FFFFFEp127};
 
 template <class T>
-double widened(const void* base, size_t i) {
-  T x;
-  std::memcpy(&x, static_cast<const uint8_t*>(base) + i * sizeof(T), sizeof(T));
-  return static_cast<double>(to_float(x));
-}
-
-template <class T>
-SumBoundCheck check_sum_typed(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank,
-                              const void* got) {
+SumBoundCheck check_sum_typed(cuda::Op op, const std::vector<Bytes>& inputs, size_t count, int rank, const void* got) {
   const int n = static_cast<int>(inputs.size());
   const size_t out_count = output_count(op, count, n);
   const size_t begin = op == cuda::Op::kReduceScatter ? out_count * static_cast<size_t>(rank) : 0;
-  const Limits l = limits_of(dtype);
+  const Limits& l = kLimits<T>;
   const double nu = n * l.unit_roundoff;
   const double gamma = nu / (1.0 - nu);
   SumBoundCheck c;
@@ -147,11 +139,11 @@ SumBoundCheck check_sum_typed(cuda::Op op, DType dtype, const std::vector<Bytes>
     // the bound); NaN and inf follow IEEE (NaN, or the inf of the sum).
     double exact = 0, magnitude = 0;
     for (int r = 0; r < n; ++r) {
-      const double x = widened<T>(inputs[static_cast<size_t>(r)].data(), begin + j);
+      const double x = to_float(element<T>(inputs[static_cast<size_t>(r)].data(), begin + j));
       exact += x;
       magnitude += std::fabs(x);
     }
-    const double g = widened<T>(got, j);
+    const double g = to_float(element<T>(got, j));
     const double bound = gamma * magnitude + n * l.smallest_subnormal;
     bool within;
     if (std::isnan(exact)) {
@@ -179,9 +171,9 @@ SumBoundCheck check_sum_within_bound(cuda::Op op, DType dtype, const std::vector
                                      int rank, const void* got) {
   if (op == cuda::Op::kAllGather) throw std::invalid_argument("check_sum_within_bound: all-gather is a copy, not a sum");
   switch (dtype) {
-    case DType::kBF16: return check_sum_typed<bf16>(op, dtype, inputs, count, rank, got);
-    case DType::kFP16: return check_sum_typed<fp16>(op, dtype, inputs, count, rank, got);
-    case DType::kFP32: return check_sum_typed<float>(op, dtype, inputs, count, rank, got);
+    case DType::kBF16: return check_sum_typed<bf16>(op, inputs, count, rank, got);
+    case DType::kFP16: return check_sum_typed<fp16>(op, inputs, count, rank, got);
+    case DType::kFP32: return check_sum_typed<float>(op, inputs, count, rank, got);
   }
   return {};
 }
