@@ -254,6 +254,23 @@ std::string command_path(const std::string& usage, const std::vector<std::string
 
 }  // namespace
 
+bool parse_byte_size(const std::string& text, uint64_t* bytes) {
+  constexpr uint64_t kLargest = uint64_t{1} << 40;
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  if (digits == 0 || digits > 13 || text.size() > digits + 1) return false;
+  uint64_t value = std::stoull(text.substr(0, digits));  // at most 13 digits: below 2^44
+  if (text.size() == digits + 1) {
+    const char unit = text.back();
+    const int shift = unit == 'K' || unit == 'k' ? 10 : unit == 'M' || unit == 'm' ? 20 : unit == 'G' || unit == 'g' ? 30 : -1;
+    if (shift < 0 || value > kLargest >> shift) return false;  // checked before the shift: no wrap
+    value <<= shift;
+  }
+  if (value == 0 || value > kLargest) return false;
+  *bytes = value;
+  return true;
+}
+
 std::optional<int> ArgParser::parse(int argc, char** argv) {
   size_t next_positional = 0;
   const std::string help_command = command_path(usage_, std::vector<std::string>(argv, argv + argc));

@@ -104,6 +104,11 @@ class ArgParser {
   std::string rest_name_;
 };
 
+// Parses nccl-tests' size syntax: a whole number of bytes with an optional K, M or G (powers of
+// 1024). Returns false for anything else, for zero, and past 2^40 (1T).
+// Example: parse_byte_size("128M", &b) sets b = 134217728.
+bool parse_byte_size(const std::string& text, uint64_t* bytes);
+
 // Prints "exactcoll <command>: <message>" to stderr and returns `code`.
 int fail(const std::string& command, const std::string& message, int code = kExitUsage);
 

@@ -98,5 +98,24 @@ TEST(ArgParserShort, ALetterIsItsFlag) {
   EXPECT_THROW(other.add_short('z', "no-such-flag"), std::logic_error);
 }
 
+TEST(ParseByteSize, NcclTestsSizesAndNothingElse) {
+  uint64_t b = 0;
+  EXPECT_TRUE(cli::parse_byte_size("8", &b));
+  EXPECT_EQ(b, 8u);
+  EXPECT_TRUE(cli::parse_byte_size("256K", &b));
+  EXPECT_EQ(b, 256u << 10);
+  EXPECT_TRUE(cli::parse_byte_size("128m", &b));
+  EXPECT_EQ(b, 128u << 20);
+  EXPECT_TRUE(cli::parse_byte_size("1024G", &b));
+  EXPECT_EQ(b, uint64_t{1} << 40);
+  b = 7;
+  for (const char* bad : {"", "0", "0K", "K", "1T", "1KB", "-1", "1.5M", " 8", "1025G", "1099511627777",
+                          "9999999999999G",  // 10^13 << 30 wraps past 2^64: refused before the shift
+                          "99999999999999"}) {
+    EXPECT_FALSE(cli::parse_byte_size(bad, &b)) << "'" << bad << "'";
+  }
+  EXPECT_EQ(b, 7u) << "a refused size leaves the output alone";
+}
+
 }  // namespace
 }  // namespace exactcoll

@@ -73,24 +73,6 @@ double bus_factor(Op op, int n) {
   return op == Op::kAllReduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
 }
 
-// Parses nccl-tests' size syntax: a whole number of bytes with an optional K, M or G (powers of
-// 1024): "8", "256K", "128M". Returns false for anything else, zero, or past 2^40.
-bool parse_bytes(const std::string& text, uint64_t* bytes) {
-  size_t digits = 0;
-  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
-  if (digits == 0 || digits > 13 || text.size() > digits + 1) return false;
-  uint64_t value = std::stoull(text.substr(0, digits));
-  if (text.size() == digits + 1) {
-    const char unit = text.back();
-    const int shift = unit == 'K' || unit == 'k' ? 10 : unit == 'M' || unit == 'm' ? 20 : unit == 'G' || unit == 'g' ? 30 : -1;
-    if (shift < 0 || value > (uint64_t{1} << 40) >> shift) return false;  // checked before the shift: no wrap
-    value <<= shift;
-  }
-  if (value == 0 || value > (uint64_t{1} << 40)) return false;
-  *bytes = value;
-  return true;
-}
-
 std::string fmt(const char* format, double v) {
   char text[64];
   std::snprintf(text, sizeof text, format, v);
@@ -508,10 +490,10 @@ int run_bench(int argc, char** argv) {
     if (parser.given("rows") || parser.given("hidden")) {
       return cli::fail("bench", "give the sizes either as -b/-e/-f or as --rows/--hidden, not both");
     }
-    if (!parse_bytes(min_bytes_text, &min_bytes)) {
+    if (!cli::parse_byte_size(min_bytes_text, &min_bytes)) {
       return cli::fail("bench", "-b wants bytes such as 8, 256K or 128M (at most 1T), got '" + min_bytes_text + "'");
     }
-    if (!parse_bytes(max_bytes_text, &max_bytes)) {
+    if (!cli::parse_byte_size(max_bytes_text, &max_bytes)) {
       return cli::fail("bench", "-e wants bytes such as 8, 256K or 128M (at most 1T), got '" + max_bytes_text + "'");
     }
     if (max_bytes < min_bytes) return cli::fail("bench", "-e must be at least -b");
