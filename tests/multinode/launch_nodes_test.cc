@@ -56,16 +56,20 @@ class Background {
   FILE* pipe_ = nullptr;
 };
 
-std::string launch_node(int nnodes, int node, int nproc, uint16_t port) {
+std::string launch_node(int nnodes, int node, int nproc, uint16_t port, uint16_t store_port) {
   return "EXACTCOLL_STORE_TOKEN=0123456789abcdef0123 " + binary() + " launch --nnodes " + std::to_string(nnodes) +
          " --node-rank " + std::to_string(node) + " --nproc " + std::to_string(nproc) +
-         " --master-addr 127.0.0.1 --master-port " + std::to_string(port) + " --timeout-s 60 -- node_worker";
+         " --master-addr 127.0.0.1 --master-port " + std::to_string(port) + " --store-port " +
+         std::to_string(store_port) + " --timeout-s 60 -- node_worker";
 }
 
 TEST(LaunchNodes, TwoLaunchersFormOneNodeMajorJob) {
+  // The store's port is picked free too: its default, MASTER_PORT + 1, may be anyone's (a test
+  // beside this one once held it: "bind: Address already in use").
   const uint16_t port = launch::pick_free_port();
-  Background node1(launch_node(2, 1, 2, port), "node1");  // node 1 may start first: its ranks wait for the store
-  Background node0(launch_node(2, 0, 2, port), "node0");
+  const uint16_t store_port = launch::pick_free_port_except(port);
+  Background node1(launch_node(2, 1, 2, port, store_port), "node1");  // node 1 may start first: its ranks wait
+  Background node0(launch_node(2, 0, 2, port, store_port), "node0");
   const Outcome a = node0.wait(), b = node1.wait();
   ASSERT_EQ(a.code, 0) << a.text;
   ASSERT_EQ(b.code, 0) << b.text;
@@ -84,8 +88,10 @@ TEST(LaunchNodes, TwoLaunchersFormOneNodeMajorJob) {
 TEST(LaunchNodes, EmulateNodesScript) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const std::string script = std::string(srcdir ? srcdir : ".") + "/exactcoll/tools/multinode/emulate_nodes.sh";
-  Background run("EXACTCOLL=" + binary() + " MASTER_PORT=" + std::to_string(launch::pick_free_port()) + " bash " + script +
-                     " 3 2 node_worker",
+  const uint16_t port = launch::pick_free_port();
+  const uint16_t store_port = launch::pick_free_port_except(port);
+  Background run("EXACTCOLL=" + binary() + " MASTER_PORT=" + std::to_string(port) +
+                     " EXACTCOLL_STORE_PORT=" + std::to_string(store_port) + " bash " + script + " 3 2 node_worker",
                  "emulate");
   const Outcome o = run.wait();
   ASSERT_EQ(o.code, 0) << o.text;

@@ -234,8 +234,7 @@ std::vector<RunResult> run_torchrun_style(int world_size, const std::vector<std:
   // The store's port is picked free too: its default, MASTER_PORT + 1, may be anyone's (a test
   // beside this one once held it: "bind: Address already in use").
   const uint16_t port = launch::pick_free_port();
-  uint16_t store_port = launch::pick_free_port();
-  for (int attempt = 0; store_port == port && attempt < 100; ++attempt) store_port = launch::pick_free_port();
+  const uint16_t store_port = launch::pick_free_port_except(port);
   const std::string token = launch::random_token_hex(16);
   std::vector<std::thread> threads;
   std::vector<RunResult> results(static_cast<size_t>(world_size));

@@ -250,6 +250,14 @@ std::string random_token_hex(size_t bytes) {
   return text;
 }
 
+uint16_t pick_free_port_except(uint16_t taken) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const uint16_t port = pick_free_port();
+    if (port != taken) return port;
+  }
+  throw std::runtime_error("cannot find a free port other than " + std::to_string(taken));
+}
+
 int run_workers(const LaunchOptions& options) {
   // 1. The job's ports (MASTER_PORT for torch in the workers, and the exactcoll store's own, never
   //    the same) and token.
@@ -258,10 +266,7 @@ int run_workers(const LaunchOptions& options) {
   std::string token;
   try {
     if (port == 0) port = pick_free_port();
-    for (int attempt = 0; store_port == 0 || store_port == port; ++attempt) {
-      if (attempt == 100) throw std::runtime_error("cannot find a free port distinct from MASTER_PORT");
-      store_port = pick_free_port();
-    }
+    if (store_port == 0 || store_port == port) store_port = pick_free_port_except(port);
     token = options.token.empty() ? random_token_hex(16) : options.token;
   } catch (const std::exception& e) {
     say(e.what());

@@ -48,6 +48,10 @@ int run_workers(const LaunchOptions& options);
 // Throws std::runtime_error when no socket can be made.
 uint16_t pick_free_port();
 
+// Returns a free port on 127.0.0.1 other than `taken` (e.g. the store's beside MASTER_PORT).
+// Throws std::runtime_error when none is found in 100 tries.
+uint16_t pick_free_port_except(uint16_t taken);
+
 // Returns `bytes` bytes from /dev/urandom as 2 * bytes lowercase hex digits.
 // Throws std::runtime_error when /dev/urandom cannot be read.
 std::string random_token_hex(size_t bytes);

@@ -10,7 +10,8 @@
 #        tools/multinode/emulate_nodes.sh 2 1 multinode bench       (a 2-GPU machine)
 #
 # EXACTCOLL names the binary (default: exactcoll on PATH); MASTER_PORT may be given (default: a
-# random port in 20000..39999, the store on the next one); EXACTCOLL_STORE_TOKEN is made when
+# random port in 20000..39999), and EXACTCOLL_STORE_PORT (default: the next one, where rank 0's
+# store listens); EXACTCOLL_STORE_TOKEN is made when
 # unset and shared by every emulated node. Exits with the first failing node's status.
 set -euo pipefail
 if [ $# -lt 3 ]; then
@@ -25,11 +26,12 @@ exactcoll=${EXACTCOLL:-exactcoll}
 export EXACTCOLL_STORE_TOKEN=${EXACTCOLL_STORE_TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
 export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
 port=${MASTER_PORT:-$((20000 + RANDOM % 20000))}
+store_port=${EXACTCOLL_STORE_PORT:-$((port + 1))}
 pids=()
 for ((k = 0; k < nodes; k++)); do
   devices=$(seq -s, $((k * per_node)) $((k * per_node + per_node - 1)))
   CUDA_VISIBLE_DEVICES=$devices "$exactcoll" launch --nnodes "$nodes" --node-rank "$k" --nproc "$per_node" \
-    --master-addr 127.0.0.1 --master-port "$port" -- "$@" &
+    --master-addr 127.0.0.1 --master-port "$port" --store-port "$store_port" -- "$@" &
   pids+=($!)
 done
 status=0
