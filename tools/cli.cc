@@ -63,6 +63,12 @@ std::string resolve_path(const std::string& path) {
   return std::string(cwd) + "/" + path;
 }
 
+std::string check_timeout_ms(int64_t timeout_ms) {
+  if (timeout_ms >= 1 && timeout_ms <= kLongestTimeoutMs) return "";
+  return "--timeout-ms must be 1.." + std::to_string(kLongestTimeoutMs) + " (about 24.8 days), got " +
+         std::to_string(timeout_ms);
+}
+
 int fail(const std::string& command, const std::string& message, int code) {
   std::cerr << "exactcoll " << command << ": " << message << "\n";
   return code;

@@ -109,6 +109,14 @@ class ArgParser {
 // Example: parse_byte_size("128M", &b) sets b = 134217728.
 bool parse_byte_size(const std::string& text, uint64_t* bytes);
 
+// The longest --timeout-ms of any command (about 24.8 days, 2^31 - 1 ms): a wait of "forever" is a
+// hang, the simulator's deadlines stay far from the clock's end, and the GPU's in-kernel bound far
+// from 2^64 ns.
+inline constexpr int64_t kLongestTimeoutMs = 2147483647;
+
+// Returns "" or what is wrong with a --timeout-ms value (1..kLongestTimeoutMs).
+std::string check_timeout_ms(int64_t timeout_ms);
+
 // Prints "exactcoll <command>: <message>" to stderr and returns `code`.
 int fail(const std::string& command, const std::string& message, int code = kExitUsage);
 

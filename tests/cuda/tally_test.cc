@@ -49,6 +49,20 @@ TEST(Tally, TableHasTheHeaderAndOneRowPerKeyAndAddsIntoTheGrandTotal) {
   EXPECT_EQ(grand.reference_mismatches, 3u);
 }
 
+// A name longer than its column's default width (lamport_one_stage, 17 characters) widens the
+// column for every row, so the numbers stay in line with the header.
+TEST(Tally, LongNamesWidenTheirColumn) {
+  Tallies total;
+  total["fused_rmsnorm bf16 lamport_one_stage grid64x1024"] = Tally{1, 16, 0, 0};
+  total["allreduce fp32 auto staged"] = Tally{2, 8, 0, 0};
+  Tally grand;
+  const std::string table = format_tally_table(total, "diff_vs_ref", &grand);
+  EXPECT_EQ(table,
+            "op              dtype algorithm         variant          runs       elements  diff_vs_sim  diff_vs_ref\n"
+            "allreduce       fp32  auto              staged              2              8            0            0\n"
+            "fused_rmsnorm   bf16  lamport_one_stage grid64x1024         1             16            0            0\n");
+}
+
 // The summary line verify prints last (device scripts grep it).
 TEST(Tally, VerifySummaryLineNamesEveryCount) {
   Tally grand;

@@ -297,6 +297,14 @@ int bench_worker(const BenchOptions& o) {
   // 5. Tables (rank 0).
   if (!w.leader()) return cli::kExitOk;
   const double bf = bus_factor(o.op, n);
+  // Each column's first field holds its name in the header and auto's choice in the rows: as wide
+  // as the longest of those (at least 12), so that the numbers stay under their headings.
+  auto chosen_name = [](const Result& r) {
+    return r.algo == Algorithm::kAuto ? r.chosen.substr(0, r.chosen.find(' ')) : std::string();
+  };
+  size_t name_width = 12;
+  for (Algorithm a : o.algos) name_width = std::max(name_width, std::string(cuda::algorithm_name(a)).size());
+  for (const Result& r : results) name_width = std::max(name_width, chosen_name(r).size());
   auto table = [&](bool graph) {
     std::ostringstream os;
     os << "\n# " << (graph ? "CUDA graph" : "eager") << "\n";
@@ -304,7 +312,7 @@ int bench_worker(const BenchOptions& o) {
     for (Algorithm a : o.algos) {
       const std::string name = cuda::algorithm_name(a);
       os << " | " << name;
-      for (size_t i = name.size(); i < 12; ++i) os << ' ';
+      for (size_t i = name.size(); i < name_width; ++i) os << ' ';
       os << "  time(us) algbw busbw #wrong" << (a == Algorithm::kNccl ? " #!=contract" : "");
     }
     os << "\n";
@@ -319,8 +327,8 @@ int bench_worker(const BenchOptions& o) {
         const double us = graph ? r.graph_us : r.eager_us;
         const double algbw = static_cast<double>(r.bytes) / (us * 1e3);
         char cell[160];
-        std::snprintf(cell, sizeof cell, " | %-12s %8.2f %5.1f %5.1f %6llu", r.algo == Algorithm::kAuto ? r.chosen.substr(0, r.chosen.find(' ')).c_str() : "",
-                      us, algbw, algbw * bf, static_cast<unsigned long long>(r.wrong));
+        std::snprintf(cell, sizeof cell, " | %-*s %8.2f %5.1f %5.1f %6llu", static_cast<int>(name_width),
+                      chosen_name(r).c_str(), us, algbw, algbw * bf, static_cast<unsigned long long>(r.wrong));
         os << cell;
         if (r.algo == Algorithm::kNccl) {
           std::snprintf(cell, sizeof cell, " %11llu", static_cast<unsigned long long>(r.differ));

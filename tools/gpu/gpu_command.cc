@@ -1,31 +1,25 @@
-// `exactcoll gpu allreduce|reduce_scatter|allgather --nproc N …`: one collective on the GPUs, with
-// the flags and .npy conventions of `exactcoll sim` (input [N, …] rank first; bf16/fp16 as '<u2'
-// bit patterns, fp32 as '<f4'; output all-reduce [N, …], reduce_scatter [N, count/N], allgather
-// [N, N·count]) plus --algo …|nccl.
+// `exactcoll gpu <op> --nproc N …`: one op on the GPUs, with the flags and .npy conventions of
+// `exactcoll sim <op>`. The op's own flags, inputs, outputs and summary line are its GpuOp's
+// (tools/gpu/gpu_op.h); this driver is the same for every op.
 //
-// Steps: 1. each worker reads its row of the input (or makes it from --seed); 2. runs the op
-// (staged, or registered with --registered, optionally replayed from a CUDA graph with --graph);
-// 3. writes its output row to a part file beside the output; 4. rank 0 assembles the .npy
-// (atomically) and prints a one-line summary ending with the sha256 of the output bytes.
-#include <cuda_runtime_api.h>
-
+// Steps: 1. the parent checks the flags (and the op's input files: bad input exits 2 before any
+// worker starts) and starts N workers; 2. each worker loads its problem onto its GPU (from the
+// files, or made from --seed); 3. runs the call (staged, or registered with --registered,
+// optionally replayed from a CUDA graph with --graph, on a forced grid with --blocks/--threads);
+// 4. writes its outputs to a part file beside the first output; 5. rank 0 assembles each output's
+// .npy (atomically) and prints the op's summary line, ending with the sha256 of each output.
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "core/signal.h"
 #include "cuda_backend/communicator.h"
-#include "cuda_backend/cuda_check.h"
+#include "cuda_backend/kernel_args.h"
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
-#include "tools/gpu/fused/fused_commands.h"
+#include "tools/gpu/gpu_op.h"
 #include "tools/gpu/inputs.h"
 #include "tools/gpu/part_files.h"
-#include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
 #include "tools/npy/npy.h"
 #include "tools/sim/sha256.h"
@@ -33,209 +27,154 @@
 namespace exactcoll::gpu {
 namespace {
 
-using cuda::Algorithm;
-using cuda::Op;
+constexpr const char* kNpyDtypes[] = {"bf16", "fp16", "fp32"};
 
-struct GpuOptions {
-  Op op = Op::kAllReduce;
-  DType dtype = DType::kBF16;
-  Algorithm algo = Algorithm::kAuto;
-  std::string input_path, output_path;
-  int64_t count = 0;
-  uint64_t seed = 0;
-  int64_t blocks = 0, threads = 0;
-  bool registered = false, graph = false;
-  int64_t timeout_ms = 10000;
-};
-
-int gpu_worker(const GpuOptions& o) {
+int gpu_worker(GpuOp& op, const GpuSettings& s, const std::string& command) {
   Worker w("gpu");
   const int n = w.world_size(), rank = w.rank();
-  const size_t elem = static_cast<size_t>(dtype_size(o.dtype));
-  // 1. This rank's input.
-  Bytes mine;
-  std::vector<int64_t> row_shape;
-  size_t count = 0;
-  if (!o.input_path.empty()) {
-    const npy::NpyArray in = npy::read_npy(cli::resolve_path(o.input_path));
-    const std::string want = o.dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
-    if (in.dtype != want) {
-      return cli::fail("gpu", o.input_path + " holds '" + in.dtype + "', --dtype " + dtype_name(o.dtype) + " needs '" + want + "'");
-    }
-    if (in.shape.empty() || in.shape[0] != n) {
-      return cli::fail("gpu", o.input_path + " has shape " + npy::shape_text(in.shape) + ": the first dimension must be the " +
-                                  std::to_string(n) + " ranks");
-    }
-    row_shape.assign(in.shape.begin() + 1, in.shape.end());
-    count = in.element_count() / static_cast<size_t>(n);
-    mine.assign(in.data.begin() + static_cast<std::ptrdiff_t>(count * elem * static_cast<size_t>(rank)),
-                in.data.begin() + static_cast<std::ptrdiff_t>(count * elem * static_cast<size_t>(rank + 1)));
-  } else {
-    count = static_cast<size_t>(o.count);
-    row_shape = {o.count};
-    mine = make_input(o.dtype, count, rank, o.seed, Pattern::kRandom);
-  }
-  if (count == 0) return cli::fail("gpu", "the input has no elements per rank");
-  if (o.op == Op::kReduceScatter && count % static_cast<size_t>(n) != 0) {
-    return cli::fail("gpu", "reduce_scatter needs a count divisible by the ranks: " + std::to_string(count) +
-                                " elements over " + std::to_string(n) + " ranks");
-  }
-  const size_t out_count = output_count(o.op, count, n);
-
-  // 2. The op.
   cuda::CommunicatorOptions co;
   co.name = "gpu";
-  co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
-  co.buffer_bytes = std::max<size_t>(count * elem, 1 << 20);
+  co.flag_timeout_ms = static_cast<uint64_t>(s.timeout_ms);
+  co.buffer_bytes = buffer_bytes_for(s.buffer_mib);
+  co.use_nccl = op.needs_nccl(s);
   cuda::Communicator comm(w.store(), rank, n, co);
-  DeviceBuffer input(count * elem), output(out_count * elem);
-  EXC_CUDA_CHECK(cudaMemcpy(input.get(), mine.data(), mine.size(), cudaMemcpyHostToDevice));
-  cuda::RegisteredBuffer reg;
-  if (o.registered) reg = comm.register_buffer(input.get(), count * elem);
-  std::optional<cuda::LaunchConfig> grid;
-  if (o.blocks > 0 || o.threads > 0) {
-    const cuda::Choice c = comm.choose(o.op, count, o.dtype, o.algo);
-    grid = cuda::LaunchConfig{o.blocks > 0 ? static_cast<int>(o.blocks) : c.grid.blocks,
-                              o.threads > 0 ? static_cast<int>(o.threads) : c.grid.threads};
-  }
+  // 2. This rank's problem; 3. the call.
+  const std::unique_ptr<GpuProblem> problem = op.load(s, comm, n, rank);
+  const std::vector<DeviceOutput> outputs = problem->outputs();
+  Variant v;
+  v.name = s.registered ? "registered" : "staged";
+  v.registered = s.registered;
+  v.graph = s.graph;
+  Bytes mine;
   Stream stream;
-  cuda::CallInfo info;
-  auto call = [&] {
-    const cuda::RegisteredBuffer* r = o.registered ? &reg : nullptr;
-    switch (o.op) {
-      case Op::kAllReduce: info = comm.allreduce(input.get(), output.get(), count, o.dtype, o.algo, stream.get(), r, grid); break;
-      case Op::kReduceScatter:
-        info = comm.reduce_scatter(input.get(), output.get(), count, o.dtype, o.algo, stream.get(), r, grid);
-        break;
-      case Op::kAllGather: info = comm.allgather(input.get(), output.get(), count, o.dtype, o.algo, stream.get(), r, grid); break;
-    }
-  };
-  if (o.graph) {
-    const CapturedGraph graph(stream.get(), call);
-    graph.launch(stream.get());
-    comm.check(stream.get());
-  } else {
-    call();
-    comm.check(stream.get());
-  }
-  Bytes result(out_count * elem);
-  EXC_CUDA_CHECK(cudaMemcpy(result.data(), output.get(), result.size(), cudaMemcpyDeviceToHost));
+  const CallReport ran = run_checked([&](const Variant& var, cudaStream_t st) { return problem->enqueue(var, st); }, v,
+                                     outputs, 1, comm, stream.get(), [&](int, const std::vector<Bytes>& got) {
+                                       for (const Bytes& b : got) mine.insert(mine.end(), b.begin(), b.end());
+                                     });
 
-  // 3. Rows to rank 0 through part files in the output's directory (or /tmp).
-  PartFiles parts(w, o.output_path, "gpu");
-  parts.write(result);
+  // 4. Every rank's outputs to rank 0 through part files beside the first output (or in /tmp).
+  const std::vector<std::string> paths = problem->output_paths();
+  const auto first_path = std::find_if(paths.begin(), paths.end(), [](const std::string& p) { return !p.empty(); });
+  PartFiles parts(w, first_path == paths.end() ? "" : *first_path, "gpu_" + op.name());
+  parts.write(mine);
   int code = cli::kExitOk;
   if (w.leader()) {
-    Bytes all;
-    all.reserve(result.size() * static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) {
-      const std::optional<Bytes> piece = parts.read(r, result.size());
+    std::vector<Bytes> all(outputs.size());
+    for (int r = 0; r < n && code == cli::kExitOk; ++r) {
+      const std::optional<Bytes> piece = parts.read(r, mine.size());
       if (!piece) {
-        code = cli::fail("gpu", "rank " + std::to_string(r) + "'s output part is missing or short", cli::kExitFailure);
+        code = cli::fail(command, "rank " + std::to_string(r) + "'s output part is missing or short", cli::kExitFailure);
         break;
       }
-      all.insert(all.end(), piece->begin(), piece->end());
+      size_t offset = 0;
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        const auto begin = piece->begin() + static_cast<std::ptrdiff_t>(offset);
+        all[i].insert(all[i].end(), begin, begin + static_cast<std::ptrdiff_t>(outputs[i].bytes()));
+        offset += outputs[i].bytes();
+      }
     }
-    // 4. The output file and the summary.
+    // 5. The output files and the summary.
     if (code == cli::kExitOk) {
-      std::vector<int64_t> shape = {n};
-      if (o.op == Op::kAllReduce) {
-        shape.insert(shape.end(), row_shape.begin(), row_shape.end());
-      } else {
-        shape.push_back(static_cast<int64_t>(out_count));
+      std::vector<std::string> sha256s;
+      const std::vector<int64_t> shape = problem->output_shape(n);
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        if (!paths[i].empty()) {
+          npy::write_npy(cli::resolve_path(paths[i]), s.dtype == DType::kFP32 ? npy::kF32 : npy::kU16, shape,
+                         all[i].data(), all[i].size());
+        }
+        sha256s.push_back(tools::sha256_hex(all[i].data(), all[i].size()));
       }
-      if (!o.output_path.empty()) {
-        npy::write_npy(cli::resolve_path(o.output_path), o.dtype == DType::kFP32 ? npy::kF32 : npy::kU16, shape, all.data(),
-                       all.size());
-      }
-      std::ostringstream os;
-      os << "gpu " << op_name(o.op) << ": " << n << " ranks, " << dtype_name(o.dtype) << ", " << count
-         << " elements per rank, algo " << cuda::algorithm_name(info.algo);
-      if (info.grid.blocks > 0) os << " (" << info.grid.blocks << "x" << info.grid.threads << ")";
-      if (info.algo != Algorithm::kNccl) os << (info.staged ? ", staged" : ", registered");
-      os << (o.graph ? ", CUDA graph" : "");
-      if (!info.exact) os << ", NOT bit-exact (" << (info.note.empty() ? "NCCL" : info.note) << ")";
-      if (!o.output_path.empty()) os << ", output " << o.output_path << " " << npy::shape_text(shape);
-      os << ", sha256 " << tools::sha256_hex(all.data(), all.size()) << "\n";
-      print_leader(w, os.str());
+      print_leader(w, problem->summary(n, ran, s, sha256s));
     }
   }
   parts.finish();
   return code;
 }
 
+// `gpu` with no op, or `gpu --help`: the ops and where their flags are.
+int gpu_overview(int argc, char** argv) {
+  std::string op_text;
+  cli::ArgParser parser("exactcoll gpu <op> --nproc N [flags]   (op: " + gpu_op_names() + ")",
+                        "Runs one op on N GPUs (one process each) with the flags and .npy conventions of\n"
+                        "`exactcoll sim <op>`; the summary line ends with the sha256 of each output, comparable\n"
+                        "with the simulator's. `exactcoll gpu <op> --help` lists the op's flags.");
+  parser.add_positional("op", &op_text, gpu_op_names());
+  if (const auto code = parser.parse(argc, argv)) return *code;
+  return cli::fail("gpu", "unknown op '" + op_text + "' (" + gpu_op_names() + ")");
+}
+
 int run_gpu(int argc, char** argv) {
-  // `exactcoll gpu fused_rmsnorm …` (tools/gpu/fused).
-  if (argc >= 2 && std::string(argv[1]) == "fused_rmsnorm") return run_gpu_fused_rmsnorm(argc, argv);
+  // The op is the positional argument: the first word that names one (flags may come first).
+  std::unique_ptr<GpuOp> op;
+  for (int i = 1; i < argc && !op; ++i) {
+    for (auto& candidate : gpu_ops()) {
+      if (candidate->name() == argv[i]) op = std::move(candidate);
+    }
+  }
+  if (!op) return gpu_overview(argc, argv);
+  const std::string command = "gpu " + op->name();
   int64_t nproc = 0, seed = 1;
   std::string op_text, dtype_text = "bf16", algo_text = "auto";
-  GpuOptions o;
-  cli::ArgParser parser(
-      "exactcoll gpu allreduce|reduce_scatter|allgather --nproc N --dtype bf16|fp16|fp32 [--input in.npy | --count C "
-      "--seed S] [--output out.npy] [--algo one_shot|two_shot|push_one_shot|push_two_shot|lamport_one_shot|direct|copy_engine|auto|nccl] [--blocks B] [--threads T] "
-      "[--registered] [--graph]",
-      "Runs one collective on N GPUs (one process each) with the conventions of `exactcoll sim`:\n"
-      "in.npy is [N, …] (rank first; bf16/fp16 as uint16 bit patterns '<u2', fp32 as '<f4'); the\n"
-      "output is all-reduce [N, …], reduce_scatter [N, count/N], allgather [N, N·count]. The summary\n"
-      "line ends with the sha256 of the output bytes. --algo nccl gives NCCL's result (not bit-exact).");
-  parser.add_positional(
-      "op", &op_text,
-      "allreduce | reduce_scatter | allgather (fused_rmsnorm has its own flags: gpu fused_rmsnorm --help)");
+  GpuSettings s;
+  const std::vector<std::string> algorithms = op->gpu_algorithms();
+  std::string algo_list;
+  for (const std::string& a : algorithms) algo_list += (algo_list.empty() ? "" : "|") + a;
+  cli::ArgParser parser("exactcoll " + command + " --nproc N --dtype bf16|fp16|fp32 " + op->gpu_usage() +
+                            " [--algo " + algo_list +
+                            "] [--blocks B] [--threads T] [--registered] [--graph] [--timeout-ms T] [--buffer-mib M]",
+                        op->gpu_description());
+  parser.add_positional("op", &op_text, op->name());
   parser.add_int("nproc", &nproc, "processes, one per GPU");
   parser.mark_required("nproc");
-  parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
-  parser.add_string("input", &o.input_path, "input .npy [N, …]");
-  parser.add_int("count", &o.count, "elements per rank of random input (without --input)");
-  parser.set_default_note("count", "required without --input");
-  parser.add_int("seed", &seed, "seed of the random input");
-  parser.add_string("output", &o.output_path, "output .npy (written atomically by rank 0)");
-  parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "direct", "copy_engine", "auto", "nccl"},
-                    "algorithm; auto = the tuned table's fastest for the size and GPU count "
-                    "(cuda_backend/tuning/, EXACTCOLL_TABLE), or without a row one_shot below 512 KiB (1 MiB on "
-                    "2 GPUs) and two_shot above; every IPC algorithm gives the same bits");
-  parser.add_int("blocks", &o.blocks,
-                 "force the grid's block count (1.." + std::to_string(kMaxBlocks) + ", as auto's table may)");
+  parser.add_choice("dtype", &dtype_text, {std::begin(kNpyDtypes), std::end(kNpyDtypes)}, "storage type");
+  parser.add_int("seed", &seed, "seed of random inputs");
+  parser.add_string("output", &s.output, "out.npy: [N, …] every rank's output (written atomically by rank 0)");
+  op->add_gpu_flags(parser);
+  parser.add_choice("algo", &algo_text, algorithms, op->gpu_algorithm_help());
+  const int max_blocks = op->name() == "fused_rmsnorm" ? 64 : kMaxBlocks;
+  parser.add_int("blocks", &s.blocks, "force the grid's block count (1.." + std::to_string(max_blocks) + ")");
   parser.set_default_note("blocks", "default: the table's choice");
-  parser.add_int("threads", &o.threads, "force the threads per block (multiple of 32, 64..1024)");
+  parser.add_int("threads", &s.threads, "force the threads per block (multiple of 32, 64..1024)");
   parser.set_default_note("threads", "default: the table's choice");
-  parser.add_bool("registered", &o.registered, "register the input buffer (no staging)");
-  parser.add_bool("graph", &o.graph, "capture the call into a CUDA graph and replay it");
-  parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
+  parser.add_bool("registered", &s.registered, "register the input buffer (no staging)");
+  parser.add_bool("graph", &s.graph, "capture the call into a CUDA graph and replay it");
+  parser.add_int("timeout-ms", &s.timeout_ms, "bound on every in-kernel flag wait");
+  parser.add_int("buffer-mib", &s.buffer_mib,
+                 "staging and scratch MiB per rank (larger messages run in chunks: the same bits)");
+  parser.set_default_note("buffer-mib", "default: the library's, 128");
   if (const auto code = parser.parse(argc, argv)) return *code;
-  const auto op = cuda::parse_op(op_text);
-  if (!op) return cli::fail("gpu", "unknown op '" + op_text + "' (allreduce, reduce_scatter, allgather)");
-  o.op = *op;
-  o.dtype = *parse_dtype(dtype_text);
-  o.algo = *cuda::parse_algorithm(algo_text);
-  o.seed = static_cast<uint64_t>(seed);
-  const auto allowed = cuda::ipc_algorithms(o.op);
-  if (o.algo != Algorithm::kAuto && o.algo != Algorithm::kNccl &&
-      std::find(allowed.begin(), allowed.end(), o.algo) == allowed.end()) {
-    return cli::fail("gpu", "--algo " + algo_text + " does not apply to " + op_text);
+  s.dtype = *parse_dtype(dtype_text);
+  s.algo = algo_text;
+  s.seed = static_cast<uint64_t>(seed);
+  if (seed < 0) return cli::fail(command, "--seed must be >= 0, got " + std::to_string(seed));
+  if (const std::string problem = check_grid_flags(s.blocks, s.threads, max_blocks); !problem.empty()) {
+    return cli::fail(command, problem);
   }
-  if (o.input_path.empty() == !parser.given("count")) {
-    return cli::fail("gpu", "give either --input FILE or --count C (with --seed S)");
+  if (const std::string problem = cli::check_timeout_ms(s.timeout_ms); !problem.empty()) {
+    return cli::fail(command, problem);
   }
-  if (o.input_path.empty() && o.count < 1) return cli::fail("gpu", "--count must be at least 1");
-  if (parser.given("seed") && !o.input_path.empty()) return cli::fail("gpu", "--seed applies to random inputs (--count)");
-  if (seed < 0) return cli::fail("gpu", "--seed must be >= 0, got " + std::to_string(seed));
-  if (o.blocks < 0 || o.blocks > kMaxBlocks) {
-    return cli::fail("gpu", "--blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(o.blocks));
+  if (const std::string problem = check_buffer_mib(parser, s.buffer_mib); !problem.empty()) {
+    return cli::fail(command, problem);
   }
-  if (o.threads != 0 && (o.threads < 64 || o.threads > 1024 || o.threads % 32 != 0)) {
-    return cli::fail("gpu", "--threads must be a multiple of 32 in 64..1024");
+  const char* rank_env = std::getenv("RANK");
+  const bool in_parent = rank_env == nullptr || *rank_env == '\0';
+  if (const std::string problem = op->check_gpu_flags(parser, s, nproc, in_parent && parser.given("nproc"));
+      !problem.empty()) {
+    return cli::fail(command, problem);
   }
   if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "gpu")) return *code;
   try {
-    return gpu_worker(o);
+    return gpu_worker(*op, s, command);
   } catch (const npy::NpyError& e) {
-    return cli::fail("gpu", e.what(), cli::kExitUsage);
+    return cli::fail(command, e.what(), cli::kExitUsage);
+  } catch (const std::invalid_argument& e) {
+    return cli::fail(command, e.what());
   } catch (const std::exception& e) {
-    return cli::fail("gpu", e.what(), cli::kExitFailure);
+    return cli::fail(command, e.what(), cli::kExitFailure);
   }
 }
 
-const cli::Registrar kRegistrar({"gpu", "one collective on the GPUs (same flags and .npy conventions as sim)", run_gpu});
+const cli::Registrar kRegistrar({"gpu", "one op on the GPUs (same flags and .npy conventions as sim)", run_gpu});
 
 }  // namespace
 }  // namespace exactcoll::gpu

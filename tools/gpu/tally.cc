@@ -1,5 +1,6 @@
 #include "tools/gpu/tally.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <iomanip>
 #include <sstream>
@@ -39,20 +40,39 @@ Tallies sum_tallies(const std::vector<std::string>& per_rank_texts) {
 }
 
 std::string format_tally_table(const Tallies& total, const char* reference_column, Tally* grand) {
-  std::ostringstream os;
-  char line[256];
-  std::snprintf(line, sizeof line, "%-15s %-5s %-12s %-12s %8s %14s %12s %12s\n", "op", "dtype", "algorithm", "variant",
-                "runs", "elements", "diff_vs_sim", reference_column);
-  os << line;
+  // The word columns are as wide as their longest entry (at least 15, 5, 12, 12), so that a long
+  // algorithm name (push_one_stage_reg) does not push its row out of line.
+  struct Row {
+    std::string op, dtype, algo, variant;
+    const Tally* tally;
+  };
+  std::vector<Row> rows;
+  size_t op_width = 15, dtype_width = 5, algo_width = 12, variant_width = 12;
   for (const auto& [key, t] : total) {
     std::istringstream parts(key);
-    std::string op, dtype, algo, variant;
-    parts >> op >> dtype >> algo >> variant;
-    std::snprintf(line, sizeof line, "%-15s %-5s %-12s %-12s %8llu %14llu %12llu %12llu\n", op.c_str(), dtype.c_str(),
-                  algo.c_str(), variant.c_str(), static_cast<unsigned long long>(t.runs),
-                  static_cast<unsigned long long>(t.compared), static_cast<unsigned long long>(t.sim_mismatches),
-                  static_cast<unsigned long long>(t.reference_mismatches));
-    os << line;
+    Row row{"", "", "", "", &t};
+    parts >> row.op >> row.dtype >> row.algo >> row.variant;
+    op_width = std::max(op_width, row.op.size());
+    dtype_width = std::max(dtype_width, row.dtype.size());
+    algo_width = std::max(algo_width, row.algo.size());
+    variant_width = std::max(variant_width, row.variant.size());
+    rows.push_back(row);
+  }
+  std::ostringstream os;
+  auto words = [&](const std::string& op, const std::string& dtype, const std::string& algo,
+                   const std::string& variant) {
+    os << std::left << std::setw(static_cast<int>(op_width)) << op << " " << std::setw(static_cast<int>(dtype_width))
+       << dtype << " " << std::setw(static_cast<int>(algo_width)) << algo << " "
+       << std::setw(static_cast<int>(variant_width)) << variant << std::right;
+  };
+  words("op", "dtype", "algorithm", "variant");
+  os << " " << std::setw(8) << "runs" << " " << std::setw(14) << "elements" << " " << std::setw(12) << "diff_vs_sim"
+     << " " << std::setw(12) << reference_column << "\n";
+  for (const Row& row : rows) {
+    words(row.op, row.dtype, row.algo, row.variant);
+    const Tally& t = *row.tally;
+    os << " " << std::setw(8) << t.runs << " " << std::setw(14) << t.compared << " " << std::setw(12)
+       << t.sim_mismatches << " " << std::setw(12) << t.reference_mismatches << "\n";
     grand->add(t);
   }
   return os.str();

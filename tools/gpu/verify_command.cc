@@ -1,329 +1,200 @@
-// `exactcoll verify --nproc N [--ops …] [--dtypes …] [--iters K]`: every op × algorithm of the IPC
-// path on the GPUs, with fresh random and adversarial inputs, compared bit for bit with the
-// simulator (and with an independent scalar transcription of the contract) on the same inputs.
+// `exactcoll verify --nproc N [--ops …] [--dtypes …] [--iters K] [--seed S]`: every op × algorithm
+// of the IPC path on the GPUs, with fresh random and adversarial inputs, compared bit for bit with
+// the simulator and with an independent scalar transcription of the contract on the same inputs.
+// Each op's cases, algorithms and variants are its GpuOp's (tools/gpu/gpu_op.h); this driver is
+// the same for every op, and one job verifies all of them.
 //
-// Steps, per (iteration, op, dtype, element count, input pattern):
-//   1. every rank makes every rank's input (tools/gpu/inputs.h; seeded, so all ranks agree);
-//   2. for each algorithm (the op's IPC algorithms and auto) the simulator computes the outputs;
-//   3. each variant runs on the GPUs: staged input, registered input, registered input replayed
-//      twice from a CUDA graph, and forced grids (3 blocks × 64 threads, kMaxBlocks = 128 × 1024);
-//      the output is poisoned first, so an element that no thread writes is a mismatch;
-//   4. every output bit of this rank is compared with the simulator's and the contract's;
-//   5. the counts are summed over ranks and rank 0 prints one line per (op, dtype, algorithm,
-//      variant). Exit 1 on any mismatch, 3 on a runtime failure (a timeout names rank and peer).
-#include <cuda_runtime_api.h>
-
+// Steps: 1. every worker makes the communicators (the main one; a 1 MiB one for the ops that run a
+// chunked variant) and rank 0 prints the header; 2. each op in --ops order runs its cases
+// (GpuOp::verify: inputs, the simulator's and the contract's outputs, every algorithm in every
+// variant, every output bit compared), counting into one ledger; 3. the counts are summed over
+// ranks and rank 0 prints one line per (op, dtype, algorithm, variant) and a summary line.
+// Exit 0 when nothing differs, 1 when something does, 3 on a runtime failure (a timeout names rank
+// and peer).
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstring>
-#include <iostream>
-#include <map>
-#include <optional>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "cuda_backend/communicator.h"
-#include "cuda_backend/cuda_check.h"
 #include "cuda_backend/nccl_api.h"
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
-#include "tools/gpu/fused/fused_commands.h"
+#include "tools/gpu/gpu_op.h"
 #include "tools/gpu/inputs.h"
-#include "tools/gpu/reference.h"
 #include "tools/gpu/tally.h"
 #include "tools/gpu/worker.h"
 
 namespace exactcoll::gpu {
 namespace {
 
-using cuda::Algorithm;
-using cuda::CallInfo;
-using cuda::Communicator;
-using cuda::LaunchConfig;
-using cuda::Op;
+constexpr const char* kCommand = "verify";
 
-struct VerifyOptions {
-  std::vector<Op> ops;
-  std::vector<DType> dtypes;
-  std::vector<Pattern> patterns;
-  int64_t iters = 1;
-  int64_t max_count = 1 << 20;
-  uint64_t seed = 0;
-  int64_t timeout_ms = 10000;
-  int64_t buffer_mib = 64;
-  int64_t show = 8;  // mismatch details printed per rank
+struct VerifyJob {
+  std::vector<GpuOp*> ops;  // in the order they run
+  VerifySettings settings;
+  bool dtypes_given = false;
+  int64_t timeout_ms = 10000, buffer_mib = 0;
   bool pdl = true;
 };
 
-// Per-rank element counts (reduce_scatter multiplies them by n so that slices are odd-sized too).
-const std::vector<size_t>& base_counts() {
-  static const std::vector<size_t> counts = {1,    2,    3,    5,    7,    8,     9,     16,    17,           31,
-                                             33,   63,   64,   65,   127,  129,   255,   1000,  1023,         4097,
-                                             12345, 65543, 262157, 1048579,
-                                             // 8 MiB of bf16: only with --max-count 4194319 or more (the device
-                                             // scripts' default stops at 1048579)
-                                             4194319};
-  return counts;
-}
-
-std::string tally_key(Op op, DType dtype, const std::string& algo, const std::string& variant) {
-  return std::string(op_name(op)) + " " + dtype_name(dtype) + " " + algo + " " + variant;
-}
-
-int verify_worker(const VerifyOptions& o) {
+int verify_worker(const VerifyJob& job) {
   Worker w("verify");
   const int n = w.world_size(), rank = w.rank();
+  // 1. The communicators.
   cuda::CommunicatorOptions co;
   co.name = "verify";
-  co.buffer_bytes = static_cast<size_t>(o.buffer_mib) << 20;
-  co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
-  co.programmatic_launch = o.pdl;
-  Communicator comm(w.store(), rank, n, co);
+  co.buffer_bytes = buffer_bytes_for(job.buffer_mib);
+  co.flag_timeout_ms = static_cast<uint64_t>(job.timeout_ms);
+  co.programmatic_launch = job.pdl;
+  cuda::Communicator comm(w.store(), rank, n, co);
+  std::unique_ptr<cuda::Communicator> small;
+  bool wants_small = false;
+  for (const GpuOp* op : job.ops) wants_small = wants_small || op->wants_small_communicator();
+  if (wants_small) {
+    cuda::CommunicatorOptions small_options = co;
+    small_options.name = "verify_small";
+    small_options.buffer_bytes = size_t{1} << 20;
+    small_options.use_nccl = false;
+    small = std::make_unique<cuda::Communicator>(w.store(), rank, n, small_options);
+  }
   {
     std::ostringstream os;
-    os << "# exactcoll verify: " << n << " ranks on " << w.device_name() << " (" << comm.arch() << "), seed " << o.seed
-       << ", iterations " << o.iters << ", programmatic launch " << (o.pdl ? "on" : "off") << "\n";
+    os << "# exactcoll verify: " << n << " ranks on " << w.device_name() << " (" << comm.arch() << "), seed "
+       << job.settings.seed << ", iterations " << job.settings.iters << ", programmatic launch "
+       << (job.pdl ? "on" : "off") << ", buffers " << (co.buffer_bytes >> 20) << " MiB per rank\n";
     os << "# IPC path: " << (comm.ipc_ready() ? "ready" : "UNAVAILABLE: " + comm.ipc_unavailable_reason()) << "; NCCL: ";
     if (comm.nccl_ready()) {
       os << cuda::NcclApi::get().version();
     } else {
       os << "not loaded";
     }
+    os << "\n# ops:";
+    for (const GpuOp* op : job.ops) os << " " << op->name();
     os << "\n";
+    for (const GpuOp* op : job.ops) {
+      if (const std::string header = op->verify_header(); !header.empty()) os << "# " << header << "\n";
+    }
     print_leader(w, os.str());
   }
-  if (!comm.ipc_ready()) return cli::fail("verify", "the IPC path is unavailable: " + comm.ipc_unavailable_reason(), 3);
-
-  // 1. Buffers for the largest case: the input registered once (the registered variants).
-  size_t max_in = 0, max_out = 0;
-  for (Op op : o.ops) {
-    for (size_t c : base_counts()) {
-      if (static_cast<int64_t>(c) > o.max_count) continue;
-      const size_t count = op == Op::kReduceScatter ? c * static_cast<size_t>(n) : c;
-      max_in = std::max(max_in, count * 4);
-      max_out = std::max(max_out, output_count(op, count, n) * 4);
-    }
+  if (!comm.ipc_ready()) {
+    return cli::fail(kCommand, "the IPC path is unavailable: " + comm.ipc_unavailable_reason(), cli::kExitFailure);
   }
-  DeviceBuffer input(max_in), output(max_out);
-  const cuda::RegisteredBuffer registered = comm.register_buffer(input.get(), max_in);
+
+  // 2. Every op's cases.
   Stream stream;
-  Simulator simulator(n);
-  Tallies tallies;
-  int64_t shown = 0;
+  VerifyLedger ledger(rank, job.settings.show);
+  VerifyContext ctx{w, Comms{&comm, small.get()}, stream.get(), job.settings, ledger};
   const auto started = std::chrono::steady_clock::now();
-
-  for (int64_t iter = 0; iter < o.iters; ++iter) {
-    for (Op op : o.ops) {
-      for (DType dtype : o.dtypes) {
-        const size_t elem = static_cast<size_t>(dtype_size(dtype));
-        size_t case_index = 0;
-        for (size_t c : base_counts()) {
-          if (static_cast<int64_t>(c) > o.max_count) continue;
-          const size_t count = op == Op::kReduceScatter ? c * static_cast<size_t>(n) : c;
-          const size_t out_count = output_count(op, count, n);
-          for (Pattern pattern : o.patterns) {
-            // Large counts: the random patterns only (the simulator's time grows with the count).
-            if (c > 4097 && pattern != Pattern::kRandom && pattern != Pattern::kRandomBits) continue;
-            const uint64_t case_seed =
-                mix_seed(mix_seed(mix_seed(o.seed, static_cast<uint64_t>(iter)),
-                                  static_cast<uint64_t>(op) * 16 + static_cast<uint64_t>(dtype)),
-                         case_index++);
-            // 1. Inputs of every rank; this rank's goes to the GPU.
-            const std::vector<Bytes> inputs = make_inputs(dtype, count, n, case_seed, pattern);
-            const Bytes by_contract = contract_output(op, dtype, inputs, count, rank);
-            EXC_CUDA_CHECK(cudaMemcpy(input.get(), inputs[static_cast<size_t>(rank)].data(), count * elem,
-                                      cudaMemcpyHostToDevice));
-            std::vector<Algorithm> algos = cuda::ipc_algorithms(op);
-            algos.push_back(Algorithm::kAuto);
-            std::map<Algorithm, Bytes> by_sim;  // per resolved algorithm
-            for (Algorithm requested : algos) {
-              const cuda::Choice choice = comm.choose(op, count, dtype, requested);
-              // 2. The simulator, running the algorithm that the GPU runs (copy_engine all-gather
-              //    is a copy: simulated as the SM allgather).
-              if (by_sim.count(choice.algo) == 0) {
-                by_sim[choice.algo] = simulator.run(op, choice.algo, dtype, inputs, count,
-                                                    std::min(choice.grid.blocks, 8))[static_cast<size_t>(rank)];
-              }
-              const Bytes& want = by_sim[choice.algo];
-              const std::string algo_label = requested == Algorithm::kAuto
-                                                 ? std::string("auto")
-                                                 : std::string(cuda::algorithm_name(requested));
-              // 3. The variants.
-              struct Variant {
-                std::string name;
-                bool registered;
-                bool graph;
-                std::optional<LaunchConfig> grid;
-              };
-              std::vector<Variant> variants = {{"staged", false, false, std::nullopt},
-                                               {"registered", true, false, std::nullopt},
-                                               {"graph", true, true, std::nullopt}};
-              if (choice.algo != Algorithm::kCopyEngine && requested != Algorithm::kAuto) {
-                variants.push_back({"grid3x64", false, false, LaunchConfig{3, 64}});
-                variants.push_back({"grid128x1024", true, false, LaunchConfig{kMaxBlocks, 1024}});
-              }
-              for (const Variant& v : variants) {
-                auto call = [&] {
-                  const cuda::RegisteredBuffer* reg = v.registered ? &registered : nullptr;
-                  switch (op) {
-                    case Op::kAllReduce:
-                      return comm.allreduce(input.get(), output.get(), count, dtype, requested, stream.get(), reg, v.grid);
-                    case Op::kReduceScatter:
-                      return comm.reduce_scatter(input.get(), output.get(), count, dtype, requested, stream.get(), reg,
-                                                 v.grid);
-                    case Op::kAllGather:
-                      return comm.allgather(input.get(), output.get(), count, dtype, requested, stream.get(), reg, v.grid);
-                  }
-                  return CallInfo{};
-                };
-                const int replays = v.graph ? 2 : 1;
-                std::optional<CapturedGraph> graph;
-                if (v.graph) graph.emplace(stream.get(), call);
-                for (int replay = 0; replay < replays; ++replay) {
-                  // Poison: a different byte each time, so stale results from the last run show.
-                  EXC_CUDA_CHECK(cudaMemsetAsync(output.get(), 0xA5 ^ (replay * 0x3C), out_count * elem, stream.get()));
-                  if (graph) {
-                    graph->launch(stream.get());
-                  } else {
-                    call();
-                  }
-                  comm.check(stream.get());
-                  Bytes got(out_count * elem);
-                  EXC_CUDA_CHECK(cudaMemcpy(got.data(), output.get(), got.size(), cudaMemcpyDeviceToHost));
-                  // 4. Every bit, against the simulator and the contract.
-                  const Comparison vs_sim = compare_bits(dtype, got.data(), want.data(), out_count);
-                  const Comparison vs_contract = compare_bits(dtype, got.data(), by_contract.data(), out_count);
-                  Tally& t = tallies[tally_key(op, dtype, algo_label, v.name)];
-                  ++t.runs;
-                  t.compared += out_count;
-                  t.sim_mismatches += vs_sim.mismatches;
-                  t.reference_mismatches += vs_contract.mismatches;
-                  if ((vs_sim.mismatches > 0 || vs_contract.mismatches > 0) && shown++ < o.show) {
-                    const Comparison& c = vs_sim.mismatches > 0 ? vs_sim : vs_contract;
-                    std::cerr << "MISMATCH rank " << rank << ": " << op_name(op) << " " << dtype_name(dtype) << " "
-                              << algo_label << " (" << cuda::algorithm_name(choice.algo) << ") " << v.name << " count "
-                              << count << " pattern " << pattern_name(pattern) << ": " << vs_sim.mismatches
-                              << " elements differ from the simulator, " << vs_contract.mismatches
-                              << " from the contract; first at " << c.first << ": gpu " << bits_hex(dtype, c.got_bits)
-                              << ", expected " << bits_hex(dtype, c.want_bits) << "\n";
-                  }
-                }
-              }
-            }
-          }
-        }
-      }
-    }
+  for (GpuOp* op : job.ops) {
+    op->verify(ctx, job.dtypes_given ? job.settings.dtypes : op->default_verify_dtypes());
   }
 
-  // 5. Sum over ranks; rank 0 prints.
-  const Tallies total = sum_tallies(w.all_gather("tallies", serialize_tallies(tallies)));
+  // 3. Sum over ranks; rank 0 prints.
+  const Tallies total = sum_tallies(w.all_gather("tallies", serialize_tallies(ledger.tallies())));
   Tally grand;
   std::ostringstream os;
-  os << format_tally_table(total, "diff_vs_ctr", &grand);
+  os << format_tally_table(total, "diff_vs_ref", &grand);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  os << verify_summary_line("verify " + std::to_string(n) + " ranks", grand, "all ranks", "contract", seconds);
+  os << verify_summary_line("verify " + std::to_string(n) + " ranks", grand, "every output, all ranks", "contract",
+                            seconds);
   print_leader(w, os.str());
   return grand.clean() ? cli::kExitOk : cli::kExitDiffer;
 }
 
 int run_verify(int argc, char** argv) {
-  // `exactcoll verify --ops fused_rmsnorm …` (tools/gpu/fused).
-  if (asks_for_fused(argc, argv, "ops")) return run_fused_verify(argc, argv);
-  int64_t nproc = 0;
-  std::string ops_text = "allreduce,reduce_scatter,allgather", dtypes_text = "bf16,fp16,fp32";
-  std::string patterns_text = "random,random_bits,specials,overflow,subnormal,cancel";
-  int64_t seed = -1;
-  VerifyOptions o;
+  std::vector<std::unique_ptr<GpuOp>> all = gpu_ops();
+  int64_t nproc = 0, seed = -1;
+  std::string ops_text, dtypes_text;
+  VerifyJob job;
   cli::ArgParser parser(
-      "exactcoll verify --nproc N [--ops …] [--dtypes …] [--iters K] [--seed S]",
+      "exactcoll verify --nproc N [--ops …] [--dtypes …] [--iters K] [--seed S] [op flags]",
       "Runs every op and algorithm of the CUDA IPC path (one process per GPU) on random and\n"
       "adversarial inputs (NaN payloads, ±0, ±inf, subnormals, overflowing sums, 1 element, odd\n"
-      "counts), in staged, registered, CUDA-graph and forced-grid variants, and compares every\n"
-      "output bit with the simulator and with the contract. Without --ops the fused all-reduce +\n"
-      "residual + RMSNorm is verified too, after the collectives. Exit 0 when nothing differs, 1 when\n"
-      "something does, 3 on a runtime failure (e.g. a peer that never arrived at a barrier).");
+      "counts), in staged, registered, CUDA-graph, forced-grid and (fused_rmsnorm) row-chunked\n"
+      "variants, and compares every output bit with the simulator and with the contract's scalar\n"
+      "reference. One job verifies every op in --ops. Exit 0 when nothing differs, 1 when something\n"
+      "does, 3 on a runtime failure (e.g. a peer that never arrived at a barrier).");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
   parser.mark_required("nproc");
-  parser.add_string("ops", &ops_text,
-                    "comma list of allreduce, reduce_scatter, allgather, or fused_rmsnorm alone (see verify --ops "
-                    "fused_rmsnorm --help); without --ops: all of them");
+  parser.add_string("ops", &ops_text, "comma list of " + gpu_op_names());
+  parser.set_default_note("ops", "default: all of them");
   parser.add_string("dtypes", &dtypes_text, "comma list of bf16, fp16, fp32");
-  parser.add_string("patterns", &patterns_text, "comma list of input patterns");
-  parser.add_int("iters", &o.iters, "repetitions with fresh inputs");
-  parser.add_int("seed", &seed, "seed of the inputs (default: derived from the job's store token, printed)");
-  parser.add_int("max-count", &o.max_count, "largest element count per rank tried");
-  parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
-  parser.add_int("buffer-mib", &o.buffer_mib, "staging and scratch MiB per rank");
-  parser.add_int("show", &o.show, "mismatch details printed per rank");
+  parser.set_default_note("dtypes", "default: bf16,fp16,fp32 for the collectives, bf16,fp16 for fused_rmsnorm");
+  parser.add_int("iters", &job.settings.iters, "repetitions with fresh inputs");
+  parser.add_int("seed", &seed, "seed of the inputs");
+  parser.set_default_note("seed", "default: from the job's store token, printed");
+  parser.add_int("timeout-ms", &job.timeout_ms, "bound on every in-kernel flag wait");
+  parser.add_int("buffer-mib", &job.buffer_mib,
+                 "staging and scratch MiB per rank (larger messages run in chunks: the same bits)");
+  parser.set_default_note("buffer-mib", "default: the library's, 128");
+  parser.add_int("show", &job.settings.show, "mismatch details printed per rank");
   bool no_pdl = false;
   parser.add_bool("no-pdl", &no_pdl, "launch without programmatic dependent launch");
+  for (auto& op : all) op->add_verify_flags(parser);
   if (const auto code = parser.parse(argc, argv)) return *code;
-  for (const auto& s : split_list(ops_text)) {
-    const auto op = cuda::parse_op(s);
-    if (!op) return cli::fail("verify", "unknown op '" + s + "' (allreduce, reduce_scatter, allgather)");
-    o.ops.push_back(*op);
-  }
-  for (const auto& s : split_list(dtypes_text)) {
-    const auto d = parse_dtype(s);
-    if (!d) return cli::fail("verify", "unknown dtype '" + s + "' (bf16, fp16, fp32)");
-    o.dtypes.push_back(*d);
-  }
-  for (const auto& s : split_list(patterns_text)) {
-    const auto p = parse_pattern(s);
-    if (!p) return cli::fail("verify", "unknown pattern '" + s + "'");
-    o.patterns.push_back(*p);
-  }
-  o.pdl = !no_pdl;
-  if (o.ops.empty() || o.dtypes.empty() || o.patterns.empty()) return cli::fail("verify", "nothing to verify");
-  if (o.iters < 1 || o.max_count < 1 || o.timeout_ms < 1 || o.buffer_mib < 1) {
-    return cli::fail("verify", "--iters, --max-count, --timeout-ms and --buffer-mib must be positive");
-  }
-  const char* rank_env = std::getenv("RANK");
-  const bool in_worker = rank_env != nullptr && *rank_env != '\0';
-  if (!parser.given("ops") && !in_worker && parser.given("nproc")) {
-    // No --ops: every op. Two jobs, one after the other (each with its own store and GPUs' state):
-    // the collectives, then the fused all-reduce + residual + RMSNorm with its own defaults for H
-    // and rows, and the same dtypes, seed, repetitions and wait bound when they were given.
-    std::vector<std::string> collective_args(argv, argv + argc);
-    collective_args.insert(collective_args.end(), {"--ops", "allreduce,reduce_scatter,allgather"});
-    std::vector<std::string> fused_args = {"verify", "--ops", "fused_rmsnorm", "--nproc", std::to_string(nproc)};
-    for (const char* flag : {"dtypes", "seed", "iters", "timeout-ms"}) {
-      if (!parser.given(flag)) continue;
-      fused_args.push_back(std::string("--") + flag);
-      fused_args.push_back(flag == std::string("dtypes") ? dtypes_text
-                           : flag == std::string("seed") ? std::to_string(seed)
-                           : flag == std::string("iters") ? std::to_string(o.iters)
-                                                          : std::to_string(o.timeout_ms));
+
+  // Which ops; an op's own flag with that op left out is refused (it would be ignored).
+  if (!parser.given("ops")) {
+    for (auto& op : all) job.ops.push_back(op.get());
+  } else {
+    for (const std::string& name : split_list(ops_text)) {
+      GpuOp* found = nullptr;
+      for (auto& op : all) {
+        if (op->name() == name) found = op.get();
+      }
+      if (found == nullptr) return cli::fail(kCommand, "unknown op '" + name + "' (" + gpu_op_names() + ")");
+      if (std::find(job.ops.begin(), job.ops.end(), found) == job.ops.end()) job.ops.push_back(found);
     }
-    auto run_with = [](std::vector<std::string>& args, int (*run)(int, char**)) {
-      std::vector<char*> v;
-      for (auto& a : args) v.push_back(a.data());
-      v.push_back(nullptr);
-      return run(static_cast<int>(args.size()), v.data());
-    };
-    const int collectives = run_with(collective_args, run_verify);
-    // A job that could not run at all (no GPU, bad flags) is not tried a second time.
-    if (collectives >= cli::kExitUsage) return collectives;
-    const int fused = run_with(fused_args, run_fused_verify);
-    // The worse of the two: a runtime failure (3) over differing bits (1) over success (0).
-    return std::max(collectives, fused);
   }
-  if (!parser.given("ops") && in_worker && std::string(rank_env) == "0") {
-    std::cerr << "exactcoll verify: under torchrun or launch, verify the fused op with a second job: "
-                 "exactcoll verify --ops fused_rmsnorm\n";
+  if (job.ops.empty()) return cli::fail(kCommand, "--ops names no op");
+  for (auto& op : all) {
+    if (std::find(job.ops.begin(), job.ops.end(), op.get()) != job.ops.end()) continue;
+    for (const std::string& flag : op->verify_flag_names()) {
+      bool used_by_chosen = false;
+      for (const GpuOp* chosen : job.ops) {
+        const std::vector<std::string> names = chosen->verify_flag_names();
+        used_by_chosen = used_by_chosen || std::find(names.begin(), names.end(), flag) != names.end();
+      }
+      if (parser.given(flag) && !used_by_chosen) {
+        return cli::fail(kCommand, "--" + flag + " applies to " + op->name() + ", which --ops leaves out");
+      }
+    }
   }
-  if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "verify")) return *code;
-  // Every rank needs the same seed: without --seed, rank 0's clock is shared through the store
-  // (below, inside the worker) -- here the launcher has not started workers, so take it from the
-  // environment the launcher passes through (EXACTCOLL_VERIFY_SEED) or the token.
-  o.seed = seed < 0 ? seed_from_store_token() : static_cast<uint64_t>(seed);
+  job.dtypes_given = parser.given("dtypes");
+  for (const auto& name : split_list(dtypes_text)) {
+    const auto d = parse_dtype(name);
+    if (!d) return cli::fail(kCommand, "unknown dtype '" + name + "' (bf16, fp16, fp32)");
+    job.settings.dtypes.push_back(*d);
+  }
+  if (job.dtypes_given && job.settings.dtypes.empty()) return cli::fail(kCommand, "--dtypes names no dtype");
+  for (GpuOp* op : job.ops) {
+    if (const std::string problem =
+            op->check_verify_flags(job.dtypes_given ? job.settings.dtypes : op->default_verify_dtypes());
+        !problem.empty()) {
+      return cli::fail(kCommand, problem);
+    }
+  }
+  job.pdl = !no_pdl;
+  if (job.settings.iters < 1 || job.settings.show < 0) {
+    return cli::fail(kCommand, "--iters must be positive and --show at least 0");
+  }
+  if (const std::string problem = cli::check_timeout_ms(job.timeout_ms); !problem.empty()) {
+    return cli::fail(kCommand, problem);
+  }
+  if (const std::string problem = check_buffer_mib(parser, job.buffer_mib); !problem.empty()) {
+    return cli::fail(kCommand, problem);
+  }
+  if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), kCommand)) return *code;
+  // Every rank needs the same seed: without --seed, a hash of the job's store token (the same in
+  // every worker of one job, fresh per job).
+  job.settings.seed = seed < 0 ? seed_from_store_token() : static_cast<uint64_t>(seed);
   try {
-    return verify_worker(o);
+    return verify_worker(job);
   } catch (const std::exception& e) {
-    return cli::fail("verify", e.what(), cli::kExitFailure);
+    return cli::fail(kCommand, e.what(), cli::kExitFailure);
   }
 }
 

@@ -61,12 +61,6 @@ bool parse_indices(const std::string& text, std::vector<uint64_t>* out) {
   return !out->empty();
 }
 
-std::string check_timeout_ms(int64_t timeout_ms) {
-  if (timeout_ms >= 1 && timeout_ms <= kLongestTimeoutMs) return "";
-  return "--timeout-ms must be 1.." + std::to_string(kLongestTimeoutMs) + " (about 24.8 days), got " +
-         std::to_string(timeout_ms);
-}
-
 std::string world_options(const SimFlags& f, const cli::ArgParser& parser, sim::WorldOptions* o) {
   if (f.ranks == 0 && !parser.given("ranks")) return "give --ranks N (1.." + std::to_string(kMaxRanks) + ")";
   if (f.ranks < 1 || f.ranks > kMaxRanks) {

@@ -29,12 +29,9 @@ struct SimFlags {
   int64_t fail_at_step = 0;    // ... at its K-th synchronization step (sim::WorldOptions)
 };
 
-// The longest --timeout-ms (about 24.8 days, 2^31 - 1 ms): a wait of "forever" is a hang, and the
-// simulator's deadlines stay far from the clock's end.
-inline constexpr int64_t kLongestTimeoutMs = 2147483647;
-
-// Returns "" or what is wrong with a --timeout-ms value (1..kLongestTimeoutMs).
-std::string check_timeout_ms(int64_t timeout_ms);
+// --timeout-ms's bound, shared with the GPU commands (tools/cli.h).
+using cli::check_timeout_ms;
+using cli::kLongestTimeoutMs;
 
 // Which of the world's flags a command offers beyond --ranks --dtype --schedule --schedule-seed
 // --timeout-ms --max-steps.

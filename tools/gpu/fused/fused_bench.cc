@@ -395,6 +395,25 @@ int bench_worker(const BenchOptions& o) {
 
 }  // namespace
 
+bool asks_for_fused(int argc, char** argv, const std::string& flag) {
+  const std::string bare = "--" + flag, with_value = "--" + flag + "=";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    std::string value;
+    if (a == bare && i + 1 < argc) {
+      value = argv[i + 1];
+    } else if (a.rfind(with_value, 0) == 0) {
+      value = a.substr(with_value.size());
+    } else {
+      continue;
+    }
+    for (const std::string& item : split_list(value)) {
+      if (item == "fused_rmsnorm") return true;
+    }
+  }
+  return false;
+}
+
 int run_fused_bench(int argc, char** argv) {
   int64_t nproc = 0, seed = 1;
   double eps = 1e-6;

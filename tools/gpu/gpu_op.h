@@ -1,0 +1,208 @@
+// One op as the GPU commands `exactcoll gpu` and `exactcoll verify` run it, and what their drivers
+// share. Each op is defined once, in one file (tools/gpu/collective_op.cc for all-reduce,
+// reduce-scatter and all-gather; tools/gpu/fused/fused_op.cc for the fused all-reduce + residual +
+// RMSNorm): its flags and their checks, its inputs (from .npy files or a seed), one call on the
+// device, its outputs and its summary line for `gpu`; its cases (inputs, the simulator's and the
+// contract's outputs, the algorithms and variants to try) for `verify`. The drivers,
+// tools/gpu/gpu_command.cc and tools/gpu/verify_command.cc, are written once over this interface:
+// a new op is a new GpuOp and a line in gpu_ops().
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/storage.h"
+#include "cuda_backend/communicator.h"
+#include "tools/cli.h"
+#include "tools/gpu/tally.h"
+
+namespace exactcoll::gpu {
+
+class Worker;
+using Bytes = std::vector<uint8_t>;
+
+// How one call is made.
+struct Variant {
+  std::string name = "staged";
+  bool registered = false;  // the input comes from a buffer registered once (no staging copy)
+  bool graph = false;       // the call is captured into a CUDA graph and replayed
+  bool small = false;       // through the second communicator, whose 1 MiB buffers make larger problems
+                            // run as several launches (Comms::small)
+  std::optional<cuda::LaunchConfig> grid;  // a forced grid; nullopt: the table's choice
+};
+
+// Returns the variants verify runs for one algorithm: staged, registered, graph (registered,
+// replayed twice); with `forced_grids` also grid3x64 (staged) and grid<max_blocks>x1024
+// (registered); with `chunked` also chunked (staged, through the small communicator).
+std::vector<Variant> verify_variants(bool forced_grids, int max_blocks, bool chunked);
+
+// What ran, in the words of the summary line and of verify's mismatch lines.
+struct CallReport {
+  std::string algo;    // the algorithm that ran (auto resolved)
+  std::string detail;  // more of it, e.g. "all-reduce one_shot" under the fused op's unfused path; or ""
+  cuda::LaunchConfig grid{};
+  bool staged = true;
+  bool exact = true;          // false for NCCL's sums
+  std::string inexact_note;   // why not, when !exact
+};
+
+// One output array of a call on the device; poisoned before each checked call.
+struct DeviceOutput {
+  std::string name;  // "out", "residual_out"
+  void* device = nullptr;
+  size_t count = 0;          // elements
+  size_t element_bytes = 2;  // dtype_size of the op's dtype
+  uint8_t poison = 0xA5;
+  size_t bytes() const { return count * element_bytes; }
+};
+
+// The communicators of a worker: the main one, and one with 1 MiB buffers where an op asks for it
+// (GpuOp::wants_small_communicator; nullptr otherwise).
+struct Comms {
+  cuda::Communicator* main = nullptr;
+  cuda::Communicator* small = nullptr;
+  cuda::Communicator& for_variant(const Variant& v) const { return v.small && small ? *small : *main; }
+};
+
+// Enqueues one call of a problem, in variant v, on the stream.
+using Enqueue = std::function<CallReport(const Variant& v, cudaStream_t stream)>;
+
+// Runs one call: (1) captures it into a graph once when v.graph; then `replays` times: (2) poisons
+// every output (a different byte each replay, so a stale result shows), (3) launches (the graph,
+// or an eager call), (4) waits for the stream and checks the communicator (a peer that never
+// arrived throws CollectiveError naming it), (5) copies the outputs back and hands them to
+// `got(replay, outputs)` in the order of `outputs`. Returns the report of the (first) call.
+CallReport run_checked(const Enqueue& enqueue, const Variant& v, const std::vector<DeviceOutput>& outputs,
+                       int replays, cuda::Communicator& comm, cudaStream_t stream,
+                       const std::function<void(int replay, const std::vector<Bytes>& got)>& got);
+
+// `gpu`'s flags that every op has.
+struct GpuSettings {
+  DType dtype = DType::kBF16;
+  std::string algo = "auto";
+  uint64_t seed = 1;
+  int64_t blocks = 0, threads = 0;  // 0: the table's choice
+  bool registered = false, graph = false;
+  int64_t timeout_ms = 10000;
+  int64_t buffer_mib = 0;  // 0: the library's default (cuda::CommunicatorOptions)
+  std::string output;      // the first output's .npy ("": none)
+};
+
+// This rank's problem of `gpu <op>` on the device.
+class GpuProblem {
+ public:
+  virtual ~GpuProblem() = default;
+  // One call in variant v (from gpu's --registered, --graph, --blocks, --threads).
+  virtual CallReport enqueue(const Variant& v, cudaStream_t stream) = 0;
+  virtual std::vector<DeviceOutput> outputs() const = 0;
+  // The .npy path of each output ("" for none), in the order of outputs().
+  virtual std::vector<std::string> output_paths() const = 0;
+  // The shape of each output's .npy, every rank's rows stacked: [n, …].
+  virtual std::vector<int64_t> output_shape(int ranks) const = 0;
+  // The summary line rank 0 prints, from what ran and each output's sha256 (in order).
+  virtual std::string summary(int ranks, const CallReport& ran, const GpuSettings& s,
+                              const std::vector<std::string>& sha256s) const = 0;
+};
+
+// verify's flags that every op has.
+struct VerifySettings {
+  std::vector<DType> dtypes;  // empty: the op's default_verify_dtypes()
+  int64_t iters = 1;
+  uint64_t seed = 0;
+  int64_t show = 8;  // mismatch details printed per rank
+};
+
+// verify's per-rank counts and its first mismatch lines (stderr), shared by every op.
+class VerifyLedger {
+ public:
+  VerifyLedger(int rank, int64_t show) : rank_(rank), show_(show) {}
+
+  // Compares every bit of each output (`got[i]`, outputs[i].count elements) with `sim[i]` (the
+  // simulator's) and `ref[i]` (the contract's scalar reference), and counts them under the tally
+  // key "op dtype algorithm variant". For the first `show` calls that differ, prints
+  // "MISMATCH rank R: <what>: …" naming the output and where(index) of the first difference.
+  void record(const std::string& key, const std::string& what, DType dtype, const std::vector<DeviceOutput>& outputs,
+              const std::vector<Bytes>& got, const std::vector<const Bytes*>& sim, const std::vector<const Bytes*>& ref,
+              const std::function<std::string(size_t index)>& where);
+
+  const Tallies& tallies() const { return tallies_; }
+
+ private:
+  int rank_;
+  int64_t show_, shown_ = 0;
+  Tallies tallies_;
+};
+
+// What an op's verify() runs with.
+struct VerifyContext {
+  Worker& worker;
+  Comms comms;
+  cudaStream_t stream;
+  const VerifySettings& settings;
+  VerifyLedger& ledger;
+};
+
+class GpuOp {
+ public:
+  virtual ~GpuOp() = default;
+  virtual std::string name() const = 0;
+
+  // ---- `exactcoll gpu <op>` ----
+  // The op's part of the usage line and the command's description.
+  virtual std::string gpu_usage() const = 0;
+  virtual std::string gpu_description() const = 0;
+  // --algo's choices (the first is not the default: "auto" is) and its help.
+  virtual std::vector<std::string> gpu_algorithms() const = 0;
+  virtual std::string gpu_algorithm_help() const = 0;
+  // The op's own flags (inputs, shape, …), stored in the op object.
+  virtual void add_gpu_flags(cli::ArgParser& parser) = 0;
+  // Returns "" or what is wrong with the flags (given is the parser's). In the parent (before any
+  // worker starts; `ranks` is --nproc) it also reads the input files, so bad input exits 2 there.
+  virtual std::string check_gpu_flags(const cli::ArgParser& parser, const GpuSettings& s, int64_t ranks,
+                                      bool in_parent) = 0;
+  // Whether the communicator must load NCCL (for --algo nccl or nccl_split).
+  virtual bool needs_nccl(const GpuSettings& s) const = 0;
+  // Returns this rank's problem, its inputs on the device. Throws npy::NpyError, std::exception.
+  virtual std::unique_ptr<GpuProblem> load(const GpuSettings& s, cuda::Communicator& comm, int ranks, int rank) = 0;
+
+  // ---- `exactcoll verify` ----
+  virtual std::vector<DType> default_verify_dtypes() const = 0;
+  // The op's own verify flags, and their names (a flag of an op that --ops leaves out is refused).
+  virtual void add_verify_flags(cli::ArgParser& parser) = 0;
+  virtual std::vector<std::string> verify_flag_names() const = 0;
+  // Returns "" or what is wrong with them, for these dtypes.
+  virtual std::string check_verify_flags(const std::vector<DType>& dtypes) = 0;
+  // Whether verify should make the 1 MiB communicator (Comms::small) for this op's chunked variant.
+  virtual bool wants_small_communicator() const { return false; }
+  // Returns the op's header line for verify ("" for none), e.g. the sizes it covers.
+  virtual std::string verify_header() const = 0;
+  // Runs every case of the op (every iteration and dtype), recording into ctx.ledger.
+  virtual void verify(VerifyContext& ctx, const std::vector<DType>& dtypes) = 0;
+};
+
+// Every op of the GPU commands, in the order verify runs them: allreduce, reduce_scatter,
+// allgather, fused_rmsnorm. Returns fresh objects (they hold parsed flags). Defined beside the
+// drivers (gpu_ops.cc), from each op's own factory:
+std::vector<std::unique_ptr<GpuOp>> gpu_ops();
+std::vector<std::unique_ptr<GpuOp>> make_collective_ops();  // collective_op.cc
+std::unique_ptr<GpuOp> make_fused_rmsnorm_op();             // fused/fused_op.cc
+// Their names, as "allreduce, reduce_scatter, allgather, fused_rmsnorm".
+std::string gpu_op_names();
+
+// Returns "" or what is wrong with the GPU commands' --blocks (1..max_blocks, 0 = the table's)
+// and --threads (a multiple of 32 in 64..1024, 0 = the table's).
+std::string check_grid_flags(int64_t blocks, int64_t threads, int max_blocks);
+
+// Returns the communicator's buffer bytes: --buffer-mib when given (> 0), else the library's default
+// (cuda::CommunicatorOptions, 128 MiB): one default for every GPU command.
+size_t buffer_bytes_for(int64_t buffer_mib);
+// Returns "" or what is wrong with --buffer-mib (1..65536 when given).
+std::string check_buffer_mib(const cli::ArgParser& parser, int64_t buffer_mib);
+
+}  // namespace exactcoll::gpu
