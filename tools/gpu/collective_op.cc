@@ -153,6 +153,10 @@ class CollectiveOp : public GpuOp {
     return names;
   }
   std::string gpu_algorithm_help() const override {
+    if (op_ != Op::kAllReduce) {
+      return "algorithm; auto = the tuned table's choice for the size and GPU count (cuda_backend/tuning/, "
+             "EXACTCOLL_TABLE); every IPC algorithm gives the same bits";
+    }
     return "algorithm; auto = the tuned table's fastest for the size and GPU count (cuda_backend/tuning/, "
            "EXACTCOLL_TABLE), or without a row one_shot below 512 KiB (1 MiB on 2 GPUs) and two_shot above; "
            "every IPC algorithm gives the same bits";
@@ -243,7 +247,10 @@ class CollectiveOp : public GpuOp {
       max_out = std::max(max_out, output_count(op_, count, n) * 4);
     }
     if (max_in == 0) return;
-    DeviceBuffer input(max_in), output(max_out);
+    const auto input_buffer = std::make_shared<DeviceBuffer>(max_in);
+    ctx.keep_alive.push_back(input_buffer);  // registered: it must outlive the communicator
+    const DeviceBuffer& input = *input_buffer;
+    DeviceBuffer output(max_out);
     const cuda::RegisteredBuffer registered = comm.register_buffer(input.get(), max_in);
     Simulator simulator(n);
     for (int64_t iter = 0; iter < ctx.settings.iters; ++iter) {

@@ -146,6 +146,11 @@ struct VerifyContext {
   cudaStream_t stream;
   const VerifySettings& settings;
   VerifyLedger& ledger;
+  // Buffers an op registers with a communicator go here, so that they outlive it: a communicator
+  // keeps its peers' mappings of a registered buffer until it is destroyed (there is no
+  // unregister), and a freed buffer whose address comes back in the next op's allocation would be
+  // mapped a second time (cudaErrorAlreadyMapped, seen with two ranks sharing a GPU).
+  std::vector<std::shared_ptr<const void>>& keep_alive;
 };
 
 class GpuOp {

@@ -43,6 +43,7 @@ struct VerifyJob {
 int verify_worker(const VerifyJob& job) {
   Worker w("verify");
   const int n = w.world_size(), rank = w.rank();
+  std::vector<std::shared_ptr<const void>> keep_alive;  // destroyed after the communicators below
   // 1. The communicators.
   cuda::CommunicatorOptions co;
   co.name = "verify";
@@ -86,7 +87,7 @@ int verify_worker(const VerifyJob& job) {
   // 2. Every op's cases.
   Stream stream;
   VerifyLedger ledger(rank, job.settings.show);
-  VerifyContext ctx{w, Comms{&comm, small.get()}, stream.get(), job.settings, ledger};
+  VerifyContext ctx{w, Comms{&comm, small.get()}, stream.get(), job.settings, ledger, keep_alive};
   const auto started = std::chrono::steady_clock::now();
   for (GpuOp* op : job.ops) {
     op->verify(ctx, job.dtypes_given ? job.settings.dtypes : op->default_verify_dtypes());

@@ -279,7 +279,9 @@ class FusedRmsNormOp : public GpuOp {
       max_hidden = std::max(max_hidden, static_cast<size_t>(h));
     }
     if (max_count == 0) return;
-    const FusedDeviceBuffers buffers(max_count * 4, max_hidden * 4);
+    const auto buffers_kept = std::make_shared<const FusedDeviceBuffers>(max_count * 4, max_hidden * 4);
+    ctx.keep_alive.push_back(buffers_kept);  // x is registered: it must outlive the communicator
+    const FusedDeviceBuffers& buffers = *buffers_kept;
     const cuda::RegisteredBuffer registered = ctx.comms.main->register_buffer(buffers.x.get(), buffers.x.bytes());
     sim::WorldOptions world_options;
     world_options.ranks = n;
