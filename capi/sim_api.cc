@@ -206,7 +206,7 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
     const DType type = to_dtype(dtype);
     const SimRun run = sim_run(options, ranks);
     if (rows < 0 || rows > (int64_t{1} << 24)) bad_argument("rows must be 0..16777216, got " + std::to_string(rows));
-    const int pack = 16 / dtype_size(type);
+    const int pack = pack_elements(type);
     if (hidden <= 0 || hidden > (int64_t{1} << 24) || hidden % pack != 0) {
       bad_argument("hidden size " + std::to_string(hidden) + " is not a positive multiple of the " + dtype_name(type) +
                    " pack (" + std::to_string(pack) + " elements) up to 16777216");
@@ -276,18 +276,10 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
       }
       run_and_trace(world, run, [&] { fused::run_fused(world, spec, io); });
     } else {
-      switch (type) {
-        case DType::kBF16:
-          reference_rows<bf16>(fused_contract, ranks, spec.rows, spec.hidden, eps, x, residual, weight, residual_out, out);
-          break;
-        case DType::kFP16:
-          reference_rows<fp16>(fused_contract, ranks, spec.rows, spec.hidden, eps, x, residual, weight, residual_out, out);
-          break;
-        case DType::kFP32:
-          reference_rows<float>(fused_contract, ranks, spec.rows, spec.hidden, eps, x, residual, weight, residual_out,
-                                out);
-          break;
-      }
+      with_storage_type(type, [&](auto tag) {
+        reference_rows<decltype(tag)>(fused_contract, ranks, spec.rows, spec.hidden, eps, x, residual, weight,
+                                      residual_out, out);
+      });
       for (size_t r = 1; r < n; ++r) {
         std::memcpy(static_cast<char*>(residual_out) + r * count * elem, residual_out, count * elem);
         std::memcpy(static_cast<char*>(out) + r * count * elem, out, count * elem);

@@ -186,4 +186,22 @@ inline constexpr const char* dtype_name(DType d) {
   return d == DType::kBF16 ? "bf16" : d == DType::kFP16 ? "fp16" : "fp32";
 }
 
+// Returns the elements of one 16-byte pack of d: 8 for bf16 and fp16, 4 for fp32 (the runtime
+// Storage<T>::kPack). Example: a fused op's H must be a multiple of pack_elements(dtype).
+inline constexpr int pack_elements(DType d) { return 16 / dtype_size(d); }
+
+// The one runtime-to-template dispatch: calls f with a value of the storage type d names (bf16{},
+// fp16{} or 0.0f) and returns what it returns. Preconditions: f returns the same type for all
+// three. Example:
+//   return with_storage_type(dtype, [&](auto tag) { return reference_typed<decltype(tag)>(in, eps); });
+template <class F>
+decltype(auto) with_storage_type(DType d, F&& f) {
+  switch (d) {
+    case DType::kBF16: return f(bf16{});
+    case DType::kFP16: return f(fp16{});
+    case DType::kFP32: break;
+  }
+  return f(0.0f);
+}
+
 }  // namespace exactcoll

@@ -127,11 +127,8 @@ void enqueue_collective(World& world, const CollectiveSpec& spec, const std::vec
   launch.lamport_bytes = lamport_bytes(spec, world.ranks());
   launch.outputs = outputs;
   launch.output_bytes = output_count(spec.op, spec.count, world.ranks()) * element;
-  switch (spec.dtype) {
-    case DType::kBF16: enqueue_typed<bf16>(world, spec, algorithm, std::move(launch)); break;
-    case DType::kFP16: enqueue_typed<fp16>(world, spec, algorithm, std::move(launch)); break;
-    case DType::kFP32: enqueue_typed<float>(world, spec, algorithm, std::move(launch)); break;
-  }
+  with_storage_type(spec.dtype,
+                    [&](auto tag) { enqueue_typed<decltype(tag)>(world, spec, algorithm, std::move(launch)); });
 }
 
 }  // namespace exactcoll::sim

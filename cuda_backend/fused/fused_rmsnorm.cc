@@ -29,7 +29,7 @@ FusedKernelKind kernel_kind(FusedAlgorithm a) {
 }
 
 void check_shape(const FusedRmsNormShape& s) {
-  const int pack = 16 / dtype_size(s.dtype);
+  const int pack = pack_elements(s.dtype);
   if (s.rows < 0) throw std::invalid_argument("fused_rmsnorm: rows must be >= 0, got " + std::to_string(s.rows));
   if (s.hidden <= 0 || s.hidden % pack != 0) {
     throw std::invalid_argument("fused_rmsnorm: hidden size " + std::to_string(s.hidden) +

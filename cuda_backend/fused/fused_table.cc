@@ -21,11 +21,9 @@ constexpr FusedAlgorithm kAll[] = {FusedAlgorithm::kOneStage,   FusedAlgorithm::
                                    FusedAlgorithm::kAuto,         FusedAlgorithm::kNcclSplit,
                                    FusedAlgorithm::kLamportOneStage};
 
-int pack_of(DType dtype) { return 16 / dtype_size(dtype); }
-
 // The RMSNorm tree's lane count for H (contract::make_rmsnorm_tree), at least 64 threads.
 int tree_threads(int hidden, DType dtype) {
-  const int packs = std::max(1, hidden / pack_of(dtype));
+  const int packs = std::max(1, hidden / pack_elements(dtype));
   const int active = std::min(packs, 1024);
   return std::max(64, 32 * ((active + 31) / 32));
 }

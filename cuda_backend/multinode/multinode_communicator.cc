@@ -273,12 +273,8 @@ MultiNodeCallInfo MultiNodeCommunicator::run(Op kind, const void* input, void* o
                                 algorithm_name(algo));
   }
   if (nccl_comm_ == nullptr) throw CollectiveError("the cross-node transport needs NCCL: " + nccl_reason_);
-  switch (dtype) {
-    case DType::kBF16: return run_typed<bf16>(kind, input, output, count, stream);
-    case DType::kFP16: return run_typed<fp16>(kind, input, output, count, stream);
-    case DType::kFP32: return run_typed<float>(kind, input, output, count, stream);
-  }
-  throw std::invalid_argument("unknown dtype");
+  return with_storage_type(dtype,
+                           [&](auto tag) { return run_typed<decltype(tag)>(kind, input, output, count, stream); });
 }
 
 MultiNodeCallInfo MultiNodeCommunicator::allreduce(const void* input, void* output, size_t count, DType dtype,

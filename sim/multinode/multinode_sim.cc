@@ -266,7 +266,7 @@ void run_multinode(const NetworkOptions& net, const MultiNodeSpec& spec, const s
 
 std::string check_multinode_fused_spec(const MultiNodeFusedSpec& spec, const NodeLayout& layout) {
   if (spec.rows < 1) return "rows must be >= 1, not " + std::to_string(spec.rows);
-  const int pack = 16 / dtype_size(spec.dtype);
+  const int pack = pack_elements(spec.dtype);
   if (spec.hidden <= 0 || spec.hidden % pack != 0) {
     return "the hidden size must be a positive multiple of " + std::to_string(pack) + " (the pack), not " +
            std::to_string(spec.hidden);

@@ -16,12 +16,7 @@ namespace exactcoll::overlap {
 // Returns the storage bits of one value uniform in [-2, 2) (53 random bits, then rounded).
 inline uint32_t random_finite_bits(DType dtype, sim::Xoshiro256& g) {
   const float v = static_cast<float>(static_cast<double>(g.next() >> 11) * 0x1p-53 * 4.0 - 2.0);
-  switch (dtype) {
-    case DType::kBF16: return round_to<bf16>(v).bits;
-    case DType::kFP16: return round_to<fp16>(v).bits;
-    case DType::kFP32: return float_to_bits(v);
-  }
-  return 0;
+  return with_storage_type(dtype, [&](auto tag) { return Storage<decltype(tag)>::bits(round_to<decltype(tag)>(v)); });
 }
 
 // Fills `count` elements of dtype at `out` from seed (little-endian storage bits).

@@ -31,25 +31,14 @@ void store_rounded(const RowMajor& acc, void* c) {
 }  // namespace
 
 double element_value(DType dtype, const void* data, size_t i) {
-  switch (dtype) {
-    case DType::kBF16: return to_float(load<bf16>(data, i));
-    case DType::kFP16: return to_float(load<fp16>(data, i));
-    case DType::kFP32: return load<float>(data, i);
-  }
-  return 0;
+  return with_storage_type(dtype, [&](auto tag) { return static_cast<double>(to_float(load<decltype(tag)>(data, i))); });
 }
 
 std::vector<float> widen_all(DType dtype, const void* data, size_t count) {
   std::vector<float> out(count);
-  switch (dtype) {
-    case DType::kBF16:
-      for (size_t i = 0; i < count; ++i) out[i] = to_float(load<bf16>(data, i));
-      break;
-    case DType::kFP16:
-      for (size_t i = 0; i < count; ++i) out[i] = to_float(load<fp16>(data, i));
-      break;
-    case DType::kFP32: std::memcpy(out.data(), data, count * sizeof(float)); break;
-  }
+  with_storage_type(dtype, [&](auto tag) {
+    for (size_t i = 0; i < count; ++i) out[i] = to_float(load<decltype(tag)>(data, i));
+  });
   return out;
 }
 
@@ -59,11 +48,7 @@ void matmul_rounded(DType dtype, const float* a, size_t rows, size_t k, const fl
   const Eigen::Map<const RowMajor> B(b, static_cast<Eigen::Index>(k), static_cast<Eigen::Index>(n));
   RowMajor acc(static_cast<Eigen::Index>(rows), static_cast<Eigen::Index>(n));
   acc.noalias() = A * B;
-  switch (dtype) {
-    case DType::kBF16: store_rounded<bf16>(acc, c); break;
-    case DType::kFP16: store_rounded<fp16>(acc, c); break;
-    case DType::kFP32: store_rounded<float>(acc, c); break;
-  }
+  with_storage_type(dtype, [&](auto tag) { store_rounded<decltype(tag)>(acc, c); });
 }
 
 double dot_reference(DType dtype, const void* a, size_t row, size_t k, const void* b, size_t n, size_t col) {

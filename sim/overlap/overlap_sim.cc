@@ -186,11 +186,8 @@ void OverlapSim::enqueue(const OverlapShape& shape, const OverlapIo& io, std::ve
   launch.input_bytes = shard * esize;
   launch.outputs = io.gathered;
   launch.output_bytes = shard * esize * static_cast<size_t>(n);
-  switch (shape.dtype) {
-    case DType::kBF16: enqueue_typed<bf16>(world_, std::move(launch), state); break;
-    case DType::kFP16: enqueue_typed<fp16>(world_, std::move(launch), state); break;
-    case DType::kFP32: enqueue_typed<float>(world_, std::move(launch), state); break;
-  }
+  with_storage_type(shape.dtype,
+                    [&](auto tag) { enqueue_typed<decltype(tag)>(world_, std::move(launch), state); });
 }
 
 void products_for_rank(const OverlapShape& shape, int ranks, int rank, const void* gathered_or_lhs, const void* rhs,

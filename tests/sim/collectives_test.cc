@@ -42,7 +42,7 @@ constexpr Op kOps[] = {{Collective::kAllReduce, Algorithm::kOneShot},
 // Sizes per rank: 1 element, 1 pack, odd counts, a few thousand, one large-ish. Reduce-scatter
 // uses ranks x these (its count must divide by the ranks).
 std::vector<size_t> sizes(DType d, Collective op, int ranks) {
-  const size_t pack = static_cast<size_t>(simtest::pack_of(d));
+  const size_t pack = static_cast<size_t>(pack_elements(d));
   const size_t large = op == Collective::kAllReduce ? 65537 : 9001;
   std::vector<size_t> s = {1, pack, pack + 1, 7, 37, 4099, large};
   if (op == Collective::kReduceScatter) {

@@ -77,7 +77,7 @@ TEST(Lamport, EveryRankCountDtypeAndGridMatchesTheReferenceOnAdversarialInputs) 
     options.ranks = n;
     sim::World world(options);  // one world: consecutive calls rotate through the buffers
     for (const DType d : kDTypes) {
-      const size_t pack = static_cast<size_t>(simtest::pack_of(d));
+      const size_t pack = static_cast<size_t>(pack_elements(d));
       for (const size_t count : {size_t{1}, size_t{3}, pack, pack + 1, size_t{37}, size_t{4099}}) {
         for (const int blocks : {1, 2, 3, 5}) {
           CollectiveSpec spec;

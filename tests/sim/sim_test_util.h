@@ -19,8 +19,6 @@ inline reference::Format format_of(DType d) {
                                                                           : reference::Format::kFP32;
 }
 
-inline int pack_of(DType d) { return d == DType::kFP32 ? 4 : 8; }
-
 // One element's bit pattern: mostly moderate normal values (so that rounding matters), and a few
 // percent each of NaN with random payloads, ±inf, ±0, subnormals and values near the largest
 // finite one (whose sums overflow).

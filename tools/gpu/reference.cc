@@ -83,12 +83,7 @@ std::vector<Bytes> Simulator::run(cuda::Op op, cuda::Algorithm algo, DType dtype
 }
 
 Bytes contract_output(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank) {
-  switch (dtype) {
-    case DType::kBF16: return contract_typed<bf16>(op, inputs, count, rank);
-    case DType::kFP16: return contract_typed<fp16>(op, inputs, count, rank);
-    case DType::kFP32: return contract_typed<float>(op, inputs, count, rank);
-  }
-  return {};
+  return with_storage_type(dtype, [&](auto tag) { return contract_typed<decltype(tag)>(op, inputs, count, rank); });
 }
 
 Comparison compare_bits(DType dtype, const void* got, const void* want, size_t count) {
@@ -170,12 +165,8 @@ SumBoundCheck check_sum_typed(cuda::Op op, const std::vector<Bytes>& inputs, siz
 SumBoundCheck check_sum_within_bound(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count,
                                      int rank, const void* got) {
   if (op == cuda::Op::kAllGather) throw std::invalid_argument("check_sum_within_bound: all-gather is a copy, not a sum");
-  switch (dtype) {
-    case DType::kBF16: return check_sum_typed<bf16>(op, inputs, count, rank, got);
-    case DType::kFP16: return check_sum_typed<fp16>(op, inputs, count, rank, got);
-    case DType::kFP32: return check_sum_typed<float>(op, inputs, count, rank, got);
-  }
-  return {};
+  return with_storage_type(dtype,
+                           [&](auto tag) { return check_sum_typed<decltype(tag)>(op, inputs, count, rank, got); });
 }
 
 std::string bits_hex(DType dtype, uint32_t bits) {

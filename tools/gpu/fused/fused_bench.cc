@@ -457,7 +457,7 @@ int run_fused_bench(int argc, char** argv) {
   if (!parse_counts(hidden_text, &o.hidden)) return cli::fail(kCommand, "--hidden wants positive numbers like 4096,8192");
   if (!parse_counts(rows_text, &o.rows)) return cli::fail(kCommand, "--rows wants positive numbers like 1,2,4");
   for (int64_t h : o.hidden) {
-    if (h % (16 / dtype_size(o.dtype)) != 0) {
+    if (h % pack_elements(o.dtype) != 0) {
       return cli::fail(kCommand, "H " + std::to_string(h) + " is not a multiple of the " + dtype_text + " pack");
     }
   }

@@ -189,7 +189,7 @@ std::string check_fused_arrays(DType dtype, int64_t ranks, const std::string& ra
   if (weight.array.shape != std::vector<int64_t>{hidden}) {
     return weight.path + " must be [H] = " + npy::shape_text({hidden}) + ", got " + npy::shape_text(weight.array.shape);
   }
-  const int pack = 16 / dtype_size(dtype);
+  const int pack = pack_elements(dtype);
   if (hidden % pack != 0) {
     return "hidden size " + std::to_string(hidden) + " is not a positive multiple of the " + dtype_name(dtype) +
            " pack (" + std::to_string(pack) + " elements)";

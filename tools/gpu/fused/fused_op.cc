@@ -191,7 +191,7 @@ class FusedRmsNormOp : public GpuOp {
     if (files && (parser.given("seed") || specials_)) return "--seed and --specials apply to random inputs (--rows)";
     if (!s.output.empty() && s.output == residual_output_) return "--output and --residual-output name the same file";
     if (random) {
-      const int pack = 16 / dtype_size(s.dtype);
+      const int pack = pack_elements(s.dtype);
       if (rows_ < 1 || rows_ > (1 << 24)) return "--rows must be 1..16777216";
       if (hidden_ < 1 || hidden_ > (1 << 24) || hidden_ % pack != 0) {
         return std::string("--hidden must be a positive multiple of the ") + dtype_name(s.dtype) + " pack (" +
@@ -250,7 +250,7 @@ class FusedRmsNormOp : public GpuOp {
     if (!parse_counts(rows_text_, &rows_list_)) return "--rows wants positive numbers like 1,2,3";
     for (int64_t h : hidden_list_) {
       for (DType d : dtypes) {
-        if (h % (16 / dtype_size(d)) != 0) {
+        if (h % pack_elements(d) != 0) {
           return "H " + std::to_string(h) + " is not a multiple of the " + dtype_name(d) + " pack";
         }
       }

@@ -58,12 +58,7 @@ std::vector<FusedOutputs> simulate_fused(sim::World& world, FusedAlgo algo, cons
 }
 
 FusedOutputs reference_fused(const FusedInputs& in, float eps) {
-  switch (in.dtype) {
-    case DType::kBF16: return reference_typed<bf16>(in, eps);
-    case DType::kFP16: return reference_typed<fp16>(in, eps);
-    case DType::kFP32: return reference_typed<float>(in, eps);
-  }
-  return {};
+  return with_storage_type(in.dtype, [&](auto tag) { return reference_typed<decltype(tag)>(in, eps); });
 }
 
 }  // namespace exactcoll::gpu
