@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/command_runner.h"
 #include "tools/cli.h"
 #include "tools/layers/layers.h"
 #include "tools/layers/plot.h"
@@ -20,17 +21,10 @@ namespace {
 
 using fused::FusedContract;
 
-std::string temp_path(const std::string& name) {
-  const char* d = std::getenv("TEST_TMPDIR");
-  return std::string(d != nullptr ? d : "/tmp") + "/" + name;
-}
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-bool exists(const std::string& path) { return std::ifstream(path).good(); }
+using test_support::CommandResult;
+using test_support::file_exists;
+using test_support::read_file;
+using test_support::temp_path;
 
 LayersOptions small(FusedContract c, int ranks = 4) {
   LayersOptions o;
@@ -88,22 +82,9 @@ TEST(Layers, BadOptionsAreErrors) {
 
 // ---- The command -------------------------------------------------------------------------------------
 
-struct CommandRun {
-  int code;
-  std::string out, err;
-};
-
-CommandRun run_layers(std::vector<std::string> args) {
-  args.insert(args.begin(), "layers");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
+CommandResult run_layers(const std::vector<std::string>& args) {
   for (const auto& c : cli::registered_commands()) {
-    if (c.name != "layers") continue;
-    testing::internal::CaptureStdout();
-    testing::internal::CaptureStderr();
-    const int code = c.run(static_cast<int>(argv.size()), argv.data());
-    CommandRun r{code, testing::internal::GetCapturedStdout(), testing::internal::GetCapturedStderr()};
-    return r;
+    if (c.name == "layers") return test_support::run_in_process(c.run, "layers", args);
   }
   ADD_FAILURE() << "the layers command is not registered";
   return {-1, "", ""};
@@ -117,16 +98,16 @@ TEST(LayersCommand, PrintsTableWritesCsvSvgPng) {
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
-  CommandRun r = run_layers(with({"--csv", csv, "--plot", svg}));
+  CommandResult r = run_layers(with({"--csv", csv, "--plot", svg}));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("canonical vs f32_residual, bf16, 4 ranks, 2 rows, hidden 256, 3 layers, seed 1 (the default"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("\n    3 "), std::string::npos) << r.out;
-  const std::string table = file_bytes(csv);
+  const std::string table = read_file(csv);
   EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 4) << table;
   EXPECT_EQ(table.rfind("layer,residual_fraction_differing,", 0), 0u) << table;
-  const std::string chart = file_bytes(svg);
+  const std::string chart = read_file(svg);
   EXPECT_EQ(chart.rfind("<?xml", 0), 0u);
   EXPECT_NE(chart.find("<polyline"), std::string::npos);
   EXPECT_NE(chart.find("relative L2 drift"), std::string::npos);
@@ -135,7 +116,7 @@ TEST(LayersCommand, PrintsTableWritesCsvSvgPng) {
   r = run_layers(with({"--plot", png, "--seed", "9"}));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out.find("the default"), std::string::npos);
-  const std::string bytes = file_bytes(png);
+  const std::string bytes = read_file(png);
   ASSERT_GT(bytes.size(), 8u);
   EXPECT_EQ(std::memcmp(bytes.data(), "\x89PNG\r\n\x1a\n", 8), 0);
   // Decode it again: the size is the figure's and the series colour is there.
@@ -156,11 +137,11 @@ TEST(LayersCommand, PrintsTableWritesCsvSvgPng) {
 TEST(LayersCommand, BadInputExitsTwoAndWritesNothing) {
   const std::string plot = temp_path("bad.jpg"), csv = temp_path("bad.csv");
   EXPECT_EQ(run_layers({"--plot", plot}).code, 2);
-  EXPECT_FALSE(exists(plot));
-  CommandRun r = run_layers({"--hidden", "4100", "--layers", "1", "--csv", csv});
+  EXPECT_FALSE(file_exists(plot));
+  CommandResult r = run_layers({"--hidden", "4100", "--layers", "1", "--csv", csv});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("not a positive multiple"), std::string::npos) << r.err;
-  EXPECT_FALSE(exists(csv));
+  EXPECT_FALSE(file_exists(csv));
   EXPECT_EQ(run_layers({"--contract", "fast"}).code, 2);
   EXPECT_EQ(run_layers({"--ranks", "0"}).code, 2);
   // An unwritable output is bad input, found before any work (issue 15, item 6: it was exit 3
@@ -172,19 +153,19 @@ TEST(LayersCommand, BadInputExitsTwoAndWritesNothing) {
   // The plot cannot be written: the CSV, written first, must not be left behind either.
   r = run_layers({"--layers", "1", "--rows", "1", "--hidden", "64", "--csv", csv, "--plot", temp_path("no/such/p.svg")});
   EXPECT_EQ(r.code, 2);
-  EXPECT_FALSE(exists(csv));
+  EXPECT_FALSE(file_exists(csv));
 }
 
 TEST(LayersCommand, EpsAndSizesAreCheckedBeforeAnyWork) {
   // Issue 15, item 7: --eps nan, -1 and inf were accepted (nan made every output NaN, exit 0).
   for (const char* eps : {"nan", "-1", "inf", "1e39"}) {
-    const CommandRun r = run_layers({"--layers", "1", "--rows", "1", "--hidden", "64", "--eps", eps});
+    const CommandResult r = run_layers({"--layers", "1", "--rows", "1", "--hidden", "64", "--eps", eps});
     EXPECT_EQ(r.code, 2) << eps;
     EXPECT_NE(r.err.find("--eps must be a finite number >= 0"), std::string::npos) << r.err;
   }
   EXPECT_EQ(run_layers({"--layers", "1", "--rows", "1", "--hidden", "64", "--eps", "0"}).code, 0);
   // Issue 15, item 2: --rows 1048576 --hidden 1048576 (each inside its range) died of std::bad_alloc.
-  const CommandRun r = run_layers({"--rows", "1048576", "--hidden", "1048576", "--layers", "1"});
+  const CommandResult r = run_layers({"--rows", "1048576", "--hidden", "1048576", "--layers", "1"});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("GiB, more than the"), std::string::npos) << r.err;
 }
