@@ -49,6 +49,38 @@ TEST(SimNodesCommand, EveryOpGivesTheOneNodeBits) {
   }
 }
 
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n') + 1); }
+
+// The input banner (what runs on which inputs) is the one-node command's, from the same function
+// (tools/sim/sim_flags.h: input_banner), before the run's summary.
+TEST(SimNodesCommand, PrintsTheOneNodeInputBanner) {
+  const CommandResult multi = exactcoll("sim allreduce --ranks 4 --nodes 2 --count 300");
+  ASSERT_EQ(multi.code, 0) << multi.err;
+  EXPECT_EQ(first_line(multi.out),
+            "exactcoll sim allreduce: 4 ranks x 300 bf16 elements; inputs: random, --seed 1 (the default)\n")
+      << multi.out;
+  EXPECT_NE(multi.out.find("(random, --seed 1 (the default)), 2 nodes"), std::string::npos) << multi.out;
+  const std::string cases[] = {"allreduce --ranks 4 --dtype fp16 --count 300 --seed 7",
+                               "reduce_scatter --ranks 6 --dtype fp32 --count 600",
+                               "allgather --ranks 4 --dtype bf16 --count 300 --seed 3"};
+  // --chunk-elements 256, as above: with the default chunk, `sim allgather --nodes` writes past its
+  // scratch when count < chunk / nodes (core/multinode.h's allgather takes the unclamped chunk as
+  // its slot stride; buffer_needs sizes the slots by min(chunk, count)) and crashes.
+  for (const std::string& c : cases) {
+    const CommandResult one = exactcoll("sim " + c);
+    const CommandResult nodes = exactcoll("sim " + c + " --nodes 2 --chunk-elements 256");
+    ASSERT_EQ(one.code, 0) << c << "\n" << one.err;
+    ASSERT_EQ(nodes.code, 0) << c << "\n" << nodes.err;
+    EXPECT_EQ(first_line(nodes.out), first_line(one.out)) << c << "\n" << nodes.out;
+    EXPECT_EQ(first_line(nodes.out).rfind("exactcoll sim ", 0), 0u) << nodes.out;
+  }
+  // The fused op prints no banner on one node either: its summary line says what its inputs were.
+  const CommandResult fused = exactcoll("sim fused_rmsnorm --ranks 4 --rows 2 --hidden 64 --specials --nodes 2");
+  ASSERT_EQ(fused.code, 0) << fused.err;
+  EXPECT_NE(fused.out.find("(random with specials, --seed 1 (the default)), 2 nodes"), std::string::npos)
+      << fused.out;
+}
+
 TEST(SimNodesCommand, OutputFileAndTrace) {
   const std::string one = temp_path("one.npy"), multi = temp_path("multi.npy"), trace = temp_path("trace.jsonl");
   ASSERT_EQ(exactcoll("sim allreduce --ranks 4 --count 300 --output " + one).code, 0);
