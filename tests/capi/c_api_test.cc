@@ -19,6 +19,7 @@
 #include "sim/fused/reference.h"
 #include "tests/capi/memory_store.h"
 #include "tests/sim/sim_test_util.h"
+#include "tests/support/command_runner.h"
 #include "tools/launch/launcher.h"
 
 namespace exactcoll {
@@ -27,6 +28,7 @@ namespace {
 using capitest::callbacks_for;
 using capitest::MemoryStore;
 using simtest::first_difference;
+using test_support::temp_path;
 
 std::string last_error() { return exactcoll_last_error(); }
 
@@ -55,11 +57,6 @@ std::vector<std::vector<uint8_t>> split(const std::vector<uint8_t>& all, int ran
   std::vector<std::vector<uint8_t>> per_rank;
   for (int r = 0; r < ranks; ++r) per_rank.emplace_back(all.begin() + r * each, all.begin() + (r + 1) * each);
   return per_rank;
-}
-
-std::string temp_path(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
 }
 
 // ---- version and names -------------------------------------------------------------------------

@@ -2,10 +2,12 @@
 // command it points to is one that exists.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "tests/support/command_runner.h"
 #include "tools/cli.h"
 
 namespace exactcoll {
@@ -18,21 +20,17 @@ struct Parsed {
 
 // Parses `args` (argv[0] first, as a command receives them) with a parser of `usage` that has a
 // positional op and an --algo choice; returns the exit code and what went to stderr.
-Parsed parse(const std::string& usage, std::vector<std::string> args) {
+Parsed parse(const std::string& usage, const std::vector<std::string>& args) {
   std::string op, algo = "auto";
   int64_t nproc = 0;
   cli::ArgParser parser(usage, "a test command");
   parser.add_positional("op", &op, "the op", /*required=*/false);
   parser.add_choice("algo", &algo, {"one_shot", "auto"}, "algorithm");
   parser.add_int("nproc", &nproc, "processes");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStderr();
-  const auto code = parser.parse(static_cast<int>(argv.size()), argv.data());
-  Parsed p;
-  p.err = ::testing::internal::GetCapturedStderr();
-  p.code = code ? *code : 0;
-  return p;
+  const test_support::CommandResult r = test_support::run_in_process(
+      [&parser](int argc, char** argv) { return parser.parse(argc, argv).value_or(0); }, args[0],
+      std::vector<std::string>(args.begin() + 1, args.end()));
+  return {r.code, r.err};
 }
 
 void expect_names(const Parsed& p, const std::string& command) {
@@ -83,18 +81,19 @@ TEST(ArgParserShort, ALetterIsItsFlag) {
   EXPECT_EQ(factor, 4);
   EXPECT_TRUE(parser.given("minbytes"));
   // An unregistered letter is not a flag of the command.
-  std::vector<std::string> bad = {"bench", "-x", "1"};
-  argv.clear();
-  for (auto& a : bad) argv.push_back(a.data());
-  ::testing::internal::CaptureStderr();
   cli::ArgParser other("exactcoll bench [-b BYTES]", "a test command");
   std::string unused;
   other.add_string("minbytes", &unused, "-b: bytes");
   other.add_short('b', "minbytes");
-  const auto code = other.parse(static_cast<int>(argv.size()), argv.data());
-  const std::string err = ::testing::internal::GetCapturedStderr();
+  std::optional<int> code;
+  const test_support::CommandResult r = test_support::run_in_process(
+      [&](int argc, char** argv) {
+        code = other.parse(argc, argv);
+        return code.value_or(0);
+      },
+      "bench", {"-x", "1"});
   ASSERT_TRUE(code.has_value());
-  EXPECT_EQ(*code, cli::kExitUsage) << err;
+  EXPECT_EQ(*code, cli::kExitUsage) << r.err;
   EXPECT_THROW(other.add_short('z', "no-such-flag"), std::logic_error);
 }
 

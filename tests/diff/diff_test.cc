@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/command_runner.h"
 #include "tools/diff/compare.h"
 #include "tools/diff/diff_command.h"
 #include "tools/npy/npy.h"
@@ -15,25 +16,11 @@
 namespace exactcoll::diff {
 namespace {
 
-std::string temp_path(const std::string& name) {
-  const char* d = std::getenv("TEST_TMPDIR");
-  return std::string(d != nullptr ? d : "/tmp") + "/" + name;
-}
+using test_support::CommandResult;
+using test_support::temp_path;
 
-struct CommandRun {
-  int code;
-  std::string out, err;
-};
-
-CommandRun run_diff(std::vector<std::string> args) {
-  args.insert(args.begin(), "diff");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  testing::internal::CaptureStdout();
-  testing::internal::CaptureStderr();
-  const int code = diff_main(static_cast<int>(argv.size()), argv.data());
-  CommandRun r{code, testing::internal::GetCapturedStdout(), testing::internal::GetCapturedStderr()};
-  return r;
+CommandResult run_diff(const std::vector<std::string>& args) {
+  return test_support::run_in_process(diff_main, "diff", args);
 }
 
 std::string save_u16(const std::string& name, const std::vector<uint16_t>& v, std::vector<int64_t> shape) {
@@ -99,7 +86,7 @@ TEST(DiffCommand, IdenticalFilesExitZero) {
   const std::vector<uint16_t> v = {0x3F80, 0x7FC1, 0x8000, 0x1234};
   const std::string a = save_u16("same_a.npy", v, {2, 2});
   const std::string b = save_u16("same_b.npy", v, {2, 2});
-  const CommandRun r = run_diff({a, b, "--dtype", "bf16"});
+  const CommandResult r = run_diff({a, b, "--dtype", "bf16"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "elements         4\n")) << r.out;
   EXPECT_TRUE(contains(r.out, "equal            4 (100.000%, bitwise)")) << r.out;
@@ -112,7 +99,7 @@ TEST(DiffCommand, DifferencesExitOneAndAreReported) {
   std::vector<uint16_t> a(2 * 8, 0x3F80), b(2 * 8, 0x3F80);
   b[11] = 0x3F82;  // [1, 3]: 2 ULP
   b[14] = 0x3F7C;  // 4 ULP
-  const CommandRun r = run_diff({save_u16("d_a.npy", a, {2, 8}), save_u16("d_b.npy", b, {2, 8})});
+  const CommandResult r = run_diff({save_u16("d_a.npy", a, {2, 8}), save_u16("d_b.npy", b, {2, 8})});
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_TRUE(contains(r.err, "read as bf16")) << r.err;  // the default-dtype note
   EXPECT_TRUE(contains(r.out, "differing        2 (fraction 0.125)")) << r.out;
@@ -125,7 +112,7 @@ TEST(DiffCommand, DifferencesExitOneAndAreReported) {
 
 TEST(DiffCommand, Fp16ReadsTheSameBitsDifferently) {
   const std::vector<uint16_t> a = {0x3C00}, b = {0x3C01};
-  const CommandRun r = run_diff({save_u16("h_a.npy", a, {1}), save_u16("h_b.npy", b, {1}), "--dtype=fp16"});
+  const CommandResult r = run_diff({save_u16("h_a.npy", a, {1}), save_u16("h_b.npy", b, {1}), "--dtype=fp16"});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.out, "A 0x3c00 (1), B 0x3c01 (1.00097656)")) << r.out;
 }
@@ -135,7 +122,7 @@ TEST(DiffCommand, Fp32IsInferred) {
   const std::string pa = temp_path("f_a.npy"), pb = temp_path("f_b.npy");
   npy::write_npy(pa, npy::kF32, {2}, a.data(), 8);
   npy::write_npy(pb, npy::kF32, {2}, b.data(), 8);
-  const CommandRun r = run_diff({pa, pb});
+  const CommandResult r = run_diff({pa, pb});
   EXPECT_EQ(r.code, 1);  // -0 vs +0 is a bitwise difference, 0 ULP
   EXPECT_EQ(r.err, "");
   EXPECT_TRUE(contains(r.out, "dtype            fp32")) << r.out;
@@ -148,7 +135,7 @@ TEST(DiffCommand, BadInputExitsTwo) {
   const std::vector<uint16_t> v(8, 0);
   const std::string a = save_u16("bad_a.npy", v, {2, 4});
   const std::string b = save_u16("bad_b.npy", v, {4, 2});
-  CommandRun r = run_diff({a, b});
+  CommandResult r = run_diff({a, b});
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "shapes differ")) << r.err;
 

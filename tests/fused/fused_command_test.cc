@@ -13,6 +13,7 @@
 
 #include "sim/fused/random.h"
 #include "sim/fused/reference.h"
+#include "tests/support/command_runner.h"
 #include "tools/diff/diff_command.h"
 #include "tools/fused/fused_rmsnorm_command.h"
 #include "tools/fused/sim_subcommands.h"
@@ -21,49 +22,21 @@
 namespace exactcoll::fused {
 namespace {
 
-std::string temp_path(const std::string& name) {
-  const char* d = std::getenv("TEST_TMPDIR");
-  return std::string(d != nullptr ? d : "/tmp") + "/" + name;
-}
+using test_support::CommandResult;
+using test_support::file_exists;
+using test_support::read_file;
+using test_support::run_in_process;
+using test_support::temp_path;
 
-bool exists(const std::string& path) { return std::ifstream(path).good(); }
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-struct CommandRun {
-  int code;
-  std::string out, err;
-};
-
-CommandRun run_command(const std::string& name, int (*fn)(int, char**), std::vector<std::string> args) {
-  args.insert(args.begin(), name);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  testing::internal::CaptureStdout();
-  testing::internal::CaptureStderr();
-  const int code = fn(static_cast<int>(argv.size()), argv.data());
-  CommandRun r{code, testing::internal::GetCapturedStdout(), testing::internal::GetCapturedStderr()};
-  return r;
-}
 
 // Through the sim-subcommand registry, as tools/sim dispatches.
-CommandRun run_fused(std::vector<std::string> args) {
+CommandResult run_fused(const std::vector<std::string>& args) {
   const cli::SimSubcommand* sub = cli::find_sim_subcommand("fused_rmsnorm");
   if (sub == nullptr) {
     ADD_FAILURE() << "fused_rmsnorm is not registered as a sim subcommand";
     return {-1, "", ""};
   }
-  args.insert(args.begin(), "fused_rmsnorm");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  testing::internal::CaptureStdout();
-  testing::internal::CaptureStderr();
-  const int code = sub->run(static_cast<int>(argv.size()), argv.data());
-  CommandRun r{code, testing::internal::GetCapturedStdout(), testing::internal::GetCapturedStderr()};
-  return r;
+  return run_in_process(sub->run, "fused_rmsnorm", args);
 }
 
 // Writes x [N, rows, H], r [rows, H], w [H] in bf16 bits; returns the reference outputs.
@@ -100,8 +73,8 @@ TEST(SimFusedCommand, AlgorithmsWriteIdenticalFilesEqualToTheReference) {
   std::string first_summary_hashes;
   for (const char* algo : {"one_stage", "two_stage", "push_one_stage", "unfused"}) {
     const std::string out = temp_path(std::string(algo) + "_out.npy"), ro = temp_path(std::string(algo) + "_ro.npy");
-    const CommandRun r = run_fused({"--ranks", "4", "--dtype", "bf16", "--input", f.x, "--residual", f.r, "--weight",
-                                    f.w, "--output", out, "--residual-output", ro, "--algo", algo, "--blocks", "3"});
+    const CommandResult r = run_fused({"--ranks", "4", "--dtype", "bf16", "--input", f.x, "--residual", f.r, "--weight",
+                                       f.w, "--output", out, "--residual-output", ro, "--algo", algo, "--blocks", "3"});
     ASSERT_EQ(r.code, 0) << algo << ": " << r.err;
     EXPECT_NE(r.out.find(std::string("sim fused_rmsnorm bf16: 4 ranks x [3, 4096] (") + f.x + " (4, 3, 4096)), contract canonical, " + algo +
                          ", 3 blocks, threads schedule; out sha256 "),
@@ -119,8 +92,8 @@ TEST(SimFusedCommand, AlgorithmsWriteIdenticalFilesEqualToTheReference) {
     }
   }
   // `exactcoll diff` agrees: identical files exit 0.
-  const CommandRun d = run_command("diff", diff::diff_main,
-                                   {temp_path("one_stage_ro.npy"), temp_path("two_stage_ro.npy"), "--dtype", "bf16"});
+  const CommandResult d = run_in_process(
+      diff::diff_main, "diff", {temp_path("one_stage_ro.npy"), temp_path("two_stage_ro.npy"), "--dtype", "bf16"});
   EXPECT_EQ(d.code, 0) << d.out;
 }
 
@@ -137,9 +110,9 @@ TEST(SimFusedCommand, AlternativeContractDiffersAndTakesNoAlgo) {
   ASSERT_EQ(run_fused(with({"--residual-output", canon})).code, 0);
   const npy::NpyArray a = npy::read_npy(ro);
   EXPECT_EQ(std::memcmp(a.data.data(), f.f32_ro.data(), f.f32_ro.size() * 2), 0);
-  const CommandRun d = run_command("diff", diff::diff_main, {ro, canon, "--dtype", "bf16"});
+  const CommandResult d = run_in_process(diff::diff_main, "diff", {ro, canon, "--dtype", "bf16"});
   EXPECT_EQ(d.code, 1) << d.out;
-  const CommandRun bad = run_fused(with({"--contract", "f32_residual", "--algo", "two_stage"}));
+  const CommandResult bad = run_fused(with({"--contract", "f32_residual", "--algo", "two_stage"}));
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("--algo applies only to --contract canonical"), std::string::npos) << bad.err;
   EXPECT_EQ(bad.err.find("--blocks"), std::string::npos) << "only the flags given are named: " << bad.err;
@@ -149,15 +122,15 @@ TEST(SimFusedCommand, AlternativeContractDiffersAndTakesNoAlgo) {
 TEST(SimFusedCommand, SeededScheduleAndTraces) {
   const Files f = make_files("tr", 3, 2, 64, 13);
   const std::string trace = temp_path("tr.jsonl"), chrome = temp_path("tr.json"), out = temp_path("tr_out.npy");
-  const CommandRun r = run_fused({"--ranks", "3", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo",
-                                  "two_stage", "--schedule", "seeded", "--schedule-seed", "5", "--trace", trace,
-                                  "--chrome-trace", chrome, "--trace-elements", "0,70", "--output", out});
+  const CommandResult r = run_fused({"--ranks", "3", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo",
+                                     "two_stage", "--schedule", "seeded", "--schedule-seed", "5", "--trace", trace,
+                                     "--chrome-trace", chrome, "--trace-elements", "0,70", "--output", out});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("seeded schedule (--schedule-seed 5)"), std::string::npos) << r.out;
-  const std::string t = file_bytes(trace);
+  const std::string t = read_file(trace);
   EXPECT_NE(t.find("fused_slice"), std::string::npos);
   EXPECT_NE(t.find("gather_rows"), std::string::npos);
-  EXPECT_FALSE(file_bytes(chrome).empty());
+  EXPECT_FALSE(read_file(chrome).empty());
   const npy::NpyArray o = npy::read_npy(out);
   EXPECT_EQ(std::memcmp(o.data.data(), f.ref_out.data(), f.ref_out.size() * 2), 0);
 }
@@ -167,11 +140,11 @@ TEST(SimFusedCommand, SeededScheduleAndTraces) {
 TEST(SimFusedCommand, PushOneStageTraceShowsPushThenLocalReads) {
   const Files f = make_files("push", 3, 2, 64, 16);
   const std::string trace = temp_path("push.jsonl"), out = temp_path("push_out.npy");
-  const CommandRun r = run_fused({"--ranks", "3", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo",
-                                  "push_one_stage", "--blocks", "2", "--schedule", "seeded", "--schedule-seed", "3",
-                                  "--trace", trace, "--trace-elements", "0,70", "--output", out});
+  const CommandResult r = run_fused({"--ranks", "3", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo",
+                                     "push_one_stage", "--blocks", "2", "--schedule", "seeded", "--schedule-seed", "3",
+                                     "--trace", trace, "--trace-elements", "0,70", "--output", out});
   ASSERT_EQ(r.code, 0) << r.err;
-  const std::string t = file_bytes(trace);
+  const std::string t = read_file(trace);
   EXPECT_NE(t.find("\"step\":\"push_rows\""), std::string::npos);
   EXPECT_NE(t.find("\"step\":\"fused_rows\""), std::string::npos);
   // Rank 0 block 0 writes into rank 1's and rank 2's scratch; its rows read nobody else's buffers.
@@ -205,8 +178,8 @@ TEST(SimFusedCommand, PushOneStageTraceShowsPushThenLocalReads) {
 TEST(SimFusedCommand, RandomInputsAllAlgorithmsSameSha) {
   std::string hashes;
   for (const char* algo : {"one_stage", "two_stage", "push_one_stage", "unfused"}) {
-    const CommandRun r = run_fused({"--ranks", "3", "--dtype", "fp16", "--rows", "5", "--hidden", "256", "--specials",
-                                    "--algo", algo, "--blocks", "2"});
+    const CommandResult r = run_fused({"--ranks", "3", "--dtype", "fp16", "--rows", "5", "--hidden", "256",
+                                       "--specials", "--algo", algo, "--blocks", "2"});
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_NE(r.out.find("3 ranks x [5, 256] (random with specials, --seed 1 (the default)), contract canonical"),
               std::string::npos)
@@ -215,7 +188,8 @@ TEST(SimFusedCommand, RandomInputsAllAlgorithmsSameSha) {
     if (hashes.empty()) hashes = h;
     EXPECT_EQ(h, hashes) << algo;
   }
-  const CommandRun other = run_fused({"--ranks", "3", "--dtype", "fp16", "--rows", "5", "--hidden", "256", "--seed", "2"});
+  const CommandResult other =
+      run_fused({"--ranks", "3", "--dtype", "fp16", "--rows", "5", "--hidden", "256", "--seed", "2"});
   ASSERT_EQ(other.code, 0) << other.err;
   EXPECT_EQ(other.out.find(hashes), std::string::npos);
 }
@@ -226,10 +200,10 @@ TEST(SimFusedCommand, BadInputExitsTwoAndWritesNothing) {
   auto expect_bad = [&](std::vector<std::string> args, const std::string& message_part) {
     args.push_back("--output");
     args.push_back(out);
-    const CommandRun r = run_fused(args);
+    const CommandResult r = run_fused(args);
     EXPECT_EQ(r.code, 2) << message_part << ": " << r.err;
     EXPECT_NE(r.err.find(message_part), std::string::npos) << r.err;
-    EXPECT_FALSE(exists(out)) << message_part;
+    EXPECT_FALSE(file_exists(out)) << message_part;
   };
   expect_bad({"--ranks", "3", "--input", f.x, "--residual", f.r, "--weight", f.w}, "has 2 ranks in its first dimension");
   expect_bad({"--ranks", "2", "--dtype", "fp32", "--input", f.x, "--residual", f.r, "--weight", f.w}, "needs '<f4'");
@@ -256,23 +230,23 @@ TEST(SimFusedCommand, AnUnwritableOutputLeavesNoOtherOutputAndRunsNothing) {
   // and left --output o1.npy behind.
   const std::string o1 = temp_path("half_o1.npy"), trace = temp_path("half_trace.jsonl");
   std::remove(o1.c_str());
-  const CommandRun r = run_fused({"--ranks", "4", "--rows", "2", "--hidden", "8", "--output", o1, "--trace", trace,
-                                  "--residual-output", "/nonexistent/o2.npy"});
+  const CommandResult r = run_fused({"--ranks", "4", "--rows", "2", "--hidden", "8", "--output", o1, "--trace", trace,
+                                     "--residual-output", "/nonexistent/o2.npy"});
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("/nonexistent/o2.npy: cannot create"), std::string::npos) << r.err;
   EXPECT_EQ(r.out, "") << "nothing may run before every output is known to be writable";
-  EXPECT_FALSE(exists(o1));
-  EXPECT_FALSE(exists(trace));
+  EXPECT_FALSE(file_exists(o1));
+  EXPECT_FALSE(file_exists(trace));
 }
 
 TEST(SimFusedCommand, EpsMustBeFiniteAndNonNegative) {
   // Issue 15, item 7: --eps nan made every output NaN and exited 0; -1 and inf were accepted too.
   const std::string out = temp_path("eps_out.npy");
   for (const char* eps : {"nan", "-nan", "-1", "inf", "-inf", "1e300"}) {
-    const CommandRun r = run_fused({"--ranks", "2", "--rows", "2", "--hidden", "8", "--eps", eps, "--output", out});
+    const CommandResult r = run_fused({"--ranks", "2", "--rows", "2", "--hidden", "8", "--eps", eps, "--output", out});
     EXPECT_EQ(r.code, 2) << eps << ": " << r.err;
     EXPECT_NE(r.err.find("--eps must be a finite number >= 0"), std::string::npos) << r.err;
-    EXPECT_FALSE(exists(out)) << eps;
+    EXPECT_FALSE(file_exists(out)) << eps;
   }
   EXPECT_EQ(run_fused({"--ranks", "2", "--rows", "2", "--hidden", "8", "--eps", "0"}).code, 0);
   EXPECT_EQ(check_eps(1e-6), "");
@@ -284,15 +258,15 @@ TEST(SimFusedCommand, ADeadRankIsAClearErrorAndNoOutput) {
   const std::string out = temp_path("dead_out.npy"), ro = temp_path("dead_ro.npy");
   for (const char* schedule : {"threads", "seeded"}) {
     for (const char* algo : {"one_stage", "two_stage", "push_one_stage", "unfused"}) {
-      const CommandRun r = run_fused({"--ranks", "3", "--rows", "4", "--hidden", "64", "--algo", algo, "--schedule",
-                                      schedule, "--timeout-ms", "300", "--fail-rank", "1", "--fail-at-step", "2",
-                                      "--output", out, "--residual-output", ro});
+      const CommandResult r = run_fused({"--ranks", "3", "--rows", "4", "--hidden", "64", "--algo", algo, "--schedule",
+                                         schedule, "--timeout-ms", "300", "--fail-rank", "1", "--fail-at-step", "2",
+                                         "--output", out, "--residual-output", ro});
       EXPECT_EQ(r.code, 3) << schedule << " " << algo << ": " << r.err;
       EXPECT_NE(r.err.find("rank 1 was stopped by fault injection at its synchronization step 2"), std::string::npos)
           << r.err;
       EXPECT_NE(r.err.find("peer 1"), std::string::npos) << "the peers' error names the dead rank: " << r.err;
-      EXPECT_FALSE(exists(out));
-      EXPECT_FALSE(exists(ro));
+      EXPECT_FALSE(file_exists(out));
+      EXPECT_FALSE(file_exists(ro));
     }
   }
 }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tests/fuzz/fuzz_harness.h"
+#include "tests/support/command_runner.h"
 #include "tools/cli.h"
 #include "tools/npy/npy.h"
 
@@ -99,37 +100,15 @@ bool in_process() {
   return text != nullptr && std::string(text) == "1";
 }
 
-// In this process: the command's stdout and stderr go to files for the call; its argv goes to
-// `current_path` first, so that the input that ends the whole process is known.
-Outcome run_here(std::vector<std::string> args, const std::string& out_path, const std::string& err_path,
-                 const std::string& current_path) {
+// In this process (test_support::run_in_process): its argv goes to `current_path` first, so that
+// the input that ends the whole process is known.
+Outcome run_here(const std::vector<std::string>& args, const std::string& current_path) {
   std::ofstream(current_path, std::ios::trunc) << quoted(args) << "\n";
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  const int saved_out = dup(STDOUT_FILENO), saved_err = dup(STDERR_FILENO);
-  const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  dup2(out, STDOUT_FILENO);
-  dup2(err, STDERR_FILENO);
-  close(out);
-  close(err);
-  args.insert(args.begin(), "exactcoll");
-  std::vector<char*> argv;
-  for (auto& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  const int code = cli::run_command(static_cast<int>(args.size()), argv.data());
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  dup2(saved_out, STDOUT_FILENO);
-  dup2(saved_err, STDERR_FILENO);
-  close(saved_out);
-  close(saved_err);
+  const test_support::CommandResult r = test_support::run_in_process(cli::run_command, "exactcoll", args);
   Outcome o;
-  o.status = (code & 0xFF) << 8;  // as waitpid reports an exit with `code`
-  o.out = slurp(out_path);
-  o.err = slurp(err_path);
+  o.status = (r.code & 0xFF) << 8;  // as waitpid reports an exit with `code`
+  o.out = r.out;
+  o.err = r.err;
   return o;
 }
 
@@ -148,7 +127,7 @@ void limit_address_space() {
 // kRunLimit. Only the child this function forked is ever signalled, by its pid.
 Outcome run_child(const std::vector<std::string>& args, const std::string& log_dir) {
   const std::string out_path = log_dir + "/stdout", err_path = log_dir + "/stderr";
-  if (in_process()) return run_here(args, out_path, err_path, log_dir + "/current");
+  if (in_process()) return run_here(args, log_dir + "/current");
   std::fflush(stdout);
   std::fflush(stderr);
   const pid_t pid = fork();
@@ -347,8 +326,7 @@ Argv make_argv(sim::Xoshiro256& rng, const CommandSpec& spec, const std::vector<
 }
 
 TEST(CliFuzz, EveryArgvEndsInADocumentedExitCodeWithNoPartialOutput) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string root = std::string(tmp ? tmp : "/tmp") + "/cli_fuzz_" + std::to_string(getpid());
+  const std::string root = test_support::temp_path("cli_fuzz");
   const std::string out_dir = root + "/out", log_dir = root + "/log";
   fs::create_directories(out_dir);
   fs::create_directories(log_dir);

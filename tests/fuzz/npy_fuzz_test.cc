@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tests/fuzz/fuzz_harness.h"
+#include "tests/support/command_runner.h"
 #include "tools/npy/npy.h"
 
 namespace exactcoll {
@@ -101,8 +102,7 @@ Outcome outcome_of(F read) {
 }
 
 TEST(NpyFuzz, MutatedFilesReadBackOrAreRefusedCleanly) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(dir ? dir : "/tmp") + "/fuzz_" + std::to_string(getpid()) + ".npy";
+  const std::string path = test_support::temp_path("fuzz.npy");
   fuzz::SeededRun run("fuzz npy", "EXACTCOLL_FUZZ", 30.0);
   rusage before{};
   getrusage(RUSAGE_SELF, &before);

@@ -12,15 +12,13 @@
 #include <string>
 
 #include "cuda_backend/multinode/node_env.h"
+#include "tests/support/command_runner.h"
 #include "tools/launch/launcher.h"
 
 namespace exactcoll {
 namespace {
 
-std::string binary() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  return std::string(srcdir ? srcdir : ".") + "/exactcoll/tests/multinode/node_test_worker";
-}
+std::string binary() { return test_support::runfile("tests/multinode/node_test_worker"); }
 
 struct Outcome {
   int code = -1;
@@ -31,8 +29,7 @@ struct Outcome {
 class Background {
  public:
   Background(const std::string& command, const std::string& name) {
-    const char* dir = std::getenv("TEST_TMPDIR");
-    out_ = std::string(dir ? dir : "/tmp") + "/" + name + ".txt";
+    out_ = test_support::temp_path(name + ".txt");
     pipe_ = popen((command + " >" + out_ + " 2>&1; echo $?").c_str(), "r");
   }
   Outcome wait() {
@@ -41,10 +38,7 @@ class Background {
     if (pipe_ != nullptr && std::fgets(code, sizeof code, pipe_) != nullptr) o.code = std::atoi(code);
     if (pipe_ != nullptr) pclose(pipe_);
     pipe_ = nullptr;
-    FILE* f = std::fopen(out_.c_str(), "r");
-    char buffer[4096];
-    for (size_t n; f != nullptr && (n = std::fread(buffer, 1, sizeof buffer, f)) > 0;) o.text.append(buffer, n);
-    if (f != nullptr) std::fclose(f);
+    o.text = test_support::read_file(out_);
     return o;
   }
   ~Background() {
@@ -86,8 +80,7 @@ TEST(LaunchNodes, TwoLaunchersFormOneNodeMajorJob) {
 // tools/multinode/emulate_nodes.sh (the recipe for issue 17's emulated nodes): 3 nodes of 2 ranks
 // on this host, each node seeing its own GPUs, meeting in one store.
 TEST(LaunchNodes, EmulateNodesScript) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const std::string script = std::string(srcdir ? srcdir : ".") + "/exactcoll/tools/multinode/emulate_nodes.sh";
+  const std::string script = test_support::runfile("tools/multinode/emulate_nodes.sh");
   const uint16_t port = launch::pick_free_port();
   const uint16_t store_port = launch::pick_free_port_except(port);
   Background run("EXACTCOLL=" + binary() + " MASTER_PORT=" + std::to_string(port) +

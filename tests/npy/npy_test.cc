@@ -21,23 +21,19 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/command_runner.h"
+
 namespace exactcoll::npy {
 namespace {
 
-std::string temp_dir() {
-  const char* d = std::getenv("TEST_TMPDIR");
-  return d != nullptr ? d : "/tmp";
-}
+using test_support::read_file;
+using test_support::temp_dir;
+using test_support::temp_path;
 
 std::string write_bytes(const std::string& name, const std::string& bytes) {
-  const std::string path = temp_dir() + "/" + name;
+  const std::string path = temp_path(name);
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
-}
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // Returns the message of the NpyError that f throws ("" when it throws none).
@@ -97,7 +93,7 @@ TEST(NpyHeader, HugeHeaderUsesVersion2) {
   const std::string h = make_header("<u2", shape);
   EXPECT_EQ(h[6], 2);
   EXPECT_EQ(h.size() % 64, 0u);
-  const std::string path = temp_dir() + "/v2.npy";
+  const std::string path = temp_path("v2.npy");
   const uint16_t one = 0xBEEF;
   write_npy(path, "<u2", shape, &one, 2);
   const NpyArray a = read_npy(path);
@@ -108,7 +104,7 @@ TEST(NpyHeader, HugeHeaderUsesVersion2) {
 TEST(NpyRoundTrip, U2AndF4KeepEveryBit) {
   std::vector<uint16_t> u(4 * 8);
   for (size_t i = 0; i < u.size(); ++i) u[i] = static_cast<uint16_t>(0x7FC1 + 977 * i);
-  const std::string pu = temp_dir() + "/u.npy";
+  const std::string pu = temp_path("u.npy");
   write_npy(pu, kU16, {4, 8}, u.data(), u.size() * 2);
   const NpyArray a = read_npy(pu);
   EXPECT_EQ(a.dtype, "<u2");
@@ -119,7 +115,7 @@ TEST(NpyRoundTrip, U2AndF4KeepEveryBit) {
 
   // NaN payloads, -0 and subnormals survive: the file is bits, not values.
   const std::vector<uint32_t> f = {0x7FC00001u, 0xFFFFFFFFu, 0x80000000u, 0x00000001u, 0x3F800000u, 0x7F800000u};
-  const std::string pf = temp_dir() + "/f.npy";
+  const std::string pf = temp_path("f.npy");
   write_npy(pf, kF32, {2, 1, 3}, f.data(), f.size() * 4);
   const NpyArray b = read_npy(pf);
   EXPECT_EQ(b.dtype, "<f4");
@@ -130,14 +126,14 @@ TEST(NpyRoundTrip, U2AndF4KeepEveryBit) {
 
 TEST(NpyRoundTrip, ScalarAndEmpty) {
   const float x = 2.5f;
-  const std::string ps = temp_dir() + "/scalar.npy";
+  const std::string ps = temp_path("scalar.npy");
   write_npy(ps, kF32, {}, &x, 4);
   const NpyArray s = read_npy(ps);
   EXPECT_TRUE(s.shape.empty());
   EXPECT_EQ(s.element_count(), 1u);
   EXPECT_EQ(s.data_as<float>()[0], 2.5f);
 
-  const std::string pe = temp_dir() + "/empty.npy";
+  const std::string pe = temp_path("empty.npy");
   write_npy(pe, kU16, {0, 3}, nullptr, 0);
   const NpyArray e = read_npy(pe);
   EXPECT_EQ(e.shape, (std::vector<int64_t>{0, 3}));
@@ -210,7 +206,7 @@ TEST(NpyRead, RejectsEveryMalformedCaseWithAClearMessage) {
 }
 
 TEST(NpyRead, MissingFileAndDirectory) {
-  EXPECT_NE(error_of([] { read_npy(temp_dir() + "/does_not_exist.npy"); }).find("cannot open"), std::string::npos);
+  EXPECT_NE(error_of([] { read_npy(temp_path("does_not_exist.npy")); }).find("cannot open"), std::string::npos);
   EXPECT_NE(error_of([] { read_npy(temp_dir()); }).find("not a regular file"), std::string::npos);
 }
 
@@ -226,19 +222,19 @@ bool leftover_temp_files(const std::string& dir) {
 }
 
 TEST(NpyWrite, ErrorsLeaveNothingHalfWritten) {
-  const std::string dir = temp_dir() + "/atomic";
+  const std::string dir = temp_path("atomic");
   mkdir(dir.c_str(), 0755);
   const std::string path = dir + "/keep.npy";
   const uint16_t old_bits[2] = {1, 2};
   write_npy(path, kU16, {2}, old_bits, 4);
-  const std::string before = file_bytes(path);
+  const std::string before = read_file(path);
 
   // Size mismatch, bad dtype, negative dimension: rejected before anything is created.
   const uint16_t v[3] = {7, 8, 9};
   EXPECT_NE(error_of([&] { write_npy(path, kU16, {2}, v, 6); }).find("needs 4 bytes, given 6"), std::string::npos);
   EXPECT_NE(error_of([&] { write_npy(path, "<i8", {1}, v, 8); }).find("unsupported dtype"), std::string::npos);
   EXPECT_NE(error_of([&] { write_npy(path, kU16, {-1}, v, 0); }).find("negative"), std::string::npos);
-  EXPECT_EQ(file_bytes(path), before);
+  EXPECT_EQ(read_file(path), before);
 
   // Unwritable destination: a missing directory; a path that is a directory (rename fails).
   EXPECT_NE(error_of([&] { write_npy(dir + "/no/such/dir/x.npy", kU16, {3}, v, 6); }).find("cannot create"),
@@ -298,7 +294,7 @@ TEST(NpyRead, HeaderLengthIsBounded) {
 
 TEST(NpyRead, AFifoIsRefusedWithoutBlocking) {
   // Issue 15, item 5: open() of a FIFO blocked until a writer came, before the regular-file check.
-  const std::string path = temp_dir() + "/fifo.npy";
+  const std::string path = temp_path("fifo.npy");
   unlink(path.c_str());
   ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
   auto reading = std::async(std::launch::async, [&] { return error_of([&] { read_npy(path); }); });
@@ -315,7 +311,7 @@ TEST(NpyRead, AFifoIsRefusedWithoutBlocking) {
 TEST(NpyOutputFiles, AnUnwritableOutputIsFoundBeforeAnyWorkAndNothingIsCreated) {
   // Issue 15, item 6: `sim fused_rmsnorm --output o1.npy --residual-output /nonexistent/o2.npy`
   // left o1.npy behind and reported the bad path only after the computation.
-  const std::string dir = temp_dir() + "/outputs1";
+  const std::string dir = temp_path("outputs1");
   mkdir(dir.c_str(), 0755);
   const std::string first = dir + "/o1.npy";
   EXPECT_NE(error_of([&] { OutputFiles files({first, dir + "/no/such/o2.npy"}); }).find("cannot create"),
@@ -329,7 +325,7 @@ TEST(NpyOutputFiles, AnUnwritableOutputIsFoundBeforeAnyWorkAndNothingIsCreated) 
 }
 
 TEST(NpyOutputFiles, CommitsAllOrNothing) {
-  const std::string dir = temp_dir() + "/outputs2";
+  const std::string dir = temp_path("outputs2");
   mkdir(dir.c_str(), 0755);
   const std::string a = dir + "/a.npy", b = dir + "/b.txt", trace = dir + "/t.txt";
   const uint16_t v[2] = {1, 2};
@@ -348,7 +344,7 @@ TEST(NpyOutputFiles, CommitsAllOrNothing) {
     files.commit();
   }
   EXPECT_NE(stat(a.c_str(), &st), 0);
-  EXPECT_EQ(file_bytes(trace), "what happened");
+  EXPECT_EQ(read_file(trace), "what happened");
   {
     OutputFiles files({a, b});
     files.write_npy(a, kU16, {2}, v, 4);
@@ -356,13 +352,13 @@ TEST(NpyOutputFiles, CommitsAllOrNothing) {
     files.commit();
   }
   EXPECT_EQ(read_npy(a).data_as<uint16_t>()[1], 2);
-  EXPECT_EQ(file_bytes(b), "text");
+  EXPECT_EQ(read_file(b), "text");
   EXPECT_FALSE(leftover_temp_files(dir));
 }
 
 TEST(NpyOutputFiles, AFailedWriteLeavesNothing) {
   // A write that fails mid-way (here: RLIMIT_FSIZE, as a full disk would) throws and leaves no file.
-  const std::string dir = temp_dir() + "/outputs3";
+  const std::string dir = temp_path("outputs3");
   mkdir(dir.c_str(), 0755);
   const std::string a = dir + "/a.bin", b = dir + "/b.bin";
   const std::string big(1 << 20, 'x');

@@ -2,62 +2,32 @@
 // input case (clear message, exit 2, no output file). Runs the simulator-only binary
 // //tools/sim:exactcoll_sim (same command library as //tools:exactcoll).
 #include <gtest/gtest.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "exactcoll/exactcoll.h"
 #include "sim/collectives.h"
 #include "tests/sim/sim_test_util.h"
+#include "tests/support/command_runner.h"
 #include "tools/npy/npy.h"
 #include "tools/sim/sha256.h"
 
 namespace exactcoll {
 namespace {
 
-std::string binary() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return std::string(srcdir ? srcdir : ".") + "/" + (workspace ? workspace : "exactcoll") + "/tools/sim/exactcoll_sim";
+using test_support::CommandResult;
+using test_support::file_exists;
+using test_support::read_file;
+
+using test_support::temp_path;
+
+// Runs the simulator-only binary with `args` (words for the shell) after `shell_prefix`.
+CommandResult run(const std::string& args, const std::string& shell_prefix = "") {
+  return test_support::run_binary(test_support::runfile("tools/sim/exactcoll_sim"), args, shell_prefix);
 }
-
-std::string tmp(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/" + name;
-}
-
-bool exists(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-// Runs `<shell_prefix><binary> <args>` through sh; -1 as the code when a signal ended it.
-Result run_with_prefix(const std::string& shell_prefix, const std::string& args) {
-  const std::string out = tmp("stdout.txt"), err = tmp("stderr.txt");
-  const std::string command = shell_prefix + binary() + " " + args + " >" + out + " 2>" + err;
-  const int status = std::system(("sh -c '" + command + "'").c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
-}
-
-Result run(const std::string& args) { return run_with_prefix("", args); }
 
 std::string last_line(const std::string& text) {
   const size_t end = text.find_last_not_of('\n');
@@ -94,11 +64,11 @@ TEST(SimCli, OutputsMatchTheReferenceAndTheSummaryEndsWithTheirSha256) {
        "--algo lamport_one_shot --blocks 2 --schedule seeded --schedule-seed 4"},
   };
   for (const Case& c : cases) {
-    const std::string in_path = tmp(std::string("in_") + c.op + ".npy");
-    const std::string out_path = tmp(std::string("out_") + c.op + ".npy");
+    const std::string in_path = temp_path(std::string("in_") + c.op + ".npy");
+    const std::string out_path = temp_path(std::string("out_") + c.op + ".npy");
     const auto in = write_input(in_path, c.dtype, c.ranks, c.count, 3);
-    const Result r = run(std::string("sim ") + c.op + " --ranks " + std::to_string(c.ranks) + " --dtype " +
-                         c.dtype_name + " --input " + in_path + " --output " + out_path + " " + c.extra);
+    const CommandResult r = run(std::string("sim ") + c.op + " --ranks " + std::to_string(c.ranks) + " --dtype " +
+                                c.dtype_name + " --input " + in_path + " --output " + out_path + " " + c.extra);
     ASSERT_EQ(r.code, 0) << r.err;
     const npy::NpyArray out = npy::read_npy(out_path);
     sim::CollectiveSpec spec;
@@ -119,7 +89,7 @@ TEST(SimCli, OutputsMatchTheReferenceAndTheSummaryEndsWithTheirSha256) {
 }
 
 TEST(SimCli, RandomInputsPrintFloatsAndTheDefaultSeed) {
-  const Result r = run("sim allreduce --ranks 4 --dtype bf16 --count 16");
+  const CommandResult r = run("sim allreduce --ranks 4 --dtype bf16 --count 16");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("--seed 1 (the default)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rank 3:"), std::string::npos) << r.out;
@@ -127,9 +97,10 @@ TEST(SimCli, RandomInputsPrintFloatsAndTheDefaultSeed) {
   EXPECT_EQ(r.err, "");  // no progress bar when stderr is not a terminal
   // Same seed, same bits; another seed, other bits.
   const std::string sha1 = last_line(r.out).substr(last_line(r.out).size() - 64);
-  const Result again = run("sim allreduce --ranks 4 --dtype bf16 --count 16 --seed 1 --algo two_shot --blocks 2");
+  const CommandResult again =
+      run("sim allreduce --ranks 4 --dtype bf16 --count 16 --seed 1 --algo two_shot --blocks 2");
   EXPECT_EQ(last_line(again.out).substr(last_line(again.out).size() - 64), sha1);
-  const Result other = run("sim allreduce --ranks 4 --dtype bf16 --count 16 --seed 2");
+  const CommandResult other = run("sim allreduce --ranks 4 --dtype bf16 --count 16 --seed 2");
   EXPECT_NE(last_line(other.out).substr(last_line(other.out).size() - 64), sha1);
 }
 
@@ -137,13 +108,15 @@ TEST(SimCli, SeededTracesAreByteIdenticalPerScheduleSeed) {
   std::string traces[3], chromes[3];
   const int seeds[3] = {5, 5, 6};
   for (int i = 0; i < 3; ++i) {
-    const std::string t = tmp("trace" + std::to_string(i) + ".jsonl"), c = tmp("chrome" + std::to_string(i) + ".json");
-    const Result r = run("sim allreduce --ranks 3 --dtype fp16 --count 40 --blocks 2 --algo two_shot --schedule seeded "
-                         "--schedule-seed " +
-                         std::to_string(seeds[i]) + " --trace " + t + " --trace-elements 0,39 --chrome-trace " + c);
+    const std::string t = temp_path("trace" + std::to_string(i) + ".jsonl"),
+                      c = temp_path("chrome" + std::to_string(i) + ".json");
+    const CommandResult r =
+        run("sim allreduce --ranks 3 --dtype fp16 --count 40 --blocks 2 --algo two_shot --schedule seeded "
+            "--schedule-seed " +
+            std::to_string(seeds[i]) + " --trace " + t + " --trace-elements 0,39 --chrome-trace " + c);
     ASSERT_EQ(r.code, 0) << r.err;
-    traces[i] = slurp(t);
-    chromes[i] = slurp(c);
+    traces[i] = read_file(t);
+    chromes[i] = read_file(c);
   }
   EXPECT_FALSE(traces[0].empty());
   EXPECT_EQ(traces[0], traces[1]);
@@ -155,8 +128,8 @@ TEST(SimCli, SeededTracesAreByteIdenticalPerScheduleSeed) {
 
 // Each bad input: exit 2, a message naming the problem, and no output file.
 TEST(SimCli, BadInputsExitTwoWithAMessageAndNoOutput) {
-  const std::string out = tmp("bad_out.npy");
-  const std::string good = tmp("good.npy"), f32 = tmp("f32.npy"), malformed = tmp("malformed.npy");
+  const std::string out = temp_path("bad_out.npy");
+  const std::string good = temp_path("good.npy"), f32 = temp_path("f32.npy"), malformed = temp_path("malformed.npy");
   write_input(good, DType::kBF16, 4, 10, 1);
   write_input(f32, DType::kFP32, 4, 10, 1);
   {
@@ -172,7 +145,7 @@ TEST(SimCli, BadInputsExitTwoWithAMessageAndNoOutput) {
       {"sim allreduce --ranks 4 --dtype fp32 --input " + good, "holds '<u2' but --dtype fp32 needs '<f4'"},
       {"sim allreduce --ranks 3 --dtype bf16 --input " + good, "has 4 rows in its first dimension"},
       {"sim allreduce --ranks 4 --dtype bf16 --input " + malformed, malformed},
-      {"sim allreduce --ranks 4 --dtype bf16 --input " + tmp("missing.npy"), "missing.npy"},
+      {"sim allreduce --ranks 4 --dtype bf16 --input " + temp_path("missing.npy"), "missing.npy"},
       {"sim reduce_scatter --ranks 4 --dtype bf16 --input " + good, "divisible by the ranks: 10 elements over 4 ranks"},
       {"sim reduce_scatter --ranks 3 --dtype bf16 --count 7", "divisible by the ranks"},
       {"sim allreduce --ranks 0 --dtype bf16 --count 8", "--ranks must be 1..16, got 0"},
@@ -196,9 +169,9 @@ TEST(SimCli, BadInputsExitTwoWithAMessageAndNoOutput) {
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --blocks 129", "--blocks must be 1..128"},
       {"sim allreduce --ranks 2 --dtype bf17 --count 8", "--dtype must be one of"},
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --algo three_shot", "--algo must be one of"},
-      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --trace-elements 1,x --trace " + tmp("t.jsonl"),
+      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --trace-elements 1,x --trace " + temp_path("t.jsonl"),
        "--trace-elements wants element indices"},
-      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --trace-elements 8 --trace " + tmp("t.jsonl"),
+      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --trace-elements 8 --trace " + temp_path("t.jsonl"),
        "index 8 is past the 8 elements"},
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --schedule-seed 3", "needs --schedule seeded"},
       {"sim allgather --ranks 2 --dtype bf16 --count 8 --bogus 1", "unknown flag --bogus"},
@@ -206,23 +179,23 @@ TEST(SimCli, BadInputsExitTwoWithAMessageAndNoOutput) {
   };
   for (const Case& c : cases) {
     std::remove(out.c_str());
-    const Result r = run(c.args + " --output " + out);
+    const CommandResult r = run(c.args + " --output " + out);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
     EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << "\nstderr: " << r.err;
-    EXPECT_FALSE(exists(out)) << c.args;
+    EXPECT_FALSE(file_exists(out)) << c.args;
   }
 }
 
 // A run that fails (here: a step bound of 5 stops the seeded run, reported as a livelock) exits 3
 // and writes no output.
 TEST(SimCli, FailedRunExitsThreeWithoutOutput) {
-  const std::string out = tmp("fail_out.npy");
-  const Result r = run("sim allreduce --ranks 3 --dtype bf16 --count 8 --schedule seeded --schedule-seed 4 "
-                       "--max-steps 5 --output " +
-                       out);
+  const std::string out = temp_path("fail_out.npy");
+  const CommandResult r = run("sim allreduce --ranks 3 --dtype bf16 --count 8 --schedule seeded --schedule-seed 4 "
+                              "--max-steps 5 --output " +
+                              out);
   EXPECT_EQ(r.code, 3) << r.err;
   EXPECT_NE(r.err.find("reproduce with --schedule-seed 4"), std::string::npos) << r.err;
-  EXPECT_FALSE(exists(out));
+  EXPECT_FALSE(file_exists(out));
 }
 
 // Issue 15, item 1: a timeout in the simulator's handle exchange escaped as a StoreError and
@@ -235,7 +208,7 @@ TEST(SimCli, TinyTimeoutsEndInAnExitCodeNeverASignal) {
                               "sim allreduce --ranks 4 --count 400000 --timeout-ms 1 --algo two_shot"};
   for (const std::string& a : args) {
     for (int i = 0; i < 5; ++i) {
-      const Result r = run(a);
+      const CommandResult r = run(a);
       EXPECT_TRUE(r.code == 0 || r.code == 3) << a << ": exit " << r.code << "\n" << r.err;
       if (r.code == 3) {
         EXPECT_NE(r.err.find("the run failed: "), std::string::npos) << r.err;
@@ -246,13 +219,13 @@ TEST(SimCli, TinyTimeoutsEndInAnExitCodeNeverASignal) {
 
 // Issue 15, item 6: an unwritable output is bad input found before any work; nothing is created.
 TEST(SimCli, AnUnwritableOutputIsExitTwoBeforeAnyWork) {
-  const std::string trace = tmp("unwritable_trace.jsonl");
-  const Result r = run("sim allreduce --ranks 2 --count 8 --trace " + trace + " --output /nonexistent/o.npy");
+  const std::string trace = temp_path("unwritable_trace.jsonl");
+  const CommandResult r = run("sim allreduce --ranks 2 --count 8 --trace " + trace + " --output /nonexistent/o.npy");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("/nonexistent/o.npy: cannot create"), std::string::npos) << r.err;
   EXPECT_EQ(r.out, "");
-  EXPECT_FALSE(exists(trace));
-  const Result fifo_out = run("sim allreduce --ranks 2 --count 8 --output /dev/null");
+  EXPECT_FALSE(file_exists(trace));
+  const CommandResult fifo_out = run("sim allreduce --ranks 2 --count 8 --output /dev/null");
   EXPECT_EQ(fifo_out.code, 2) << "a device is never replaced: " << fifo_out.err;
 }
 
@@ -263,52 +236,53 @@ TEST(SimCli, TheOutputCountsAgainstTheMemoryLimit) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: an address-space limit breaks it";
 #else
-  const std::string out = tmp("big_gather.npy");
-  const Result r = run_with_prefix("ulimit -v 4194304; exec ", "sim allgather --ranks 16 --count 16777216 --dtype fp32 "
-                                   "--output " + out);
+  const std::string out = temp_path("big_gather.npy");
+  const CommandResult r =
+      run("sim allgather --ranks 16 --count 16777216 --dtype fp32 --output " + out, "ulimit -v 4194304; ");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("GiB, more than the 4.0 GiB this process may use"), std::string::npos) << r.err;
-  EXPECT_FALSE(exists(out));
+  EXPECT_FALSE(file_exists(out));
 #endif
 }
 
 // Fault injection on every collective and both schedulers: the dead rank is named, the run
 // exits 3, no output is written, and the trace (what happened) is.
 TEST(SimCli, ADeadRankIsAClearErrorAndNoOutput) {
-  const std::string out = tmp("dead_out.npy"), trace = tmp("dead_trace.jsonl");
+  const std::string out = temp_path("dead_out.npy"), trace = temp_path("dead_trace.jsonl");
   for (const char* op : {"allreduce --algo one_shot", "allreduce --algo two_shot", "allreduce --algo push_one_shot",
                          "allreduce --algo push_two_shot", "allreduce --algo lamport_one_shot", "reduce_scatter",
                          "allgather"}) {
     for (const char* schedule : {"threads", "seeded"}) {
       std::remove(out.c_str());
       std::remove(trace.c_str());
-      const Result r = run(std::string("sim ") + op + " --ranks 4 --count 64 --blocks 2 --schedule " + schedule +
-                           " --timeout-ms 300 --fail-rank 2 --fail-at-step 3 --output " + out + " --trace " + trace);
+      const CommandResult r =
+          run(std::string("sim ") + op + " --ranks 4 --count 64 --blocks 2 --schedule " + schedule +
+              " --timeout-ms 300 --fail-rank 2 --fail-at-step 3 --output " + out + " --trace " + trace);
       EXPECT_EQ(r.code, 3) << op << " " << schedule << "\n" << r.err;
       EXPECT_NE(r.err.find("the run failed: "), std::string::npos) << r.err;
       EXPECT_NE(r.err.find("rank 2 was stopped by fault injection at its synchronization step 3"), std::string::npos)
           << r.err;
       EXPECT_NE(r.err.find("peer 2"), std::string::npos) << "the peers' error names the dead rank: " << r.err;
-      EXPECT_FALSE(exists(out)) << op << " " << schedule;
-      EXPECT_TRUE(exists(trace)) << op << " " << schedule;
+      EXPECT_FALSE(file_exists(out)) << op << " " << schedule;
+      EXPECT_TRUE(file_exists(trace)) << op << " " << schedule;
     }
   }
 }
 
 TEST(SimCli, VersionHelpAndHintsNameTheCommandAsTyped) {
-  const Result version = run("--version");
+  const CommandResult version = run("--version");
   EXPECT_EQ(version.code, 0);
   EXPECT_EQ(version.out, "exactcoll " + std::to_string(EXACTCOLL_VERSION_MAJOR) + "." +
                              std::to_string(EXACTCOLL_VERSION_MINOR) + "." + std::to_string(EXACTCOLL_VERSION_PATCH) +
                              " (C ABI " + std::to_string(EXACTCOLL_ABI_VERSION) + ")\n");
   // A flag error names the command as typed and a help command that exists.
-  const Result bad = run("sim allreduce --ranks 2 --bogus 1");
+  const CommandResult bad = run("sim allreduce --ranks 2 --bogus 1");
   EXPECT_EQ(bad.code, 2);
   EXPECT_EQ(bad.err.rfind("exactcoll sim allreduce: ", 0), 0u) << bad.err;
   EXPECT_NE(bad.err.find("(exactcoll sim allreduce --help explains every flag)"), std::string::npos) << bad.err;
   EXPECT_EQ(run("sim allreduce --help").code, 0);
   // A flag without a default says so instead of "(default: 0)".
-  const Result help = run("sim allreduce --help");
+  const CommandResult help = run("sim allreduce --help");
   EXPECT_NE(help.out.find("simulated ranks, 1..16 (required)"), std::string::npos) << help.out;
   EXPECT_EQ(help.out.find("(default: 0)"), std::string::npos) << help.out;
 }

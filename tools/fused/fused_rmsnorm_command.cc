@@ -173,8 +173,7 @@ int run(int argc, char** argv) {
     residual.data = in.residual;
     weight.shape = {hidden_flag};
     weight.data = in.weight;
-    input_note = std::string(specials ? "random with specials" : "random") + ", --seed " + std::to_string(seed) +
-                 (parser.given("seed") ? "" : " (the default)");
+    input_note = tools::random_input_note(seed, parser.given("seed"), specials);
   }
   if (from_files) {
     try {

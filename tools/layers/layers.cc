@@ -24,31 +24,58 @@ struct Stream {
 };
 
 template <class T>
+std::vector<T> start_stream(const LayersOptions& o) {
+  fused::SplitMix64 rng(derive(o.seed, 0, 0, 1));
+  std::vector<T> h(static_cast<size_t>(o.rows) * o.hidden);
+  for (T& v : h) v = round_to<T>(rng.normal());
+  return h;
+}
+
+template <class T>
+void fill_weight(const LayersOptions& o, int layer, std::vector<T>* weight) {
+  fused::SplitMix64 rng(derive(o.seed, static_cast<uint64_t>(layer), 0, 2));
+  weight->resize(static_cast<size_t>(o.hidden));
+  for (T& w : *weight) w = round_to<T>(1.0f + 0.1f * rng.normal());
+}
+
+template <class T>
+std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+  return std::vector<uint8_t>(p, p + v.size() * sizeof(T));
+}
+
+// Returns f(T{}) for the storage type T of d.
+template <class F>
+auto with_storage_type(DType d, F f) {
+  if (d == DType::kBF16) return f(bf16{});
+  if (d == DType::kFP16) return f(fp16{});
+  return f(0.0f);
+}
+
+template <class T>
 std::vector<LayerRow> simulate(const LayersOptions& o) {
   const int n = o.ranks, H = o.hidden;
   const size_t count = static_cast<size_t>(o.rows) * H;
   // 1. The start, shared by both runs.
   Stream<T> canonical, alternative;
-  {
-    fused::SplitMix64 rng(derive(o.seed, 0, 0, 1));
-    canonical.h.resize(count);
-    for (T& v : canonical.h) v = round_to<T>(rng.normal());
-    canonical.out = canonical.h;
-    alternative = canonical;
-  }
+  canonical.h = start_stream<T>(o);
+  canonical.out = canonical.h;
+  alternative = canonical;
+  // Captured partial sums (validated by simulate_layers): one set per layer, or one for all.
+  const T* captured = o.partial_sums.empty() ? nullptr : reinterpret_cast<const T*>(o.partial_sums.data());
+  const size_t captured_layer_stride =
+      o.partial_sums.size() == static_cast<size_t>(o.layers) * n * count * sizeof(T) ? n * count : 0;
   // Every rank's partial sums have about unit scale (a^2 + b^2 ~ 1 on average, like x ~ N(0, 1) per
   // rank in the single-op AITER test), the residual stream starts at unit scale and grows.
   const float coefficient_scale = 0.70710678f;
   const float noise_scale = 0.1f;
-  std::vector<T> x(count * n), weight(H);
+  std::vector<T> x(captured == nullptr ? count * n : 0), weight(H);
   std::vector<LayerRow> rows;
   for (int layer = 1; layer <= o.layers; ++layer) {
-    {
-      fused::SplitMix64 rng(derive(o.seed, layer, 0, 2));
-      for (T& w : weight) w = round_to<T>(1.0f + 0.1f * rng.normal());
-    }
-    // 2. Each run: partial sums from its own previous output, then the fused op.
-    auto step = [&](Stream<T>& s, fused::FusedContract contract) {
+    fill_weight(o, layer, &weight);
+    // 2. Each run: partial sums from its own previous output (or the captured ones), then the
+    // fused op.
+    auto synthetic_partial_sums = [&](const Stream<T>& s) {
       for (int r = 0; r < n; ++r) {
         fused::SplitMix64 rng(derive(o.seed, layer, r + 1, 3));
         const float a = rng.normal() * coefficient_scale, b = rng.normal() * coefficient_scale;
@@ -62,9 +89,14 @@ std::vector<LayerRow> simulate(const LayersOptions& o) {
           }
         }
       }
+      return x.data();
+    };
+    auto step = [&](Stream<T>& s, fused::FusedContract contract) {
       fused::FusedProblem<T> p;
       p.ranks = n, p.rows = o.rows, p.hidden = H, p.eps = o.eps;
-      p.x = x.data(), p.residual = s.h.data(), p.weight = weight.data();
+      p.x = captured != nullptr ? captured + static_cast<size_t>(layer - 1) * captured_layer_stride
+                                : synthetic_partial_sums(s);
+      p.residual = s.h.data(), p.weight = weight.data();
       std::vector<T> h(count), out(count);
       fused::fused_reference<T>(contract, p, h.data(), out.data());
       s.h.swap(h);
@@ -101,12 +133,28 @@ std::vector<LayerRow> simulate_layers(const LayersOptions& o) {
     throw std::invalid_argument("--hidden " + std::to_string(o.hidden) + " is not a positive multiple of the " +
                                 dtype_name(o.dtype) + " pack (" + std::to_string(pack) + " elements)");
   }
-  switch (o.dtype) {
-    case DType::kBF16: return simulate<bf16>(o);
-    case DType::kFP16: return simulate<fp16>(o);
-    case DType::kFP32: return simulate<float>(o);
+  if (!o.partial_sums.empty()) {
+    const uint64_t one = static_cast<uint64_t>(o.ranks) * static_cast<uint64_t>(o.rows) *
+                         static_cast<uint64_t>(o.hidden) * static_cast<uint64_t>(dtype_size(o.dtype));
+    if (o.partial_sums.size() != one && o.partial_sums.size() != one * static_cast<uint64_t>(o.layers)) {
+      throw std::invalid_argument("the partial sums hold " + std::to_string(o.partial_sums.size()) +
+                                  " bytes; [layers, ranks, rows, H] needs " + std::to_string(one * o.layers) +
+                                  " and [ranks, rows, H] " + std::to_string(one));
+    }
   }
-  return {};
+  return with_storage_type(o.dtype, [&](auto t) { return simulate<decltype(t)>(o); });
+}
+
+std::vector<uint8_t> start_residual(const LayersOptions& o) {
+  return with_storage_type(o.dtype, [&](auto t) { return bytes_of(start_stream<decltype(t)>(o)); });
+}
+
+std::vector<uint8_t> layer_weight(const LayersOptions& o, int layer) {
+  return with_storage_type(o.dtype, [&](auto t) {
+    std::vector<decltype(t)> w;
+    fill_weight(o, layer, &w);
+    return bytes_of(w);
+  });
 }
 
 }  // namespace exactcoll::layers

@@ -15,9 +15,15 @@
 //     2. the fused op under the run's contract: h_l = residual_out, y_l = float(out), with weight
 //        w_l[j] = round(1 + 0.1 * N(0, 1)) from (seed, l) and eps = 1e-6.
 //   Row l of the result compares the two runs' h_l (and out) elementwise (tools/diff/compare.h).
+//
+// Captured partial sums (`layers --input`, LayersOptions::partial_sums) replace step 1: layer l's
+// partial sums are the given ones, the same in both runs (captured activations cannot answer a
+// run's own outputs, so the drift is the residual stream's and the norm's alone); h_0 and w_l
+// still come from the seed.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/storage.h"
@@ -34,6 +40,10 @@ struct LayersOptions {
   fused::FusedContract contract = fused::FusedContract::kF32Residual;
   uint64_t seed = 1;
   float eps = 1e-6f;
+  // Empty: the synthetic partial sums above. Else captured ones, elements of dtype (bf16 and fp16
+  // as their bits) in C order: [layers, ranks, rows, hidden] (layer l's rank r at [l - 1, r]) or
+  // [ranks, rows, hidden] (the same partial sums at every layer). Not owned; outlives the call.
+  std::span<const uint8_t> partial_sums;
 };
 
 struct LayerRow {
@@ -48,7 +58,14 @@ struct LayerRow {
 };
 
 // Runs both streams and returns one row per layer. Throws std::invalid_argument on bad options
-// (layers, ranks, rows < 1; H not a positive multiple of the pack).
+// (layers, ranks, rows < 1; H not a positive multiple of the pack; partial_sums of neither size).
+// Example: LayersOptions o; o.layers = 6; o.hidden = 512; simulate_layers(o)[5].relative_l2
 std::vector<LayerRow> simulate_layers(const LayersOptions& options);
+
+// The model's pieces that come from the seed whatever the partial sums, as elements of
+// options.dtype (bits for bf16/fp16), for checks of simulate_layers by hand: the start of the
+// residual stream h_0 [rows, hidden] and layer l's RMSNorm weight w_l [hidden] (l = 1..layers).
+std::vector<uint8_t> start_residual(const LayersOptions& options);
+std::vector<uint8_t> layer_weight(const LayersOptions& options, int layer);
 
 }  // namespace exactcoll::layers

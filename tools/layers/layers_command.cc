@@ -1,5 +1,6 @@
 // `exactcoll layers`: how far an alternative rounding contract drifts from the canonical one over
-// a residual stream of L layers (tools/layers/layers.h describes the model).
+// a residual stream of L layers (tools/layers/layers.h describes the model), on synthetic partial
+// sums or on captured ones (--input).
 #include <cstdio>
 #include <iostream>
 #include <stdexcept>
@@ -28,7 +29,7 @@ std::string format(const char* fmt, double v) {
   return buf;
 }
 
-plot::Figure make_figure(const LayersOptions& o, const std::vector<LayerRow>& rows) {
+plot::Figure make_figure(const LayersOptions& o, const std::vector<LayerRow>& rows, const std::string& input) {
   const std::string name = fused::contract_name(o.contract);
   plot::Series drift{name + " vs canonical", {}, {}, 0xD62728};
   plot::Series frac{name + ": residual", {}, {}, 0xD62728};
@@ -42,32 +43,96 @@ plot::Figure make_figure(const LayersOptions& o, const std::vector<LayerRow>& ro
     frac_out.y.push_back(100.0 * r.out_fraction_differing);
   }
   plot::Figure f;
-  f.title = name + " vs canonical: " + dtype_name(o.dtype) + ", " + std::to_string(o.ranks) + " ranks, " +
-            std::to_string(o.rows) + " rows, H " + std::to_string(o.hidden) + ", seed " + std::to_string(o.seed);
+  // With --input, the file's name instead of its sizes (the title has one line of about 70 characters).
+  f.title = name + " vs canonical" +
+            (input.empty() ? ": " + std::string(dtype_name(o.dtype)) + ", " + std::to_string(o.ranks) + " ranks, " +
+                                 std::to_string(o.rows) + " rows, H " + std::to_string(o.hidden)
+                           : " on " + input.substr(input.find_last_of('/') + 1) + ": " + dtype_name(o.dtype)) +
+            ", seed " + std::to_string(o.seed);
   f.panels.push_back({"relative L2 drift of the residual stream", "layer", "relative L2 drift", plot::Scale::kAuto, {drift}});
   f.panels.push_back({"elements that differ from canonical", "layer", "percent of elements", plot::Scale::kLinear,
                       {frac, frac_out}});
   return f;
 }
 
+// Reads the captured partial sums of `--input` into *array and sets o's sizes from its shape.
+// Returns "" or what is wrong, in one line: an unreadable or malformed file (npy::read_npy checks
+// the size before allocating), a dtype other than --dtype's (o->dtype), a shape other than
+// [layers, ranks, rows, H] or [ranks, rows, H], a dimension out of range, an H the pack does not
+// divide, or a size flag on the command line that disagrees with the shape.
+std::string read_partial_sums(const std::string& path, const std::string& dtype_text, const cli::ArgParser& parser,
+                              npy::NpyArray* array, LayersOptions* o) {
+  try {
+    *array = npy::read_npy(cli::resolve_path(path));
+  } catch (const npy::NpyError& e) {
+    return std::string("--input ") + e.what();
+  }
+  const std::string want = o->dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
+  const std::string shape = npy::shape_text(array->shape);
+  if (array->dtype != want) {
+    return "--input " + path + " holds '" + array->dtype + "' but --dtype " + dtype_text + " needs '" + want +
+           "' (bf16 and fp16 as uint16 bit patterns, fp32 as float32)";
+  }
+  const size_t rank = array->shape.size();
+  if (rank != 3 && rank != 4) {
+    return "--input " + path + " has shape " + shape +
+           "; it must be [layers, ranks, rows, H] or [ranks, rows, H] (the same partial sums every layer)";
+  }
+  // Each dimension in its range, and a size flag given beside the file saying what the file says.
+  const struct {
+    const char* name;
+    int* option;
+    int64_t value;  // -1: not in the shape ([ranks, rows, H] leaves --layers free)
+    int64_t most;
+  } sizes[] = {{"layers", &o->layers, rank == 4 ? array->shape[0] : -1, 100000},
+               {"ranks", &o->ranks, array->shape[rank - 3], 16},
+               {"rows", &o->rows, array->shape[rank - 2], 1 << 20},
+               {"hidden", &o->hidden, array->shape[rank - 1], 1 << 20}};
+  for (const auto& d : sizes) {
+    if (d.value == -1) continue;
+    if (d.value < 1 || d.value > d.most) {
+      return "--input " + path + " has shape " + shape + ": " + d.name + " " + std::to_string(d.value) +
+             ", outside 1.." + std::to_string(d.most);
+    }
+    if (parser.given(d.name) && *d.option != d.value) {
+      return std::string("--") + d.name + " " + std::to_string(*d.option) + " disagrees with --input " + path +
+             ", whose shape " + shape + " has " + d.name + " " + std::to_string(d.value) + " (leave --" + d.name +
+             " out: the file sets it)";
+    }
+    *d.option = static_cast<int>(d.value);
+  }
+  const int pack = o->dtype == DType::kFP32 ? Storage<float>::kPack : Storage<bf16>::kPack;
+  if (o->hidden % pack != 0) {
+    return "--input " + path + " has shape " + shape + ": H " + std::to_string(o->hidden) +
+           " is not a multiple of the " + dtype_text + " pack (" + std::to_string(pack) + " elements)";
+  }
+  return "";
+}
+
 int layers_main(int argc, char** argv) {
   int64_t layers = 60, ranks = 4, rows = 16, hidden = 4096, seed = kDefaultSeed;
   double eps = 1e-6;
-  std::string contract_text = "f32_residual", dtype_text = "bf16", plot_path, csv_path;
+  std::string contract_text = "f32_residual", dtype_text = "bf16", plot_path, csv_path, input_path;
   cli::ArgParser parser(
-      "exactcoll layers [--layers L] [--ranks N] [--rows R] [--hidden H] [--contract X] [--dtype D] [--eps E] "
-      "[--seed S] [--plot FILE.svg|FILE.png] [--csv FILE]",
+      "exactcoll layers [--layers L] [--ranks N] [--rows R] [--hidden H] [--input FILE.npy] [--contract X] "
+      "[--dtype D] [--eps E] [--seed S] [--plot FILE.svg|FILE.png] [--csv FILE]",
       "Runs a residual stream through L layers of (partial sums -> fused all-reduce + residual add + RMSNorm)\n"
       "twice from the same start, once under the canonical contract and once under X, and prints per layer\n"
       "the fraction of residual elements that differ, their max ULP distance and the relative L2 drift.\n"
       "Each layer's partial sums are a deterministic pseudo-random mix of the previous normed output\n"
-      "(tools/layers/layers.h). The defaults are the AITER case: 4 ranks, 16 rows, H 4096, f32_residual.");
-  parser.add_int("layers", &layers, "number of layers");
+      "(tools/layers/layers.h), or with --input captured ones: [layers, ranks, rows, H] (layer l's rank r\n"
+      "at [l-1, r]) or [ranks, rows, H] (the same every layer), bf16/fp16 as '<u2' bits, fp32 as '<f4';\n"
+      "both runs then take the same partial sums, the shape sets the sizes, and --seed makes the residual\n"
+      "stream's start and the weights. The defaults are the AITER case: 4 ranks, 16 rows, H 4096, f32_residual.");
+  parser.add_int("layers", &layers, "number of layers (with --input [layers, ...]: its first dimension)");
   parser.add_int("ranks", &ranks, "world size (1..16)");
   parser.add_int("rows", &rows, "tokens per step");
   parser.add_int("hidden", &hidden, "hidden size H (a multiple of the pack: 8 for bf16/fp16, 4 for fp32)");
+  parser.add_string("input", &input_path,
+                    "captured partial sums .npy, [layers, ranks, rows, H] or [ranks, rows, H], instead of the "
+                    "synthetic ones");
   parser.add_choice("contract", &contract_text, fused::contract_names(), "the contract compared with canonical");
-  parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
+  parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type (and the --input file's)");
   parser.add_int("seed", &seed, "seed of every pseudo-random number");
   parser.add_double("eps", &eps, "RMSNorm epsilon");
   parser.add_string("plot", &plot_path, "write a chart of drift against layer (.svg or .png)");
@@ -85,11 +150,27 @@ int layers_main(int argc, char** argv) {
     return cli::fail(kCommand, "--plot wants a file name ending in .svg or .png, got '" + plot_path + "'");
   }
   if (const std::string problem = fused::check_eps(eps); !problem.empty()) return cli::fail(kCommand, problem);
+  o.layers = static_cast<int>(layers);
+  o.ranks = static_cast<int>(ranks);
+  o.rows = static_cast<int>(rows);
+  o.hidden = static_cast<int>(hidden);
+  o.seed = static_cast<uint64_t>(seed);
+  o.eps = static_cast<float>(eps);
+  o.dtype = dtype_text == "fp32" ? DType::kFP32 : dtype_text == "fp16" ? DType::kFP16 : DType::kBF16;
+  fused::parse_contract(contract_text, &o.contract);
+  const bool from_file = parser.given("input");
+  npy::NpyArray input;
+  if (from_file) {
+    if (const std::string problem = read_partial_sums(input_path, dtype_text, parser, &input, &o); !problem.empty()) {
+      return cli::fail(kCommand, problem);
+    }
+    o.partial_sums = input.data;
+  }
   {
     // Both runs' residual streams and outputs, the partial sums of every rank and the reference's
-    // work arrays: about (ranks + 10) row blocks of floats.
-    const uint64_t bytes = static_cast<uint64_t>(rows) * static_cast<uint64_t>(hidden) * 4 *
-                           static_cast<uint64_t>(ranks + 10);
+    // work arrays: about (ranks + 10) row blocks of floats (beside the --input file, read already).
+    const uint64_t bytes = static_cast<uint64_t>(o.rows) * static_cast<uint64_t>(o.hidden) * 4 *
+                           static_cast<uint64_t>(o.ranks + 10);
     if (const std::string problem = cli::check_memory(bytes, "--rows x --hidden x --ranks"); !problem.empty()) {
       return cli::fail(kCommand, problem);
     }
@@ -99,14 +180,6 @@ int layers_main(int argc, char** argv) {
   const std::string plot_file = plot_path.empty() ? "" : cli::resolve_path(plot_path);
   const auto files = tools::reserve_outputs(kCommand, {csv_file, plot_file});
   if (!files) return cli::kExitUsage;
-  o.layers = static_cast<int>(layers);
-  o.ranks = static_cast<int>(ranks);
-  o.rows = static_cast<int>(rows);
-  o.hidden = static_cast<int>(hidden);
-  o.seed = static_cast<uint64_t>(seed);
-  o.eps = static_cast<float>(eps);
-  o.dtype = dtype_text == "fp32" ? DType::kFP32 : dtype_text == "fp16" ? DType::kFP16 : DType::kBF16;
-  fused::parse_contract(contract_text, &o.contract);
 
   // 2. Simulate.
   std::vector<LayerRow> table;
@@ -118,8 +191,10 @@ int layers_main(int argc, char** argv) {
 
   // 3. Print, then write the CSV and the plot (each atomically).
   std::cout << "exactcoll layers: canonical vs " << contract_text << ", " << dtype_text << ", " << o.ranks
-            << " ranks, " << o.rows << " rows, hidden " << o.hidden << ", " << o.layers << " layers, seed " << o.seed
-            << (parser.given("seed") ? "" : " (the default; --seed N for another)") << "\n";
+            << " ranks, " << o.rows << " rows, hidden " << o.hidden << ", " << o.layers << " layers, "
+            << (from_file ? "partial sums from " + input_path + " " + npy::shape_text(input.shape) + ", " : "")
+            << "seed " << o.seed << (parser.given("seed") ? "" : " (the default; --seed N for another)")
+            << (from_file ? " for the residual stream's start and the weights" : "") << "\n";
   if (o.contract == fused::FusedContract::kCanonical) {
     std::cout << "(canonical against itself: every row must show 0)\n";
   }
@@ -145,7 +220,7 @@ int layers_main(int argc, char** argv) {
   try {
     if (!csv_file.empty()) files->write(csv_file, csv.data(), csv.size());
     if (!plot_file.empty()) {
-      const plot::Figure figure = make_figure(o, table);
+      const plot::Figure figure = make_figure(o, table, from_file ? input_path : "");
       if (ends_with(plot_path, ".svg")) {
         const std::string svg = plot::render_svg(figure);
         files->write(plot_file, svg.data(), svg.size());

@@ -45,6 +45,11 @@ constexpr uint32_t kBlack = 0x000000, kGrid = 0xDDDDDD, kGray = 0x444444;
 constexpr int kTitleHeight = 34;
 constexpr double kLeft = 96, kRight = 24, kTop = 36, kBottom = 56;
 constexpr int kTickSize = 11, kLabelSize = 14, kTitleSize = 16;
+// The legend: rows of (sample line, name) between a panel's title and its plot area, outside the
+// data. kLegendCharWidth is a generous width of a legend character (the PNG font's is 6 pixels,
+// a sans-serif SVG font's about 7), so that names never run into each other.
+constexpr int kLegendSize = kTickSize + 1;
+constexpr double kLegendRow = 18, kLegendSample = 28, kLegendGap = 6, kLegendSpacing = 24, kLegendCharWidth = 7.5;
 
 std::string format_number(double v) {
   char buf[32];
@@ -75,10 +80,42 @@ bool use_log(const Panel& panel) {
   return hi > 0 && hi / lo > 100;
 }
 
+// Lays the legend out in rows centred over [x0, x1], the first row's baseline at `baseline`, and
+// returns the number of rows.
+int layout_legend(const Panel& panel, double x0, double x1, double baseline, Drawing* d) {
+  // 1. Items into rows, each row as wide as fits.
+  std::vector<std::vector<size_t>> rows(1);
+  std::vector<double> widths(1, 0);
+  for (size_t i = 0; i < panel.series.size(); ++i) {
+    const double w = kLegendSample + kLegendGap + kLegendCharWidth * static_cast<double>(panel.series[i].name.size());
+    const double with_spacing = rows.back().empty() ? w : widths.back() + kLegendSpacing + w;
+    if (!rows.back().empty() && with_spacing > x1 - x0) {
+      rows.emplace_back();
+      widths.push_back(0);
+    }
+    widths.back() = rows.back().empty() ? w : widths.back() + kLegendSpacing + w;
+    rows.back().push_back(i);
+  }
+  // 2. Each row centred.
+  for (size_t r = 0; r < rows.size(); ++r) {
+    double x = std::max(x0, (x0 + x1 - widths[r]) / 2);
+    const double y = baseline + kLegendRow * static_cast<double>(r);
+    for (size_t i : rows[r]) {
+      const Series& s = panel.series[i];
+      d->lines.push_back({x, y - 4, x + kLegendSample, y - 4, s.rgb, 2});
+      d->texts.push_back({x + kLegendSample + kLegendGap, y, s.name, kLegendSize, Anchor::kStart, false, kBlack});
+      x += kLegendSample + kLegendGap + kLegendCharWidth * static_cast<double>(s.name.size()) + kLegendSpacing;
+    }
+  }
+  return panel.series.empty() ? 0 : static_cast<int>(rows.size());
+}
+
 void layout_panel(const Panel& panel, double top, const Figure& figure, Drawing* d) {
   const double px0 = kLeft, px1 = figure.width - kRight;
-  const double py0 = top + kTop, py1 = top + figure.panel_height - kBottom;
   d->texts.push_back({(px0 + px1) / 2, top + 22, panel.title, kLabelSize, Anchor::kMiddle, false, kBlack});
+  // The legend under the title, above the plot area: it never hides a line.
+  const int legend_rows = layout_legend(panel, px0, px1, top + kTop + 6, d);
+  const double py0 = top + kTop + kLegendRow * legend_rows, py1 = top + figure.panel_height - kBottom;
 
   // 1. Data ranges.
   const bool log_y = use_log(panel);
@@ -141,8 +178,7 @@ void layout_panel(const Panel& panel, double top, const Figure& figure, Drawing*
   d->texts.push_back({(px0 + px1) / 2, py1 + 42, panel.x_label, kLabelSize, Anchor::kMiddle, false, kBlack});
   d->texts.push_back({28, (py0 + py1) / 2, panel.y_label + (log_y ? " (log scale)" : ""), kLabelSize, Anchor::kMiddle,
                       true, kBlack});
-  // 4. The series, and a legend in the top-left corner of the plot area.
-  double legend_y = py0 + 16;
+  // 4. The series.
   for (const Series& s : panel.series) {
     Polyline run{{}, s.rgb, 2};
     auto flush = [&] {
@@ -160,9 +196,6 @@ void layout_panel(const Panel& panel, double top, const Figure& figure, Drawing*
       run.points.push_back({sx(s.x[i]), sy(log_y ? std::log10(s.y[i]) : s.y[i])});
     }
     flush();
-    d->lines.push_back({px0 + 12, legend_y - 4, px0 + 40, legend_y - 4, s.rgb, 2});
-    d->texts.push_back({px0 + 46, legend_y, s.name, kTickSize + 1, Anchor::kStart, false, kBlack});
-    legend_y += 18;
   }
 }
 

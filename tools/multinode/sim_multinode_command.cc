@@ -9,8 +9,10 @@
 //
 // Inputs are the one-node commands' random inputs for the same --count/--rows/--hidden and --seed
 // (tools/gpu/inputs.h, tools/gpu/fused/fused_inputs.h), so the summary's sha256 equals the one-node
-// command's: the bits do not depend on the number of nodes. Registered as "<op> --nodes" with
-// tools/fused/sim_subcommands.h; tools/sim routes any `sim <op>` given --nodes here.
+// command's: the bits do not depend on the number of nodes. The collectives first print the
+// one-node command's input banner (tools::input_banner, the same function). Registered as
+// "<op> --nodes" with tools/fused/sim_subcommands.h; tools/sim routes any `sim <op>` given --nodes
+// here.
 // Exit codes: 2 bad input or layout (nothing written), 3 a failed run (its trace is written).
 #include <chrono>
 #include <cstdio>
@@ -133,7 +135,7 @@ int multinode_main(Kind kind, int argc, char** argv) {
   const std::string npy_type = dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
   const std::string schedule_text =
       net.schedule == sim::Schedule::kSeeded ? "seeded schedule (--schedule-seed " + std::to_string(net.seed) + ")" : "threads schedule";
-  const std::string seed_text = "--seed " + std::to_string(seed) + (parser.given("seed") ? "" : " (the default)");
+  const std::string input_note = tools::random_input_note(seed, parser.given("seed"), specials);
   MultiNodeTrace trace;
   std::string failure;
   auto finish_run = [&]() -> int {
@@ -184,7 +186,7 @@ int multinode_main(Kind kind, int argc, char** argv) {
       return cli::fail(command, e.what(), cli::kExitFailure);
     }
     std::cout << command << " " << f.dtype << ": " << n << " ranks x [" << rows << ", " << hidden << "] ("
-              << (specials ? "random with specials, " : "random, ") << seed_text << "), " << layout_text(layout)
+              << input_note << "), " << layout_text(layout)
               << ", carry chain, " << schedule_text << ", " << trace.messages << " messages; out sha256 "
               << tools::sha256_hex(out.data(), out.size()) << " residual_out sha256 "
               << tools::sha256_hex(ro.data(), ro.size()) << "\n";
@@ -206,6 +208,9 @@ int multinode_main(Kind kind, int argc, char** argv) {
   for (uint64_t index : trace_elements) {
     if (index >= spec.count) return cli::fail(command, "--trace-elements index " + std::to_string(index) + " is past the count");
   }
+  // The one-node command's banner, from the same function: what runs on which inputs.
+  std::cout << tools::input_banner(command, n, spec.count, f.dtype, input_note);
+  std::cout.flush();
   const auto in = gpu::make_inputs(dtype, spec.count, n, static_cast<uint64_t>(seed), gpu::Pattern::kRandom);
   const size_t out_count = output_count(spec.op, spec.count, n);
   std::vector<uint8_t> out(out_count * esize * static_cast<size_t>(n));
@@ -233,8 +238,9 @@ int multinode_main(Kind kind, int argc, char** argv) {
   }
   char ms_text[32];
   std::snprintf(ms_text, sizeof ms_text, "%.3f", ms);
-  std::cout << command << " " << f.dtype << ": " << n << " ranks x " << spec.count << " elements (random, " << seed_text
-            << "), " << layout_text(layout) << (spec.op == Op::kAllGather ? ", direct exchange, " : ", carry chain, ") << spec.blocks << (spec.blocks == 1 ? " block" : " blocks")
+  std::cout << command << " " << f.dtype << ": " << n << " ranks x " << spec.count << " elements (" << input_note
+            << "), " << layout_text(layout) << (spec.op == Op::kAllGather ? ", direct exchange, " : ", carry chain, ")
+            << spec.blocks << (spec.blocks == 1 ? " block" : " blocks")
             << ", " << schedule_text << ", " << trace.messages << " messages, " << trace.cross_node_bytes
             << " bytes across nodes, " << ms_text << " ms; output " << npy::shape_text(shape)
             << (output.empty() ? "" : " -> " + output) << " sha256 " << tools::sha256_hex(out.data(), out.size()) << "\n";

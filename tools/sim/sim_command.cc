@@ -194,7 +194,7 @@ int collective_main(Collective op, int argc, char** argv) {
       input.insert(input.end(), rank_bytes.begin(), rank_bytes.end());
     }
     input_shape = {n, count};
-    input_note = "random, --seed " + std::to_string(seed) + (parser.given("seed") ? "" : " (the default)");
+    input_note = random_input_note(seed, parser.given("seed"));
   }
 
   spec.count = static_cast<size_t>(count);
@@ -223,8 +223,7 @@ int collective_main(Collective op, int argc, char** argv) {
       op == Collective::kAllReduce
           ? std::string(sim::algorithm_name(sim::resolve_algorithm(spec))) + (spec.algorithm == Algorithm::kAuto ? " (auto)" : "")
           : "";
-  std::cout << "exactcoll " << command << ": " << n << " ranks x " << spec.count << " " << f.dtype
-            << " elements; inputs: " << input_note << "\n";
+  std::cout << input_banner(command, n, spec.count, f.dtype, input_note);
   if (show) {
     std::cout << "input (as floats):\n";
     for (int r = 0; r < n; ++r) {

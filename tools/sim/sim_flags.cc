@@ -153,6 +153,17 @@ std::string unreached_fault(const sim::WorldOptions& o, const sim::World& world)
          " synchronization steps in this run (no output was written)";
 }
 
+std::string random_input_note(int64_t seed, bool given, bool specials) {
+  return std::string(specials ? "random with specials" : "random") + ", --seed " + std::to_string(seed) +
+         (given ? "" : " (the default)");
+}
+
+std::string input_banner(const std::string& command, int ranks, uint64_t count, const std::string& dtype,
+                         const std::string& input_note) {
+  return "exactcoll " + command + ": " + std::to_string(ranks) + " ranks x " + std::to_string(count) + " " + dtype +
+         " elements; inputs: " + input_note + "\n";
+}
+
 std::string schedule_note(const sim::WorldOptions& o) {
   if (o.schedule == sim::Schedule::kThreads) return "threads schedule";
   return "seeded schedule (--schedule-seed " + std::to_string(o.schedule_seed) + ")";

@@ -70,6 +70,18 @@ std::string unreached_fault(const sim::WorldOptions& options, const sim::World& 
 // Nothing is written when the world was not traced.
 std::string write_trace_files(const sim::World& world, const std::string& json_path, const std::string& chrome_path);
 
+// Returns what --seed made: "random, --seed 7", or "random, --seed 1 (the default)" when the seed
+// was not given (`given` false); "random with specials, ..." for the fused op's --specials.
+std::string random_input_note(int64_t seed, bool given, bool specials = false);
+
+// Returns the first line of `exactcoll sim <op>` for the collectives, on one node or with --nodes
+// alike: which op on how many ranks, the elements per rank and their dtype, and the inputs
+// (random_input_note(), or "<file> <shape>" for an --input file). Ends with '\n'.
+// Example: input_banner("sim allreduce", 4, 16, "bf16", random_input_note(1, false)) ->
+//   "exactcoll sim allreduce: 4 ranks x 16 bf16 elements; inputs: random, --seed 1 (the default)\n"
+std::string input_banner(const std::string& command, int ranks, uint64_t count, const std::string& dtype,
+                         const std::string& input_note);
+
 // "threads schedule" or "seeded schedule (--schedule-seed K)".
 std::string schedule_note(const sim::WorldOptions& options);
 
