@@ -99,6 +99,12 @@ inline size_t piece_chunk(Op op, const NodeLayout& layout, size_t chunk_elements
   return std::max<size_t>(64, c / 64 * 64);
 }
 
+// Returns the elements of one pipeline slot for a message of `total` elements cut into `chunk`s:
+// the chunk, or the whole message when it is shorter. buffer_needs sizes the slots by it, and an
+// algorithm that keeps several slots side by side must place them by it too (all-gather placed
+// them `chunk` apart once, past the end of a short message's scratch).
+inline size_t slot_elements(size_t chunk, size_t total) { return std::min(chunk, std::max<size_t>(total, 1)); }
+
 // Returns the buffers op needs for `count` elements per rank (all-reduce, all-gather: the input;
 // reduce-scatter: the input, count / n per owner).
 template <class T>
@@ -108,16 +114,20 @@ BufferNeeds buffer_needs(Op op, const NodeLayout& layout, size_t count, size_t c
   const size_t c = piece_chunk(op, layout, chunk_elements);
   BufferNeeds b;
   if (op == Op::kAllReduce) {
-    const size_t chunk = std::min(c, std::max<size_t>(count, 1));
-    b.carry_floats = chunk / P / L * P + chunk % P + (chunk / P % L) * P;  // the longest local slice
-    b.scratch_elements = 2 * chunk;                                       // two result slots
+    const size_t chunk = slot_elements(c, count);
+    // The carry holds one local slice of a chunk; the last local rank's is the longest (it takes
+    // the remainder packs and the tail). A short last chunk can give it more than a full one does:
+    // 48 elements over 4 local ranks are slices of 1, 1, 1 and 3 packs, a full 64 slices of 2.
+    auto last_slice = [&](size_t length) { return length / P / L * P + length % P + (length / P % L) * P; };
+    b.carry_floats = std::max(last_slice(chunk), last_slice(count % chunk));
+    b.scratch_elements = 2 * chunk;  // two result slots
   } else if (op == Op::kReduceScatter) {
     const size_t per = count / (M * L);
-    const size_t piece = std::min(c, std::max<size_t>(per, 1));
+    const size_t piece = slot_elements(c, per);
     b.carry_floats = M * piece;
     b.scratch_elements = 2 * (M > 1 ? M - 1 : 1) * piece;  // results in flight, two slots
   } else {
-    const size_t piece = std::min(c, std::max<size_t>(count, 1));
+    const size_t piece = slot_elements(c, count);
     b.carry_floats = 0;
     b.scratch_elements = M * piece;  // one slot per node
   }
@@ -268,8 +278,8 @@ void reduce_scatter(Prims& p, size_t count, size_t chunk_elements = kDefaultChun
   auto valid = [&](long j) { return j >= 0 && j < J; };
   auto len = [&](long j) { return detail::chunk_range(per, chunk, j).length; };
   // Slot s holds results of owners (first_owner .. M-2) of one chunk, contiguous, owner order.
-  const size_t slot_elements = static_cast<size_t>(M > 1 ? M - 1 : 1) * chunk;
-  auto slot = [&](long j) { return p.scratch() + static_cast<size_t>(j % 2) * slot_elements; };
+  const size_t slot_span = static_cast<size_t>(M > 1 ? M - 1 : 1) * chunk;
+  auto slot = [&](long j) { return p.scratch() + static_cast<size_t>(j % 2) * slot_span; };
   const size_t ef = sizeof(float), et = sizeof(T);
   for (long t = 0; t < J + 2 * (M - 1); ++t) {
     // 1. The ring exchange of this step. A node receives the results for owners k..M-2 at the
@@ -329,6 +339,7 @@ void allgather(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElem
   const int M = layout.nodes, k = p.node(), l = p.local();
   const size_t chunk = piece_chunk(Op::kAllGather, layout, chunk_elements);
   const long J = static_cast<long>(detail::chunk_count(count, chunk));
+  const size_t slot = slot_elements(chunk, count);  // node k' 's chunk lands at scratch + k' * slot
   const size_t et = sizeof(T);
   for (long j = 0; j < J; ++j) {
     const detail::ChunkRange r = detail::chunk_range(count, chunk, j);
@@ -338,7 +349,7 @@ void allgather(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElem
       for (int h = first; h < M && h < first + 4; ++h) {
         const int to = (k + h) % M, from = (k + M - h) % M;
         g.add(true, layout.rank_of(to, l), p.input() + r.begin, r.length * et, Payload::kInput, j);
-        g.add(false, layout.rank_of(from, l), p.scratch() + static_cast<size_t>(from) * chunk, r.length * et,
+        g.add(false, layout.rank_of(from, l), p.scratch() + static_cast<size_t>(from) * slot, r.length * et,
               Payload::kInput, j);
       }
       p.group(g.items, g.size);
@@ -351,7 +362,7 @@ void allgather(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElem
     a.nodes = M;
     a.node = k;
     a.slot_offset = 0;
-    a.slot_stride = chunk;
+    a.slot_stride = slot;
     p.gather_inputs(a);
   }
 }

@@ -44,14 +44,6 @@ std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
   return std::vector<uint8_t>(p, p + v.size() * sizeof(T));
 }
 
-// Returns f(T{}) for the storage type T of d.
-template <class F>
-auto with_storage_type(DType d, F f) {
-  if (d == DType::kBF16) return f(bf16{});
-  if (d == DType::kFP16) return f(fp16{});
-  return f(0.0f);
-}
-
 template <class T>
 std::vector<LayerRow> simulate(const LayersOptions& o) {
   const int n = o.ranks, H = o.hidden;
@@ -128,7 +120,7 @@ std::vector<LayerRow> simulate_layers(const LayersOptions& o) {
   if (o.layers < 1) throw std::invalid_argument("--layers must be >= 1");
   if (o.ranks < 1) throw std::invalid_argument("--ranks must be >= 1");
   if (o.rows < 1) throw std::invalid_argument("--rows must be >= 1");
-  const int pack = o.dtype == DType::kFP32 ? 4 : 8;
+  const int pack = pack_elements(o.dtype);
   if (o.hidden <= 0 || o.hidden % pack != 0) {
     throw std::invalid_argument("--hidden " + std::to_string(o.hidden) + " is not a positive multiple of the " +
                                 dtype_name(o.dtype) + " pack (" + std::to_string(pack) + " elements)");
