@@ -48,6 +48,10 @@ const std::vector<Fuzzed> kCommands = {
     {{"sim", "allreduce"}, {"--ranks", "4", "--count", "16"}},
     {{"sim", "reduce_scatter"}, {"--ranks", "4", "--count", "16"}},
     {{"sim", "allgather"}, {"--ranks", "3", "--count", "8"}},
+    // The multi-node simulator (`--nodes`): its buffers depend on count, chunk and layout.
+    {{"sim", "allreduce"}, {"--ranks", "4", "--count", "100", "--nodes", "2", "--chunk-elements", "64"}},
+    {{"sim", "reduce_scatter"}, {"--ranks", "6", "--count", "12", "--nodes", "3"}},
+    {{"sim", "allgather"}, {"--ranks", "4", "--count", "30", "--nodes", "2"}},
     {{"sim", "fused_rmsnorm"}, {"--ranks", "4", "--rows", "2", "--hidden", "16"}},
     {{"sim", "overlap"}, {"--ranks", "2"}},
     {{"diff"}, {"IN/x4x16.npy", "IN/x4x16.npy"}},
