@@ -34,8 +34,8 @@ struct RunResult {
 std::string worker_binary() {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return "tests/store/launch_test_worker";
-  return std::string(srcdir) + "/" + workspace + "/tests/store/launch_test_worker";
+  if (srcdir == nullptr || workspace == nullptr) return "tests/tools/launch/launch_test_worker";
+  return std::string(srcdir) + "/" + workspace + "/tests/tools/launch/launch_test_worker";
 }
 
 // Runs the worker binary with `args` and extra environment `env` ("NAME=value"), capturing its
