@@ -213,7 +213,9 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
     }
     if (!std::isfinite(eps) || eps < 0.0f) bad_argument("eps must be finite and >= 0, got " + std::to_string(eps));
 
-    // 1. The algorithm: the simulator runs core's four; auto stands for one_stage (same bits).
+    // 1. The algorithm: the simulator runs every one but nccl_split (push_one_stage as core's kernel,
+    //    one_stage_reg and gather_norm as the GPU's, on blocks of the tree's lanes); auto stands for
+    //    one_stage (same bits).
     fused::FusedSpec spec;
     spec.dtype = type;
     spec.rows = static_cast<int>(rows);
@@ -233,7 +235,8 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
       }
       if (!found) {
         bad_argument(algo_name + " runs on GPUs only; the simulator runs one_stage, two_stage, push_one_stage, "
-                                 "lamport_one_stage and unfused (every one gives the same bits)");
+                                 "lamport_one_stage, unfused, one_stage_reg and gather_norm (every one gives the "
+                                 "same bits)");
       }
       ran = algo;
     }
@@ -264,7 +267,9 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
     // 2. Canonical: the algorithm on the simulated world. Otherwise the alternative contract's
     //    reference, once, copied to every rank (every rank gets the same bits under each).
     if (canonical) {
-      if (const std::string problem = fused::check_fused_spec(spec, ranks); !problem.empty()) bad_argument(problem);
+      if (const std::string problem = fused::check_fused_spec(spec, ranks, run.world.schedule); !problem.empty()) {
+        bad_argument(problem);
+      }
       sim::World world(run.world);
       fused::FusedIo io;
       for (size_t r = 0; r < n; ++r) {

@@ -137,20 +137,29 @@ EXC_HD inline void butterfly32(float a[kWarp]) {
   }
 }
 
-// Returns ss for one row, computing every lane in turn (the host form of the tree; a GPU block
-// computes the same lanes in parallel and the same butterflies with warp shuffles).
-template <class Row>
-EXC_HD inline float sum_squares(const RmsNormTree& tree, Row row) {
+// Returns ss from the lanes' partials, lane(l) returning lane l's (lane_sum_squares) for
+// l < tree.lanes: the butterfly within each group of 32 lanes, then over the group values padded
+// with 0.0f. For contexts that compute the partials themselves (the simulator's blocks of several
+// threads keep them in an array, as a GPU block in shared memory).
+template <class Lane>
+EXC_HD inline float combine_lane_partials(const RmsNormTree& tree, Lane lane) {
   float group_values[kWarp];
   for (int g = 0; g < kWarp; ++g) group_values[g] = 0.0f;
   for (int g = 0; g < tree.groups; ++g) {
     float lanes[kWarp];
-    for (int l = 0; l < kWarp; ++l) lanes[l] = lane_sum_squares(tree, g * kWarp + l, row);
+    for (int l = 0; l < kWarp; ++l) lanes[l] = lane(g * kWarp + l);
     butterfly32(lanes);
     group_values[g] = lanes[0];
   }
   butterfly32(group_values);
   return group_values[0];
+}
+
+// Returns ss for one row, computing every lane in turn (the host form of the tree; a GPU block
+// computes the same lanes in parallel and the same butterflies with warp shuffles).
+template <class Row>
+EXC_HD inline float sum_squares(const RmsNormTree& tree, Row row) {
+  return combine_lane_partials(tree, [&](int l) { return lane_sum_squares(tree, l, row); });
 }
 
 // inv = 1 / sqrt(ss / H + eps): IEEE division and square root.

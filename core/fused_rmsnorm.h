@@ -54,10 +54,25 @@ struct FusedRmsNormArgs {
   float eps = 0.0f;
 };
 
-enum class FusedAlgo : uint8_t { kOneStage, kTwoStage, kUnfused, kPushOneStage, kLamportOneStage };
+// The fused algorithms, as the simulator names them. one_stage, two_stage, push_one_stage,
+// lamport_one_stage and the unfused steps are below; gather_norm, one_stage_reg and
+// push_one_stage_reg (the GPU's push_one_stage kernel: core's push_one_stage on the register path)
+// are in core/fused_rmsnorm_kernels.h. Every one gives the contract's bits.
+enum class FusedAlgo : uint8_t {
+  kOneStage,
+  kTwoStage,
+  kUnfused,
+  kPushOneStage,
+  kLamportOneStage,
+  kGatherNorm,
+  kOneStageReg,
+  kPushOneStageReg
+};
 
 // Every FusedAlgo, in the order the command line lists them.
-inline constexpr FusedAlgo kFusedAlgos[] = {FusedAlgo::kOneStage, FusedAlgo::kTwoStage, FusedAlgo::kPushOneStage,
+inline constexpr FusedAlgo kFusedAlgos[] = {FusedAlgo::kOneStage,        FusedAlgo::kOneStageReg,
+                                            FusedAlgo::kTwoStage,        FusedAlgo::kGatherNorm,
+                                            FusedAlgo::kPushOneStage,    FusedAlgo::kPushOneStageReg,
                                             FusedAlgo::kLamportOneStage, FusedAlgo::kUnfused};
 
 inline const char* fused_algo_name(FusedAlgo a) {
@@ -67,6 +82,9 @@ inline const char* fused_algo_name(FusedAlgo a) {
     case FusedAlgo::kPushOneStage: return "push_one_stage";
     case FusedAlgo::kLamportOneStage: return "lamport_one_stage";
     case FusedAlgo::kUnfused: return "unfused";
+    case FusedAlgo::kGatherNorm: return "gather_norm";
+    case FusedAlgo::kOneStageReg: return "one_stage_reg";
+    case FusedAlgo::kPushOneStageReg: return "push_one_stage_reg";
   }
   return "?";
 }
@@ -128,6 +146,21 @@ EXC_HD void trace_rows(Ctx& ctx, size_t begin, size_t end, bool reads_inputs, in
     ctx.trace_access(access, peer, buffer, begin, end);
   } else {
     (void)ctx, (void)begin, (void)end, (void)reads_inputs, (void)peer, (void)buffer, (void)access;
+  }
+}
+
+// Records step `name`: this block folds rows `rows` (of H elements) from every rank's input into
+// this rank's output, and into its scratch too when to_scratch (the row positions of x).
+template <class Ctx>
+EXC_HD void trace_folded_rows(Ctx& ctx, const char* name, RowRange rows, size_t H, bool to_scratch) {
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin(name);
+    const size_t begin = static_cast<size_t>(rows.begin) * H, end = static_cast<size_t>(rows.end) * H;
+    if (to_scratch) trace_rows(ctx, begin, end, true, ctx.rank(), Buffer::kScratch, Access::kWrite);
+    trace_rows(ctx, begin, end, !to_scratch, ctx.rank(), Buffer::kOutput, Access::kWrite);
+    ctx.trace_step_end();
+  } else {
+    (void)ctx, (void)name, (void)rows, (void)H, (void)to_scratch;
   }
 }
 
@@ -221,11 +254,7 @@ EXC_HD void fused_rmsnorm_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
   uint32_t barriers = load_barrier_count(ctx);
   block_barrier<Protocol>(ctx, &barriers);
   const RowRange mine = fused_block_rows(RowRange{0, args.rows}, ctx.block(), ctx.num_blocks());
-  if constexpr (Ctx::kTraceSteps) {
-    ctx.trace_step_begin("fused_rows");
-    trace_rows(ctx, mine.begin * H, mine.end * H, true, ctx.rank(), Buffer::kOutput, Access::kWrite);
-    ctx.trace_step_end();
-  }
+  trace_folded_rows(ctx, "fused_rows", mine, H, false);
   for (int row = mine.begin; row < mine.end; ++row) {
     const size_t base = static_cast<size_t>(row) * H;
     fused_row<T, kRanks>(ctx, tree, inputs_in_place(ctx), base, args.residual + base, args.weight, args.eps,
@@ -260,12 +289,7 @@ EXC_HD void fused_rmsnorm_two_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
     const RowRange slice = fused_rank_rows(args.rows, me, n);
     const RowRange mine = fused_block_rows(slice, ctx.block(), ctx.num_blocks());
     T* scratch = ctx.scratch(me);
-    if constexpr (Ctx::kTraceSteps) {
-      ctx.trace_step_begin("fused_slice");
-      trace_rows(ctx, mine.begin * H, mine.end * H, true, me, Buffer::kScratch, Access::kWrite);
-      trace_rows(ctx, mine.begin * H, mine.end * H, false, me, Buffer::kOutput, Access::kWrite);
-      ctx.trace_step_end();
-    }
+    trace_folded_rows(ctx, "fused_slice", mine, H, true);
     for (int row = mine.begin; row < mine.end; ++row) {
       const size_t base = static_cast<size_t>(row) * H;
       fused_row<T, kRanks>(ctx, tree, inputs_in_place(ctx), base, args.residual + base, args.weight, args.eps,

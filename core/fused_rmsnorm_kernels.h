@@ -1,8 +1,10 @@
 // The pieces of the fused all-reduce + residual + RMSNorm that the GPU's kernels add to
 // core/fused_rmsnorm.h, written the same way: templates over the execution context
 // (core/collectives.h, plus core/fused_rmsnorm.h's row_sum_squares hook), so that they compile
-// under g++ and nvcc, run on the CPU test worlds too (tests/cuda_fused), and bit for bit give the
-// contract's results (docs/numerics.md, "Fused all-reduce + residual + RMSNorm"):
+// under g++ and nvcc, run on the simulator too (sim/fused, with blocks of several threads so that
+// the register path runs: sim/block_threads.h) and on the CPU test world of tests/cuda_fused, and
+// bit for bit give the contract's results (docs/numerics.md, "Fused all-reduce + residual +
+// RMSNorm"):
 //   s = fold over ranks of x (rounded), residual_out = residual_add(s, residual),
 //   out = the canonical RMSNorm of residual_out.
 //
@@ -121,8 +123,8 @@ EXC_HD void gather_rows(Ctx& ctx, const contract::RmsNormTree& tree, RowRange ra
 }
 
 // ---- The register row engine ------------------------------------------------------------------
-// Ctx extension used by the register path (the device context of cuda_backend/fused and the CPU
-// test world provide it):
+// Ctx extension used by the register path (the device context of cuda_backend/fused, the
+// simulator's sim/fused context and the CPU test world provide it):
 //   float sum_lane_partials(const contract::RmsNormTree& tree, float partial)
 //       Called by every thread of a block of exactly tree.lanes threads; thread t passes lane t's
 //       partial (contract::lane_sum_squares: packs t, t + lanes, ... in order, elements in order,
@@ -249,6 +251,7 @@ EXC_HD void one_stage_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, const cont
   uint32_t barriers = load_barrier_count(ctx);
   block_barrier<Protocol>(ctx, &barriers);
   const RowRange mine = fused_block_rows(RowRange{0, args.rows}, ctx.block(), ctx.num_blocks());
+  trace_folded_rows(ctx, "fused_rows", mine, H, false);
   for (int row = mine.begin; row < mine.end; ++row) {
     const size_t base = static_cast<size_t>(row) * H;
     fused_row_held<T, kRanks, kHeld>(ctx, tree, inputs_in_place(ctx), base, args.residual + base, w, args.eps,
@@ -301,6 +304,26 @@ EXC_HD void fused_rmsnorm_push_one_stage_reg(Ctx& ctx, const FusedRmsNormArgs<T>
   if (!held) fused_rmsnorm_push_one_stage<T, kRanks, Protocol, Halves>(ctx, args);
 }
 
+// Records gather_norm's gather for this block, one step a peer (rank+1, rank+2, ...): the rows of
+// the peer's slice that its block b wrote, read from its scratch, written to this rank's outputs.
+template <class Ctx>
+EXC_HD void trace_gather_norm(Ctx& ctx, int rows, size_t H) {
+  if constexpr (Ctx::kTraceSteps) {
+    const int n = ctx.world_size(), me = ctx.rank();
+    for (int k = 1; k < n; ++k) {
+      const int peer = (me + k) % n;
+      const RowRange theirs = fused_block_rows(fused_rank_rows(rows, peer, n), ctx.block(), ctx.num_blocks());
+      const size_t begin = static_cast<size_t>(theirs.begin) * H, end = static_cast<size_t>(theirs.end) * H;
+      ctx.trace_step_begin("gather_norm_rows");
+      trace_rows(ctx, begin, end, false, peer, Buffer::kScratch, Access::kRead);
+      trace_rows(ctx, begin, end, false, me, Buffer::kOutput, Access::kWrite);
+      ctx.trace_step_end();
+    }
+  } else {
+    (void)ctx, (void)rows, (void)H;
+  }
+}
+
 // The gather of gather_norm on the register path: the rows that the peers' block b wrote (peers
 // rank+1, rank+2, ...), one sequence across peers; each row's packs are loaded before the previous
 // row is normalized, so peer reads overlap the norms. Per row: store residual_out, normalize.
@@ -325,6 +348,13 @@ EXC_HD void gather_held_rows(Ctx& ctx, const contract::RmsNormTree& tree, const 
     }
   };
   Pack<T> next[kHeld];
+#if !defined(__CUDA_ARCH__)
+  // Host only: a thread copies all kHeld entries into cur below, also those of packs it does not
+  // own (p >= num_packs), which fetch never loads and nothing stores; g++ -Werror rejects copying
+  // them uninitialized (maybe-uninitialized, in the simulator's instantiation). Not on the device,
+  // whose machine code stays as it was (zeroing there changes gather_norm's register allocation).
+  for (int i = 0; i < kHeld; ++i) next[i] = Pack<T>{};
+#endif
   auto fetch = [&] {
     const T* src = ctx.scratch((me + k) % n) + static_cast<size_t>(row) * H;
     EXC_FUSED_UNROLL
@@ -364,6 +394,7 @@ EXC_HD void gather_norm_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, const co
     const RowRange mine = fused_block_rows(fused_rank_rows(args.rows, ctx.rank(), ctx.world_size()), ctx.block(),
                                            ctx.num_blocks());
     T* scratch = ctx.scratch(ctx.rank());
+    trace_folded_rows(ctx, "fused_slice", mine, H, true);
     for (int row = mine.begin; row < mine.end; ++row) {
       const size_t base = static_cast<size_t>(row) * H;
       fused_row_held<T, kRanks, kHeld>(ctx, tree, inputs_in_place(ctx), base, args.residual + base, w, args.eps,
@@ -372,6 +403,7 @@ EXC_HD void gather_norm_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, const co
   }
   // Every thread's scratch stores happen-before the barrier's release (its first sync_block).
   block_barrier<Protocol>(ctx, &barriers);
+  trace_gather_norm(ctx, args.rows, H);
   gather_held_rows<T, kHeld>(ctx, tree, args, w);
   if constexpr (Protocol::kEndBarrier) block_barrier<Protocol>(ctx, &barriers);
   store_barrier_count(ctx, barriers);
@@ -409,6 +441,7 @@ EXC_HD void fused_rmsnorm_gather_norm(Ctx& ctx, const FusedRmsNormArgs<T>& args)
   {
     const RowRange mine = fused_block_rows(fused_rank_rows(args.rows, me, n), ctx.block(), ctx.num_blocks());
     T* scratch = ctx.scratch(me);
+    trace_folded_rows(ctx, "fused_slice", mine, H, true);
     for (int row = mine.begin; row < mine.end; ++row) {
       const size_t base = static_cast<size_t>(row) * H;
       fused_row<T, kRanks>(ctx, tree, inputs_in_place(ctx), base, args.residual + base, args.weight, args.eps,
@@ -416,6 +449,7 @@ EXC_HD void fused_rmsnorm_gather_norm(Ctx& ctx, const FusedRmsNormArgs<T>& args)
     }
   }
   block_barrier<Protocol>(ctx, &barriers);
+  trace_gather_norm(ctx, args.rows, H);
   for (int k = 1; k < n; ++k) {
     const int peer = (me + k) % n;
     const RowRange theirs = fused_block_rows(fused_rank_rows(args.rows, peer, n), ctx.block(), ctx.num_blocks());
@@ -553,15 +587,18 @@ EXC_HD void stage_fused_input(Ctx& ctx, FusedKernelKind kind, const T* src, T* d
   constexpr int P = Storage<T>::kPack;
   const size_t H = static_cast<size_t>(hidden);
   auto copy_rows = [&](RowRange r) {
-    copy_range<T>(ctx, block_share(static_cast<size_t>(r.begin) * H, static_cast<size_t>(r.end) * H, P, 0, 1), src, dst,
-                  0);
+    const BlockShare share = block_share(static_cast<size_t>(r.begin) * H, static_cast<size_t>(r.end) * H, P, 0, 1);
+    trace_share(ctx, share, Access::kWrite, ctx.rank(), Buffer::kInput);
+    copy_range<T>(ctx, share, src, dst, 0);
   };
+  if constexpr (Ctx::kTraceSteps) ctx.trace_step_begin("stage_input");
   if (kind == FusedKernelKind::kOneStage || kind == FusedKernelKind::kOneStageReg) {
     copy_rows(fused_block_rows(RowRange{0, rows}, ctx.block(), ctx.num_blocks()));
   } else {
     const int n = ctx.world_size();
     for (int p = 0; p < n; ++p) copy_rows(fused_block_rows(fused_rank_rows(rows, p, n), ctx.block(), ctx.num_blocks()));
   }
+  if constexpr (Ctx::kTraceSteps) ctx.trace_step_end();
 }
 
 }  // namespace exactcoll

@@ -67,7 +67,10 @@ void Fiber::trampoline(unsigned low, unsigned high) {
   // Returning follows uc_link back to the caller.
 }
 
-void Fiber::resume() { swapcontext(&caller_, &context_); }
+void Fiber::resume() {
+  started_ = true;
+  swapcontext(&caller_, &context_);
+}
 
 void Fiber::yield() { swapcontext(&context_, &caller_); }
 

@@ -1,6 +1,7 @@
 // Fibers (stackful coroutines on ucontext) for the seeded scheduler: every simulated (rank, block)
 // runs on its own stack, and exactly one runs at a time, switching only where the scheduler says.
-// Host-only, single OS thread.
+// Also the threads of one simulated block (sim/block_threads.h). Host-only; each fiber is resumed
+// on one OS thread only.
 #pragma once
 
 #include <ucontext.h>
@@ -41,11 +42,14 @@ class Fiber {
   Fiber(const Fiber&) = delete;
   Fiber& operator=(const Fiber&) = delete;
 
-  // Runs the fiber until it yields or finishes. Preconditions: !finished(); not called from inside
-  // a fiber.
+  // Runs the fiber until it yields or finishes. Precondition: !finished(). Fibers nest: resume()
+  // may be called from inside another fiber (sim/block_threads.h runs a block's threads so), and
+  // the outer fiber's yield() from inside the inner one suspends both, to resume where it yielded.
   void resume();
   // From inside the fiber: returns control to resume()'s caller.
   void yield();
+  // Whether resume() was ever called (the body has begun).
+  bool started() const { return started_; }
   bool finished() const { return finished_; }
   std::exception_ptr error() const { return error_; }
 
@@ -56,6 +60,7 @@ class Fiber {
   std::function<void()> body_;
   ucontext_t context_;
   ucontext_t caller_;
+  bool started_ = false;
   bool finished_ = false;
   std::exception_ptr error_;
 };

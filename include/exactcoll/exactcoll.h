@@ -128,8 +128,8 @@ typedef enum exactcoll_algo {
 } exactcoll_algo;
 
 /* Fused all-reduce + residual add + RMSNorm algorithms. The simulator runs one_stage, two_stage,
- * push_one_stage, lamport_one_stage and unfused (auto: one_stage); the GPU runs all of them (auto:
- * the tuned table).
+ * push_one_stage, lamport_one_stage, unfused, one_stage_reg and gather_norm (auto: one_stage); the
+ * GPU runs all of them (auto: the tuned table).
  * nccl_split (GPU only) is NCCL's all-reduce + the canonical norm: not the contract's bits. */
 typedef enum exactcoll_fused_algo {
   EXACTCOLL_FUSED_AUTO = 0,

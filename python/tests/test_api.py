@@ -43,7 +43,7 @@ class Errors(unittest.TestCase):
             (lambda: xs.fused_add_rms_norm(f, r, w[:4], dtype="bf16"), "weight must be shaped [H]"),
             (lambda: xs.fused_add_rms_norm(f, r, w, float("nan"), dtype="bf16"), "eps must be finite"),
             (lambda: xs.fused_add_rms_norm(f, r, w, -1.0, dtype="bf16"), "eps must be finite"),
-            (lambda: xs.fused_add_rms_norm(f, r, w, dtype="bf16", algo="gather_norm"), "runs on GPUs only"),
+            (lambda: xs.fused_add_rms_norm(f, r, w, dtype="bf16", algo="nccl_split"), "nccl_split runs on GPUs only"),
             (lambda: xs.fused_add_rms_norm(f, r, w, dtype="bf16", contract="aiter"), "unknown contract 'aiter'"),
             (lambda: xs.fused_add_rms_norm(f, r, w, dtype="bf16", algo="two_stage", contract="f32_residual"),
              "algo must be auto"),

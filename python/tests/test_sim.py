@@ -15,7 +15,8 @@ SEED = int(os.environ.get("EXACTCOLL_TEST_SEED", "20261124"))
 print(f"test_sim: seed {SEED} (EXACTCOLL_TEST_SEED={SEED} reproduces)")
 
 ALLREDUCE_ALGOS = ["auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot"]
-FUSED_ALGOS = ["auto", "one_stage", "two_stage", "push_one_stage", "lamport_one_stage", "unfused"]
+FUSED_ALGOS = ["auto", "one_stage", "two_stage", "push_one_stage", "lamport_one_stage", "unfused", "one_stage_reg",
+               "gather_norm"]
 DTYPES = ["bf16", "fp16", "fp32"]
 
 

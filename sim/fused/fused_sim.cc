@@ -1,12 +1,15 @@
 #include "sim/fused/fused_sim.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 #include <stdexcept>
 
 #include "core/collectives.h"
 #include "core/contract.h"
+#include "core/fused_rmsnorm_kernels.h"
 #include "sim/collectives.h"
 
 namespace exactcoll::fused {
@@ -23,23 +26,101 @@ struct Aligned {
   std::byte* data;
 };
 
+// Fills n elements at p with a NaN that no algorithm writes (NaN results are the canonical
+// 0x7FFF / 0x7FFFFFFF), so that an element read before anyone wrote it, or never written, shows in
+// the bits.
+template <class T>
+void fill_unwritten(void* p, size_t n) {
+  T v;
+  if constexpr (sizeof(T) == 4) {
+    v = bits_to_float(0x7FC00001u);
+  } else {
+    v = T{0x7FC1};
+  }
+  std::fill(static_cast<T*>(p), static_cast<T*>(p) + n, v);
+}
+
+// Whether algo is one of core/fused_rmsnorm_kernels.h's kernels with a register path.
+bool runs_register_kernel(FusedAlgo algo) {
+  return algo == FusedAlgo::kGatherNorm || algo == FusedAlgo::kOneStageReg || algo == FusedAlgo::kPushOneStageReg;
+}
+
+// The RMSNorm tree of spec's H and storage type (false for an invalid H).
+bool make_tree(const FusedSpec& spec, contract::RmsNormTree* tree) {
+  return spec.dtype == DType::kFP32 ? contract::make_rmsnorm_tree<float>(spec.hidden, tree)
+                                    : contract::make_rmsnorm_tree<bf16>(spec.hidden, tree);
+}
+
+// The kernel kind whose rows stage_fused_input copies (core/fused_rmsnorm_kernels.h), for the
+// algorithms that read every rank's x from its staging buffer (the GPU stages x inside the kernel
+// unless the caller registered it); nullopt for those that read only their own x, in place, and for
+// unfused.
+std::optional<FusedKernelKind> staged_kernel_kind(FusedAlgo a) {
+  switch (a) {
+    case FusedAlgo::kOneStage: return FusedKernelKind::kOneStage;
+    case FusedAlgo::kTwoStage: return FusedKernelKind::kTwoStage;
+    case FusedAlgo::kGatherNorm: return FusedKernelKind::kGatherNorm;
+    case FusedAlgo::kOneStageReg: return FusedKernelKind::kOneStageReg;
+    default: return std::nullopt;
+  }
+}
+
+// Scratch elements one launch of `algo` needs on every rank (as cuda_backend/fused/fused_rmsnorm.cc
+// sizes the communicator's buffers for it).
+template <class T>
+size_t scratch_elements(FusedAlgo algo, int rows, int hidden, int ranks) {
+  const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(hidden);
+  switch (algo) {
+    case FusedAlgo::kTwoStage: return fused_two_stage_scratch_elements(rows, hidden);
+    case FusedAlgo::kGatherNorm: return gather_norm_scratch_elements(rows, hidden);
+    case FusedAlgo::kPushOneStage:
+    case FusedAlgo::kPushOneStageReg: return push_scratch_elements(count, Storage<T>::kPack, ranks);
+    default: return 0;
+  }
+}
+
+// One block of one fused kernel launch: the algorithm's template, with the world size at compile
+// time where dispatch_world_size has it (as the GPU's kernels for 2, 3, 4 and 8 ranks).
+template <class T, class Ctx>
+void run_fused_kernel(Ctx& ctx, FusedAlgo algo, const FusedRmsNormArgs<T>& a) {
+  dispatch_world_size(ctx.world_size(), [&](auto ranks) {
+    constexpr int kRanks = decltype(ranks)::value;
+    switch (algo) {
+      case FusedAlgo::kOneStage: fused_rmsnorm_one_stage<T, kRanks>(ctx, a); break;
+      case FusedAlgo::kTwoStage: fused_rmsnorm_two_stage<T, kRanks>(ctx, a); break;
+      case FusedAlgo::kPushOneStage: fused_rmsnorm_push_one_stage<T, kRanks>(ctx, a); break;
+      case FusedAlgo::kLamportOneStage: fused_rmsnorm_lamport_one_stage<T, kRanks>(ctx, a); break;
+      case FusedAlgo::kGatherNorm: fused_rmsnorm_gather_norm<T, kRanks>(ctx, a); break;
+      case FusedAlgo::kOneStageReg: fused_rmsnorm_one_stage_reg<T, kRanks>(ctx, a); break;
+      case FusedAlgo::kPushOneStageReg: fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, a); break;
+      case FusedAlgo::kUnfused: throw std::logic_error("run_fused_kernel: unfused is three launches");
+    }
+  });
+}
+
 template <class T>
 void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
   const int n = world.ranks();
   const size_t count = static_cast<size_t>(spec.rows) * spec.hidden;
   const size_t bytes = count * sizeof(T);
   const size_t weight_bytes = static_cast<size_t>(spec.hidden) * sizeof(T);
-  // 1. Aligned per-rank copies of the inputs and room for the outputs (the GPU's buffers).
-  std::vector<std::unique_ptr<Aligned>> residual, weight, residual_out, out, s;
+  // 1. Aligned per-rank copies of the inputs and room for the outputs (the GPU's buffers); the
+  //    outputs hold the unwritten pattern until the kernels write them.
+  std::vector<std::unique_ptr<Aligned>> x, residual, weight, residual_out, out;
+  std::vector<const T*> x_ptrs;
   std::vector<FusedRmsNormArgs<T>> args(n);
   for (int r = 0; r < n; ++r) {
+    x.push_back(std::make_unique<Aligned>(bytes));
     residual.push_back(std::make_unique<Aligned>(bytes));
     weight.push_back(std::make_unique<Aligned>(weight_bytes));
     residual_out.push_back(std::make_unique<Aligned>(bytes));
     out.push_back(std::make_unique<Aligned>(bytes));
-    s.push_back(std::make_unique<Aligned>(bytes));
+    std::memcpy(x[r]->data, io.x[r], bytes);
     std::memcpy(residual[r]->data, io.residual[r], bytes);
     std::memcpy(weight[r]->data, io.weight[r], weight_bytes);
+    fill_unwritten<T>(residual_out[r]->data, count);
+    fill_unwritten<T>(out[r]->data, count);
+    x_ptrs.push_back(reinterpret_cast<const T*>(x[r]->data));
     FusedRmsNormArgs<T>& a = args[r];
     a.residual = reinterpret_cast<const T*>(residual[r]->data);
     a.weight = reinterpret_cast<const T*>(weight[r]->data);
@@ -50,8 +131,14 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
     a.eps = spec.eps;
     if (const char* problem = fused_rmsnorm_args_error(a)) throw std::invalid_argument(problem);
   }
+  FusedBlockOptions block;
+  block.threads = fused_threads(spec);
+  if (world.options().schedule == sim::Schedule::kSeeded) block.thread_order_seed = world.options().schedule_seed;
+  std::unique_ptr<Aligned> unreadable;  // peers' x as the in-place kernels would see it: unwritten
+  std::vector<std::unique_ptr<Aligned>> s;  // unfused: the all-reduce's output
   // 2. The launches.
   if (spec.algo == FusedAlgo::kUnfused) {
+    for (int r = 0; r < n; ++r) s.push_back(std::make_unique<Aligned>(bytes));
     sim::CollectiveSpec ar;
     ar.op = sim::Collective::kAllReduce;
     ar.algorithm = spec.unfused_two_shot ? sim::Algorithm::kTwoShot : sim::Algorithm::kOneShot;
@@ -64,48 +151,57 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
     sim::Launch add;
     add.name = "residual_add";
     add.blocks = spec.blocks;
-    world.enqueue<T>(add, [args, s_ptrs, count](auto& ctx) {
-      const FusedRmsNormArgs<T>& a = args[ctx.rank()];
-      residual_add_step<T>(ctx, static_cast<const T*>(s_ptrs[ctx.rank()]), a.residual, a.residual_out, count);
+    world.enqueue<T>(add, [args, s_ptrs, count, block](auto& ctx) {
+      with_fused_ctx(ctx, block, [&](auto& fctx) {
+        const FusedRmsNormArgs<T>& a = args[fctx.rank()];
+        residual_add_step<T>(fctx, static_cast<const T*>(s_ptrs[fctx.rank()]), a.residual, a.residual_out, count);
+      });
     });
     sim::Launch norm;
     norm.name = "rmsnorm";
     norm.blocks = spec.blocks;
-    world.enqueue<T>(norm, [args](auto& ctx) {
-      with_fused_ctx(ctx, [&](auto& fctx) {
+    world.enqueue<T>(norm, [args, block](auto& ctx) {
+      with_fused_ctx(ctx, block, [&](auto& fctx) {
         const FusedRmsNormArgs<T>& a = args[fctx.rank()];
         rmsnorm_step<T>(fctx, a.residual_out, a.weight, a.out, a.rows, a.hidden, a.eps);
       });
     });
   } else {
-    sim::Launch launch;
-    launch.name = std::string("fused_rmsnorm_") + fused_algo_name(spec.algo);
-    launch.blocks = spec.blocks;
-    launch.inputs = io.x;
-    launch.input_bytes = bytes;
-    launch.scratch_bytes =
-        (spec.algo == FusedAlgo::kTwoStage       ? fused_two_stage_scratch_elements(spec.rows, spec.hidden)
-         : spec.algo == FusedAlgo::kPushOneStage ? push_scratch_elements(count, Storage<T>::kPack, n)
-                                                 : 0) *
-        sizeof(T);
-    launch.lamport_bytes =
-        spec.algo == FusedAlgo::kLamportOneStage ? lamport_region_bytes(count, sizeof(T), n) : 0;
     const FusedAlgo algo = spec.algo;
-    world.enqueue<T>(launch, [args, algo](auto& ctx) {
-      with_fused_ctx(ctx, [&](auto& fctx) {
-        const FusedRmsNormArgs<T>& a = args[fctx.rank()];
-        dispatch_world_size(fctx.world_size(), [&](auto ranks) {
-          constexpr int kRanks = decltype(ranks)::value;
-          if (algo == FusedAlgo::kOneStage) {
-            fused_rmsnorm_one_stage<T, kRanks>(fctx, a);
-          } else if (algo == FusedAlgo::kPushOneStage) {
-            fused_rmsnorm_push_one_stage<T, kRanks>(fctx, a);
-          } else if (algo == FusedAlgo::kLamportOneStage) {
-            fused_rmsnorm_lamport_one_stage<T, kRanks>(fctx, a);
-          } else {
-            fused_rmsnorm_two_stage<T, kRanks>(fctx, a);
-          }
-        });
+    const std::optional<FusedKernelKind> staged = staged_kernel_kind(algo);
+    const size_t scratch = scratch_elements<T>(algo, spec.rows, spec.hidden, n);
+    if (!staged) {
+      unreadable = std::make_unique<Aligned>(bytes);
+      fill_unwritten<T>(unreadable->data, count);
+    }
+    sim::Launch launch;
+    launch.name = std::string("fused_rmsnorm_") + fused_algo_name(algo);
+    launch.blocks = spec.blocks;
+    launch.input_bytes = staged ? bytes : 0;  // the staging buffers; nothing copied before the launch
+    launch.scratch_bytes = scratch * sizeof(T);
+    launch.lamport_bytes = algo == FusedAlgo::kLamportOneStage ? lamport_region_bytes(count, sizeof(T), n) : 0;
+    // In stream order before the kernel: what the staging buffer and the two-stage scratch hold
+    // before this call is unknown to it; the pattern makes a read of a row not written in this
+    // call show. (Not the push scratch: a fast peer may already be pushing this call's rows.)
+    const bool fill_scratch = algo == FusedAlgo::kTwoStage || algo == FusedAlgo::kGatherNorm;
+    launch.before = [&world, staged, fill_scratch, count, scratch](int rank) {
+      if (staged) fill_unwritten<T>(world.local_input(rank), count);
+      if (fill_scratch) fill_unwritten<T>(world.local_scratch(rank), scratch);
+    };
+    const T* unreadable_x = unreadable ? reinterpret_cast<const T*>(unreadable->data) : nullptr;
+    world.enqueue<T>(launch, [args, x_ptrs, unreadable_x, staged, algo, block](auto& ctx) {
+      const int rank = ctx.rank();
+      FusedBlockOptions options = block;
+      if (!staged) {
+        options.own_x = x_ptrs[rank];
+        options.unreadable_x = unreadable_x;
+      }
+      with_fused_ctx(ctx, options, [&](auto& fctx) {
+        const FusedRmsNormArgs<T>& a = args[rank];
+        if (staged) {
+          stage_fused_input<T>(fctx, *staged, x_ptrs[rank], const_cast<T*>(fctx.input(rank)), a.rows, a.hidden);
+        }
+        run_fused_kernel<T>(fctx, algo, a);
       });
     });
   }
@@ -119,7 +215,20 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
 
 }  // namespace
 
-std::string check_fused_spec(const FusedSpec& spec, int ranks) {
+int fused_threads(const FusedSpec& spec) {
+  if (spec.threads > 0) return spec.threads;
+  if (!runs_register_kernel(spec.algo)) return 1;
+  contract::RmsNormTree tree;
+  return make_tree(spec, &tree) ? tree.lanes : 1;
+}
+
+bool fused_register_path(const FusedSpec& spec) {
+  contract::RmsNormTree tree;
+  if (!runs_register_kernel(spec.algo) || !make_tree(spec, &tree)) return false;
+  return fused_threads(spec) == tree.lanes && tree.num_packs <= 2 * tree.lanes;  // register_path_fits<2>
+}
+
+std::string check_fused_spec(const FusedSpec& spec, int ranks, sim::Schedule schedule) {
   if (ranks < 1 || ranks > kMaxRanks) {
     return "ranks must be 1.." + std::to_string(kMaxRanks) + ", got " + std::to_string(ranks);
   }
@@ -132,11 +241,28 @@ std::string check_fused_spec(const FusedSpec& spec, int ranks) {
   if (spec.blocks < 1 || spec.blocks > kMaxBlocks) {
     return "blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(spec.blocks);
   }
+  if (spec.threads < 0 || spec.threads > contract::kMaxLanes) {
+    return "threads must be 1.." + std::to_string(contract::kMaxLanes) + " (or 0: the algorithm's default), got " +
+           std::to_string(spec.threads);
+  }
+  if (spec.algo == FusedAlgo::kLamportOneStage && spec.threads > 1) {
+    return "lamport_one_stage runs with one thread per block on the simulator, got " + std::to_string(spec.threads) +
+           ": its polls wait for packs that other threads of a peer's block push, and the simulator runs a block's "
+           "threads in turn (sim/block_threads.h)";
+  }
+  const int threads = fused_threads(spec);
+  const int64_t live = static_cast<int64_t>(ranks) * spec.blocks * threads;
+  if (schedule == sim::Schedule::kSeeded && threads > 1 && live > kMaxSeededThreads) {
+    return "a seeded run of " + std::string(fused_algo_name(spec.algo)) + " would hold " + std::to_string(live) +
+           " simulated threads at once (" + std::to_string(ranks) + " ranks x " + std::to_string(spec.blocks) +
+           " blocks x " + std::to_string(threads) + " threads), more than " + std::to_string(kMaxSeededThreads) +
+           ": use fewer ranks, blocks or threads, or the threads schedule";
+  }
   return "";
 }
 
 void run_fused(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
-  const std::string problem = check_fused_spec(spec, world.ranks());
+  const std::string problem = check_fused_spec(spec, world.ranks(), world.options().schedule);
   if (!problem.empty()) throw std::invalid_argument(problem);
   const size_t n = static_cast<size_t>(world.ranks());
   if (io.x.size() != n || io.residual.size() != n || io.weight.size() != n || io.residual_out.size() != n ||

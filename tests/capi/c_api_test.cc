@@ -224,7 +224,8 @@ void expect_fused_matches_reference(int dtype, int ranks, int rows, int hidden, 
 TEST(CApiSim, FusedMatchesTheScalarReferenceUnderEveryContract) {
   uint64_t seed = 100;
   for (const int algo : {EXACTCOLL_FUSED_AUTO, EXACTCOLL_FUSED_ONE_STAGE, EXACTCOLL_FUSED_TWO_STAGE,
-                         EXACTCOLL_FUSED_PUSH_ONE_STAGE, EXACTCOLL_FUSED_UNFUSED}) {
+                         EXACTCOLL_FUSED_PUSH_ONE_STAGE, EXACTCOLL_FUSED_UNFUSED, EXACTCOLL_FUSED_ONE_STAGE_REG,
+                         EXACTCOLL_FUSED_GATHER_NORM}) {
     for (const int ranks : {1, 3, 4}) {
       SCOPED_TRACE(std::string(exactcoll_fused_algo_name(algo)) + " ranks " + std::to_string(ranks));
       expect_fused_matches_reference<bf16>(EXACTCOLL_BF16, ranks, 3, 64, algo, EXACTCOLL_CONTRACT_CANONICAL, ++seed);
@@ -328,7 +329,7 @@ TEST(CApiSim, BadArgumentsAreErrorsNotCrashes) {
   expect_error(fused(0, 0, EXACTCOLL_BF16, 2, 8, NAN), inv, "eps must be finite and >= 0");
   expect_error(fused(0, 0, EXACTCOLL_BF16, 2, 8, -1.0f), inv, "eps must be finite and >= 0");
   expect_error(fused(0, 0, EXACTCOLL_BF16, 2, 8, INFINITY), inv, "eps must be finite and >= 0");
-  expect_error(fused(EXACTCOLL_FUSED_GATHER_NORM, 0, EXACTCOLL_BF16, 2, 8, 1e-6f), inv, "gather_norm runs on GPUs only");
+  expect_error(fused(EXACTCOLL_FUSED_NCCL_SPLIT, 0, EXACTCOLL_BF16, 2, 8, 1e-6f), inv, "nccl_split runs on GPUs only");
   expect_error(fused(EXACTCOLL_FUSED_TWO_STAGE, EXACTCOLL_CONTRACT_F32_RESIDUAL, EXACTCOLL_BF16, 2, 8, 1e-6f), inv,
                "algo must be auto");
   expect_error(fused(0, 9, EXACTCOLL_BF16, 2, 8, 1e-6f), inv, "contract 9 is outside");

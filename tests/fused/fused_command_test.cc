@@ -1,5 +1,5 @@
-// `exactcoll sim fused_rmsnorm` driven through its registered function on temp files: the three
-// algorithms give byte-identical files equal to the reference, alternative contracts differ,
+// `exactcoll sim fused_rmsnorm` driven through its registered function on temp files: every
+// algorithm gives byte-identical files equal to the reference, alternative contracts differ,
 // traces are written, and bad input exits 2 without writing anything.
 #include <cstdio>
 #include <cstdlib>
@@ -71,13 +71,16 @@ TEST(SimFusedCommand, AlgorithmsWriteIdenticalFilesEqualToTheReference) {
   const int ranks = 4, rows = 3, H = 4096;
   const Files f = make_files("alg", ranks, rows, H, 11);
   std::string first_summary_hashes;
-  for (const char* algo : {"one_stage", "two_stage", "push_one_stage", "unfused"}) {
+  for (const char* algo : {"one_stage", "two_stage", "push_one_stage", "unfused", "one_stage_reg", "gather_norm",
+                           "push_one_stage_reg"}) {
     const std::string out = temp_path(std::string(algo) + "_out.npy"), ro = temp_path(std::string(algo) + "_ro.npy");
     const CommandResult r = run_fused({"--ranks", "4", "--dtype", "bf16", "--input", f.x, "--residual", f.r, "--weight",
                                        f.w, "--output", out, "--residual-output", ro, "--algo", algo, "--blocks", "3"});
     ASSERT_EQ(r.code, 0) << algo << ": " << r.err;
+    // The GPU's register kernels run on blocks of the tree's lanes (512 for H 4096 bf16).
+    const bool reg = std::string(algo).find("_reg") != std::string::npos || std::string(algo) == "gather_norm";
     EXPECT_NE(r.out.find(std::string("sim fused_rmsnorm bf16: 4 ranks x [3, 4096] (") + f.x + " (4, 3, 4096)), contract canonical, " + algo +
-                         ", 3 blocks, threads schedule; out sha256 "),
+                         (reg ? ", 3 blocks x 512 threads (register path)" : ", 3 blocks") + ", threads schedule; out sha256 "),
               std::string::npos)
         << r.out;
     const std::string hashes = r.out.substr(r.out.find("out sha256"));
@@ -117,6 +120,9 @@ TEST(SimFusedCommand, AlternativeContractDiffersAndTakesNoAlgo) {
   EXPECT_NE(bad.err.find("--algo applies only to --contract canonical"), std::string::npos) << bad.err;
   EXPECT_EQ(bad.err.find("--blocks"), std::string::npos) << "only the flags given are named: " << bad.err;
   EXPECT_EQ(bad.err.find("--trace"), std::string::npos) << "only the flags given are named: " << bad.err;
+  const CommandResult threads = run_fused(with({"--contract", "f32_residual", "--threads", "64"}));
+  EXPECT_EQ(threads.code, 2);
+  EXPECT_NE(threads.err.find("--threads applies only to --contract canonical"), std::string::npos) << threads.err;
 }
 
 TEST(SimFusedCommand, SeededScheduleAndTraces) {
@@ -135,14 +141,16 @@ TEST(SimFusedCommand, SeededScheduleAndTraces) {
   EXPECT_EQ(std::memcmp(o.data.data(), f.ref_out.data(), f.ref_out.size() * 2), 0);
 }
 
-// push_one_stage's trace: the push into the peers' scratch, then the rows read from this rank's
-// own input and scratch only.
+// push_one_stage's trace (core's kernel, and the GPU's register kernel push_one_stage_reg): the push
+// into the peers' scratch, then the rows read from this rank's own input and scratch only.
 TEST(SimFusedCommand, PushOneStageTraceShowsPushThenLocalReads) {
+  for (const char* algo : {"push_one_stage", "push_one_stage_reg"}) {
+  SCOPED_TRACE(algo);
   const Files f = make_files("push", 3, 2, 64, 16);
   const std::string trace = temp_path("push.jsonl"), out = temp_path("push_out.npy");
   const CommandResult r = run_fused({"--ranks", "3", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo",
-                                     "push_one_stage", "--blocks", "2", "--schedule", "seeded", "--schedule-seed", "3",
-                                     "--trace", trace, "--trace-elements", "0,70", "--output", out});
+                                  algo, "--blocks", "2", "--schedule", "seeded", "--schedule-seed", "3",
+                                  "--trace", trace, "--trace-elements", "0,70", "--output", out});
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string t = read_file(trace);
   EXPECT_NE(t.find("\"step\":\"push_rows\""), std::string::npos);
@@ -169,8 +177,91 @@ TEST(SimFusedCommand, PushOneStageTraceShowsPushThenLocalReads) {
   }
   EXPECT_EQ(pushes_to_peers, 2);
   EXPECT_EQ(rows_steps, 6);  // 3 ranks x 2 blocks
+  EXPECT_NE(t.find("\"event\":\"fold\""), std::string::npos) << "the traced elements' folds";
   const npy::NpyArray o = npy::read_npy(out);
   EXPECT_EQ(std::memcmp(o.data.data(), f.ref_out.data(), f.ref_out.size() * 2), 0);
+  }
+}
+
+// The GPU's kernels of core/fused_rmsnorm_kernels.h (one_stage_reg, gather_norm,
+// push_one_stage_reg) give one_stage's sha256 on random inputs with specials, every dtype, on the
+// register path (default threads) and core's (--threads 64: the GPU's default grid for these H;
+// --threads 3), under the threads scheduler and a seeded one.
+TEST(SimFusedCommand, GpuKernelsGiveOneStagesSha) {
+  for (const char* dtype : {"bf16", "fp16", "fp32"}) {
+    const std::vector<std::string> problem = {"--ranks", "3", "--dtype", dtype, "--rows", "5", "--hidden", "128",
+                                              "--specials", "--seed", "4"};
+    auto sha_of = [&](std::vector<std::string> extra) {
+      std::vector<std::string> args = problem;
+      args.insert(args.end(), extra.begin(), extra.end());
+      const CommandResult r = run_fused(args);
+      EXPECT_EQ(r.code, 0) << r.err;
+      const size_t at = r.out.find("out sha256");
+      return at == std::string::npos ? "no sha: " + r.out : r.out.substr(at);
+    };
+    const std::string want = sha_of({"--algo", "one_stage"});
+    for (const char* algo : {"one_stage_reg", "gather_norm", "push_one_stage_reg"}) {
+      for (const std::vector<std::string>& variant : std::vector<std::vector<std::string>>{
+               {}, {"--threads", "64"}, {"--threads", "3", "--blocks", "2"},
+               {"--blocks", "2", "--schedule", "seeded", "--schedule-seed", "11"},
+               {"--threads", "5", "--schedule", "seeded", "--schedule-seed", "12"}}) {
+        std::vector<std::string> args = {"--algo", algo};
+        args.insert(args.end(), variant.begin(), variant.end());
+        std::string label = dtype;
+        for (const auto& a : args) label += " " + a;
+        EXPECT_EQ(sha_of(args), want) << label;
+      }
+    }
+  }
+  // The summary says which path ran.
+  const CommandResult reg = run_fused({"--ranks", "2", "--rows", "2", "--hidden", "64", "--algo", "gather_norm"});
+  EXPECT_NE(reg.out.find("gather_norm, 1 block x 32 threads (register path), threads schedule"), std::string::npos)
+      << reg.out;
+  const CommandResult core = run_fused({"--ranks", "2", "--rows", "2", "--hidden", "64", "--algo", "one_stage_reg",
+                                     "--threads", "64", "--blocks", "2"});
+  EXPECT_NE(core.out.find("one_stage_reg, 2 blocks x 64 threads (core's path), threads schedule"), std::string::npos)
+      << core.out;
+}
+
+// gather_norm's trace: the input staged in the kernel, this rank's slice folded into its scratch and
+// outputs, then every peer's slice read from the peer's scratch; the Chrome trace is written.
+TEST(SimFusedCommand, GatherNormTraceShowsSliceThenGather) {
+  const Files f = make_files("gn", 3, 4, 64, 17);
+  const std::string trace = temp_path("gn.jsonl"), chrome = temp_path("gn.json"), out = temp_path("gn_out.npy");
+  const CommandResult r = run_fused({"--ranks", "3", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo",
+                                  "gather_norm", "--blocks", "2", "--schedule", "seeded", "--schedule-seed", "5",
+                                  "--trace", trace, "--chrome-trace", chrome, "--trace-elements", "0,70",
+                                  "--output", out});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string t = read_file(trace);
+  for (const char* step : {"stage_input", "fused_slice", "gather_norm_rows"}) {
+    EXPECT_NE(t.find(std::string("\"step\":\"") + step + "\""), std::string::npos) << step;
+  }
+  // Rank 0 block 0 gathers row 1 (rank 1's slice) from rank 1's scratch and row 2 from rank 2's.
+  EXPECT_NE(t.find("\"rank\":0,\"block\":0,\"step\":\"gather_norm_rows\",\"accesses\":[{\"access\":\"read\",\"peer\":1,"
+                   "\"buffer\":\"scratch\",\"begin\":64,\"end\":128}"),
+            std::string::npos);
+  const std::string c = read_file(chrome);
+  EXPECT_NE(c.find("\"name\":\"gather_norm_rows\""), std::string::npos);
+  EXPECT_NE(c.find("\"traceEvents\""), std::string::npos);
+  const npy::NpyArray o = npy::read_npy(out);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(std::memcmp(o.data.data() + k * f.ref_out.size() * 2, f.ref_out.data(), f.ref_out.size() * 2), 0) << k;
+  }
+}
+
+// The help names every algorithm and --threads.
+TEST(SimFusedCommand, HelpListsEveryAlgorithm) {
+  const CommandResult r = run_fused({"--help"});
+  EXPECT_EQ(r.code, 0);
+  for (const char* algo : {"one_stage", "one_stage_reg", "two_stage", "gather_norm", "push_one_stage",
+                           "push_one_stage_reg", "lamport_one_stage", "unfused"}) {
+    EXPECT_TRUE(r.out.find(std::string(algo) + "|") != std::string::npos ||
+                r.out.find(std::string(algo) + "]") != std::string::npos)
+        << algo;
+  }
+  EXPECT_NE(r.out.find("--threads N"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("register path"), std::string::npos) << r.out;
 }
 
 // Random inputs: the same as tools/gpu/fused's generator makes (so `exactcoll gpu fused_rmsnorm`
@@ -216,6 +307,21 @@ TEST(SimFusedCommand, BadInputExitsTwoAndWritesNothing) {
   expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--seed", "3"}, "not with --input");
   expect_bad({"--input", f.x, "--residual", f.r, "--weight", f.w}, "give --ranks N");
   expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--blocks", "129"}, "--blocks must be");
+  for (const char* threads : {"0", "-3", "1025"}) {
+    expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo", "gather_norm",
+                "--threads", threads},
+               "--threads must be 1..1024, got " + std::string(threads));
+  }
+  expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo", "lamport_one_stage",
+              "--threads", "2"},
+             "lamport_one_stage runs with one thread per block on the simulator, got 2");
+  // Seeded: every thread of every block alive at once is bounded (4 x 5 x 1024 = 20480 > 16384).
+  expect_bad({"--ranks", "4", "--rows", "2", "--hidden", "8192", "--algo", "one_stage_reg", "--blocks", "5",
+              "--schedule", "seeded"},
+             "would hold 20480 simulated threads at once (4 ranks x 5 blocks x 1024 threads), more than 16384");
+  for (const char* algo : {"gather_norm", "one_stage_reg", "push_one_stage_reg"}) {
+    expect_bad({"--ranks", "2", "--rows", "2", "--hidden", "100", "--algo", algo}, "not a positive multiple");
+  }
   // H = 12 is not a multiple of the bf16 pack (8).
   const Files odd = make_files("odd", 2, 1, 12, 15);
   expect_bad({"--ranks", "2", "--input", odd.x, "--residual", odd.r, "--weight", odd.w}, "not a positive multiple");
@@ -257,10 +363,11 @@ TEST(SimFusedCommand, ADeadRankIsAClearErrorAndNoOutput) {
   // deadlock (seeded), the error names it, and no output is written.
   const std::string out = temp_path("dead_out.npy"), ro = temp_path("dead_ro.npy");
   for (const char* schedule : {"threads", "seeded"}) {
-    for (const char* algo : {"one_stage", "two_stage", "push_one_stage", "unfused"}) {
+    for (const char* algo : {"one_stage", "two_stage", "push_one_stage", "unfused", "one_stage_reg", "gather_norm",
+                             "push_one_stage_reg"}) {
       const CommandResult r = run_fused({"--ranks", "3", "--rows", "4", "--hidden", "64", "--algo", algo, "--schedule",
-                                         schedule, "--timeout-ms", "300", "--fail-rank", "1", "--fail-at-step", "2",
-                                         "--output", out, "--residual-output", ro});
+                                      schedule, "--timeout-ms", "300", "--fail-rank", "1", "--fail-at-step", "2",
+                                      "--output", out, "--residual-output", ro});
       EXPECT_EQ(r.code, 3) << schedule << " " << algo << ": " << r.err;
       EXPECT_NE(r.err.find("rank 1 was stopped by fault injection at its synchronization step 2"), std::string::npos)
           << r.err;

@@ -80,8 +80,11 @@ void check(const Case<T>& c, FusedAlgo algo, int blocks, sim::Schedule schedule,
   }
 }
 
-constexpr FusedAlgo kAlgos[] = {FusedAlgo::kOneStage, FusedAlgo::kTwoStage, FusedAlgo::kPushOneStage,
-                                FusedAlgo::kLamportOneStage, FusedAlgo::kUnfused};
+// Every algorithm; gather_norm, one_stage_reg and push_one_stage_reg on blocks of the tree's lanes
+// (their register path; tests/fused/fused_kernels_sim_test.cc covers them in depth).
+constexpr FusedAlgo kAlgos[] = {FusedAlgo::kOneStage,    FusedAlgo::kTwoStage,        FusedAlgo::kPushOneStage,
+                                FusedAlgo::kLamportOneStage, FusedAlgo::kUnfused,     FusedAlgo::kGatherNorm,
+                                FusedAlgo::kOneStageReg, FusedAlgo::kPushOneStageReg};
 
 TEST(FusedSim, ThreadsSchedulerEveryAlgorithmDtypeAndWorldSize) {
   uint64_t seed = 1;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/contract.h"
 #include "core/fused_rmsnorm.h"
 #include "sim/fused/fused_sim.h"
 #include "sim/fused/reference.h"
@@ -47,24 +48,30 @@ void run_reference(FusedContract contract, int ranks, int rows, int hidden, floa
 int run(int argc, char** argv) {
   // 1. Flags (the world's flags are shared with every `exactcoll sim <op>`: tools/sim/sim_flags.h).
   tools::SimFlags f;
-  int64_t blocks = 1, rows_flag = 0, hidden_flag = 0, seed = 1;
+  int64_t blocks = 1, threads = 0, rows_flag = 0, hidden_flag = 0, seed = 1;
   bool specials = false;
   double eps = 1e-6;
   std::string input, residual_path, weight_path, output, residual_output, algo_text = "one_stage",
               contract_text = "canonical";
   cli::ArgParser parser(
       "exactcoll sim fused_rmsnorm --ranks N --dtype bf16|fp16|fp32 (--input x.npy --residual r.npy --weight w.npy | "
-      "--rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy] [--residual-output ro.npy] [--algo one_stage|two_stage|push_one_stage|lamport_one_stage|unfused] "
-      "[--contract canonical|f32_residual|bf16_accumulate|rotated_two_shot] [--blocks B] "
+      "--rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy] [--residual-output ro.npy] "
+      "[--algo one_stage|one_stage_reg|two_stage|gather_norm|push_one_stage|push_one_stage_reg|lamport_one_stage|unfused] "
+      "[--contract canonical|f32_residual|bf16_accumulate|rotated_two_shot] [--blocks B] [--threads T] "
       "[--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
       "[--chrome-trace FILE]",
       "Fused all-reduce + residual add + RMSNorm on the simulator. x.npy is [N, rows, H] (rank r's partial\n"
       "sums at [r]), r.npy [rows, H], w.npy [H]; bf16/fp16 as '<u2' bit patterns, fp32 as '<f4'. Outputs\n"
       "are [N, rows, H]. Without files, inputs are random from --seed (tools/gpu/fused/fused_inputs.h: the\n"
       "same as `exactcoll gpu fused_rmsnorm` with the same --rows, --hidden and --seed).\n"
-      "The canonical contract runs core/fused_rmsnorm.h on the simulated ranks; the\n"
-      "alternative contracts (simulator only) reproduce other systems' rounding with the scalar reference\n"
-      "(sim/fused/reference.h). The last line ends with the sha256 of each output's bytes.");
+      "The canonical contract runs the GPU's algorithms on the simulated ranks: core/fused_rmsnorm.h's\n"
+      "one_stage, two_stage, push_one_stage, lamport_one_stage and unfused, and core/fused_rmsnorm_kernels.h's\n"
+      "one_stage_reg, gather_norm and push_one_stage_reg (the GPU's push_one_stage kernel), on blocks of\n"
+      "--threads threads; the last three hold each row in registers where a block has exactly the RMSNorm\n"
+      "tree's lanes (their default; H up to 2048 packs), and take core's path otherwise. Every algorithm,\n"
+      "grid and schedule gives the same bits. The alternative contracts (simulator only) reproduce other\n"
+      "systems' rounding with the scalar reference (sim/fused/reference.h). The last line ends with the\n"
+      "sha256 of each output's bytes.");
   tools::add_world_flags(parser, &f);
   parser.add_string("input", &input, "x.npy: [N, rows, H] partial sums");
   parser.add_string("residual", &residual_path, "r.npy: [rows, H] residual (the same on every rank)");
@@ -83,6 +90,12 @@ int run(int argc, char** argv) {
   parser.add_choice("algo", &algo_text, algo_names, "algorithm of the canonical contract (all give the same bits)");
   parser.add_choice("contract", &contract_text, contract_names(), "rounding contract");
   parser.add_int("blocks", &blocks, "blocks per rank (1.." + std::to_string(kMaxBlocks) + "; the work split, same bits)");
+  parser.add_int("threads", &threads,
+                 "threads per block (1.." + std::to_string(contract::kMaxLanes) +
+                     "; picks the register path or core's, same bits; lamport_one_stage takes 1)");
+  parser.set_default_note("threads",
+                          "default: the RMSNorm tree's lanes (32 x ceil(min(H / pack, 1024) / 32)) for one_stage_reg, "
+                          "gather_norm and push_one_stage_reg, 1 for the others");
   if (auto code = parser.parse(argc, argv)) return *code;
 
   sim::WorldOptions options;
@@ -106,6 +119,10 @@ int run(int argc, char** argv) {
   if (blocks < 1 || blocks > kMaxBlocks) {
     return cli::fail(kCommand, "--blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(blocks));
   }
+  if (parser.given("threads") && (threads < 1 || threads > contract::kMaxLanes)) {
+    return cli::fail(kCommand,
+                     "--threads must be 1.." + std::to_string(contract::kMaxLanes) + ", got " + std::to_string(threads));
+  }
   if (const std::string problem = check_eps(eps); !problem.empty()) return cli::fail(kCommand, problem);
   FusedContract contract = FusedContract::kCanonical;
   parse_contract(contract_text, &contract);
@@ -114,7 +131,8 @@ int run(int argc, char** argv) {
     // Name the flag actually given: "--algo one_stage" refused with a word about trace flags
     // read as a bug.
     std::string given;
-    for (const char* flag : {"algo", "blocks", "schedule", "schedule-seed", "trace", "chrome-trace", "trace-elements"}) {
+    for (const char* flag :
+         {"algo", "blocks", "threads", "schedule", "schedule-seed", "trace", "chrome-trace", "trace-elements"}) {
       if (parser.given(flag)) given += (given.empty() ? "--" : ", --") + std::string(flag);
     }
     if (!given.empty()) {
@@ -201,7 +219,9 @@ int run(int argc, char** argv) {
   spec.hidden = static_cast<int>(hidden);
   spec.eps = static_cast<float>(eps);
   spec.blocks = static_cast<int>(blocks);
-  if (const std::string problem = check_fused_spec(spec, static_cast<int>(ranks)); !problem.empty()) {
+  spec.threads = static_cast<int>(threads);
+  if (const std::string problem = check_fused_spec(spec, static_cast<int>(ranks), options.schedule);
+      !problem.empty()) {
     return cli::fail(kCommand, problem);
   }
   for (uint64_t i : options.trace_elements) {
@@ -267,8 +287,13 @@ int run(int argc, char** argv) {
   std::cout << kCommand << " " << f.dtype << ": " << ranks << " ranks x [" << rows << ", " << hidden << "] ("
             << input_note << "), contract " << contract_text;
   if (canonical) {
-    std::cout << ", " << fused_algo_name(spec.algo) << ", " << spec.blocks << (spec.blocks == 1 ? " block" : " blocks")
-              << ", " << tools::schedule_note(options);
+    std::cout << ", " << fused_algo_name(spec.algo) << ", " << spec.blocks << (spec.blocks == 1 ? " block" : " blocks");
+    if (const int t = fused_threads(spec); t > 1) std::cout << " x " << t << " threads";
+    if (spec.algo == FusedAlgo::kGatherNorm || spec.algo == FusedAlgo::kOneStageReg ||
+        spec.algo == FusedAlgo::kPushOneStageReg) {
+      std::cout << (fused_register_path(spec) ? " (register path)" : " (core's path)");
+    }
+    std::cout << ", " << tools::schedule_note(options);
   }
   std::cout << "; out sha256 " << tools::sha256_hex(out.data(), out.size()) << " residual_out sha256 "
             << tools::sha256_hex(residual_out.data(), residual_out.size()) << "\n";
