@@ -8,9 +8,10 @@
 // `verify`, per (iteration, dtype, H, rows) with rows * H <= --max-elements:
 //   1. every rank makes every rank's inputs (tools/gpu/fused/fused_inputs.h: NaN payloads,
 //      infinities, overflowing sums, subnormals and -0; seeded, so all ranks agree);
-//   2. the scalar reference computes the contract's outputs; the simulator runs each algorithm
-//      that it has (above --sim-all-max-elements one_stage only; every algorithm's bits are the
-//      contract's, and the simulator's own tests hold its algorithms equal);
+//   2. the scalar reference computes the contract's outputs; the simulator runs the kernel each
+//      GPU algorithm launches, register kernels included (above --sim-all-max-elements one_stage
+//      only: every algorithm's bits are the contract's, and the simulator's own tests hold its
+//      algorithms equal);
 //   3. each algorithm runs in verify_variants' variants: staged, registered, graph, and for a named
 //      algorithm forced grids (3x64, 64x1024) and chunked (through the 1 MiB communicator, so that
 //      larger problems run as several launches over row chunks); both outputs are poisoned first.
@@ -44,12 +45,14 @@ using cuda::fused::FusedAlgorithm;
 // The fused kernels' largest block count (the forced-grid variant's and --blocks' bound).
 constexpr int kMaxFusedBlocks = 64;
 
-// The simulator's algorithm that gives the bits of a GPU algorithm.
+// The simulator's run of the kernel a GPU algorithm launches (the GPU's push_one_stage is the
+// register kernel the simulator names push_one_stage_reg).
 std::optional<FusedAlgo> sim_algo(FusedAlgorithm a) {
   switch (a) {
     case FusedAlgorithm::kOneStage: return FusedAlgo::kOneStage;
-    case FusedAlgorithm::kOneStageReg: return FusedAlgo::kOneStage;
-    case FusedAlgorithm::kPushOneStage: return FusedAlgo::kPushOneStage;
+    case FusedAlgorithm::kOneStageReg: return FusedAlgo::kOneStageReg;
+    case FusedAlgorithm::kGatherNorm: return FusedAlgo::kGatherNorm;
+    case FusedAlgorithm::kPushOneStage: return FusedAlgo::kPushOneStageReg;
     case FusedAlgorithm::kLamportOneStage: return FusedAlgo::kLamportOneStage;
     case FusedAlgorithm::kTwoStage: return FusedAlgo::kTwoStage;
     case FusedAlgorithm::kUnfused: return FusedAlgo::kUnfused;
