@@ -31,8 +31,8 @@ class Problems {
 
 // Returns the value of `name` as an integer in [min_value, max_value], or nullopt after adding a
 // problem (unset, not a whole number, out of range).
-std::optional<int64_t> read_int(const EnvLookup& lookup, const std::string& name, int64_t min_value,
-                                int64_t max_value, Problems& problems) {
+std::optional<int64_t> read_int(const EnvLookup& lookup, const std::string& name, int64_t min_value, int64_t max_value,
+                                Problems& problems) {
   const std::optional<std::string> text = lookup(name);
   if (!text) {
     problems.add(name + " is not set (" + kHowWorkersStart + ")");
@@ -97,8 +97,8 @@ WorkerEnv parse_worker_env(const EnvLookup& lookup) {
     problems.add("RANK=" + std::to_string(*rank) + " is not below WORLD_SIZE=" + std::to_string(*world_size));
   }
   if (world_size && local_rank && *local_rank >= *world_size) {
-    problems.add("LOCAL_RANK=" + std::to_string(*local_rank) + " is not below WORLD_SIZE=" +
-                 std::to_string(*world_size));
+    problems.add("LOCAL_RANK=" + std::to_string(*local_rank) +
+                 " is not below WORLD_SIZE=" + std::to_string(*world_size));
   }
 
   // 2. The addresses.

@@ -23,14 +23,14 @@ struct BootstrapError : std::runtime_error {
 inline constexpr size_t kMinStoreTokenChars = 16;
 
 struct WorkerEnv {
-  int rank = 0;         // RANK: 0 <= rank < world_size
-  int world_size = 1;   // WORLD_SIZE: >= 1
-  int local_rank = 0;   // LOCAL_RANK: index on this host (picks the GPU), 0 <= local_rank < world_size
+  int rank = 0;              // RANK: 0 <= rank < world_size
+  int world_size = 1;        // WORLD_SIZE: >= 1
+  int local_rank = 0;        // LOCAL_RANK: index on this host (picks the GPU), 0 <= local_rank < world_size
   std::string master_addr;   // MASTER_ADDR: where rank 0's store listens
   uint16_t master_port = 0;  // MASTER_PORT: 1..65535 (0 when unset and EXACTCOLL_STORE_PORT is set)
   // EXACTCOLL_STORE_PORT: where rank 0's store listens, 1..65535; default MASTER_PORT + 1.
   uint16_t store_port = 0;
-  std::string store_token;   // EXACTCOLL_STORE_TOKEN: 16..4087 characters, shared by every rank
+  std::string store_token;  // EXACTCOLL_STORE_TOKEN: 16..4087 characters, shared by every rank
   // EXACTCOLL_STORE_BIND (optional): the address rank 0's store binds; 127.0.0.1 keeps the store
   // off the network. Multi-host jobs set it to 0.0.0.0 or the interface MASTER_ADDR names.
   std::string store_bind_address = "127.0.0.1";

@@ -31,9 +31,7 @@ class WorkerStore final : public Store {
   std::unique_ptr<TcpStoreClient> client_;
 };
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
+bool is_loopback(const std::string& host) { return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0; }
 
 }  // namespace
 
@@ -56,8 +54,8 @@ std::unique_ptr<Store> connect_worker_store(const WorkerEnv& env, const WorkerSt
     try {
       server = std::make_unique<TcpStoreServer>(server_options);
     } catch (const StoreError& e) {
-      throw StoreError(who + " could not start the rendezvous store: " + e.what() +
-                       " (is port " + std::to_string(env.store_port) +
+      throw StoreError(who + " could not start the rendezvous store: " + e.what() + " (is port " +
+                       std::to_string(env.store_port) +
                        " taken? set EXACTCOLL_STORE_PORT to a free port; the default is MASTER_PORT + 1)");
     }
     // Rank 0 reaches its own server on the address it bound (loopback when it bound every interface).
@@ -74,8 +72,9 @@ std::unique_ptr<Store> connect_worker_store(const WorkerEnv& env, const WorkerSt
   } catch (const StoreError& e) {
     std::string hint;
     if (env.rank != 0 && !is_loopback(env.master_addr)) {
-      hint = " (rank 0's store binds 127.0.0.1 unless EXACTCOLL_STORE_BIND is set; for ranks on other hosts set "
-             "EXACTCOLL_STORE_BIND=0.0.0.0 for rank 0)";
+      hint =
+          " (rank 0's store binds 127.0.0.1 unless EXACTCOLL_STORE_BIND is set; for ranks on other hosts set "
+          "EXACTCOLL_STORE_BIND=0.0.0.0 for rank 0)";
     }
     throw StoreError(who + ": " + e.what() + hint);
   }

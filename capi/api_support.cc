@@ -69,7 +69,8 @@ DType to_dtype(int dtype) {
     case EXACTCOLL_FP32: return DType::kFP32;
     default: break;
   }
-  bad_argument("dtype " + std::to_string(dtype) + " is none of EXACTCOLL_BF16 (0), EXACTCOLL_FP16 (1), EXACTCOLL_FP32 (2)");
+  bad_argument("dtype " + std::to_string(dtype) +
+               " is none of EXACTCOLL_BF16 (0), EXACTCOLL_FP16 (1), EXACTCOLL_FP32 (2)");
 }
 
 void require_struct_size(size_t given, size_t first_version_size, const char* struct_name) {

@@ -12,12 +12,11 @@ namespace exactcoll::capi {
 
 inline constexpr const char* kDtypeNames[] = {"bf16", "fp16", "fp32"};
 inline constexpr const char* kOpNames[] = {"allreduce", "reduce_scatter", "allgather"};
-inline constexpr const char* kAlgoNames[] = {"auto",          "one_shot", "two_shot",    "push_one_shot",
-                                             "push_two_shot", "direct",   "copy_engine", "nccl",
-                                             "lamport_one_shot"};
-inline constexpr const char* kFusedAlgoNames[] = {"auto",       "one_stage",     "two_stage",   "push_one_stage",
-                                                  "unfused",    "one_stage_reg", "gather_norm", "nccl_split",
-                                                  "lamport_one_stage"};
+inline constexpr const char* kAlgoNames[] = {"auto",   "one_shot",    "two_shot", "push_one_shot",   "push_two_shot",
+                                             "direct", "copy_engine", "nccl",     "lamport_one_shot"};
+inline constexpr const char* kFusedAlgoNames[] = {"auto",           "one_stage",  "two_stage",
+                                                  "push_one_stage", "unfused",    "one_stage_reg",
+                                                  "gather_norm",    "nccl_split", "lamport_one_stage"};
 inline constexpr const char* kContractNames[] = {"canonical", "f32_residual", "bf16_accumulate", "rotated_two_shot"};
 
 // Returns names[value], or nullptr when value is outside the table.

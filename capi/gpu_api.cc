@@ -88,8 +88,9 @@ int c_algorithm(cuda::Algorithm a) { return value_of(kAlgoNames, cuda::algorithm
 const cuda::RegisteredBuffer* registered_buffer(const CommState& state, int registered_id) {
   if (registered_id == -1) return nullptr;
   if (registered_id < 0 || registered_id >= static_cast<int>(state.registered.size())) {
-    bad_argument("registered_id " + std::to_string(registered_id) + " is not a buffer registered on this communicator (" +
-                 std::to_string(state.registered.size()) + " are; -1 for none)");
+    bad_argument("registered_id " + std::to_string(registered_id) +
+                 " is not a buffer registered on this communicator (" + std::to_string(state.registered.size()) +
+                 " are; -1 for none)");
   }
   return &state.registered[static_cast<size_t>(registered_id)];
 }
@@ -109,8 +110,8 @@ void fill_info(exactcoll_call_info* info, int algo, int allreduce_algo, bool exa
 }
 
 using CollectiveCall = cuda::CallInfo (cuda::Communicator::*)(const void*, void*, size_t, DType, cuda::Algorithm,
-                                                               cudaStream_t, const cuda::RegisteredBuffer*,
-                                                               std::optional<cuda::LaunchConfig>);
+                                                              cudaStream_t, const cuda::RegisteredBuffer*,
+                                                              std::optional<cuda::LaunchConfig>);
 
 int run_collective(const char* function, CollectiveCall call, exactcoll_comm comm, const void* input, void* output,
                    size_t count, int dtype, int algo, void* stream, int registered_id, exactcoll_call_info* info) {
@@ -153,7 +154,8 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
     if (rank < 0 || rank >= world_size) {
       bad_argument("rank " + std::to_string(rank) + " is outside 0.." + std::to_string(world_size - 1));
     }
-    if (o.buffer_bytes < 4096) bad_argument("buffer_bytes must be at least 4096, got " + std::to_string(o.buffer_bytes));
+    if (o.buffer_bytes < 4096)
+      bad_argument("buffer_bytes must be at least 4096, got " + std::to_string(o.buffer_bytes));
     if (o.flag_timeout_ms < 1) bad_argument("flag_timeout_ms must be >= 1");
     if (o.store_timeout_ms < 1) bad_argument("store_timeout_ms must be >= 1");
     if (o.name != nullptr && *o.name == '\0') bad_argument("name is empty (NULL gives \"exactcoll\")");
@@ -258,7 +260,8 @@ namespace {
 // The checks every norm entry point makes: rows, hidden and eps in range, the pointers present.
 void check_norm_arguments(int64_t rows, int64_t hidden, float eps, std::initializer_list<const void*> pointers) {
   if (rows < 0 || rows > (int64_t{1} << 30)) bad_argument("rows must be 0..2^30, got " + std::to_string(rows));
-  if (hidden < 1 || hidden > (int64_t{1} << 24)) bad_argument("hidden must be 1..16777216, got " + std::to_string(hidden));
+  if (hidden < 1 || hidden > (int64_t{1} << 24))
+    bad_argument("hidden must be 1..16777216, got " + std::to_string(hidden));
   if (!std::isfinite(eps) || eps < 0.0f) bad_argument("eps must be finite and >= 0, got " + std::to_string(eps));
   if (rows == 0) return;
   const char* names[] = {"x", "residual", "weight", "residual_out", "out"};
@@ -275,15 +278,16 @@ int exactcoll_add_rmsnorm(const void* x, const void* residual, const void* weigh
   return guarded("exactcoll_add_rmsnorm", [&] {
     const DType type = to_dtype(dtype);
     check_norm_arguments(rows, hidden, eps, {x, residual, weight, residual_out, out});
-    if (device < -1) bad_argument("device must be -1 (the current one) or a device index, got " + std::to_string(device));
+    if (device < -1)
+      bad_argument("device must be -1 (the current one) or a device index, got " + std::to_string(device));
     translating(nullptr, EXACTCOLL_ERROR_CUDA, [&] {
       // Not from the stream (cudaStreamGetDevice is refused while the stream is being captured).
       if (device == -1) EXC_CUDA_CHECK(cudaGetDevice(&device));
       DeviceScope scope(device);
-      cuda::fused::launch_residual_rmsnorm(x, residual, weight, residual_out, out,
-                                           cuda::fused::FusedRmsNormShape{static_cast<int>(rows),
-                                                                          static_cast<int>(hidden), eps, type},
-                                           static_cast<cudaStream_t>(stream), /*programmatic=*/true);
+      cuda::fused::launch_residual_rmsnorm(
+          x, residual, weight, residual_out, out,
+          cuda::fused::FusedRmsNormShape{static_cast<int>(rows), static_cast<int>(hidden), eps, type},
+          static_cast<cudaStream_t>(stream), /*programmatic=*/true);
     });
   });
 }
@@ -300,7 +304,8 @@ int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x, const void* 
     check_norm_arguments(rows, hidden, eps, {x, residual, weight, residual_out, out});
     const cuda::RegisteredBuffer* registered = registered_buffer(*state, registered_id);
     // x is read by peers (or staged) while the outputs are written: they must be separate memory.
-    const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(hidden) * static_cast<size_t>(dtype_size(type));
+    const size_t bytes =
+        static_cast<size_t>(rows) * static_cast<size_t>(hidden) * static_cast<size_t>(dtype_size(type));
     auto overlap = [bytes](const void* a, const void* b) {
       const auto x0 = reinterpret_cast<uintptr_t>(a), y0 = reinterpret_cast<uintptr_t>(b);
       return x0 < y0 + bytes && y0 < x0 + bytes;

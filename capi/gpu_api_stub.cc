@@ -44,7 +44,8 @@ int exactcoll_fused_add_rmsnorm(exactcoll_comm, const void*, const void*, const 
                                 float, int, int, void*, int, exactcoll_call_info*) {
   return unavailable("exactcoll_fused_add_rmsnorm");
 }
-int exactcoll_add_rmsnorm(const void*, const void*, const void*, void*, void*, int64_t, int64_t, float, int, int, void*) {
+int exactcoll_add_rmsnorm(const void*, const void*, const void*, void*, void*, int64_t, int64_t, float, int, int,
+                          void*) {
   return unavailable("exactcoll_add_rmsnorm");
 }
 int exactcoll_comm_check(exactcoll_comm, void*) { return unavailable("exactcoll_comm_check"); }

@@ -234,9 +234,10 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
         }
       }
       if (!found) {
-        bad_argument(algo_name + " runs on GPUs only; the simulator runs one_stage, two_stage, push_one_stage, "
-                                 "lamport_one_stage, unfused, one_stage_reg and gather_norm (every one gives the "
-                                 "same bits)");
+        bad_argument(algo_name +
+                     " runs on GPUs only; the simulator runs one_stage, two_stage, push_one_stage, "
+                     "lamport_one_stage, unfused, one_stage_reg and gather_norm (every one gives the "
+                     "same bits)");
       }
       ran = algo;
     }
@@ -244,9 +245,10 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
     fused::FusedContract fused_contract{};
     fused::parse_contract(contract_name, &fused_contract);
     const bool canonical = fused_contract == fused::FusedContract::kCanonical;
-    if (!canonical && (algo_name != "auto" || run.blocks != 1 || run.world.schedule != sim::Schedule::kThreads ||
-                       run.world.trace)) {
-      bad_argument("the " + contract_name + " contract is computed by the scalar reference: algo must be auto, and "
+    if (!canonical &&
+        (algo_name != "auto" || run.blocks != 1 || run.world.schedule != sim::Schedule::kThreads || run.world.trace)) {
+      bad_argument("the " + contract_name +
+                   " contract is computed by the scalar reference: algo must be auto, and "
                    "blocks, seeded schedules and traces apply to the canonical contract only");
     }
     if (rows == 0) {

@@ -228,8 +228,8 @@ EXC_HD EXC_INLINE Pack<T> fold_pack_from(Ctx& ctx, size_t i, Source source) {
 // Returns the fold of the pack starting at element i (aligned), loading every rank's pack.
 template <class T, int kRanks, class Ctx>
 EXC_HD EXC_INLINE Pack<T> fold_pack(Ctx& ctx, size_t i) {
-  return fold_pack_from<T, kRanks>(
-      ctx, i, [&](int r) { return ctx.load(reinterpret_cast<const Pack<T>*>(ctx.input(r) + i)); });
+  return fold_pack_from<T, kRanks>(ctx, i,
+                                   [&](int r) { return ctx.load(reinterpret_cast<const Pack<T>*>(ctx.input(r) + i)); });
 }
 
 // How many packs a thread handles per loop iteration in fold_range / copy_range, with every load of
@@ -328,7 +328,8 @@ EXC_HD void fold_range_from(Ctx& ctx, const BlockShare& share, Src src, T* dst0,
 // dst1[i - shift] if dst1 is not null).
 template <class T, int kRanks, class Ctx>
 EXC_HD void fold_range(Ctx& ctx, const BlockShare& share, T* dst0, T* dst1, size_t shift = 0) {
-  fold_range_from<T, kRanks>(ctx, share, [&](int r) { return ctx.input(r); }, dst0, dst1, shift);
+  fold_range_from<T, kRanks>(
+      ctx, share, [&](int r) { return ctx.input(r); }, dst0, dst1, shift);
 }
 
 // Copies this block's share of src into dst: element i goes to dst[i + offset] (bits unchanged).
@@ -550,7 +551,8 @@ template <class Ctx>
 EXC_HD EXC_INLINE void advance_push_calls(Ctx& ctx, uint32_t calls) {
   const int g = ctx.num_blocks();
   SignalBuffer* mine = ctx.signals(ctx.rank());
-  for (int s = ctx.block() + g * ctx.thread(); s < kMaxBlocks; s += g * ctx.num_threads()) mine->push_calls[s] = calls + 1;
+  for (int s = ctx.block() + g * ctx.thread(); s < kMaxBlocks; s += g * ctx.num_threads())
+    mine->push_calls[s] = calls + 1;
 }
 
 // Stores pack x (element i, aligned) into every peer p's scratch at ctx.scratch(p) + offset(p) + i,
@@ -597,7 +599,9 @@ EXC_HD void push_share(Ctx& ctx, const BlockShare& share, const T* src, Offset o
           for (int u = 0; u < kGroup; ++u) ctx.store(reinterpret_cast<Pack<T>*>(dst + i + u * stride), in[u]);
         }
       },
-      [&](size_t i) { store_pack_to_peers<T, kRanks>(ctx, i, ctx.load(reinterpret_cast<const Pack<T>*>(src + i)), offset); },
+      [&](size_t i) {
+        store_pack_to_peers<T, kRanks>(ctx, i, ctx.load(reinterpret_cast<const Pack<T>*>(src + i)), offset);
+      },
       [&](size_t i) { store_element_to_peers<T, kRanks>(ctx, i, src[i], offset); });
 }
 
@@ -609,7 +613,8 @@ EXC_HD void push_share_into_slot(Ctx& ctx, const char* name, const BlockShare& s
     const int n = ctx.world_size();
     ctx.trace_step_begin(name);
     trace_share(ctx, share, Access::kRead, ctx.rank(), Buffer::kInput);
-    for (int k = 1; k < n; ++k) trace_share(ctx, share, Access::kWrite, (ctx.rank() + k) % n, Buffer::kScratch, my_slot);
+    for (int k = 1; k < n; ++k)
+      trace_share(ctx, share, Access::kWrite, (ctx.rank() + k) % n, Buffer::kScratch, my_slot);
     ctx.trace_step_end();
   }
   push_share<T, kRanks>(ctx, share, src, [my_slot](int) { return my_slot; });

@@ -70,10 +70,9 @@ enum class FusedAlgo : uint8_t {
 };
 
 // Every FusedAlgo, in the order the command line lists them.
-inline constexpr FusedAlgo kFusedAlgos[] = {FusedAlgo::kOneStage,        FusedAlgo::kOneStageReg,
-                                            FusedAlgo::kTwoStage,        FusedAlgo::kGatherNorm,
-                                            FusedAlgo::kPushOneStage,    FusedAlgo::kPushOneStageReg,
-                                            FusedAlgo::kLamportOneStage, FusedAlgo::kUnfused};
+inline constexpr FusedAlgo kFusedAlgos[] = {
+    FusedAlgo::kOneStage,     FusedAlgo::kOneStageReg,     FusedAlgo::kTwoStage,        FusedAlgo::kGatherNorm,
+    FusedAlgo::kPushOneStage, FusedAlgo::kPushOneStageReg, FusedAlgo::kLamportOneStage, FusedAlgo::kUnfused};
 
 inline const char* fused_algo_name(FusedAlgo a) {
   switch (a) {
@@ -136,8 +135,7 @@ EXC_HD inline RowRange fused_block_rows(RowRange range, int block, int num_block
 
 // Records the accesses of a row range to every rank's input (reads) and the given buffers.
 template <class Ctx>
-EXC_HD void trace_rows(Ctx& ctx, size_t begin, size_t end, bool reads_inputs, int peer, Buffer buffer,
-                       Access access) {
+EXC_HD void trace_rows(Ctx& ctx, size_t begin, size_t end, bool reads_inputs, int peer, Buffer buffer, Access access) {
   if constexpr (Ctx::kTraceSteps) {
     if (end <= begin) return;
     if (reads_inputs) {
@@ -392,11 +390,14 @@ EXC_HD void fused_rmsnorm_push_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>& ar
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(args.hidden, &tree);
   const size_t H = static_cast<size_t>(args.hidden);
-  push_one_stage_rows<T, kRanks, Protocol, Halves>(ctx, args, [] {}, [&](int row, auto x_of) {
-    const size_t base = static_cast<size_t>(row) * H;
-    fused_row<T, kRanks>(ctx, tree, x_of, base, args.residual + base, args.weight, args.eps, args.residual_out + base,
-                         args.out + base, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
-  });
+  push_one_stage_rows<T, kRanks, Protocol, Halves>(
+      ctx, args, [] {},
+      [&](int row, auto x_of) {
+        const size_t base = static_cast<size_t>(row) * H;
+        fused_row<T, kRanks>(ctx, tree, x_of, base, args.residual + base, args.weight, args.eps,
+                             args.residual_out + base, args.out + base, static_cast<T*>(nullptr),
+                             static_cast<T*>(nullptr));
+      });
 }
 
 // lamport_one_stage: the fused op over allreduce_lamport_one_shot's protocol (core/lamport.h): no

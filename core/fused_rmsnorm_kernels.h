@@ -114,7 +114,8 @@ EXC_HD void gather_rows(Ctx& ctx, const contract::RmsNormTree& tree, RowRange ra
     } else {
       const T* src_row = src + static_cast<size_t>(row) * H;
       for (int p = t; p < np; p += nt) {
-        ctx.store(reinterpret_cast<Pack<T>*>(ro_row + p * P), ctx.load(reinterpret_cast<const Pack<T>*>(src_row + p * P)));
+        ctx.store(reinterpret_cast<Pack<T>*>(ro_row + p * P),
+                  ctx.load(reinterpret_cast<const Pack<T>*>(src_row + p * P)));
       }
     }
     ctx.sync_block();
@@ -226,7 +227,7 @@ EXC_HD void fused_row_held(Ctx& ctx, const contract::RmsNormTree& tree, XOf x_of
 // or 2) and returns true; otherwise returns false and the caller takes core's path.
 template <class Ctx, class HeldFn>
 EXC_HD bool run_register_path(Ctx& ctx, const contract::RmsNormTree& tree, HeldFn held_fn) {
-  if constexpr (requires(Ctx& c, const contract::RmsNormTree& tr) { c.sum_lane_partials(tr, 0.0f); }) {
+  if constexpr (requires(Ctx & c, const contract::RmsNormTree& tr) { c.sum_lane_partials(tr, 0.0f); }) {
     if (register_path_fits<2>(ctx, tree)) {
       if (register_packs(tree) == 1) {
         held_fn(std::integral_constant<int, 1>{});
@@ -267,9 +268,8 @@ template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Ctx>
 EXC_HD void fused_rmsnorm_one_stage_reg(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(args.hidden, &tree);
-  const bool held = run_register_path(ctx, tree, [&](auto packs) {
-    one_stage_held<T, kRanks, decltype(packs)::value, Protocol>(ctx, args, tree);
-  });
+  const bool held = run_register_path(
+      ctx, tree, [&](auto packs) { one_stage_held<T, kRanks, decltype(packs)::value, Protocol>(ctx, args, tree); });
   if (!held) fused_rmsnorm_one_stage<T, kRanks, Protocol>(ctx, args);
 }
 
@@ -336,8 +336,8 @@ EXC_HD void gather_held_rows(Ctx& ctx, const contract::RmsNormTree& tree, const 
   const int t = ctx.thread(), nt = ctx.num_threads();
   // The sequence: (k, row) for k = 1..n-1 and row in peer (me + k)'s block-b rows.
   int k = 1;
-  RowRange range = n > 1 ? fused_block_rows(fused_rank_rows(args.rows, (me + 1) % n, n), ctx.block(), ctx.num_blocks())
-                         : RowRange{};
+  RowRange range =
+      n > 1 ? fused_block_rows(fused_rank_rows(args.rows, (me + 1) % n, n), ctx.block(), ctx.num_blocks()) : RowRange{};
   int row = range.begin;
   auto settle = [&] {  // moves (k, row) to the next existing row, or k = n at the end
     while (k < n && row >= range.end) {
@@ -376,7 +376,8 @@ EXC_HD void gather_held_rows(Ctx& ctx, const contract::RmsNormTree& tree, const 
     EXC_FUSED_UNROLL
     for (int i = 0; i < kHeld; ++i) {
       const int p = t + i * nt;
-      if (p < tree.num_packs) ctx.store(reinterpret_cast<Pack<T>*>(args.residual_out + base + static_cast<size_t>(p) * P), cur[i]);
+      if (p < tree.num_packs)
+        ctx.store(reinterpret_cast<Pack<T>*>(args.residual_out + base + static_cast<size_t>(p) * P), cur[i]);
     }
     normalize_held_row<T, kHeld>(ctx, tree, cur, w, args.eps, args.out + base);
   }
@@ -391,8 +392,8 @@ EXC_HD void gather_norm_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, const co
   uint32_t barriers = load_barrier_count(ctx);
   block_barrier<Protocol>(ctx, &barriers);
   {
-    const RowRange mine = fused_block_rows(fused_rank_rows(args.rows, ctx.rank(), ctx.world_size()), ctx.block(),
-                                           ctx.num_blocks());
+    const RowRange mine =
+        fused_block_rows(fused_rank_rows(args.rows, ctx.rank(), ctx.world_size()), ctx.block(), ctx.num_blocks());
     T* scratch = ctx.scratch(ctx.rank());
     trace_folded_rows(ctx, "fused_slice", mine, H, true);
     for (int row = mine.begin; row < mine.end; ++row) {
@@ -429,9 +430,8 @@ template <class T, int kRanks = 0, class Protocol = TwoSetProtocol, class Ctx>
 EXC_HD void fused_rmsnorm_gather_norm(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(args.hidden, &tree);
-  const bool held = run_register_path(ctx, tree, [&](auto packs) {
-    gather_norm_held<T, kRanks, decltype(packs)::value, Protocol>(ctx, args, tree);
-  });
+  const bool held = run_register_path(
+      ctx, tree, [&](auto packs) { gather_norm_held<T, kRanks, decltype(packs)::value, Protocol>(ctx, args, tree); });
   if (held) return;
   const size_t H = static_cast<size_t>(args.hidden);
   const int n = ctx.world_size();

@@ -92,9 +92,9 @@ std::string HandleExchange::get_or_explain(const std::string& key, int peer, con
   try {
     return store_.get(key, options_.timeout);
   } catch (const StoreError& e) {
-    throw StoreError("handle exchange round " + std::to_string(round_) + " (rank " + std::to_string(rank_) +
-                     " of " + std::to_string(world_size_) + "): rank " + std::to_string(peer) + " never published its " +
-                     what + " (key '" + key + "'): " + e.what());
+    throw StoreError("handle exchange round " + std::to_string(round_) + " (rank " + std::to_string(rank_) + " of " +
+                     std::to_string(world_size_) + "): rank " + std::to_string(peer) + " never published its " + what +
+                     " (key '" + key + "'): " + e.what());
   }
 }
 

@@ -56,15 +56,15 @@ using OpenHandleFn = std::function<void*(int peer, const ExportedBuffer& buffer)
 using CloseHandleFn = std::function<void(int peer, void* opened_base)>;
 
 struct HandleExchangeOptions {
-  std::string key_prefix = "handles";         // one namespace per communicator
-  std::chrono::milliseconds timeout{30000};   // every store wait
+  std::string key_prefix = "handles";        // one namespace per communicator
+  std::chrono::milliseconds timeout{30000};  // every store wait
 };
 
 struct HandleExchangeStats {
-  uint64_t calls = 0;      // exchange() calls (rounds)
-  uint64_t exchanges = 0;  // rounds in which some rank missed and handles were exchanged
-  uint64_t opens = 0;      // open callbacks made
-  uint64_t closes = 0;     // close callbacks made
+  uint64_t calls = 0;           // exchange() calls (rounds)
+  uint64_t exchanges = 0;       // rounds in which some rank missed and handles were exchanged
+  uint64_t opens = 0;           // open callbacks made
+  uint64_t closes = 0;          // close callbacks made
   bool last_missed = false;     // this rank missed in the last round
   bool last_exchanged = false;  // the last round exchanged
 };
@@ -99,7 +99,7 @@ class HandleExchange {
     void* base = nullptr;
   };
   using LocalKey = std::tuple<uint64_t, uint64_t, uint64_t>;  // base, size, offset
-  using OpenKey = std::tuple<uint64_t, uint64_t, int>;         // peer's base, size, peer
+  using OpenKey = std::tuple<uint64_t, uint64_t, int>;        // peer's base, size, peer
 
   bool misses(const std::vector<ExportedBuffer>& mine) const;
   std::string get_or_explain(const std::string& key, int peer, const char* what);

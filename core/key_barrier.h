@@ -72,9 +72,10 @@ inline void key_barrier(Store& store, const std::string& name, int rank, int wor
       const int64_t counted = store.add(name + "/arrivals", 0) - round * world_size;
       const size_t arrived = static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(counted, 0), world_size));
       // The wait's own error comes last: a store that failed rather than timed out says so there.
-      throw StoreError("store " + barrier_timeout_message(name, world_size, std::max(arrived, present.size()),
-                                                          present, {}, timeout) +
-                       " [waiting for '" + done + "': " + wait_error.what() + "]");
+      throw StoreError(
+          "store " +
+          barrier_timeout_message(name, world_size, std::max(arrived, present.size()), present, {}, timeout) +
+          " [waiting for '" + done + "': " + wait_error.what() + "]");
     }
   }
   if (rank != kUnknownRank) store.erase(rank_key(round));

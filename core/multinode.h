@@ -208,14 +208,16 @@ void allreduce(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElem
     detail::GroupBuilder g;
     const long fold_chunk = t - k, result_in = t - M - k;
     if (k >= 1 && valid(fold_chunk)) {
-      g.add(false, prev, p.carry_in(), (slice(fold_chunk).end - slice(fold_chunk).begin) * ef, Payload::kCarry, fold_chunk);
+      g.add(false, prev, p.carry_in(), (slice(fold_chunk).end - slice(fold_chunk).begin) * ef, Payload::kCarry,
+            fold_chunk);
     }
     if (k <= M - 2 && valid(result_in)) {
       const Slice s = slice(result_in);
       g.add(false, prev, slot(result_in) + s.begin, (s.end - s.begin) * et, Payload::kResult, result_in);
     }
     if (k <= M - 2 && valid(t - 1 - k)) {
-      g.add(true, next, p.carry_out(), (slice(t - 1 - k).end - slice(t - 1 - k).begin) * ef, Payload::kCarry, t - 1 - k);
+      g.add(true, next, p.carry_out(), (slice(t - 1 - k).end - slice(t - 1 - k).begin) * ef, Payload::kCarry,
+            t - 1 - k);
     }
     const long result_out = k == M - 1 ? t - M : k <= M - 3 ? t - 1 - M - k : -1;
     if (M >= 2 && valid(result_out)) {

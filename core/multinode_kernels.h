@@ -37,8 +37,8 @@ struct NodeFoldArgs {
   T* rounded = nullptr;             // when rounding: piece p element e -> rounded[p * length + e] ...
   T* rounded_alt = nullptr;         // ... except piece alt_piece -> rounded_alt[e]
   int alt_piece = -1;
-  bool barrier_before = false;      // pass a barrier first: every local peer's input is in place
-  bool barrier_after = false;       // pass a barrier last: no local peer reuses its input too early
+  bool barrier_before = false;  // pass a barrier first: every local peer's input is in place
+  bool barrier_after = false;   // pass a barrier last: no local peer reuses its input too early
 };
 
 // Returns the fold of element i over this node's ranks in rank order, begun from *carry (the
@@ -103,7 +103,8 @@ EXC_HD void node_fold(Ctx& ctx, const NodeFoldArgs<T>& a) {
     const float* carry = a.carry_in != nullptr ? a.carry_in + static_cast<size_t>(p) * a.length : nullptr;
     auto element = [&](size_t i) {
       const size_t e = i - begin;
-      node_fold_store(ctx, a, p, e, i, node_fold_element<T>(ctx, i, carry != nullptr ? carry + e : nullptr, a.first_rank));
+      node_fold_store(ctx, a, p, e, i,
+                      node_fold_element<T>(ctx, i, carry != nullptr ? carry + e : nullptr, a.first_rank));
     };
     for_share(
         ctx, share, P,

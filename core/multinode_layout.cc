@@ -62,8 +62,8 @@ std::string layout_from_places(const std::vector<RankPlace>& places, NodeLayout*
   for (int r = 0; r < n && problems.empty(); ++r) {
     const RankPlace& p = places[static_cast<size_t>(r)];
     if (!taken.insert({p.node, p.local_rank}).second) {
-      add("two ranks claim node " + std::to_string(p.node) + " local rank " + std::to_string(p.local_rank) +
-          " (rank " + std::to_string(r) + " is the second)");
+      add("two ranks claim node " + std::to_string(p.node) + " local rank " + std::to_string(p.local_rank) + " (rank " +
+          std::to_string(r) + " is the second)");
     } else if (r != p.node * local + p.local_rank) {
       add("rank " + std::to_string(r) + " is node " + std::to_string(p.node) + " local rank " +
           std::to_string(p.local_rank) + ": ranks must be numbered node-major (rank = node * " + std::to_string(local) +

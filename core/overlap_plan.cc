@@ -87,7 +87,8 @@ RankPlan make_plan(Pattern pattern, int rank, int world_size, int comm_streams, 
   std::vector<PlanOp>& compute = plan.streams.back().ops;
 
   // 1. The owner marks its shard ready for every puller (first thing on comm stream 0).
-  for (int j = 1; j < world_size; ++j) comm(0).push_back({OpKind::kSignalReady, -1, shard_of_step(rank, j, world_size)});
+  for (int j = 1; j < world_size; ++j)
+    comm(0).push_back({OpKind::kSignalReady, -1, shard_of_step(rank, j, world_size)});
   // 2. Its own shard goes into the gathered A on the last comm stream (idle at first when there
   //    are two or more).
   comm(comm_streams - 1).push_back({OpKind::kCopyOwnShard, 0, rank});
@@ -161,7 +162,9 @@ std::string check_product(const RankPlan& plan, const std::vector<PlanOp>& ops, 
     const int step = step_of_shard(me, shard, n);
     bool waited = false;
     for (size_t b = 0; b < i; ++b) waited = waited || (ops[b].kind == OpKind::kWaitArrival && ops[b].step == step);
-    if (!waited) return "product of shard " + std::to_string(shard) + " (step " + std::to_string(step) + ") before its shard arrived";
+    if (!waited)
+      return "product of shard " + std::to_string(shard) + " (step " + std::to_string(step) +
+             ") before its shard arrived";
   }
   return "";
 }
@@ -205,7 +208,8 @@ std::string check_structure(const RankPlan& plan) {
           for (size_t b = 0; b < i; ++b) {
             pulled_before = pulled_before || (ops[b].kind == OpKind::kPullShard && ops[b].step == op.step);
           }
-          if (!pulled_before) return where(plan, s, i) + ": step " + std::to_string(op.step) + " recorded before its pull";
+          if (!pulled_before)
+            return where(plan, s, i) + ": step " + std::to_string(op.step) + " recorded before its pull";
           recorded.insert(op.step);
           break;
         }
@@ -221,7 +225,8 @@ std::string check_structure(const RankPlan& plan) {
           break;
         case OpKind::kWaitConsumed:
           if (!peer_ok) return where(plan, s, i) + ": no valid peer";
-          if (!is_compute) return where(plan, s, i) + ": wait_consumed belongs on the compute stream (it ends the call)";
+          if (!is_compute)
+            return where(plan, s, i) + ": wait_consumed belongs on the compute stream (it ends the call)";
           ++consumed_waits[op.peer];
           break;
         case OpKind::kWaitReady:
@@ -238,16 +243,20 @@ std::string check_structure(const RankPlan& plan) {
   if (own_copies != 1) return who + "its own shard is copied " + std::to_string(own_copies) + " times, not once";
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    if (pulls[p] != 1) return who + "shard " + std::to_string(p) + " is pulled " + std::to_string(pulls[p]) + " times, not once";
-    if (ready_signals[p] != 1) return who + "marks its shard ready for rank " + std::to_string(p) + " " +
-                                      std::to_string(ready_signals[p]) + " times, not once";
-    if (consumed_waits[p] != 1) return who + "waits for rank " + std::to_string(p) + "'s consumed signal " +
-                                       std::to_string(consumed_waits[p]) + " times, not once";
+    if (pulls[p] != 1)
+      return who + "shard " + std::to_string(p) + " is pulled " + std::to_string(pulls[p]) + " times, not once";
+    if (ready_signals[p] != 1)
+      return who + "marks its shard ready for rank " + std::to_string(p) + " " + std::to_string(ready_signals[p]) +
+             " times, not once";
+    if (consumed_waits[p] != 1)
+      return who + "waits for rank " + std::to_string(p) + "'s consumed signal " + std::to_string(consumed_waits[p]) +
+             " times, not once";
   }
   if (plan.pattern == Pattern::kAgMatmul) {
     for (int p = 0; p < n; ++p) {
-      if (matmul_shards[p] != 1) return who + "computes the rows of C of shard " + std::to_string(p) + " " +
-                                        std::to_string(matmul_shards[p]) + " times, not once";
+      if (matmul_shards[p] != 1)
+        return who + "computes the rows of C of shard " + std::to_string(p) + " " + std::to_string(matmul_shards[p]) +
+               " times, not once";
     }
   } else if (products != 1) {
     return who + "prefetch runs " + std::to_string(products) + " products, not one";
@@ -308,7 +317,8 @@ std::string check_plans(const std::vector<RankPlan>& plans) {
       for (int r = 0; r < n; ++r) {
         const RankPlan& plan = plans[static_cast<size_t>(r)];
         const size_t s = stream[static_cast<size_t>(r)];
-        if (s < plan.streams.size()) stuck += (stuck.empty() ? "" : "; ") + where(plan, s, index[static_cast<size_t>(r)]);
+        if (s < plan.streams.size())
+          stuck += (stuck.empty() ? "" : "; ") + where(plan, s, index[static_cast<size_t>(r)]);
       }
       return "the plans deadlock when each rank runs its streams in order: " + stuck;
     }

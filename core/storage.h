@@ -104,9 +104,7 @@ EXC_HD EXC_INLINE uint16_t float_to_fp16_bits(float f) {
 }
 
 // Exact: bf16 is the top half of a float.
-EXC_HD EXC_INLINE float bf16_bits_to_float(uint16_t h) {
-  return bits_to_float(static_cast<uint32_t>(h) << 16);
-}
+EXC_HD EXC_INLINE float bf16_bits_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
 
 // Exact for every non-NaN; NaN becomes 0x7FFFFFFF. Host form without branches (vectorizes).
 EXC_HD EXC_INLINE float fp16_bits_to_float(uint16_t h) {

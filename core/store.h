@@ -74,12 +74,13 @@ inline std::string barrier_timeout_message(const std::string& name, int world_si
   };
   const std::string within = " within " + std::to_string(timeout.count()) + " ms";
   const std::string left_text =
-      left.empty() ? "" : "; " + ranks_text(left) + " came but left before the end: its own timeout, or its process ended";
+      left.empty() ? ""
+                   : "; " + ranks_text(left) + " came but left before the end: its own timeout, or its process ended";
   if (present.size() == arrived) {
     std::vector<int> missing;
     for (int r = 0; r < world_size; ++r) {
-      const bool came = std::binary_search(present.begin(), present.end(), r) ||
-                        std::binary_search(left.begin(), left.end(), r);
+      const bool came =
+          std::binary_search(present.begin(), present.end(), r) || std::binary_search(left.begin(), left.end(), r);
       if (!came) missing.push_back(r);
     }
     if (!missing.empty()) {
@@ -89,8 +90,8 @@ inline std::string barrier_timeout_message(const std::string& name, int world_si
     }
   }
   return "barrier '" + name + "': only " + std::to_string(arrived) + " of " + std::to_string(world_size) +
-         " callers arrived" + within + (present.empty() ? "" : " (among them " + ranks_text(present) + ")") + left_text +
-         (present.size() == arrived ? "" : " (callers that give their rank are named)");
+         " callers arrived" + within + (present.empty() ? "" : " (among them " + ranks_text(present) + ")") +
+         left_text + (present.size() == arrived ? "" : " (callers that give their rank are named)");
 }
 
 }  // namespace exactcoll

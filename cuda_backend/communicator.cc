@@ -116,14 +116,14 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
   store_.set(key("ipc/gpu/" + std::to_string(rank_)), bus_id);
   std::vector<std::string> buses(static_cast<size_t>(world_size_));
   for (int p = 0; p < world_size_; ++p) {
-    buses[static_cast<size_t>(p)] = p == rank_ ? std::string(bus_id)
-                                               : store_.get(key("ipc/gpu/" + std::to_string(p)), options_.store_timeout);
+    buses[static_cast<size_t>(p)] =
+        p == rank_ ? std::string(bus_id) : store_.get(key("ipc/gpu/" + std::to_string(p)), options_.store_timeout);
   }
   for (int p = 0; p < world_size_ && shared_gpu_note_.empty(); ++p) {
     for (int q = p + 1; q < world_size_ && shared_gpu_note_.empty(); ++q) {
       if (buses[static_cast<size_t>(p)] == buses[static_cast<size_t>(q)]) {
-        shared_gpu_note_ = "ranks " + std::to_string(p) + " and " + std::to_string(q) + " share GPU " +
-                           buses[static_cast<size_t>(p)];
+        shared_gpu_note_ =
+            "ranks " + std::to_string(p) + " and " + std::to_string(q) + " share GPU " + buses[static_cast<size_t>(p)];
       }
     }
   }
@@ -250,11 +250,13 @@ RegisteredBuffer Communicator::register_buffer(const void* ptr, size_t bytes) {
       const std::string their_bytes = theirs.substr(0, space);
       const std::string their_problem = space == std::string::npos ? "" : theirs.substr(space + 1);
       if (!their_problem.empty()) {
-        throw CollectiveError("register_buffer #" + std::to_string(id) + ": rank " + std::to_string(p) + ": " + their_problem);
+        throw CollectiveError("register_buffer #" + std::to_string(id) + ": rank " + std::to_string(p) + ": " +
+                              their_problem);
       }
       if (their_bytes != std::to_string(bytes)) {
-        throw CollectiveError("register_buffer #" + std::to_string(id) + ": rank " + std::to_string(p) + " registered " +
-                              their_bytes + " bytes, rank " + std::to_string(rank_) + " " + std::to_string(bytes));
+        throw CollectiveError("register_buffer #" + std::to_string(id) + ": rank " + std::to_string(p) +
+                              " registered " + their_bytes + " bytes, rank " + std::to_string(rank_) + " " +
+                              std::to_string(bytes));
       }
     }
     // 3. The handle exchange (opens only what is new, same decision on every rank, barrier).
@@ -298,13 +300,15 @@ KernelArgs Communicator::base_args() const {
   return a;
 }
 
-void Communicator::launch(DType dtype, KernelKind kind, const KernelArgs& args, LaunchConfig grid, cudaStream_t stream) {
+void Communicator::launch(DType dtype, KernelKind kind, const KernelArgs& args, LaunchConfig grid,
+                          cudaStream_t stream) {
   grid.programmatic = options_.programmatic_launch;
   EXC_CUDA_CHECK(launch_collective(dtype, kind, args, grid, stream));
 }
 
 void Communicator::require_usable() const {
-  if (poisoned_) throw CollectiveError("communicator " + options_.name + " is unusable after an earlier error: " + poison_message_);
+  if (poisoned_)
+    throw CollectiveError("communicator " + options_.name + " is unusable after an earlier error: " + poison_message_);
 }
 
 void Communicator::device_barrier(cudaStream_t stream) {
@@ -327,9 +331,10 @@ void Communicator::check(cudaStream_t stream) {
                   "element %u still held the sentinel after %.1f ms)",
                   e.rank, e.block, e.peer, e.expected, e.set, e.observed, static_cast<double>(e.waited_ns) / 1e6);
   } else {
-    std::snprintf(message, sizeof message,
-                  "rank %d block %d: peer %d never arrived at barrier (set %d, value %u; the flag held %u after %.1f ms)",
-                  e.rank, e.block, e.peer, e.set, e.expected, e.observed, static_cast<double>(e.waited_ns) / 1e6);
+    std::snprintf(
+        message, sizeof message,
+        "rank %d block %d: peer %d never arrived at barrier (set %d, value %u; the flag held %u after %.1f ms)", e.rank,
+        e.block, e.peer, e.set, e.expected, e.observed, static_cast<double>(e.waited_ns) / 1e6);
   }
   poisoned_ = true;
   poison_message_ = message;
@@ -347,7 +352,8 @@ KernelArgs Communicator::ipc_kernel_args() const {
 }
 
 CallInfo Communicator::allreduce(const void* input, void* output, size_t count, DType dtype, Algorithm algo,
-                                 cudaStream_t stream, const RegisteredBuffer* registered, std::optional<LaunchConfig> grid) {
+                                 cudaStream_t stream, const RegisteredBuffer* registered,
+                                 std::optional<LaunchConfig> grid) {
   return run(Op::kAllReduce, input, output, count, dtype, algo, stream, registered, grid);
 }
 
@@ -358,23 +364,30 @@ CallInfo Communicator::reduce_scatter(const void* input, void* output, size_t co
 }
 
 CallInfo Communicator::allgather(const void* input, void* output, size_t count, DType dtype, Algorithm algo,
-                                 cudaStream_t stream, const RegisteredBuffer* registered, std::optional<LaunchConfig> grid) {
+                                 cudaStream_t stream, const RegisteredBuffer* registered,
+                                 std::optional<LaunchConfig> grid) {
   return run(Op::kAllGather, input, output, count, dtype, algo, stream, registered, grid);
 }
 
-CallInfo Communicator::run_nccl(Op op, const void* input, void* output, size_t count, DType dtype, cudaStream_t stream) {
+CallInfo Communicator::run_nccl(Op op, const void* input, void* output, size_t count, DType dtype,
+                                cudaStream_t stream) {
   if (nccl_comm_ == nullptr) {
     throw CollectiveError("NCCL is not available in communicator " + options_.name + ": " + nccl_reason_);
   }
   const NcclApi& nccl = NcclApi::get();
   const ncclDataType_t t = nccl_type(dtype);
   switch (op) {
-    case Op::kAllReduce: nccl.check(nccl.AllReduce(input, output, count, t, ncclSum, nccl_comm_, stream), "ncclAllReduce"); break;
-    case Op::kReduceScatter:
-      nccl.check(nccl.ReduceScatter(input, output, count / static_cast<size_t>(world_size_), t, ncclSum, nccl_comm_, stream),
-                 "ncclReduceScatter");
+    case Op::kAllReduce:
+      nccl.check(nccl.AllReduce(input, output, count, t, ncclSum, nccl_comm_, stream), "ncclAllReduce");
       break;
-    case Op::kAllGather: nccl.check(nccl.AllGather(input, output, count, t, nccl_comm_, stream), "ncclAllGather"); break;
+    case Op::kReduceScatter:
+      nccl.check(
+          nccl.ReduceScatter(input, output, count / static_cast<size_t>(world_size_), t, ncclSum, nccl_comm_, stream),
+          "ncclReduceScatter");
+      break;
+    case Op::kAllGather:
+      nccl.check(nccl.AllGather(input, output, count, t, nccl_comm_, stream), "ncclAllGather");
+      break;
   }
   CallInfo info;
   info.algo = Algorithm::kNccl;
@@ -434,7 +447,8 @@ void Communicator::run_copy_engine_allgather(const char* const* inputs, const vo
   for (int k = 0; k < world_size_; ++k) {
     const int peer = (rank_ + k) % world_size_;
     const void* src = peer == rank_ ? input : inputs[peer];
-    EXC_CUDA_CHECK(cudaMemcpyAsync(out + static_cast<size_t>(peer) * bytes, src, bytes, cudaMemcpyDeviceToDevice, stream));
+    EXC_CUDA_CHECK(
+        cudaMemcpyAsync(out + static_cast<size_t>(peer) * bytes, src, bytes, cudaMemcpyDeviceToDevice, stream));
   }
   // 4. Barrier (end): no peer reuses its buffer while this rank's copies may still read it.
   device_barrier(stream);
@@ -450,8 +464,8 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   }
   const size_t n = static_cast<size_t>(world_size_);
   if (op == Op::kReduceScatter && count % n != 0) {
-    throw std::invalid_argument("reduce_scatter: count " + std::to_string(count) + " is not a multiple of the world size " +
-                                std::to_string(n));
+    throw std::invalid_argument("reduce_scatter: count " + std::to_string(count) +
+                                " is not a multiple of the world size " + std::to_string(n));
   }
   if (count == 0) return CallInfo{};
   if (grid && (grid->blocks < 1 || grid->blocks > kMaxBlocks || grid->threads < 64 || grid->threads > 1024 ||
@@ -560,17 +574,18 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   const bool push = op == Op::kAllReduce && is_push_algorithm(choice.algo);
   const bool fits = (!staged || in_bytes <= capacity) && (!needs_scratch || in_bytes <= capacity) &&
                     (!push || push_fits(count, elem_bytes, world_size_, capacity));
-  if (!fits && op == Op::kReduceScatter && staged) return run_chunked_reduce_scatter(input, output, count, dtype, choice, stream);
+  if (!fits && op == Op::kReduceScatter && staged)
+    return run_chunked_reduce_scatter(input, output, count, dtype, choice, stream);
   if (!fits && op != Op::kAllReduce) return fallback("message larger than the staging buffer");
-  const KernelKind kind = op == Op::kReduceScatter ? KernelKind::kReduceScatter
-                          : op == Op::kAllGather  ? KernelKind::kAllGather
-                          : choice.algo == Algorithm::kTwoShot ? KernelKind::kTwoShot
+  const KernelKind kind = op == Op::kReduceScatter                 ? KernelKind::kReduceScatter
+                          : op == Op::kAllGather                   ? KernelKind::kAllGather
+                          : choice.algo == Algorithm::kTwoShot     ? KernelKind::kTwoShot
                           : choice.algo == Algorithm::kPushOneShot ? KernelKind::kPushOneShot
                           : choice.algo == Algorithm::kPushTwoShot ? KernelKind::kPushTwoShot
-                                                               : KernelKind::kOneShot;
+                                                                   : KernelKind::kOneShot;
   // Chunks are multiples of 64 elements, so every chunk starts 16-byte aligned (the push
   // algorithms': 2 x n slots of a chunk fit the scratch, push_chunk_elements).
-  const size_t chunk = fits ? count
+  const size_t chunk = fits   ? count
                        : push ? push_chunk_elements(elem_bytes, world_size_, capacity)
                               : std::max<size_t>(64, capacity / elem / 64 * 64);
   for (size_t first = 0; first < count; first += chunk) {

@@ -64,11 +64,11 @@ struct RegisteredBuffer {
 // What one call ran.
 struct CallInfo {
   Algorithm algo = Algorithm::kOneShot;  // never kAuto
-  LaunchConfig grid;                      // zero for NCCL and copy-engine steps
-  int launches = 0;                       // kernels (more than one when a message is chunked)
-  bool staged = false;                    // the input went through the staging buffer
-  bool exact = true;                      // false: an NCCL fallback whose bits follow no contract
-  std::string note;                       // why a fallback happened
+  LaunchConfig grid;                     // zero for NCCL and copy-engine steps
+  int launches = 0;                      // kernels (more than one when a message is chunked)
+  bool staged = false;                   // the input went through the staging buffer
+  bool exact = true;                     // false: an NCCL fallback whose bits follow no contract
+  std::string note;                      // why a fallback happened
 };
 
 class Communicator {
@@ -84,8 +84,8 @@ class Communicator {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   int device() const { return device_; }
-  const std::string& arch() const { return arch_; }   // "sm90"
-  bool ipc_ready() const { return ipc_ready_; }       // agreed by every rank
+  const std::string& arch() const { return arch_; }  // "sm90"
+  bool ipc_ready() const { return ipc_ready_; }      // agreed by every rank
   const std::string& ipc_unavailable_reason() const { return ipc_reason_; }
   bool nccl_ready() const { return nccl_comm_ != nullptr; }
   // False after a kernel timed out (check() threw): IPC calls are refused from then on.
@@ -168,8 +168,8 @@ class Communicator {
   // one call (communicator.cc says how).
   CallInfo run_chunked_reduce_scatter(const void* input, void* output, size_t count, DType dtype, const Choice& choice,
                                       cudaStream_t stream);
-  void run_copy_engine_allgather(const char* const* inputs, const void* input, void* output, size_t bytes,
-                                 bool staged, cudaStream_t stream);
+  void run_copy_engine_allgather(const char* const* inputs, const void* input, void* output, size_t bytes, bool staged,
+                                 cudaStream_t stream);
   KernelArgs base_args() const;
   void launch(DType dtype, KernelKind kind, const KernelArgs& args, LaunchConfig grid, cudaStream_t stream);
   void require_usable() const;

@@ -13,16 +13,16 @@
 namespace exactcoll::cuda {
 
 struct CommunicatorOptions {
-  std::string name = "exactcoll";            // store key prefix; unique per communicator in a job
-  size_t buffer_bytes = size_t{128} << 20;   // staging and scratch capacity per rank
+  std::string name = "exactcoll";           // store key prefix; unique per communicator in a job
+  size_t buffer_bytes = size_t{128} << 20;  // staging and scratch capacity per rank
   // The largest message lamport_one_shot runs in one launch (larger ones run in chunks of it): the
   // Lamport region is 3 buffers x world_size slots of this many bytes (core/lamport.h).
   size_t lamport_message_bytes = size_t{1} << 20;
-  uint64_t flag_timeout_ms = 5000;           // bound on every in-kernel flag wait (>= 60 s on a shared GPU)
+  uint64_t flag_timeout_ms = 5000;  // bound on every in-kernel flag wait (>= 60 s on a shared GPU)
   std::chrono::milliseconds store_timeout{120000};
-  bool use_nccl = true;                      // create the NCCL communicator (baseline, fallback)
-  bool programmatic_launch = true;           // launch kernels with programmatic dependent launch
-  std::optional<DispatchTable> table;        // auto's table; default DispatchTable::from_environment()
+  bool use_nccl = true;                // create the NCCL communicator (baseline, fallback)
+  bool programmatic_launch = true;     // launch kernels with programmatic dependent launch
+  std::optional<DispatchTable> table;  // auto's table; default DispatchTable::from_environment()
 };
 
 }  // namespace exactcoll::cuda

@@ -88,7 +88,7 @@ class DeviceCtx {
       const uint32_t seen = load_acquire_sys(flag);
       if (seen == value) return;
       if ((spins & 255u) == 0) {
-        if (*aborted_) return;  // another wait of this block already gave up
+        if (*aborted_) return;   // another wait of this block already gave up
         if (error_recorded()) {  // another block of this rank gave up
           *aborted_ = 1;
           return;
@@ -203,7 +203,8 @@ class DeviceCtx {
     const int warps = static_cast<int>(blockDim.x) / contract::kWarp;
     for (int g = warp; g < tree.groups; g += warps) {
       float v = contract::lane_sum_squares(tree, g * contract::kWarp + lane, row);
-      for (int off = contract::kWarp / 2; off >= 1; off /= 2) v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+      for (int off = contract::kWarp / 2; off >= 1; off /= 2)
+        v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
       if (lane == 0) values[g] = v;
     }
     if (static_cast<int>(threadIdx.x) < contract::kWarp && static_cast<int>(threadIdx.x) >= tree.groups) {

@@ -29,8 +29,9 @@ const char* algorithm_name(Algorithm a) {
 }
 
 std::optional<Algorithm> parse_algorithm(const std::string& name) {
-  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot,
-                      Algorithm::kLamportOneShot, Algorithm::kDirect, Algorithm::kCopyEngine, Algorithm::kAuto, Algorithm::kNccl}) {
+  for (Algorithm a :
+       {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot,
+        Algorithm::kLamportOneShot, Algorithm::kDirect, Algorithm::kCopyEngine, Algorithm::kAuto, Algorithm::kNccl}) {
     if (name == algorithm_name(a)) return a;
   }
   return std::nullopt;
@@ -181,7 +182,8 @@ Choice DispatchTable::choose_allreduce_auto(const std::string& arch, int world_s
   for (Algorithm algo : ipc_algorithms(Op::kAllReduce)) {
     const bool push = is_push_algorithm(algo);
     const uint64_t at = push ? chunk * static_cast<uint64_t>(elem_bytes) : bytes;
-    const TableRow* row = fastest_row(arch, world_size, Op::kAllReduce, measured_size(arch, world_size, Op::kAllReduce, at), algo);
+    const TableRow* row =
+        fastest_row(arch, world_size, Op::kAllReduce, measured_size(arch, world_size, Op::kAllReduce, at), algo);
     if (row == nullptr) continue;
     const double us = row->time_us * static_cast<double>(push ? chunks : 1);
     if (cheapest == nullptr || us < cheapest_us) cheapest = row, cheapest_us = us;

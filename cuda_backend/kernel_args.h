@@ -28,8 +28,8 @@ enum class KernelKind : int {
   kReduceScatter = 2,
   kAllGather = 3,
   kBarrier = 4,
-  kPushOneShot = 5,  // allreduce_push_one_shot: scratch of push_scratch_elements(count, pack, n)
-  kPushTwoShot = 6,  // allreduce_push_two_shot: the same scratch as push_one_shot
+  kPushOneShot = 5,     // allreduce_push_one_shot: scratch of push_scratch_elements(count, pack, n)
+  kPushTwoShot = 6,     // allreduce_push_two_shot: the same scratch as push_one_shot
   kLamportOneShot = 7,  // allreduce_lamport_one_shot: the Lamport region, no staging (core/lamport.h)
 };
 
@@ -37,15 +37,15 @@ enum class KernelKind : int {
 // and read by the host after the launch: "rank R block B: peer P never arrived at barrier (set S,
 // value V)".
 struct DeviceError {
-  uint32_t claimed;     // 0 until some thread records an error (atomicCAS 0 -> 1)
-  uint32_t kind;        // 1 = a flag wait timed out
-  int32_t rank;         // the waiting rank
-  int32_t block;        // the waiting block
-  int32_t peer;         // whose signal never came
-  int32_t set;          // flag set of the barrier
-  uint32_t expected;    // the barrier value waited for
-  uint32_t observed;    // the flag's value when the wait gave up
-  uint64_t waited_ns;   // how long it waited
+  uint32_t claimed;    // 0 until some thread records an error (atomicCAS 0 -> 1)
+  uint32_t kind;       // 1 = a flag wait timed out
+  int32_t rank;        // the waiting rank
+  int32_t block;       // the waiting block
+  int32_t peer;        // whose signal never came
+  int32_t set;         // flag set of the barrier
+  uint32_t expected;   // the barrier value waited for
+  uint32_t observed;   // the flag's value when the wait gave up
+  uint64_t waited_ns;  // how long it waited
 };
 
 inline constexpr uint32_t kErrorFlagTimeout = 1;
@@ -65,11 +65,11 @@ struct KernelArgs {
   void* output;
   const void* stage_from;
   DeviceError* error;
-  uint64_t count;       // elements: per-rank input count (all ops)
-  uint64_t scratch_bytes;  // of every rank's scratch buffer (the push algorithms' halves)
+  uint64_t count;            // elements: per-rank input count (all ops)
+  uint64_t scratch_bytes;    // of every rank's scratch buffer (the push algorithms' halves)
   void* lamport[kMaxRanks];  // every rank's Lamport region (core/lamport.h), 0xFF-filled at creation
   uint64_t lamport_bytes;    // of every rank's Lamport region
-  uint64_t timeout_ns;  // bound on every flag wait
+  uint64_t timeout_ns;       // bound on every flag wait
   int32_t rank;
   int32_t world_size;
 };

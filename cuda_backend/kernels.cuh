@@ -129,8 +129,7 @@ cudaError_t launch_for_ranks(KernelKind kind, const KernelArgs& args, LaunchConf
       return launch_kernel(collective_kernel<T, kRanks, KernelKind::kPushTwoShot>, args, cfg, stream);
     case KernelKind::kLamportOneShot:
       return launch_kernel(collective_kernel<T, kRanks, KernelKind::kLamportOneShot>, args, cfg, stream);
-    case KernelKind::kBarrier:
-      return launch_kernel(barrier_kernel<T>, args, cfg, stream);
+    case KernelKind::kBarrier: return launch_kernel(barrier_kernel<T>, args, cfg, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -29,7 +29,8 @@ struct TsvLine {
 };
 
 // Calls `each` on every line of `text` in order, except empty ones and comments ('#' first).
-void for_each_tsv_line(const std::string& text, const std::string& name, const std::function<void(const TsvLine&)>& each);
+void for_each_tsv_line(const std::string& text, const std::string& name,
+                       const std::function<void(const TsvLine&)>& each);
 
 // The same, and first throws Error(line.error("expected N tab-separated fields, got M")) on a line
 // whose field count is not `field_count`.

@@ -31,12 +31,8 @@ void enqueue_typed(World& world, const CollectiveSpec& spec, Algorithm algorithm
             allreduce_one_shot<T, kRanks>(ctx, count);
           }
           break;
-        case Collective::kReduceScatter:
-          reduce_scatter<T, kRanks>(ctx, count);
-          break;
-        case Collective::kAllGather:
-          allgather<T, kRanks>(ctx, count);
-          break;
+        case Collective::kReduceScatter: reduce_scatter<T, kRanks>(ctx, count); break;
+        case Collective::kAllGather: allgather<T, kRanks>(ctx, count); break;
       }
     });
   });
@@ -73,7 +69,8 @@ size_t scratch_bytes(const CollectiveSpec& spec, int ranks) {
   switch (resolve_algorithm(spec)) {
     case Algorithm::kTwoShot: return spec.count * element;
     case Algorithm::kPushOneShot:
-    case Algorithm::kPushTwoShot: return push_scratch_elements(spec.count, 16 / static_cast<int>(element), ranks) * element;
+    case Algorithm::kPushTwoShot:
+      return push_scratch_elements(spec.count, 16 / static_cast<int>(element), ranks) * element;
     default: return 0;
   }
 }

@@ -29,8 +29,8 @@ void* StackPool::take() {
     return s;
   }
   const size_t page = page_size();
-  void* mem = mmap(nullptr, stack_bytes_ + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+  void* mem =
+      mmap(nullptr, stack_bytes_ + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (mem == MAP_FAILED) throw std::bad_alloc();
   if (mprotect(mem, page, PROT_NONE) != 0) {
     munmap(mem, stack_bytes_ + page);

@@ -23,7 +23,9 @@ void futex_wait(const uint32_t* word, uint32_t expected, std::chrono::nanosecond
   syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
 }
 
-void futex_wake_all(const uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0); }
+void futex_wake_all(const uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -267,7 +269,7 @@ void SeededScheduler::block_on(const uint32_t* word, uint32_t value, int peer, i
 
 void SeededScheduler::signal(const BlockEnv& env, uint32_t* flag, uint32_t value, int peer, int set) {
   world_.fault_step(env.rank);
-  current_->fiber->yield();  // a scheduling point: others may run before the store lands
+  current_->fiber->yield();      // a scheduling point: others may run before the store lands
   world_.fault_check(env.rank);  // another block of this rank may have died meanwhile
   std::atomic_ref<uint32_t>(*flag).store(value, std::memory_order_release);
   trace_flag(env, TraceEvent::Kind::kSignal, steps_, 0, peer, set, value);

@@ -62,8 +62,8 @@ class ThreadsScheduler final : public Executor {
   std::atomic<bool> aborted_{false};
   std::atomic<int> sleepers_{0};
   std::atomic<uint64_t> activity_{0};
-  std::atomic<int> running_{0};  // rank threads not yet ended
-  std::atomic<int> blocked_{0};  // of those, the ones inside a wait's sleeping loop
+  std::atomic<int> running_{0};                       // rank threads not yet ended
+  std::atomic<int> blocked_{0};                       // of those, the ones inside a wait's sleeping loop
   std::unique_ptr<std::atomic<uint64_t>[]> checked_;  // per rank: activity seen at its last check
   std::mutex error_mutex_;
   std::exception_ptr first_error_;

@@ -34,8 +34,8 @@ std::string head(const TraceEvent& e, const char* kind, const std::vector<std::s
 
 std::string access_text(const TraceAccess& a) {
   char buf[128];
-  std::snprintf(buf, sizeof buf, "%s %s[%" PRIu64 ",%" PRIu64 ") of rank %d", access_name(a.access), buffer_name(a.buffer),
-                a.begin, a.end, a.peer);
+  std::snprintf(buf, sizeof buf, "%s %s[%" PRIu64 ",%" PRIu64 ") of rank %d", access_name(a.access),
+                buffer_name(a.buffer), a.begin, a.end, a.peer);
   return buf;
 }
 
@@ -182,8 +182,8 @@ std::string Tracer::chrome_trace(bool time_is_steps) const {
   for (size_t i = 0; i < all.size(); ++i) {
     const TraceEvent& e = all[i];
     const std::string op = e.launch < launch_names_.size() ? launch_names_[e.launch] : "";
-    const std::string where = "\"pid\":" + std::to_string(e.rank) + ",\"tid\":" +
-                              std::to_string(e.kind == TraceEvent::Kind::kLaunch ? stream_tid : e.block);
+    const std::string where = "\"pid\":" + std::to_string(e.rank) +
+                              ",\"tid\":" + std::to_string(e.kind == TraceEvent::Kind::kLaunch ? stream_tid : e.block);
     const std::string args_launch = "\"launch\":" + std::to_string(e.launch) + ",\"op\":\"" + op + "\"";
     switch (e.kind) {
       case TraceEvent::Kind::kLaunch:
@@ -211,8 +211,7 @@ std::string Tracer::chrome_trace(bool time_is_steps) const {
              ",\"set\":" + std::to_string(e.set) + "}}");
         break;
       }
-      case TraceEvent::Kind::kFold:
-        break;  // per-element detail lives in the JSON-lines trace
+      case TraceEvent::Kind::kFold: break;  // per-element detail lives in the JSON-lines trace
       case TraceEvent::Kind::kRound:
         emit("{\"name\":\"round element " + std::to_string(e.index) + "\",\"ph\":\"i\",\"s\":\"t\"," + where +
              ",\"ts\":" + ts(e.t) + ",\"args\":{" + args_launch + ",\"acc\":\"" + float_text(e.acc_before) +

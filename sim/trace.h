@@ -35,17 +35,17 @@ struct TraceEvent {
   uint64_t since = 0;  // wait: when it began
   uint32_t launch = 0;
   int rank = 0;
-  int block = 0;                  // launch: the launch's block count
-  const char* step = "";          // step: name (a string literal from core)
+  int block = 0;          // launch: the launch's block count
+  const char* step = "";  // step: name (a string literal from core)
   std::vector<TraceAccess> accesses;
-  int peer = 0, set = 0;          // signal / wait
+  int peer = 0, set = 0;  // signal / wait
   uint32_t epoch = 0;
-  uint64_t index = 0;             // fold / round: element index
-  int input_rank = 0;             // fold: whose input was added
+  uint64_t index = 0;                          // fold / round: element index
+  int input_rank = 0;                          // fold: whose input was added
   float acc_before = 0, x = 0, acc_after = 0;  // fold; round uses acc_before as the accumulator
-  uint32_t stored_bits = 0;       // round
-  float stored_value = 0;         // round: the stored value widened to float
-  int storage_bytes = 0;          // round: 2 or 4
+  uint32_t stored_bits = 0;                    // round
+  float stored_value = 0;                      // round: the stored value widened to float
+  int storage_bytes = 0;                       // round: 2 or 4
 };
 
 class Tracer {

@@ -196,8 +196,8 @@ void World::sync_handles() {
   }
   if (fault_fired_.load()) {
     failed_ = true;
-    throw SimError(SimFailure::kRankDied, "the handle exchange completed without rank " +
-                                              std::to_string(options_.fail_rank) + fault_note());
+    throw SimError(SimFailure::kRankDied,
+                   "the handle exchange completed without rank " + std::to_string(options_.fail_rank) + fault_note());
   }
   for (int r = 0; r < n; ++r) {
     PeerTable& table = peers_[r];
@@ -312,8 +312,9 @@ void World::run() {
     }
   } clear{this};
   if (failed_) {
-    throw std::logic_error("sim::World: an earlier run on this world failed (its flags are in an unknown state); "
-                           "make a new world");
+    throw std::logic_error(
+        "sim::World: an earlier run on this world failed (its flags are in an unknown state); "
+        "make a new world");
   }
   // 1. Check the launches and size the heaps for the largest of them.
   size_t input_bytes = 0, scratch_bytes = 0, output_bytes = 0, lamport_bytes = 0;
@@ -378,13 +379,15 @@ void World::run() {
 }
 
 uint32_t lamport_load_word(const void* p, int bytes) {
-  if (bytes == 2) return std::atomic_ref<uint16_t>(*static_cast<uint16_t*>(const_cast<void*>(p))).load(std::memory_order_acquire);
+  if (bytes == 2)
+    return std::atomic_ref<uint16_t>(*static_cast<uint16_t*>(const_cast<void*>(p))).load(std::memory_order_acquire);
   return std::atomic_ref<uint32_t>(*static_cast<uint32_t*>(const_cast<void*>(p))).load(std::memory_order_acquire);
 }
 
 void lamport_store_word(void* p, int bytes, uint32_t value) {
   if (bytes == 2) {
-    std::atomic_ref<uint16_t>(*static_cast<uint16_t*>(p)).store(static_cast<uint16_t>(value), std::memory_order_release);
+    std::atomic_ref<uint16_t>(*static_cast<uint16_t*>(p))
+        .store(static_cast<uint16_t>(value), std::memory_order_release);
   } else {
     std::atomic_ref<uint32_t>(*static_cast<uint32_t*>(p)).store(value, std::memory_order_release);
   }

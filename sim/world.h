@@ -83,15 +83,15 @@ class SimError : public std::runtime_error {
 struct WorldOptions {
   int ranks = 1;
   Schedule schedule = Schedule::kThreads;
-  uint64_t schedule_seed = 1;                       // seeded scheduler
-  std::chrono::milliseconds wait_timeout{20000};    // threads scheduler: one flag wait
+  uint64_t schedule_seed = 1;                     // seeded scheduler
+  std::chrono::milliseconds wait_timeout{20000};  // threads scheduler: one flag wait
   // Every wait of the handle exchange (over the in-process store) when buffers are new or grown.
   // Separate from wait_timeout, as on GPUs (store timeout vs kernel wait bound): a short flag-wait
   // bound must not fail the exchange while 16 threads start on 2 cores.
   std::chrono::milliseconds store_timeout{20000};
-  uint64_t max_steps = 100'000'000;                 // seeded scheduler: livelock bound
-  bool trace = false;                               // record steps, signals and waits
-  std::vector<uint64_t> trace_elements;             // also record these elements' folds and roundings
+  uint64_t max_steps = 100'000'000;      // seeded scheduler: livelock bound
+  bool trace = false;                    // record steps, signals and waits
+  std::vector<uint64_t> trace_elements;  // also record these elements' folds and roundings
   // Fault injection: what a dead rank looks like to its peers. Rank fail_rank (-1: none) stops at
   // its fail_at_step-th synchronization step — a flag signal or wait of any of its blocks, counted
   // from 1 over the world's runs — before doing it: it signals, writes and reads nothing more, as
@@ -110,15 +110,15 @@ struct RankDied {};
 
 // One launch: a kernel over `blocks` blocks on every rank.
 struct Launch {
-  std::string name;                 // e.g. "allreduce_one_shot" (traces)
-  int blocks = 1;                   // 1..kMaxBlocks
-  std::vector<const void*> inputs;  // per rank, copied into its input buffer first (or empty)
-  size_t input_bytes = 0;           // bytes copied per rank
-  size_t scratch_bytes = 0;         // scratch each rank needs
-  size_t lamport_bytes = 0;         // Lamport region each rank needs (core/lamport.h; filled with
-                                    // 0xFF when created or grown, never between launches)
-  std::vector<void*> outputs;       // per rank: ctx.output() (or empty)
-  size_t output_bytes = 0;          // bytes per rank (a misaligned output is staged and copied out)
+  std::string name;                      // e.g. "allreduce_one_shot" (traces)
+  int blocks = 1;                        // 1..kMaxBlocks
+  std::vector<const void*> inputs;       // per rank, copied into its input buffer first (or empty)
+  size_t input_bytes = 0;                // bytes copied per rank
+  size_t scratch_bytes = 0;              // scratch each rank needs
+  size_t lamport_bytes = 0;              // Lamport region each rank needs (core/lamport.h; filled with
+                                         // 0xFF when created or grown, never between launches)
+  std::vector<void*> outputs;            // per rank: ctx.output() (or empty)
+  size_t output_bytes = 0;               // bytes per rank (a misaligned output is staged and copied out)
   std::function<void(int rank)> before;  // optional staging of extra buffers, in stream order
 };
 
@@ -129,7 +129,7 @@ struct PeerTable {
   std::array<void*, kMaxRanks> scratch{};
   size_t scratch_bytes = 0;  // of every rank's scratch (the heaps grow alike)
   std::array<void*, kMaxRanks> lamport{};
-  size_t lamport_bytes = 0;  // of every rank's Lamport region
+  size_t lamport_bytes = 0;                         // of every rank's Lamport region
   std::vector<std::array<void*, kMaxRanks>> extra;  // extra[buffer id][peer]
 };
 
@@ -380,7 +380,7 @@ class World {
     std::vector<void*> kernel_outputs;  // per rank: the user's output, or the staged one
   };
   void stage(int rank, uint32_t k, Executor* executor);  // stream step before launch k's blocks
-  void finish(int rank, uint32_t k);      // stream step after launch k's blocks
+  void finish(int rank, uint32_t k);                     // stream step after launch k's blocks
   BlockEnv block_env(int rank, int block, uint32_t k, Executor* executor);
   void run_block(int rank, int block, uint32_t k, Executor* executor);
   size_t queue_size() const { return queue_.size(); }
@@ -436,8 +436,8 @@ class World {
   uint64_t last_steps_ = 0;
   uint64_t next_generation_ = 1;
   bool failed_ = false;
-  std::atomic<uint64_t> fault_steps_{0};   // steps the failing rank has taken
-  std::atomic<bool> fault_fired_{false};   // it died
+  std::atomic<uint64_t> fault_steps_{0};  // steps the failing rank has taken
+  std::atomic<bool> fault_fired_{false};  // it died
 };
 
 }  // namespace exactcoll::sim

@@ -122,8 +122,8 @@ class TcpStoreClient::Impl {
     }
     if (status == static_cast<uint8_t>(Status::kBusy)) {
       const auto message = reader.str();
-      lose(what, "the server is at a limit and closed the connection: " +
-                     (message ? *message : std::string("(no message)")));
+      lose(what,
+           "the server is at a limit and closed the connection: " + (message ? *message : std::string("(no message)")));
     }
     if (status != static_cast<uint8_t>(Status::kOk) && status != static_cast<uint8_t>(Status::kTimeout)) {
       lose(what, "the server sent a reply with unknown status");
@@ -195,8 +195,8 @@ class TcpStoreClient::Impl {
           return;
         } catch (const StoreError& e) {
           if (!lost_) throw;  // the server refused us explicitly: trying again cannot help
-          last_error = *lost_ == kClosedByServer ? "the server closed the connection before answering the hello"
-                                                 : *lost_;
+          last_error =
+              *lost_ == kClosedByServer ? "the server closed the connection before answering the hello" : *lost_;
           lost_.reset();
           error_code ignored;
           socket_.close(ignored);
@@ -225,7 +225,8 @@ class TcpStoreClient::Impl {
     }
     error_code connect_result = asio::error::would_block;
     io_.restart();
-    asio::async_connect(socket_, endpoints, [&](error_code connect_ec, const tcp::endpoint&) { connect_result = connect_ec; });
+    asio::async_connect(socket_, endpoints,
+                        [&](error_code connect_ec, const tcp::endpoint&) { connect_result = connect_ec; });
     io_.run_for(within);
     if (connect_result == asio::error::would_block) {
       error_code ignored;
@@ -320,7 +321,8 @@ bool TcpStoreClient::erase(const std::string& key) {
 void TcpStoreClient::barrier(const std::string& name, int rank, int world_size, std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const std::string what = "barrier " + quoted(name);
-  if (world_size < 1) throw StoreError("store " + what + ": world_size must be at least 1, got " + std::to_string(world_size));
+  if (world_size < 1)
+    throw StoreError("store " + what + ": world_size must be at least 1, got " + std::to_string(world_size));
   if (rank != kUnknownRank && (rank < 0 || rank >= world_size)) {
     throw StoreError("store " + what + ": rank " + std::to_string(rank) + " is outside 0.." +
                      std::to_string(world_size - 1));
@@ -336,8 +338,8 @@ void TcpStoreClient::barrier(const std::string& name, int rank, int world_size, 
   if (status == Status::kTimeout) {
     const auto fields = Impl::timeout_fields(reader);
     if (!fields) impl_->malformed(what);
-    throw StoreError("store " + barrier_timeout_message(name, world_size, fields->arrived, fields->present,
-                                                        fields->left, timeout));
+    throw StoreError(
+        "store " + barrier_timeout_message(name, world_size, fields->arrived, fields->present, fields->left, timeout));
   }
   if (!reader.at_end()) impl_->malformed(what);
 }

@@ -66,7 +66,9 @@ void release_if_large(std::vector<uint8_t>& buffer) {
   if (buffer.capacity() > kKeepBufferBytes) buffer.shrink_to_fit();
 }
 
-void erase_id(std::vector<uint64_t>& ids, uint64_t id) { ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end()); }
+void erase_id(std::vector<uint64_t>& ids, uint64_t id) {
+  ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+}
 
 // One client connection. Touched only on the server's io thread.
 struct Session {
@@ -79,9 +81,9 @@ struct Session {
   asio::steady_timer timer;  // the hello deadline, then the deadline of a parked request
   uint64_t id;
   std::array<uint8_t, store_wire::kLengthPrefixBytes> prefix{};
-  std::vector<uint8_t> body;  // the frame being received: grows as its bytes arrive
-  uint32_t expected = 0;      // the payload length its prefix announced
-  size_t buffered = 0;        // body.capacity() as counted in the server's buffered bytes
+  std::vector<uint8_t> body;                     // the frame being received: grows as its bytes arrive
+  uint32_t expected = 0;                         // the payload length its prefix announced
+  size_t buffered = 0;                           // body.capacity() as counted in the server's buffered bytes
   std::list<uint64_t>::iterator in_hello_queue;  // while !authenticated: its place in accept order
   std::vector<uint8_t> outgoing;
   bool authenticated = false;
@@ -89,7 +91,7 @@ struct Session {
   bool close_after_write = false;
   bool closed = false;
   Wait wait = Wait::kNone;
-  std::string wait_key;  // the key of a parked get, or the name of a parked barrier
+  std::string wait_key;                         // the key of a parked get, or the name of a parked barrier
   uint32_t barrier_rank = store_wire::kNoRank;  // the rank a parked barrier caller gave
   // Bumped whenever a parked request ends; a timer or readiness handler that captured an older
   // value belongs to a request that was already answered and does nothing.
@@ -156,7 +158,7 @@ class TcpStoreServer::Impl {
   std::unordered_map<std::string, std::string> values_;
   // Written on the io thread only; atomic so that usage() may read them from any thread.
   std::atomic<size_t> stored_bytes_{0};
-  std::atomic<size_t> connections_{0};      // authenticated
+  std::atomic<size_t> connections_{0};  // authenticated
   std::atomic<size_t> unauthenticated_{0};
   std::atomic<size_t> buffered_bytes_{0};
   std::unordered_map<std::string, std::vector<uint64_t>> get_waiters_;  // key -> parked sessions
@@ -338,11 +340,13 @@ void TcpStoreServer::Impl::read_body(const SessionPtr& s) {
   // holds 64 KiB. Capacity doubles (amortized copying) but never passes the announced length.
   const size_t have = s->body.size();
   const size_t chunk = std::min<size_t>(s->expected - have, kReadChunkBytes);
-  const size_t capacity = std::max(s->body.capacity(), std::min<size_t>(s->expected, std::max(have + chunk, 2 * s->body.capacity())));
+  const size_t capacity =
+      std::max(s->body.capacity(), std::min<size_t>(s->expected, std::max(have + chunk, 2 * s->body.capacity())));
   if (buffered_bytes_.load() - s->buffered + capacity > options_.max_buffered_bytes) {
-    reply(s, busy_reply("busy: the server holds " + std::to_string(buffered_bytes_.load()) +
-                        " bytes of unfinished requests, its limit is " + std::to_string(options_.max_buffered_bytes) +
-                        "; try again"),
+    reply(s,
+          busy_reply("busy: the server holds " + std::to_string(buffered_bytes_.load()) +
+                     " bytes of unfinished requests, its limit is " + std::to_string(options_.max_buffered_bytes) +
+                     "; try again"),
           true);
     return;
   }
@@ -720,8 +724,7 @@ void TcpStoreServer::Impl::close_session(const SessionPtr& s) {
   if (shutting_down_ && sessions_.empty()) shutdown_timer_.cancel();
 }
 
-TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options)
-    : impl_(std::make_unique<Impl>(std::move(options))) {}
+TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 
 TcpStoreServer::~TcpStoreServer() = default;
 

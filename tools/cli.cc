@@ -185,9 +185,7 @@ bool ArgParser::given(const std::string& name) const {
 
 bool ArgParser::assign(Flag& flag, const std::string& text, std::string* error) {
   switch (flag.kind) {
-    case Kind::kString:
-      *static_cast<std::string*>(flag.target) = text;
-      return true;
+    case Kind::kString: *static_cast<std::string*>(flag.target) = text; return true;
     case Kind::kInt:
       if (!parse_int(text, static_cast<int64_t*>(flag.target))) {
         *error = "--" + flag.name + " wants a whole number, got '" + text + "'";
@@ -210,9 +208,7 @@ bool ArgParser::assign(Flag& flag, const std::string& text, std::string* error) 
       *static_cast<std::string*>(flag.target) = text;
       return true;
     }
-    case Kind::kBool:
-      *static_cast<bool*>(flag.target) = true;
-      return true;
+    case Kind::kBool: *static_cast<bool*>(flag.target) = true; return true;
   }
   return false;
 }
@@ -227,7 +223,7 @@ namespace {
 std::string command_path(const std::string& usage, const std::vector<std::string>& args) {
   std::istringstream words(usage);
   std::string word, path;
-  words >> word;  // "exactcoll"
+  words >> word;                                      // "exactcoll"
   const auto is_literal = [](const std::string& w) {  // "fused_rmsnorm", not "N" or "FILE"
     return !w.empty() && std::all_of(w.begin(), w.end(), [](char c) {
       return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
@@ -268,7 +264,10 @@ bool parse_byte_size(const std::string& text, uint64_t* bytes) {
   uint64_t value = std::stoull(text.substr(0, digits));  // at most 13 digits: below 2^44
   if (text.size() == digits + 1) {
     const char unit = text.back();
-    const int shift = unit == 'K' || unit == 'k' ? 10 : unit == 'M' || unit == 'm' ? 20 : unit == 'G' || unit == 'g' ? 30 : -1;
+    const int shift = unit == 'K' || unit == 'k'   ? 10
+                      : unit == 'M' || unit == 'm' ? 20
+                      : unit == 'G' || unit == 'g' ? 30
+                                                   : -1;
     if (shift < 0 || value > kLargest >> shift) return false;  // checked before the shift: no wrap
     value <<= shift;
   }

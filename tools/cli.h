@@ -21,8 +21,8 @@ inline constexpr int kExitFailure = 3;
 
 struct Command {
   std::string name;
-  std::string summary;                       // one line for `exactcoll --help`
-  std::function<int(int, char**)> run;       // argv[0] is the subcommand's name
+  std::string summary;                  // one line for `exactcoll --help`
+  std::function<int(int, char**)> run;  // argv[0] is the subcommand's name
 };
 
 // Registers a command at static-initialization time. A library that defines commands must be

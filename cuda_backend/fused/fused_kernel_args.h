@@ -14,15 +14,15 @@ namespace exactcoll::cuda::fused {
 // x for these rows, staged or registered; kPushOneStage reads only inputs[rank], this rank's x
 // where the caller keeps it) except for kResidualRmsNorm, which reads none of it.
 struct FusedKernelArgs {
-  KernelArgs base;           // symmetric buffers, rank, world size, error record, flag timeout
-  const void* stage_from;    // this rank's x (rows of this launch) to copy into its staging buffer
-                             // first, or nullptr when base.inputs are registered buffers (and
-                             // always for kPushOneStage)
-  const void* s;             // kResidualRmsNorm only: the all-reduce's output [rows, H] (may be out)
-  const void* residual;      // [rows, H]
-  const void* weight;        // [H]
-  void* residual_out;        // [rows, H]
-  void* out;                 // [rows, H]
+  KernelArgs base;         // symmetric buffers, rank, world size, error record, flag timeout
+  const void* stage_from;  // this rank's x (rows of this launch) to copy into its staging buffer
+                           // first, or nullptr when base.inputs are registered buffers (and
+                           // always for kPushOneStage)
+  const void* s;           // kResidualRmsNorm only: the all-reduce's output [rows, H] (may be out)
+  const void* residual;    // [rows, H]
+  const void* weight;      // [H]
+  void* residual_out;      // [rows, H]
+  void* out;               // [rows, H]
   int32_t rows;
   int32_t hidden;
   float eps;

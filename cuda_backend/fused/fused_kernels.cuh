@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
   } else {
     if (args.stage_from != nullptr) {
       stage_fused_input<T>(ctx, kKind, static_cast<const T*>(args.stage_from),
-                                      static_cast<T*>(const_cast<void*>(args.base.inputs[args.base.rank])), args.rows,
-                                      args.hidden);
+                           static_cast<T*>(const_cast<void*>(args.base.inputs[args.base.rank])), args.rows,
+                           args.hidden);
     }
     const FusedRmsNormArgs<T> a = fused_args<T>(args);
     if constexpr (kKind == FusedKernelKind::kOneStage) {
@@ -142,8 +142,7 @@ cudaError_t launch_residual_rmsnorm_typed(const FusedKernelArgs& args, LaunchCon
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
   if (e != cudaSuccess) return e;
   const uint64_t working_set = 4ull * static_cast<uint64_t>(args.rows) * static_cast<uint64_t>(args.hidden) * sizeof(T);
-  if (working_set > static_cast<uint64_t>(l2_bytes) ||
-      residual_rmsnorm_held_packs(cfg.threads, tree) != 1) {
+  if (working_set > static_cast<uint64_t>(l2_bytes) || residual_rmsnorm_held_packs(cfg.threads, tree) != 1) {
     return launch_kernel(residual_rmsnorm_kernel<T, 0>, args, cfg, stream);
   }
   int sms = 0, per_sm = 0;

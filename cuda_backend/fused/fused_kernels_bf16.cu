@@ -4,7 +4,8 @@
 
 namespace exactcoll::cuda::fused {
 
-cudaError_t launch_fused_bf16(FusedKernelKind kind, const FusedKernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
+cudaError_t launch_fused_bf16(FusedKernelKind kind, const FusedKernelArgs& args, LaunchConfig cfg,
+                              cudaStream_t stream) {
   return launch_fused_typed<bf16>(kind, args, cfg, stream);
 }
 

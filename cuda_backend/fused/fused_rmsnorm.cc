@@ -90,7 +90,8 @@ int FusedRmsNorm::max_rows_per_launch(FusedAlgorithm algo, const FusedRmsNormSha
   }
   if (algo == FusedAlgorithm::kLamportOneStage) {
     // One Lamport slot (core/lamport.h: 3 buffers x n slots of the communicator's Lamport region).
-    rows = std::min<uint64_t>(rows, lamport_layout(comm_.lamport_region_bytes(), comm_.world_size()).slot_bytes / row_bytes);
+    rows = std::min<uint64_t>(rows,
+                              lamport_layout(comm_.lamport_region_bytes(), comm_.world_size()).slot_bytes / row_bytes);
   }
   return static_cast<int>(rows);
 }
@@ -169,7 +170,8 @@ FusedCallInfo FusedRmsNorm::run(const FusedRmsNormBuffers& b, const FusedRmsNorm
   if (registered_x != nullptr) {
     const auto x = reinterpret_cast<uintptr_t>(b.x), local = reinterpret_cast<uintptr_t>(registered_x->local);
     if (x < local || x + count * elem > local + registered_x->bytes) {
-      throw std::invalid_argument("fused_rmsnorm: x is not inside RegisteredBuffer #" + std::to_string(registered_x->id));
+      throw std::invalid_argument("fused_rmsnorm: x is not inside RegisteredBuffer #" +
+                                  std::to_string(registered_x->id));
     }
     x_offset = x - local;
   }

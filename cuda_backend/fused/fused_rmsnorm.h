@@ -54,11 +54,11 @@ struct FusedRmsNormShape {
 // What one call ran.
 struct FusedCallInfo {
   FusedAlgorithm algo = FusedAlgorithm::kOneStage;  // never kAuto
-  LaunchConfig grid;                                 // the fused kernel's, or the separate kernel's
-  int launches = 0;                                  // kernels and all-reduce calls
-  bool staged = false;                               // x went through the staging buffer
-  bool exact = true;                                 // false for nccl_split
-  std::string allreduce;                             // unfused / nccl_split: the all-reduce that ran
+  LaunchConfig grid;                                // the fused kernel's, or the separate kernel's
+  int launches = 0;                                 // kernels and all-reduce calls
+  bool staged = false;                              // x went through the staging buffer
+  bool exact = true;                                // false for nccl_split
+  std::string allreduce;                            // unfused / nccl_split: the all-reduce that ran
 };
 
 // The canonical residual add + RMSNorm of rows, alone (no peers, no communicator): residual_out =

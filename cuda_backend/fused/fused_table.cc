@@ -15,11 +15,10 @@ extern const char kEmbeddedFusedSm90Table[];  // generated from tuning/fused_sm9
 
 namespace {
 
-constexpr FusedAlgorithm kAll[] = {FusedAlgorithm::kOneStage,   FusedAlgorithm::kOneStageReg,
-                                   FusedAlgorithm::kPushOneStage, FusedAlgorithm::kTwoStage,
-                                   FusedAlgorithm::kGatherNorm,   FusedAlgorithm::kUnfused,
-                                   FusedAlgorithm::kAuto,         FusedAlgorithm::kNcclSplit,
-                                   FusedAlgorithm::kLamportOneStage};
+constexpr FusedAlgorithm kAll[] = {
+    FusedAlgorithm::kOneStage, FusedAlgorithm::kOneStageReg, FusedAlgorithm::kPushOneStage,
+    FusedAlgorithm::kTwoStage, FusedAlgorithm::kGatherNorm,  FusedAlgorithm::kUnfused,
+    FusedAlgorithm::kAuto,     FusedAlgorithm::kNcclSplit,   FusedAlgorithm::kLamportOneStage};
 
 // The RMSNorm tree's lane count for H (contract::make_rmsnorm_tree), at least 64 threads.
 int tree_threads(int hidden, DType dtype) {
@@ -53,8 +52,8 @@ std::optional<FusedAlgorithm> parse_fused_algorithm(const std::string& name) {
 }
 
 std::vector<FusedAlgorithm> fused_ipc_algorithms() {
-  return {FusedAlgorithm::kOneStage,   FusedAlgorithm::kOneStageReg, FusedAlgorithm::kPushOneStage,
-          FusedAlgorithm::kTwoStage,   FusedAlgorithm::kGatherNorm,  FusedAlgorithm::kUnfused,
+  return {FusedAlgorithm::kOneStage,       FusedAlgorithm::kOneStageReg, FusedAlgorithm::kPushOneStage,
+          FusedAlgorithm::kTwoStage,       FusedAlgorithm::kGatherNorm,  FusedAlgorithm::kUnfused,
           FusedAlgorithm::kLamportOneStage};
 }
 
@@ -135,7 +134,8 @@ FusedTable FusedTable::from_environment() {
   const char* path = std::getenv("EXACTCOLL_FUSED_TABLE");
   if (path == nullptr || *path == '\0') return embedded();
   std::ifstream file(path);
-  if (!file) throw FusedTableError(std::string("cannot open fused dispatch table ") + path + " (from EXACTCOLL_FUSED_TABLE)");
+  if (!file)
+    throw FusedTableError(std::string("cannot open fused dispatch table ") + path + " (from EXACTCOLL_FUSED_TABLE)");
   std::stringstream text;
   text << file.rdbuf();
   return parse(text.str(), path);
@@ -145,7 +145,7 @@ FusedChoice FusedTable::default_choice(int world_size, int rows, int hidden, DTy
   FusedChoice c;
   if (requested == FusedAlgorithm::kAuto) {
     const uint64_t bytes = static_cast<uint64_t>(rows) * static_cast<uint64_t>(hidden) * dtype_size(dtype);
-    c.algo = rows <= 16                          ? FusedAlgorithm::kPushOneStage
+    c.algo = rows <= 16                       ? FusedAlgorithm::kPushOneStage
              : bytes <= (uint64_t{256} << 10) ? FusedAlgorithm::kOneStageReg
                                               : FusedAlgorithm::kGatherNorm;
   } else {
@@ -201,8 +201,9 @@ std::string FusedTable::to_text(const std::vector<std::string>& header_comments)
   for (const auto& c : header_comments) os << "# " << c << "\n";
   os << "# arch\tworld_size\trow_bytes\trows\talgo\tblocks\tthreads\ttime_us\n";
   for (const auto& r : rows_) {
-    os << r.arch << '\t' << r.world_size << '\t' << r.row_bytes << '\t' << r.rows << '\t' << fused_algorithm_name(r.algo)
-       << '\t' << r.grid.blocks << '\t' << r.grid.threads << '\t' << format_time_us(r.time_us) << "\n";
+    os << r.arch << '\t' << r.world_size << '\t' << r.row_bytes << '\t' << r.rows << '\t'
+       << fused_algorithm_name(r.algo) << '\t' << r.grid.blocks << '\t' << r.grid.threads << '\t'
+       << format_time_us(r.time_us) << "\n";
   }
   return os.str();
 }

@@ -123,8 +123,8 @@ MultiNodeCommunicator::MultiNodeCommunicator(Store& store, int rank, int world_s
     throw BootstrapError("node layout:\n  " + problem);
   }
   if (layout_.local_ranks > kMaxRanks) {
-    throw BootstrapError("node layout: " + std::to_string(layout_.local_ranks) + " ranks per node; the IPC kernels take 1.." +
-                         std::to_string(kMaxRanks));
+    throw BootstrapError("node layout: " + std::to_string(layout_.local_ranks) +
+                         " ranks per node; the IPC kernels take 1.." + std::to_string(kMaxRanks));
   }
   // 2. The node's IPC communicator.
   CommunicatorOptions node_options = options_.node;
@@ -134,7 +134,8 @@ MultiNodeCommunicator::MultiNodeCommunicator(Store& store, int rank, int world_s
   node_ = std::make_unique<Communicator>(store_, place.local_rank, layout_.local_ranks, node_options);
   // 3. NCCL over every rank (the cross-node transport) and the carry buffers.
   if (layout_.nodes > 1 || options_.node.use_nccl) {
-    nccl_comm_ = create_nccl_comm(store_, options_.name + "/nccl", rank_, world_size, options_.store_timeout, &nccl_reason_);
+    nccl_comm_ =
+        create_nccl_comm(store_, options_.name + "/nccl", rank_, world_size, options_.store_timeout, &nccl_reason_);
   }
   // The longest carry: an all-reduce slice (chunk / L + L packs) or a reduce-scatter chunk of M
   // pieces of at least 64 elements.
@@ -174,7 +175,8 @@ void MultiNodeCommunicator::check(cudaStream_t stream) {
     if (q != cudaErrorNotReady) EXC_CUDA_CHECK(q);
     if (std::chrono::steady_clock::now() > deadline) {
       // 2. The oldest marked group still pending is what never arrived (or was never received).
-      std::string what = "the stream's work (no NCCL group pending among the latest " + std::to_string(kGroupMarks) + ")";
+      std::string what =
+          "the stream's work (no NCCL group pending among the latest " + std::to_string(kGroupMarks) + ")";
       for (size_t i = marked_ > kGroupMarks ? marked_ - kGroupMarks : 0; i < marked_; ++i) {
         if (cudaEventQuery(marks_[i % kGroupMarks].event) == cudaErrorNotReady) {
           what = "its NCCL group " + marks_[i % kGroupMarks].what;
@@ -203,7 +205,8 @@ MultiNodeCallInfo MultiNodeCommunicator::run_nccl(Op kind, const void* input, vo
   const NcclApi& nccl = NcclApi::get();
   const ncclDataType_t t = nccl_type(dtype);
   const size_t n = static_cast<size_t>(world_size());
-  if (kind == Op::kAllReduce) nccl.check(nccl.AllReduce(input, output, count, t, ncclSum, nccl_comm_, stream), "ncclAllReduce");
+  if (kind == Op::kAllReduce)
+    nccl.check(nccl.AllReduce(input, output, count, t, ncclSum, nccl_comm_, stream), "ncclAllReduce");
   if (kind == Op::kReduceScatter) {
     nccl.check(nccl.ReduceScatter(input, output, count / n, t, ncclSum, nccl_comm_, stream), "ncclReduceScatter");
   }
@@ -265,7 +268,7 @@ MultiNodeCallInfo MultiNodeCommunicator::run(Op kind, const void* input, void* o
   if (layout_.nodes == 1) {
     const CallInfo c = kind == Op::kAllReduce       ? node_->allreduce(input, output, count, dtype, algo, stream)
                        : kind == Op::kReduceScatter ? node_->reduce_scatter(input, output, count, dtype, algo, stream)
-                                                      : node_->allgather(input, output, count, dtype, algo, stream);
+                                                    : node_->allgather(input, output, count, dtype, algo, stream);
     return MultiNodeCallInfo{algorithm_name(c.algo), c.exact, c.launches, 0, 0, c.note};
   }
   if (algo != Algorithm::kAuto) {
@@ -294,7 +297,8 @@ MultiNodeCallInfo MultiNodeCommunicator::allgather(const void* input, void* outp
 
 MultiNodeCallInfo MultiNodeCommunicator::fused_add_rmsnorm(const void* x, const void* residual, const void* weight,
                                                            void* residual_out, void* out, int rows, int hidden,
-                                                           float eps, DType dtype, Algorithm algo, cudaStream_t stream) {
+                                                           float eps, DType dtype, Algorithm algo,
+                                                           cudaStream_t stream) {
   // 1. s = the all-reduce of x, into out; 2. residual_out = residual_add(s, residual) and
   // out = RMSNorm(residual_out) on this GPU (the split paths' kernel: the same bits as every fused
   // algorithm, docs/numerics.md).

@@ -44,10 +44,10 @@
 namespace exactcoll::cuda {
 
 struct MultiNodeOptions {
-  std::string name = "exactcoll_multinode";  // store key prefix; unique per communicator in a job
-  CommunicatorOptions node;                   // the node's IPC communicator (name and use_nccl set here)
+  std::string name = "exactcoll_multinode";                  // store key prefix; unique per communicator in a job
+  CommunicatorOptions node;                                  // the node's IPC communicator (name and use_nccl set here)
   size_t chunk_elements = multinode::kDefaultChunkElements;  // pipeline chunk (a multiple of 64)
-  LaunchConfig node_grid{16, 512, false};     // every node kernel's grid
+  LaunchConfig node_grid{16, 512, false};                    // every node kernel's grid
   std::chrono::milliseconds store_timeout{120000};
   // check(): how long the stream may take before the cross-node transfers are declared lost (NCCL's
   // receives have no bound of their own).
@@ -56,12 +56,12 @@ struct MultiNodeOptions {
 
 // What one call ran.
 struct MultiNodeCallInfo {
-  std::string algorithm;   // "carry_chain", "direct_exchange", "nccl", or the IPC algorithm (one node)
-  bool exact = true;       // false: NCCL's sums
-  int launches = 0;        // node kernels
-  int groups = 0;          // NCCL group calls
-  size_t sent_bytes = 0;   // this rank's bytes sent across nodes
-  std::string note;        // why a fallback happened
+  std::string algorithm;  // "carry_chain", "direct_exchange", "nccl", or the IPC algorithm (one node)
+  bool exact = true;      // false: NCCL's sums
+  int launches = 0;       // node kernels
+  int groups = 0;         // NCCL group calls
+  size_t sent_bytes = 0;  // this rank's bytes sent across nodes
+  std::string note;       // why a fallback happened
 };
 
 class MultiNodeCommunicator {

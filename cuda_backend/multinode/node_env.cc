@@ -38,16 +38,18 @@ multinode::RankPlace node_place_from_env(const EnvLookup& lookup, const WorkerEn
   place.local_rank = env.local_rank;
   place.local_world_size = local_world.value_or(env.world_size);
   if (node_given && !lookup("LOCAL_WORLD_SIZE")) {
-    problems += "\n  a node rank is set but LOCAL_WORLD_SIZE is not (ranks per node; torchrun and exactcoll launch set it)";
+    problems +=
+        "\n  a node rank is set but LOCAL_WORLD_SIZE is not (ranks per node; torchrun and exactcoll launch set it)";
   }
   if (local_world && *local_world < 1) problems += "\n  LOCAL_WORLD_SIZE=0: a node has at least 1 rank";
   if (problems.empty() && place.local_rank >= place.local_world_size) {
-    problems += "\n  LOCAL_RANK=" + std::to_string(place.local_rank) + " is not below LOCAL_WORLD_SIZE=" +
-                std::to_string(place.local_world_size);
+    problems += "\n  LOCAL_RANK=" + std::to_string(place.local_rank) +
+                " is not below LOCAL_WORLD_SIZE=" + std::to_string(place.local_world_size);
   }
   if (problems.empty() && env.world_size % place.local_world_size != 0) {
-    problems += "\n  WORLD_SIZE=" + std::to_string(env.world_size) + " is not a multiple of LOCAL_WORLD_SIZE=" +
-                std::to_string(place.local_world_size) + " (every node must have the same number of ranks)";
+    problems += "\n  WORLD_SIZE=" + std::to_string(env.world_size) +
+                " is not a multiple of LOCAL_WORLD_SIZE=" + std::to_string(place.local_world_size) +
+                " (every node must have the same number of ranks)";
   }
   if (!problems.empty()) throw BootstrapError("node layout:" + problems);
   return place;

@@ -82,7 +82,8 @@ void check_cublas(cublasStatus_t status, const char* call) {
     text = CublasLtApi::get().GetStatusString(status);
   } catch (const CublasError&) {
   }
-  throw CublasError(std::string(call) + " failed: " + text + " (status " + std::to_string(static_cast<int>(status)) + ")");
+  throw CublasError(std::string(call) + " failed: " + text + " (status " + std::to_string(static_cast<int>(status)) +
+                    ")");
 }
 
 }  // namespace exactcoll::cuda

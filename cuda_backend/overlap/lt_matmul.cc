@@ -73,8 +73,8 @@ LtMatmul::LtMatmul(cublasLtHandle_t handle, DType dtype, size_t m, size_t k, siz
   algo_ = candidates(handle, dtype, m, k, n, workspace_bytes, 1).front();
 }
 
-std::vector<cublasLtMatmulAlgo_t> LtMatmul::candidates(cublasLtHandle_t handle, DType dtype, size_t m, size_t k, size_t n,
-                                                       size_t workspace_bytes, int count) {
+std::vector<cublasLtMatmulAlgo_t> LtMatmul::candidates(cublasLtHandle_t handle, DType dtype, size_t m, size_t k,
+                                                       size_t n, size_t workspace_bytes, int count) {
   Descriptors d(dtype, m, k, n);
   cublasLtMatmulPreference_t pref = nullptr;
   check_cublas(lt().MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
@@ -82,13 +82,14 @@ std::vector<cublasLtMatmulAlgo_t> LtMatmul::candidates(cublasLtHandle_t handle, 
   lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
   std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(std::max(count, 1)));
   int found = 0;
-  const cublasStatus_t status = lt().MatmulAlgoGetHeuristic(handle, d.desc, d.a, d.b, d.c, d.c, pref, std::max(count, 1),
-                                                            results.data(), &found);
+  const cublasStatus_t status =
+      lt().MatmulAlgoGetHeuristic(handle, d.desc, d.a, d.b, d.c, d.c, pref, std::max(count, 1), results.data(), &found);
   lt().MatmulPreferenceDestroy(pref);
   check_cublas(status, "cublasLtMatmulAlgoGetHeuristic");
   std::vector<cublasLtMatmulAlgo_t> out;
   for (int i = 0; i < found; ++i) {
-    if (results[static_cast<size_t>(i)].state == CUBLAS_STATUS_SUCCESS) out.push_back(results[static_cast<size_t>(i)].algo);
+    if (results[static_cast<size_t>(i)].state == CUBLAS_STATUS_SUCCESS)
+      out.push_back(results[static_cast<size_t>(i)].algo);
   }
   if (out.empty()) {
     throw CublasError("cuBLASLt offers no algorithm for m=" + std::to_string(m) + " k=" + std::to_string(k) +
@@ -101,8 +102,8 @@ LtMatmul::~LtMatmul() = default;
 
 void LtMatmul::run(const void* a, const void* b, void* c, cudaStream_t stream) const {
   const float alpha = 1.0f, beta = 0.0f;
-  check_cublas(lt().Matmul(handle_, d_->desc, &alpha, b, d_->a, a, d_->b, &beta, c, d_->c, c, d_->c, &algo_,
-                              workspace_, workspace_bytes_, stream),
+  check_cublas(lt().Matmul(handle_, d_->desc, &alpha, b, d_->a, a, d_->b, &beta, c, d_->c, c, d_->c, &algo_, workspace_,
+                           workspace_bytes_, stream),
                "cublasLtMatmul");
 }
 
@@ -115,8 +116,9 @@ std::string LtMatmul::algo_text() const {
     }
     return value;
   };
-  return "algo " + std::to_string(attr(CUBLASLT_ALGO_CONFIG_ID)) + " tile " + std::to_string(attr(CUBLASLT_ALGO_CONFIG_TILE_ID)) +
-         " splitK " + std::to_string(attr(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " reduction " +
+  return "algo " + std::to_string(attr(CUBLASLT_ALGO_CONFIG_ID)) + " tile " +
+         std::to_string(attr(CUBLASLT_ALGO_CONFIG_TILE_ID)) + " splitK " +
+         std::to_string(attr(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " reduction " +
          std::to_string(attr(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)) + " swizzle " +
          std::to_string(attr(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)) + " stages " +
          std::to_string(attr(CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " cluster " +

@@ -45,8 +45,8 @@ class LtMatmul {
 
   // Returns up to `count` algorithms the heuristic offers for this shape (its order: best
   // estimate first), each usable with workspace_bytes. Throws CublasError when it offers none.
-  static std::vector<cublasLtMatmulAlgo_t> candidates(cublasLtHandle_t handle, DType dtype, size_t m, size_t k, size_t n,
-                                                      size_t workspace_bytes, int count);
+  static std::vector<cublasLtMatmulAlgo_t> candidates(cublasLtHandle_t handle, DType dtype, size_t m, size_t k,
+                                                      size_t n, size_t workspace_bytes, int count);
 
   // Enqueues C = A @ B on stream (row-major, as above).
   void run(const void* a, const void* b, void* c, cudaStream_t stream) const;

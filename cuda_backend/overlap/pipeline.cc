@@ -48,7 +48,8 @@ StreamWriteValue32Fn stream_write_value32() {
 }
 
 void check_driver(CUresult r, const char* what) {
-  if (r != CUDA_SUCCESS) throw OverlapError(std::string(what) + " failed with CUresult " + std::to_string(static_cast<int>(r)));
+  if (r != CUDA_SUCCESS)
+    throw OverlapError(std::string(what) + " failed with CUresult " + std::to_string(static_cast<int>(r)));
 }
 
 }  // namespace
@@ -134,7 +135,8 @@ OverlapPipeline::OverlapPipeline(Store& store, int rank, int world_size, Overlap
   //    open and tested before any call.
   std::vector<size_t> product_rows;
   if (o.pattern == Pattern::kAgMatmul) {
-    for (const overlap::ShardRange& r : product_ranges()) product_rows.push_back(shard_rows() * static_cast<size_t>(r.count));
+    for (const overlap::ShardRange& r : product_ranges())
+      product_rows.push_back(shard_rows() * static_cast<size_t>(r.count));
   } else {
     product_rows.push_back(o.m);
   }
@@ -157,7 +159,8 @@ OverlapPipeline::~OverlapPipeline() {
   try {
     store_.barrier(options_.name + "/close", rank_, world_size_, options_.store_timeout);
   } catch (const std::exception& e) {
-    std::cerr << "exactcoll: rank " << rank_ << ": closing overlap pipeline " << options_.name << ": " << e.what() << "\n";
+    std::cerr << "exactcoll: rank " << rank_ << ": closing overlap pipeline " << options_.name << ": " << e.what()
+              << "\n";
   }
   gemms_.clear();
   exchange_.reset();
@@ -173,7 +176,8 @@ OverlapPipeline::~OverlapPipeline() {
 }
 
 OverlapFlags* OverlapPipeline::flags(int rank) const {
-  return reinterpret_cast<OverlapFlags*>(rank == rank_ ? static_cast<char*>(region_) : peer_regions_[static_cast<size_t>(rank)]);
+  return reinterpret_cast<OverlapFlags*>(rank == rank_ ? static_cast<char*>(region_)
+                                                       : peer_regions_[static_cast<size_t>(rank)]);
 }
 
 const char* OverlapPipeline::shard_of(int rank) const {
@@ -204,7 +208,8 @@ void OverlapPipeline::wait_value(cudaStream_t s, const uint32_t* flag, uint32_t 
 
 void OverlapPipeline::run(void* gathered, const void* lhs, const void* rhs, void* product, cudaStream_t stream,
                           bool products) {
-  if (poisoned_) throw OverlapError("overlap pipeline " + options_.name + " is unusable after an earlier error: " + poison_);
+  if (poisoned_)
+    throw OverlapError("overlap pipeline " + options_.name + " is unusable after an earlier error: " + poison_);
   const uint32_t epoch = ++epoch_;
   const size_t esize = static_cast<size_t>(dtype_size(options_.dtype));
   char* out = static_cast<char*>(gathered);
@@ -233,17 +238,15 @@ void OverlapPipeline::run(void* gathered, const void* lhs, const void* rhs, void
                      wait_index++);
           break;
         case OpKind::kPullShard:
-          EXC_CUDA_CHECK(cudaMemcpyAsync(out + static_cast<size_t>(op.peer) * shard_bytes(), shard_of(op.peer), shard_bytes(),
-                                         cudaMemcpyDeviceToDevice, s));
+          EXC_CUDA_CHECK(cudaMemcpyAsync(out + static_cast<size_t>(op.peer) * shard_bytes(), shard_of(op.peer),
+                                         shard_bytes(), cudaMemcpyDeviceToDevice, s));
           break;
         case OpKind::kCopyOwnShard:
           EXC_CUDA_CHECK(cudaMemcpyAsync(out + static_cast<size_t>(rank_) * shard_bytes(), shard_, shard_bytes(),
                                          cudaMemcpyDeviceToDevice, s));
           break;
         case OpKind::kSignalConsumed: write_value(s, &flags(op.peer)->consumed[rank_], epoch); break;
-        case OpKind::kRecordArrival:
-          EXC_CUDA_CHECK(cudaEventRecord(arrival_[static_cast<size_t>(op.step)], s));
-          break;
+        case OpKind::kRecordArrival: EXC_CUDA_CHECK(cudaEventRecord(arrival_[static_cast<size_t>(op.step)], s)); break;
         case OpKind::kWaitArrival:
           EXC_CUDA_CHECK(cudaStreamWaitEvent(s, arrival_[static_cast<size_t>(op.step)], 0));
           break;
@@ -280,7 +283,8 @@ void OverlapPipeline::run(void* gathered, const void* lhs, const void* rhs, void
 }
 
 void OverlapPipeline::finish(cudaStream_t stream) {
-  if (poisoned_) throw OverlapError("overlap pipeline " + options_.name + " is unusable after an earlier error: " + poison_);
+  if (poisoned_)
+    throw OverlapError("overlap pipeline " + options_.name + " is unusable after an earlier error: " + poison_);
   // 1. Wait for the caller's stream (the last call's join is on it), up to the deadline.
   cudaEvent_t marker = nullptr;
   EXC_CUDA_CHECK(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming));
@@ -310,7 +314,8 @@ void OverlapPipeline::finish(cudaStream_t stream) {
   }
   if (message.empty()) {
     message = "rank " + std::to_string(rank_) + ": call " + std::to_string(epoch_) + " did not complete within " +
-              std::to_string(options_.wait_timeout_ms) + " ms, with every awaited flag set (a copy or product is stuck)";
+              std::to_string(options_.wait_timeout_ms) +
+              " ms, with every awaited flag set (a copy or product is stuck)";
   }
   // 3. Release the stuck streams (the awaited epochs written into the local flags), so that the
   //    process can exit; the pipeline is unusable from now on.

@@ -109,7 +109,7 @@ class OverlapPipeline {
     cudaEvent_t done;      // recorded right after the wait
     const uint32_t* flag;  // the local flag it polls
     uint32_t expected;
-    std::string what;      // "rank 1 comm0 step 1: peer 2 never marked its shard ready for call 7"
+    std::string what;  // "rank 1 comm0 step 1: peer 2 never marked its shard ready for call 7"
   };
   void wait_value(cudaStream_t s, const uint32_t* flag, uint32_t value, std::string what, size_t wait_index);
   void write_value(cudaStream_t s, uint32_t* flag, uint32_t value);

@@ -13,13 +13,13 @@
 
 #include "exactcoll/exactcoll.h"
 
-#define CHECK(call)                                                                 \
-  do {                                                                              \
-    int status_ = (call);                                                           \
-    if (status_ != EXACTCOLL_OK) {                                                  \
-      fprintf(stderr, "rank %d: %s: %s\n", rank, #call, exactcoll_last_error());    \
-      return 1;                                                                     \
-    }                                                                               \
+#define CHECK(call)                                                              \
+  do {                                                                           \
+    int status_ = (call);                                                        \
+    if (status_ != EXACTCOLL_OK) {                                               \
+      fprintf(stderr, "rank %d: %s: %s\n", rank, #call, exactcoll_last_error()); \
+      return 1;                                                                  \
+    }                                                                            \
   } while (0)
 
 enum { kCount = 4099, kMaxRanks = 16 };

@@ -167,15 +167,15 @@ EXACTCOLL_API int exactcoll_contract_from_name(const char* name, int* contract);
 
 /* What one call ran. */
 typedef struct exactcoll_call_info {
-  size_t struct_size;  /* sizeof(exactcoll_call_info) */
-  int algo;            /* the exactcoll_algo (collectives) or exactcoll_fused_algo that ran; never auto */
-  int allreduce_algo;  /* fused unfused / nccl_split: the all-reduce's exactcoll_algo; else -1 */
-  int exact;           /* 1: the contract's bits; 0: an NCCL fallback (its sums follow no contract) */
-  int staged;          /* 1: the input went through the communicator's staging buffer */
-  int launches;        /* kernels launched (more than one when a message ran in chunks) */
-  int blocks;          /* the kernel grid (0 for NCCL and copy-engine steps) */
+  size_t struct_size; /* sizeof(exactcoll_call_info) */
+  int algo;           /* the exactcoll_algo (collectives) or exactcoll_fused_algo that ran; never auto */
+  int allreduce_algo; /* fused unfused / nccl_split: the all-reduce's exactcoll_algo; else -1 */
+  int exact;          /* 1: the contract's bits; 0: an NCCL fallback (its sums follow no contract) */
+  int staged;         /* 1: the input went through the communicator's staging buffer */
+  int launches;       /* kernels launched (more than one when a message ran in chunks) */
+  int blocks;         /* the kernel grid (0 for NCCL and copy-engine steps) */
   int threads;
-  char note[256];      /* why a fallback happened, or "" */
+  char note[256]; /* why a fallback happened, or "" */
 } exactcoll_call_info;
 
 EXACTCOLL_API void exactcoll_call_info_init(exactcoll_call_info* info);
@@ -195,8 +195,7 @@ typedef struct exactcoll_store_callbacks {
   /* Waits until key is set (at most timeout_ms), then copies min(capacity, length) bytes of its
    * value into buffer and its full length into *value_bytes. When *value_bytes > capacity the
    * library calls again with a buffer of that size. */
-  int (*get)(void* user_data, const char* key, int64_t timeout_ms, void* buffer, size_t capacity,
-             size_t* value_bytes);
+  int (*get)(void* user_data, const char* key, int64_t timeout_ms, void* buffer, size_t capacity, size_t* value_bytes);
   /* Adds delta to the integer stored at key (missing = 0) and stores the new value in *result. */
   int (*add)(void* user_data, const char* key, int64_t delta, int64_t* result);
   /* Deletes key and sets *existed to 1 if it was there. May be NULL: keys are then left behind. */
@@ -246,17 +245,17 @@ typedef struct exactcoll_comm {
 } exactcoll_comm;
 
 typedef struct exactcoll_comm_options {
-  size_t struct_size;      /* sizeof(exactcoll_comm_options) */
-  const char* name;        /* store key prefix, unique per communicator in a job; NULL: "exactcoll" */
-  size_t buffer_bytes;     /* staging and scratch per rank; 128 MiB. Larger messages run in chunks */
-  uint64_t flag_timeout_ms;  /* bound on every in-kernel wait for a peer; 5000, and at least 60000
-                                when ranks share a GPU (they run by time slicing) */
-  int64_t store_timeout_ms;  /* bound on every store wait; 120000 */
-  int use_nccl;            /* 1: create NCCL (baseline, fallback; skipped when ranks share a GPU) */
-  int programmatic_launch; /* 1: launch kernels with programmatic dependent launch */
-  int device;              /* the CUDA device; -1: the calling thread's current device. The library
-                              links its own CUDA runtime: a program that selects devices with its
-                              own runtime (torch, a static cudart) should name the device here */
+  size_t struct_size;       /* sizeof(exactcoll_comm_options) */
+  const char* name;         /* store key prefix, unique per communicator in a job; NULL: "exactcoll" */
+  size_t buffer_bytes;      /* staging and scratch per rank; 128 MiB. Larger messages run in chunks */
+  uint64_t flag_timeout_ms; /* bound on every in-kernel wait for a peer; 5000, and at least 60000
+                               when ranks share a GPU (they run by time slicing) */
+  int64_t store_timeout_ms; /* bound on every store wait; 120000 */
+  int use_nccl;             /* 1: create NCCL (baseline, fallback; skipped when ranks share a GPU) */
+  int programmatic_launch;  /* 1: launch kernels with programmatic dependent launch */
+  int device;               /* the CUDA device; -1: the calling thread's current device. The library
+                               links its own CUDA runtime: a program that selects devices with its
+                               own runtime (torch, a static cudart) should name the device here */
 } exactcoll_comm_options;
 
 EXACTCOLL_API void exactcoll_comm_options_init(exactcoll_comm_options* options);
@@ -275,12 +274,12 @@ typedef struct exactcoll_comm_properties {
   int rank;
   int world_size;
   int device;
-  int ipc_ready;      /* every rank reaches every peer's memory: the exact kernels can run */
-  int nccl_ready;     /* NCCL was created (baseline and fallback) */
-  int shared_gpu;     /* some ranks share a GPU */
+  int ipc_ready;  /* every rank reaches every peer's memory: the exact kernels can run */
+  int nccl_ready; /* NCCL was created (baseline and fallback) */
+  int shared_gpu; /* some ranks share a GPU */
   size_t buffer_bytes;
-  uint64_t flag_timeout_ms;       /* in effect (raised when ranks share a GPU) */
-  char arch[16];                  /* e.g. "sm90" */
+  uint64_t flag_timeout_ms; /* in effect (raised when ranks share a GPU) */
+  char arch[16];            /* e.g. "sm90" */
   char ipc_unavailable_reason[256];
   char nccl_unavailable_reason[256];
 } exactcoll_comm_properties;
@@ -340,14 +339,14 @@ EXACTCOLL_API int exactcoll_comm_check(exactcoll_comm comm, void* stream);
 /* ---- the simulator: the same algorithms on CPU threads, bit for bit with the GPU --------------- */
 
 typedef struct exactcoll_sim_options {
-  size_t struct_size;       /* sizeof(exactcoll_sim_options) */
-  int blocks;               /* blocks per rank, 1..128; 1 */
-  int seeded_schedule;      /* 0: a thread per rank; 1: fibers interleaved by a PRNG from schedule_seed */
-  uint64_t schedule_seed;   /* 1 */
-  int64_t timeout_ms;       /* threads schedule: bound on one wait for a peer; 20000 */
-  const char* trace_path;   /* NULL, or a JSON-lines trace file to write (docs/design.md section 7) */
-  const char* chrome_trace_path;    /* NULL, or a Chrome/Perfetto trace file to write */
-  const uint64_t* trace_elements;   /* element indices whose folds and roundings are traced */
+  size_t struct_size;             /* sizeof(exactcoll_sim_options) */
+  int blocks;                     /* blocks per rank, 1..128; 1 */
+  int seeded_schedule;            /* 0: a thread per rank; 1: fibers interleaved by a PRNG from schedule_seed */
+  uint64_t schedule_seed;         /* 1 */
+  int64_t timeout_ms;             /* threads schedule: bound on one wait for a peer; 20000 */
+  const char* trace_path;         /* NULL, or a JSON-lines trace file to write (docs/design.md section 7) */
+  const char* chrome_trace_path;  /* NULL, or a Chrome/Perfetto trace file to write */
+  const uint64_t* trace_elements; /* element indices whose folds and roundings are traced */
   size_t num_trace_elements;
 } exactcoll_sim_options;
 
@@ -370,7 +369,7 @@ EXACTCOLL_API int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dt
                                                   const exactcoll_sim_options* options, exactcoll_call_info* info);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
 #endif /* EXACTCOLL_EXACTCOLL_H_ */

@@ -17,10 +17,10 @@ namespace {
 
 // 16-byte aligned storage, zeroed.
 struct Aligned {
-  explicit Aligned(size_t bytes) : data(static_cast<std::byte*>(::operator new(bytes + 16, std::align_val_t{16}))) {
+  explicit Aligned(size_t bytes) : data(static_cast<std::byte*>(::operator new (bytes + 16, std::align_val_t{16}))) {
     std::memset(data, 0, bytes + 16);
   }
-  ~Aligned() { ::operator delete(data, std::align_val_t{16}); }
+  ~Aligned() { ::operator delete (data, std::align_val_t{16}); }
   Aligned(const Aligned&) = delete;
   Aligned& operator=(const Aligned&) = delete;
   std::byte* data;
@@ -134,7 +134,7 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
   FusedBlockOptions block;
   block.threads = fused_threads(spec);
   if (world.options().schedule == sim::Schedule::kSeeded) block.thread_order_seed = world.options().schedule_seed;
-  std::unique_ptr<Aligned> unreadable;  // peers' x as the in-place kernels would see it: unwritten
+  std::unique_ptr<Aligned> unreadable;      // peers' x as the in-place kernels would see it: unwritten
   std::vector<std::unique_ptr<Aligned>> s;  // unfused: the all-reduce's output
   // 2. The launches.
   if (spec.algo == FusedAlgo::kUnfused) {

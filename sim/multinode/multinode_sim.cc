@@ -125,11 +125,12 @@ class Job {
       out.cross_node_bytes += m.bytes;
       const int from_node = layout.node_of(m.from), to_node = layout.node_of(m.to);
       auto line = [&](const char* event, uint64_t t) {
-        std::string s = "{\"t\":" + std::to_string(t) + ",\"event\":\"" + event + "\",\"from\":" + std::to_string(m.from) +
-                        ",\"from_node\":" + std::to_string(from_node) + ",\"to\":" + std::to_string(m.to) +
-                        ",\"to_node\":" + std::to_string(to_node) + ",\"boundary\":\"node " + std::to_string(from_node) +
-                        " -> node " + std::to_string(to_node) + "\",\"payload\":\"" + payload_name(m.payload) +
-                        "\",\"chunk\":" + std::to_string(m.chunk) + ",\"bytes\":" + std::to_string(m.bytes);
+        std::string s = "{\"t\":" + std::to_string(t) + ",\"event\":\"" + event +
+                        "\",\"from\":" + std::to_string(m.from) + ",\"from_node\":" + std::to_string(from_node) +
+                        ",\"to\":" + std::to_string(m.to) + ",\"to_node\":" + std::to_string(to_node) +
+                        ",\"boundary\":\"node " + std::to_string(from_node) + " -> node " + std::to_string(to_node) +
+                        "\",\"payload\":\"" + payload_name(m.payload) + "\",\"chunk\":" + std::to_string(m.chunk) +
+                        ",\"bytes\":" + std::to_string(m.bytes);
         if (std::strcmp(event, "deliver") == 0) s += ",\"sent\":" + std::to_string(m.t_sent);
         lines.emplace_back(t, s + "}");
       };
@@ -236,7 +237,8 @@ std::string check_multinode_spec(const MultiNodeSpec& spec, const NodeLayout& la
 }
 
 void run_multinode(const NetworkOptions& net, const MultiNodeSpec& spec, const std::vector<const void*>& inputs,
-                   const std::vector<void*>& outputs, MultiNodeTrace* trace, const std::vector<uint64_t>& trace_elements) {
+                   const std::vector<void*>& outputs, MultiNodeTrace* trace,
+                   const std::vector<uint64_t>& trace_elements) {
   const std::string problem = check_multinode_spec(spec, net.layout);
   if (!problem.empty()) throw std::invalid_argument(problem);
   const int n = net.layout.world_size();
@@ -248,7 +250,9 @@ void run_multinode(const NetworkOptions& net, const MultiNodeSpec& spec, const s
     const size_t out_count = output_count(spec.op, spec.count, n);
     Job<T> job(net, spec.blocks, spec.count, out_count,
                buffer_needs<T>(spec.op, net.layout, spec.count, spec.chunk_elements), trace_elements);
-    for (int r = 0; r < n; ++r) std::memcpy(job.heaps[static_cast<size_t>(r)].input.data(), inputs[static_cast<size_t>(r)], spec.count * sizeof(T));
+    for (int r = 0; r < n; ++r)
+      std::memcpy(job.heaps[static_cast<size_t>(r)].input.data(), inputs[static_cast<size_t>(r)],
+                  spec.count * sizeof(T));
     job.network.run([&](int rank) {
       SimPrims<T> prims(job, rank);
       if (spec.op == Op::kAllReduce) {
@@ -259,7 +263,9 @@ void run_multinode(const NetworkOptions& net, const MultiNodeSpec& spec, const s
         allgather<T>(prims, spec.count, spec.chunk_elements);
       }
     });
-    for (int r = 0; r < n; ++r) std::memcpy(outputs[static_cast<size_t>(r)], job.heaps[static_cast<size_t>(r)].output.data(), out_count * sizeof(T));
+    for (int r = 0; r < n; ++r)
+      std::memcpy(outputs[static_cast<size_t>(r)], job.heaps[static_cast<size_t>(r)].output.data(),
+                  out_count * sizeof(T));
     if (trace != nullptr) *trace = job.trace();
   });
 }

@@ -22,10 +22,10 @@ namespace exactcoll::multinode {
 struct MultiNodeSpec {
   Op op = Op::kAllReduce;
   DType dtype = DType::kBF16;
-  size_t count = 0;          // elements per rank's input
-  int blocks = 1;            // blocks of every node kernel (the work split; same bits)
+  size_t count = 0;                               // elements per rank's input
+  int blocks = 1;                                 // blocks of every node kernel (the work split; same bits)
   size_t chunk_elements = kDefaultChunkElements;  // pipeline chunk (core/multinode.h)
-  int result_slots = 2;      // all-reduce only: 1 is a broken variant for the exploration tests
+  int result_slots = 2;                           // all-reduce only: 1 is a broken variant for the exploration tests
 };
 
 // Returns "" or what is wrong with spec on layout: count 0, reduce_scatter's count not a multiple
@@ -39,8 +39,8 @@ using exactcoll::output_count;  // core/op.h
 // (when net.trace), merged by time.
 struct MultiNodeTrace {
   std::string json_lines;
-  size_t messages = 0;                // messages posted
-  size_t cross_node_bytes = 0;        // bytes of all messages (every message crosses a node boundary)
+  size_t messages = 0;          // messages posted
+  size_t cross_node_bytes = 0;  // bytes of all messages (every message crosses a node boundary)
 };
 
 // Runs spec on the simulated job; inputs[r] (count elements) and outputs[r]

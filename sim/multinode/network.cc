@@ -81,10 +81,12 @@ void Network::wait_bounded(int rank, const std::function<bool()>& ready, const s
       // a lost message), so the error lists what every waiting rank waits for.
       std::string everyone;
       for (int r = 0; r < ranks_; ++r) {
-        if (waiting_[static_cast<size_t>(r)]) everyone += "\n  " + where(r) + " waits for " + waiting_[static_cast<size_t>(r)]();
+        if (waiting_[static_cast<size_t>(r)])
+          everyone += "\n  " + where(r) + " waits for " + waiting_[static_cast<size_t>(r)]();
       }
-      throw sim::SimError(sim::SimFailure::kTimeout, where(rank) + " waited " + std::to_string(options_.timeout.count()) +
-                                                         " ms for " + what() + "; every waiting rank:" + everyone);
+      throw sim::SimError(sim::SimFailure::kTimeout, where(rank) + " waited " +
+                                                         std::to_string(options_.timeout.count()) + " ms for " +
+                                                         what() + "; every waiting rank:" + everyone);
     }
   }
 }
@@ -96,8 +98,8 @@ void Network::deliver(Posted& send, Posted& receive) {
   const Transfer& r = receive.transfer;
   if (s.payload != r.payload || s.chunk != r.chunk || s.bytes != r.bytes) {
     throw std::runtime_error("mismatched transfer between " + where(send.owner) + " and " + where(receive.owner) +
-                             ": the sender's next message is " + describe(s) +
-                             ", the receiver's next receive is " + describe(r));
+                             ": the sender's next message is " + describe(s) + ", the receiver's next receive is " +
+                             describe(r));
   }
   std::memcpy(r.data, s.data, s.bytes);
   records_[send.record].t_delivered = now();
@@ -140,7 +142,8 @@ void Network::group(int rank, const Transfer* transfers, int count) {
         const size_t pair = static_cast<size_t>(rank * ranks_ + t.peer);
         const int index = sent_count_[pair]++;
         MessageRecord m{now(), 0, rank, t.peer, t.payload, t.chunk, t.bytes, false};
-        for (const DroppedMessage& d : options_.drop) m.dropped = m.dropped || (d.from == rank && d.to == t.peer && d.index == index);
+        for (const DroppedMessage& d : options_.drop)
+          m.dropped = m.dropped || (d.from == rank && d.to == t.peer && d.index == index);
         posted.record = records_.size();
         records_.push_back(m);
         if (m.dropped) {
@@ -206,7 +209,9 @@ void Network::signal(const sim::BlockEnv& env, uint32_t* flag, uint32_t value, i
 void Network::wait(const sim::BlockEnv& env, const uint32_t* flag, uint32_t value, int peer, int set) {
   const uint64_t since = now();
   const int rank = current_rank();
-  auto ready = [flag, value] { return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(flag)).load(std::memory_order_acquire) == value; };
+  auto ready = [flag, value] {
+    return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(flag)).load(std::memory_order_acquire) == value;
+  };
   auto what = [this, &env, flag, value, peer, set, rank] {
     const int peer_rank = options_.layout.rank_of(options_.layout.node_of(rank), peer);
     return "flag set " + std::to_string(set) + " of block " + std::to_string(env.block) + " from " + where(peer_rank) +
@@ -272,10 +277,9 @@ void Network::run(const std::function<void(int rank)>& body) {
         for (const auto& w : waiters_) {
           if (!w->fiber->finished() && w->what) report += "\n  " + where(w->rank) + " waits for " + w->what();
         }
-        throw sim::SimError(sim::SimFailure::kDeadlock, "deadlock after " + std::to_string(steps_) +
-                                                            " scheduling steps (seeded schedule, seed " +
-                                                            std::to_string(options_.seed) + "):" + report + "\n" +
-                                                            reproduce);
+        throw sim::SimError(sim::SimFailure::kDeadlock,
+                            "deadlock after " + std::to_string(steps_) + " scheduling steps (seeded schedule, seed " +
+                                std::to_string(options_.seed) + "):" + report + "\n" + reproduce);
       }
       if (steps_ >= options_.max_steps) {
         throw sim::SimError(sim::SimFailure::kLivelock, "no completion within " + std::to_string(options_.max_steps) +

@@ -54,9 +54,9 @@ struct DroppedMessage {
 struct NetworkOptions {
   NodeLayout layout;
   sim::Schedule schedule = sim::Schedule::kThreads;
-  uint64_t seed = 1;                              // seeded
-  std::chrono::milliseconds timeout{20000};       // threads: one wait
-  uint64_t max_steps = 100'000'000;               // seeded: livelock bound
+  uint64_t seed = 1;                         // seeded
+  std::chrono::milliseconds timeout{20000};  // threads: one wait
+  uint64_t max_steps = 100'000'000;          // seeded: livelock bound
   bool trace = false;
   std::vector<DroppedMessage> drop;
 };
@@ -101,9 +101,9 @@ class Network final : public sim::Executor {
  private:
   struct Posted {
     Transfer transfer;
-    int owner = 0;          // the rank that posted it
-    uint64_t record = 0;    // index into records_ (sends)
-    bool* done = nullptr;   // set when complete
+    int owner = 0;         // the rank that posted it
+    uint64_t record = 0;   // index into records_ (sends)
+    bool* done = nullptr;  // set when complete
   };
   struct Waiter;  // one rank's simulated thread (seeded)
   std::string where(int rank) const;
@@ -112,8 +112,8 @@ class Network final : public sim::Executor {
   void block_until(std::function<bool()> ready, std::function<std::string()> what);
   // Threads: waits (bounded) until ready() holds; the error names rank and what.
   void wait_bounded(int rank, const std::function<bool()>& ready, const std::function<std::string()>& what);
-  void deliver(Posted& send, Posted& receive);                     // under mutex_ (threads) or in the scheduler
-  std::vector<std::pair<int, int>> deliverable_pairs() const;      // (from, to) with both heads posted
+  void deliver(Posted& send, Posted& receive);                 // under mutex_ (threads) or in the scheduler
+  std::vector<std::pair<int, int>> deliverable_pairs() const;  // (from, to) with both heads posted
   void deliver_pair(int from, int to);
   int current_rank() const;
 

@@ -31,7 +31,8 @@ void store_rounded(const RowMajor& acc, void* c) {
 }  // namespace
 
 double element_value(DType dtype, const void* data, size_t i) {
-  return with_storage_type(dtype, [&](auto tag) { return static_cast<double>(to_float(load<decltype(tag)>(data, i))); });
+  return with_storage_type(dtype,
+                           [&](auto tag) { return static_cast<double>(to_float(load<decltype(tag)>(data, i))); });
 }
 
 std::vector<float> widen_all(DType dtype, const void* data, size_t count) {

@@ -137,8 +137,9 @@ std::string check_shape(const OverlapShape& shape, int ranks) {
 std::string check_io(const OverlapShape& shape, const OverlapIo& io, int ranks) {
   const size_t n = static_cast<size_t>(ranks);
   auto bad = [&](size_t size, const char* what) {
-    return size != n ? std::string(what) + ": " + std::to_string(size) + " buffers for " + std::to_string(ranks) + " ranks"
-                     : std::string();
+    return size != n
+               ? std::string(what) + ": " + std::to_string(size) + " buffers for " + std::to_string(ranks) + " ranks"
+               : std::string();
   };
   for (const std::string& problem : {bad(io.shards.size(), "shards"), bad(io.rhs.size(), "rhs"),
                                      bad(io.gathered.size(), "gathered"), bad(io.products.size(), "products")}) {
@@ -186,8 +187,7 @@ void OverlapSim::enqueue(const OverlapShape& shape, const OverlapIo& io, std::ve
   launch.input_bytes = shard * esize;
   launch.outputs = io.gathered;
   launch.output_bytes = shard * esize * static_cast<size_t>(n);
-  with_storage_type(shape.dtype,
-                    [&](auto tag) { enqueue_typed<decltype(tag)>(world_, std::move(launch), state); });
+  with_storage_type(shape.dtype, [&](auto tag) { enqueue_typed<decltype(tag)>(world_, std::move(launch), state); });
 }
 
 void products_for_rank(const OverlapShape& shape, int ranks, int rank, const void* gathered_or_lhs, const void* rhs,
@@ -198,10 +198,12 @@ void products_for_rank(const OverlapShape& shape, int ranks, int rank, const voi
     matmul_rounded(shape.dtype, a.data(), shape.m, shape.k, b.data(), shape.n, product);
     return;
   }
-  const size_t shard_bytes = shape.m / static_cast<size_t>(ranks) * shape.k * static_cast<size_t>(dtype_size(shape.dtype));
+  const size_t shard_bytes =
+      shape.m / static_cast<size_t>(ranks) * shape.k * static_cast<size_t>(dtype_size(shape.dtype));
   for (const ShardRange range : product_ranges(make_plan(shape.pattern, rank, ranks, 1, shape.grouping))) {
     block_product(shape, ranks, range,
-                  static_cast<const char*>(gathered_or_lhs) + static_cast<size_t>(range.first) * shard_bytes, rhs, product);
+                  static_cast<const char*>(gathered_or_lhs) + static_cast<size_t>(range.first) * shard_bytes, rhs,
+                  product);
   }
 }
 

@@ -18,8 +18,12 @@ using Env = std::map<std::string, std::string>;
 const std::string kToken = "feedfacecafebeef0123456789abcdef";
 
 Env valid_env() {
-  return {{"RANK", "1"},           {"WORLD_SIZE", "4"},     {"LOCAL_RANK", "1"},
-          {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}, {"EXACTCOLL_STORE_TOKEN", kToken}};
+  return {{"RANK", "1"},
+          {"WORLD_SIZE", "4"},
+          {"LOCAL_RANK", "1"},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", "29500"},
+          {"EXACTCOLL_STORE_TOKEN", kToken}};
 }
 
 EnvLookup lookup_in(const Env& env) {

@@ -62,7 +62,8 @@ std::vector<std::vector<uint8_t>> split(const std::vector<uint8_t>& all, int ran
 // ---- version and names -------------------------------------------------------------------------
 
 TEST(CApiVersion, MatchesTheHeader) {
-  EXPECT_EQ(exactcoll_version(), EXACTCOLL_VERSION_MAJOR * 10000 + EXACTCOLL_VERSION_MINOR * 100 + EXACTCOLL_VERSION_PATCH);
+  EXPECT_EQ(exactcoll_version(),
+            EXACTCOLL_VERSION_MAJOR * 10000 + EXACTCOLL_VERSION_MINOR * 100 + EXACTCOLL_VERSION_PATCH);
   EXPECT_EQ(exactcoll_abi_version(), EXACTCOLL_ABI_VERSION);
   const std::string text = exactcoll_version_string();
   expect_contains(text, std::to_string(EXACTCOLL_VERSION_MAJOR) + "." + std::to_string(EXACTCOLL_VERSION_MINOR) + ".");
@@ -151,8 +152,9 @@ TEST(CApiSim, CollectivesMatchTheReferenceBitForBit) {
           options.blocks = 1 + static_cast<int>(seed % 3);
           exactcoll_call_info info;
           exactcoll_call_info_init(&info);
-          ASSERT_EQ(exactcoll_sim_collective(op, algo, dtype, ranks, count, inputs.data(), outputs.data(), &options, &info),
-                    EXACTCOLL_OK)
+          ASSERT_EQ(
+              exactcoll_sim_collective(op, algo, dtype, ranks, count, inputs.data(), outputs.data(), &options, &info),
+              EXACTCOLL_OK)
               << last_error();
           SCOPED_TRACE(std::string(exactcoll_op_name(op)) + " " + exactcoll_algo_name(algo) + " " +
                        exactcoll_dtype_name(dtype) + " ranks " + std::to_string(ranks));
@@ -208,8 +210,8 @@ void expect_fused_matches_reference(int dtype, int ranks, int rows, int hidden, 
   std::vector<T> ro(count * static_cast<size_t>(ranks)), out(count * static_cast<size_t>(ranks));
   exactcoll_call_info info;
   exactcoll_call_info_init(&info);
-  ASSERT_EQ(exactcoll_sim_fused_add_rmsnorm(algo, contract, dtype, ranks, rows, hidden, 1e-6f, x.data(), residual.data(),
-                                            weight.data(), ro.data(), out.data(), nullptr, &info),
+  ASSERT_EQ(exactcoll_sim_fused_add_rmsnorm(algo, contract, dtype, ranks, rows, hidden, 1e-6f, x.data(),
+                                            residual.data(), weight.data(), ro.data(), out.data(), nullptr, &info),
             EXACTCOLL_OK)
       << last_error();
   for (int r = 0; r < ranks; ++r) {
@@ -223,9 +225,9 @@ void expect_fused_matches_reference(int dtype, int ranks, int rows, int hidden, 
 
 TEST(CApiSim, FusedMatchesTheScalarReferenceUnderEveryContract) {
   uint64_t seed = 100;
-  for (const int algo : {EXACTCOLL_FUSED_AUTO, EXACTCOLL_FUSED_ONE_STAGE, EXACTCOLL_FUSED_TWO_STAGE,
-                         EXACTCOLL_FUSED_PUSH_ONE_STAGE, EXACTCOLL_FUSED_UNFUSED, EXACTCOLL_FUSED_ONE_STAGE_REG,
-                         EXACTCOLL_FUSED_GATHER_NORM}) {
+  for (const int algo :
+       {EXACTCOLL_FUSED_AUTO, EXACTCOLL_FUSED_ONE_STAGE, EXACTCOLL_FUSED_TWO_STAGE, EXACTCOLL_FUSED_PUSH_ONE_STAGE,
+        EXACTCOLL_FUSED_UNFUSED, EXACTCOLL_FUSED_ONE_STAGE_REG, EXACTCOLL_FUSED_GATHER_NORM}) {
     for (const int ranks : {1, 3, 4}) {
       SCOPED_TRACE(std::string(exactcoll_fused_algo_name(algo)) + " ranks " + std::to_string(ranks));
       expect_fused_matches_reference<bf16>(EXACTCOLL_BF16, ranks, 3, 64, algo, EXACTCOLL_CONTRACT_CANONICAL, ++seed);
@@ -233,8 +235,8 @@ TEST(CApiSim, FusedMatchesTheScalarReferenceUnderEveryContract) {
       expect_fused_matches_reference<float>(EXACTCOLL_FP32, ranks, 2, 36, algo, EXACTCOLL_CONTRACT_CANONICAL, ++seed);
     }
   }
-  for (const int contract : {EXACTCOLL_CONTRACT_F32_RESIDUAL, EXACTCOLL_CONTRACT_BF16_ACCUMULATE,
-                             EXACTCOLL_CONTRACT_ROTATED_TWO_SHOT}) {
+  for (const int contract :
+       {EXACTCOLL_CONTRACT_F32_RESIDUAL, EXACTCOLL_CONTRACT_BF16_ACCUMULATE, EXACTCOLL_CONTRACT_ROTATED_TWO_SHOT}) {
     SCOPED_TRACE(exactcoll_contract_name(contract));
     expect_fused_matches_reference<bf16>(EXACTCOLL_BF16, 4, 5, 64, EXACTCOLL_FUSED_AUTO, contract, ++seed);
     expect_fused_matches_reference<float>(EXACTCOLL_FP32, 3, 5, 64, EXACTCOLL_FUSED_AUTO, contract, ++seed);
@@ -323,7 +325,8 @@ TEST(CApiSim, BadArgumentsAreErrorsNotCrashes) {
     return exactcoll_sim_fused_add_rmsnorm(algo, contract, dtype, 2, rows, hidden, eps, in.data(), in.data(), in.data(),
                                            ro.data(), out.data(), opt, nullptr);
   };
-  expect_error(fused(0, 0, EXACTCOLL_BF16, 2, 12, 1e-6f), inv, "hidden size 12 is not a positive multiple of the bf16 pack");
+  expect_error(fused(0, 0, EXACTCOLL_BF16, 2, 12, 1e-6f), inv,
+               "hidden size 12 is not a positive multiple of the bf16 pack");
   expect_error(fused(0, 0, EXACTCOLL_FP32, 2, 6, 1e-6f), inv, "fp32 pack (4 elements)");
   expect_error(fused(0, 0, EXACTCOLL_BF16, -1, 8, 1e-6f), inv, "rows must be 0..");
   expect_error(fused(0, 0, EXACTCOLL_BF16, 2, 8, NAN), inv, "eps must be finite and >= 0");
@@ -353,7 +356,8 @@ TEST(CApiStore, HandlesAreCheckedAndNeverReused) {
   EXPECT_NE(again.id, store.id) << "ids are never reused";
   EXPECT_EQ(exactcoll_store_destroy(again), EXACTCOLL_OK);
   expect_error(exactcoll_store_destroy(exactcoll_store{0}), EXACTCOLL_ERROR_INVALID_ARGUMENT, "handle is 0");
-  expect_error(exactcoll_store_destroy(exactcoll_store{1u << 30}), EXACTCOLL_ERROR_INVALID_ARGUMENT, "was never created");
+  expect_error(exactcoll_store_destroy(exactcoll_store{1u << 30}), EXACTCOLL_ERROR_INVALID_ARGUMENT,
+               "was never created");
 
   expect_error(exactcoll_store_create(nullptr, 0, 2, &store), EXACTCOLL_ERROR_INVALID_ARGUMENT, "callbacks is NULL");
   exactcoll_store_callbacks no_get = cb;
@@ -460,12 +464,12 @@ TEST(CApiGpu, AddRmsNormChecksItsArgumentsFirst) {
   const bool cuda = exactcoll_has_cuda();
   expect_error(exactcoll_add_rmsnorm(p, p, p, p, p, 1, 8, NAN, EXACTCOLL_BF16, -1, nullptr), cuda ? inv : unavailable,
                cuda ? "eps must be finite" : "built without CUDA");
-  expect_error(exactcoll_add_rmsnorm(p, nullptr, p, p, p, 1, 8, 1e-6f, EXACTCOLL_BF16, -1, nullptr), cuda ? inv : unavailable,
-               cuda ? "residual is NULL" : "built without CUDA");
+  expect_error(exactcoll_add_rmsnorm(p, nullptr, p, p, p, 1, 8, 1e-6f, EXACTCOLL_BF16, -1, nullptr),
+               cuda ? inv : unavailable, cuda ? "residual is NULL" : "built without CUDA");
   expect_error(exactcoll_add_rmsnorm(p, p, p, p, p, 1, 8, 1e-6f, 5, -1, nullptr), cuda ? inv : unavailable,
                cuda ? "dtype 5 is none of" : "built without CUDA");
-  expect_error(exactcoll_add_rmsnorm(p, p, p, p, p, -1, 8, 1e-6f, EXACTCOLL_BF16, -1, nullptr), cuda ? inv : unavailable,
-               cuda ? "rows must be 0.." : "built without CUDA");
+  expect_error(exactcoll_add_rmsnorm(p, p, p, p, p, -1, 8, 1e-6f, EXACTCOLL_BF16, -1, nullptr),
+               cuda ? inv : unavailable, cuda ? "rows must be 0.." : "built without CUDA");
 }
 
 }  // namespace

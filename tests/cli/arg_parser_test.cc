@@ -27,9 +27,9 @@ Parsed parse(const std::string& usage, const std::vector<std::string>& args) {
   parser.add_positional("op", &op, "the op", /*required=*/false);
   parser.add_choice("algo", &algo, {"one_shot", "auto"}, "algorithm");
   parser.add_int("nproc", &nproc, "processes");
-  const test_support::CommandResult r = test_support::run_in_process(
-      [&parser](int argc, char** argv) { return parser.parse(argc, argv).value_or(0); }, args[0],
-      std::vector<std::string>(args.begin() + 1, args.end()));
+  const test_support::CommandResult r =
+      test_support::run_in_process([&parser](int argc, char** argv) { return parser.parse(argc, argv).value_or(0); },
+                                   args[0], std::vector<std::string>(args.begin() + 1, args.end()));
   return {r.code, r.err};
 }
 
@@ -41,9 +41,9 @@ void expect_names(const Parsed& p, const std::string& command) {
 
 TEST(ArgParserHint, TheOpIsArgvZero) {
   // `exactcoll sim allreduce …`: the sim dispatcher hands the op as argv[0].
-  expect_names(parse("exactcoll sim allreduce|reduce_scatter|allgather --ranks N",
-                     {"reduce_scatter", "--algo", "bogus"}),
-               "sim reduce_scatter");
+  expect_names(
+      parse("exactcoll sim allreduce|reduce_scatter|allgather --ranks N", {"reduce_scatter", "--algo", "bogus"}),
+      "sim reduce_scatter");
 }
 
 TEST(ArgParserHint, TheOpIsAPositional) {

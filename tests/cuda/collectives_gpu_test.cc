@@ -56,8 +56,8 @@ int scenario_exact() {
           const size_t out_count = output_count(op, count, n);
           const auto inputs = make_inputs(d, count, n, 1000 + c, p);
           const Bytes by_contract = contract_output(op, d, inputs, count, rank);
-          EXC_CUDA_CHECK(cudaMemcpy(input.get(), inputs[static_cast<size_t>(rank)].data(), count * elem,
-                                    cudaMemcpyHostToDevice));
+          EXC_CUDA_CHECK(
+              cudaMemcpy(input.get(), inputs[static_cast<size_t>(rank)].data(), count * elem, cudaMemcpyHostToDevice));
           std::vector<Algorithm> algos = cuda::ipc_algorithms(op);
           algos.push_back(Algorithm::kAuto);
           for (Algorithm a : algos) {
@@ -68,13 +68,16 @@ int scenario_exact() {
               auto call = [&] {
                 switch (op) {
                   case Op::kAllReduce: comm.allreduce(input.get(), output.get(), count, d, a, stream.get(), r); break;
-                  case Op::kReduceScatter: comm.reduce_scatter(input.get(), output.get(), count, d, a, stream.get(), r); break;
+                  case Op::kReduceScatter:
+                    comm.reduce_scatter(input.get(), output.get(), count, d, a, stream.get(), r);
+                    break;
                   case Op::kAllGather: comm.allgather(input.get(), output.get(), count, d, a, stream.get(), r); break;
                 }
               };
               EXC_CUDA_CHECK(cudaMemsetAsync(output.get(), 0x5A + variant, out_count * elem, stream.get()));
               if (variant == 2) {
-                time_graph_us(stream.get(), call, 2, 1, 1, [&] { comm.check(stream.get()); });  // captured twice, replayed twice
+                time_graph_us(stream.get(), call, 2, 1, 1,
+                              [&] { comm.check(stream.get()); });  // captured twice, replayed twice
               } else {
                 call();
               }
@@ -129,8 +132,8 @@ int scenario_absent_peer() {
       const std::string what = e.what();
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
       std::cerr << "rank 0 reported: " << what << " after " << ms << " ms\n";
-      if (what.find("rank 0 block ") == std::string::npos || what.find("peer 1 never arrived at barrier") == std::string::npos ||
-          ms > 5000) {
+      if (what.find("rank 0 block ") == std::string::npos ||
+          what.find("peer 1 never arrived at barrier") == std::string::npos || ms > 5000) {
         result = 1;
       }
     }

@@ -51,7 +51,8 @@ void fold_all(Ctx ctx, size_t begin, size_t end, int blocks, T* dst0, T* dst1, s
 template <class T, int kRanks>
 void check_fold(int n, size_t count, int threads, int blocks, size_t begin) {
   const DType dtype = sizeof(T) == 4 ? DType::kFP32 : std::is_same_v<T, bf16> ? DType::kBF16 : DType::kFP16;
-  const auto raw = gpu::make_inputs(dtype, count, n, count * 31 + static_cast<size_t>(threads), gpu::Pattern::kRandomBits);
+  const auto raw =
+      gpu::make_inputs(dtype, count, n, count * 31 + static_cast<size_t>(threads), gpu::Pattern::kRandomBits);
   std::vector<const T*> in;
   for (const auto& r : raw) in.push_back(reinterpret_cast<const T*>(r.data()));
   const size_t shift = begin;  // reduce-scatter style: output index = element - begin
@@ -185,7 +186,9 @@ struct MiniWorld {
     size_t scratch_elements() const { return w->scratches[0].size() * Storage<T>::kPack; }
     T* output() const { return reinterpret_cast<T*>(w->outputs[r].data()); }
     SignalBuffer* signals(int p) const { return &w->signals[p]; }
-    void signal(uint32_t* flag, uint32_t v, int, int) { std::atomic_ref<uint32_t>(*flag).store(v, std::memory_order_release); }
+    void signal(uint32_t* flag, uint32_t v, int, int) {
+      std::atomic_ref<uint32_t>(*flag).store(v, std::memory_order_release);
+    }
     void wait(const uint32_t* flag, uint32_t v, int, int) {
       std::atomic_ref<uint32_t> a(*const_cast<uint32_t*>(flag));
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -202,10 +205,11 @@ struct MiniWorld {
     std::vector<std::thread> all;
     for (int r = 0; r < ranks; ++r)
       for (int b = 0; b < blocks; ++b)
-        for (int t = 0; t < threads; ++t) all.emplace_back([this, &body, r, b, t] {
-          Ctx c{this, r, b, t};
-          body(c);
-        });
+        for (int t = 0; t < threads; ++t)
+          all.emplace_back([this, &body, r, b, t] {
+            Ctx c{this, r, b, t};
+            body(c);
+          });
     for (auto& th : all) th.join();
   }
 };

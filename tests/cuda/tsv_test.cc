@@ -12,8 +12,9 @@ namespace {
 
 TEST(Tsv, SkipsCommentsAndEmptyLinesAndNumbersEveryLine) {
   std::vector<std::pair<int, std::vector<std::string>>> seen;
-  for_each_tsv_line("# header\n\na\tb\n#x\tc\nd\t\te\n", "t.tsv",
-                    [&](const TsvLine& line) { seen.push_back({line.number, line.fields}); });
+  for_each_tsv_line("# header\n\na\tb\n#x\tc\nd\t\te\n", "t.tsv", [&](const TsvLine& line) {
+    seen.push_back({line.number, line.fields});
+  });
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(seen[0].first, 3);
   EXPECT_EQ(seen[0].second, (std::vector<std::string>{"a", "b"}));

@@ -71,20 +71,27 @@ struct Problem {
   size_t count() const { return static_cast<size_t>(rows) * hidden; }
 
   static T nan_with_payload() {
-    if constexpr (std::is_same_v<T, float>) return bits_to_float(0xFFC00123u);
-    else return T{0xFF81};
+    if constexpr (std::is_same_v<T, float>)
+      return bits_to_float(0xFFC00123u);
+    else
+      return T{0xFF81};
   }
   static T largest() {
-    if constexpr (std::is_same_v<T, float>) return bits_to_float(0x7F7FFFFFu);
-    else if constexpr (std::is_same_v<T, bf16>) return T{0x7F7F};
-    else return T{0x7BFF};
+    if constexpr (std::is_same_v<T, float>)
+      return bits_to_float(0x7F7FFFFFu);
+    else if constexpr (std::is_same_v<T, bf16>)
+      return T{0x7F7F};
+    else
+      return T{0x7BFF};
   }
   // -0, +0 or a subnormal of either sign.
   static T tiny(uint64_t r) {
     const uint32_t sign = (r & 1) ? 1u : 0u;
     const uint32_t m = static_cast<uint32_t>((r >> 1) % 4);
-    if constexpr (std::is_same_v<T, float>) return bits_to_float((sign << 31) | m);
-    else return T{static_cast<uint16_t>((sign << 15) | m)};
+    if constexpr (std::is_same_v<T, float>)
+      return bits_to_float((sign << 31) | m);
+    else
+      return T{static_cast<uint16_t>((sign << 15) | m)};
   }
 
   // The contract's outputs (the same on every rank).
@@ -110,8 +117,10 @@ size_t differing(const T* got, const std::vector<T>& want) {
 template <class T>
 void poison(T* p, size_t n) {
   for (size_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<T, float>) p[i] = bits_to_float(0x7FC00001u);
-    else p[i] = T{0x7FC1};
+    if constexpr (std::is_same_v<T, float>)
+      p[i] = bits_to_float(0x7FC00001u);
+    else
+      p[i] = T{0x7FC1};
   }
 }
 
@@ -196,37 +205,37 @@ size_t run_and_count(const Problem<T>& p, Run run, int blocks, int threads) {
     reg_ctx.shared = shared[static_cast<size_t>(base_ctx.rank() * blocks + base_ctx.block())].data();
     const bool reg = run == Run::kOneStageReg || run == Run::kGatherNormReg || run == Run::kPushOneStageReg;
     auto body = [&](auto& ctx) {
-    const int r = ctx.rank();
-    FusedRmsNormArgs<T> a;
-    a.residual = residual[r].data();
-    a.weight = weight[r].data();
-    a.residual_out = ro[r].data();
-    a.out = out[r].data();
-    a.rows = p.rows;
-    a.hidden = p.hidden;
-    a.eps = p.eps;
-    const FusedKernelKind kind = run == Run::kOneStageStaged     ? FusedKernelKind::kOneStage
-                                 : run == Run::kTwoStageStaged   ? FusedKernelKind::kTwoStage
-                                 : run == Run::kOneStageReg      ? FusedKernelKind::kOneStageReg
-                                 : run == Run::kPushOneStageReg  ? FusedKernelKind::kPushOneStage
-                                                                 : FusedKernelKind::kGatherNorm;
-    const bool staged = run == Run::kGatherNormStaged || run == Run::kOneStageStaged || run == Run::kTwoStageStaged ||
-                        run == Run::kOneStageReg;
-    if (staged) stage_fused_input<T>(ctx, kind, xs[r].data(), world.inputs[r].data(), p.rows, p.hidden);
-    dispatch_world_size(p.ranks, [&](auto n) {
-      constexpr int kRanks = decltype(n)::value;
-      if (kind == FusedKernelKind::kOneStage) {
-        fused_rmsnorm_one_stage<T, kRanks>(ctx, a);
-      } else if (kind == FusedKernelKind::kTwoStage) {
-        fused_rmsnorm_two_stage<T, kRanks>(ctx, a);
-      } else if (kind == FusedKernelKind::kOneStageReg) {
-        fused_rmsnorm_one_stage_reg<T, kRanks>(ctx, a);
-      } else if (kind == FusedKernelKind::kPushOneStage) {
-        fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, a);
-      } else {
-        fused_rmsnorm_gather_norm<T, kRanks>(ctx, a);
-      }
-    });
+      const int r = ctx.rank();
+      FusedRmsNormArgs<T> a;
+      a.residual = residual[r].data();
+      a.weight = weight[r].data();
+      a.residual_out = ro[r].data();
+      a.out = out[r].data();
+      a.rows = p.rows;
+      a.hidden = p.hidden;
+      a.eps = p.eps;
+      const FusedKernelKind kind = run == Run::kOneStageStaged    ? FusedKernelKind::kOneStage
+                                   : run == Run::kTwoStageStaged  ? FusedKernelKind::kTwoStage
+                                   : run == Run::kOneStageReg     ? FusedKernelKind::kOneStageReg
+                                   : run == Run::kPushOneStageReg ? FusedKernelKind::kPushOneStage
+                                                                  : FusedKernelKind::kGatherNorm;
+      const bool staged = run == Run::kGatherNormStaged || run == Run::kOneStageStaged || run == Run::kTwoStageStaged ||
+                          run == Run::kOneStageReg;
+      if (staged) stage_fused_input<T>(ctx, kind, xs[r].data(), world.inputs[r].data(), p.rows, p.hidden);
+      dispatch_world_size(p.ranks, [&](auto n) {
+        constexpr int kRanks = decltype(n)::value;
+        if (kind == FusedKernelKind::kOneStage) {
+          fused_rmsnorm_one_stage<T, kRanks>(ctx, a);
+        } else if (kind == FusedKernelKind::kTwoStage) {
+          fused_rmsnorm_two_stage<T, kRanks>(ctx, a);
+        } else if (kind == FusedKernelKind::kOneStageReg) {
+          fused_rmsnorm_one_stage_reg<T, kRanks>(ctx, a);
+        } else if (kind == FusedKernelKind::kPushOneStage) {
+          fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, a);
+        } else {
+          fused_rmsnorm_gather_norm<T, kRanks>(ctx, a);
+        }
+      });
     };
     if (run == Run::kPushOneStageReg) {
       OwnInputOnly<RegCtx<T>> own_ctx;

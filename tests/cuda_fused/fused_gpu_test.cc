@@ -85,7 +85,8 @@ int scenario_exact() {
   Stream stream;
   uint64_t differing = 0, runs = 0;
   for (DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
-    for (const auto& [rows, hidden] : {std::pair{1, 4096}, std::pair{3, 2880}, std::pair{16, 1024}, std::pair{33, 64}}) {
+    for (const auto& [rows, hidden] :
+         {std::pair{1, 4096}, std::pair{3, 2880}, std::pair{16, 1024}, std::pair{33, 64}}) {
       const FusedInputs in = make_fused_inputs(dtype, n, rows, hidden, 77 + rows, true);
       const size_t count = in.count(), bytes = count * static_cast<size_t>(dtype_size(dtype));
       EXC_CUDA_CHECK(cudaMemcpy(x.get(), in.x[static_cast<size_t>(rank)].data(), bytes, cudaMemcpyHostToDevice));
@@ -116,11 +117,10 @@ int scenario_exact() {
             }
             comm.check(stream.get());
             ++runs;
-            differing += count_fused_mismatches(dtype, ro.get(), out.get(), count, want, rank,
-                                                std::string(dtype_name(dtype)) + " " +
-                                                    cuda::fused::fused_algorithm_name(algo) + " variant " +
-                                                    std::to_string(variant) + " rows " + std::to_string(rows) +
-                                                    " H " + std::to_string(hidden));
+            differing += count_fused_mismatches(
+                dtype, ro.get(), out.get(), count, want, rank,
+                std::string(dtype_name(dtype)) + " " + cuda::fused::fused_algorithm_name(algo) + " variant " +
+                    std::to_string(variant) + " rows " + std::to_string(rows) + " H " + std::to_string(hidden));
           }
         }
       }
@@ -139,13 +139,13 @@ enum class Step { kPushOneStage, kOneStageReg, kPushOneShot, kPushTwoShot };
 struct MixedCall {
   Step step = Step::kPushOneStage;
   DType dtype = DType::kBF16;
-  int rows = 0, hidden = 0;      // fused
-  size_t count = 0;              // all-reduce
+  int rows = 0, hidden = 0;  // fused
+  size_t count = 0;          // all-reduce
   std::optional<LaunchConfig> grid;
-  FusedInputs fused_in;          // fused: every rank's x (the reference needs them all)
+  FusedInputs fused_in;  // fused: every rank's x (the reference needs them all)
   FusedOutputs fused_want;
-  std::vector<Bytes> ar_in;      // all-reduce: every rank's input
-  Bytes ar_want;                 // this rank's contract output
+  std::vector<Bytes> ar_in;  // all-reduce: every rank's input
+  Bytes ar_want;             // this rank's contract output
   DeviceBuffer x, residual, weight, ro, out;
 };
 
@@ -169,8 +169,10 @@ std::vector<std::unique_ptr<MixedCall>> make_sequence(int n, int rank, uint64_t 
   for (int k = 0; k < calls; ++k) {
     auto c = std::make_unique<MixedCall>();
     const uint64_t pick = rng.next() % 10;
-    c->step = pick < 5 ? Step::kPushOneStage : pick < 6 ? Step::kOneStageReg : pick < 8 ? Step::kPushOneShot
-                                                                                       : Step::kPushTwoShot;
+    c->step = pick < 5   ? Step::kPushOneStage
+              : pick < 6 ? Step::kOneStageReg
+              : pick < 8 ? Step::kPushOneShot
+                         : Step::kPushTwoShot;
     c->dtype = rng.next() % 4 == 0 ? DType::kFP32 : DType::kBF16;
     const size_t elem = static_cast<size_t>(dtype_size(c->dtype));
     if (c->step == Step::kPushOneStage || c->step == Step::kOneStageReg) {
@@ -188,17 +190,19 @@ std::vector<std::unique_ptr<MixedCall>> make_sequence(int n, int rank, uint64_t 
       c->weight = DeviceBuffer(static_cast<size_t>(c->hidden) * elem);
       c->ro = DeviceBuffer(bytes);
       c->out = DeviceBuffer(bytes);
-      EXC_CUDA_CHECK(cudaMemcpy(c->x.get(), c->fused_in.x[static_cast<size_t>(rank)].data(), bytes, cudaMemcpyHostToDevice));
+      EXC_CUDA_CHECK(
+          cudaMemcpy(c->x.get(), c->fused_in.x[static_cast<size_t>(rank)].data(), bytes, cudaMemcpyHostToDevice));
       EXC_CUDA_CHECK(cudaMemcpy(c->residual.get(), c->fused_in.residual.data(), bytes, cudaMemcpyHostToDevice));
-      EXC_CUDA_CHECK(cudaMemcpy(c->weight.get(), c->fused_in.weight.data(), c->fused_in.weight.size(), cudaMemcpyHostToDevice));
+      EXC_CUDA_CHECK(
+          cudaMemcpy(c->weight.get(), c->fused_in.weight.data(), c->fused_in.weight.size(), cudaMemcpyHostToDevice));
     } else {
       c->count = kCounts[rng.next() % std::size(kCounts)];
       c->ar_in = make_inputs(c->dtype, c->count, n, rng.next(), Pattern::kRandomBits);
       c->ar_want = contract_output(cuda::Op::kAllReduce, c->dtype, c->ar_in, c->count, rank);
       c->x = DeviceBuffer(c->count * elem);
       c->out = DeviceBuffer(c->count * elem);
-      EXC_CUDA_CHECK(cudaMemcpy(c->x.get(), c->ar_in[static_cast<size_t>(rank)].data(), c->count * elem,
-                                cudaMemcpyHostToDevice));
+      EXC_CUDA_CHECK(
+          cudaMemcpy(c->x.get(), c->ar_in[static_cast<size_t>(rank)].data(), c->count * elem, cudaMemcpyHostToDevice));
     }
     seq.push_back(std::move(c));
   }
@@ -245,7 +249,8 @@ uint64_t check_sequence(const std::vector<std::unique_ptr<MixedCall>>& seq, int 
                              (c.rows > 0 ? " rows " + std::to_string(c.rows) + " H " + std::to_string(c.hidden)
                                          : " count " + std::to_string(c.count));
     if (c.rows > 0) {
-      differing += count_fused_mismatches(c.dtype, c.ro.get(), c.out.get(), c.fused_in.count(), c.fused_want, rank, what);
+      differing +=
+          count_fused_mismatches(c.dtype, c.ro.get(), c.out.get(), c.fused_in.count(), c.fused_want, rank, what);
     } else {
       Bytes got(c.ar_want.size());
       EXC_CUDA_CHECK(cudaMemcpy(got.data(), c.out.get(), got.size(), cudaMemcpyDeviceToHost));

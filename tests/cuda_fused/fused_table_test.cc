@@ -92,16 +92,16 @@ TEST(FusedTable, RoundTripsThroughText) {
 
 TEST(FusedTable, RejectsMalformedLinesNamingThem) {
   const std::string bad[] = {
-      "sm90\t4\t16384\t1\tone_stage\t1\t1024\n",             // 7 fields
-      "sm90\t0\t16384\t1\tone_stage\t1\t1024\t1\n",          // world size
-      "sm90\t4\t100\t1\tone_stage\t1\t1024\t1\n",            // row bytes not a multiple of 16
-      "sm90\t4\t16384\t0\tone_stage\t1\t1024\t1\n",          // rows
-      "sm90\t4\t16384\t1\tnccl_split\t1\t1024\t1\n",         // not an IPC algorithm
-      "sm90\t4\t16384\t1\tauto\t1\t1024\t1\n",               // auto is not a measurement
-      "sm90\t4\t16384\t1\tone_stage\t129\t1024\t1\n",        // too many blocks for a barrier kernel (kMaxBlocks 128)
-      "sm90\t4\t16384\t1\tone_stage\t1\t1000\t1\n",          // threads not a multiple of 32
-      "sm90\t4\t16384\t1\tone_stage\t1\t1024\t-3\n",         // time
-      "sm90\t4\t16384\t1\tone_stage\t1\t1024\tfast\n",       // time
+      "sm90\t4\t16384\t1\tone_stage\t1\t1024\n",        // 7 fields
+      "sm90\t0\t16384\t1\tone_stage\t1\t1024\t1\n",     // world size
+      "sm90\t4\t100\t1\tone_stage\t1\t1024\t1\n",       // row bytes not a multiple of 16
+      "sm90\t4\t16384\t0\tone_stage\t1\t1024\t1\n",     // rows
+      "sm90\t4\t16384\t1\tnccl_split\t1\t1024\t1\n",    // not an IPC algorithm
+      "sm90\t4\t16384\t1\tauto\t1\t1024\t1\n",          // auto is not a measurement
+      "sm90\t4\t16384\t1\tone_stage\t129\t1024\t1\n",   // too many blocks for a barrier kernel (kMaxBlocks 128)
+      "sm90\t4\t16384\t1\tone_stage\t1\t1000\t1\n",     // threads not a multiple of 32
+      "sm90\t4\t16384\t1\tone_stage\t1\t1024\t-3\n",    // time
+      "sm90\t4\t16384\t1\tone_stage\t1\t1024\tfast\n",  // time
   };
   for (const std::string& line : bad) {
     try {

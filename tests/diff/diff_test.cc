@@ -150,8 +150,8 @@ TEST(DiffCommand, BadInputExitsTwo) {
   r = run_diff({a, temp_path("missing.npy")});
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "cannot open")) << r.err;
-  EXPECT_EQ(run_diff({a}).code, 2);                               // missing argument
-  EXPECT_EQ(run_diff({a, b, "--dtype", "int8"}).code, 2);         // bad choice
+  EXPECT_EQ(run_diff({a}).code, 2);                        // missing argument
+  EXPECT_EQ(run_diff({a, b, "--dtype", "int8"}).code, 2);  // bad choice
 }
 
 }  // namespace

@@ -24,9 +24,9 @@ constexpr float kEps = 1e-6f;
 struct CallData {
   std::vector<bf16> x;  // [ranks, size]: rank r's x (or all-reduce input) at r * size
   std::vector<testing_world::AlignedBuffer<bf16>> residual, weight, residual_out, out;  // per rank (fused)
-  std::vector<std::vector<bf16>> ar_out;                                                 // per rank (all-reduce)
-  std::vector<bf16> want_ro, want_out;                                                   // [size]
-  std::vector<FusedRmsNormArgs<bf16>> args;                                              // per rank (fused)
+  std::vector<std::vector<bf16>> ar_out;                                                // per rank (all-reduce)
+  std::vector<bf16> want_ro, want_out;                                                  // [size]
+  std::vector<FusedRmsNormArgs<bf16>> args;                                             // per rank (fused)
 };
 
 // Given d->x ([ranks, count], filled by the caller), makes the outputs and the contract's results:
@@ -37,7 +37,8 @@ inline void complete_call(bool fused, int ranks, size_t count, fused::SplitMix64
   if (!fused) {
     d.ar_out.assign(ranks, std::vector<bf16>(count));
     d.want_out.resize(count);
-    for (size_t i = 0; i < count; ++i) d.want_out[i] = contract::fold<bf16>(ranks, [&](int r) { return d.x[r * count + i]; });
+    for (size_t i = 0; i < count; ++i)
+      d.want_out[i] = contract::fold<bf16>(ranks, [&](int r) { return d.x[r * count + i]; });
     return;
   }
   std::vector<bf16> residual(count), weight(kHidden);

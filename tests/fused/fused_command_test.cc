@@ -28,7 +28,6 @@ using test_support::read_file;
 using test_support::run_in_process;
 using test_support::temp_path;
 
-
 // Through the sim-subcommand registry, as tools/sim dispatches.
 CommandResult run_fused(const std::vector<std::string>& args) {
   const cli::SimSubcommand* sub = cli::find_sim_subcommand("fused_rmsnorm");
@@ -71,16 +70,18 @@ TEST(SimFusedCommand, AlgorithmsWriteIdenticalFilesEqualToTheReference) {
   const int ranks = 4, rows = 3, H = 4096;
   const Files f = make_files("alg", ranks, rows, H, 11);
   std::string first_summary_hashes;
-  for (const char* algo : {"one_stage", "two_stage", "push_one_stage", "unfused", "one_stage_reg", "gather_norm",
-                           "push_one_stage_reg"}) {
+  for (const char* algo :
+       {"one_stage", "two_stage", "push_one_stage", "unfused", "one_stage_reg", "gather_norm", "push_one_stage_reg"}) {
     const std::string out = temp_path(std::string(algo) + "_out.npy"), ro = temp_path(std::string(algo) + "_ro.npy");
     const CommandResult r = run_fused({"--ranks", "4", "--dtype", "bf16", "--input", f.x, "--residual", f.r, "--weight",
                                        f.w, "--output", out, "--residual-output", ro, "--algo", algo, "--blocks", "3"});
     ASSERT_EQ(r.code, 0) << algo << ": " << r.err;
     // The GPU's register kernels run on blocks of the tree's lanes (512 for H 4096 bf16).
     const bool reg = std::string(algo).find("_reg") != std::string::npos || std::string(algo) == "gather_norm";
-    EXPECT_NE(r.out.find(std::string("sim fused_rmsnorm bf16: 4 ranks x [3, 4096] (") + f.x + " (4, 3, 4096)), contract canonical, " + algo +
-                         (reg ? ", 3 blocks x 512 threads (register path)" : ", 3 blocks") + ", threads schedule; out sha256 "),
+    EXPECT_NE(r.out.find(std::string("sim fused_rmsnorm bf16: 4 ranks x [3, 4096] (") + f.x +
+                         " (4, 3, 4096)), contract canonical, " + algo +
+                         (reg ? ", 3 blocks x 512 threads (register path)" : ", 3 blocks") +
+                         ", threads schedule; out sha256 "),
               std::string::npos)
         << r.out;
     const std::string hashes = r.out.substr(r.out.find("out sha256"));
@@ -90,8 +91,10 @@ TEST(SimFusedCommand, AlgorithmsWriteIdenticalFilesEqualToTheReference) {
     ASSERT_EQ(o.shape, (std::vector<int64_t>{ranks, rows, H}));
     ASSERT_EQ(q.shape, (std::vector<int64_t>{ranks, rows, H}));
     for (int k = 0; k < ranks; ++k) {
-      EXPECT_EQ(std::memcmp(o.data.data() + k * rows * H * 2, f.ref_out.data(), rows * H * 2), 0) << algo << " rank " << k;
-      EXPECT_EQ(std::memcmp(q.data.data() + k * rows * H * 2, f.ref_ro.data(), rows * H * 2), 0) << algo << " rank " << k;
+      EXPECT_EQ(std::memcmp(o.data.data() + k * rows * H * 2, f.ref_out.data(), rows * H * 2), 0)
+          << algo << " rank " << k;
+      EXPECT_EQ(std::memcmp(q.data.data() + k * rows * H * 2, f.ref_ro.data(), rows * H * 2), 0)
+          << algo << " rank " << k;
     }
   }
   // `exactcoll diff` agrees: identical files exit 0.
@@ -103,7 +106,8 @@ TEST(SimFusedCommand, AlgorithmsWriteIdenticalFilesEqualToTheReference) {
 TEST(SimFusedCommand, AlternativeContractDiffersAndTakesNoAlgo) {
   const Files f = make_files("alt", 4, 2, 4096, 12);
   const std::string ro = temp_path("alt_ro.npy"), canon = temp_path("alt_canon_ro.npy");
-  const std::vector<std::string> in = {"--ranks", "4", "--dtype", "bf16", "--input", f.x, "--residual", f.r, "--weight", f.w};
+  const std::vector<std::string> in = {"--ranks", "4",          "--dtype", "bf16",     "--input",
+                                       f.x,       "--residual", f.r,       "--weight", f.w};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = in;
     a.insert(a.end(), extra.begin(), extra.end());
@@ -128,9 +132,10 @@ TEST(SimFusedCommand, AlternativeContractDiffersAndTakesNoAlgo) {
 TEST(SimFusedCommand, SeededScheduleAndTraces) {
   const Files f = make_files("tr", 3, 2, 64, 13);
   const std::string trace = temp_path("tr.jsonl"), chrome = temp_path("tr.json"), out = temp_path("tr_out.npy");
-  const CommandResult r = run_fused({"--ranks", "3", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo",
-                                     "two_stage", "--schedule", "seeded", "--schedule-seed", "5", "--trace", trace,
-                                     "--chrome-trace", chrome, "--trace-elements", "0,70", "--output", out});
+  const CommandResult r =
+      run_fused({"--ranks",        "3",         "--input",          f.x,      "--residual",      f.r, "--weight", f.w,
+                 "--algo",         "two_stage", "--schedule",       "seeded", "--schedule-seed", "5", "--trace",  trace,
+                 "--chrome-trace", chrome,      "--trace-elements", "0,70",   "--output",        out});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("seeded schedule (--schedule-seed 5)"), std::string::npos) << r.out;
   const std::string t = read_file(trace);
@@ -145,41 +150,42 @@ TEST(SimFusedCommand, SeededScheduleAndTraces) {
 // into the peers' scratch, then the rows read from this rank's own input and scratch only.
 TEST(SimFusedCommand, PushOneStageTraceShowsPushThenLocalReads) {
   for (const char* algo : {"push_one_stage", "push_one_stage_reg"}) {
-  SCOPED_TRACE(algo);
-  const Files f = make_files("push", 3, 2, 64, 16);
-  const std::string trace = temp_path("push.jsonl"), out = temp_path("push_out.npy");
-  const CommandResult r = run_fused({"--ranks", "3", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo",
-                                  algo, "--blocks", "2", "--schedule", "seeded", "--schedule-seed", "3",
-                                  "--trace", trace, "--trace-elements", "0,70", "--output", out});
-  ASSERT_EQ(r.code, 0) << r.err;
-  const std::string t = read_file(trace);
-  EXPECT_NE(t.find("\"step\":\"push_rows\""), std::string::npos);
-  EXPECT_NE(t.find("\"step\":\"fused_rows\""), std::string::npos);
-  // Rank 0 block 0 writes into rank 1's and rank 2's scratch; its rows read nobody else's buffers.
-  std::istringstream lines(t);
-  int pushes_to_peers = 0, rows_steps = 0;
-  for (std::string line; std::getline(lines, line);) {
-    if (line.find("\"rank\":0,\"block\":0,\"step\":\"push_rows\"") != std::string::npos) {
-      pushes_to_peers += line.find("\"access\":\"write\",\"peer\":1,\"buffer\":\"scratch\"") != std::string::npos;
-      pushes_to_peers += line.find("\"access\":\"write\",\"peer\":2,\"buffer\":\"scratch\"") != std::string::npos;
-    }
-    if (line.find("\"step\":\"fused_rows\"") != std::string::npos) {
-      ++rows_steps;
-      const size_t at = line.find("\"rank\":");
-      ASSERT_NE(at, std::string::npos);
-      const std::string me = line.substr(at + 7, 1);
-      for (const char* peer : {"0", "1", "2"}) {
-        if (me != peer) {
-          EXPECT_EQ(line.find(std::string("\"peer\":") + peer), std::string::npos) << line;
+    SCOPED_TRACE(algo);
+    const Files f = make_files("push", 3, 2, 64, 16);
+    const std::string trace = temp_path("push.jsonl"), out = temp_path("push_out.npy");
+    const CommandResult r =
+        run_fused({"--ranks", "3",   "--input",          f.x,    "--residual", f.r,      "--weight",        f.w,
+                   "--algo",  algo,  "--blocks",         "2",    "--schedule", "seeded", "--schedule-seed", "3",
+                   "--trace", trace, "--trace-elements", "0,70", "--output",   out});
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string t = read_file(trace);
+    EXPECT_NE(t.find("\"step\":\"push_rows\""), std::string::npos);
+    EXPECT_NE(t.find("\"step\":\"fused_rows\""), std::string::npos);
+    // Rank 0 block 0 writes into rank 1's and rank 2's scratch; its rows read nobody else's buffers.
+    std::istringstream lines(t);
+    int pushes_to_peers = 0, rows_steps = 0;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find("\"rank\":0,\"block\":0,\"step\":\"push_rows\"") != std::string::npos) {
+        pushes_to_peers += line.find("\"access\":\"write\",\"peer\":1,\"buffer\":\"scratch\"") != std::string::npos;
+        pushes_to_peers += line.find("\"access\":\"write\",\"peer\":2,\"buffer\":\"scratch\"") != std::string::npos;
+      }
+      if (line.find("\"step\":\"fused_rows\"") != std::string::npos) {
+        ++rows_steps;
+        const size_t at = line.find("\"rank\":");
+        ASSERT_NE(at, std::string::npos);
+        const std::string me = line.substr(at + 7, 1);
+        for (const char* peer : {"0", "1", "2"}) {
+          if (me != peer) {
+            EXPECT_EQ(line.find(std::string("\"peer\":") + peer), std::string::npos) << line;
+          }
         }
       }
     }
-  }
-  EXPECT_EQ(pushes_to_peers, 2);
-  EXPECT_EQ(rows_steps, 6);  // 3 ranks x 2 blocks
-  EXPECT_NE(t.find("\"event\":\"fold\""), std::string::npos) << "the traced elements' folds";
-  const npy::NpyArray o = npy::read_npy(out);
-  EXPECT_EQ(std::memcmp(o.data.data(), f.ref_out.data(), f.ref_out.size() * 2), 0);
+    EXPECT_EQ(pushes_to_peers, 2);
+    EXPECT_EQ(rows_steps, 6);  // 3 ranks x 2 blocks
+    EXPECT_NE(t.find("\"event\":\"fold\""), std::string::npos) << "the traced elements' folds";
+    const npy::NpyArray o = npy::read_npy(out);
+    EXPECT_EQ(std::memcmp(o.data.data(), f.ref_out.data(), f.ref_out.size() * 2), 0);
   }
 }
 
@@ -189,8 +195,8 @@ TEST(SimFusedCommand, PushOneStageTraceShowsPushThenLocalReads) {
 // --threads 3), under the threads scheduler and a seeded one.
 TEST(SimFusedCommand, GpuKernelsGiveOneStagesSha) {
   for (const char* dtype : {"bf16", "fp16", "fp32"}) {
-    const std::vector<std::string> problem = {"--ranks", "3", "--dtype", dtype, "--rows", "5", "--hidden", "128",
-                                              "--specials", "--seed", "4"};
+    const std::vector<std::string> problem = {"--ranks",  "3",   "--dtype",    dtype,    "--rows", "5",
+                                              "--hidden", "128", "--specials", "--seed", "4"};
     auto sha_of = [&](std::vector<std::string> extra) {
       std::vector<std::string> args = problem;
       args.insert(args.end(), extra.begin(), extra.end());
@@ -201,10 +207,12 @@ TEST(SimFusedCommand, GpuKernelsGiveOneStagesSha) {
     };
     const std::string want = sha_of({"--algo", "one_stage"});
     for (const char* algo : {"one_stage_reg", "gather_norm", "push_one_stage_reg"}) {
-      for (const std::vector<std::string>& variant : std::vector<std::vector<std::string>>{
-               {}, {"--threads", "64"}, {"--threads", "3", "--blocks", "2"},
-               {"--blocks", "2", "--schedule", "seeded", "--schedule-seed", "11"},
-               {"--threads", "5", "--schedule", "seeded", "--schedule-seed", "12"}}) {
+      for (const std::vector<std::string>& variant :
+           std::vector<std::vector<std::string>>{{},
+                                                 {"--threads", "64"},
+                                                 {"--threads", "3", "--blocks", "2"},
+                                                 {"--blocks", "2", "--schedule", "seeded", "--schedule-seed", "11"},
+                                                 {"--threads", "5", "--schedule", "seeded", "--schedule-seed", "12"}}) {
         std::vector<std::string> args = {"--algo", algo};
         args.insert(args.end(), variant.begin(), variant.end());
         std::string label = dtype;
@@ -217,8 +225,8 @@ TEST(SimFusedCommand, GpuKernelsGiveOneStagesSha) {
   const CommandResult reg = run_fused({"--ranks", "2", "--rows", "2", "--hidden", "64", "--algo", "gather_norm"});
   EXPECT_NE(reg.out.find("gather_norm, 1 block x 32 threads (register path), threads schedule"), std::string::npos)
       << reg.out;
-  const CommandResult core = run_fused({"--ranks", "2", "--rows", "2", "--hidden", "64", "--algo", "one_stage_reg",
-                                     "--threads", "64", "--blocks", "2"});
+  const CommandResult core = run_fused(
+      {"--ranks", "2", "--rows", "2", "--hidden", "64", "--algo", "one_stage_reg", "--threads", "64", "--blocks", "2"});
   EXPECT_NE(core.out.find("one_stage_reg, 2 blocks x 64 threads (core's path), threads schedule"), std::string::npos)
       << core.out;
 }
@@ -228,10 +236,10 @@ TEST(SimFusedCommand, GpuKernelsGiveOneStagesSha) {
 TEST(SimFusedCommand, GatherNormTraceShowsSliceThenGather) {
   const Files f = make_files("gn", 3, 4, 64, 17);
   const std::string trace = temp_path("gn.jsonl"), chrome = temp_path("gn.json"), out = temp_path("gn_out.npy");
-  const CommandResult r = run_fused({"--ranks", "3", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo",
-                                  "gather_norm", "--blocks", "2", "--schedule", "seeded", "--schedule-seed", "5",
-                                  "--trace", trace, "--chrome-trace", chrome, "--trace-elements", "0,70",
-                                  "--output", out});
+  const CommandResult r = run_fused({"--ranks",        "3",      "--input",          f.x,           "--residual", f.r,
+                                     "--weight",       f.w,      "--algo",           "gather_norm", "--blocks",   "2",
+                                     "--schedule",     "seeded", "--schedule-seed",  "5",           "--trace",    trace,
+                                     "--chrome-trace", chrome,   "--trace-elements", "0,70",        "--output",   out});
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string t = read_file(trace);
   for (const char* step : {"stage_input", "fused_slice", "gather_norm_rows"}) {
@@ -296,7 +304,8 @@ TEST(SimFusedCommand, BadInputExitsTwoAndWritesNothing) {
     EXPECT_NE(r.err.find(message_part), std::string::npos) << r.err;
     EXPECT_FALSE(file_exists(out)) << message_part;
   };
-  expect_bad({"--ranks", "3", "--input", f.x, "--residual", f.r, "--weight", f.w}, "has 2 ranks in its first dimension");
+  expect_bad({"--ranks", "3", "--input", f.x, "--residual", f.r, "--weight", f.w},
+             "has 2 ranks in its first dimension");
   expect_bad({"--ranks", "2", "--dtype", "fp32", "--input", f.x, "--residual", f.r, "--weight", f.w}, "needs '<f4'");
   expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.x, "--weight", f.w}, "must be [rows, H] = (2, 64)");
   expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.r}, "must be [H] = (64,)");
@@ -306,7 +315,8 @@ TEST(SimFusedCommand, BadInputExitsTwoAndWritesNothing) {
   expect_bad({"--ranks", "2", "--rows", "2", "--hidden", "100"}, "not a positive multiple");
   expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--seed", "3"}, "not with --input");
   expect_bad({"--input", f.x, "--residual", f.r, "--weight", f.w}, "give --ranks N");
-  expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--blocks", "129"}, "--blocks must be");
+  expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--blocks", "129"},
+             "--blocks must be");
   for (const char* threads : {"0", "-3", "1025"}) {
     expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo", "gather_norm",
                 "--threads", threads},
@@ -365,9 +375,26 @@ TEST(SimFusedCommand, ADeadRankIsAClearErrorAndNoOutput) {
   for (const char* schedule : {"threads", "seeded"}) {
     for (const char* algo : {"one_stage", "two_stage", "push_one_stage", "unfused", "one_stage_reg", "gather_norm",
                              "push_one_stage_reg"}) {
-      const CommandResult r = run_fused({"--ranks", "3", "--rows", "4", "--hidden", "64", "--algo", algo, "--schedule",
-                                      schedule, "--timeout-ms", "300", "--fail-rank", "1", "--fail-at-step", "2",
-                                      "--output", out, "--residual-output", ro});
+      const CommandResult r = run_fused({"--ranks",
+                                         "3",
+                                         "--rows",
+                                         "4",
+                                         "--hidden",
+                                         "64",
+                                         "--algo",
+                                         algo,
+                                         "--schedule",
+                                         schedule,
+                                         "--timeout-ms",
+                                         "300",
+                                         "--fail-rank",
+                                         "1",
+                                         "--fail-at-step",
+                                         "2",
+                                         "--output",
+                                         out,
+                                         "--residual-output",
+                                         ro});
       EXPECT_EQ(r.code, 3) << schedule << " " << algo << ": " << r.err;
       EXPECT_NE(r.err.find("rank 1 was stopped by fault injection at its synchronization step 2"), std::string::npos)
           << r.err;

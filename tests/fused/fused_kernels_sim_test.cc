@@ -48,8 +48,10 @@ void reference_typed(const gpu::FusedInputs& in, float eps, std::vector<uint8_t>
   p.ranks = in.ranks, p.rows = in.rows, p.hidden = in.hidden, p.eps = eps;
   p.x = x.data(), p.residual = residual.data(), p.weight = weight.data();
   fused_reference<T>(FusedContract::kCanonical, p, r.data(), y.data());
-  ro->assign(reinterpret_cast<const uint8_t*>(r.data()), reinterpret_cast<const uint8_t*>(r.data()) + count * sizeof(T));
-  out->assign(reinterpret_cast<const uint8_t*>(y.data()), reinterpret_cast<const uint8_t*>(y.data()) + count * sizeof(T));
+  ro->assign(reinterpret_cast<const uint8_t*>(r.data()),
+             reinterpret_cast<const uint8_t*>(r.data()) + count * sizeof(T));
+  out->assign(reinterpret_cast<const uint8_t*>(y.data()),
+              reinterpret_cast<const uint8_t*>(y.data()) + count * sizeof(T));
 }
 
 // Returns "" when got equals want bit for bit, else how many elements differ and the first one.
@@ -83,8 +85,9 @@ struct Case {
     FusedSpec s = spec();
     return std::string(fused_algo_name(algo)) + " " + dtype_name(dtype) + " ranks=" + std::to_string(ranks) +
            " rows=" + std::to_string(rows) + " H=" + std::to_string(hidden) + " blocks=" + std::to_string(blocks) +
-           " threads=" + std::to_string(fused_threads(s)) + (fused_register_path(s) ? " (register path)" : " (core path)") +
-           " " + sim::schedule_name(schedule) + " seed " + std::to_string(schedule_seed);
+           " threads=" + std::to_string(fused_threads(s)) +
+           (fused_register_path(s) ? " (register path)" : " (core path)") + " " + sim::schedule_name(schedule) +
+           " seed " + std::to_string(schedule_seed);
   }
   FusedSpec spec() const {
     FusedSpec s;
@@ -135,8 +138,8 @@ void check(const Case& c) {
   }
   const Outputs got = run_case(c, in);
   for (int r = 0; r < c.ranks; ++r) {
-    EXPECT_EQ(compare(got.residual_out[r], want_ro, dtype_size(c.dtype)), "") << c.what() << ", rank " << r
-                                                                               << " residual_out";
+    EXPECT_EQ(compare(got.residual_out[r], want_ro, dtype_size(c.dtype)), "")
+        << c.what() << ", rank " << r << " residual_out";
     EXPECT_EQ(compare(got.out[r], want_out, dtype_size(c.dtype)), "") << c.what() << ", rank " << r << " out";
   }
 }
@@ -223,9 +226,9 @@ TEST(FusedKernelsSim, TheSimulatorsContextHasTheRegisterPath) {
     EXPECT_EQ(held[0], held[1]);
     return held[0];
   };
-  EXPECT_EQ(taken(40 * 8, 64), 1);     // 40 packs, 64 lanes: one pack a thread
+  EXPECT_EQ(taken(40 * 8, 64), 1);      // 40 packs, 64 lanes: one pack a thread
   EXPECT_EQ(taken(1500 * 8, 1024), 2);  // 1500 packs, 1024 lanes: two
-  EXPECT_EQ(taken(40 * 8, 32), 0);     // not the tree's lanes
+  EXPECT_EQ(taken(40 * 8, 32), 0);      // not the tree's lanes
   EXPECT_EQ(taken(40 * 8, 1), 0);
   EXPECT_EQ(taken(2056 * 8, 1024), 0);  // four packs a thread: core's path
 }

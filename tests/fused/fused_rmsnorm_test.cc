@@ -40,8 +40,8 @@ Reference<T> reference(FusedContract c, const RandomProblem<T>& p) {
 
 std::string label(const char* dtype, FusedAlgo algo, int ranks, int rows, int hidden, int blocks, int threads) {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%s %s ranks=%d rows=%d H=%d blocks=%d threads=%d", dtype, fused_algo_name(algo), ranks,
-                rows, hidden, blocks, threads);
+  std::snprintf(buf, sizeof buf, "%s %s ranks=%d rows=%d H=%d blocks=%d threads=%d", dtype, fused_algo_name(algo),
+                ranks, rows, hidden, blocks, threads);
   return buf;
 }
 
@@ -68,7 +68,8 @@ TEST(FusedReference, HandComputedDoubleRounding) {
   //   canonical:    s = round(1 + 0.75 ulp) = 1 + 1 ulp; s + res = 1 + 0.75 ulp -> 1 + 1 ulp = 0x3F81.
   //   f32_residual: t + res = 1 + 0.5 ulp, a tie -> even -> 1.0 = 0x3F80.
   const int H = 8;
-  std::vector<bf16> x(2 * H, round_to<bf16>(1.0f)), residual(H, round_to<bf16>(-0x1p-9f)), weight(H, round_to<bf16>(1.0f));
+  std::vector<bf16> x(2 * H, round_to<bf16>(1.0f)), residual(H, round_to<bf16>(-0x1p-9f)),
+      weight(H, round_to<bf16>(1.0f));
   for (int j = 0; j < H; ++j) x[H + j] = round_to<bf16>(0x1p-8f + 0x1p-9f);
   fused::FusedProblem<bf16> p;
   p.ranks = 2, p.rows = 1, p.hidden = H, p.eps = 0.0f;
@@ -89,7 +90,8 @@ TEST(FusedReference, SumSquaresTreeEqualsTheContractsAndIsOrderSensitive) {
       std::vector<float> v(H);
       for (auto& x : v) x = rng.normal() * 3.0f;
       contract::RmsNormTree tree;
-      const bool ok = pack == 8 ? contract::make_rmsnorm_tree<bf16>(H, &tree) : contract::make_rmsnorm_tree<float>(H, &tree);
+      const bool ok =
+          pack == 8 ? contract::make_rmsnorm_tree<bf16>(H, &tree) : contract::make_rmsnorm_tree<float>(H, &tree);
       ASSERT_TRUE(ok);
       const float a = fused::reference_sum_squares(v.data(), H, pack);
       const float b = contract::sum_squares(tree, [&](int j) { return v[j]; });
@@ -263,9 +265,10 @@ TEST(FusedAiterCase, CanonicalAlgorithmsAgreeF32ResidualMovesAQuarter) {
     moved_out += count_differing(f32.out, canonical.out);
   }
   const double fraction = static_cast<double>(moved) / elements;
-  std::printf("AITER case (bf16, H=4096, 4 ranks, rows 1..16): f32_residual moves %zu of %zu residual outputs "
-              "(%.1f%%) and %zu normed outputs (%.1f%%)\n",
-              moved, elements, 100.0 * fraction, moved_out, 100.0 * moved_out / elements);
+  std::printf(
+      "AITER case (bf16, H=4096, 4 ranks, rows 1..16): f32_residual moves %zu of %zu residual outputs "
+      "(%.1f%%) and %zu normed outputs (%.1f%%)\n",
+      moved, elements, 100.0 * fraction, moved_out, 100.0 * moved_out / elements);
   EXPECT_GE(fraction, 0.15);
   EXPECT_LE(fraction, 0.35);
 }
@@ -317,7 +320,8 @@ TEST(FusedAlternatives, RotatedTwoShotDependsOnMessageSize) {
   EXPECT_TRUE(same_bits(c1.out, row0(c3.out)));
   const auto r1 = reference(FusedContract::kRotatedTwoShot, one), r3 = reference(FusedContract::kRotatedTwoShot, big);
   const size_t batch_moves = count_differing(r1.residual_out, row0(r3.residual_out));
-  std::printf("rotated_two_shot: row 0 alone vs in a batch of 3 differs in %zu of %d residual outputs\n", batch_moves, H);
+  std::printf("rotated_two_shot: row 0 alone vs in a batch of 3 differs in %zu of %d residual outputs\n", batch_moves,
+              H);
   EXPECT_GT(batch_moves, 0u);
   EXPECT_GT(count_differing(r3.residual_out, c3.residual_out), 0u);
 }

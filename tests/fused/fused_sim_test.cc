@@ -70,21 +70,22 @@ void check(const Case<T>& c, FusedAlgo algo, int blocks, sim::Schedule schedule,
   p.x = c.x.data(), p.residual = c.residual.data(), p.weight = c.weight.data();
   std::vector<T> ref_ro(count), ref_out(count);
   fused_reference<T>(FusedContract::kCanonical, p, ref_ro.data(), ref_out.data());
-  const std::string what = std::string(Storage<T>::kName) + " " + fused_algo_name(algo) + " ranks=" +
-                           std::to_string(c.ranks) + " rows=" + std::to_string(c.rows) + " H=" +
-                           std::to_string(c.hidden) + " blocks=" + std::to_string(blocks) + " " +
+  const std::string what = std::string(Storage<T>::kName) + " " + fused_algo_name(algo) +
+                           " ranks=" + std::to_string(c.ranks) + " rows=" + std::to_string(c.rows) +
+                           " H=" + std::to_string(c.hidden) + " blocks=" + std::to_string(blocks) + " " +
                            sim::schedule_name(schedule) + " seed " + std::to_string(schedule_seed);
   for (int r = 0; r < c.ranks; ++r) {
-    EXPECT_EQ(std::memcmp(ro[r].data(), ref_ro.data(), count * sizeof(T)), 0) << what << " rank " << r << " residual_out";
+    EXPECT_EQ(std::memcmp(ro[r].data(), ref_ro.data(), count * sizeof(T)), 0)
+        << what << " rank " << r << " residual_out";
     EXPECT_EQ(std::memcmp(out[r].data(), ref_out.data(), count * sizeof(T)), 0) << what << " rank " << r << " out";
   }
 }
 
 // Every algorithm; gather_norm, one_stage_reg and push_one_stage_reg on blocks of the tree's lanes
 // (their register path; tests/fused/fused_kernels_sim_test.cc covers them in depth).
-constexpr FusedAlgo kAlgos[] = {FusedAlgo::kOneStage,    FusedAlgo::kTwoStage,        FusedAlgo::kPushOneStage,
-                                FusedAlgo::kLamportOneStage, FusedAlgo::kUnfused,     FusedAlgo::kGatherNorm,
-                                FusedAlgo::kOneStageReg, FusedAlgo::kPushOneStageReg};
+constexpr FusedAlgo kAlgos[] = {FusedAlgo::kOneStage,        FusedAlgo::kTwoStage,       FusedAlgo::kPushOneStage,
+                                FusedAlgo::kLamportOneStage, FusedAlgo::kUnfused,        FusedAlgo::kGatherNorm,
+                                FusedAlgo::kOneStageReg,     FusedAlgo::kPushOneStageReg};
 
 TEST(FusedSim, ThreadsSchedulerEveryAlgorithmDtypeAndWorldSize) {
   uint64_t seed = 1;

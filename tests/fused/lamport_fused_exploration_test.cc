@@ -53,18 +53,35 @@ struct Workload {
   std::vector<Call> calls;
 };
 
-
 size_t elements(const Call& c) { return c.kind == Kind::kFused ? static_cast<size_t>(c.size) * kHidden : c.size; }
 
 // At least seven calls each, so every buffer of the rotation is used at least twice (and cleared
 // by calls of other kinds, sizes and grids).
 const Workload kWorkloads[] = {
-    {2, {{Kind::kFused, 3, 1}, {Kind::kAllReduce, 24, 2}, {Kind::kFused, 5, 3}, {Kind::kAllReduce, 16, 1},
-         {Kind::kFused, 1, 2}, {Kind::kFused, 4, 1}, {Kind::kAllReduce, 37, 2}}},
-    {3, {{Kind::kAllReduce, 64, 2}, {Kind::kFused, 1, 1}, {Kind::kFused, 4, 2}, {Kind::kAllReduce, 9, 1},
-         {Kind::kFused, 5, 3}, {Kind::kAllReduce, 40, 1}, {Kind::kFused, 2, 2}}},
-    {4, {{Kind::kFused, 4, 2}, {Kind::kAllReduce, 16, 1}, {Kind::kFused, 3, 3}, {Kind::kFused, 1, 1},
-         {Kind::kAllReduce, 48, 2}, {Kind::kFused, 2, 1}, {Kind::kAllReduce, 8, 1}}},
+    {2,
+     {{Kind::kFused, 3, 1},
+      {Kind::kAllReduce, 24, 2},
+      {Kind::kFused, 5, 3},
+      {Kind::kAllReduce, 16, 1},
+      {Kind::kFused, 1, 2},
+      {Kind::kFused, 4, 1},
+      {Kind::kAllReduce, 37, 2}}},
+    {3,
+     {{Kind::kAllReduce, 64, 2},
+      {Kind::kFused, 1, 1},
+      {Kind::kFused, 4, 2},
+      {Kind::kAllReduce, 9, 1},
+      {Kind::kFused, 5, 3},
+      {Kind::kAllReduce, 40, 1},
+      {Kind::kFused, 2, 2}}},
+    {4,
+     {{Kind::kFused, 4, 2},
+      {Kind::kAllReduce, 16, 1},
+      {Kind::kFused, 3, 3},
+      {Kind::kFused, 1, 1},
+      {Kind::kAllReduce, 48, 2},
+      {Kind::kFused, 2, 1},
+      {Kind::kAllReduce, 8, 1}}},
 };
 
 std::string describe(const Workload& w) {
@@ -76,7 +93,6 @@ std::string describe(const Workload& w) {
   }
   return s;
 }
-
 
 // Random x, with the sentinel's pattern (0xFFFF, a NaN) in one element of one rank and -0.0 in
 // another: the push must canonicalize the first and keep the second.
@@ -119,9 +135,8 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
       launch.name = "fused_rmsnorm_lamport_one_stage";
       const std::vector<FusedRmsNormArgs<bf16>> args = d.args;
       world.enqueue<bf16>(launch, [args](auto& ctx) {
-        fused::with_fused_ctx(ctx, [&](auto& fctx) {
-          fused_rmsnorm_lamport_one_stage<bf16, 0, Protocol>(fctx, args[fctx.rank()]);
-        });
+        fused::with_fused_ctx(
+            ctx, [&](auto& fctx) { fused_rmsnorm_lamport_one_stage<bf16, 0, Protocol>(fctx, args[fctx.rank()]); });
       });
     } else {
       launch.name = "allreduce_lamport_one_shot";

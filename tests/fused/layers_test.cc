@@ -62,10 +62,11 @@ TEST(Layers, ContractsThatCoincideShowNoDrift) {
 TEST(Layers, F32ResidualDriftsAndCompounds) {
   const auto rows = simulate_layers(small(FusedContract::kF32Residual));
   ASSERT_EQ(rows.size(), 6u);
-  std::printf("f32_residual: layer 1 %.1f%% of residual elements differ (%.0f%% of them by 1-4 ULP), layer 6 %.1f%%; "
-              "relative L2 drift %.3e -> %.3e\n",
-              100 * rows[0].fraction_differing, 100 * rows[0].within_4ulp, 100 * rows[5].fraction_differing,
-              rows[0].relative_l2, rows[5].relative_l2);
+  std::printf(
+      "f32_residual: layer 1 %.1f%% of residual elements differ (%.0f%% of them by 1-4 ULP), layer 6 %.1f%%; "
+      "relative L2 drift %.3e -> %.3e\n",
+      100 * rows[0].fraction_differing, 100 * rows[0].within_4ulp, 100 * rows[5].fraction_differing,
+      rows[0].relative_l2, rows[5].relative_l2);
   EXPECT_GT(rows[0].fraction_differing, 0.10);
   EXPECT_LT(rows[0].fraction_differing, 0.40);
   EXPECT_GT(rows[5].fraction_differing, rows[0].fraction_differing);
@@ -158,7 +159,8 @@ TEST(LayersCommand, BadInputExitsTwoAndWritesNothing) {
   EXPECT_NE(r.err.find("cannot create"), std::string::npos) << r.err;
   EXPECT_EQ(r.out, "") << "nothing may run before the outputs are known to be writable";
   // The plot cannot be written: the CSV, written first, must not be left behind either.
-  r = run_layers({"--layers", "1", "--rows", "1", "--hidden", "64", "--csv", csv, "--plot", temp_path("no/such/p.svg")});
+  r = run_layers(
+      {"--layers", "1", "--rows", "1", "--hidden", "64", "--csv", csv, "--plot", temp_path("no/such/p.svg")});
   EXPECT_EQ(r.code, 2);
   EXPECT_FALSE(file_exists(csv));
 }
@@ -427,7 +429,10 @@ TEST(Plot, TheLegendIsOutsideThePlotArea) {
   plot::Figure f;
   f.title = "legend";
   // Lines that reach the top of the plot area at the left and across it, as the percentages do.
-  f.panels.push_back({"p", "layer", "percent", plot::Scale::kLinear,
+  f.panels.push_back({"p",
+                      "layer",
+                      "percent",
+                      plot::Scale::kLinear,
                       {plot::Series{"first series", {1, 2, 3, 60}, {100, 90, 95, 100}, 0xD62728},
                        plot::Series{"second series", {1, 2, 3, 60}, {98, 99, 100, 99}, 0x1F77B4}}});
   const std::string svg = plot::render_svg(f);

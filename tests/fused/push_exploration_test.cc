@@ -56,7 +56,6 @@ struct Workload {
   std::vector<Call> calls;
 };
 
-
 size_t elements(const Call& c) { return c.kind == Kind::kFusedPush ? static_cast<size_t>(c.size) * kHidden : c.size; }
 
 // Sizes and grids change from call to call, so that with CountSizedHalves some call's slots cover
@@ -64,27 +63,44 @@ size_t elements(const Call& c) { return c.kind == Kind::kFusedPush ? static_cast
 // push_one_shot or push_two_shot, and the other way round), and blocks of one call meet blocks of
 // the next with other rows.
 const Workload kWorkloads[] = {
-    {2, {{Kind::kFusedPush, 3, 1}, {Kind::kPushOneShot, 24, 2}, {Kind::kFusedPush, 5, 3},
-         {Kind::kPushOneShot, 16, 1}, {Kind::kFusedPush, 1, 2}, {Kind::kFusedPush, 4, 1}}},
-    {3, {{Kind::kPushOneShot, 64, 2}, {Kind::kFusedPush, 1, 1}, {Kind::kFusedPush, 4, 2},
-         {Kind::kPushOneShot, 24, 1}, {Kind::kFusedPush, 5, 3}}},
-    {4, {{Kind::kFusedPush, 4, 2}, {Kind::kPushOneShot, 16, 1}, {Kind::kFusedPush, 3, 3},
-         {Kind::kFusedPush, 1, 1}, {Kind::kPushOneShot, 48, 2}}},
-    {3, {{Kind::kFusedPush, 3, 2}, {Kind::kPushTwoShot, 48, 1}, {Kind::kPushOneShot, 24, 2},
-         {Kind::kFusedPush, 5, 1}, {Kind::kPushTwoShot, 64, 2}, {Kind::kFusedPush, 2, 3}}},
+    {2,
+     {{Kind::kFusedPush, 3, 1},
+      {Kind::kPushOneShot, 24, 2},
+      {Kind::kFusedPush, 5, 3},
+      {Kind::kPushOneShot, 16, 1},
+      {Kind::kFusedPush, 1, 2},
+      {Kind::kFusedPush, 4, 1}}},
+    {3,
+     {{Kind::kPushOneShot, 64, 2},
+      {Kind::kFusedPush, 1, 1},
+      {Kind::kFusedPush, 4, 2},
+      {Kind::kPushOneShot, 24, 1},
+      {Kind::kFusedPush, 5, 3}}},
+    {4,
+     {{Kind::kFusedPush, 4, 2},
+      {Kind::kPushOneShot, 16, 1},
+      {Kind::kFusedPush, 3, 3},
+      {Kind::kFusedPush, 1, 1},
+      {Kind::kPushOneShot, 48, 2}}},
+    {3,
+     {{Kind::kFusedPush, 3, 2},
+      {Kind::kPushTwoShot, 48, 1},
+      {Kind::kPushOneShot, 24, 2},
+      {Kind::kFusedPush, 5, 1},
+      {Kind::kPushTwoShot, 64, 2},
+      {Kind::kFusedPush, 2, 3}}},
 };
 
 std::string describe(const Workload& w) {
   std::string s = std::to_string(w.ranks) + " ranks:";
   for (const Call& c : w.calls) {
-    s += c.kind == Kind::kFusedPush ? " push_one_stage(" + std::to_string(c.size) + " rows"
+    s += c.kind == Kind::kFusedPush     ? " push_one_stage(" + std::to_string(c.size) + " rows"
          : c.kind == Kind::kPushOneShot ? " push_one_shot(" + std::to_string(c.size)
                                         : " push_two_shot(" + std::to_string(c.size);
     s += ", " + std::to_string(c.blocks) + (c.blocks == 1 ? " block)" : " blocks)");
   }
   return s;
 }
-
 
 CallData make_data(const Call& c, int ranks, uint64_t seed) {
   fused::SplitMix64 rng(seed);
@@ -128,12 +144,12 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
       for (int r = 0; r < w.ranks; ++r) launch.outputs.push_back(d.ar_out[r].data());
       if (c.kind == Kind::kPushOneShot) {
         launch.name = "allreduce_push_one_shot";
-        world.enqueue<bf16>(launch,
-                            [count](auto& ctx) { allreduce_push_one_shot<bf16, 0, TwoSetProtocol, Halves>(ctx, count); });
+        world.enqueue<bf16>(
+            launch, [count](auto& ctx) { allreduce_push_one_shot<bf16, 0, TwoSetProtocol, Halves>(ctx, count); });
       } else {
         launch.name = "allreduce_push_two_shot";
-        world.enqueue<bf16>(launch,
-                            [count](auto& ctx) { allreduce_push_two_shot<bf16, 0, TwoSetProtocol, Halves>(ctx, count); });
+        world.enqueue<bf16>(
+            launch, [count](auto& ctx) { allreduce_push_two_shot<bf16, 0, TwoSetProtocol, Halves>(ctx, count); });
       }
     }
   }

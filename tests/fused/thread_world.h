@@ -89,7 +89,9 @@ struct ThreadWorld {
     size_t scratch_elements() const { return w->scratches[0].size; }
     T* output() const { return w->outputs[rank_].data(); }
     SignalBuffer* signals(int peer) const { return w->signals[peer].get(); }
-    void signal(uint32_t* flag, uint32_t value, int, int) { std::atomic_ref<uint32_t>(*flag).store(value, std::memory_order_release); }
+    void signal(uint32_t* flag, uint32_t value, int, int) {
+      std::atomic_ref<uint32_t>(*flag).store(value, std::memory_order_release);
+    }
     void wait(const uint32_t* flag, uint32_t value, int peer, int set) {
       std::atomic_ref<uint32_t> a(*const_cast<uint32_t*>(flag));
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(w->wait_timeout_ms);
@@ -126,8 +128,8 @@ struct ThreadWorld {
       for (int e = 0; e < Storage<T>::kPack; ++e) {
         const uint32_t bits = Storage<T>::bits(x.v[e]);
         if constexpr (sizeof(T) == 2) {
-          std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(d + 2 * e)).store(static_cast<uint16_t>(bits),
-                                                                                    std::memory_order_release);
+          std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(d + 2 * e))
+              .store(static_cast<uint16_t>(bits), std::memory_order_release);
         } else {
           std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(d + 4 * e)).store(bits, std::memory_order_release);
         }
@@ -148,9 +150,10 @@ struct ThreadWorld {
         }
         if (lamport_arrived(x)) return x;
         if (std::chrono::steady_clock::now() > deadline) {
-          std::fprintf(stderr, "ThreadWorld: rank %d block %d polled rank %d's slot (buffer %d, call %u, element %zu) "
-                       "for %d ms: rank %d never wrote it\n", rank_, block_, peer, where.buffer, where.call,
-                       where.element, w->wait_timeout_ms, peer);
+          std::fprintf(stderr,
+                       "ThreadWorld: rank %d block %d polled rank %d's slot (buffer %d, call %u, element %zu) "
+                       "for %d ms: rank %d never wrote it\n",
+                       rank_, block_, peer, where.buffer, where.call, where.element, w->wait_timeout_ms, peer);
           std::abort();
         }
         std::this_thread::yield();

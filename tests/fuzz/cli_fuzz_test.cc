@@ -78,7 +78,7 @@ struct CommandSpec {
 };
 
 struct Outcome {
-  int status = 0;        // waitpid status
+  int status = 0;  // waitpid status
   bool timed_out = false;
   std::string out, err;
 };
@@ -245,12 +245,34 @@ std::vector<std::string> make_inputs(const std::string& dir) {
 }
 
 // Values, by kind: valid, at the edges, or junk.
-const char* const kInts[] = {"0", "1", "2", "3", "4", "7", "8", "16", "17", "31", "64", "-1", "100",
-                             "-2147483648", "2147483647", "2147483648", "9223372036854775807",
-                             "-9223372036854775808", "4611686018427387904", "18446744073709551616", "", "1e3",
-                             "0x10", "abc", " 5"};
+const char* const kInts[] = {"0",
+                             "1",
+                             "2",
+                             "3",
+                             "4",
+                             "7",
+                             "8",
+                             "16",
+                             "17",
+                             "31",
+                             "64",
+                             "-1",
+                             "100",
+                             "-2147483648",
+                             "2147483647",
+                             "2147483648",
+                             "9223372036854775807",
+                             "-9223372036854775808",
+                             "4611686018427387904",
+                             "18446744073709551616",
+                             "",
+                             "1e3",
+                             "0x10",
+                             "abc",
+                             " 5"};
 const char* const kSmallInts[] = {"1", "2", "3", "4", "8", "16", "32", "64"};
-const char* const kDoubles[] = {"1e-6", "0", "1", "-1", "nan", "-nan", "inf", "-inf", "1e39", "1e-320", "1e400", "abc", ""};
+const char* const kDoubles[] = {"1e-6", "0",    "1",      "-1",    "nan", "-nan", "inf",
+                                "-inf", "1e39", "1e-320", "1e400", "abc", ""};
 const char* const kJunk[] = {"", "x", "0,1", "0,5,7", "1,x", ",", "99999999999999999999", "-", "--", "a b"};
 const char* const kOutputNames[] = {"out.npy", "o2.npy", "t.jsonl", "c.json", "p.svg", "p.png", "t.csv", "x.txt"};
 
@@ -268,10 +290,8 @@ Argv make_argv(sim::Xoshiro256& rng, const CommandSpec& spec, const std::vector<
   if (from_valid_start) a.args.insert(a.args.end(), spec.valid_start.begin(), spec.valid_start.end());
   auto value_for = [&](const Flag& f) -> std::string {
     switch (f.kind) {
-      case Kind::kInt:
-        return rng.below(2) ? fuzz::pick(rng, kSmallInts) : fuzz::pick(rng, kInts);
-      case Kind::kDouble:
-        return fuzz::pick(rng, kDoubles);
+      case Kind::kInt: return rng.below(2) ? fuzz::pick(rng, kSmallInts) : fuzz::pick(rng, kInts);
+      case Kind::kDouble: return fuzz::pick(rng, kDoubles);
       case Kind::kChoice:
         return rng.below(8) ? f.choices[rng.below(f.choices.size())] : std::string(fuzz::pick(rng, kJunk));
       case Kind::kString: {
@@ -284,8 +304,7 @@ Argv make_argv(sim::Xoshiro256& rng, const CommandSpec& spec, const std::vector<
         if (what < 6) return inputs[rng.below(inputs.size())];
         return fuzz::pick(rng, kJunk);
       }
-      case Kind::kBool:
-        break;
+      case Kind::kBool: break;
     }
     return "";
   };

@@ -46,8 +46,7 @@ class SeededRun {
  public:
   // `target` names the run in its messages and `env_prefix` its environment variables;
   // `default_seconds` and `default_inputs` bound it unless the environment says otherwise.
-  SeededRun(std::string target, std::string env_prefix, double default_seconds,
-            uint64_t default_inputs = UINT64_MAX)
+  SeededRun(std::string target, std::string env_prefix, double default_seconds, uint64_t default_inputs = UINT64_MAX)
       : target_(std::move(target)), prefix_(std::move(env_prefix)) {
     seed_ = env_u64("_SEED").value_or(fresh_seed());
     seconds_ = env_double("_SECONDS").value_or(default_seconds);
@@ -70,7 +69,7 @@ class SeededRun {
   uint64_t each(const std::function<void(sim::Xoshiro256& rng, uint64_t input)>& one) {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + std::chrono::duration<double>(seconds_);
-    auto next_report = start + std::chrono::minutes(1);  // long runs say how far they are
+    auto next_report = start + std::chrono::minutes(1);                 // long runs say how far they are
     for (uint64_t i = only_input_.value_or(0); i < max_inputs_; ++i) {  // bounded by inputs, time or failure
       if (!only_input_ && std::chrono::steady_clock::now() >= deadline) break;
       sim::Xoshiro256 rng(input_seed(i));

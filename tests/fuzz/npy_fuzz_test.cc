@@ -34,9 +34,35 @@ Bytes valid_file(sim::Xoshiro256& rng) {
 }
 
 // Text a header might plausibly hold: the parser's tokens, digits, and bytes it must reject.
-const char* const kTokens[] = {"{", "}", "(", ")", ",", ":", "'", "\"", " ", "\n", "\\", "True", "False", "descr",
-                               "shape", "fortran_order", "<u2", "<f4", ">u2", "<f8", "0", "1", "9", "-1",
-                               "99999999999999999999", "18446744073709551615", "\x00", "\xff", "\x93NUMPY"};
+const char* const kTokens[] = {"{",
+                               "}",
+                               "(",
+                               ")",
+                               ",",
+                               ":",
+                               "'",
+                               "\"",
+                               " ",
+                               "\n",
+                               "\\",
+                               "True",
+                               "False",
+                               "descr",
+                               "shape",
+                               "fortran_order",
+                               "<u2",
+                               "<f4",
+                               ">u2",
+                               "<f8",
+                               "0",
+                               "1",
+                               "9",
+                               "-1",
+                               "99999999999999999999",
+                               "18446744073709551615",
+                               "\x00",
+                               "\xff",
+                               "\x93NUMPY"};
 
 // Applies 1..8 random mutations: byte flips, insertions and deletions (mostly in the header),
 // token splices, a rewritten header length, truncation and extension.
@@ -110,9 +136,8 @@ TEST(NpyFuzz, MutatedFilesReadBackOrAreRefusedCleanly) {
   run.each([&](sim::Xoshiro256& rng, uint64_t) {
     Bytes file = valid_file(rng);
     if (rng.below(8) != 0) mutate(rng, file);
-    const Outcome parsed = outcome_of([&] {
-      return npy::parse_npy(reinterpret_cast<const uint8_t*>(file.data()), file.size(), path);
-    });
+    const Outcome parsed =
+        outcome_of([&] { return npy::parse_npy(reinterpret_cast<const uint8_t*>(file.data()), file.size(), path); });
     {
       std::ofstream out(path, std::ios::binary | std::ios::trunc);
       out.write(file.data(), static_cast<std::streamsize>(file.size()));

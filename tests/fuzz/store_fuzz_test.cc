@@ -51,9 +51,7 @@ std::vector<uint8_t> request(sim::Xoshiro256& rng) {
       w.u8(static_cast<uint8_t>(Op::kAdd)).str(fuzz::pick(rng, kKeys)).i64(fuzz::pick(rng, deltas));
       break;
     }
-    case 3:
-      w.u8(static_cast<uint8_t>(Op::kErase)).str(fuzz::pick(rng, kKeys));
-      break;
+    case 3: w.u8(static_cast<uint8_t>(Op::kErase)).str(fuzz::pick(rng, kKeys)); break;
     case 4: {
       const uint32_t ranks[] = {0, 1, 2, 3, store_wire::kNoRank, 0x7FFFFFFF};
       const uint32_t sizes[] = {0, 1, 2, 3, 0xFFFFFFFF};
@@ -81,7 +79,11 @@ std::vector<uint8_t> request(sim::Xoshiro256& rng) {
   }
   std::vector<uint8_t> frame = w.frame();
   if (rng.below(10) == 0) {  // lie in the length prefix: zero, huge, or off by a few
-    const uint32_t lies[] = {0, 0xFFFFFFFF, 64 << 10, 16 << 20, static_cast<uint32_t>(frame.size() - 4 + 3),
+    const uint32_t lies[] = {0,
+                             0xFFFFFFFF,
+                             64 << 10,
+                             16 << 20,
+                             static_cast<uint32_t>(frame.size() - 4 + 3),
                              static_cast<uint32_t>(rng.below(100))};
     const auto prefix = store_wire::encode_length(fuzz::pick(rng, lies));
     std::copy(prefix.begin(), prefix.end(), frame.begin());
@@ -96,8 +98,7 @@ void expect_well_formed_reply(const std::vector<uint8_t>& payload) {
   const auto status = reader.u8();
   ASSERT_TRUE(status.has_value()) << "empty reply";
   switch (static_cast<Status>(*status)) {
-    case Status::kOk:
-      break;  // the fields depend on the request
+    case Status::kOk: break;  // the fields depend on the request
     case Status::kTimeout: {
       const auto arrived = reader.u32();
       ASSERT_TRUE(arrived) << "timeout reply without its count";
@@ -120,8 +121,7 @@ void expect_well_formed_reply(const std::vector<uint8_t>& payload) {
       EXPECT_TRUE(reader.at_end());
       break;
     }
-    default:
-      ADD_FAILURE() << "reply with unknown status " << static_cast<int>(*status);
+    default: ADD_FAILURE() << "reply with unknown status " << static_cast<int>(*status);
   }
 }
 

@@ -68,11 +68,11 @@ TEST(LaunchNodes, TwoLaunchersFormOneNodeMajorJob) {
   ASSERT_EQ(a.code, 0) << a.text;
   ASSERT_EQ(b.code, 0) << b.text;
   for (const char* line : {"node_worker: rank 0 node 0 local 0: 2 nodes x 2 local ranks",
-                                  "node_worker: rank 1 node 0 local 1: 2 nodes x 2 local ranks"}) {
+                           "node_worker: rank 1 node 0 local 1: 2 nodes x 2 local ranks"}) {
     EXPECT_NE(a.text.find(line), std::string::npos) << a.text;
   }
   for (const char* line : {"node_worker: rank 2 node 1 local 0: 2 nodes x 2 local ranks",
-                                  "node_worker: rank 3 node 1 local 1: 2 nodes x 2 local ranks"}) {
+                           "node_worker: rank 3 node 1 local 1: 2 nodes x 2 local ranks"}) {
     EXPECT_NE(b.text.find(line), std::string::npos) << b.text;
   }
 }
@@ -89,9 +89,11 @@ TEST(LaunchNodes, EmulateNodesScript) {
   const Outcome o = run.wait();
   ASSERT_EQ(o.code, 0) << o.text;
   EXPECT_NE(o.text.find("node_worker: rank 0 node 0 local 0: 3 nodes x 2 local ranks (CUDA_VISIBLE_DEVICES=0,1)"),
-            std::string::npos) << o.text;
+            std::string::npos)
+      << o.text;
   EXPECT_NE(o.text.find("node_worker: rank 5 node 2 local 1: 3 nodes x 2 local ranks (CUDA_VISIBLE_DEVICES=4,5)"),
-            std::string::npos) << o.text;
+            std::string::npos)
+      << o.text;
 }
 
 TEST(LaunchNodes, SeveralNodesNeedTheTokenAndThePort) {
@@ -113,7 +115,8 @@ TEST(LaunchNodes, SeveralNodesNeedTheTokenAndThePort) {
   EXPECT_EQ(o.code, 2);
   EXPECT_NE(o.text.find("--nnodes > 1 needs --master-port"), std::string::npos) << o.text;
   {
-    Background bad_rank(binary() + " launch --nnodes 2 --node-rank 2 --nproc 1 --master-port 29999 -- node_worker", "bad_rank");
+    Background bad_rank(binary() + " launch --nnodes 2 --node-rank 2 --nproc 1 --master-port 29999 -- node_worker",
+                        "bad_rank");
     o = bad_rank.wait();
   }
   EXPECT_EQ(o.code, 2);
@@ -154,10 +157,12 @@ TEST(NodeEnv, TorchrunAndLaunchVariables) {
   EXPECT_NE(error({{"GROUP_RANK", "x"}, {"LOCAL_WORLD_SIZE", "4"}}).find("GROUP_RANK='x' is not a whole number"),
             std::string::npos);
   EXPECT_NE(error({{"GROUP_RANK", "1"}}).find("LOCAL_WORLD_SIZE is not"), std::string::npos);
-  EXPECT_NE(error({{"GROUP_RANK", "1"}, {"LOCAL_WORLD_SIZE", "3"}}).find("WORLD_SIZE=8 is not a multiple of LOCAL_WORLD_SIZE=3"),
+  EXPECT_NE(error({{"GROUP_RANK", "1"}, {"LOCAL_WORLD_SIZE", "3"}})
+                .find("WORLD_SIZE=8 is not a multiple of LOCAL_WORLD_SIZE=3"),
             std::string::npos);
-  EXPECT_NE(error({{"GROUP_RANK", "1"}, {"LOCAL_WORLD_SIZE", "1"}}).find("LOCAL_RANK=1 is not below LOCAL_WORLD_SIZE=1"),
-            std::string::npos);
+  EXPECT_NE(
+      error({{"GROUP_RANK", "1"}, {"LOCAL_WORLD_SIZE", "1"}}).find("LOCAL_RANK=1 is not below LOCAL_WORLD_SIZE=1"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ constexpr DType dtype_of() {
 }
 
 sim::Collective collective_of(Op op) {
-  return op == Op::kAllReduce ? sim::Collective::kAllReduce
+  return op == Op::kAllReduce       ? sim::Collective::kAllReduce
          : op == Op::kReduceScatter ? sim::Collective::kReduceScatter
                                     : sim::Collective::kAllGather;
 }
@@ -73,7 +73,9 @@ NetworkOptions seeded(int nodes, int local, uint64_t seed) {
 // Counts per rank for an op: all-reduce and all-gather counts not a multiple of the pack (tails),
 // reduce-scatter a per-owner piece of 70 (pieces start mid-pack); chunks of 64 elements, so several
 // chunks are in the chain at once.
-size_t count_for(Op op, int n) { return op == Op::kReduceScatter ? 70 * static_cast<size_t>(n) : op == Op::kAllReduce ? 200 : 100; }
+size_t count_for(Op op, int n) {
+  return op == Op::kReduceScatter ? 70 * static_cast<size_t>(n) : op == Op::kAllReduce ? 200 : 100;
+}
 
 TEST(MultiNodeMatrix, EveryOpMatchesTheReferenceOnNodes1To4TimesLocalRanks1To8) {
   std::printf("base seed %llu\n", static_cast<unsigned long long>(kBaseSeed));
@@ -92,8 +94,8 @@ TEST(MultiNodeMatrix, EveryOpMatchesTheReferenceOnNodes1To4TimesLocalRanks1To8) 
           spec.blocks = 1 + static_cast<int>(combination % 2);
           const Bytes in = simtest::random_inputs(dtype, n, spec.count, seed);
           const Bytes got = run(seeded(nodes, local, seed), spec, in);
-          const std::string diff =
-              simtest::first_difference(got, expected(op, dtype, spec.count, in), static_cast<size_t>(dtype_size(dtype)));
+          const std::string diff = simtest::first_difference(got, expected(op, dtype, spec.count, in),
+                                                             static_cast<size_t>(dtype_size(dtype)));
           ASSERT_EQ(diff, "") << op_name(op) << " " << dtype_name(dtype) << ", " << nodes << " nodes x " << local
                               << " local ranks, seed " << seed;
         }
@@ -113,7 +115,8 @@ void check_fused(int nodes, int local, int rows, int hidden, uint64_t seed) {
   const Bytes residual = simtest::random_inputs(dtype, 1, count, seed + 1);
   const Bytes weight = simtest::random_inputs(dtype, 1, static_cast<size_t>(hidden), seed + 2);
   std::vector<T> all_x(count * static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) std::memcpy(all_x.data() + count * static_cast<size_t>(r), x[static_cast<size_t>(r)].data(), count * sizeof(T));
+  for (int r = 0; r < n; ++r)
+    std::memcpy(all_x.data() + count * static_cast<size_t>(r), x[static_cast<size_t>(r)].data(), count * sizeof(T));
   fused::FusedProblem<T> problem;
   problem.ranks = n, problem.rows = rows, problem.hidden = hidden, problem.eps = 1e-6f;
   problem.x = all_x.data();
@@ -300,16 +303,17 @@ TEST(MultiNodeFaults, LostCarryIsNamed) {
   NetworkOptions net;
   net.layout = {2, 2};
   net.timeout = std::chrono::milliseconds(1000);  // room for a rank starved by a loaded CI machine
-  net.drop = {{1, 3, 0}};  // rank 1 (node 0) -> rank 3 (node 1): the first carry
+  net.drop = {{1, 3, 0}};                         // rank 1 (node 0) -> rank 3 (node 1): the first carry
   try {
     run(net, spec, in);
     FAIL() << "the run should have timed out";
   } catch (const sim::SimError& e) {
     EXPECT_EQ(e.kind(), sim::SimFailure::kTimeout);
     EXPECT_NE(std::string(e.what()).find("waited 1000 ms for"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("rank 3 (node 1, local rank 1) waits for carry chunk 0 (128 bytes) from rank 1 "
-                                         "(node 0, local rank 1), which never arrived"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("rank 3 (node 1, local rank 1) waits for carry chunk 0 (128 bytes) from rank 1 "
+                                   "(node 0, local rank 1), which never arrived"),
+        std::string::npos)
         << e.what();
   }
   net = seeded(2, 2, 3);
@@ -340,7 +344,9 @@ TEST(MultiNodeTrace, MessagesNameTheirBoundaryAndTheFoldCrossesIt) {
   // Per rail and chunk: M - 1 carries forward, M - 1 results around the ring.
   EXPECT_EQ(trace.messages, static_cast<size_t>(2 * (nodes - 1) * 4 * local));
   const std::string& t = trace.json_lines;
-  EXPECT_NE(t.find("\"event\":\"deliver\",\"from\":0,\"from_node\":0,\"to\":2,\"to_node\":1,\"boundary\":\"node 0 -> node 1\",\"payload\":\"carry\",\"chunk\":0,\"bytes\":128"), std::string::npos);
+  EXPECT_NE(t.find("\"event\":\"deliver\",\"from\":0,\"from_node\":0,\"to\":2,\"to_node\":1,\"boundary\":\"node 0 -> "
+                   "node 1\",\"payload\":\"carry\",\"chunk\":0,\"bytes\":128"),
+            std::string::npos);
   EXPECT_NE(t.find("\"boundary\":\"node 2 -> node 0\",\"payload\":\"result\""), std::string::npos);
   EXPECT_EQ(t.find("\"boundary\":\"node 2 -> node 0\",\"payload\":\"carry\""), std::string::npos);
   // Element 5 lies in local rank 0's slice: its folds run on rail 0 in global rank order 0..5.
@@ -356,7 +362,8 @@ TEST(MultiNodeTrace, MessagesNameTheirBoundaryAndTheFoldCrossesIt) {
 
 TEST(MultiNodeLayout, BadLayoutsAreRejectedWithAClearMessage) {
   NodeLayout layout;
-  EXPECT_EQ(layout_from_counts(6, 4, &layout), "6 ranks do not split into 4 nodes of equal size (every node must have the same number of ranks)");
+  EXPECT_EQ(layout_from_counts(6, 4, &layout),
+            "6 ranks do not split into 4 nodes of equal size (every node must have the same number of ranks)");
   EXPECT_EQ(layout_from_counts(8, 2, &layout), "");
   EXPECT_EQ(layout.local_ranks, 4);
   EXPECT_NE(layout_from_counts(4, 0, &layout), "");
@@ -367,12 +374,14 @@ TEST(MultiNodeLayout, BadLayoutsAreRejectedWithAClearMessage) {
   // A rank that disagrees with its node about LOCAL_WORLD_SIZE.
   places = {{0, 0, 2}, {0, 1, 3}, {1, 0, 2}, {1, 1, 2}};
   problem = layout_from_places(places, &layout);
-  EXPECT_NE(problem.find("rank 1 says node 0 has 3 ranks (LOCAL_WORLD_SIZE) but 2 ranks report node 0"), std::string::npos)
+  EXPECT_NE(problem.find("rank 1 says node 0 has 3 ranks (LOCAL_WORLD_SIZE) but 2 ranks report node 0"),
+            std::string::npos)
       << problem;
   // Interleaved numbering (rank 1 on node 1): not node-major.
   places = {{0, 0, 2}, {1, 0, 2}, {0, 1, 2}, {1, 1, 2}};
   problem = layout_from_places(places, &layout);
-  EXPECT_NE(problem.find("rank 1 is node 1 local rank 0: ranks must be numbered node-major"), std::string::npos) << problem;
+  EXPECT_NE(problem.find("rank 1 is node 1 local rank 0: ranks must be numbered node-major"), std::string::npos)
+      << problem;
   places = {{0, 0, 2}, {0, 0, 2}};
   EXPECT_NE(layout_from_places(places, &layout).find("two ranks claim node 0 local rank 0"), std::string::npos);
   places = {{0, 0, 2}, {0, 1, 2}, {1, 0, 2}, {1, 1, 2}};

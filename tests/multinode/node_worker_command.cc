@@ -37,8 +37,9 @@ int run_node_worker(int argc, char** argv) {
     WorkerStoreOptions options;
     options.connect_timeout = timeout;
     auto store = connect_worker_store(env, options);
-    store->set("place/" + std::to_string(env.rank),
-               std::to_string(place.node) + " " + std::to_string(place.local_rank) + " " + std::to_string(place.local_world_size));
+    store->set("place/" + std::to_string(env.rank), std::to_string(place.node) + " " +
+                                                        std::to_string(place.local_rank) + " " +
+                                                        std::to_string(place.local_world_size));
     std::vector<multinode::RankPlace> places(static_cast<size_t>(env.world_size));
     for (int r = 0; r < env.world_size; ++r) {
       multinode::RankPlace& p = places[static_cast<size_t>(r)];

@@ -29,11 +29,13 @@ std::string hashes(const std::string& text) {
 }
 
 TEST(SimNodesCommand, EveryOpGivesTheOneNodeBits) {
-  const std::string cases[] = {
-      "allreduce --ranks 8 --dtype bf16 --count 5000",    "allreduce --ranks 6 --dtype fp16 --count 777",
-      "allreduce --ranks 12 --dtype fp32 --count 3000",   "reduce_scatter --ranks 8 --dtype bf16 --count 1600",
-      "allgather --ranks 6 --dtype fp32 --count 300",     "fused_rmsnorm --ranks 4 --rows 16 --hidden 4096",
-      "fused_rmsnorm --ranks 6 --dtype fp32 --rows 5 --hidden 256 --specials"};
+  const std::string cases[] = {"allreduce --ranks 8 --dtype bf16 --count 5000",
+                               "allreduce --ranks 6 --dtype fp16 --count 777",
+                               "allreduce --ranks 12 --dtype fp32 --count 3000",
+                               "reduce_scatter --ranks 8 --dtype bf16 --count 1600",
+                               "allgather --ranks 6 --dtype fp32 --count 300",
+                               "fused_rmsnorm --ranks 4 --rows 16 --hidden 4096",
+                               "fused_rmsnorm --ranks 6 --dtype fp32 --rows 5 --hidden 256 --specials"};
   for (const std::string& c : cases) {
     const CommandResult one = exactcoll("sim " + c);
     ASSERT_EQ(one.code, 0) << c << "\n" << one.out << one.err;
@@ -77,8 +79,7 @@ TEST(SimNodesCommand, PrintsTheOneNodeInputBanner) {
   // The fused op prints no banner on one node either: its summary line says what its inputs were.
   const CommandResult fused = exactcoll("sim fused_rmsnorm --ranks 4 --rows 2 --hidden 64 --specials --nodes 2");
   ASSERT_EQ(fused.code, 0) << fused.err;
-  EXPECT_NE(fused.out.find("(random with specials, --seed 1 (the default)), 2 nodes"), std::string::npos)
-      << fused.out;
+  EXPECT_NE(fused.out.find("(random with specials, --seed 1 (the default)), 2 nodes"), std::string::npos) << fused.out;
 }
 
 TEST(SimNodesCommand, OutputFileAndTrace) {

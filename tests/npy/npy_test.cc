@@ -143,8 +143,8 @@ TEST(NpyRoundTrip, ScalarAndEmpty) {
 
 TEST(NpyRead, AcceptsOtherKeyOrderQuotesAndSpacing) {
   const std::string data(12, '\x01');
-  const std::string path = write_bytes(
-      "order.npy", handmade("{\"shape\":(3,2),  'descr':\"<u2\" ,'fortran_order':False}", data));
+  const std::string path =
+      write_bytes("order.npy", handmade("{\"shape\":(3,2),  'descr':\"<u2\" ,'fortran_order':False}", data));
   const NpyArray a = read_npy(path);
   EXPECT_EQ(a.shape, (std::vector<int64_t>{3, 2}));
   EXPECT_EQ(a.dtype, "<u2");
@@ -182,19 +182,24 @@ TEST(NpyRead, RejectsEveryMalformedCaseWithAClearMessage) {
       {"cut_in_version", good.substr(0, 7), "truncated"},
       {"cut_in_length", good.substr(0, 9), "truncated"},
       {"cut_in_header", good.substr(0, 40), "truncated"},
-      {"fortran", handmade("{'descr': '<u2', 'fortran_order': True, 'shape': (2, 2), }", data8), "fortran_order is True"},
+      {"fortran", handmade("{'descr': '<u2', 'fortran_order': True, 'shape': (2, 2), }", data8),
+       "fortran_order is True"},
       {"f8", handmade("{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }", data8), "unsupported dtype '<f8'"},
       {"big_endian", handmade("{'descr': '>u2', 'fortran_order': False, 'shape': (2, 2), }", data8), "big-endian"},
-      {"short_data", handmade(ok_dict, std::string(6, '\0')), "truncated file: shape (2, 2) of <u2 needs 8 data bytes, the file has 6"},
+      {"short_data", handmade(ok_dict, std::string(6, '\0')),
+       "truncated file: shape (2, 2) of <u2 needs 8 data bytes, the file has 6"},
       {"extra_data", handmade(ok_dict, std::string(10, '\0')), "2 extra"},
       {"no_shape", handmade("{'descr': '<u2', 'fortran_order': False, }", data8), "no 'shape' key"},
       {"no_descr", handmade("{'fortran_order': False, 'shape': (4,), }", data8), "no 'descr' key"},
-      {"extra_key", handmade("{'descr': '<u2', 'fortran_order': False, 'shape': (4,), 'x': 1}", data8), "unexpected key 'x'"},
+      {"extra_key", handmade("{'descr': '<u2', 'fortran_order': False, 'shape': (4,), 'x': 1}", data8),
+       "unexpected key 'x'"},
       {"not_tuple", handmade("{'descr': '<u2', 'fortran_order': False, 'shape': (4), }", data8), "trailing comma"},
       {"negative_dim", handmade("{'descr': '<u2', 'fortran_order': False, 'shape': (-4,), }", data8), "non-negative"},
       {"not_bool", handmade("{'descr': '<u2', 'fortran_order': 0, 'shape': (4,), }", data8), "True or False"},
       {"no_brace", handmade("'descr': '<u2'", data8), "expected '{'"},
-      {"huge_shape", handmade("{'descr': '<u2', 'fortran_order': False, 'shape': (99999999999, 99999999999, 99999999999), }", data8), "too large"},
+      {"huge_shape",
+       handmade("{'descr': '<u2', 'fortran_order': False, 'shape': (99999999999, 99999999999, 99999999999), }", data8),
+       "too large"},
   };
   for (const Malformed& c : cases) {
     const std::string path = write_bytes(std::string(c.name) + ".npy", c.bytes);
@@ -241,8 +246,9 @@ TEST(NpyWrite, ErrorsLeaveNothingHalfWritten) {
             std::string::npos);
   const std::string subdir = dir + "/is_a_dir.npy";
   mkdir(subdir.c_str(), 0755);
-  EXPECT_NE(error_of([&] { write_npy(subdir, kU16, {3}, v, 6); }).find("exists and is not a regular file (a directory)"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { write_npy(subdir, kU16, {3}, v, 6); }).find("exists and is not a regular file (a directory)"),
+      std::string::npos);
   EXPECT_FALSE(leftover_temp_files(dir));
 
   // A successful overwrite replaces the whole file and leaves no temporary behind.
@@ -270,7 +276,8 @@ std::string sparse_file(const std::string& name, const std::string& head, off_t 
 TEST(NpyRead, HugeFileWithASmallHeaderIsRefusedBeforeAnyDataIsRead) {
   // Issue 15, item 3: the reader reserved the file's size (64 GiB: std::bad_alloc, an abort in
   // the CLI) and read a 2 GiB file whole (2.1 GB, 26 s) before comparing it with the header.
-  const std::string head = handmade("{'descr': '<u2', 'fortran_order': False, 'shape': (4, 8), }", std::string(64, '\0'));
+  const std::string head =
+      handmade("{'descr': '<u2', 'fortran_order': False, 'shape': (4, 8), }", std::string(64, '\0'));
   for (const off_t total : {off_t{64} << 30, off_t{2} << 30}) {
     const std::string path = sparse_file("huge_" + std::to_string(total >> 30) + ".npy", head, total);
     const size_t rss_before = peak_rss_bytes();
@@ -314,9 +321,13 @@ TEST(NpyOutputFiles, AnUnwritableOutputIsFoundBeforeAnyWorkAndNothingIsCreated) 
   const std::string dir = temp_path("outputs1");
   mkdir(dir.c_str(), 0755);
   const std::string first = dir + "/o1.npy";
-  EXPECT_NE(error_of([&] { OutputFiles files({first, dir + "/no/such/o2.npy"}); }).find("cannot create"),
+  EXPECT_NE(error_of([&] {
+              OutputFiles files({first, dir + "/no/such/o2.npy"});
+            }).find("cannot create"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { OutputFiles files({first, "/dev/null"}); }).find("a device, FIFO or socket"),
+  EXPECT_NE(error_of([&] {
+              OutputFiles files({first, "/dev/null"});
+            }).find("a device, FIFO or socket"),
             std::string::npos);
   EXPECT_NE(error_of([&] { OutputFiles files({first, first}); }).find("named twice"), std::string::npos);
   struct stat st;

@@ -94,8 +94,8 @@ class Rng {
 // Returns a random float +-(1 + f) * 2^e, e uniform in [min_exponent, max_exponent], rounded to T.
 template <class T>
 T random_storage(Rng& rng, int min_exponent, int max_exponent) {
-  const float magnitude = std::ldexp(1.0f + rng.unit(), min_exponent + static_cast<int>(rng.below(
-                                                                          max_exponent - min_exponent + 1)));
+  const float magnitude =
+      std::ldexp(1.0f + rng.unit(), min_exponent + static_cast<int>(rng.below(max_exponent - min_exponent + 1)));
   return RefStorage<T>::narrow(rng.below(2) ? -magnitude : magnitude);
 }
 

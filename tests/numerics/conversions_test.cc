@@ -42,8 +42,8 @@ std::string describe(const std::vector<Mismatch>& mismatches) {
   std::string text;
   char line[96];
   for (const Mismatch& m : mismatches) {
-    std::snprintf(line, sizeof line, "  input 0x%08" PRIx32 ": core 0x%04x, reference 0x%04x\n", m.input,
-                  m.core, m.reference);
+    std::snprintf(line, sizeof line, "  input 0x%08" PRIx32 ": core 0x%04x, reference 0x%04x\n", m.input, m.core,
+                  m.reference);
     text += line;
   }
   return text;
@@ -62,8 +62,8 @@ using Batch = void (*)(uint32_t first, uint32_t count, uint16_t* out);
 
 // Compares core and reference over inputs [first, end) and returns the number of mismatches;
 // keeps the first few in *shown. Counting (not EXPECT per element) keeps the loop vectorizable.
-uint64_t count_mismatches(uint64_t first, uint64_t end, Batch core, Batch reference,
-                          std::vector<Mismatch>* shown, uint64_t* inputs_compared) {
+uint64_t count_mismatches(uint64_t first, uint64_t end, Batch core, Batch reference, std::vector<Mismatch>* shown,
+                          uint64_t* inputs_compared) {
   static thread_local uint16_t core_out[kChunk];
   static thread_local uint16_t reference_out[kChunk];
   uint64_t mismatches = 0;
@@ -100,13 +100,9 @@ class ExhaustiveFloatToStorage : public ::testing::TestWithParam<int> {
   }
 };
 
-TEST_P(ExhaustiveFloatToStorage, Bf16MatchesReference) {
-  run(core_float_to_bf16_batch, reference_float_to_bf16_batch);
-}
+TEST_P(ExhaustiveFloatToStorage, Bf16MatchesReference) { run(core_float_to_bf16_batch, reference_float_to_bf16_batch); }
 
-TEST_P(ExhaustiveFloatToStorage, Fp16MatchesReference) {
-  run(core_float_to_fp16_batch, reference_float_to_fp16_batch);
-}
+TEST_P(ExhaustiveFloatToStorage, Fp16MatchesReference) { run(core_float_to_fp16_batch, reference_float_to_fp16_batch); }
 
 INSTANTIATE_TEST_SUITE_P(AllFloatBitPatterns, ExhaustiveFloatToStorage, ::testing::Range(0, kSlices));
 

@@ -35,8 +35,8 @@ float unfused_multiply_add(float a, float b, float c) {
 //   fused:   2^-24 + (1 + 2^-11 + 2^-24) = 1 + 2^-11 + 2^-23, exact: one ulp higher.
 constexpr float kA = 0x1.001p0f;  // 1 + 2^-12
 constexpr float kC = 0x1p-24f;
-constexpr float kUnfused = 0x1.002p0f;         // 1 + 2^-11
-constexpr float kFused = 0x1.002002p0f;        // 1 + 2^-11 + 2^-23
+constexpr float kUnfused = 0x1.002p0f;   // 1 + 2^-11
+constexpr float kFused = 0x1.002002p0f;  // 1 + 2^-11 + 2^-23
 
 // Returns x through a volatile load, so the compiler cannot fold the computation that uses it at
 // compile time (folding would hide a contraction that the generated code performs).
@@ -149,7 +149,8 @@ TEST(NoFma, SixteenBitSquaresAreExactInFloat) {
   int inexact = 0, checked = 0;
   for (uint32_t h = 0; h < 0x10000u; ++h) {
     for (int type = 0; type < 2; ++type) {
-      const float x = type == 0 ? bf16_bits_to_float(static_cast<uint16_t>(h)) : fp16_bits_to_float(static_cast<uint16_t>(h));
+      const float x =
+          type == 0 ? bf16_bits_to_float(static_cast<uint16_t>(h)) : fp16_bits_to_float(static_cast<uint16_t>(h));
       const float square = contract::mul(x, x);
       if (!std::isfinite(square) || (square != 0 && std::fabs(square) < 0x1p-126f) || (square == 0 && x != 0)) continue;
       ++checked;

@@ -25,9 +25,7 @@ inline float power_of_two(int32_t k) { return float_from_bits(static_cast<uint32
 // [2^23, 2^24) where the float spacing is exactly 1, so the addition itself rounds y to an integer
 // (round-to-nearest-even, the default mode) and the mantissa field holds that integer.
 // Preconditions: 0 <= y < 2^23 - 1.
-inline uint32_t round_half_even_to_integer(float y) {
-  return bits_from_float(y + 0x1p23f) & 0x7FFFFFu;
-}
+inline uint32_t round_half_even_to_integer(float y) { return bits_from_float(y + 0x1p23f) & 0x7FFFFFu; }
 
 // bf16: 8 significant bits (7 stored), exponent bias 127, same exponent range as float.
 inline uint16_t bf16_from_float_by_value(uint32_t input) {
@@ -73,14 +71,12 @@ uint16_t reference_float_to_bf16(uint32_t input) { return bf16_from_float_by_val
 uint16_t reference_float_to_fp16(uint32_t input) { return fp16_from_float_by_value(input); }
 
 // Cloned for AVX2 where the CPU has it (twice the lanes); the default clone runs everywhere.
-__attribute__((target_clones("avx2", "default"))) void reference_float_to_bf16_batch(uint32_t first,
-                                                                                     uint32_t count,
+__attribute__((target_clones("avx2", "default"))) void reference_float_to_bf16_batch(uint32_t first, uint32_t count,
                                                                                      uint16_t* out) {
   for (uint32_t i = 0; i < count; ++i) out[i] = bf16_from_float_by_value(first + i);
 }
 
-__attribute__((target_clones("avx2", "default"))) void reference_float_to_fp16_batch(uint32_t first,
-                                                                                     uint32_t count,
+__attribute__((target_clones("avx2", "default"))) void reference_float_to_fp16_batch(uint32_t first, uint32_t count,
                                                                                      uint16_t* out) {
   for (uint32_t i = 0; i < count; ++i) out[i] = fp16_from_float_by_value(first + i);
 }

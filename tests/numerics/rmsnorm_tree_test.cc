@@ -147,8 +147,8 @@ struct TreeCase {
 // Worked by hand from the issue text (P = 8 for bf16/fp16, 4 for fp32).
 TEST(RmsNormTreeShape, HandWorkedCases16Bit) {
   const TreeCase cases[] = {
-      {8, 1, 32, 1},          {256, 32, 32, 1},       {264, 33, 64, 2},      {2880, 360, 384, 12},
-      {4096, 512, 512, 16},   {5120, 640, 640, 20},   {7168, 896, 896, 28},  {8192, 1024, 1024, 32},
+      {8, 1, 32, 1},          {256, 32, 32, 1},        {264, 33, 64, 2},        {2880, 360, 384, 12},
+      {4096, 512, 512, 16},   {5120, 640, 640, 20},    {7168, 896, 896, 28},    {8192, 1024, 1024, 32},
       {8200, 1025, 1024, 32}, {16384, 2048, 1024, 32}, {65536, 8192, 1024, 32},
   };
   for (const TreeCase& c : cases) {
@@ -169,8 +169,8 @@ TEST(RmsNormTreeShape, HandWorkedCases16Bit) {
 
 TEST(RmsNormTreeShape, HandWorkedCasesFp32) {
   const TreeCase cases[] = {
-      {4, 1, 32, 1},           {2880, 720, 736, 23},    {4096, 1024, 1024, 32}, {5120, 1280, 1024, 32},
-      {7168, 1792, 1024, 32},  {8192, 2048, 1024, 32},  {16384, 4096, 1024, 32},
+      {4, 1, 32, 1},          {2880, 720, 736, 23},   {4096, 1024, 1024, 32},  {5120, 1280, 1024, 32},
+      {7168, 1792, 1024, 32}, {8192, 2048, 1024, 32}, {16384, 4096, 1024, 32},
   };
   for (const TreeCase& c : cases) {
     SCOPED_TRACE(c.hidden);
@@ -201,9 +201,10 @@ TYPED_TEST(ContractTest, TreeShapeForEveryHiddenSize) {
     const int num_packs = hidden / pack;
     int lanes = 32;
     while (lanes < num_packs && lanes < 1024) lanes += 32;
-    if (tree.num_packs != num_packs || tree.lanes != lanes || tree.groups * 32 != lanes ||
-        tree.pack != pack || tree.hidden != hidden) {
-      if (++wrong <= 5) std::printf("H=%d: np=%d lanes=%d groups=%d\n", hidden, tree.num_packs, tree.lanes, tree.groups);
+    if (tree.num_packs != num_packs || tree.lanes != lanes || tree.groups * 32 != lanes || tree.pack != pack ||
+        tree.hidden != hidden) {
+      if (++wrong <= 5)
+        std::printf("H=%d: np=%d lanes=%d groups=%d\n", hidden, tree.num_packs, tree.lanes, tree.groups);
     }
   }
   EXPECT_EQ(wrong, 0);
@@ -333,8 +334,8 @@ TYPED_TEST(ContractTest, NaNElementMakesWholeRowCanonicalNaN) {
   std::vector<T> row, weight;
   fill_random_row(7, hidden, &row, &weight);
   // A NaN with sign and payload: 0xFFC1 for 16-bit, 0xFFC01234 for fp32.
-  row[1234] = RefStorage<T>::from_bits(sizeof(T) == 2 ? (RefStorage<T>::kMantissaBits == 7 ? 0xFFC1u : 0xFE01u)
-                                                      : 0xFFC01234u);
+  row[1234] =
+      RefStorage<T>::from_bits(sizeof(T) == 2 ? (RefStorage<T>::kMantissaBits == 7 ? 0xFFC1u : 0xFE01u) : 0xFFC01234u);
   expect_contract_equals_scalar(row, weight, 1e-6f);
   contract::RmsNormTree tree;
   ASSERT_TRUE(contract::make_rmsnorm_tree<T>(hidden, &tree));
@@ -502,7 +503,8 @@ TYPED_TEST(ContractTest, ResidualAddMatchesScalar) {
   for (int trial = 0; trial < 1 << 18; ++trial) {
     const T s = random_fold_input<T>(rng);
     const T residual = random_fold_input<T>(rng);
-    const uint32_t want = RefStorage<T>::bits(RefStorage<T>::narrow(RefStorage<T>::widen(s) + RefStorage<T>::widen(residual)));
+    const uint32_t want =
+        RefStorage<T>::bits(RefStorage<T>::narrow(RefStorage<T>::widen(s) + RefStorage<T>::widen(residual)));
     const uint32_t got = RefStorage<T>::bits(contract::residual_add<T>(s, residual));
     if (got != want && ++mismatches <= 5) {
       std::printf("  trial %d: contract 0x%08" PRIx32 ", scalar 0x%08" PRIx32 "\n", trial, got, want);

@@ -65,9 +65,9 @@ CallBuffers unpipelined(const OverlapShape& shape, int ranks, const CallBuffers&
 
 // Runs one pipelined call and checks everything one call must satisfy.
 void check_one_call(const OverlapShape& shape, int ranks, sim::Schedule schedule, uint64_t seed, bool adversarial) {
-  SCOPED_TRACE(std::string(pattern_name(shape.pattern)) + " " + grouping_name(shape.grouping) + " " + dtype_name(shape.dtype) + ", " +
-               std::to_string(ranks) + " ranks, " + sim::schedule_name(schedule) + " seed " + std::to_string(seed) +
-               (adversarial ? ", adversarial shards" : ""));
+  SCOPED_TRACE(std::string(pattern_name(shape.pattern)) + " " + grouping_name(shape.grouping) + " " +
+               dtype_name(shape.dtype) + ", " + std::to_string(ranks) + " ranks, " + sim::schedule_name(schedule) +
+               " seed " + std::to_string(seed) + (adversarial ? ", adversarial shards" : ""));
   CallBuffers c = test::make_call(shape, ranks, seed, adversarial);
   sim::World world(options(ranks, schedule, seed));
   OverlapSim ov(world);
@@ -78,7 +78,8 @@ void check_one_call(const OverlapShape& shape, int ranks, sim::Schedule schedule
   for (int r = 0; r < ranks; ++r) {
     const size_t i = static_cast<size_t>(r);
     EXPECT_EQ(c.gathered[i], expected_gather) << "rank " << r << ": gathered bits differ from the shards";
-    EXPECT_EQ(c.gathered[i], ref.gathered[i]) << "rank " << r << ": gathered bits differ from the simulator's all-gather";
+    EXPECT_EQ(c.gathered[i], ref.gathered[i])
+        << "rank " << r << ": gathered bits differ from the simulator's all-gather";
     EXPECT_EQ(c.products[i], ref.products[i]) << "rank " << r << ": product bits differ from the unpipelined schedule";
     if (!adversarial) {
       const void* a = shape.pattern == Pattern::kAgMatmul ? static_cast<const void*>(expected_gather.data())
@@ -108,7 +109,8 @@ TEST(OverlapSim, MergedAndPairedProductsEqualTheirOwnUnpipelinedScheduleBitForBi
         check_one_call(ag_shape(dtype, ranks, grouping), ranks, sim::Schedule::kSeeded, 14, false);
       }
     }
-    for (int ranks : {3, 4}) check_one_call(ag_shape(DType::kBF16, ranks, grouping), ranks, sim::Schedule::kSeeded, 22, true);
+    for (int ranks : {3, 4})
+      check_one_call(ag_shape(DType::kBF16, ranks, grouping), ranks, sim::Schedule::kSeeded, 22, true);
   }
 }
 
@@ -134,7 +136,8 @@ TEST(OverlapSim, GroupingsGatherTheSameBitsAndAgreeOnOneShardProducts) {
       const uint64_t seed = 50 + static_cast<uint64_t>(ranks);
       const CallBuffers per_shard = pipelined(ag_shape(dtype, ranks), ranks, seed);
       const size_t esize = static_cast<size_t>(dtype_size(dtype));
-      const size_t shard_c_bytes = ag_shape(dtype, ranks).m / static_cast<size_t>(ranks) * ag_shape(dtype, ranks).n * esize;
+      const size_t shard_c_bytes =
+          ag_shape(dtype, ranks).m / static_cast<size_t>(ranks) * ag_shape(dtype, ranks).n * esize;
       for (ProductGrouping grouping : {ProductGrouping::kMerged, ProductGrouping::kPairs}) {
         const CallBuffers grouped = pipelined(ag_shape(dtype, ranks, grouping), ranks, seed);
         size_t differing = 0, total = 0;
@@ -234,7 +237,8 @@ constexpr int kCalls = 3;
 Outcome explore(int ranks, uint64_t seed, PlanEdit edit, std::string* detail) {
   const OverlapShape shape = ag_shape(DType::kBF16, ranks);
   std::vector<CallBuffers> calls;
-  for (int k = 0; k < kCalls; ++k) calls.push_back(test::make_call(shape, ranks, seed * 10 + static_cast<uint64_t>(k), false));
+  for (int k = 0; k < kCalls; ++k)
+    calls.push_back(test::make_call(shape, ranks, seed * 10 + static_cast<uint64_t>(k), false));
   sim::World world(options(ranks, sim::Schedule::kSeeded, seed));
   OverlapSim ov(world);
   for (int k = 0; k < kCalls; ++k) {
@@ -388,10 +392,11 @@ TEST(OverlapTrace, ShowsEveryPipelineStepPerRankAndStream) {
   EXPECT_EQ(count_of(json, "\"event\":\"wait\""), 18u);
   // Rank 1's step-1 pull, on comm0 (block 0): reads rank 2's symmetric shard (input, 60 elements),
   // writes rows of shard 2 of its gathered A (elements 120..180).
-  EXPECT_NE(json.find("\"rank\":1,\"block\":0,\"step\":\"pull_shard\",\"accesses\":[{\"access\":\"read\",\"peer\":2,"
-                      "\"buffer\":\"input\",\"begin\":0,\"end\":60},{\"access\":\"write\",\"peer\":1,\"buffer\":\"output\","
-                      "\"begin\":120,\"end\":180}]"),
-            std::string::npos)
+  EXPECT_NE(
+      json.find("\"rank\":1,\"block\":0,\"step\":\"pull_shard\",\"accesses\":[{\"access\":\"read\",\"peer\":2,"
+                "\"buffer\":\"input\",\"begin\":0,\"end\":60},{\"access\":\"write\",\"peer\":1,\"buffer\":\"output\","
+                "\"begin\":120,\"end\":180}]"),
+      std::string::npos)
       << json;
   // Rank 0's step-0 product (compute stream = block 2) reads its own shard in place.
   EXPECT_NE(json.find("\"rank\":0,\"block\":2,\"step\":\"matmul\",\"accesses\":[{\"access\":\"read\",\"peer\":0,"

@@ -29,11 +29,14 @@ inline Bytes adversarial_bits(DType dtype, size_t count, uint64_t seed) {
     uint32_t bits = static_cast<uint32_t>(g.next());
     if (!wide) bits &= 0xFFFFu;
     switch (g.below(6)) {
-      case 0: bits = wide ? (0x7F800001u | (bits & 0x803FFFFFu)) : (dtype == DType::kBF16 ? 0x7F81u : 0x7C01u) | (bits & 0x803Fu); break;
-      case 1: bits = wide ? 0x80000000u : 0x8000u; break;                       // -0
-      case 2: bits = wide ? 0xFF800000u : (dtype == DType::kBF16 ? 0xFF80u : 0xFC00u); break;  // -inf
+      case 0:
+        bits = wide ? (0x7F800001u | (bits & 0x803FFFFFu))
+                    : (dtype == DType::kBF16 ? 0x7F81u : 0x7C01u) | (bits & 0x803Fu);
+        break;
+      case 1: bits = wide ? 0x80000000u : 0x8000u; break;                                       // -0
+      case 2: bits = wide ? 0xFF800000u : (dtype == DType::kBF16 ? 0xFF80u : 0xFC00u); break;   // -inf
       case 3: bits &= wide ? 0x807FFFFFu : (dtype == DType::kBF16 ? 0x807Fu : 0x83FFu); break;  // subnormal
-      default: break;                                                            // anything
+      default: break;                                                                           // anything
     }
     std::memcpy(out.data() + i * esize, &bits, esize);
   }
@@ -65,8 +68,10 @@ inline CallBuffers make_call(const OverlapShape& shape, int ranks, uint64_t seed
   const Bytes b = finite_values(shape.dtype, shape.k * shape.n, rhs_seed(seed));
   for (int r = 0; r < ranks; ++r) {
     const uint64_t s = shard_seed(seed, r);
-    c.shards.push_back(adversarial_shards ? adversarial_bits(shape.dtype, shard, s) : finite_values(shape.dtype, shard, s));
-    if (shape.pattern == Pattern::kPrefetch) c.lhs.push_back(finite_values(shape.dtype, shape.m * shape.k, lhs_seed(seed, r)));
+    c.shards.push_back(adversarial_shards ? adversarial_bits(shape.dtype, shard, s)
+                                          : finite_values(shape.dtype, shard, s));
+    if (shape.pattern == Pattern::kPrefetch)
+      c.lhs.push_back(finite_values(shape.dtype, shape.m * shape.k, lhs_seed(seed, r)));
     c.rhs.push_back(b);
     c.gathered.emplace_back(shard * static_cast<size_t>(ranks) * esize, 0xA5);
     c.products.emplace_back(shape.m * shape.n * esize, 0xA5);

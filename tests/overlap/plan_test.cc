@@ -13,7 +13,8 @@
 namespace exactcoll::overlap {
 namespace {
 
-constexpr ProductGrouping kGroupings[] = {ProductGrouping::kPerShard, ProductGrouping::kMerged, ProductGrouping::kPairs};
+constexpr ProductGrouping kGroupings[] = {ProductGrouping::kPerShard, ProductGrouping::kMerged,
+                                          ProductGrouping::kPairs};
 
 std::vector<RankPlan> plans_for(Pattern pattern, int n, int comm_streams = 2,
                                 ProductGrouping grouping = ProductGrouping::kPerShard) {
@@ -124,7 +125,8 @@ TEST(OverlapPlan, GroupedPlansCoverEveryRowOnceAfterTheirShardsArriveAndKeepTheP
           const auto& b = per_shard.streams[static_cast<size_t>(s)].ops;
           ASSERT_EQ(a.size(), b.size());
           for (size_t i = 0; i < a.size(); ++i) {
-            EXPECT_TRUE(a[i].kind == b[i].kind && a[i].step == b[i].step && a[i].peer == b[i].peer) << "comm" << s << " op " << i;
+            EXPECT_TRUE(a[i].kind == b[i].kind && a[i].step == b[i].step && a[i].peer == b[i].peer)
+                << "comm" << s << " op " << i;
           }
         }
         // The products: the own shard first, then the blocks, each waiting for exactly its shards' steps.
@@ -146,9 +148,13 @@ TEST(OverlapPlan, GroupedPlansCoverEveryRowOnceAfterTheirShardsArriveAndKeepTheP
             if (shard != r) steps.push_back(step_of_shard(r, shard, n));
           }
           EXPECT_EQ(p.awaited_steps, steps) << "product " << i;
-          EXPECT_EQ(p.step, i == 0 ? 0 : p.range.count == 1 ? step_of_shard(r, p.range.first, n) : -1) << "product " << i;
+          EXPECT_EQ(p.step, i == 0               ? 0
+                            : p.range.count == 1 ? step_of_shard(r, p.range.first, n)
+                                                 : -1)
+              << "product " << i;
         }
-        for (int shard = 0; shard < n; ++shard) EXPECT_EQ(rows_covered[static_cast<size_t>(shard)], 1) << "shard " << shard;
+        for (int shard = 0; shard < n; ++shard)
+          EXPECT_EQ(rows_covered[static_cast<size_t>(shard)], 1) << "shard " << shard;
         // merged: two peer products at most, one on the first and the last rank; per_shard: one per shard.
         const size_t peer_products = products.size() - 1;
         if (grouping == ProductGrouping::kMerged) {

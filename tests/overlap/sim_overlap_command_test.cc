@@ -42,8 +42,9 @@ TEST(SimOverlapCommand, MergedAndPairedProductsPassTheirChecksAndPrintTheirPlans
     EXPECT_NE(r.out.find("C identical to the unpipelined schedule (bitwise)"), std::string::npos) << r.out;
     // Rank 3: every peer shard in one product (merged), or the first two pulls' shards (pairs).
     EXPECT_NE(r.out.find(std::string("rank 3:\n")), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find(products == std::string("merged") ? "matmul(0..2)" : "matmul(0..1) wait_arrival(2,s3) matmul(2,s3)"),
-              std::string::npos)
+    EXPECT_NE(
+        r.out.find(products == std::string("merged") ? "matmul(0..2)" : "matmul(0..1) wait_arrival(2,s3) matmul(2,s3)"),
+        std::string::npos)
         << r.out;
   }
   const CommandResult bad = run({"--ranks", "2", "--products", "both"});
@@ -66,7 +67,8 @@ TEST(SimOverlapCommand, PrintsThePlanAndWritesTraces) {
   const CommandResult r = run({"--ranks", "2", "--m", "4", "--k", "4", "--n", "4", "--plan", "--schedule", "seeded",
                                "--trace", trace, "--chrome-trace", chrome});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("rank 1:\ncomm0: signal_ready(0) wait_ready(0,s1) pull_shard(0,s1)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1:\ncomm0: signal_ready(0) wait_ready(0,s1) pull_shard(0,s1)"), std::string::npos)
+      << r.out;
   const std::string json = read_file(trace);
   EXPECT_NE(json.find("\"step\":\"pull_shard\""), std::string::npos);
   EXPECT_NE(read_file(chrome).find("\"traceEvents\""), std::string::npos);
@@ -80,8 +82,8 @@ TEST(SimOverlapCommand, BadInputFailsClearlyWithoutWritingTheTrace) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("m must be a multiple of the ranks"), std::string::npos) << r.err;
   EXPECT_FALSE(file_exists(trace));
-  EXPECT_EQ(run({"--m", "8"}).code, 2);                               // no --ranks
-  EXPECT_EQ(run({"--ranks", "2", "--pattern", "fsdp"}).code, 2);       // unknown pattern
+  EXPECT_EQ(run({"--m", "8"}).code, 2);                           // no --ranks
+  EXPECT_EQ(run({"--ranks", "2", "--pattern", "fsdp"}).code, 2);  // unknown pattern
   // It folds nothing, so --trace-elements is no flag of it: refused as unknown, absent from --help.
   const CommandResult traced = run({"--ranks", "2", "--trace-elements", "3"});
   EXPECT_EQ(traced.code, 2);

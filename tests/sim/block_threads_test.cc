@@ -103,8 +103,7 @@ TEST(BlockThreads, DivergingThreadsAreAnErrorAndUnwind) {
     });
     FAIL() << "no error";
   } catch (const std::logic_error& e) {
-    EXPECT_NE(std::string(e.what()).find("1 of 4 returned while the others wait in sync_block() #2"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("1 of 4 returned while the others wait in sync_block() #2"), std::string::npos)
         << e.what();
   }
   EXPECT_EQ(alive, 0) << "the threads suspended in sync_block were unwound";
@@ -162,7 +161,8 @@ int exchange(int ranks, int blocks, int threads, Schedule schedule, uint64_t see
   options.wait_timeout = std::chrono::milliseconds(20000);
   World world(options);
   std::atomic<int> wrong{0};
-  const std::optional<uint64_t> order_seed = schedule == Schedule::kSeeded ? std::optional<uint64_t>(seed) : std::nullopt;
+  const std::optional<uint64_t> order_seed =
+      schedule == Schedule::kSeeded ? std::optional<uint64_t>(seed) : std::nullopt;
   for (int k = 0; k < launches; ++k) {
     Launch launch;
     launch.name = "exchange";
@@ -176,7 +176,9 @@ int exchange(int ranks, int blocks, int threads, Schedule schedule, uint64_t see
           [&](int t, BlockThreads& block) {
             ThreadedCtx<std::remove_cvref_t<decltype(ctx)>> c(ctx.env(), block, t);
             const size_t slot = static_cast<size_t>(c.block()) * c.num_threads() + t;
-            auto value = [&](int rank) { return static_cast<float>(k * 100000 + rank * 1000) + static_cast<float>(slot); };
+            auto value = [&](int rank) {
+              return static_cast<float>(k * 100000 + rank * 1000) + static_cast<float>(slot);
+            };
             uint32_t count = load_barrier_count(c);
             c.scratch(c.rank())[slot] = value(c.rank());
             block_barrier<TwoSetProtocol>(c, &count);

@@ -32,7 +32,8 @@ CommandResult run(const std::string& args, const std::string& shell_prefix = "")
 std::string last_line(const std::string& text) {
   const size_t end = text.find_last_not_of('\n');
   const size_t begin = text.rfind('\n', end);
-  return text.substr(begin == std::string::npos ? 0 : begin + 1, end - (begin == std::string::npos ? 0 : begin + 1) + 1);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1,
+                     end - (begin == std::string::npos ? 0 : begin + 1) + 1);
 }
 
 // Writes rank-first inputs [n, count] of dtype from the test generator.
@@ -79,7 +80,8 @@ TEST(SimCli, OutputsMatchTheReferenceAndTheSummaryEndsWithTheirSha256) {
     std::vector<uint8_t> flat;
     for (const auto& w : want) flat.insert(flat.end(), w.begin(), w.end());
     EXPECT_EQ(out.data, flat) << c.op;
-    const std::vector<int64_t> shape = {c.ranks, static_cast<int64_t>(sim::output_count(c.collective, c.count, c.ranks))};
+    const std::vector<int64_t> shape = {c.ranks,
+                                        static_cast<int64_t>(sim::output_count(c.collective, c.count, c.ranks))};
     EXPECT_EQ(out.shape, shape) << c.op;
     const std::string summary = last_line(r.out);
     const std::string sha = tools::sha256_hex(out.data.data(), out.data.size());
@@ -156,7 +158,8 @@ TEST(SimCli, BadInputsExitTwoWithAMessageAndNoOutput) {
       // 2^62 x 4 ranks x 4 bytes wrapped to 0 in 64 bits and passed the 16 GiB check.
       {"sim allreduce --ranks 4 --dtype fp32 --count 4611686018427387904", "more than 16 GiB of input"},
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --fail-rank 1", "--fail-rank and --fail-at-step go together"},
-      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --fail-rank 2 --fail-at-step 1", "--fail-rank must be a rank, 0..1"},
+      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --fail-rank 2 --fail-at-step 1",
+       "--fail-rank must be a rank, 0..1"},
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --fail-rank 0 --fail-at-step 0", "--fail-at-step must be >= 1"},
       // The CLI fuzzer's find: now + 2^63 - 1 ms overflowed the clock (UBSan).
       {"sim allreduce --ranks 4 --count 16 --timeout-ms 9223372036854775807",
@@ -190,9 +193,10 @@ TEST(SimCli, BadInputsExitTwoWithAMessageAndNoOutput) {
 // and writes no output.
 TEST(SimCli, FailedRunExitsThreeWithoutOutput) {
   const std::string out = temp_path("fail_out.npy");
-  const CommandResult r = run("sim allreduce --ranks 3 --dtype bf16 --count 8 --schedule seeded --schedule-seed 4 "
-                              "--max-steps 5 --output " +
-                              out);
+  const CommandResult r =
+      run("sim allreduce --ranks 3 --dtype bf16 --count 8 --schedule seeded --schedule-seed 4 "
+          "--max-steps 5 --output " +
+          out);
   EXPECT_EQ(r.code, 3) << r.err;
   EXPECT_NE(r.err.find("reproduce with --schedule-seed 4"), std::string::npos) << r.err;
   EXPECT_FALSE(file_exists(out));
@@ -249,9 +253,9 @@ TEST(SimCli, TheOutputCountsAgainstTheMemoryLimit) {
 // exits 3, no output is written, and the trace (what happened) is.
 TEST(SimCli, ADeadRankIsAClearErrorAndNoOutput) {
   const std::string out = temp_path("dead_out.npy"), trace = temp_path("dead_trace.jsonl");
-  for (const char* op : {"allreduce --algo one_shot", "allreduce --algo two_shot", "allreduce --algo push_one_shot",
-                         "allreduce --algo push_two_shot", "allreduce --algo lamport_one_shot", "reduce_scatter",
-                         "allgather"}) {
+  for (const char* op :
+       {"allreduce --algo one_shot", "allreduce --algo two_shot", "allreduce --algo push_one_shot",
+        "allreduce --algo push_two_shot", "allreduce --algo lamport_one_shot", "reduce_scatter", "allgather"}) {
     for (const char* schedule : {"threads", "seeded"}) {
       std::remove(out.c_str());
       std::remove(trace.c_str());

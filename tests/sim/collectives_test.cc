@@ -32,12 +32,10 @@ struct Op {
   Collective op;
   Algorithm algorithm;
 };
-constexpr Op kOps[] = {{Collective::kAllReduce, Algorithm::kOneShot},
-                       {Collective::kAllReduce, Algorithm::kTwoShot},
-                       {Collective::kReduceScatter, Algorithm::kAuto},
-                       {Collective::kAllGather, Algorithm::kAuto},
-                       {Collective::kAllReduce, Algorithm::kPushOneShot},
-                       {Collective::kAllReduce, Algorithm::kPushTwoShot}};
+constexpr Op kOps[] = {
+    {Collective::kAllReduce, Algorithm::kOneShot},     {Collective::kAllReduce, Algorithm::kTwoShot},
+    {Collective::kReduceScatter, Algorithm::kAuto},    {Collective::kAllGather, Algorithm::kAuto},
+    {Collective::kAllReduce, Algorithm::kPushOneShot}, {Collective::kAllReduce, Algorithm::kPushTwoShot}};
 
 // Sizes per rank: 1 element, 1 pack, odd counts, a few thousand, one large-ish. Reduce-scatter
 // uses ranks x these (its count must divide by the ranks).
@@ -69,12 +67,14 @@ TEST(SimCollectives, EveryAlgorithmDtypeWorldSizeAndSizeMatchesTheReference) {
           spec.blocks = kBlocks[cases % 5];
           ++cases;
           const auto in = random_inputs(d, n, count, ++seed);
-          if (getenv("SIMTEST_VERBOSE")) fprintf(stderr, "case %s %s n=%d count=%zu blocks=%d\n", sim::launch_name(spec).c_str(), dtype_name(d), n, count, spec.blocks);
+          if (getenv("SIMTEST_VERBOSE"))
+            fprintf(stderr, "case %s %s n=%d count=%zu blocks=%d\n", sim::launch_name(spec).c_str(), dtype_name(d), n,
+                    count, spec.blocks);
           const auto got = run_collective(world, spec, in);
           const auto want = expected_outputs(spec, in);
           const std::string diff = first_difference(got, want, static_cast<size_t>(dtype_size(d)));
-          ASSERT_EQ(diff, "") << sim::launch_name(spec) << " " << dtype_name(d) << " ranks=" << n
-                              << " count=" << count << " blocks=" << spec.blocks;
+          ASSERT_EQ(diff, "") << sim::launch_name(spec) << " " << dtype_name(d) << " ranks=" << n << " count=" << count
+                              << " blocks=" << spec.blocks;
         }
       }
     }
@@ -88,16 +88,16 @@ TEST(SimCollectives, ReferenceKnownValues) {
   using reference::Format;
   using reference::narrow16;
   EXPECT_EQ(narrow16(Format::kBF16, 1.0f), 0x3F80);
-  EXPECT_EQ(narrow16(Format::kBF16, 1.0f + 0x1p-8f), 0x3F80);               // tie -> even (down)
-  EXPECT_EQ(narrow16(Format::kBF16, 1.0f + 3 * 0x1p-8f), 0x3F82);           // tie -> even (up)
+  EXPECT_EQ(narrow16(Format::kBF16, 1.0f + 0x1p-8f), 0x3F80);      // tie -> even (down)
+  EXPECT_EQ(narrow16(Format::kBF16, 1.0f + 3 * 0x1p-8f), 0x3F82);  // tie -> even (up)
   EXPECT_EQ(narrow16(Format::kBF16, -0.0f), 0x8000);
-  EXPECT_EQ(narrow16(Format::kBF16, 3.4e38f), 0x7F80);                      // rounds past max -> inf
+  EXPECT_EQ(narrow16(Format::kBF16, 3.4e38f), 0x7F80);  // rounds past max -> inf
   EXPECT_EQ(narrow16(Format::kFP16, 65504.0f), 0x7BFF);
   EXPECT_EQ(narrow16(Format::kFP16, 65519.0f), 0x7BFF);
-  EXPECT_EQ(narrow16(Format::kFP16, 65520.0f), 0x7C00);                     // tie past max -> inf
-  EXPECT_EQ(narrow16(Format::kFP16, 0x1p-24f), 0x0001);                     // smallest subnormal
-  EXPECT_EQ(narrow16(Format::kFP16, 0x1p-25f), 0x0000);                     // tie -> even (zero)
-  EXPECT_EQ(narrow16(Format::kFP16, 0x1.8p-24f), 0x0002);                   // tie -> even (two)
+  EXPECT_EQ(narrow16(Format::kFP16, 65520.0f), 0x7C00);    // tie past max -> inf
+  EXPECT_EQ(narrow16(Format::kFP16, 0x1p-24f), 0x0001);    // smallest subnormal
+  EXPECT_EQ(narrow16(Format::kFP16, 0x1p-25f), 0x0000);    // tie -> even (zero)
+  EXPECT_EQ(narrow16(Format::kFP16, 0x1.8p-24f), 0x0002);  // tie -> even (two)
   EXPECT_EQ(narrow16(Format::kFP16, -std::nanf("")), 0x7FFF);
   // 1 + 2^-8 + 2^-8 in rank order: (1 + 2^-8) is exact in fp32; the sum 1 + 2^-7 is a bf16.
   EXPECT_EQ(reference::fold(Format::kBF16, {0x3F80, 0x3B80, 0x3B80}), 0x3F81u);
@@ -107,8 +107,8 @@ TEST(SimCollectives, ReferenceKnownValues) {
   EXPECT_EQ(reference::fold(Format::kFP32, {0x7F800000u, 0xFF800000u}), 0x7FFFFFFFu);  // inf + -inf
 }
 
-// Same inputs: one_shot, two_shot, push_one_shot and push_two_shot, every block count, both schedulers (three seeds) give the
-// same bits (and the reference's).
+// Same inputs: one_shot, two_shot, push_one_shot and push_two_shot, every block count, both schedulers (three seeds)
+// give the same bits (and the reference's).
 TEST(SimCollectives, IdenticalBitsAcrossAlgorithmsBlocksAndSchedulers) {
   for (const DType d : kDTypes) {
     for (const int n : {3, 5, 6, 7, 8}) {
@@ -161,8 +161,8 @@ TEST(SimCollectives, ConsecutiveCollectivesInterleavedAcrossRanks) {
     std::vector<std::vector<std::vector<uint8_t>>> ins, outs;
     // push_one_shot (kOps[4]) and push_two_shot (kOps[5]) back to back, after and before the
     // others, with grids that change between calls (the receive half must not depend on the grid).
-    const Op ops[] = {kOps[0], kOps[1], kOps[2], kOps[3], kOps[1], kOps[0], kOps[4], kOps[4], kOps[4], kOps[1],
-                      kOps[4], kOps[5], kOps[5], kOps[4], kOps[5], kOps[2], kOps[5]};
+    const Op ops[] = {kOps[0], kOps[1], kOps[2], kOps[3], kOps[1], kOps[0], kOps[4], kOps[4], kOps[4],
+                      kOps[1], kOps[4], kOps[5], kOps[5], kOps[4], kOps[5], kOps[2], kOps[5]};
     const int grids[] = {2, 2, 2, 2, 2, 2, 2, 3, 1, 2, 3, 1, 3, 2, 2, 2, 1};
     for (size_t k = 0; k < std::size(ops); ++k) {
       const Op& op = ops[k];

@@ -190,7 +190,9 @@ ExportedBuffer buffer(int rank, int index, uint64_t generation = 0) {
   return b;
 }
 
-void* mapped(const ExportedBuffer& b) { return reinterpret_cast<void*>(static_cast<uintptr_t>(b.base) ^ 0x100000000ull); }
+void* mapped(const ExportedBuffer& b) {
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(b.base) ^ 0x100000000ull);
+}
 
 TEST(HandleExchange, FirstCallExchangesSecondCallHitsTheCache) {
   const int n = 4;
@@ -239,8 +241,10 @@ TEST(HandleExchange, OneRankMissingMakesEveryRankExchange) {
     EXPECT_EQ(h.hx[r]->stats().last_missed, r == 2) << "rank " << r;
     EXPECT_TRUE(h.hx[r]->stats().last_exchanged) << "rank " << r << " did not exchange: it would hang a real run";
     EXPECT_EQ(h.hx[r]->stats().opens - opens_before[r], r == 2 ? 0u : 1u) << "rank " << r;
-    EXPECT_EQ(after[r][1][2], r == 2 ? reinterpret_cast<void*>(static_cast<uintptr_t>(mine[2][1].base)) : mapped(mine[2][1]));
-    EXPECT_EQ(after[r][0][2], r == 2 ? reinterpret_cast<void*>(static_cast<uintptr_t>(mine[2][0].base)) : mapped(mine[2][0]));
+    EXPECT_EQ(after[r][1][2],
+              r == 2 ? reinterpret_cast<void*>(static_cast<uintptr_t>(mine[2][1].base)) : mapped(mine[2][1]));
+    EXPECT_EQ(after[r][0][2],
+              r == 2 ? reinterpret_cast<void*>(static_cast<uintptr_t>(mine[2][0].base)) : mapped(mine[2][0]));
   }
   // And the next call hits again everywhere.
   h.exchange_all(mine);

@@ -47,8 +47,8 @@ struct Workload {
 size_t call_count(const Workload& w, int k) { return w.odd_count > 0 && k % 2 == 1 ? w.odd_count : w.count; }
 int call_blocks(const Workload& w, int k) { return w.odd_blocks > 0 && k % 2 == 1 ? w.odd_blocks : w.blocks; }
 
-const Workload kWorkloads[] = {Workload{2, 16, 1}, Workload{3, 40, 2}, Workload{4, 24, 1},
-                               Workload{2, 64, 1, 2, 16}, Workload{3, 24, 2, 1, 72}};
+const Workload kWorkloads[] = {Workload{2, 16, 1}, Workload{3, 40, 2}, Workload{4, 24, 1}, Workload{2, 64, 1, 2, 16},
+                               Workload{3, 24, 2, 1, 72}};
 
 // Runs kCalls bf16 Lamport all-reduces with Protocol under schedule `seed` on a fresh world.
 // Inputs: simtest's random values (NaNs with random payloads, infinities, signed zeros,
@@ -111,11 +111,12 @@ void expect_caught(const char* what, Outcome expected) {
     if (seed != 0) {
       EXPECT_EQ(outcome, expected) << detail;
     }
-    std::printf("lamport_one_shot, %s, %d ranks, counts %zu/%zu, grids %d/%d: caught in %d of %llu seeds, first at "
-                "seed %llu (%s)\n%s\n",
-                what, w.ranks, w.count, w.odd_count > 0 ? w.odd_count : w.count, w.blocks,
-                w.odd_blocks > 0 ? w.odd_blocks : w.blocks, caught, static_cast<unsigned long long>(kSeedBound),
-                static_cast<unsigned long long>(seed), name(outcome), detail.substr(0, 600).c_str());
+    std::printf(
+        "lamport_one_shot, %s, %d ranks, counts %zu/%zu, grids %d/%d: caught in %d of %llu seeds, first at "
+        "seed %llu (%s)\n%s\n",
+        what, w.ranks, w.count, w.odd_count > 0 ? w.odd_count : w.count, w.blocks,
+        w.odd_blocks > 0 ? w.odd_blocks : w.blocks, caught, static_cast<unsigned long long>(kSeedBound),
+        static_cast<unsigned long long>(seed), name(outcome), detail.substr(0, 600).c_str());
   }
 }
 

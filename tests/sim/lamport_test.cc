@@ -40,11 +40,11 @@ std::vector<uint32_t> specials(DType d) {
             0x7F800001u, 0xFFBFFFFFu, 0x7F800000u, 0xFF800000u, 0x7F7FFFFFu, 0xFF7FFFFFu, 0x00000001u};
   }
   if (d == DType::kBF16) {
-    return {0x8000, 0x0000, 0xFFFF, 0x7FFF, 0xFFC0, 0x7FC0, 0xFF81, 0x7F81, 0xFFC1,
-            0x7F80, 0xFF80, 0x7F7F, 0xFF7F, 0x0001};
+    return {0x8000, 0x0000, 0xFFFF, 0x7FFF, 0xFFC0, 0x7FC0, 0xFF81,
+            0x7F81, 0xFFC1, 0x7F80, 0xFF80, 0x7F7F, 0xFF7F, 0x0001};
   }
-  return {0x8000, 0x0000, 0xFFFF, 0x7FFF, 0xFE00, 0x7E00, 0xFC01, 0x7C01, 0xFDFF, 0x7C00, 0xFC00, 0x7BFF, 0xFBFF,
-          0x0001};
+  return {0x8000, 0x0000, 0xFFFF, 0x7FFF, 0xFE00, 0x7E00, 0xFC01,
+          0x7C01, 0xFDFF, 0x7C00, 0xFC00, 0x7BFF, 0xFBFF, 0x0001};
 }
 
 // random_inputs with about a third of the elements replaced by specials (the sentinel among
@@ -62,8 +62,9 @@ std::vector<std::vector<uint8_t>> adversarial_inputs(DType d, int n, size_t coun
       std::memcpy(in[r].data() + i * esize, &b, esize);
     }
     // Every rank's element 0 is the sentinel pattern in every third seed, -0.0 in another third.
-    const uint32_t first = seed % 3 == 0 ? sentinel_of(d) : seed % 3 == 1 ? (d == DType::kFP32 ? 0x80000000u : 0x8000u)
-                                                                          : s[g.below(s.size())];
+    const uint32_t first = seed % 3 == 0   ? sentinel_of(d)
+                           : seed % 3 == 1 ? (d == DType::kFP32 ? 0x80000000u : 0x8000u)
+                                           : s[g.below(s.size())];
     std::memcpy(in[r].data(), &first, esize);
   }
   return in;
@@ -143,7 +144,8 @@ TEST(Lamport, CanonicalizedPushNeverEqualsTheSentinelAndNeverChangesAFold) {
   using reference::Format;
   auto check16 = [](auto tag, Format f) {
     using T = decltype(tag);
-    const uint16_t partners[] = {0x0000, 0x8000, 0x3F80, 0xBF80, 0x7F80, 0xFF80, 0x7C00, 0xFC00, 0x7FFF, 0xFFC1, 0x0001};
+    const uint16_t partners[] = {0x0000, 0x8000, 0x3F80, 0xBF80, 0x7F80, 0xFF80,
+                                 0x7C00, 0xFC00, 0x7FFF, 0xFFC1, 0x0001};
     int nans = 0;
     for (uint32_t b = 0; b <= 0xFFFF; ++b) {
       Pack<T> x;
@@ -212,13 +214,13 @@ TEST(Lamport, ConsecutiveCallsMixedWithOtherAlgorithmsTypesCountsAndGrids) {
     int blocks;
   };
   const Call calls[] = {
-      {Algorithm::kLamportOneShot, DType::kBF16, 40, 2},  {Algorithm::kLamportOneShot, DType::kBF16, 9, 1},
-      {Algorithm::kOneShot, DType::kBF16, 24, 2},         {Algorithm::kLamportOneShot, DType::kFP32, 33, 3},
-      {Algorithm::kLamportOneShot, DType::kFP16, 64, 1},  {Algorithm::kPushOneShot, DType::kFP16, 16, 2},
-      {Algorithm::kLamportOneShot, DType::kBF16, 17, 2},  {Algorithm::kLamportOneShot, DType::kFP32, 5, 1},
-      {Algorithm::kTwoShot, DType::kFP32, 40, 1},         {Algorithm::kLamportOneShot, DType::kBF16, 64, 3},
-      {Algorithm::kLamportOneShot, DType::kFP16, 1, 1},   {Algorithm::kPushTwoShot, DType::kBF16, 48, 2},
-      {Algorithm::kLamportOneShot, DType::kFP16, 50, 2},  {Algorithm::kLamportOneShot, DType::kBF16, 8, 1}};
+      {Algorithm::kLamportOneShot, DType::kBF16, 40, 2}, {Algorithm::kLamportOneShot, DType::kBF16, 9, 1},
+      {Algorithm::kOneShot, DType::kBF16, 24, 2},        {Algorithm::kLamportOneShot, DType::kFP32, 33, 3},
+      {Algorithm::kLamportOneShot, DType::kFP16, 64, 1}, {Algorithm::kPushOneShot, DType::kFP16, 16, 2},
+      {Algorithm::kLamportOneShot, DType::kBF16, 17, 2}, {Algorithm::kLamportOneShot, DType::kFP32, 5, 1},
+      {Algorithm::kTwoShot, DType::kFP32, 40, 1},        {Algorithm::kLamportOneShot, DType::kBF16, 64, 3},
+      {Algorithm::kLamportOneShot, DType::kFP16, 1, 1},  {Algorithm::kPushTwoShot, DType::kBF16, 48, 2},
+      {Algorithm::kLamportOneShot, DType::kFP16, 50, 2}, {Algorithm::kLamportOneShot, DType::kBF16, 8, 1}};
   int runs = 0;
   for (const int n : {2, 3, 4, 7}) {
     for (uint64_t schedule_seed = 0; schedule_seed <= 12; ++schedule_seed) {

@@ -212,10 +212,11 @@ TEST(ProtocolExploration, PushOneShotWithBarrierParityHalvesIsCaughtWhenTheGridC
     int caught = 0;
     const uint64_t seed = first_failing_seed<TwoSetProtocol, BarrierParityHalf>(w, &outcome, &detail, &caught);
     EXPECT_NE(seed, 0u) << "barrier-parity halves survived " << kSeedBound << " seeds on " << w.ranks << " ranks";
-    std::printf("push_one_shot, barrier-parity halves, %d ranks, grids %d/%d: caught in %d of %llu seeds, first at "
-                "seed %llu (%s)\n%s\n",
-                w.ranks, w.blocks, w.odd_blocks, caught, static_cast<unsigned long long>(kSeedBound),
-                static_cast<unsigned long long>(seed), name(outcome), detail.c_str());
+    std::printf(
+        "push_one_shot, barrier-parity halves, %d ranks, grids %d/%d: caught in %d of %llu seeds, first at "
+        "seed %llu (%s)\n%s\n",
+        w.ranks, w.blocks, w.odd_blocks, caught, static_cast<unsigned long long>(kSeedBound),
+        static_cast<unsigned long long>(seed), name(outcome), detail.c_str());
   }
 }
 
@@ -279,10 +280,11 @@ TEST(ProtocolExploration, PushHalvesSizedByTheCallsCountAreCaughtWhenTheCountCha
     if (!w.two_shot) {
       EXPECT_NE(seed, 0u) << "count-sized halves survived " << kSeedBound << " seeds on " << w.ranks << " ranks";
     }
-    std::printf("%s, count-sized halves, %d ranks, counts %zu/%zu: caught in %d of %llu seeds, first at seed %llu "
-                "(%s)\n%s\n",
-                algorithm(w), w.ranks, w.count, w.odd_count, caught, static_cast<unsigned long long>(kSeedBound),
-                static_cast<unsigned long long>(seed), name(outcome), detail.c_str());
+    std::printf(
+        "%s, count-sized halves, %d ranks, counts %zu/%zu: caught in %d of %llu seeds, first at seed %llu "
+        "(%s)\n%s\n",
+        algorithm(w), w.ranks, w.count, w.odd_count, caught, static_cast<unsigned long long>(kSeedBound),
+        static_cast<unsigned long long>(seed), name(outcome), detail.c_str());
   }
 }
 
@@ -294,9 +296,8 @@ TEST(ProtocolExploration, PushAlgorithmsPassThousandsOfSeedsWhenTheCountChanges)
     for (uint64_t seed = 1; seed <= 500; ++seed) {
       std::string detail;
       const Outcome o = explore<TwoSetProtocol>(w, seed, &detail);
-      ASSERT_EQ(o, Outcome::kCorrect) << name(o) << " with " << algorithm(w) << ", " << w.ranks
-                                      << " ranks, counts " << w.count << "/" << w.odd_count << ", seed " << seed
-                                      << ": " << detail;
+      ASSERT_EQ(o, Outcome::kCorrect) << name(o) << " with " << algorithm(w) << ", " << w.ranks << " ranks, counts "
+                                      << w.count << "/" << w.odd_count << ", seed " << seed << ": " << detail;
       ++runs;
     }
   }

@@ -15,8 +15,9 @@
 namespace exactcoll::simtest {
 
 inline reference::Format format_of(DType d) {
-  return d == DType::kBF16 ? reference::Format::kBF16 : d == DType::kFP16 ? reference::Format::kFP16
-                                                                          : reference::Format::kFP32;
+  return d == DType::kBF16   ? reference::Format::kBF16
+         : d == DType::kFP16 ? reference::Format::kFP16
+                             : reference::Format::kFP32;
 }
 
 // One element's bit pattern: mostly moderate normal values (so that rounding matters), and a few
@@ -34,11 +35,11 @@ inline uint32_t random_bits(DType d, sim::Xoshiro256& g) {
   const uint32_t mant_mask = (1u << mant_bits) - 1;
   auto make = [&](uint32_t e, uint32_t m) { return (sign << (total - 1)) | (e << mant_bits) | (m & mant_mask); };
   const uint32_t m = static_cast<uint32_t>(g.next());
-  if (k < 2) return make(exp_max, (m & mant_mask) | 1);          // NaN, random payload
-  if (k < 4) return make(exp_max, 0);                            // ±inf
-  if (k < 6) return make(0, 0);                                  // ±0
-  if (k < 10) return make(0, m);                                 // subnormal (or 0)
-  if (k < 13) return make(exp_max - 1, m);                       // near the largest finite
+  if (k < 2) return make(exp_max, (m & mant_mask) | 1);              // NaN, random payload
+  if (k < 4) return make(exp_max, 0);                                // ±inf
+  if (k < 6) return make(0, 0);                                      // ±0
+  if (k < 10) return make(0, m);                                     // subnormal (or 0)
+  if (k < 13) return make(exp_max - 1, m);                           // near the largest finite
   const uint32_t e = bias - 6 + static_cast<uint32_t>(g.below(13));  // 2^-6 .. 2^6
   return make(e, m);
 }
@@ -116,8 +117,8 @@ inline std::string first_difference(const std::vector<std::vector<uint8_t>>& got
       const uint32_t g = element(got[r], i, esize), w = element(want[r], i, esize);
       if (g != w) {
         char buf[160];
-        std::snprintf(buf, sizeof buf, "rank %zu element %zu: got 0x%0*x, want 0x%0*x", r, i, static_cast<int>(esize * 2),
-                      g, static_cast<int>(esize * 2), w);
+        std::snprintf(buf, sizeof buf, "rank %zu element %zu: got 0x%0*x, want 0x%0*x", r, i,
+                      static_cast<int>(esize * 2), g, static_cast<int>(esize * 2), w);
         return buf;
       }
     }

@@ -39,7 +39,8 @@ using testing_memory::resident_bytes;
 
 uint64_t wrong_bits(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want) {
   uint64_t bits = 0;
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) bits += std::popcount(static_cast<unsigned>(got[i] ^ want[i]));
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    bits += std::popcount(static_cast<unsigned>(got[i] ^ want[i]));
   return bits + 8 * (std::max(got.size(), want.size()) - std::min(got.size(), want.size()));
 }
 
@@ -81,12 +82,14 @@ void soak_collectives(sim::World& world, sim::Xoshiro256& rng, Tally& tally) {
     auto c = std::make_unique<Call>();
     c->spec.op = static_cast<sim::Collective>(rng.below(3));
     c->spec.dtype = fuzz::pick(rng, kDtypes);
-    c->spec.algorithm = c->spec.op == sim::Collective::kAllReduce ? fuzz::pick(rng, kAlgorithms) : sim::Algorithm::kAuto;
+    c->spec.algorithm =
+        c->spec.op == sim::Collective::kAllReduce ? fuzz::pick(rng, kAlgorithms) : sim::Algorithm::kAuto;
     c->spec.blocks = 1 + static_cast<int>(rng.below(rng.below(4) == 0 ? 8 : 2));
     c->spec.count = random_count(rng, c->spec.op, n);
     ASSERT_EQ(sim::check_spec(c->spec, n), "");
     c->in = simtest::random_inputs(c->spec.dtype, n, c->spec.count, rng.next());
-    const size_t out_bytes = sim::output_count(c->spec.op, c->spec.count, n) * static_cast<size_t>(dtype_size(c->spec.dtype));
+    const size_t out_bytes =
+        sim::output_count(c->spec.op, c->spec.count, n) * static_cast<size_t>(dtype_size(c->spec.dtype));
     c->out.assign(n, std::vector<uint8_t>(out_bytes));
     for (int r = 0; r < n; ++r) {
       c->inputs.push_back(c->in[r].data());
@@ -102,7 +105,9 @@ void soak_collectives(sim::World& world, sim::Xoshiro256& rng, Tally& tally) {
     ++tally.calls;
     tally.elements += c->spec.count * static_cast<uint64_t>(n);
     ++tally.by_op[std::string(sim::op_name(c->spec.op)) +
-                  (c->spec.op == sim::Collective::kAllReduce ? std::string("/") + sim::algorithm_name(sim::resolve_algorithm(c->spec)) : "")];
+                  (c->spec.op == sim::Collective::kAllReduce
+                       ? std::string("/") + sim::algorithm_name(sim::resolve_algorithm(c->spec))
+                       : "")];
   }
 }
 
@@ -112,7 +117,8 @@ void soak_collectives(sim::World& world, sim::Xoshiro256& rng, Tally& tally) {
 void grow_to_largest(sim::World& world) {
   const int n = world.ranks();
   std::vector<sim::CollectiveSpec> specs;
-  for (const sim::Algorithm a : {sim::Algorithm::kPushOneShot, sim::Algorithm::kPushTwoShot, sim::Algorithm::kTwoShot}) {
+  for (const sim::Algorithm a :
+       {sim::Algorithm::kPushOneShot, sim::Algorithm::kPushTwoShot, sim::Algorithm::kTwoShot}) {
     sim::CollectiveSpec spec;
     spec.dtype = DType::kFP32;
     spec.algorithm = a;
@@ -124,7 +130,8 @@ void grow_to_largest(sim::World& world) {
   rs.dtype = DType::kFP32;
   rs.count = (kLargestCount + n - 1) / n * n;
   specs.push_back(rs);
-  for (const sim::CollectiveSpec& spec : specs) simtest::run_collective(world, spec, simtest::random_inputs(spec.dtype, n, spec.count, 1));
+  for (const sim::CollectiveSpec& spec : specs)
+    simtest::run_collective(world, spec, simtest::random_inputs(spec.dtype, n, spec.count, 1));
 }
 
 // One fused all-reduce + residual + RMSNorm (bf16, canonical), checked against its reference.
@@ -237,11 +244,13 @@ TEST(Soak, AMillionCollectivesKeepEveryBitAndTheirMemory) {
   std::printf("soak: %llu calls (%llu fused), %llu elements per rank-call summed, wrong bits %llu\n",
               static_cast<unsigned long long>(tally.calls), static_cast<unsigned long long>(tally.fused_calls),
               static_cast<unsigned long long>(tally.elements), static_cast<unsigned long long>(tally.wrong_bits));
-  for (const auto& [op, count] : tally.by_op) std::printf("soak:   %-32s %llu\n", op.c_str(), static_cast<unsigned long long>(count));
-  std::printf("soak: RSS %.1f MiB at the start, %.1f MiB after %llu warm-up inputs, %.1f MiB at the end; "
-              "heap in use %.2f MiB after the warm-up, %.2f MiB at the end\n",
-              rss_start / 1048576.0, rss_after_warm_up / 1048576.0, static_cast<unsigned long long>(warm_up_inputs),
-              rss_end / 1048576.0, heap_after_warm_up / 1048576.0, heap_end / 1048576.0);
+  for (const auto& [op, count] : tally.by_op)
+    std::printf("soak:   %-32s %llu\n", op.c_str(), static_cast<unsigned long long>(count));
+  std::printf(
+      "soak: RSS %.1f MiB at the start, %.1f MiB after %llu warm-up inputs, %.1f MiB at the end; "
+      "heap in use %.2f MiB after the warm-up, %.2f MiB at the end\n",
+      rss_start / 1048576.0, rss_after_warm_up / 1048576.0, static_cast<unsigned long long>(warm_up_inputs),
+      rss_end / 1048576.0, heap_after_warm_up / 1048576.0, heap_end / 1048576.0);
   EXPECT_EQ(tally.wrong_bits, 0u);
   if (rss_after_warm_up > 0 && fuzz::kRssIsMeaningful) {
     // After the warm-up nothing may accumulate per call: the heap in use stays within 1 MiB (a

@@ -55,8 +55,9 @@ TEST(KeyBarrier, ATimeoutNamesTheRanksThatNeverArrived) {
     key_barrier(store, "start", 2, 3, 100ms);
     ADD_FAILURE() << "no timeout";
   } catch (const StoreError& e) {
-    EXPECT_NE(std::string(e.what()).find("barrier 'start': rank 1 never arrived within 100 ms (2 of 3 waiting: ranks 0, 2)"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("barrier 'start': rank 1 never arrived within 100 ms (2 of 3 waiting: ranks 0, 2)"),
+        std::string::npos)
         << e.what();
   }
   rank0.join();

@@ -62,7 +62,8 @@ class RawConnection {
         return;
       }
       payload.resize(store_wire::decode_length(prefix));
-      asio::async_read(socket_, asio::buffer(payload), [&](boost::system::error_code body_ec, size_t) { result = body_ec; });
+      asio::async_read(socket_, asio::buffer(payload),
+                       [&](boost::system::error_code body_ec, size_t) { result = body_ec; });
     });
     io_.run_for(timeout);
     if (result == asio::error::would_block) {

@@ -26,25 +26,25 @@ namespace exactcoll {
 namespace {
 
 using std::chrono::milliseconds;
-using storetest::hello_frame;
-using storetest::RawConnection;
 using store_wire::Op;
 using store_wire::PayloadWriter;
+using storetest::hello_frame;
+using storetest::RawConnection;
 
 const std::string kToken = "0123456789abcdef0123456789abcdef";
 
 // Expects `statement` to throw StoreError whose message contains every one of `parts`.
-#define EXPECT_STORE_ERROR(statement, ...)                                        \
-  do {                                                                            \
-    try {                                                                         \
-      statement;                                                                  \
-      ADD_FAILURE() << "no StoreError from: " #statement;                         \
-    } catch (const StoreError& e) {                                               \
-      for (const std::string& part : std::vector<std::string>{__VA_ARGS__}) {     \
-        EXPECT_NE(std::string(e.what()).find(part), std::string::npos)            \
-            << "message '" << e.what() << "' lacks '" << part << "'";             \
-      }                                                                           \
-    }                                                                             \
+#define EXPECT_STORE_ERROR(statement, ...)                                    \
+  do {                                                                        \
+    try {                                                                     \
+      statement;                                                              \
+      ADD_FAILURE() << "no StoreError from: " #statement;                     \
+    } catch (const StoreError& e) {                                           \
+      for (const std::string& part : std::vector<std::string>{__VA_ARGS__}) { \
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos)        \
+            << "message '" << e.what() << "' lacks '" << part << "'";         \
+      }                                                                       \
+    }                                                                         \
   } while (0)
 
 TcpStoreServerOptions server_options() {
@@ -133,7 +133,7 @@ TEST(TcpStoreTest, AddAndSetOverwriteAndOverflow) {
   store->set("big", std::to_string(INT64_MAX));
   EXPECT_STORE_ERROR(store->add("big", 1), "add 'big'", "overflows");
   EXPECT_EQ(store->get("big", milliseconds(0)), std::to_string(INT64_MAX));  // unchanged
-  EXPECT_EQ(store->add("n", 0), 42);  // the connection survived the errors
+  EXPECT_EQ(store->add("n", 0), 42);                                         // the connection survived the errors
 }
 
 TEST(TcpStoreTest, GetTimeoutNamesTheKey) {
@@ -197,9 +197,7 @@ TEST(TcpStoreTest, BarrierWorldSizeMismatchIsAnError) {
   TcpStoreServer server(server_options());
   auto a = connect_client(server.port());
   auto b = connect_client(server.port());
-  std::thread a_thread([&] {
-    EXPECT_STORE_ERROR(a->barrier("mismatch", 2, milliseconds(800)), "only 1 of 2");
-  });
+  std::thread a_thread([&] { EXPECT_STORE_ERROR(a->barrier("mismatch", 2, milliseconds(800)), "only 1 of 2"); });
   std::this_thread::sleep_for(milliseconds(300));
   EXPECT_STORE_ERROR(b->barrier("mismatch", 3, milliseconds(400)), "barrier 'mismatch'", "world_size 3",
                      "world_size 2");
@@ -326,10 +324,10 @@ TEST(TcpStoreTest, SilentAndHalfFrameClientsDoNotBlockOthers) {
   TcpStoreServerOptions options = server_options();
   options.hello_timeout = milliseconds(1000);
   TcpStoreServer server(options);
-  RawConnection silent(server.port());        // connects, sends nothing
-  RawConnection half_prefix(server.port());   // sends 2 of the 4 prefix bytes
+  RawConnection silent(server.port());       // connects, sends nothing
+  RawConnection half_prefix(server.port());  // sends 2 of the 4 prefix bytes
   half_prefix.send({10, 0});
-  RawConnection half_body(server.port());     // announces 100 bytes, sends 3
+  RawConnection half_body(server.port());  // announces 100 bytes, sends 3
   half_body.send({100, 0, 0, 0, 1, 2, 3});
   const auto start = std::chrono::steady_clock::now();
   expect_server_serves(server.port(), "while-silent");
@@ -651,7 +649,8 @@ TEST(TcpStoreTest, BarrierTimeoutNamesTheRanksThatNeverArrived) {
     }
   });
   std::this_thread::sleep_for(milliseconds(100));
-  EXPECT_STORE_ERROR(rank1->barrier("twice", 1, 2, milliseconds(100)), "rank 1 entered while a caller with the same rank");
+  EXPECT_STORE_ERROR(rank1->barrier("twice", 1, 2, milliseconds(100)),
+                     "rank 1 entered while a caller with the same rank");
   t1.join();
   EXPECT_STORE_ERROR(rank1->barrier("outside", 5, 2, milliseconds(100)), "rank 5 is outside 0..1");
   // Ranked barriers complete as before.

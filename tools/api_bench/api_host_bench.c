@@ -120,7 +120,9 @@ int main(void) {
   cudaMemset(weight, 0, 8192 * 2);
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  const Case cases[] = {{"all_reduce", 1, 4096}, {"all_reduce", 256, 8192}, {"fused_add_rms_norm", 1, 8192},
+  const Case cases[] = {{"all_reduce", 1, 4096},
+                        {"all_reduce", 256, 8192},
+                        {"fused_add_rms_norm", 1, 8192},
                         {"fused_add_rms_norm", 256, 8192}};
   printf("%-20s %-12s %16s %16s\n", "op", "shape", "host_us_per_call", "graph_us_per_op");
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
@@ -144,8 +146,7 @@ int main(void) {
     cudaGraphExec_t exec;
     cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
     for (int i = 0; i < kGraphOps; ++i) call(c, stream);
-    if (cudaStreamEndCapture(stream, &graph) != cudaSuccess ||
-        cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+    if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
       fprintf(stderr, "api_host_bench: graph capture failed\n");
       return 1;
     }

@@ -39,16 +39,16 @@ bool is_nan_bits(DType dtype, uint32_t bits);
 double bits_value(DType dtype, uint32_t bits);
 
 struct CompareResult {
-  size_t count = 0;          // elements compared
-  size_t equal = 0;          // bitwise equal
-  size_t nan_mismatch = 0;   // exactly one side NaN
-  double max_abs_diff = 0;   // over elements with no NaN
-  uint64_t max_ulp = 0;      // over elements without a NaN mismatch
-  double sum_sq_diff = 0;    // sum of (a - b)^2 over elements with no NaN
-  double sum_sq_b = 0;       // sum of b^2 over the same elements
+  size_t count = 0;                                 // elements compared
+  size_t equal = 0;                                 // bitwise equal
+  size_t nan_mismatch = 0;                          // exactly one side NaN
+  double max_abs_diff = 0;                          // over elements with no NaN
+  uint64_t max_ulp = 0;                             // over elements without a NaN mismatch
+  double sum_sq_diff = 0;                           // sum of (a - b)^2 over elements with no NaN
+  double sum_sq_b = 0;                              // sum of b^2 over the same elements
   std::array<size_t, kUlpBuckets> ulp_histogram{};  // over count - nan_mismatch elements
   bool has_first_diff = false;
-  size_t first_diff = 0;     // flat index of the first element not bitwise equal
+  size_t first_diff = 0;  // flat index of the first element not bitwise equal
   uint32_t first_a_bits = 0, first_b_bits = 0;
 
   size_t differing() const { return count - equal; }

@@ -63,8 +63,8 @@ int diff_main(int argc, char** argv) {
   }
   // 2. Shapes and dtypes must match; the dtype decides how bits are read.
   if (a.shape != b.shape) {
-    return cli::fail(kCommand, "shapes differ: " + path_a + " is " + npy::shape_text(a.shape) + ", " + path_b +
-                                   " is " + npy::shape_text(b.shape));
+    return cli::fail(kCommand, "shapes differ: " + path_a + " is " + npy::shape_text(a.shape) + ", " + path_b + " is " +
+                                   npy::shape_text(b.shape));
   }
   if (a.dtype != b.dtype) {
     return cli::fail(kCommand, "dtypes differ: " + path_a + " is " + a.dtype + ", " + path_b + " is " + b.dtype);

@@ -52,11 +52,12 @@ int run(int argc, char** argv) {
   bool specials = false;
   double eps = 1e-6;
   std::string input, residual_path, weight_path, output, residual_output, algo_text = "one_stage",
-              contract_text = "canonical";
+                                                                          contract_text = "canonical";
   cli::ArgParser parser(
       "exactcoll sim fused_rmsnorm --ranks N --dtype bf16|fp16|fp32 (--input x.npy --residual r.npy --weight w.npy | "
       "--rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy] [--residual-output ro.npy] "
-      "[--algo one_stage|one_stage_reg|two_stage|gather_norm|push_one_stage|push_one_stage_reg|lamport_one_stage|unfused] "
+      "[--algo "
+      "one_stage|one_stage_reg|two_stage|gather_norm|push_one_stage|push_one_stage_reg|lamport_one_stage|unfused] "
       "[--contract canonical|f32_residual|bf16_accumulate|rotated_two_shot] [--blocks B] [--threads T] "
       "[--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
       "[--chrome-trace FILE]",
@@ -89,7 +90,8 @@ int run(int argc, char** argv) {
   for (FusedAlgo a : kFusedAlgos) algo_names.push_back(fused_algo_name(a));
   parser.add_choice("algo", &algo_text, algo_names, "algorithm of the canonical contract (all give the same bits)");
   parser.add_choice("contract", &contract_text, contract_names(), "rounding contract");
-  parser.add_int("blocks", &blocks, "blocks per rank (1.." + std::to_string(kMaxBlocks) + "; the work split, same bits)");
+  parser.add_int("blocks", &blocks,
+                 "blocks per rank (1.." + std::to_string(kMaxBlocks) + "; the work split, same bits)");
   parser.add_int("threads", &threads,
                  "threads per block (1.." + std::to_string(contract::kMaxLanes) +
                      "; picks the register path or core's, same bits; lamport_one_stage takes 1)");
@@ -104,7 +106,8 @@ int run(int argc, char** argv) {
   }
   const bool from_files = !input.empty() || !residual_path.empty() || !weight_path.empty();
   if (from_files && (input.empty() || residual_path.empty() || weight_path.empty())) {
-    return cli::fail(kCommand, "give all of --input, --residual and --weight (or --rows and --hidden for random inputs)");
+    return cli::fail(kCommand,
+                     "give all of --input, --residual and --weight (or --rows and --hidden for random inputs)");
   }
   if (from_files && (parser.given("rows") || parser.given("hidden") || parser.given("seed") || specials)) {
     return cli::fail(kCommand, "--rows, --hidden, --seed and --specials are for random inputs, not with --input");
@@ -120,8 +123,8 @@ int run(int argc, char** argv) {
     return cli::fail(kCommand, "--blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(blocks));
   }
   if (parser.given("threads") && (threads < 1 || threads > contract::kMaxLanes)) {
-    return cli::fail(kCommand,
-                     "--threads must be 1.." + std::to_string(contract::kMaxLanes) + ", got " + std::to_string(threads));
+    return cli::fail(
+        kCommand, "--threads must be 1.." + std::to_string(contract::kMaxLanes) + ", got " + std::to_string(threads));
   }
   if (const std::string problem = check_eps(eps); !problem.empty()) return cli::fail(kCommand, problem);
   FusedContract contract = FusedContract::kCanonical;
@@ -157,8 +160,8 @@ int run(int argc, char** argv) {
   if (!files) return cli::kExitUsage;
   // Inputs, outputs and the world's staging: about 4 (ranks + 1) row blocks.
   auto check_memory = [&](uint64_t rows, uint64_t hidden) {
-    const unsigned __int128 bytes = static_cast<unsigned __int128>(rows) * hidden * static_cast<unsigned>(dtype_size(dtype)) *
-                                    (4 * static_cast<uint64_t>(ranks) + 4);
+    const unsigned __int128 bytes = static_cast<unsigned __int128>(rows) * hidden *
+                                    static_cast<unsigned>(dtype_size(dtype)) * (4 * static_cast<uint64_t>(ranks) + 4);
     return cli::check_memory(bytes > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(bytes),
                              "the inputs, outputs and staging of " + std::to_string(ranks) + " ranks");
   };
@@ -171,7 +174,8 @@ int run(int argc, char** argv) {
       return cli::fail(kCommand, "--rows and --hidden must be in 1..16777216");
     }
     if (static_cast<uint64_t>(rows_flag) * static_cast<uint64_t>(hidden_flag) * static_cast<uint64_t>(ranks + 3) *
-            static_cast<uint64_t>(dtype_size(dtype)) > (uint64_t{1} << 34)) {
+            static_cast<uint64_t>(dtype_size(dtype)) >
+        (uint64_t{1} << 34)) {
       return cli::fail(kCommand, "--rows x --hidden x --ranks is more than 16 GiB of inputs and outputs");
     }
     const int pack = dtype == DType::kFP32 ? Storage<float>::kPack : Storage<bf16>::kPack;
@@ -182,8 +186,9 @@ int run(int argc, char** argv) {
     if (const std::string problem = check_memory(rows_flag, hidden_flag); !problem.empty()) {
       return cli::fail(kCommand, problem);
     }
-    const gpu::FusedInputs in = gpu::make_fused_inputs(dtype, static_cast<int>(ranks), static_cast<int>(rows_flag),
-                                                       static_cast<int>(hidden_flag), static_cast<uint64_t>(seed), specials);
+    const gpu::FusedInputs in =
+        gpu::make_fused_inputs(dtype, static_cast<int>(ranks), static_cast<int>(rows_flag),
+                               static_cast<int>(hidden_flag), static_cast<uint64_t>(seed), specials);
     x.dtype = residual.dtype = weight.dtype = want;
     x.shape = {ranks, rows_flag, hidden_flag};
     for (const auto& xr : in.x) x.data.insert(x.data.end(), xr.begin(), xr.end());
@@ -203,8 +208,8 @@ int run(int argc, char** argv) {
     }
     input_note = input + " " + npy::shape_text(x.shape);
   }
-  if (const std::string problem = gpu::check_fused_arrays(dtype, ranks, "--ranks", {input, x}, {residual_path, residual},
-                                                          {weight_path, weight});
+  if (const std::string problem = gpu::check_fused_arrays(dtype, ranks, "--ranks", {input, x},
+                                                          {residual_path, residual}, {weight_path, weight});
       !problem.empty()) {
     return cli::fail(kCommand, problem);
   }
@@ -220,14 +225,13 @@ int run(int argc, char** argv) {
   spec.eps = static_cast<float>(eps);
   spec.blocks = static_cast<int>(blocks);
   spec.threads = static_cast<int>(threads);
-  if (const std::string problem = check_fused_spec(spec, static_cast<int>(ranks), options.schedule);
-      !problem.empty()) {
+  if (const std::string problem = check_fused_spec(spec, static_cast<int>(ranks), options.schedule); !problem.empty()) {
     return cli::fail(kCommand, problem);
   }
   for (uint64_t i : options.trace_elements) {
     if (i >= static_cast<uint64_t>(rows * hidden)) {
-      return cli::fail(kCommand, "--trace-elements index " + std::to_string(i) + " is past rows * H = " +
-                                     std::to_string(rows * hidden));
+      return cli::fail(kCommand, "--trace-elements index " + std::to_string(i) +
+                                     " is past rows * H = " + std::to_string(rows * hidden));
     }
   }
 
@@ -267,9 +271,15 @@ int run(int argc, char** argv) {
   } else {
     const int n = static_cast<int>(ranks);
     switch (dtype) {
-      case DType::kBF16: run_reference<bf16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out); break;
-      case DType::kFP16: run_reference<fp16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out); break;
-      case DType::kFP32: run_reference<float>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out); break;
+      case DType::kBF16:
+        run_reference<bf16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out);
+        break;
+      case DType::kFP16:
+        run_reference<fp16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out);
+        break;
+      case DType::kFP32:
+        run_reference<float>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out);
+        break;
     }
   }
 

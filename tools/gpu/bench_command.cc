@@ -58,10 +58,10 @@ struct BenchOptions {
 
 struct Result {
   int64_t rows = 0;
-  uint64_t count = 0;        // elements (nccl-tests' count: the message's elements)
-  uint64_t bytes = 0;        // message bytes (all-reduce: per-rank buffer; RS: input; AG: output)
+  uint64_t count = 0;                 // elements (nccl-tests' count: the message's elements)
+  uint64_t bytes = 0;                 // message bytes (all-reduce: per-rank buffer; RS: input; AG: output)
   Algorithm algo = Algorithm::kAuto;  // requested
-  std::string chosen;        // what ran ("one_shot 32x512")
+  std::string chosen;                 // what ran ("one_shot 32x512")
   double graph_us = 0, eager_us = 0;
   uint64_t wrong = 0;   // elements outside what the implementation promises (see the table header)
   uint64_t differ = 0;  // elements whose bits differ from the contract (the simulator's)
@@ -188,8 +188,8 @@ int bench_worker(const BenchOptions& o) {
        << (comm.nccl_ready() ? cuda::NcclApi::get().version() : std::string("unavailable")) << "\n"
        << "# time: max over ranks of the median per-op µs; graph: " << o.graph_ops << " ops per CUDA graph, "
        << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops
-       << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off")
-       << "; buffers " << (co.buffer_bytes >> 20) << " MiB per rank"
+       << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; buffers "
+       << (co.buffer_bytes >> 20) << " MiB per rank"
        << "\n# #wrong: output elements (all ranks) outside what the implementation promises: exactcoll the\n"
        << "#   contract's bits (the simulator's); NCCL's sums |got - exact| <= gamma_n * sum|x| (tools/gpu/\n"
        << "#   reference.h), its all-gather the input bits. #!=contract (NCCL): elements whose bits differ\n"
@@ -204,9 +204,10 @@ int bench_worker(const BenchOptions& o) {
       bound_gbs = measure_peer_copy_gbs(w, comm, reg, output.get(), copy_bytes, stream.get());
       const double all_pull_gbs = measure_all_pull_gbs(w, comm, reg, output.get(), copy_bytes, stream.get());
       std::ostringstream os;
-      os << "# NVLink bound: copy-engine peer copy rank 1 -> rank 0 of " << (copy_bytes >> 20) << " MiB: "
-         << fmt("%.1f", bound_gbs) << " GB/s (the others idle); every rank pulling from rank+1 at once: "
-         << fmt("%.1f", all_pull_gbs) << " GB/s per GPU (slowest rank)\n";
+      os << "# NVLink bound: copy-engine peer copy rank 1 -> rank 0 of " << (copy_bytes >> 20)
+         << " MiB: " << fmt("%.1f", bound_gbs)
+         << " GB/s (the others idle); every rank pulling from rank+1 at once: " << fmt("%.1f", all_pull_gbs)
+         << " GB/s per GPU (slowest rank)\n";
       print_leader(w, os.str());
     }
   }
@@ -217,20 +218,24 @@ int bench_worker(const BenchOptions& o) {
     const uint64_t count = counts_of(rows);
     const uint64_t out_count = output_count(o.op, count, n);
     const uint64_t msg_count = o.op == Op::kAllGather ? out_count : count;
-    const std::vector<Bytes> inputs = make_inputs(o.dtype, count, n, o.seed + static_cast<uint64_t>(rows), Pattern::kRandom);
+    const std::vector<Bytes> inputs =
+        make_inputs(o.dtype, count, n, o.seed + static_cast<uint64_t>(rows), Pattern::kRandom);
     Bytes want;
     if (o.check) {
       const Algorithm sim_algo = o.op == Op::kAllReduce ? Algorithm::kOneShot : Algorithm::kDirect;
       want = simulator.run(o.op, sim_algo, o.dtype, inputs, count, 8)[static_cast<size_t>(rank)];
     }
-    EXC_CUDA_CHECK(cudaMemcpy(input.get(), inputs[static_cast<size_t>(rank)].data(), count * elem, cudaMemcpyHostToDevice));
+    EXC_CUDA_CHECK(
+        cudaMemcpy(input.get(), inputs[static_cast<size_t>(rank)].data(), count * elem, cudaMemcpyHostToDevice));
     for (Algorithm algo : o.algos) {
       auto enqueue = [&] {
         switch (o.op) {
-          case Op::kAllReduce: return comm.allreduce(input.get(), output.get(), count, o.dtype, algo, stream.get(), &reg);
+          case Op::kAllReduce:
+            return comm.allreduce(input.get(), output.get(), count, o.dtype, algo, stream.get(), &reg);
           case Op::kReduceScatter:
             return comm.reduce_scatter(input.get(), output.get(), count, o.dtype, algo, stream.get(), &reg);
-          case Op::kAllGather: return comm.allgather(input.get(), output.get(), count, o.dtype, algo, stream.get(), &reg);
+          case Op::kAllGather:
+            return comm.allgather(input.get(), output.get(), count, o.dtype, algo, stream.get(), &reg);
         }
         return cuda::CallInfo{};
       };
@@ -245,7 +250,8 @@ int bench_worker(const BenchOptions& o) {
       const cuda::CallInfo info = enqueue();
       comm.check(stream.get());
       r.chosen = cuda::algorithm_name(info.algo);
-      if (info.grid.blocks > 0) r.chosen += " " + std::to_string(info.grid.blocks) + "x" + std::to_string(info.grid.threads);
+      if (info.grid.blocks > 0)
+        r.chosen += " " + std::to_string(info.grid.blocks) + "x" + std::to_string(info.grid.threads);
       r.exact = info.exact;
       uint64_t wrong = 0, differ = 0;
       if (o.check) {
@@ -260,16 +266,16 @@ int bench_worker(const BenchOptions& o) {
       }
       // 3b. Graph replay, 3c. eager.
       w.barrier("graph");
-      const double graph_us =
-          time_graph_us(stream.get(), [&] { enqueue(); }, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),
-                        static_cast<int>(o.replays), [&] { comm.check(stream.get()); });
+      const double graph_us = time_graph_us(
+          stream.get(), [&] { enqueue(); }, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),
+          static_cast<int>(o.replays), [&] { comm.check(stream.get()); });
       comm.check(stream.get());
       double eager_us = 0;
       if (o.eager) {
         w.barrier("eager");
-        eager_us = time_eager_us(stream.get(), [&] { enqueue(); }, static_cast<int>(o.graph_ops),
-                                 static_cast<int>(o.warmup), static_cast<int>(o.eager_rounds),
-                                 [&] { comm.check(stream.get()); });
+        eager_us = time_eager_us(
+            stream.get(), [&] { enqueue(); }, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),
+            static_cast<int>(o.eager_rounds), [&] { comm.check(stream.get()); });
         comm.check(stream.get());
       }
       // 4. Over ranks.
@@ -289,8 +295,9 @@ int bench_worker(const BenchOptions& o) {
     }
     // Progress: a long run says where it is (the tables come at the end).
     if (w.leader()) {
-      std::fprintf(stderr, "# bench: %llu bytes measured (size %zu of %zu)\n", static_cast<unsigned long long>(results.back().bytes),
-                   results.size() / o.algos.size(), o.rows.size());
+      std::fprintf(stderr, "# bench: %llu bytes measured (size %zu of %zu)\n",
+                   static_cast<unsigned long long>(results.back().bytes), results.size() / o.algos.size(),
+                   o.rows.size());
     }
   }
 
@@ -358,9 +365,9 @@ int bench_worker(const BenchOptions& o) {
     const Result* nc = find(i, Algorithm::kNccl);
     if (a == nullptr) continue;
     char line[160];
-    std::snprintf(line, sizeof line, "%11llu %10.2f %10.2f %6s  %s\n", static_cast<unsigned long long>(a->bytes), a->graph_us,
-                  nc != nullptr ? nc->graph_us : 0.0, nc != nullptr ? fmt("%.3f", a->graph_us / nc->graph_us).c_str() : "-",
-                  a->chosen.c_str());
+    std::snprintf(line, sizeof line, "%11llu %10.2f %10.2f %6s  %s\n", static_cast<unsigned long long>(a->bytes),
+                  a->graph_us, nc != nullptr ? nc->graph_us : 0.0,
+                  nc != nullptr ? fmt("%.3f", a->graph_us / nc->graph_us).c_str() : "-", a->chosen.c_str());
     out << line;
   }
   if (bound_gbs > 0 && !results.empty()) {
@@ -370,7 +377,8 @@ int bench_worker(const BenchOptions& o) {
     const Result* a = find(results.size() - o.algos.size(), Algorithm::kAuto);
     out << "# NVLink bound for " << last.bytes << " bytes: " << fmt("%.1f", bound_us) << " us at "
         << fmt("%.1f", bound_gbs) << " GB/s";
-    if (a != nullptr) out << "; auto " << fmt("%.1f", a->graph_us) << " us = " << fmt("%.3f", a->graph_us / bound_us) << " x bound";
+    if (a != nullptr)
+      out << "; auto " << fmt("%.1f", a->graph_us) << " us = " << fmt("%.3f", a->graph_us / bound_us) << " x bound";
     out << "\n";
   }
   out << "# #wrong total over exact algorithms: " << total_wrong << "; NCCL outside its sum bound: " << nccl_outside
@@ -387,14 +395,15 @@ int bench_worker(const BenchOptions& o) {
       os << "{\"op\":\"" << op_name(o.op) << "\",\"dtype\":\"" << dtype_name(o.dtype) << "\",\"ranks\":" << n
          << ",\"device\":\"" << w.device_name() << "\",\"rows\":" << r.rows << ",\"hidden\":" << o.hidden
          << ",\"bytes\":" << r.bytes << ",\"count\":" << r.count << ",\"algo\":\"" << cuda::algorithm_name(r.algo)
-         << "\",\"ran\":\"" << r.chosen << "\",\"mode\":\"" << (graph ? "graph" : "eager") << "\",\"time_us\":" << fmt("%.3f", us)
-         << ",\"algbw_gbs\":" << fmt("%.3f", algbw) << ",\"busbw_gbs\":" << fmt("%.3f", algbw * bf) << ",\"wrong\":" << r.wrong
+         << "\",\"ran\":\"" << r.chosen << "\",\"mode\":\"" << (graph ? "graph" : "eager")
+         << "\",\"time_us\":" << fmt("%.3f", us) << ",\"algbw_gbs\":" << fmt("%.3f", algbw)
+         << ",\"busbw_gbs\":" << fmt("%.3f", algbw * bf) << ",\"wrong\":" << r.wrong
          << ",\"differ_from_contract\":" << r.differ << ",\"exact\":" << (r.exact ? "true" : "false") << "}";
     } else {
-      os << op_name(o.op) << ',' << dtype_name(o.dtype) << ',' << n << ',' << r.rows << ',' << o.hidden << ',' << r.bytes << ','
-         << r.count << ',' << cuda::algorithm_name(r.algo) << ',' << r.chosen << ',' << (graph ? "graph" : "eager") << ','
-         << fmt("%.3f", us) << ',' << fmt("%.3f", algbw) << ',' << fmt("%.3f", algbw * bf) << ',' << r.wrong << ','
-         << r.differ << ',' << (r.exact ? 1 : 0);
+      os << op_name(o.op) << ',' << dtype_name(o.dtype) << ',' << n << ',' << r.rows << ',' << o.hidden << ','
+         << r.bytes << ',' << r.count << ',' << cuda::algorithm_name(r.algo) << ',' << r.chosen << ','
+         << (graph ? "graph" : "eager") << ',' << fmt("%.3f", us) << ',' << fmt("%.3f", algbw) << ','
+         << fmt("%.3f", algbw * bf) << ',' << r.wrong << ',' << r.differ << ',' << (r.exact ? 1 : 0);
     }
     return os.str();
   };
@@ -415,7 +424,8 @@ int bench_worker(const BenchOptions& o) {
     }
     if (!o.csv_path.empty()) {
       std::ostringstream cs;
-      cs << "op,dtype,ranks,rows,hidden,bytes,count,algo,ran,mode,time_us,algbw_gbs,busbw_gbs,wrong,differ_from_contract,exact\n";
+      cs << "op,dtype,ranks,rows,hidden,bytes,count,algo,ran,mode,time_us,algbw_gbs,busbw_gbs,wrong,differ_from_"
+            "contract,exact\n";
       for (const auto& r : results) {
         for (bool graph : {true, false}) {
           if (!graph && !o.eager) continue;
@@ -537,7 +547,8 @@ int run_bench(int argc, char** argv) {
     }
   }
   if (o.graph_ops < 1 || o.replays < 1 || o.eager_rounds < 1 || o.timeout_ms < 1 || o.buffer_mib < 0) {
-    return cli::fail("bench", "--graph-ops, --replays, --eager-rounds and --timeout-ms must be positive, --buffer-mib >= 0");
+    return cli::fail("bench",
+                     "--graph-ops, --replays, --eager-rounds and --timeout-ms must be positive, --buffer-mib >= 0");
   }
   if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "bench")) return *code;
   try {
@@ -547,7 +558,8 @@ int run_bench(int argc, char** argv) {
   }
 }
 
-const cli::Registrar kRegistrar({"bench", "time the CUDA collectives against NCCL (nccl-tests-style table)", run_bench});
+const cli::Registrar kRegistrar({"bench", "time the CUDA collectives against NCCL (nccl-tests-style table)",
+                                 run_bench});
 
 }  // namespace
 }  // namespace exactcoll::gpu

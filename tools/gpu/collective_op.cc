@@ -36,9 +36,8 @@ using cuda::Op;
 // Per-rank element counts verify tries (reduce_scatter multiplies them by n so that slices are
 // odd-sized too).
 const std::vector<size_t>& verify_counts() {
-  static const std::vector<size_t> counts = {1,    2,    3,    5,    7,    8,     9,     16,    17,           31,
-                                             33,   63,   64,   65,   127,  129,   255,   1000,  1023,         4097,
-                                             12345, 65543, 262157, 1048579,
+  static const std::vector<size_t> counts = {1, 2, 3, 5, 7, 8, 9, 16, 17, 31, 33, 63, 64, 65, 127, 129, 255, 1000, 1023,
+                                             4097, 12345, 65543, 262157, 1048579,
                                              // 8 MiB of bf16: only with --max-count 4194319 or more (the device
                                              // scripts' default stops at 1048579)
                                              4194319};
@@ -76,11 +75,15 @@ class CollectiveProblem : public GpuProblem {
     const std::optional<cuda::LaunchConfig> grid = v.grid ? v.grid : grid_;
     cuda::CallInfo info;
     switch (op_) {
-      case Op::kAllReduce: info = comm_.allreduce(input_.get(), output_.get(), count_, dtype_, algo_, stream, reg, grid); break;
+      case Op::kAllReduce:
+        info = comm_.allreduce(input_.get(), output_.get(), count_, dtype_, algo_, stream, reg, grid);
+        break;
       case Op::kReduceScatter:
         info = comm_.reduce_scatter(input_.get(), output_.get(), count_, dtype_, algo_, stream, reg, grid);
         break;
-      case Op::kAllGather: info = comm_.allgather(input_.get(), output_.get(), count_, dtype_, algo_, stream, reg, grid); break;
+      case Op::kAllGather:
+        info = comm_.allgather(input_.get(), output_.get(), count_, dtype_, algo_, stream, reg, grid);
+        break;
     }
     CallReport r;
     r.algo = cuda::algorithm_name(info.algo);
@@ -310,13 +313,12 @@ class CollectiveOp : public GpuOp {
                                          cuda::algorithm_name(choice.algo) + ") " + v.name + " count " +
                                          std::to_string(count) + " pattern " + pattern_name(pattern);
                 // 4. Every bit, against the simulator and the contract.
-                run_checked(enqueue, v, outs, v.graph ? 2 : 1, comm, ctx.stream,
-                            [&](int, const std::vector<Bytes>& got) {
-                              ctx.ledger.record(std::string(op_name(op_)) + " " + dtype_name(dtype) + " " + label +
-                                                    " " + v.name,
-                                                what, dtype, outs, got, {&want}, {&by_contract},
-                                                [](size_t i) { return std::to_string(i); });
-                            });
+                run_checked(
+                    enqueue, v, outs, v.graph ? 2 : 1, comm, ctx.stream, [&](int, const std::vector<Bytes>& got) {
+                      ctx.ledger.record(
+                          std::string(op_name(op_)) + " " + dtype_name(dtype) + " " + label + " " + v.name, what, dtype,
+                          outs, got, {&want}, {&by_contract}, [](size_t i) { return std::to_string(i); });
+                    });
               }
             }
           }
@@ -339,7 +341,6 @@ class CollectiveOp : public GpuOp {
   // gpu's flags.
   std::string input_path_;
   int64_t count_ = 0;
-
 
  public:
   // The three collectives read verify's flags from one object (make_collective_ops).

@@ -48,7 +48,8 @@ int gpu_worker(GpuOp& op, const GpuSettings& s, const std::string& command) {
   Bytes mine;
   Stream stream;
   const CallReport ran = run_checked([&](const Variant& var, cudaStream_t st) { return problem->enqueue(var, st); }, v,
-                                     outputs, 1, comm, stream.get(), [&](int, const std::vector<Bytes>& got) {
+                                     outputs, 1, comm, stream.get(),
+                                     [&](int, const std::vector<Bytes>& got) {
                                        for (const Bytes& b : got) mine.insert(mine.end(), b.begin(), b.end());
                                      });
 
@@ -63,7 +64,8 @@ int gpu_worker(GpuOp& op, const GpuSettings& s, const std::string& command) {
     for (int r = 0; r < n && code == cli::kExitOk; ++r) {
       const std::optional<Bytes> piece = parts.read(r, mine.size());
       if (!piece) {
-        code = cli::fail(command, "rank " + std::to_string(r) + "'s output part is missing or short", cli::kExitFailure);
+        code =
+            cli::fail(command, "rank " + std::to_string(r) + "'s output part is missing or short", cli::kExitFailure);
         break;
       }
       size_t offset = 0;
@@ -119,8 +121,8 @@ int run_gpu(int argc, char** argv) {
   const std::vector<std::string> algorithms = op->gpu_algorithms();
   std::string algo_list;
   for (const std::string& a : algorithms) algo_list += (algo_list.empty() ? "" : "|") + a;
-  cli::ArgParser parser("exactcoll " + command + " --nproc N --dtype bf16|fp16|fp32 " + op->gpu_usage() +
-                            " [--algo " + algo_list +
+  cli::ArgParser parser("exactcoll " + command + " --nproc N --dtype bf16|fp16|fp32 " + op->gpu_usage() + " [--algo " +
+                            algo_list +
                             "] [--blocks B] [--threads T] [--registered] [--graph] [--timeout-ms T] [--buffer-mib M]",
                         op->gpu_description());
   parser.add_positional("op", &op_text, op->name());

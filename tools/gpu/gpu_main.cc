@@ -9,7 +9,8 @@
 int main(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::cout << "usage: exactcoll-gpu <command> [flags]   (the GPU subset of exactcoll)\n\ncommands:\n";
-    for (const auto& c : exactcoll::cli::registered_commands()) std::cout << "  " << c.name << "  " << c.summary << "\n";
+    for (const auto& c : exactcoll::cli::registered_commands())
+      std::cout << "  " << c.name << "  " << c.summary << "\n";
     return argc < 2 ? exactcoll::cli::kExitUsage : exactcoll::cli::kExitOk;
   }
   for (const auto& c : exactcoll::cli::registered_commands()) {

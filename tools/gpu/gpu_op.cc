@@ -16,15 +16,15 @@ std::vector<Variant> verify_variants(bool forced_grids, int max_blocks, bool chu
                                    {"graph", true, true, false, std::nullopt}};
   if (forced_grids) {
     variants.push_back({"grid3x64", false, false, false, cuda::LaunchConfig{3, 64}});
-    variants.push_back({"grid" + std::to_string(max_blocks) + "x1024", true, false, false,
-                        cuda::LaunchConfig{max_blocks, 1024}});
+    variants.push_back(
+        {"grid" + std::to_string(max_blocks) + "x1024", true, false, false, cuda::LaunchConfig{max_blocks, 1024}});
   }
   if (chunked) variants.push_back({"chunked", false, false, true, std::nullopt});
   return variants;
 }
 
-CallReport run_checked(const Enqueue& enqueue, const Variant& v, const std::vector<DeviceOutput>& outputs,
-                       int replays, cuda::Communicator& comm, cudaStream_t stream,
+CallReport run_checked(const Enqueue& enqueue, const Variant& v, const std::vector<DeviceOutput>& outputs, int replays,
+                       cuda::Communicator& comm, cudaStream_t stream,
                        const std::function<void(int replay, const std::vector<Bytes>& got)>& got) {
   CallReport report;
   bool reported = false;

@@ -30,10 +30,10 @@ using Bytes = std::vector<uint8_t>;
 // How one call is made.
 struct Variant {
   std::string name = "staged";
-  bool registered = false;  // the input comes from a buffer registered once (no staging copy)
-  bool graph = false;       // the call is captured into a CUDA graph and replayed
-  bool small = false;       // through the second communicator, whose 1 MiB buffers make larger problems
-                            // run as several launches (Comms::small)
+  bool registered = false;                 // the input comes from a buffer registered once (no staging copy)
+  bool graph = false;                      // the call is captured into a CUDA graph and replayed
+  bool small = false;                      // through the second communicator, whose 1 MiB buffers make larger problems
+                                           // run as several launches (Comms::small)
   std::optional<cuda::LaunchConfig> grid;  // a forced grid; nullopt: the table's choice
 };
 
@@ -48,8 +48,8 @@ struct CallReport {
   std::string detail;  // more of it, e.g. "all-reduce one_shot" under the fused op's unfused path; or ""
   cuda::LaunchConfig grid{};
   bool staged = true;
-  bool exact = true;          // false for NCCL's sums
-  std::string inexact_note;   // why not, when !exact
+  bool exact = true;         // false for NCCL's sums
+  std::string inexact_note;  // why not, when !exact
 };
 
 // One output array of a call on the device; poisoned before each checked call.
@@ -78,8 +78,8 @@ using Enqueue = std::function<CallReport(const Variant& v, cudaStream_t stream)>
 // or an eager call), (4) waits for the stream and checks the communicator (a peer that never
 // arrived throws CollectiveError naming it), (5) copies the outputs back and hands them to
 // `got(replay, outputs)` in the order of `outputs`. Returns the report of the (first) call.
-CallReport run_checked(const Enqueue& enqueue, const Variant& v, const std::vector<DeviceOutput>& outputs,
-                       int replays, cuda::Communicator& comm, cudaStream_t stream,
+CallReport run_checked(const Enqueue& enqueue, const Variant& v, const std::vector<DeviceOutput>& outputs, int replays,
+                       cuda::Communicator& comm, cudaStream_t stream,
                        const std::function<void(int replay, const std::vector<Bytes>& got)>& got);
 
 // `gpu`'s flags that every op has.

@@ -10,9 +10,9 @@ namespace {
 
 // Field layout of a storage type's bits.
 struct Format {
-  int bits;        // 16 or 32
-  int mantissa;    // 7, 10, 23
-  int bias;        // 127, 15, 127
+  int bits;      // 16 or 32
+  int mantissa;  // 7, 10, 23
+  int bias;      // 127, 15, 127
   uint32_t exp_mask() const { return ((1u << (bits - 1 - mantissa)) - 1u) << mantissa; }
   uint32_t sign() const { return 1u << (bits - 1); }
   uint32_t inf() const { return exp_mask(); }
@@ -41,23 +41,23 @@ uint32_t special(const Format& f, sim::Xoshiro256& rng) {
   const uint32_t s = f.sign();
   const uint32_t one = static_cast<uint32_t>(f.bias) << f.mantissa;
   const uint32_t table[] = {
-      0u,                                   // +0
-      s,                                    // -0
-      f.inf(),                              // +inf
-      s | f.inf(),                          // -inf
-      f.quiet_nan(),                        // canonical-looking quiet NaN
-      s | f.quiet_nan() | 1u,               // negative quiet NaN with a payload
-      f.inf() | 1u,                         // signalling NaN, smallest payload
-      f.inf() | m,                          // NaN, all payload bits
-      f.quiet_nan() | (m >> 2),             // quiet NaN, mid payload
-      1u,                                   // smallest subnormal
-      s | 1u,                               // its negative
-      m,                                    // largest subnormal
-      f.max_finite(),                       // max finite
-      s | f.max_finite(),                   // -max finite
-      one,                                  // 1
-      s | one,                              // -1
-      1u << f.mantissa,                     // smallest normal
+      0u,                        // +0
+      s,                         // -0
+      f.inf(),                   // +inf
+      s | f.inf(),               // -inf
+      f.quiet_nan(),             // canonical-looking quiet NaN
+      s | f.quiet_nan() | 1u,    // negative quiet NaN with a payload
+      f.inf() | 1u,              // signalling NaN, smallest payload
+      f.inf() | m,               // NaN, all payload bits
+      f.quiet_nan() | (m >> 2),  // quiet NaN, mid payload
+      1u,                        // smallest subnormal
+      s | 1u,                    // its negative
+      m,                         // largest subnormal
+      f.max_finite(),            // max finite
+      s | f.max_finite(),        // -max finite
+      one,                       // 1
+      s | one,                   // -1
+      1u << f.mantissa,          // smallest normal
       s | (1u << f.mantissa),
   };
   constexpr uint64_t kSpecials = sizeof table / sizeof table[0];
@@ -103,7 +103,8 @@ uint64_t mix_seed(uint64_t a, uint64_t b) {
 uint64_t seed_from_store_token() {
   const char* token = std::getenv("EXACTCOLL_STORE_TOKEN");
   uint64_t h = 1469598103934665603ull;
-  for (const char* p = token != nullptr ? token : ""; *p != '\0'; ++p) h = (h ^ static_cast<uint8_t>(*p)) * 1099511628211ull;
+  for (const char* p = token != nullptr ? token : ""; *p != '\0'; ++p)
+    h = (h ^ static_cast<uint8_t>(*p)) * 1099511628211ull;
   return h % 1000000007ull;
 }
 
@@ -117,8 +118,8 @@ std::optional<DType> parse_dtype(const std::string& name) {
 std::vector<uint8_t> make_input(DType dtype, size_t count, int rank, uint64_t seed, Pattern pattern) {
   const Format f = format_of(dtype);
   // One stream per (seed, rank, pattern, dtype); the cancel pattern shares x between ranks 0 and 1.
-  const uint64_t stream = seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(pattern) << 40) ^
-                          (static_cast<uint64_t>(dtype) << 48);
+  const uint64_t stream =
+      seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(pattern) << 40) ^ (static_cast<uint64_t>(dtype) << 48);
   sim::Xoshiro256 rng(stream ^ (static_cast<uint64_t>(rank) + 1) * 0xD1B54A32D192ED03ull);
   sim::Xoshiro256 shared(stream ^ 0x5851F42D4C957F2Dull);
   std::vector<uint8_t> out(count * static_cast<size_t>(f.bits / 8));
@@ -160,7 +161,8 @@ std::vector<uint8_t> make_input(DType dtype, size_t count, int rank, uint64_t se
   return out;
 }
 
-std::vector<std::vector<uint8_t>> make_inputs(DType dtype, size_t count, int world_size, uint64_t seed, Pattern pattern) {
+std::vector<std::vector<uint8_t>> make_inputs(DType dtype, size_t count, int world_size, uint64_t seed,
+                                              Pattern pattern) {
   std::vector<std::vector<uint8_t>> all;
   for (int r = 0; r < world_size; ++r) all.push_back(make_input(dtype, count, r, seed, pattern));
   return all;

@@ -32,7 +32,8 @@ const std::vector<Pattern>& all_patterns();
 std::vector<uint8_t> make_input(DType dtype, size_t count, int rank, uint64_t seed, Pattern pattern);
 
 // Returns every rank's input (index = rank).
-std::vector<std::vector<uint8_t>> make_inputs(DType dtype, size_t count, int world_size, uint64_t seed, Pattern pattern);
+std::vector<std::vector<uint8_t>> make_inputs(DType dtype, size_t count, int world_size, uint64_t seed,
+                                              Pattern pattern);
 
 // Returns a well-mixed 64-bit combination of a and b (SplitMix64's finalizer over a * golden + b):
 // the verify commands derive each case's seed from (seed, iteration, case) with it.

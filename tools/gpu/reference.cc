@@ -27,7 +27,8 @@ Bytes contract_typed(cuda::Op op, const std::vector<Bytes>& inputs, size_t count
   T* o = reinterpret_cast<T*>(out.data());
   switch (op) {
     case cuda::Op::kAllReduce:
-      for (size_t i = 0; i < count; ++i) o[i] = contract::fold<T>(n, [&](int r) { return element<T>(inputs[r].data(), i); });
+      for (size_t i = 0; i < count; ++i)
+        o[i] = contract::fold<T>(n, [&](int r) { return element<T>(inputs[r].data(), i); });
       break;
     case cuda::Op::kReduceScatter: {
       const size_t per = count / static_cast<size_t>(n);
@@ -60,12 +61,12 @@ std::vector<Bytes> Simulator::run(cuda::Op op, cuda::Algorithm algo, DType dtype
   sim::CollectiveSpec spec;
   spec.op = op;  // one enum, core/op.h
   // The simulator's --algo applies to all-reduce only; its other ops have one algorithm each.
-  spec.algorithm = op != cuda::Op::kAllReduce       ? sim::Algorithm::kAuto
-                   : algo == cuda::Algorithm::kTwoShot ? sim::Algorithm::kTwoShot
-                   : algo == cuda::Algorithm::kPushOneShot ? sim::Algorithm::kPushOneShot
-                   : algo == cuda::Algorithm::kPushTwoShot ? sim::Algorithm::kPushTwoShot
+  spec.algorithm = op != cuda::Op::kAllReduce                 ? sim::Algorithm::kAuto
+                   : algo == cuda::Algorithm::kTwoShot        ? sim::Algorithm::kTwoShot
+                   : algo == cuda::Algorithm::kPushOneShot    ? sim::Algorithm::kPushOneShot
+                   : algo == cuda::Algorithm::kPushTwoShot    ? sim::Algorithm::kPushTwoShot
                    : algo == cuda::Algorithm::kLamportOneShot ? sim::Algorithm::kLamportOneShot
-                                                       : sim::Algorithm::kOneShot;
+                                                              : sim::Algorithm::kOneShot;
   spec.dtype = dtype;
   spec.count = count;
   spec.blocks = blocks;
@@ -162,9 +163,10 @@ SumBoundCheck check_sum_typed(cuda::Op op, const std::vector<Bytes>& inputs, siz
 
 }  // namespace
 
-SumBoundCheck check_sum_within_bound(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count,
-                                     int rank, const void* got) {
-  if (op == cuda::Op::kAllGather) throw std::invalid_argument("check_sum_within_bound: all-gather is a copy, not a sum");
+SumBoundCheck check_sum_within_bound(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank,
+                                     const void* got) {
+  if (op == cuda::Op::kAllGather)
+    throw std::invalid_argument("check_sum_within_bound: all-gather is a copy, not a sum");
   return with_storage_type(dtype,
                            [&](auto tag) { return check_sum_typed<decltype(tag)>(op, inputs, count, rank, got); });
 }

@@ -33,8 +33,8 @@ class Simulator {
   ~Simulator();
 
   // Returns every rank's output of op over `inputs` (one per rank, count elements each) under the
-  // simulator, running the algorithm that `algo` names (one_shot / two_shot / push_one_shot / push_two_shot for all-reduce; the
-  // single SM algorithm of the other ops; copy_engine all-gather is simulated as allgather).
+  // simulator, running the algorithm that `algo` names (one_shot / two_shot / push_one_shot / push_two_shot for
+  // all-reduce; the single SM algorithm of the other ops; copy_engine all-gather is simulated as allgather).
   std::vector<Bytes> run(cuda::Op op, cuda::Algorithm algo, DType dtype, const std::vector<Bytes>& inputs, size_t count,
                          int blocks);
 
@@ -75,8 +75,8 @@ struct SumBoundCheck {
 // bound above. Preconditions: op is all-reduce or reduce-scatter; one input of count elements per
 // rank. Example: bench's NCCL rows count `outside` as #wrong, and the bits that differ from the
 // contract (compare_bits) in a column of their own.
-SumBoundCheck check_sum_within_bound(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count,
-                                     int rank, const void* got);
+SumBoundCheck check_sum_within_bound(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank,
+                                     const void* got);
 
 // "0x7fc1"/"0x7fc00001": an element's bits in hex.
 std::string bits_hex(DType dtype, uint32_t bits);

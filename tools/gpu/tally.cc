@@ -66,7 +66,9 @@ std::string format_tally_table(const Tallies& total, const char* reference_colum
        << std::setw(static_cast<int>(variant_width)) << variant << std::right;
   };
   words("op", "dtype", "algorithm", "variant");
-  os << " " << std::setw(8) << "runs" << " " << std::setw(14) << "elements" << " " << std::setw(12) << "diff_vs_sim"
+  os << " " << std::setw(8) << "runs"
+     << " " << std::setw(14) << "elements"
+     << " " << std::setw(12) << "diff_vs_sim"
      << " " << std::setw(12) << reference_column << "\n";
   for (const Row& row : rows) {
     words(row.op, row.dtype, row.algo, row.variant);

@@ -51,8 +51,9 @@ std::vector<LaunchConfig> candidate_grids(uint64_t packs, bool quick) {
   const std::vector<int> threads = quick ? std::vector<int>{512, 1024} : std::vector<int>{256, 512, 1024};
   // Up to kMaxBlocks (128 of the H200's 132 SMs): large messages move more bytes over NVLink
   // with more SMs issuing loads and stores.
-  const std::vector<int> blocks = quick ? std::vector<int>{1, 2, 4, 8, 16, 32, 48, 64, 96, 128}
-                                        : std::vector<int>{1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128};
+  const std::vector<int> blocks = quick
+                                      ? std::vector<int>{1, 2, 4, 8, 16, 32, 48, 64, 96, 128}
+                                      : std::vector<int>{1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128};
   for (int t : threads) {
     for (int b : blocks) {
       // Skip grids with more than twice as many threads as packs (all but the first).
@@ -103,7 +104,8 @@ int tune_worker(const TuneOptions& o) {
         // lamport_message_bytes); beyond, the communicator runs it in chunks and auto never takes it.
         if (algo == Algorithm::kLamportOneShot && !lamport_fits(count, 2, n, comm.lamport_region_bytes())) continue;
         uint64_t packs = count / 8 + 1;
-        if (algo == Algorithm::kTwoShot || algo == Algorithm::kPushTwoShot || op == Op::kReduceScatter) packs = packs / static_cast<uint64_t>(n) + 1;
+        if (algo == Algorithm::kTwoShot || algo == Algorithm::kPushTwoShot || op == Op::kReduceScatter)
+          packs = packs / static_cast<uint64_t>(n) + 1;
         if (op == Op::kAllGather) packs *= static_cast<uint64_t>(n);
         std::vector<LaunchConfig> grids = candidate_grids(packs, o.quick);
         if (algo == Algorithm::kCopyEngine) grids = {LaunchConfig{1, 64}};  // no SM grid
@@ -112,16 +114,20 @@ int tune_worker(const TuneOptions& o) {
         for (const LaunchConfig& grid : grids) {
           auto enqueue = [&] {
             switch (op) {
-              case Op::kAllReduce: comm.allreduce(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid); break;
+              case Op::kAllReduce:
+                comm.allreduce(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid);
+                break;
               case Op::kReduceScatter:
                 comm.reduce_scatter(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid);
                 break;
-              case Op::kAllGather: comm.allgather(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid); break;
+              case Op::kAllGather:
+                comm.allgather(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid);
+                break;
             }
           };
           w.barrier("grid");
-          const double us = time_graph_us(stream.get(), enqueue, static_cast<int>(o.graph_ops), 2, static_cast<int>(o.replays),
-                                          [&] { comm.check(stream.get()); });
+          const double us = time_graph_us(stream.get(), enqueue, static_cast<int>(o.graph_ops), 2,
+                                          static_cast<int>(o.replays), [&] { comm.check(stream.get()); });
           comm.check(stream.get());
           char text[32];
           std::snprintf(text, sizeof text, "%.6f", us);
@@ -142,8 +148,8 @@ int tune_worker(const TuneOptions& o) {
         row.time_us = best_us;
         rows.push_back(row);
         char line[160];
-        std::snprintf(line, sizeof line, "%-15s %10lld %-12s %3d x %4d %9.2f us\n", op_name(op), static_cast<long long>(bytes),
-                      cuda::algorithm_name(algo), best.blocks, best.threads, best_us);
+        std::snprintf(line, sizeof line, "%-15s %10lld %-12s %3d x %4d %9.2f us\n", op_name(op),
+                      static_cast<long long>(bytes), cuda::algorithm_name(algo), best.blocks, best.threads, best_us);
         report << line;
         print_leader(w, line);
       }
@@ -160,8 +166,8 @@ int tune_worker(const TuneOptions& o) {
     text << existing.rdbuf();
     const cuda::DispatchTable old = cuda::DispatchTable::parse(text.str(), path);
     for (const auto& r : old.rows()) {
-      const bool replaced = r.arch == comm.arch() && r.world_size == n &&
-                            std::find(o.ops.begin(), o.ops.end(), r.op) != o.ops.end();
+      const bool replaced =
+          r.arch == comm.arch() && r.world_size == n && std::find(o.ops.begin(), o.ops.end(), r.op) != o.ops.end();
       if (!replaced) merged.push_back(r);
     }
   }
@@ -221,7 +227,8 @@ int run_tune(int argc, char** argv) {
   o.pdl = !no_pdl;
   if (o.ops.empty()) return cli::fail("tune", "nothing to tune");
   if (o.min_bytes < 16 || o.max_bytes < o.min_bytes || o.graph_ops < 1 || o.replays < 1 || o.buffer_mib < 0) {
-    return cli::fail("tune", "need 16 <= --min-bytes <= --max-bytes, positive --graph-ops, --replays, --buffer-mib >= 0");
+    return cli::fail("tune",
+                     "need 16 <= --min-bytes <= --max-bytes, positive --graph-ops, --replays, --buffer-mib >= 0");
   }
   if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "tune")) return *code;
   try {

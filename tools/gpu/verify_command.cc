@@ -66,7 +66,8 @@ int verify_worker(const VerifyJob& job) {
     os << "# exactcoll verify: " << n << " ranks on " << w.device_name() << " (" << comm.arch() << "), seed "
        << job.settings.seed << ", iterations " << job.settings.iters << ", programmatic launch "
        << (job.pdl ? "on" : "off") << ", buffers " << (co.buffer_bytes >> 20) << " MiB per rank\n";
-    os << "# IPC path: " << (comm.ipc_ready() ? "ready" : "UNAVAILABLE: " + comm.ipc_unavailable_reason()) << "; NCCL: ";
+    os << "# IPC path: " << (comm.ipc_ready() ? "ready" : "UNAVAILABLE: " + comm.ipc_unavailable_reason())
+       << "; NCCL: ";
     if (comm.nccl_ready()) {
       os << cuda::NcclApi::get().version();
     } else {
@@ -110,14 +111,13 @@ int run_verify(int argc, char** argv) {
   int64_t nproc = 0, seed = -1;
   std::string ops_text, dtypes_text;
   VerifyJob job;
-  cli::ArgParser parser(
-      "exactcoll verify --nproc N [--ops …] [--dtypes …] [--iters K] [--seed S] [op flags]",
-      "Runs every op and algorithm of the CUDA IPC path (one process per GPU) on random and\n"
-      "adversarial inputs (NaN payloads, ±0, ±inf, subnormals, overflowing sums, 1 element, odd\n"
-      "counts), in staged, registered, CUDA-graph, forced-grid and (fused_rmsnorm) row-chunked\n"
-      "variants, and compares every output bit with the simulator and with the contract's scalar\n"
-      "reference. One job verifies every op in --ops. Exit 0 when nothing differs, 1 when something\n"
-      "does, 3 on a runtime failure (e.g. a peer that never arrived at a barrier).");
+  cli::ArgParser parser("exactcoll verify --nproc N [--ops …] [--dtypes …] [--iters K] [--seed S] [op flags]",
+                        "Runs every op and algorithm of the CUDA IPC path (one process per GPU) on random and\n"
+                        "adversarial inputs (NaN payloads, ±0, ±inf, subnormals, overflowing sums, 1 element, odd\n"
+                        "counts), in staged, registered, CUDA-graph, forced-grid and (fused_rmsnorm) row-chunked\n"
+                        "variants, and compares every output bit with the simulator and with the contract's scalar\n"
+                        "reference. One job verifies every op in --ops. Exit 0 when nothing differs, 1 when something\n"
+                        "does, 3 on a runtime failure (e.g. a peer that never arrived at a barrier).");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
   parser.mark_required("nproc");
   parser.add_string("ops", &ops_text, "comma list of " + gpu_op_names());

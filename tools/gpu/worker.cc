@@ -77,8 +77,8 @@ Worker::~Worker() {
   try {
     store_->barrier(command_ + "/exit", env_.rank, env_.world_size, timeout);
   } catch (const std::exception& e) {
-    std::cerr << "exactcoll " << command_ << ": rank " << env_.rank << " leaving without the final barrier: " << e.what()
-              << "\n";
+    std::cerr << "exactcoll " << command_ << ": rank " << env_.rank
+              << " leaving without the final barrier: " << e.what() << "\n";
   }
 }
 

@@ -37,7 +37,8 @@ int run_launch(int argc, char** argv) {
       "RANK and LOCAL_RANK (0..N-1), WORLD_SIZE=N, MASTER_ADDR=127.0.0.1, MASTER_PORT (for\n"
       "torch.distributed in the workers), EXACTCOLL_STORE_PORT (where rank 0's rendezvous store\n"
       "listens; never MASTER_PORT, which torch's own store holds) and a fresh random\n"
-      "EXACTCOLL_STORE_TOKEN (32 hex digits from /dev/urandom) that the store demands from every rank. The rest of the environment, CUDA_VISIBLE_DEVICES included,\n"
+      "EXACTCOLL_STORE_TOKEN (32 hex digits from /dev/urandom) that the store demands from every rank. The rest of the "
+      "environment, CUDA_VISIBLE_DEVICES included,\n"
       "is passed through unchanged; workers pick their GPU from LOCAL_RANK.\n"
       "\n"
       "Each worker's stderr lines are prefixed with \"[rank R] \"; stdout is passed through as is.\n"
@@ -59,13 +60,15 @@ int run_launch(int argc, char** argv) {
       "0.0.0.0 (unless --master-addr is a loopback address: nodes emulated on one host).\n"
       "\n"
       "example: exactcoll launch --nproc 2 -- gpu allreduce --input x.npy --output y.npy\n"
-      "example: exactcoll launch --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --nproc 8 -- multinode verify");
+      "example: exactcoll launch --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --nproc 8 -- "
+      "multinode verify");
   parser.add_int("nproc", &nproc, "number of workers (ranks 0..N-1), 1.." + std::to_string(kMaxProcesses));
   parser.mark_required("nproc");
   parser.add_int("nnodes", &nnodes, "nodes (hosts) of the job; one launch per node");
   parser.add_int("node-rank", &node_rank, "this node's index, 0..nnodes-1");
   parser.add_string("master-addr", &master_addr, "MASTER_ADDR: the host of node 0, where rank 0's store listens");
-  parser.add_int("master-port", &master_port, "MASTER_PORT given to the workers (torch.distributed); 0 picks a free one");
+  parser.add_int("master-port", &master_port,
+                 "MASTER_PORT given to the workers (torch.distributed); 0 picks a free one");
   parser.set_default_note("master-port", "default: 0");
   parser.add_int("store-port", &store_port,
                  "EXACTCOLL_STORE_PORT: rank 0's store port on 127.0.0.1; 0 picks a free one (never MASTER_PORT)");
@@ -78,7 +81,8 @@ int run_launch(int argc, char** argv) {
 
   if (!parser.given("nproc")) return cli::fail("launch", "--nproc is required (e.g. --nproc 2)");
   if (nproc < 1 || nproc > kMaxProcesses) {
-    return cli::fail("launch", "--nproc must be 1.." + std::to_string(kMaxProcesses) + ", got " + std::to_string(nproc));
+    return cli::fail("launch",
+                     "--nproc must be 1.." + std::to_string(kMaxProcesses) + ", got " + std::to_string(nproc));
   }
   if (master_port < 0 || master_port > 65535) {
     return cli::fail("launch", "--master-port must be 0..65535, got " + std::to_string(master_port));
@@ -96,10 +100,12 @@ int run_launch(int argc, char** argv) {
     return cli::fail("launch", "--kill-grace-s must be 0..600, got " + std::to_string(kill_grace_s));
   }
   if (nnodes < 1 || nnodes > kMaxProcesses) {
-    return cli::fail("launch", "--nnodes must be 1.." + std::to_string(kMaxProcesses) + ", got " + std::to_string(nnodes));
+    return cli::fail("launch",
+                     "--nnodes must be 1.." + std::to_string(kMaxProcesses) + ", got " + std::to_string(nnodes));
   }
   if (node_rank < 0 || node_rank >= nnodes) {
-    return cli::fail("launch", "--node-rank must be 0.." + std::to_string(nnodes - 1) + ", got " + std::to_string(node_rank));
+    return cli::fail("launch",
+                     "--node-rank must be 0.." + std::to_string(nnodes - 1) + ", got " + std::to_string(node_rank));
   }
   if (master_addr.empty() || master_addr.find_first_of(" \t\n") != std::string::npos) {
     return cli::fail("launch", "--master-addr must be a host name or address, got '" + master_addr + "'");
@@ -109,7 +115,8 @@ int run_launch(int argc, char** argv) {
     // Every node's launcher must agree on the ports and the token: none can be made up here.
     if (master_port == 0) return cli::fail("launch", "--nnodes > 1 needs --master-port (the same on every node)");
     if (store_port == 0) {
-      if (master_port == 65535) return cli::fail("launch", "--master-port 65535 leaves no port for the store: give --store-port");
+      if (master_port == 65535)
+        return cli::fail("launch", "--master-port 65535 leaves no port for the store: give --store-port");
       store_port = master_port + 1;
     }
     // A store reachable from other hosts hands out GPU memory handles to whoever presents the token.
@@ -123,7 +130,8 @@ int run_launch(int argc, char** argv) {
     token = shared;
     if (!loopback(master_addr)) store_bind = "0.0.0.0";
   } else if (!loopback(master_addr)) {
-    return cli::fail("launch", "--master-addr other than a loopback address needs --nnodes > 1 (one node serves itself)");
+    return cli::fail("launch",
+                     "--master-addr other than a loopback address needs --nnodes > 1 (one node serves itself)");
   }
   if (command.empty()) {
     return cli::fail("launch", "no command to run: put it after `--`, e.g. exactcoll launch --nproc 2 -- verify");

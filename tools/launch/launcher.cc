@@ -36,9 +36,16 @@ constexpr auto kDrainAfterExit = std::chrono::seconds(1);
 constexpr auto kReapAfterKill = std::chrono::seconds(5);
 
 // The variables every worker gets from the launcher (replacing inherited ones).
-constexpr std::string_view kJobVariables[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",          "MASTER_ADDR",
-                                              "MASTER_PORT", "EXACTCOLL_STORE_PORT", "EXACTCOLL_STORE_TOKEN",
-                                              "LOCAL_WORLD_SIZE", "GROUP_RANK", "EXACTCOLL_NODE_RANK",
+constexpr std::string_view kJobVariables[] = {"RANK",
+                                              "WORLD_SIZE",
+                                              "LOCAL_RANK",
+                                              "MASTER_ADDR",
+                                              "MASTER_PORT",
+                                              "EXACTCOLL_STORE_PORT",
+                                              "EXACTCOLL_STORE_TOKEN",
+                                              "LOCAL_WORLD_SIZE",
+                                              "GROUP_RANK",
+                                              "EXACTCOLL_NODE_RANK",
                                               "EXACTCOLL_STORE_BIND"};
 
 volatile sig_atomic_t g_interrupt_signal = 0;
@@ -102,8 +109,8 @@ int exit_code_for(int wait_status) {
 struct Worker {
   int rank = 0;
   pid_t pid = -1;
-  int stderr_fd = -1;    // read end of its stderr pipe; -1 when not forwarding, or after EOF
-  std::string pending;   // forwarded bytes of a line not finished yet
+  int stderr_fd = -1;   // read end of its stderr pipe; -1 when not forwarding, or after EOF
+  std::string pending;  // forwarded bytes of a line not finished yet
   bool running = false;
   bool stopped_by_launch = false;  // it was sent SIGTERM (and maybe SIGKILL) by the launcher
   int wait_status = 0;
@@ -278,7 +285,7 @@ int run_workers(const LaunchOptions& options) {
   const Clock::time_point deadline = start + options.timeout;
   std::vector<Worker> workers(static_cast<size_t>(options.nproc));
   StopReason stop_reason = StopReason::kNone;
-  int culprit = -1;          // the rank whose failure stopped the job
+  int culprit = -1;  // the rank whose failure stopped the job
   int culprit_status = 0;
   std::string start_error;
   std::vector<int> running_at_timeout;
@@ -314,15 +321,16 @@ int run_workers(const LaunchOptions& options) {
     w.rank = rank;
     std::vector<std::string> env_strings = worker_environment(options, local, port, store_port, token);
     const std::vector<char*> envp = pointers_to(env_strings);
-    const std::string exec_failed = "exactcoll launch: rank " + std::to_string(rank) + " could not execute " +
-                                    options.executable + "\n";
+    const std::string exec_failed =
+        "exactcoll launch: rank " + std::to_string(rank) + " could not execute " + options.executable + "\n";
     int pipe_fds[2] = {-1, -1};
     if (options.prefix_stderr && ::pipe2(pipe_fds, O_CLOEXEC) != 0) {
       start_error = "could not start rank " + std::to_string(rank) + ": pipe: " + std::strerror(errno);
       break;
     }
     const pid_t pid = ::fork();
-    if (pid == 0) exec_worker(options.executable.c_str(), argv.data(), envp.data(), pipe_fds[1], launcher_pid, exec_failed);
+    if (pid == 0)
+      exec_worker(options.executable.c_str(), argv.data(), envp.data(), pipe_fds[1], launcher_pid, exec_failed);
     const int fork_errno = errno;
     if (pipe_fds[1] >= 0) ::close(pipe_fds[1]);
     if (pid < 0) {
@@ -396,8 +404,9 @@ int run_workers(const LaunchOptions& options) {
     }
     if (give_up_at && now >= *give_up_at) {
       for (Worker& w : workers) {
-        if (w.running) say("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) +
-                           ") did not end even after SIGKILL; giving up on it");
+        if (w.running)
+          say("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) +
+              ") did not end even after SIGKILL; giving up on it");
         if (w.stderr_fd >= 0) close_pipe(w);
       }
       break;
@@ -411,17 +420,14 @@ int run_workers(const LaunchOptions& options) {
       say("rank " + std::to_string(culprit) + " " + describe_status(culprit_status) + "; stopped the other workers");
       break;
     case StopReason::kTimeout:
-      say("timed out after " + seconds_text(options.timeout) + " s with rank(s) " +
-          rank_list(running_at_timeout) + " still running; stopped them");
+      say("timed out after " + seconds_text(options.timeout) + " s with rank(s) " + rank_list(running_at_timeout) +
+          " still running; stopped them");
       break;
     case StopReason::kInterrupted:
       say("interrupted by " + signal_name(g_interrupt_signal) + "; stopped the workers");
       break;
-    case StopReason::kStartFailed:
-      say(start_error + "; stopped the workers already started");
-      break;
-    case StopReason::kNone:
-      break;
+    case StopReason::kStartFailed: say(start_error + "; stopped the workers already started"); break;
+    case StopReason::kNone: break;
   }
   for (const Worker& w : workers) {
     if (w.pid < 0) continue;
@@ -433,10 +439,8 @@ int run_workers(const LaunchOptions& options) {
   switch (stop_reason) {
     case StopReason::kWorkerFailed:
       return exit_code_for(culprit_status) != 0 ? exit_code_for(culprit_status) : cli::kExitFailure;
-    case StopReason::kInterrupted:
-      return 128 + g_interrupt_signal;
-    default:
-      return cli::kExitFailure;
+    case StopReason::kInterrupted: return 128 + g_interrupt_signal;
+    default: return cli::kExitFailure;
   }
 }
 

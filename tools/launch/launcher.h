@@ -25,8 +25,8 @@ struct LaunchOptions {
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR: where rank 0 (on node 0) serves the store
-  std::string token;       // EXACTCOLL_STORE_TOKEN; "" makes a fresh random one (one node only)
-  std::string store_bind;  // EXACTCOLL_STORE_BIND for the workers; "" leaves the store on 127.0.0.1
+  std::string token;                      // EXACTCOLL_STORE_TOKEN; "" makes a fresh random one (one node only)
+  std::string store_bind;                 // EXACTCOLL_STORE_BIND for the workers; "" leaves the store on 127.0.0.1
   // Forward each worker's stderr line by line as "[rank R] line"; false: workers inherit stderr.
   // stdout is always inherited untouched (it may carry data, e.g. a table).
   bool prefix_stderr = true;

@@ -54,7 +54,7 @@ struct LayerRow {
   double relative_l2 = 0;             // ||h_X - h_canonical|| / ||h_canonical||
   double out_fraction_differing = 0;  // of normed outputs
   uint64_t out_max_ulp = 0;
-  size_t nan_mismatch = 0;            // residual elements NaN in one run only
+  size_t nan_mismatch = 0;  // residual elements NaN in one run only
 };
 
 // Runs both streams and returns one row per layer. Throws std::invalid_argument on bad options

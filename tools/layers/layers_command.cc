@@ -49,9 +49,10 @@ plot::Figure make_figure(const LayersOptions& o, const std::vector<LayerRow>& ro
                                  std::to_string(o.rows) + " rows, H " + std::to_string(o.hidden)
                            : " on " + input.substr(input.find_last_of('/') + 1) + ": " + dtype_name(o.dtype)) +
             ", seed " + std::to_string(o.seed);
-  f.panels.push_back({"relative L2 drift of the residual stream", "layer", "relative L2 drift", plot::Scale::kAuto, {drift}});
-  f.panels.push_back({"elements that differ from canonical", "layer", "percent of elements", plot::Scale::kLinear,
-                      {frac, frac_out}});
+  f.panels.push_back(
+      {"relative L2 drift of the residual stream", "layer", "relative L2 drift", plot::Scale::kAuto, {drift}});
+  f.panels.push_back(
+      {"elements that differ from canonical", "layer", "percent of elements", plot::Scale::kLinear, {frac, frac_out}});
   return f;
 }
 
@@ -169,8 +170,8 @@ int layers_main(int argc, char** argv) {
   {
     // Both runs' residual streams and outputs, the partial sums of every rank and the reference's
     // work arrays: about (ranks + 10) row blocks of floats (beside the --input file, read already).
-    const uint64_t bytes = static_cast<uint64_t>(o.rows) * static_cast<uint64_t>(o.hidden) * 4 *
-                           static_cast<uint64_t>(o.ranks + 10);
+    const uint64_t bytes =
+        static_cast<uint64_t>(o.rows) * static_cast<uint64_t>(o.hidden) * 4 * static_cast<uint64_t>(o.ranks + 10);
     if (const std::string problem = cli::check_memory(bytes, "--rows x --hidden x --ranks"); !problem.empty()) {
       return cli::fail(kCommand, problem);
     }
@@ -190,8 +191,8 @@ int layers_main(int argc, char** argv) {
   }
 
   // 3. Print, then write the CSV and the plot (each atomically).
-  std::cout << "exactcoll layers: canonical vs " << contract_text << ", " << dtype_text << ", " << o.ranks
-            << " ranks, " << o.rows << " rows, hidden " << o.hidden << ", " << o.layers << " layers, "
+  std::cout << "exactcoll layers: canonical vs " << contract_text << ", " << dtype_text << ", " << o.ranks << " ranks, "
+            << o.rows << " rows, hidden " << o.hidden << ", " << o.layers << " layers, "
             << (from_file ? "partial sums from " + input_path + " " + npy::shape_text(input.shape) + ", " : "")
             << "seed " << o.seed << (parser.given("seed") ? "" : " (the default; --seed N for another)")
             << (from_file ? " for the residual stream's start and the weights" : "") << "\n";
@@ -199,14 +200,14 @@ int layers_main(int argc, char** argv) {
     std::cout << "(canonical against itself: every row must show 0)\n";
   }
   std::cout << "layer  residual differing  of which 1-4 ULP  max ULP  relative L2 drift  out differing  out max ULP\n";
-  std::string csv = "layer,residual_fraction_differing,residual_within_4ulp,residual_max_ulp,relative_l2_drift,"
-                    "out_fraction_differing,out_max_ulp,residual_nan_mismatch\n";
+  std::string csv =
+      "layer,residual_fraction_differing,residual_within_4ulp,residual_max_ulp,relative_l2_drift,"
+      "out_fraction_differing,out_max_ulp,residual_nan_mismatch\n";
   for (const LayerRow& r : table) {
     char line[200];
     std::snprintf(line, sizeof line, "%5d  %17.2f%%  %15.2f%%  %7llu  %17.4e  %12.2f%%  %11llu\n", r.layer,
                   100.0 * r.fraction_differing, 100.0 * r.within_4ulp, static_cast<unsigned long long>(r.max_ulp),
-                  r.relative_l2,
-                  100.0 * r.out_fraction_differing, static_cast<unsigned long long>(r.out_max_ulp));
+                  r.relative_l2, 100.0 * r.out_fraction_differing, static_cast<unsigned long long>(r.out_max_ulp));
     std::cout << line;
     std::snprintf(line, sizeof line, "%d,%.9g,%.9g,%llu,%.9g,%.9g,%llu,%zu\n", r.layer, r.fraction_differing,
                   r.within_4ulp, static_cast<unsigned long long>(r.max_ulp), r.relative_l2, r.out_fraction_differing,
@@ -215,8 +216,8 @@ int layers_main(int argc, char** argv) {
   }
   const LayerRow& last = table.back();
   std::cout << "after " << last.layer << " layers: " << format("%.2f", 100.0 * last.fraction_differing)
-            << "% of the residual stream differs from canonical, relative L2 drift "
-            << format("%.4e", last.relative_l2) << "\n";
+            << "% of the residual stream differs from canonical, relative L2 drift " << format("%.4e", last.relative_l2)
+            << "\n";
   try {
     if (!csv_file.empty()) files->write(csv_file, csv.data(), csv.size());
     if (!plot_file.empty()) {

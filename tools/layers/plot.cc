@@ -176,8 +176,8 @@ void layout_panel(const Panel& panel, double top, const Figure& figure, Drawing*
   d->lines.push_back({px0, py1, px1, py1, kBlack, 1});
   d->lines.push_back({px0, py0, px0, py1, kBlack, 1});
   d->texts.push_back({(px0 + px1) / 2, py1 + 42, panel.x_label, kLabelSize, Anchor::kMiddle, false, kBlack});
-  d->texts.push_back({28, (py0 + py1) / 2, panel.y_label + (log_y ? " (log scale)" : ""), kLabelSize, Anchor::kMiddle,
-                      true, kBlack});
+  d->texts.push_back(
+      {28, (py0 + py1) / 2, panel.y_label + (log_y ? " (log scale)" : ""), kLabelSize, Anchor::kMiddle, true, kBlack});
   // 4. The series.
   for (const Series& s : panel.series) {
     Polyline run{{}, s.rgb, 2};

@@ -54,7 +54,8 @@ int model_main(int argc, char** argv) {
   if (!parse_nodes(nodes_text, &nodes)) return cli::fail("model", "--nodes must be counts 1..1024 separated by commas");
   if (gpus < 1 || gpus > 16) return cli::fail("model", "--gpus-per-node must be 1..16");
   if (bytes < 64 || bytes > (int64_t{1} << 40)) return cli::fail("model", "--bytes must be 64..2^40");
-  if (!(rates.nvlink_gbps > 0 && rates.network_gbps > 0 && rates.network_latency_us >= 0 && rates.kernel_latency_us >= 0)) {
+  if (!(rates.nvlink_gbps > 0 && rates.network_gbps > 0 && rates.network_latency_us >= 0 &&
+        rates.kernel_latency_us >= 0)) {
     return cli::fail("model", "rates must be > 0 and latencies >= 0");
   }
   ModelCase c;
@@ -62,23 +63,25 @@ int model_main(int argc, char** argv) {
   c.gpus_per_node = static_cast<int>(gpus);
   c.element_bytes = dtype == "fp32" ? 4 : 2;
   c.bytes = static_cast<size_t>(bytes);
-  std::printf("exactcoll model: %s, %s, %lld bytes per rank, %lld GPUs per node, NVLink %.0f GB/s, network %.0f GB/s per GPU, "
-              "%.1f us per network step, %.1f us per node kernel\n",
-              op_text.c_str(), dtype.c_str(), static_cast<long long>(bytes), static_cast<long long>(gpus), rates.nvlink_gbps,
-              rates.network_gbps, rates.network_latency_us, rates.kernel_latency_us);
+  std::printf(
+      "exactcoll model: %s, %s, %lld bytes per rank, %lld GPUs per node, NVLink %.0f GB/s, network %.0f GB/s per GPU, "
+      "%.1f us per network step, %.1f us per node kernel\n",
+      op_text.c_str(), dtype.c_str(), static_cast<long long>(bytes), static_cast<long long>(gpus), rates.nvlink_gbps,
+      rates.network_gbps, rates.network_latency_us, rates.kernel_latency_us);
   std::string table = "nodes,gpus,algorithm,time_us,busiest_nic_bytes,chain_chunk_elements,vs_nccl_ring\n";
-  std::printf("%6s %6s  %-18s %12s %16s %12s %8s\n", "nodes", "gpus", "algorithm", "time (us)", "NIC bytes", "chunk", "/ring");
+  std::printf("%6s %6s  %-18s %12s %16s %12s %8s\n", "nodes", "gpus", "algorithm", "time (us)", "NIC bytes", "chunk",
+              "/ring");
   for (int m : nodes) {
     c.nodes = m;
     const std::vector<Prediction> p = predict(c, rates);
     double ring = 0;
     for (const Prediction& x : p) ring = x.name == "nccl ring" ? x.time_us : ring;
     for (const Prediction& x : p) {
-      std::printf("%6d %6d  %-18s %12.1f %16.0f %12s %8.2f\n", m, m * c.gpus_per_node, x.name.c_str(), x.time_us, x.nic_bytes,
-                  x.chunk_elements ? std::to_string(x.chunk_elements).c_str() : "-", x.time_us / ring);
+      std::printf("%6d %6d  %-18s %12.1f %16.0f %12s %8.2f\n", m, m * c.gpus_per_node, x.name.c_str(), x.time_us,
+                  x.nic_bytes, x.chunk_elements ? std::to_string(x.chunk_elements).c_str() : "-", x.time_us / ring);
       char line[256];
-      std::snprintf(line, sizeof line, "%d,%d,%s,%.3f,%.0f,%zu,%.4f\n", m, m * c.gpus_per_node, x.name.c_str(), x.time_us,
-                    x.nic_bytes, x.chunk_elements, x.time_us / ring);
+      std::snprintf(line, sizeof line, "%d,%d,%s,%.3f,%.0f,%zu,%.4f\n", m, m * c.gpus_per_node, x.name.c_str(),
+                    x.time_us, x.nic_bytes, x.chunk_elements, x.time_us / ring);
       table += line;
     }
   }
@@ -91,7 +94,8 @@ int model_main(int argc, char** argv) {
   return cli::kExitOk;
 }
 
-const cli::Registrar kRegistrar({"model", "predicted multi-node times: exactcoll beside NCCL ring and tree", model_main});
+const cli::Registrar kRegistrar({"model", "predicted multi-node times: exactcoll beside NCCL ring and tree",
+                                 model_main});
 
 }  // namespace
 }  // namespace exactcoll::multinode

@@ -44,7 +44,8 @@ void upload(const Bytes& host, gpu::DeviceBuffer& d) {
 // Elements of this rank's output that differ from `want` (bit patterns).
 size_t differing(const Bytes& got, const Bytes& want, size_t esize) {
   size_t n = 0;
-  for (size_t i = 0; i + esize <= want.size(); i += esize) n += std::memcmp(got.data() + i, want.data() + i, esize) != 0;
+  for (size_t i = 0; i + esize <= want.size(); i += esize)
+    n += std::memcmp(got.data() + i, want.data() + i, esize) != 0;
   return n;
 }
 
@@ -58,9 +59,12 @@ uint32_t scalar_fold(DType dtype, const std::vector<Bytes>& in, size_t i) {
     return x;
   };
   uint32_t bits = 0;
-  if (dtype == DType::kBF16) bits = Storage<bf16>::bits(contract::fold<bf16>(n, [&](int r) { return value(bf16{}, r); }));
-  if (dtype == DType::kFP16) bits = Storage<fp16>::bits(contract::fold<fp16>(n, [&](int r) { return value(fp16{}, r); }));
-  if (dtype == DType::kFP32) bits = Storage<float>::bits(contract::fold<float>(n, [&](int r) { return value(float{}, r); }));
+  if (dtype == DType::kBF16)
+    bits = Storage<bf16>::bits(contract::fold<bf16>(n, [&](int r) { return value(bf16{}, r); }));
+  if (dtype == DType::kFP16)
+    bits = Storage<fp16>::bits(contract::fold<fp16>(n, [&](int r) { return value(fp16{}, r); }));
+  if (dtype == DType::kFP32)
+    bits = Storage<float>::bits(contract::fold<float>(n, [&](int r) { return value(float{}, r); }));
   return bits;
 }
 
@@ -88,9 +92,12 @@ int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
         gpu::DeviceBuffer d_in(count * esize), d_out(out_count * esize);
         upload(in[static_cast<size_t>(me)], d_in);
         cuda::MultiNodeCallInfo info;
-        if (op == Op::kAllReduce) info = comm.allreduce(d_in.get(), d_out.get(), count, dtype, cuda::Algorithm::kAuto, stream);
-        if (op == Op::kReduceScatter) info = comm.reduce_scatter(d_in.get(), d_out.get(), count, dtype, cuda::Algorithm::kAuto, stream);
-        if (op == Op::kAllGather) info = comm.allgather(d_in.get(), d_out.get(), count, dtype, cuda::Algorithm::kAuto, stream);
+        if (op == Op::kAllReduce)
+          info = comm.allreduce(d_in.get(), d_out.get(), count, dtype, cuda::Algorithm::kAuto, stream);
+        if (op == Op::kReduceScatter)
+          info = comm.reduce_scatter(d_in.get(), d_out.get(), count, dtype, cuda::Algorithm::kAuto, stream);
+        if (op == Op::kAllGather)
+          info = comm.allgather(d_in.get(), d_out.get(), count, dtype, cuda::Algorithm::kAuto, stream);
         comm.check(stream);
         Bytes got(out_count * esize);
         EXC_CUDA_CHECK(cudaMemcpy(got.data(), d_out.get(), got.size(), cudaMemcpyDeviceToHost));
@@ -116,9 +123,9 @@ int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
         const int64_t all_bad = w.sum("verify/" + std::to_string(cases), static_cast<int64_t>(bad));
         total_differing += static_cast<size_t>(all_bad);
         if (w.leader()) {
-          std::printf("verify multinode %-14s %s count %8zu %-10s: %lld differing (%s%s)\n", op_name(op), dtype_name(dtype),
-                      count, gpu::pattern_name(pattern), static_cast<long long>(all_bad), info.algorithm.c_str(),
-                      info.exact ? ", exact" : ", NOT exact");
+          std::printf("verify multinode %-14s %s count %8zu %-10s: %lld differing (%s%s)\n", op_name(op),
+                      dtype_name(dtype), count, gpu::pattern_name(pattern), static_cast<long long>(all_bad),
+                      info.algorithm.c_str(), info.exact ? ", exact" : ", NOT exact");
         }
         ++cases;
       }
@@ -132,7 +139,8 @@ int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
       upload(fin.x[static_cast<size_t>(me)], x);
       upload(fin.residual, res);
       upload(fin.weight, wgt);
-      comm.fused_add_rmsnorm(x.get(), res.get(), wgt.get(), ro.get(), out.get(), rows, hidden, 1e-6f, dtype, cuda::Algorithm::kAuto, stream);
+      comm.fused_add_rmsnorm(x.get(), res.get(), wgt.get(), ro.get(), out.get(), rows, hidden, 1e-6f, dtype,
+                             cuda::Algorithm::kAuto, stream);
       comm.check(stream);
       Bytes got_ro(bytes), got_out(bytes);
       EXC_CUDA_CHECK(cudaMemcpy(got_ro.data(), ro.get(), bytes, cudaMemcpyDeviceToHost));
@@ -153,15 +161,16 @@ int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
       const int64_t all_bad = w.sum("verify/" + std::to_string(cases), static_cast<int64_t>(bad));
       total_differing += static_cast<size_t>(all_bad);
       if (w.leader()) {
-        std::printf("verify multinode fused_rmsnorm  %s rows %3d H %d (specials): %lld differing\n", dtype_name(dtype), rows,
-                    hidden, static_cast<long long>(all_bad));
+        std::printf("verify multinode fused_rmsnorm  %s rows %3d H %d (specials): %lld differing\n", dtype_name(dtype),
+                    rows, hidden, static_cast<long long>(all_bad));
       }
       ++cases;
     }
   }
   if (w.leader()) {
     std::printf("verify multinode: %s, %zu cases, %zu differing elements over all ranks: %s\n",
-                layout_text(comm.layout()).c_str(), cases, total_differing, total_differing == 0 ? "EXACT" : "DIFFERENT");
+                layout_text(comm.layout()).c_str(), cases, total_differing,
+                total_differing == 0 ? "EXACT" : "DIFFERENT");
   }
   return total_differing == 0 ? cli::kExitOk : cli::kExitDiffer;
 }
@@ -171,9 +180,10 @@ int bench(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, int64_t max_mib, in
   const gpu::Stream owned;
   const cudaStream_t stream = owned.get();
   if (w.leader()) {
-    std::printf("bench multinode allreduce bf16, %s (times: the slowest rank's)\n%12s %12s %10s %10s %12s %10s %10s %8s\n",
-                layout_text(comm.layout()).c_str(), "bytes", "exactcoll us", "algbw", "busbw", "nccl us", "algbw", "busbw",
-                "bw ratio");
+    std::printf(
+        "bench multinode allreduce bf16, %s (times: the slowest rank's)\n%12s %12s %10s %10s %12s %10s %10s %8s\n",
+        layout_text(comm.layout()).c_str(), "bytes", "exactcoll us", "algbw", "busbw", "nccl us", "algbw", "busbw",
+        "bw ratio");
   }
   for (int64_t mib = 1; mib <= max_mib; mib *= 4) {
     const size_t bytes = static_cast<size_t>(mib) << 20, count = bytes / 2;
@@ -188,17 +198,19 @@ int bench(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, int64_t max_mib, in
         stream, [&] { comm.allreduce(in.get(), out.get(), count, DType::kBF16, cuda::Algorithm::kNccl, stream); },
         static_cast<int>(iters), 3, 5, [&] { comm.check(stream); });
     double slowest_ours = 0, slowest_theirs = 0;
-    for (const std::string& v : w.all_gather("bench/" + std::to_string(mib), std::to_string(ours) + " " + std::to_string(theirs))) {
+    for (const std::string& v :
+         w.all_gather("bench/" + std::to_string(mib), std::to_string(ours) + " " + std::to_string(theirs))) {
       double a = 0, b = 0;
       std::sscanf(v.c_str(), "%lf %lf", &a, &b);
       slowest_ours = std::max(slowest_ours, a);
       slowest_theirs = std::max(slowest_theirs, b);
     }
     const double bus = 2.0 * (n - 1) / n;
-    const double alg_ours = static_cast<double>(bytes) / slowest_ours / 1e3, alg_theirs = static_cast<double>(bytes) / slowest_theirs / 1e3;
+    const double alg_ours = static_cast<double>(bytes) / slowest_ours / 1e3,
+                 alg_theirs = static_cast<double>(bytes) / slowest_theirs / 1e3;
     if (w.leader()) {
-      std::printf("%12zu %12.1f %10.2f %10.2f %12.1f %10.2f %10.2f %8.2f\n", bytes, slowest_ours, alg_ours, alg_ours * bus,
-                  slowest_theirs, alg_theirs, alg_theirs * bus, alg_ours / alg_theirs);
+      std::printf("%12zu %12.1f %10.2f %10.2f %12.1f %10.2f %10.2f %8.2f\n", bytes, slowest_ours, alg_ours,
+                  alg_ours * bus, slowest_theirs, alg_theirs, alg_theirs * bus, alg_ours / alg_theirs);
     }
   }
   return cli::kExitOk;
@@ -226,11 +238,15 @@ int multinode_main(int argc, char** argv) {
   parser.add_int("max-mib", &max_mib, "bench: the largest message, MiB");
   parser.add_int("iters", &iters, "bench: timed calls per size");
   if (auto code = parser.parse(argc, argv)) return *code;
-  if (action != "verify" && action != "bench") return cli::fail("multinode", "the action is verify or bench, not '" + action + "'");
+  if (action != "verify" && action != "bench")
+    return cli::fail("multinode", "the action is verify or bench, not '" + action + "'");
   if (setup.buffer_mib < 1 || setup.buffer_mib > 4096) return cli::fail("multinode", "--buffer-mib must be 1..4096");
-  if (setup.chunk < 64 || setup.chunk % 64 != 0) return cli::fail("multinode", "--chunk-elements must be a positive multiple of 64");
-  if (max_mib < 1 || iters < 1 || seed < 0) return cli::fail("multinode", "--max-mib and --iters must be >= 1, --seed >= 0");
-  if (const auto code = gpu::relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "multinode")) return *code;
+  if (setup.chunk < 64 || setup.chunk % 64 != 0)
+    return cli::fail("multinode", "--chunk-elements must be a positive multiple of 64");
+  if (max_mib < 1 || iters < 1 || seed < 0)
+    return cli::fail("multinode", "--max-mib and --iters must be >= 1, --seed >= 0");
+  if (const auto code = gpu::relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "multinode"))
+    return *code;
   try {
     gpu::Worker w("multinode");
     const RankPlace place = cuda::node_place_from_env(process_environment(), parse_worker_env(process_environment()));

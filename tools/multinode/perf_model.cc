@@ -52,9 +52,10 @@ double chain_total_cross_node_bytes(const ModelCase& c) {
   const double elements = static_cast<double>(c.bytes) / b;
   const double n = M * c.gpus_per_node;
   switch (c.op) {
-    case Op::kAllReduce: return elements * (M - 1) * (4 + b);  // every element's carry and result cross M - 1 boundaries
+    case Op::kAllReduce:
+      return elements * (M - 1) * (4 + b);  // every element's carry and result cross M - 1 boundaries
     case Op::kReduceScatter: return elements * (M - 1) * (4 + b / 2);  // owner k's result crosses k + 1 boundaries
-    case Op::kAllGather: return n * (M - 1) * elements * b;  // every input to M - 1 other nodes
+    case Op::kAllGather: return n * (M - 1) * elements * b;            // every input to M - 1 other nodes
   }
   return 0;
 }
@@ -96,9 +97,10 @@ std::vector<Prediction> predict(const ModelCase& c, const LinkRates& r) {
     // NCCL tree: reduce up and broadcast down, about 2 S per node through its L NICs and 2 S per
     // GPU along the chain inside the node; 2 log2 M network steps and 2 (L-1) NVLink steps.
     const double tree_bw = std::max(2 * S / (L * net), 2 * S / nv);
-    out.push_back({"nccl tree", tree_bw + 2 * std::ceil(std::log2(std::max(2.0, M))) * r.network_latency_us +
-                                    2 * (L - 1) * r.nvlink_step_us,
-                   2 * S / L, 0});
+    out.push_back(
+        {"nccl tree",
+         tree_bw + 2 * std::ceil(std::log2(std::max(2.0, M))) * r.network_latency_us + 2 * (L - 1) * r.nvlink_step_us,
+         2 * S / L, 0});
   } else {
     // NCCL ring reduce-scatter (input S) and all-gather (output n S): (n-1)/n of the larger side.
     const double big = c.op == Op::kReduceScatter ? S : n * S;

@@ -29,8 +29,8 @@
 namespace exactcoll::multinode {
 
 struct LinkRates {
-  double nvlink_gbps = 390.0;     // GB/s per direction, one GPU (measured on H200: docs/design.md)
-  double network_gbps = 50.0;     // GB/s per direction per GPU's NIC (given: 400 Gb/s)
+  double nvlink_gbps = 390.0;       // GB/s per direction, one GPU (measured on H200: docs/design.md)
+  double network_gbps = 50.0;       // GB/s per direction per GPU's NIC (given: 400 Gb/s)
   double network_latency_us = 5.0;  // one network step (a p2p group, or an NCCL ring step across nodes)
   double kernel_latency_us = 4.0;   // one node kernel (launch + IPC barrier)
   double nvlink_step_us = 1.0;      // one NCCL step inside a node
@@ -40,14 +40,14 @@ struct ModelCase {
   Op op = Op::kAllReduce;
   int nodes = 2;
   int gpus_per_node = 8;
-  size_t bytes = 64 << 20;    // message bytes per rank (all-reduce, reduce-scatter: the input; all-gather: the input)
-  int element_bytes = 2;      // bf16 / fp16: 2, fp32: 4
+  size_t bytes = 64 << 20;  // message bytes per rank (all-reduce, reduce-scatter: the input; all-gather: the input)
+  int element_bytes = 2;    // bf16 / fp16: 2, fp32: 4
 };
 
 struct Prediction {
-  std::string name;          // "exactcoll chain", "exactcoll direct", "nccl ring", "nccl tree"
+  std::string name;  // "exactcoll chain", "exactcoll direct", "nccl ring", "nccl tree"
   double time_us = 0;
-  double nic_bytes = 0;      // bytes through the busiest NIC (one direction)
+  double nic_bytes = 0;       // bytes through the busiest NIC (one direction)
   size_t chunk_elements = 0;  // chain: the chunk the model chose
 };
 

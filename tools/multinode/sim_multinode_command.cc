@@ -40,7 +40,10 @@ namespace {
 enum class Kind { kAllReduce, kReduceScatter, kAllGather, kFused };
 
 const char* kind_name(Kind k) {
-  return k == Kind::kAllReduce ? "allreduce" : k == Kind::kReduceScatter ? "reduce_scatter" : k == Kind::kAllGather ? "allgather" : "fused_rmsnorm";
+  return k == Kind::kAllReduce       ? "allreduce"
+         : k == Kind::kReduceScatter ? "reduce_scatter"
+         : k == Kind::kAllGather     ? "allgather"
+                                     : "fused_rmsnorm";
 }
 
 // Writes text to path atomically enough for a trace (a temporary file, then rename). "" or the error.
@@ -100,7 +103,8 @@ int multinode_main(Kind kind, int argc, char** argv) {
   NodeLayout layout;
   if (!parser.given("nodes")) return cli::fail(command, "give --nodes M");
   if (!parser.given("ranks")) return cli::fail(command, "give --ranks N (the whole job's ranks)");
-  if (nodes > 1024 || f.ranks > 1 << 16) return cli::fail(command, "--nodes and --ranks are too large for a simulation");
+  if (nodes > 1024 || f.ranks > 1 << 16)
+    return cli::fail(command, "--nodes and --ranks are too large for a simulation");
   if (std::string p = layout_from_counts(static_cast<int>(f.ranks), static_cast<int>(nodes), &layout); !p.empty()) {
     return cli::fail(command, "bad layout: " + p);
   }
@@ -111,7 +115,8 @@ int multinode_main(Kind kind, int argc, char** argv) {
   const DType dtype = *tools::parse_dtype(f.dtype);
   if (seed < 0) return cli::fail(command, "--seed must be >= 0, got " + std::to_string(seed));
   if (!f.chrome_trace.empty()) return cli::fail(command, "--chrome-trace is not available with --nodes (use --trace)");
-  if (parser.given("schedule-seed") && f.schedule != "seeded") return cli::fail(command, "--schedule-seed needs --schedule seeded");
+  if (parser.given("schedule-seed") && f.schedule != "seeded")
+    return cli::fail(command, "--schedule-seed needs --schedule seeded");
   if (f.schedule_seed < 0 || f.max_steps < 1) {
     return cli::fail(command, "--schedule-seed must be >= 0, --max-steps >= 1");
   }
@@ -133,8 +138,9 @@ int multinode_main(Kind kind, int argc, char** argv) {
   const int n = layout.world_size();
   const size_t esize = static_cast<size_t>(dtype_size(dtype));
   const std::string npy_type = dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
-  const std::string schedule_text =
-      net.schedule == sim::Schedule::kSeeded ? "seeded schedule (--schedule-seed " + std::to_string(net.seed) + ")" : "threads schedule";
+  const std::string schedule_text = net.schedule == sim::Schedule::kSeeded
+                                        ? "seeded schedule (--schedule-seed " + std::to_string(net.seed) + ")"
+                                        : "threads schedule";
   const std::string input_note = tools::random_input_note(seed, parser.given("seed"), specials);
   MultiNodeTrace trace;
   std::string failure;
@@ -158,10 +164,13 @@ int multinode_main(Kind kind, int argc, char** argv) {
     spec.blocks = static_cast<int>(blocks);
     spec.chunk_elements = static_cast<size_t>(chunk);
     if (!parser.given("rows") || !parser.given("hidden")) return cli::fail(command, "give --rows R and --hidden H");
-    if (rows > (1 << 20) || hidden > (1 << 20)) return cli::fail(command, "--rows and --hidden must be at most 1048576");
+    if (rows > (1 << 20) || hidden > (1 << 20))
+      return cli::fail(command, "--rows and --hidden must be at most 1048576");
     if (std::string p = check_multinode_fused_spec(spec, layout); !p.empty()) return cli::fail(command, p);
-    if (!output.empty() && output == residual_output) return cli::fail(command, "--output and --residual-output must differ");
-    const gpu::FusedInputs in = gpu::make_fused_inputs(dtype, n, spec.rows, spec.hidden, static_cast<uint64_t>(seed), specials);
+    if (!output.empty() && output == residual_output)
+      return cli::fail(command, "--output and --residual-output must differ");
+    const gpu::FusedInputs in =
+        gpu::make_fused_inputs(dtype, n, spec.rows, spec.hidden, static_cast<uint64_t>(seed), specials);
     const size_t per = in.count() * esize;
     std::vector<uint8_t> out(per * static_cast<size_t>(n)), ro(out.size());
     MultiNodeFusedIo io;
@@ -181,21 +190,23 @@ int multinode_main(Kind kind, int argc, char** argv) {
     const std::vector<int64_t> shape = {n, rows, hidden};
     try {
       if (!output.empty()) npy::write_npy(cli::resolve_path(output), npy_type, shape, out.data(), out.size());
-      if (!residual_output.empty()) npy::write_npy(cli::resolve_path(residual_output), npy_type, shape, ro.data(), ro.size());
+      if (!residual_output.empty())
+        npy::write_npy(cli::resolve_path(residual_output), npy_type, shape, ro.data(), ro.size());
     } catch (const npy::NpyError& e) {
       return cli::fail(command, e.what(), cli::kExitFailure);
     }
-    std::cout << command << " " << f.dtype << ": " << n << " ranks x [" << rows << ", " << hidden << "] ("
-              << input_note << "), " << layout_text(layout)
-              << ", carry chain, " << schedule_text << ", " << trace.messages << " messages; out sha256 "
-              << tools::sha256_hex(out.data(), out.size()) << " residual_out sha256 "
+    std::cout << command << " " << f.dtype << ": " << n << " ranks x [" << rows << ", " << hidden << "] (" << input_note
+              << "), " << layout_text(layout) << ", carry chain, " << schedule_text << ", " << trace.messages
+              << " messages; out sha256 " << tools::sha256_hex(out.data(), out.size()) << " residual_out sha256 "
               << tools::sha256_hex(ro.data(), ro.size()) << "\n";
     return cli::kExitOk;
   }
 
   // 3b. The collectives.
   MultiNodeSpec spec;
-  spec.op = kind == Kind::kAllReduce ? Op::kAllReduce : kind == Kind::kReduceScatter ? Op::kReduceScatter : Op::kAllGather;
+  spec.op = kind == Kind::kAllReduce       ? Op::kAllReduce
+            : kind == Kind::kReduceScatter ? Op::kReduceScatter
+                                           : Op::kAllGather;
   spec.dtype = dtype;
   spec.count = static_cast<size_t>(count);
   spec.blocks = static_cast<int>(blocks);
@@ -206,7 +217,8 @@ int multinode_main(Kind kind, int argc, char** argv) {
   }
   if (std::string p = check_multinode_spec(spec, layout); !p.empty()) return cli::fail(command, p);
   for (uint64_t index : trace_elements) {
-    if (index >= spec.count) return cli::fail(command, "--trace-elements index " + std::to_string(index) + " is past the count");
+    if (index >= spec.count)
+      return cli::fail(command, "--trace-elements index " + std::to_string(index) + " is past the count");
   }
   // The one-node command's banner, from the same function: what runs on which inputs.
   std::cout << tools::input_banner(command, n, spec.count, f.dtype, input_note);
@@ -240,19 +252,20 @@ int multinode_main(Kind kind, int argc, char** argv) {
   std::snprintf(ms_text, sizeof ms_text, "%.3f", ms);
   std::cout << command << " " << f.dtype << ": " << n << " ranks x " << spec.count << " elements (" << input_note
             << "), " << layout_text(layout) << (spec.op == Op::kAllGather ? ", direct exchange, " : ", carry chain, ")
-            << spec.blocks << (spec.blocks == 1 ? " block" : " blocks")
-            << ", " << schedule_text << ", " << trace.messages << " messages, " << trace.cross_node_bytes
-            << " bytes across nodes, " << ms_text << " ms; output " << npy::shape_text(shape)
-            << (output.empty() ? "" : " -> " + output) << " sha256 " << tools::sha256_hex(out.data(), out.size()) << "\n";
+            << spec.blocks << (spec.blocks == 1 ? " block" : " blocks") << ", " << schedule_text << ", "
+            << trace.messages << " messages, " << trace.cross_node_bytes << " bytes across nodes, " << ms_text
+            << " ms; output " << npy::shape_text(shape) << (output.empty() ? "" : " -> " + output) << " sha256 "
+            << tools::sha256_hex(out.data(), out.size()) << "\n";
   return cli::kExitOk;
 }
 
 // Registered as "<op> --nodes": tools/sim sends `sim <op> ... --nodes M ...` here.
 const cli::SimSubcommandRegistrar kAllReduce({"allreduce --nodes", "all-reduce across M simulated nodes (carry chain)",
                                               [](int c, char** v) { return multinode_main(Kind::kAllReduce, c, v); }});
-const cli::SimSubcommandRegistrar kReduceScatter(
-    {"reduce_scatter --nodes", "reduce-scatter across M simulated nodes",
-     [](int c, char** v) { return multinode_main(Kind::kReduceScatter, c, v); }});
+const cli::SimSubcommandRegistrar kReduceScatter({"reduce_scatter --nodes", "reduce-scatter across M simulated nodes",
+                                                  [](int c, char** v) {
+                                                    return multinode_main(Kind::kReduceScatter, c, v);
+                                                  }});
 const cli::SimSubcommandRegistrar kAllGather({"allgather --nodes", "all-gather across M simulated nodes",
                                               [](int c, char** v) { return multinode_main(Kind::kAllGather, c, v); }});
 const cli::SimSubcommandRegistrar kFused({"fused_rmsnorm --nodes", "the fused op across M simulated nodes",

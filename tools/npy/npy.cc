@@ -105,7 +105,9 @@ class HeaderParser {
   }
   char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
   void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r')) ++pos_;
+    while (pos_ < text_.size() &&
+           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r'))
+      ++pos_;
   }
   void expect(char c) {
     if (peek() != c) error(std::string("expected '") + c + "'");
@@ -456,7 +458,9 @@ OutputFiles::Pending& OutputFiles::find(const std::string& path) {
   throw std::logic_error("OutputFiles: '" + path + "' was not named when the outputs were reserved");
 }
 
-void OutputFiles::write(const std::string& path, const void* data, size_t bytes) { write_pieces(path, {{data, bytes}}); }
+void OutputFiles::write(const std::string& path, const void* data, size_t bytes) {
+  write_pieces(path, {{data, bytes}});
+}
 
 void OutputFiles::write_pieces(const std::string& path, std::initializer_list<std::pair<const void*, size_t>> pieces) {
   Pending& p = find(path);
@@ -507,8 +511,8 @@ void write_file_atomic(const std::string& path, const void* data, size_t bytes) 
   files.commit();
 }
 
-void write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
-               const void* data, size_t bytes) {
+void write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape, const void* data,
+               size_t bytes) {
   npy_header(path, dtype, shape, bytes);  // argument errors first, so that they create nothing at all
   OutputFiles files({path});
   files.write_npy(path, dtype, shape, data, bytes);

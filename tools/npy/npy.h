@@ -79,8 +79,8 @@ NpyArray read_npy(const std::string& path);
 // Writes an array atomically. Preconditions (checked, NpyError): dtype supported, every dimension
 // >= 0, bytes == element count * item size. Throws NpyError on any I/O failure, leaving neither
 // the temporary file nor a partial `path` behind (an existing `path` is kept unchanged).
-void write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
-               const void* data, size_t bytes);
+void write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape, const void* data,
+               size_t bytes);
 
 // Writes bytes to path atomically (temp file, fsync, rename), for single output files (CSV, SVG,
 // PNG, traces). Throws NpyError on failure, leaving nothing behind.
@@ -110,8 +110,8 @@ class OutputFiles {
   // Throws NpyError on an I/O failure (e.g. a full disk).
   void write(const std::string& path, const void* data, size_t bytes);
   // As write_npy() below, into the reserved `path`.
-  void write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
-                 const void* data, size_t bytes);
+  void write_npy(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape, const void* data,
+                 size_t bytes);
   // Renames every written file into place; reserved files never written are dropped (a failed
   // run still commits its traces, not its outputs). Throws NpyError when a rename fails, after
   // removing the files it had already renamed.

@@ -234,7 +234,8 @@ class Bench {
     std::vector<size_t> out;
     for (ProductGrouping g : o_.groupings) {
       for (int r = 0; r < n_; ++r) {
-        for (const overlap::ShardRange& range : overlap::product_ranges(overlap::make_plan(Pattern::kAgMatmul, r, n_, 1, g))) {
+        for (const overlap::ShardRange& range :
+             overlap::product_ranges(overlap::make_plan(Pattern::kAgMatmul, r, n_, 1, g))) {
           out.push_back(shard_rows * static_cast<size_t>(range.count));
         }
       }
@@ -246,14 +247,14 @@ class Bench {
   // Enqueues on `stream` the unpipelined products of p's plan: C's row blocks of this rank's
   // product_ranges() from `gathered` (all of A) and b, each with the pipeline's configuration for
   // its row count (the reference the pipelined C must equal bit for bit).
-  static void run_products(const OverlapPipeline& p, const void* gathered, const void* b, void* c, DType dtype, const Shape& s,
-                           cudaStream_t stream) {
+  static void run_products(const OverlapPipeline& p, const void* gathered, const void* b, void* c, DType dtype,
+                           const Shape& s, cudaStream_t stream) {
     const size_t esize = static_cast<size_t>(dtype_size(dtype));
     for (const overlap::ShardRange& range : p.product_ranges()) {
       const size_t first_row = p.shard_rows() * static_cast<size_t>(range.first);
       p.gemm(p.shard_rows() * static_cast<size_t>(range.count))
-          .run(static_cast<const char*>(gathered) + first_row * s.k * esize, b, static_cast<char*>(c) + first_row * s.n * esize,
-               stream);
+          .run(static_cast<const char*>(gathered) + first_row * s.k * esize, b,
+               static_cast<char*>(c) + first_row * s.n * esize, stream);
     }
   }
   // "512 rows: algo 21 tile ...; 1024 rows: ..." for the row counts p multiplies.
@@ -271,11 +272,13 @@ class Bench {
   // Returns the fastest of the heuristic's first kCandidates algorithms for C = A @ B of shape s
   // (row-major), timed on main_: per candidate each rank's median of 5 runs, summed over ranks, so
   // every rank picks the same one. *report says which and how fast against the heuristic's first.
-  cublasLtMatmulAlgo_t tune(DType dtype, const Shape& s, const void* a, const void* b, void* c, const std::string& label,
-                            std::string* report) {
-    std::vector<cublasLtMatmulAlgo_t> cands = LtMatmul::candidates(lt_, dtype, s.m, s.k, s.n, kWorkspaceBytes, kCandidates);
+  cublasLtMatmulAlgo_t tune(DType dtype, const Shape& s, const void* a, const void* b, void* c,
+                            const std::string& label, std::string* report) {
+    std::vector<cublasLtMatmulAlgo_t> cands =
+        LtMatmul::candidates(lt_, dtype, s.m, s.k, s.n, kWorkspaceBytes, kCandidates);
     int64_t count = static_cast<int64_t>(cands.size());
-    for (const std::string& v : w_.all_gather(key_of("tune/n/" + label), std::to_string(count))) count = std::min<int64_t>(count, std::stoll(v));
+    for (const std::string& v : w_.all_gather(key_of("tune/n/" + label), std::to_string(count)))
+      count = std::min<int64_t>(count, std::stoll(v));
     cands.resize(static_cast<size_t>(count));
     std::vector<double> sums(cands.size(), 0);
     for (size_t i = 0; i < cands.size(); ++i) {
@@ -305,9 +308,9 @@ class Bench {
     }
     const size_t best = static_cast<size_t>(std::min_element(sums.begin(), sums.end()) - sums.begin());
     LtMatmul chosen(lt_, dtype, s.m, s.k, s.n, workspace_.get(), kWorkspaceBytes, cands[best]);
-    *report = label + ": candidate " + std::to_string(best) + " of " + std::to_string(cands.size()) + " (" + chosen.algo_text() +
-              ") " + fmt("%.1f", sums[best] / n_) + " us vs the heuristic's first " + fmt("%.1f", sums[0] / n_) +
-              " us (mean over ranks of 5-run medians)";
+    *report = label + ": candidate " + std::to_string(best) + " of " + std::to_string(cands.size()) + " (" +
+              chosen.algo_text() + ") " + fmt("%.1f", sums[best] / n_) + " us vs the heuristic's first " +
+              fmt("%.1f", sums[0] / n_) + " us (mean over ranks of 5-run medians)";
     return cands[best];
   }
   // Waits for stream with a deadline (NCCL and cuBLAS have no bound of their own).
@@ -351,7 +354,8 @@ class Bench {
     for (auto e : start) (void)cudaEventDestroy(e);
     for (auto e : stop) (void)cudaEventDestroy(e);
     double worst = 0;
-    for (const std::string& v : w_.all_gather("t/" + name, fmt("%.3f", median(us)))) worst = std::max(worst, std::stod(v));
+    for (const std::string& v : w_.all_gather("t/" + name, fmt("%.3f", median(us))))
+      worst = std::max(worst, std::stod(v));
     return worst;
   }
   struct Variant {
@@ -404,8 +408,8 @@ class Bench {
     rows_.push_back(r);
     if (w_.leader()) {
       std::printf("  %-6s %-5s %-40s %10.1f us %8s TFLOP/s %6s %s\n", section.c_str(), r.dtype.c_str(), variant.c_str(),
-                  us, r.tflops > 0 ? fmt("%.1f", r.tflops).c_str() : "-", efficiency > 0 ? fmt("%.3f", efficiency).c_str() : "",
-                  note.c_str());
+                  us, r.tflops > 0 ? fmt("%.1f", r.tflops).c_str() : "-",
+                  efficiency > 0 ? fmt("%.3f", efficiency).c_str() : "", note.c_str());
       std::fflush(stdout);
     }
   }
@@ -433,7 +437,7 @@ class Bench {
   std::unique_ptr<cuda::Communicator> comm_;
   Stream main_, side_;
   cudaEvent_t fork_ = make_event(), join_ = make_event();
-  DeviceBuffer ag_in_;              // the FSDP shard, registered with the communicator once
+  DeviceBuffer ag_in_;  // the FSDP shard, registered with the communicator once
   cuda::RegisteredBuffer ag_reg_;
   std::vector<Row> rows_;
   std::vector<std::string> notes_;
@@ -507,14 +511,16 @@ void Bench::check_grouping(DType dtype, ProductGrouping grouping) {
 
   // 2. The GPU pipeline.
   OverlapPipeline p(w_.store(), rank_, n_,
-                    pipeline_options("check/" + std::string(dtype_name(dtype)) + "/" + gname, Pattern::kAgMatmul, dtype, s, 0, grouping),
+                    pipeline_options("check/" + std::string(dtype_name(dtype)) + "/" + gname, Pattern::kAgMatmul, dtype,
+                                     s, 0, grouping),
                     lt_, workspace_.get(), kWorkspaceBytes);
-  DeviceBuffer db(s.k * s.n * esize), gathered(s.m * s.k * esize), c(s.m * s.n * esize), gathered_ref(s.m * s.k * esize),
-      c_ref(s.m * s.n * esize), c_big(s.m * s.n * esize);
+  DeviceBuffer db(s.k * s.n * esize), gathered(s.m * s.k * esize), c(s.m * s.n * esize),
+      gathered_ref(s.m * s.k * esize), c_ref(s.m * s.n * esize), c_big(s.m * s.n * esize);
   upload(p.shard(), shards[static_cast<size_t>(rank_)]);
   upload(db.get(), b);
   for (void* d : {gathered.get(), c.get(), gathered_ref.get(), c_ref.get(), c_big.get()}) {
-    EXC_CUDA_CHECK(cudaMemset(d, 0xFF, d == gathered.get() || d == gathered_ref.get() ? s.m * s.k * esize : s.m * s.n * esize));
+    EXC_CUDA_CHECK(
+        cudaMemset(d, 0xFF, d == gathered.get() || d == gathered_ref.get() ? s.m * s.k * esize : s.m * s.n * esize));
   }
   EXC_CUDA_CHECK(cudaDeviceSynchronize());
   p.run(gathered.get(), nullptr, db.get(), c.get(), main_.get());
@@ -528,7 +534,8 @@ void Bench::check_grouping(DType dtype, ProductGrouping grouping) {
   // The simulator's C (Eigen, float accumulation) vs the GPU's (cuBLASLt): within tolerance, compared
   // element by element relative to the larger of |sim| and the rms of the sim's C.
   double rms = 0, worst_vs_sim = 0;
-  for (size_t i = 0; i < s.m * s.n; ++i) rms += std::pow(overlap::element_value(dtype, sim_c[static_cast<size_t>(rank_)].data(), i), 2);
+  for (size_t i = 0; i < s.m * s.n; ++i)
+    rms += std::pow(overlap::element_value(dtype, sim_c[static_cast<size_t>(rank_)].data(), i), 2);
   rms = std::sqrt(rms / static_cast<double>(s.m * s.n));
   for (size_t i = 0; i < s.m * s.n; ++i) {
     const double x = overlap::element_value(dtype, sim_c[static_cast<size_t>(rank_)].data(), i);
@@ -573,11 +580,12 @@ void Bench::check_grouping(DType dtype, ProductGrouping grouping) {
   note(tag + ": gathered A vs the simulator's: " + std::to_string(g_bad) + " of " + std::to_string(elements_a) +
        " elements differ (all ranks); vs the SM all-gather: " + std::to_string(gr_bad));
   note(tag + ": C vs the simulator's C: max relative difference " + fmt("%.2e", worst_vs_sim) + " (rank " +
-       std::to_string(rank_) + "), vs float64 on 48 samples " + fmt("%.2e", sim_err) + (sim_bad ? " OVER 2e-2" : " (within 2e-2)"));
-  note(tag + ": C pipelined vs unpipelined (SM all-gather + the same row blocks; " + algos_text(p) + "): " +
-       std::to_string(c_bad) + " of " + std::to_string(elements_c) + " elements differ");
-  note(tag + ": one big GEMM (heuristic " + big.algo_text() + ") vs per-row-block: " + std::to_string(big_bad) + " of " +
-       std::to_string(elements_c) + " differ; the shard's algorithm on the full shape: " +
+       std::to_string(rank_) + "), vs float64 on 48 samples " + fmt("%.2e", sim_err) +
+       (sim_bad ? " OVER 2e-2" : " (within 2e-2)"));
+  note(tag + ": C pipelined vs unpipelined (SM all-gather + the same row blocks; " + algos_text(p) +
+       "): " + std::to_string(c_bad) + " of " + std::to_string(elements_c) + " elements differ");
+  note(tag + ": one big GEMM (heuristic " + big.algo_text() + ") vs per-row-block: " + std::to_string(big_bad) +
+       " of " + std::to_string(elements_c) + " differ; the shard's algorithm on the full shape: " +
        (same_diff < 0 ? same_algo : std::to_string(same_bad) + " of " + std::to_string(elements_c) + " differ"));
   if (g_bad != 0 || gr_bad != 0 || c_bad != 0 || sim_bad != 0) failed_check_ = true;
 }
@@ -609,25 +617,31 @@ void Bench::fsdp_section(DType dtype) {
   const Bytes my_shard = overlap::finite_values(dtype, count, overlap::shard_seed(seed, rank_));
   upload(ag_in.get(), my_shard);
   std::string tuned;
-  const cublasLtMatmulAlgo_t algo = tune(dtype, s, x.get(), wt.get(), c.get(), "fsdp " + dt + " " + shape_text(s), &tuned);
+  const cublasLtMatmulAlgo_t algo =
+      tune(dtype, s, x.get(), wt.get(), c.get(), "fsdp " + dt + " " + shape_text(s), &tuned);
   note(tuned);
-  OverlapPipeline p(w_.store(), rank_, n_, pipeline_options("fsdp/" + dt, Pattern::kPrefetch, dtype, s, count,
-                                                            ProductGrouping::kPerShard, Algos{{dim, algo}}), lt_,
-                    workspace_.get(), kWorkspaceBytes);
+  OverlapPipeline p(w_.store(), rank_, n_,
+                    pipeline_options("fsdp/" + dt, Pattern::kPrefetch, dtype, s, count, ProductGrouping::kPerShard,
+                                     Algos{{dim, algo}}),
+                    lt_, workspace_.get(), kWorkspaceBytes);
   upload(p.shard(), my_shard);
   const Bytes expected = all_shards(dtype, count, n_, seed);
   LtMatmul gemm(lt_, dtype, dim, dim, dim, workspace_.get(), kWorkspaceBytes, algo);
   LtMatmul heuristic(lt_, dtype, dim, dim, dim, workspace_.get(), kWorkspaceBytes);
-  print_leader(w_, "  # fsdp " + dt + ": " + std::to_string(dim) + "^3 product (" + gemm.algo_text() + "), all-gather of " +
-                       std::to_string(o_.gather_mib) + " MiB output (" + std::to_string(count) + " elements per rank); " +
-                       "copy-engine signals: " + p.signal_mechanism() + "\n");
+  print_leader(w_, "  # fsdp " + dt + ": " + std::to_string(dim) + "^3 product (" + gemm.algo_text() +
+                       "), all-gather of " + std::to_string(o_.gather_mib) + " MiB output (" + std::to_string(count) +
+                       " elements per rank); " + "copy-engine signals: " + p.signal_mechanism() + "\n");
   cudaStream_t m = main_.get(), side = side_.get();
-  auto finish_main = [&] { sync_bounded(m, "fsdp " + dt); comm_->check(m); };
+  auto finish_main = [&] {
+    sync_bounded(m, "fsdp " + dt);
+    comm_->check(m);
+  };
   auto finish_pipe = [&] { p.finish(m); };
 
   // 2. The matmul alone on a rested GPU (measured first), and its bits (no overlapped run may
   //    change them).
-  const double mm_fresh = time_us("fsdp/mm/" + dt, [&] { gemm.run(x.get(), wt.get(), c.get(), m); }, finish_main);
+  const double mm_fresh = time_us(
+      "fsdp/mm/" + dt, [&] { gemm.run(x.get(), wt.get(), c.get(), m); }, finish_main);
   const Bytes c_alone = download(c.get(), dim * dim * esize);
   note("fsdp " + dt + ": matmul alone measured first, on a rested GPU: " + fmt("%.1f", mm_fresh) + " us (" +
        fmt("%.1f", flops / (mm_fresh * 1e6)) + " TFLOP/s)");
@@ -644,26 +658,33 @@ void Bench::fsdp_section(DType dtype) {
   };
   auto check_gather = [&](const std::string& what, void* out) {
     size_t first = 0;
-    const int64_t bad = total("fsdp/g/" + dt + what,
-                              static_cast<int64_t>(differing_elements(download(out, out_bytes), expected, esize, &first)));
+    const int64_t bad =
+        total("fsdp/g/" + dt + what,
+              static_cast<int64_t>(differing_elements(download(out, out_bytes), expected, esize, &first)));
     if (bad != 0) failed_check_ = true;
     return bad;
   };
   auto check_product = [&](const std::string& what, void* product) {
     size_t first = 0;
-    const int64_t bad = total("fsdp/c/" + dt + what,
-                              static_cast<int64_t>(differing_elements(download(product, dim * dim * esize), c_alone, esize, &first)));
+    const int64_t bad =
+        total("fsdp/c/" + dt + what,
+              static_cast<int64_t>(differing_elements(download(product, dim * dim * esize), c_alone, esize, &first)));
     if (bad != 0) failed_check_ = true;
     return bad;
   };
   for (void* out : {ag_sm.get(), ag_nccl.get(), ce_out.get()}) EXC_CUDA_CHECK(cudaMemset(out, 0xFF, out_bytes));
-  const double sm_alone = time_us("fsdp/ag/" + dt + "sm", [&] { sm_gather(m); }, finish_main);
-  add("fsdp", dtype, "SM all-gather alone", sm_alone, 0, 0, "#wrong " + std::to_string(check_gather("sm", ag_sm.get())));
-  const double nccl_alone = time_us("fsdp/ag/" + dt + "nccl", [&] { nccl_gather(m); }, finish_main);
-  add("fsdp", dtype, "NCCL all-gather alone", nccl_alone, 0, 0, "#wrong " + std::to_string(check_gather("nccl", ag_nccl.get())));
-  const double ce_alone =
-      time_us("fsdp/ag/" + dt + "ce", [&] { p.run(ce_out.get(), x.get(), wt.get(), c.get(), m, false); }, finish_pipe);
-  add("fsdp", dtype, "copy-engine all-gather alone", ce_alone, 0, 0, "#wrong " + std::to_string(check_gather("ce", ce_out.get())));
+  const double sm_alone = time_us(
+      "fsdp/ag/" + dt + "sm", [&] { sm_gather(m); }, finish_main);
+  add("fsdp", dtype, "SM all-gather alone", sm_alone, 0, 0,
+      "#wrong " + std::to_string(check_gather("sm", ag_sm.get())));
+  const double nccl_alone = time_us(
+      "fsdp/ag/" + dt + "nccl", [&] { nccl_gather(m); }, finish_main);
+  add("fsdp", dtype, "NCCL all-gather alone", nccl_alone, 0, 0,
+      "#wrong " + std::to_string(check_gather("nccl", ag_nccl.get())));
+  const double ce_alone = time_us(
+      "fsdp/ag/" + dt + "ce", [&] { p.run(ce_out.get(), x.get(), wt.get(), c.get(), m, false); }, finish_pipe);
+  add("fsdp", dtype, "copy-engine all-gather alone", ce_alone, 0, 0,
+      "#wrong " + std::to_string(check_gather("ce", ce_out.get())));
 
   // 4. Everything that runs the product, interleaved round by round.
   for (void* out : {ag_sm.get(), ag_nccl.get(), ce_out.get()}) EXC_CUDA_CHECK(cudaMemset(out, 0xFF, out_bytes));
@@ -677,9 +698,17 @@ void Bench::fsdp_section(DType dtype) {
   const std::vector<Variant> variants = {
       {"matmul alone", [&] { gemm.run(x.get(), wt.get(), c.get(), m); }},
       {"matmul alone (heuristic's first algorithm)", [&] { heuristic.run(x.get(), wt.get(), c_h.get(), m); }},
-      {"sequential, SM all-gather", [&] { sm_gather(m); gemm.run(x.get(), wt.get(), c_seq.get(), m); }},
+      {"sequential, SM all-gather",
+       [&] {
+         sm_gather(m);
+         gemm.run(x.get(), wt.get(), c_seq.get(), m);
+       }},
       {"overlapped, SM all-gather", [&] { overlapped(sm_gather, c_sm.get()); }},
-      {"sequential, NCCL all-gather", [&] { nccl_gather(m); gemm.run(x.get(), wt.get(), c_seq.get(), m); }},
+      {"sequential, NCCL all-gather",
+       [&] {
+         nccl_gather(m);
+         gemm.run(x.get(), wt.get(), c_seq.get(), m);
+       }},
       {"overlapped, NCCL all-gather", [&] { overlapped(nccl_gather, c_nccl.get()); }},
       {"sequential, copy-engine all-gather",
        [&] {
@@ -702,13 +731,14 @@ void Bench::fsdp_section(DType dtype) {
       note_text = "#wrong " + std::to_string(check_gather(variants[v].label, gathered_of[v])) + ", C vs alone " +
                   std::to_string(check_product(variants[v].label, product_of[v]));
     }
-    add("fsdp", dtype, variants[v].label, t[v], flops, alone_of[v] > 0 ? std::max(mm, alone_of[v]) / t[v] : 0, note_text);
+    add("fsdp", dtype, variants[v].label, t[v], flops, alone_of[v] > 0 ? std::max(mm, alone_of[v]) / t[v] : 0,
+        note_text);
   }
   const double ce_ov = t[7];
-  targets_.push_back("FSDP " + dt + ": copy-engine overlapped " + fmt("%.1f", ce_ov) + " us = " + fmt("%.3f", ce_ov / mm) +
-                     " x matmul alone (" + fmt("%.1f", mm) + " us, interleaved; " + fmt("%.3f", ce_ov / mm_fresh) +
-                     " x the rested-GPU " + fmt("%.1f", mm_fresh) + " us); target <= 1.04: " +
-                     (ce_ov <= 1.04 * mm ? "MET" : "NOT MET"));
+  targets_.push_back("FSDP " + dt + ": copy-engine overlapped " + fmt("%.1f", ce_ov) +
+                     " us = " + fmt("%.3f", ce_ov / mm) + " x matmul alone (" + fmt("%.1f", mm) + " us, interleaved; " +
+                     fmt("%.3f", ce_ov / mm_fresh) + " x the rested-GPU " + fmt("%.1f", mm_fresh) +
+                     " us); target <= 1.04: " + (ce_ov <= 1.04 * mm ? "MET" : "NOT MET"));
 }
 
 // ---- ag: tensor-parallel AG->matmul -------------------------------------------------------------------------
@@ -740,7 +770,8 @@ void Bench::ag_section(DType dtype, const Shape& s) {
     note(tuned);
   }
   std::string tuned_full;
-  const cublasLtMatmulAlgo_t full_algo = tune(dtype, s, gathered_ref.get(), b.get(), c_full.get(), "ag " + tag + " full product", &tuned_full);
+  const cublasLtMatmulAlgo_t full_algo =
+      tune(dtype, s, gathered_ref.get(), b.get(), c_full.get(), "ag " + tag + " full product", &tuned_full);
   note(tuned_full);
   LtMatmul full(lt_, dtype, s.m, s.k, s.n, workspace_.get(), kWorkspaceBytes, full_algo);
   LtMatmul full_heuristic(lt_, dtype, s.m, s.k, s.n, workspace_.get(), kWorkspaceBytes);
@@ -757,8 +788,8 @@ void Bench::ag_section(DType dtype, const Shape& s) {
     Grouped x;
     x.name = overlap::grouping_name(g);
     x.pipeline = std::make_unique<OverlapPipeline>(
-        w_.store(), rank_, n_, pipeline_options("ag/" + tag + "/" + x.name, Pattern::kAgMatmul, dtype, s, 0, g, algos), lt_,
-        workspace_.get(), kWorkspaceBytes);
+        w_.store(), rank_, n_, pipeline_options("ag/" + tag + "/" + x.name, Pattern::kAgMatmul, dtype, s, 0, g, algos),
+        lt_, workspace_.get(), kWorkspaceBytes);
     upload(x.pipeline->shard(), my_shard);
     x.gathered = DeviceBuffer(a_bytes);
     x.c = DeviceBuffer(c_bytes);
@@ -771,7 +802,10 @@ void Bench::ag_section(DType dtype, const Shape& s) {
   print_leader(w_, "  # ag " + tag + ": full product " + full.algo_text() + "\n");
   OverlapPipeline& first = *groups.front().pipeline;
   cudaStream_t m = main_.get();
-  auto finish_main = [&] { sync_bounded(m, "ag " + tag); comm_->check(m); };
+  auto finish_main = [&] {
+    sync_bounded(m, "ag " + tag);
+    comm_->check(m);
+  };
   auto finish_pipes = [&] {
     for (Grouped& x : groups) x.pipeline->finish(m);
     comm_->check(m);
@@ -800,15 +834,18 @@ void Bench::ag_section(DType dtype, const Shape& s) {
     const Bytes& cref = crefs.back();
     const int64_t g_bad = total("ag/g/" + gtag, static_cast<int64_t>(differing_elements(g, a_full, esize, &first_bad)));
     const int64_t c_bad = total("ag/c/" + gtag, static_cast<int64_t>(differing_elements(cc, cref, esize, &first_bad)));
-    const int64_t big_bad = total("ag/big/" + gtag, static_cast<int64_t>(differing_elements(c_big, cref, esize, &first_bad)));
+    const int64_t big_bad =
+        total("ag/big/" + gtag, static_cast<int64_t>(differing_elements(c_big, cref, esize, &first_bad)));
     const double err = sampled_error(dtype, a_full, hb, cc, s, seed + 5);
     const int64_t err_bad = total("ag/e/" + gtag, err > 2e-2 ? 1 : 0);
     if (g_bad != 0 || c_bad != 0 || err_bad != 0) failed_check_ = true;
     note("ag " + gtag + ": gathered A vs the shards: " + std::to_string(g_bad) + " of " +
-         std::to_string(static_cast<uint64_t>(n_) * s.m * s.k) + " elements differ (all ranks); C pipelined vs NCCL "
-         "all-gather + the same row blocks (same configurations): " + std::to_string(c_bad) + " of " +
-         std::to_string(static_cast<uint64_t>(n_) * s.m * s.n) + " differ; one big GEMM vs these row blocks: " +
-         std::to_string(big_bad) + " differ; C vs float64 (48 samples, rank " + std::to_string(rank_) + "): " + fmt("%.2e", err));
+         std::to_string(static_cast<uint64_t>(n_) * s.m * s.k) +
+         " elements differ (all ranks); C pipelined vs NCCL "
+         "all-gather + the same row blocks (same configurations): " +
+         std::to_string(c_bad) + " of " + std::to_string(static_cast<uint64_t>(n_) * s.m * s.n) +
+         " differ; one big GEMM vs these row blocks: " + std::to_string(big_bad) +
+         " differ; C vs float64 (48 samples, rank " + std::to_string(rank_) + "): " + fmt("%.2e", err));
   }
   for (size_t i = 1; i < groups.size(); ++i) {
     size_t first_bad = 0;
@@ -820,13 +857,16 @@ void Bench::ag_section(DType dtype, const Shape& s) {
 
   // 4. Times: the full matmul on a rested GPU first; the all-gathers alone (communication only);
   //    then everything that runs products, interleaved round by round.
-  const double full_fresh = time_us("ag/full/" + tag, [&] { full.run(gathered_ref.get(), b.get(), c_full.get(), m); }, finish_main);
+  const double full_fresh = time_us(
+      "ag/full/" + tag, [&] { full.run(gathered_ref.get(), b.get(), c_full.get(), m); }, finish_main);
   note("ag " + tag + ": full matmul alone measured first, on a rested GPU: " + fmt("%.1f", full_fresh) + " us");
   const double ag_alone = time_us(
-      "ag/ag/" + tag, [&] { first.run(groups.front().gathered.get(), nullptr, b.get(), c_scratch.get(), m, false); }, finish_pipes);
+      "ag/ag/" + tag, [&] { first.run(groups.front().gathered.get(), nullptr, b.get(), c_scratch.get(), m, false); },
+      finish_pipes);
   add("ag", dtype, shape_text(s) + " copy-engine all-gather alone", ag_alone, 0);
   const double nccl_alone = time_us(
-      "ag/nccl/" + tag, [&] { comm_->allgather(first.shard(), gathered_ref.get(), shard, dtype, Algorithm::kNccl, m); }, finish_main);
+      "ag/nccl/" + tag, [&] { comm_->allgather(first.shard(), gathered_ref.get(), shard, dtype, Algorithm::kNccl, m); },
+      finish_main);
   add("ag", dtype, shape_text(s) + " NCCL all-gather alone", nccl_alone, 0);
   for (Grouped& x : groups) EXC_CUDA_CHECK(cudaMemsetAsync(x.c.get(), 0xFF, c_bytes, m));
   struct Timed {
@@ -871,16 +911,18 @@ void Bench::ag_section(DType dtype, const Shape& s) {
     if (timed[v].group >= 0) {
       const Grouped& x = groups[static_cast<size_t>(timed[v].group)];
       size_t first_bad = 0;
-      const int64_t c_after = total("ag/c2/" + tag + x.name,
-                                    static_cast<int64_t>(differing_elements(download(x.c.get(), c_bytes),
-                                                                            crefs[static_cast<size_t>(timed[v].group)], esize, &first_bad)));
+      const int64_t c_after =
+          total("ag/c2/" + tag + x.name,
+                static_cast<int64_t>(differing_elements(
+                    download(x.c.get(), c_bytes), crefs[static_cast<size_t>(timed[v].group)], esize, &first_bad)));
       if (c_after != 0) failed_check_ = true;
       check_note = "C vs unpipelined " + std::to_string(c_after);
-      targets_.push_back("AG->matmul " + tag + " " + x.name + ": pipelined " + fmt("%.1f", t[v]) + " us = " +
-                         fmt("%.3f", t[v] / best_full) + " x the faster full matmul alone (" + fmt("%.1f", best_full) +
-                         " us, interleaved; heuristic's first " + fmt("%.1f", full_heur) + " us; rested-GPU full matmul " +
-                         fmt("%.1f", full_fresh) + " us, ratio " + fmt("%.3f", t[v] / full_fresh) + "); target <= 1.03: " +
-                         (t[v] <= 1.03 * best_full ? "MET" : "NOT MET"));
+      targets_.push_back("AG->matmul " + tag + " " + x.name + ": pipelined " + fmt("%.1f", t[v]) +
+                         " us = " + fmt("%.3f", t[v] / best_full) + " x the faster full matmul alone (" +
+                         fmt("%.1f", best_full) + " us, interleaved; heuristic's first " + fmt("%.1f", full_heur) +
+                         " us; rested-GPU full matmul " + fmt("%.1f", full_fresh) + " us, ratio " +
+                         fmt("%.3f", t[v] / full_fresh) +
+                         "); target <= 1.03: " + (t[v] <= 1.03 * best_full ? "MET" : "NOT MET"));
     }
     const double comm = timed[v].comm_alone_us;
     add("ag", dtype, timed[v].variant.label, t[v], flops, comm > 0 ? std::max(full_alone, comm) / t[v] : 0, check_note);
@@ -894,20 +936,21 @@ void Bench::report() {
   t << "| section | dtype | variant | time (us) | TFLOP/s | eff | note |\n|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows_) {
     t << "| " << r.section << " | " << r.dtype << " | " << r.variant << " | " << fmt("%.1f", r.us) << " | "
-      << (r.tflops > 0 ? fmt("%.1f", r.tflops) : "-") << " | " << (r.efficiency > 0 ? fmt("%.3f", r.efficiency) : "-") << " | "
-      << r.note << " |\n";
+      << (r.tflops > 0 ? fmt("%.1f", r.tflops) : "-") << " | " << (r.efficiency > 0 ? fmt("%.3f", r.efficiency) : "-")
+      << " | " << r.note << " |\n";
   }
   for (const std::string& line : targets_) t << "# " << line << "\n";
   t << "# checks: " << (failed_check_ ? "SOME FAILED (see the notes above)" : "all passed") << "\n";
   print_leader(w_, t.str());
   if (w_.leader() && !o_.json_path.empty()) {
     std::ostringstream j;
-    j << "{\"ranks\":" << n_ << ",\"device\":\"" << w_.device_name() << "\",\"cublaslt\":\"" << lt_version_ << "\",\"rows\":[";
+    j << "{\"ranks\":" << n_ << ",\"device\":\"" << w_.device_name() << "\",\"cublaslt\":\"" << lt_version_
+      << "\",\"rows\":[";
     for (size_t i = 0; i < rows_.size(); ++i) {
       const Row& r = rows_[i];
-      j << (i ? "," : "") << "{\"section\":\"" << r.section << "\",\"dtype\":\"" << r.dtype << "\",\"variant\":\"" << r.variant
-        << "\",\"us\":" << fmt("%.3f", r.us) << ",\"tflops\":" << fmt("%.2f", r.tflops) << ",\"efficiency\":"
-        << fmt("%.4f", r.efficiency) << ",\"note\":\"" << r.note << "\"}";
+      j << (i ? "," : "") << "{\"section\":\"" << r.section << "\",\"dtype\":\"" << r.dtype << "\",\"variant\":\""
+        << r.variant << "\",\"us\":" << fmt("%.3f", r.us) << ",\"tflops\":" << fmt("%.2f", r.tflops)
+        << ",\"efficiency\":" << fmt("%.4f", r.efficiency) << ",\"note\":\"" << r.note << "\"}";
     }
     j << "],\"notes\":[";
     for (size_t i = 0; i < notes_.size(); ++i) j << (i ? "," : "") << "\"" << notes_[i] << "\"";
@@ -959,9 +1002,10 @@ int run_bench_overlap(int argc, char** argv) {
   parser.add_int("gather-mib", &o.gather_mib, "FSDP all-gather output size in MiB");
   parser.add_string("ag-shapes", &shapes, "AG->matmul shapes MxKxN, comma-separated (M: all ranks' rows)");
   parser.add_string("check-shape", &check_shape, "the check section's AG->matmul shape MxKxN");
-  parser.add_string("products", &products,
-                    "AG->matmul product groupings: per_shard, merged, pairs (comma-separated); both = per_shard,merged; "
-                    "all = the three");
+  parser.add_string(
+      "products", &products,
+      "AG->matmul product groupings: per_shard, merged, pairs (comma-separated); both = per_shard,merged; "
+      "all = the three");
   parser.add_string("sections", &sections, "check, fsdp, ag (comma-separated)");
   parser.add_string("json", &o.json_path, "write every row, note and target as JSON (rank 0)");
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every wait (flags, streams)");
@@ -983,15 +1027,17 @@ int run_bench_overlap(int argc, char** argv) {
     if (!parse_shape(text, &s)) return cli::fail(kCommand, "--ag-shapes wants MxKxN, got '" + text + "'");
     o.ag_shapes.push_back(s);
   }
-  if (!parse_shape(check_shape, &o.check_shape)) return cli::fail(kCommand, "--check-shape wants MxKxN, got '" + check_shape + "'");
-  for (const std::string& g : split_list(products == "both" ? "per_shard,merged"
-                                        : products == "all" ? "per_shard,merged,pairs"
-                                                            : products)) {
+  if (!parse_shape(check_shape, &o.check_shape))
+    return cli::fail(kCommand, "--check-shape wants MxKxN, got '" + check_shape + "'");
+  for (const std::string& g : split_list(products == "both"  ? "per_shard,merged"
+                                         : products == "all" ? "per_shard,merged,pairs"
+                                                             : products)) {
     ProductGrouping grouping;
     if (!overlap::parse_grouping(g, &grouping)) {
       return cli::fail(kCommand, "--products takes per_shard, merged, pairs, both or all, not '" + g + "'");
     }
-    if (std::find(o.groupings.begin(), o.groupings.end(), grouping) == o.groupings.end()) o.groupings.push_back(grouping);
+    if (std::find(o.groupings.begin(), o.groupings.end(), grouping) == o.groupings.end())
+      o.groupings.push_back(grouping);
   }
   if (o.groupings.empty()) return cli::fail(kCommand, "--products must name a grouping");
   o.check = o.fsdp = o.ag = false;
@@ -1020,7 +1066,8 @@ int run_bench_overlap(int argc, char** argv) {
   }
 }
 
-const cli::Registrar kRegistrar({"bench-overlap", "all-gather + matmul overlap on the GPUs: checks and times", run_bench_overlap});
+const cli::Registrar kRegistrar({"bench-overlap", "all-gather + matmul overlap on the GPUs: checks and times",
+                                 run_bench_overlap});
 
 }  // namespace
 }  // namespace exactcoll::gpu

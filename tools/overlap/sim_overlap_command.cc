@@ -124,7 +124,8 @@ int run(int argc, char** argv) {
   if (auto code = parser.parse(argc, argv)) return *code;
 
   sim::WorldOptions options;
-  if (std::string problem = world_options(flags, parser, &options); !problem.empty()) return cli::fail(kCommand, problem);
+  if (std::string problem = world_options(flags, parser, &options); !problem.empty())
+    return cli::fail(kCommand, problem);
   OverlapShape shape;
   overlap::parse_pattern(pattern_text, &shape.pattern);
   overlap::parse_grouping(products_text, &shape.grouping);
@@ -161,8 +162,9 @@ int run(int argc, char** argv) {
 
   if (print_plan) {
     for (int r = 0; r < ranks; ++r) {
-      std::cout << "rank " << r << ":\n" << overlap::plan_text(overlap::make_plan(shape.pattern, r, ranks, static_cast<int>(comm_streams),
-                                                                         shape.grouping));
+      std::cout << "rank " << r << ":\n"
+                << overlap::plan_text(
+                       overlap::make_plan(shape.pattern, r, ranks, static_cast<int>(comm_streams), shape.grouping));
     }
   }
 
@@ -198,8 +200,8 @@ int run(int argc, char** argv) {
 
   // 2. Checks and the summary.
   std::ostringstream out;
-  out << "sim overlap " << overlap::pattern_name(shape.pattern) << " " << flags.dtype << ": " << ranks << " ranks, m=" << m
-      << " k=" << k << " n=" << n;
+  out << "sim overlap " << overlap::pattern_name(shape.pattern) << " " << flags.dtype << ": " << ranks
+      << " ranks, m=" << m << " k=" << k << " n=" << n;
   if (shape.pattern == Pattern::kAgMatmul) out << ", products " << overlap::grouping_name(shape.grouping);
   if (shape.pattern == Pattern::kPrefetch) out << ", all-gather of " << gather_count << " elements per rank";
   out << ", " << comm_streams << " comm streams, " << schedule_note(options) << ", " << calls << " call(s)\n";
@@ -219,11 +221,13 @@ int run(int argc, char** argv) {
         const size_t i = static_cast<size_t>(r);
         if (work[c].gathered[i] != expected) {
           ++gather_bad;
-          std::cerr << "exactcoll sim overlap: call " << c << ", rank " << r << ": gathered A differs from the shards\n";
+          std::cerr << "exactcoll sim overlap: call " << c << ", rank " << r
+                    << ": gathered A differs from the shards\n";
         }
         if (work[c].products[i] != ref.products[i]) {
           ++product_bad;
-          std::cerr << "exactcoll sim overlap: call " << c << ", rank " << r << ": C differs from the unpipelined schedule\n";
+          std::cerr << "exactcoll sim overlap: call " << c << ", rank " << r
+                    << ": C differs from the unpipelined schedule\n";
         }
       }
       const void* a = shape.pattern == Pattern::kAgMatmul ? static_cast<const void*>(expected.data())
@@ -239,11 +243,13 @@ int run(int argc, char** argv) {
     out << "check: gathered A " << (gather_bad == 0 ? "identical to the shards" : "DIFFERS from the shards")
         << " on every rank and call (bitwise); C "
         << (product_bad == 0 ? "identical to the unpipelined schedule" : "DIFFERS from the unpipelined schedule")
-        << " (bitwise); rank 0's C vs float64 on " << kSampledElements << " sampled elements per call: max relative error "
-        << err << (close ? " (within " : " (OVER ") << tolerance << ")\n";
+        << " (bitwise); rank 0's C vs float64 on " << kSampledElements
+        << " sampled elements per call: max relative error " << err << (close ? " (within " : " (OVER ") << tolerance
+        << ")\n";
   }
   const Call& last = work.back();
-  out << "last call: gathered A sha256 " << digest_of(last.gathered) << ", C sha256 " << digest_of(last.products) << "\n";
+  out << "last call: gathered A sha256 " << digest_of(last.gathered) << ", C sha256 " << digest_of(last.products)
+      << "\n";
   std::cout << out.str();
   return ok ? cli::kExitOk : cli::kExitDiffer;
 }

@@ -58,16 +58,18 @@ int sim_bench_main(int argc, char** argv) {
   f.ranks = 8;
   int64_t mib = 16, iters = 5, blocks = 1;
   std::string algo_text = "auto";
-  cli::ArgParser parser("exactcoll sim-bench [--ranks 8] [--mib 16] [--dtype bf16] [--algo auto] [--blocks 1] "
-                        "[--iters 5]",
-                        "Times a simulated all-reduce of --ranks x --mib MiB (threads scheduler) against one memcpy\n"
-                        "of all input plus output bytes; prints the medians and their ratio.");
+  cli::ArgParser parser(
+      "exactcoll sim-bench [--ranks 8] [--mib 16] [--dtype bf16] [--algo auto] [--blocks 1] "
+      "[--iters 5]",
+      "Times a simulated all-reduce of --ranks x --mib MiB (threads scheduler) against one memcpy\n"
+      "of all input plus output bytes; prints the medians and their ratio.");
   WorldFlagSet set;
   set.traces = false;  // a timing run writes no trace, and a killed rank would only end it
   set.faults = false;
   add_world_flags(parser, &f, set);
   parser.add_int("mib", &mib, "MiB of input per rank");
-  parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "auto"},
+  parser.add_choice("algo", &algo_text,
+                    {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "auto"},
                     "all-reduce algorithm");
   parser.add_int("blocks", &blocks, "blocks per rank");
   parser.add_int("iters", &iters, "timed iterations (after one warm-up)");
@@ -91,7 +93,8 @@ int sim_bench_main(int argc, char** argv) {
   if (problem.empty()) {
     // Inputs, outputs, the world's input staging and scratch, and the memcpy's source and destination.
     const uint64_t bytes = static_cast<uint64_t>(n) * (7 * bytes_per_rank + sim::scratch_bytes(spec, n));
-    problem = cli::check_memory(bytes, "the buffers of " + std::to_string(n) + " ranks x " + std::to_string(mib) + " MiB");
+    problem =
+        cli::check_memory(bytes, "the buffers of " + std::to_string(n) + " ranks x " + std::to_string(mib) + " MiB");
   }
   if (!problem.empty()) return cli::fail(command, problem);
 
@@ -144,11 +147,12 @@ int sim_bench_main(int argc, char** argv) {
 
   const double sim_median = median(sim_ms), copy_median = median(copy_ms);
   const std::string algo = sim::algorithm_name(sim::resolve_algorithm(spec));
-  std::printf("sim-bench: allreduce %s, %d ranks x %lld MiB (%zu elements per rank), %s%s, %d block%s, %s, %lld "
-              "iterations\n",
-              f.dtype.c_str(), n, static_cast<long long>(mib), spec.count, algo.c_str(),
-              spec.algorithm == sim::Algorithm::kAuto ? " (auto)" : "", spec.blocks, spec.blocks == 1 ? "" : "s",
-              schedule_note(options).c_str(), static_cast<long long>(iters));
+  std::printf(
+      "sim-bench: allreduce %s, %d ranks x %lld MiB (%zu elements per rank), %s%s, %d block%s, %s, %lld "
+      "iterations\n",
+      f.dtype.c_str(), n, static_cast<long long>(mib), spec.count, algo.c_str(),
+      spec.algorithm == sim::Algorithm::kAuto ? " (auto)" : "", spec.blocks, spec.blocks == 1 ? "" : "s",
+      schedule_note(options).c_str(), static_cast<long long>(iters));
   std::printf("  simulated all-reduce       median %9.2f ms  min %9.2f ms\n", sim_median,
               *std::min_element(sim_ms.begin(), sim_ms.end()));
   std::printf("  memcpy of %5zu MiB         median %9.2f ms  min %9.2f ms  (%.1f GB/s; all input plus output bytes)\n",

@@ -1,7 +1,8 @@
 // `exactcoll sim <op>`: the collectives on the CPU simulator.
 //
 //   exactcoll sim allreduce|reduce_scatter|allgather --ranks N --dtype bf16|fp16|fp32
-//       [--input in.npy | --count C --seed S] [--output out.npy] [--algo one_shot|two_shot|push_one_shot|push_two_shot|lamport_one_shot|auto]
+//       [--input in.npy | --count C --seed S] [--output out.npy] [--algo
+//       one_shot|two_shot|push_one_shot|push_two_shot|lamport_one_shot|auto]
 //       [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE]
 //       [--trace-elements I,J,...] [--chrome-trace FILE] [--print]
 //
@@ -103,7 +104,9 @@ int collective_main(Collective op, int argc, char** argv) {
   cli::ArgParser parser(
       "exactcoll " + command +
           " --ranks N --dtype bf16|fp16|fp32 [--input in.npy | --count C --seed S] [--output out.npy]" +
-          (op == Collective::kAllReduce ? " [--algo one_shot|two_shot|push_one_shot|push_two_shot|lamport_one_shot|auto]" : "") +
+          (op == Collective::kAllReduce
+               ? " [--algo one_shot|two_shot|push_one_shot|push_two_shot|lamport_one_shot|auto]"
+               : "") +
           " [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
           "[--chrome-trace FILE] [--print]",
       std::string("Runs ") + sim::op_name(op) +
@@ -117,7 +120,8 @@ int collective_main(Collective op, int argc, char** argv) {
   parser.add_int("seed", &seed, "seed of the random input");
   parser.add_string("output", &output_path, "write the output .npy here");
   if (op == Collective::kAllReduce) {
-    parser.add_choice("algo", &algo_text, {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "auto"},
+    parser.add_choice("algo", &algo_text,
+                      {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "auto"},
                       ("algorithm; auto = one_shot below 256 KiB per rank, two_shot above (the GPUs' auto picks by its "
                        "tuned table instead; every choice gives the same bits)"));
   }
@@ -132,7 +136,8 @@ int collective_main(Collective op, int argc, char** argv) {
   const size_t esize = static_cast<size_t>(dtype_size(dtype));
   if (!input_path.empty() && parser.given("count")) return cli::fail(command, "give --input or --count, not both");
   if (input_path.empty() && !parser.given("count")) return cli::fail(command, "give --input FILE or --count C");
-  if (parser.given("seed") && !input_path.empty()) return cli::fail(command, "--seed applies to random inputs (--count)");
+  if (parser.given("seed") && !input_path.empty())
+    return cli::fail(command, "--seed applies to random inputs (--count)");
   if (seed < 0) return cli::fail(command, "--seed must be >= 0, got " + std::to_string(seed));
   if (blocks < 1 || blocks > kMaxBlocks) {
     return cli::fail(command, "--blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(blocks));
@@ -189,8 +194,8 @@ int collective_main(Collective op, int argc, char** argv) {
     problem = sim::check_spec(spec, n);
     if (problem.empty()) problem = check_memory(spec, n);
     if (!problem.empty()) return cli::fail(command, problem);
-    for (const auto& rank_bytes : gpu::make_inputs(dtype, static_cast<size_t>(count), n, static_cast<uint64_t>(seed),
-                                                   gpu::Pattern::kRandom)) {
+    for (const auto& rank_bytes :
+         gpu::make_inputs(dtype, static_cast<size_t>(count), n, static_cast<uint64_t>(seed), gpu::Pattern::kRandom)) {
       input.insert(input.end(), rank_bytes.begin(), rank_bytes.end());
     }
     input_shape = {n, count};
@@ -219,10 +224,10 @@ int collective_main(Collective op, int argc, char** argv) {
     outputs.push_back(output.data() + static_cast<size_t>(r) * out_count * esize);
   }
   const bool show = print || spec.count <= kPrintLimit;
-  const std::string algo_note =
-      op == Collective::kAllReduce
-          ? std::string(sim::algorithm_name(sim::resolve_algorithm(spec))) + (spec.algorithm == Algorithm::kAuto ? " (auto)" : "")
-          : "";
+  const std::string algo_note = op == Collective::kAllReduce
+                                    ? std::string(sim::algorithm_name(sim::resolve_algorithm(spec))) +
+                                          (spec.algorithm == Algorithm::kAuto ? " (auto)" : "")
+                                    : "";
   std::cout << input_banner(command, n, spec.count, f.dtype, input_note);
   if (show) {
     std::cout << "input (as floats):\n";
@@ -311,10 +316,11 @@ int sim_main(int argc, char** argv) {
     return out;
   };
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
-    (argc < 2 ? std::cerr : std::cout) << "usage: exactcoll sim <op> [flags]   (exactcoll sim <op> --help for its flags)\n\n"
-                                          "The collectives on the CPU simulator: N ranks as threads in one process, the same\n"
-                                          "algorithm code as the GPUs, the bits of the rounding contract.\n\nops:\n"
-                                       << list();
+    (argc < 2 ? std::cerr : std::cout)
+        << "usage: exactcoll sim <op> [flags]   (exactcoll sim <op> --help for its flags)\n\n"
+           "The collectives on the CPU simulator: N ranks as threads in one process, the same\n"
+           "algorithm code as the GPUs, the bits of the rounding contract.\n\nops:\n"
+        << list();
     return argc < 2 ? cli::kExitUsage : cli::kExitOk;
   }
   // `--nodes M`: the op's multi-node form, registered as "<op> --nodes" (tools/multinode).
@@ -335,15 +341,18 @@ int sim_main(int argc, char** argv) {
 }
 
 const cli::Registrar kSim({"sim", "the collectives on the CPU simulator (exactcoll sim --help)", sim_main});
-const cli::SimSubcommandRegistrar kAllReduce(
-    {"allreduce", "all-reduce: one_shot, two_shot or auto",
-     [](int argc, char** argv) { return collective_main(Collective::kAllReduce, argc, argv); }});
-const cli::SimSubcommandRegistrar kReduceScatter(
-    {"reduce_scatter", "reduce-scatter: rank r gets the fold of slice r",
-     [](int argc, char** argv) { return collective_main(Collective::kReduceScatter, argc, argv); }});
-const cli::SimSubcommandRegistrar kAllGather(
-    {"allgather", "all-gather: a bit copy of every rank's input",
-     [](int argc, char** argv) { return collective_main(Collective::kAllGather, argc, argv); }});
+const cli::SimSubcommandRegistrar kAllReduce({"allreduce", "all-reduce: one_shot, two_shot or auto",
+                                              [](int argc, char** argv) {
+                                                return collective_main(Collective::kAllReduce, argc, argv);
+                                              }});
+const cli::SimSubcommandRegistrar kReduceScatter({"reduce_scatter", "reduce-scatter: rank r gets the fold of slice r",
+                                                  [](int argc, char** argv) {
+                                                    return collective_main(Collective::kReduceScatter, argc, argv);
+                                                  }});
+const cli::SimSubcommandRegistrar kAllGather({"allgather", "all-gather: a bit copy of every rank's input",
+                                              [](int argc, char** argv) {
+                                                return collective_main(Collective::kAllGather, argc, argv);
+                                              }});
 
 }  // namespace
 }  // namespace exactcoll::tools

@@ -20,13 +20,13 @@ struct SimFlags {
   std::string dtype = "bf16";
   std::string schedule = "threads";
   int64_t schedule_seed = 1;
-  std::string trace;           // JSON-lines trace path
-  std::string trace_elements;  // "3,17,42"
-  std::string chrome_trace;    // Chrome trace path
-  int64_t timeout_ms = 20000;  // threads: one flag wait
+  std::string trace;                // JSON-lines trace path
+  std::string trace_elements;       // "3,17,42"
+  std::string chrome_trace;         // Chrome trace path
+  int64_t timeout_ms = 20000;       // threads: one flag wait
   int64_t max_steps = 100'000'000;  // seeded: livelock bound
-  int64_t fail_rank = -1;      // fault injection: this rank dies ...
-  int64_t fail_at_step = 0;    // ... at its K-th synchronization step (sim::WorldOptions)
+  int64_t fail_rank = -1;           // fault injection: this rank dies ...
+  int64_t fail_at_step = 0;         // ... at its K-th synchronization step (sim::WorldOptions)
 };
 
 // --timeout-ms's bound, shared with the GPU commands (tools/cli.h).

@@ -54,7 +54,8 @@ TEST(Inputs, SpecialsHoldEveryKindOfValue) {
 
 TEST(Inputs, CancelGivesRanksZeroAndOneOppositeValues) {
   const auto in = make_inputs(DType::kFP32, 100, 3, 5, Pattern::kCancel);
-  for (size_t i = 0; i < 100; ++i) EXPECT_EQ(bits_at(DType::kFP32, in[0], i) ^ 0x80000000u, bits_at(DType::kFP32, in[1], i));
+  for (size_t i = 0; i < 100; ++i)
+    EXPECT_EQ(bits_at(DType::kFP32, in[0], i) ^ 0x80000000u, bits_at(DType::kFP32, in[1], i));
 }
 
 // The simulator and the scalar contract agree on every pattern, op, dtype and world size tried.
@@ -67,18 +68,19 @@ TEST(Reference, SimulatorEqualsContractOnAdversarialInputs) {
           for (size_t c : {size_t{1}, size_t{9}, size_t{1001}}) {
             const size_t count = op == Op::kReduceScatter ? c * static_cast<size_t>(n) : c;
             const auto inputs = make_inputs(d, count, n, 11, p);
-            const std::vector<Algorithm> algos = op == Op::kAllReduce
-                                                     ? std::vector<Algorithm>{Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot,
-                                                                             Algorithm::kPushTwoShot}
-                                                     : std::vector<Algorithm>{Algorithm::kDirect};
+            const std::vector<Algorithm> algos =
+                op == Op::kAllReduce ? std::vector<Algorithm>{Algorithm::kOneShot, Algorithm::kTwoShot,
+                                                              Algorithm::kPushOneShot, Algorithm::kPushTwoShot}
+                                     : std::vector<Algorithm>{Algorithm::kDirect};
             for (Algorithm a : algos) {
               const auto outs = sim.run(op, a, d, inputs, count, 3);
               for (int r = 0; r < n; ++r) {
                 const Bytes want = contract_output(op, d, inputs, count, r);
-                const Comparison cmp = compare_bits(d, outs[static_cast<size_t>(r)].data(), want.data(),
-                                                    output_count(op, count, n));
-                EXPECT_EQ(cmp.mismatches, 0u) << op_name(op) << " " << dtype_name(d) << " " << pattern_name(p) << " n=" << n
-                                              << " count=" << count << " rank " << r << " first " << cmp.first;
+                const Comparison cmp =
+                    compare_bits(d, outs[static_cast<size_t>(r)].data(), want.data(), output_count(op, count, n));
+                EXPECT_EQ(cmp.mismatches, 0u)
+                    << op_name(op) << " " << dtype_name(d) << " " << pattern_name(p) << " n=" << n << " count=" << count
+                    << " rank " << r << " first " << cmp.first;
               }
             }
           }

@@ -115,17 +115,17 @@ TEST(LaunchTest, GivenPortsAndNoPrefix) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
   expect_contains(r.out, "store_worker: rank 1 of 2 ok");
   EXPECT_EQ(r.out.find("[rank "), std::string::npos) << r.out;
-  const RunResult same = run({"launch", "--nproc", "2", "--master-port", "29999", "--store-port", "29999", "--",
-                              "store_worker"});
+  const RunResult same =
+      run({"launch", "--nproc", "2", "--master-port", "29999", "--store-port", "29999", "--", "store_worker"});
   EXPECT_EQ(same.exit_code, 2) << same.out;
   expect_contains(same.out, "--store-port and --master-port must differ");
 }
 
 TEST(LaunchTest, LaunchReplacesInheritedJobVariables) {
   // Stale torchrun variables in the launcher's environment must not leak into the workers.
-  const RunResult r = run({"launch", "--nproc", "2", "--", "store_worker"},
-                          {"RANK=7", "WORLD_SIZE=9", "LOCAL_RANK=7", "MASTER_PORT=1", "EXACTCOLL_STORE_PORT=1",
-                           "EXACTCOLL_STORE_TOKEN=x"});
+  const RunResult r = run(
+      {"launch", "--nproc", "2", "--", "store_worker"},
+      {"RANK=7", "WORLD_SIZE=9", "LOCAL_RANK=7", "MASTER_PORT=1", "EXACTCOLL_STORE_PORT=1", "EXACTCOLL_STORE_TOKEN=x"});
   EXPECT_EQ(r.exit_code, 0) << r.out;
   expect_contains(r.out, "[rank 1] store_worker: rank 1 of 2 ok");
 }
@@ -267,8 +267,8 @@ TEST(TorchrunStyleTest, ABarrierTimeoutNamesTheRankThatNeverArrived) {
   // (the two deadlines start when each arrives, and which arrives first is the machine's
   // choice), as one that came and left.
   const bool rank1_waiting = results[0].out.find("(2 of 3 waiting: ranks 0, 1)") != std::string::npos;
-  const bool rank1_left = results[0].out.find("(1 of 3 waiting: rank 0; rank 1 came but left before the end") !=
-                          std::string::npos;
+  const bool rank1_left =
+      results[0].out.find("(1 of 3 waiting: rank 0; rank 1 came but left before the end") != std::string::npos;
   EXPECT_TRUE(rank1_waiting || rank1_left) << results[0].out;
   // Rank 1's deadline: by then rank 0 may have given up (rank 1 then names rank 2 as missing and
   // rank 0 as one that came and left), or left with its server.
@@ -298,8 +298,8 @@ TEST(LaunchTest, KillingTheLauncherEndsItsWorkers) {
   // The launcher is killed (SIGKILL: it cannot clean up). Its workers get SIGTERM through their
   // parent-death signal; the pipe they share with it (their stdout) then reaches its end. Rank 1
   // would otherwise sleep 60 s, and rank 0 wait 20 s for it.
-  std::vector<std::string> argv_strings = {worker_binary(), "launch", "--nproc", "2", "--", "store_worker",
-                                           "--hang-rank", "1"};
+  std::vector<std::string> argv_strings = {worker_binary(), "launch",      "--nproc", "2", "--",
+                                           "store_worker",  "--hang-rank", "1"};
   std::vector<char*> argv;
   for (auto& a : argv_strings) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -78,8 +78,8 @@ int run_store_worker(int argc, char** argv) {
   // One write() for the whole line: with `launch --no-prefix` the ranks share one stderr, and
   // piecewise writes would interleave.
   const std::string line = "store_worker: rank " + me + " of " + std::to_string(env.world_size) + " ok (local_rank " +
-                           std::to_string(env.local_rank) + ", CUDA_VISIBLE_DEVICES=" + (devices ? devices : "<unset>") +
-                           ")\n";
+                           std::to_string(env.local_rank) +
+                           ", CUDA_VISIBLE_DEVICES=" + (devices ? devices : "<unset>") + ")\n";
   const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
   return written == static_cast<ssize_t>(line.size()) ? 0 : cli::kExitFailure;
 }

@@ -65,12 +65,13 @@ enum class Column {
   kAllReduce,
   kNorm
 };
-constexpr Column kColumns[] = {Column::kOneStage,   Column::kOneStageReg, Column::kPushOneStage, Column::kLamportOneStage,
-                               Column::kTwoStage,   Column::kGatherNorm,  Column::kAuto,         Column::kUnfused,
-                               Column::kNcclSplit,  Column::kAllReduce,   Column::kNorm};
+constexpr Column kColumns[] = {
+    Column::kOneStage,  Column::kOneStageReg, Column::kPushOneStage, Column::kLamportOneStage,
+    Column::kTwoStage,  Column::kGatherNorm,  Column::kAuto,         Column::kUnfused,
+    Column::kNcclSplit, Column::kAllReduce,   Column::kNorm};
 // The columns whose times make auto's table (--write-table): every exact algorithm but auto.
-constexpr Column kTableColumns[] = {Column::kOneStage,  Column::kOneStageReg, Column::kPushOneStage,
-                                    Column::kLamportOneStage, Column::kTwoStage, Column::kGatherNorm,
+constexpr Column kTableColumns[] = {Column::kOneStage,        Column::kOneStageReg, Column::kPushOneStage,
+                                    Column::kLamportOneStage, Column::kTwoStage,    Column::kGatherNorm,
                                     Column::kUnfused};
 
 const char* column_name(Column c) {
@@ -156,8 +157,8 @@ int bench_worker(const BenchOptions& o) {
   {
     std::ostringstream os;
     os << "# exactcoll bench fused_rmsnorm: " << n << " ranks on " << w.device_name() << " (" << comm.arch() << "), "
-       << dtype_name(o.dtype) << ", eps " << o.eps << ", CUDA graph of " << o.graph_ops << " ops, median of " << o.replays
-       << " replays, max over ranks (us per op); NCCL "
+       << dtype_name(o.dtype) << ", eps " << o.eps << ", CUDA graph of " << o.graph_ops << " ops, median of "
+       << o.replays << " replays, max over ranks (us per op); NCCL "
        << (comm.nccl_ready() ? cuda::NcclApi::get().version() : std::string("not loaded")) << "; table "
        << (o.table_path.empty() ? "as built (or $EXACTCOLL_FUSED_TABLE)" : "measured in this run") << "\n";
     print_leader(w, os.str());
@@ -216,7 +217,9 @@ int bench_worker(const BenchOptions& o) {
             comm.allreduce(x.get(), out.get(), count, o.dtype, cuda::Algorithm::kAuto, stream.get(), &registered).algo);
       };
     } else {
-      enqueue = [&] { fused.residual_rmsnorm(out.get(), residual.get(), weight.get(), ro.get(), out.get(), shape, stream.get()); };
+      enqueue = [&] {
+        fused.residual_rmsnorm(out.get(), residual.get(), weight.get(), ro.get(), out.get(), shape, stream.get());
+      };
     }
     // 1. A checked run (outputs poisoned first).
     EXC_CUDA_CHECK(cudaMemsetAsync(ro.get(), 0xA5, bytes, stream.get()));
@@ -232,9 +235,11 @@ int bench_worker(const BenchOptions& o) {
       for (size_t k = 0; k < c.checked.size(); ++k) {
         const size_t at = static_cast<size_t>(c.checked[k]) * row_bytes;
         wrong += compare_bits(o.dtype, got_ro.data() + at, c.want.residual_out.data() + k * row_bytes,
-                              static_cast<size_t>(c.in.hidden)).mismatches;
+                              static_cast<size_t>(c.in.hidden))
+                     .mismatches;
         wrong += compare_bits(o.dtype, got_out.data() + at, c.want.out.data() + k * row_bytes,
-                              static_cast<size_t>(c.in.hidden)).mismatches;
+                              static_cast<size_t>(c.in.hidden))
+                     .mismatches;
       }
     }
     // 2. Timings.
@@ -303,10 +308,10 @@ int bench_worker(const BenchOptions& o) {
         row.row_bytes = static_cast<uint64_t>(p.hidden) * elem;
         row.rows = static_cast<int>(p.rows);
         row.algo = *algorithm_of(c);
-        row.grid = c == Column::kUnfused
-                       ? cuda::fused::residual_rmsnorm_grid(static_cast<int>(p.rows), static_cast<int>(p.hidden), o.dtype)
-                       : cuda::fused::default_fused_grid(row.algo, static_cast<int>(p.rows), static_cast<int>(p.hidden),
-                                                         o.dtype, n);
+        row.grid = c == Column::kUnfused ? cuda::fused::residual_rmsnorm_grid(static_cast<int>(p.rows),
+                                                                              static_cast<int>(p.hidden), o.dtype)
+                                         : cuda::fused::default_fused_grid(row.algo, static_cast<int>(p.rows),
+                                                                           static_cast<int>(p.hidden), o.dtype, n);
         row.time_us = p.graph_us.at(c);
         rows.push_back(row);
       }
@@ -315,7 +320,8 @@ int bench_worker(const BenchOptions& o) {
     if (w.leader()) {
       const std::string text = table.to_text(
           {"exactcoll fused all-reduce + residual + RMSNorm table: measured by `exactcoll bench --op fused_rmsnorm "
-           "--write-table` on " + std::to_string(n) + " x " + w.device_name() + ", " + dtype_name(o.dtype) +
+           "--write-table` on " +
+           std::to_string(n) + " x " + w.device_name() + ", " + dtype_name(o.dtype) +
            ", CUDA graph, max over ranks of the median per-op time (us)."});
       npy::write_file_atomic(cli::resolve_path(o.table_path), text.data(), text.size());
     }
@@ -324,8 +330,8 @@ int bench_worker(const BenchOptions& o) {
       for (size_t i = 0; i < points.size(); ++i) {
         measure(i, Column::kAuto);
         std::ostringstream os;
-        os << "H " << points[i].hidden << " rows " << points[i].rows << ": auto " << us_text(points[i].graph_us, Column::kAuto)
-           << " (" << points[i].chosen[Column::kAuto] << ")\n";
+        os << "H " << points[i].hidden << " rows " << points[i].rows << ": auto "
+           << us_text(points[i].graph_us, Column::kAuto) << " (" << points[i].chosen[Column::kAuto] << ")\n";
         print_leader(w, os.str());
       }
     }
@@ -349,7 +355,8 @@ int bench_worker(const BenchOptions& o) {
     if (p.graph_us.count(Column::kAuto)) {
       double best_split = 0;
       for (Column c : {Column::kUnfused, Column::kNcclSplit}) {
-        if (p.graph_us.count(c)) best_split = best_split == 0 ? p.graph_us.at(c) : std::min(best_split, p.graph_us.at(c));
+        if (p.graph_us.count(c))
+          best_split = best_split == 0 ? p.graph_us.at(c) : std::min(best_split, p.graph_us.at(c));
       }
       if (best_split > 0) {
         char b[32];
@@ -358,21 +365,22 @@ int bench_worker(const BenchOptions& o) {
       }
     }
     const std::string auto_choice = p.chosen.count(Column::kAuto) ? p.chosen.at(Column::kAuto) : "";
-    std::snprintf(line, sizeof line, "%5lld %4lld %7.0f %9s %9s %9s %9s %9s %9s %7s %-16s %7s %7s %7s %5s %6s %5llu\n",
-                  static_cast<long long>(p.hidden), static_cast<long long>(p.rows), kb,
-                  us_text(p.graph_us, Column::kOneStage).c_str(), us_text(p.graph_us, Column::kOneStageReg).c_str(),
-                  us_text(p.graph_us, Column::kPushOneStage).c_str(),
-                  us_text(p.graph_us, Column::kLamportOneStage).c_str(), us_text(p.graph_us, Column::kTwoStage).c_str(),
-                  us_text(p.graph_us, Column::kGatherNorm).c_str(), us_text(p.graph_us, Column::kAuto).c_str(),
-                  auto_choice.c_str(), us_text(p.graph_us, Column::kUnfused).c_str(),
-                  us_text(p.graph_us, Column::kNcclSplit).c_str(), us_text(p.graph_us, Column::kAllReduce).c_str(),
-                  us_text(p.graph_us, Column::kNorm).c_str(), speedup.c_str(), static_cast<unsigned long long>(p.wrong));
+    std::snprintf(
+        line, sizeof line, "%5lld %4lld %7.0f %9s %9s %9s %9s %9s %9s %7s %-16s %7s %7s %7s %5s %6s %5llu\n",
+        static_cast<long long>(p.hidden), static_cast<long long>(p.rows), kb,
+        us_text(p.graph_us, Column::kOneStage).c_str(), us_text(p.graph_us, Column::kOneStageReg).c_str(),
+        us_text(p.graph_us, Column::kPushOneStage).c_str(), us_text(p.graph_us, Column::kLamportOneStage).c_str(),
+        us_text(p.graph_us, Column::kTwoStage).c_str(), us_text(p.graph_us, Column::kGatherNorm).c_str(),
+        us_text(p.graph_us, Column::kAuto).c_str(), auto_choice.c_str(), us_text(p.graph_us, Column::kUnfused).c_str(),
+        us_text(p.graph_us, Column::kNcclSplit).c_str(), us_text(p.graph_us, Column::kAllReduce).c_str(),
+        us_text(p.graph_us, Column::kNorm).c_str(), speedup.c_str(), static_cast<unsigned long long>(p.wrong));
     os << line;
     for (const auto& [c, t] : p.graph_us) {
       const auto e = p.eager_us.find(c);
-      csv << n << ',' << dtype_name(o.dtype) << ',' << p.hidden << ',' << p.rows << ',' << p.hidden * p.rows * static_cast<int64_t>(elem)
-          << ',' << column_name(c) << ',' << (p.chosen.count(c) ? p.chosen.at(c) : "") << ',' << t << ','
-          << (e == p.eager_us.end() ? 0.0 : e->second) << '\n';
+      csv << n << ',' << dtype_name(o.dtype) << ',' << p.hidden << ',' << p.rows << ','
+          << p.hidden * p.rows * static_cast<int64_t>(elem) << ',' << column_name(c) << ','
+          << (p.chosen.count(c) ? p.chosen.at(c) : "") << ',' << t << ',' << (e == p.eager_us.end() ? 0.0 : e->second)
+          << '\n';
     }
   }
   uint64_t total_wrong = 0, total_nccl_wrong = 0;
@@ -417,11 +425,11 @@ bool asks_for_fused(int argc, char** argv, const std::string& flag) {
 int run_fused_bench(int argc, char** argv) {
   int64_t nproc = 0, seed = 1;
   double eps = 1e-6;
-  std::string op_text, dtype_text = "bf16", hidden_text = "4096,8192",
-                       rows_text = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096",
-                       columns_text =
-                           "one_stage,one_stage_reg,push_one_stage,lamport_one_stage,two_stage,gather_norm,auto,unfused,"
-                           "nccl_split,allreduce,norm";
+  std::string op_text,
+      dtype_text = "bf16", hidden_text = "4096,8192", rows_text = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096",
+      columns_text =
+          "one_stage,one_stage_reg,push_one_stage,lamport_one_stage,two_stage,gather_norm,auto,unfused,"
+          "nccl_split,allreduce,norm";
   BenchOptions o;
   cli::ArgParser parser(
       "exactcoll bench --op fused_rmsnorm --nproc N [--dtype bf16|fp16|fp32] [--hidden 4096,8192] [--rows …] "
@@ -438,9 +446,10 @@ int run_fused_bench(int argc, char** argv) {
   parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
   parser.add_string("hidden", &hidden_text, "comma list of H");
   parser.add_string("rows", &rows_text, "comma list of row counts");
-  parser.add_string("algos", &columns_text,
-                    "comma list of one_stage, one_stage_reg, push_one_stage, lamport_one_stage, two_stage, gather_norm, "
-                    "auto, unfused, nccl_split, allreduce, norm");
+  parser.add_string(
+      "algos", &columns_text,
+      "comma list of one_stage, one_stage_reg, push_one_stage, lamport_one_stage, two_stage, gather_norm, "
+      "auto, unfused, nccl_split, allreduce, norm");
   parser.add_int("graph-ops", &o.graph_ops, "ops captured per CUDA graph");
   parser.add_int("replays", &o.replays, "timed graph replays (the median is reported)");
   parser.add_int("warmup", &o.warmup, "untimed replays first");
@@ -452,9 +461,11 @@ int run_fused_bench(int argc, char** argv) {
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
   if (const auto code = parser.parse(argc, argv)) return *code;
   if (op_text != "fused_rmsnorm") return cli::fail(kCommand, "--op must be fused_rmsnorm here, got '" + op_text + "'");
-  if (const std::string problem = exactcoll::fused::check_eps(eps); !problem.empty()) return cli::fail(kCommand, problem);
+  if (const std::string problem = exactcoll::fused::check_eps(eps); !problem.empty())
+    return cli::fail(kCommand, problem);
   o.dtype = dtype_text == "fp32" ? DType::kFP32 : dtype_text == "fp16" ? DType::kFP16 : DType::kBF16;
-  if (!parse_counts(hidden_text, &o.hidden)) return cli::fail(kCommand, "--hidden wants positive numbers like 4096,8192");
+  if (!parse_counts(hidden_text, &o.hidden))
+    return cli::fail(kCommand, "--hidden wants positive numbers like 4096,8192");
   if (!parse_counts(rows_text, &o.rows)) return cli::fail(kCommand, "--rows wants positive numbers like 1,2,4");
   for (int64_t h : o.hidden) {
     if (h % pack_elements(o.dtype) != 0) {

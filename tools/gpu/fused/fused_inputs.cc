@@ -21,7 +21,8 @@ uint32_t finite_bits(DType dtype, uint64_t bits, int lo, int span, bool random_s
   switch (dtype) {
     case DType::kBF16: return (sign << 15) | (static_cast<uint32_t>(e + 127) << 7) | static_cast<uint32_t>(m & 0x7F);
     case DType::kFP16: return (sign << 15) | (static_cast<uint32_t>(e + 15) << 10) | static_cast<uint32_t>(m & 0x3FF);
-    case DType::kFP32: return (sign << 31) | (static_cast<uint32_t>(e + 127) << 23) | static_cast<uint32_t>(m & 0x7FFFFF);
+    case DType::kFP32:
+      return (sign << 31) | (static_cast<uint32_t>(e + 127) << 23) | static_cast<uint32_t>(m & 0x7FFFFF);
   }
   return 0;
 }
@@ -150,7 +151,8 @@ FusedInputs allocate(DType dtype, int ranks, int rows, int hidden, uint64_t seed
 
 }  // namespace
 
-FusedInputs make_fused_inputs(DType dtype, int ranks, int rows, int hidden, uint64_t seed, bool specials, int only_rank) {
+FusedInputs make_fused_inputs(DType dtype, int ranks, int rows, int hidden, uint64_t seed, bool specials,
+                              int only_rank) {
   FusedInputs in = allocate(dtype, ranks, rows, hidden, seed, specials, only_rank);
   for (int row = 0; row < rows; ++row) make_row(seed, specials, row, &in, row);
   return in;

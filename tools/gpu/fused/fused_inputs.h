@@ -18,7 +18,6 @@
 #include <string>
 #include <vector>
 
-
 #include "core/storage.h"
 #include "tools/npy/npy.h"
 

@@ -162,8 +162,8 @@ class FusedRmsNormOp : public GpuOp {
            "simulator-only. The summary ends with the sha256 of each output, comparable with the sim's.";
   }
   std::vector<std::string> gpu_algorithms() const override {
-    return {"one_stage", "one_stage_reg", "push_one_stage", "lamport_one_stage", "two_stage",
-            "gather_norm", "unfused", "auto", "nccl_split"};
+    return {"one_stage",   "one_stage_reg", "push_one_stage", "lamport_one_stage", "two_stage",
+            "gather_norm", "unfused",       "auto",           "nccl_split"};
   }
   std::string gpu_algorithm_help() const override {
     return "algorithm; auto = the fused table's choice (cuda_backend/fused/); nccl_split = NCCL's all-reduce and "
@@ -296,15 +296,17 @@ class FusedRmsNormOp : public GpuOp {
           for (int64_t rows : rows_list_) {
             if (rows * hidden > max_elements_) continue;
             // 1. Inputs; this rank's go to the GPU.
-            const uint64_t case_seed =
-                mix_seed(mix_seed(mix_seed(ctx.settings.seed, static_cast<uint64_t>(iter)), static_cast<uint64_t>(dtype)),
-                         static_cast<uint64_t>(hidden) * 100003 + static_cast<uint64_t>(rows));
+            const uint64_t case_seed = mix_seed(
+                mix_seed(mix_seed(ctx.settings.seed, static_cast<uint64_t>(iter)), static_cast<uint64_t>(dtype)),
+                static_cast<uint64_t>(hidden) * 100003 + static_cast<uint64_t>(rows));
             const FusedInputs in =
                 make_fused_inputs(dtype, n, static_cast<int>(rows), static_cast<int>(hidden), case_seed, true);
             const size_t count = in.count(), bytes = count * elem;
-            EXC_CUDA_CHECK(cudaMemcpy(buffers.x.get(), in.x[static_cast<size_t>(rank)].data(), bytes, cudaMemcpyHostToDevice));
+            EXC_CUDA_CHECK(
+                cudaMemcpy(buffers.x.get(), in.x[static_cast<size_t>(rank)].data(), bytes, cudaMemcpyHostToDevice));
             EXC_CUDA_CHECK(cudaMemcpy(buffers.residual.get(), in.residual.data(), bytes, cudaMemcpyHostToDevice));
-            EXC_CUDA_CHECK(cudaMemcpy(buffers.weight.get(), in.weight.data(), in.weight.size(), cudaMemcpyHostToDevice));
+            EXC_CUDA_CHECK(
+                cudaMemcpy(buffers.weight.get(), in.weight.data(), in.weight.size(), cudaMemcpyHostToDevice));
             const std::vector<DeviceOutput> outs = buffers.outputs(count, elem);
             // 2. The reference and the simulator.
             const FusedOutputs by_reference = reference_fused(in, eps);
@@ -330,8 +332,8 @@ class FusedRmsNormOp : public GpuOp {
                    verify_variants(named, kMaxFusedBlocks, named && requested != FusedAlgorithm::kUnfused)) {
                 cuda::fused::FusedRmsNorm& f = v.small ? small_fused : fused;
                 const Enqueue enqueue = [&](const Variant& var, cudaStream_t stream) {
-                  return report_of(
-                      f.run(buffers.view(), shape, requested, stream, var.registered ? &registered : nullptr, var.grid));
+                  return report_of(f.run(buffers.view(), shape, requested, stream,
+                                         var.registered ? &registered : nullptr, var.grid));
                 };
                 const std::string what = "fused_rmsnorm " + std::string(dtype_name(dtype)) + " " + label + " (" +
                                          cuda::fused::fused_algorithm_name(choice.algo) + ") " + v.name + " rows " +
@@ -397,7 +399,8 @@ class FusedRmsNormOp : public GpuOp {
   double eps_ = 1e-6;  // gpu's and verify's
   // verify's flags.
   std::string hidden_text_ = "2880,4096,5120,7168,8192,16384", rows_text_ = "1,2,3,7,16,64,257,1024,4096",
-              algos_text_ = "one_stage,one_stage_reg,push_one_stage,lamport_one_stage,two_stage,gather_norm,unfused,auto";
+              algos_text_ =
+                  "one_stage,one_stage_reg,push_one_stage,lamport_one_stage,two_stage,gather_norm,unfused,auto";
   int64_t max_elements_ = int64_t{1} << 22, sim_all_max_elements_ = int64_t{1} << 20;
   std::vector<FusedAlgorithm> algos_;
   std::vector<int64_t> hidden_list_, rows_list_;

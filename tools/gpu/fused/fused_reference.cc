@@ -12,9 +12,10 @@ namespace {
 template <class T>
 FusedOutputs reference_typed(const FusedInputs& in, float eps) {
   const size_t count = in.count();
-  std::vector<T> x(count * static_cast<size_t>(in.ranks)), residual(count), weight(static_cast<size_t>(in.hidden)), ro(count),
-      out(count);
-  for (int r = 0; r < in.ranks; ++r) std::memcpy(x.data() + static_cast<size_t>(r) * count, in.x[r].data(), count * sizeof(T));
+  std::vector<T> x(count * static_cast<size_t>(in.ranks)), residual(count), weight(static_cast<size_t>(in.hidden)),
+      ro(count), out(count);
+  for (int r = 0; r < in.ranks; ++r)
+    std::memcpy(x.data() + static_cast<size_t>(r) * count, in.x[r].data(), count * sizeof(T));
   std::memcpy(residual.data(), in.residual.data(), count * sizeof(T));
   std::memcpy(weight.data(), in.weight.data(), weight.size() * sizeof(T));
   fused::FusedProblem<T> p;
