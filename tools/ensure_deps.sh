@@ -15,6 +15,8 @@ exactcoll_missing_packages() {
   [ -f /usr/include/gmock/gmock.h ] || missing+=(libgmock-dev)
   [ -f /usr/include/benchmark/benchmark.h ] || missing+=(libbenchmark-dev)
   [ -f /usr/include/png.h ] || missing+=(libpng-dev)
+  # CI's format check (tools/format.sh --check) against .clang-format.
+  command -v clang-format >/dev/null 2>&1 || missing+=(clang-format)
   # The Python package's tests: Debian's python3 with numpy, and pip to install the wheel.
   [ -x /usr/bin/python3 ] || missing+=(python3)
   /usr/bin/python3 -c "import numpy" >/dev/null 2>&1 || missing+=(python3-numpy)
