@@ -48,11 +48,14 @@ void run_reference(FusedContract contract, int ranks, int rows, int hidden, floa
 int run(int argc, char** argv) {
   // 1. Flags (the world's flags are shared with every `exactcoll sim <op>`: tools/sim/sim_flags.h).
   tools::SimFlags f;
-  int64_t blocks = 1, threads = 0, rows_flag = 0, hidden_flag = 0, seed = 1;
-  bool specials = false;
-  double eps = 1e-6;
-  std::string input, residual_path, weight_path, output, residual_output, algo_text = "one_stage",
-                                                                          contract_text = "canonical";
+  int64_t blocks = 1, threads = 0, seed = 1;
+  gpu::FusedInputFlags in;  // the input flags `gpu fused_rmsnorm` has too
+  std::string &input = in.input, &residual_path = in.residual, &weight_path = in.weight,
+              &residual_output = in.residual_output;
+  int64_t &rows_flag = in.rows, &hidden_flag = in.hidden;
+  bool& specials = in.specials;
+  double& eps = in.eps;
+  std::string output, algo_text = "one_stage", contract_text = "canonical";
   cli::ArgParser parser(
       "exactcoll sim fused_rmsnorm --ranks N --dtype bf16|fp16|fp32 (--input x.npy --residual r.npy --weight w.npy | "
       "--rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy] [--residual-output ro.npy] "
@@ -74,18 +77,9 @@ int run(int argc, char** argv) {
       "systems' rounding with the scalar reference (sim/fused/reference.h). The last line ends with the\n"
       "sha256 of each output's bytes.");
   tools::add_world_flags(parser, &f);
-  parser.add_string("input", &input, "x.npy: [N, rows, H] partial sums");
-  parser.add_string("residual", &residual_path, "r.npy: [rows, H] residual (the same on every rank)");
-  parser.add_string("weight", &weight_path, "w.npy: [H] RMSNorm weight");
-  parser.add_int("rows", &rows_flag, "rows of random inputs (without --input)");
-  parser.set_default_note("rows", "required without --input");
-  parser.add_int("hidden", &hidden_flag, "H of random inputs (without --input)");
-  parser.set_default_note("hidden", "required without --input");
+  gpu::add_fused_input_flags(parser, &in);
   parser.add_int("seed", &seed, "seed of random inputs");
-  parser.add_bool("specials", &specials, "random inputs with NaN, inf, overflow and subnormal rows");
-  parser.add_double("eps", &eps, "RMSNorm epsilon");
   parser.add_string("output", &output, "out.npy: [N, rows, H] normed output");
-  parser.add_string("residual-output", &residual_output, "ro.npy: [N, rows, H] residual output");
   std::vector<std::string> algo_names;
   for (FusedAlgo a : kFusedAlgos) algo_names.push_back(fused_algo_name(a));
   parser.add_choice("algo", &algo_text, algo_names, "algorithm of the canonical contract (all give the same bits)");

@@ -175,6 +175,7 @@ class CollectiveOp : public GpuOp {
     if (parser.given("seed") && !input_path_.empty()) return "--seed applies to random inputs (--count)";
     return "";
   }
+  int max_blocks() const override { return kMaxBlocks; }
   // NCCL loaded as the library's default does (--algo nccl, and the fallback of an input that fits
   // no buffer); ranks sharing one GPU leave it out by themselves.
   bool needs_nccl(const GpuSettings&) const override { return true; }
@@ -291,7 +292,7 @@ class CollectiveOp : public GpuOp {
               const std::string label = requested == Algorithm::kAuto ? "auto" : cuda::algorithm_name(requested);
               // 3. The variants.
               const bool forced_grids = choice.algo != Algorithm::kCopyEngine && requested != Algorithm::kAuto;
-              for (const Variant& v : verify_variants(forced_grids, kMaxBlocks, false)) {
+              for (const Variant& v : verify_variants(forced_grids, max_blocks(), false)) {
                 const Enqueue enqueue = [&](const Variant& var, cudaStream_t stream) {
                   const cuda::RegisteredBuffer* reg = var.registered ? &registered : nullptr;
                   cuda::CallInfo info;

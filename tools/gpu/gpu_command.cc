@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "cuda_backend/communicator.h"
-#include "cuda_backend/kernel_args.h"
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/gpu_op.h"
@@ -133,7 +132,7 @@ int run_gpu(int argc, char** argv) {
   parser.add_string("output", &s.output, "out.npy: [N, …] every rank's output (written atomically by rank 0)");
   op->add_gpu_flags(parser);
   parser.add_choice("algo", &algo_text, algorithms, op->gpu_algorithm_help());
-  const int max_blocks = op->name() == "fused_rmsnorm" ? 64 : kMaxBlocks;
+  const int max_blocks = op->max_blocks();
   parser.add_int("blocks", &s.blocks, "force the grid's block count (1.." + std::to_string(max_blocks) + ")");
   parser.set_default_note("blocks", "default: the table's choice");
   parser.add_int("threads", &s.threads, "force the threads per block (multiple of 32, 64..1024)");

@@ -171,6 +171,8 @@ class GpuOp {
   // worker starts; `ranks` is --nproc) it also reads the input files, so bad input exits 2 there.
   virtual std::string check_gpu_flags(const cli::ArgParser& parser, const GpuSettings& s, int64_t ranks,
                                       bool in_parent) = 0;
+  // The largest block count of the op's kernels (--blocks' bound, verify's large forced grid).
+  virtual int max_blocks() const = 0;
   // Whether the communicator must load NCCL (for --algo nccl or nccl_split).
   virtual bool needs_nccl(const GpuSettings& s) const = 0;
   // Returns this rank's problem, its inputs on the device. Throws npy::NpyError, std::exception.

@@ -199,4 +199,17 @@ std::string check_fused_arrays(DType dtype, int64_t ranks, const std::string& ra
   return "";
 }
 
+void add_fused_input_flags(cli::ArgParser& parser, FusedInputFlags* flags) {
+  parser.add_string("input", &flags->input, "x.npy: [N, rows, H] partial sums");
+  parser.add_string("residual", &flags->residual, "r.npy: [rows, H] residual (the same on every rank)");
+  parser.add_string("weight", &flags->weight, "w.npy: [H] RMSNorm weight");
+  parser.add_int("rows", &flags->rows, "rows of random inputs (without --input)");
+  parser.set_default_note("rows", "required without --input");
+  parser.add_int("hidden", &flags->hidden, "H of random inputs (without --input)");
+  parser.set_default_note("hidden", "required without --input");
+  parser.add_bool("specials", &flags->specials, "random inputs with NaN, inf, overflow and subnormal rows");
+  parser.add_double("eps", &flags->eps, "RMSNorm epsilon");
+  parser.add_string("residual-output", &flags->residual_output, "ro.npy: [N, rows, H] residual output");
+}
+
 }  // namespace exactcoll::gpu

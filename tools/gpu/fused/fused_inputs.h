@@ -19,9 +19,23 @@
 #include <vector>
 
 #include "core/storage.h"
+#include "tools/cli.h"
 #include "tools/npy/npy.h"
 
 namespace exactcoll::gpu {
+
+// The fused op's input flags, the same in `sim fused_rmsnorm` and `gpu fused_rmsnorm`: the files,
+// or the shape of random inputs, the epsilon and the residual output's file.
+struct FusedInputFlags {
+  std::string input, residual, weight, residual_output;
+  int64_t rows = 0, hidden = 0;
+  bool specials = false;
+  double eps = 1e-6;
+};
+
+// Adds --input --residual --weight --rows --hidden --specials --eps --residual-output to parser,
+// stored in *flags (which must outlive the parse).
+void add_fused_input_flags(cli::ArgParser& parser, FusedInputFlags* flags);
 
 struct FusedInputs {
   int ranks = 0, rows = 0, hidden = 0;

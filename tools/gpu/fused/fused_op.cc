@@ -170,33 +170,25 @@ class FusedRmsNormOp : public GpuOp {
            "the separate norm kernel (not bit-exact)";
   }
   void add_gpu_flags(cli::ArgParser& parser) override {
-    parser.add_string("input", &input_, "x.npy: [N, rows, H] partial sums");
-    parser.add_string("residual", &residual_, "r.npy: [rows, H] residual (the same on every rank)");
-    parser.add_string("weight", &weight_, "w.npy: [H] RMSNorm weight");
-    parser.add_int("rows", &rows_, "rows of random inputs (without --input)");
-    parser.set_default_note("rows", "required without --input");
-    parser.add_int("hidden", &hidden_, "H of random inputs (without --input)");
-    parser.set_default_note("hidden", "required without --input");
-    parser.add_bool("specials", &specials_, "random inputs with NaN, inf, overflow and subnormal rows");
-    parser.add_double("eps", &eps_, "RMSNorm epsilon");
-    parser.add_string("residual-output", &residual_output_, "ro.npy: [N, rows, H] residual output");
+    add_fused_input_flags(parser, &in_);
     parser.add_choice("contract", &contract_, {"canonical"}, "rounding contract (the GPU has the canonical one only)");
   }
   std::string check_gpu_flags(const cli::ArgParser& parser, const GpuSettings& s, int64_t ranks,
                               bool in_parent) override {
-    if (const std::string problem = exactcoll::fused::check_eps(eps_); !problem.empty()) return problem;
+    if (const std::string problem = exactcoll::fused::check_eps(in_.eps); !problem.empty()) return problem;
     const bool files = parser.given("input") || parser.given("residual") || parser.given("weight");
     const bool random = parser.given("rows") || parser.given("hidden");
     if (files == random) return "give either --input, --residual and --weight, or --rows and --hidden (with --seed)";
-    if (files && (input_.empty() || residual_.empty() || weight_.empty())) {
+    if (files && (in_.input.empty() || in_.residual.empty() || in_.weight.empty())) {
       return "--input, --residual and --weight go together";
     }
-    if (files && (parser.given("seed") || specials_)) return "--seed and --specials apply to random inputs (--rows)";
-    if (!s.output.empty() && s.output == residual_output_) return "--output and --residual-output name the same file";
+    if (files && (parser.given("seed") || in_.specials)) return "--seed and --specials apply to random inputs (--rows)";
+    if (!s.output.empty() && s.output == in_.residual_output)
+      return "--output and --residual-output name the same file";
     if (random) {
       const int pack = pack_elements(s.dtype);
-      if (rows_ < 1 || rows_ > (1 << 24)) return "--rows must be 1..16777216";
-      if (hidden_ < 1 || hidden_ > (1 << 24) || hidden_ % pack != 0) {
+      if (in_.rows < 1 || in_.rows > (1 << 24)) return "--rows must be 1..16777216";
+      if (in_.hidden < 1 || in_.hidden > (1 << 24) || in_.hidden % pack != 0) {
         return std::string("--hidden must be a positive multiple of the ") + dtype_name(s.dtype) + " pack (" +
                std::to_string(pack) + " elements), at most 16777216";
       }
@@ -211,6 +203,7 @@ class FusedRmsNormOp : public GpuOp {
     }
     return "";
   }
+  int max_blocks() const override { return kMaxFusedBlocks; }
   bool needs_nccl(const GpuSettings& s) const override { return s.algo == "nccl_split"; }
 
   std::unique_ptr<GpuProblem> load(const GpuSettings& s, cuda::Communicator& comm, int n, int rank) override {
@@ -219,7 +212,8 @@ class FusedRmsNormOp : public GpuOp {
     if (const std::string problem = load_inputs(s, n, rank, &in, &mine); !problem.empty()) {
       throw std::invalid_argument(problem);
     }
-    return std::make_unique<FusedProblem>(s, comm, in, mine, static_cast<float>(eps_), s.output, residual_output_);
+    return std::make_unique<FusedProblem>(s, comm, in, mine, static_cast<float>(in_.eps), s.output,
+                                          in_.residual_output);
   }
 
   // ---- verify ----
@@ -233,7 +227,7 @@ class FusedRmsNormOp : public GpuOp {
     parser.add_int("max-elements", &max_elements_, "fused_rmsnorm: skip (H, rows) with rows * H above this");
     parser.add_int("sim-all-max-elements", &sim_all_max_elements_,
                    "fused_rmsnorm: simulate each GPU algorithm itself up to this rows * H (one_stage above)");
-    parser.add_double("eps", &eps_, "fused_rmsnorm: RMSNorm epsilon");
+    parser.add_double("eps", &in_.eps, "fused_rmsnorm: RMSNorm epsilon");
   }
   std::vector<std::string> verify_flag_names() const override {
     return {"hidden", "rows", "algos", "max-elements", "sim-all-max-elements", "eps"};
@@ -261,7 +255,7 @@ class FusedRmsNormOp : public GpuOp {
     if (max_elements_ < 1 || sim_all_max_elements_ < 0) {
       return "--max-elements must be positive and --sim-all-max-elements at least 0";
     }
-    return exactcoll::fused::check_eps(eps_);
+    return exactcoll::fused::check_eps(in_.eps);
   }
   bool wants_small_communicator() const override { return true; }
   std::string verify_header() const override {
@@ -271,7 +265,7 @@ class FusedRmsNormOp : public GpuOp {
 
   void verify(VerifyContext& ctx, const std::vector<DType>& dtypes) override {
     const int n = ctx.worker.world_size(), rank = ctx.worker.rank();
-    const float eps = static_cast<float>(eps_);
+    const float eps = static_cast<float>(in_.eps);
     cuda::fused::FusedRmsNorm fused(*ctx.comms.main), small_fused(*ctx.comms.small);
     // 1. Buffers for the largest problem; x registered once (the chunked variant stages).
     size_t max_count = 0, max_hidden = 0;
@@ -329,7 +323,7 @@ class FusedRmsNormOp : public GpuOp {
               // 3. The variants.
               const bool named = requested != FusedAlgorithm::kAuto;
               for (const Variant& v :
-                   verify_variants(named, kMaxFusedBlocks, named && requested != FusedAlgorithm::kUnfused)) {
+                   verify_variants(named, max_blocks(), named && requested != FusedAlgorithm::kUnfused)) {
                 cuda::fused::FusedRmsNorm& f = v.small ? small_fused : fused;
                 const Enqueue enqueue = [&](const Variant& var, cudaStream_t stream) {
                   return report_of(f.run(buffers.view(), shape, requested, stream,
@@ -361,22 +355,22 @@ class FusedRmsNormOp : public GpuOp {
   // This rank's problem: from the files, or made from the seed (rank -1: check the files only).
   // Returns an error message or "".
   std::string load_inputs(const GpuSettings& s, int ranks, int rank, FusedInputs* in, Bytes* mine) const {
-    if (input_.empty()) {
-      *in = make_fused_inputs(s.dtype, ranks, static_cast<int>(rows_), static_cast<int>(hidden_), s.seed, specials_,
-                              rank);
+    if (in_.input.empty()) {
+      *in = make_fused_inputs(s.dtype, ranks, static_cast<int>(in_.rows), static_cast<int>(in_.hidden), s.seed,
+                              in_.specials, rank);
       if (rank >= 0) *mine = in->x[static_cast<size_t>(rank)];
       return "";
     }
     npy::NpyArray x, residual, weight;
     try {
-      x = npy::read_npy(cli::resolve_path(input_));
-      residual = npy::read_npy(cli::resolve_path(residual_));
-      weight = npy::read_npy(cli::resolve_path(weight_));
+      x = npy::read_npy(cli::resolve_path(in_.input));
+      residual = npy::read_npy(cli::resolve_path(in_.residual));
+      weight = npy::read_npy(cli::resolve_path(in_.weight));
     } catch (const npy::NpyError& e) {
       return e.what();
     }
-    if (const std::string problem =
-            check_fused_arrays(s.dtype, ranks, "--nproc", {input_, x}, {residual_, residual}, {weight_, weight});
+    if (const std::string problem = check_fused_arrays(s.dtype, ranks, "--nproc", {in_.input, x},
+                                                       {in_.residual, residual}, {in_.weight, weight});
         !problem.empty()) {
       return problem;
     }
@@ -392,11 +386,9 @@ class FusedRmsNormOp : public GpuOp {
     return "";
   }
 
-  // gpu's flags.
-  std::string input_, residual_, weight_, residual_output_, contract_ = "canonical";
-  int64_t rows_ = 0, hidden_ = 0;
-  bool specials_ = false;
-  double eps_ = 1e-6;  // gpu's and verify's
+  // gpu's flags (in_.eps is verify's --eps too).
+  FusedInputFlags in_;
+  std::string contract_ = "canonical";
   // verify's flags.
   std::string hidden_text_ = "2880,4096,5120,7168,8192,16384", rows_text_ = "1,2,3,7,16,64,257,1024,4096",
               algos_text_ =
