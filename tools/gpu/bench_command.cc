@@ -1,25 +1,33 @@
-// `exactcoll bench --nproc N [--op …] [--dtype …] [--json FILE] [--csv FILE]`: an nccl-tests-style
-// table of the CUDA collectives against NCCL, measured in the same run.
+// `exactcoll bench --nproc N [--op …] [--dtype …] [sizes] [--algos …] [--json FILE] [--csv FILE]`:
+// an nccl-tests-style table of one op's algorithms, NCCL's among them, measured in the same run.
+// The driver is the same for every op; what differs (sizes, algorithms, one call, its check) is the
+// op's GpuOp (tools/gpu/gpu_op.h: bench_load and the BenchProblem it returns).
 //
-// Per message size (rows × hidden elements; defaults bf16, hidden 8192, rows 1, 2, 4 … 4096):
-//   1. every rank makes every rank's input; the simulator computes the expected outputs;
-//   2. this rank's input goes into a registered buffer (what CUDA-graph users do);
-//   3. per algorithm (the op's IPC algorithms, auto, nccl): one checked run (#wrong = output
-//      elements, summed over ranks, outside what the implementation promises: exactcoll the
-//      simulator's bits, NCCL's sums the bound of check_sum_within_bound; NCCL's #!=contract = its
-//      elements whose bits differ from the simulator's), then the per-op time by CUDA-graph replay
-//      (ops per graph, median of replays) and by eager launches; rank 0 says when a size is done;
-//   4. times are the maximum over ranks of each rank's median; algbw = bytes / time, busbw =
-//      algbw × 2(n-1)/n (all-reduce) or × (n-1)/n (reduce-scatter, all-gather), as nccl-tests.
-// Also measured first: the NVLink bound, a 64 MiB copy-engine copy from rank 1's buffer into rank
-// 0's (the others idle), and the all-reduce time it implies for the largest message.
+// Steps:
+//   1. Sizes: --rows × --hidden elements, or nccl-tests' -b/-e/-f bytes (rows of --hidden
+//      elements; the collectives' default hidden is then 1, one element per row).
+//   2. One communicator (buffers: the op's least for these sizes or the library's 128 MiB,
+//      whichever is larger, or --buffer-mib), and the op's problem: its buffers for the largest
+//      size, the input registered once (what CUDA-graph users do).
+//   3. The NVLink bound (2+ ranks, unless --no-bound): a copy-engine copy from rank 1's buffer
+//      into rank 0's (the others idle), and every rank pulling from rank + 1 at once.
+//   4. Per size, per algorithm: one checked run (outputs poisoned first; #wrong = output elements,
+//      summed over ranks, outside what the implementation promises; an inexact algorithm's
+//      #!=contract = its elements whose bits differ from the contract's), then the per-op time by
+//      CUDA-graph replay (ops per graph, median of replays) and by eager launches. Rank 0 prints
+//      each size's times as they are measured (stderr). An op whose problem tunes_auto() (the
+//      fused op's --write-table) measures auto last, after making its table from the others.
+//   5. Times are the maximum over ranks of each rank's median; algbw = bytes / time, busbw =
+//      algbw × the op's bus factor (all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n),
+//      as nccl-tests. Tables (graph, eager), a summary of auto against the op's baselines, and
+//      the JSON/CSV files (atomic).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <iostream>
+#include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -29,49 +37,25 @@
 #include "cuda_backend/nccl_api.h"
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
-#include "tools/gpu/fused/fused_commands.h"
+#include "tools/gpu/gpu_op.h"
 #include "tools/gpu/inputs.h"
-#include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
 #include "tools/npy/npy.h"
 
 namespace exactcoll::gpu {
 namespace {
 
-using cuda::Algorithm;
-using cuda::Communicator;
-using cuda::Op;
+constexpr const char* kCommand = "bench";
 
 struct BenchOptions {
-  Op op = Op::kAllReduce;
-  DType dtype = DType::kBF16;
-  int64_t hidden = 8192;
-  std::vector<int64_t> rows;
-  std::vector<Algorithm> algos;
+  BenchSettings settings;
+  std::vector<BenchSize> sizes;
+  std::vector<std::string> algos;
   int64_t graph_ops = 20, replays = 25, warmup = 3, eager_rounds = 10;
-  bool eager = true, check = true, bound = true, pdl = true;
-  std::string json_path, csv_path, table_path;
-  int64_t timeout_ms = 10000;
-  uint64_t seed = 1;
-  int64_t buffer_mib = 0;  // 0: the largest message or a default communicator's, whichever is larger
+  int64_t timeout_ms = 10000, buffer_mib = 0;
+  bool eager = true, bound = true, pdl = true;
+  std::string json_path, csv_path;
 };
-
-struct Result {
-  int64_t rows = 0;
-  uint64_t count = 0;                 // elements (nccl-tests' count: the message's elements)
-  uint64_t bytes = 0;                 // message bytes (all-reduce: per-rank buffer; RS: input; AG: output)
-  Algorithm algo = Algorithm::kAuto;  // requested
-  std::string chosen;                 // what ran ("one_shot 32x512")
-  double graph_us = 0, eager_us = 0;
-  uint64_t wrong = 0;   // elements outside what the implementation promises (see the table header)
-  uint64_t differ = 0;  // elements whose bits differ from the contract (the simulator's)
-  bool exact = true;
-};
-
-double bus_factor(Op op, int n) {
-  if (n <= 1) return 1;
-  return op == Op::kAllReduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
-}
 
 std::string fmt(const char* format, double v) {
   char text[64];
@@ -79,48 +63,16 @@ std::string fmt(const char* format, double v) {
   return text;
 }
 
-// Copy-engine copy from rank 1's registered buffer into rank 0's output, others idle: GB/s.
-double measure_peer_copy_gbs(Worker& w, Communicator& comm, const cuda::RegisteredBuffer& reg, void* dst, size_t bytes,
-                             cudaStream_t stream) {
-  w.barrier("bound");
-  double gbs = 0;
-  if (w.rank() == 0) {
-    const void* src = comm.peer_address(reg, 1);
-    std::vector<double> us;
-    cudaEvent_t a, b;
-    EXC_CUDA_CHECK(cudaEventCreate(&a));
-    EXC_CUDA_CHECK(cudaEventCreate(&b));
-    for (int i = 0; i < 12; ++i) {
-      EXC_CUDA_CHECK(cudaEventRecord(a, stream));
-      EXC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-      EXC_CUDA_CHECK(cudaEventRecord(b, stream));
-      EXC_CUDA_CHECK(cudaEventSynchronize(b));
-      float ms = 0;
-      EXC_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-      if (i >= 2) us.push_back(ms * 1000.0);
-    }
-    (void)cudaEventDestroy(a);
-    (void)cudaEventDestroy(b);
-    gbs = static_cast<double>(bytes) / (median(us) * 1e3);
-  }
-  w.barrier("bound_done");
-  const auto all = w.all_gather("bound_gbs", fmt("%.6f", gbs));
-  return std::stod(all[0]);
-}
-
-// Every rank at once pulls `bytes` from rank + 1's registered buffer by copy engine (lined up by a
-// device barrier before each copy): the per-GPU inbound GB/s with NVLink busy in both directions,
-// as during an all-reduce. Returns the slowest rank's median.
-double measure_all_pull_gbs(Worker& w, Communicator& comm, const cuda::RegisteredBuffer& reg, void* dst, size_t bytes,
-                            cudaStream_t stream) {
-  w.barrier("all_pull");
-  const void* src = comm.peer_address(reg, (w.rank() + 1) % w.world_size());
+// Returns the median of 10 timed copy-engine copies of `bytes` from src to dst on stream (2
+// untimed first), in µs; `before` runs ahead of each copy.
+double time_copy_us(const void* src, void* dst, size_t bytes, cudaStream_t stream,
+                    const std::function<void()>& before) {
   std::vector<double> us;
   cudaEvent_t a, b;
   EXC_CUDA_CHECK(cudaEventCreate(&a));
   EXC_CUDA_CHECK(cudaEventCreate(&b));
   for (int i = 0; i < 12; ++i) {
-    comm.device_barrier(stream);
+    before();
     EXC_CUDA_CHECK(cudaEventRecord(a, stream));
     EXC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
     EXC_CUDA_CHECK(cudaEventRecord(b, stream));
@@ -129,80 +81,137 @@ double measure_all_pull_gbs(Worker& w, Communicator& comm, const cuda::Registere
     EXC_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     if (i >= 2) us.push_back(ms * 1000.0);
   }
-  comm.check(stream);
   (void)cudaEventDestroy(a);
   (void)cudaEventDestroy(b);
-  const double gbs = static_cast<double>(bytes) / (median(us) * 1e3);
-  double slowest = 0;
-  for (const auto& s : w.all_gather("all_pull_gbs", fmt("%.6f", gbs))) {
-    const double v = std::stod(s);
-    slowest = slowest == 0 ? v : std::min(slowest, v);
-  }
-  return slowest;
+  return median(us);
 }
 
-int bench_worker(const BenchOptions& o) {
-  Worker w("bench");
+// The NVLink bound: (1) a copy-engine copy from rank 1's registered buffer into rank 0's, the
+// others idle, and (2) every rank at once pulling from rank + 1 (lined up by a device barrier
+// before each copy), NVLink busy both ways as in an all-reduce. Returns GB/s of (1), and of (2)
+// the slowest rank's, in *all_pull_gbs.
+double measure_bound_gbs(Worker& w, cuda::Communicator& comm, size_t bytes, cudaStream_t stream, double* all_pull_gbs) {
+  DeviceBuffer src(bytes), dst(bytes);
+  const cuda::RegisteredBuffer reg = comm.register_buffer(src.get(), bytes);
+  w.barrier("bound");
+  double gbs = 0;
+  if (w.rank() == 0) {
+    gbs = static_cast<double>(bytes) / (time_copy_us(comm.peer_address(reg, 1), dst.get(), bytes, stream, [] {}) * 1e3);
+  }
+  w.barrier("bound_done");
+  gbs = std::stod(w.all_gather("bound_gbs", fmt("%.6f", gbs))[0]);
+  const void* peer = comm.peer_address(reg, (w.rank() + 1) % w.world_size());
+  const double mine = static_cast<double>(bytes) /
+                      (time_copy_us(peer, dst.get(), bytes, stream, [&] { comm.device_barrier(stream); }) * 1e3);
+  comm.check(stream);
+  *all_pull_gbs = 0;
+  for (const auto& s : w.all_gather("all_pull_gbs", fmt("%.6f", mine))) {
+    const double v = std::stod(s);
+    *all_pull_gbs = *all_pull_gbs == 0 ? v : std::min(*all_pull_gbs, v);
+  }
+  return gbs;
+}
+
+// Step 4 for one (size, algorithm): the checked run, the timings, agreed over ranks.
+BenchResult measure(Worker& w, cuda::Communicator& comm, BenchProblem& problem, const BenchSize& size,
+                    const std::string& algo, const BenchOptions& o, cudaStream_t stream) {
+  BenchResult r;
+  r.size = size;
+  r.algo = algo;
+  r.count = problem.count_of(size);
+  r.bytes = problem.bytes_of(size);
+  const Enqueue enqueue = [&](const Variant&, cudaStream_t s) { return problem.enqueue(algo, s); };
+  Variant registered;
+  registered.name = "registered";
+  registered.registered = true;
+  // 4a. One checked run.
+  w.barrier("check");
+  std::vector<Bytes> got;
+  const CallReport ran = run_checked(enqueue, registered, problem.outputs(), 1, comm, stream,
+                                     [&](int, const std::vector<Bytes>& outputs) { got = outputs; });
+  const BenchCheck mine = problem.check(algo, ran, got);
+  r.chosen = ran.algo;
+  if (!ran.detail.empty()) r.chosen += "+" + ran.detail.substr(ran.detail.rfind(' ') + 1);
+  if (ran.grid.blocks > 0) r.chosen += " " + std::to_string(ran.grid.blocks) + "x" + std::to_string(ran.grid.threads);
+  r.exact = ran.exact;
+  // 4b. Graph replay, 4c. eager.
+  const auto call = [&] { problem.enqueue(algo, stream); };
+  const auto check = [&] { comm.check(stream); };
+  w.barrier("graph");
+  const double graph_us = time_graph_us(stream, call, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),
+                                        static_cast<int>(o.replays), check);
+  comm.check(stream);
+  double eager_us = 0;
+  if (o.eager) {
+    w.barrier("eager");
+    eager_us = time_eager_us(stream, call, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),
+                             static_cast<int>(o.eager_rounds), check);
+    comm.check(stream);
+  }
+  // 5. Over ranks: the slowest rank's time, the summed counts.
+  const auto all = w.all_gather("result", fmt("%.6f", graph_us) + " " + fmt("%.6f", eager_us) + " " +
+                                              std::to_string(mine.wrong) + " " + std::to_string(mine.differ) + " " +
+                                              (mine.promise_checked ? "1 " : "0 ") + (mine.compared ? "1" : "0"));
+  r.check.promise_checked = r.check.compared = true;
+  for (const auto& text : all) {
+    std::istringstream is(text);
+    double g = 0, e = 0;
+    uint64_t wrong = 0, differ = 0;
+    int promise_checked = 0, compared = 0;
+    is >> g >> e >> wrong >> differ >> promise_checked >> compared;
+    r.graph_us = std::max(r.graph_us, g);
+    r.eager_us = std::max(r.eager_us, e);
+    r.check.wrong += wrong;
+    r.check.differ += differ;
+    r.check.promise_checked = r.check.promise_checked && promise_checked == 1;
+    r.check.compared = r.check.compared && compared == 1;
+  }
+  return r;
+}
+
+int bench_worker(GpuOp& op, const BenchOptions& o) {
+  Worker w(kCommand);
   const int n = w.world_size(), rank = w.rank();
-  const size_t elem = static_cast<size_t>(dtype_size(o.dtype));
+  const BenchSettings& s = o.settings;
+  // 2. The communicator and the op's problem.
   cuda::CommunicatorOptions co;
   co.name = "bench";
   co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
   co.programmatic_launch = o.pdl;
-  if (!o.table_path.empty()) {
-    std::ifstream file(o.table_path);
-    if (!file) return cli::fail("bench", "cannot open --table " + o.table_path);
-    std::stringstream text;
-    text << file.rdbuf();
-    co.table = cuda::DispatchTable::parse(text.str(), o.table_path);
+  size_t least_bytes = 0;
+  op.bench_communicator(s, o.sizes, n, o.algos, &co, &least_bytes);
+  co.buffer_bytes = std::max(least_bytes, buffer_bytes_for(o.buffer_mib));
+  cuda::Communicator comm(w.store(), rank, n, co);
+  if (!comm.ipc_ready()) {
+    return cli::fail(kCommand, "the IPC path is unavailable: " + comm.ipc_unavailable_reason(), cli::kExitFailure);
   }
-  // 1. Sizes: per-rank input and output elements of each message.
-  auto counts_of = [&](int64_t rows) {
-    const uint64_t total = static_cast<uint64_t>(rows) * static_cast<uint64_t>(o.hidden);
-    uint64_t in = total;
-    if (o.op == Op::kReduceScatter) in = total - total % static_cast<uint64_t>(n);
-    if (o.op == Op::kAllGather) in = total / static_cast<uint64_t>(n);
-    return std::max<uint64_t>(in, 1);
-  };
-  size_t max_in = 0, max_out = 0;
-  for (int64_t r : o.rows) {
-    const uint64_t in = counts_of(r);
-    max_in = std::max<size_t>(max_in, in * elem);
-    max_out = std::max<size_t>(max_out, output_count(o.op, in, n) * elem);
-  }
-  // At least a default communicator's buffers, so that auto chooses as it would for a user
-  // (push_one_shot and push_two_shot need 2 x n x the message of scratch; larger buffers with
-  // --buffer-mib let auto run them on larger messages).
-  co.buffer_bytes = std::max<size_t>(
-      max_in, o.buffer_mib > 0 ? static_cast<size_t>(o.buffer_mib) << 20 : cuda::CommunicatorOptions{}.buffer_bytes);
-  Communicator comm(w.store(), rank, n, co);
-  if (!comm.ipc_ready()) return cli::fail("bench", "the IPC path is unavailable: " + comm.ipc_unavailable_reason(), 3);
-  DeviceBuffer input(max_in), output(max_out);
-  const cuda::RegisteredBuffer reg = comm.register_buffer(input.get(), max_in);
+  const std::unique_ptr<BenchProblem> problem = op.bench_load(s, comm, o.sizes, n, rank);
   Stream stream;
-  Simulator simulator(n);
+  uint64_t max_bytes = 0;
+  for (const BenchSize& size : o.sizes) max_bytes = std::max(max_bytes, problem->bytes_of(size));
+  {
+    std::ostringstream head;
+    head << "# exactcoll bench: " << op.name() << " " << dtype_name(s.dtype) << ", " << n << " ranks on "
+         << w.device_name() << " (" << comm.arch() << "); NCCL "
+         << (comm.nccl_ready() ? cuda::NcclApi::get().version() : std::string("not loaded")) << "\n"
+         << "# time: max over ranks of the median per-op µs; graph: " << o.graph_ops << " ops per CUDA graph, "
+         << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops
+         << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; buffers "
+         << (co.buffer_bytes >> 20) << " MiB per rank"
+         << "\n# #wrong: output elements (all ranks) outside what the implementation promises: exactcoll the\n"
+         << "#   contract's bits; NCCL's sums |got - exact| <= gamma_n * sum|x| (tools/gpu/reference.h), its\n"
+         << "#   all-gather the input bits; '-' = not checked. #!=contract (NCCL): elements whose bits differ\n"
+         << "#   from the contract: the rounding NCCL's order gives, not corruption\n";
+    print_leader(w, head.str());
+  }
 
-  std::ostringstream head;
-  head << "# exactcoll bench: " << op_name(o.op) << " " << dtype_name(o.dtype) << ", " << n << " ranks on "
-       << w.device_name() << " (" << comm.arch() << "), hidden " << o.hidden << "; NCCL "
-       << (comm.nccl_ready() ? cuda::NcclApi::get().version() : std::string("unavailable")) << "\n"
-       << "# time: max over ranks of the median per-op µs; graph: " << o.graph_ops << " ops per CUDA graph, "
-       << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops
-       << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; buffers "
-       << (co.buffer_bytes >> 20) << " MiB per rank"
-       << "\n# #wrong: output elements (all ranks) outside what the implementation promises: exactcoll the\n"
-       << "#   contract's bits (the simulator's); NCCL's sums |got - exact| <= gamma_n * sum|x| (tools/gpu/\n"
-       << "#   reference.h), its all-gather the input bits. #!=contract (NCCL): elements whose bits differ\n"
-       << "#   from the contract: the rounding NCCL's order gives, not corruption\n";
-  print_leader(w, head.str());
-
-  // 2. The NVLink bound.
+  // 3. The NVLink bound.
   double bound_gbs = 0;
   if (o.bound && n >= 2) {
-    const size_t copy_bytes = std::min<size_t>(max_in, size_t{64} << 20);
-    if (copy_bytes >= (size_t{1} << 20) && max_out >= copy_bytes) {
-      bound_gbs = measure_peer_copy_gbs(w, comm, reg, output.get(), copy_bytes, stream.get());
-      const double all_pull_gbs = measure_all_pull_gbs(w, comm, reg, output.get(), copy_bytes, stream.get());
+    const size_t copy_bytes = std::min<uint64_t>(max_bytes, uint64_t{64} << 20);
+    if (copy_bytes >= (size_t{1} << 20)) {
+      double all_pull_gbs = 0;
+      bound_gbs = measure_bound_gbs(w, comm, copy_bytes, stream.get(), &all_pull_gbs);
       std::ostringstream os;
       os << "# NVLink bound: copy-engine peer copy rank 1 -> rank 0 of " << (copy_bytes >> 20)
          << " MiB: " << fmt("%.1f", bound_gbs)
@@ -212,133 +221,90 @@ int bench_worker(const BenchOptions& o) {
     }
   }
 
-  // 3. Sizes × algorithms.
-  std::vector<Result> results;
-  for (int64_t rows : o.rows) {
-    const uint64_t count = counts_of(rows);
-    const uint64_t out_count = output_count(o.op, count, n);
-    const uint64_t msg_count = o.op == Op::kAllGather ? out_count : count;
-    const std::vector<Bytes> inputs =
-        make_inputs(o.dtype, count, n, o.seed + static_cast<uint64_t>(rows), Pattern::kRandom);
-    Bytes want;
-    if (o.check) {
-      const Algorithm sim_algo = o.op == Op::kAllReduce ? Algorithm::kOneShot : Algorithm::kDirect;
-      want = simulator.run(o.op, sim_algo, o.dtype, inputs, count, 8)[static_cast<size_t>(rank)];
+  // 4. Sizes × algorithms (auto last when the problem tunes it).
+  std::map<std::pair<size_t, std::string>, BenchResult> by_point;
+  const bool auto_last = problem->tunes_auto();
+  auto progress = [&](size_t i, bool auto_only) {
+    if (!w.leader()) return;
+    std::ostringstream os;
+    os << "# bench " << op.name() << ": size " << i + 1 << " of " << o.sizes.size() << ", "
+       << problem->bytes_of(o.sizes[i]) << " bytes (rows " << o.sizes[i].rows << ", hidden " << o.sizes[i].hidden
+       << "):";
+    for (const std::string& a : o.algos) {
+      const auto it = by_point.find({i, a});
+      if (it == by_point.end() || (auto_only && a != "auto")) continue;
+      os << " " << a << " " << fmt("%.2f", it->second.graph_us);
     }
-    EXC_CUDA_CHECK(
-        cudaMemcpy(input.get(), inputs[static_cast<size_t>(rank)].data(), count * elem, cudaMemcpyHostToDevice));
-    for (Algorithm algo : o.algos) {
-      auto enqueue = [&] {
-        switch (o.op) {
-          case Op::kAllReduce:
-            return comm.allreduce(input.get(), output.get(), count, o.dtype, algo, stream.get(), &reg);
-          case Op::kReduceScatter:
-            return comm.reduce_scatter(input.get(), output.get(), count, o.dtype, algo, stream.get(), &reg);
-          case Op::kAllGather:
-            return comm.allgather(input.get(), output.get(), count, o.dtype, algo, stream.get(), &reg);
-        }
-        return cuda::CallInfo{};
-      };
-      Result r;
-      r.rows = rows;
-      r.count = msg_count;
-      r.bytes = msg_count * elem;
-      r.algo = algo;
-      // 3a. One checked run.
-      w.barrier("check");
-      EXC_CUDA_CHECK(cudaMemsetAsync(output.get(), 0xA5, out_count * elem, stream.get()));
-      const cuda::CallInfo info = enqueue();
-      comm.check(stream.get());
-      r.chosen = cuda::algorithm_name(info.algo);
-      if (info.grid.blocks > 0)
-        r.chosen += " " + std::to_string(info.grid.blocks) + "x" + std::to_string(info.grid.threads);
-      r.exact = info.exact;
-      uint64_t wrong = 0, differ = 0;
-      if (o.check) {
-        Bytes got(out_count * elem);
-        EXC_CUDA_CHECK(cudaMemcpy(got.data(), output.get(), got.size(), cudaMemcpyDeviceToHost));
-        differ = compare_bits(o.dtype, got.data(), want.data(), out_count).mismatches;
-        // What each implementation promises: exactcoll the contract's bits; an inexact sum (NCCL's)
-        // only the sum bound; an all-gather, whoever runs it, the bits it was given.
-        wrong = info.exact || o.op == Op::kAllGather
-                    ? differ
-                    : check_sum_within_bound(o.op, o.dtype, inputs, count, rank, got.data()).outside;
-      }
-      // 3b. Graph replay, 3c. eager.
-      w.barrier("graph");
-      const double graph_us = time_graph_us(
-          stream.get(), [&] { enqueue(); }, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),
-          static_cast<int>(o.replays), [&] { comm.check(stream.get()); });
-      comm.check(stream.get());
-      double eager_us = 0;
-      if (o.eager) {
-        w.barrier("eager");
-        eager_us = time_eager_us(
-            stream.get(), [&] { enqueue(); }, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),
-            static_cast<int>(o.eager_rounds), [&] { comm.check(stream.get()); });
-        comm.check(stream.get());
-      }
-      // 4. Over ranks.
-      const auto all = w.all_gather("result", fmt("%.6f", graph_us) + " " + fmt("%.6f", eager_us) + " " +
-                                                  std::to_string(wrong) + " " + std::to_string(differ));
-      for (const auto& text : all) {
-        std::istringstream is(text);
-        double g = 0, e = 0;
-        uint64_t wr = 0, df = 0;
-        is >> g >> e >> wr >> df;
-        r.graph_us = std::max(r.graph_us, g);
-        r.eager_us = std::max(r.eager_us, e);
-        r.wrong += wr;
-        r.differ += df;
-      }
-      results.push_back(r);
+    os << " us (graph)\n";
+    std::fputs(os.str().c_str(), stderr);
+  };
+  for (size_t i = 0; i < o.sizes.size(); ++i) {
+    problem->prepare(o.sizes[i]);
+    for (const std::string& a : o.algos) {
+      if (auto_last && a == "auto") continue;
+      by_point[{i, a}] = measure(w, comm, *problem, o.sizes[i], a, o, stream.get());
     }
-    // Progress: a long run says where it is (the tables come at the end).
-    if (w.leader()) {
-      std::fprintf(stderr, "# bench: %llu bytes measured (size %zu of %zu)\n",
-                   static_cast<unsigned long long>(results.back().bytes), results.size() / o.algos.size(),
-                   o.rows.size());
+    progress(i, false);
+  }
+  if (auto_last) {
+    std::vector<BenchResult> measured;
+    for (const auto& [key, r] : by_point) measured.push_back(r);
+    problem->tune(measured, w);
+    if (std::find(o.algos.begin(), o.algos.end(), "auto") != o.algos.end()) {
+      for (size_t i = 0; i < o.sizes.size(); ++i) {
+        problem->prepare(o.sizes[i]);
+        by_point[{i, "auto"}] = measure(w, comm, *problem, o.sizes[i], "auto", o, stream.get());
+        progress(i, true);
+      }
     }
+  }
+  std::vector<BenchResult> results;  // size-major, in --algos order
+  for (size_t i = 0; i < o.sizes.size(); ++i) {
+    for (const std::string& a : o.algos) results.push_back(by_point.at({i, a}));
   }
 
   // 5. Tables (rank 0).
   if (!w.leader()) return cli::kExitOk;
-  const double bf = bus_factor(o.op, n);
+  const double bf = op.bus_factor(n);
+  const size_t per_size = o.algos.size();
+  bool several_hidden = false;
+  for (const BenchSize& size : o.sizes) several_hidden = several_hidden || size.hidden != o.sizes[0].hidden;
+  std::map<std::string, bool> inexact;  // per algorithm: some call ran NCCL's sums
+  for (const BenchResult& r : results) inexact[r.algo] = inexact[r.algo] || !r.exact;
   // Each column's first field holds its name in the header and auto's choice in the rows: as wide
   // as the longest of those (at least 12), so that the numbers stay under their headings.
-  auto chosen_name = [](const Result& r) {
-    return r.algo == Algorithm::kAuto ? r.chosen.substr(0, r.chosen.find(' ')) : std::string();
+  auto chosen_name = [](const BenchResult& r) {
+    return r.algo == "auto" ? r.chosen.substr(0, r.chosen.find(' ')) : std::string();
   };
   size_t name_width = 12;
-  for (Algorithm a : o.algos) name_width = std::max(name_width, std::string(cuda::algorithm_name(a)).size());
-  for (const Result& r : results) name_width = std::max(name_width, chosen_name(r).size());
+  for (const std::string& a : o.algos) name_width = std::max(name_width, a.size());
+  for (const BenchResult& r : results) name_width = std::max(name_width, chosen_name(r).size());
   auto table = [&](bool graph) {
     std::ostringstream os;
     os << "\n# " << (graph ? "CUDA graph" : "eager") << "\n";
-    os << "#      size      count  type redop";
-    for (Algorithm a : o.algos) {
-      const std::string name = cuda::algorithm_name(a);
-      os << " | " << name;
-      for (size_t i = name.size(); i < name_width; ++i) os << ' ';
-      os << "  time(us) algbw busbw #wrong" << (a == Algorithm::kNccl ? " #!=contract" : "");
+    os << "#      size      count  type redop" << (several_hidden ? " hidden" : "");
+    for (const std::string& a : o.algos) {
+      os << " | " << a << std::string(name_width - a.size(), ' ') << "  time(us) algbw busbw #wrong"
+         << (inexact[a] ? " #!=contract" : "");
     }
     os << "\n";
-    for (size_t i = 0; i < results.size(); i += o.algos.size()) {
-      char lead[64];
+    for (size_t i = 0; i < results.size(); i += per_size) {
+      char lead[80];
       std::snprintf(lead, sizeof lead, "%11llu %10llu %5s %5s", static_cast<unsigned long long>(results[i].bytes),
-                    static_cast<unsigned long long>(results[i].count), dtype_name(o.dtype),
-                    o.op == Op::kAllGather ? "none" : "sum");
+                    static_cast<unsigned long long>(results[i].count), dtype_name(s.dtype), op.bench_redop().c_str());
       os << lead;
-      for (size_t j = 0; j < o.algos.size(); ++j) {
-        const Result& r = results[i + j];
+      if (several_hidden) os << fmt(" %6.0f", static_cast<double>(results[i].size.hidden));
+      for (size_t j = 0; j < per_size; ++j) {
+        const BenchResult& r = results[i + j];
         const double us = graph ? r.graph_us : r.eager_us;
         const double algbw = static_cast<double>(r.bytes) / (us * 1e3);
+        const std::string wrong = r.check.promise_checked ? std::to_string(r.check.wrong) : "-";
         char cell[160];
-        std::snprintf(cell, sizeof cell, " | %-*s %8.2f %5.1f %5.1f %6llu", static_cast<int>(name_width),
-                      chosen_name(r).c_str(), us, algbw, algbw * bf, static_cast<unsigned long long>(r.wrong));
+        std::snprintf(cell, sizeof cell, " | %-*s %8.2f %5.1f %5.1f %6s", static_cast<int>(name_width),
+                      chosen_name(r).c_str(), us, algbw, algbw * bf, wrong.c_str());
         os << cell;
-        if (r.algo == Algorithm::kNccl) {
-          std::snprintf(cell, sizeof cell, " %11llu", static_cast<unsigned long long>(r.differ));
+        if (inexact[r.algo]) {
+          std::snprintf(cell, sizeof cell, " %11s", r.check.compared ? std::to_string(r.check.differ).c_str() : "-");
           os << cell;
         }
       }
@@ -349,61 +315,82 @@ int bench_worker(const BenchOptions& o) {
   std::ostringstream out;
   out << table(true);
   if (o.eager) out << table(false);
-  // Summary against the targets: auto vs NCCL (graph).
-  const auto find = [&](size_t i, Algorithm a) -> const Result* {
-    for (size_t j = 0; j < o.algos.size(); ++j) {
+  // Summary: auto against the op's baselines (graph).
+  const auto find = [&](size_t i, const std::string& a) -> const BenchResult* {
+    for (size_t j = 0; j < per_size; ++j) {
       if (results[i + j].algo == a) return &results[i + j];
     }
     return nullptr;
   };
-  out << "\n# summary (CUDA graph): auto / nccl\n#      size   auto(us)   nccl(us)  ratio  auto ran\n";
-  // The exit code: exactcoll's promise; NCCL's sums outside their bound are printed, not failed on.
-  uint64_t total_wrong = 0, nccl_outside = 0;
-  for (const auto& r : results) (r.exact ? total_wrong : nccl_outside) += r.wrong;
-  for (size_t i = 0; i < results.size(); i += o.algos.size()) {
-    const Result* a = find(i, Algorithm::kAuto);
-    const Result* nc = find(i, Algorithm::kNccl);
-    if (a == nullptr) continue;
-    char line[160];
-    std::snprintf(line, sizeof line, "%11llu %10.2f %10.2f %6s  %s\n", static_cast<unsigned long long>(a->bytes),
-                  a->graph_us, nc != nullptr ? nc->graph_us : 0.0,
-                  nc != nullptr ? fmt("%.3f", a->graph_us / nc->graph_us).c_str() : "-", a->chosen.c_str());
-    out << line;
+  std::vector<std::string> baselines;
+  for (const std::string& b : op.bench_baselines()) {
+    if (std::find(o.algos.begin(), o.algos.end(), b) != o.algos.end()) baselines.push_back(b);
+  }
+  if (std::find(o.algos.begin(), o.algos.end(), "auto") != o.algos.end()) {
+    out << "\n# summary (CUDA graph): auto against";
+    for (const std::string& b : baselines) out << " " << b;
+    out << (baselines.empty() ? " nothing (no baseline measured)" : "") << "; ratio = auto / baseline\n";
+    out << "#      size" << (several_hidden ? " hidden" : "") << "   auto(us)";
+    for (const std::string& b : baselines) {
+      char head[64];
+      std::snprintf(head, sizeof head, " %10s  ratio", (b + "(us)").c_str());
+      out << head;
+    }
+    out << "  auto ran\n";
+    for (size_t i = 0; i < results.size(); i += per_size) {
+      const BenchResult* a = find(i, "auto");
+      char cell[96];
+      std::snprintf(cell, sizeof cell, "%11llu", static_cast<unsigned long long>(a->bytes));
+      out << cell;
+      if (several_hidden) out << fmt(" %6.0f", static_cast<double>(a->size.hidden));
+      out << fmt(" %10.2f", a->graph_us);
+      for (const std::string& b : baselines) {
+        const BenchResult* base = find(i, b);
+        out << fmt(" %10.2f", base->graph_us) << fmt(" %6.3f", a->graph_us / base->graph_us);
+      }
+      out << "  " << a->chosen << "\n";
+    }
   }
   if (bound_gbs > 0 && !results.empty()) {
-    const Result& last = results.back();
-    const double moved = static_cast<double>(last.bytes) * bf;  // bytes into each GPU
-    const double bound_us = moved / (bound_gbs * 1e3);
-    const Result* a = find(results.size() - o.algos.size(), Algorithm::kAuto);
+    const BenchResult& last = results[results.size() - per_size];
+    const double bound_us = static_cast<double>(last.bytes) * bf / (bound_gbs * 1e3);  // bytes into each GPU
+    const BenchResult* a = find(results.size() - per_size, "auto");
     out << "# NVLink bound for " << last.bytes << " bytes: " << fmt("%.1f", bound_us) << " us at "
         << fmt("%.1f", bound_gbs) << " GB/s";
     if (a != nullptr)
       out << "; auto " << fmt("%.1f", a->graph_us) << " us = " << fmt("%.3f", a->graph_us / bound_us) << " x bound";
     out << "\n";
   }
-  out << "# #wrong total over exact algorithms: " << total_wrong << "; NCCL outside its sum bound: " << nccl_outside
+  // The exit code: exactcoll's promise; NCCL's sums outside their bound are printed, not failed on.
+  uint64_t total_wrong = 0, inexact_outside = 0;
+  for (const BenchResult& r : results) {
+    if (r.check.promise_checked) (r.exact ? total_wrong : inexact_outside) += r.check.wrong;
+  }
+  out << "# #wrong total over exact algorithms: " << total_wrong << "; NCCL outside its sum bound: " << inexact_outside
       << "\n";
   std::fwrite(out.str().data(), 1, out.str().size(), stdout);
   std::fflush(stdout);
 
   // 6. Files (atomic).
-  auto record = [&](const Result& r, bool graph, bool json) {
+  auto record = [&](const BenchResult& r, bool graph, bool json) {
     const double us = graph ? r.graph_us : r.eager_us;
     const double algbw = static_cast<double>(r.bytes) / (us * 1e3);
     std::ostringstream os;
     if (json) {
-      os << "{\"op\":\"" << op_name(o.op) << "\",\"dtype\":\"" << dtype_name(o.dtype) << "\",\"ranks\":" << n
-         << ",\"device\":\"" << w.device_name() << "\",\"rows\":" << r.rows << ",\"hidden\":" << o.hidden
-         << ",\"bytes\":" << r.bytes << ",\"count\":" << r.count << ",\"algo\":\"" << cuda::algorithm_name(r.algo)
-         << "\",\"ran\":\"" << r.chosen << "\",\"mode\":\"" << (graph ? "graph" : "eager")
-         << "\",\"time_us\":" << fmt("%.3f", us) << ",\"algbw_gbs\":" << fmt("%.3f", algbw)
-         << ",\"busbw_gbs\":" << fmt("%.3f", algbw * bf) << ",\"wrong\":" << r.wrong
-         << ",\"differ_from_contract\":" << r.differ << ",\"exact\":" << (r.exact ? "true" : "false") << "}";
+      os << "{\"op\":\"" << op.name() << "\",\"dtype\":\"" << dtype_name(s.dtype) << "\",\"ranks\":" << n
+         << ",\"device\":\"" << w.device_name() << "\",\"rows\":" << r.size.rows << ",\"hidden\":" << r.size.hidden
+         << ",\"bytes\":" << r.bytes << ",\"count\":" << r.count << ",\"algo\":\"" << r.algo << "\",\"ran\":\""
+         << r.chosen << "\",\"mode\":\"" << (graph ? "graph" : "eager") << "\",\"time_us\":" << fmt("%.3f", us)
+         << ",\"algbw_gbs\":" << fmt("%.3f", algbw) << ",\"busbw_gbs\":" << fmt("%.3f", algbw * bf)
+         << ",\"wrong\":" << (r.check.promise_checked ? std::to_string(r.check.wrong) : "null")
+         << ",\"differ_from_contract\":" << (r.check.compared ? std::to_string(r.check.differ) : "null")
+         << ",\"exact\":" << (r.exact ? "true" : "false") << "}";
     } else {
-      os << op_name(o.op) << ',' << dtype_name(o.dtype) << ',' << n << ',' << r.rows << ',' << o.hidden << ','
-         << r.bytes << ',' << r.count << ',' << cuda::algorithm_name(r.algo) << ',' << r.chosen << ','
-         << (graph ? "graph" : "eager") << ',' << fmt("%.3f", us) << ',' << fmt("%.3f", algbw) << ','
-         << fmt("%.3f", algbw * bf) << ',' << r.wrong << ',' << r.differ << ',' << (r.exact ? 1 : 0);
+      os << op.name() << ',' << dtype_name(s.dtype) << ',' << n << ',' << r.size.rows << ',' << r.size.hidden << ','
+         << r.bytes << ',' << r.count << ',' << r.algo << ',' << r.chosen << ',' << (graph ? "graph" : "eager") << ','
+         << fmt("%.3f", us) << ',' << fmt("%.3f", algbw) << ',' << fmt("%.3f", algbw * bf) << ','
+         << (r.check.promise_checked ? std::to_string(r.check.wrong) : "") << ','
+         << (r.check.compared ? std::to_string(r.check.differ) : "") << ',' << (r.exact ? 1 : 0);
     }
     return os.str();
   };
@@ -435,40 +422,67 @@ int bench_worker(const BenchOptions& o) {
       npy::write_file_atomic(cli::resolve_path(o.csv_path), cs.str().data(), cs.str().size());
     }
   } catch (const std::exception& e) {
-    return cli::fail("bench", e.what(), cli::kExitFailure);
+    return cli::fail(kCommand, e.what(), cli::kExitFailure);
   }
   return total_wrong == 0 ? cli::kExitOk : cli::kExitDiffer;
 }
 
+// The op named by --op (before parsing: the op adds its own flags), or allreduce.
+std::unique_ptr<GpuOp> op_of_arguments(int argc, char** argv) {
+  std::string name = "allreduce";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--op" && i + 1 < argc) name = argv[i + 1];
+    if (a.rfind("--op=", 0) == 0) name = a.substr(5);
+  }
+  for (auto& op : gpu_ops()) {
+    if (op->name() == name) return std::move(op);
+  }
+  return std::move(gpu_ops().front());  // the parser then refuses the unknown --op by name
+}
+
 int run_bench(int argc, char** argv) {
-  // `exactcoll bench --op fused_rmsnorm …` (tools/gpu/fused).
-  if (asks_for_fused(argc, argv, "op")) return run_fused_bench(argc, argv);
-  int64_t nproc = 0;
-  std::string op_text = "allreduce", dtype_text = "bf16", rows_text, algos_text, min_bytes_text, max_bytes_text;
-  int64_t step_factor = 2;
+  const std::unique_ptr<GpuOp> op = op_of_arguments(argc, argv);
+  int64_t nproc = 0, seed = 1, step_factor = 2;
+  std::string op_text = "allreduce", dtype_text = "bf16", rows_text, hidden_text, algos_text, min_bytes_text,
+              max_bytes_text;
   bool no_eager = false, no_check = false, no_bound = false, no_pdl = false;
-  int64_t seed = 1;
   BenchOptions o;
+  std::vector<std::string> op_names;
+  std::string op_choices;
+  for (const auto& candidate : gpu_ops()) {
+    op_names.push_back(candidate->name());
+    op_choices += (op_choices.empty() ? "" : "|") + candidate->name();
+  }
+  const std::vector<std::string> algorithms = op->bench_algorithms();
+  std::string algo_list;
+  for (const std::string& a : algorithms) algo_list += (algo_list.empty() ? "" : ", ") + a;
   cli::ArgParser parser(
-      "exactcoll bench --nproc N [--op allreduce|reduce_scatter|allgather] [--dtype bf16|fp16|fp32] "
-      "[--rows R,… --hidden H | -b BYTES -e BYTES -f F] [--json FILE] [--csv FILE]",
-      "Times the CUDA collectives (every IPC algorithm and auto) against NCCL in the same run, by\n"
-      "CUDA-graph replay and eager launches, and checks every output against the simulator. Prints\n"
-      "an nccl-tests-style table: size, count, type, redop, then per algorithm time (µs), algbw, busbw\n"
-      "(GB/s) and #wrong (NCCL: and #!=contract). Message = rows × hidden elements, or nccl-tests'\n"
-      "-b/-e/-f bytes (all-reduce: each rank's buffer; reduce_scatter: each rank's input; allgather:\n"
-      "the gathered output). Example: exactcoll bench --nproc 8 -b 8K -e 128M -f 2");
+      "exactcoll bench --nproc N [--op " + op_choices +
+          "] [--dtype bf16|fp16|fp32] [--rows R,… --hidden H,… | -b BYTES -e BYTES -f F] [--algos A,…] "
+          "[--json FILE] [--csv FILE]",
+      "Times one op's algorithms (NCCL's among them) in the same run, by CUDA-graph replay and eager\n"
+      "launches, and checks every exact algorithm's output bits. Prints an nccl-tests-style table: size,\n"
+      "count, type, redop, then per algorithm time (µs), algbw, busbw (GB/s) and #wrong (NCCL: and\n"
+      "#!=contract), then auto against the op's baselines. Message = rows × hidden elements, or\n"
+      "nccl-tests' -b/-e/-f bytes (all-reduce: each rank's buffer; reduce_scatter: each rank's input;\n"
+      "allgather: the gathered output; fused_rmsnorm: x, rows of --hidden). Rank 0 prints each size's\n"
+      "times as it is measured (stderr), the tables at the end. `bench --op OP --help` lists the op's\n"
+      "algorithms and flags. Example: exactcoll bench --nproc 8 -b 8K -e 128M -f 2");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
   parser.mark_required("nproc");
-  parser.add_choice("op", &op_text, {"allreduce", "reduce_scatter", "allgather"},
-                    "collective (the fused all-reduce + residual + RMSNorm has its own flags: bench --op "
-                    "fused_rmsnorm --help)");
+  parser.add_choice("op", &op_text, op_names, "the op to time");
   parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
-  parser.add_int("hidden", &o.hidden, "elements per row");
-  parser.add_string("rows", &rows_text, "comma list of row counts (default 1,2,4,…,4096)");
+  parser.add_string("hidden", &hidden_text, "comma list of elements per row");
+  std::string hidden_default;
+  for (int64_t h : op->bench_default_hidden(false))
+    hidden_default += (hidden_default.empty() ? "" : ",") + std::to_string(h);
+  parser.set_default_note("hidden", "default: " + hidden_default + "; with -b/-e " +
+                                        std::to_string(op->bench_default_hidden(true).front()));
+  parser.add_string("rows", &rows_text, "comma list of row counts");
+  parser.set_default_note("rows", "default: 1,2,4,…,4096");
   parser.add_string("minbytes", &min_bytes_text,
-                    "-b: the smallest message in bytes, as nccl-tests (8, 256K, 128M; with -e, instead of "
-                    "--rows/--hidden)");
+                    "-b: the smallest message in bytes, as nccl-tests (8, 256K, 128M; with -e, instead of --rows)");
   parser.set_default_note("minbytes", "default: the --rows sizes");
   parser.add_string("maxbytes", &max_bytes_text, "-e: the largest message in bytes (with -b)");
   parser.set_default_note("maxbytes", "default: the --rows sizes");
@@ -476,90 +490,108 @@ int run_bench(int argc, char** argv) {
   parser.add_short('b', "minbytes");
   parser.add_short('e', "maxbytes");
   parser.add_short('f', "stepfactor");
-  parser.add_string("algos", &algos_text, "comma list (default: the op's IPC algorithms, auto, nccl)");
+  parser.add_string("algos", &algos_text, "comma list of " + algo_list);
+  parser.set_default_note("algos", "default: all of them");
   parser.add_int("graph-ops", &o.graph_ops, "ops captured per CUDA graph (and per eager round)");
   parser.add_int("replays", &o.replays, "timed graph replays (the median is reported)");
+  parser.add_int("warmup", &o.warmup, "untimed graph replays (and eager rounds) first");
   parser.add_int("eager-rounds", &o.eager_rounds, "timed eager rounds");
   parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
   parser.add_int("seed", &seed, "seed of the random inputs");
-  parser.add_int("buffer-mib", &o.buffer_mib,
-                 "staging and scratch MiB per rank (default: a default communicator's, or the largest message)");
-  parser.add_string("table", &o.table_path, "dispatch table file for auto (default: the built-in one)");
+  parser.add_int("buffer-mib", &o.buffer_mib, "staging and scratch MiB per rank");
+  parser.set_default_note("buffer-mib", "default: the library's, 128, or what the largest size needs");
   parser.add_string("json", &o.json_path, "also write every result as JSON");
   parser.add_string("csv", &o.csv_path, "also write every result as CSV");
   parser.add_bool("no-eager", &no_eager, "graph replay only");
-  parser.add_bool("no-check", &no_check, "skip the simulator check");
+  parser.add_bool("no-check", &no_check, "skip the check of the outputs");
   parser.add_bool("no-bound", &no_bound, "skip the peer-copy bandwidth measurement");
   parser.add_bool("no-pdl", &no_pdl, "launch without programmatic dependent launch");
+  op->add_bench_flags(parser);
   if (const auto code = parser.parse(argc, argv)) return *code;
-  o.op = *cuda::parse_op(op_text);
-  o.dtype = *parse_dtype(dtype_text);
+  BenchSettings& s = o.settings;
+  s.dtype = *parse_dtype(dtype_text);
+  s.check = !no_check;
   o.eager = !no_eager;
-  o.check = !no_check;
   o.bound = !no_bound;
   o.pdl = !no_pdl;
-  o.seed = static_cast<uint64_t>(seed);
-  if (o.hidden < 1) return cli::fail("bench", "--hidden must be positive");
+  if (seed < 0) return cli::fail(kCommand, "--seed must be >= 0");
+  s.seed = static_cast<uint64_t>(seed);
+  // 1. Sizes.
   const bool by_bytes = parser.given("minbytes") || parser.given("maxbytes") || parser.given("stepfactor");
+  std::vector<int64_t> hidden_list = op->bench_default_hidden(by_bytes), rows_list;
+  if (parser.given("hidden") && !parse_counts(hidden_text, &hidden_list)) {
+    return cli::fail(kCommand, "--hidden wants positive whole numbers like 4096,8192, got '" + hidden_text + "'");
+  }
   if (by_bytes) {
-    // nccl-tests' sizes: -b, -b*f, -b*f^2, … up to -e. Rows of one element each (hidden 1).
+    // nccl-tests' sizes: -b, -b*f, -b*f^2, … up to -e, each as rows of --hidden elements.
     uint64_t min_bytes = 0, max_bytes = 0;
-    if (!parser.given("minbytes") || !parser.given("maxbytes")) return cli::fail("bench", "-b and -e go together");
-    if (parser.given("rows") || parser.given("hidden")) {
-      return cli::fail("bench", "give the sizes either as -b/-e/-f or as --rows/--hidden, not both");
-    }
+    if (!parser.given("minbytes") || !parser.given("maxbytes")) return cli::fail(kCommand, "-b and -e go together");
+    if (parser.given("rows")) return cli::fail(kCommand, "give the sizes either as -b/-e/-f or as --rows, not both");
     if (!cli::parse_byte_size(min_bytes_text, &min_bytes)) {
-      return cli::fail("bench", "-b wants bytes such as 8, 256K or 128M (at most 1T), got '" + min_bytes_text + "'");
+      return cli::fail(kCommand, "-b wants bytes such as 8, 256K or 128M (at most 1T), got '" + min_bytes_text + "'");
     }
     if (!cli::parse_byte_size(max_bytes_text, &max_bytes)) {
-      return cli::fail("bench", "-e wants bytes such as 8, 256K or 128M (at most 1T), got '" + max_bytes_text + "'");
+      return cli::fail(kCommand, "-e wants bytes such as 8, 256K or 128M (at most 1T), got '" + max_bytes_text + "'");
     }
-    if (max_bytes < min_bytes) return cli::fail("bench", "-e must be at least -b");
-    if (step_factor < 2 || step_factor > 1024) return cli::fail("bench", "-f must be 2..1024");
-    o.hidden = 1;
-    const uint64_t elem = static_cast<uint64_t>(dtype_size(o.dtype));
-    for (uint64_t b = min_bytes; b <= max_bytes; b *= static_cast<uint64_t>(step_factor)) {
-      o.rows.push_back(static_cast<int64_t>(std::max<uint64_t>(b / elem, 1)));
-    }
-  } else if (rows_text.empty()) {
-    for (int64_t r = 1; r <= 4096; r *= 2) o.rows.push_back(r);
-  } else {
-    for (const auto& s : split_list(rows_text)) {
-      char* end = nullptr;
-      const long long v = std::strtoll(s.c_str(), &end, 10);
-      if (*end != '\0' || v < 1) return cli::fail("bench", "--rows wants positive whole numbers, got '" + s + "'");
-      o.rows.push_back(v);
-    }
-  }
-  if (algos_text.empty()) {
-    o.algos = cuda::ipc_algorithms(o.op);
-    o.algos.push_back(Algorithm::kAuto);
-    o.algos.push_back(Algorithm::kNccl);
-  } else {
-    const auto allowed = cuda::ipc_algorithms(o.op);
-    for (const auto& s : split_list(algos_text)) {
-      const auto a = cuda::parse_algorithm(s);
-      if (!a || (*a != Algorithm::kAuto && *a != Algorithm::kNccl &&
-                 std::find(allowed.begin(), allowed.end(), *a) == allowed.end())) {
-        return cli::fail("bench", "algorithm '" + s + "' does not apply to " + op_text);
+    if (max_bytes < min_bytes) return cli::fail(kCommand, "-e must be at least -b");
+    if (step_factor < 2 || step_factor > 1024) return cli::fail(kCommand, "-f must be 2..1024");
+    const uint64_t elem = static_cast<uint64_t>(dtype_size(s.dtype));
+    for (int64_t h : hidden_list) {
+      for (uint64_t b = std::max<uint64_t>(min_bytes, 1); b <= max_bytes; b *= static_cast<uint64_t>(step_factor)) {
+        o.sizes.push_back({static_cast<int64_t>(std::max<uint64_t>(b / (elem * static_cast<uint64_t>(h)), 1)), h});
       }
-      o.algos.push_back(*a);
+    }
+  } else {
+    if (rows_text.empty()) {
+      for (int64_t r = 1; r <= 4096; r *= 2) rows_list.push_back(r);
+    } else if (!parse_counts(rows_text, &rows_list)) {
+      return cli::fail(kCommand, "--rows wants positive whole numbers like 1,16,256, got '" + rows_text + "'");
+    }
+    for (int64_t h : hidden_list) {
+      for (int64_t r : rows_list) o.sizes.push_back({r, h});
     }
   }
-  if (o.graph_ops < 1 || o.replays < 1 || o.eager_rounds < 1 || o.timeout_ms < 1 || o.buffer_mib < 0) {
-    return cli::fail("bench",
-                     "--graph-ops, --replays, --eager-rounds and --timeout-ms must be positive, --buffer-mib >= 0");
+  for (const BenchSize& size : o.sizes) {
+    if (size.rows > (int64_t{1} << 30) / size.hidden) {
+      return cli::fail(kCommand, "a message of " + std::to_string(size.rows) + " x " + std::to_string(size.hidden) +
+                                     " elements is larger than bench's 2^30 elements");
+    }
   }
-  if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), "bench")) return *code;
+  // Algorithms.
+  if (algos_text.empty()) {
+    o.algos = algorithms;
+  } else {
+    for (const std::string& a : split_list(algos_text)) {
+      if (std::find(algorithms.begin(), algorithms.end(), a) == algorithms.end()) {
+        return cli::fail(kCommand, "algorithm '" + a + "' does not apply to " + op->name() + " (" + algo_list + ")");
+      }
+      if (std::find(o.algos.begin(), o.algos.end(), a) == o.algos.end()) o.algos.push_back(a);
+    }
+    if (o.algos.empty()) return cli::fail(kCommand, "--algos names no algorithm");
+  }
+  if (o.graph_ops < 1 || o.replays < 1 || o.eager_rounds < 1 || o.warmup < 0) {
+    return cli::fail(kCommand, "--graph-ops, --replays and --eager-rounds must be positive, --warmup >= 0");
+  }
+  if (const std::string problem = cli::check_timeout_ms(o.timeout_ms); !problem.empty()) {
+    return cli::fail(kCommand, problem);
+  }
+  if (const std::string problem = check_buffer_mib(parser, o.buffer_mib); !problem.empty()) {
+    return cli::fail(kCommand, problem);
+  }
+  if (const std::string problem = op->check_bench_flags(s, o.sizes); !problem.empty()) {
+    return cli::fail(kCommand, problem);
+  }
+  if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), kCommand)) return *code;
   try {
-    return bench_worker(o);
+    return bench_worker(*op, o);
+  } catch (const std::invalid_argument& e) {
+    return cli::fail(kCommand, e.what());
   } catch (const std::exception& e) {
-    return cli::fail("bench", e.what(), cli::kExitFailure);
+    return cli::fail(kCommand, e.what(), cli::kExitFailure);
   }
 }
 
-const cli::Registrar kRegistrar({"bench", "time the CUDA collectives against NCCL (nccl-tests-style table)",
-                                 run_bench});
+const cli::Registrar kRegistrar({"bench", "time one op's algorithms against NCCL (nccl-tests-style table)", run_bench});
 
 }  // namespace
 }  // namespace exactcoll::gpu

@@ -15,7 +15,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "cuda_backend/cuda_check.h"
@@ -46,6 +48,20 @@ const std::vector<size_t>& verify_counts() {
 
 std::string npy_dtype_of(DType d) { return d == DType::kFP32 ? npy::kF32 : npy::kU16; }
 
+// One collective call through the communicator, as the drivers' CallReport.
+CallReport call_collective(cuda::Communicator& comm, Op op, const void* input, void* output, size_t count, DType dtype,
+                           Algorithm algo, cudaStream_t stream, const cuda::RegisteredBuffer* reg,
+                           std::optional<cuda::LaunchConfig> grid) {
+  cuda::CallInfo info;
+  switch (op) {
+    case Op::kAllReduce: info = comm.allreduce(input, output, count, dtype, algo, stream, reg, grid); break;
+    case Op::kReduceScatter: info = comm.reduce_scatter(input, output, count, dtype, algo, stream, reg, grid); break;
+    case Op::kAllGather: info = comm.allgather(input, output, count, dtype, algo, stream, reg, grid); break;
+  }
+  return CallReport{cuda::algorithm_name(info.algo),       "", info.grid, info.staged, info.exact,
+                    info.note.empty() ? "NCCL" : info.note};
+}
+
 // This rank's collective on the device: input (registered when asked) and output.
 class CollectiveProblem : public GpuProblem {
  public:
@@ -72,26 +88,8 @@ class CollectiveProblem : public GpuProblem {
 
   CallReport enqueue(const Variant& v, cudaStream_t stream) override {
     const cuda::RegisteredBuffer* reg = v.registered ? &registered_ : nullptr;
-    const std::optional<cuda::LaunchConfig> grid = v.grid ? v.grid : grid_;
-    cuda::CallInfo info;
-    switch (op_) {
-      case Op::kAllReduce:
-        info = comm_.allreduce(input_.get(), output_.get(), count_, dtype_, algo_, stream, reg, grid);
-        break;
-      case Op::kReduceScatter:
-        info = comm_.reduce_scatter(input_.get(), output_.get(), count_, dtype_, algo_, stream, reg, grid);
-        break;
-      case Op::kAllGather:
-        info = comm_.allgather(input_.get(), output_.get(), count_, dtype_, algo_, stream, reg, grid);
-        break;
-    }
-    CallReport r;
-    r.algo = cuda::algorithm_name(info.algo);
-    r.grid = info.grid;
-    r.staged = info.staged;
-    r.exact = info.exact;
-    r.inexact_note = info.note.empty() ? "NCCL" : info.note;
-    return r;
+    return call_collective(comm_, op_, input_.get(), output_.get(), count_, dtype_, algo_, stream, reg,
+                           v.grid ? v.grid : grid_);
   }
 
   std::vector<DeviceOutput> outputs() const override {
@@ -132,6 +130,88 @@ class CollectiveProblem : public GpuProblem {
   DeviceBuffer input_, output_;
   cuda::RegisteredBuffer registered_;
   std::optional<cuda::LaunchConfig> grid_;
+};
+
+// The collectives' per-rank input elements for a bench size of rows × hidden elements:
+// all-reduce the message; reduce-scatter the largest multiple of the ranks in it; all-gather each
+// rank's share of the gathered message (at least one element).
+size_t bench_input_count(Op op, const BenchSize& size, int ranks) {
+  const uint64_t total = static_cast<uint64_t>(size.rows) * static_cast<uint64_t>(size.hidden);
+  uint64_t in = total;
+  if (op == Op::kReduceScatter) in = total - total % static_cast<uint64_t>(ranks);
+  if (op == Op::kAllGather) in = total / static_cast<uint64_t>(ranks);
+  return static_cast<size_t>(std::max<uint64_t>(in, 1));
+}
+
+// This rank's collective in `bench`: the input registered once, sized for the largest message;
+// per size seeded random inputs of every rank and the simulator's outputs.
+class CollectiveBenchProblem : public BenchProblem {
+ public:
+  CollectiveBenchProblem(Op op, const BenchSettings& s, cuda::Communicator& comm, int ranks, int rank, size_t max_in,
+                         size_t max_out)
+      : op_(op),
+        s_(s),
+        comm_(comm),
+        ranks_(ranks),
+        rank_(rank),
+        input_(max_in),
+        output_(max_out),
+        registered_(comm.register_buffer(input_.get(), max_in)),
+        simulator_(ranks) {}
+
+  uint64_t count_of(const BenchSize& size) const override {
+    const size_t in = bench_input_count(op_, size, ranks_);
+    return op_ == Op::kAllGather ? output_count(op_, in, ranks_) : in;
+  }
+  uint64_t bytes_of(const BenchSize& size) const override {
+    return count_of(size) * static_cast<uint64_t>(dtype_size(s_.dtype));
+  }
+
+  void prepare(const BenchSize& size) override {
+    count_ = bench_input_count(op_, size, ranks_);
+    out_count_ = output_count(op_, count_, ranks_);
+    inputs_ = make_inputs(s_.dtype, count_, ranks_, s_.seed + static_cast<uint64_t>(size.rows), Pattern::kRandom);
+    if (s_.check) {
+      const Algorithm sim_algo = op_ == Op::kAllReduce ? Algorithm::kOneShot : Algorithm::kDirect;
+      want_ = simulator_.run(op_, sim_algo, s_.dtype, inputs_, count_, 8)[static_cast<size_t>(rank_)];
+    }
+    EXC_CUDA_CHECK(cudaMemcpy(input_.get(), inputs_[static_cast<size_t>(rank_)].data(),
+                              count_ * static_cast<size_t>(dtype_size(s_.dtype)), cudaMemcpyHostToDevice));
+  }
+
+  CallReport enqueue(const std::string& algo, cudaStream_t stream) override {
+    return call_collective(comm_, op_, input_.get(), output_.get(), count_, s_.dtype, *cuda::parse_algorithm(algo),
+                           stream, &registered_, std::nullopt);
+  }
+
+  std::vector<DeviceOutput> outputs() const override {
+    return {{"out", output_.get(), out_count_, static_cast<size_t>(dtype_size(s_.dtype)), 0xA5}};
+  }
+
+  BenchCheck check(const std::string&, const CallReport& ran, const std::vector<Bytes>& got) override {
+    BenchCheck c;
+    if (!s_.check) return c;
+    c.compared = c.promise_checked = true;
+    c.differ = compare_bits(s_.dtype, got[0].data(), want_.data(), out_count_).mismatches;
+    // What each implementation promises: exactcoll the contract's bits; an inexact sum (NCCL's)
+    // only the sum bound; an all-gather, whoever runs it, the bits it was given.
+    c.wrong = ran.exact || op_ == Op::kAllGather
+                  ? c.differ
+                  : check_sum_within_bound(op_, s_.dtype, inputs_, count_, rank_, got[0].data()).outside;
+    return c;
+  }
+
+ private:
+  Op op_;
+  BenchSettings s_;
+  cuda::Communicator& comm_;
+  int ranks_, rank_;
+  DeviceBuffer input_, output_;
+  cuda::RegisteredBuffer registered_;
+  Simulator simulator_;
+  size_t count_ = 0, out_count_ = 0;
+  std::vector<Bytes> inputs_;
+  Bytes want_;
 };
 
 class CollectiveOp : public GpuOp {
@@ -294,21 +374,8 @@ class CollectiveOp : public GpuOp {
               const bool forced_grids = choice.algo != Algorithm::kCopyEngine && requested != Algorithm::kAuto;
               for (const Variant& v : verify_variants(forced_grids, max_blocks(), false)) {
                 const Enqueue enqueue = [&](const Variant& var, cudaStream_t stream) {
-                  const cuda::RegisteredBuffer* reg = var.registered ? &registered : nullptr;
-                  cuda::CallInfo info;
-                  switch (op_) {
-                    case Op::kAllReduce:
-                      info = comm.allreduce(input.get(), output.get(), count, dtype, requested, stream, reg, var.grid);
-                      break;
-                    case Op::kReduceScatter:
-                      info = comm.reduce_scatter(input.get(), output.get(), count, dtype, requested, stream, reg,
-                                                 var.grid);
-                      break;
-                    case Op::kAllGather:
-                      info = comm.allgather(input.get(), output.get(), count, dtype, requested, stream, reg, var.grid);
-                      break;
-                  }
-                  return CallReport{cuda::algorithm_name(info.algo), "", info.grid, info.staged, info.exact, info.note};
+                  return call_collective(comm, op_, input.get(), output.get(), count, dtype, requested, stream,
+                                         var.registered ? &registered : nullptr, var.grid);
                 };
                 const std::string what = std::string(op_name(op_)) + " " + dtype_name(dtype) + " " + label + " (" +
                                          cuda::algorithm_name(choice.algo) + ") " + v.name + " count " +
@@ -328,6 +395,59 @@ class CollectiveOp : public GpuOp {
     }
   }
 
+  // ---- bench ----
+  std::vector<std::string> bench_algorithms() const override { return gpu_algorithms(); }
+  std::vector<std::string> bench_baselines() const override { return {"nccl"}; }
+  std::vector<int64_t> bench_default_hidden(bool by_bytes) const override {
+    return {by_bytes ? int64_t{1} : int64_t{8192}};
+  }
+  std::string bench_redop() const override { return op_ == Op::kAllGather ? "none" : "sum"; }
+  double bus_factor(int ranks) const override {
+    if (ranks <= 1) return 1;
+    return op_ == Op::kAllReduce ? 2.0 * (ranks - 1) / ranks : static_cast<double>(ranks - 1) / ranks;
+  }
+  void add_bench_flags(cli::ArgParser& parser) override {
+    parser.add_string("table", &table_path_, "dispatch table file for auto (cuda_backend/tuning/ format)");
+    parser.set_default_note("table", "default: the built-in one, or $EXACTCOLL_TABLE");
+  }
+  std::string check_bench_flags(const BenchSettings&, const std::vector<BenchSize>&) override {
+    table_.reset();
+    if (table_path_.empty()) return "";
+    std::ifstream file(cli::resolve_path(table_path_));
+    if (!file) return "cannot open --table " + table_path_;
+    std::stringstream text;
+    text << file.rdbuf();
+    try {
+      table_ = cuda::DispatchTable::parse(text.str(), table_path_);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  }
+  void bench_communicator(const BenchSettings& s, const std::vector<BenchSize>& sizes, int ranks,
+                          const std::vector<std::string>&, cuda::CommunicatorOptions* options,
+                          size_t* least_buffer_bytes) const override {
+    // NCCL as the library's default loads it (--algos nccl, and the fallback of an input that fits
+    // no buffer). The buffers hold at least the largest input, so that it never needs that fallback.
+    options->table = table_;
+    *least_buffer_bytes = 0;
+    for (const BenchSize& size : sizes) {
+      *least_buffer_bytes =
+          std::max(*least_buffer_bytes, bench_input_count(op_, size, ranks) * static_cast<size_t>(dtype_size(s.dtype)));
+    }
+  }
+  std::unique_ptr<BenchProblem> bench_load(const BenchSettings& s, cuda::Communicator& comm,
+                                           const std::vector<BenchSize>& sizes, int ranks, int rank) override {
+    size_t max_in = 0, max_out = 0;
+    const size_t elem = static_cast<size_t>(dtype_size(s.dtype));
+    for (const BenchSize& size : sizes) {
+      const size_t in = bench_input_count(op_, size, ranks);
+      max_in = std::max(max_in, in * elem);
+      max_out = std::max(max_out, output_count(op_, in, ranks) * elem);
+    }
+    return std::make_unique<CollectiveBenchProblem>(op_, s, comm, ranks, rank, max_in, max_out);
+  }
+
  private:
   // verify's flags, one copy for the three collective ops.
   struct SharedFlags {
@@ -342,6 +462,9 @@ class CollectiveOp : public GpuOp {
   // gpu's flags.
   std::string input_path_;
   int64_t count_ = 0;
+  // bench's flags.
+  std::string table_path_;
+  std::optional<cuda::DispatchTable> table_;
 
  public:
   // The three collectives read verify's flags from one object (make_collective_ops).

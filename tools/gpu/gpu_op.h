@@ -5,7 +5,8 @@
 // device, its outputs and its summary line for `gpu`; its cases (inputs, the simulator's and the
 // contract's outputs, the algorithms and variants to try) for `verify`. The drivers,
 // tools/gpu/gpu_command.cc and tools/gpu/verify_command.cc, are written once over this interface:
-// a new op is a new GpuOp and a line in gpu_ops().
+// a new op is a new GpuOp and a line in gpu_ops(). `exactcoll bench` (tools/gpu/bench_command.cc)
+// is written once over it too: each op gives its sizes, algorithms, one call and its check.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -153,6 +154,66 @@ struct VerifyContext {
   std::vector<std::shared_ptr<const void>>& keep_alive;
 };
 
+// ---- `exactcoll bench` ----
+
+// One message size of bench: rows × hidden elements (the collectives' message is their product,
+// the fused op's a [rows, hidden] matrix).
+struct BenchSize {
+  int64_t rows = 1, hidden = 1;
+};
+
+// bench's flags that every op has.
+struct BenchSettings {
+  DType dtype = DType::kBF16;
+  uint64_t seed = 1;
+  bool check = true;  // false: --no-check
+};
+
+// What one checked call of bench found in this rank's outputs.
+struct BenchCheck {
+  bool compared = false;         // the output bits were compared with the contract's: `differ` holds
+  bool promise_checked = false;  // what the implementation promises was checked: `wrong` holds
+  uint64_t wrong = 0;            // elements outside what the implementation promises
+  uint64_t differ = 0;           // elements whose bits differ from the contract's
+};
+
+// One (size, algorithm) of bench, agreed over ranks.
+struct BenchResult {
+  BenchSize size;
+  uint64_t count = 0, bytes = 0;      // nccl-tests' count (elements) and size (bytes) of the message
+  std::string algo;                   // requested
+  std::string chosen;                 // what ran, e.g. "one_shot 32x512"
+  double graph_us = 0, eager_us = 0;  // the maximum over ranks of each rank's median
+  BenchCheck check;                   // summed over ranks (a flag: every rank's)
+  bool exact = true;                  // false: NCCL's sums (they follow no contract)
+};
+
+// This rank's side of an op in bench: device buffers for the largest size (the input registered
+// once, as CUDA-graph users do), and per size the inputs and what the outputs must be.
+class BenchProblem {
+ public:
+  virtual ~BenchProblem() = default;
+  // Makes the size's inputs (seeded, so every rank agrees), puts this rank's on the device and,
+  // when checking, computes what the outputs must be.
+  virtual void prepare(const BenchSize& size) = 0;
+  // nccl-tests' count (elements) and size (bytes) of a size's message (all-gather: the gathered
+  // output, as nccl-tests).
+  virtual uint64_t count_of(const BenchSize& size) const = 0;
+  virtual uint64_t bytes_of(const BenchSize& size) const = 0;
+  // Enqueues one call of `algo` (one of GpuOp::bench_algorithms()) on stream.
+  virtual CallReport enqueue(const std::string& algo, cudaStream_t stream) = 0;
+  // The outputs of the prepared size (poisoned before the checked call).
+  virtual std::vector<DeviceOutput> outputs() const = 0;
+  // Returns this rank's outputs of one call (`got`, in the order of outputs()) against what `algo`
+  // promises, given what ran (NCCL's sums promise a bound, not bits).
+  virtual BenchCheck check(const std::string& algo, const CallReport& ran, const std::vector<Bytes>& got) = 0;
+  // Whether bench measures auto last, after tune() (the fused op's --write-table).
+  virtual bool tunes_auto() const { return false; }
+  // Makes auto's table from `measured` (every algorithm but auto at every size, the same on every
+  // rank), writes it (rank 0) and uses it for the auto calls that follow.
+  virtual void tune(const std::vector<BenchResult>& /*measured*/, Worker& /*worker*/) {}
+};
+
 class GpuOp {
  public:
   virtual ~GpuOp() = default;
@@ -191,6 +252,29 @@ class GpuOp {
   virtual std::string verify_header() const = 0;
   // Runs every case of the op (every iteration and dtype), recording into ctx.ledger.
   virtual void verify(VerifyContext& ctx, const std::vector<DType>& dtypes) = 0;
+
+  // ---- `exactcoll bench` ----
+  // --algos' default: every name bench accepts for the op, in table order.
+  virtual std::vector<std::string> bench_algorithms() const = 0;
+  // What auto is compared with in the summary, in order (the collectives: nccl).
+  virtual std::vector<std::string> bench_baselines() const = 0;
+  // --hidden's default; by_bytes: the sizes come from -b/-e/-f (rows = bytes / (hidden x element)).
+  virtual std::vector<int64_t> bench_default_hidden(bool by_bytes) const = 0;
+  // nccl-tests' redop column ("sum", "none") and busbw = algbw x bus_factor(ranks).
+  virtual std::string bench_redop() const = 0;
+  virtual double bus_factor(int ranks) const = 0;
+  // The op's own bench flags, stored in the op object, and their check (sizes and dtype known).
+  virtual void add_bench_flags(cli::ArgParser& /*parser*/) {}
+  virtual std::string check_bench_flags(const BenchSettings& s, const std::vector<BenchSize>& sizes) = 0;
+  // Sets what the op needs of the communicator: its least buffer bytes for these sizes (bench takes
+  // the larger of it and the library's default, unless --buffer-mib), NCCL for these algorithms,
+  // a dispatch table. Throws std::invalid_argument (e.g. an unreadable table file).
+  virtual void bench_communicator(const BenchSettings& s, const std::vector<BenchSize>& sizes, int ranks,
+                                  const std::vector<std::string>& algos, cuda::CommunicatorOptions* options,
+                                  size_t* least_buffer_bytes) const = 0;
+  // Returns this rank's bench problem, its buffers sized for every size in `sizes`.
+  virtual std::unique_ptr<BenchProblem> bench_load(const BenchSettings& s, cuda::Communicator& comm,
+                                                   const std::vector<BenchSize>& sizes, int ranks, int rank) = 0;
 };
 
 // Every op of the GPU commands, in the order verify runs them: allreduce, reduce_scatter,

@@ -34,6 +34,7 @@
 #include "tools/gpu/fused/fused_reference.h"
 #include "tools/gpu/gpu_op.h"
 #include "tools/gpu/inputs.h"
+#include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
 #include "tools/npy/npy.h"
 
@@ -143,6 +144,147 @@ class FusedProblem : public GpuProblem {
   std::string output_, residual_output_;
   cuda::RegisteredBuffer registered_;
   std::optional<cuda::LaunchConfig> grid_;
+};
+
+// bench's columns beyond the fused algorithms: the split path's two parts alone.
+constexpr const char* kSplitAllReduce = "allreduce";  // the project's all-reduce (auto) of x
+constexpr const char* kSplitNorm = "norm";            // the separate residual + RMSNorm kernel
+// The algorithms whose times make auto's table (--write-table): every exact one but auto.
+constexpr FusedAlgorithm kTableAlgorithms[] = {FusedAlgorithm::kOneStage,     FusedAlgorithm::kOneStageReg,
+                                               FusedAlgorithm::kPushOneStage, FusedAlgorithm::kLamportOneStage,
+                                               FusedAlgorithm::kTwoStage,     FusedAlgorithm::kGatherNorm,
+                                               FusedAlgorithm::kUnfused};
+
+// This rank's fused op in `bench`: buffers for the largest size, x registered once; per size its
+// inputs and the reference's outputs of the checked rows (every row up to kCheckedRows, else
+// kCheckedRows rows spread evenly: the scalar reference is slow).
+class FusedBenchProblem : public BenchProblem {
+ public:
+  static constexpr int kCheckedRows = 256;
+
+  FusedBenchProblem(const BenchSettings& s, cuda::Communicator& comm, int ranks, int rank, size_t max_count,
+                    size_t max_hidden, float eps, std::string table_path)
+      : s_(s),
+        comm_(comm),
+        fused_(comm),
+        ranks_(ranks),
+        rank_(rank),
+        eps_(eps),
+        table_path_(std::move(table_path)),
+        buffers_(max_count * elem(), max_hidden * elem()),
+        registered_(comm.register_buffer(buffers_.x.get(), buffers_.x.bytes())) {}
+
+  uint64_t count_of(const BenchSize& size) const override { return static_cast<uint64_t>(size.rows * size.hidden); }
+  uint64_t bytes_of(const BenchSize& size) const override { return count_of(size) * elem(); }
+
+  void prepare(const BenchSize& size) override {
+    const uint64_t seed = s_.seed * 7919 + static_cast<uint64_t>(size.hidden * 131 + size.rows);
+    const int rows = static_cast<int>(size.rows), hidden = static_cast<int>(size.hidden);
+    const FusedInputs in = make_fused_inputs(s_.dtype, ranks_, rows, hidden, seed, false, rank_);
+    shape_ = {rows, hidden, eps_, s_.dtype};
+    count_ = in.count();
+    checked_rows_.clear();
+    const int checked = std::min(rows, kCheckedRows);
+    for (int k = 0; k < checked; ++k)
+      checked_rows_.push_back(static_cast<int>(static_cast<int64_t>(k) * rows / checked));
+    if (s_.check) {
+      want_ = reference_fused(make_fused_rows(s_.dtype, ranks_, hidden, seed, false, checked_rows_), eps_);
+    }
+    const size_t bytes = count_ * elem();
+    EXC_CUDA_CHECK(
+        cudaMemcpy(buffers_.x.get(), in.x[static_cast<size_t>(rank_)].data(), bytes, cudaMemcpyHostToDevice));
+    EXC_CUDA_CHECK(cudaMemcpy(buffers_.residual.get(), in.residual.data(), bytes, cudaMemcpyHostToDevice));
+    EXC_CUDA_CHECK(cudaMemcpy(buffers_.weight.get(), in.weight.data(), in.weight.size(), cudaMemcpyHostToDevice));
+  }
+
+  CallReport enqueue(const std::string& algo, cudaStream_t stream) override {
+    if (algo == kSplitAllReduce) {
+      const cuda::CallInfo info = comm_.allreduce(buffers_.x.get(), buffers_.out.get(), count_, s_.dtype,
+                                                  cuda::Algorithm::kAuto, stream, &registered_);
+      return CallReport{cuda::algorithm_name(info.algo), "", info.grid, info.staged, info.exact, info.note};
+    }
+    if (algo == kSplitNorm) {
+      const cuda::LaunchConfig grid =
+          fused_.residual_rmsnorm(buffers_.out.get(), buffers_.residual.get(), buffers_.weight.get(),
+                                  buffers_.residual_out.get(), buffers_.out.get(), shape_, stream);
+      return CallReport{kSplitNorm, "", grid, false, true, ""};
+    }
+    return report_of(
+        fused_.run(buffers_.view(), shape_, *cuda::fused::parse_fused_algorithm(algo), stream, &registered_));
+  }
+
+  std::vector<DeviceOutput> outputs() const override { return buffers_.outputs(count_, elem()); }
+
+  BenchCheck check(const std::string& algo, const CallReport& ran, const std::vector<Bytes>& got) override {
+    BenchCheck c;
+    // The split's parts alone compute no output of the op.
+    if (!s_.check || algo == kSplitAllReduce || algo == kSplitNorm) return c;
+    const size_t row_bytes = static_cast<size_t>(shape_.hidden) * elem();
+    const size_t hidden = static_cast<size_t>(shape_.hidden);
+    for (size_t k = 0; k < checked_rows_.size(); ++k) {
+      const size_t at = static_cast<size_t>(checked_rows_[k]) * row_bytes;
+      c.differ += compare_bits(s_.dtype, got[0].data() + at, want_.out.data() + k * row_bytes, hidden).mismatches;
+      c.differ +=
+          compare_bits(s_.dtype, got[1].data() + at, want_.residual_out.data() + k * row_bytes, hidden).mismatches;
+    }
+    c.compared = true;
+    // Every algorithm but nccl_split promises the contract's bits; NCCL's sums promise nothing
+    // that bench checks here (its #!=contract is shown, not judged).
+    c.promise_checked = ran.exact;
+    c.wrong = ran.exact ? c.differ : 0;
+    return c;
+  }
+
+  bool tunes_auto() const override { return !table_path_.empty(); }
+
+  void tune(const std::vector<BenchResult>& measured, Worker& w) override {
+    std::vector<cuda::fused::FusedTableRow> rows;
+    for (const BenchResult& r : measured) {
+      const auto algo = cuda::fused::parse_fused_algorithm(r.algo);
+      if (!algo ||
+          std::find(std::begin(kTableAlgorithms), std::end(kTableAlgorithms), *algo) == std::end(kTableAlgorithms)) {
+        continue;
+      }
+      const int rows_of = static_cast<int>(r.size.rows), hidden = static_cast<int>(r.size.hidden);
+      cuda::fused::FusedTableRow row;
+      row.arch = comm_.arch();
+      row.world_size = ranks_;
+      row.row_bytes = static_cast<uint64_t>(r.size.hidden) * elem();
+      row.rows = rows_of;
+      row.algo = *algo;
+      row.grid = *algo == FusedAlgorithm::kUnfused
+                     ? cuda::fused::residual_rmsnorm_grid(rows_of, hidden, s_.dtype)
+                     : cuda::fused::default_fused_grid(*algo, rows_of, hidden, s_.dtype, ranks_);
+      row.time_us = r.graph_us;
+      rows.push_back(row);
+    }
+    cuda::fused::FusedTable table(rows);
+    if (w.leader()) {
+      const std::string text = table.to_text(
+          {"exactcoll fused all-reduce + residual + RMSNorm table: measured by `exactcoll bench --op fused_rmsnorm "
+           "--write-table` on " +
+           std::to_string(ranks_) + " x " + w.device_name() + ", " + dtype_name(s_.dtype) +
+           ", CUDA graph, max over ranks of the median per-op time (us)."});
+      npy::write_file_atomic(cli::resolve_path(table_path_), text.data(), text.size());
+    }
+    fused_.set_table(table);
+  }
+
+ private:
+  size_t elem() const { return static_cast<size_t>(dtype_size(s_.dtype)); }
+
+  BenchSettings s_;
+  cuda::Communicator& comm_;
+  cuda::fused::FusedRmsNorm fused_;
+  int ranks_, rank_;
+  float eps_;
+  std::string table_path_;
+  FusedDeviceBuffers buffers_;
+  cuda::RegisteredBuffer registered_;
+  cuda::fused::FusedRmsNormShape shape_{};
+  size_t count_ = 0;
+  std::vector<int> checked_rows_;
+  FusedOutputs want_;
 };
 
 class FusedRmsNormOp : public GpuOp {
@@ -351,6 +493,56 @@ class FusedRmsNormOp : public GpuOp {
     }
   }
 
+  // ---- bench ----
+  std::vector<std::string> bench_algorithms() const override {
+    return {"one_stage", "one_stage_reg", "push_one_stage", "lamport_one_stage", "two_stage", "gather_norm",
+            "auto",      "unfused",       "nccl_split",     kSplitAllReduce,     kSplitNorm};
+  }
+  // The split paths: the project's all-reduce + the separate norm kernel, and NCCL's + the same.
+  std::vector<std::string> bench_baselines() const override { return {"unfused", "nccl_split"}; }
+  std::vector<int64_t> bench_default_hidden(bool) const override { return {4096, 8192}; }
+  std::string bench_redop() const override { return "sum"; }
+  double bus_factor(int ranks) const override { return ranks <= 1 ? 1 : 2.0 * (ranks - 1) / ranks; }
+  void add_bench_flags(cli::ArgParser& parser) override {
+    parser.add_double("eps", &in_.eps, "RMSNorm epsilon");
+    parser.add_string("write-table", &write_table_,
+                      "after every other algorithm, write auto's table made from this run's times to FILE, and "
+                      "measure auto with it");
+  }
+  std::string check_bench_flags(const BenchSettings& s, const std::vector<BenchSize>& sizes) override {
+    if (const std::string problem = exactcoll::fused::check_eps(in_.eps); !problem.empty()) return problem;
+    for (const BenchSize& size : sizes) {
+      if (size.hidden % pack_elements(s.dtype) != 0 || size.hidden > (1 << 24) || size.rows > (1 << 24)) {
+        return "H " + std::to_string(size.hidden) + " must be a multiple of the " + dtype_name(s.dtype) + " pack (" +
+               std::to_string(pack_elements(s.dtype)) + " elements), and H and rows at most 16777216";
+      }
+    }
+    return "";
+  }
+  void bench_communicator(const BenchSettings& s, const std::vector<BenchSize>& sizes, int ranks,
+                          const std::vector<std::string>& algos, cuda::CommunicatorOptions* options,
+                          size_t* least_buffer_bytes) const override {
+    // Room for every algorithm's largest problem in one launch: two_stage's 2 x rows x H, and
+    // push_one_stage's (and push_one_shot's, in unfused) 2 x n x rows x H.
+    options->use_nccl = std::find(algos.begin(), algos.end(), "nccl_split") != algos.end();
+    *least_buffer_bytes = 0;
+    for (const BenchSize& size : sizes) {
+      *least_buffer_bytes =
+          std::max(*least_buffer_bytes, 2 * static_cast<size_t>(std::max(ranks, 1)) *
+                                            static_cast<size_t>(size.rows * size.hidden * dtype_size(s.dtype)));
+    }
+  }
+  std::unique_ptr<BenchProblem> bench_load(const BenchSettings& s, cuda::Communicator& comm,
+                                           const std::vector<BenchSize>& sizes, int ranks, int rank) override {
+    size_t max_count = 0, max_hidden = 0;
+    for (const BenchSize& size : sizes) {
+      max_count = std::max(max_count, static_cast<size_t>(size.rows * size.hidden));
+      max_hidden = std::max(max_hidden, static_cast<size_t>(size.hidden));
+    }
+    return std::make_unique<FusedBenchProblem>(s, comm, ranks, rank, max_count, max_hidden, static_cast<float>(in_.eps),
+                                               write_table_);
+  }
+
  private:
   // This rank's problem: from the files, or made from the seed (rank -1: check the files only).
   // Returns an error message or "".
@@ -386,8 +578,10 @@ class FusedRmsNormOp : public GpuOp {
     return "";
   }
 
-  // gpu's flags (in_.eps is verify's --eps too).
+  // gpu's flags (in_.eps is verify's and bench's --eps too).
   FusedInputFlags in_;
+  // bench's --write-table.
+  std::string write_table_;
   std::string contract_ = "canonical";
   // verify's flags.
   std::string hidden_text_ = "2880,4096,5120,7168,8192,16384", rows_text_ = "1,2,3,7,16,64,257,1024,4096",
