@@ -207,7 +207,9 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
 
   // 3. The NVLink bound.
   double bound_gbs = 0;
-  if (o.bound && n >= 2) {
+  if (o.bound && n >= 2 && comm.shared_gpu()) {
+    print_leader(w, "# NVLink bound: not measured (ranks share a GPU: " + comm.shared_gpu_note() + ")\n");
+  } else if (o.bound && n >= 2) {
     const size_t copy_bytes = std::min<uint64_t>(max_bytes, uint64_t{64} << 20);
     if (copy_bytes >= (size_t{1} << 20)) {
       double all_pull_gbs = 0;
