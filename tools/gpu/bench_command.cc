@@ -30,7 +30,7 @@
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/fused/fused_commands.h"
-#include "tools/gpu/inputs.h"
+#include "tools/inputs/inputs.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
 #include "tools/npy/npy.h"

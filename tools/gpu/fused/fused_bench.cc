@@ -38,7 +38,7 @@
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/fused/fused_commands.h"
-#include "tools/gpu/fused/fused_inputs.h"
+#include "tools/inputs/fused_inputs.h"
 #include "tools/gpu/fused/fused_reference.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
