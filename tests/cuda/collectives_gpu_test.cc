@@ -14,7 +14,7 @@
 #include "cuda_backend/communicator.h"
 #include "cuda_backend/cuda_check.h"
 #include "tools/gpu/device_util.h"
-#include "tools/gpu/inputs.h"
+#include "tools/inputs/inputs.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
 #include "tests/cuda/gpu_test_harness.h"

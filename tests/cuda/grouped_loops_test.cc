@@ -15,7 +15,7 @@
 
 #include "core/collectives.h"
 #include "core/contract.h"
-#include "tools/gpu/inputs.h"
+#include "tools/inputs/inputs.h"
 
 namespace exactcoll {
 namespace {

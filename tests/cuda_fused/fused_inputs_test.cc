@@ -1,7 +1,7 @@
 // tools/gpu/fused/fused_inputs.h: a rank's own x, a few rows of everyone's, and the whole problem
 // agree bit for bit (bench checks sampled rows against the reference on that promise); the
 // specials appear; different seeds give different problems.
-#include "tools/gpu/fused/fused_inputs.h"
+#include "tools/inputs/fused_inputs.h"
 
 #include <cstring>
 #include <vector>

@@ -16,7 +16,7 @@
 #include "tests/support/command_runner.h"
 #include "tools/diff/diff_command.h"
 #include "tools/fused/fused_rmsnorm_command.h"
-#include "tools/fused/sim_subcommands.h"
+#include "tools/sim/sim_subcommands.h"
 #include "tools/npy/npy.h"
 
 namespace exactcoll::fused {

@@ -20,7 +20,7 @@
 #include "sim/fused/fused_sim.h"
 #include "sim/fused/reference.h"
 #include "sim/world.h"
-#include "tools/gpu/fused/fused_inputs.h"
+#include "tools/inputs/fused_inputs.h"
 
 namespace exactcoll::fused {
 namespace {

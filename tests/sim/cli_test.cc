@@ -13,7 +13,7 @@
 #include "tests/sim/sim_test_util.h"
 #include "tests/support/command_runner.h"
 #include "tools/npy/npy.h"
-#include "tools/sim/sha256.h"
+#include "tools/sha256/sha256.h"
 
 namespace exactcoll {
 namespace {

@@ -13,11 +13,11 @@
 #include "sim/fused/reference.h"
 #include "sim/world.h"
 #include "tools/cli.h"
-#include "tools/fused/sim_subcommands.h"
-#include "tools/gpu/fused/fused_inputs.h"
+#include "tools/sim/sim_subcommands.h"
+#include "tools/inputs/fused_inputs.h"
 #include "tools/npy/npy.h"
-#include "tools/sim/progress.h"
-#include "tools/sim/sha256.h"
+#include "tools/progress/progress.h"
+#include "tools/sha256/sha256.h"
 #include "tools/sim/sim_flags.h"
 
 namespace exactcoll::fused {

@@ -24,7 +24,7 @@
 #include "cuda_backend/dispatch_table.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/gpu_op.h"
-#include "tools/gpu/inputs.h"
+#include "tools/inputs/inputs.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
 #include "tools/npy/npy.h"

@@ -17,11 +17,11 @@
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/gpu_op.h"
-#include "tools/gpu/inputs.h"
+#include "tools/inputs/inputs.h"
 #include "tools/gpu/part_files.h"
 #include "tools/gpu/worker.h"
 #include "tools/npy/npy.h"
-#include "tools/sim/sha256.h"
+#include "tools/sha256/sha256.h"
 
 namespace exactcoll::gpu {
 namespace {

@@ -22,7 +22,7 @@
 #include "cuda_backend/cuda_check.h"
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
-#include "tools/gpu/inputs.h"
+#include "tools/inputs/inputs.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
 #include "tools/npy/npy.h"

@@ -23,7 +23,7 @@
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/gpu_op.h"
-#include "tools/gpu/inputs.h"
+#include "tools/inputs/inputs.h"
 #include "tools/gpu/tally.h"
 #include "tools/gpu/worker.h"
 

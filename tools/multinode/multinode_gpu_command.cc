@@ -28,8 +28,8 @@
 #include "sim/multinode/multinode_sim.h"
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
-#include "tools/gpu/fused/fused_inputs.h"
-#include "tools/gpu/inputs.h"
+#include "tools/inputs/fused_inputs.h"
+#include "tools/inputs/inputs.h"
 #include "tools/gpu/worker.h"
 
 namespace exactcoll::multinode {

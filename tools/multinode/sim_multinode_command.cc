@@ -8,10 +8,10 @@
 //       [--output out.npy] [--residual-output ro.npy] (same scheduling and trace flags)
 //
 // Inputs are the one-node commands' random inputs for the same --count/--rows/--hidden and --seed
-// (tools/gpu/inputs.h, tools/gpu/fused/fused_inputs.h), so the summary's sha256 equals the one-node
+// (tools/inputs/inputs.h, tools/inputs/fused_inputs.h), so the summary's sha256 equals the one-node
 // command's: the bits do not depend on the number of nodes. The collectives first print the
 // one-node command's input banner (tools::input_banner, the same function). Registered as
-// "<op> --nodes" with tools/fused/sim_subcommands.h; tools/sim routes any `sim <op>` given --nodes
+// "<op> --nodes" with tools/sim/sim_subcommands.h; tools/sim routes any `sim <op>` given --nodes
 // here.
 // Exit codes: 2 bad input or layout (nothing written), 3 a failed run (its trace is written).
 #include <chrono>
@@ -27,11 +27,11 @@
 #include "core/storage.h"
 #include "sim/multinode/multinode_sim.h"
 #include "tools/cli.h"
-#include "tools/fused/sim_subcommands.h"
-#include "tools/gpu/fused/fused_inputs.h"
-#include "tools/gpu/inputs.h"
+#include "tools/sim/sim_subcommands.h"
+#include "tools/inputs/fused_inputs.h"
+#include "tools/inputs/inputs.h"
 #include "tools/npy/npy.h"
-#include "tools/sim/sha256.h"
+#include "tools/sha256/sha256.h"
 #include "tools/sim/sim_flags.h"
 
 namespace exactcoll::multinode {

@@ -14,9 +14,9 @@
 #include "core/overlap_plan.h"
 #include "sim/world.h"
 #include "tools/cli.h"
-#include "tools/fused/sim_subcommands.h"
-#include "tools/sim/progress.h"
-#include "tools/sim/sha256.h"
+#include "tools/sim/sim_subcommands.h"
+#include "tools/progress/progress.h"
+#include "tools/sha256/sha256.h"
 #include "tools/sim/sim_flags.h"
 
 namespace exactcoll::tools {

@@ -21,7 +21,7 @@
 #include "sim/prng.h"
 #include "sim/world.h"
 #include "tools/cli.h"
-#include "tools/sim/sha256.h"
+#include "tools/sha256/sha256.h"
 #include "tools/sim/sim_flags.h"
 #include "tools/stats/median.h"
 

@@ -14,7 +14,7 @@
 // Bad input exits 2 before anything is written; a failed run (deadlock, timeout) exits 3 and
 // writes no output (the traces are written: they show what happened).
 //
-// Other ops (`exactcoll sim fused_rmsnorm`) register through tools/fused/sim_subcommands.h and
+// Other ops (`exactcoll sim fused_rmsnorm`) register through tools/sim/sim_subcommands.h and
 // are dispatched from here.
 #include <algorithm>
 #include <chrono>
@@ -32,11 +32,11 @@
 #include "sim/trace.h"
 #include "sim/world.h"
 #include "tools/cli.h"
-#include "tools/fused/sim_subcommands.h"
-#include "tools/gpu/inputs.h"
+#include "tools/sim/sim_subcommands.h"
+#include "tools/inputs/inputs.h"
 #include "tools/npy/npy.h"
-#include "tools/sim/progress.h"
-#include "tools/sim/sha256.h"
+#include "tools/progress/progress.h"
+#include "tools/sha256/sha256.h"
 #include "tools/sim/sim_flags.h"
 
 namespace exactcoll::tools {

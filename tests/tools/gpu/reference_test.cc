@@ -8,7 +8,7 @@
 #include <cstring>
 #include <set>
 
-#include "tools/gpu/inputs.h"
+#include "tools/inputs/inputs.h"
 #include "tools/gpu/reference.h"
 
 namespace exactcoll::gpu {

@@ -6,7 +6,7 @@
 // --hidden, --seed, --specials). The summary ends with the sha256 of each output.
 //
 // `verify`, per (iteration, dtype, H, rows) with rows * H <= --max-elements:
-//   1. every rank makes every rank's inputs (tools/gpu/fused/fused_inputs.h: NaN payloads,
+//   1. every rank makes every rank's inputs (tools/inputs/fused_inputs.h: NaN payloads,
 //      infinities, overflowing sums, subnormals and -0; seeded, so all ranks agree);
 //   2. the scalar reference computes the contract's outputs; the simulator runs the kernel each
 //      GPU algorithm launches, register kernels included (above --sim-all-max-elements one_stage
@@ -30,11 +30,11 @@
 #include "sim/fused/reference.h"
 #include "sim/world.h"
 #include "tools/gpu/device_util.h"
-#include "tools/gpu/fused/fused_inputs.h"
+#include "tools/inputs/fused_inputs.h"
 #include "tools/gpu/fused/fused_reference.h"
 #include "tools/gpu/gpu_op.h"
-#include "tools/gpu/inputs.h"
 #include "tools/gpu/reference.h"
+#include "tools/inputs/inputs.h"
 #include "tools/gpu/worker.h"
 #include "tools/npy/npy.h"
 

@@ -8,7 +8,7 @@
 
 #include "core/fused_rmsnorm.h"
 #include "core/storage.h"
-#include "tools/gpu/fused/fused_inputs.h"
+#include "tools/inputs/fused_inputs.h"
 
 namespace exactcoll::sim {
 class World;

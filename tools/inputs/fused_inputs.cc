@@ -1,4 +1,4 @@
-#include "tools/gpu/fused/fused_inputs.h"
+#include "tools/inputs/fused_inputs.h"
 
 #include <cstring>
 

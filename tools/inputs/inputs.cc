@@ -1,4 +1,4 @@
-#include "tools/gpu/inputs.h"
+#include "tools/inputs/inputs.h"
 
 #include <cstdlib>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "tools/fused/sim_subcommands.h"
+#include "tools/sim/sim_subcommands.h"
 
 #include <map>
 

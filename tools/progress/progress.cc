@@ -1,4 +1,4 @@
-#include "tools/sim/progress.h"
+#include "tools/progress/progress.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "tools/sim/sha256.h"
+#include "tools/sha256/sha256.h"
 
 #include <cstring>
 

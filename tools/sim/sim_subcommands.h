@@ -1,7 +1,9 @@
 // Subcommands of `exactcoll sim` that live outside tools/sim (`exactcoll sim fused_rmsnorm` lives
-// in tools/fused). Each registers itself here at static-initialization time (its library must be
-// alwayslink and linked into the binary, e.g. through tools/BUILD's COMMANDS); tools/sim's command
-// looks its first argument up with find_sim_subcommand when it is none of its own operations.
+// in tools/fused, `sim overlap` in tools/overlap, `sim <op> --nodes` in tools/multinode). Each
+// registers itself here at static-initialization time (its library depends on //tools/sim:
+// sim_subcommands, is alwayslink and is linked into the binary through tools/BUILD's COMMANDS;
+// tools/sim depends on none of them); tools/sim's command looks its first argument up with
+// find_sim_subcommand when it is none of its own operations.
 //
 // Example (in tools/sim):
 //   if (const auto* sub = cli::find_sim_subcommand(argv[1])) return sub->run(argc - 1, argv + 1);
