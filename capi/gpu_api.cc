@@ -13,6 +13,7 @@
 
 #include "capi/api_support.h"
 #include "capi/enum_names.h"
+#include "capi/gpu_internal.h"
 #include "capi/store_api.h"
 #include "cuda_backend/communicator.h"
 #include "cuda_backend/cuda_check.h"
@@ -135,6 +136,17 @@ int run_collective(const char* function, CollectiveCall call, exactcoll_comm com
 }
 
 }  // namespace
+
+namespace exactcoll::capi {
+
+cuda::Communicator& backend_communicator(exactcoll_comm comm) { return *comm_of(comm)->comm; }
+cuda::fused::FusedRmsNorm& backend_fused(exactcoll_comm comm) { return *comm_of(comm)->fused; }
+cuda::RegisteredBuffer backend_registered(exactcoll_comm comm, int registered_id) {
+  if (registered_id == -1) bad_argument("registered_id -1 names no buffer");
+  return *registered_buffer(*comm_of(comm), registered_id);
+}
+
+}  // namespace exactcoll::capi
 
 extern "C" {
 

@@ -90,9 +90,10 @@ double time_copy_us(const void* src, void* dst, size_t bytes, cudaStream_t strea
 // others idle, and (2) every rank at once pulling from rank + 1 (lined up by a device barrier
 // before each copy), NVLink busy both ways as in an all-reduce. Returns GB/s of (1), and of (2)
 // the slowest rank's, in *all_pull_gbs.
-double measure_bound_gbs(Worker& w, cuda::Communicator& comm, size_t bytes, cudaStream_t stream, double* all_pull_gbs) {
+double measure_bound_gbs(Worker& w, ApiComm& api, size_t bytes, cudaStream_t stream, double* all_pull_gbs) {
   DeviceBuffer src(bytes), dst(bytes);
-  const cuda::RegisteredBuffer reg = comm.register_buffer(src.get(), bytes);
+  const cuda::RegisteredBuffer reg = api.backend_registered(api.register_buffer(src.get(), bytes));
+  cuda::Communicator& comm = api.backend();  // peers' addresses and a device barrier: not in the C API
   w.barrier("bound");
   double gbs = 0;
   if (w.rank() == 0) {
@@ -113,8 +114,8 @@ double measure_bound_gbs(Worker& w, cuda::Communicator& comm, size_t bytes, cuda
 }
 
 // Step 4 for one (size, algorithm): the checked run, the timings, agreed over ranks.
-BenchResult measure(Worker& w, cuda::Communicator& comm, BenchProblem& problem, const BenchSize& size,
-                    const std::string& algo, const BenchOptions& o, cudaStream_t stream) {
+BenchResult measure(Worker& w, ApiComm& comm, BenchProblem& problem, const BenchSize& size, const std::string& algo,
+                    const BenchOptions& o, cudaStream_t stream) {
   BenchResult r;
   r.size = size;
   r.algo = algo;
@@ -174,16 +175,18 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
   const int n = w.world_size(), rank = w.rank();
   const BenchSettings& s = o.settings;
   // 2. The communicator and the op's problem.
-  cuda::CommunicatorOptions co;
+  ApiCommOptions co;
   co.name = "bench";
   co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
   co.programmatic_launch = o.pdl;
   size_t least_bytes = 0;
   op.bench_communicator(s, o.sizes, n, o.algos, &co, &least_bytes);
   co.buffer_bytes = std::max(least_bytes, buffer_bytes_for(o.buffer_mib));
-  cuda::Communicator comm(w.store(), rank, n, co);
-  if (!comm.ipc_ready()) {
-    return cli::fail(kCommand, "the IPC path is unavailable: " + comm.ipc_unavailable_reason(), cli::kExitFailure);
+  ApiComm comm(w.store(), rank, n, co);
+  const exactcoll_comm_properties& p = comm.properties();
+  if (!p.ipc_ready) {
+    return cli::fail(kCommand, "the IPC path is unavailable: " + std::string(p.ipc_unavailable_reason),
+                     cli::kExitFailure);
   }
   const std::unique_ptr<BenchProblem> problem = op.bench_load(s, comm, o.sizes, n, rank);
   Stream stream;
@@ -192,8 +195,8 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
   {
     std::ostringstream head;
     head << "# exactcoll bench: " << op.name() << " " << dtype_name(s.dtype) << ", " << n << " ranks on "
-         << w.device_name() << " (" << comm.arch() << "); NCCL "
-         << (comm.nccl_ready() ? cuda::NcclApi::get().version() : std::string("not loaded")) << "\n"
+         << w.device_name() << " (" << p.arch << "); NCCL "
+         << (p.nccl_ready ? cuda::NcclApi::get().version() : std::string("not loaded")) << "\n"
          << "# time: max over ranks of the median per-op µs; graph: " << o.graph_ops << " ops per CUDA graph, "
          << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops
          << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; buffers "
@@ -207,8 +210,8 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
 
   // 3. The NVLink bound.
   double bound_gbs = 0;
-  if (o.bound && n >= 2 && comm.shared_gpu()) {
-    print_leader(w, "# NVLink bound: not measured (ranks share a GPU: " + comm.shared_gpu_note() + ")\n");
+  if (o.bound && n >= 2 && p.shared_gpu) {
+    print_leader(w, "# NVLink bound: not measured (ranks share a GPU)\n");
   } else if (o.bound && n >= 2) {
     const size_t copy_bytes = std::min<uint64_t>(max_bytes, uint64_t{64} << 20);
     if (copy_bytes >= (size_t{1} << 20)) {

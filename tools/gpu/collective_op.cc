@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -48,24 +49,10 @@ const std::vector<size_t>& verify_counts() {
 
 std::string npy_dtype_of(DType d) { return d == DType::kFP32 ? npy::kF32 : npy::kU16; }
 
-// One collective call through the communicator, as the drivers' CallReport.
-CallReport call_collective(cuda::Communicator& comm, Op op, const void* input, void* output, size_t count, DType dtype,
-                           Algorithm algo, cudaStream_t stream, const cuda::RegisteredBuffer* reg,
-                           std::optional<cuda::LaunchConfig> grid) {
-  cuda::CallInfo info;
-  switch (op) {
-    case Op::kAllReduce: info = comm.allreduce(input, output, count, dtype, algo, stream, reg, grid); break;
-    case Op::kReduceScatter: info = comm.reduce_scatter(input, output, count, dtype, algo, stream, reg, grid); break;
-    case Op::kAllGather: info = comm.allgather(input, output, count, dtype, algo, stream, reg, grid); break;
-  }
-  return CallReport{cuda::algorithm_name(info.algo),       "", info.grid, info.staged, info.exact,
-                    info.note.empty() ? "NCCL" : info.note};
-}
-
 // This rank's collective on the device: input (registered when asked) and output.
 class CollectiveProblem : public GpuProblem {
  public:
-  CollectiveProblem(Op op, const GpuSettings& s, cuda::Communicator& comm, const Bytes& mine, size_t count,
+  CollectiveProblem(Op op, const GpuSettings& s, ApiComm& comm, const Bytes& mine, size_t count,
                     std::vector<int64_t> row_shape, int ranks)
       : op_(op),
         dtype_(s.dtype),
@@ -80,16 +67,15 @@ class CollectiveProblem : public GpuProblem {
     EXC_CUDA_CHECK(cudaMemcpy(input_.get(), mine.data(), mine.size(), cudaMemcpyHostToDevice));
     if (s.registered) registered_ = comm.register_buffer(input_.get(), input_.bytes());
     if (s.blocks > 0 || s.threads > 0) {
-      const cuda::Choice c = comm.choose(op, count, s.dtype, algo_);
+      const cuda::Choice c = comm.backend().choose(op, count, s.dtype, algo_);
       grid_ = cuda::LaunchConfig{s.blocks > 0 ? static_cast<int>(s.blocks) : c.grid.blocks,
                                  s.threads > 0 ? static_cast<int>(s.threads) : c.grid.threads};
     }
   }
 
   CallReport enqueue(const Variant& v, cudaStream_t stream) override {
-    const cuda::RegisteredBuffer* reg = v.registered ? &registered_ : nullptr;
-    return call_collective(comm_, op_, input_.get(), output_.get(), count_, dtype_, algo_, stream, reg,
-                           v.grid ? v.grid : grid_);
+    return comm_.collective(op_, input_.get(), output_.get(), count_, dtype_, algo_, stream,
+                            v.registered ? registered_ : -1, v.grid ? v.grid : grid_);
   }
 
   std::vector<DeviceOutput> outputs() const override {
@@ -123,12 +109,12 @@ class CollectiveProblem : public GpuProblem {
   Op op_;
   DType dtype_;
   Algorithm algo_;
-  cuda::Communicator& comm_;
+  ApiComm& comm_;
   size_t count_, out_count_;
   std::vector<int64_t> row_shape_;
   std::string output_path_;
   DeviceBuffer input_, output_;
-  cuda::RegisteredBuffer registered_;
+  int registered_ = -1;  // the C API's id of input_, when --registered
   std::optional<cuda::LaunchConfig> grid_;
 };
 
@@ -147,7 +133,7 @@ size_t bench_input_count(Op op, const BenchSize& size, int ranks) {
 // per size seeded random inputs of every rank and the simulator's outputs.
 class CollectiveBenchProblem : public BenchProblem {
  public:
-  CollectiveBenchProblem(Op op, const BenchSettings& s, cuda::Communicator& comm, int ranks, int rank, size_t max_in,
+  CollectiveBenchProblem(Op op, const BenchSettings& s, ApiComm& comm, int ranks, int rank, size_t max_in,
                          size_t max_out)
       : op_(op),
         s_(s),
@@ -180,8 +166,8 @@ class CollectiveBenchProblem : public BenchProblem {
   }
 
   CallReport enqueue(const std::string& algo, cudaStream_t stream) override {
-    return call_collective(comm_, op_, input_.get(), output_.get(), count_, s_.dtype, *cuda::parse_algorithm(algo),
-                           stream, &registered_, std::nullopt);
+    return comm_.collective(op_, input_.get(), output_.get(), count_, s_.dtype, *cuda::parse_algorithm(algo), stream,
+                            registered_);
   }
 
   std::vector<DeviceOutput> outputs() const override {
@@ -204,10 +190,10 @@ class CollectiveBenchProblem : public BenchProblem {
  private:
   Op op_;
   BenchSettings s_;
-  cuda::Communicator& comm_;
+  ApiComm& comm_;
   int ranks_, rank_;
   DeviceBuffer input_, output_;
-  cuda::RegisteredBuffer registered_;
+  int registered_;  // the C API's id of input_
   Simulator simulator_;
   size_t count_ = 0, out_count_ = 0;
   std::vector<Bytes> inputs_;
@@ -260,7 +246,7 @@ class CollectiveOp : public GpuOp {
   // no buffer); ranks sharing one GPU leave it out by themselves.
   bool needs_nccl(const GpuSettings&) const override { return true; }
 
-  std::unique_ptr<GpuProblem> load(const GpuSettings& s, cuda::Communicator& comm, int n, int rank) override {
+  std::unique_ptr<GpuProblem> load(const GpuSettings& s, ApiComm& comm, int n, int rank) override {
     const size_t elem = static_cast<size_t>(dtype_size(s.dtype));
     Bytes mine;
     std::vector<int64_t> row_shape;
@@ -321,7 +307,7 @@ class CollectiveOp : public GpuOp {
 
   void verify(VerifyContext& ctx, const std::vector<DType>& dtypes) override {
     const int n = ctx.worker.world_size(), rank = ctx.worker.rank();
-    cuda::Communicator& comm = *ctx.comms.main;
+    ApiComm& comm = *ctx.comms.main;
     // 1. Buffers for the largest case: the input registered once (the registered variants).
     size_t max_in = 0, max_out = 0;
     for (size_t c : verify_counts()) {
@@ -335,7 +321,7 @@ class CollectiveOp : public GpuOp {
     ctx.keep_alive.push_back(input_buffer);  // registered: it must outlive the communicator
     const DeviceBuffer& input = *input_buffer;
     DeviceBuffer output(max_out);
-    const cuda::RegisteredBuffer registered = comm.register_buffer(input.get(), max_in);
+    const int registered = comm.register_buffer(input.get(), max_in);
     Simulator simulator(n);
     for (int64_t iter = 0; iter < ctx.settings.iters; ++iter) {
       for (DType dtype : dtypes) {
@@ -362,7 +348,7 @@ class CollectiveOp : public GpuOp {
             algos.push_back(Algorithm::kAuto);
             std::map<Algorithm, Bytes> by_sim;  // per resolved algorithm
             for (Algorithm requested : algos) {
-              const cuda::Choice choice = comm.choose(op_, count, dtype, requested);
+              const cuda::Choice choice = comm.backend().choose(op_, count, dtype, requested);
               // 2. The simulator, running the algorithm that the GPU runs.
               if (by_sim.count(choice.algo) == 0) {
                 by_sim[choice.algo] = simulator.run(op_, choice.algo, dtype, inputs, count,
@@ -374,8 +360,8 @@ class CollectiveOp : public GpuOp {
               const bool forced_grids = choice.algo != Algorithm::kCopyEngine && requested != Algorithm::kAuto;
               for (const Variant& v : verify_variants(forced_grids, max_blocks(), false)) {
                 const Enqueue enqueue = [&](const Variant& var, cudaStream_t stream) {
-                  return call_collective(comm, op_, input.get(), output.get(), count, dtype, requested, stream,
-                                         var.registered ? &registered : nullptr, var.grid);
+                  return comm.collective(op_, input.get(), output.get(), count, dtype, requested, stream,
+                                         var.registered ? registered : -1, var.grid);
                 };
                 const std::string what = std::string(op_name(op_)) + " " + dtype_name(dtype) + " " + label + " (" +
                                          cuda::algorithm_name(choice.algo) + ") " + v.name + " count " +
@@ -410,34 +396,34 @@ class CollectiveOp : public GpuOp {
     parser.add_string("table", &table_path_, "dispatch table file for auto (cuda_backend/tuning/ format)");
     parser.set_default_note("table", "default: the built-in one, or $EXACTCOLL_TABLE");
   }
+  // The table is parsed here (bad input exits 2 before any worker starts) and reaches the
+  // communicator as a user's would: through $EXACTCOLL_TABLE (bench_communicator).
   std::string check_bench_flags(const BenchSettings&, const std::vector<BenchSize>&) override {
-    table_.reset();
     if (table_path_.empty()) return "";
     std::ifstream file(cli::resolve_path(table_path_));
     if (!file) return "cannot open --table " + table_path_;
     std::stringstream text;
     text << file.rdbuf();
     try {
-      table_ = cuda::DispatchTable::parse(text.str(), table_path_);
+      (void)cuda::DispatchTable::parse(text.str(), table_path_);
     } catch (const std::exception& e) {
       return e.what();
     }
     return "";
   }
   void bench_communicator(const BenchSettings& s, const std::vector<BenchSize>& sizes, int ranks,
-                          const std::vector<std::string>&, cuda::CommunicatorOptions* options,
-                          size_t* least_buffer_bytes) const override {
+                          const std::vector<std::string>&, ApiCommOptions*, size_t* least_buffer_bytes) const override {
     // NCCL as the library's default loads it (--algos nccl, and the fallback of an input that fits
     // no buffer). The buffers hold at least the largest input, so that it never needs that fallback.
-    options->table = table_;
+    if (!table_path_.empty()) setenv("EXACTCOLL_TABLE", cli::resolve_path(table_path_).c_str(), 1);
     *least_buffer_bytes = 0;
     for (const BenchSize& size : sizes) {
       *least_buffer_bytes =
           std::max(*least_buffer_bytes, bench_input_count(op_, size, ranks) * static_cast<size_t>(dtype_size(s.dtype)));
     }
   }
-  std::unique_ptr<BenchProblem> bench_load(const BenchSettings& s, cuda::Communicator& comm,
-                                           const std::vector<BenchSize>& sizes, int ranks, int rank) override {
+  std::unique_ptr<BenchProblem> bench_load(const BenchSettings& s, ApiComm& comm, const std::vector<BenchSize>& sizes,
+                                           int ranks, int rank) override {
     size_t max_in = 0, max_out = 0;
     const size_t elem = static_cast<size_t>(dtype_size(s.dtype));
     for (const BenchSize& size : sizes) {
@@ -464,7 +450,6 @@ class CollectiveOp : public GpuOp {
   int64_t count_ = 0;
   // bench's flags.
   std::string table_path_;
-  std::optional<cuda::DispatchTable> table_;
 
  public:
   // The three collectives read verify's flags from one object (make_collective_ops).

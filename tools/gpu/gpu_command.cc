@@ -31,12 +31,12 @@ constexpr const char* kNpyDtypes[] = {"bf16", "fp16", "fp32"};
 int gpu_worker(GpuOp& op, const GpuSettings& s, const std::string& command) {
   Worker w("gpu");
   const int n = w.world_size(), rank = w.rank();
-  cuda::CommunicatorOptions co;
+  ApiCommOptions co;
   co.name = "gpu";
   co.flag_timeout_ms = static_cast<uint64_t>(s.timeout_ms);
   co.buffer_bytes = buffer_bytes_for(s.buffer_mib);
   co.use_nccl = op.needs_nccl(s);
-  cuda::Communicator comm(w.store(), rank, n, co);
+  ApiComm comm(w.store(), rank, n, co);
   // 2. This rank's problem; 3. the call.
   const std::unique_ptr<GpuProblem> problem = op.load(s, comm, n, rank);
   const std::vector<DeviceOutput> outputs = problem->outputs();

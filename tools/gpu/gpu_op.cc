@@ -24,7 +24,7 @@ std::vector<Variant> verify_variants(bool forced_grids, int max_blocks, bool chu
 }
 
 CallReport run_checked(const Enqueue& enqueue, const Variant& v, const std::vector<DeviceOutput>& outputs, int replays,
-                       cuda::Communicator& comm, cudaStream_t stream,
+                       ApiComm& comm, cudaStream_t stream,
                        const std::function<void(int replay, const std::vector<Bytes>& got)>& got) {
   CallReport report;
   bool reported = false;

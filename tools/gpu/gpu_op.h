@@ -20,6 +20,7 @@
 
 #include "core/storage.h"
 #include "cuda_backend/communicator.h"
+#include "tools/gpu/api_comm.h"
 #include "tools/cli.h"
 #include "tools/gpu/tally.h"
 
@@ -43,16 +44,6 @@ struct Variant {
 // (registered); with `chunked` also chunked (staged, through the small communicator).
 std::vector<Variant> verify_variants(bool forced_grids, int max_blocks, bool chunked);
 
-// What ran, in the words of the summary line and of verify's mismatch lines.
-struct CallReport {
-  std::string algo;    // the algorithm that ran (auto resolved)
-  std::string detail;  // more of it, e.g. "all-reduce one_shot" under the fused op's unfused path; or ""
-  cuda::LaunchConfig grid{};
-  bool staged = true;
-  bool exact = true;         // false for NCCL's sums
-  std::string inexact_note;  // why not, when !exact
-};
-
 // One output array of a call on the device; poisoned before each checked call.
 struct DeviceOutput {
   std::string name;  // "out", "residual_out"
@@ -66,9 +57,9 @@ struct DeviceOutput {
 // The communicators of a worker: the main one, and one with 1 MiB buffers where an op asks for it
 // (GpuOp::wants_small_communicator; nullptr otherwise).
 struct Comms {
-  cuda::Communicator* main = nullptr;
-  cuda::Communicator* small = nullptr;
-  cuda::Communicator& for_variant(const Variant& v) const { return v.small && small ? *small : *main; }
+  ApiComm* main = nullptr;
+  ApiComm* small = nullptr;
+  ApiComm& for_variant(const Variant& v) const { return v.small && small ? *small : *main; }
 };
 
 // Enqueues one call of a problem, in variant v, on the stream.
@@ -80,7 +71,7 @@ using Enqueue = std::function<CallReport(const Variant& v, cudaStream_t stream)>
 // arrived throws CollectiveError naming it), (5) copies the outputs back and hands them to
 // `got(replay, outputs)` in the order of `outputs`. Returns the report of the (first) call.
 CallReport run_checked(const Enqueue& enqueue, const Variant& v, const std::vector<DeviceOutput>& outputs, int replays,
-                       cuda::Communicator& comm, cudaStream_t stream,
+                       ApiComm& comm, cudaStream_t stream,
                        const std::function<void(int replay, const std::vector<Bytes>& got)>& got);
 
 // `gpu`'s flags that every op has.
@@ -237,7 +228,7 @@ class GpuOp {
   // Whether the communicator must load NCCL (for --algo nccl or nccl_split).
   virtual bool needs_nccl(const GpuSettings& s) const = 0;
   // Returns this rank's problem, its inputs on the device. Throws npy::NpyError, std::exception.
-  virtual std::unique_ptr<GpuProblem> load(const GpuSettings& s, cuda::Communicator& comm, int ranks, int rank) = 0;
+  virtual std::unique_ptr<GpuProblem> load(const GpuSettings& s, ApiComm& comm, int ranks, int rank) = 0;
 
   // ---- `exactcoll verify` ----
   virtual std::vector<DType> default_verify_dtypes() const = 0;
@@ -267,13 +258,13 @@ class GpuOp {
   virtual void add_bench_flags(cli::ArgParser& /*parser*/) {}
   virtual std::string check_bench_flags(const BenchSettings& s, const std::vector<BenchSize>& sizes) = 0;
   // Sets what the op needs of the communicator: its least buffer bytes for these sizes (bench takes
-  // the larger of it and the library's default, unless --buffer-mib), NCCL for these algorithms,
-  // a dispatch table. Throws std::invalid_argument (e.g. an unreadable table file).
+  // the larger of it and the library's default or --buffer-mib), NCCL for these algorithms. Runs in
+  // the worker before the communicator is made.
   virtual void bench_communicator(const BenchSettings& s, const std::vector<BenchSize>& sizes, int ranks,
-                                  const std::vector<std::string>& algos, cuda::CommunicatorOptions* options,
+                                  const std::vector<std::string>& algos, ApiCommOptions* options,
                                   size_t* least_buffer_bytes) const = 0;
   // Returns this rank's bench problem, its buffers sized for every size in `sizes`.
-  virtual std::unique_ptr<BenchProblem> bench_load(const BenchSettings& s, cuda::Communicator& comm,
+  virtual std::unique_ptr<BenchProblem> bench_load(const BenchSettings& s, ApiComm& comm,
                                                    const std::vector<BenchSize>& sizes, int ranks, int rank) = 0;
 };
 

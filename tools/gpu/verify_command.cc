@@ -45,30 +45,31 @@ int verify_worker(const VerifyJob& job) {
   const int n = w.world_size(), rank = w.rank();
   std::vector<std::shared_ptr<const void>> keep_alive;  // destroyed after the communicators below
   // 1. The communicators.
-  cuda::CommunicatorOptions co;
+  ApiCommOptions co;
   co.name = "verify";
   co.buffer_bytes = buffer_bytes_for(job.buffer_mib);
   co.flag_timeout_ms = static_cast<uint64_t>(job.timeout_ms);
   co.programmatic_launch = job.pdl;
-  cuda::Communicator comm(w.store(), rank, n, co);
-  std::unique_ptr<cuda::Communicator> small;
+  ApiComm comm(w.store(), rank, n, co);
+  const exactcoll_comm_properties& p = comm.properties();
+  std::unique_ptr<ApiComm> small;
   bool wants_small = false;
   for (const GpuOp* op : job.ops) wants_small = wants_small || op->wants_small_communicator();
   if (wants_small) {
-    cuda::CommunicatorOptions small_options = co;
+    ApiCommOptions small_options = co;
     small_options.name = "verify_small";
     small_options.buffer_bytes = size_t{1} << 20;
     small_options.use_nccl = false;
-    small = std::make_unique<cuda::Communicator>(w.store(), rank, n, small_options);
+    small = std::make_unique<ApiComm>(w.store(), rank, n, small_options);
   }
   {
     std::ostringstream os;
-    os << "# exactcoll verify: " << n << " ranks on " << w.device_name() << " (" << comm.arch() << "), seed "
+    os << "# exactcoll verify: " << n << " ranks on " << w.device_name() << " (" << p.arch << "), seed "
        << job.settings.seed << ", iterations " << job.settings.iters << ", programmatic launch "
        << (job.pdl ? "on" : "off") << ", buffers " << (co.buffer_bytes >> 20) << " MiB per rank\n";
-    os << "# IPC path: " << (comm.ipc_ready() ? "ready" : "UNAVAILABLE: " + comm.ipc_unavailable_reason())
+    os << "# IPC path: " << (p.ipc_ready ? "ready" : "UNAVAILABLE: " + std::string(p.ipc_unavailable_reason))
        << "; NCCL: ";
-    if (comm.nccl_ready()) {
+    if (p.nccl_ready) {
       os << cuda::NcclApi::get().version();
     } else {
       os << "not loaded";
@@ -81,8 +82,9 @@ int verify_worker(const VerifyJob& job) {
     }
     print_leader(w, os.str());
   }
-  if (!comm.ipc_ready()) {
-    return cli::fail(kCommand, "the IPC path is unavailable: " + comm.ipc_unavailable_reason(), cli::kExitFailure);
+  if (!p.ipc_ready) {
+    return cli::fail(kCommand, "the IPC path is unavailable: " + std::string(p.ipc_unavailable_reason),
+                     cli::kExitFailure);
   }
 
   // 2. Every op's cases.

@@ -61,18 +61,6 @@ std::optional<FusedAlgo> sim_algo(FusedAlgorithm a) {
   }
 }
 
-// A call's report from the fused host API's.
-CallReport report_of(const cuda::fused::FusedCallInfo& info) {
-  CallReport r;
-  r.algo = cuda::fused::fused_algorithm_name(info.algo);
-  r.detail = info.allreduce.empty() ? "" : "all-reduce " + info.allreduce;
-  r.grid = info.grid;
-  r.staged = info.staged;
-  r.exact = info.exact;
-  r.inexact_note = "NCCL's sums follow no contract";
-  return r;
-}
-
 // The fused op's device buffers: x (registered when asked), residual, weight and both outputs.
 struct FusedDeviceBuffers {
   FusedDeviceBuffers(size_t bytes, size_t weight_bytes)
@@ -88,12 +76,11 @@ struct FusedDeviceBuffers {
 
 class FusedProblem : public GpuProblem {
  public:
-  FusedProblem(const GpuSettings& s, cuda::Communicator& comm, const FusedInputs& in, const Bytes& mine, float eps,
+  FusedProblem(const GpuSettings& s, ApiComm& comm, const FusedInputs& in, const Bytes& mine, float eps,
                std::string output, std::string residual_output)
       : s_(s),
         algo_(*cuda::fused::parse_fused_algorithm(s.algo)),
         comm_(comm),
-        fused_(comm),
         shape_{in.rows, in.hidden, eps, s.dtype},
         count_(in.count()),
         buffers_(in.count() * static_cast<size_t>(dtype_size(s.dtype)), in.weight.size()),
@@ -105,15 +92,15 @@ class FusedProblem : public GpuProblem {
     EXC_CUDA_CHECK(cudaMemcpy(buffers_.weight.get(), in.weight.data(), in.weight.size(), cudaMemcpyHostToDevice));
     if (s.registered) registered_ = comm.register_buffer(buffers_.x.get(), bytes);
     if (s.blocks > 0 || s.threads > 0) {
-      const cuda::fused::FusedChoice c = fused_.choose(shape_, algo_);
+      const cuda::fused::FusedChoice c = comm.fused_backend().choose(shape_, algo_);
       grid_ = cuda::LaunchConfig{s.blocks > 0 ? static_cast<int>(s.blocks) : c.grid.blocks,
                                  s.threads > 0 ? static_cast<int>(s.threads) : c.grid.threads};
     }
   }
 
   CallReport enqueue(const Variant& v, cudaStream_t stream) override {
-    return report_of(fused_.run(buffers_.view(), shape_, algo_, stream, v.registered ? &registered_ : nullptr,
-                                v.grid ? v.grid : grid_));
+    return comm_.fused(buffers_.view(), shape_, algo_, stream, v.registered ? registered_ : -1,
+                       v.grid ? v.grid : grid_);
   }
   std::vector<DeviceOutput> outputs() const override {
     return buffers_.outputs(count_, static_cast<size_t>(dtype_size(s_.dtype)));
@@ -136,13 +123,12 @@ class FusedProblem : public GpuProblem {
  private:
   GpuSettings s_;
   FusedAlgorithm algo_;
-  cuda::Communicator& comm_;
-  cuda::fused::FusedRmsNorm fused_;
+  ApiComm& comm_;
   cuda::fused::FusedRmsNormShape shape_;
   size_t count_;
   FusedDeviceBuffers buffers_;
   std::string output_, residual_output_;
-  cuda::RegisteredBuffer registered_;
+  int registered_ = -1;  // the C API's id of x, when --registered
   std::optional<cuda::LaunchConfig> grid_;
 };
 
@@ -162,11 +148,10 @@ class FusedBenchProblem : public BenchProblem {
  public:
   static constexpr int kCheckedRows = 256;
 
-  FusedBenchProblem(const BenchSettings& s, cuda::Communicator& comm, int ranks, int rank, size_t max_count,
-                    size_t max_hidden, float eps, std::string table_path)
+  FusedBenchProblem(const BenchSettings& s, ApiComm& comm, int ranks, int rank, size_t max_count, size_t max_hidden,
+                    float eps, std::string table_path)
       : s_(s),
         comm_(comm),
-        fused_(comm),
         ranks_(ranks),
         rank_(rank),
         eps_(eps),
@@ -199,18 +184,21 @@ class FusedBenchProblem : public BenchProblem {
 
   CallReport enqueue(const std::string& algo, cudaStream_t stream) override {
     if (algo == kSplitAllReduce) {
-      const cuda::CallInfo info = comm_.allreduce(buffers_.x.get(), buffers_.out.get(), count_, s_.dtype,
-                                                  cuda::Algorithm::kAuto, stream, &registered_);
-      return CallReport{cuda::algorithm_name(info.algo), "", info.grid, info.staged, info.exact, info.note};
+      return comm_.collective(cuda::Op::kAllReduce, buffers_.x.get(), buffers_.out.get(), count_, s_.dtype,
+                              cuda::Algorithm::kAuto, stream, registered_);
     }
     if (algo == kSplitNorm) {
-      const cuda::LaunchConfig grid =
-          fused_.residual_rmsnorm(buffers_.out.get(), buffers_.residual.get(), buffers_.weight.get(),
-                                  buffers_.residual_out.get(), buffers_.out.get(), shape_, stream);
-      return CallReport{kSplitNorm, "", grid, false, true, ""};
+      throw_unless_ok(exactcoll_add_rmsnorm(buffers_.out.get(), buffers_.residual.get(), buffers_.weight.get(),
+                                            buffers_.residual_out.get(), buffers_.out.get(), shape_.rows, shape_.hidden,
+                                            shape_.eps,
+                                            s_.dtype == DType::kFP32   ? EXACTCOLL_FP32
+                                            : s_.dtype == DType::kFP16 ? EXACTCOLL_FP16
+                                                                       : EXACTCOLL_BF16,
+                                            comm_.properties().device, stream));
+      return CallReport{kSplitNorm, "",   cuda::fused::residual_rmsnorm_grid(shape_.rows, shape_.hidden, s_.dtype),
+                        false,      true, ""};
     }
-    return report_of(
-        fused_.run(buffers_.view(), shape_, *cuda::fused::parse_fused_algorithm(algo), stream, &registered_));
+    return comm_.fused(buffers_.view(), shape_, *cuda::fused::parse_fused_algorithm(algo), stream, registered_);
   }
 
   std::vector<DeviceOutput> outputs() const override { return buffers_.outputs(count_, elem()); }
@@ -247,7 +235,7 @@ class FusedBenchProblem : public BenchProblem {
       }
       const int rows_of = static_cast<int>(r.size.rows), hidden = static_cast<int>(r.size.hidden);
       cuda::fused::FusedTableRow row;
-      row.arch = comm_.arch();
+      row.arch = comm_.properties().arch;
       row.world_size = ranks_;
       row.row_bytes = static_cast<uint64_t>(r.size.hidden) * elem();
       row.rows = rows_of;
@@ -267,20 +255,19 @@ class FusedBenchProblem : public BenchProblem {
            ", CUDA graph, max over ranks of the median per-op time (us)."});
       npy::write_file_atomic(cli::resolve_path(table_path_), text.data(), text.size());
     }
-    fused_.set_table(table);
+    comm_.fused_backend().set_table(table);  // a measured table: not in the C API
   }
 
  private:
   size_t elem() const { return static_cast<size_t>(dtype_size(s_.dtype)); }
 
   BenchSettings s_;
-  cuda::Communicator& comm_;
-  cuda::fused::FusedRmsNorm fused_;
+  ApiComm& comm_;
   int ranks_, rank_;
   float eps_;
   std::string table_path_;
   FusedDeviceBuffers buffers_;
-  cuda::RegisteredBuffer registered_;
+  int registered_;  // the C API's id of x
   cuda::fused::FusedRmsNormShape shape_{};
   size_t count_ = 0;
   std::vector<int> checked_rows_;
@@ -348,7 +335,7 @@ class FusedRmsNormOp : public GpuOp {
   int max_blocks() const override { return kMaxFusedBlocks; }
   bool needs_nccl(const GpuSettings& s) const override { return s.algo == "nccl_split"; }
 
-  std::unique_ptr<GpuProblem> load(const GpuSettings& s, cuda::Communicator& comm, int n, int rank) override {
+  std::unique_ptr<GpuProblem> load(const GpuSettings& s, ApiComm& comm, int n, int rank) override {
     FusedInputs in;
     Bytes mine;
     if (const std::string problem = load_inputs(s, n, rank, &in, &mine); !problem.empty()) {
@@ -408,7 +395,6 @@ class FusedRmsNormOp : public GpuOp {
   void verify(VerifyContext& ctx, const std::vector<DType>& dtypes) override {
     const int n = ctx.worker.world_size(), rank = ctx.worker.rank();
     const float eps = static_cast<float>(in_.eps);
-    cuda::fused::FusedRmsNorm fused(*ctx.comms.main), small_fused(*ctx.comms.small);
     // 1. Buffers for the largest problem; x registered once (the chunked variant stages).
     size_t max_count = 0, max_hidden = 0;
     for (int64_t h : hidden_list_) {
@@ -421,7 +407,7 @@ class FusedRmsNormOp : public GpuOp {
     const auto buffers_kept = std::make_shared<const FusedDeviceBuffers>(max_count * 4, max_hidden * 4);
     ctx.keep_alive.push_back(buffers_kept);  // x is registered: it must outlive the communicator
     const FusedDeviceBuffers& buffers = *buffers_kept;
-    const cuda::RegisteredBuffer registered = ctx.comms.main->register_buffer(buffers.x.get(), buffers.x.bytes());
+    const int registered = ctx.comms.main->register_buffer(buffers.x.get(), buffers.x.bytes());
     sim::WorldOptions world_options;
     world_options.ranks = n;
     sim::World world(world_options);
@@ -456,7 +442,7 @@ class FusedRmsNormOp : public GpuOp {
             };
             const cuda::fused::FusedRmsNormShape shape{static_cast<int>(rows), static_cast<int>(hidden), eps, dtype};
             for (FusedAlgorithm requested : algos_) {
-              const cuda::fused::FusedChoice choice = fused.choose(shape, requested);
+              const cuda::fused::FusedChoice choice = ctx.comms.main->fused_backend().choose(shape, requested);
               const FusedAlgo sim_choice = count <= static_cast<size_t>(sim_all_max_elements_)
                                                ? sim_algo(choice.algo).value_or(FusedAlgo::kOneStage)
                                                : FusedAlgo::kOneStage;
@@ -466,10 +452,10 @@ class FusedRmsNormOp : public GpuOp {
               const bool named = requested != FusedAlgorithm::kAuto;
               for (const Variant& v :
                    verify_variants(named, max_blocks(), named && requested != FusedAlgorithm::kUnfused)) {
-                cuda::fused::FusedRmsNorm& f = v.small ? small_fused : fused;
+                ApiComm& comm = ctx.comms.for_variant(v);
                 const Enqueue enqueue = [&](const Variant& var, cudaStream_t stream) {
-                  return report_of(f.run(buffers.view(), shape, requested, stream,
-                                         var.registered ? &registered : nullptr, var.grid));
+                  return comm.fused(buffers.view(), shape, requested, stream, var.registered ? registered : -1,
+                                    var.grid);
                 };
                 const std::string what = "fused_rmsnorm " + std::string(dtype_name(dtype)) + " " + label + " (" +
                                          cuda::fused::fused_algorithm_name(choice.algo) + ") " + v.name + " rows " +
@@ -520,7 +506,7 @@ class FusedRmsNormOp : public GpuOp {
     return "";
   }
   void bench_communicator(const BenchSettings& s, const std::vector<BenchSize>& sizes, int ranks,
-                          const std::vector<std::string>& algos, cuda::CommunicatorOptions* options,
+                          const std::vector<std::string>& algos, ApiCommOptions* options,
                           size_t* least_buffer_bytes) const override {
     // Room for every algorithm's largest problem in one launch: two_stage's 2 x rows x H, and
     // push_one_stage's (and push_one_shot's, in unfused) 2 x n x rows x H.
@@ -532,8 +518,8 @@ class FusedRmsNormOp : public GpuOp {
                                             static_cast<size_t>(size.rows * size.hidden * dtype_size(s.dtype)));
     }
   }
-  std::unique_ptr<BenchProblem> bench_load(const BenchSettings& s, cuda::Communicator& comm,
-                                           const std::vector<BenchSize>& sizes, int ranks, int rank) override {
+  std::unique_ptr<BenchProblem> bench_load(const BenchSettings& s, ApiComm& comm, const std::vector<BenchSize>& sizes,
+                                           int ranks, int rank) override {
     size_t max_count = 0, max_hidden = 0;
     for (const BenchSize& size : sizes) {
       max_count = std::max(max_count, static_cast<size_t>(size.rows * size.hidden));

@@ -1,0 +1,183 @@
+#include "tools/gpu/api_comm.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "capi/gpu_internal.h"
+
+namespace exactcoll::gpu {
+namespace {
+
+// The worker's store as the C API's callbacks (exactcoll_store_callbacks): each returns a status,
+// after exactcoll_set_store_error says why.
+template <class Body>
+int store_call(Body&& body) {
+  try {
+    body();
+    return EXACTCOLL_OK;
+  } catch (const std::exception& e) {
+    exactcoll_set_store_error(e.what());
+    return EXACTCOLL_ERROR_STORE;
+  }
+}
+
+int store_set(void* user_data, const char* key, const void* value, size_t value_bytes) {
+  return store_call(
+      [&] { static_cast<Store*>(user_data)->set(key, std::string(static_cast<const char*>(value), value_bytes)); });
+}
+
+int store_get(void* user_data, const char* key, int64_t timeout_ms, void* buffer, size_t capacity,
+              size_t* value_bytes) {
+  return store_call([&] {
+    const std::string value = static_cast<Store*>(user_data)->get(key, std::chrono::milliseconds(timeout_ms));
+    *value_bytes = value.size();
+    std::memcpy(buffer, value.data(), std::min(capacity, value.size()));
+  });
+}
+
+int store_add(void* user_data, const char* key, int64_t delta, int64_t* result) {
+  return store_call([&] { *result = static_cast<Store*>(user_data)->add(key, delta); });
+}
+
+int store_erase(void* user_data, const char* key, int* existed) {
+  return store_call([&] { *existed = static_cast<Store*>(user_data)->erase(key) ? 1 : 0; });
+}
+
+// The report of a C API call's exactcoll_call_info; `names` gives the algorithm's name.
+CallReport report_of(const exactcoll_call_info& info, const char* (*names)(int), const std::string& inexact_note) {
+  CallReport r;
+  const char* name = names(info.algo);
+  r.algo = name != nullptr ? name : "?";
+  if (info.allreduce_algo >= 0) r.detail = std::string("all-reduce ") + exactcoll_algo_name(info.allreduce_algo);
+  r.grid = cuda::LaunchConfig{info.blocks, info.threads};
+  r.staged = info.staged != 0;
+  r.exact = info.exact != 0;
+  r.inexact_note = info.note[0] != '\0' ? info.note : inexact_note;
+  return r;
+}
+
+int c_value(const char* name, int (*from_name)(const char*, int*)) {
+  int value = -1;
+  throw_unless_ok(from_name(name, &value));
+  return value;
+}
+
+}  // namespace
+
+void throw_unless_ok(int status) {
+  if (status == EXACTCOLL_OK) return;
+  if (status == EXACTCOLL_ERROR_INVALID_ARGUMENT) throw std::invalid_argument(exactcoll_last_error());
+  throw ApiCallError(status, exactcoll_last_error());
+}
+
+ApiComm::ApiComm(Store& store, int rank, int world_size, const ApiCommOptions& options) {
+  exactcoll_store_callbacks callbacks{};
+  callbacks.struct_size = sizeof callbacks;
+  callbacks.user_data = &store;
+  callbacks.set = store_set;
+  callbacks.get = store_get;
+  callbacks.add = store_add;
+  callbacks.erase = store_erase;
+  throw_unless_ok(exactcoll_store_create(&callbacks, rank, world_size, &store_));
+  exactcoll_comm_options o;
+  exactcoll_comm_options_init(&o);
+  o.name = options.name.c_str();
+  o.buffer_bytes = options.buffer_bytes;
+  o.flag_timeout_ms = options.flag_timeout_ms;
+  o.use_nccl = options.use_nccl ? 1 : 0;
+  o.programmatic_launch = options.programmatic_launch ? 1 : 0;
+  const int status = exactcoll_comm_create(store_, rank, world_size, &o, &comm_);
+  if (status != EXACTCOLL_OK) {
+    const std::string message = exactcoll_last_error();  // before the store's release can replace it
+    (void)exactcoll_store_destroy(store_);
+    if (status == EXACTCOLL_ERROR_INVALID_ARGUMENT) throw std::invalid_argument(message);
+    throw ApiCallError(status, message);
+  }
+  exactcoll_comm_properties p;
+  std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  throw_unless_ok(exactcoll_comm_properties_get(comm_, &p));
+  properties_ = p;
+}
+
+ApiComm::~ApiComm() {
+  if (exactcoll_comm_destroy(comm_) != EXACTCOLL_OK) std::fprintf(stderr, "%s\n", exactcoll_last_error());
+  if (exactcoll_store_destroy(store_) != EXACTCOLL_OK) std::fprintf(stderr, "%s\n", exactcoll_last_error());
+}
+
+int ApiComm::register_buffer(const void* buffer, size_t bytes) {
+  int id = -1;
+  throw_unless_ok(exactcoll_comm_register_buffer(comm_, buffer, bytes, &id));
+  return id;
+}
+
+CallReport ApiComm::collective(cuda::Op op, const void* input, void* output, size_t count, DType dtype,
+                               cuda::Algorithm algo, cudaStream_t stream, int registered_id,
+                               std::optional<cuda::LaunchConfig> grid) {
+  if (grid) {
+    cuda::Communicator& c = backend();
+    const cuda::RegisteredBuffer reg = registered_id >= 0 ? backend_registered(registered_id) : cuda::RegisteredBuffer{};
+    const cuda::RegisteredBuffer* r = registered_id >= 0 ? &reg : nullptr;
+    cuda::CallInfo info;
+    switch (op) {
+      case cuda::Op::kAllReduce: info = c.allreduce(input, output, count, dtype, algo, stream, r, grid); break;
+      case cuda::Op::kReduceScatter: info = c.reduce_scatter(input, output, count, dtype, algo, stream, r, grid); break;
+      case cuda::Op::kAllGather: info = c.allgather(input, output, count, dtype, algo, stream, r, grid); break;
+    }
+    return CallReport{cuda::algorithm_name(info.algo), "", info.grid, info.staged, info.exact,
+                      info.note.empty() ? "NCCL" : info.note};
+  }
+  exactcoll_call_info info;
+  exactcoll_call_info_init(&info);
+  const int c_dtype = c_value(dtype_name(dtype), exactcoll_dtype_from_name);
+  const int c_algo = c_value(cuda::algorithm_name(algo), exactcoll_algo_from_name);
+  int status = EXACTCOLL_OK;
+  switch (op) {
+    case cuda::Op::kAllReduce:
+      status = exactcoll_allreduce(comm_, input, output, count, c_dtype, c_algo, stream, registered_id, &info);
+      break;
+    case cuda::Op::kReduceScatter:
+      status = exactcoll_reduce_scatter(comm_, input, output, count, c_dtype, c_algo, stream, registered_id, &info);
+      break;
+    case cuda::Op::kAllGather:
+      status = exactcoll_allgather(comm_, input, output, count, c_dtype, c_algo, stream, registered_id, &info);
+      break;
+  }
+  throw_unless_ok(status);
+  return report_of(info, exactcoll_algo_name, "NCCL");
+}
+
+CallReport ApiComm::fused(const cuda::fused::FusedRmsNormBuffers& b, const cuda::fused::FusedRmsNormShape& shape,
+                          cuda::fused::FusedAlgorithm algo, cudaStream_t stream, int registered_id,
+                          std::optional<cuda::LaunchConfig> grid) {
+  const std::string nccl_note = "NCCL's sums follow no contract";
+  if (grid) {
+    const cuda::RegisteredBuffer reg = registered_id >= 0 ? backend_registered(registered_id) : cuda::RegisteredBuffer{};
+    const cuda::fused::FusedCallInfo info =
+        fused_backend().run(b, shape, algo, stream, registered_id >= 0 ? &reg : nullptr, grid);
+    return CallReport{cuda::fused::fused_algorithm_name(info.algo),
+                      info.allreduce.empty() ? "" : "all-reduce " + info.allreduce,
+                      info.grid,
+                      info.staged,
+                      info.exact,
+                      nccl_note};
+  }
+  exactcoll_call_info info;
+  exactcoll_call_info_init(&info);
+  const int c_algo = c_value(cuda::fused::fused_algorithm_name(algo), exactcoll_fused_algo_from_name);
+  throw_unless_ok(exactcoll_fused_add_rmsnorm(comm_, b.x, b.residual, b.weight, b.residual_out, b.out, shape.rows,
+                                              shape.hidden, shape.eps, c_value(dtype_name(shape.dtype), exactcoll_dtype_from_name), c_algo, stream,
+                                              registered_id, &info));
+  return report_of(info, exactcoll_fused_algo_name, nccl_note);
+}
+
+void ApiComm::check(cudaStream_t stream) { throw_unless_ok(exactcoll_comm_check(comm_, stream)); }
+
+cuda::RegisteredBuffer ApiComm::backend_registered(int registered_id) const {
+  return capi::backend_registered(comm_, registered_id);
+}
+
+cuda::Communicator& ApiComm::backend() const { return capi::backend_communicator(comm_); }
+cuda::fused::FusedRmsNorm& ApiComm::fused_backend() const { return capi::backend_fused(comm_); }
+
+}  // namespace exactcoll::gpu
