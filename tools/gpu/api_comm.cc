@@ -116,7 +116,8 @@ CallReport ApiComm::collective(cuda::Op op, const void* input, void* output, siz
                                std::optional<cuda::LaunchConfig> grid) {
   if (grid) {
     cuda::Communicator& c = backend();
-    const cuda::RegisteredBuffer reg = registered_id >= 0 ? backend_registered(registered_id) : cuda::RegisteredBuffer{};
+    const cuda::RegisteredBuffer reg =
+        registered_id >= 0 ? backend_registered(registered_id) : cuda::RegisteredBuffer{};
     const cuda::RegisteredBuffer* r = registered_id >= 0 ? &reg : nullptr;
     cuda::CallInfo info;
     switch (op) {
@@ -124,7 +125,7 @@ CallReport ApiComm::collective(cuda::Op op, const void* input, void* output, siz
       case cuda::Op::kReduceScatter: info = c.reduce_scatter(input, output, count, dtype, algo, stream, r, grid); break;
       case cuda::Op::kAllGather: info = c.allgather(input, output, count, dtype, algo, stream, r, grid); break;
     }
-    return CallReport{cuda::algorithm_name(info.algo), "", info.grid, info.staged, info.exact,
+    return CallReport{cuda::algorithm_name(info.algo),       "", info.grid, info.staged, info.exact,
                       info.note.empty() ? "NCCL" : info.note};
   }
   exactcoll_call_info info;
@@ -152,7 +153,8 @@ CallReport ApiComm::fused(const cuda::fused::FusedRmsNormBuffers& b, const cuda:
                           std::optional<cuda::LaunchConfig> grid) {
   const std::string nccl_note = "NCCL's sums follow no contract";
   if (grid) {
-    const cuda::RegisteredBuffer reg = registered_id >= 0 ? backend_registered(registered_id) : cuda::RegisteredBuffer{};
+    const cuda::RegisteredBuffer reg =
+        registered_id >= 0 ? backend_registered(registered_id) : cuda::RegisteredBuffer{};
     const cuda::fused::FusedCallInfo info =
         fused_backend().run(b, shape, algo, stream, registered_id >= 0 ? &reg : nullptr, grid);
     return CallReport{cuda::fused::fused_algorithm_name(info.algo),
@@ -165,9 +167,9 @@ CallReport ApiComm::fused(const cuda::fused::FusedRmsNormBuffers& b, const cuda:
   exactcoll_call_info info;
   exactcoll_call_info_init(&info);
   const int c_algo = c_value(cuda::fused::fused_algorithm_name(algo), exactcoll_fused_algo_from_name);
-  throw_unless_ok(exactcoll_fused_add_rmsnorm(comm_, b.x, b.residual, b.weight, b.residual_out, b.out, shape.rows,
-                                              shape.hidden, shape.eps, c_value(dtype_name(shape.dtype), exactcoll_dtype_from_name), c_algo, stream,
-                                              registered_id, &info));
+  throw_unless_ok(exactcoll_fused_add_rmsnorm(
+      comm_, b.x, b.residual, b.weight, b.residual_out, b.out, shape.rows, shape.hidden, shape.eps,
+      c_value(dtype_name(shape.dtype), exactcoll_dtype_from_name), c_algo, stream, registered_id, &info));
   return report_of(info, exactcoll_fused_algo_name, nccl_note);
 }
 

@@ -74,9 +74,8 @@ class ApiComm {
 
   // One collective: exactcoll_allreduce, _reduce_scatter or _allgather (registered_id -1: staged).
   // A forced grid is a tuning feature the C API leaves out: that call goes to backend().
-  CallReport collective(cuda::Op op, const void* input, void* output, size_t count, DType dtype,
-                        cuda::Algorithm algo, cudaStream_t stream, int registered_id,
-                        std::optional<cuda::LaunchConfig> grid = {});
+  CallReport collective(cuda::Op op, const void* input, void* output, size_t count, DType dtype, cuda::Algorithm algo,
+                        cudaStream_t stream, int registered_id, std::optional<cuda::LaunchConfig> grid = {});
 
   // The fused op: exactcoll_fused_add_rmsnorm (a forced grid goes to fused_backend()).
   CallReport fused(const cuda::fused::FusedRmsNormBuffers& buffers, const cuda::fused::FusedRmsNormShape& shape,

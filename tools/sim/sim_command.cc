@@ -341,7 +341,9 @@ int sim_main(int argc, char** argv) {
 }
 
 const cli::Registrar kSim({"sim", "the collectives on the CPU simulator (exactcoll sim --help)", sim_main});
-const cli::SimSubcommandRegistrar kAllReduce({"allreduce", "all-reduce: one_shot, two_shot or auto",
+const cli::SimSubcommandRegistrar kAllReduce({"allreduce",
+                                              "all-reduce: one_shot, two_shot, push_one_shot, push_two_shot, "
+                                              "lamport_one_shot or auto (the same bits)",
                                               [](int argc, char** argv) {
                                                 return collective_main(Collective::kAllReduce, argc, argv);
                                               }});
