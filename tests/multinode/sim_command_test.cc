@@ -112,4 +112,23 @@ TEST(SimNodesCommand, BadLayoutsExit2AndWriteNothing) {
   EXPECT_NE(o.err.find("at least 1 node"), std::string::npos) << o.err;
 }
 
+// An output that cannot be written is found before the run (exit 2, nothing run, no file left);
+// outputs and trace are written together.
+TEST(SimNodesCommand, UnwritableOutputsExit2BeforeTheRun) {
+  const std::string trace = temp_path("kept_out.jsonl");
+  const std::string missing_dir = temp_path("no_such_dir") + "/out.npy";
+  CommandResult o =
+      exactcoll("sim allreduce --ranks 4 --nodes 2 --count 10 --trace " + trace + " --output " + missing_dir);
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.err.find("nothing was run"), std::string::npos) << o.err;
+  EXPECT_EQ(o.out.find("sha256"), std::string::npos) << o.out;
+  EXPECT_FALSE(file_exists(trace));
+  const std::string out = temp_path("fused_out.npy");
+  o = exactcoll("sim fused_rmsnorm --ranks 4 --nodes 2 --rows 2 --hidden 64 --output " + out + " --residual-output " +
+                missing_dir);
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.err.find("nothing was run"), std::string::npos) << o.err;
+  EXPECT_FALSE(file_exists(out));
+}
+
 }  // namespace

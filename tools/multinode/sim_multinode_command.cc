@@ -46,19 +46,6 @@ const char* kind_name(Kind k) {
                                      : "fused_rmsnorm";
 }
 
-// Writes text to path atomically enough for a trace (a temporary file, then rename). "" or the error.
-std::string write_text(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return "cannot write " + path;
-    f << text;
-    if (!f) return "cannot write " + path;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return "cannot write " + path;
-  return "";
-}
-
 int multinode_main(Kind kind, int argc, char** argv) {
   const std::string command = std::string("sim ") + kind_name(kind);
   const bool fused = kind == Kind::kFused;
@@ -144,14 +131,39 @@ int multinode_main(Kind kind, int argc, char** argv) {
   const std::string input_note = tools::random_input_note(seed, parser.given("seed"), specials);
   MultiNodeTrace trace;
   std::string failure;
+  // The outputs and the trace, reserved once every flag is checked and before anything runs (an
+  // unwritable path exits 2 first), all written or none (npy::OutputFiles).
+  const std::string trace_path = f.trace.empty() ? "" : cli::resolve_path(f.trace);
+  const std::string output_path = output.empty() ? "" : cli::resolve_path(output);
+  const std::string residual_path = residual_output.empty() ? "" : cli::resolve_path(residual_output);
+  std::unique_ptr<npy::OutputFiles> files;
+  auto reserve = [&] {
+    files = tools::reserve_outputs(command, {trace_path, output_path, residual_path});
+    return files != nullptr;
+  };
+  // After the run: the trace (a failed run's too), then the failure's exit, or -1 to go on.
   auto finish_run = [&]() -> int {
-    if (net.trace) {
-      if (std::string p = write_text(cli::resolve_path(f.trace), trace.json_lines); !p.empty()) {
-        return cli::fail(command, p, cli::kExitFailure);
-      }
+    try {
+      if (net.trace) files->write(trace_path, trace.json_lines.data(), trace.json_lines.size());
+      if (!failure.empty()) files->commit();
+    } catch (const npy::NpyError& e) {
+      return cli::fail(command, e.what(), cli::kExitFailure);
     }
     if (!failure.empty()) return cli::fail(command, "the run failed: " + failure, cli::kExitFailure);
     return -1;
+  };
+  // Writes the run's outputs and commits every file; 0, or the exit code of an I/O failure.
+  auto write_outputs = [&](const std::vector<int64_t>& shape, const std::vector<uint8_t>& out,
+                           const std::vector<uint8_t>* ro) -> int {
+    try {
+      if (!output_path.empty()) files->write_npy(output_path, npy_type, shape, out.data(), out.size());
+      if (ro != nullptr && !residual_path.empty())
+        files->write_npy(residual_path, npy_type, shape, ro->data(), ro->size());
+      files->commit();
+    } catch (const npy::NpyError& e) {
+      return cli::fail(command, e.what(), cli::kExitFailure);
+    }
+    return 0;
   };
 
   if (fused) {
@@ -169,6 +181,7 @@ int multinode_main(Kind kind, int argc, char** argv) {
     if (std::string p = check_multinode_fused_spec(spec, layout); !p.empty()) return cli::fail(command, p);
     if (!output.empty() && output == residual_output)
       return cli::fail(command, "--output and --residual-output must differ");
+    if (!reserve()) return cli::kExitUsage;
     const gpu::FusedInputs in =
         gpu::make_fused_inputs(dtype, n, spec.rows, spec.hidden, static_cast<uint64_t>(seed), specials);
     const size_t per = in.count() * esize;
@@ -187,14 +200,7 @@ int multinode_main(Kind kind, int argc, char** argv) {
       failure = e.what();
     }
     if (const int code = finish_run(); code >= 0) return code;
-    const std::vector<int64_t> shape = {n, rows, hidden};
-    try {
-      if (!output.empty()) npy::write_npy(cli::resolve_path(output), npy_type, shape, out.data(), out.size());
-      if (!residual_output.empty())
-        npy::write_npy(cli::resolve_path(residual_output), npy_type, shape, ro.data(), ro.size());
-    } catch (const npy::NpyError& e) {
-      return cli::fail(command, e.what(), cli::kExitFailure);
-    }
+    if (const int code = write_outputs({n, rows, hidden}, out, &ro); code != 0) return code;
     std::cout << command << " " << f.dtype << ": " << n << " ranks x [" << rows << ", " << hidden << "] (" << input_note
               << "), " << layout_text(layout) << ", carry chain, " << schedule_text << ", " << trace.messages
               << " messages; out sha256 " << tools::sha256_hex(out.data(), out.size()) << " residual_out sha256 "
@@ -220,6 +226,7 @@ int multinode_main(Kind kind, int argc, char** argv) {
     if (index >= spec.count)
       return cli::fail(command, "--trace-elements index " + std::to_string(index) + " is past the count");
   }
+  if (!reserve()) return cli::kExitUsage;
   // The one-node command's banner, from the same function: what runs on which inputs.
   std::cout << tools::input_banner(command, n, spec.count, f.dtype, input_note);
   std::cout.flush();
@@ -241,13 +248,7 @@ int multinode_main(Kind kind, int argc, char** argv) {
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (const int code = finish_run(); code >= 0) return code;
   const std::vector<int64_t> shape = {n, static_cast<int64_t>(out_count)};
-  if (!output.empty()) {
-    try {
-      npy::write_npy(cli::resolve_path(output), npy_type, shape, out.data(), out.size());
-    } catch (const npy::NpyError& e) {
-      return cli::fail(command, e.what(), cli::kExitFailure);
-    }
-  }
+  if (const int code = write_outputs(shape, out, nullptr); code != 0) return code;
   char ms_text[32];
   std::snprintf(ms_text, sizeof ms_text, "%.3f", ms);
   std::cout << command << " " << f.dtype << ": " << n << " ranks x " << spec.count << " elements (" << input_note
