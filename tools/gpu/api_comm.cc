@@ -1,8 +1,11 @@
 #include "tools/gpu/api_comm.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 
+#include "capi/api_support.h"
 #include "capi/gpu_internal.h"
 
 namespace exactcoll::gpu {
@@ -28,11 +31,18 @@ int store_set(void* user_data, const char* key, const void* value, size_t value_
 
 int store_get(void* user_data, const char* key, int64_t timeout_ms, void* buffer, size_t capacity,
               size_t* value_bytes) {
-  return store_call([&] {
+  const auto start = std::chrono::steady_clock::now();
+  const int status = store_call([&] {
     const std::string value = static_cast<Store*>(user_data)->get(key, std::chrono::milliseconds(timeout_ms));
     *value_bytes = value.size();
     std::memcpy(buffer, value.data(), std::min(capacity, value.size()));
   });
+  // The store says why in its message; the status the callback contract asks for is TIMEOUT when
+  // the wait ran its whole course (the store's own errors come sooner).
+  const auto waited = std::chrono::steady_clock::now() - start;
+  if (status == EXACTCOLL_ERROR_STORE && waited >= std::chrono::milliseconds(timeout_ms))
+    return EXACTCOLL_ERROR_TIMEOUT;
+  return status;
 }
 
 int store_add(void* user_data, const char* key, int64_t delta, int64_t* result) {
@@ -62,12 +72,29 @@ int c_value(const char* name, int (*from_name)(const char*, int*)) {
   return value;
 }
 
+// The C enum values of the library's, looked up by name once (every C name is the backend's:
+// tests/capi/enum_names_test.cc), so that a timed eager call pays no string lookups.
+int c_dtype(DType d) {
+  static const int values[] = {c_value("bf16", exactcoll_dtype_from_name), c_value("fp16", exactcoll_dtype_from_name),
+                               c_value("fp32", exactcoll_dtype_from_name)};
+  return values[d == DType::kBF16 ? 0 : d == DType::kFP16 ? 1 : 2];
+}
+
+// Runs a call into the objects behind the handle with the C path's error types: the handle
+// table's ApiError becomes ApiCallError like a returned status.
+template <class Body>
+decltype(auto) backend_call(Body&& body) {
+  try {
+    return body();
+  } catch (const capi::ApiError& e) {
+    throw ApiCallError(e.status, e.what());
+  }
+}
+
 }  // namespace
 
 void throw_unless_ok(int status) {
-  if (status == EXACTCOLL_OK) return;
-  if (status == EXACTCOLL_ERROR_INVALID_ARGUMENT) throw std::invalid_argument(exactcoll_last_error());
-  throw ApiCallError(status, exactcoll_last_error());
+  if (status != EXACTCOLL_OK) throw ApiCallError(status, exactcoll_last_error());
 }
 
 ApiComm::ApiComm(Store& store, int rank, int world_size, const ApiCommOptions& options) {
@@ -90,14 +117,16 @@ ApiComm::ApiComm(Store& store, int rank, int world_size, const ApiCommOptions& o
   if (status != EXACTCOLL_OK) {
     const std::string message = exactcoll_last_error();  // before the store's release can replace it
     (void)exactcoll_store_destroy(store_);
-    if (status == EXACTCOLL_ERROR_INVALID_ARGUMENT) throw std::invalid_argument(message);
     throw ApiCallError(status, message);
   }
-  exactcoll_comm_properties p;
-  std::memset(&p, 0, sizeof p);
-  p.struct_size = sizeof p;
-  throw_unless_ok(exactcoll_comm_properties_get(comm_, &p));
-  properties_ = p;
+  std::memset(&properties_, 0, sizeof properties_);
+  properties_.struct_size = sizeof properties_;
+  if (exactcoll_comm_properties_get(comm_, &properties_) != EXACTCOLL_OK) {
+    const std::string message = exactcoll_last_error();
+    (void)exactcoll_comm_destroy(comm_);  // the closing barrier: the peers are not left waiting
+    (void)exactcoll_store_destroy(store_);
+    throw ApiCallError(EXACTCOLL_ERROR_INTERNAL, message);
+  }
 }
 
 ApiComm::~ApiComm() {
@@ -130,18 +159,19 @@ CallReport ApiComm::collective(cuda::Op op, const void* input, void* output, siz
   }
   exactcoll_call_info info;
   exactcoll_call_info_init(&info);
-  const int c_dtype = c_value(dtype_name(dtype), exactcoll_dtype_from_name);
-  const int c_algo = c_value(cuda::algorithm_name(algo), exactcoll_algo_from_name);
+  const int type = c_dtype(dtype);
+  int& c_algo = c_algorithms_.at(static_cast<size_t>(algo));
+  if (c_algo < 0) c_algo = c_value(cuda::algorithm_name(algo), exactcoll_algo_from_name);
   int status = EXACTCOLL_OK;
   switch (op) {
     case cuda::Op::kAllReduce:
-      status = exactcoll_allreduce(comm_, input, output, count, c_dtype, c_algo, stream, registered_id, &info);
+      status = exactcoll_allreduce(comm_, input, output, count, type, c_algo, stream, registered_id, &info);
       break;
     case cuda::Op::kReduceScatter:
-      status = exactcoll_reduce_scatter(comm_, input, output, count, c_dtype, c_algo, stream, registered_id, &info);
+      status = exactcoll_reduce_scatter(comm_, input, output, count, type, c_algo, stream, registered_id, &info);
       break;
     case cuda::Op::kAllGather:
-      status = exactcoll_allgather(comm_, input, output, count, c_dtype, c_algo, stream, registered_id, &info);
+      status = exactcoll_allgather(comm_, input, output, count, type, c_algo, stream, registered_id, &info);
       break;
   }
   throw_unless_ok(status);
@@ -166,20 +196,25 @@ CallReport ApiComm::fused(const cuda::fused::FusedRmsNormBuffers& b, const cuda:
   }
   exactcoll_call_info info;
   exactcoll_call_info_init(&info);
-  const int c_algo = c_value(cuda::fused::fused_algorithm_name(algo), exactcoll_fused_algo_from_name);
-  throw_unless_ok(exactcoll_fused_add_rmsnorm(
-      comm_, b.x, b.residual, b.weight, b.residual_out, b.out, shape.rows, shape.hidden, shape.eps,
-      c_value(dtype_name(shape.dtype), exactcoll_dtype_from_name), c_algo, stream, registered_id, &info));
+  int& c_algo = c_fused_algorithms_.at(static_cast<size_t>(algo));
+  if (c_algo < 0) c_algo = c_value(cuda::fused::fused_algorithm_name(algo), exactcoll_fused_algo_from_name);
+  throw_unless_ok(exactcoll_fused_add_rmsnorm(comm_, b.x, b.residual, b.weight, b.residual_out, b.out, shape.rows,
+                                              shape.hidden, shape.eps, c_dtype(shape.dtype), c_algo, stream,
+                                              registered_id, &info));
   return report_of(info, exactcoll_fused_algo_name, nccl_note);
 }
 
 void ApiComm::check(cudaStream_t stream) { throw_unless_ok(exactcoll_comm_check(comm_, stream)); }
 
 cuda::RegisteredBuffer ApiComm::backend_registered(int registered_id) const {
-  return capi::backend_registered(comm_, registered_id);
+  return backend_call([&] { return capi::backend_registered(comm_, registered_id); });
 }
 
-cuda::Communicator& ApiComm::backend() const { return capi::backend_communicator(comm_); }
-cuda::fused::FusedRmsNorm& ApiComm::fused_backend() const { return capi::backend_fused(comm_); }
+cuda::Communicator& ApiComm::backend() const {
+  return backend_call([&]() -> cuda::Communicator& { return capi::backend_communicator(comm_); });
+}
+cuda::fused::FusedRmsNorm& ApiComm::fused_backend() const {
+  return backend_call([&]() -> cuda::fused::FusedRmsNorm& { return capi::backend_fused(comm_); });
+}
 
 }  // namespace exactcoll::gpu

@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -38,8 +39,9 @@ struct CallReport {
   std::string inexact_note;  // why not, when !exact
 };
 
-// A C API call failed (any status but EXACTCOLL_ERROR_INVALID_ARGUMENT, which throws
-// std::invalid_argument); what() is exactcoll_last_error(), which names the function.
+// A C API call failed: status is its exactcoll_status, what() is exactcoll_last_error(), which
+// names the function. (An invalid argument here is the library's error, not the user's: the
+// commands check their flags and inputs before calling.)
 struct ApiCallError : std::runtime_error {
   ApiCallError(int s, const std::string& message) : std::runtime_error(message), status(s) {}
   int status;
@@ -95,6 +97,13 @@ class ApiComm {
   exactcoll_store store_{};
   exactcoll_comm comm_{};
   exactcoll_comm_properties properties_{};
+  // The C enum value of each of the library's algorithms, looked up once (-1: not yet).
+  std::array<int, 16> c_algorithms_ = filled(-1), c_fused_algorithms_ = filled(-1);
+  static std::array<int, 16> filled(int v) {
+    std::array<int, 16> a;
+    a.fill(v);
+    return a;
+  }
 };
 
 }  // namespace exactcoll::gpu

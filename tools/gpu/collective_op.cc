@@ -174,6 +174,13 @@ class CollectiveBenchProblem : public BenchProblem {
     return {{"out", output_.get(), out_count_, static_cast<size_t>(dtype_size(s_.dtype)), 0xA5}};
   }
 
+  std::string header() const override {
+    const char* table = std::getenv("EXACTCOLL_TABLE");
+    return std::string("auto's table: ") + (table != nullptr && *table != '\0'
+                                                ? std::string(table) + " (--table or $EXACTCOLL_TABLE)"
+                                                : "the built-in one");
+  }
+
   BenchCheck check(const std::string&, const CallReport& ran, const std::vector<Bytes>& got) override {
     BenchCheck c;
     if (!s_.check) return c;

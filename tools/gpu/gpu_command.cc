@@ -36,9 +36,12 @@ int gpu_worker(GpuOp& op, const GpuSettings& s, const std::string& command) {
   co.flag_timeout_ms = static_cast<uint64_t>(s.timeout_ms);
   co.buffer_bytes = buffer_bytes_for(s.buffer_mib);
   co.use_nccl = op.needs_nccl(s);
+  // Declared before the communicator, so destroyed after it: an input registered with a
+  // communicator must outlive it (its peers keep their mappings until it is destroyed).
+  std::unique_ptr<GpuProblem> problem;
   ApiComm comm(w.store(), rank, n, co);
   // 2. This rank's problem; 3. the call.
-  const std::unique_ptr<GpuProblem> problem = op.load(s, comm, n, rank);
+  problem = op.load(s, comm, n, rank);
   const std::vector<DeviceOutput> outputs = problem->outputs();
   Variant v;
   v.name = s.registered ? "registered" : "staged";

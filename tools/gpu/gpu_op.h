@@ -1,5 +1,5 @@
-// One op as the GPU commands `exactcoll gpu` and `exactcoll verify` run it, and what their drivers
-// share. Each op is defined once, in one file (tools/gpu/collective_op.cc for all-reduce,
+// One op as the GPU commands `exactcoll gpu`, `exactcoll verify` and `exactcoll bench` run it, and
+// what their drivers share. Each op is defined once, in one file (tools/gpu/collective_op.cc for all-reduce,
 // reduce-scatter and all-gather; tools/gpu/fused/fused_op.cc for the fused all-reduce + residual +
 // RMSNorm): its flags and their checks, its inputs (from .npy files or a seed), one call on the
 // device, its outputs and its summary line for `gpu`; its cases (inputs, the simulator's and the
@@ -68,7 +68,7 @@ using Enqueue = std::function<CallReport(const Variant& v, cudaStream_t stream)>
 // Runs one call: (1) captures it into a graph once when v.graph; then `replays` times: (2) poisons
 // every output (a different byte each replay, so a stale result shows), (3) launches (the graph,
 // or an eager call), (4) waits for the stream and checks the communicator (a peer that never
-// arrived throws CollectiveError naming it), (5) copies the outputs back and hands them to
+// arrived throws ApiCallError naming it), (5) copies the outputs back and hands them to
 // `got(replay, outputs)` in the order of `outputs`. Returns the report of the (first) call.
 CallReport run_checked(const Enqueue& enqueue, const Variant& v, const std::vector<DeviceOutput>& outputs, int replays,
                        ApiComm& comm, cudaStream_t stream,
@@ -198,6 +198,8 @@ class BenchProblem {
   // Returns this rank's outputs of one call (`got`, in the order of outputs()) against what `algo`
   // promises, given what ran (NCCL's sums promise a bound, not bits).
   virtual BenchCheck check(const std::string& algo, const CallReport& ran, const std::vector<Bytes>& got) = 0;
+  // One line for bench's header: what else decides the numbers (auto's table, eps).
+  virtual std::string header() const = 0;
   // Whether bench measures auto last, after tune() (the fused op's --write-table).
   virtual bool tunes_auto() const { return false; }
   // Makes auto's table from `measured` (every algorithm but auto at every size, the same on every

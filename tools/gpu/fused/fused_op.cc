@@ -188,15 +188,12 @@ class FusedBenchProblem : public BenchProblem {
                               cuda::Algorithm::kAuto, stream, registered_);
     }
     if (algo == kSplitNorm) {
-      throw_unless_ok(exactcoll_add_rmsnorm(buffers_.out.get(), buffers_.residual.get(), buffers_.weight.get(),
-                                            buffers_.residual_out.get(), buffers_.out.get(), shape_.rows, shape_.hidden,
-                                            shape_.eps,
-                                            s_.dtype == DType::kFP32   ? EXACTCOLL_FP32
-                                            : s_.dtype == DType::kFP16 ? EXACTCOLL_FP16
-                                                                       : EXACTCOLL_BF16,
-                                            comm_.properties().device, stream));
-      return CallReport{kSplitNorm, "",   cuda::fused::residual_rmsnorm_grid(shape_.rows, shape_.hidden, s_.dtype),
-                        false,      true, ""};
+      // The backend's, not exactcoll_add_rmsnorm: it launches as the communicator does (--no-pdl),
+      // as the unfused path's norm does, so that allreduce + norm compares with unfused.
+      const cuda::LaunchConfig grid =
+          comm_.fused_backend().residual_rmsnorm(buffers_.out.get(), buffers_.residual.get(), buffers_.weight.get(),
+                                                 buffers_.residual_out.get(), buffers_.out.get(), shape_, stream);
+      return CallReport{kSplitNorm, "", grid, false, true, ""};
     }
     return comm_.fused(buffers_.view(), shape_, *cuda::fused::parse_fused_algorithm(algo), stream, registered_);
   }
@@ -221,6 +218,20 @@ class FusedBenchProblem : public BenchProblem {
     c.promise_checked = ran.exact;
     c.wrong = ran.exact ? c.differ : 0;
     return c;
+  }
+
+  std::string header() const override {
+    std::ostringstream os;
+    os << "eps " << eps_ << "; auto's table: ";
+    const char* table = std::getenv("EXACTCOLL_FUSED_TABLE");
+    if (!table_path_.empty()) {
+      os << "measured in this run, after every other algorithm (--write-table " << table_path_ << ")";
+    } else if (table != nullptr && *table != '\0') {
+      os << table << " ($EXACTCOLL_FUSED_TABLE)";
+    } else {
+      os << "the built-in one";
+    }
+    return os.str();
   }
 
   bool tunes_auto() const override { return !table_path_.empty(); }
