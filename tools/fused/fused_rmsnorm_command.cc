@@ -203,7 +203,7 @@ int run(int argc, char** argv) {
       return cli::fail(kCommand, given + " applies only to --contract canonical (the simulated algorithms); " +
                                      contract_text + " is one fixed computation, by the scalar reference " +
                                      "(sim/fused/reference.h), so it has no algorithm, grid, schedule or timeline " +
-                                     "(--trace with --trace-elements traces its elements' steps)");
+                                     "(its elements' steps can still be traced)");
     }
     if (!f.trace.empty() && options.trace_elements.empty()) {
       return cli::fail(kCommand, "--trace with --contract " + contract_text +
