@@ -143,7 +143,8 @@ int run(int argc, char** argv) {
       "canonical steps are checked against the run (every rank's output rows and its own fold events)\n"
       "before they are written; an alternative contract's come from the reference call that computes its\n"
       "outputs and are marked \"same\"/\"departs\"/\"differs\" against canonical's (docs/numerics.md,\n"
-      "section 10). Alternatives take --trace and --trace-elements, not --chrome-trace (no schedule).");
+      "\"Tracing one element\"). Alternatives take --trace and --trace-elements, not --chrome-trace (they\n"
+      "have no schedule, so no timeline).");
   tools::add_world_flags(parser, &f);
   gpu::add_fused_input_flags(parser, &in);
   parser.add_int("seed", &seed, "seed of random inputs");
@@ -160,6 +161,9 @@ int run(int argc, char** argv) {
   parser.set_default_note("threads",
                           "default: the RMSNorm tree's lanes (32 x ceil(min(H / pack, 1024) / 32)) for one_stage_reg, "
                           "gather_norm and push_one_stage_reg, 1 for the others");
+  parser.set_default_note("trace-elements",
+                          "here an index is into [rows, H], row-major (row * H + col), and the whole fused op of each "
+                          "is traced (every contract; see above)");
   if (auto code = parser.parse(argc, argv)) return *code;
 
   sim::WorldOptions options;
