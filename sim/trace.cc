@@ -211,11 +211,25 @@ std::string Tracer::chrome_trace(bool time_is_steps) const {
              ",\"set\":" + std::to_string(e.set) + "}}");
         break;
       }
-      case TraceEvent::Kind::kFold: break;  // per-element detail lives in the JSON-lines trace
+      case TraceEvent::Kind::kFold: {
+        // One instant per fold step of a traced element, on the (rank, block) that folded it.
+        std::string args =
+            args_launch + ",\"index\":" + std::to_string(e.index) + ",\"input_rank\":" + std::to_string(e.input_rank);
+        if (e.input_rank > 0) {
+          args +=
+              ",\"acc_before\":\"" + hex_bits(float_to_bits(e.acc_before), 4) + " (" + float_text(e.acc_before) + ")\"";
+        }
+        args += ",\"x\":\"" + hex_bits(float_to_bits(e.x), 4) + " (" + float_text(e.x) + ")\",\"acc_after\":\"" +
+                hex_bits(float_to_bits(e.acc_after), 4) + " (" + float_text(e.acc_after) + ")\"";
+        emit("{\"name\":\"fold element " + std::to_string(e.index) + " + rank " + std::to_string(e.input_rank) +
+             "\",\"ph\":\"i\",\"s\":\"t\"," + where + ",\"ts\":" + ts(e.t) + ",\"args\":{" + args + "}}");
+        break;
+      }
       case TraceEvent::Kind::kRound:
         emit("{\"name\":\"round element " + std::to_string(e.index) + "\",\"ph\":\"i\",\"s\":\"t\"," + where +
-             ",\"ts\":" + ts(e.t) + ",\"args\":{" + args_launch + ",\"acc\":\"" + float_text(e.acc_before) +
-             "\",\"stored\":\"" + hex_bits(e.stored_bits, e.storage_bytes) + "\"}}");
+             ",\"ts\":" + ts(e.t) + ",\"args\":{" + args_launch + ",\"acc\":\"" +
+             hex_bits(float_to_bits(e.acc_before), 4) + " (" + float_text(e.acc_before) + ")\",\"stored\":\"" +
+             hex_bits(e.stored_bits, e.storage_bytes) + " (" + float_text(e.stored_value) + ")\"}}");
         break;
     }
   }

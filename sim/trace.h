@@ -8,6 +8,7 @@
 //   wait    a flag wait that completed: from which peer, set, epoch, and when it began (since)
 //   fold    (traced elements only) one fold step: input rank, accumulator before/after, the input
 //   round   (traced elements only) the final rounding: accumulator bits and stored bits
+// (The fused op's later steps of a traced element, after the fold, are sim/fused/element_trace.h's.)
 // Time `t`: under the seeded scheduler the scheduling step (deterministic: the same seed gives
 // the same bytes); under the threads scheduler nanoseconds since the run started.
 #pragma once
@@ -68,7 +69,9 @@ class Tracer {
   // JSON lines, one event per line.
   std::string json_lines() const;
   // Chrome trace format (Perfetto / chrome://tracing): one process track per rank, one thread
-  // per block. `time_is_steps`: t counts scheduling steps (seeded), else nanoseconds.
+  // per block; steps and waits are slices, launches, signals, folds and roundings instants.
+  // `time_is_steps`: t counts scheduling steps (seeded) and ts is that count (a logical clock that
+  // Perfetto shows as microseconds); else t is nanoseconds and ts microseconds of wall time.
   std::string chrome_trace(bool time_is_steps) const;
 
  private:

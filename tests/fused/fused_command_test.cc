@@ -405,5 +405,100 @@ TEST(SimFusedCommand, ADeadRankIsAClearErrorAndNoOutput) {
   }
 }
 
+// The last line of a run's stdout (the summary, ending with both sha256s).
+std::string last_line(const std::string& out) {
+  const size_t end = out.find_last_not_of('\n');
+  const size_t begin = out.rfind('\n', end);
+  return out.substr(begin == std::string::npos ? 0 : begin + 1, end + 1 - (begin == std::string::npos ? 0 : begin + 1));
+}
+
+// The line of a JSON-lines trace with this element, contract and step (the first one).
+std::string element_line(const std::string& trace, uint64_t index, const std::string& step) {
+  std::istringstream in(trace);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("\"event\":\"element\"") != std::string::npos &&
+        line.find("\"index\":" + std::to_string(index) + ",") != std::string::npos &&
+        line.find("\"step\":\"" + step + "\"") != std::string::npos) {
+      return line;
+    }
+  }
+  return "";
+}
+
+// The string value of "key":"..." in a JSON line.
+std::string field(const std::string& line, const std::string& key) {
+  const std::string k = "\"" + key + "\":\"";
+  const size_t at = line.find(k);
+  if (at == std::string::npos) return "";
+  return line.substr(at + k.size(), line.find('"', at + k.size()) - at - k.size());
+}
+
+// --trace-elements traces the whole op under every contract; tracing changes no output bit; the
+// canonical trace ends at the output file's bits on every rank; an alternative's marks where it
+// departs from canonical.
+TEST(SimFusedCommand, ElementTracesEveryContractWithoutChangingTheOutputs) {
+  const std::vector<std::string> in = {"--ranks", "2", "--rows", "3", "--hidden", "64", "--seed", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = in;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  for (const char* contract : {"canonical", "f32_residual", "bf16_accumulate", "rotated_two_shot"}) {
+    SCOPED_TRACE(contract);
+    const std::string trace = temp_path(std::string("el_") + contract + ".jsonl");
+    const std::string out = temp_path(std::string("el_") + contract + "_out.npy");
+    const std::string ro = temp_path(std::string("el_") + contract + "_ro.npy");
+    const CommandResult plain = run_fused(with({"--contract", contract}));
+    ASSERT_EQ(plain.code, 0) << plain.err;
+    const CommandResult traced = run_fused(with({"--contract", contract, "--trace", trace, "--trace-elements", "3,70",
+                                                 "--output", out, "--residual-output", ro}));
+    ASSERT_EQ(traced.code, 0) << traced.err;
+    EXPECT_EQ(last_line(traced.out), last_line(plain.out)) << "the same sha256 with and without tracing";
+    const std::string t = read_file(trace);
+    const std::string want_contract = std::string("\"contract\":\"") + contract + "\"";
+    for (uint64_t index : {3u, 70u}) {
+      SCOPED_TRACE("element " + std::to_string(index));
+      const std::string scale = element_line(t, index, "scale"), add = element_line(t, index, "residual_add");
+      ASSERT_FALSE(scale.empty()) << t;
+      ASSERT_FALSE(add.empty()) << t;
+      EXPECT_NE(scale.find(want_contract), std::string::npos) << scale;
+      // The trace's last values are the output files' bits, on every rank.
+      const npy::NpyArray o = npy::read_npy(out), r = npy::read_npy(ro);
+      for (int rank = 0; rank < 2; ++rank) {
+        uint16_t out_bits, ro_bits;
+        std::memcpy(&out_bits, o.data.data() + (rank * 192 + index) * 2, 2);
+        std::memcpy(&ro_bits, r.data.data() + (rank * 192 + index) * 2, 2);
+        char want_out[16], want_ro[16];
+        std::snprintf(want_out, sizeof want_out, "0x%04x", out_bits);
+        std::snprintf(want_ro, sizeof want_ro, "0x%04x", ro_bits);
+        EXPECT_EQ(field(scale, "stored"), want_out) << scale;
+        EXPECT_EQ(field(add, "stored"), want_ro) << add;
+      }
+    }
+    if (std::string(contract) == "canonical") {
+      EXPECT_NE(t.find("\"event\":\"fold\""), std::string::npos) << "the run's own fold events come first";
+      EXPECT_NE(traced.out.find("checked against the run bit for bit"), std::string::npos) << traced.out;
+      EXPECT_EQ(t.find("vs_canonical"), std::string::npos);
+    } else {
+      EXPECT_NE(t.find("\"vs_canonical\":\"same\""), std::string::npos) << "every step is compared";
+      EXPECT_NE(traced.out.find(std::string(contract) + " "), std::string::npos) << traced.out;
+    }
+  }
+  // f32_residual departs at the all-reduce's rounding (it keeps the fold in fp32) on element 3.
+  const std::string f32 = read_file(temp_path("el_f32_residual.jsonl"));
+  const std::string round = element_line(f32, 3, "round");
+  EXPECT_NE(round.find("\"vs_canonical\":\"departs\""), std::string::npos) << round;
+  // No timeline without a schedule; a trace of an alternative needs elements.
+  const CommandResult chrome =
+      run_fused(with({"--contract", "f32_residual", "--chrome-trace", temp_path("el_chrome.json")}));
+  EXPECT_EQ(chrome.code, 2);
+  EXPECT_NE(chrome.err.find("--chrome-trace applies only to --contract canonical"), std::string::npos) << chrome.err;
+  const CommandResult bare = run_fused(with({"--contract", "f32_residual", "--trace", temp_path("el_bare.jsonl")}));
+  EXPECT_EQ(bare.code, 2);
+  EXPECT_NE(bare.err.find("needs --trace-elements"), std::string::npos) << bare.err;
+  EXPECT_FALSE(file_exists(temp_path("el_bare.jsonl")));
+}
+
 }  // namespace
 }  // namespace exactcoll::fused

@@ -102,6 +102,11 @@ TEST(SimTrace, EventsNameStepsAccessesFlagsAndElements) {
   EXPECT_NE(t.chrome.find("\"args\":{\"name\":\"rank 2\"}"), std::string::npos);
   EXPECT_EQ(count_of(t.chrome, "{"), count_of(t.chrome, "}"));
   EXPECT_EQ(count_of(t.chrome, "\"ph\":\"X\""), 3u * 2 * (1 + 1 + 2) + 90u) << "one slice per step and wait";
+  // The traced elements' folds and roundings are instants too, with their values.
+  EXPECT_EQ(count_of(t.chrome, "\"name\":\"fold element "), 2u * (3 * 3 + 3));
+  EXPECT_EQ(count_of(t.chrome, "\"name\":\"round element "), 2u * (3 + 1));
+  EXPECT_NE(t.chrome.find("\"name\":\"fold element 17 + rank 2\""), std::string::npos);
+  EXPECT_NE(t.chrome.find("\"acc_after\":\"0x"), std::string::npos);
 }
 
 // The element trace follows the contract: the stored bits are the reference's.

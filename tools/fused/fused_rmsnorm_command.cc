@@ -9,6 +9,7 @@
 
 #include "core/contract.h"
 #include "core/fused_rmsnorm.h"
+#include "sim/fused/element_trace.h"
 #include "sim/fused/fused_sim.h"
 #include "sim/fused/reference.h"
 #include "sim/world.h"
@@ -25,24 +26,82 @@ namespace {
 
 constexpr const char* kCommand = "sim fused_rmsnorm";
 
+// The inputs as typed copies (the npy buffers carry no alignment promise) and the problem over them.
+template <class T>
+struct TypedProblem {
+  std::vector<T> x, residual, weight;
+  FusedProblem<T> problem;
+  TypedProblem(int ranks, int rows, int hidden, float eps, const npy::NpyArray& x_in, const npy::NpyArray& r_in,
+               const npy::NpyArray& w_in)
+      : x(x_in.element_count()), residual(static_cast<size_t>(rows) * hidden), weight(hidden) {
+    std::memcpy(x.data(), x_in.data.data(), x_in.data.size());
+    std::memcpy(residual.data(), r_in.data.data(), r_in.data.size());
+    std::memcpy(weight.data(), w_in.data.data(), w_in.data.size());
+    problem.ranks = ranks, problem.rows = rows, problem.hidden = hidden, problem.eps = eps;
+    problem.x = x.data(), problem.residual = residual.data(), problem.weight = weight.data();
+  }
+};
+
+// An alternative contract: the reference computes the outputs, and with `elements` the traces of
+// those elements in the same call (departs: per element, the seq where it leaves canonical or -1).
 template <class T>
 void run_reference(FusedContract contract, int ranks, int rows, int hidden, float eps, const npy::NpyArray& x,
                    const npy::NpyArray& residual, const npy::NpyArray& weight, std::vector<uint8_t>* out,
-                   std::vector<uint8_t>* residual_out) {
+                   std::vector<uint8_t>* residual_out, const std::vector<uint64_t>& elements,
+                   std::vector<ElementTrace>* traces, std::vector<int>* departs) {
   const size_t count = static_cast<size_t>(rows) * hidden;
-  std::vector<T> x_copy(x.element_count()), r_copy(count), w_copy(hidden), ro(count), y(count);
-  std::memcpy(x_copy.data(), x.data.data(), x.data.size());
-  std::memcpy(r_copy.data(), residual.data.data(), residual.data.size());
-  std::memcpy(w_copy.data(), weight.data.data(), weight.data.size());
-  FusedProblem<T> p;
-  p.ranks = ranks, p.rows = rows, p.hidden = hidden, p.eps = eps;
-  p.x = x_copy.data(), p.residual = r_copy.data(), p.weight = w_copy.data();
-  fused_reference<T>(contract, p, ro.data(), y.data());
+  const TypedProblem<T> in(ranks, rows, hidden, eps, x, residual, weight);
+  std::vector<T> ro(count), y(count);
+  if (elements.empty()) {
+    fused_reference<T>(contract, in.problem, ro.data(), y.data());
+  } else {
+    *departs = trace_alternative<T>(contract, in.problem, elements, ro.data(), y.data(), traces);
+  }
   // Every rank gets the same bits under every contract.
   for (int r = 0; r < ranks; ++r) {
     std::memcpy(out->data() + r * count * sizeof(T), y.data(), count * sizeof(T));
     std::memcpy(residual_out->data() + r * count * sizeof(T), ro.data(), count * sizeof(T));
   }
+}
+
+// A canonical run's element traces: the reference's, checked against the run (its outputs on every
+// rank, its own fold events). Returns "" or what differs.
+template <class T>
+std::string trace_canonical(int ranks, int rows, int hidden, float eps, const npy::NpyArray& x,
+                            const npy::NpyArray& residual, const npy::NpyArray& weight, const std::vector<uint8_t>& out,
+                            const std::vector<uint8_t>& residual_out, const std::vector<uint64_t>& elements,
+                            const sim::Tracer& tracer, std::vector<ElementTrace>* traces) {
+  const size_t count = static_cast<size_t>(rows) * hidden;
+  const TypedProblem<T> in(ranks, rows, hidden, eps, x, residual, weight);
+  std::vector<std::vector<T>> run_ro(ranks, std::vector<T>(count)), run_out(ranks, std::vector<T>(count));
+  std::vector<const T*> ro_ptrs, out_ptrs;
+  for (int r = 0; r < ranks; ++r) {
+    std::memcpy(run_ro[r].data(), residual_out.data() + r * count * sizeof(T), count * sizeof(T));
+    std::memcpy(run_out[r].data(), out.data() + r * count * sizeof(T), count * sizeof(T));
+    ro_ptrs.push_back(run_ro[r].data());
+    out_ptrs.push_back(run_out[r].data());
+  }
+  return trace_canonical_run<T>(in.problem, elements, ro_ptrs, out_ptrs, tracer.merged(), traces);
+}
+
+// One line per traced element for stdout: where its trace is, and how it compares with canonical.
+std::string element_summary(const ElementTrace& t, int departs, const std::string& trace_path) {
+  std::string line = "element " + std::to_string(t.index) + " [row " + std::to_string(t.row) + ", col " +
+                     std::to_string(t.col) + "]: " + std::to_string(t.steps.size()) + " steps in " + trace_path;
+  if (t.contract == FusedContract::kCanonical) return line + ", checked against the run bit for bit";
+  line += std::string(", ") + contract_name(t.contract);
+  if (departs < 0) return line + " has canonical's bits at every step";
+  line += " departs from canonical at seq " + std::to_string(departs) + " (" + t.steps[departs].step + ")";
+  // Whether the two outputs end up differing: the residual_add and scale steps' marks.
+  for (const char* step : {"residual_add", "scale"}) {
+    for (const ElementStep& s : t.steps) {
+      if (std::string(s.step) != step) continue;
+      const bool same = s.vs_canonical == ElementStep::VsCanonical::kSame;
+      line +=
+          std::string(step == std::string("scale") ? ", out " : "; residual_out ") + (same ? "the same" : "differs");
+    }
+  }
+  return line;
 }
 
 int run(int argc, char** argv) {
@@ -75,7 +134,17 @@ int run(int argc, char** argv) {
       "tree's lanes (their default; H up to 2048 packs), and take core's path otherwise. Every algorithm,\n"
       "grid and schedule gives the same bits. The alternative contracts (simulator only) reproduce other\n"
       "systems' rounding with the scalar reference (sim/fused/reference.h). The last line ends with the\n"
-      "sha256 of each output's bytes.");
+      "sha256 of each output's bytes.\n"
+      "--trace-elements I,J,... (with --trace FILE, under every contract) traces the whole op for each\n"
+      "element: an index into [rows, H], row-major (row * H + col; the same index on every rank). FILE\n"
+      "gets, after the run's events, one \"element\" line per step: the fold (each rank's add), the\n"
+      "all-reduce's rounding, the residual add, the element's square and its lane, each butterfly level\n"
+      "on its path to the row's sum of squares, inv and the output products, with exact hex bits. The\n"
+      "canonical steps are checked against the run (every rank's output rows and its own fold events)\n"
+      "before they are written; an alternative contract's come from the reference call that computes its\n"
+      "outputs and are marked \"same\"/\"departs\"/\"differs\" against canonical's (docs/numerics.md,\n"
+      "\"Tracing one element\"). Alternatives take --trace and --trace-elements, not --chrome-trace (they\n"
+      "have no schedule, so no timeline).");
   tools::add_world_flags(parser, &f);
   gpu::add_fused_input_flags(parser, &in);
   parser.add_int("seed", &seed, "seed of random inputs");
@@ -92,6 +161,9 @@ int run(int argc, char** argv) {
   parser.set_default_note("threads",
                           "default: the RMSNorm tree's lanes (32 x ceil(min(H / pack, 1024) / 32)) for one_stage_reg, "
                           "gather_norm and push_one_stage_reg, 1 for the others");
+  parser.set_default_note("trace-elements",
+                          "here an index is into [rows, H], row-major (row * H + col), and the whole fused op of each "
+                          "is traced (every contract; see above)");
   if (auto code = parser.parse(argc, argv)) return *code;
 
   sim::WorldOptions options;
@@ -128,14 +200,18 @@ int run(int argc, char** argv) {
     // Name the flag actually given: "--algo one_stage" refused with a word about trace flags
     // read as a bug.
     std::string given;
-    for (const char* flag :
-         {"algo", "blocks", "threads", "schedule", "schedule-seed", "trace", "chrome-trace", "trace-elements"}) {
+    for (const char* flag : {"algo", "blocks", "threads", "schedule", "schedule-seed", "chrome-trace"}) {
       if (parser.given(flag)) given += (given.empty() ? "--" : ", --") + std::string(flag);
     }
     if (!given.empty()) {
       return cli::fail(kCommand, given + " applies only to --contract canonical (the simulated algorithms); " +
                                      contract_text + " is one fixed computation, by the scalar reference " +
-                                     "(sim/fused/reference.h), so it has no algorithm, grid, schedule or trace");
+                                     "(sim/fused/reference.h), so it has no algorithm, grid, schedule or timeline " +
+                                     "(its elements' steps can still be traced)");
+    }
+    if (!f.trace.empty() && options.trace_elements.empty()) {
+      return cli::fail(kCommand, "--trace with --contract " + contract_text +
+                                     " needs --trace-elements: the reference has no run to trace, only elements");
     }
   }
   const DType dtype = *tools::parse_dtype(f.dtype);
@@ -233,6 +309,8 @@ int run(int argc, char** argv) {
   const size_t count = static_cast<size_t>(rows * hidden);
   const size_t elem = static_cast<size_t>(dtype_size(dtype));
   std::vector<uint8_t> out(count * elem * ranks), residual_out(count * elem * ranks);
+  std::vector<ElementTrace> traces;  // --trace-elements: every step of each traced element
+  std::vector<int> departs;          // alternatives: where each leaves canonical (-1: never)
   if (canonical) {
     FusedIo io;
     for (int r = 0; r < ranks; ++r) {
@@ -254,9 +332,42 @@ int run(int argc, char** argv) {
     } catch (const sim::SimError& e) {
       failure = std::string("the run failed: ") + e.what();
     }
+    // The traced elements' whole computation, checked against the run (a difference is an error).
+    if (failure.empty() && !options.trace_elements.empty() && world && world->tracer() != nullptr) {
+      const int n = static_cast<int>(ranks);
+      const std::vector<uint64_t>& el = options.trace_elements;
+      std::string problem;
+      switch (dtype) {
+        case DType::kBF16:
+          problem = trace_canonical<bf16>(n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out,
+                                          el, *world->tracer(), &traces);
+          break;
+        case DType::kFP16:
+          problem = trace_canonical<fp16>(n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out,
+                                          el, *world->tracer(), &traces);
+          break;
+        case DType::kFP32:
+          problem = trace_canonical<float>(n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out,
+                                           el, *world->tracer(), &traces);
+          break;
+      }
+      if (!problem.empty()) {
+        return cli::fail(kCommand, "the element trace disagrees with the run (a bug; nothing written): " + problem,
+                         cli::kExitFailure);
+      }
+    }
     // The traces show what happened, a failed run's too; its outputs are never written.
     try {
-      if (world) tools::write_traces(f, *world, *files);
+      if (world && world->tracer() != nullptr) {
+        if (!f.trace.empty()) {
+          const std::string text = world->tracer()->json_lines() + element_trace_json(traces);
+          files->write(cli::resolve_path(f.trace), text.data(), text.size());
+        }
+        if (!f.chrome_trace.empty()) {
+          const std::string text = world->tracer()->chrome_trace(options.schedule == sim::Schedule::kSeeded);
+          files->write(cli::resolve_path(f.chrome_trace), text.data(), text.size());
+        }
+      }
       if (!failure.empty()) files->commit();
     } catch (const npy::NpyError& e) {
       return cli::fail(kCommand, e.what(), cli::kExitFailure);
@@ -266,13 +377,16 @@ int run(int argc, char** argv) {
     const int n = static_cast<int>(ranks);
     switch (dtype) {
       case DType::kBF16:
-        run_reference<bf16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out);
+        run_reference<bf16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out,
+                            options.trace_elements, &traces, &departs);
         break;
       case DType::kFP16:
-        run_reference<fp16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out);
+        run_reference<fp16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out,
+                            options.trace_elements, &traces, &departs);
         break;
       case DType::kFP32:
-        run_reference<float>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out);
+        run_reference<float>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out,
+                             options.trace_elements, &traces, &departs);
         break;
     }
   }
@@ -280,6 +394,10 @@ int run(int argc, char** argv) {
   // 4. Outputs (each written atomically), then the summary.
   const std::vector<int64_t> shape = {ranks, rows, hidden};
   try {
+    if (!canonical && !f.trace.empty()) {
+      const std::string text = element_trace_json(traces);
+      files->write(cli::resolve_path(f.trace), text.data(), text.size());
+    }
     if (!output_file.empty()) files->write_npy(output_file, want, shape, out.data(), out.size());
     if (!residual_output_file.empty()) {
       files->write_npy(residual_output_file, want, shape, residual_out.data(), residual_out.size());
@@ -287,6 +405,9 @@ int run(int argc, char** argv) {
     files->commit();
   } catch (const npy::NpyError& e) {
     return cli::fail(kCommand, e.what(), cli::kExitFailure);
+  }
+  for (size_t k = 0; k < traces.size(); ++k) {
+    std::cout << element_summary(traces[k], k < departs.size() ? departs[k] : -1, f.trace) << "\n";
   }
   std::cout << kCommand << " " << f.dtype << ": " << ranks << " ranks x [" << rows << ", " << hidden << "] ("
             << input_note << "), contract " << contract_text;

@@ -22,7 +22,10 @@ void add_world_flags(cli::ArgParser& parser, SimFlags* f, WorldFlagSet set) {
       parser.add_string("trace-elements", &f->trace_elements,
                         "also trace every fold and rounding of these element indices (I,J,...)");
     }
-    parser.add_string("chrome-trace", &f->chrome_trace, "write a Chrome trace (open it in Perfetto)");
+    parser.add_string("chrome-trace", &f->chrome_trace,
+                      "write a Chrome trace (open it in Perfetto): ts is the scheduling step under --schedule seeded "
+                      "(a logical clock, shown as microseconds; the same seed gives the same file) and microseconds "
+                      "of wall time since the run started under threads");
   }
   parser.add_int("timeout-ms", &f->timeout_ms, "threads scheduler: a flag wait longer than this is an error");
   parser.add_int("max-steps", &f->max_steps, "seeded scheduler: scheduling steps before a livelock is reported");

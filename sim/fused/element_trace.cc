@@ -1,0 +1,184 @@
+#include "sim/fused/element_trace.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "core/contract.h"
+#include "core/storage.h"
+
+namespace exactcoll::fused {
+namespace {
+
+template <class T>
+T from_bits(uint32_t bits) {
+  if constexpr (sizeof(T) == 4) {
+    return bits_to_float(bits);
+  } else {
+    return T{static_cast<uint16_t>(bits)};
+  }
+}
+
+uint32_t fp32_bits(float f) { return float_to_bits(canonicalize_nan(f)); }
+
+// The step named `name` of t (the first one), or null.
+const ElementStep* find_step(const ElementTrace& t, const char* name) {
+  for (const ElementStep& s : t.steps) {
+    if (std::strcmp(s.step, name) == 0) return &s;
+  }
+  return nullptr;
+}
+
+// The value named `name` of step s; throws when absent (a trace that lacks it is a bug here).
+const StepValue& value_of(const ElementStep& s, const char* name) {
+  for (const StepValue& v : s.values) {
+    if (std::strcmp(v.name, name) == 0) return v;
+  }
+  throw std::logic_error(std::string("element trace: step ") + s.step + " has no value " + name);
+}
+
+std::string where(const ElementTrace& t) {
+  return "element " + std::to_string(t.index) + " [row " + std::to_string(t.row) + ", col " + std::to_string(t.col) +
+         "]";
+}
+
+std::string hex(uint32_t bits) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08" PRIx32, bits);
+  return buf;
+}
+
+// "" when the run's fold and round events of t's element match t's fold and round steps.
+std::string check_folds(const ElementTrace& t, int ranks, const std::vector<sim::TraceEvent>& run_events) {
+  std::vector<const ElementStep*> folds;
+  for (const ElementStep& s : t.steps) {
+    if (std::strcmp(s.step, "fold") == 0) folds.push_back(&s);
+  }
+  const ElementStep* round = find_step(t, "round");
+  if (static_cast<int>(folds.size()) != ranks || round == nullptr) return where(t) + ": the trace has no whole fold";
+  std::vector<int> seen(ranks, 0);  // fold events seen per rank
+  int rounds = 0;
+  for (const sim::TraceEvent& e : run_events) {
+    if (e.index != t.index) continue;
+    if (e.kind == sim::TraceEvent::Kind::kFold) {
+      const int k = seen[e.rank]++ % ranks;
+      const ElementStep& f = *folds[k];
+      const int input_rank = f.labels.empty() ? -1 : f.labels[0].second;
+      if (e.input_rank != input_rank || fp32_bits(e.acc_after) != value_of(f, "acc_after").bits ||
+          fp32_bits(e.x) != fp32_bits(value_of(f, "x").value)) {
+        return where(t) + ": rank " + std::to_string(e.rank) + "'s fold step " + std::to_string(k) + " (input rank " +
+               std::to_string(e.input_rank) + ", acc " + hex(fp32_bits(e.acc_after)) +
+               ") is not the trace's (input rank " + std::to_string(input_rank) + ", acc " +
+               hex(value_of(f, "acc_after").bits) + ")";
+      }
+    } else if (e.kind == sim::TraceEvent::Kind::kRound) {
+      ++rounds;
+      if (e.stored_bits != value_of(*round, "stored").bits) {
+        return where(t) + ": rank " + std::to_string(e.rank) + " stored the all-reduce as " + hex(e.stored_bits) +
+               ", the trace says " + hex(value_of(*round, "stored").bits);
+      }
+    }
+  }
+  int folded = 0;
+  for (int r = 0; r < ranks; ++r) folded += seen[r];
+  if (folded == 0 || rounds == 0) return where(t) + ": the run recorded no fold of it (was it traced?)";
+  return "";
+}
+
+}  // namespace
+
+template <class T>
+std::string trace_canonical_run(const FusedProblem<T>& problem, const std::vector<uint64_t>& elements,
+                                const std::vector<const T*>& run_residual_out, const std::vector<const T*>& run_out,
+                                const std::vector<sim::TraceEvent>& run_events, std::vector<ElementTrace>* traces) {
+  const int H = problem.hidden;
+  const size_t count = static_cast<size_t>(problem.rows) * H;
+  std::vector<T> ro(count), out(count);
+  std::vector<ElementTrace> mine;
+  fused_reference<T>(FusedContract::kCanonical, problem, ro.data(), out.data(), elements, &mine);
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(H, &tree);
+  for (const ElementTrace& t : mine) {
+    const size_t base = static_cast<size_t>(t.row) * H;
+    // 1. Every rank's rows, whole.
+    for (size_t r = 0; r < run_out.size(); ++r) {
+      for (int j = 0; j < H; ++j) {
+        const uint32_t want_ro = Storage<T>::bits(ro[base + j]), want_out = Storage<T>::bits(out[base + j]);
+        const uint32_t got_ro = Storage<T>::bits(run_residual_out[r][base + j]);
+        const uint32_t got_out = Storage<T>::bits(run_out[r][base + j]);
+        if (got_ro != want_ro || got_out != want_out) {
+          return where(t) + ": rank " + std::to_string(r) + "'s " + (got_ro != want_ro ? "residual_out" : "out") +
+                 " at col " + std::to_string(j) + " is " + hex(got_ro != want_ro ? got_ro : got_out) +
+                 ", the trace's reference computes " + hex(got_ro != want_ro ? want_ro : want_out);
+        }
+      }
+    }
+    // 2. The run's own fold and round events.
+    if (std::string problem_text = check_folds(t, problem.ranks, run_events); !problem_text.empty()) {
+      return problem_text;
+    }
+    // 3. Core's functions on the run's values give the trace's.
+    const ElementStep* round = find_step(t, "round");
+    const ElementStep* add = find_step(t, "residual_add");
+    const ElementStep* ss_step = find_step(t, "ss");
+    const ElementStep* inv_step = find_step(t, "inv");
+    const ElementStep* scale = find_step(t, "scale");
+    if (!round || !add || !ss_step || !inv_step || !scale) return where(t) + ": the trace misses a step";
+    const T s = from_bits<T>(value_of(*round, "stored").bits);
+    const T res = problem.residual[t.index];
+    if (Storage<T>::bits(contract::residual_add<T>(s, res)) != value_of(*add, "stored").bits) {
+      return where(t) + ": contract::residual_add disagrees with the trace's residual_add";
+    }
+    const T* ro_row = run_residual_out[0] + base;
+    const float ss = contract::sum_squares(tree, [ro_row](int j) { return to_float(ro_row[j]); });
+    if (fp32_bits(ss) != value_of(*ss_step, "ss").bits) {
+      return where(t) + ": contract::sum_squares of the run's row is " + hex(fp32_bits(ss)) + ", the trace's ss " +
+             hex(value_of(*ss_step, "ss").bits);
+    }
+    const float inv = contract::rmsnorm_inverse(ss, H, problem.eps);
+    if (fp32_bits(inv) != value_of(*inv_step, "inv").bits) {
+      return where(t) + ": contract::rmsnorm_inverse is " + hex(fp32_bits(inv)) + ", the trace's inv " +
+             hex(value_of(*inv_step, "inv").bits);
+    }
+    const T y = contract::rmsnorm_scale<T>(to_float(ro_row[t.col]), inv, problem.weight[t.col]);
+    if (Storage<T>::bits(y) != value_of(*scale, "stored").bits) {
+      return where(t) + ": contract::rmsnorm_scale disagrees with the trace's scale";
+    }
+  }
+  traces->insert(traces->end(), mine.begin(), mine.end());
+  return "";
+}
+
+template <class T>
+std::vector<int> trace_alternative(FusedContract contract, const FusedProblem<T>& problem,
+                                   const std::vector<uint64_t>& elements, T* residual_out, T* out,
+                                   std::vector<ElementTrace>* traces) {
+  const size_t count = static_cast<size_t>(problem.rows) * problem.hidden;
+  std::vector<ElementTrace> mine, canonical;
+  fused_reference<T>(contract, problem, residual_out, out, elements, &mine);
+  std::vector<int> departs;
+  if (contract != FusedContract::kCanonical) {
+    std::vector<T> ro(count), y(count);
+    fused_reference<T>(FusedContract::kCanonical, problem, ro.data(), y.data(), elements, &canonical);
+  }
+  for (size_t k = 0; k < mine.size(); ++k) {
+    departs.push_back(k < canonical.size() ? compare_with_canonical(&mine[k], canonical[k]) : -1);
+  }
+  traces->insert(traces->end(), mine.begin(), mine.end());
+  return departs;
+}
+
+#define EXC_INSTANTIATE(T)                                                                                            \
+  template std::string trace_canonical_run<T>(const FusedProblem<T>&, const std::vector<uint64_t>&,                   \
+                                              const std::vector<const T*>&, const std::vector<const T*>&,             \
+                                              const std::vector<sim::TraceEvent>&, std::vector<ElementTrace>*);       \
+  template std::vector<int> trace_alternative<T>(FusedContract, const FusedProblem<T>&, const std::vector<uint64_t>&, \
+                                                 T*, T*, std::vector<ElementTrace>*);
+EXC_INSTANTIATE(bf16)
+EXC_INSTANTIATE(fp16)
+EXC_INSTANTIATE(float)
+#undef EXC_INSTANTIATE
+
+}  // namespace exactcoll::fused

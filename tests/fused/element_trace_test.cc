@@ -1,0 +1,312 @@
+// Element traces of the fused op (sim/fused/element_trace.h, fused_reference's traces): every
+// contract's trace has the documented steps in order, chained (each step starts from the previous
+// one's result) and ending at the output bits; tracing changes no output bit; a canonical run's trace
+// agrees with the simulated run and a flipped bit anywhere is caught; each alternative contract
+// departs from canonical at the step docs/numerics.md names.
+#include "sim/fused/element_trace.h"
+
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "sim/fused/fused_sim.h"
+#include "sim/fused/random.h"
+#include "sim/fused/reference.h"
+#include "sim/world.h"
+
+namespace exactcoll::fused {
+namespace {
+
+template <class T>
+struct Case {
+  int ranks, rows, hidden;
+  std::vector<T> x, residual, weight;
+  Case(int ranks_, int rows_, int hidden_, uint64_t seed) : ranks(ranks_), rows(rows_), hidden(hidden_) {
+    SplitMix64 rng(seed);
+    x.resize(static_cast<size_t>(ranks) * rows * hidden);
+    residual.resize(static_cast<size_t>(rows) * hidden);
+    weight.resize(hidden);
+    for (auto& v : x) v = round_to<T>(rng.normal());
+    for (auto& v : residual) v = round_to<T>(rng.normal());
+    for (auto& v : weight) v = round_to<T>(1.0f + 0.1f * rng.normal());
+  }
+  size_t count() const { return static_cast<size_t>(rows) * hidden; }
+  FusedProblem<T> problem() const {
+    FusedProblem<T> p;
+    p.ranks = ranks, p.rows = rows, p.hidden = hidden, p.eps = 1e-6f;
+    p.x = x.data(), p.residual = residual.data(), p.weight = weight.data();
+    return p;
+  }
+};
+
+template <class T>
+DType dtype_of() {
+  return sizeof(T) == 4 ? DType::kFP32 : std::is_same_v<T, bf16> ? DType::kBF16 : DType::kFP16;
+}
+
+const StepValue& value(const ElementStep& s, const char* name) {
+  for (const StepValue& v : s.values) {
+    if (std::strcmp(v.name, name) == 0) return v;
+  }
+  ADD_FAILURE() << "step " << s.step << " has no value " << name;
+  static const StepValue none;
+  return none;
+}
+
+uint32_t bits(const StepValue& v) { return float_to_bits(v.value); }
+
+// The documented steps, in order, for n ranks.
+std::vector<std::string> expected_steps(int n) {
+  std::vector<std::string> s(n, "fold");
+  for (const char* name : {"round", "residual_add", "square", "lane_sum"}) s.push_back(name);
+  for (int k = 0; k < 5; ++k) s.push_back("group_butterfly");
+  for (int k = 0; k < 5; ++k) s.push_back("final_butterfly");
+  for (const char* name : {"ss", "inv", "scale"}) s.push_back(name);
+  return s;
+}
+
+// Checks one trace: its steps, their chaining and its last values against the outputs.
+template <class T>
+void check_trace(const ElementTrace& t, int n, int hidden, const std::vector<T>& ro, const std::vector<T>& out) {
+  SCOPED_TRACE("contract " + std::string(contract_name(t.contract)) + ", element " + std::to_string(t.index));
+  EXPECT_EQ(t.index, static_cast<uint64_t>(t.row) * hidden + t.col);
+  std::vector<std::string> names;
+  for (const ElementStep& s : t.steps) names.push_back(s.step);
+  ASSERT_EQ(names, expected_steps(n));
+  const auto& st = t.steps;
+  // The fold: every rank once, each step starting from the previous accumulator.
+  std::vector<bool> rank_seen(n, false);
+  for (int k = 0; k < n; ++k) {
+    ASSERT_EQ(st[k].labels.size(), 1u);
+    rank_seen.at(st[k].labels[0].second) = true;
+    if (k > 0) {
+      EXPECT_EQ(bits(value(st[k], "acc_before")), bits(value(st[k - 1], "acc_after"))) << "fold " << k;
+    }
+  }
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(rank_seen[r]) << "rank " << r << " folded";
+  const ElementStep& round = st[n];
+  EXPECT_EQ(bits(value(round, "acc")), bits(value(st[n - 1], "acc_after")));
+  const ElementStep& add = st[n + 1];
+  EXPECT_EQ(bits(value(add, "s")), bits(value(round, "stored")));
+  EXPECT_EQ(value(add, "stored").bits, Storage<T>::bits(ro[t.index])) << "residual_add ends at residual_out";
+  const ElementStep& square = st[n + 2];
+  // The norm reads the stored residual_out, except f32_residual (the unrounded sum).
+  const float v = t.contract == FusedContract::kF32Residual ? value(add, "sum").value : to_float(ro[t.index]);
+  EXPECT_EQ(bits(value(square, "v")), float_to_bits(v));
+  EXPECT_EQ(bits(value(square, "square")), float_to_bits(v * v));
+  const ElementStep& lane = st[n + 3];
+  EXPECT_EQ(lane.labels[0].second, square.labels[0].second) << "the element's own lane";
+  float carried = value(lane, "total").value;
+  for (int k = 0; k < 10; ++k) {
+    const ElementStep& level = st[n + 4 + k];
+    EXPECT_EQ(bits(value(level, "a")), float_to_bits(carried)) << level.step << " " << k;
+    EXPECT_EQ(bits(value(level, "sum")), float_to_bits(value(level, "a").value + value(level, "b").value));
+    carried = value(level, "sum").value;
+  }
+  const ElementStep& ss = st[n + 14];
+  EXPECT_EQ(bits(value(ss, "ss")), float_to_bits(carried)) << "the path ends at the row's sum of squares";
+  const ElementStep& inv = st[n + 15];
+  EXPECT_EQ(bits(value(inv, "ss")), bits(value(ss, "ss")));
+  const ElementStep& scale = st[n + 16];
+  EXPECT_EQ(bits(value(scale, "v")), float_to_bits(v));
+  EXPECT_EQ(bits(value(scale, "inv")), bits(value(inv, "inv")));
+  EXPECT_EQ(value(scale, "stored").bits, Storage<T>::bits(out[t.index])) << "scale ends at out";
+}
+
+template <class T>
+void every_contract(int n, int rows, int hidden, uint64_t seed) {
+  const Case<T> c(n, rows, hidden, seed);
+  const size_t count = c.count();
+  const std::vector<uint64_t> elements = {0, 7, static_cast<uint64_t>(hidden) + 5, count - 1, count + 3};
+  for (FusedContract contract : kAllContracts) {
+    std::vector<T> ro(count), out(count), plain_ro(count), plain_out(count);
+    std::vector<ElementTrace> traces;
+    fused_reference<T>(contract, c.problem(), ro.data(), out.data(), elements, &traces);
+    fused_reference<T>(contract, c.problem(), plain_ro.data(), plain_out.data());
+    EXPECT_EQ(std::memcmp(ro.data(), plain_ro.data(), count * sizeof(T)), 0) << "tracing changes no bit";
+    EXPECT_EQ(std::memcmp(out.data(), plain_out.data(), count * sizeof(T)), 0) << "tracing changes no bit";
+    ASSERT_EQ(traces.size(), 4u) << "one trace per element inside [rows, H], in rising order";
+    EXPECT_EQ(traces[0].index, 0u);
+    EXPECT_EQ(traces[3].index, count - 1);
+    for (const ElementTrace& t : traces) {
+      EXPECT_EQ(t.contract, contract);
+      check_trace<T>(t, n, hidden, ro, out);
+    }
+  }
+}
+
+TEST(ElementTrace, EveryContractHasTheStepsInOrderEndingAtTheOutputBits) {
+  every_contract<bf16>(4, 3, 64, 1);
+  every_contract<fp16>(3, 2, 2880, 2);  // 12 groups: a path through the final butterfly
+  every_contract<float>(5, 2, 64, 3);
+  every_contract<bf16>(1, 2, 16384, 4);  // 2 packs a lane, 32 groups
+}
+
+// A canonical run on the simulator, traced: the reference's trace agrees with it, and one flipped
+// bit of the run (an output bit or a recorded fold) makes trace_canonical_run refuse.
+template <class T>
+void canonical_run(FusedAlgo algo, int n, int rows, int hidden, sim::Schedule schedule) {
+  SCOPED_TRACE(std::string(fused_algo_name(algo)) + ", " + std::to_string(n) + " ranks, H " + std::to_string(hidden));
+  const Case<T> c(n, rows, hidden, 11);
+  const size_t count = c.count();
+  const std::vector<uint64_t> elements = {3, static_cast<uint64_t>(hidden) + 70 % hidden, count - 1};
+  sim::WorldOptions options;
+  options.ranks = n;
+  options.schedule = schedule;
+  options.trace = true;
+  options.trace_elements = elements;
+  sim::World world(options);
+  FusedSpec spec;
+  spec.algo = algo;
+  spec.dtype = dtype_of<T>();
+  spec.rows = rows;
+  spec.hidden = hidden;
+  std::vector<std::vector<T>> ro(n, std::vector<T>(count)), out(n, std::vector<T>(count));
+  FusedIo io;
+  for (int r = 0; r < n; ++r) {
+    io.x.push_back(c.x.data() + r * count);
+    io.residual.push_back(c.residual.data());
+    io.weight.push_back(c.weight.data());
+    io.residual_out.push_back(ro[r].data());
+    io.out.push_back(out[r].data());
+  }
+  run_fused(world, spec, io);
+  std::vector<const T*> ro_ptrs, out_ptrs;
+  for (int r = 0; r < n; ++r) ro_ptrs.push_back(ro[r].data()), out_ptrs.push_back(out[r].data());
+  const std::vector<sim::TraceEvent> events = world.tracer()->merged();
+  std::vector<ElementTrace> traces;
+  ASSERT_EQ(trace_canonical_run<T>(c.problem(), elements, ro_ptrs, out_ptrs, events, &traces), "");
+  ASSERT_EQ(traces.size(), elements.size());
+  for (const ElementTrace& t : traces) {
+    for (int r = 0; r < n; ++r) check_trace<T>(t, n, hidden, ro[r], out[r]);
+  }
+  // One flipped bit of one rank's out, elsewhere in a traced row: caught.
+  {
+    std::vector<T> bad = out[n - 1];
+    const size_t i = static_cast<size_t>(traces[1].row) * hidden + (traces[1].col + 1) % hidden;
+    if constexpr (sizeof(T) == 4) {
+      bad[i] = bits_to_float(float_to_bits(bad[i]) ^ 1u);
+    } else {
+      bad[i].bits ^= 1u;
+    }
+    std::vector<const T*> bad_ptrs = out_ptrs;
+    bad_ptrs[n - 1] = bad.data();
+    std::vector<ElementTrace> unused;
+    const std::string problem = trace_canonical_run<T>(c.problem(), elements, ro_ptrs, bad_ptrs, events, &unused);
+    EXPECT_NE(problem.find("'s out at col"), std::string::npos) << problem;
+    EXPECT_TRUE(unused.empty());
+  }
+  // One flipped bit of a recorded fold: caught.
+  {
+    std::vector<sim::TraceEvent> bad = events;
+    bool flipped = false;
+    for (sim::TraceEvent& e : bad) {
+      if (!flipped && e.kind == sim::TraceEvent::Kind::kFold && e.index == elements[0] && e.input_rank == n - 1) {
+        e.acc_after = bits_to_float(float_to_bits(e.acc_after) ^ 1u);
+        flipped = true;
+      }
+    }
+    ASSERT_TRUE(flipped) << "the run recorded the element's fold";
+    std::vector<ElementTrace> unused;
+    const std::string problem = trace_canonical_run<T>(c.problem(), elements, ro_ptrs, out_ptrs, bad, &unused);
+    EXPECT_NE(problem.find("fold step"), std::string::npos) << problem;
+  }
+}
+
+TEST(ElementTrace, CanonicalRunTraceAgreesWithTheRunAndCatchesAFlippedBit) {
+  canonical_run<bf16>(FusedAlgo::kOneStage, 3, 3, 64, sim::Schedule::kThreads);
+  canonical_run<bf16>(FusedAlgo::kTwoStage, 3, 3, 64, sim::Schedule::kSeeded);
+  canonical_run<fp16>(FusedAlgo::kOneStageReg, 2, 2, 2880, sim::Schedule::kThreads);
+  canonical_run<float>(FusedAlgo::kUnfused, 4, 2, 64, sim::Schedule::kThreads);
+  canonical_run<bf16>(FusedAlgo::kLamportOneStage, 2, 2, 64, sim::Schedule::kSeeded);
+}
+
+// Where each alternative departs from canonical (docs/numerics.md, "Tracing one element"):
+//   f32_residual     at round (seq n) when the fp32 fold is not a storage value, else (if at all)
+//                    in the norm, which reads the row's unrounded residual sums;
+//   bf16_accumulate  at the first fold k >= 1 whose fp32 sum is not a storage value;
+//   rotated_two_shot at a fold, only for elements whose two-shot owner is not rank 0;
+// and otherwise, if at all, in the norm (square or later), where the row's other elements enter.
+TEST(ElementTrace, AlternativesDepartWhereTheContractSays) {
+  const int n = 4, rows = 2, hidden = 64;
+  const Case<bf16> c(n, rows, hidden, 5);
+  const size_t count = c.count();
+  std::vector<uint64_t> all(count);
+  for (size_t i = 0; i < count; ++i) all[i] = i;
+  std::vector<bf16> ro(count), out(count);
+  std::vector<ElementTrace> canonical;
+  fused_reference<bf16>(FusedContract::kCanonical, c.problem(), ro.data(), out.data(), all, &canonical);
+  int departed[4] = {};
+  for (FusedContract contract : kAllContracts) {
+    std::vector<ElementTrace> traces;
+    const std::vector<int> departs =
+        trace_alternative<bf16>(contract, c.problem(), all, ro.data(), out.data(), &traces);
+    ASSERT_EQ(departs.size(), count);
+    for (size_t i = 0; i < count; ++i) {
+      const ElementTrace& t = traces[i];
+      const ElementTrace& canon = canonical[i];
+      SCOPED_TRACE(std::string(contract_name(contract)) + " element " + std::to_string(i));
+      const int d = departs[i];
+      if (d >= 0) ++departed[static_cast<int>(contract)];
+      for (size_t s = 0; s < t.steps.size(); ++s) {
+        const auto mark = t.steps[s].vs_canonical;
+        if (contract == FusedContract::kCanonical) {
+          EXPECT_EQ(mark, ElementStep::VsCanonical::kNotCompared);
+        } else if (static_cast<int>(s) < d || d < 0) {
+          EXPECT_EQ(mark, ElementStep::VsCanonical::kSame);
+        } else if (static_cast<int>(s) == d) {
+          EXPECT_EQ(mark, ElementStep::VsCanonical::kDeparts);
+        }
+      }
+      const float fold = value(canon.steps[n - 1], "acc_after").value;
+      switch (contract) {
+        case FusedContract::kCanonical: EXPECT_EQ(d, -1); break;
+        case FusedContract::kF32Residual: {
+          // At round when the fold is not a bf16 value (it is not rounded); otherwise its residual
+          // add has canonical's bits and it can depart only in the norm (square or later), which
+          // reads the row's unrounded sums.
+          if (float_to_bits(to_float(round_to<bf16>(fold))) != float_to_bits(fold)) {
+            EXPECT_EQ(d, n);
+            EXPECT_EQ(std::string(t.steps[n].step), "round");
+          } else if (d >= 0) {
+            EXPECT_GE(d, n + 2) << "departs in the norm, at " << t.steps[d].step;
+          }
+          break;
+        }
+        case FusedContract::kBf16Accumulate: {
+          // Until it departs it adds what canonical adds, so it departs at the first fold k >= 1
+          // whose fp32 sum (canonical's) is not a bf16 value; otherwise, if at all, in the norm.
+          int first = -1;
+          for (int k = 1; k < n && first < 0; ++k) {
+            const float sum = value(canon.steps[k], "acc_after").value;
+            if (float_to_bits(to_float(round_to<bf16>(sum))) != float_to_bits(sum)) first = k;
+          }
+          if (first >= 0) {
+            EXPECT_EQ(d, first) << "departs at the first fold whose running sum is rounded";
+          } else if (d >= 0) {
+            EXPECT_GE(d, n + 2) << "departs in the norm, at " << t.steps[d].step;
+          }
+          break;
+        }
+        case FusedContract::kRotatedTwoShot:
+          // Its fold starts at the owner of the element's two-shot slice: an element of rank 0's
+          // slice folds in canonical's order, and can depart only in the norm (from other elements).
+          if (t.steps[0].labels[0].second == 0) {
+            EXPECT_TRUE(d < 0 || d >= n + 2) << d;
+          } else if (d >= 0 && d < n + 2) {
+            EXPECT_LT(d, n) << "its own part departs in the fold";
+          }
+          break;
+      }
+    }
+  }
+  EXPECT_GT(departed[static_cast<int>(FusedContract::kF32Residual)], 0);
+  EXPECT_GT(departed[static_cast<int>(FusedContract::kBf16Accumulate)], 0);
+  EXPECT_GT(departed[static_cast<int>(FusedContract::kRotatedTwoShot)], 0);
+}
+
+}  // namespace
+}  // namespace exactcoll::fused
