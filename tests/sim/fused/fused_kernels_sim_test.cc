@@ -5,7 +5,7 @@
 // counts, and 4 packs a thread), for bf16, fp16 and fp32, world sizes 1, 2, 3, 4 and 8, rows fewer
 // and more than ranks x blocks, under the threads scheduler and seeded schedules (which also draw
 // the order of a block's threads). Inputs carry NaN payloads, infinities, overflowing sums,
-// subnormal rows and (every third seed) a NaN, inf and -0 weight (tools/gpu/fused/fused_inputs.h).
+// subnormal rows and (every third seed) a NaN, inf and -0 weight (tools/inputs/fused_inputs.h).
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>

@@ -11,7 +11,7 @@
 #include "tests/support/command_runner.h"
 #include "tools/diff/compare.h"
 #include "tools/diff/diff_command.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 namespace exactcoll::diff {
 namespace {

@@ -17,7 +17,7 @@
 #include "tools/diff/diff_command.h"
 #include "tools/fused/fused_rmsnorm_command.h"
 #include "tools/sim/sim_subcommands.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 namespace exactcoll::fused {
 namespace {

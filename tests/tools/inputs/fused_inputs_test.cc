@@ -1,4 +1,4 @@
-// tools/gpu/fused/fused_inputs.h: a rank's own x, a few rows of everyone's, and the whole problem
+// tools/inputs/fused_inputs.h: a rank's own x, a few rows of everyone's, and the whole problem
 // agree bit for bit (bench checks sampled rows against the reference on that promise); the
 // specials appear; different seeds give different problems.
 #include "tools/inputs/fused_inputs.h"

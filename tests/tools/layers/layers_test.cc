@@ -21,7 +21,7 @@
 #include "tools/diff/compare.h"
 #include "tools/layers/layers.h"
 #include "tools/layers/plot.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 namespace exactcoll::layers {
 namespace {

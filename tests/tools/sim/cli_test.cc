@@ -12,7 +12,7 @@
 #include "sim/collectives.h"
 #include "tests/sim/sim_test_util.h"
 #include "tests/support/command_runner.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 #include "tools/sha256/sha256.h"
 
 namespace exactcoll {

@@ -42,7 +42,7 @@
 #include "tools/gpu/fused/fused_reference.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 namespace exactcoll::gpu {
 namespace {

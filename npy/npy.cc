@@ -1,4 +1,4 @@
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
