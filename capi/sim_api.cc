@@ -13,8 +13,8 @@
 #include "sim/collectives.h"
 #include "sim/fused/fused_sim.h"
 #include "sim/fused/reference.h"
+#include "sim/trace_files.h"
 #include "sim/world.h"
-#include "tools/sim/sim_flags.h"
 
 using namespace exactcoll;
 using namespace exactcoll::capi;
@@ -77,7 +77,7 @@ void run_and_trace(sim::World& world, const SimRun& run, Execute execute) {
     failure = e.what();
     failure_status = status_of(e);
   }
-  const std::string trace_problem = tools::write_trace_files(world, run.trace_path, run.chrome_trace_path);
+  const std::string trace_problem = sim::write_trace_files(world, run.trace_path, run.chrome_trace_path);
   if (!failure.empty()) fail(failure_status, failure);
   if (!trace_problem.empty()) bad_argument("cannot write the trace: " + trace_problem);
 }

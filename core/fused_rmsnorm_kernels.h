@@ -2,7 +2,7 @@
 // core/fused_rmsnorm.h, written the same way: templates over the execution context
 // (core/collectives.h, plus core/fused_rmsnorm.h's row_sum_squares hook), so that they compile
 // under g++ and nvcc, run on the simulator too (sim/fused, with blocks of several threads so that
-// the register path runs: sim/block_threads.h) and on the CPU test world of tests/cuda_fused, and
+// the register path runs: sim/block_threads.h) and on the CPU test world of tests/core (fused_algorithms_test), and
 // bit for bit give the contract's results (docs/numerics.md, "Fused all-reduce + residual +
 // RMSNorm"):
 //   s = fold over ranks of x (rounded), residual_out = residual_add(s, residual),

@@ -187,7 +187,7 @@ struct GroupBuilder {
 // at step j + M + k, so every receive meets the send its neighbour posts in the same step. Two
 // result slots: a step forwards chunk j from one slot while receiving chunk j + 1 into the other;
 // the gather's end barrier keeps a slot until every local peer has copied it. (result_slots = 1 is
-// the broken variant tests/multinode/multinode_sim_test.cc shows the seeded network catching: a
+// the broken variant tests/sim/multinode/multinode_sim_test.cc shows the seeded network catching: a
 // forwarding node's receive of chunk j + 1 can land before its send of chunk j has left.)
 template <class T, class Prims>
 void allreduce(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElements, int result_slots = 2) {

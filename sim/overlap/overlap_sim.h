@@ -7,7 +7,7 @@
 //
 // Bits and the grouping: Eigen's float result for a row of C depends on the row count of the
 // product it is in (the blocking, and the path for the rows left over by the register blocking,
-// are chosen per shape). In tests/overlap/overlap_sim_test.cc (3-row shards, k = 20, n = 12) fp32 C
+// are chosen per shape). In tests/sim/overlap/overlap_sim_test.cc (3-row shards, k = 20, n = 12) fp32 C
 // of merged differs from per_shard's in 44 of 576 elements on 4 ranks, 287 of 2304 on 8; rounded to
 // bf16 no element differed there, which the rounding makes likely, not certain. So the pipelined C
 // equals the unpipelined C of the same grouping bit for bit; C of different groupings may differ.

@@ -14,7 +14,7 @@
 
 #include "tests/fuzz/fuzz_harness.h"
 #include "tests/support/command_runner.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 namespace exactcoll {
 namespace {

@@ -1,5 +1,5 @@
-// tools/npy: numpy-compatible headers, round trips, every malformed case, atomic writes.
-#include "tools/npy/npy.h"
+// npy: numpy-compatible headers, round trips, every malformed case, atomic writes.
+#include "npy/npy.h"
 
 #include <dirent.h>
 #include <fcntl.h>

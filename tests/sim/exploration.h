@@ -1,5 +1,5 @@
 // Shared pieces of the seeded-exploration tests (tests/sim/protocol_exploration_test.cc for the
-// all-reduces alone, tests/fused/push_exploration_test.cc for push_one_stage mixed with the push
+// all-reduces alone, tests/sim/fused/push_exploration_test.cc for push_one_stage mixed with the push
 // all-reduces): broken receive-half policies that exist only in these tests, the outcome of one
 // seeded run, and the loop that looks for the first failing seed within a fixed bound. Each test
 // keeps its own workloads and its own `explore` (one world, one schedule seed, every output

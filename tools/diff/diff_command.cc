@@ -7,7 +7,7 @@
 
 #include "tools/cli.h"
 #include "tools/diff/compare.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 namespace exactcoll::diff {
 namespace {

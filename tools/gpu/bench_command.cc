@@ -40,7 +40,7 @@
 #include "tools/gpu/gpu_op.h"
 #include "tools/inputs/inputs.h"
 #include "tools/gpu/worker.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 namespace exactcoll::gpu {
 namespace {

@@ -5,7 +5,7 @@
 // [N, N·count]; or a random input of --count elements per rank from --seed.
 //
 // `verify`, per (iteration, dtype, element count, input pattern):
-//   1. every rank makes every rank's input (tools/gpu/inputs.h; seeded, so all ranks agree), and
+//   1. every rank makes every rank's input (tools/inputs/inputs.h; seeded, so all ranks agree), and
 //      the contract's scalar transcription computes this rank's output;
 //   2. for each algorithm (the op's IPC algorithms and auto) the simulator computes the outputs of
 //      the algorithm the GPU runs (copy_engine all-gather is a copy: simulated as the SM allgather);
@@ -28,7 +28,7 @@
 #include "tools/inputs/inputs.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 namespace exactcoll::gpu {
 namespace {

@@ -6,7 +6,7 @@
 #   env..bench; extra = all-reduce without programmatic launch at small sizes, and the
 #   reduce_scatter / allgather tables; cli = `exactcoll gpu` against `exactcoll sim` (needs
 #   .gpubin/exactcoll_sim from //tools/sim:exactcoll_sim): same sha256, same .npy bytes, bad input)
-#   build first: bazel build //tools/gpu:exactcoll_gpu //tests/cuda:collectives_gpu_test, then copy
+#   build first: bazel build //tools/gpu:exactcoll_gpu //tests/cuda_backend:collectives_gpu_test, then copy
 #   both binaries from bazel-bin/ into .gpubin/ (ignored by git; name it in the device call's carry).
 set -uo pipefail
 PHASES=${1:-env,test,verify,tune,bench}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the all-reduce (first used as device_run_push2.sh at commit 6e372d0), binaries
 # from $BIN (default .gpubin/allreduce: exactcoll_gpu, collectives_gpu_test, exactcoll_sim; bazel
-# build //tools/gpu:exactcoll_gpu //tests/cuda:collectives_gpu_test //tools/sim:exactcoll_sim, copied
+# build //tools/gpu:exactcoll_gpu //tests/cuda_backend:collectives_gpu_test //tools/sim:exactcoll_sim, copied
 # from bazel-bin/):
 #   1. GPU tests, then verify on 2, 3, 4 GPUs (every algorithm; default ops, fused included), and on
 #      4 GPUs with 1 MiB buffers (chunked all-reduce and reduce_scatter, all-gather's NCCL fallback);

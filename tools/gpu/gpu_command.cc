@@ -20,7 +20,7 @@
 #include "tools/inputs/inputs.h"
 #include "tools/gpu/part_files.h"
 #include "tools/gpu/worker.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 #include "tools/sha256/sha256.h"
 
 namespace exactcoll::gpu {

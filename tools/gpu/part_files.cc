@@ -7,7 +7,7 @@
 #include <iterator>
 
 #include "tools/cli.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 namespace exactcoll::gpu {
 

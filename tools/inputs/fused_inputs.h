@@ -20,7 +20,7 @@
 
 #include "core/storage.h"
 #include "tools/cli.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 namespace exactcoll::gpu {
 

@@ -10,7 +10,7 @@
 #include "tools/cli.h"
 #include "tools/layers/layers.h"
 #include "tools/layers/plot.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 #include "tools/sim/sim_flags.h"
 
 namespace exactcoll::layers {

@@ -3,7 +3,7 @@
 // tools/multinode/emulate_nodes.sh for nodes emulated on one host), or torchrun.
 //
 //   verify: every op (allreduce, reduce_scatter, allgather, fused_rmsnorm) x dtype x size on
-//           adversarial inputs (every pattern of tools/gpu/inputs.h); each rank compares its
+//           adversarial inputs (every pattern of tools/inputs/inputs.h); each rank compares its
 //           output bit for bit with the simulator's multi-node run (sim/multinode) and, for the
 //           sums, with contract::fold per element. Exit 0 when no bit differs on any rank, 1 when
 //           one does, 3 on a failure.

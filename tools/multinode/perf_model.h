@@ -52,7 +52,7 @@ struct Prediction {
 };
 
 // The bytes the carry chain sends across node boundaries, summed over all ranks (the simulator
-// counts the same number: tests/multinode/perf_model_test.cc).
+// counts the same number: tests/tools/multinode/perf_model_test.cc).
 double chain_total_cross_node_bytes(const ModelCase& c);
 
 // Every algorithm's prediction for the case (exactcoll's first).

@@ -30,7 +30,7 @@
 #include "tools/sim/sim_subcommands.h"
 #include "tools/inputs/fused_inputs.h"
 #include "tools/inputs/inputs.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 #include "tools/sha256/sha256.h"
 #include "tools/sim/sim_flags.h"
 

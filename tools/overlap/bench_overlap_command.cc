@@ -60,7 +60,7 @@
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/worker.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 namespace exactcoll::gpu {
 namespace {

@@ -4,7 +4,8 @@
 #include <cstdlib>
 
 #include "core/signal.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
+#include "sim/trace_files.h"
 
 namespace exactcoll::tools {
 
@@ -114,39 +115,9 @@ std::unique_ptr<npy::OutputFiles> reserve_outputs(const std::string& command, co
   }
 }
 
-namespace {
-
-// The one writer of both trace formats (empty paths skipped) into reserved outputs.
-void write_trace_texts(const sim::World& world, const std::string& json_path, const std::string& chrome_path,
-                       npy::OutputFiles& files) {
-  if (world.tracer() == nullptr) return;
-  if (!json_path.empty()) {
-    const std::string text = world.tracer()->json_lines();
-    files.write(json_path, text.data(), text.size());
-  }
-  if (!chrome_path.empty()) {
-    const std::string text = world.tracer()->chrome_trace(world.options().schedule == sim::Schedule::kSeeded);
-    files.write(chrome_path, text.data(), text.size());
-  }
-}
-
-}  // namespace
-
 void write_traces(const SimFlags& f, const sim::World& world, npy::OutputFiles& files) {
-  write_trace_texts(world, f.trace.empty() ? "" : cli::resolve_path(f.trace),
-                    f.chrome_trace.empty() ? "" : cli::resolve_path(f.chrome_trace), files);
-}
-
-std::string write_trace_files(const sim::World& world, const std::string& json_path, const std::string& chrome_path) {
-  if (world.tracer() == nullptr) return "";
-  try {
-    npy::OutputFiles files({json_path, chrome_path});
-    write_trace_texts(world, json_path, chrome_path, files);
-    files.commit();
-  } catch (const npy::NpyError& e) {
-    return e.what();
-  }
-  return "";
+  sim::write_trace_texts(world, f.trace.empty() ? "" : cli::resolve_path(f.trace),
+                         f.chrome_trace.empty() ? "" : cli::resolve_path(f.chrome_trace), files);
 }
 
 std::string unreached_fault(const sim::WorldOptions& o, const sim::World& world) {

@@ -11,7 +11,7 @@
 #include "core/storage.h"
 #include "sim/world.h"
 #include "tools/cli.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 namespace exactcoll::tools {
 
@@ -63,12 +63,6 @@ void write_traces(const SimFlags& flags, const sim::World& world, npy::OutputFil
 // Fault injection (--fail-rank R --fail-at-step K) after a run that completed: returns "" when no
 // fault was asked for, else why it never happened (rank R took fewer than K steps), for exit 2.
 std::string unreached_fault(const sim::WorldOptions& options, const sim::World& world);
-
-// Writes world's trace as JSON lines to json_path and in Chrome's format to chrome_path (both or
-// neither, through npy::OutputFiles; an empty path skips it; paths as given, not resolved).
-// Returns "" or the error.
-// Nothing is written when the world was not traced.
-std::string write_trace_files(const sim::World& world, const std::string& json_path, const std::string& chrome_path);
 
 // Returns what --seed made: "random, --seed 7", or "random, --seed 1 (the default)" when the seed
 // was not given (`given` false); "random with specials, ..." for the fused op's --specials.

@@ -4,8 +4,8 @@
 # fused table re-measured with push_one_stage in it. No Bazel on the GPU machine: the binaries are
 # built here and carried in .gpubin/fusedpush/ (ignored by git):
 #   build: B=$(bazel info bazel-bin)  # or the --output_base's bazel-out/k8-opt/bin
-#          bazel build //tools/gpu:exactcoll_gpu //tests/cuda_fused:fused_gpu_test && mkdir -p .gpubin/fusedpush &&
-#          cp $B/tools/gpu/exactcoll_gpu $B/tests/cuda_fused/fused_gpu_test .gpubin/fusedpush/
+#          bazel build //tools/gpu:exactcoll_gpu //tests/cuda_backend/fused:fused_gpu_test && mkdir -p .gpubin/fusedpush &&
+#          cp $B/tools/gpu/exactcoll_gpu $B/tests/cuda_backend/fused/fused_gpu_test .gpubin/fusedpush/
 #   usage: OUT=... tools/gpu/fused/device_run_push_fused.sh   (carry .gpubin/fusedpush)
 # Steps:
 #   1. fused_gpu_test (2..4 GPUs: every fused algorithm against the contract; push calls back to back

@@ -36,7 +36,7 @@
 #include "tools/gpu/reference.h"
 #include "tools/inputs/inputs.h"
 #include "tools/gpu/worker.h"
-#include "tools/npy/npy.h"
+#include "npy/npy.h"
 
 namespace exactcoll::gpu {
 namespace {
