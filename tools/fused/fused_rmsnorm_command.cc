@@ -125,7 +125,7 @@ int run(int argc, char** argv) {
       "[--chrome-trace FILE]",
       "Fused all-reduce + residual add + RMSNorm on the simulator. x.npy is [N, rows, H] (rank r's partial\n"
       "sums at [r]), r.npy [rows, H], w.npy [H]; bf16/fp16 as '<u2' bit patterns, fp32 as '<f4'. Outputs\n"
-      "are [N, rows, H]. Without files, inputs are random from --seed (tools/gpu/fused/fused_inputs.h: the\n"
+      "are [N, rows, H]. Without files, inputs are random from --seed (tools/inputs/fused_inputs.h: the\n"
       "same as `exactcoll gpu fused_rmsnorm` with the same --rows, --hidden and --seed).\n"
       "The canonical contract runs the GPU's algorithms on the simulated ranks: core/fused_rmsnorm.h's\n"
       "one_stage, two_stage, push_one_stage, lamport_one_stage and unfused, and core/fused_rmsnorm_kernels.h's\n"

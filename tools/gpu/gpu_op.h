@@ -1,6 +1,6 @@
 // One op as the GPU commands `exactcoll gpu`, `exactcoll verify` and `exactcoll bench` run it, and
 // what their drivers share. Each op is defined once, in one file (tools/gpu/collective_op.cc for all-reduce,
-// reduce-scatter and all-gather; tools/gpu/fused/fused_op.cc for the fused all-reduce + residual +
+// reduce-scatter and all-gather; tools/gpu/fused_op.cc for the fused all-reduce + residual +
 // RMSNorm): its flags and their checks, its inputs (from .npy files or a seed), one call on the
 // device, its outputs and its summary line for `gpu`; its cases (inputs, the simulator's and the
 // contract's outputs, the algorithms and variants to try) for `verify`. The drivers,

@@ -32,7 +32,7 @@
 #include "sim/fused/random.h"
 #include "tools/gpu/device_util.h"
 #include "tools/inputs/fused_inputs.h"
-#include "tools/gpu/fused/fused_reference.h"
+#include "tools/gpu/fused_reference.h"
 #include "tools/inputs/inputs.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"

@@ -272,7 +272,7 @@ TEST(SimFusedCommand, HelpListsEveryAlgorithm) {
   EXPECT_NE(r.out.find("register path"), std::string::npos) << r.out;
 }
 
-// Random inputs: the same as tools/gpu/fused's generator makes (so `exactcoll gpu fused_rmsnorm`
+// Random inputs: the same as tools/inputs' generator makes (so `exactcoll gpu fused_rmsnorm`
 // with the same flags prints comparable sha256s), every algorithm the same bits, specials too.
 TEST(SimFusedCommand, RandomInputsAllAlgorithmsSameSha) {
   std::string hashes;

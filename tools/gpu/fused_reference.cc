@@ -1,4 +1,4 @@
-#include "tools/gpu/fused/fused_reference.h"
+#include "tools/gpu/fused_reference.h"
 
 #include <cstring>
 

@@ -31,7 +31,7 @@
 #include "sim/world.h"
 #include "tools/gpu/device_util.h"
 #include "tools/inputs/fused_inputs.h"
-#include "tools/gpu/fused/fused_reference.h"
+#include "tools/gpu/fused_reference.h"
 #include "tools/gpu/gpu_op.h"
 #include "tools/gpu/reference.h"
 #include "tools/inputs/inputs.h"
