@@ -13,30 +13,10 @@
 #include "sim/fused/random.h"
 #include "sim/fused/reference.h"
 #include "sim/world.h"
+#include "tests/sim/fused/random_case.h"
 
 namespace exactcoll::fused {
 namespace {
-
-template <class T>
-struct Case {
-  int ranks, rows, hidden;
-  std::vector<T> x, residual, weight;
-  Case(int ranks_, int rows_, int hidden_, uint64_t seed) : ranks(ranks_), rows(rows_), hidden(hidden_) {
-    SplitMix64 rng(seed);
-    x.resize(static_cast<size_t>(ranks) * rows * hidden);
-    residual.resize(static_cast<size_t>(rows) * hidden);
-    weight.resize(hidden);
-    for (auto& v : x) v = round_to<T>(rng.normal());
-    for (auto& v : residual) v = round_to<T>(rng.normal());
-    for (auto& v : weight) v = round_to<T>(1.0f + 0.1f * rng.normal());
-  }
-  size_t count() const { return static_cast<size_t>(rows) * hidden; }
-};
-
-template <class T>
-DType dtype_of() {
-  return sizeof(T) == 4 ? DType::kFP32 : std::is_same_v<T, bf16> ? DType::kBF16 : DType::kFP16;
-}
 
 // Runs spec on a fresh world and checks every rank's outputs against the reference.
 template <class T>
