@@ -41,13 +41,6 @@ void add_world_flags(cli::ArgParser& parser, SimFlags* f, WorldFlagSet set) {
   }
 }
 
-std::optional<DType> parse_dtype(const std::string& name) {
-  if (name == "bf16") return DType::kBF16;
-  if (name == "fp16") return DType::kFP16;
-  if (name == "fp32") return DType::kFP32;
-  return std::nullopt;
-}
-
 bool parse_indices(const std::string& text, std::vector<uint64_t>* out) {
   out->clear();
   size_t at = 0;

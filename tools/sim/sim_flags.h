@@ -11,6 +11,7 @@
 #include "core/storage.h"
 #include "sim/world.h"
 #include "tools/cli.h"
+#include "tools/inputs/inputs.h"
 #include "npy/npy.h"
 
 namespace exactcoll::tools {
@@ -79,8 +80,8 @@ std::string input_banner(const std::string& command, int ranks, uint64_t count, 
 // "threads schedule" or "seeded schedule (--schedule-seed K)".
 std::string schedule_note(const sim::WorldOptions& options);
 
-// bf16 | fp16 | fp32.
-std::optional<DType> parse_dtype(const std::string& name);
+// bf16 | fp16 | fp32 (tools/inputs/inputs.h: one parser for the sim and GPU commands).
+using gpu::parse_dtype;
 
 // Parses "3,17,42" into *out; false on anything else.
 bool parse_indices(const std::string& text, std::vector<uint64_t>* out);
