@@ -58,8 +58,7 @@ std::string check_folds(const ElementTrace& t, int ranks, const std::vector<sim:
   }
   const ElementStep* round = find_step(t, "round");
   if (static_cast<int>(folds.size()) != ranks || round == nullptr) return where(t) + ": the trace has no whole fold";
-  std::vector<int> seen(ranks, 0);  // fold events seen per rank
-  int rounds = 0;
+  std::vector<int> seen(ranks, 0), rounds(ranks, 0);  // fold and round events seen per rank
   for (const sim::TraceEvent& e : run_events) {
     if (e.index != t.index) continue;
     if (e.kind == sim::TraceEvent::Kind::kFold) {
@@ -67,23 +66,37 @@ std::string check_folds(const ElementTrace& t, int ranks, const std::vector<sim:
       const ElementStep& f = *folds[k];
       const int input_rank = f.labels.empty() ? -1 : f.labels[0].second;
       if (e.input_rank != input_rank || fp32_bits(e.acc_after) != value_of(f, "acc_after").bits ||
-          fp32_bits(e.x) != fp32_bits(value_of(f, "x").value)) {
+          // x as stored (widening is exact): a NaN read from the wrong place (the run's unwritten
+          // pattern) must not pass as the input NaN it replaced.
+          float_to_bits(e.x) != float_to_bits(value_of(f, "x").value)) {
         return where(t) + ": rank " + std::to_string(e.rank) + "'s fold step " + std::to_string(k) + " (input rank " +
                std::to_string(e.input_rank) + ", acc " + hex(fp32_bits(e.acc_after)) +
                ") is not the trace's (input rank " + std::to_string(input_rank) + ", acc " +
                hex(value_of(f, "acc_after").bits) + ")";
       }
     } else if (e.kind == sim::TraceEvent::Kind::kRound) {
-      ++rounds;
+      ++rounds[e.rank];
+      if (fp32_bits(e.acc_before) != value_of(*round, "acc").bits) {
+        return where(t) + ": rank " + std::to_string(e.rank) + " rounded the accumulator " +
+               hex(fp32_bits(e.acc_before)) + ", the trace's is " + hex(value_of(*round, "acc").bits);
+      }
       if (e.stored_bits != value_of(*round, "stored").bits) {
         return where(t) + ": rank " + std::to_string(e.rank) + " stored the all-reduce as " + hex(e.stored_bits) +
                ", the trace says " + hex(value_of(*round, "stored").bits);
       }
     }
   }
+  // Every rank that folded the element folded it whole (all ranks' inputs) and rounded each fold.
   int folded = 0;
-  for (int r = 0; r < ranks; ++r) folded += seen[r];
-  if (folded == 0 || rounds == 0) return where(t) + ": the run recorded no fold of it (was it traced?)";
+  for (int r = 0; r < ranks; ++r) {
+    folded += seen[r];
+    if (seen[r] % ranks != 0 || rounds[r] != seen[r] / ranks) {
+      return where(t) + ": rank " + std::to_string(r) + " recorded " + std::to_string(seen[r]) + " fold steps and " +
+             std::to_string(rounds[r]) + " roundings of it; a whole fold is " + std::to_string(ranks) +
+             " steps and one rounding";
+    }
+  }
+  if (folded == 0) return where(t) + ": the run recorded no fold of it (was it traced?)";
   return "";
 }
 

@@ -136,8 +136,9 @@ int run(int argc, char** argv) {
       "systems' rounding with the scalar reference (sim/fused/reference.h). The last line ends with the\n"
       "sha256 of each output's bytes.\n"
       "--trace-elements I,J,... (with --trace FILE, under every contract) traces the whole op for each\n"
-      "element: an index into [rows, H], row-major (row * H + col; the same index on every rank). FILE\n"
-      "gets, after the run's events, one \"element\" line per step: the fold (each rank's add), the\n"
+      "element (at most 4096): an index into [rows, H], row-major (row * H + col; the same index on every\n"
+      "rank). FILE gets one \"element\" line per step (canonical: after the run's events): the fold (each\n"
+      "rank's add), the\n"
       "all-reduce's rounding, the residual add, the element's square and its lane, each butterfly level\n"
       "on its path to the row's sum of squares, inv and the output products, with exact hex bits. The\n"
       "canonical steps are checked against the run (every rank's output rows and its own fold events)\n"
@@ -297,6 +298,13 @@ int run(int argc, char** argv) {
   spec.threads = static_cast<int>(threads);
   if (const std::string problem = check_fused_spec(spec, static_cast<int>(ranks), options.schedule); !problem.empty()) {
     return cli::fail(kCommand, problem);
+  }
+  // Each traced element's checks read its whole row and the run's events: a bounded list keeps a
+  // traced run's cost near an untraced one's.
+  constexpr size_t kMostTracedElements = 4096;
+  if (options.trace_elements.size() > kMostTracedElements) {
+    return cli::fail(kCommand, "--trace-elements names " + std::to_string(options.trace_elements.size()) +
+                                   " elements; at most " + std::to_string(kMostTracedElements));
   }
   for (uint64_t i : options.trace_elements) {
     if (i >= static_cast<uint64_t>(rows * hidden)) {

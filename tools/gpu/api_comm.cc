@@ -54,7 +54,7 @@ int store_erase(void* user_data, const char* key, int* existed) {
 }
 
 // The report of a C API call's exactcoll_call_info; `names` gives the algorithm's name.
-CallReport report_of(const exactcoll_call_info& info, const char* (*names)(int), const std::string& inexact_note) {
+CallReport report_of(const exactcoll_call_info& info, const char* (*names)(int), const char* inexact_note) {
   CallReport r;
   const char* name = names(info.algo);
   r.algo = name != nullptr ? name : "?";
@@ -79,6 +79,28 @@ int c_dtype(DType d) {
                                c_value("fp32", exactcoll_dtype_from_name)};
   return values[d == DType::kBF16 ? 0 : d == DType::kFP16 ? 1 : 2];
 }
+
+// Each collective's two entry points: the C API's function, and the backend's member function for
+// a forced grid (which the C API does not take). Indexed by cuda::Op.
+using CollectiveApi = int (*)(exactcoll_comm, const void*, void*, size_t, int, int, void*, int, exactcoll_call_info*);
+using CollectiveBackend = cuda::CallInfo (cuda::Communicator::*)(const void*, void*, size_t, DType, cuda::Algorithm,
+                                                                 cudaStream_t, const cuda::RegisteredBuffer*,
+                                                                 std::optional<cuda::LaunchConfig>);
+struct CollectiveEntry {
+  CollectiveApi api;
+  CollectiveBackend backend;
+};
+constexpr CollectiveEntry kCollectives[] = {
+    {exactcoll_allreduce, &cuda::Communicator::allreduce},            // Op::kAllReduce
+    {exactcoll_reduce_scatter, &cuda::Communicator::reduce_scatter},  // Op::kReduceScatter
+    {exactcoll_allgather, &cuda::Communicator::allgather},            // Op::kAllGather
+};
+
+static_assert(static_cast<size_t>(cuda::Op::kAllReduce) == 0 && static_cast<size_t>(cuda::Op::kReduceScatter) == 1 &&
+                  static_cast<size_t>(cuda::Op::kAllGather) == 2,
+              "kCollectives is indexed by cuda::Op");
+
+constexpr const char* kNcclFusedNote = "NCCL's sums follow no contract";
 
 // Runs a call into the objects behind the handle with the C path's error types: the handle
 // table's ApiError becomes ApiCallError like a returned status.
@@ -143,45 +165,26 @@ int ApiComm::register_buffer(const void* buffer, size_t bytes) {
 CallReport ApiComm::collective(cuda::Op op, const void* input, void* output, size_t count, DType dtype,
                                cuda::Algorithm algo, cudaStream_t stream, int registered_id,
                                std::optional<cuda::LaunchConfig> grid) {
+  const CollectiveEntry& entry = kCollectives[static_cast<size_t>(op)];
   if (grid) {
-    cuda::Communicator& c = backend();
     const cuda::RegisteredBuffer reg =
         registered_id >= 0 ? backend_registered(registered_id) : cuda::RegisteredBuffer{};
-    const cuda::RegisteredBuffer* r = registered_id >= 0 ? &reg : nullptr;
-    cuda::CallInfo info;
-    switch (op) {
-      case cuda::Op::kAllReduce: info = c.allreduce(input, output, count, dtype, algo, stream, r, grid); break;
-      case cuda::Op::kReduceScatter: info = c.reduce_scatter(input, output, count, dtype, algo, stream, r, grid); break;
-      case cuda::Op::kAllGather: info = c.allgather(input, output, count, dtype, algo, stream, r, grid); break;
-    }
+    const cuda::CallInfo info = (backend().*entry.backend)(input, output, count, dtype, algo, stream,
+                                                           registered_id >= 0 ? &reg : nullptr, grid);
     return CallReport{cuda::algorithm_name(info.algo),       "", info.grid, info.staged, info.exact,
                       info.note.empty() ? "NCCL" : info.note};
   }
   exactcoll_call_info info;
   exactcoll_call_info_init(&info);
-  const int type = c_dtype(dtype);
   int& c_algo = c_algorithms_.at(static_cast<size_t>(algo));
   if (c_algo < 0) c_algo = c_value(cuda::algorithm_name(algo), exactcoll_algo_from_name);
-  int status = EXACTCOLL_OK;
-  switch (op) {
-    case cuda::Op::kAllReduce:
-      status = exactcoll_allreduce(comm_, input, output, count, type, c_algo, stream, registered_id, &info);
-      break;
-    case cuda::Op::kReduceScatter:
-      status = exactcoll_reduce_scatter(comm_, input, output, count, type, c_algo, stream, registered_id, &info);
-      break;
-    case cuda::Op::kAllGather:
-      status = exactcoll_allgather(comm_, input, output, count, type, c_algo, stream, registered_id, &info);
-      break;
-  }
-  throw_unless_ok(status);
+  throw_unless_ok(entry.api(comm_, input, output, count, c_dtype(dtype), c_algo, stream, registered_id, &info));
   return report_of(info, exactcoll_algo_name, "NCCL");
 }
 
 CallReport ApiComm::fused(const cuda::fused::FusedRmsNormBuffers& b, const cuda::fused::FusedRmsNormShape& shape,
                           cuda::fused::FusedAlgorithm algo, cudaStream_t stream, int registered_id,
                           std::optional<cuda::LaunchConfig> grid) {
-  const std::string nccl_note = "NCCL's sums follow no contract";
   if (grid) {
     const cuda::RegisteredBuffer reg =
         registered_id >= 0 ? backend_registered(registered_id) : cuda::RegisteredBuffer{};
@@ -192,7 +195,7 @@ CallReport ApiComm::fused(const cuda::fused::FusedRmsNormBuffers& b, const cuda:
                       info.grid,
                       info.staged,
                       info.exact,
-                      nccl_note};
+                      kNcclFusedNote};
   }
   exactcoll_call_info info;
   exactcoll_call_info_init(&info);
@@ -201,7 +204,7 @@ CallReport ApiComm::fused(const cuda::fused::FusedRmsNormBuffers& b, const cuda:
   throw_unless_ok(exactcoll_fused_add_rmsnorm(comm_, b.x, b.residual, b.weight, b.residual_out, b.out, shape.rows,
                                               shape.hidden, shape.eps, c_dtype(shape.dtype), c_algo, stream,
                                               registered_id, &info));
-  return report_of(info, exactcoll_fused_algo_name, nccl_note);
+  return report_of(info, exactcoll_fused_algo_name, kNcclFusedNote);
 }
 
 void ApiComm::check(cudaStream_t stream) { throw_unless_ok(exactcoll_comm_check(comm_, stream)); }

@@ -122,7 +122,8 @@ BenchResult measure(Worker& w, ApiComm& comm, BenchProblem& problem, const Bench
   r.algo = algo;
   r.count = problem.count_of(size);
   r.bytes = problem.bytes_of(size);
-  const Enqueue enqueue = [&](const Variant&, cudaStream_t s) { return problem.enqueue(algo, s); };
+  const std::function<CallReport(cudaStream_t)> bound = problem.call_of(algo);
+  const Enqueue enqueue = [&](const Variant&, cudaStream_t s) { return bound(s); };
   Variant registered;
   registered.name = "registered";
   registered.registered = true;
@@ -137,7 +138,7 @@ BenchResult measure(Worker& w, ApiComm& comm, BenchProblem& problem, const Bench
   if (ran.grid.blocks > 0) r.chosen += " " + std::to_string(ran.grid.blocks) + "x" + std::to_string(ran.grid.threads);
   r.exact = ran.exact;
   // 4b. Graph replay, 4c. eager.
-  const auto call = [&] { problem.enqueue(algo, stream); };
+  const auto call = [&] { bound(stream); };
   const auto check = [&] { comm.check(stream); };
   w.barrier("graph");
   const double graph_us = time_graph_us(stream, call, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),

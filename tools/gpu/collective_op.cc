@@ -165,9 +165,11 @@ class CollectiveBenchProblem : public BenchProblem {
                               count_ * static_cast<size_t>(dtype_size(s_.dtype)), cudaMemcpyHostToDevice));
   }
 
-  CallReport enqueue(const std::string& algo, cudaStream_t stream) override {
-    return comm_.collective(op_, input_.get(), output_.get(), count_, s_.dtype, *cuda::parse_algorithm(algo), stream,
-                            registered_);
+  std::function<CallReport(cudaStream_t)> call_of(const std::string& algo) override {
+    const Algorithm a = *cuda::parse_algorithm(algo);
+    return [this, a](cudaStream_t stream) {
+      return comm_.collective(op_, input_.get(), output_.get(), count_, s_.dtype, a, stream, registered_);
+    };
   }
 
   std::vector<DeviceOutput> outputs() const override {

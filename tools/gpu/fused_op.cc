@@ -182,20 +182,25 @@ class FusedBenchProblem : public BenchProblem {
     EXC_CUDA_CHECK(cudaMemcpy(buffers_.weight.get(), in.weight.data(), in.weight.size(), cudaMemcpyHostToDevice));
   }
 
-  CallReport enqueue(const std::string& algo, cudaStream_t stream) override {
+  std::function<CallReport(cudaStream_t)> call_of(const std::string& algo) override {
     if (algo == kSplitAllReduce) {
-      return comm_.collective(cuda::Op::kAllReduce, buffers_.x.get(), buffers_.out.get(), count_, s_.dtype,
-                              cuda::Algorithm::kAuto, stream, registered_);
+      return [this](cudaStream_t stream) {
+        return comm_.collective(cuda::Op::kAllReduce, buffers_.x.get(), buffers_.out.get(), count_, s_.dtype,
+                                cuda::Algorithm::kAuto, stream, registered_);
+      };
     }
     if (algo == kSplitNorm) {
       // The backend's, not exactcoll_add_rmsnorm: it launches as the communicator does (--no-pdl),
       // as the unfused path's norm does, so that allreduce + norm compares with unfused.
-      const cuda::LaunchConfig grid =
-          comm_.fused_backend().residual_rmsnorm(buffers_.out.get(), buffers_.residual.get(), buffers_.weight.get(),
-                                                 buffers_.residual_out.get(), buffers_.out.get(), shape_, stream);
-      return CallReport{kSplitNorm, "", grid, false, true, ""};
+      return [this](cudaStream_t stream) {
+        const cuda::LaunchConfig grid =
+            comm_.fused_backend().residual_rmsnorm(buffers_.out.get(), buffers_.residual.get(), buffers_.weight.get(),
+                                                   buffers_.residual_out.get(), buffers_.out.get(), shape_, stream);
+        return CallReport{kSplitNorm, "", grid, false, true, ""};
+      };
     }
-    return comm_.fused(buffers_.view(), shape_, *cuda::fused::parse_fused_algorithm(algo), stream, registered_);
+    const FusedAlgorithm a = *cuda::fused::parse_fused_algorithm(algo);
+    return [this, a](cudaStream_t stream) { return comm_.fused(buffers_.view(), shape_, a, stream, registered_); };
   }
 
   std::vector<DeviceOutput> outputs() const override { return buffers_.outputs(count_, elem()); }

@@ -191,8 +191,9 @@ class BenchProblem {
   // output, as nccl-tests).
   virtual uint64_t count_of(const BenchSize& size) const = 0;
   virtual uint64_t bytes_of(const BenchSize& size) const = 0;
-  // Enqueues one call of `algo` (one of GpuOp::bench_algorithms()) on stream.
-  virtual CallReport enqueue(const std::string& algo, cudaStream_t stream) = 0;
+  // Returns the call of `algo` (one of GpuOp::bench_algorithms()) on the prepared size: it enqueues
+  // one call on its stream. The name is resolved here, once, not in every timed call.
+  virtual std::function<CallReport(cudaStream_t)> call_of(const std::string& algo) = 0;
   // The outputs of the prepared size (poisoned before the checked call).
   virtual std::vector<DeviceOutput> outputs() const = 0;
   // Returns this rank's outputs of one call (`got`, in the order of outputs()) against what `algo`

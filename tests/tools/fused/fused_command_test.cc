@@ -498,6 +498,21 @@ TEST(SimFusedCommand, ElementTracesEveryContractWithoutChangingTheOutputs) {
   EXPECT_EQ(bare.code, 2);
   EXPECT_NE(bare.err.find("needs --trace-elements"), std::string::npos) << bare.err;
   EXPECT_FALSE(file_exists(temp_path("el_bare.jsonl")));
+  // A list longer than the bound, and an index past rows * H, are refused before the run.
+  std::string many;
+  for (int i = 0; i <= 4096; ++i) {
+    if (i > 0) many += ',';
+    many += std::to_string(i % 192);
+  }
+  const std::string long_trace = temp_path("el_long.jsonl");
+  const CommandResult too_many = run_fused(with({"--trace", long_trace, "--trace-elements", many}));
+  EXPECT_EQ(too_many.code, 2);
+  EXPECT_NE(too_many.err.find("at most 4096"), std::string::npos) << too_many.err;
+  EXPECT_FALSE(file_exists(long_trace));
+  const CommandResult past = run_fused(with({"--trace", long_trace, "--trace-elements", "192"}));
+  EXPECT_EQ(past.code, 2);
+  EXPECT_NE(past.err.find("is past rows * H"), std::string::npos) << past.err;
+  EXPECT_FALSE(file_exists(long_trace));
 }
 
 }  // namespace
