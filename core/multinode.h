@@ -100,10 +100,16 @@ inline size_t piece_chunk(Op op, const NodeLayout& layout, size_t chunk_elements
 }
 
 // Returns the elements of one pipeline slot for a message of `total` elements cut into `chunk`s:
-// the chunk, or the whole message when it is shorter. buffer_needs sizes the slots by it, and an
-// algorithm that keeps several slots side by side must place them by it too (all-gather placed
-// them `chunk` apart once, past the end of a short message's scratch).
-inline size_t slot_elements(size_t chunk, size_t total) { return std::min(chunk, std::max<size_t>(total, 1)); }
+// the chunk, or the whole message rounded up to a multiple of 64 when it is shorter. buffer_needs
+// sizes the slots by it, and an algorithm that keeps several slots side by side must place them by
+// it too (all-gather placed them `chunk` apart once, past the end of a short message's scratch).
+// Why a multiple of 64: slot k begins at k * slot_elements, and the node kernels read a slot in
+// 16-byte packs. An unrounded slot of 4099 bf16 put node 1's slot at byte 8198, and the GPU
+// faulted (cudaErrorMisalignedAddress); `chunk` is already a multiple of 64.
+// Example: slot_elements(1 << 20, 4099) == 4160; slot_elements(1 << 20, 1 << 21) == 1 << 20.
+inline size_t slot_elements(size_t chunk, size_t total) {
+  return std::min(chunk, (std::max<size_t>(total, 1) + 63) / 64 * 64);
+}
 
 // Returns the buffers op needs for `count` elements per rank (all-reduce, all-gather: the input;
 // reduce-scatter: the input, count / n per owner).

@@ -398,6 +398,20 @@ std::string lamport_poll_text(const LamportPoll& where, int peer) {
          std::to_string(where.call) + "), element " + std::to_string(where.element);
 }
 
+void throw_misaligned_pack(const BlockEnv& env, const void* p, const char* access) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  std::string where = "an address " + std::to_string(at % 16) + " bytes past a 16-byte boundary";
+  for (int q = 0; q < env.world_size && env.peers != nullptr; ++q) {
+    const auto base = reinterpret_cast<uintptr_t>(env.peers->scratch[q]);
+    if (base != 0 && at >= base && at < base + env.peers->scratch_bytes) {
+      where = "rank " + std::to_string(q) + "'s scratch + " + std::to_string(at - base) + " bytes";
+    }
+  }
+  throw SimError(SimFailure::kError, "rank " + std::to_string(env.rank) + " block " + std::to_string(env.block) +
+                                         ": a 16-byte " + access + " " + where +
+                                         ": not 16-byte aligned (on a GPU: cudaErrorMisalignedAddress)");
+}
+
 void Executor::lamport_wait(const BlockEnv& env, const void* word, int bytes, uint32_t sentinel, int peer,
                             const LamportPoll& where) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);

@@ -171,6 +171,9 @@ uint32_t lamport_load_word(const void* p, int bytes);
 void lamport_store_word(void* p, int bytes, uint32_t value);
 // "peer 2's slot of Lamport buffer 1 (call 7), element 16" for reports.
 std::string lamport_poll_text(const LamportPoll& where, int peer);
+// Throws SimError (kError) for a 16-byte pack access at p that is not 16-byte aligned, naming the
+// rank, block, access ("load from" / "store to") and which of the rank's buffers p lies in.
+[[noreturn]] void throw_misaligned_pack(const BlockEnv& env, const void* p, const char* access);
 
 // The simulator's execution context (core/collectives.h): one simulated thread per block.
 template <class T, bool kTrace>
@@ -246,12 +249,17 @@ class SimCtx {
   // `*p = x` and an element-wise store for a misaligned destination) into ONE store that keeps
   // the aligned form — a movaps to a misaligned all-gather destination, observed as a SIGSEGV.
   // A memcpy store carries no alignment promise, so the merged store is movups (same speed).
+  // Each also checks what the GPU requires of a 16-byte access: an address that is a multiple of
+  // 16. A misaligned one faults there (cudaErrorMisalignedAddress) while memcpy would not, so the
+  // simulator refuses it with the same verdict instead of hiding the bug.
   Pack<T> load(const Pack<T>* p) const {
+    require_pack_aligned(p, "load from");
     Pack<T> x;
     std::memcpy(static_cast<void*>(&x), static_cast<const void*>(p), sizeof x);
     return x;
   }
   void store(Pack<T>* p, const Pack<T>& x) const {
+    require_pack_aligned(p, "store to");
     std::memcpy(static_cast<void*>(p), static_cast<const void*>(&x), sizeof x);
   }
 
@@ -301,6 +309,9 @@ class SimCtx {
   }
 
  private:
+  void require_pack_aligned(const void* p, const char* access) const {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) throw_misaligned_pack(env_, p, access);
+  }
   void stamp(TraceEvent& e) const {
     e.t = env_.executor->now();
     e.launch = env_.launch;

@@ -189,7 +189,10 @@ TEST(MultiNode, ThreadsScheduleAndGridsGiveTheSameBits) {
 // bits, with buffers sized by buffer_needs. A short last chunk once gave the last local rank a
 // longer all-reduce slice than a full chunk does (48 elements over 4 local ranks: 1, 1, 1 and 3
 // packs), past the end of the carry buffer; ASan (CI runs this test under it) reports such a
-// write even where the heap survives it.
+// write even where the heap survives it. Counts of 17 and 100 also give all-gather slots that are
+// not a whole number of packs: node 1's slot once began mid-pack, and the GPU faulted
+// (cudaErrorMisalignedAddress, `multinode verify` at count 4099); the simulator's context now
+// refuses a misaligned 16-byte access as the GPU does, so this test caught it too.
 TEST(MultiNode, ShortChunksStayInsideTheirBuffers) {
   for (const NodeLayout layout : {NodeLayout{2, 4}, NodeLayout{3, 4}, NodeLayout{2, 3}, NodeLayout{4, 2}}) {
     const int n = layout.world_size();
