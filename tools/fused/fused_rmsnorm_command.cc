@@ -145,7 +145,9 @@ int run(int argc, char** argv) {
       "before they are written; an alternative contract's come from the reference call that computes its\n"
       "outputs and are marked \"same\"/\"departs\"/\"differs\" against canonical's (docs/numerics.md,\n"
       "\"Tracing one element\"). Alternatives take --trace and --trace-elements, not --chrome-trace (they\n"
-      "have no schedule, so no timeline).");
+      "have no schedule, so no timeline).\n"
+      "With --nodes M it runs across M simulated nodes instead (the same bits; `exactcoll sim fused_rmsnorm\n"
+      "--nodes M --help` lists that command's flags).");
   tools::add_world_flags(parser, &f);
   gpu::add_fused_input_flags(parser, &in);
   parser.add_int("seed", &seed, "seed of random inputs");

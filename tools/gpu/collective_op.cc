@@ -26,6 +26,7 @@
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/gpu_op.h"
 #include "tools/inputs/inputs.h"
+#include "tools/inputs/rank_inputs.h"
 #include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
 #include "npy/npy.h"
@@ -46,8 +47,6 @@ const std::vector<size_t>& verify_counts() {
                                              4194319};
   return counts;
 }
-
-std::string npy_dtype_of(DType d) { return d == DType::kFP32 ? npy::kF32 : npy::kU16; }
 
 // This rank's collective on the device: input (registered when asked) and output.
 class CollectiveProblem : public GpuProblem {
@@ -261,20 +260,14 @@ class CollectiveOp : public GpuOp {
     std::vector<int64_t> row_shape;
     size_t count = 0;
     if (!input_path_.empty()) {
-      const npy::NpyArray in = npy::read_npy(cli::resolve_path(input_path_));
-      const std::string want = npy_dtype_of(s.dtype);
-      if (in.dtype != want) {
-        throw std::invalid_argument(input_path_ + " holds '" + in.dtype + "', --dtype " + dtype_name(s.dtype) +
-                                    " needs '" + want + "'");
+      RankInputs file;
+      if (const std::string problem = read_rank_inputs(input_path_, s.dtype, n, "--nproc", &file); !problem.empty()) {
+        throw std::invalid_argument(problem);
       }
-      if (in.shape.empty() || in.shape[0] != n) {
-        throw std::invalid_argument(input_path_ + " has shape " + npy::shape_text(in.shape) +
-                                    ": the first dimension must be the " + std::to_string(n) + " ranks");
-      }
-      row_shape.assign(in.shape.begin() + 1, in.shape.end());
-      count = in.element_count() / static_cast<size_t>(n);
-      mine.assign(in.data.begin() + static_cast<std::ptrdiff_t>(count * elem * static_cast<size_t>(rank)),
-                  in.data.begin() + static_cast<std::ptrdiff_t>(count * elem * static_cast<size_t>(rank + 1)));
+      row_shape.assign(file.shape.begin() + 1, file.shape.end());
+      count = file.count;
+      const auto first = file.data.begin() + static_cast<std::ptrdiff_t>(count * elem * static_cast<size_t>(rank));
+      mine.assign(first, first + static_cast<std::ptrdiff_t>(count * elem));
     } else {
       count = static_cast<size_t>(count_);
       row_shape = {count_};

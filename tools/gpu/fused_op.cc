@@ -555,28 +555,10 @@ class FusedRmsNormOp : public GpuOp {
       if (rank >= 0) *mine = in->x[static_cast<size_t>(rank)];
       return "";
     }
-    npy::NpyArray x, residual, weight;
-    try {
-      x = npy::read_npy(cli::resolve_path(in_.input));
-      residual = npy::read_npy(cli::resolve_path(in_.residual));
-      weight = npy::read_npy(cli::resolve_path(in_.weight));
-    } catch (const npy::NpyError& e) {
-      return e.what();
-    }
-    if (const std::string problem = check_fused_arrays(s.dtype, ranks, "--nproc", {in_.input, x},
-                                                       {in_.residual, residual}, {in_.weight, weight});
-        !problem.empty()) {
+    if (const std::string problem = read_fused_files(in_, s.dtype, ranks, "--nproc", rank, in); !problem.empty()) {
       return problem;
     }
-    in->ranks = ranks, in->rows = static_cast<int>(x.shape[1]), in->hidden = static_cast<int>(x.shape[2]);
-    in->dtype = s.dtype;
-    const size_t bytes = in->count() * static_cast<size_t>(dtype_size(s.dtype));
-    if (rank >= 0) {
-      mine->assign(x.data.begin() + static_cast<std::ptrdiff_t>(bytes * static_cast<size_t>(rank)),
-                   x.data.begin() + static_cast<std::ptrdiff_t>(bytes * static_cast<size_t>(rank + 1)));
-    }
-    in->residual = std::move(residual.data);
-    in->weight = std::move(weight.data);
+    if (rank >= 0) *mine = std::move(in->x[static_cast<size_t>(rank)]);
     return "";
   }
 

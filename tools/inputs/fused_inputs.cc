@@ -199,6 +199,37 @@ std::string check_fused_arrays(DType dtype, int64_t ranks, const std::string& ra
   return "";
 }
 
+std::string read_fused_files(const FusedInputFlags& flags, DType dtype, int64_t ranks, const std::string& ranks_flag,
+                             int only_rank, FusedInputs* in) {
+  npy::NpyArray x, residual, weight;
+  try {
+    x = npy::read_npy(cli::resolve_path(flags.input));
+    residual = npy::read_npy(cli::resolve_path(flags.residual));
+    weight = npy::read_npy(cli::resolve_path(flags.weight));
+  } catch (const npy::NpyError& e) {
+    return e.what();
+  }
+  if (const std::string problem = check_fused_arrays(dtype, ranks, ranks_flag, {flags.input, x},
+                                                     {flags.residual, residual}, {flags.weight, weight});
+      !problem.empty()) {
+    return problem;
+  }
+  in->ranks = static_cast<int>(ranks);
+  in->rows = static_cast<int>(x.shape[1]);
+  in->hidden = static_cast<int>(x.shape[2]);
+  in->dtype = dtype;
+  const size_t bytes = in->count() * static_cast<size_t>(dtype_size(dtype));
+  in->x.assign(static_cast<size_t>(ranks), {});
+  for (int r = 0; r < ranks; ++r) {
+    if (only_rank >= 0 && r != only_rank) continue;
+    const auto first = x.data.begin() + static_cast<std::ptrdiff_t>(bytes * static_cast<size_t>(r));
+    in->x[static_cast<size_t>(r)].assign(first, first + static_cast<std::ptrdiff_t>(bytes));
+  }
+  in->residual = std::move(residual.data);
+  in->weight = std::move(weight.data);
+  return "";
+}
+
 void add_fused_input_flags(cli::ArgParser& parser, FusedInputFlags* flags) {
   parser.add_string("input", &flags->input, "x.npy: [N, rows, H] partial sums");
   parser.add_string("residual", &flags->residual, "r.npy: [rows, H] residual (the same on every rank)");

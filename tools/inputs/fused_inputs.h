@@ -71,4 +71,12 @@ struct NamedArray {
 std::string check_fused_arrays(DType dtype, int64_t ranks, const std::string& ranks_flag, NamedArray x,
                                NamedArray residual, NamedArray weight);
 
+// Reads the fused problem from flags.input, flags.residual and flags.weight, checks it as
+// check_fused_arrays does, and fills *in with every rank's x, or with only_rank's (the others
+// empty) when only_rank >= 0. Returns "" or what is wrong (an unreadable file too), naming the file.
+// Preconditions: the three paths are given.
+// Example: read_fused_files(flags, DType::kBF16, 4, "--ranks", -1, &in)
+std::string read_fused_files(const FusedInputFlags& flags, DType dtype, int64_t ranks, const std::string& ranks_flag,
+                             int only_rank, FusedInputs* in);
+
 }  // namespace exactcoll::gpu

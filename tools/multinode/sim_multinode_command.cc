@@ -1,15 +1,19 @@
 // `exactcoll sim <op> --nodes M ...`: the multi-node collectives (core/multinode.h) on the
 // simulator (sim/multinode): M nodes of ranks / M local ranks each, ranks numbered node-major.
 //
-//   exactcoll sim allreduce|reduce_scatter|allgather --nodes M --ranks N --dtype D --count C [--seed S]
+//   exactcoll sim allreduce|reduce_scatter|allgather --nodes M --ranks N --dtype D (--input in.npy | --count C [--seed
+//   S])
 //       [--output out.npy] [--chunk-elements E] [--blocks B] [--schedule threads|seeded]
 //       [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] [--timeout-ms T]
-//   exactcoll sim fused_rmsnorm --nodes M --ranks N --rows R --hidden H [--seed S] [--specials] [--eps E]
+//   exactcoll sim fused_rmsnorm --nodes M --ranks N (--input x.npy --residual r.npy --weight w.npy |
+//       --rows R --hidden H [--seed S] [--specials]) [--eps E]
 //       [--output out.npy] [--residual-output ro.npy] (same scheduling and trace flags)
 //
-// Inputs are the one-node commands' random inputs for the same --count/--rows/--hidden and --seed
-// (tools/inputs/inputs.h, tools/inputs/fused_inputs.h), so the summary's sha256 equals the one-node
-// command's: the bits do not depend on the number of nodes. The collectives first print the
+// Inputs are .npy files read as the one-node commands read them (tools/inputs/rank_inputs.h,
+// read_fused_files), or the one-node commands' random inputs for the same --count/--rows/--hidden
+// and --seed (tools/inputs/inputs.h, tools/inputs/fused_inputs.h), so the summary's sha256 equals
+// the one-node command's: the bits do not depend on the number of nodes. --fail-rank and
+// --fail-at-step are refused (exit 2): the multi-node simulator kills no rank. The collectives first print the
 // one-node command's input banner (tools::input_banner, the same function). Registered as
 // "<op> --nodes" with tools/sim/sim_subcommands.h; tools/sim routes any `sim <op>` given --nodes
 // here.
@@ -30,6 +34,7 @@
 #include "tools/sim/sim_subcommands.h"
 #include "tools/inputs/fused_inputs.h"
 #include "tools/inputs/inputs.h"
+#include "tools/inputs/rank_inputs.h"
 #include "npy/npy.h"
 #include "tools/sha256/sha256.h"
 #include "tools/sim/sim_flags.h"
@@ -52,33 +57,42 @@ int multinode_main(Kind kind, int argc, char** argv) {
   // 1. Flags.
   tools::SimFlags f;
   int64_t nodes = 0, count = 0, seed = 1, blocks = 1, chunk = static_cast<int64_t>(kDefaultChunkElements);
-  int64_t rows = 0, hidden = 0;
-  double eps = 1e-6;
-  bool specials = false;
-  std::string output, residual_output;
+  gpu::FusedInputFlags fused_in;  // the fused op's inputs: the one-node command's flags
+  std::string output, input_path;
+  // Fault injection (--fail-rank, --fail-at-step) kills a rank of one simulated world; the
+  // multi-node simulator has no such hook (its tests drop messages instead), so the flags are
+  // refused here rather than accepted and ignored.
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--fail-rank", 0) == 0 || arg.rfind("--fail-at-step", 0) == 0) {
+      return cli::fail(command, arg.substr(0, arg.find('=')) +
+                                    " is not available with --nodes: the multi-node simulator kills no rank (run "
+                                    "without --nodes for fault injection)");
+    }
+  }
   cli::ArgParser parser(
       "exactcoll " + command + " --nodes M --ranks N --dtype bf16|fp16|fp32 " +
-          (fused ? "--rows R --hidden H [--seed S] [--specials] [--eps E] [--output out.npy] [--residual-output ro.npy]"
-                 : "--count C [--seed S] [--output out.npy]") +
+          (fused ? "(--input x.npy --residual r.npy --weight w.npy | --rows R --hidden H [--seed S] [--specials]) "
+                   "[--eps E] [--output out.npy] [--residual-output ro.npy]"
+                 : "(--input in.npy | --count C [--seed S]) [--output out.npy]") +
           " [--chunk-elements E] [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] "
           "[--trace-elements I,J,...] [--timeout-ms T]",
       "Runs " + std::string(kind_name(kind)) +
           " across M simulated nodes of N / M ranks each (ranks numbered node-major): inside a node\n"
           "the ranks share memory (the IPC kernels), between nodes an unrounded fp32 carry travels the\n"
-          "chain in rank order over a simulated network (core/multinode.h). Inputs are the one-node\n"
-          "command's random inputs for the same sizes and --seed, so the sha256 in the last line equals\n"
-          "the one-node command's. --schedule seeded explores the order in which messages cross node\n"
-          "boundaries; --trace writes every message (with the boundary it crossed) and every node kernel.");
-  tools::add_world_flags(parser, &f);
+          "chain in rank order over a simulated network (core/multinode.h). Inputs are .npy files as\n"
+          "the one-node command takes them, or its random inputs for the same sizes and --seed, so the\n"
+          "sha256 in the last line equals the one-node command's. --schedule seeded explores the order\n"
+          "in which messages cross node boundaries (--fail-rank is not available here);\n"
+          "--trace writes every message (with the boundary it crossed) and every node kernel.");
+  tools::add_world_flags(parser, &f, {.traces = true, .element_traces = true, .faults = false});
   parser.add_int("nodes", &nodes, "nodes M; --ranks must be a multiple of M (every node the same size)");
   if (fused) {
-    parser.add_int("rows", &rows, "rows of the random inputs");
-    parser.add_int("hidden", &hidden, "H of the random inputs");
-    parser.add_bool("specials", &specials, "random inputs with NaN, inf, overflow and subnormal rows");
-    parser.add_double("eps", &eps, "RMSNorm epsilon");
-    parser.add_string("residual-output", &residual_output, "ro.npy: [N, rows, H] residual output");
+    gpu::add_fused_input_flags(parser, &fused_in);
   } else {
-    parser.add_int("count", &count, "elements per rank of random input");
+    parser.add_string("input", &input_path, "input .npy [N, ...] (rank first)");
+    parser.add_int("count", &count, "elements per rank of random input (instead of --input)");
+    parser.set_default_note("count", "required without --input");
   }
   parser.add_int("seed", &seed, "seed of the random inputs");
   parser.add_string("output", &output, fused ? "out.npy: [N, rows, H] normed output" : "write the output .npy here");
@@ -128,14 +142,17 @@ int multinode_main(Kind kind, int argc, char** argv) {
   const std::string schedule_text = net.schedule == sim::Schedule::kSeeded
                                         ? "seeded schedule (--schedule-seed " + std::to_string(net.seed) + ")"
                                         : "threads schedule";
-  const std::string input_note = tools::random_input_note(seed, parser.given("seed"), specials);
+  std::string input_note = tools::random_input_note(seed, parser.given("seed"), fused_in.specials);
+  if (parser.given("seed") && (!input_path.empty() || !fused_in.input.empty())) {
+    return cli::fail(command, "--seed applies to random inputs, not to --input files");
+  }
   MultiNodeTrace trace;
   std::string failure;
   // The outputs and the trace, reserved once every flag is checked and before anything runs (an
   // unwritable path exits 2 first), all written or none (npy::OutputFiles).
   const std::string trace_path = f.trace.empty() ? "" : cli::resolve_path(f.trace);
   const std::string output_path = output.empty() ? "" : cli::resolve_path(output);
-  const std::string residual_path = residual_output.empty() ? "" : cli::resolve_path(residual_output);
+  const std::string residual_path = fused_in.residual_output.empty() ? "" : cli::resolve_path(fused_in.residual_output);
   std::unique_ptr<npy::OutputFiles> files;
   auto reserve = [&] {
     files = tools::reserve_outputs(command, {trace_path, output_path, residual_path});
@@ -168,22 +185,41 @@ int multinode_main(Kind kind, int argc, char** argv) {
 
   if (fused) {
     // 3a. The fused op.
+    const bool from_files = parser.given("input") || parser.given("residual") || parser.given("weight");
+    if (from_files && (fused_in.input.empty() || fused_in.residual.empty() || fused_in.weight.empty())) {
+      return cli::fail(command, "give all three of --input, --residual and --weight");
+    }
+    if (from_files && (parser.given("rows") || parser.given("hidden") || fused_in.specials)) {
+      return cli::fail(command, "--rows, --hidden and --specials shape random inputs, not --input files");
+    }
+    if (!from_files && (!parser.given("rows") || !parser.given("hidden"))) {
+      return cli::fail(command, "give --rows R and --hidden H, or --input, --residual and --weight");
+    }
+    if (!from_files &&
+        (fused_in.rows < 1 || fused_in.hidden < 1 || fused_in.rows > (1 << 20) || fused_in.hidden > (1 << 20))) {
+      return cli::fail(command, "--rows and --hidden must be in 1..1048576");
+    }
+    if (!output.empty() && output == fused_in.residual_output)
+      return cli::fail(command, "--output and --residual-output must differ");
+    gpu::FusedInputs in;
+    if (from_files) {
+      if (const std::string p = gpu::read_fused_files(fused_in, dtype, n, "--ranks", -1, &in); !p.empty()) {
+        return cli::fail(command, p);
+      }
+      input_note = fused_in.input + " " + npy::shape_text({n, in.rows, in.hidden});
+    }
     MultiNodeFusedSpec spec;
     spec.dtype = dtype;
-    spec.rows = static_cast<int>(rows);
-    spec.hidden = static_cast<int>(hidden);
-    spec.eps = static_cast<float>(eps);
+    spec.rows = from_files ? in.rows : static_cast<int>(fused_in.rows);
+    spec.hidden = from_files ? in.hidden : static_cast<int>(fused_in.hidden);
+    spec.eps = static_cast<float>(fused_in.eps);
     spec.blocks = static_cast<int>(blocks);
     spec.chunk_elements = static_cast<size_t>(chunk);
-    if (!parser.given("rows") || !parser.given("hidden")) return cli::fail(command, "give --rows R and --hidden H");
-    if (rows > (1 << 20) || hidden > (1 << 20))
-      return cli::fail(command, "--rows and --hidden must be at most 1048576");
     if (std::string p = check_multinode_fused_spec(spec, layout); !p.empty()) return cli::fail(command, p);
-    if (!output.empty() && output == residual_output)
-      return cli::fail(command, "--output and --residual-output must differ");
     if (!reserve()) return cli::kExitUsage;
-    const gpu::FusedInputs in =
-        gpu::make_fused_inputs(dtype, n, spec.rows, spec.hidden, static_cast<uint64_t>(seed), specials);
+    if (!from_files) {
+      in = gpu::make_fused_inputs(dtype, n, spec.rows, spec.hidden, static_cast<uint64_t>(seed), fused_in.specials);
+    }
     const size_t per = in.count() * esize;
     std::vector<uint8_t> out(per * static_cast<size_t>(n)), ro(out.size());
     MultiNodeFusedIo io;
@@ -200,11 +236,11 @@ int multinode_main(Kind kind, int argc, char** argv) {
       failure = e.what();
     }
     if (const int code = finish_run(); code >= 0) return code;
-    if (const int code = write_outputs({n, rows, hidden}, out, &ro); code != 0) return code;
-    std::cout << command << " " << f.dtype << ": " << n << " ranks x [" << rows << ", " << hidden << "] (" << input_note
-              << "), " << layout_text(layout) << ", carry chain, " << schedule_text << ", " << trace.messages
-              << " messages; out sha256 " << tools::sha256_hex(out.data(), out.size()) << " residual_out sha256 "
-              << tools::sha256_hex(ro.data(), ro.size()) << "\n";
+    if (const int code = write_outputs({n, spec.rows, spec.hidden}, out, &ro); code != 0) return code;
+    std::cout << command << " " << f.dtype << ": " << n << " ranks x [" << spec.rows << ", " << spec.hidden << "] ("
+              << input_note << "), " << layout_text(layout) << ", carry chain, " << schedule_text << ", "
+              << trace.messages << " messages; out sha256 " << tools::sha256_hex(out.data(), out.size())
+              << " residual_out sha256 " << tools::sha256_hex(ro.data(), ro.size()) << "\n";
     return cli::kExitOk;
   }
 
@@ -214,13 +250,22 @@ int multinode_main(Kind kind, int argc, char** argv) {
             : kind == Kind::kReduceScatter ? Op::kReduceScatter
                                            : Op::kAllGather;
   spec.dtype = dtype;
-  spec.count = static_cast<size_t>(count);
   spec.blocks = static_cast<int>(blocks);
   spec.chunk_elements = static_cast<size_t>(chunk);
-  if (!parser.given("count") || count < 1) return cli::fail(command, "give --count C >= 1");
-  if (static_cast<uint64_t>(count) * static_cast<uint64_t>(n) * esize > (uint64_t{1} << 32)) {
-    return cli::fail(command, "--count x --ranks is more than 4 GiB of input");
+  if (input_path.empty() == !parser.given("count")) return cli::fail(command, "give --input FILE or --count C");
+  gpu::RankInputs file;
+  if (!input_path.empty()) {
+    if (const std::string p = gpu::read_rank_inputs(input_path, dtype, n, "--ranks", &file); !p.empty()) {
+      return cli::fail(command, p);
+    }
+    count = static_cast<int64_t>(file.count);
+    input_note = file.note;
   }
+  if (count < 1) return cli::fail(command, "give --count C >= 1");
+  if (static_cast<uint64_t>(count) * static_cast<uint64_t>(n) * esize > (uint64_t{1} << 32)) {
+    return cli::fail(command, "the input (--count x --ranks) is more than 4 GiB");
+  }
+  spec.count = static_cast<size_t>(count);
   if (std::string p = check_multinode_spec(spec, layout); !p.empty()) return cli::fail(command, p);
   for (uint64_t index : trace_elements) {
     if (index >= spec.count)
@@ -230,13 +275,16 @@ int multinode_main(Kind kind, int argc, char** argv) {
   // The one-node command's banner, from the same function: what runs on which inputs.
   std::cout << tools::input_banner(command, n, spec.count, f.dtype, input_note);
   std::cout.flush();
-  const auto in = gpu::make_inputs(dtype, spec.count, n, static_cast<uint64_t>(seed), gpu::Pattern::kRandom);
+  const auto in = input_path.empty()
+                      ? gpu::make_inputs(dtype, spec.count, n, static_cast<uint64_t>(seed), gpu::Pattern::kRandom)
+                      : std::vector<std::vector<uint8_t>>{};
   const size_t out_count = output_count(spec.op, spec.count, n);
   std::vector<uint8_t> out(out_count * esize * static_cast<size_t>(n));
   std::vector<const void*> inputs;
   std::vector<void*> outputs;
   for (int r = 0; r < n; ++r) {
-    inputs.push_back(in[static_cast<size_t>(r)].data());
+    inputs.push_back(input_path.empty() ? in[static_cast<size_t>(r)].data()
+                                        : file.data.data() + spec.count * esize * static_cast<size_t>(r));
     outputs.push_back(out.data() + out_count * esize * static_cast<size_t>(r));
   }
   const auto start = std::chrono::steady_clock::now();

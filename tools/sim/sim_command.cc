@@ -34,6 +34,7 @@
 #include "tools/cli.h"
 #include "tools/sim/sim_subcommands.h"
 #include "tools/inputs/inputs.h"
+#include "tools/inputs/rank_inputs.h"
 #include "npy/npy.h"
 #include "tools/progress/progress.h"
 #include "tools/sha256/sha256.h"
@@ -112,7 +113,9 @@ int collective_main(Collective op, int argc, char** argv) {
       std::string("Runs ") + sim::op_name(op) +
           " on N simulated ranks under the rounding contract (docs/numerics.md). in.npy is [N, ...], rank\n"
           "first ('<u2' bit patterns for bf16/fp16, '<f4' for fp32). The last line ends with the sha256 of\n"
-          "the output bytes.");
+          "the output bytes.\n"
+          "With --nodes M it runs across M simulated nodes instead (the same bits; `exactcoll sim " +
+          sim::op_name(op) + " --nodes M --help` lists that command's flags).");
   add_world_flags(parser, &f);
   parser.add_string("input", &input_path, "input .npy [N, ...] (rank first)");
   parser.add_int("count", &count, "elements per rank of random input (instead of --input)");
@@ -162,28 +165,14 @@ int collective_main(Collective op, int argc, char** argv) {
   std::vector<int64_t> input_shape;
   std::string input_note;
   if (!input_path.empty()) {
-    npy::NpyArray a;
-    try {
-      a = npy::read_npy(cli::resolve_path(input_path));
-    } catch (const npy::NpyError& e) {
-      return cli::fail(command, e.what());
+    gpu::RankInputs file;
+    if (problem = gpu::read_rank_inputs(input_path, dtype, n, "--ranks", &file); !problem.empty()) {
+      return cli::fail(command, problem);
     }
-    const std::string want = dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
-    if (a.dtype != want) {
-      return cli::fail(command, input_path + " holds '" + a.dtype + "' but --dtype " + f.dtype + " needs '" + want +
-                                    "' (bf16 and fp16 as uint16 bit patterns, fp32 as float32)");
-    }
-    if (a.shape.empty()) return cli::fail(command, input_path + " is a scalar; it must be [N, ...] (rank first)");
-    if (a.shape[0] != n) {
-      return cli::fail(command, input_path + " has " + std::to_string(a.shape[0]) + " rows in its first dimension " +
-                                    npy::shape_text(a.shape) + " but --ranks is " + std::to_string(n));
-    }
-    const size_t total = a.element_count();
-    if (total == 0) return cli::fail(command, input_path + " has no elements " + npy::shape_text(a.shape));
-    count = static_cast<int64_t>(total / static_cast<size_t>(n));
-    input = std::move(a.data);
-    input_shape = a.shape;
-    input_note = input_path + " " + npy::shape_text(a.shape);
+    count = static_cast<int64_t>(file.count);
+    input = std::move(file.data);
+    input_shape = std::move(file.shape);
+    input_note = std::move(file.note);
   } else {
     if (count < 1) return cli::fail(command, "--count must be >= 1, got " + std::to_string(count));
     if (static_cast<unsigned __int128>(count) * static_cast<unsigned>(n) * esize > (uint64_t{1} << 34)) {

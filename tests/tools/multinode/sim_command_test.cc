@@ -3,8 +3,11 @@
 // bad layouts exit 2 with a clear message and write nothing.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
+#include "npy/npy.h"
 #include "tests/support/command_runner.h"
 
 namespace {
@@ -65,9 +68,8 @@ TEST(SimNodesCommand, PrintsTheOneNodeInputBanner) {
   const std::string cases[] = {"allreduce --ranks 4 --dtype fp16 --count 300 --seed 7",
                                "reduce_scatter --ranks 6 --dtype fp32 --count 600",
                                "allgather --ranks 4 --dtype bf16 --count 300 --seed 3"};
-  // --chunk-elements 256, as above: with the default chunk, `sim allgather --nodes` writes past its
-  // scratch when count < chunk / nodes (core/multinode.h's allgather takes the unclamped chunk as
-  // its slot stride; buffer_needs sizes the slots by min(chunk, count)) and crashes.
+  // --chunk-elements 256, as above: several chunks per message (the default chunk is tested in
+  // AllGatherSlotsOfAnOddCountStayAligned).
   for (const std::string& c : cases) {
     const CommandResult one = exactcoll("sim " + c);
     const CommandResult nodes = exactcoll("sim " + c + " --nodes 2 --chunk-elements 256");
@@ -129,6 +131,110 @@ TEST(SimNodesCommand, UnwritableOutputsExit2BeforeTheRun) {
   EXPECT_EQ(o.code, 2);
   EXPECT_NE(o.err.find("nothing was run"), std::string::npos) << o.err;
   EXPECT_FALSE(file_exists(out));
+}
+
+// `multinode verify` faulted on GPUs at all-gather count 4099 (cudaErrorMisalignedAddress): node
+// 1's slot began 4099 elements into the scratch, mid-pack. The simulator now refuses a misaligned
+// 16-byte access as the GPU does, and the slots are whole packs (core/multinode.h slot_elements).
+TEST(SimNodesCommand, AllGatherSlotsOfAnOddCountStayAligned) {
+  for (const std::string c :
+       {"allgather --ranks 4 --dtype bf16 --count 4099", "allgather --ranks 4 --dtype fp16 --count 1001",
+        "allgather --ranks 6 --dtype fp32 --count 4099"}) {
+    const CommandResult one = exactcoll("sim " + c);
+    ASSERT_EQ(one.code, 0) << c << "\n" << one.err;
+    for (const std::string layout : {"--nodes 2", "--nodes 2 --blocks 3 --schedule seeded --schedule-seed 5"}) {
+      const CommandResult multi = exactcoll("sim " + c + " " + layout);
+      ASSERT_EQ(multi.code, 0) << c << " " << layout << "\n" << multi.out << multi.err;
+      EXPECT_EQ(hashes(multi.out), hashes(one.out)) << c << " " << layout;
+    }
+  }
+}
+
+// Writes n ranks x count bf16 bit patterns (rank r's element i = a value of r and i) as [n, count].
+std::string write_rank_inputs(const std::string& name, int n, int64_t count) {
+  std::vector<uint16_t> bits(static_cast<size_t>(n * count));
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<uint16_t>(0x3c00 + (i * 2654435761u >> 20) % 0x0800);
+  const std::string path = temp_path(name);
+  exactcoll::npy::write_npy(path, exactcoll::npy::kU16, {n, count}, bits.data(), bits.size() * 2);
+  return path;
+}
+
+// --input works with --nodes as on one node: the same file gives the same sha256 and output file.
+TEST(SimNodesCommand, InputFilesGiveTheOneNodeBits) {
+  const std::string x = write_rank_inputs("x.npy", 4, 1000);
+  for (const std::string op : {"allreduce", "reduce_scatter", "allgather"}) {
+    const std::string one_out = temp_path(op + "_one.npy"), multi_out = temp_path(op + "_multi.npy");
+    const CommandResult one = exactcoll("sim " + op + " --ranks 4 --input " + x + " --output " + one_out);
+    ASSERT_EQ(one.code, 0) << op << "\n" << one.err;
+    const CommandResult multi =
+        exactcoll("sim " + op + " --ranks 4 --nodes 2 --chunk-elements 128 --input " + x + " --output " + multi_out);
+    ASSERT_EQ(multi.code, 0) << op << "\n" << multi.err;
+    EXPECT_EQ(hashes(multi.out), hashes(one.out)) << op << "\n" << multi.out;
+    EXPECT_EQ(read_file(multi_out), read_file(one_out)) << op;
+    EXPECT_EQ(first_line(multi.out), first_line(one.out)) << op;  // the banner names the file
+    EXPECT_NE(multi.out.find(x + " (4, 1000)"), std::string::npos) << multi.out;
+  }
+  // The fused op's three files.
+  const std::string r = temp_path("r.npy"), w = temp_path("w.npy"), fx = temp_path("fx.npy");
+  {
+    std::vector<uint16_t> xb(4 * 3 * 64), rb(3 * 64), wb(64);
+    for (size_t i = 0; i < xb.size(); ++i) xb[i] = static_cast<uint16_t>(0x3c00 + (i * 40503u >> 4) % 0x0900);
+    for (size_t i = 0; i < rb.size(); ++i) rb[i] = static_cast<uint16_t>(0xbc00 + (i * 7919u) % 0x0700);
+    for (size_t i = 0; i < wb.size(); ++i) wb[i] = static_cast<uint16_t>(0x3f00 + i);
+    exactcoll::npy::write_npy(fx, exactcoll::npy::kU16, {4, 3, 64}, xb.data(), xb.size() * 2);
+    exactcoll::npy::write_npy(r, exactcoll::npy::kU16, {3, 64}, rb.data(), rb.size() * 2);
+    exactcoll::npy::write_npy(w, exactcoll::npy::kU16, {64}, wb.data(), wb.size() * 2);
+  }
+  const std::string files = " --input " + fx + " --residual " + r + " --weight " + w;
+  const CommandResult one = exactcoll("sim fused_rmsnorm --ranks 4" + files);
+  ASSERT_EQ(one.code, 0) << one.err;
+  const CommandResult multi = exactcoll("sim fused_rmsnorm --ranks 4 --nodes 2" + files);
+  ASSERT_EQ(multi.code, 0) << multi.err;
+  EXPECT_EQ(hashes(multi.out), hashes(one.out)) << multi.out;
+  EXPECT_NE(multi.out.find(fx + " (4, 3, 64)"), std::string::npos) << multi.out;
+  // Bad files and mixed flags: exit 2 naming what is wrong, as on one node.
+  const struct {
+    std::string args, message;
+  } bad[] = {
+      {"allreduce --ranks 2 --nodes 2 --input " + x, "has 4 rows in its first dimension"},
+      {"allreduce --ranks 4 --nodes 2 --dtype fp32 --input " + x, "holds '<u2' but --dtype fp32 needs '<f4'"},
+      {"allreduce --ranks 4 --nodes 2 --count 8 --input " + x, "give --input FILE or --count C"},
+      {"allreduce --ranks 4 --nodes 2 --seed 3 --input " + x, "--seed applies to random inputs"},
+      {"allreduce --ranks 4 --nodes 2 --input " + temp_path("missing.npy"), "missing.npy"},
+      {"fused_rmsnorm --ranks 4 --nodes 2 --input " + fx, "give all three of --input, --residual and --weight"},
+      {"fused_rmsnorm --ranks 4 --nodes 2 --rows 3" + files, "shape random inputs, not --input files"},
+      {"fused_rmsnorm --ranks 2 --nodes 2" + files, "4 ranks in its first dimension, --ranks is 2"},
+  };
+  for (const auto& b : bad) {
+    const CommandResult o = exactcoll("sim " + b.args);
+    EXPECT_EQ(o.code, 2) << b.args << "\n" << o.out << o.err;
+    EXPECT_NE(o.err.find(b.message), std::string::npos) << b.args << "\n" << o.err;
+    EXPECT_EQ(o.out.find("sha256"), std::string::npos) << b.args << "\n" << o.out;
+  }
+}
+
+// Fault injection is refused with --nodes (exit 2, naming the flag), never accepted and ignored,
+// and --help offers it only where it works.
+TEST(SimNodesCommand, FaultFlagsAreRefusedNotIgnored) {
+  for (const std::string flags : {"--fail-rank 1 --fail-at-step 1", "--fail-rank=99", "--fail-at-step -5"}) {
+    const CommandResult o = exactcoll("sim allreduce --nodes 2 --ranks 4 --count 1000 " + flags);
+    EXPECT_EQ(o.code, 2) << flags << "\n" << o.out << o.err;
+    EXPECT_NE(o.err.find("is not available with --nodes"), std::string::npos) << flags << "\n" << o.err;
+    EXPECT_EQ(o.out.find("sha256"), std::string::npos) << o.out;
+  }
+  const CommandResult help = exactcoll("sim allreduce --nodes 2 --help");
+  EXPECT_EQ(help.code, 0) << help.err;
+  EXPECT_EQ(help.out.find("\n  --fail-rank"), std::string::npos) << help.out;  // not among the flags
+  EXPECT_NE(help.out.find("--input"), std::string::npos) << help.out;
+}
+
+// Every op's one-node --help names --nodes (the multi-node form was listed only by `sim --help`).
+TEST(SimNodesCommand, EveryOpsHelpNamesNodes) {
+  for (const std::string op : {"allreduce", "reduce_scatter", "allgather", "fused_rmsnorm"}) {
+    const CommandResult help = exactcoll("sim " + op + " --help");
+    EXPECT_EQ(help.code, 0) << op << "\n" << help.err;
+    EXPECT_NE(help.out.find("--nodes M"), std::string::npos) << op << "\n" << help.out;
+  }
 }
 
 }  // namespace
