@@ -87,6 +87,8 @@ void exactcoll_comm_options_init(exactcoll_comm_options* options) {
   options->use_nccl = defaults.use_nccl ? 1 : 0;
   options->programmatic_launch = defaults.programmatic_launch ? 1 : 0;
   options->device = -1;
+  options->node = -1;             // from the launcher's variables, else node 0
+  options->local_world_size = 0;  // from LOCAL_WORLD_SIZE, else world_size (one node)
 }
 
 void exactcoll_call_info_init(exactcoll_call_info* info) {

@@ -4,8 +4,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <initializer_list>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +20,8 @@
 #include "cuda_backend/communicator.h"
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/fused/fused_rmsnorm.h"
+#include "cuda_backend/multinode/multinode_communicator.h"
+#include "cuda_backend/multinode/node_env.h"
 #include "cuda_backend/nccl_api.h"
 #include "exactcoll/exactcoll.h"
 
@@ -27,14 +31,20 @@ using namespace exactcoll::capi;
 namespace {
 
 // A communicator behind a C handle: the store it was formed over (kept alive), the
-// communicator, the fused op bound to it, and its registered buffers.
+// communicator, the fused op bound to it, and its registered buffers. A job of several nodes has
+// the multi-node communicator instead (comm and fused stay null, nothing is registered).
 struct CommState {
   std::shared_ptr<Store> store;
   std::unique_ptr<cuda::Communicator> comm;
   std::unique_ptr<cuda::fused::FusedRmsNorm> fused;
+  std::unique_ptr<cuda::MultiNodeCommunicator> multinode;
   std::vector<cuda::RegisteredBuffer> registered;
   int device = -1;
 };
+
+// The sizes of the first versions of the growing structs (struct_size may be any size from these).
+constexpr size_t kFirstCommOptionsSize = offsetof(exactcoll_comm_options, node);
+constexpr size_t kFirstCommPropertiesSize = offsetof(exactcoll_comm_properties, nodes);
 
 HandleTable<CommState>& comms() {
   static HandleTable<CommState>* table = new HandleTable<CommState>();  // never destroyed: usable at exit
@@ -88,6 +98,10 @@ int c_algorithm(cuda::Algorithm a) { return value_of(kAlgoNames, cuda::algorithm
 
 const cuda::RegisteredBuffer* registered_buffer(const CommState& state, int registered_id) {
   if (registered_id == -1) return nullptr;
+  if (state.multinode) {
+    bad_argument("registered_id " + std::to_string(registered_id) +
+                 ": a multi-node communicator has no registered buffers (its inputs are staged; pass -1)");
+  }
   if (registered_id < 0 || registered_id >= static_cast<int>(state.registered.size())) {
     bad_argument("registered_id " + std::to_string(registered_id) +
                  " is not a buffer registered on this communicator (" + std::to_string(state.registered.size()) +
@@ -110,12 +124,30 @@ void fill_info(exactcoll_call_info* info, int algo, int allreduce_algo, bool exa
   copy_text(info->note, note);
 }
 
+// What a multi-node call ran: algo -1 unless NCCL ran (the carry chain and the direct exchange
+// have no exactcoll_algo); the note names the algorithm, and any fallback's reason.
+void fill_multinode_info(exactcoll_call_info* info, int fused_algo, const cuda::MultiNodeCallInfo& ran) {
+  const bool nccl = ran.algorithm == "nccl";
+  const int algo = nccl ? value_of(kAlgoNames, "nccl") : -1;
+  fill_info(info, fused_algo >= 0 ? fused_algo : algo, fused_algo >= 0 ? algo : -1, ran.exact, true, ran.launches, {},
+            ran.note.empty() ? ran.algorithm : ran.algorithm + ": " + ran.note);
+}
+
+// A multi-node communicator's CollectiveError: UNUSABLE once a lost transfer poisoned it, else
+// UNAVAILABLE (NCCL missing for the cross-node transport).
+exactcoll_status multinode_status(const CommState& state) {
+  return state.multinode->usable() ? EXACTCOLL_ERROR_UNAVAILABLE : EXACTCOLL_ERROR_UNUSABLE;
+}
+
 using CollectiveCall = cuda::CallInfo (cuda::Communicator::*)(const void*, void*, size_t, DType, cuda::Algorithm,
                                                               cudaStream_t, const cuda::RegisteredBuffer*,
                                                               std::optional<cuda::LaunchConfig>);
+using MultiNodeCall = cuda::MultiNodeCallInfo (cuda::MultiNodeCommunicator::*)(const void*, void*, size_t, DType,
+                                                                               cuda::Algorithm, cudaStream_t);
 
-int run_collective(const char* function, CollectiveCall call, exactcoll_comm comm, const void* input, void* output,
-                   size_t count, int dtype, int algo, void* stream, int registered_id, exactcoll_call_info* info) {
+int run_collective(const char* function, CollectiveCall call, MultiNodeCall multinode_call, exactcoll_comm comm,
+                   const void* input, void* output, size_t count, int dtype, int algo, void* stream, int registered_id,
+                   exactcoll_call_info* info) {
   return guarded(function, [&] {
     if (info != nullptr) require_struct_size(info->struct_size, sizeof(exactcoll_call_info), "exactcoll_call_info");
     const std::shared_ptr<CommState> state = comm_of(comm);
@@ -126,6 +158,15 @@ int run_collective(const char* function, CollectiveCall call, exactcoll_comm com
       require(output, "output");
     }
     const cuda::RegisteredBuffer* registered = registered_buffer(*state, registered_id);
+    if (state->multinode) {
+      translating(nullptr, multinode_status(*state), [&] {
+        DeviceScope device(state->device);
+        fill_multinode_info(
+            info, -1,
+            ((*state->multinode).*multinode_call)(input, output, count, type, a, static_cast<cudaStream_t>(stream)));
+      });
+      return;
+    }
     translating(state->comm.get(), EXACTCOLL_ERROR_UNAVAILABLE, [&] {
       DeviceScope device(state->device);
       const cuda::CallInfo ran =
@@ -139,8 +180,17 @@ int run_collective(const char* function, CollectiveCall call, exactcoll_comm com
 
 namespace exactcoll::capi {
 
-cuda::Communicator& backend_communicator(exactcoll_comm comm) { return *comm_of(comm)->comm; }
-cuda::fused::FusedRmsNorm& backend_fused(exactcoll_comm comm) { return *comm_of(comm)->fused; }
+namespace {
+// The one-node state behind a handle (the CLI's tuning and testing objects have no multi-node form).
+std::shared_ptr<CommState> one_node_state(exactcoll_comm comm) {
+  std::shared_ptr<CommState> state = comm_of(comm);
+  if (state->multinode) bad_argument("a multi-node communicator has no one-node backend objects");
+  return state;
+}
+}  // namespace
+
+cuda::Communicator& backend_communicator(exactcoll_comm comm) { return *one_node_state(comm)->comm; }
+cuda::fused::FusedRmsNorm& backend_fused(exactcoll_comm comm) { return *one_node_state(comm)->fused; }
 cuda::RegisteredBuffer backend_registered(exactcoll_comm comm, int registered_id) {
   if (registered_id == -1) bad_argument("registered_id -1 names no buffer");
   return *registered_buffer(*comm_of(comm), registered_id);
@@ -159,8 +209,10 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
     exactcoll_comm_options o;
     exactcoll_comm_options_init(&o);
     if (options != nullptr) {
-      require_struct_size(options->struct_size, sizeof(exactcoll_comm_options), "exactcoll_comm_options");
-      o = *options;
+      require_struct_size(options->struct_size, kFirstCommOptionsSize, "exactcoll_comm_options");
+      // An older caller's struct ends sooner: its missing fields keep their defaults.
+      std::memcpy(static_cast<void*>(&o), options, std::min(options->struct_size, sizeof o));
+      o.struct_size = sizeof o;
     }
     if (world_size < 1) bad_argument("world_size must be >= 1, got " + std::to_string(world_size));
     if (rank < 0 || rank >= world_size) {
@@ -171,6 +223,17 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
     if (o.flag_timeout_ms < 1) bad_argument("flag_timeout_ms must be >= 1");
     if (o.store_timeout_ms < 1) bad_argument("store_timeout_ms must be >= 1");
     if (o.name != nullptr && *o.name == '\0') bad_argument("name is empty (NULL gives \"exactcoll\")");
+    if (o.node < -1) bad_argument("node must be -1 (from the environment) or >= 0, got " + std::to_string(o.node));
+    if (o.local_world_size < 0) {
+      bad_argument("local_world_size must be 0 (from the environment) or >= 1, got " +
+                   std::to_string(o.local_world_size));
+    }
+    multinode::RankPlace place;
+    try {
+      place = cuda::node_place(process_environment(), rank, world_size, o.node, o.local_world_size);
+    } catch (const BootstrapError& e) {
+      bad_argument(e.what());
+    }
     auto state = std::make_shared<CommState>();
     state->store = store_of(store);
     cuda::CommunicatorOptions co;
@@ -193,8 +256,25 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
         state->device = o.device;
       }
       DeviceScope device(state->device);
-      state->comm = std::make_unique<cuda::Communicator>(*state->store, rank, world_size, co);
-      state->fused = std::make_unique<cuda::fused::FusedRmsNorm>(*state->comm);
+      if (place.local_world_size == world_size) {
+        state->comm = std::make_unique<cuda::Communicator>(*state->store, rank, world_size, co);
+        state->fused = std::make_unique<cuda::fused::FusedRmsNorm>(*state->comm);
+        return;
+      }
+      // Several nodes: every rank's place is checked together (the same verdict everywhere).
+      cuda::MultiNodeOptions mo;
+      mo.name = co.name;
+      mo.node = co;
+      mo.store_timeout = co.store_timeout;
+      try {
+        state->multinode = std::make_unique<cuda::MultiNodeCommunicator>(*state->store, rank, world_size, place, mo);
+      } catch (const BootstrapError& e) {
+        bad_argument(e.what());
+      }
+      if (!state->multinode->nccl_ready()) {
+        fail(EXACTCOLL_ERROR_UNAVAILABLE, "a job of " + std::to_string(world_size / place.local_world_size) +
+                                              " nodes needs NCCL between them, and NCCL could not be created");
+      }
     });
     comm->id = comms().add(std::move(state));
   });
@@ -213,13 +293,15 @@ int exactcoll_comm_destroy(exactcoll_comm comm) {
 int exactcoll_comm_properties_get(exactcoll_comm comm, exactcoll_comm_properties* properties) {
   return guarded("exactcoll_comm_properties_get", [&] {
     require(properties, "properties");
-    require_struct_size(properties->struct_size, sizeof(exactcoll_comm_properties), "exactcoll_comm_properties");
+    require_struct_size(properties->struct_size, kFirstCommPropertiesSize, "exactcoll_comm_properties");
     const std::shared_ptr<CommState> state = comm_of(comm);
-    const cuda::Communicator& c = *state->comm;
+    const cuda::Communicator& c = state->multinode ? state->multinode->node() : *state->comm;
     exactcoll_comm_properties p{};
-    p.struct_size = sizeof p;
-    p.rank = c.rank();
-    p.world_size = c.world_size();
+    p.struct_size = std::min(properties->struct_size, sizeof p);
+    p.rank = state->multinode ? state->multinode->rank() : c.rank();
+    p.world_size = state->multinode ? state->multinode->world_size() : c.world_size();
+    p.nodes = state->multinode ? state->multinode->layout().nodes : 1;
+    p.local_world_size = c.world_size();
     p.device = c.device();
     p.ipc_ready = c.ipc_ready() ? 1 : 0;
     p.nccl_ready = c.nccl_ready() ? 1 : 0;
@@ -229,7 +311,8 @@ int exactcoll_comm_properties_get(exactcoll_comm comm, exactcoll_comm_properties
     copy_text(p.arch, c.arch());
     copy_text(p.ipc_unavailable_reason, c.ipc_unavailable_reason());
     copy_text(p.nccl_unavailable_reason, c.nccl_unavailable_reason());
-    *properties = p;
+    if (state->multinode) p.nccl_ready = state->multinode->nccl_ready() ? 1 : 0;  // the cross-node NCCL
+    std::memcpy(static_cast<void*>(properties), &p, p.struct_size);  // as much as the caller's struct holds
   });
 }
 
@@ -239,6 +322,11 @@ int exactcoll_comm_register_buffer(exactcoll_comm comm, const void* buffer, size
     require(id, "the result pointer");
     if (bytes == 0) bad_argument("bytes must be > 0");
     const std::shared_ptr<CommState> state = comm_of(comm);
+    if (state->multinode) {
+      bad_argument(
+          "a multi-node communicator registers no buffers (its inputs are staged through the node's "
+          "buffers); call the ops with registered_id -1");
+    }
     translating(state->comm.get(), EXACTCOLL_ERROR_INVALID_ARGUMENT, [&] {
       DeviceScope device(state->device);
       state->registered.push_back(state->comm->register_buffer(buffer, bytes));
@@ -249,20 +337,21 @@ int exactcoll_comm_register_buffer(exactcoll_comm comm, const void* buffer, size
 
 int exactcoll_allreduce(exactcoll_comm comm, const void* input, void* output, size_t count, int dtype, int algo,
                         void* stream, int registered_id, exactcoll_call_info* info) {
-  return run_collective("exactcoll_allreduce", &cuda::Communicator::allreduce, comm, input, output, count, dtype, algo,
-                        stream, registered_id, info);
+  return run_collective("exactcoll_allreduce", &cuda::Communicator::allreduce, &cuda::MultiNodeCommunicator::allreduce,
+                        comm, input, output, count, dtype, algo, stream, registered_id, info);
 }
 
 int exactcoll_reduce_scatter(exactcoll_comm comm, const void* input, void* output, size_t count, int dtype, int algo,
                              void* stream, int registered_id, exactcoll_call_info* info) {
-  return run_collective("exactcoll_reduce_scatter", &cuda::Communicator::reduce_scatter, comm, input, output, count,
-                        dtype, algo, stream, registered_id, info);
+  return run_collective("exactcoll_reduce_scatter", &cuda::Communicator::reduce_scatter,
+                        &cuda::MultiNodeCommunicator::reduce_scatter, comm, input, output, count, dtype, algo, stream,
+                        registered_id, info);
 }
 
 int exactcoll_allgather(exactcoll_comm comm, const void* input, void* output, size_t count, int dtype, int algo,
                         void* stream, int registered_id, exactcoll_call_info* info) {
-  return run_collective("exactcoll_allgather", &cuda::Communicator::allgather, comm, input, output, count, dtype, algo,
-                        stream, registered_id, info);
+  return run_collective("exactcoll_allgather", &cuda::Communicator::allgather, &cuda::MultiNodeCommunicator::allgather,
+                        comm, input, output, count, dtype, algo, stream, registered_id, info);
 }
 
 }  // extern "C"
@@ -325,6 +414,22 @@ int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x, const void* 
     if (rows > 0 && (overlap(x, out) || overlap(x, residual_out) || overlap(out, residual_out))) {
       bad_argument("x, out and residual_out must not overlap");
     }
+    if (state->multinode) {
+      if (name != "auto" && name != "nccl_split") {
+        bad_argument(
+            "across nodes the fused op is the carry-chain all-reduce, then the norm on each GPU (algo auto), "
+            "or nccl_split; not " +
+            name);
+      }
+      translating(nullptr, multinode_status(*state), [&] {
+        DeviceScope device(state->device);
+        const cuda::MultiNodeCallInfo ran = state->multinode->fused_add_rmsnorm(
+            x, residual, weight, residual_out, out, static_cast<int>(rows), static_cast<int>(hidden), eps, type,
+            name == "auto" ? cuda::Algorithm::kAuto : cuda::Algorithm::kNccl, static_cast<cudaStream_t>(stream));
+        fill_multinode_info(info, value_of(kFusedAlgoNames, name == "auto" ? "unfused" : "nccl_split"), ran);
+      });
+      return;
+    }
     cuda::fused::FusedRmsNormBuffers buffers{x, residual, weight, residual_out, out};
     cuda::fused::FusedRmsNormShape shape{static_cast<int>(rows), static_cast<int>(hidden), eps, type};
     translating(state->comm.get(), EXACTCOLL_ERROR_UNAVAILABLE, [&] {
@@ -349,7 +454,11 @@ int exactcoll_comm_check(exactcoll_comm comm, void* stream) {
       if (capture != cudaStreamCaptureStatusNone) {
         bad_argument("the stream is being captured into a CUDA graph: check after the graph is replayed");
       }
-      state->comm->check(static_cast<cudaStream_t>(stream));
+      if (state->multinode) {
+        state->multinode->check(static_cast<cudaStream_t>(stream));
+      } else {
+        state->comm->check(static_cast<cudaStream_t>(stream));
+      }
     });
   });
 }

@@ -21,17 +21,53 @@ std::optional<int> read_count(const EnvLookup& lookup, const std::string& name, 
   return value;
 }
 
+// The node from the first of the launchers' node variables that is set; nullopt when none is.
+std::optional<int> node_from_env(const EnvLookup& lookup, std::string* problems) {
+  for (const char* name : {"GROUP_RANK", "EXACTCOLL_NODE_RANK", "NODE_RANK"}) {
+    if (lookup(name)) return read_count(lookup, name, problems);
+  }
+  return std::nullopt;
+}
+
+bool node_given_in_env(const EnvLookup& lookup) {
+  return lookup("GROUP_RANK") || lookup("EXACTCOLL_NODE_RANK") || lookup("NODE_RANK");
+}
+
 }  // namespace
+
+multinode::RankPlace node_place(const EnvLookup& lookup, int rank, int world_size, int node, int local_world_size) {
+  std::string problems;
+  multinode::RankPlace place;
+  const std::optional<int> env_node = node >= 0 ? std::optional<int>(node) : node_from_env(lookup, &problems);
+  const std::optional<int> env_local_world =
+      local_world_size > 0 ? std::optional<int>(local_world_size) : read_count(lookup, "LOCAL_WORLD_SIZE", &problems);
+  place.node = env_node.value_or(0);
+  place.local_world_size = env_local_world.value_or(world_size);
+  if (node < 0 && node_given_in_env(lookup) && !env_local_world) {
+    problems +=
+        "\n  a node rank is set but LOCAL_WORLD_SIZE is not (ranks per node; torchrun and exactcoll launch set it)";
+  }
+  if (problems.empty() && place.local_world_size < 1) problems += "\n  a node has at least 1 rank, not 0";
+  if (problems.empty() && world_size % place.local_world_size != 0) {
+    problems += "\n  world_size " + std::to_string(world_size) + " is not a multiple of " +
+                std::to_string(place.local_world_size) + " ranks per node (every node must have as many)";
+  }
+  if (problems.empty()) {
+    place.local_rank = rank - place.node * place.local_world_size;
+    if (place.local_rank < 0 || place.local_rank >= place.local_world_size) {
+      problems += "\n  rank " + std::to_string(rank) + " is not on node " + std::to_string(place.node) + " of " +
+                  std::to_string(place.local_world_size) + " ranks (ranks are numbered node-major: node k holds " +
+                  "ranks k * " + std::to_string(place.local_world_size) + " and up)";
+    }
+  }
+  if (!problems.empty()) throw BootstrapError("node layout:" + problems);
+  return place;
+}
 
 multinode::RankPlace node_place_from_env(const EnvLookup& lookup, const WorkerEnv& env) {
   std::string problems;
-  std::optional<int> node;
-  for (const char* name : {"GROUP_RANK", "EXACTCOLL_NODE_RANK", "NODE_RANK"}) {
-    if (!lookup(name)) continue;
-    node = read_count(lookup, name, &problems);
-    break;
-  }
-  const bool node_given = lookup("GROUP_RANK") || lookup("EXACTCOLL_NODE_RANK") || lookup("NODE_RANK");
+  const std::optional<int> node = node_from_env(lookup, &problems);
+  const bool node_given = node_given_in_env(lookup);
   const std::optional<int> local_world = read_count(lookup, "LOCAL_WORLD_SIZE", &problems);
   multinode::RankPlace place;
   place.node = node.value_or(0);

@@ -21,4 +21,14 @@ namespace exactcoll::cuda {
 // LOCAL_WORLD_SIZE=4 gives {node 1, local rank 1, local world size 4}.
 multinode::RankPlace node_place_from_env(const EnvLookup& lookup, const WorkerEnv& env);
 
+// Returns the place of `rank` of `world_size` for a caller that knows its rank but maybe not its
+// node (the C API and Python): `node` when >= 0, else the node variables above (none set: node 0);
+// `local_world_size` when > 0, else LOCAL_WORLD_SIZE, else world_size (one node). Ranks are
+// numbered node-major, so the local rank is rank - node * local_world_size. Throws BootstrapError
+// naming every problem: a malformed variable, a node variable without LOCAL_WORLD_SIZE, a
+// local_world_size that does not divide world_size, a rank outside its node.
+// Example: node_place(lookup, 5, 8, -1, 0) with GROUP_RANK=1 LOCAL_WORLD_SIZE=4 set
+//   -> {node 1, local rank 1, local world size 4}; node_place(lookup, 5, 8, 1, 4) the same with none.
+multinode::RankPlace node_place(const EnvLookup& lookup, int rank, int world_size, int node, int local_world_size);
+
 }  // namespace exactcoll::cuda

@@ -256,13 +256,26 @@ typedef struct exactcoll_comm_options {
   int device;               /* the CUDA device; -1: the calling thread's current device. The library
                                links its own CUDA runtime: a program that selects devices with its
                                own runtime (torch, a static cudart) should name the device here */
+  /* Newer fields, read only when struct_size covers them. A job that spans nodes: ranks are
+   * numbered node-major (node k holds ranks k*L .. k*L+L-1, L ranks per node). With more than one
+   * node the communicator is the multi-node one: the IPC kernels inside each node, NCCL
+   * point-to-point between nodes, the same contract bits (docs/numerics.md "Past one node"). */
+  int node;             /* this rank's node; -1: from GROUP_RANK (torchrun), EXACTCOLL_NODE_RANK or
+                           NODE_RANK, and node 0 when none is set */
+  int local_world_size; /* ranks per node L; 0: from LOCAL_WORLD_SIZE, else world_size (one node) */
 } exactcoll_comm_options;
 
 EXACTCOLL_API void exactcoll_comm_options_init(exactcoll_comm_options* options);
 
 /* Collective: every rank of the job calls it with the same options, world_size and store, on its
  * own process. Ranks may share a GPU (a correctness mode: kernels then interleave by time slicing,
- * milliseconds per barrier; NCCL is left out and nccl_ready is 0). */
+ * milliseconds per barrier; NCCL is left out and nccl_ready is 0).
+ * A job of several nodes (options node / local_world_size, or the launcher's variables) gets the
+ * multi-node communicator. It needs NCCL (EXACTCOLL_ERROR_UNAVAILABLE without it) and offers: the
+ * collectives and the fused op with algo auto (the carry chain; info->algo is -1 and info->note
+ * names "carry_chain" or "direct_exchange") or nccl; no registered buffers (INVALID_ARGUMENT). A
+ * bad layout (nodes of unequal size, ranks not node-major) is EXACTCOLL_ERROR_STORE on every rank,
+ * naming every problem. */
 EXACTCOLL_API int exactcoll_comm_create(exactcoll_store store, int rank, int world_size,
                                         const exactcoll_comm_options* options, exactcoll_comm* comm);
 
@@ -282,6 +295,10 @@ typedef struct exactcoll_comm_properties {
   char arch[16];            /* e.g. "sm90" */
   char ipc_unavailable_reason[256];
   char nccl_unavailable_reason[256];
+  /* Newer fields, filled only when struct_size covers them. */
+  int nodes; /* 1, or the nodes of a multi-node communicator (ipc_ready etc. describe this
+                rank's node, of local_world_size ranks) */
+  int local_world_size;
 } exactcoll_comm_properties;
 
 EXACTCOLL_API int exactcoll_comm_properties_get(exactcoll_comm comm, exactcoll_comm_properties* properties);

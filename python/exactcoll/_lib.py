@@ -83,7 +83,8 @@ class StoreCallbacks(ctypes.Structure):
 class CommOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p), ("buffer_bytes", ctypes.c_size_t),
                 ("flag_timeout_ms", ctypes.c_uint64), ("store_timeout_ms", ctypes.c_int64),
-                ("use_nccl", ctypes.c_int), ("programmatic_launch", ctypes.c_int), ("device", ctypes.c_int)]
+                ("use_nccl", ctypes.c_int), ("programmatic_launch", ctypes.c_int), ("device", ctypes.c_int),
+                ("node", ctypes.c_int), ("local_world_size", ctypes.c_int)]
 
 
 class CommProperties(ctypes.Structure):
@@ -91,7 +92,8 @@ class CommProperties(ctypes.Structure):
                 ("device", ctypes.c_int), ("ipc_ready", ctypes.c_int), ("nccl_ready", ctypes.c_int),
                 ("shared_gpu", ctypes.c_int), ("buffer_bytes", ctypes.c_size_t),
                 ("flag_timeout_ms", ctypes.c_uint64), ("arch", ctypes.c_char * 16),
-                ("ipc_unavailable_reason", ctypes.c_char * 256), ("nccl_unavailable_reason", ctypes.c_char * 256)]
+                ("ipc_unavailable_reason", ctypes.c_char * 256), ("nccl_unavailable_reason", ctypes.c_char * 256),
+                ("nodes", ctypes.c_int), ("local_world_size", ctypes.c_int)]
 
 
 class SimOptions(ctypes.Structure):

@@ -67,6 +67,13 @@ class TorchStore:
         return self._store.delete_key(key)
 
 
+def _int_option(name, value, low, high):
+    """value as an int in low..high, else ValueError naming the option (bool is not an int)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer in {low}..{high}, got {value!r}")
+    return value
+
+
 def _group_tag(group):
     name = getattr(group, "group_name", None)
     if name:
@@ -82,10 +89,16 @@ class Communicator:
     port). buffer_mib: staging and scratch per rank (larger messages run in chunks, same bits).
     flag_timeout_ms: bound on every in-kernel wait for a peer (at least 60 s when ranks share a
     GPU). name: store key prefix (default: one per group and creation order).
+
+    A job that spans nodes gets the multi-node communicator (IPC inside each node, NCCL between
+    nodes, the same bits; algo auto or nccl; no registered buffers): for the whole job (the default
+    group) the layout comes from torchrun's GROUP_RANK and LOCAL_WORLD_SIZE; for a subgroup, or to
+    override them, pass node (this rank's node) and local_world_size (ranks per node), with the
+    group's ranks numbered node-major. A subgroup without them is one node.
     """
 
     def __init__(self, group=None, *, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
-                 programmatic_launch=True, name=None, store=None):
+                 programmatic_launch=True, name=None, store=None, node=None, local_world_size=None):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("exactcoll.torch.Communicator needs torch.distributed.init_process_group first "
                                "(any backend: only its store is used)")
@@ -112,6 +125,10 @@ class Communicator:
         options.use_nccl = 1 if use_nccl else 0
         options.programmatic_launch = 1 if programmatic_launch else 0
         options.device = torch.cuda.current_device()
+        whole_job = group is dist.group.WORLD
+        options.node = _int_option("node", node, -1, 1 << 20) if node is not None else (-1 if whole_job else 0)
+        options.local_world_size = (_int_option("local_world_size", local_world_size, 1, 1 << 20)
+                                    if local_world_size is not None else (0 if whole_job else world_size))
         handle = ctypes.c_uint64()
         self._store.check(_lib.lib.exactcoll_comm_create(self._store.handle, rank, world_size, ctypes.byref(options),
                                                          ctypes.byref(handle)))
@@ -234,7 +251,8 @@ class Communicator:
                 "nccl_ready": bool(p.nccl_ready), "shared_gpu": bool(p.shared_gpu), "buffer_bytes": p.buffer_bytes,
                 "flag_timeout_ms": p.flag_timeout_ms, "arch": p.arch.decode(),
                 "ipc_unavailable_reason": p.ipc_unavailable_reason.decode(),
-                "nccl_unavailable_reason": p.nccl_unavailable_reason.decode()}
+                "nccl_unavailable_reason": p.nccl_unavailable_reason.decode(), "nodes": p.nodes,
+                "local_world_size": p.local_world_size}
 
     def close(self):
         """Collective: frees the communicator (every rank calls it; a store barrier first)."""

@@ -165,5 +165,39 @@ TEST(NodeEnv, TorchrunAndLaunchVariables) {
       std::string::npos);
 }
 
+// node_place: the C API's and Python's way (the caller gives its rank; fields override the
+// variables; the local rank follows from node-major numbering).
+TEST(NodeEnv, PlaceFromFieldsOrVariables) {
+  multinode::RankPlace p = cuda::node_place(lookup_of({{"GROUP_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}}), 5, 8, -1, 0);
+  EXPECT_EQ(p.node, 1);
+  EXPECT_EQ(p.local_rank, 1);
+  EXPECT_EQ(p.local_world_size, 4);
+  p = cuda::node_place(lookup_of({}), 5, 8, 1, 4);  // the fields alone
+  EXPECT_EQ(p.node, 1);
+  EXPECT_EQ(p.local_rank, 1);
+  EXPECT_EQ(p.local_world_size, 4);
+  p = cuda::node_place(lookup_of({{"GROUP_RANK", "0"}, {"LOCAL_WORLD_SIZE", "8"}}), 6, 8, 3, 2);  // fields win
+  EXPECT_EQ(p.node, 3);
+  EXPECT_EQ(p.local_rank, 0);
+  EXPECT_EQ(p.local_world_size, 2);
+  p = cuda::node_place(lookup_of({}), 5, 8, -1, 0);  // nothing: one node
+  EXPECT_EQ(p.node, 0);
+  EXPECT_EQ(p.local_rank, 5);
+  EXPECT_EQ(p.local_world_size, 8);
+  auto error = [&](std::map<std::string, std::string> vars, int rank, int node, int local_world) {
+    try {
+      cuda::node_place(lookup_of(vars), rank, 8, node, local_world);
+    } catch (const BootstrapError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error({{"GROUP_RANK", "1"}}, 5, -1, 0).find("LOCAL_WORLD_SIZE is not"), std::string::npos);
+  EXPECT_NE(error({}, 5, -1, 3).find("world_size 8 is not a multiple of 3 ranks per node"), std::string::npos);
+  EXPECT_NE(error({}, 5, 0, 4).find("rank 5 is not on node 0 of 4 ranks"), std::string::npos);
+  EXPECT_NE(error({{"LOCAL_WORLD_SIZE", "-2"}}, 5, 0, 0).find("LOCAL_WORLD_SIZE='-2' is not a whole number"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace exactcoll
