@@ -26,7 +26,11 @@ constexpr uint64_t kIpcTestTimeoutMs = 3000;
 // for much longer under load, so their in-kernel waits get at least this bound.
 constexpr uint64_t kSharedGpuMinFlagTimeoutMs = 60000;
 constexpr std::chrono::milliseconds kCloseTimeout{30000};
-constexpr std::chrono::milliseconds kClosePoisonedTimeout{500};
+// After a flag timeout a peer is dead: this barrier can never complete, so its whole bound is
+// spent on every close. It only gives live peers a moment to leave kernels that still read this
+// rank's buffers (they timed out at about the same time); it is part of the "kernel bound + 1 s"
+// within which a dead peer's survivors exit (docs/reliability.md).
+constexpr std::chrono::milliseconds kClosePoisonedTimeout{200};
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -205,7 +209,12 @@ Communicator::~Communicator() {
   }
   if (nccl_comm_ != nullptr) {
     try {
-      NcclApi::get().CommDestroy(nccl_comm_);
+      // A poisoned communicator's peer is dead: abort, which does not wait for it.
+      if (poisoned_) {
+        NcclApi::get().CommAbort(nccl_comm_);
+      } else {
+        NcclApi::get().CommDestroy(nccl_comm_);
+      }
     } catch (...) {
     }
   }
