@@ -74,9 +74,19 @@ bool CallbackStore::erase(const std::string& key) {
 }
 
 void CallbackStore::barrier(const std::string& name, int rank, int world_size, std::chrono::milliseconds timeout) {
-  if (world_size != world_size_) {
+  // A barrier of a subset of the job (a node's ranks, numbered 0..world_size-1 among themselves)
+  // names its callers' ranks; one without a rank is this store's whole job, where the store's own
+  // rank stands in.
+  if (rank == kUnknownRank ? world_size != world_size_ : world_size < 1 || world_size > world_size_) {
     throw StoreError("barrier '" + name + "' for " + std::to_string(world_size) + " ranks on a store made for " +
-                     std::to_string(world_size_));
+                     std::to_string(world_size_) +
+                     (rank == kUnknownRank ? " (a barrier of fewer ranks names its "
+                                             "caller's rank)"
+                                           : ""));
+  }
+  if (rank != kUnknownRank && (rank < 0 || rank >= world_size)) {
+    throw StoreError("barrier '" + name + "': rank " + std::to_string(rank) + " is outside 0.." +
+                     std::to_string(world_size - 1));
   }
   key_barrier(*this, name, rank == kUnknownRank ? rank_ : rank, world_size, timeout);
 }

@@ -104,5 +104,29 @@ TEST(CallbackStore, BarrierTimeoutNamesTheMissingRank) {
   EXPECT_THROW(store.barrier("x", 2, milliseconds(10)), StoreError) << "a barrier for another world size";
 }
 
+// A barrier of a node's ranks on the job's store (the multi-node communicator's node barriers:
+// local ranks 0..L-1 of a job of n): allowed when each caller names its rank among them. It once
+// failed with "barrier ... for 2 ranks on a store made for 4" on GPUs under torchrun.
+TEST(CallbackStore, ABarrierOfASubsetNamesItsRanks) {
+  MemoryStore memory;
+  std::vector<std::thread> ranks;
+  std::vector<std::string> errors(4);
+  for (int r = 0; r < 4; ++r) {
+    ranks.emplace_back([&, r] {
+      CallbackStore store(callbacks_for(&memory), r, 4);
+      try {
+        store.barrier("node" + std::to_string(r / 2), r % 2, 2, milliseconds(5000));  // two nodes of 2
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  CallbackStore store(callbacks_for(&memory), 0, 4);
+  EXPECT_THROW(store.barrier("y", 2, 2, milliseconds(10)), StoreError) << "a rank outside the barrier's world";
+  EXPECT_THROW(store.barrier("z", 0, 5, milliseconds(10)), StoreError) << "more ranks than the store's job";
+}
+
 }  // namespace
 }  // namespace exactcoll::capi

@@ -67,8 +67,15 @@ status=0
 for rank in $(seq 0 $((NPROC - 1))); do
   [ "$rank" = "$KILL_RANK" ] && continue
   pid=${pids[$rank]}
+  # When the peer noticed: the first line naming the dead rank in its log (a close barrier's
+  # message, printed while it unwinds from the kernel's timeout); the rest until it exits is
+  # teardown. Ranks are watched one after another, so a later rank's time is an upper bound.
+  noticed_ms=""
   # Wait for this peer, bounded: it must end by itself; at the deadline it is killed and fails.
   while kill -0 "$pid" 2>/dev/null; do
+    if [ -z "$noticed_ms" ] && grep -q -E "(peer|rank|ranks) ([0-9]+, )*$KILL_RANK(,| never)" "$OUT/dead_rank_$rank.log"; then
+      noticed_ms=$(( $(now_ms) - killed_at ))
+    fi
     if [ $(( $(now_ms) - killed_at )) -gt $((DEADLINE_S * 1000)) ]; then
       echo "dead_rank_check: FAIL rank $rank still running $DEADLINE_S s after the kill (a hang); its stacks, then kill"
       if command -v gdb >/dev/null; then
@@ -81,7 +88,7 @@ for rank in $(seq 0 $((NPROC - 1))); do
       status=1
       break
     fi
-    sleep 0.2
+    sleep 0.05
   done
   wait "$pid"
   code=$?
@@ -97,7 +104,8 @@ for rank in $(seq 0 $((NPROC - 1))); do
     tail -3 "$OUT/dead_rank_$rank.log"
     status=1
   else
-    echo "dead_rank_check: ok   rank $rank exited $code, $took_ms ms after the kill: $named"
+    echo "dead_rank_check: ok   rank $rank exited $code, $took_ms ms after the kill (its log named rank $k" \
+         "${noticed_ms:+by $noticed_ms ms}${noticed_ms:-only at its exit}): $named"
   fi
 done
 wait 2>/dev/null
