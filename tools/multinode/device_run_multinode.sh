@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Multi-GPU and multi-node on real GPUs (issue 29), one device call on a 4-GPU machine; logs to
-# $OUT, a short table last. Build and carry first (docs/contributing.md):
+# Multi-GPU and multi-node on real GPUs (issue 29), one device call on a 4-GPU machine; every log
+# in $OUT/logs.tgz (one file: the device tool brings back few), a short table last. Build and carry first (docs/contributing.md):
 #   bazel build //tools:exactcoll //python:wheel && mkdir -p .gpubin && cp bazel-bin/tools/exactcoll \
 #     bazel-bin/python/exactcoll-*.whl /usr/lib/x86_64-linux-gnu/libpng16.so.16 .gpubin/
 #   usage: tools/multinode/device_run_multinode.sh [phases]   (default: all of them)
@@ -12,11 +12,13 @@
 #            and Python's multi-node communicator, every op against exactcoll.sim)
 #   odd      verify --nproc 3 on the 4-GPU machine (an odd world size)
 #   dead     tools/gpu/dead_rank_check.sh: 4 ranks on GPUs of their own, rank 1 SIGKILLed inside
-#            its collectives; every peer must exit naming it within the kernel bound + 1 s
+#            its collectives (bench), then between them (tools/gpu/between_collectives_worker.py);
+#            every peer must exit naming it within the kernel bound + 1 s
 set -uo pipefail
 PHASES=${1:-nodes,python,odd,dead}
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+RESULTS=${OUT:-/tmp/out}
+OUT=$(mktemp -d)/logs
+mkdir -p "$OUT" "$RESULTS"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export LD_LIBRARY_PATH=$PWD/.gpubin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export EXACTCOLL=$PWD/.gpubin/exactcoll
@@ -54,9 +56,18 @@ if has odd; then
   note "verify --nproc 3: exit $? | $(grep -E "^verify" "$OUT/verify_nproc3.log" | tail -1)"
 fi
 if has dead; then
-  B=$EXACTCOLL NPROC=4 SHARED_GPU=0 KILL_RANK=1 OUT="$OUT" tools/gpu/dead_rank_check.sh > "$OUT/dead_rank.log" 2>&1
-  note "dead rank (4 GPUs, rank 1 killed, bound 5 s): exit $?"
+  # Inside a collective: bench's CUDA graphs of all-reduces, killed 5 s in.
+  mkdir -p "$OUT/inside" "$OUT/between"
+  B=$EXACTCOLL NPROC=4 SHARED_GPU=0 KILL_RANK=1 OUT="$OUT/inside" tools/gpu/dead_rank_check.sh > "$OUT/dead_rank.log" 2>&1
+  note "dead rank inside a collective (4 GPUs, rank 1 killed, bound 5 s): exit $? | $(grep -c "dead_rank_check: ok" "$OUT/dead_rank.log") peers ok"
   grep "dead_rank_check:" "$OUT/dead_rank.log"
+  # Between collectives: one all-reduce, a check, 200 ms of host sleep, over and over.
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpubin/exactcoll-*.whl 2>/dev/null
+  PYTHONPATH=/tmp/site WORKER="python3 tools/gpu/between_collectives_worker.py --timeout-ms 5000" NPROC=4 SHARED_GPU=0 \
+    KILL_RANK=1 KILL_AFTER_S=8 OUT="$OUT/between" tools/gpu/dead_rank_check.sh > "$OUT/dead_rank_between.log" 2>&1
+  note "dead rank between collectives (4 GPUs, rank 1 killed, bound 5 s): exit $? | $(grep -c "dead_rank_check: ok" "$OUT/dead_rank_between.log") peers ok"
+  grep "dead_rank_check:" "$OUT/dead_rank_between.log"
 fi
+tar czf "$RESULTS/logs.tgz" -C "$(dirname "$OUT")" logs
 echo "== summary"
 printf '%s\n' "${summary[@]}"
