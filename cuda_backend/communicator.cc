@@ -150,7 +150,7 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
   }
   auto agree = [&](const std::string& round) {
     store_.set(key("ipc/" + round + "/" + std::to_string(rank_)), problem);
-    store_.barrier(key("ipc/" + round), world_size_, options_.store_timeout);
+    store_.barrier(key("ipc/" + round), rank_, world_size_, options_.store_timeout);
     std::string first;
     for (int p = 0; p < world_size_ && first.empty(); ++p) {
       first = store_.get(key("ipc/" + round + "/" + std::to_string(p)), options_.store_timeout);

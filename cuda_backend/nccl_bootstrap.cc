@@ -45,7 +45,7 @@ ncclComm_t create_nccl_comm(Store& store, const std::string& prefix, int rank, i
     problem = e.what();
   }
   store.set(prefix + "/loaded/" + std::to_string(rank), problem);
-  store.barrier(prefix + "/loaded", world_size, timeout);
+  store.barrier(prefix + "/loaded", rank, world_size, timeout);
   for (int p = 0; p < world_size; ++p) {
     if (!store.get(prefix + "/loaded/" + std::to_string(p), timeout).empty()) {
       *why = "libnccl.so.2 could not be loaded on some rank";

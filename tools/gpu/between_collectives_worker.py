@@ -30,7 +30,8 @@ def main():
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    comm = xt.Communicator(flag_timeout_ms=args.timeout_ms)
+    comm = xt.Communicator(flag_timeout_ms=args.timeout_ms, use_nccl=False)  # the IPC path alone
+    print(f"between_collectives_worker: rank {dist.get_rank()} ready", flush=True)
     x = torch.ones(4096, dtype=torch.bfloat16, device="cuda")
     end = time.monotonic() + args.seconds
     calls = 0

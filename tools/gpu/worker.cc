@@ -72,9 +72,11 @@ Worker::Worker(const std::string& command) : command_(command) {
 
 Worker::~Worker() {
   // Unwinding from an error (a peer that never arrived, most often): the peers are failing too or
-  // are dead, so the final barrier waits briefly instead of a minute (with a dead peer it never
-  // completes: this wait counts against "the kernel bound + 1 s", docs/reliability.md).
-  const auto timeout = std::chrono::milliseconds(std::uncaught_exceptions() > 0 ? 200 : 60000);
+  // are dead, and their communicators are closed already, so this rank leaves without the final
+  // barrier, which a dead rank would hold until its timeout ("the kernel bound + 1 s" within which
+  // a dead peer's survivors exit, docs/reliability.md).
+  if (std::uncaught_exceptions() > 0) return;
+  const auto timeout = std::chrono::milliseconds(60000);
   try {
     store_->barrier(command_ + "/exit", env_.rank, env_.world_size, timeout);
   } catch (const std::exception& e) {
