@@ -104,8 +104,9 @@ for rank in $(seq 0 $((NPROC - 1))); do
     tail -3 "$OUT/dead_rank_$rank.log"
     status=1
   else
-    echo "dead_rank_check: ok   rank $rank exited $code, $took_ms ms after the kill (its log named rank $k" \
-         "${noticed_ms:+by $noticed_ms ms}${noticed_ms:-only at its exit}): $named"
+    when="only at its exit"
+    [ -n "$noticed_ms" ] && when="by $noticed_ms ms"
+    echo "dead_rank_check: ok   rank $rank exited $code, $took_ms ms after the kill (its log named rank $k $when): $named"
   fi
 done
 wait 2>/dev/null
