@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -453,6 +454,41 @@ TEST(CApiGpu, CommunicatorCallsFailCleanlyWithoutAGpu) {
   expect_error(exactcoll_comm_create(store, 0, 1, &options, &comm),
                exactcoll_has_cuda() ? EXACTCOLL_ERROR_INVALID_ARGUMENT : EXACTCOLL_ERROR_UNAVAILABLE,
                exactcoll_has_cuda() ? "buffer_bytes must be at least 4096" : "built without CUDA");
+  EXPECT_EQ(exactcoll_store_destroy(store), EXACTCOLL_OK);
+}
+
+// The multi-node options are checked, and the layout with them, before any GPU is touched; a
+// caller compiled against the first exactcoll_comm_options (without node / local_world_size) is
+// still served, with their defaults.
+TEST(CApiGpu, MultiNodeOptionsAndOlderStructsAreCheckedFirst) {
+  if (!exactcoll_has_cuda()) GTEST_SKIP() << "built without CUDA: every GPU call is UNAVAILABLE";
+  MemoryStore memory;
+  const exactcoll_store_callbacks cb = callbacks_for(&memory);
+  exactcoll_store store{};
+  ASSERT_EQ(exactcoll_store_create(&cb, 3, 4, &store), EXACTCOLL_OK);
+  exactcoll_comm comm{};
+  exactcoll_comm_options options;
+  exactcoll_comm_options_init(&options);
+  EXPECT_EQ(options.node, -1);
+  EXPECT_EQ(options.local_world_size, 0);
+  const int inv = EXACTCOLL_ERROR_INVALID_ARGUMENT;
+  options.node = -2;
+  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "node must be -1 (from the environment)");
+  options.node = -1;
+  options.local_world_size = -1;
+  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "local_world_size must be 0");
+  options.local_world_size = 3;
+  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "world_size 4 is not a multiple of 3");
+  options.node = 0;
+  options.local_world_size = 2;
+  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "rank 3 is not on node 0 of 2 ranks");
+  // The first version of the struct ends before `node`: accepted (buffer_bytes is read and checked).
+  exactcoll_comm_options_init(&options);
+  options.struct_size = offsetof(exactcoll_comm_options, node);
+  options.buffer_bytes = 16;
+  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "buffer_bytes must be at least 4096");
+  options.struct_size = offsetof(exactcoll_comm_options, node) - 1;
+  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "exactcoll_comm_options.struct_size is");
   EXPECT_EQ(exactcoll_store_destroy(store), EXACTCOLL_OK);
 }
 
