@@ -43,6 +43,11 @@ SimRun sim_run(const exactcoll_sim_options* given, int ranks) {
   }
   if (o.seeded_schedule != 0 && o.seeded_schedule != 1) bad_argument("seeded_schedule must be 0 or 1");
   if (o.timeout_ms < 1) bad_argument("timeout_ms must be >= 1, got " + std::to_string(o.timeout_ms));
+  // Checked before the array is touched: a count past the bound must never become a pointer.
+  if (o.num_trace_elements > EXACTCOLL_MAX_TRACE_ELEMENTS) {
+    bad_argument("num_trace_elements is " + std::to_string(o.num_trace_elements) + "; at most " +
+                 std::to_string(EXACTCOLL_MAX_TRACE_ELEMENTS) + " elements are traced (EXACTCOLL_MAX_TRACE_ELEMENTS)");
+  }
   if (o.num_trace_elements > 0 && o.trace_elements == nullptr) bad_argument("trace_elements is NULL");
   SimRun run;
   run.blocks = o.blocks;

@@ -22,6 +22,12 @@ struct StoreError : std::runtime_error {
 // The rank a barrier caller gives when it does not say who it is.
 inline constexpr int kUnknownRank = -1;
 
+// The most ranks one store's job, and so one barrier, may have. It is the TCP store's count of job
+// slots (TcpStoreServerOptions::max_connections: one connection per rank), and it bounds what a
+// barrier timeout does to list the missing ranks (core/key_barrier.h reads one key per rank).
+// The C API refuses a larger world_size when a store is made (EXACTCOLL_MAX_STORE_RANKS).
+inline constexpr int kMaxStoreRanks = 1024;
+
 class Store {
  public:
   virtual ~Store() = default;

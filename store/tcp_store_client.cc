@@ -321,8 +321,10 @@ bool TcpStoreClient::erase(const std::string& key) {
 void TcpStoreClient::barrier(const std::string& name, int rank, int world_size, std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const std::string what = "barrier " + quoted(name);
-  if (world_size < 1)
-    throw StoreError("store " + what + ": world_size must be at least 1, got " + std::to_string(world_size));
+  if (world_size < 1 || world_size > kMaxStoreRanks) {
+    throw StoreError("store " + what + ": world_size must be 1.." + std::to_string(kMaxStoreRanks) + ", got " +
+                     std::to_string(world_size));
+  }
   if (rank != kUnknownRank && (rank < 0 || rank >= world_size)) {
     throw StoreError("store " + what + ": rank " + std::to_string(rank) + " is outside 0.." +
                      std::to_string(world_size - 1));

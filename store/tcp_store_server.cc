@@ -557,8 +557,9 @@ void TcpStoreServer::Impl::handle_barrier(const SessionPtr& s, PayloadReader& re
     refuse(s, "refused: malformed barrier");
     return;
   }
-  if (*world_size == 0) {
-    reply(s, error_reply("barrier '" + *name + "': world_size must be at least 1"));
+  if (*world_size == 0 || *world_size > static_cast<uint32_t>(kMaxStoreRanks)) {
+    reply(s, error_reply("barrier '" + *name + "': world_size must be 1.." + std::to_string(kMaxStoreRanks) + ", got " +
+                         std::to_string(*world_size)));
     return;
   }
   if (*rank != store_wire::kNoRank && *rank >= *world_size) {

@@ -65,7 +65,7 @@ struct TcpStoreServerOptions {
   uint16_t port = 0;  // 0: the kernel picks a free port; read it back with port()
   std::string token;  // required, non-empty: the hello of every connection must carry it
   uint32_t max_frame_bytes = store_wire::kDefaultMaxFrameBytes;
-  size_t max_connections = 1024;                  // that said hello
+  size_t max_connections = kMaxStoreRanks;        // that said hello: one per rank (core/store.h)
   size_t max_unauthenticated = 64;                // that have not said hello yet; the oldest gives way
   size_t max_buffered_bytes = size_t{256} << 20;  // request bytes received, over all connections
   size_t max_stored_bytes = size_t{1} << 30;      // keys + values

@@ -182,19 +182,30 @@ EXACTCOLL_API void exactcoll_call_info_init(exactcoll_call_info* info);
 
 /* ---- stores: how ranks find each other ---------------------------------------------------------- */
 
+/* The most ranks a store's job may have (1..EXACTCOLL_MAX_STORE_RANKS): the TCP store's job slots,
+ * and the bound on what a barrier timeout does to name the ranks that never arrived. The store
+ * functions refuse a larger world_size with EXACTCOLL_ERROR_INVALID_ARGUMENT. */
+#define EXACTCOLL_MAX_STORE_RANKS 1024
+
 /* A key-value store that every rank of a job reaches, given as callbacks. Each returns 0 on
  * success or a nonzero exactcoll_status (EXACTCOLL_ERROR_TIMEOUT when `get` waited timeout_ms in
  * vain); it may call exactcoll_set_store_error first to say why. The library calls them only from
- * the thread that called it (communicator creation, registration, destroy), never concurrently for
- * one store, and never from a CUDA stream. Values are bytes (any byte may occur). */
+ * the threads that call it (communicator creation, registration, destroy, exactcoll_store_barrier),
+ * never from a CUDA stream, and never concurrently for one store: the calls of one store run one
+ * at a time, whichever threads make them (a `get` that waits holds the store's other callers until
+ * it returns; a callback that calls the library on its own store gets EXACTCOLL_ERROR_STORE rather
+ * than waiting for itself). Values are bytes (any byte may occur), at most 16 MiB. A callback that returns 0
+ * with an impossible result fails the call with EXACTCOLL_ERROR_STORE naming the key, never passes
+ * it: a `get` that leaves *value_bytes unset or reports more than 16 MiB, an `add` whose count a
+ * barrier finds negative or not grown. */
 typedef struct exactcoll_store_callbacks {
   size_t struct_size; /* sizeof(exactcoll_store_callbacks) */
   void* user_data;    /* passed to every callback */
   /* Sets key to value (overwrites). */
   int (*set)(void* user_data, const char* key, const void* value, size_t value_bytes);
   /* Waits until key is set (at most timeout_ms), then copies min(capacity, length) bytes of its
-   * value into buffer and its full length into *value_bytes. When *value_bytes > capacity the
-   * library calls again with a buffer of that size. */
+   * value into buffer and its full length into *value_bytes (always, on success). When
+   * *value_bytes > capacity the library calls again with a buffer of that size. */
   int (*get)(void* user_data, const char* key, int64_t timeout_ms, void* buffer, size_t capacity, size_t* value_bytes);
   /* Adds delta to the integer stored at key (missing = 0) and stores the new value in *result. */
   int (*add)(void* user_data, const char* key, int64_t delta, int64_t* result);
@@ -210,29 +221,37 @@ typedef struct exactcoll_store {
 EXACTCOLL_API void exactcoll_set_store_error(const char* message);
 
 /* A store over the caller's callbacks (copied; user_data must stay valid until destroy). rank and
- * world_size are this process's place in the job: the store's barriers name the ranks that never
- * arrived. */
+ * world_size are this process's place in the job (1 <= world_size <= EXACTCOLL_MAX_STORE_RANKS,
+ * 0 <= rank < world_size; EXACTCOLL_ERROR_INVALID_ARGUMENT otherwise): the store's barriers name the
+ * ranks that never arrived. */
 EXACTCOLL_API int exactcoll_store_create(const exactcoll_store_callbacks* callbacks, int rank, int world_size,
                                          exactcoll_store* store);
 
 /* The library's own TCP store: rank 0 serves it on bind_address:port (bind_address NULL means
  * 127.0.0.1; "0.0.0.0" for ranks on other hosts) and every rank connects to host:port, presenting
  * token (at least 16 characters, the same on every rank). Ranks retry connecting for
- * connect_timeout_ms. Use a port of its own: torch's store already holds MASTER_PORT. */
+ * connect_timeout_ms (EXACTCOLL_ERROR_STORE after it). rank and world_size as for
+ * exactcoll_store_create. Use a port of its own: torch's store already holds MASTER_PORT. */
 EXACTCOLL_API int exactcoll_store_create_tcp(const char* host, int port, const char* bind_address, const char* token,
                                              int rank, int world_size, int64_t connect_timeout_ms,
                                              exactcoll_store* store);
 
 /* The TCP store configured from the environment the way the exactcoll CLI's workers are: RANK,
- * WORLD_SIZE, MASTER_ADDR, EXACTCOLL_STORE_PORT (default: MASTER_PORT + 1), EXACTCOLL_STORE_TOKEN,
- * EXACTCOLL_STORE_BIND (`exactcoll launch` sets them all; under torchrun export the token). rank
- * and world_size, when not NULL, receive the environment's values. */
+ * WORLD_SIZE (at most EXACTCOLL_MAX_STORE_RANKS), MASTER_ADDR, EXACTCOLL_STORE_PORT (default:
+ * MASTER_PORT + 1), EXACTCOLL_STORE_TOKEN, EXACTCOLL_STORE_BIND (`exactcoll launch` sets them all;
+ * under torchrun export the token), and EXACTCOLL_STORE_CONNECT_TIMEOUT_MS: how long a rank retries
+ * connecting, a whole number of milliseconds in 1..2147483647 (unset: 60000). A variable missing or
+ * malformed is EXACTCOLL_ERROR_INVALID_ARGUMENT naming it, before any connection; no connection
+ * within the timeout is EXACTCOLL_ERROR_STORE. rank and world_size, when not NULL, receive the
+ * environment's values. */
 EXACTCOLL_API int exactcoll_store_create_from_env(exactcoll_store* store, int* rank, int* world_size);
 
 /* Collective: returns once every rank of the store's job has entered barrier `name` (a name may be
- * reused; every rank counts its uses). EXACTCOLL_ERROR_STORE after timeout_ms, naming a rank that
- * never arrived. Useful to line ranks up, and to check a store's callbacks before making a
- * communicator on it. */
+ * reused; every rank counts its uses). EXACTCOLL_ERROR_STORE after timeout_ms, naming the ranks that
+ * never arrived, on either kind of store (e.g. "barrier 'user/start': rank 1 never arrived within
+ * 500 ms (2 of 3 waiting: ranks 0, 2)"); naming them reads at most world_size + 1 keys, so the call
+ * returns soon after timeout_ms. Useful to line ranks up, and to check a store's callbacks before
+ * making a communicator on it. */
 EXACTCOLL_API int exactcoll_store_barrier(exactcoll_store store, const char* name, int64_t timeout_ms);
 
 /* Releases the store. Communicators made on it keep it alive until they are destroyed. */
@@ -355,6 +374,10 @@ EXACTCOLL_API int exactcoll_comm_check(exactcoll_comm comm, void* stream);
 
 /* ---- the simulator: the same algorithms on CPU threads, bit for bit with the GPU --------------- */
 
+/* The most elements one simulator call traces (as the CLI's --trace-elements): each traced element
+ * adds its folds to the trace, so a bounded list keeps a traced run's cost near an untraced one's. */
+#define EXACTCOLL_MAX_TRACE_ELEMENTS 4096
+
 typedef struct exactcoll_sim_options {
   size_t struct_size;             /* sizeof(exactcoll_sim_options) */
   int blocks;                     /* blocks per rank, 1..128; 1 */
@@ -364,7 +387,7 @@ typedef struct exactcoll_sim_options {
   const char* trace_path;         /* NULL, or a JSON-lines trace file to write (docs/design.md section 7) */
   const char* chrome_trace_path;  /* NULL, or a Chrome/Perfetto trace file to write */
   const uint64_t* trace_elements; /* element indices whose folds and roundings are traced */
-  size_t num_trace_elements;
+  size_t num_trace_elements;      /* 0..EXACTCOLL_MAX_TRACE_ELEMENTS; more is INVALID_ARGUMENT */
 } exactcoll_sim_options;
 
 EXACTCOLL_API void exactcoll_sim_options_init(exactcoll_sim_options* options);

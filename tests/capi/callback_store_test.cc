@@ -58,6 +58,35 @@ TEST(CallbackStore, ErrorsCarryTheCallbacksMessage) {
   }
 }
 
+// Issue 29: a get callback that returns EXACTCOLL_OK must say how long the value is, and no value of
+// the library is longer than kMaxCallbackValueBytes. Before, an unset length read as an empty value
+// (a barrier passed on it), and 2^63 bytes was std::length_error, an INTERNAL error.
+TEST(CallbackStore, AGetsReportedLengthIsChecked) {
+  static size_t reported = 0;  // what the lying get reports; 0 leaves *value_bytes unset
+  exactcoll_store_callbacks cb = callbacks_for(nullptr);
+  cb.get = [](void*, const char*, int64_t, void*, size_t, size_t* bytes) {
+    if (reported != 0) *bytes = reported;
+    return static_cast<int>(EXACTCOLL_OK);
+  };
+  CallbackStore store(cb, 0, 1);
+  try {
+    store.get("k", milliseconds(10));
+    ADD_FAILURE() << "a get without a length returned a value";
+  } catch (const StoreError& e) {
+    expect_contains(e.what(), "store callback get('k') returned EXACTCOLL_OK without setting *value_bytes");
+  }
+  for (const size_t length : {kMaxCallbackValueBytes + 1, size_t{1} << 63}) {
+    reported = length;
+    try {
+      store.get("k", milliseconds(10));
+      ADD_FAILURE() << "a get of " << length << " bytes returned a value";
+    } catch (const StoreError& e) {
+      expect_contains(e.what(), "store callback get('k') reported a value of " + std::to_string(length) +
+                                    " bytes; no value of the library is longer than 16777216 bytes");
+    }
+  }
+}
+
 TEST(CallbackStore, BarrierIsReusableAndCleansUp) {
   MemoryStore memory;
   constexpr int kRanks = 4;

@@ -202,7 +202,38 @@ TEST(TcpStoreTest, BarrierWorldSizeMismatchIsAnError) {
   EXPECT_STORE_ERROR(b->barrier("mismatch", 3, milliseconds(400)), "barrier 'mismatch'", "world_size 3",
                      "world_size 2");
   a_thread.join();
-  EXPECT_STORE_ERROR(a->barrier("zero", 0, milliseconds(10)), "world_size must be at least 1");
+  EXPECT_STORE_ERROR(a->barrier("zero", 0, milliseconds(10)), "world_size must be 1..1024, got 0");
+}
+
+// Issue 29: a barrier's world is at most kMaxStoreRanks (the server's job slots), so that a timeout
+// lists at most that many ranks. The client refuses more, and so does the server when a caller
+// with the token asks (before, a barrier of 2^32 - 1 was parked and timed out like any other).
+TEST(TcpStoreTest, BarrierWorldSizeIsBounded) {
+  TcpStoreServer server(server_options());
+  auto client = connect_client(server.port());
+  EXPECT_STORE_ERROR(client->barrier("huge", kMaxStoreRanks + 1, milliseconds(10)), "barrier 'huge'",
+                     "world_size must be 1..1024, got 1025");
+  RawConnection raw(server.port());
+  raw.send(hello_frame(kToken));
+  ASSERT_TRUE(raw.read_frame(milliseconds(2000)).has_value());
+  for (const uint32_t world_size : {uint32_t{1025}, uint32_t{0xFFFFFFFEu}}) {
+    SCOPED_TRACE(world_size);
+    raw.send(PayloadWriter()
+                 .u8(static_cast<uint8_t>(Op::kBarrier))
+                 .str("huge")
+                 .u32(world_size)
+                 .u32(50)
+                 .u32(store_wire::kNoRank)
+                 .frame());
+    const auto reply = raw.read_frame(milliseconds(2000));
+    ASSERT_TRUE(reply.has_value());
+    EXPECT_EQ(status_of(*reply), static_cast<uint8_t>(store_wire::Status::kError));
+    const std::string text(reply->begin(), reply->end());
+    EXPECT_NE(text.find("world_size must be 1..1024, got " + std::to_string(world_size)), std::string::npos) << text;
+  }
+  // The largest world is still a barrier (here one that times out, naming the others).
+  EXPECT_STORE_ERROR(client->barrier("largest", kMaxStoreRanks - 1, kMaxStoreRanks, milliseconds(20)),
+                     "ranks 0, 1, 2, ", ", 1022 never arrived within 20 ms (1 of 1024 waiting: rank 1023)");
 }
 
 TEST(TcpStoreTest, WrongTokenIsRefusedWhileOthersKeepWorking) {
