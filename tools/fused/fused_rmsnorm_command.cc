@@ -301,13 +301,6 @@ int run(int argc, char** argv) {
   if (const std::string problem = check_fused_spec(spec, static_cast<int>(ranks), options.schedule); !problem.empty()) {
     return cli::fail(kCommand, problem);
   }
-  // Each traced element's checks read its whole row and the run's events: a bounded list keeps a
-  // traced run's cost near an untraced one's.
-  constexpr size_t kMostTracedElements = 4096;
-  if (options.trace_elements.size() > kMostTracedElements) {
-    return cli::fail(kCommand, "--trace-elements names " + std::to_string(options.trace_elements.size()) +
-                                   " elements; at most " + std::to_string(kMostTracedElements));
-  }
   for (uint64_t i : options.trace_elements) {
     if (i >= static_cast<uint64_t>(rows * hidden)) {
       return cli::fail(kCommand, "--trace-elements index " + std::to_string(i) +

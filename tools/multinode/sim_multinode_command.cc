@@ -125,8 +125,10 @@ int multinode_main(Kind kind, int argc, char** argv) {
     return cli::fail(command, problem);
   }
   std::vector<uint64_t> trace_elements;
-  if (!f.trace_elements.empty() && !tools::parse_indices(f.trace_elements, &trace_elements)) {
-    return cli::fail(command, "--trace-elements must be indices separated by commas, e.g. 0,5,17");
+  if (!f.trace_elements.empty()) {
+    if (std::string p = tools::parse_trace_elements(f.trace_elements, &trace_elements); !p.empty()) {
+      return cli::fail(command, p);
+    }
   }
   if (!trace_elements.empty() && f.trace.empty()) return cli::fail(command, "--trace-elements needs --trace FILE");
   NetworkOptions net;

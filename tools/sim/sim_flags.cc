@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "core/signal.h"
+#include "exactcoll/exactcoll.h"
 #include "npy/npy.h"
 #include "sim/trace_files.h"
 
@@ -21,7 +22,7 @@ void add_world_flags(cli::ArgParser& parser, SimFlags* f, WorldFlagSet set) {
     parser.add_string("trace", &f->trace, "write a JSON-lines trace (one event per rank, block and step)");
     if (set.element_traces) {
       parser.add_string("trace-elements", &f->trace_elements,
-                        "also trace every fold and rounding of these element indices (I,J,...)");
+                        "also trace every fold and rounding of these element indices (I,J,...; at most 4096)");
     }
     parser.add_string("chrome-trace", &f->chrome_trace,
                       "write a Chrome trace (open it in Perfetto): ts is the scheduling step under --schedule seeded "
@@ -39,6 +40,15 @@ void add_world_flags(cli::ArgParser& parser, SimFlags* f, WorldFlagSet set) {
     parser.add_int("fail-at-step", &f->fail_at_step, "fault injection: the step (>= 1) at which --fail-rank dies");
     parser.set_default_note("fail-at-step", "required with --fail-rank");
   }
+}
+
+std::string parse_trace_elements(const std::string& text, std::vector<uint64_t>* out) {
+  if (!parse_indices(text, out)) return "--trace-elements wants element indices like 3,17,42, got '" + text + "'";
+  if (out->size() > EXACTCOLL_MAX_TRACE_ELEMENTS) {
+    return "--trace-elements names " + std::to_string(out->size()) + " elements; at most " +
+           std::to_string(EXACTCOLL_MAX_TRACE_ELEMENTS);
+  }
+  return "";
 }
 
 bool parse_indices(const std::string& text, std::vector<uint64_t>* out) {
@@ -74,8 +84,10 @@ std::string world_options(const SimFlags& f, const cli::ArgParser& parser, sim::
   o->wait_timeout = std::chrono::milliseconds(f.timeout_ms);
   o->max_steps = static_cast<uint64_t>(f.max_steps);
   o->trace_elements.clear();
-  if (!f.trace_elements.empty() && !parse_indices(f.trace_elements, &o->trace_elements)) {
-    return "--trace-elements wants element indices like 3,17,42, got '" + f.trace_elements + "'";
+  if (!f.trace_elements.empty()) {
+    if (std::string problem = parse_trace_elements(f.trace_elements, &o->trace_elements); !problem.empty()) {
+      return problem;
+    }
   }
   o->trace = !f.trace.empty() || !f.chrome_trace.empty();
   if (!o->trace_elements.empty() && f.trace.empty()) return "--trace-elements needs --trace FILE";

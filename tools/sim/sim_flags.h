@@ -86,4 +86,9 @@ using gpu::parse_dtype;
 // Parses "3,17,42" into *out; false on anything else.
 bool parse_indices(const std::string& text, std::vector<uint64_t>* out);
 
+// Parses --trace-elements TEXT into *out: "" or what is wrong (not indices like 3,17,42, or more
+// than EXACTCOLL_MAX_TRACE_ELEMENTS of them, the C API's bound: each traced element's checks
+// read its whole row, so a bounded list keeps a traced run's cost near an untraced one's).
+std::string parse_trace_elements(const std::string& text, std::vector<uint64_t>* out);
+
 }  // namespace exactcoll::tools

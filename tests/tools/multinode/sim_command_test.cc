@@ -204,6 +204,16 @@ TEST(SimNodesCommand, InputFilesGiveTheOneNodeBits) {
       {"fused_rmsnorm --ranks 4 --nodes 2 --input " + fx, "give all three of --input, --residual and --weight"},
       {"fused_rmsnorm --ranks 4 --nodes 2 --rows 3" + files, "shape random inputs, not --input files"},
       {"fused_rmsnorm --ranks 2 --nodes 2" + files, "4 ranks in its first dimension, --ranks is 2"},
+      {"allreduce --ranks 4 --nodes 2 --input " + x + " --trace " + temp_path("t.jsonl") + " --trace-elements " +
+           [] {
+             std::string list = "0";
+             for (int i = 1; i < 4097; ++i) {
+               list.push_back(',');
+               list.append(std::to_string(i % 1000));
+             }
+             return list;
+           }(),
+       "--trace-elements names 4097 elements; at most 4096"},
   };
   for (const auto& b : bad) {
     const CommandResult o = exactcoll("sim " + b.args);

@@ -46,6 +46,16 @@ std::vector<std::vector<uint8_t>> write_input(const std::string& path, DType d, 
   return in;
 }
 
+// "0,1,...,n-1": n element indices for --trace-elements.
+std::string index_list(int n) {
+  std::string text;
+  for (int i = 0; i < n; ++i) {
+    if (i > 0) text.push_back(',');
+    text.append(std::to_string(i));
+  }
+  return text;
+}
+
 TEST(SimCli, OutputsMatchTheReferenceAndTheSummaryEndsWithTheirSha256) {
   struct Case {
     const char* op;
@@ -176,6 +186,11 @@ TEST(SimCli, BadInputsExitTwoWithAMessageAndNoOutput) {
        "--trace-elements wants element indices"},
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --trace-elements 8 --trace " + temp_path("t.jsonl"),
        "index 8 is past the 8 elements"},
+      // The C API's bound (EXACTCOLL_MAX_TRACE_ELEMENTS) for every sim command (--nodes: its own test).
+      {"sim allreduce --ranks 2 --dtype bf16 --count 5000 --trace-elements " + index_list(4097) + " --trace " +
+           temp_path("t.jsonl"),
+       "--trace-elements names 4097 elements; at most 4096"},
+
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --schedule-seed 3", "needs --schedule seeded"},
       {"sim allgather --ranks 2 --dtype bf16 --count 8 --bogus 1", "unknown flag --bogus"},
       {"sim allsum --ranks 2", "unknown op 'allsum'"},
