@@ -8,6 +8,7 @@ which the x86-64 and AArch64 C ABIs pass exactly like such a struct.
 """
 
 import ctypes
+import numbers
 import os
 import pathlib
 
@@ -207,6 +208,52 @@ def code(table, name, what):
         raise ValueError(f"unknown {what} {name!r}; expected one of {', '.join(table)}") from None
 
 
+# ---- option checks: every value is checked here before ctypes could truncate it ------------------
+
+INT32_MAX, INT64_MAX, UINT64_MAX = 2 ** 31 - 1, 2 ** 63 - 1, 2 ** 64 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+MAX_TRACE_ELEMENTS = 4096  # EXACTCOLL_MAX_TRACE_ELEMENTS
+MAX_STORE_RANKS = 1024  # EXACTCOLL_MAX_STORE_RANKS
+
+
+def int_option(name, value, low, high):
+    """value as an int in low..high, else ValueError naming the option and the range. Integers of
+    any kind (numpy's too) pass; bool, floats and strings do not: ctypes would truncate or
+    reinterpret them (2**32 + 1 blocks would run as 1)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer in {low}..{high}, got {value!r}")
+    if not low <= int(value) <= high:
+        raise ValueError(f"{name} must be {low}..{high}, got {int(value)}")
+    return int(value)
+
+
+def real_option(name, value, low, high):
+    """value as a float in low..high (NaN refused), else ValueError naming the option."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not low <= float(value) <= high:
+        raise ValueError(f"{name} must be a number in {low}..{high}, got {value!r}")
+    return float(value)
+
+
+def eps_option(eps):
+    """The RMSNorm epsilon as a float: finite, >= 0, at most float32's largest (the C API's float)."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0.0 <= float(eps) <= FLOAT32_MAX:
+        raise ValueError(f"eps must be finite and >= 0 (a float32), got {eps!r}")
+    return float(eps)
+
+
+def text_option(name, text):
+    """text (a str, bytes or path) as bytes for the C API, else ValueError: a NUL would end the C
+    string early, so a trace path or a key would name another file or key than the caller's."""
+    if not isinstance(text, (str, bytes, os.PathLike)):
+        raise ValueError(f"{name} must be a string, got {type(text).__name__}")
+    encoded = os.fsencode(text)
+    if b"\0" in encoded:
+        raise ValueError(f"{name} contains a NUL character: {text!r}")
+    if not encoded:
+        raise ValueError(f"{name} is empty")
+    return encoded
+
+
 def sim_options(blocks=1, schedule="threads", schedule_seed=1, timeout_ms=20000, trace=None, chrome_trace=None,
                 trace_elements=None):
     """A SimOptions for the simulator calls (returned with the arrays it points into, to keep alive)."""
@@ -214,23 +261,23 @@ def sim_options(blocks=1, schedule="threads", schedule_seed=1, timeout_ms=20000,
     lib.exactcoll_sim_options_init(ctypes.byref(options))
     if schedule not in ("threads", "seeded"):
         raise ValueError(f"schedule must be 'threads' or 'seeded', got {schedule!r}")
-    options.blocks = int(blocks)
+    options.blocks = int_option("blocks", blocks, 1, 128)
     options.seeded_schedule = 1 if schedule == "seeded" else 0
-    if int(schedule_seed) < 0:
-        raise ValueError(f"schedule_seed must be >= 0, got {schedule_seed}")
-    options.schedule_seed = int(schedule_seed)
-    options.timeout_ms = int(timeout_ms)
+    options.schedule_seed = int_option("schedule_seed", schedule_seed, 0, UINT64_MAX)
+    options.timeout_ms = int_option("timeout_ms", timeout_ms, 1, INT32_MAX)
     keep = []
     if trace is not None:
-        keep.append(os.fsencode(trace))
+        keep.append(text_option("trace", trace))
         options.trace_path = keep[-1]
     if chrome_trace is not None:
-        keep.append(os.fsencode(chrome_trace))
+        keep.append(text_option("chrome_trace", chrome_trace))
         options.chrome_trace_path = keep[-1]
     if trace_elements is not None:
-        elements = [int(i) for i in trace_elements]
-        if any(i < 0 for i in elements):
-            raise ValueError("trace_elements must be non-negative element indices")
+        if isinstance(trace_elements, (str, bytes)):
+            raise ValueError(f"trace_elements must be a list of element indices, got {trace_elements!r}")
+        elements = [int_option("trace_elements[]", i, 0, UINT64_MAX) for i in trace_elements]
+        if len(elements) > MAX_TRACE_ELEMENTS:
+            raise ValueError(f"trace_elements names {len(elements)} elements; at most {MAX_TRACE_ELEMENTS}")
         array = (ctypes.c_uint64 * len(elements))(*elements)
         keep.append(array)
         options.trace_elements = ctypes.cast(array, ctypes.POINTER(ctypes.c_uint64))

@@ -6,6 +6,12 @@ import time
 from . import _lib
 
 
+def _place(rank, world_size):
+    """(rank, world_size) checked: 1 <= world_size <= EXACTCOLL_MAX_STORE_RANKS, 0 <= rank < world_size."""
+    world_size = _lib.int_option("world_size", world_size, 1, _lib.MAX_STORE_RANKS)
+    return _lib.int_option("rank", rank, 0, world_size - 1), world_size
+
+
 class Store:
     """A key-value store every rank of the job reaches, handed to libexactcoll as callbacks.
 
@@ -22,8 +28,9 @@ class Store:
         self._backend = backend
         self._failure = None  # the exception a callback swallowed, chained to the library's error
         self._callbacks = self._make_callbacks(backend)
+        rank, world_size = _place(rank, world_size)
         handle = ctypes.c_uint64()
-        _lib.check(_lib.lib.exactcoll_store_create(ctypes.byref(self._callbacks), int(rank), int(world_size),
+        _lib.check(_lib.lib.exactcoll_store_create(ctypes.byref(self._callbacks), rank, world_size,
                                                    ctypes.byref(handle)))
         self.handle = handle.value
         self.rank = int(rank)
@@ -37,10 +44,13 @@ class Store:
         store._backend = None
         store._failure = None
         store._callbacks = None
+        rank, world_size = _place(rank, world_size)
         handle = ctypes.c_uint64()
         _lib.check(_lib.lib.exactcoll_store_create_tcp(
-            host.encode(), int(port), None if bind_address is None else bind_address.encode(), token.encode(),
-            int(rank), int(world_size), int(connect_timeout_s * 1000), ctypes.byref(handle)))
+            _lib.text_option("host", host), _lib.int_option("port", port, 0, 65535),
+            None if bind_address is None else _lib.text_option("bind_address", bind_address),
+            _lib.text_option("token", token), rank, world_size,
+            int(_lib.real_option("connect_timeout_s", connect_timeout_s, 0.001, 2 ** 31) * 1000), ctypes.byref(handle)))
         store.handle = handle.value
         store.rank = int(rank)
         store.world_size = int(world_size)
@@ -61,7 +71,8 @@ class Store:
     def barrier(self, name, timeout_s=60.0):
         """Collective: returns once every rank entered barrier `name`; raises Error naming a rank
         that never arrived after timeout_s."""
-        self.check(_lib.lib.exactcoll_store_barrier(self.handle, name.encode(), int(timeout_s * 1000)))
+        self.check(_lib.lib.exactcoll_store_barrier(self.handle, _lib.text_option("name", name),
+                                                    int(_lib.real_option("timeout_s", timeout_s, 0.001, 2 ** 31) * 1000)))
 
     def close(self):
         """Releases the store (communicators made on it keep it alive until they are closed)."""

@@ -59,18 +59,18 @@ class _Array:
             if dtype not in (None, "fp32"):
                 raise ValueError(f"{what} is float32 but dtype={dtype!r}; bf16 and fp16 come as uint16 bit patterns")
             self.dtype = "fp32"
-            self.bits = np.ascontiguousarray(x)
+            self.bits = np.require(x, requirements='C')
         elif x.dtype == np.float16:
             if dtype not in (None, "fp16"):
                 raise ValueError(f"{what} is float16 but dtype={dtype!r}")
             self.dtype = "fp16"
             self.float16 = True
-            self.bits = np.ascontiguousarray(x).view(np.uint16)
+            self.bits = np.require(x, requirements='C').view(np.uint16)
         elif x.dtype == np.uint16:
             if dtype not in ("bf16", "fp16"):
                 raise ValueError(f"{what} is uint16: bit patterns of bf16 or fp16, so pass dtype='bf16' or 'fp16'")
             self.dtype = dtype
-            self.bits = np.ascontiguousarray(x)
+            self.bits = np.require(x, requirements='C')
         else:
             raise ValueError(f"{what} has dtype {x.dtype}; expected float32, float16, or uint16 bit patterns "
                              "(with dtype='bf16' or 'fp16')")
@@ -171,13 +171,14 @@ def fused_add_rms_norm(x, residual, weight, eps=1e-6, *, dtype=None, algo="auto"
     if ws.bits.shape != (hidden,):
         raise ValueError(f"weight must be shaped [H] = ({hidden},), got {ws.bits.shape}")
     rows = int(np.prod(xs.bits.shape[1:-1], dtype=np.int64))
+    eps = _lib.eps_option(eps)
     out = xs.empty(xs.bits.shape)
     residual_out = xs.empty(xs.bits.shape)
     sim_options, keep = _lib.sim_options(**options)
     info = _lib.new_call_info()
     _lib.check(_lib.lib.exactcoll_sim_fused_add_rmsnorm(
         _lib.code(_lib.FUSED_ALGOS, algo, "algo"), _lib.code(_lib.CONTRACTS, contract, "contract"),
-        _lib.DTYPES[xs.dtype], ranks, rows, hidden, float(eps), _pointer(xs.bits), _pointer(rs.bits), _pointer(ws.bits),
+        _lib.DTYPES[xs.dtype], ranks, rows, hidden, eps, _pointer(xs.bits), _pointer(rs.bits), _pointer(ws.bits),
         _pointer(residual_out), _pointer(out), ctypes.byref(sim_options), ctypes.byref(info)))
     del keep
     return xs.give_back(out), xs.give_back(residual_out)

@@ -67,11 +67,12 @@ class TorchStore:
         return self._store.delete_key(key)
 
 
-def _int_option(name, value, low, high):
-    """value as an int in low..high, else ValueError naming the option (bool is not an int)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{name} must be an integer in {low}..{high}, got {value!r}")
-    return value
+def _tensors(**named):
+    """ValueError for an argument that is not a torch.Tensor (before torch's own TypeError from
+    empty_like and the like), naming it; None (an absent out=) passes."""
+    for what, t in named.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise ValueError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
 
 
 def _group_tag(group):
@@ -99,6 +100,16 @@ class Communicator:
 
     def __init__(self, group=None, *, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
                  programmatic_launch=True, name=None, store=None, node=None, local_world_size=None):
+        # Every option first, before anything else could fail or ctypes could truncate one.
+        buffer_bytes = int(_lib.real_option("buffer_mib", buffer_mib, 4096 / (1 << 20), 2 ** 43) * (1 << 20))
+        flag_timeout_ms = _lib.int_option("flag_timeout_ms", flag_timeout_ms, 1, _lib.UINT64_MAX)
+        store_timeout_ms = int(_lib.real_option("store_timeout_s", store_timeout_s, 0.001, 2 ** 31) * 1000)
+        if node is not None:
+            node = _lib.int_option("node", node, 0, _lib.INT32_MAX)
+        if local_world_size is not None:
+            local_world_size = _lib.int_option("local_world_size", local_world_size, 1, _lib.INT32_MAX)
+        if name is not None:
+            _lib.text_option("name", name)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("exactcoll.torch.Communicator needs torch.distributed.init_process_group first "
                                "(any backend: only its store is used)")
@@ -119,16 +130,15 @@ class Communicator:
         _lib.lib.exactcoll_comm_options_init(ctypes.byref(options))
         self._name = name.encode()
         options.name = self._name
-        options.buffer_bytes = int(buffer_mib * (1 << 20))
-        options.flag_timeout_ms = int(flag_timeout_ms)
-        options.store_timeout_ms = int(store_timeout_s * 1000)
+        options.buffer_bytes = buffer_bytes
+        options.flag_timeout_ms = flag_timeout_ms
+        options.store_timeout_ms = store_timeout_ms
         options.use_nccl = 1 if use_nccl else 0
         options.programmatic_launch = 1 if programmatic_launch else 0
         options.device = torch.cuda.current_device()
         whole_job = group is dist.group.WORLD
-        options.node = _int_option("node", node, -1, 1 << 20) if node is not None else (-1 if whole_job else 0)
-        options.local_world_size = (_int_option("local_world_size", local_world_size, 1, 1 << 20)
-                                    if local_world_size is not None else (0 if whole_job else world_size))
+        options.node = node if node is not None else (-1 if whole_job else 0)
+        options.local_world_size = local_world_size if local_world_size is not None else (0 if whole_job else world_size)
         handle = ctypes.c_uint64()
         self._store.check(_lib.lib.exactcoll_comm_create(self._store.handle, rank, world_size, ctypes.byref(options),
                                                          ctypes.byref(handle)))
@@ -151,6 +161,7 @@ class Communicator:
                 return torch.ops.exactcoll.all_reduce(x, self.id, algo)
             torch.ops.exactcoll.all_reduce_out(x, out, self.id, algo)
             return out
+        _tensors(x=x, out=out)
         if out is None:
             out = torch.empty_like(x)
         self._collective(_lib.lib.exactcoll_allreduce, x, out, algo, registered)
@@ -161,12 +172,14 @@ class Communicator:
         if _is_compiling():
             torch.ops.exactcoll.all_reduce_inplace(x, self.id, algo)
             return x
+        _tensors(x=x)
         self._collective(_lib.lib.exactcoll_allreduce, x, x, algo, None)
         return x
 
     def reduce_scatter(self, x, *, out=None, algo="auto", registered=None):
         """x [n*k, ...] -> out [k, ...]: this rank's block of the sum (as reduce_scatter_tensor).
         algo: auto, direct, nccl."""
+        _tensors(x=x, out=out)
         shape = self._scattered_shape(x)
         if _is_compiling():
             if out is None:
@@ -181,6 +194,7 @@ class Communicator:
     def all_gather(self, x, *, out=None, algo="auto", registered=None):
         """x [k, ...] -> out [n*k, ...]: every rank's x in rank order (as all_gather_into_tensor),
         bits unchanged. algo: auto, direct, copy_engine, nccl."""
+        _tensors(x=x, out=out)
         shape = self._gathered_shape(x)
         if _is_compiling():
             if out is None:
@@ -211,6 +225,8 @@ class Communicator:
             torch.ops.exactcoll.fused_add_rms_norm_out(x, residual, weight, out, residual_out, float(eps), self.id,
                                                        algo)
             return out, residual_out
+        _tensors(x=x, residual=residual, weight=weight, out=out, residual_out=residual_out)
+        eps = _lib.eps_option(eps)
         if out is None:
             out = torch.empty_like(x)
         if residual_out is None:
@@ -395,6 +411,8 @@ def add_rms_norm(x, residual, weight, eps=1e-6, *, out=None, residual_out=None):
         residual_out = torch.empty_like(x) if residual_out is None else residual_out
         torch.ops.exactcoll.add_rms_norm_out(x, residual, weight, out, residual_out, float(eps))
         return out, residual_out
+    _tensors(x=x, residual=residual, weight=weight, out=out, residual_out=residual_out)
+    eps = _lib.eps_option(eps)
     if out is None:
         out = torch.empty_like(x)
     if residual_out is None:

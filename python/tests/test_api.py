@@ -4,6 +4,7 @@ a missing rank named, a callback's own exception chained); the wheel's metadata.
 
 import ctypes
 import os
+import tempfile
 import threading
 import unittest
 
@@ -53,6 +54,68 @@ class Errors(unittest.TestCase):
                 with self.assertRaises(ValueError) as caught:
                     call()
                 self.assertIn(message, str(caught.exception))
+
+    def test_options_are_checked_before_ctypes_could_truncate_them(self):
+        """Each of these once ran with a truncated value (2**32 + 1 blocks as 1 block, timeout_ms
+        2**64 + 5 as 5 ms, schedule_seed 2**64 as seed 0, trace element 2**64 as element 0) or wrote
+        a file named by the part of a path before a NUL."""
+        x = np.zeros((2, 8), dtype=np.float32)
+        trace_dir = tempfile.mkdtemp()
+        cut_path = os.path.join(trace_dir, "t.jsonl\0rest")
+        cases = [
+            (dict(blocks=2 ** 32 + 1), "blocks must be 1..128, got 4294967297"),
+            (dict(blocks=1.5), "blocks must be an integer"),
+            (dict(blocks=True), "blocks must be an integer"),
+            (dict(timeout_ms=2 ** 64 + 5), "timeout_ms must be 1..2147483647"),
+            (dict(timeout_ms=0), "timeout_ms must be 1..2147483647"),
+            (dict(schedule="seeded", schedule_seed=2 ** 64), "schedule_seed must be 0..18446744073709551615"),
+            (dict(schedule="seeded", schedule_seed=-1), "schedule_seed must be 0.."),
+            (dict(trace=os.path.join(trace_dir, "t.jsonl"), trace_elements=[2 ** 64]), "trace_elements[] must be"),
+            (dict(trace=os.path.join(trace_dir, "t.jsonl"), trace_elements=[-1]), "trace_elements[] must be"),
+            (dict(trace=os.path.join(trace_dir, "t.jsonl"), trace_elements="5"), "must be a list of element indices"),
+            (dict(trace=os.path.join(trace_dir, "t.jsonl"), trace_elements=range(4097)), "at most 4096"),
+            (dict(trace=cut_path), "trace contains a NUL character"),
+            (dict(chrome_trace=cut_path), "chrome_trace contains a NUL character"),
+        ]
+        for options, message in cases:
+            with self.subTest(options=str(options)[:60]):
+                with self.assertRaises(ValueError) as caught:
+                    xs.all_reduce(x, **options)
+                self.assertIn(message, str(caught.exception))
+        self.assertEqual(os.listdir(trace_dir), [], "a refused call wrote a file")
+        # numpy integers are integers; the largest seed is accepted.
+        xs.all_reduce(x, blocks=np.int64(2), schedule="seeded", schedule_seed=2 ** 64 - 1)
+        f, r, w = np.zeros((2, 1, 8), np.float32), np.zeros((1, 8), np.float32), np.ones(8, np.float32)
+        for eps in (float("inf"), 1e39, "0.1", True):
+            with self.subTest(eps=eps), self.assertRaises(ValueError) as caught:
+                xs.fused_add_rms_norm(f, r, w, eps)
+            self.assertIn("eps must be finite and >= 0", str(caught.exception))
+
+    def test_a_scalar_is_reported_with_its_own_shape(self):
+        for x in (np.float32(1.0), np.array(1.0, dtype=np.float32)):
+            with self.assertRaises(ValueError) as caught:
+                xs.all_reduce(x)
+            self.assertIn("got shape ()", str(caught.exception))
+
+    def test_store_options_are_checked(self):
+        memory = exactcoll.MemoryStore()
+        for rank, world_size, message in ((0, 2 ** 32 + 1, "world_size must be 1..1024"), (0, 0, "world_size must"),
+                                          (2, 2, "rank must be 0..1"), (0.5, 2, "rank must be an integer")):
+            with self.subTest(rank=rank, world_size=world_size), self.assertRaises(ValueError) as caught:
+                exactcoll.Store(memory, rank, world_size)
+            self.assertIn(message, str(caught.exception))
+        store = exactcoll.Store(memory, 0, 1)
+        with self.assertRaises(ValueError) as caught:
+            store.barrier("a\0b", 1.0)
+        self.assertIn("name contains a NUL character", str(caught.exception))
+        with self.assertRaises(ValueError) as caught:
+            store.barrier("b", float("nan"))
+        self.assertIn("timeout_s must be a number", str(caught.exception))
+        store.barrier("fine", 1.0)
+        with self.assertRaises(ValueError) as caught:
+            exactcoll.Store.tcp("127.0.0.1", 2 ** 16 + 5, "0123456789abcdef", 0, 1)
+        self.assertIn("port must be 0..65535, got 65541", str(caught.exception))
+        store.close()
 
     def test_names_match_the_library(self):
         for table, name_of in ((_lib.DTYPES, _lib.lib.exactcoll_dtype_name),

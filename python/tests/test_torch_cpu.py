@@ -6,6 +6,8 @@ clear errors without a process group. The GPU half runs in python/examples/tp_bl
 import threading
 import unittest
 
+import numpy as np
+
 try:
     import torch
     import torch.distributed as dist
@@ -72,6 +74,33 @@ class TorchModule(unittest.TestCase):
         with self.assertRaises(RuntimeError) as caught:
             xt.Communicator()
         self.assertIn("init_process_group", str(caught.exception))
+
+    def test_tensors_are_checked_before_torch_sees_them(self):
+        """A numpy array where a tensor belongs is the library's ValueError naming the argument, not
+        torch's TypeError from empty_like."""
+        a, w = np.zeros((2, 8), np.float32), np.ones(8, np.float32)
+        with self.assertRaises(ValueError) as caught:
+            xt.add_rms_norm(a, a, w, 1e-6)
+        self.assertIn("x must be a torch.Tensor, got ndarray", str(caught.exception))
+        t = torch.zeros(2, 8)
+        with self.assertRaises(ValueError) as caught:
+            xt.add_rms_norm(t, a, w, 1e-6)
+        self.assertIn("residual must be a torch.Tensor, got ndarray", str(caught.exception))
+        with self.assertRaises(ValueError) as caught:
+            xt.add_rms_norm(t, t, torch.ones(8), float("nan"))
+        self.assertIn("eps must be finite and >= 0", str(caught.exception))
+
+    def test_communicator_options_are_checked_first(self):
+        cases = [(dict(buffer_mib=2 ** 64), "buffer_mib must be a number"), (dict(buffer_mib=0), "buffer_mib must be"),
+                 (dict(flag_timeout_ms=2 ** 64 + 5), "flag_timeout_ms must be 1..18446744073709551615"),
+                 (dict(flag_timeout_ms=0), "flag_timeout_ms must be 1.."),
+                 (dict(store_timeout_s=float("inf")), "store_timeout_s must be a number"),
+                 (dict(node=-1), "node must be 0..2147483647"), (dict(local_world_size=0), "local_world_size must be"),
+                 (dict(name="a\0b"), "name contains a NUL character")]
+        for options, message in cases:
+            with self.subTest(options=options), self.assertRaises(ValueError) as caught:
+                xt.Communicator(**options)
+            self.assertIn(message, str(caught.exception))
 
     def test_custom_ops_exist_when_torch_has_custom_op(self):
         self.assertEqual(xt.CUSTOM_OPS, hasattr(torch.library, "custom_op"))
