@@ -14,8 +14,10 @@
 #   dead     tools/gpu/dead_rank_check.sh: 4 ranks on GPUs of their own, rank 1 SIGKILLed inside
 #            its collectives (bench), then between them (tools/gpu/between_collectives_worker.py);
 #            every peer must exit naming it within the kernel bound + 1 s
+#   soak     python/examples/soak.py: 10^6 mixed calls on 4 GPUs, then 10^5 across 2 emulated nodes of
+#            1 GPU (SOAK_CALLS, SOAK_NODE_CALLS change the counts), spot-checked against exactcoll.sim
 set -uo pipefail
-PHASES=${1:-nodes,python,odd,dead}
+PHASES=${1:-nodes,python,odd,dead,soak}
 RESULTS=${OUT:-/tmp/out}
 OUT=$(mktemp -d)/logs
 mkdir -p "$OUT" "$RESULTS"
@@ -74,6 +76,25 @@ if has dead; then
     > "$OUT/dead_rank_between.log" 2>&1
   note "dead rank between collectives (4 GPUs, rank 1 killed, bound 5 s): exit $?"
   grep "dead_rank_check: \(ok\|FAIL\)" "$OUT/dead_rank_between.log"
+fi
+if has soak; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpubin/exactcoll-*.whl 2>/dev/null
+  PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout 360 torchrun --nproc-per-node 4 python/examples/soak.py \
+    --calls "${SOAK_CALLS:-1000000}" > "$OUT/soak_4gpu.log" 2>&1
+  note "soak 4 GPUs: exit $? | $(grep -E "calls .* in |wrong elements|soak: (passed|FAILED)" "$OUT/soak_4gpu.log" | tr '\n' ' ')"
+  grep -E "^  rank" "$OUT/soak_4gpu.log"
+  port=$((20000 + RANDOM % 20000))
+  pids=()
+  for k in 0 1; do
+    CUDA_VISIBLE_DEVICES=$k NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 \
+      timeout 200 torchrun --nnodes 2 --node-rank $k --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port \
+      python/examples/soak.py --calls "${SOAK_NODE_CALLS:-100000}" --max-count 4096 > "$OUT/soak_nodes_$k.log" 2>&1 &
+    pids+=($!)
+  done
+  code=0
+  for p in "${pids[@]}"; do wait "$p" || code=$?; done
+  note "soak 2 x 1 emulated nodes: exit $code | $(grep -h -E "calls .* in |wrong elements|soak: (passed|FAILED)" "$OUT"/soak_nodes_*.log | tr '\n' ' ')"
+  grep -h -E "^  rank" "$OUT"/soak_nodes_*.log
 fi
 tar czf "$RESULTS/logs.tgz" -C "$(dirname "$OUT")" logs
 echo "== summary"
