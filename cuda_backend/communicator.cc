@@ -7,6 +7,7 @@
 #include <cstring>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "core/collectives.h"
 #include "core/lamport.h"
@@ -209,9 +210,17 @@ Communicator::~Communicator() {
   }
   if (nccl_comm_ != nullptr) {
     try {
-      // A poisoned communicator's peer is dead: abort, which does not wait for it.
       if (poisoned_) {
-        NcclApi::get().CommAbort(nccl_comm_);
+        // A peer is dead: NCCL is aborted (a destroy could wait for it), on a thread of its own,
+        // since the abort takes about a second (4 x H100, 2026-11-27) and a dead peer's survivors
+        // are to leave within the kernel bound + 1 s (docs/reliability.md). A process that goes on
+        // gets NCCL's resources back when the abort ends; one that exits ends it there.
+        std::thread([comm = nccl_comm_] {
+          try {
+            NcclApi::get().CommAbort(comm);
+          } catch (...) {
+          }
+        }).detach();
       } else {
         NcclApi::get().CommDestroy(nccl_comm_);
       }
