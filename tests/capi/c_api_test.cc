@@ -18,6 +18,7 @@
 #include "exactcoll/exactcoll.h"
 #include "sim/fused/random.h"
 #include "sim/fused/reference.h"
+#include "tests/capi/expect_status.h"
 #include "tests/capi/memory_store.h"
 #include "tests/sim/sim_test_util.h"
 #include "tests/support/command_runner.h"
@@ -27,21 +28,12 @@ namespace exactcoll {
 namespace {
 
 using capitest::callbacks_for;
+using capitest::expect_contains;
+using capitest::expect_error;
+using capitest::last_error;
 using capitest::MemoryStore;
 using simtest::first_difference;
 using test_support::temp_path;
-
-std::string last_error() { return exactcoll_last_error(); }
-
-void expect_contains(const std::string& text, const std::string& part) {
-  EXPECT_NE(text.find(part), std::string::npos) << "'" << text << "' lacks '" << part << "'";
-}
-
-// Expects `status` to be `expected` and the thread's message to contain `part`.
-void expect_error(int status, int expected, const std::string& part) {
-  EXPECT_EQ(status, expected) << exactcoll_status_name(status) << ": " << last_error();
-  expect_contains(last_error(), part);
-}
 
 DType dtype_of(int c_dtype) {
   return c_dtype == EXACTCOLL_BF16 ? DType::kBF16 : c_dtype == EXACTCOLL_FP16 ? DType::kFP16 : DType::kFP32;

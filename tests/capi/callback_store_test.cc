@@ -8,18 +8,16 @@
 #include <thread>
 #include <vector>
 
+#include "tests/capi/expect_status.h"
 #include "tests/capi/memory_store.h"
 
 namespace exactcoll::capi {
 namespace {
 
 using capitest::callbacks_for;
+using capitest::expect_contains;
 using capitest::MemoryStore;
 using std::chrono::milliseconds;
-
-void expect_contains(const std::string& text, const std::string& part) {
-  EXPECT_NE(text.find(part), std::string::npos) << "'" << text << "' lacks '" << part << "'";
-}
 
 TEST(CallbackStore, ValuesOfAnyLengthAndBytes) {
   MemoryStore memory;

@@ -14,28 +14,20 @@
 #include <vector>
 
 #include "exactcoll/exactcoll.h"
+#include "tests/capi/expect_status.h"
 #include "tests/capi/memory_store.h"
 #include "tools/launch/launcher.h"
 
 namespace exactcoll {
 namespace {
 
+using capitest::expect_contains;
+using capitest::expect_error;
+using capitest::last_error;
 using capitest::MemoryStore;
 using Clock = std::chrono::steady_clock;
 
 const char* const kToken = "0123456789abcdef0123";
-
-std::string last_error() { return exactcoll_last_error(); }
-
-void expect_contains(const std::string& text, const std::string& part) {
-  EXPECT_NE(text.find(part), std::string::npos) << "'" << text << "' lacks '" << part << "'";
-}
-
-// Expects `status` to be `expected` and the thread's message to contain `part`.
-void expect_error(int status, int expected, const std::string& part) {
-  EXPECT_EQ(status, expected) << exactcoll_status_name(status) << ": " << last_error();
-  expect_contains(last_error(), part);
-}
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
