@@ -163,9 +163,7 @@ int exactcoll_sim_collective(int op, int algo, int dtype, int ranks, size_t coun
     const DType type = to_dtype(dtype);
     const SimRun run = sim_run(options, ranks);
     sim::CollectiveSpec spec;
-    spec.op = op == EXACTCOLL_OP_ALLREDUCE        ? sim::Collective::kAllReduce
-              : op == EXACTCOLL_OP_REDUCE_SCATTER ? sim::Collective::kReduceScatter
-                                                  : sim::Collective::kAllGather;
+    spec.op = *parse_op(op_name);  // the C names are core's (tests/capi/enum_names_test.cc)
     spec.algorithm = sim_algorithm(spec.op, algo);
     spec.dtype = type;
     spec.count = count;

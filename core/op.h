@@ -17,8 +17,15 @@ inline constexpr Op kOps[] = {Op::kAllReduce, Op::kReduceScatter, Op::kAllGather
 
 // Returns "allreduce", "reduce_scatter" or "allgather": the names of the CLI, the tables and the
 // traces.
+// Every switch over Op lists each value (no default): -Wswitch, an error under -Werror, then finds
+// each place a new Op must be handled.
 constexpr const char* op_name(Op op) {
-  return op == Op::kAllReduce ? "allreduce" : op == Op::kReduceScatter ? "reduce_scatter" : "allgather";
+  switch (op) {
+    case Op::kAllReduce: return "allreduce";
+    case Op::kReduceScatter: return "reduce_scatter";
+    case Op::kAllGather: return "allgather";
+  }
+  return "(not an Op)";
 }
 
 // Returns the Op named `name` (op_name's spelling), or nullopt.
@@ -34,9 +41,12 @@ inline std::optional<Op> parse_op(std::string_view name) {
 // count * ranks (all-gather).
 // Example: output_count(Op::kAllGather, 4096, 4) == 16384.
 constexpr size_t output_count(Op op, size_t count, int ranks) {
-  return op == Op::kAllReduce       ? count
-         : op == Op::kReduceScatter ? count / static_cast<size_t>(ranks)
-                                    : count * static_cast<size_t>(ranks);
+  switch (op) {
+    case Op::kAllReduce: return count;
+    case Op::kReduceScatter: return count / static_cast<size_t>(ranks);
+    case Op::kAllGather: return count * static_cast<size_t>(ranks);
+  }
+  return 0;
 }
 
 }  // namespace exactcoll

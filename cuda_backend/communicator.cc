@@ -493,7 +493,7 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   }
   const size_t elem = static_cast<size_t>(dtype_size(dtype));
   const size_t in_bytes = count * elem;
-  const size_t out_bytes = op == Op::kAllReduce ? in_bytes : op == Op::kReduceScatter ? in_bytes / n : in_bytes * n;
+  const size_t out_bytes = output_count(op, count, world_size_) * elem;
   if (algo == Algorithm::kNccl) return run_nccl(op, input, output, count, dtype, stream);
 
   // 2. Fallbacks (each decided from arguments and agreed state only).

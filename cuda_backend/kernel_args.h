@@ -16,11 +16,7 @@ using exactcoll::Op;
 using exactcoll::op_name;
 using exactcoll::output_count;
 
-// The IPC algorithms. All-reduce has one_shot and two_shot; reduce_scatter and allgather have one
-// kernel each (Algo::kOneShot names it in tables and flags as "direct").
-enum class Algo : uint8_t { kOneShot, kTwoShot };
-
-// Which core template a kernel runs (the four all-reduce algorithms, reduce_scatter, allgather),
+// Which core template a kernel runs (the all-reduce algorithms, reduce_scatter, allgather),
 // or kBarrier: one barrier of the signal protocol and nothing else (copy-engine steps, line-ups).
 enum class KernelKind : int {
   kOneShot = 0,
