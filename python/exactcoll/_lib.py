@@ -8,6 +8,7 @@ which the x86-64 and AArch64 C ABIs pass exactly like such a struct.
 """
 
 import ctypes
+import itertools
 import numbers
 import os
 import pathlib
@@ -216,10 +217,29 @@ MAX_TRACE_ELEMENTS = 4096  # EXACTCOLL_MAX_TRACE_ELEMENTS
 MAX_STORE_RANKS = 1024  # EXACTCOLL_MAX_STORE_RANKS
 
 
-def int_option(name, value, low, high):
-    """value as an int in low..high, else ValueError naming the option and the range. Integers of
-    any kind (numpy's too) pass; bool, floats and strings do not: ctypes would truncate or
-    reinterpret them (2**32 + 1 blocks would run as 1)."""
+def ctype_range(ctype):
+    """The integers a ctypes integer type holds unchanged: c_int -2**31..2**31-1, c_uint64 0..2**64-1."""
+    bits = 8 * ctypes.sizeof(ctype)
+    if ctype(-1).value < 0:
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+def field_type(struct, field):
+    """The ctypes type of struct's field (SimOptions' "blocks" is c_int)."""
+    return dict(struct._fields_)[field]
+
+
+def int_option(name, value, ctype, low=None, high=None):
+    """value as an int that ctype holds unchanged, in low..high where the library takes less than
+    the whole type (blocks: 1..128 of a c_int); else ValueError naming the option and the range.
+    Integers of any kind (numpy's too) pass; bool, floats and strings do not. Without this, ctypes
+    keeps the low bits (2**32 + 1 blocks would run as 1 block, seed 2**64 as seed 0)."""
+    type_low, type_high = ctype_range(ctype)
+    low = type_low if low is None else low
+    high = type_high if high is None else high
+    if not type_low <= low <= high <= type_high:
+        raise AssertionError(f"{name}: the range {low}..{high} does not fit {ctype.__name__}")
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer in {low}..{high}, got {value!r}")
     if not low <= int(value) <= high:
@@ -227,16 +247,30 @@ def int_option(name, value, low, high):
     return int(value)
 
 
+def switch_option(name, value):
+    """value as 1 or 0 for a C int flag: True/False (or the integers 1/0), else ValueError; a
+    string such as "false" is not read as true."""
+    if isinstance(value, bool) or (isinstance(value, numbers.Integral) and int(value) in (0, 1)):
+        return 1 if value else 0
+    raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def _real_in(value, low, high):
+    # Compared before float(): an int past float's range (10**400) is out of range, not OverflowError.
+    return (not isinstance(value, bool) and isinstance(value, numbers.Real) and low <= value <= high
+            and low <= float(value) <= high)
+
+
 def real_option(name, value, low, high):
-    """value as a float in low..high (NaN refused), else ValueError naming the option."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not low <= float(value) <= high:
+    """value as a float in low..high (NaN and infinities refused), else ValueError naming the option."""
+    if not _real_in(value, low, high):
         raise ValueError(f"{name} must be a number in {low}..{high}, got {value!r}")
     return float(value)
 
 
 def eps_option(eps):
     """The RMSNorm epsilon as a float: finite, >= 0, at most float32's largest (the C API's float)."""
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0.0 <= float(eps) <= FLOAT32_MAX:
+    if not _real_in(eps, 0.0, FLOAT32_MAX):
         raise ValueError(f"eps must be finite and >= 0 (a float32), got {eps!r}")
     return float(eps)
 
@@ -254,6 +288,27 @@ def text_option(name, text):
     return encoded
 
 
+def trace_elements_option(trace_elements):
+    """The element indices to trace as a list of ints, each a uint64: at most MAX_TRACE_ELEMENTS of
+    them, else ValueError. At most MAX_TRACE_ELEMENTS + 1 items are read, so an endless or huge
+    iterable is refused rather than read to its end."""
+    if isinstance(trace_elements, (str, bytes)):
+        raise ValueError(f"trace_elements must be a list of element indices, got {trace_elements!r}")
+    try:
+        iterator = iter(trace_elements)
+    except TypeError:
+        raise ValueError(f"trace_elements must be a list of element indices, got {trace_elements!r}") from None
+    elements = list(itertools.islice(iterator, MAX_TRACE_ELEMENTS + 1))
+    if len(elements) > MAX_TRACE_ELEMENTS:
+        try:
+            count = len(trace_elements)
+        except (TypeError, OverflowError):  # no length, or one past ssize_t (range(2**70))
+            count = f"more than {MAX_TRACE_ELEMENTS}"
+        raise ValueError(f"trace_elements names {count} elements; at most {MAX_TRACE_ELEMENTS}")
+    element_type = field_type(SimOptions, "trace_elements")._type_
+    return [int_option(f"trace_elements[{k}]", i, element_type) for k, i in enumerate(elements)]
+
+
 def sim_options(blocks=1, schedule="threads", schedule_seed=1, timeout_ms=20000, trace=None, chrome_trace=None,
                 trace_elements=None):
     """A SimOptions for the simulator calls (returned with the arrays it points into, to keep alive)."""
@@ -261,10 +316,12 @@ def sim_options(blocks=1, schedule="threads", schedule_seed=1, timeout_ms=20000,
     lib.exactcoll_sim_options_init(ctypes.byref(options))
     if schedule not in ("threads", "seeded"):
         raise ValueError(f"schedule must be 'threads' or 'seeded', got {schedule!r}")
-    options.blocks = int_option("blocks", blocks, 1, 128)
+    options.blocks = int_option("blocks", blocks, field_type(SimOptions, "blocks"), 1, 128)
     options.seeded_schedule = 1 if schedule == "seeded" else 0
-    options.schedule_seed = int_option("schedule_seed", schedule_seed, 0, UINT64_MAX)
-    options.timeout_ms = int_option("timeout_ms", timeout_ms, 1, INT32_MAX)
+    options.schedule_seed = int_option("schedule_seed", schedule_seed, field_type(SimOptions, "schedule_seed"))
+    # At most 2**31 - 1 ms (24 days), the bound of the library's other millisecond settings
+    # (EXACTCOLL_STORE_CONNECT_TIMEOUT_MS); the C field would take more.
+    options.timeout_ms = int_option("timeout_ms", timeout_ms, field_type(SimOptions, "timeout_ms"), 1, INT32_MAX)
     keep = []
     if trace is not None:
         keep.append(text_option("trace", trace))
@@ -273,11 +330,7 @@ def sim_options(blocks=1, schedule="threads", schedule_seed=1, timeout_ms=20000,
         keep.append(text_option("chrome_trace", chrome_trace))
         options.chrome_trace_path = keep[-1]
     if trace_elements is not None:
-        if isinstance(trace_elements, (str, bytes)):
-            raise ValueError(f"trace_elements must be a list of element indices, got {trace_elements!r}")
-        elements = [int_option("trace_elements[]", i, 0, UINT64_MAX) for i in trace_elements]
-        if len(elements) > MAX_TRACE_ELEMENTS:
-            raise ValueError(f"trace_elements names {len(elements)} elements; at most {MAX_TRACE_ELEMENTS}")
+        elements = trace_elements_option(trace_elements)
         array = (ctypes.c_uint64 * len(elements))(*elements)
         keep.append(array)
         options.trace_elements = ctypes.cast(array, ctypes.POINTER(ctypes.c_uint64))

@@ -8,8 +8,8 @@ from . import _lib
 
 def _place(rank, world_size):
     """(rank, world_size) checked: 1 <= world_size <= EXACTCOLL_MAX_STORE_RANKS, 0 <= rank < world_size."""
-    world_size = _lib.int_option("world_size", world_size, 1, _lib.MAX_STORE_RANKS)
-    return _lib.int_option("rank", rank, 0, world_size - 1), world_size
+    world_size = _lib.int_option("world_size", world_size, ctypes.c_int, 1, _lib.MAX_STORE_RANKS)
+    return _lib.int_option("rank", rank, ctypes.c_int, 0, world_size - 1), world_size
 
 
 class Store:
@@ -47,7 +47,7 @@ class Store:
         rank, world_size = _place(rank, world_size)
         handle = ctypes.c_uint64()
         _lib.check(_lib.lib.exactcoll_store_create_tcp(
-            _lib.text_option("host", host), _lib.int_option("port", port, 0, 65535),
+            _lib.text_option("host", host), _lib.int_option("port", port, ctypes.c_int, 0, 65535),
             None if bind_address is None else _lib.text_option("bind_address", bind_address),
             _lib.text_option("token", token), rank, world_size,
             int(_lib.real_option("connect_timeout_s", connect_timeout_s, 0.001, 2 ** 31) * 1000), ctypes.byref(handle)))

@@ -133,8 +133,10 @@ def all_reduce(x, *, dtype=None, algo="auto", **options):
 
     algo: auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot (the bits are the
     same).
-    options: blocks (1..128), schedule ('threads' or 'seeded'), schedule_seed, timeout_ms,
-    trace (JSON-lines file), chrome_trace (Perfetto file), trace_elements (indices to trace).
+    options: blocks (1..128), schedule ('threads' or 'seeded'), schedule_seed (0..2**64 - 1),
+    timeout_ms (1..2**31 - 1), trace (JSON-lines file), chrome_trace (Perfetto file), trace_elements
+    (at most 4096 indices to trace). Every op takes them; a value out of range, of the wrong type, or
+    a path with a NUL is a ValueError naming the option, before anything runs.
     """
     return _collective("allreduce", x, dtype, algo, options)
 

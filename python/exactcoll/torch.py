@@ -102,14 +102,17 @@ class Communicator:
                  programmatic_launch=True, name=None, store=None, node=None, local_world_size=None):
         # Every option first, before anything else could fail or ctypes could truncate one.
         buffer_bytes = int(_lib.real_option("buffer_mib", buffer_mib, 4096 / (1 << 20), 2 ** 43) * (1 << 20))
-        flag_timeout_ms = _lib.int_option("flag_timeout_ms", flag_timeout_ms, 1, _lib.UINT64_MAX)
+        flag_timeout_ms = _lib.int_option("flag_timeout_ms", flag_timeout_ms,
+                                          _lib.field_type(_lib.CommOptions, "flag_timeout_ms"), 1)
         store_timeout_ms = int(_lib.real_option("store_timeout_s", store_timeout_s, 0.001, 2 ** 31) * 1000)
+        use_nccl = _lib.switch_option("use_nccl", use_nccl)
+        programmatic_launch = _lib.switch_option("programmatic_launch", programmatic_launch)
         if node is not None:
-            node = _lib.int_option("node", node, 0, _lib.INT32_MAX)
+            node = _lib.int_option("node", node, _lib.field_type(_lib.CommOptions, "node"), 0)
         if local_world_size is not None:
-            local_world_size = _lib.int_option("local_world_size", local_world_size, 1, _lib.INT32_MAX)
-        if name is not None:
-            _lib.text_option("name", name)
+            local_world_size = _lib.int_option("local_world_size", local_world_size,
+                                               _lib.field_type(_lib.CommOptions, "local_world_size"), 1)
+        name_bytes = None if name is None else _lib.text_option("name", name)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("exactcoll.torch.Communicator needs torch.distributed.init_process_group first "
                                "(any backend: only its store is used)")
@@ -121,20 +124,20 @@ class Communicator:
             raise ValueError("this process is not a member of the group")
         if name is None:
             tag = _group_tag(group)
-            name = f"exactcoll/{tag}/{_NAME_COUNTERS.get(tag, 0)}"
+            name_bytes = f"exactcoll/{tag}/{_NAME_COUNTERS.get(tag, 0)}".encode()
             _NAME_COUNTERS[tag] = _NAME_COUNTERS.get(tag, 0) + 1
         if store is None:
             store = dist.distributed_c10d._get_default_store()
         self._store = Store(TorchStore(store), rank, world_size)
         options = _lib.CommOptions()
         _lib.lib.exactcoll_comm_options_init(ctypes.byref(options))
-        self._name = name.encode()
+        self._name = name_bytes
         options.name = self._name
         options.buffer_bytes = buffer_bytes
         options.flag_timeout_ms = flag_timeout_ms
         options.store_timeout_ms = store_timeout_ms
-        options.use_nccl = 1 if use_nccl else 0
-        options.programmatic_launch = 1 if programmatic_launch else 0
+        options.use_nccl = use_nccl
+        options.programmatic_launch = programmatic_launch
         options.device = torch.cuda.current_device()
         whole_job = group is dist.group.WORLD
         options.node = node if node is not None else (-1 if whole_job else 0)

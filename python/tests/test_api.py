@@ -58,10 +58,16 @@ class Errors(unittest.TestCase):
     def test_options_are_checked_before_ctypes_could_truncate_them(self):
         """Each of these once ran with a truncated value (2**32 + 1 blocks as 1 block, timeout_ms
         2**64 + 5 as 5 ms, schedule_seed 2**64 as seed 0, trace element 2**64 as element 0) or wrote
-        a file named by the part of a path before a NUL."""
-        x = np.zeros((2, 8), dtype=np.float32)
+        a file named by the part of a path before a NUL. Every entry point of exactcoll.sim is asked."""
         trace_dir = tempfile.mkdtemp()
+        trace_path = os.path.join(trace_dir, "t.jsonl")
         cut_path = os.path.join(trace_dir, "t.jsonl\0rest")
+
+        class Endless:  # an iterable without a length that must not be read past the bound
+            def __iter__(self):
+                yield from range(4097)
+                raise AssertionError("trace_elements was read past its 4097th element")
+
         cases = [
             (dict(blocks=2 ** 32 + 1), "blocks must be 1..128, got 4294967297"),
             (dict(blocks=1.5), "blocks must be an integer"),
@@ -70,47 +76,100 @@ class Errors(unittest.TestCase):
             (dict(timeout_ms=0), "timeout_ms must be 1..2147483647"),
             (dict(schedule="seeded", schedule_seed=2 ** 64), "schedule_seed must be 0..18446744073709551615"),
             (dict(schedule="seeded", schedule_seed=-1), "schedule_seed must be 0.."),
-            (dict(trace=os.path.join(trace_dir, "t.jsonl"), trace_elements=[2 ** 64]), "trace_elements[] must be"),
-            (dict(trace=os.path.join(trace_dir, "t.jsonl"), trace_elements=[-1]), "trace_elements[] must be"),
-            (dict(trace=os.path.join(trace_dir, "t.jsonl"), trace_elements="5"), "must be a list of element indices"),
-            (dict(trace=os.path.join(trace_dir, "t.jsonl"), trace_elements=range(4097)), "at most 4096"),
+            (dict(trace=trace_path, trace_elements=[2 ** 64]), "trace_elements[0] must be 0..18446744073709551615"),
+            (dict(trace=trace_path, trace_elements=[0, -1]), "trace_elements[1] must be 0.."),
+            (dict(trace=trace_path, trace_elements=[0.5]), "trace_elements[0] must be an integer"),
+            (dict(trace=trace_path, trace_elements="5"), "must be a list of element indices"),
+            (dict(trace=trace_path, trace_elements=5), "must be a list of element indices"),
+            (dict(trace=trace_path, trace_elements=range(4097)), "names 4097 elements; at most 4096"),
+            # Counted while read: an endless iterable is refused after 4097 items, not read forever.
+            (dict(trace=trace_path, trace_elements=Endless()), "more than 4096 elements; at most 4096"),
             (dict(trace=cut_path), "trace contains a NUL character"),
             (dict(chrome_trace=cut_path), "chrome_trace contains a NUL character"),
         ]
-        for options, message in cases:
-            with self.subTest(options=str(options)[:60]):
-                with self.assertRaises(ValueError) as caught:
-                    xs.all_reduce(x, **options)
-                self.assertIn(message, str(caught.exception))
+        x = np.zeros((2, 8), dtype=np.float32)
+        f, r, w = np.zeros((2, 1, 8), np.float32), np.zeros((1, 8), np.float32), np.ones(8, np.float32)
+        entry_points = {"all_reduce": lambda **o: xs.all_reduce(x, **o),
+                        "reduce_scatter": lambda **o: xs.reduce_scatter(x, **o),
+                        "all_gather": lambda **o: xs.all_gather(x, **o),
+                        "fused_add_rms_norm": lambda **o: xs.fused_add_rms_norm(f, r, w, **o),
+                        "add_rms_norm": lambda **o: xs.add_rms_norm(r, r, w, **o)}
+        for entry, call in entry_points.items():
+            for options, message in cases:
+                with self.subTest(entry=entry, options=str(options)[:60]):
+                    with self.assertRaises(ValueError) as caught:
+                        call(**options)
+                    self.assertIn(message, str(caught.exception))
         self.assertEqual(os.listdir(trace_dir), [], "a refused call wrote a file")
         # numpy integers are integers; the largest seed is accepted.
         xs.all_reduce(x, blocks=np.int64(2), schedule="seeded", schedule_seed=2 ** 64 - 1)
-        f, r, w = np.zeros((2, 1, 8), np.float32), np.zeros((1, 8), np.float32), np.ones(8, np.float32)
-        for eps in (float("inf"), 1e39, "0.1", True):
-            with self.subTest(eps=eps), self.assertRaises(ValueError) as caught:
-                xs.fused_add_rms_norm(f, r, w, eps)
-            self.assertIn("eps must be finite and >= 0", str(caught.exception))
+        # An int past float's range is out of range too (not float()'s OverflowError).
+        for eps in (float("inf"), 1e39, 10 ** 400, "0.1", True):
+            with self.subTest(eps=eps):
+                with self.assertRaises(ValueError) as caught:
+                    xs.fused_add_rms_norm(f, r, w, eps)
+                self.assertIn("eps must be finite and >= 0", str(caught.exception))
+
+    def test_integer_options_are_checked_against_their_ctypes_type(self):
+        """One helper bounds every integer option by the C type it is stored in, whatever narrower
+        range the library sets; a narrower range that does not fit the type is a bug of the caller."""
+        for value, ctype, message in ((2 ** 31, ctypes.c_int, "n must be -2147483648..2147483647, got 2147483648"),
+                                      (-1, ctypes.c_size_t, "n must be 0..18446744073709551615, got -1"),
+                                      (-1, ctypes.c_uint64, "n must be 0..18446744073709551615, got -1"),
+                                      (2 ** 63, ctypes.c_int64, "n must be -9223372036854775808..9223372036854775807"),
+                                      (False, ctypes.c_int, "n must be an integer"),
+                                      ("3", ctypes.c_int, "n must be an integer")):
+            with self.subTest(value=value, ctype=ctype.__name__):
+                with self.assertRaises(ValueError) as caught:
+                    _lib.int_option("n", value, ctype)
+                self.assertIn(message, str(caught.exception))
+        self.assertEqual(_lib.int_option("n", np.uint64(2 ** 64 - 1), ctypes.c_uint64), 2 ** 64 - 1)
+        self.assertEqual(_lib.int_option("n", -2 ** 31, ctypes.c_int), -2 ** 31)
+        with self.assertRaises(AssertionError):
+            _lib.int_option("n", 1, ctypes.c_int, 0, 2 ** 32)
+        self.assertEqual(_lib.field_type(_lib.SimOptions, "blocks"), ctypes.c_int)
+        # A length past ssize_t is refused by the count too, not by len()'s OverflowError.
+        with self.assertRaises(ValueError) as caught:
+            _lib.trace_elements_option(range(2 ** 70))
+        self.assertIn("more than 4096 elements; at most 4096", str(caught.exception))
+        self.assertEqual(_lib.trace_elements_option(np.arange(3, dtype=np.uint64)), [0, 1, 2])
 
     def test_a_scalar_is_reported_with_its_own_shape(self):
+        """A 0-d input was made 1-d on the way in: its error said shape (1,), and add_rms_norm ran
+        it as a row of H = 1."""
         for x in (np.float32(1.0), np.array(1.0, dtype=np.float32)):
             with self.assertRaises(ValueError) as caught:
                 xs.all_reduce(x)
             self.assertIn("got shape ()", str(caught.exception))
+        scalar, one = np.float32(1.0), np.ones(1, np.float32)
+        cases = [(lambda: xs.add_rms_norm(scalar, scalar, one), "x must have at least one dimension"),
+                 (lambda: xs.fused_add_rms_norm(np.zeros((2, 8), np.float32), scalar, np.ones(8, np.float32)),
+                  "residual must be shaped like one rank's x (8,), got ()"),
+                 (lambda: xs.fused_add_rms_norm(np.zeros((2, 1, 8), np.float32), np.zeros((1, 8), np.float32),
+                                                scalar), "weight must be shaped [H] = (8,), got ()")]
+        for call, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(ValueError) as caught:
+                    call()
+                self.assertIn(message, str(caught.exception))
 
     def test_store_options_are_checked(self):
         memory = exactcoll.MemoryStore()
         for rank, world_size, message in ((0, 2 ** 32 + 1, "world_size must be 1..1024"), (0, 0, "world_size must"),
                                           (2, 2, "rank must be 0..1"), (0.5, 2, "rank must be an integer")):
-            with self.subTest(rank=rank, world_size=world_size), self.assertRaises(ValueError) as caught:
-                exactcoll.Store(memory, rank, world_size)
-            self.assertIn(message, str(caught.exception))
+            with self.subTest(rank=rank, world_size=world_size):
+                with self.assertRaises(ValueError) as caught:
+                    exactcoll.Store(memory, rank, world_size)
+                self.assertIn(message, str(caught.exception))
         store = exactcoll.Store(memory, 0, 1)
         with self.assertRaises(ValueError) as caught:
             store.barrier("a\0b", 1.0)
         self.assertIn("name contains a NUL character", str(caught.exception))
-        with self.assertRaises(ValueError) as caught:
-            store.barrier("b", float("nan"))
-        self.assertIn("timeout_s must be a number", str(caught.exception))
+        for timeout_s in (float("nan"), 10 ** 400, "1"):
+            with self.subTest(timeout_s=timeout_s):
+                with self.assertRaises(ValueError) as caught:
+                    store.barrier("b", timeout_s)
+                self.assertIn("timeout_s must be a number", str(caught.exception))
         store.barrier("fine", 1.0)
         with self.assertRaises(ValueError) as caught:
             exactcoll.Store.tcp("127.0.0.1", 2 ** 16 + 5, "0123456789abcdef", 0, 1)

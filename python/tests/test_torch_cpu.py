@@ -77,30 +77,69 @@ class TorchModule(unittest.TestCase):
 
     def test_tensors_are_checked_before_torch_sees_them(self):
         """A numpy array where a tensor belongs is the library's ValueError naming the argument, not
-        torch's TypeError from empty_like."""
+        torch's TypeError from empty_like; checked before any CUDA use, so CPU tensors reach it."""
         a, w = np.zeros((2, 8), np.float32), np.ones(8, np.float32)
-        with self.assertRaises(ValueError) as caught:
-            xt.add_rms_norm(a, a, w, 1e-6)
-        self.assertIn("x must be a torch.Tensor, got ndarray", str(caught.exception))
-        t = torch.zeros(2, 8)
-        with self.assertRaises(ValueError) as caught:
-            xt.add_rms_norm(t, a, w, 1e-6)
-        self.assertIn("residual must be a torch.Tensor, got ndarray", str(caught.exception))
-        with self.assertRaises(ValueError) as caught:
-            xt.add_rms_norm(t, t, torch.ones(8), float("nan"))
-        self.assertIn("eps must be finite and >= 0", str(caught.exception))
+        t, tw = torch.zeros(2, 8), torch.ones(8)
+        cases = [(lambda: xt.add_rms_norm(a, a, w, 1e-6), "x must be a torch.Tensor, got ndarray"),
+                 (lambda: xt.add_rms_norm(t, a, tw, 1e-6), "residual must be a torch.Tensor, got ndarray"),
+                 (lambda: xt.add_rms_norm(t, t, w, 1e-6), "weight must be a torch.Tensor, got ndarray"),
+                 (lambda: xt.add_rms_norm(t, t, tw, 1e-6, out=a), "out must be a torch.Tensor, got ndarray"),
+                 (lambda: xt.add_rms_norm(t, t, tw, 1e-6, residual_out=[0.0]),
+                  "residual_out must be a torch.Tensor, got list"),
+                 (lambda: xt.add_rms_norm(t, t, tw, float("nan")), "eps must be finite and >= 0"),
+                 (lambda: xt.add_rms_norm(t, t, tw, 10 ** 400), "eps must be finite and >= 0")]
+        for call, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(ValueError) as caught:
+                    call()
+                self.assertIn(message, str(caught.exception))
+
+    def test_communicator_ops_name_an_argument_that_is_not_a_tensor(self):
+        """The ops check their arguments' types before they touch the communicator or CUDA. No
+        communicator can be made without a GPU, so these calls go to one that never was
+        (Communicator.__new__): each must stop at the type check, naming the argument."""
+        comm = xt.Communicator.__new__(xt.Communicator)
+        a, t, tw = np.zeros((2, 8), np.float32), torch.zeros(2, 8), torch.ones(8)
+        cases = [(lambda: comm.all_reduce(a), "x must be a torch.Tensor, got ndarray"),
+                 (lambda: comm.all_reduce(t, out=a), "out must be a torch.Tensor, got ndarray"),
+                 (lambda: comm.all_reduce_(a), "x must be a torch.Tensor, got ndarray"),
+                 (lambda: comm.reduce_scatter(a), "x must be a torch.Tensor, got ndarray"),
+                 (lambda: comm.reduce_scatter(t, out=a), "out must be a torch.Tensor, got ndarray"),
+                 (lambda: comm.all_gather(a), "x must be a torch.Tensor, got ndarray"),
+                 (lambda: comm.all_gather(t, out=a), "out must be a torch.Tensor, got ndarray"),
+                 (lambda: comm.fused_add_rms_norm(t, t, a[0]), "weight must be a torch.Tensor, got ndarray"),
+                 (lambda: comm.fused_add_rms_norm(t, t, tw, residual_out=a),
+                  "residual_out must be a torch.Tensor, got ndarray"),
+                 (lambda: comm.fused_add_rms_norm(t, t, tw, 10 ** 400), "eps must be finite and >= 0"),
+                 (lambda: comm.register(a), "tensor must be a torch.Tensor, got ndarray")]
+        for call, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(ValueError) as caught:
+                    call()
+                self.assertIn(message, str(caught.exception))
 
     def test_communicator_options_are_checked_first(self):
+        """Checked before the process group is looked at, so they fail here without one."""
         cases = [(dict(buffer_mib=2 ** 64), "buffer_mib must be a number"), (dict(buffer_mib=0), "buffer_mib must be"),
+                 (dict(buffer_mib=10 ** 400), "buffer_mib must be a number"),
                  (dict(flag_timeout_ms=2 ** 64 + 5), "flag_timeout_ms must be 1..18446744073709551615"),
                  (dict(flag_timeout_ms=0), "flag_timeout_ms must be 1.."),
+                 (dict(flag_timeout_ms=True), "flag_timeout_ms must be an integer"),
+                 (dict(flag_timeout_ms=5000.0), "flag_timeout_ms must be an integer"),
                  (dict(store_timeout_s=float("inf")), "store_timeout_s must be a number"),
-                 (dict(node=-1), "node must be 0..2147483647"), (dict(local_world_size=0), "local_world_size must be"),
-                 (dict(name="a\0b"), "name contains a NUL character")]
+                 (dict(store_timeout_s=10 ** 400), "store_timeout_s must be a number"),
+                 (dict(node=-1), "node must be 0..2147483647"), (dict(node=2 ** 32), "node must be 0..2147483647"),
+                 (dict(local_world_size=0), "local_world_size must be 1..2147483647"),
+                 (dict(local_world_size=2 ** 32 + 1), "local_world_size must be 1..2147483647"),
+                 (dict(use_nccl="false"), "use_nccl must be True or False, got 'false'"),
+                 (dict(programmatic_launch=2), "programmatic_launch must be True or False, got 2"),
+                 (dict(name="a\0b"), "name contains a NUL character"), (dict(name=7), "name must be a string"),
+                 (dict(name=""), "name is empty")]
         for options, message in cases:
-            with self.subTest(options=options), self.assertRaises(ValueError) as caught:
-                xt.Communicator(**options)
-            self.assertIn(message, str(caught.exception))
+            with self.subTest(options=str(options)[:60]):
+                with self.assertRaises(ValueError) as caught:
+                    xt.Communicator(**options)
+                self.assertIn(message, str(caught.exception))
 
     def test_custom_ops_exist_when_torch_has_custom_op(self):
         self.assertEqual(xt.CUSTOM_OPS, hasattr(torch.library, "custom_op"))
