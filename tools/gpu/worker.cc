@@ -9,6 +9,7 @@
 #include <string>
 
 #include "bootstrap/worker_store.h"
+#include "core/signal.h"
 #include "cuda_backend/cuda_check.h"
 #include "tools/cli.h"
 #include "tools/launch/launcher.h"
@@ -31,8 +32,11 @@ std::optional<int> relaunch_unless_worker(int argc, char** argv, int64_t nproc, 
               << ": give --nproc N (one process per GPU), or start workers with `exactcoll launch` or torchrun\n";
     return 2;
   }
-  if (nproc < 1 || nproc > 1024) {
-    std::cerr << "exactcoll " << command << ": --nproc must be 1..1024, got " << nproc << "\n";
+  // One communicator links the workers (core/signal.h's kMaxRanks); more would start every worker
+  // only for each to fail making it.
+  if (nproc < 1 || nproc > kMaxRanks) {
+    std::cerr << "exactcoll " << command << ": --nproc must be 1.." << kMaxRanks
+              << " (the ranks one communicator links), got " << nproc << "; no worker was started\n";
     return 2;
   }
   // One check here, before any worker starts: without it every rank fails alike and the launcher
