@@ -140,7 +140,10 @@ int exactcoll_store_create_tcp(const char* host, int port, const char* bind_addr
     require(store, "the result pointer");
     check_rank(rank, world_size);
     if (port < 1 || port > 65535) bad_argument("port must be 1..65535, got " + std::to_string(port));
-    if (connect_timeout_ms < 1) bad_argument("connect_timeout_ms must be >= 1");
+    if (connect_timeout_ms < 1 || connect_timeout_ms > kLongestConnectTimeoutMs) {
+      bad_argument("connect_timeout_ms must be 1.." + std::to_string(kLongestConnectTimeoutMs) +
+                   " (about 24.8 days), got " + std::to_string(connect_timeout_ms));
+    }
     // The same checks as a worker's environment, by the same code.
     const std::string port_text = std::to_string(port);
     const std::string rank_text = std::to_string(rank), world_text = std::to_string(world_size);

@@ -230,7 +230,7 @@ EXACTCOLL_API int exactcoll_store_create(const exactcoll_store_callbacks* callba
 /* The library's own TCP store: rank 0 serves it on bind_address:port (bind_address NULL means
  * 127.0.0.1; "0.0.0.0" for ranks on other hosts) and every rank connects to host:port, presenting
  * token (at least 16 characters, the same on every rank). Ranks retry connecting for
- * connect_timeout_ms (EXACTCOLL_ERROR_STORE after it). rank and world_size as for
+ * connect_timeout_ms (1..2^31 - 1; EXACTCOLL_ERROR_STORE after it). rank and world_size as for
  * exactcoll_store_create. Use a port of its own: torch's store already holds MASTER_PORT. */
 EXACTCOLL_API int exactcoll_store_create_tcp(const char* host, int port, const char* bind_address, const char* token,
                                              int rank, int world_size, int64_t connect_timeout_ms,

@@ -50,7 +50,7 @@ class Store:
             _lib.text_option("host", host), _lib.int_option("port", port, ctypes.c_int, 0, 65535),
             None if bind_address is None else _lib.text_option("bind_address", bind_address),
             _lib.text_option("token", token), rank, world_size,
-            int(_lib.real_option("connect_timeout_s", connect_timeout_s, 0.001, 2 ** 31) * 1000), ctypes.byref(handle)))
+            int(_lib.real_option("connect_timeout_s", connect_timeout_s, 0.001, _lib.INT32_MAX / 1000) * 1000), ctypes.byref(handle)))
         store.handle = handle.value
         store.rank = int(rank)
         store.world_size = int(world_size)

@@ -395,6 +395,12 @@ TEST(CApiStore, TcpStoreFormsAndRejectsBadArguments) {
                EXACTCOLL_ERROR_INVALID_ARGUMENT, "EXACTCOLL_STORE_TOKEN has 5 characters");
   expect_error(exactcoll_store_create_tcp(nullptr, 30000, nullptr, "0123456789abcdef", 0, 1, 1000, &store),
                EXACTCOLL_ERROR_INVALID_ARGUMENT, "host is NULL");
+  // The client capped a longer connect timeout silently at 2^31 ms; it is the caller's mistake.
+  expect_error(
+      exactcoll_store_create_tcp("127.0.0.1", 30000, nullptr, "0123456789abcdef", 0, 1, int64_t{1} << 31, &store),
+      EXACTCOLL_ERROR_INVALID_ARGUMENT, "connect_timeout_ms must be 1..2147483647 (about 24.8 days), got 2147483648");
+  expect_error(exactcoll_store_create_tcp("127.0.0.1", 30000, nullptr, "0123456789abcdef", 0, 1, 0, &store),
+               EXACTCOLL_ERROR_INVALID_ARGUMENT, "connect_timeout_ms must be 1..");
   const int port = launch::pick_free_port();
   std::vector<exactcoll_store> stores(2);
   std::vector<int> status(2, -1);
