@@ -17,32 +17,14 @@ the communicator really spans the nodes (properties()["nodes"] == the launcher's
 import os
 import sys
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 import exactcoll.sim as xs
 import exactcoll.torch as xt
+from bit_compare import bits, differing, gather_bits
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-def bits(t):
-    t = t.detach().cpu().contiguous()
-    return t.numpy() if t.dtype == torch.float32 else t.view(torch.int16).numpy().view(np.uint16)
-
-
-def gather_bits(t):
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, bits(t))
-    return np.stack(parts)
-
-
-def differing(got, want):
-    view = np.uint32 if got.dtype == np.float32 else np.uint16
-    if got.shape != want.shape:
-        return -1
-    return int((np.ascontiguousarray(got).view(view) != np.ascontiguousarray(want).view(view)).sum())
 
 
 def main():

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 import exactcoll.sim as xs
 import exactcoll.torch as xt
+from bit_compare import bits, differing, gather_bits
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ONE_NODE_ALGOS = {
@@ -43,20 +44,6 @@ ONE_NODE_ALGOS = {
 }
 HIDDEN = [2880, 4096, 5120, 8192]
 EPS = 1e-6
-
-
-def bits(t):
-    """A tensor's storage bits as numpy: uint16 for bf16/fp16, float32 for fp32."""
-    t = t.detach().cpu().contiguous()
-    return t.numpy() if t.dtype == torch.float32 else t.view(torch.int16).numpy().view(np.uint16)
-
-
-def differing(got, want):
-    """Elements whose bits differ (every element when the shapes differ)."""
-    view = np.uint32 if got.dtype == np.float32 else np.uint16
-    if got.shape != want.shape:
-        return max(got.size, want.size)
-    return int((np.ascontiguousarray(got).view(view) != np.ascontiguousarray(want).view(view)).sum())
 
 
 def resident_mib():
@@ -144,7 +131,7 @@ def main():
             memory["start"] = (resident_mib(), device_used_mib(), torch.cuda.memory_allocated() / 2 ** 20)
         if call % args.check_every == 0 or call == args.calls - 1:
             comm.check()
-            every_x = np.stack([p for p in gather(bits(x), n)])
+            every_x = gather_bits(x)
             if op == "fused_add_rms_norm":
                 want_out, want_ro = xs.fused_add_rms_norm(every_x, bits(res), bits(weight[dtype][:hidden]), EPS,
                                                           dtype=dtype)

@@ -18,38 +18,15 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 import exactcoll
 import exactcoll.sim as xs
 import exactcoll.torch as xt
+from bit_compare import bits, differing, gather_bits
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def bits(t):
-    """A tensor's storage bits as numpy (uint16 for bf16/fp16, float32 for fp32)."""
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.float32:
-        return t.numpy()
-    return t.view(torch.int16).numpy().view(np.uint16)
-
-
-def gather_bits(t):
-    """Every rank's bits of t, stacked [ranks, ...], on every rank."""
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, bits(t))
-    return np.stack(parts)
-
-
-def differing(got, want):
-    got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
-    view = np.uint32 if got.dtype == np.float32 else np.uint16
-    if got.shape != want.shape:
-        return -1
-    return int((got.view(view) != want.view(view)).sum())
 
 
 class Block(torch.nn.Module):

@@ -13,6 +13,7 @@ import numpy as np
 import exactcoll
 import exactcoll.sim as xs
 from exactcoll import _lib
+from value_errors import assert_value_errors
 
 
 class Errors(unittest.TestCase):
@@ -49,11 +50,7 @@ class Errors(unittest.TestCase):
             (lambda: xs.fused_add_rms_norm(f, r, w, dtype="bf16", algo="two_stage", contract="f32_residual"),
              "algo must be auto"),
         ]
-        for call, message in cases:
-            with self.subTest(message=message):
-                with self.assertRaises(ValueError) as caught:
-                    call()
-                self.assertIn(message, str(caught.exception))
+        assert_value_errors(self, cases)
 
     def test_options_are_checked_before_ctypes_could_truncate_them(self):
         """Each of these once ran with a truncated value (2**32 + 1 blocks as 1 block, timeout_ms
@@ -147,11 +144,7 @@ class Errors(unittest.TestCase):
                   "residual must be shaped like one rank's x (8,), got ()"),
                  (lambda: xs.fused_add_rms_norm(np.zeros((2, 1, 8), np.float32), np.zeros((1, 8), np.float32),
                                                 scalar), "weight must be shaped [H] = (8,), got ()")]
-        for call, message in cases:
-            with self.subTest(message=message):
-                with self.assertRaises(ValueError) as caught:
-                    call()
-                self.assertIn(message, str(caught.exception))
+        assert_value_errors(self, cases)
 
     def test_store_options_are_checked(self):
         memory = exactcoll.MemoryStore()
