@@ -89,12 +89,18 @@ void translating(const cuda::Communicator* comm, exactcoll_status collective_sta
 
 std::shared_ptr<CommState> comm_of(exactcoll_comm comm) { return comms().get(comm.id, "communicator"); }
 
+// The registry's algorithm of C value `algo` (the same number, core/registry.h), which the GPU must
+// run; INVALID_ARGUMENT otherwise.
 cuda::Algorithm gpu_algorithm(int algo) {
   const std::string name = checked_name(kAlgoNames, algo, "algo");
-  return *cuda::parse_algorithm(name);  // every C name is the backend's (tests/capi/enum_names_test.cc)
+  const auto a = static_cast<cuda::Algorithm>(algo);
+  if ((info(a).runs_on & kOnGpu) == 0) {
+    bad_argument("algo " + name + " runs in the simulator only (GPU: " + algorithm_names(kOnGpu) + ")");
+  }
+  return a;
 }
 
-int c_algorithm(cuda::Algorithm a) { return value_of(kAlgoNames, cuda::algorithm_name(a)); }
+int c_algorithm(cuda::Algorithm a) { return static_cast<int>(a); }
 
 const cuda::RegisteredBuffer* registered_buffer(const CommState& state, int registered_id) {
   if (registered_id == -1) return nullptr;
@@ -128,7 +134,7 @@ void fill_info(exactcoll_call_info* info, int algo, int allreduce_algo, bool exa
 // have no exactcoll_algo); the note names the algorithm, and any fallback's reason.
 void fill_multinode_info(exactcoll_call_info* info, int fused_algo, const cuda::MultiNodeCallInfo& ran) {
   const bool nccl = ran.algorithm == "nccl";
-  const int algo = nccl ? value_of(kAlgoNames, "nccl") : -1;
+  const int algo = nccl ? static_cast<int>(Algorithm::kNccl) : -1;
   fill_info(info, fused_algo >= 0 ? fused_algo : algo, fused_algo >= 0 ? algo : -1, ran.exact, true, ran.launches, {},
             ran.note.empty() ? ran.algorithm : ran.algorithm + ": " + ran.note);
 }
@@ -401,7 +407,10 @@ int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x, const void* 
     const std::shared_ptr<CommState> state = comm_of(comm);
     const DType type = to_dtype(dtype);
     const std::string name = checked_name(kFusedAlgoNames, algo, "fused algo");
-    const cuda::fused::FusedAlgorithm a = *cuda::fused::parse_fused_algorithm(name);
+    const auto a = static_cast<cuda::fused::FusedAlgorithm>(algo);
+    if ((exactcoll::info(a).runs_on & kOnGpu) == 0) {
+      bad_argument("fused algo " + name + " runs in the simulator only (GPU: " + fused_algorithm_names(kOnGpu) + ")");
+    }
     check_norm_arguments(rows, hidden, eps, {x, residual, weight, residual_out, out});
     const cuda::RegisteredBuffer* registered = registered_buffer(*state, registered_id);
     // x is read by peers (or staged) while the outputs are written: they must be separate memory.
@@ -426,7 +435,8 @@ int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x, const void* 
         const cuda::MultiNodeCallInfo ran = state->multinode->fused_add_rmsnorm(
             x, residual, weight, residual_out, out, static_cast<int>(rows), static_cast<int>(hidden), eps, type,
             name == "auto" ? cuda::Algorithm::kAuto : cuda::Algorithm::kNccl, static_cast<cudaStream_t>(stream));
-        fill_multinode_info(info, value_of(kFusedAlgoNames, name == "auto" ? "unfused" : "nccl_split"), ran);
+        fill_multinode_info(
+            info, static_cast<int>(name == "auto" ? FusedAlgorithm::kUnfused : FusedAlgorithm::kNcclSplit), ran);
       });
       return;
     }
@@ -438,8 +448,7 @@ int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x, const void* 
           state->fused->run(buffers, shape, a, static_cast<cudaStream_t>(stream), registered);
       int allreduce_algo = -1;
       if (!ran.allreduce.empty()) allreduce_algo = value_of(kAlgoNames, ran.allreduce);
-      fill_info(info, value_of(kFusedAlgoNames, cuda::fused::fused_algorithm_name(ran.algo)), allreduce_algo, ran.exact,
-                ran.staged, ran.launches, ran.grid, "");
+      fill_info(info, static_cast<int>(ran.algo), allreduce_algo, ran.exact, ran.staged, ran.launches, ran.grid, "");
     });
   });
 }

@@ -110,26 +110,22 @@ void fill_info(exactcoll_call_info* info, int algo, int allreduce_algo, int bloc
 // The simulator's algorithm for a C algo value on op; INVALID_ARGUMENT for GPU-only algorithms.
 sim::Algorithm sim_algorithm(sim::Collective op, int algo) {
   const std::string name = checked_name(kAlgoNames, algo, "algo");
-  if (name == "nccl") bad_argument("nccl runs on GPUs only (and its sums follow no contract)");
-  if (op == sim::Collective::kAllReduce) {
-    sim::Algorithm a{};
-    if (!sim::parse_algorithm(name, &a)) {
-      bad_argument("allreduce has no algorithm " + name +
-                   " (auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot)");
-    }
-    return a;
+  const auto a = static_cast<sim::Algorithm>(algo);  // the registry's values are the C values
+  if ((info(a).runs_on & kOnSimulator) == 0) {
+    bad_argument(name + " runs on GPUs only" +
+                 (info(a).exact
+                      ? std::string(" (the simulator gives its bits through ") + algorithm_names(kOnSimulator, op) + ")"
+                      : std::string(" (and its sums follow no contract)")));
   }
-  if (name == "copy_engine") {
-    bad_argument("copy_engine runs on GPUs only (a copy: its bits are direct's, which the simulator runs)");
+  if (a != sim::Algorithm::kAuto && !implements(a, op)) {
+    bad_argument(std::string(op_name(op)) + " has no algorithm " + name + " (" + algorithm_names(kOnSimulator, op) +
+                 ")");
   }
-  if (name != "auto" && name != "direct") {
-    bad_argument(std::string(sim::op_name(op)) + " has no algorithm " + name + " (auto, direct)");
-  }
-  return sim::Algorithm::kAuto;
+  return a;
 }
 
 template <class T>
-void reference_rows(fused::FusedContract contract, int ranks, int rows, int hidden, float eps, const void* x,
+void reference_rows(fused::Contract contract, int ranks, int rows, int hidden, float eps, const void* x,
                     const void* residual, const void* weight, void* residual_out, void* out) {
   fused::FusedProblem<T> problem;
   problem.ranks = ranks;
@@ -226,28 +222,21 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
     spec.eps = eps;
     spec.blocks = run.blocks;
     int ran = EXACTCOLL_FUSED_ONE_STAGE;
-    if (algo_name == "auto") {
-      spec.algo = FusedAlgo::kOneStage;
+    const auto requested = static_cast<FusedAlgorithm>(algo);  // the registry's values are the C values
+    if ((exactcoll::info(requested).runs_on & kOnSimulator) == 0) {
+      bad_argument(algo_name + " runs on GPUs only; the simulator runs " + fused_algorithm_names(kOnSimulator) +
+                   " (every one but auto's choice gives the same bits)");
+    }
+    if (requested == FusedAlgorithm::kAuto) {
+      spec.algo = FusedAlgorithm::kOneStage;
     } else {
-      bool found = false;
-      for (const FusedAlgo a : kFusedAlgos) {
-        if (algo_name == fused_algo_name(a)) {
-          spec.algo = a;
-          found = true;
-        }
-      }
-      if (!found) {
-        bad_argument(algo_name +
-                     " runs on GPUs only; the simulator runs one_stage, two_stage, push_one_stage, "
-                     "lamport_one_stage, unfused, one_stage_reg and gather_norm (every one gives the "
-                     "same bits)");
-      }
+      spec.algo = requested;
       ran = algo;
     }
-    const int allreduce_algo = spec.algo == FusedAlgo::kUnfused ? EXACTCOLL_ALGO_ONE_SHOT : -1;
-    fused::FusedContract fused_contract{};
+    const int allreduce_algo = spec.algo == FusedAlgorithm::kUnfused ? EXACTCOLL_ALGO_ONE_SHOT : -1;
+    fused::Contract fused_contract{};
     fused::parse_contract(contract_name, &fused_contract);
-    const bool canonical = fused_contract == fused::FusedContract::kCanonical;
+    const bool canonical = fused_contract == fused::Contract::kCanonical;
     if (!canonical &&
         (algo_name != "auto" || run.blocks != 1 || run.world.schedule != sim::Schedule::kThreads || run.world.trace)) {
       bad_argument("the " + contract_name +

@@ -38,6 +38,7 @@
 #include "core/contract.h"
 #include "core/lamport.h"
 #include "core/platform.h"
+#include "core/registry.h"
 #include "core/signal.h"
 #include "core/storage.h"
 
@@ -54,39 +55,12 @@ struct FusedRmsNormArgs {
   float eps = 0.0f;
 };
 
-// The fused algorithms, as the simulator names them. one_stage, two_stage, push_one_stage,
-// lamport_one_stage and the unfused steps are below; gather_norm, one_stage_reg and
-// push_one_stage_reg (the GPU's push_one_stage kernel: core's push_one_stage on the register path)
-// are in core/fused_rmsnorm_kernels.h. Every one gives the contract's bits.
-enum class FusedAlgo : uint8_t {
-  kOneStage,
-  kTwoStage,
-  kUnfused,
-  kPushOneStage,
-  kLamportOneStage,
-  kGatherNorm,
-  kOneStageReg,
-  kPushOneStageReg
-};
-
-// Every FusedAlgo, in the order the command line lists them.
-inline constexpr FusedAlgo kFusedAlgos[] = {
-    FusedAlgo::kOneStage,     FusedAlgo::kOneStageReg,     FusedAlgo::kTwoStage,        FusedAlgo::kGatherNorm,
-    FusedAlgo::kPushOneStage, FusedAlgo::kPushOneStageReg, FusedAlgo::kLamportOneStage, FusedAlgo::kUnfused};
-
-inline const char* fused_algo_name(FusedAlgo a) {
-  switch (a) {
-    case FusedAlgo::kOneStage: return "one_stage";
-    case FusedAlgo::kTwoStage: return "two_stage";
-    case FusedAlgo::kPushOneStage: return "push_one_stage";
-    case FusedAlgo::kLamportOneStage: return "lamport_one_stage";
-    case FusedAlgo::kUnfused: return "unfused";
-    case FusedAlgo::kGatherNorm: return "gather_norm";
-    case FusedAlgo::kOneStageReg: return "one_stage_reg";
-    case FusedAlgo::kPushOneStageReg: return "push_one_stage_reg";
-  }
-  return "?";
-}
+// The fused algorithms (core/registry.h: FusedAlgorithm, names and properties). one_stage,
+// two_stage, push_one_stage, lamport_one_stage and the unfused steps are below; gather_norm,
+// one_stage_reg and push_one_stage_reg (the GPU's push_one_stage kernel: core's push_one_stage on
+// the register path) are in core/fused_rmsnorm_kernels.h. Every one gives the contract's bits.
+// The ones the simulator runs (not auto), in the registry's order.
+inline constexpr auto kFusedAlgorithmsOnSimulator = fused_algorithms_on<kOnSimulator>();
 
 // Returns nullptr when args satisfy the preconditions common to every algorithm, else what is
 // wrong (a static string): H a positive multiple of the pack, rows >= 0, pointers present and

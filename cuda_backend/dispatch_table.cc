@@ -13,39 +13,14 @@ namespace exactcoll::cuda {
 
 extern const char kEmbeddedSm90Table[];  // generated from tuning/sm90.tsv (BUILD: embedded_table)
 
-const char* algorithm_name(Algorithm a) {
-  switch (a) {
-    case Algorithm::kOneShot: return "one_shot";
-    case Algorithm::kTwoShot: return "two_shot";
-    case Algorithm::kDirect: return "direct";
-    case Algorithm::kCopyEngine: return "copy_engine";
-    case Algorithm::kAuto: return "auto";
-    case Algorithm::kNccl: return "nccl";
-    case Algorithm::kPushOneShot: return "push_one_shot";
-    case Algorithm::kPushTwoShot: return "push_two_shot";
-    case Algorithm::kLamportOneShot: return "lamport_one_shot";
-  }
-  return "?";
-}
-
-std::optional<Algorithm> parse_algorithm(const std::string& name) {
-  for (Algorithm a :
-       {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot,
-        Algorithm::kLamportOneShot, Algorithm::kDirect, Algorithm::kCopyEngine, Algorithm::kAuto, Algorithm::kNccl}) {
-    if (name == algorithm_name(a)) return a;
-  }
-  return std::nullopt;
-}
+std::optional<Algorithm> parse_algorithm(const std::string& name) { return parse_algorithm_name(name, kOnGpu); }
 
 std::vector<Algorithm> ipc_algorithms(Op op) {
-  switch (op) {
-    case Op::kAllReduce:
-      return {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot,
-              Algorithm::kLamportOneShot};
-    case Op::kReduceScatter: return {Algorithm::kDirect};
-    case Op::kAllGather: return {Algorithm::kDirect, Algorithm::kCopyEngine};
+  std::vector<Algorithm> out;
+  for (const AlgorithmInfo& e : kAlgorithmInfos) {
+    if (e.picked_by_auto && (e.runs_on & kOnGpu) != 0 && implements(e.algorithm, op)) out.push_back(e.algorithm);
   }
-  return {};
+  return out;
 }
 
 DispatchTable::DispatchTable(std::vector<TableRow> rows) : rows_(std::move(rows)) {

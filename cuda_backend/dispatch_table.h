@@ -21,34 +21,19 @@
 
 namespace exactcoll::cuda {
 
-// The algorithms a caller can ask for. kDirect is the SM kernel of reduce_scatter / allgather;
-// kCopyEngine is the copy-engine all-gather; kAuto consults the table; kNccl calls NCCL;
-// kPushOneShot is the all-reduce that pushes inputs into peers' scratch (one barrier per call);
-// kPushTwoShot pushes slices to their owners and the owners' results back (two barriers per call);
-// kLamportOneShot pushes inputs into peers' Lamport buffers and polls the data (no barrier,
-// core/lamport.h). New values go at the end.
-enum class Algorithm : uint8_t {
-  kOneShot,
-  kTwoShot,
-  kDirect,
-  kCopyEngine,
-  kAuto,
-  kNccl,
-  kPushOneShot,
-  kPushTwoShot,
-  kLamportOneShot
-};
+// The algorithms (core/registry.h: Algorithm, its names and properties). The GPU runs the entries
+// with kOnGpu: the IPC algorithms (picked_by_auto), auto (the table below) and nccl.
+using exactcoll::Algorithm;
+using exactcoll::algorithm_name;
 
-const char* algorithm_name(Algorithm a);
-// Parses one_shot | two_shot | push_one_shot | push_two_shot | lamport_one_shot | direct | copy_engine | auto | nccl;
-// nullopt otherwise.
+// Parses the name of an algorithm the GPU runs (algorithm_names(kOnGpu)); nullopt otherwise.
 std::optional<Algorithm> parse_algorithm(const std::string& name);
-// The IPC algorithms of an op (what auto chooses among).
+// The IPC algorithms of an op (what auto chooses among), in the registry's order.
 std::vector<Algorithm> ipc_algorithms(Op op);
 using exactcoll::parse_op;  // core/op.h: allreduce | reduce_scatter | allgather
 
 // Is `a` push_one_shot or push_two_shot (the algorithms that need push_scratch_elements)?
-inline bool is_push_algorithm(Algorithm a) { return a == Algorithm::kPushOneShot || a == Algorithm::kPushTwoShot; }
+inline bool is_push_algorithm(Algorithm a) { return info(a).needs == Needs::kPushScratch; }
 
 // Does an all-reduce of `count` elements (elem_bytes each) fit a push algorithm's scratch
 // (push_scratch_elements: 2 halves of n slots) of scratch_bytes per rank?

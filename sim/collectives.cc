@@ -8,6 +8,24 @@
 namespace exactcoll::sim {
 namespace {
 
+// Runs core's all-reduce template for `algorithm` (resolved: not auto; check_spec refused the
+// algorithms the simulator does not run, so those throw here only on a broken precondition).
+template <class T, int kRanks, class Ctx>
+void run_allreduce(Ctx& ctx, Algorithm algorithm, size_t count) {
+  switch (algorithm) {
+    case Algorithm::kOneShot: allreduce_one_shot<T, kRanks>(ctx, count); return;
+    case Algorithm::kTwoShot: allreduce_two_shot<T, kRanks>(ctx, count); return;
+    case Algorithm::kPushOneShot: allreduce_push_one_shot<T, kRanks>(ctx, count); return;
+    case Algorithm::kPushTwoShot: allreduce_push_two_shot<T, kRanks>(ctx, count); return;
+    case Algorithm::kLamportOneShot: allreduce_lamport_one_shot<T, kRanks>(ctx, count); return;
+    case Algorithm::kAuto:
+    case Algorithm::kDirect:
+    case Algorithm::kCopyEngine:
+    case Algorithm::kNccl: break;
+  }
+  throw std::logic_error(std::string("the simulator has no all-reduce kernel ") + algorithm_name(algorithm));
+}
+
 // Enqueues the kernel for storage type T. Untraced runs get the compile-time world size (the
 // GPU's code path: all loads issued before the first add); traced runs the generic one.
 template <class T>
@@ -18,19 +36,7 @@ void enqueue_typed(World& world, const CollectiveSpec& spec, Algorithm algorithm
     dispatch_world_size(ctx.world_size(), [&](auto ranks) {
       constexpr int kRanks = decltype(ranks)::value;
       switch (op) {
-        case Collective::kAllReduce:
-          if (algorithm == Algorithm::kTwoShot) {
-            allreduce_two_shot<T, kRanks>(ctx, count);
-          } else if (algorithm == Algorithm::kPushOneShot) {
-            allreduce_push_one_shot<T, kRanks>(ctx, count);
-          } else if (algorithm == Algorithm::kPushTwoShot) {
-            allreduce_push_two_shot<T, kRanks>(ctx, count);
-          } else if (algorithm == Algorithm::kLamportOneShot) {
-            allreduce_lamport_one_shot<T, kRanks>(ctx, count);
-          } else {
-            allreduce_one_shot<T, kRanks>(ctx, count);
-          }
-          break;
+        case Collective::kAllReduce: run_allreduce<T, kRanks>(ctx, algorithm, count); break;
         case Collective::kReduceScatter: reduce_scatter<T, kRanks>(ctx, count); break;
         case Collective::kAllGather: allgather<T, kRanks>(ctx, count); break;
       }
@@ -40,27 +46,11 @@ void enqueue_typed(World& world, const CollectiveSpec& spec, Algorithm algorithm
 
 }  // namespace
 
-const char* algorithm_name(Algorithm a) {
-  switch (a) {
-    case Algorithm::kOneShot: return "one_shot";
-    case Algorithm::kTwoShot: return "two_shot";
-    case Algorithm::kAuto: return "auto";
-    case Algorithm::kPushOneShot: return "push_one_shot";
-    case Algorithm::kPushTwoShot: return "push_two_shot";
-    case Algorithm::kLamportOneShot: return "lamport_one_shot";
-  }
-  return "?";
-}
-
 bool parse_algorithm(const std::string& text, Algorithm* out) {
-  for (const Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot,
-                            Algorithm::kLamportOneShot, Algorithm::kAuto}) {
-    if (text == algorithm_name(a)) {
-      *out = a;
-      return true;
-    }
-  }
-  return false;
+  const std::optional<Algorithm> a = parse_algorithm_name(text, kOnSimulator);
+  if (!a) return false;
+  *out = *a;
+  return true;
 }
 
 size_t scratch_bytes(const CollectiveSpec& spec, int ranks) {
@@ -81,6 +71,7 @@ size_t lamport_bytes(const CollectiveSpec& spec, int ranks) {
 }
 
 Algorithm resolve_algorithm(const CollectiveSpec& spec) {
+  if (spec.op != Collective::kAllReduce) return Algorithm::kDirect;  // one kernel each
   if (spec.algorithm != Algorithm::kAuto) return spec.algorithm;
   const size_t bytes = spec.count * static_cast<size_t>(dtype_size(spec.dtype));
   return bytes < kAutoTwoShotBytes ? Algorithm::kOneShot : Algorithm::kTwoShot;
@@ -98,8 +89,13 @@ std::string check_spec(const CollectiveSpec& spec, int ranks) {
     return "reduce_scatter needs a count divisible by the ranks: " + std::to_string(spec.count) + " elements over " +
            std::to_string(ranks) + " ranks";
   }
-  if (spec.op != Collective::kAllReduce && spec.algorithm != Algorithm::kAuto) {
-    return std::string("--algo applies to allreduce only, not ") + op_name(spec.op);
+  if ((info(spec.algorithm).runs_on & kOnSimulator) == 0) {
+    return std::string("the simulator does not run ") + algorithm_name(spec.algorithm) + " (it runs " +
+           algorithm_names(kOnSimulator) + ")";
+  }
+  if (spec.algorithm != Algorithm::kAuto && !implements(spec.algorithm, spec.op)) {
+    return std::string(op_name(spec.op)) + " has no algorithm " + algorithm_name(spec.algorithm) + " (" +
+           algorithm_names(kOnSimulator, spec.op) + ")";
   }
   return "";
 }

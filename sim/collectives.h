@@ -16,8 +16,10 @@ namespace exactcoll::sim {
 using Collective = exactcoll::Op;
 using exactcoll::op_name;
 using exactcoll::output_count;
-// All-reduce only. New values go at the end (the C API's numbers follow this order).
-enum class Algorithm { kOneShot, kTwoShot, kAuto, kPushOneShot, kPushTwoShot, kLamportOneShot };
+// The registry's algorithms (core/registry.h); the simulator runs those with kOnSimulator: the
+// all-reduce algorithms, and direct (reduce_scatter's and allgather's one kernel each).
+using exactcoll::Algorithm;
+using exactcoll::algorithm_name;
 
 // `auto` picks one_shot below this many bytes per rank, two_shot at or above. one_shot reads n
 // inputs per rank, two_shot reads each once plus one gather, so two_shot moves less data for large
@@ -32,10 +34,8 @@ struct CollectiveSpec {
   int blocks = 1;
 };
 
-const char* algorithm_name(Algorithm a);
-
-// Returns the algorithm named `text` ("one_shot", "two_shot", "push_one_shot", "push_two_shot",
-// "lamport_one_shot", "auto"); false if
+// Returns the algorithm named `text` among those the simulator runs (the registry's kOnSimulator
+// entries: auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot); false if
 // none is.
 bool parse_algorithm(const std::string& text, Algorithm* out);
 
@@ -47,11 +47,13 @@ size_t scratch_bytes(const CollectiveSpec& spec, int ranks);
 // (lamport_one_shot: three buffers of `ranks` slots, core/lamport.h; others: 0).
 size_t lamport_bytes(const CollectiveSpec& spec, int ranks);
 
-// Returns the algorithm `auto` stands for (kAuto -> one_shot or two_shot); others unchanged.
+// Returns the algorithm that runs: reduce_scatter and allgather -> direct; an all-reduce's auto ->
+// one_shot or two_shot by size; others unchanged.
 Algorithm resolve_algorithm(const CollectiveSpec& spec);
 
 // Returns "" when spec is valid on `ranks` ranks, else what is wrong (count < 1, reduce_scatter
-// count not divisible by ranks, blocks outside 1..kMaxBlocks, ranks outside 1..kMaxRanks).
+// count not divisible by ranks, blocks outside 1..kMaxBlocks, ranks outside 1..kMaxRanks, an
+// algorithm the simulator does not run or other than auto for reduce_scatter / allgather).
 std::string check_spec(const CollectiveSpec& spec, int ranks);
 
 // The launch name used in traces: "allreduce_one_shot", "allreduce_two_shot",

@@ -15,11 +15,6 @@ extern const char kEmbeddedFusedSm90Table[];  // generated from tuning/fused_sm9
 
 namespace {
 
-constexpr FusedAlgorithm kAll[] = {
-    FusedAlgorithm::kOneStage, FusedAlgorithm::kOneStageReg, FusedAlgorithm::kPushOneStage,
-    FusedAlgorithm::kTwoStage, FusedAlgorithm::kGatherNorm,  FusedAlgorithm::kUnfused,
-    FusedAlgorithm::kAuto,     FusedAlgorithm::kNcclSplit,   FusedAlgorithm::kLamportOneStage};
-
 // The RMSNorm tree's lane count for H (contract::make_rmsnorm_tree), at least 64 threads.
 int tree_threads(int hidden, DType dtype) {
   const int packs = std::max(1, hidden / pack_elements(dtype));
@@ -29,45 +24,25 @@ int tree_threads(int hidden, DType dtype) {
 
 }  // namespace
 
-const char* fused_algorithm_name(FusedAlgorithm a) {
-  switch (a) {
-    case FusedAlgorithm::kOneStage: return "one_stage";
-    case FusedAlgorithm::kTwoStage: return "two_stage";
-    case FusedAlgorithm::kGatherNorm: return "gather_norm";
-    case FusedAlgorithm::kUnfused: return "unfused";
-    case FusedAlgorithm::kAuto: return "auto";
-    case FusedAlgorithm::kNcclSplit: return "nccl_split";
-    case FusedAlgorithm::kOneStageReg: return "one_stage_reg";
-    case FusedAlgorithm::kPushOneStage: return "push_one_stage";
-    case FusedAlgorithm::kLamportOneStage: return "lamport_one_stage";
-  }
-  return "?";
-}
-
 std::optional<FusedAlgorithm> parse_fused_algorithm(const std::string& name) {
-  for (FusedAlgorithm a : kAll) {
-    if (name == fused_algorithm_name(a)) return a;
-  }
-  return std::nullopt;
+  return parse_fused_algorithm_name(name, kOnGpu);
 }
 
 std::vector<FusedAlgorithm> fused_ipc_algorithms() {
-  return {FusedAlgorithm::kOneStage,       FusedAlgorithm::kOneStageReg, FusedAlgorithm::kPushOneStage,
-          FusedAlgorithm::kTwoStage,       FusedAlgorithm::kGatherNorm,  FusedAlgorithm::kUnfused,
-          FusedAlgorithm::kLamportOneStage};
+  std::vector<FusedAlgorithm> out;
+  for (const FusedAlgorithmInfo& e : kFusedAlgorithmInfos) {
+    if (e.picked_by_auto && (e.runs_on & kOnGpu) != 0) out.push_back(e.algorithm);
+  }
+  return out;
 }
 
-bool is_fused_kernel(FusedAlgorithm a) {
-  return a == FusedAlgorithm::kOneStage || a == FusedAlgorithm::kOneStageReg || a == FusedAlgorithm::kPushOneStage ||
-         a == FusedAlgorithm::kTwoStage || a == FusedAlgorithm::kGatherNorm || a == FusedAlgorithm::kLamportOneStage;
-}
+bool is_fused_kernel(FusedAlgorithm a) { return info(a).one_kernel; }
 
 LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType dtype, int world_size) {
   LaunchConfig g;
   g.threads = tree_threads(hidden, dtype);
   const int n = std::max(1, world_size);
-  const bool all_rows = algo == FusedAlgorithm::kOneStage || algo == FusedAlgorithm::kOneStageReg ||
-                        algo == FusedAlgorithm::kPushOneStage || algo == FusedAlgorithm::kLamportOneStage;
+  const bool all_rows = info(algo).rows_per_block_all;
   const int per_block_rows = all_rows ? rows : (rows + n - 1) / n;
   g.blocks = std::clamp(per_block_rows, 1, kMaxBlocks);
   return g;
@@ -103,8 +78,10 @@ FusedTable FusedTable::parse(const std::string& text, const std::string& name) {
     const auto algo = parse_fused_algorithm(fields[4]);
     const auto allowed = fused_ipc_algorithms();
     if (!algo || std::find(allowed.begin(), allowed.end(), *algo) == allowed.end()) {
-      throw bad("algorithm '" + fields[4] +
-                "' is not one of one_stage, one_stage_reg, push_one_stage, two_stage, gather_norm, unfused");
+      throw bad("algorithm '" + fields[4] + "' is not one of " +
+                joined_names(kFusedAlgorithmInfos, ", ", [](const FusedAlgorithmInfo& e) {
+                  return e.picked_by_auto && (e.runs_on & kOnGpu) != 0;
+                }));
     }
     row.algo = *algo;
     const auto blocks = parse_long_field(fields[5]);

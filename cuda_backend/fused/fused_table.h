@@ -32,20 +32,11 @@ namespace exactcoll::cuda::fused {
 // unfused: the project's all-reduce (auto) + the separate residual + RMSNorm kernel. auto: the
 // table. nccl_split: NCCL all-reduce + the same separate kernel (baseline; NCCL's sums follow no
 // contract, so its bits are not the contract's).
-enum class FusedAlgorithm : uint8_t {
-  kOneStage,
-  kTwoStage,
-  kGatherNorm,
-  kUnfused,
-  kAuto,
-  kNcclSplit,
-  kOneStageReg,
-  kPushOneStage,
-  kLamportOneStage  // core fused_rmsnorm_lamport_one_stage: flag in data, no barrier (core/lamport.h)
-};
+using exactcoll::fused_algorithm_name;
+using exactcoll::FusedAlgorithm;  // core/registry.h: the names and properties
 
-const char* fused_algorithm_name(FusedAlgorithm a);
-// Parses the names above; nullopt otherwise.
+// Parses the name of a fused algorithm the GPU runs (fused_algorithm_names(kOnGpu)); nullopt
+// otherwise.
 std::optional<FusedAlgorithm> parse_fused_algorithm(const std::string& name);
 // The algorithms whose bits follow the contract (what auto chooses among).
 std::vector<FusedAlgorithm> fused_ipc_algorithms();

@@ -128,9 +128,11 @@ typedef enum exactcoll_algo {
 } exactcoll_algo;
 
 /* Fused all-reduce + residual add + RMSNorm algorithms. The simulator runs one_stage, two_stage,
- * push_one_stage, lamport_one_stage, unfused, one_stage_reg and gather_norm (auto: one_stage); the
- * GPU runs all of them (auto: the tuned table).
- * nccl_split (GPU only) is NCCL's all-reduce + the canonical norm: not the contract's bits. */
+ * push_one_stage, lamport_one_stage, unfused, one_stage_reg, gather_norm and push_one_stage_reg
+ * (auto: one_stage); the GPU runs all but push_one_stage_reg (auto: the tuned table; its
+ * push_one_stage is the simulator's push_one_stage_reg kernel).
+ * nccl_split (GPU only) is NCCL's all-reduce + the canonical norm: not the contract's bits.
+ * The values, names and properties come from one table (core/registry.h). */
 typedef enum exactcoll_fused_algo {
   EXACTCOLL_FUSED_AUTO = 0,
   EXACTCOLL_FUSED_ONE_STAGE = 1,
@@ -140,7 +142,8 @@ typedef enum exactcoll_fused_algo {
   EXACTCOLL_FUSED_ONE_STAGE_REG = 5,
   EXACTCOLL_FUSED_GATHER_NORM = 6,
   EXACTCOLL_FUSED_NCCL_SPLIT = 7,
-  EXACTCOLL_FUSED_LAMPORT_ONE_STAGE = 8
+  EXACTCOLL_FUSED_LAMPORT_ONE_STAGE = 8,
+  EXACTCOLL_FUSED_PUSH_ONE_STAGE_REG = 9
 } exactcoll_fused_algo;
 
 /* The rounding contract of the simulator's fused op: canonical (the library's, every backend), or

@@ -26,16 +26,8 @@ ERROR_OUT_OF_MEMORY = 7
 ERROR_SIMULATION = 8
 ERROR_INTERNAL = 9
 
-DTYPES = {"bf16": 0, "fp16": 1, "fp32": 2}
-OPS = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2}
-ALGOS = {"auto": 0, "one_shot": 1, "two_shot": 2, "push_one_shot": 3, "push_two_shot": 4,
-         "direct": 5, "copy_engine": 6, "nccl": 7, "lamport_one_shot": 8}
-FUSED_ALGOS = {"auto": 0, "one_stage": 1, "two_stage": 2, "push_one_stage": 3, "unfused": 4,
-               "one_stage_reg": 5, "gather_norm": 6, "nccl_split": 7, "lamport_one_stage": 8}
-CONTRACTS = {"canonical": 0, "f32_residual": 1, "bf16_accumulate": 2, "rotated_two_shot": 3}
-
-_ALGO_NAMES = {v: k for k, v in ALGOS.items()}
-_FUSED_ALGO_NAMES = {v: k for k, v in FUSED_ALGOS.items()}
+# DTYPES, OPS, ALGOS, FUSED_ALGOS and CONTRACTS ({name: C value}) are read from the library once
+# it is loaded (below): its registry (core/registry.h) is the one list of them.
 
 
 class Error(RuntimeError):
@@ -121,6 +113,11 @@ _SIGNATURES = {
     "exactcoll_struct_size": ([ctypes.c_char_p], _c_size),
     "exactcoll_last_error": ([], ctypes.c_char_p),
     "exactcoll_status_name": ([_c_int], ctypes.c_char_p),
+    "exactcoll_dtype_name": ([_c_int], ctypes.c_char_p),
+    "exactcoll_op_name": ([_c_int], ctypes.c_char_p),
+    "exactcoll_algo_name": ([_c_int], ctypes.c_char_p),
+    "exactcoll_fused_algo_name": ([_c_int], ctypes.c_char_p),
+    "exactcoll_contract_name": ([_c_int], ctypes.c_char_p),
     "exactcoll_set_store_error": ([ctypes.c_char_p], None),
     "exactcoll_call_info_init": ([ctypes.POINTER(CallInfo)], None),
     "exactcoll_sim_options_init": ([ctypes.POINTER(SimOptions)], None),
@@ -183,6 +180,26 @@ def _load():
 
 
 lib = _load()
+
+
+def _enum(name_of):
+    """{name: value} of one of the C header's enums: the library's names of 0, 1, ... up to the first
+    value it has no name for."""
+    table = {}
+    for value in itertools.count():
+        name = name_of(value)
+        if name is None:
+            return table
+        table[name.decode()] = value
+
+
+DTYPES = _enum(lib.exactcoll_dtype_name)
+OPS = _enum(lib.exactcoll_op_name)
+ALGOS = _enum(lib.exactcoll_algo_name)
+FUSED_ALGOS = _enum(lib.exactcoll_fused_algo_name)
+CONTRACTS = _enum(lib.exactcoll_contract_name)
+_ALGO_NAMES = {v: k for k, v in ALGOS.items()}
+_FUSED_ALGO_NAMES = {v: k for k, v in FUSED_ALGOS.items()}
 
 
 def check(status):

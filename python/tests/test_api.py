@@ -4,6 +4,7 @@ a missing rank named, a callback's own exception chained); the wheel's metadata.
 
 import ctypes
 import os
+import pathlib
 import tempfile
 import threading
 import unittest
@@ -170,14 +171,25 @@ class Errors(unittest.TestCase):
         store.close()
 
     def test_names_match_the_library(self):
-        for table, name_of in ((_lib.DTYPES, _lib.lib.exactcoll_dtype_name),
-                               (_lib.ALGOS, _lib.lib.exactcoll_algo_name),
-                               (_lib.FUSED_ALGOS, _lib.lib.exactcoll_fused_algo_name),
-                               (_lib.CONTRACTS, _lib.lib.exactcoll_contract_name)):
-            name_of.restype = ctypes.c_char_p
+        """The tables are read from the library (its registry); they must hold the C header's values:
+        each EXACTCOLL_ALGO_ONE_SHOT = 1 line of the installed header is ALGOS["one_shot"] == 1."""
+        header = pathlib.Path(exactcoll.__file__).parent / "include" / "exactcoll" / "exactcoll.h"
+        text = header.read_text()
+        for table, prefix, from_name in ((_lib.DTYPES, "EXACTCOLL_", _lib.lib.exactcoll_dtype_from_name),
+                                         (_lib.OPS, "EXACTCOLL_OP_", None),
+                                         (_lib.ALGOS, "EXACTCOLL_ALGO_", _lib.lib.exactcoll_algo_from_name),
+                                         (_lib.FUSED_ALGOS, "EXACTCOLL_FUSED_", _lib.lib.exactcoll_fused_algo_from_name),
+                                         (_lib.CONTRACTS, "EXACTCOLL_CONTRACT_", _lib.lib.exactcoll_contract_from_name)):
+            self.assertGreaterEqual(len(table), 3)
+            self.assertEqual(sorted(table.values()), list(range(len(table))))
             for name, value in table.items():
-                self.assertEqual(name_of(value).decode(), name)
-            self.assertIsNone(name_of(len(table)))
+                self.assertRegex(text, rf"\b{prefix}{name.upper()} = {value}\b", f"{name} = {value} in the header")
+                if from_name is not None:
+                    back = ctypes.c_int(-1)
+                    self.assertEqual(from_name(name.encode(), ctypes.byref(back)), _lib.OK)
+                    self.assertEqual(back.value, value)
+        self.assertEqual(_lib.ALGOS["lamport_one_shot"], 8)
+        self.assertEqual(_lib.FUSED_ALGOS["push_one_stage_reg"], 9)
 
     def test_gpu_calls_without_a_gpu_raise(self):
         store = exactcoll.Store(exactcoll.MemoryStore(), 0, 1)

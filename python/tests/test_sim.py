@@ -10,13 +10,37 @@ import numpy as np
 
 import contract_reference as ref
 import exactcoll.sim as xs
+from exactcoll import _lib
 
 SEED = int(os.environ.get("EXACTCOLL_TEST_SEED", "20261124"))
 print(f"test_sim: seed {SEED} (EXACTCOLL_TEST_SEED={SEED} reproduces)")
 
-ALLREDUCE_ALGOS = ["auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot"]
-FUSED_ALGOS = ["auto", "one_stage", "two_stage", "push_one_stage", "lamport_one_stage", "unfused", "one_stage_reg",
-               "gather_norm"]
+
+
+def runs_in_simulator(call):
+    """Whether the simulator runs a tiny call, or refuses its algorithm (GPU-only, or not this op's)."""
+    try:
+        call()
+        return True
+    except ValueError as e:
+        if "runs on GPUs only" in str(e) or "has no algorithm" in str(e):
+            return False
+        raise
+
+
+# Every algorithm of the library's tables (its registry) that the simulator runs: a new one is
+# tested here without a change to this file. The known ones must be among them (so that a broken
+# filter cannot empty the lists).
+_ONES = np.zeros((2, 8), dtype=np.uint16)
+ALLREDUCE_ALGOS = [a for a in _lib.ALGOS
+                   if runs_in_simulator(lambda: xs.all_reduce(_ONES, dtype="bf16", algo=a))]
+FUSED_ALGOS = [a for a in _lib.FUSED_ALGOS
+               if runs_in_simulator(lambda: xs.fused_add_rms_norm(_ONES.reshape(2, 1, 8), _ONES[0].reshape(1, 8),
+                                                                  _ONES[0], 1e-6, dtype="bf16", algo=a))]
+assert set(ALLREDUCE_ALGOS) >= {"auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot",
+                                "lamport_one_shot"}, ALLREDUCE_ALGOS
+assert set(FUSED_ALGOS) >= {"auto", "one_stage", "two_stage", "push_one_stage", "lamport_one_stage", "unfused",
+                            "one_stage_reg", "gather_norm", "push_one_stage_reg"}, FUSED_ALGOS
 DTYPES = ["bf16", "fp16", "fp32"]
 
 

@@ -110,7 +110,7 @@ std::string trace_canonical_run(const FusedProblem<T>& problem, const std::vecto
   const size_t count = static_cast<size_t>(problem.rows) * H;
   std::vector<T> ro(count), out(count);
   std::vector<ElementTrace> mine;
-  fused_reference<T>(FusedContract::kCanonical, problem, ro.data(), out.data(), elements, &mine);
+  fused_reference<T>(Contract::kCanonical, problem, ro.data(), out.data(), elements, &mine);
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(H, &tree);
   for (const ElementTrace& t : mine) {
@@ -165,16 +165,16 @@ std::string trace_canonical_run(const FusedProblem<T>& problem, const std::vecto
 }
 
 template <class T>
-std::vector<int> trace_alternative(FusedContract contract, const FusedProblem<T>& problem,
+std::vector<int> trace_alternative(Contract contract, const FusedProblem<T>& problem,
                                    const std::vector<uint64_t>& elements, T* residual_out, T* out,
                                    std::vector<ElementTrace>* traces) {
   const size_t count = static_cast<size_t>(problem.rows) * problem.hidden;
   std::vector<ElementTrace> mine, canonical;
   fused_reference<T>(contract, problem, residual_out, out, elements, &mine);
   std::vector<int> departs;
-  if (contract != FusedContract::kCanonical) {
+  if (contract != Contract::kCanonical) {
     std::vector<T> ro(count), y(count);
-    fused_reference<T>(FusedContract::kCanonical, problem, ro.data(), y.data(), elements, &canonical);
+    fused_reference<T>(Contract::kCanonical, problem, ro.data(), y.data(), elements, &canonical);
   }
   for (size_t k = 0; k < mine.size(); ++k) {
     departs.push_back(k < canonical.size() ? compare_with_canonical(&mine[k], canonical[k]) : -1);
@@ -183,12 +183,12 @@ std::vector<int> trace_alternative(FusedContract contract, const FusedProblem<T>
   return departs;
 }
 
-#define EXC_INSTANTIATE(T)                                                                                            \
-  template std::string trace_canonical_run<T>(const FusedProblem<T>&, const std::vector<uint64_t>&,                   \
-                                              const std::vector<const T*>&, const std::vector<const T*>&,             \
-                                              const std::vector<sim::TraceEvent>&, std::vector<ElementTrace>*);       \
-  template std::vector<int> trace_alternative<T>(FusedContract, const FusedProblem<T>&, const std::vector<uint64_t>&, \
-                                                 T*, T*, std::vector<ElementTrace>*);
+#define EXC_INSTANTIATE(T)                                                                                           \
+  template std::string trace_canonical_run<T>(const FusedProblem<T>&, const std::vector<uint64_t>&,                  \
+                                              const std::vector<const T*>&, const std::vector<const T*>&,            \
+                                              const std::vector<sim::TraceEvent>&, std::vector<ElementTrace>*);      \
+  template std::vector<int> trace_alternative<T>(Contract, const FusedProblem<T>&, const std::vector<uint64_t>&, T*, \
+                                                 T*, std::vector<ElementTrace>*);
 EXC_INSTANTIATE(bf16)
 EXC_INSTANTIATE(fp16)
 EXC_INSTANTIATE(float)

@@ -42,7 +42,7 @@ std::string trace_canonical_run(const FusedProblem<T>& problem, const std::vecto
 // element (compare_with_canonical). Returns, per traced element (rising index), the seq of the
 // step where it departs from canonical, or -1.
 template <class T>
-std::vector<int> trace_alternative(FusedContract contract, const FusedProblem<T>& problem,
+std::vector<int> trace_alternative(Contract contract, const FusedProblem<T>& problem,
                                    const std::vector<uint64_t>& elements, T* residual_out, T* out,
                                    std::vector<ElementTrace>* traces);
 

@@ -41,8 +41,9 @@ void fill_unwritten(void* p, size_t n) {
 }
 
 // Whether algo is one of core/fused_rmsnorm_kernels.h's kernels with a register path.
-bool runs_register_kernel(FusedAlgo algo) {
-  return algo == FusedAlgo::kGatherNorm || algo == FusedAlgo::kOneStageReg || algo == FusedAlgo::kPushOneStageReg;
+bool runs_register_kernel(FusedAlgorithm algo) {
+  return algo == FusedAlgorithm::kGatherNorm || algo == FusedAlgorithm::kOneStageReg ||
+         algo == FusedAlgorithm::kPushOneStageReg;
 }
 
 // The RMSNorm tree of spec's H and storage type (false for an invalid H).
@@ -55,12 +56,12 @@ bool make_tree(const FusedSpec& spec, contract::RmsNormTree* tree) {
 // algorithms that read every rank's x from its staging buffer (the GPU stages x inside the kernel
 // unless the caller registered it); nullopt for those that read only their own x, in place, and for
 // unfused.
-std::optional<FusedKernelKind> staged_kernel_kind(FusedAlgo a) {
+std::optional<FusedKernelKind> staged_kernel_kind(FusedAlgorithm a) {
   switch (a) {
-    case FusedAlgo::kOneStage: return FusedKernelKind::kOneStage;
-    case FusedAlgo::kTwoStage: return FusedKernelKind::kTwoStage;
-    case FusedAlgo::kGatherNorm: return FusedKernelKind::kGatherNorm;
-    case FusedAlgo::kOneStageReg: return FusedKernelKind::kOneStageReg;
+    case FusedAlgorithm::kOneStage: return FusedKernelKind::kOneStage;
+    case FusedAlgorithm::kTwoStage: return FusedKernelKind::kTwoStage;
+    case FusedAlgorithm::kGatherNorm: return FusedKernelKind::kGatherNorm;
+    case FusedAlgorithm::kOneStageReg: return FusedKernelKind::kOneStageReg;
     default: return std::nullopt;
   }
 }
@@ -68,13 +69,13 @@ std::optional<FusedKernelKind> staged_kernel_kind(FusedAlgo a) {
 // Scratch elements one launch of `algo` needs on every rank (as cuda_backend/fused/fused_rmsnorm.cc
 // sizes the communicator's buffers for it).
 template <class T>
-size_t scratch_elements(FusedAlgo algo, int rows, int hidden, int ranks) {
+size_t scratch_elements(FusedAlgorithm algo, int rows, int hidden, int ranks) {
   const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(hidden);
   switch (algo) {
-    case FusedAlgo::kTwoStage: return fused_two_stage_scratch_elements(rows, hidden);
-    case FusedAlgo::kGatherNorm: return gather_norm_scratch_elements(rows, hidden);
-    case FusedAlgo::kPushOneStage:
-    case FusedAlgo::kPushOneStageReg: return push_scratch_elements(count, Storage<T>::kPack, ranks);
+    case FusedAlgorithm::kTwoStage: return fused_two_stage_scratch_elements(rows, hidden);
+    case FusedAlgorithm::kGatherNorm: return gather_norm_scratch_elements(rows, hidden);
+    case FusedAlgorithm::kPushOneStage:
+    case FusedAlgorithm::kPushOneStageReg: return push_scratch_elements(count, Storage<T>::kPack, ranks);
     default: return 0;
   }
 }
@@ -82,18 +83,22 @@ size_t scratch_elements(FusedAlgo algo, int rows, int hidden, int ranks) {
 // One block of one fused kernel launch: the algorithm's template, with the world size at compile
 // time where dispatch_world_size has it (as the GPU's kernels for 2, 3, 4 and 8 ranks).
 template <class T, class Ctx>
-void run_fused_kernel(Ctx& ctx, FusedAlgo algo, const FusedRmsNormArgs<T>& a) {
+void run_fused_kernel(Ctx& ctx, FusedAlgorithm algo, const FusedRmsNormArgs<T>& a) {
   dispatch_world_size(ctx.world_size(), [&](auto ranks) {
     constexpr int kRanks = decltype(ranks)::value;
     switch (algo) {
-      case FusedAlgo::kOneStage: fused_rmsnorm_one_stage<T, kRanks>(ctx, a); break;
-      case FusedAlgo::kTwoStage: fused_rmsnorm_two_stage<T, kRanks>(ctx, a); break;
-      case FusedAlgo::kPushOneStage: fused_rmsnorm_push_one_stage<T, kRanks>(ctx, a); break;
-      case FusedAlgo::kLamportOneStage: fused_rmsnorm_lamport_one_stage<T, kRanks>(ctx, a); break;
-      case FusedAlgo::kGatherNorm: fused_rmsnorm_gather_norm<T, kRanks>(ctx, a); break;
-      case FusedAlgo::kOneStageReg: fused_rmsnorm_one_stage_reg<T, kRanks>(ctx, a); break;
-      case FusedAlgo::kPushOneStageReg: fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, a); break;
-      case FusedAlgo::kUnfused: throw std::logic_error("run_fused_kernel: unfused is three launches");
+      case FusedAlgorithm::kOneStage: fused_rmsnorm_one_stage<T, kRanks>(ctx, a); break;
+      case FusedAlgorithm::kTwoStage: fused_rmsnorm_two_stage<T, kRanks>(ctx, a); break;
+      case FusedAlgorithm::kPushOneStage: fused_rmsnorm_push_one_stage<T, kRanks>(ctx, a); break;
+      case FusedAlgorithm::kLamportOneStage: fused_rmsnorm_lamport_one_stage<T, kRanks>(ctx, a); break;
+      case FusedAlgorithm::kGatherNorm: fused_rmsnorm_gather_norm<T, kRanks>(ctx, a); break;
+      case FusedAlgorithm::kOneStageReg: fused_rmsnorm_one_stage_reg<T, kRanks>(ctx, a); break;
+      case FusedAlgorithm::kPushOneStageReg: fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, a); break;
+      case FusedAlgorithm::kUnfused: throw std::logic_error("run_fused_kernel: unfused is three launches");
+      case FusedAlgorithm::kAuto:
+      case FusedAlgorithm::kNcclSplit:
+        throw std::logic_error(std::string("run_fused_kernel: the simulator has no kernel ") +
+                               fused_algorithm_name(algo));
     }
   });
 }
@@ -137,7 +142,7 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
   std::unique_ptr<Aligned> unreadable;      // peers' x as the in-place kernels would see it: unwritten
   std::vector<std::unique_ptr<Aligned>> s;  // unfused: the all-reduce's output
   // 2. The launches.
-  if (spec.algo == FusedAlgo::kUnfused) {
+  if (spec.algo == FusedAlgorithm::kUnfused) {
     for (int r = 0; r < n; ++r) s.push_back(std::make_unique<Aligned>(bytes));
     sim::CollectiveSpec ar;
     ar.op = sim::Collective::kAllReduce;
@@ -167,7 +172,7 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
       });
     });
   } else {
-    const FusedAlgo algo = spec.algo;
+    const FusedAlgorithm algo = spec.algo;
     const std::optional<FusedKernelKind> staged = staged_kernel_kind(algo);
     const size_t scratch = scratch_elements<T>(algo, spec.rows, spec.hidden, n);
     if (!staged) {
@@ -175,15 +180,15 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
       fill_unwritten<T>(unreadable->data, count);
     }
     sim::Launch launch;
-    launch.name = std::string("fused_rmsnorm_") + fused_algo_name(algo);
+    launch.name = std::string("fused_rmsnorm_") + fused_algorithm_name(algo);
     launch.blocks = spec.blocks;
     launch.input_bytes = staged ? bytes : 0;  // the staging buffers; nothing copied before the launch
     launch.scratch_bytes = scratch * sizeof(T);
-    launch.lamport_bytes = algo == FusedAlgo::kLamportOneStage ? lamport_region_bytes(count, sizeof(T), n) : 0;
+    launch.lamport_bytes = algo == FusedAlgorithm::kLamportOneStage ? lamport_region_bytes(count, sizeof(T), n) : 0;
     // In stream order before the kernel: what the staging buffer and the two-stage scratch hold
     // before this call is unknown to it; the pattern makes a read of a row not written in this
     // call show. (Not the push scratch: a fast peer may already be pushing this call's rows.)
-    const bool fill_scratch = algo == FusedAlgo::kTwoStage || algo == FusedAlgo::kGatherNorm;
+    const bool fill_scratch = algo == FusedAlgorithm::kTwoStage || algo == FusedAlgorithm::kGatherNorm;
     launch.before = [&world, staged, fill_scratch, count, scratch](int rank) {
       if (staged) fill_unwritten<T>(world.local_input(rank), count);
       if (fill_scratch) fill_unwritten<T>(world.local_scratch(rank), scratch);
@@ -233,6 +238,10 @@ std::string check_fused_spec(const FusedSpec& spec, int ranks, sim::Schedule sch
     return "ranks must be 1.." + std::to_string(kMaxRanks) + ", got " + std::to_string(ranks);
   }
   if (spec.rows < 1) return "rows must be at least 1, got " + std::to_string(spec.rows);
+  if (spec.algo == FusedAlgorithm::kAuto || (info(spec.algo).runs_on & kOnSimulator) == 0) {
+    return std::string("the simulator runs the fused algorithms ") + fused_algorithm_names(kOnSimulator) +
+           " but auto (a choice the caller resolves), not " + fused_algorithm_name(spec.algo);
+  }
   const int pack = spec.dtype == DType::kFP32 ? Storage<float>::kPack : Storage<bf16>::kPack;
   if (spec.hidden <= 0 || spec.hidden % pack != 0) {
     return "hidden size " + std::to_string(spec.hidden) + " is not a positive multiple of the " +
@@ -245,7 +254,7 @@ std::string check_fused_spec(const FusedSpec& spec, int ranks, sim::Schedule sch
     return "threads must be 1.." + std::to_string(contract::kMaxLanes) + " (or 0: the algorithm's default), got " +
            std::to_string(spec.threads);
   }
-  if (spec.algo == FusedAlgo::kLamportOneStage && spec.threads > 1) {
+  if (spec.algo == FusedAlgorithm::kLamportOneStage && spec.threads > 1) {
     return "lamport_one_stage runs with one thread per block on the simulator, got " + std::to_string(spec.threads) +
            ": its polls wait for packs that other threads of a peer's block push, and the simulator runs a block's "
            "threads in turn (sim/block_threads.h)";
@@ -253,7 +262,7 @@ std::string check_fused_spec(const FusedSpec& spec, int ranks, sim::Schedule sch
   const int threads = fused_threads(spec);
   const int64_t live = static_cast<int64_t>(ranks) * spec.blocks * threads;
   if (schedule == sim::Schedule::kSeeded && threads > 1 && live > kMaxSeededThreads) {
-    return "a seeded run of " + std::string(fused_algo_name(spec.algo)) + " would hold " + std::to_string(live) +
+    return "a seeded run of " + std::string(fused_algorithm_name(spec.algo)) + " would hold " + std::to_string(live) +
            " simulated threads at once (" + std::to_string(ranks) + " ranks x " + std::to_string(spec.blocks) +
            " blocks x " + std::to_string(threads) + " threads), more than " + std::to_string(kMaxSeededThreads) +
            ": use fewer ranks, blocks or threads, or the threads schedule";

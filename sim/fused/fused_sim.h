@@ -137,7 +137,7 @@ void with_fused_ctx(SimCtxT& ctx, Body body) {
 }
 
 struct FusedSpec {
-  FusedAlgo algo = FusedAlgo::kOneStage;
+  FusedAlgorithm algo = FusedAlgorithm::kOneStage;
   DType dtype = DType::kBF16;
   int rows = 1;
   int hidden = 0;  // H

@@ -11,29 +11,16 @@
 
 namespace exactcoll::fused {
 
-const char* contract_name(FusedContract c) {
-  switch (c) {
-    case FusedContract::kCanonical: return "canonical";
-    case FusedContract::kF32Residual: return "f32_residual";
-    case FusedContract::kBf16Accumulate: return "bf16_accumulate";
-    case FusedContract::kRotatedTwoShot: return "rotated_two_shot";
-  }
-  return "?";
-}
-
-bool parse_contract(const std::string& name, FusedContract* c) {
-  for (FusedContract k : kAllContracts) {
-    if (name == contract_name(k)) {
-      *c = k;
-      return true;
-    }
-  }
-  return false;
+bool parse_contract(const std::string& name, Contract* c) {
+  const std::optional<Contract> k = parse_contract_name(name);
+  if (!k) return false;
+  *c = *k;
+  return true;
 }
 
 std::vector<std::string> contract_names() {
   std::vector<std::string> out;
-  for (FusedContract k : kAllContracts) out.push_back(contract_name(k));
+  for (Contract k : kContracts) out.push_back(contract_name(k));
   return out;
 }
 
@@ -168,7 +155,7 @@ float reference_sum_squares(const float* v, int hidden, int pack) {
 }
 
 template <class T>
-void fused_reference(FusedContract c, const FusedProblem<T>& problem, T* residual_out, T* out,
+void fused_reference(Contract c, const FusedProblem<T>& problem, T* residual_out, T* out,
                      const std::vector<uint64_t>& traced, std::vector<ElementTrace>* traces) {
   const int n = problem.ranks, rows = problem.rows, H = problem.hidden;
   const int pack = Storage<T>::kPack;
@@ -229,8 +216,8 @@ void fused_reference(FusedContract c, const FusedProblem<T>& problem, T* residua
       const float res = to_float(res_t);
       float acc = 0.0f;
       switch (c) {
-        case FusedContract::kCanonical:
-        case FusedContract::kF32Residual:
+        case Contract::kCanonical:
+        case Contract::kF32Residual:
           acc = x(0, i);
           fold_step(0, 0, 0.0f, acc, acc, nullptr);
           for (int r = 1; r < n; ++r) {
@@ -239,7 +226,7 @@ void fused_reference(FusedContract c, const FusedProblem<T>& problem, T* residua
             fold_step(r, r, before, x(r, i), acc, nullptr);
           }
           break;
-        case FusedContract::kBf16Accumulate:
+        case Contract::kBf16Accumulate:
           acc = x(0, i);
           fold_step(0, 0, 0.0f, acc, acc, nullptr);
           for (int r = 1; r < n; ++r) {
@@ -249,7 +236,7 @@ void fused_reference(FusedContract c, const FusedProblem<T>& problem, T* residua
             fold_step(r, r, before, x(r, i), acc, &sum);
           }
           break;
-        case FusedContract::kRotatedTwoShot: {
+        case Contract::kRotatedTwoShot: {
           int owner = 0;
           for (int p = 0; p < n; ++p) {
             const Slice s = two_shot_slice(count, pack, p, n);
@@ -266,7 +253,7 @@ void fused_reference(FusedContract c, const FusedProblem<T>& problem, T* residua
           break;
         }
       }
-      if (c == FusedContract::kF32Residual) {
+      if (c == Contract::kF32Residual) {
         const float rf = acc + res;
         residual_out[i] = round_to<T>(rf);
         norm_input[j] = rf;
@@ -383,11 +370,11 @@ std::string element_trace_json(const std::vector<ElementTrace>& traces) {
   return out;
 }
 
-template void fused_reference<bf16>(FusedContract, const FusedProblem<bf16>&, bf16*, bf16*,
-                                    const std::vector<uint64_t>&, std::vector<ElementTrace>*);
-template void fused_reference<fp16>(FusedContract, const FusedProblem<fp16>&, fp16*, fp16*,
-                                    const std::vector<uint64_t>&, std::vector<ElementTrace>*);
-template void fused_reference<float>(FusedContract, const FusedProblem<float>&, float*, float*,
-                                     const std::vector<uint64_t>&, std::vector<ElementTrace>*);
+template void fused_reference<bf16>(Contract, const FusedProblem<bf16>&, bf16*, bf16*, const std::vector<uint64_t>&,
+                                    std::vector<ElementTrace>*);
+template void fused_reference<fp16>(Contract, const FusedProblem<fp16>&, fp16*, fp16*, const std::vector<uint64_t>&,
+                                    std::vector<ElementTrace>*);
+template void fused_reference<float>(Contract, const FusedProblem<float>&, float*, float*, const std::vector<uint64_t>&,
+                                     std::vector<ElementTrace>*);
 
 }  // namespace exactcoll::fused

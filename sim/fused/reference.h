@@ -24,19 +24,18 @@
 #include <utility>
 #include <vector>
 
+#include "core/registry.h"
 #include "core/storage.h"
 
 namespace exactcoll::fused {
 
-enum class FusedContract { kCanonical, kF32Residual, kBf16Accumulate, kRotatedTwoShot };
+// The contracts (core/registry.h: Contract, kContracts, contract_name and their properties).
+using exactcoll::Contract;
+using exactcoll::contract_name;
+using exactcoll::kContracts;
 
-inline constexpr FusedContract kAllContracts[] = {FusedContract::kCanonical, FusedContract::kF32Residual,
-                                                  FusedContract::kBf16Accumulate, FusedContract::kRotatedTwoShot};
-
-// "canonical", "f32_residual", "bf16_accumulate", "rotated_two_shot".
-const char* contract_name(FusedContract c);
-// Returns false when name is none of the above.
-bool parse_contract(const std::string& name, FusedContract* c);
+// Returns false when name is none of the registry's contracts.
+bool parse_contract(const std::string& name, Contract* c);
 // The names, for flag help and --contract choices.
 std::vector<std::string> contract_names();
 
@@ -103,7 +102,7 @@ struct ElementStep {
 };
 
 struct ElementTrace {
-  FusedContract contract = FusedContract::kCanonical;
+  Contract contract = Contract::kCanonical;
   uint64_t index = 0;  // row * H + col
   int row = 0, col = 0;
   std::vector<ElementStep> steps;
@@ -114,13 +113,13 @@ struct ElementTrace {
 // ElementTrace per traced element (in rising index order) to *traces.
 // Throws std::invalid_argument when ranks < 1, rows < 0 or H is not a positive multiple of the
 // pack (Storage<T>::kPack).
-// Example: fused_reference<bf16>(FusedContract::kCanonical, problem, ro.data(), out.data());
+// Example: fused_reference<bf16>(Contract::kCanonical, problem, ro.data(), out.data());
 template <class T>
-void fused_reference(FusedContract c, const FusedProblem<T>& problem, T* residual_out, T* out,
+void fused_reference(Contract c, const FusedProblem<T>& problem, T* residual_out, T* out,
                      const std::vector<uint64_t>& traced, std::vector<ElementTrace>* traces);
 
 template <class T>
-void fused_reference(FusedContract c, const FusedProblem<T>& problem, T* residual_out, T* out) {
+void fused_reference(Contract c, const FusedProblem<T>& problem, T* residual_out, T* out) {
   fused_reference<T>(c, problem, residual_out, out, {}, nullptr);
 }
 

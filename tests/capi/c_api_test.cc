@@ -81,7 +81,7 @@ TEST(CApiNames, EveryValueRoundTripsAndUnknownNamesAreListed) {
   };
   for (const Enum& e : {Enum{exactcoll_dtype_name, exactcoll_dtype_from_name, 3},
                         Enum{exactcoll_algo_name, exactcoll_algo_from_name, 9},
-                        Enum{exactcoll_fused_algo_name, exactcoll_fused_algo_from_name, 9},
+                        Enum{exactcoll_fused_algo_name, exactcoll_fused_algo_from_name, 10},
                         Enum{exactcoll_contract_name, exactcoll_contract_from_name, 4}}) {
     for (int v = 0; v < e.count; ++v) {
       ASSERT_NE(e.name(v), nullptr) << v;
@@ -199,7 +199,7 @@ void expect_fused_matches_reference(int dtype, int ranks, int rows, int hidden, 
   for (auto& v : weight) v = value(0.5f);
   fused::FusedProblem<T> problem{ranks, rows, hidden, 1e-6f, x.data(), residual.data(), weight.data()};
   std::vector<T> want_ro(count), want_out(count);
-  fused::fused_reference<T>(static_cast<fused::FusedContract>(contract), problem, want_ro.data(), want_out.data());
+  fused::fused_reference<T>(static_cast<fused::Contract>(contract), problem, want_ro.data(), want_out.data());
   std::vector<T> ro(count * static_cast<size_t>(ranks)), out(count * static_cast<size_t>(ranks));
   exactcoll_call_info info;
   exactcoll_call_info_init(&info);

@@ -81,7 +81,7 @@ TEST(Contraction, TheCApiKeepsTheContractUnderADependentsFlags) {
   // The reference (sim/fused/reference.cc, compiled with the project's flags, contraction off).
   std::vector<float> want_ro(residual.size()), want_out(residual.size());
   fused::FusedProblem<float> problem{kRanks, kRows, kHidden, 1e-6f, x.data(), residual.data(), weight.data()};
-  fused::fused_reference<float>(fused::FusedContract::kCanonical, problem, want_ro.data(), want_out.data());
+  fused::fused_reference<float>(fused::Contract::kCanonical, problem, want_ro.data(), want_out.data());
   EXPECT_EQ(std::memcmp(ro.data(), want_ro.data(), want_ro.size() * 4), 0);
   EXPECT_EQ(std::memcmp(out.data(), want_out.data(), want_out.size() * 4), 0);
 

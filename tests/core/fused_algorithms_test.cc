@@ -101,7 +101,7 @@ struct Problem {
     p.x = x.data(), p.residual = residual.data(), p.weight = weight.data();
     ro->resize(count());
     out->resize(count());
-    fused::fused_reference<T>(fused::FusedContract::kCanonical, p, ro->data(), out->data());
+    fused::fused_reference<T>(fused::Contract::kCanonical, p, ro->data(), out->data());
   }
 };
 

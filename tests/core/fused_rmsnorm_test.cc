@@ -18,7 +18,7 @@
 namespace exactcoll {
 namespace {
 
-using fused::FusedContract;
+using fused::Contract;
 using testing_world::count_differing;
 using testing_world::RandomProblem;
 using testing_world::run_algo;
@@ -30,7 +30,7 @@ struct Reference {
 };
 
 template <class T>
-Reference<T> reference(FusedContract c, const RandomProblem<T>& p) {
+Reference<T> reference(Contract c, const RandomProblem<T>& p) {
   Reference<T> r;
   r.residual_out.resize(p.count());
   r.out.resize(p.count());
@@ -38,16 +38,16 @@ Reference<T> reference(FusedContract c, const RandomProblem<T>& p) {
   return r;
 }
 
-std::string label(const char* dtype, FusedAlgo algo, int ranks, int rows, int hidden, int blocks, int threads) {
+std::string label(const char* dtype, FusedAlgorithm algo, int ranks, int rows, int hidden, int blocks, int threads) {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%s %s ranks=%d rows=%d H=%d blocks=%d threads=%d", dtype, fused_algo_name(algo),
+  std::snprintf(buf, sizeof buf, "%s %s ranks=%d rows=%d H=%d blocks=%d threads=%d", dtype, fused_algorithm_name(algo),
                 ranks, rows, hidden, blocks, threads);
   return buf;
 }
 
 // Every rank of run_algo's outputs equals the reference (one flipped bit anywhere fails).
 template <class T>
-void expect_matches_reference(FusedAlgo algo, const RandomProblem<T>& p, const Reference<T>& ref, int blocks,
+void expect_matches_reference(FusedAlgorithm algo, const RandomProblem<T>& p, const Reference<T>& ref, int blocks,
                               int threads, bool unfused_two_shot = false) {
   const auto got = run_algo<T>(algo, p, blocks, threads, unfused_two_shot);
   const std::string what = label(Storage<T>::kName, algo, p.ranks, p.rows, p.hidden, blocks, threads) +
@@ -58,8 +58,9 @@ void expect_matches_reference(FusedAlgo algo, const RandomProblem<T>& p, const R
   }
 }
 
-constexpr FusedAlgo kAlgos[] = {FusedAlgo::kOneStage, FusedAlgo::kTwoStage, FusedAlgo::kPushOneStage,
-                                FusedAlgo::kLamportOneStage, FusedAlgo::kUnfused};
+constexpr FusedAlgorithm kAlgos[] = {FusedAlgorithm::kOneStage, FusedAlgorithm::kTwoStage,
+                                     FusedAlgorithm::kPushOneStage, FusedAlgorithm::kLamportOneStage,
+                                     FusedAlgorithm::kUnfused};
 
 // ---- The reference itself ---------------------------------------------------------------------------
 
@@ -75,10 +76,10 @@ TEST(FusedReference, HandComputedDoubleRounding) {
   p.ranks = 2, p.rows = 1, p.hidden = H, p.eps = 0.0f;
   p.x = x.data(), p.residual = residual.data(), p.weight = weight.data();
   std::vector<bf16> ro(H), out(H);
-  fused::fused_reference<bf16>(FusedContract::kCanonical, p, ro.data(), out.data());
+  fused::fused_reference<bf16>(Contract::kCanonical, p, ro.data(), out.data());
   EXPECT_EQ(ro[0].bits, 0x3F81);
   EXPECT_EQ(out[0].bits, 0x3F80);  // v * (1 / v) rounds to 1 in bf16
-  fused::fused_reference<bf16>(FusedContract::kF32Residual, p, ro.data(), out.data());
+  fused::fused_reference<bf16>(Contract::kF32Residual, p, ro.data(), out.data());
   EXPECT_EQ(ro[0].bits, 0x3F80);
 }
 
@@ -110,7 +111,7 @@ TEST(FusedReference, HiddenNotAMultipleOfThePackIsAnError) {
     RandomProblem<bf16> p(2, 1, 8, 1);
     p.hidden = H;
     std::vector<bf16> ro(8), out(8);
-    EXPECT_THROW(fused::fused_reference<bf16>(FusedContract::kCanonical, p.view(), ro.data(), out.data()),
+    EXPECT_THROW(fused::fused_reference<bf16>(Contract::kCanonical, p.view(), ro.data(), out.data()),
                  std::invalid_argument)
         << "H=" << H;
     FusedRmsNormArgs<bf16> a;
@@ -139,8 +140,8 @@ void templates_match_reference_for() {
     for (int hidden : {64, 2880}) {
       for (int rows : {0, 1, 3, 7}) {
         const RandomProblem<T> p(ranks, rows, hidden, ++seed);
-        const Reference<T> ref = reference(FusedContract::kCanonical, p);
-        for (FusedAlgo algo : kAlgos) {
+        const Reference<T> ref = reference(Contract::kCanonical, p);
+        for (FusedAlgorithm algo : kAlgos) {
           expect_matches_reference(algo, p, ref, 1, 1);
           if (rows == 7) expect_matches_reference(algo, p, ref, 3, 2);  // blocks and threads split rows and packs
         }
@@ -155,7 +156,7 @@ TEST(FusedTemplates, MatchReferenceFp32) { templates_match_reference_for<float>(
 
 TEST(FusedTemplates, UnfusedWithTwoShotAllReduceToo) {
   const RandomProblem<bf16> p(5, 6, 512, 3);
-  expect_matches_reference(FusedAlgo::kUnfused, p, reference(FusedContract::kCanonical, p), 2, 1, true);
+  expect_matches_reference(FusedAlgorithm::kUnfused, p, reference(Contract::kCanonical, p), 2, 1, true);
 }
 
 // The issue's hidden sizes, at small row counts (CI time), every dtype, 4 and 3 ranks.
@@ -166,18 +167,18 @@ TEST(FusedTemplates, IssueHiddenSizesAllAlgorithmsIdentical) {
       const int rows = ranks == 4 ? 2 : 1;
       {
         const RandomProblem<bf16> p(ranks, rows, hidden, ++seed);
-        const auto ref = reference(FusedContract::kCanonical, p);
-        for (FusedAlgo algo : kAlgos) expect_matches_reference(algo, p, ref, 2, 1);
+        const auto ref = reference(Contract::kCanonical, p);
+        for (FusedAlgorithm algo : kAlgos) expect_matches_reference(algo, p, ref, 2, 1);
       }
       {
         const RandomProblem<fp16> p(ranks, rows, hidden, ++seed);
-        const auto ref = reference(FusedContract::kCanonical, p);
-        for (FusedAlgo algo : kAlgos) expect_matches_reference(algo, p, ref, 2, 1);
+        const auto ref = reference(Contract::kCanonical, p);
+        for (FusedAlgorithm algo : kAlgos) expect_matches_reference(algo, p, ref, 2, 1);
       }
       {
         const RandomProblem<float> p(ranks, rows, hidden, ++seed);
-        const auto ref = reference(FusedContract::kCanonical, p);
-        for (FusedAlgo algo : kAlgos) expect_matches_reference(algo, p, ref, 2, 1);
+        const auto ref = reference(Contract::kCanonical, p);
+        for (FusedAlgorithm algo : kAlgos) expect_matches_reference(algo, p, ref, 2, 1);
       }
     }
   }
@@ -186,8 +187,8 @@ TEST(FusedTemplates, IssueHiddenSizesAllAlgorithmsIdentical) {
 TEST(FusedTemplates, WorldSizesOneToEight) {
   for (int ranks = 1; ranks <= 8; ++ranks) {
     const RandomProblem<bf16> p(ranks, 5, 256, 50 + ranks);
-    const auto ref = reference(FusedContract::kCanonical, p);
-    for (FusedAlgo algo : kAlgos) expect_matches_reference(algo, p, ref, 2, 1);
+    const auto ref = reference(Contract::kCanonical, p);
+    for (FusedAlgorithm algo : kAlgos) expect_matches_reference(algo, p, ref, 2, 1);
   }
 }
 
@@ -195,13 +196,13 @@ TEST(FusedTemplates, WorldSizesOneToEight) {
 TEST(FusedTemplates, ManyRowsAndFewRows) {
   {
     const RandomProblem<bf16> p(3, 301, 64, 77);
-    const auto ref = reference(FusedContract::kCanonical, p);
-    for (FusedAlgo algo : kAlgos) expect_matches_reference(algo, p, ref, 7, 1);
+    const auto ref = reference(Contract::kCanonical, p);
+    for (FusedAlgorithm algo : kAlgos) expect_matches_reference(algo, p, ref, 7, 1);
   }
   {
     const RandomProblem<float> p(6, 2, 8, 78);
-    const auto ref = reference(FusedContract::kCanonical, p);
-    for (FusedAlgo algo : kAlgos) expect_matches_reference(algo, p, ref, 3, 1);
+    const auto ref = reference(Contract::kCanonical, p);
+    for (FusedAlgorithm algo : kAlgos) expect_matches_reference(algo, p, ref, 3, 1);
   }
 }
 
@@ -235,8 +236,8 @@ void specials_for() {
     p.residual[192 + 7] = bits_to_float(0x7FA00001u);
     p.x[2 * p.count() + 200] = bits_to_float(0xFFFFFFFFu);
   }
-  const auto ref = reference(FusedContract::kCanonical, p);
-  for (FusedAlgo algo : kAlgos) expect_matches_reference(algo, p, ref, 2, 1);
+  const auto ref = reference(Contract::kCanonical, p);
+  for (FusedAlgorithm algo : kAlgos) expect_matches_reference(algo, p, ref, 2, 1);
   // The reference stores the canonical NaN and keeps -0.
   const uint32_t nan_bits = sizeof(T) == 2 ? kStorageNaN16 : kCanonicalNaN32;
   EXPECT_EQ(Storage<T>::bits(ref.out[0]), nan_bits);
@@ -257,9 +258,9 @@ TEST(FusedAiterCase, CanonicalAlgorithmsAgreeF32ResidualMovesAQuarter) {
   size_t elements = 0, moved = 0, moved_out = 0;
   for (int rows = 1; rows <= 16; ++rows) {
     const RandomProblem<bf16> p(ranks, rows, H, 4096 + rows);
-    const auto canonical = reference(FusedContract::kCanonical, p);
-    for (FusedAlgo algo : kAlgos) expect_matches_reference(algo, p, canonical, 4, 1);
-    const auto f32 = reference(FusedContract::kF32Residual, p);
+    const auto canonical = reference(Contract::kCanonical, p);
+    for (FusedAlgorithm algo : kAlgos) expect_matches_reference(algo, p, canonical, 4, 1);
+    const auto f32 = reference(Contract::kF32Residual, p);
     elements += p.count();
     moved += count_differing(f32.residual_out, canonical.residual_out);
     moved_out += count_differing(f32.out, canonical.out);
@@ -278,18 +279,18 @@ TEST(FusedAiterCase, CanonicalAlgorithmsAgreeF32ResidualMovesAQuarter) {
 TEST(FusedAlternatives, Bf16AccumulateDiffersFromThreeRanksOnAndNotForFp32) {
   {
     const RandomProblem<bf16> p(4, 2, 1024, 11);
-    const auto a = reference(FusedContract::kCanonical, p), b = reference(FusedContract::kBf16Accumulate, p);
+    const auto a = reference(Contract::kCanonical, p), b = reference(Contract::kBf16Accumulate, p);
     EXPECT_GT(count_differing(a.residual_out, b.residual_out), 0u);
   }
   {
     const RandomProblem<bf16> p(2, 2, 1024, 12);  // one add: rounding after it is the canonical rounding
-    const auto a = reference(FusedContract::kCanonical, p), b = reference(FusedContract::kBf16Accumulate, p);
+    const auto a = reference(Contract::kCanonical, p), b = reference(Contract::kBf16Accumulate, p);
     EXPECT_TRUE(same_bits(a.residual_out, b.residual_out));
     EXPECT_TRUE(same_bits(a.out, b.out));
   }
   {
     const RandomProblem<float> p(4, 2, 1024, 13);  // rounding to fp32 changes nothing
-    const auto a = reference(FusedContract::kCanonical, p), b = reference(FusedContract::kBf16Accumulate, p);
+    const auto a = reference(Contract::kCanonical, p), b = reference(Contract::kBf16Accumulate, p);
     EXPECT_TRUE(same_bits(a.residual_out, b.residual_out));
     EXPECT_TRUE(same_bits(a.out, b.out));
   }
@@ -301,8 +302,8 @@ TEST(FusedAlternatives, RotatedTwoShotDependsOnMessageSize) {
   // Two ranks: a + b == b + a, so rotation changes nothing.
   {
     const RandomProblem<float> p(2, 3, 1024, 21);
-    EXPECT_TRUE(same_bits(reference(FusedContract::kCanonical, p).residual_out,
-                          reference(FusedContract::kRotatedTwoShot, p).residual_out));
+    EXPECT_TRUE(same_bits(reference(Contract::kCanonical, p).residual_out,
+                          reference(Contract::kRotatedTwoShot, p).residual_out));
   }
   // Four ranks: row 0 computed in a batch of 1 row and in a batch of 3 rows (same row-0 data). The
   // canonical bits do not depend on the batch; rotated_two_shot's do (the slice owners move).
@@ -315,10 +316,10 @@ TEST(FusedAlternatives, RotatedTwoShotDependsOnMessageSize) {
   for (int j = 0; j < H; ++j) one.residual[j] = big.residual[j];
   one.weight = big.weight;
   auto row0 = [&](const std::vector<float>& v) { return std::vector<float>(v.begin(), v.begin() + H); };
-  const auto c1 = reference(FusedContract::kCanonical, one), c3 = reference(FusedContract::kCanonical, big);
+  const auto c1 = reference(Contract::kCanonical, one), c3 = reference(Contract::kCanonical, big);
   EXPECT_TRUE(same_bits(c1.residual_out, row0(c3.residual_out)));
   EXPECT_TRUE(same_bits(c1.out, row0(c3.out)));
-  const auto r1 = reference(FusedContract::kRotatedTwoShot, one), r3 = reference(FusedContract::kRotatedTwoShot, big);
+  const auto r1 = reference(Contract::kRotatedTwoShot, one), r3 = reference(Contract::kRotatedTwoShot, big);
   const size_t batch_moves = count_differing(r1.residual_out, row0(r3.residual_out));
   std::printf("rotated_two_shot: row 0 alone vs in a batch of 3 differs in %zu of %d residual outputs\n", batch_moves,
               H);

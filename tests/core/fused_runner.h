@@ -50,13 +50,13 @@ struct RankOutputs {
 // residual_add_step + rmsnorm_step as three launches) with `blocks` blocks of `threads` threads per
 // rank. The scratch fits two_stage's rows and push_one_stage's receive halves.
 template <class T>
-RankOutputs<T> run_algo(FusedAlgo algo, const RandomProblem<T>& p, int blocks, int threads,
+RankOutputs<T> run_algo(FusedAlgorithm algo, const RandomProblem<T>& p, int blocks, int threads,
                         bool unfused_two_shot = false) {
   const size_t count = p.count();
   const size_t scratch = std::max(fused_two_stage_scratch_elements(p.rows, p.hidden) + count + 64,
                                   push_scratch_elements(count, Storage<T>::kPack, p.ranks));
   ThreadWorld<T> world(p.ranks, blocks, threads, count, scratch, count);
-  if (algo == FusedAlgo::kLamportOneStage) world.add_lamport(lamport_region_bytes(count, sizeof(T), p.ranks));
+  if (algo == FusedAlgorithm::kLamportOneStage) world.add_lamport(lamport_region_bytes(count, sizeof(T), p.ranks));
   std::vector<AlignedBuffer<T>> residual, weight, residual_out, out;
   for (int r = 0; r < p.ranks; ++r) {
     std::memcpy(world.inputs[r].data(), p.x.data() + r * count, count * sizeof(T));
@@ -79,7 +79,7 @@ RankOutputs<T> run_algo(FusedAlgo algo, const RandomProblem<T>& p, int blocks, i
     return a;
   };
   using Ctx = typename ThreadWorld<T>::Ctx;
-  if (algo == FusedAlgo::kUnfused) {
+  if (algo == FusedAlgorithm::kUnfused) {
     world.run([&](Ctx& ctx) {
       dispatch_world_size(p.ranks, [&](auto n) {
         if (unfused_two_shot) {
@@ -100,11 +100,11 @@ RankOutputs<T> run_algo(FusedAlgo algo, const RandomProblem<T>& p, int blocks, i
     world.run([&](Ctx& ctx) {
       const FusedRmsNormArgs<T> a = args_of(ctx.rank());
       dispatch_world_size(p.ranks, [&](auto n) {
-        if (algo == FusedAlgo::kOneStage) {
+        if (algo == FusedAlgorithm::kOneStage) {
           fused_rmsnorm_one_stage<T, decltype(n)::value>(ctx, a);
-        } else if (algo == FusedAlgo::kPushOneStage) {
+        } else if (algo == FusedAlgorithm::kPushOneStage) {
           fused_rmsnorm_push_one_stage<T, decltype(n)::value>(ctx, a);
-        } else if (algo == FusedAlgo::kLamportOneStage) {
+        } else if (algo == FusedAlgorithm::kLamportOneStage) {
           fused_rmsnorm_lamport_one_stage<T, decltype(n)::value>(ctx, a);
         } else {
           fused_rmsnorm_two_stage<T, decltype(n)::value>(ctx, a);

@@ -138,7 +138,7 @@ void grow_to_largest(sim::World& world) {
 void soak_fused(sim::World& world, sim::Xoshiro256& rng, Tally& tally) {
   const int n = world.ranks();
   fused::FusedSpec spec;
-  spec.algo = fuzz::pick(rng, kFusedAlgos);
+  spec.algo = fuzz::pick(rng, kFusedAlgorithmsOnSimulator);
   spec.rows = 1 + static_cast<int>(rng.below(4));
   spec.hidden = 8 * (1 + static_cast<int>(rng.below(64)));
   spec.blocks = 1 + static_cast<int>(rng.below(2));
@@ -166,7 +166,7 @@ void soak_fused(sim::World& world, sim::Xoshiro256& rng, Tally& tally) {
   fused::FusedProblem<bf16> p;
   p.ranks = n, p.rows = spec.rows, p.hidden = spec.hidden, p.eps = spec.eps;
   p.x = all_x.data(), p.residual = residual_copy.data(), p.weight = weight.data();
-  fused::fused_reference<bf16>(fused::FusedContract::kCanonical, p, want_ro.data(), want_out.data());
+  fused::fused_reference<bf16>(fused::Contract::kCanonical, p, want_ro.data(), want_out.data());
   const std::vector<uint8_t> want_out_bytes(reinterpret_cast<const uint8_t*>(want_out.data()),
                                             reinterpret_cast<const uint8_t*>(want_out.data()) + count * 2);
   const std::vector<uint8_t> want_ro_bytes(reinterpret_cast<const uint8_t*>(want_ro.data()),
@@ -175,7 +175,7 @@ void soak_fused(sim::World& world, sim::Xoshiro256& rng, Tally& tally) {
   ++tally.calls;
   ++tally.fused_calls;
   tally.elements += count * static_cast<uint64_t>(n);
-  ++tally.by_op[std::string("fused_rmsnorm/") + fused_algo_name(spec.algo)];
+  ++tally.by_op[std::string("fused_rmsnorm/") + fused_algorithm_name(spec.algo)];
 }
 
 // Bytes the heap holds for the program now (malloc's in-use chunks and its mmapped ones): what a

@@ -45,7 +45,7 @@ struct TypedProblem {
 // An alternative contract: the reference computes the outputs, and with `elements` the traces of
 // those elements in the same call (departs: per element, the seq where it leaves canonical or -1).
 template <class T>
-void run_reference(FusedContract contract, int ranks, int rows, int hidden, float eps, const npy::NpyArray& x,
+void run_reference(Contract contract, int ranks, int rows, int hidden, float eps, const npy::NpyArray& x,
                    const npy::NpyArray& residual, const npy::NpyArray& weight, std::vector<uint8_t>* out,
                    std::vector<uint8_t>* residual_out, const std::vector<uint64_t>& elements,
                    std::vector<ElementTrace>* traces, std::vector<int>* departs) {
@@ -88,7 +88,7 @@ std::string trace_canonical(int ranks, int rows, int hidden, float eps, const np
 std::string element_summary(const ElementTrace& t, int departs, const std::string& trace_path) {
   std::string line = "element " + std::to_string(t.index) + " [row " + std::to_string(t.row) + ", col " +
                      std::to_string(t.col) + "]: " + std::to_string(t.steps.size()) + " steps in " + trace_path;
-  if (t.contract == FusedContract::kCanonical) return line + ", checked against the run bit for bit";
+  if (t.contract == Contract::kCanonical) return line + ", checked against the run bit for bit";
   line += std::string(", ") + contract_name(t.contract);
   if (departs < 0) return line + " has canonical's bits at every step";
   line += " departs from canonical at seq " + std::to_string(departs) + " (" + t.steps[departs].step + ")";
@@ -153,7 +153,7 @@ int run(int argc, char** argv) {
   parser.add_int("seed", &seed, "seed of random inputs");
   parser.add_string("output", &output, "out.npy: [N, rows, H] normed output");
   std::vector<std::string> algo_names;
-  for (FusedAlgo a : kFusedAlgos) algo_names.push_back(fused_algo_name(a));
+  for (FusedAlgorithm a : kFusedAlgorithmsOnSimulator) algo_names.push_back(fused_algorithm_name(a));
   parser.add_choice("algo", &algo_text, algo_names, "algorithm of the canonical contract (all give the same bits)");
   parser.add_choice("contract", &contract_text, contract_names(), "rounding contract");
   parser.add_int("blocks", &blocks,
@@ -196,9 +196,9 @@ int run(int argc, char** argv) {
         kCommand, "--threads must be 1.." + std::to_string(contract::kMaxLanes) + ", got " + std::to_string(threads));
   }
   if (const std::string problem = check_eps(eps); !problem.empty()) return cli::fail(kCommand, problem);
-  FusedContract contract = FusedContract::kCanonical;
+  Contract contract = Contract::kCanonical;
   parse_contract(contract_text, &contract);
-  const bool canonical = contract == FusedContract::kCanonical;
+  const bool canonical = contract == Contract::kCanonical;
   if (!canonical) {
     // Name the flag actually given: "--algo one_stage" refused with a word about trace flags
     // read as a bug.
@@ -289,8 +289,8 @@ int run(int argc, char** argv) {
   const int64_t rows = x.shape[1], hidden = x.shape[2];
   if (const std::string problem = check_memory(rows, hidden); !problem.empty()) return cli::fail(kCommand, problem);
   FusedSpec spec;
-  for (FusedAlgo a : kFusedAlgos) {
-    if (algo_text == fused_algo_name(a)) spec.algo = a;
+  for (FusedAlgorithm a : kFusedAlgorithmsOnSimulator) {
+    if (algo_text == fused_algorithm_name(a)) spec.algo = a;
   }
   spec.dtype = dtype;
   spec.rows = static_cast<int>(rows);
@@ -415,10 +415,11 @@ int run(int argc, char** argv) {
   std::cout << kCommand << " " << f.dtype << ": " << ranks << " ranks x [" << rows << ", " << hidden << "] ("
             << input_note << "), contract " << contract_text;
   if (canonical) {
-    std::cout << ", " << fused_algo_name(spec.algo) << ", " << spec.blocks << (spec.blocks == 1 ? " block" : " blocks");
+    std::cout << ", " << fused_algorithm_name(spec.algo) << ", " << spec.blocks
+              << (spec.blocks == 1 ? " block" : " blocks");
     if (const int t = fused_threads(spec); t > 1) std::cout << " x " << t << " threads";
-    if (spec.algo == FusedAlgo::kGatherNorm || spec.algo == FusedAlgo::kOneStageReg ||
-        spec.algo == FusedAlgo::kPushOneStageReg) {
+    if (spec.algo == FusedAlgorithm::kGatherNorm || spec.algo == FusedAlgorithm::kOneStageReg ||
+        spec.algo == FusedAlgorithm::kPushOneStageReg) {
       std::cout << (fused_register_path(spec) ? " (register path)" : " (core's path)");
     }
     std::cout << ", " << tools::schedule_note(options);

@@ -48,15 +48,15 @@ constexpr int kMaxFusedBlocks = 64;
 
 // The simulator's run of the kernel a GPU algorithm launches (the GPU's push_one_stage is the
 // register kernel the simulator names push_one_stage_reg).
-std::optional<FusedAlgo> sim_algo(FusedAlgorithm a) {
+std::optional<FusedAlgorithm> sim_algo(FusedAlgorithm a) {
   switch (a) {
-    case FusedAlgorithm::kOneStage: return FusedAlgo::kOneStage;
-    case FusedAlgorithm::kOneStageReg: return FusedAlgo::kOneStageReg;
-    case FusedAlgorithm::kGatherNorm: return FusedAlgo::kGatherNorm;
-    case FusedAlgorithm::kPushOneStage: return FusedAlgo::kPushOneStageReg;
-    case FusedAlgorithm::kLamportOneStage: return FusedAlgo::kLamportOneStage;
-    case FusedAlgorithm::kTwoStage: return FusedAlgo::kTwoStage;
-    case FusedAlgorithm::kUnfused: return FusedAlgo::kUnfused;
+    case FusedAlgorithm::kOneStage: return FusedAlgorithm::kOneStage;
+    case FusedAlgorithm::kOneStageReg: return FusedAlgorithm::kOneStageReg;
+    case FusedAlgorithm::kGatherNorm: return FusedAlgorithm::kGatherNorm;
+    case FusedAlgorithm::kPushOneStage: return FusedAlgorithm::kPushOneStageReg;
+    case FusedAlgorithm::kLamportOneStage: return FusedAlgorithm::kLamportOneStage;
+    case FusedAlgorithm::kTwoStage: return FusedAlgorithm::kTwoStage;
+    case FusedAlgorithm::kUnfused: return FusedAlgorithm::kUnfused;
     default: return std::nullopt;
   }
 }
@@ -448,8 +448,8 @@ class FusedRmsNormOp : public GpuOp {
             const std::vector<DeviceOutput> outs = buffers.outputs(count, elem);
             // 2. The reference and the simulator.
             const FusedOutputs by_reference = reference_fused(in, eps);
-            std::map<FusedAlgo, FusedOutputs> by_sim;
-            auto simulated = [&](FusedAlgo a) -> const FusedOutputs& {
+            std::map<FusedAlgorithm, FusedOutputs> by_sim;
+            auto simulated = [&](FusedAlgorithm a) -> const FusedOutputs& {
               auto it = by_sim.find(a);
               if (it == by_sim.end()) {
                 it = by_sim.emplace(a, simulate_fused(world, a, in, eps, 4)[static_cast<size_t>(rank)]).first;
@@ -459,9 +459,9 @@ class FusedRmsNormOp : public GpuOp {
             const cuda::fused::FusedRmsNormShape shape{static_cast<int>(rows), static_cast<int>(hidden), eps, dtype};
             for (FusedAlgorithm requested : algos_) {
               const cuda::fused::FusedChoice choice = ctx.comms.main->fused_backend().choose(shape, requested);
-              const FusedAlgo sim_choice = count <= static_cast<size_t>(sim_all_max_elements_)
-                                               ? sim_algo(choice.algo).value_or(FusedAlgo::kOneStage)
-                                               : FusedAlgo::kOneStage;
+              const FusedAlgorithm sim_choice = count <= static_cast<size_t>(sim_all_max_elements_)
+                                                    ? sim_algo(choice.algo).value_or(FusedAlgorithm::kOneStage)
+                                                    : FusedAlgorithm::kOneStage;
               const FusedOutputs& want = simulated(sim_choice);
               const std::string label = cuda::fused::fused_algorithm_name(requested);
               // 3. The variants.

@@ -21,7 +21,7 @@ FusedOutputs reference_typed(const FusedInputs& in, float eps) {
   fused::FusedProblem<T> p;
   p.ranks = in.ranks, p.rows = in.rows, p.hidden = in.hidden, p.eps = eps;
   p.x = x.data(), p.residual = residual.data(), p.weight = weight.data();
-  fused::fused_reference<T>(fused::FusedContract::kCanonical, p, ro.data(), out.data());
+  fused::fused_reference<T>(fused::Contract::kCanonical, p, ro.data(), out.data());
   FusedOutputs o;
   o.residual_out.resize(count * sizeof(T));
   o.out.resize(count * sizeof(T));
@@ -32,7 +32,7 @@ FusedOutputs reference_typed(const FusedInputs& in, float eps) {
 
 }  // namespace
 
-std::vector<FusedOutputs> simulate_fused(sim::World& world, FusedAlgo algo, const FusedInputs& in, float eps,
+std::vector<FusedOutputs> simulate_fused(sim::World& world, FusedAlgorithm algo, const FusedInputs& in, float eps,
                                          int blocks) {
   const size_t bytes = in.count() * static_cast<size_t>(dtype_size(in.dtype));
   std::vector<FusedOutputs> outputs(static_cast<size_t>(in.ranks));

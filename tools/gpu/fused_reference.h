@@ -23,7 +23,7 @@ struct FusedOutputs {
 
 // Returns every rank's outputs of `algo` on the simulated world (world.ranks() == in.ranks).
 // Throws sim::SimError when the simulated run fails.
-std::vector<FusedOutputs> simulate_fused(sim::World& world, FusedAlgo algo, const FusedInputs& in, float eps,
+std::vector<FusedOutputs> simulate_fused(sim::World& world, FusedAlgorithm algo, const FusedInputs& in, float eps,
                                          int blocks);
 
 // Returns the contract's outputs (the same on every rank) from the scalar reference.

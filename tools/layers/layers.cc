@@ -83,7 +83,7 @@ std::vector<LayerRow> simulate(const LayersOptions& o) {
       }
       return x.data();
     };
-    auto step = [&](Stream<T>& s, fused::FusedContract contract) {
+    auto step = [&](Stream<T>& s, fused::Contract contract) {
       fused::FusedProblem<T> p;
       p.ranks = n, p.rows = o.rows, p.hidden = H, p.eps = o.eps;
       p.x = captured != nullptr ? captured + static_cast<size_t>(layer - 1) * captured_layer_stride
@@ -94,7 +94,7 @@ std::vector<LayerRow> simulate(const LayersOptions& o) {
       s.h.swap(h);
       s.out.swap(out);
     };
-    step(canonical, fused::FusedContract::kCanonical);
+    step(canonical, fused::Contract::kCanonical);
     step(alternative, o.contract);
     // 3. Compare.
     const diff::CompareResult res = diff::compare(o.dtype, alternative.h.data(), canonical.h.data(), count);

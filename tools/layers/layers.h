@@ -37,7 +37,7 @@ struct LayersOptions {
   int rows = 16;
   int hidden = 4096;
   DType dtype = DType::kBF16;
-  fused::FusedContract contract = fused::FusedContract::kF32Residual;
+  fused::Contract contract = fused::Contract::kF32Residual;
   uint64_t seed = 1;
   float eps = 1e-6f;
   // Empty: the synthetic partial sums above. Else captured ones, elements of dtype (bf16 and fp16

@@ -196,7 +196,7 @@ int layers_main(int argc, char** argv) {
             << (from_file ? "partial sums from " + input_path + " " + npy::shape_text(input.shape) + ", " : "")
             << "seed " << o.seed << (parser.given("seed") ? "" : " (the default; --seed N for another)")
             << (from_file ? " for the residual stream's start and the weights" : "") << "\n";
-  if (o.contract == fused::FusedContract::kCanonical) {
+  if (o.contract == fused::Contract::kCanonical) {
     std::cout << "(canonical against itself: every row must show 0)\n";
   }
   std::cout << "layer  residual differing  of which 1-4 ULP  max ULP  relative L2 drift  out differing  out max ULP\n";

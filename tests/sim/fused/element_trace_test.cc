@@ -68,7 +68,7 @@ void check_trace(const ElementTrace& t, int n, int hidden, const std::vector<T>&
   EXPECT_EQ(value(add, "stored").bits, Storage<T>::bits(ro[t.index])) << "residual_add ends at residual_out";
   const ElementStep& square = st[n + 2];
   // The norm reads the stored residual_out, except f32_residual (the unrounded sum).
-  const float v = t.contract == FusedContract::kF32Residual ? value(add, "sum").value : to_float(ro[t.index]);
+  const float v = t.contract == Contract::kF32Residual ? value(add, "sum").value : to_float(ro[t.index]);
   EXPECT_EQ(bits(value(square, "v")), float_to_bits(v));
   EXPECT_EQ(bits(value(square, "square")), float_to_bits(v * v));
   const ElementStep& lane = st[n + 3];
@@ -95,7 +95,7 @@ void every_contract(int n, int rows, int hidden, uint64_t seed) {
   const Case<T> c(n, rows, hidden, seed);
   const size_t count = c.count();
   const std::vector<uint64_t> elements = {0, 7, static_cast<uint64_t>(hidden) + 5, count - 1, count + 3};
-  for (FusedContract contract : kAllContracts) {
+  for (Contract contract : kContracts) {
     std::vector<T> ro(count), out(count), plain_ro(count), plain_out(count);
     std::vector<ElementTrace> traces;
     fused_reference<T>(contract, c.problem(), ro.data(), out.data(), elements, &traces);
@@ -122,8 +122,9 @@ TEST(ElementTrace, EveryContractHasTheStepsInOrderEndingAtTheOutputBits) {
 // A canonical run on the simulator, traced: the reference's trace agrees with it, and one flipped
 // bit of the run (an output bit or a recorded fold) makes trace_canonical_run refuse.
 template <class T>
-void canonical_run(FusedAlgo algo, int n, int rows, int hidden, sim::Schedule schedule) {
-  SCOPED_TRACE(std::string(fused_algo_name(algo)) + ", " + std::to_string(n) + " ranks, H " + std::to_string(hidden));
+void canonical_run(FusedAlgorithm algo, int n, int rows, int hidden, sim::Schedule schedule) {
+  SCOPED_TRACE(std::string(fused_algorithm_name(algo)) + ", " + std::to_string(n) + " ranks, H " +
+               std::to_string(hidden));
   const Case<T> c(n, rows, hidden, 11);
   const size_t count = c.count();
   const std::vector<uint64_t> elements = {3, static_cast<uint64_t>(hidden) + 70 % hidden, count - 1};
@@ -191,11 +192,11 @@ void canonical_run(FusedAlgo algo, int n, int rows, int hidden, sim::Schedule sc
 }
 
 TEST(ElementTrace, CanonicalRunTraceAgreesWithTheRunAndCatchesAFlippedBit) {
-  canonical_run<bf16>(FusedAlgo::kOneStage, 3, 3, 64, sim::Schedule::kThreads);
-  canonical_run<bf16>(FusedAlgo::kTwoStage, 3, 3, 64, sim::Schedule::kSeeded);
-  canonical_run<fp16>(FusedAlgo::kOneStageReg, 2, 2, 2880, sim::Schedule::kThreads);
-  canonical_run<float>(FusedAlgo::kUnfused, 4, 2, 64, sim::Schedule::kThreads);
-  canonical_run<bf16>(FusedAlgo::kLamportOneStage, 2, 2, 64, sim::Schedule::kSeeded);
+  canonical_run<bf16>(FusedAlgorithm::kOneStage, 3, 3, 64, sim::Schedule::kThreads);
+  canonical_run<bf16>(FusedAlgorithm::kTwoStage, 3, 3, 64, sim::Schedule::kSeeded);
+  canonical_run<fp16>(FusedAlgorithm::kOneStageReg, 2, 2, 2880, sim::Schedule::kThreads);
+  canonical_run<float>(FusedAlgorithm::kUnfused, 4, 2, 64, sim::Schedule::kThreads);
+  canonical_run<bf16>(FusedAlgorithm::kLamportOneStage, 2, 2, 64, sim::Schedule::kSeeded);
 }
 
 // Where each alternative departs from canonical (docs/numerics.md, "Tracing one element"):
@@ -212,9 +213,9 @@ TEST(ElementTrace, AlternativesDepartWhereTheContractSays) {
   for (size_t i = 0; i < count; ++i) all[i] = i;
   std::vector<bf16> ro(count), out(count);
   std::vector<ElementTrace> canonical;
-  fused_reference<bf16>(FusedContract::kCanonical, c.problem(), ro.data(), out.data(), all, &canonical);
+  fused_reference<bf16>(Contract::kCanonical, c.problem(), ro.data(), out.data(), all, &canonical);
   int departed[4] = {};
-  for (FusedContract contract : kAllContracts) {
+  for (Contract contract : kContracts) {
     std::vector<ElementTrace> traces;
     const std::vector<int> departs =
         trace_alternative<bf16>(contract, c.problem(), all, ro.data(), out.data(), &traces);
@@ -227,7 +228,7 @@ TEST(ElementTrace, AlternativesDepartWhereTheContractSays) {
       if (d >= 0) ++departed[static_cast<int>(contract)];
       for (size_t s = 0; s < t.steps.size(); ++s) {
         const auto mark = t.steps[s].vs_canonical;
-        if (contract == FusedContract::kCanonical) {
+        if (contract == Contract::kCanonical) {
           EXPECT_EQ(mark, ElementStep::VsCanonical::kNotCompared);
         } else if (static_cast<int>(s) < d || d < 0) {
           EXPECT_EQ(mark, ElementStep::VsCanonical::kSame);
@@ -237,8 +238,8 @@ TEST(ElementTrace, AlternativesDepartWhereTheContractSays) {
       }
       const float fold = value(canon.steps[n - 1], "acc_after").value;
       switch (contract) {
-        case FusedContract::kCanonical: EXPECT_EQ(d, -1); break;
-        case FusedContract::kF32Residual: {
+        case Contract::kCanonical: EXPECT_EQ(d, -1); break;
+        case Contract::kF32Residual: {
           // At round when the fold is not a bf16 value (it is not rounded); otherwise its residual
           // add has canonical's bits and it can depart only in the norm (square or later), which
           // reads the row's unrounded sums.
@@ -250,7 +251,7 @@ TEST(ElementTrace, AlternativesDepartWhereTheContractSays) {
           }
           break;
         }
-        case FusedContract::kBf16Accumulate: {
+        case Contract::kBf16Accumulate: {
           // Until it departs it adds what canonical adds, so it departs at the first fold k >= 1
           // whose fp32 sum (canonical's) is not a bf16 value; otherwise, if at all, in the norm.
           int first = -1;
@@ -265,7 +266,7 @@ TEST(ElementTrace, AlternativesDepartWhereTheContractSays) {
           }
           break;
         }
-        case FusedContract::kRotatedTwoShot:
+        case Contract::kRotatedTwoShot:
           // Its fold starts at the owner of the element's two-shot slice: an element of rank 0's
           // slice folds in canonical's order, and can depart only in the norm (from other elements).
           if (t.steps[0].labels[0].second == 0) {
@@ -277,9 +278,9 @@ TEST(ElementTrace, AlternativesDepartWhereTheContractSays) {
       }
     }
   }
-  EXPECT_GT(departed[static_cast<int>(FusedContract::kF32Residual)], 0);
-  EXPECT_GT(departed[static_cast<int>(FusedContract::kBf16Accumulate)], 0);
-  EXPECT_GT(departed[static_cast<int>(FusedContract::kRotatedTwoShot)], 0);
+  EXPECT_GT(departed[static_cast<int>(Contract::kF32Residual)], 0);
+  EXPECT_GT(departed[static_cast<int>(Contract::kBf16Accumulate)], 0);
+  EXPECT_GT(departed[static_cast<int>(Contract::kRotatedTwoShot)], 0);
 }
 
 }  // namespace

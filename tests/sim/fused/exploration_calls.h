@@ -68,7 +68,7 @@ inline void complete_call(bool fused, int ranks, size_t count, fused::SplitMix64
   p.x = d.x.data(), p.residual = residual.data(), p.weight = weight.data();
   d.want_ro.resize(count);
   d.want_out.resize(count);
-  fused::fused_reference<bf16>(fused::FusedContract::kCanonical, p, d.want_ro.data(), d.want_out.data());
+  fused::fused_reference<bf16>(fused::Contract::kCanonical, p, d.want_ro.data(), d.want_out.data());
 }
 
 // Returns "" when got equals want bit for bit, else where it first differs.

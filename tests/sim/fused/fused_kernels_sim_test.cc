@@ -25,7 +25,8 @@
 namespace exactcoll::fused {
 namespace {
 
-constexpr FusedAlgo kKernels[] = {FusedAlgo::kGatherNorm, FusedAlgo::kOneStageReg, FusedAlgo::kPushOneStageReg};
+constexpr FusedAlgorithm kKernels[] = {FusedAlgorithm::kGatherNorm, FusedAlgorithm::kOneStageReg,
+                                       FusedAlgorithm::kPushOneStageReg};
 constexpr DType kDtypes[] = {DType::kBF16, DType::kFP16, DType::kFP32};
 
 int pack_of(DType dtype) { return 16 / dtype_size(dtype); }
@@ -47,7 +48,7 @@ void reference_typed(const gpu::FusedInputs& in, float eps, std::vector<uint8_t>
   FusedProblem<T> p;
   p.ranks = in.ranks, p.rows = in.rows, p.hidden = in.hidden, p.eps = eps;
   p.x = x.data(), p.residual = residual.data(), p.weight = weight.data();
-  fused_reference<T>(FusedContract::kCanonical, p, r.data(), y.data());
+  fused_reference<T>(Contract::kCanonical, p, r.data(), y.data());
   ro->assign(reinterpret_cast<const uint8_t*>(r.data()),
              reinterpret_cast<const uint8_t*>(r.data()) + count * sizeof(T));
   out->assign(reinterpret_cast<const uint8_t*>(y.data()),
@@ -74,7 +75,7 @@ std::string compare(const std::vector<uint8_t>& got, const std::vector<uint8_t>&
 }
 
 struct Case {
-  FusedAlgo algo;
+  FusedAlgorithm algo;
   DType dtype;
   int ranks, rows, hidden, blocks, threads;  // threads 0: the default (the register path where it fits)
   sim::Schedule schedule = sim::Schedule::kThreads;
@@ -83,7 +84,7 @@ struct Case {
 
   std::string what() const {
     FusedSpec s = spec();
-    return std::string(fused_algo_name(algo)) + " " + dtype_name(dtype) + " ranks=" + std::to_string(ranks) +
+    return std::string(fused_algorithm_name(algo)) + " " + dtype_name(dtype) + " ranks=" + std::to_string(ranks) +
            " rows=" + std::to_string(rows) + " H=" + std::to_string(hidden) + " blocks=" + std::to_string(blocks) +
            " threads=" + std::to_string(fused_threads(s)) +
            (fused_register_path(s) ? " (register path)" : " (core path)") + " " + sim::schedule_name(schedule) +
@@ -149,7 +150,7 @@ void check(const Case& c) {
 // default grid there), rows fewer and more than ranks x blocks, 1 and 3 blocks.
 TEST(FusedKernelsSim, ThreadsScheduleMatchesTheReference) {
   uint64_t seed = 100;
-  for (FusedAlgo algo : kKernels) {
+  for (FusedAlgorithm algo : kKernels) {
     for (DType dtype : kDtypes) {
       const int P = pack_of(dtype);
       for (int ranks : {1, 2, 3, 4, 8}) {
@@ -170,7 +171,7 @@ TEST(FusedKernelsSim, ThreadsScheduleMatchesTheReference) {
 // widest, 4 packs a thread (more than 2048 packs) takes core's path with 1024 threads.
 TEST(FusedKernelsSim, WideRowsTakeTheRegisterPathUpTo2048Packs) {
   uint64_t seed = 500;
-  for (FusedAlgo algo : kKernels) {
+  for (FusedAlgorithm algo : kKernels) {
     for (DType dtype : {DType::kBF16, DType::kFP32}) {
       const int P = pack_of(dtype);
       for (int packs : {1500, 2056}) {
@@ -187,7 +188,7 @@ TEST(FusedKernelsSim, WideRowsTakeTheRegisterPathUpTo2048Packs) {
 // seed; register path and core's path; 2, 3 and 4 ranks, 2 blocks.
 TEST(FusedKernelsSim, SeededSchedulesMatchTheReference) {
   uint64_t input_seed = 900;
-  for (FusedAlgo algo : kKernels) {
+  for (FusedAlgorithm algo : kKernels) {
     for (DType dtype : kDtypes) {
       const int P = pack_of(dtype);
       for (int ranks : {2, 3, 4}) {
@@ -235,7 +236,7 @@ TEST(FusedKernelsSim, TheSimulatorsContextHasTheRegisterPath) {
 
 // The comparison above catches one flipped bit in any output element.
 TEST(FusedKernelsSim, OneFlippedOutputBitIsCaught) {
-  const Case c{FusedAlgo::kGatherNorm, DType::kBF16, 3, 4, 64, 2, 0};
+  const Case c{FusedAlgorithm::kGatherNorm, DType::kBF16, 3, 4, 64, 2, 0};
   const gpu::FusedInputs in = gpu::make_fused_inputs(c.dtype, c.ranks, c.rows, c.hidden, 7, true);
   std::vector<uint8_t> want_ro, want_out;
   reference_typed<bf16>(in, 1e-6f, &want_ro, &want_out);
@@ -254,7 +255,7 @@ TEST(FusedKernelsSim, OneFlippedOutputBitIsCaught) {
 
 // What the kernels cannot take is a clear error before anything runs, never an abort.
 TEST(FusedKernelsSim, InvalidSpecsAreClearErrors) {
-  for (FusedAlgo algo : kKernels) {
+  for (FusedAlgorithm algo : kKernels) {
     for (DType dtype : kDtypes) {
       FusedSpec spec;
       spec.algo = algo;
@@ -277,7 +278,7 @@ TEST(FusedKernelsSim, InvalidSpecsAreClearErrors) {
         io.residual_out.push_back(buffer.data());
         io.out.push_back(buffer.data());
       }
-      EXPECT_THROW(run_fused(world, spec, io), std::invalid_argument) << fused_algo_name(algo);
+      EXPECT_THROW(run_fused(world, spec, io), std::invalid_argument) << fused_algorithm_name(algo);
       spec.hidden = pack_of(dtype) * 5;
       spec.threads = 1025;
       EXPECT_NE(check_fused_spec(spec, 2).find("threads must be 1..1024"), std::string::npos);
@@ -286,13 +287,13 @@ TEST(FusedKernelsSim, InvalidSpecsAreClearErrors) {
     }
   }
   FusedSpec lamport;
-  lamport.algo = FusedAlgo::kLamportOneStage;
+  lamport.algo = FusedAlgorithm::kLamportOneStage;
   lamport.hidden = 64;
   lamport.threads = 4;
   EXPECT_NE(check_fused_spec(lamport, 2).find("lamport_one_stage runs with one thread per block"), std::string::npos);
   // Seeded: every thread of every block of a launch alive at once (fiber stacks) is bounded.
   FusedSpec wide;
-  wide.algo = FusedAlgo::kOneStageReg;
+  wide.algo = FusedAlgorithm::kOneStageReg;
   wide.hidden = 8192;  // 1024 lanes
   wide.blocks = 4;
   EXPECT_EQ(check_fused_spec(wide, 4, sim::Schedule::kThreads), "");

@@ -20,7 +20,7 @@ namespace {
 
 // Runs spec on a fresh world and checks every rank's outputs against the reference.
 template <class T>
-void check(const Case<T>& c, FusedAlgo algo, int blocks, sim::Schedule schedule, uint64_t schedule_seed,
+void check(const Case<T>& c, FusedAlgorithm algo, int blocks, sim::Schedule schedule, uint64_t schedule_seed,
            bool two_shot = false) {
   sim::WorldOptions options;
   options.ranks = c.ranks;
@@ -49,8 +49,8 @@ void check(const Case<T>& c, FusedAlgo algo, int blocks, sim::Schedule schedule,
   p.ranks = c.ranks, p.rows = c.rows, p.hidden = c.hidden, p.eps = spec.eps;
   p.x = c.x.data(), p.residual = c.residual.data(), p.weight = c.weight.data();
   std::vector<T> ref_ro(count), ref_out(count);
-  fused_reference<T>(FusedContract::kCanonical, p, ref_ro.data(), ref_out.data());
-  const std::string what = std::string(Storage<T>::kName) + " " + fused_algo_name(algo) +
+  fused_reference<T>(Contract::kCanonical, p, ref_ro.data(), ref_out.data());
+  const std::string what = std::string(Storage<T>::kName) + " " + fused_algorithm_name(algo) +
                            " ranks=" + std::to_string(c.ranks) + " rows=" + std::to_string(c.rows) +
                            " H=" + std::to_string(c.hidden) + " blocks=" + std::to_string(blocks) + " " +
                            sim::schedule_name(schedule) + " seed " + std::to_string(schedule_seed);
@@ -63,9 +63,10 @@ void check(const Case<T>& c, FusedAlgo algo, int blocks, sim::Schedule schedule,
 
 // Every algorithm; gather_norm, one_stage_reg and push_one_stage_reg on blocks of the tree's lanes
 // (their register path; tests/sim/fused/fused_kernels_sim_test.cc covers them in depth).
-constexpr FusedAlgo kAlgos[] = {FusedAlgo::kOneStage,        FusedAlgo::kTwoStage,       FusedAlgo::kPushOneStage,
-                                FusedAlgo::kLamportOneStage, FusedAlgo::kUnfused,        FusedAlgo::kGatherNorm,
-                                FusedAlgo::kOneStageReg,     FusedAlgo::kPushOneStageReg};
+constexpr FusedAlgorithm kAlgos[] = {FusedAlgorithm::kOneStage,     FusedAlgorithm::kTwoStage,
+                                     FusedAlgorithm::kPushOneStage, FusedAlgorithm::kLamportOneStage,
+                                     FusedAlgorithm::kUnfused,      FusedAlgorithm::kGatherNorm,
+                                     FusedAlgorithm::kOneStageReg,  FusedAlgorithm::kPushOneStageReg};
 
 TEST(FusedSim, ThreadsSchedulerEveryAlgorithmDtypeAndWorldSize) {
   uint64_t seed = 1;
@@ -73,26 +74,26 @@ TEST(FusedSim, ThreadsSchedulerEveryAlgorithmDtypeAndWorldSize) {
     const Case<bf16> b(ranks, 5, 256, ++seed);
     const Case<fp16> h(ranks, 3, 128, ++seed);
     const Case<float> f(ranks, 3, 132, ++seed);
-    for (FusedAlgo algo : kAlgos) {
+    for (FusedAlgorithm algo : kAlgos) {
       check(b, algo, 2, sim::Schedule::kThreads, 0);
       check(h, algo, 1, sim::Schedule::kThreads, 0);
       check(f, algo, 3, sim::Schedule::kThreads, 0);
     }
   }
-  check(Case<bf16>(4, 6, 512, 99), FusedAlgo::kUnfused, 2, sim::Schedule::kThreads, 0, true);
+  check(Case<bf16>(4, 6, 512, 99), FusedAlgorithm::kUnfused, 2, sim::Schedule::kThreads, 0, true);
 }
 
 TEST(FusedSim, AiterShapeOnTheSimulator) {
   for (int rows : {1, 7, 16}) {
     const Case<bf16> c(4, rows, 4096, 4096 + rows);
-    for (FusedAlgo algo : kAlgos) check(c, algo, 4, sim::Schedule::kThreads, 0);
+    for (FusedAlgorithm algo : kAlgos) check(c, algo, 4, sim::Schedule::kThreads, 0);
   }
 }
 
 TEST(FusedSim, SeededSchedulesGiveTheSameBits) {
   const Case<bf16> c(3, 5, 64, 7);
   for (uint64_t s = 1; s <= 20; ++s) {
-    for (FusedAlgo algo : kAlgos) check(c, algo, 2, sim::Schedule::kSeeded, s);
+    for (FusedAlgorithm algo : kAlgos) check(c, algo, 2, sim::Schedule::kSeeded, s);
   }
 }
 

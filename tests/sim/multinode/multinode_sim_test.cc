@@ -123,7 +123,7 @@ void check_fused(int nodes, int local, int rows, int hidden, uint64_t seed) {
   problem.residual = reinterpret_cast<const T*>(residual[0].data());
   problem.weight = reinterpret_cast<const T*>(weight[0].data());
   std::vector<T> want_ro(count), want_out(count);
-  fused::fused_reference<T>(fused::FusedContract::kCanonical, problem, want_ro.data(), want_out.data());
+  fused::fused_reference<T>(fused::Contract::kCanonical, problem, want_ro.data(), want_out.data());
 
   MultiNodeFusedSpec spec;
   spec.dtype = dtype;

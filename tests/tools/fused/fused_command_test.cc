@@ -61,8 +61,8 @@ Files make_files(const std::string& tag, int ranks, int rows, int hidden, uint64
   if (hidden % Storage<bf16>::kPack != 0) return f;  // an input for the bad-input cases: no reference
   f.ref_out.resize(count), f.ref_ro.resize(count), f.f32_ro.resize(count);
   std::vector<bf16> scratch(count);
-  fused_reference<bf16>(FusedContract::kCanonical, p, f.ref_ro.data(), f.ref_out.data());
-  fused_reference<bf16>(FusedContract::kF32Residual, p, f.f32_ro.data(), scratch.data());
+  fused_reference<bf16>(Contract::kCanonical, p, f.ref_ro.data(), f.ref_out.data());
+  fused_reference<bf16>(Contract::kF32Residual, p, f.f32_ro.data(), scratch.data());
   return f;
 }
 

@@ -26,14 +26,14 @@
 namespace exactcoll::layers {
 namespace {
 
-using fused::FusedContract;
+using fused::Contract;
 
 using test_support::CommandResult;
 using test_support::file_exists;
 using test_support::read_file;
 using test_support::temp_path;
 
-LayersOptions small(FusedContract c, int ranks = 4) {
+LayersOptions small(Contract c, int ranks = 4) {
   LayersOptions o;
   o.layers = 6;
   o.ranks = ranks;
@@ -45,7 +45,7 @@ LayersOptions small(FusedContract c, int ranks = 4) {
 }
 
 TEST(Layers, CanonicalAgainstItselfIsZeroEverywhere) {
-  for (const LayerRow& r : simulate_layers(small(FusedContract::kCanonical))) {
+  for (const LayerRow& r : simulate_layers(small(Contract::kCanonical))) {
     EXPECT_EQ(r.fraction_differing, 0.0) << r.layer;
     EXPECT_EQ(r.max_ulp, 0u) << r.layer;
     EXPECT_EQ(r.relative_l2, 0.0) << r.layer;
@@ -55,12 +55,12 @@ TEST(Layers, CanonicalAgainstItselfIsZeroEverywhere) {
 
 TEST(Layers, ContractsThatCoincideShowNoDrift) {
   // One rank: no adds, so rounding after each add changes nothing; two ranks: a + b == b + a.
-  for (const LayerRow& r : simulate_layers(small(FusedContract::kBf16Accumulate, 1))) EXPECT_EQ(r.max_ulp, 0u);
-  for (const LayerRow& r : simulate_layers(small(FusedContract::kRotatedTwoShot, 2))) EXPECT_EQ(r.max_ulp, 0u);
+  for (const LayerRow& r : simulate_layers(small(Contract::kBf16Accumulate, 1))) EXPECT_EQ(r.max_ulp, 0u);
+  for (const LayerRow& r : simulate_layers(small(Contract::kRotatedTwoShot, 2))) EXPECT_EQ(r.max_ulp, 0u);
 }
 
 TEST(Layers, F32ResidualDriftsAndCompounds) {
-  const auto rows = simulate_layers(small(FusedContract::kF32Residual));
+  const auto rows = simulate_layers(small(Contract::kF32Residual));
   ASSERT_EQ(rows.size(), 6u);
   std::printf(
       "f32_residual: layer 1 %.1f%% of residual elements differ (%.0f%% of them by 1-4 ULP), layer 6 %.1f%%; "
@@ -72,18 +72,18 @@ TEST(Layers, F32ResidualDriftsAndCompounds) {
   EXPECT_GT(rows[5].fraction_differing, rows[0].fraction_differing);
   EXPECT_GT(rows[5].relative_l2, rows[0].relative_l2);
   // Deterministic: the same seed gives the same table; another seed another one.
-  const auto again = simulate_layers(small(FusedContract::kF32Residual));
+  const auto again = simulate_layers(small(Contract::kF32Residual));
   EXPECT_EQ(again[5].relative_l2, rows[5].relative_l2);
-  LayersOptions other = small(FusedContract::kF32Residual);
+  LayersOptions other = small(Contract::kF32Residual);
   other.seed = 6;
   EXPECT_NE(simulate_layers(other)[5].relative_l2, rows[5].relative_l2);
 }
 
 TEST(Layers, BadOptionsAreErrors) {
-  LayersOptions o = small(FusedContract::kF32Residual);
+  LayersOptions o = small(Contract::kF32Residual);
   o.hidden = 500;  // not a multiple of 8
   EXPECT_THROW(simulate_layers(o), std::invalid_argument);
-  o = small(FusedContract::kF32Residual);
+  o = small(Contract::kF32Residual);
   o.ranks = 0;
   EXPECT_THROW(simulate_layers(o), std::invalid_argument);
 }
@@ -203,7 +203,7 @@ std::vector<LayerRow> replay_by_hand(const LayersOptions& o, const std::vector<T
     p.weight = weight.data();
     std::vector<T> h_c(count), out_c(count), h_a(count), out_a(count);
     p.residual = canonical.data();
-    fused::fused_reference<T>(FusedContract::kCanonical, p, h_c.data(), out_c.data());
+    fused::fused_reference<T>(Contract::kCanonical, p, h_c.data(), out_c.data());
     p.residual = alternative.data();
     fused::fused_reference<T>(o.contract, p, h_a.data(), out_a.data());
     const diff::CompareResult h = diff::compare(o.dtype, h_a.data(), h_c.data(), count);
@@ -254,7 +254,7 @@ std::string save_partial_sums(const std::string& name, const std::vector<T>& x, 
 }
 
 template <class T>
-void check_captured_against_direct_computation(DType dtype, FusedContract contract) {
+void check_captured_against_direct_computation(DType dtype, Contract contract) {
   LayersOptions o = small(contract);
   o.layers = 4;
   o.rows = 3;
@@ -313,13 +313,13 @@ void check_captured_against_direct_computation(DType dtype, FusedContract contra
 }
 
 TEST(LayersInput, CapturedPartialSumsGiveTheDirectComputation) {
-  check_captured_against_direct_computation<bf16>(DType::kBF16, FusedContract::kF32Residual);
-  check_captured_against_direct_computation<fp16>(DType::kFP16, FusedContract::kBf16Accumulate);
-  check_captured_against_direct_computation<float>(DType::kFP32, FusedContract::kRotatedTwoShot);
+  check_captured_against_direct_computation<bf16>(DType::kBF16, Contract::kF32Residual);
+  check_captured_against_direct_computation<fp16>(DType::kFP16, Contract::kBf16Accumulate);
+  check_captured_against_direct_computation<float>(DType::kFP32, Contract::kRotatedTwoShot);
 }
 
 TEST(LayersInput, OneSetForEveryLayerEqualsTheSetRepeated) {
-  LayersOptions o = small(FusedContract::kF32Residual);
+  LayersOptions o = small(Contract::kF32Residual);
   o.layers = 3;
   const std::vector<bf16> one = random_partial_sums<bf16>(o, 1, 8);
   std::vector<bf16> repeated;
@@ -341,7 +341,7 @@ TEST(LayersInput, OneSetForEveryLayerEqualsTheSetRepeated) {
 }
 
 TEST(LayersInput, BadInputIsOneClearLineAndExitTwo) {
-  LayersOptions o = small(FusedContract::kF32Residual);
+  LayersOptions o = small(Contract::kF32Residual);
   o.layers = 2;
   o.rows = 2;
   o.hidden = 64;

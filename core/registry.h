@@ -1,0 +1,326 @@
+// The registry: one constexpr table each for the ops, the collective algorithms, the fused
+// all-reduce + residual + RMSNorm algorithms and the rounding contracts. Every layer takes its
+// enum, its names and its lists from here:
+//   - the simulator (sim::) and the CUDA backend (cuda::) use these enums themselves;
+//   - an enumerator's value is the C API's value (include/exactcoll/exactcoll.h: EXACTCOLL_ALGO_*,
+//     EXACTCOLL_FUSED_*, EXACTCOLL_CONTRACT_*, EXACTCOLL_OP_*; capi/ static_asserts each one);
+//   - the C API's *_name / *_from_name functions, Python's ALGOS / FUSED_ALGOS (read from the
+//     library) and every --help list come from the tables' names;
+//   - tests/core/registry_test.cc fails when an entry lacks a piece: a name, a runner in a layer
+//     that claims it (the simulator runs it, the GPU dispatch has a launcher), a C value.
+// docs/design.md ("Add an op, an algorithm or a contract") lists the files a new entry touches.
+//
+// Host+device: the enums are used in kernels; the tables and lookups are host code (constexpr, so
+// nvcc accepts them in headers it compiles).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace exactcoll {
+
+// ---- where an entry runs ----------------------------------------------------------------------
+
+// Bits of an entry's `runs_on`.
+inline constexpr uint8_t kOnSimulator = 1;  // sim/ (the CLI's sim commands, exactcoll.sim, C exactcoll_sim_*)
+inline constexpr uint8_t kOnGpu = 2;        // cuda_backend/'s single-node communicator (IPC)
+inline constexpr uint8_t kOnMultiNode = 4;  // cuda_backend/multinode/ (IPC inside nodes, NCCL between)
+
+// ---- ops --------------------------------------------------------------------------------------
+
+// New values go at the end (tables, traces and the C API's exactcoll_op numbering rely on it).
+enum class Op : uint8_t { kAllReduce, kReduceScatter, kAllGather };
+
+constexpr uint8_t op_bit(Op op) { return static_cast<uint8_t>(1u << static_cast<unsigned>(op)); }
+inline constexpr uint8_t kEveryOp = 0x7;
+
+struct OpInfo {
+  Op op;
+  const char* name;  // the CLI's, the tables' and the traces' spelling
+  bool reduces;      // folds ranks' values (a rounding contract applies); all-gather only copies
+  uint8_t runs_on;
+  const char* summary;  // one line, for --help
+};
+
+// Indexed by value.
+inline constexpr OpInfo kOpInfos[] = {
+    {Op::kAllReduce, "allreduce", true, kOnSimulator | kOnGpu | kOnMultiNode, "every rank gets the sum of every rank's input"},
+    {Op::kReduceScatter, "reduce_scatter", true, kOnSimulator | kOnGpu | kOnMultiNode,
+     "rank r gets slice r of the sum (count must be a multiple of the ranks)"},
+    {Op::kAllGather, "allgather", false, kOnSimulator | kOnGpu | kOnMultiNode,
+     "every rank gets every rank's input, rank after rank"},
+};
+
+// Every Op, in the order the command line lists them.
+inline constexpr Op kOps[] = {Op::kAllReduce, Op::kReduceScatter, Op::kAllGather};
+
+// ---- collective algorithms --------------------------------------------------------------------
+
+// Values are the C API's EXACTCOLL_ALGO_*. New values go at the end.
+enum class Algorithm : uint8_t {
+  kAuto,
+  kOneShot,
+  kTwoShot,
+  kPushOneShot,
+  kPushTwoShot,
+  kDirect,
+  kCopyEngine,
+  kNccl,
+  kLamportOneShot,
+};
+
+// What an algorithm needs besides the input and output (the limits a caller meets).
+enum class Needs : uint8_t {
+  kNothing,
+  kSliceScratch,    // two_shot: a slice of the message per rank
+  kPushScratch,     // push_*: two halves of n receive slots of the message per rank (or chunks)
+  kLamportRegion,   // lamport_one_shot: three Lamport buffers of n slots (or chunks)
+  kNcclCommunicator,
+};
+
+struct AlgorithmInfo {
+  Algorithm algorithm;
+  const char* name;
+  uint8_t ops;      // op_bit(...) of the ops it implements
+  uint8_t runs_on;  // kOnSimulator | kOnGpu | kOnMultiNode
+  bool exact;       // its bits are the contract's (NCCL's sums follow none; its all-gather is a copy)
+  bool picked_by_auto;  // one of the IPC algorithms the GPU's `auto` chooses among (the tuned table)
+  Needs needs;
+  const char* summary;  // one line, for --help and docs
+};
+
+// Indexed by value.
+inline constexpr AlgorithmInfo kAlgorithmInfos[] = {
+    {Algorithm::kAuto, "auto", kEveryOp, kOnSimulator | kOnGpu | kOnMultiNode, true, false, Needs::kNothing,
+     "the tuned table on GPUs; one_shot / two_shot by size in the simulator (same bits)"},
+    {Algorithm::kOneShot, "one_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true, Needs::kNothing,
+     "every rank reads every input and folds them (one barrier round)"},
+    {Algorithm::kTwoShot, "two_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true,
+     Needs::kSliceScratch, "reduce-scatter of slices, then an all-gather of the results"},
+    {Algorithm::kPushOneShot, "push_one_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true,
+     Needs::kPushScratch, "inputs pushed into peers' scratch, one barrier per call"},
+    {Algorithm::kPushTwoShot, "push_two_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true,
+     Needs::kPushScratch, "slices pushed to their owners, results pushed back (two barriers)"},
+    {Algorithm::kDirect, "direct", op_bit(Op::kReduceScatter) | op_bit(Op::kAllGather), kOnSimulator | kOnGpu, true,
+     true, Needs::kNothing, "the SM kernel of reduce_scatter / allgather"},
+    {Algorithm::kCopyEngine, "copy_engine", op_bit(Op::kAllGather), kOnGpu, true, true, Needs::kNothing,
+     "all-gather by copy-engine copies between two barriers"},
+    {Algorithm::kNccl, "nccl", kEveryOp, kOnGpu | kOnMultiNode, false, false, Needs::kNcclCommunicator,
+     "NCCL (baseline; its sums follow no contract)"},
+    {Algorithm::kLamportOneShot, "lamport_one_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true,
+     Needs::kLamportRegion, "inputs pushed into peers' Lamport buffers, flag in the data (no barrier)"},
+};
+
+// ---- fused all-reduce + residual add + RMSNorm algorithms -------------------------------------
+
+// Values are the C API's EXACTCOLL_FUSED_*. New values go at the end.
+enum class FusedAlgorithm : uint8_t {
+  kAuto,
+  kOneStage,
+  kTwoStage,
+  kPushOneStage,
+  kUnfused,
+  kOneStageReg,
+  kGatherNorm,
+  kNcclSplit,
+  kLamportOneStage,
+  kPushOneStageReg,
+};
+
+struct FusedAlgorithmInfo {
+  FusedAlgorithm algorithm;
+  const char* name;
+  uint8_t runs_on;
+  bool exact;
+  bool picked_by_auto;  // the GPU's fused `auto` chooses among these (the tuned fused table)
+  bool one_kernel;      // one kernel with peers (not the all-reduce + a separate norm kernel)
+  bool rows_per_block_all;  // each block walks all rows (one-stage kinds), not a rank's slice
+  const char* summary;
+};
+
+// Indexed by value.
+inline constexpr FusedAlgorithmInfo kFusedAlgorithmInfos[] = {
+    {FusedAlgorithm::kAuto, "auto", kOnSimulator | kOnGpu | kOnMultiNode, true, false, false, false,
+     "the tuned fused table on GPUs; one_stage in the simulator (same bits)"},
+    {FusedAlgorithm::kOneStage, "one_stage", kOnSimulator | kOnGpu, true, true, true, true,
+     "every rank folds every row and normalizes it (one kernel)"},
+    {FusedAlgorithm::kTwoStage, "two_stage", kOnSimulator | kOnGpu, true, true, true, false,
+     "each rank folds and normalizes its slice of rows, then gathers both outputs"},
+    {FusedAlgorithm::kPushOneStage, "push_one_stage", kOnSimulator | kOnGpu, true, true, true, true,
+     "x pushed into peers' scratch, one barrier (the GPU runs it on the register path)"},
+    {FusedAlgorithm::kUnfused, "unfused", kOnSimulator | kOnGpu | kOnMultiNode, true, true, false, false,
+     "the all-reduce, then the separate residual + RMSNorm kernel"},
+    {FusedAlgorithm::kOneStageReg, "one_stage_reg", kOnSimulator | kOnGpu, true, true, true, true,
+     "one_stage with the row in registers"},
+    {FusedAlgorithm::kGatherNorm, "gather_norm", kOnSimulator | kOnGpu, true, true, true, false,
+     "two-stage variant: gathers residual_out only and normalizes locally"},
+    {FusedAlgorithm::kNcclSplit, "nccl_split", kOnGpu | kOnMultiNode, false, false, false, false,
+     "NCCL's all-reduce + the canonical norm (baseline; not the contract's bits)"},
+    {FusedAlgorithm::kLamportOneStage, "lamport_one_stage", kOnSimulator | kOnGpu, true, true, true, true,
+     "x pushed into peers' Lamport buffers, flag in the data, norm in the same kernel"},
+    {FusedAlgorithm::kPushOneStageReg, "push_one_stage_reg", kOnSimulator, true, false, true, true,
+     "push_one_stage on the register path: the GPU's push_one_stage kernel, in the simulator"},
+};
+
+// ---- rounding contracts -----------------------------------------------------------------------
+
+// Values are the C API's EXACTCOLL_CONTRACT_*. New values go at the end.
+enum class Contract : uint8_t { kCanonical, kF32Residual, kBf16Accumulate, kRotatedTwoShot };
+
+struct ContractInfo {
+  Contract contract;
+  const char* name;
+  bool library_contract;  // exactcoll's own (every algorithm gives its bits); false: an emulation
+                          // of another system's rounding, simulator reference only
+  uint8_t runs_on;
+  const char* summary;
+};
+
+// Indexed by value.
+inline constexpr ContractInfo kContractInfos[] = {
+    {Contract::kCanonical, "canonical", true, kOnSimulator | kOnGpu | kOnMultiNode,
+     "exactcoll's: fold ranks in rank order in fp32, round once (docs/numerics.md)"},
+    {Contract::kF32Residual, "f32_residual", false, kOnSimulator,
+     "emulation: RMSNorm from the unrounded fp32 sum + residual (the 1-stage bug class AITER PR 2586 fixed)"},
+    {Contract::kBf16Accumulate, "bf16_accumulate", false, kOnSimulator,
+     "emulation: the running sum rounded to storage after every peer's add"},
+    {Contract::kRotatedTwoShot, "rotated_two_shot", false, kOnSimulator,
+     "emulation: each two-shot slice folds from its owner rank on (vLLM's 2-stage kernel)"},
+};
+
+// Every Contract, in the order the command line lists them.
+inline constexpr Contract kContracts[] = {Contract::kCanonical, Contract::kF32Residual, Contract::kBf16Accumulate,
+                                          Contract::kRotatedTwoShot};
+
+// ---- lookups ----------------------------------------------------------------------------------
+
+constexpr const OpInfo& info(Op op) { return kOpInfos[static_cast<size_t>(op)]; }
+constexpr const AlgorithmInfo& info(Algorithm a) { return kAlgorithmInfos[static_cast<size_t>(a)]; }
+constexpr const FusedAlgorithmInfo& info(FusedAlgorithm a) { return kFusedAlgorithmInfos[static_cast<size_t>(a)]; }
+constexpr const ContractInfo& info(Contract c) { return kContractInfos[static_cast<size_t>(c)]; }
+
+// Returns "allreduce", "reduce_scatter" or "allgather".
+constexpr const char* op_name(Op op) { return info(op).name; }
+// Returns e.g. "one_shot", "push_one_stage", "canonical".
+constexpr const char* algorithm_name(Algorithm a) { return info(a).name; }
+constexpr const char* fused_algorithm_name(FusedAlgorithm a) { return info(a).name; }
+constexpr const char* contract_name(Contract c) { return info(c).name; }
+
+// Does `a` implement `op`?
+constexpr bool implements(Algorithm a, Op op) { return (info(a).ops & op_bit(op)) != 0; }
+
+namespace registry_detail {
+template <class Entry, size_t N, class Id>
+constexpr bool indexed_by_value(const Entry (&table)[N], Id Entry::*id) {
+  for (size_t i = 0; i < N; ++i) {
+    if (static_cast<size_t>(table[i].*id) != i) return false;
+  }
+  return true;
+}
+template <class Entry, size_t N>
+constexpr bool names_unique(const Entry (&table)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    for (size_t j = i + 1; j < N; ++j) {
+      if (std::string_view(table[i].name) == std::string_view(table[j].name)) return false;
+    }
+  }
+  return true;
+}
+
+// Returns the entry of `table` named `name` that has all of `runs_on`'s bits, or nullopt.
+template <class Id, class Entry, size_t N>
+constexpr std::optional<Id> parse(const Entry (&table)[N], std::string_view name, uint8_t runs_on) {
+  for (const Entry& e : table) {
+    if (name == e.name && (e.runs_on & runs_on) == runs_on) return static_cast<Id>(&e - table);
+  }
+  return std::nullopt;
+}
+}  // namespace registry_detail
+
+static_assert(registry_detail::indexed_by_value(kOpInfos, &OpInfo::op), "kOpInfos must be indexed by value");
+static_assert(registry_detail::indexed_by_value(kAlgorithmInfos, &AlgorithmInfo::algorithm),
+              "kAlgorithmInfos must be indexed by value");
+static_assert(registry_detail::indexed_by_value(kFusedAlgorithmInfos, &FusedAlgorithmInfo::algorithm),
+              "kFusedAlgorithmInfos must be indexed by value");
+static_assert(registry_detail::indexed_by_value(kContractInfos, &ContractInfo::contract),
+              "kContractInfos must be indexed by value");
+static_assert(registry_detail::names_unique(kOpInfos) && registry_detail::names_unique(kAlgorithmInfos) &&
+                  registry_detail::names_unique(kFusedAlgorithmInfos) && registry_detail::names_unique(kContractInfos),
+              "names must be unique within a table");
+static_assert(sizeof(kOps) / sizeof(kOps[0]) == sizeof(kOpInfos) / sizeof(kOpInfos[0]), "kOps lists every Op");
+static_assert(sizeof(kContracts) / sizeof(kContracts[0]) == sizeof(kContractInfos) / sizeof(kContractInfos[0]),
+              "kContracts lists every Contract");
+
+// Returns the Op / algorithm / contract named `name` that runs on every backend in `runs_on`
+// (default: any), or nullopt.
+// Example: parse_algorithm_name("two_shot", kOnSimulator) == Algorithm::kTwoShot;
+//          parse_algorithm_name("nccl", kOnSimulator) == nullopt.
+constexpr std::optional<Op> parse_op(std::string_view name, uint8_t runs_on = 0) {
+  return registry_detail::parse<Op>(kOpInfos, name, runs_on);
+}
+constexpr std::optional<Algorithm> parse_algorithm_name(std::string_view name, uint8_t runs_on = 0) {
+  return registry_detail::parse<Algorithm>(kAlgorithmInfos, name, runs_on);
+}
+constexpr std::optional<FusedAlgorithm> parse_fused_algorithm_name(std::string_view name, uint8_t runs_on = 0) {
+  return registry_detail::parse<FusedAlgorithm>(kFusedAlgorithmInfos, name, runs_on);
+}
+constexpr std::optional<Contract> parse_contract_name(std::string_view name, uint8_t runs_on = 0) {
+  return registry_detail::parse<Contract>(kContractInfos, name, runs_on);
+}
+
+// The entries that run on every backend in kRunsOn, except auto (a choice, not a kernel), in the
+// registry's order, as a constexpr array (for loops over every runnable algorithm).
+// Example: fused_algorithms_on<kOnSimulator>() == {one_stage, two_stage, push_one_stage, unfused,
+//          one_stage_reg, gather_norm, lamport_one_stage, push_one_stage_reg}.
+template <uint8_t kRunsOn, class Entry, size_t N>
+constexpr size_t count_entries_on(const Entry (&table)[N]) {
+  size_t count = 0;
+  for (const Entry& e : table) count += (e.runs_on & kRunsOn) == kRunsOn && std::string_view(e.name) != "auto";
+  return count;
+}
+template <uint8_t kRunsOn>
+constexpr auto fused_algorithms_on() {
+  std::array<FusedAlgorithm, count_entries_on<kRunsOn>(kFusedAlgorithmInfos)> out{};
+  size_t i = 0;
+  for (const FusedAlgorithmInfo& e : kFusedAlgorithmInfos) {
+    if ((e.runs_on & kRunsOn) == kRunsOn && e.algorithm != FusedAlgorithm::kAuto) out[i++] = e.algorithm;
+  }
+  return out;
+}
+
+// "a, b, c" (or with `separator`): the names of the entries that run on every backend in `runs_on`
+// and, for algorithms, implement `op` (nullopt: any op). For --help texts and error messages.
+// Example: algorithm_names(kOnSimulator, Op::kAllReduce) ==
+//          "auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot".
+template <class Entry, size_t N, class Keep>
+std::string joined_names(const Entry (&table)[N], const char* separator, Keep keep) {
+  std::string text;
+  for (const Entry& e : table) {
+    if (!keep(e)) continue;
+    if (!text.empty()) text.append(separator);
+    text.append(e.name);
+  }
+  return text;
+}
+inline std::string algorithm_names(uint8_t runs_on, std::optional<Op> op = std::nullopt,
+                                   const char* separator = ", ") {
+  return joined_names(kAlgorithmInfos, separator, [&](const AlgorithmInfo& e) {
+    return (e.runs_on & runs_on) == runs_on && (!op || (e.ops & op_bit(*op)) != 0);
+  });
+}
+inline std::string fused_algorithm_names(uint8_t runs_on, const char* separator = ", ") {
+  return joined_names(kFusedAlgorithmInfos, separator,
+                      [&](const FusedAlgorithmInfo& e) { return (e.runs_on & runs_on) == runs_on; });
+}
+inline std::string contract_names(uint8_t runs_on = 0, const char* separator = ", ") {
+  return joined_names(kContractInfos, separator, [&](const ContractInfo& e) { return (e.runs_on & runs_on) == runs_on; });
+}
+inline std::string op_names(const char* separator = ", ") {
+  return joined_names(kOpInfos, separator, [](const OpInfo&) { return true; });
+}
+
+}  // namespace exactcoll
