@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace exactcoll {
 
@@ -306,6 +307,27 @@ std::string joined_names(const Entry (&table)[N], const char* separator, Keep ke
   }
   return text;
 }
+// The same names as a list (command-line choices).
+template <class Entry, size_t N, class Keep>
+std::vector<std::string> name_list(const Entry (&table)[N], Keep keep) {
+  std::vector<std::string> names;
+  for (const Entry& e : table) {
+    if (keep(e)) names.emplace_back(e.name);
+  }
+  return names;
+}
+inline std::vector<std::string> algorithm_name_list(uint8_t runs_on, std::optional<Op> op = std::nullopt) {
+  return name_list(kAlgorithmInfos, [&](const AlgorithmInfo& e) {
+    return (e.runs_on & runs_on) == runs_on && (!op || (e.ops & op_bit(*op)) != 0);
+  });
+}
+inline std::vector<std::string> fused_algorithm_name_list(uint8_t runs_on) {
+  return name_list(kFusedAlgorithmInfos, [&](const FusedAlgorithmInfo& e) { return (e.runs_on & runs_on) == runs_on; });
+}
+inline std::vector<std::string> contract_name_list(uint8_t runs_on = 0) {
+  return name_list(kContractInfos, [&](const ContractInfo& e) { return (e.runs_on & runs_on) == runs_on; });
+}
+
 inline std::string algorithm_names(uint8_t runs_on, std::optional<Op> op = std::nullopt,
                                    const char* separator = ", ") {
   return joined_names(kAlgorithmInfos, separator, [&](const AlgorithmInfo& e) {

@@ -18,12 +18,6 @@ bool parse_contract(const std::string& name, Contract* c) {
   return true;
 }
 
-std::vector<std::string> contract_names() {
-  std::vector<std::string> out;
-  for (Contract k : kContracts) out.push_back(contract_name(k));
-  return out;
-}
-
 std::string check_eps(double eps) {
   if (std::isfinite(eps) && eps >= 0 && eps <= static_cast<double>(std::numeric_limits<float>::max())) return "";
   char text[64];

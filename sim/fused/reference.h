@@ -36,8 +36,6 @@ using exactcoll::kContracts;
 
 // Returns false when name is none of the registry's contracts.
 bool parse_contract(const std::string& name, Contract* c);
-// The names, for flag help and --contract choices.
-std::vector<std::string> contract_names();
 
 // Returns "" when eps is a usable RMSNorm epsilon — a finite number >= 0 that stays finite as a
 // float — else what is wrong, naming the --eps flag. NaN, a negative or an infinite eps would make

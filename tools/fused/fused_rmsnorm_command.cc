@@ -118,9 +118,9 @@ int run(int argc, char** argv) {
   cli::ArgParser parser(
       "exactcoll sim fused_rmsnorm --ranks N --dtype bf16|fp16|fp32 (--input x.npy --residual r.npy --weight w.npy | "
       "--rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy] [--residual-output ro.npy] "
-      "[--algo "
-      "one_stage|one_stage_reg|two_stage|gather_norm|push_one_stage|push_one_stage_reg|lamport_one_stage|unfused] "
-      "[--contract canonical|f32_residual|bf16_accumulate|rotated_two_shot] [--blocks B] [--threads T] "
+      "[--algo " +
+          fused_algorithm_names(kOnSimulator, "|") + "] [--contract " + contract_names(0, "|") +
+          "] [--blocks B] [--threads T] "
       "[--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
       "[--chrome-trace FILE]",
       "Fused all-reduce + residual add + RMSNorm on the simulator. x.npy is [N, rows, H] (rank r's partial\n"
@@ -152,10 +152,9 @@ int run(int argc, char** argv) {
   gpu::add_fused_input_flags(parser, &in);
   parser.add_int("seed", &seed, "seed of random inputs");
   parser.add_string("output", &output, "out.npy: [N, rows, H] normed output");
-  std::vector<std::string> algo_names;
-  for (FusedAlgorithm a : kFusedAlgorithmsOnSimulator) algo_names.push_back(fused_algorithm_name(a));
-  parser.add_choice("algo", &algo_text, algo_names, "algorithm of the canonical contract (all give the same bits)");
-  parser.add_choice("contract", &contract_text, contract_names(), "rounding contract");
+  parser.add_choice("algo", &algo_text, fused_algorithm_name_list(kOnSimulator),
+                    "algorithm of the canonical contract (all give the same bits; auto = one_stage)");
+  parser.add_choice("contract", &contract_text, contract_name_list(), "rounding contract");
   parser.add_int("blocks", &blocks,
                  "blocks per rank (1.." + std::to_string(kMaxBlocks) + "; the work split, same bits)");
   parser.add_int("threads", &threads,
@@ -289,9 +288,9 @@ int run(int argc, char** argv) {
   const int64_t rows = x.shape[1], hidden = x.shape[2];
   if (const std::string problem = check_memory(rows, hidden); !problem.empty()) return cli::fail(kCommand, problem);
   FusedSpec spec;
-  for (FusedAlgorithm a : kFusedAlgorithmsOnSimulator) {
-    if (algo_text == fused_algorithm_name(a)) spec.algo = a;
-  }
+  // The choices are the simulator's names; auto stands for one_stage (the same bits).
+  spec.algo = parse_fused_algorithm_name(algo_text, kOnSimulator).value_or(FusedAlgorithm::kAuto);
+  if (spec.algo == FusedAlgorithm::kAuto) spec.algo = FusedAlgorithm::kOneStage;
   spec.dtype = dtype;
   spec.rows = static_cast<int>(rows);
   spec.hidden = static_cast<int>(hidden);

@@ -3,10 +3,10 @@
 //   exactcoll sim fused_rmsnorm --ranks N --dtype bf16|fp16|fp32 (--input x.npy --residual r.npy
 //       --weight w.npy | --rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy]
 //       [--residual-output ro.npy]
-//       [--algo one_stage|two_stage|unfused] [--contract canonical|f32_residual|bf16_accumulate|
-//       rotated_two_shot] [--blocks B] [--schedule threads|seeded] [--schedule-seed K]
+//       [--algo ALGO] [--contract CONTRACT] [--blocks B] [--schedule threads|seeded] [--schedule-seed K]
 //       [--trace FILE] [--trace-elements I,J,...] [--chrome-trace FILE]
 //
+// ALGO and CONTRACT: the registry's simulator entries (core/registry.h; --help lists them).
 // x.npy [N, rows, H] (rank r's partial sums at [r]), r.npy [rows, H], w.npy [H]; bf16 and fp16 as
 // '<u2' bit patterns, fp32 as '<f4'. Without files, inputs are random (tools/inputs/fused_inputs.h,
 // the inputs `exactcoll gpu fused_rmsnorm` makes from the same --rows, --hidden, --seed, --specials,

@@ -223,11 +223,7 @@ class CollectiveOp : public GpuOp {
            "line ends with the sha256 of the output bytes. --algo nccl gives NCCL's result (not bit-exact).";
   }
   std::vector<std::string> gpu_algorithms() const override {
-    std::vector<std::string> names;
-    for (Algorithm a : cuda::ipc_algorithms(op_)) names.push_back(cuda::algorithm_name(a));
-    names.push_back("auto");
-    names.push_back("nccl");
-    return names;
+    return algorithm_name_list(kOnGpu, op_);
   }
   std::string gpu_algorithm_help() const override {
     if (op_ != Op::kAllReduce) {

@@ -307,8 +307,7 @@ class FusedRmsNormOp : public GpuOp {
            "simulator-only. The summary ends with the sha256 of each output, comparable with the sim's.";
   }
   std::vector<std::string> gpu_algorithms() const override {
-    return {"one_stage",   "one_stage_reg", "push_one_stage", "lamport_one_stage", "two_stage",
-            "gather_norm", "unfused",       "auto",           "nccl_split"};
+    return fused_algorithm_name_list(kOnGpu);
   }
   std::string gpu_algorithm_help() const override {
     return "algorithm; auto = the fused table's choice (cuda_backend/fused/); nccl_split = NCCL's all-reduce and "
@@ -497,8 +496,9 @@ class FusedRmsNormOp : public GpuOp {
 
   // ---- bench ----
   std::vector<std::string> bench_algorithms() const override {
-    return {"one_stage", "one_stage_reg", "push_one_stage", "lamport_one_stage", "two_stage", "gather_norm",
-            "auto",      "unfused",       "nccl_split",     kSplitAllReduce,     kSplitNorm};
+    std::vector<std::string> names = fused_algorithm_name_list(kOnGpu);
+    names.insert(names.end(), {kSplitAllReduce, kSplitNorm});
+    return names;
   }
   // The split paths: the project's all-reduce + the separate norm kernel, and NCCL's + the same.
   std::vector<std::string> bench_baselines() const override { return {"unfused", "nccl_split"}; }

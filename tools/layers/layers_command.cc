@@ -132,7 +132,7 @@ int layers_main(int argc, char** argv) {
   parser.add_string("input", &input_path,
                     "captured partial sums .npy, [layers, ranks, rows, H] or [ranks, rows, H], instead of the "
                     "synthetic ones");
-  parser.add_choice("contract", &contract_text, fused::contract_names(), "the contract compared with canonical");
+  parser.add_choice("contract", &contract_text, contract_name_list(), "the contract compared with canonical");
   parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type (and the --input file's)");
   parser.add_int("seed", &seed, "seed of every pseudo-random number");
   parser.add_double("eps", &eps, "RMSNorm epsilon");

@@ -68,9 +68,7 @@ int sim_bench_main(int argc, char** argv) {
   set.faults = false;
   add_world_flags(parser, &f, set);
   parser.add_int("mib", &mib, "MiB of input per rank");
-  parser.add_choice("algo", &algo_text,
-                    {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "auto"},
-                    "all-reduce algorithm");
+  parser.add_choice("algo", &algo_text, algorithm_name_list(kOnSimulator, Op::kAllReduce), "all-reduce algorithm");
   parser.add_int("blocks", &blocks, "blocks per rank");
   parser.add_int("iters", &iters, "timed iterations (after one warm-up)");
   if (auto code = parser.parse(argc, argv)) return *code;

@@ -1,9 +1,8 @@
 // `exactcoll sim <op>`: the collectives on the CPU simulator.
 //
 //   exactcoll sim allreduce|reduce_scatter|allgather --ranks N --dtype bf16|fp16|fp32
-//       [--input in.npy | --count C --seed S] [--output out.npy] [--algo
-//       one_shot|two_shot|push_one_shot|push_two_shot|lamport_one_shot|auto]
-//       [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE]
+//       [--input in.npy | --count C --seed S] [--output out.npy] [--algo ALGO (all-reduce: the
+//       registry's simulator entries, core/registry.h)] [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE]
 //       [--trace-elements I,J,...] [--chrome-trace FILE] [--print]
 //
 // in.npy is [N, ...] (rank first); bf16 and fp16 are '<u2' bit patterns, fp32 '<f4'. Outputs keep
@@ -105,9 +104,7 @@ int collective_main(Collective op, int argc, char** argv) {
   cli::ArgParser parser(
       "exactcoll " + command +
           " --ranks N --dtype bf16|fp16|fp32 [--input in.npy | --count C --seed S] [--output out.npy]" +
-          (op == Collective::kAllReduce
-               ? " [--algo one_shot|two_shot|push_one_shot|push_two_shot|lamport_one_shot|auto]"
-               : "") +
+          (op == Collective::kAllReduce ? " [--algo " + algorithm_names(kOnSimulator, op, "|") + "]" : "") +
           " [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
           "[--chrome-trace FILE] [--print]",
       std::string("Runs ") + sim::op_name(op) +
@@ -123,8 +120,7 @@ int collective_main(Collective op, int argc, char** argv) {
   parser.add_int("seed", &seed, "seed of the random input");
   parser.add_string("output", &output_path, "write the output .npy here");
   if (op == Collective::kAllReduce) {
-    parser.add_choice("algo", &algo_text,
-                      {"one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "auto"},
+    parser.add_choice("algo", &algo_text, algorithm_name_list(kOnSimulator, op),
                       ("algorithm; auto = one_shot below 256 KiB per rank, two_shot above (the GPUs' auto picks by its "
                        "tuned table instead; every choice gives the same bits)"));
   }
@@ -331,8 +327,9 @@ int sim_main(int argc, char** argv) {
 
 const cli::Registrar kSim({"sim", "the collectives on the CPU simulator (exactcoll sim --help)", sim_main});
 const cli::SimSubcommandRegistrar kAllReduce({"allreduce",
-                                              "all-reduce: one_shot, two_shot, push_one_shot, push_two_shot, "
-                                              "lamport_one_shot or auto (the same bits)",
+                                              "all-reduce: " +
+                                                  algorithm_names(kOnSimulator, Collective::kAllReduce) +
+                                                  " (the same bits)",
                                               [](int argc, char** argv) {
                                                 return collective_main(Collective::kAllReduce, argc, argv);
                                               }});
