@@ -49,7 +49,8 @@ struct OpInfo {
 
 // Indexed by value.
 inline constexpr OpInfo kOpInfos[] = {
-    {Op::kAllReduce, "allreduce", true, kOnSimulator | kOnGpu | kOnMultiNode, "every rank gets the sum of every rank's input"},
+    {Op::kAllReduce, "allreduce", true, kOnSimulator | kOnGpu | kOnMultiNode,
+     "every rank gets the sum of every rank's input"},
     {Op::kReduceScatter, "reduce_scatter", true, kOnSimulator | kOnGpu | kOnMultiNode,
      "rank r gets slice r of the sum (count must be a multiple of the ranks)"},
     {Op::kAllGather, "allgather", false, kOnSimulator | kOnGpu | kOnMultiNode,
@@ -77,18 +78,18 @@ enum class Algorithm : uint8_t {
 // What an algorithm needs besides the input and output (the limits a caller meets).
 enum class Needs : uint8_t {
   kNothing,
-  kSliceScratch,    // two_shot: a slice of the message per rank
-  kPushScratch,     // push_*: two halves of n receive slots of the message per rank (or chunks)
-  kLamportRegion,   // lamport_one_shot: three Lamport buffers of n slots (or chunks)
+  kSliceScratch,   // two_shot: a slice of the message per rank
+  kPushScratch,    // push_*: two halves of n receive slots of the message per rank (or chunks)
+  kLamportRegion,  // lamport_one_shot: three Lamport buffers of n slots (or chunks)
   kNcclCommunicator,
 };
 
 struct AlgorithmInfo {
   Algorithm algorithm;
   const char* name;
-  uint8_t ops;      // op_bit(...) of the ops it implements
-  uint8_t runs_on;  // kOnSimulator | kOnGpu | kOnMultiNode
-  bool exact;       // its bits are the contract's (NCCL's sums follow none; its all-gather is a copy)
+  uint8_t ops;          // op_bit(...) of the ops it implements
+  uint8_t runs_on;      // kOnSimulator | kOnGpu | kOnMultiNode
+  bool exact;           // its bits are the contract's (NCCL's sums follow none; its all-gather is a copy)
   bool picked_by_auto;  // one of the IPC algorithms the GPU's `auto` chooses among (the tuned table)
   Needs needs;
   const char* summary;  // one line, for --help and docs
@@ -100,8 +101,8 @@ inline constexpr AlgorithmInfo kAlgorithmInfos[] = {
      "the tuned table on GPUs; one_shot / two_shot by size in the simulator (same bits)"},
     {Algorithm::kOneShot, "one_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true, Needs::kNothing,
      "every rank reads every input and folds them (one barrier round)"},
-    {Algorithm::kTwoShot, "two_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true,
-     Needs::kSliceScratch, "reduce-scatter of slices, then an all-gather of the results"},
+    {Algorithm::kTwoShot, "two_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true, Needs::kSliceScratch,
+     "reduce-scatter of slices, then an all-gather of the results"},
     {Algorithm::kPushOneShot, "push_one_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true,
      Needs::kPushScratch, "inputs pushed into peers' scratch, one barrier per call"},
     {Algorithm::kPushTwoShot, "push_two_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true,
@@ -137,8 +138,8 @@ struct FusedAlgorithmInfo {
   const char* name;
   uint8_t runs_on;
   bool exact;
-  bool picked_by_auto;  // the GPU's fused `auto` chooses among these (the tuned fused table)
-  bool one_kernel;      // one kernel with peers (not the all-reduce + a separate norm kernel)
+  bool picked_by_auto;      // the GPU's fused `auto` chooses among these (the tuned fused table)
+  bool one_kernel;          // one kernel with peers (not the all-reduce + a separate norm kernel)
   bool rows_per_block_all;  // each block walks all rows (one-stage kinds), not a rank's slice
   const char* summary;
 };
@@ -328,8 +329,7 @@ inline std::vector<std::string> contract_name_list(uint8_t runs_on = 0) {
   return name_list(kContractInfos, [&](const ContractInfo& e) { return (e.runs_on & runs_on) == runs_on; });
 }
 
-inline std::string algorithm_names(uint8_t runs_on, std::optional<Op> op = std::nullopt,
-                                   const char* separator = ", ") {
+inline std::string algorithm_names(uint8_t runs_on, std::optional<Op> op = std::nullopt, const char* separator = ", ") {
   return joined_names(kAlgorithmInfos, separator, [&](const AlgorithmInfo& e) {
     return (e.runs_on & runs_on) == runs_on && (!op || (e.ops & op_bit(*op)) != 0);
   });
@@ -339,7 +339,8 @@ inline std::string fused_algorithm_names(uint8_t runs_on, const char* separator 
                       [&](const FusedAlgorithmInfo& e) { return (e.runs_on & runs_on) == runs_on; });
 }
 inline std::string contract_names(uint8_t runs_on = 0, const char* separator = ", ") {
-  return joined_names(kContractInfos, separator, [&](const ContractInfo& e) { return (e.runs_on & runs_on) == runs_on; });
+  return joined_names(kContractInfos, separator,
+                      [&](const ContractInfo& e) { return (e.runs_on & runs_on) == runs_on; });
 }
 inline std::string op_names(const char* separator = ", ") {
   return joined_names(kOpInfos, separator, [](const OpInfo&) { return true; });

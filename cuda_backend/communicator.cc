@@ -413,6 +413,42 @@ CallInfo Communicator::run_nccl(Op op, const void* input, void* output, size_t c
   return info;
 }
 
+CallInfo Communicator::nccl_fallback(const Call& call, const std::string& why) {
+  CallInfo info = run_nccl(call.op, call.input, call.output, call.count, call.dtype, call.stream);
+  info.note = why;
+  return info;
+}
+
+CallInfo Communicator::started(const Call& call) {
+  CallInfo info;
+  info.algo = call.choice.algo;
+  info.grid = call.choice.grid;
+  info.staged = call.staged();
+  return info;
+}
+
+void Communicator::fill_inputs(const Call& call, size_t byte_offset, KernelArgs* a) const {
+  for (int r = 0; r < world_size_; ++r) {
+    a->inputs[r] = call.staged() ? static_cast<const char*>(a->inputs[r])
+                                 : call.reg->peers[static_cast<size_t>(r)] + call.reg_offset + byte_offset;
+  }
+}
+
+Communicator::Launcher Communicator::launcher_for(Op op, Algorithm algo) {
+  switch (algo) {
+    case Algorithm::kOneShot:
+    case Algorithm::kTwoShot:
+    case Algorithm::kPushOneShot:
+    case Algorithm::kPushTwoShot:
+    case Algorithm::kDirect: return implements(algo, op) ? &Communicator::launch_sm_kernels : nullptr;
+    case Algorithm::kLamportOneShot: return implements(algo, op) ? &Communicator::launch_lamport : nullptr;
+    case Algorithm::kCopyEngine: return implements(algo, op) ? &Communicator::launch_copy_engine : nullptr;
+    case Algorithm::kAuto:                  // resolved by run's step 4
+    case Algorithm::kNccl: return nullptr;  // run_nccl, before any IPC step
+  }
+  return nullptr;
+}
+
 // Chunk j covers output elements [j * chunk, j * chunk + c) of every rank: each rank copies, in one
 // 2-D copy-engine copy, the pieces [r * per + j * chunk, + c) of its input for r = 0..n-1 into its
 // staging buffer, laid out as a reduce_scatter of c * n elements expects (piece r at r * c), and
@@ -423,62 +459,119 @@ CallInfo Communicator::run_nccl(Op op, const void* input, void* output, size_t c
 // kernel starts, and the kernel's first barrier tells the peers it is in place (as the copy-engine
 // all-gather's staging). Chunks are multiples of 64 elements, so every output chunk stays 16-byte
 // aligned.
-CallInfo Communicator::run_chunked_reduce_scatter(const void* input, void* output, size_t count, DType dtype,
-                                                  const Choice& choice, cudaStream_t stream) {
-  const size_t elem = static_cast<size_t>(dtype_size(dtype));
+CallInfo Communicator::run_chunked_reduce_scatter(const Call& call) {
+  const size_t elem = call.elem_bytes();
   const size_t n = static_cast<size_t>(world_size_);
-  const size_t per = count / n;
+  const size_t per = call.count / n;
   const size_t chunk = options_.buffer_bytes / elem / n / 64 * 64;
-  if (chunk == 0) {
-    CallInfo info = run_nccl(Op::kReduceScatter, input, output, count, dtype, stream);
-    info.note = "staging buffer smaller than 64 elements per rank";
-    return info;
-  }
-  CallInfo info;
-  info.algo = choice.algo;
-  info.grid = choice.grid;
-  info.staged = true;
+  if (chunk == 0) return nccl_fallback(call, "staging buffer smaller than 64 elements per rank");
+  CallInfo info = started(call);
   for (size_t first = 0; first < per; first += chunk) {
     const size_t c = std::min(chunk, per - first);
     KernelArgs a = base_args();
     EXC_CUDA_CHECK(cudaMemcpy2DAsync(const_cast<void*>(a.inputs[rank_]), c * elem,
-                                     static_cast<const char*>(input) + first * elem, per * elem, c * elem, n,
-                                     cudaMemcpyDeviceToDevice, stream));
+                                     static_cast<const char*>(call.input) + first * elem, per * elem, c * elem, n,
+                                     cudaMemcpyDeviceToDevice, call.stream));
     a.count = c * n;
-    a.output = static_cast<char*>(output) + first * elem;
+    a.output = static_cast<char*>(call.output) + first * elem;
     a.stage_from = nullptr;
-    launch(dtype, KernelKind::kReduceScatter, a, choice.grid, stream);
+    launch(call.dtype, KernelKind::kReduceScatter, a, call.choice.grid, call.stream);
     ++info.launches;
   }
   return info;
 }
 
-void Communicator::run_copy_engine_allgather(const char* const* inputs, const void* input, void* output, size_t bytes,
-                                             bool staged, cudaStream_t stream) {
+CallInfo Communicator::launch_copy_engine(const Call& call) {
+  const size_t bytes = call.in_bytes();
+  if (call.staged() && bytes > options_.buffer_bytes) {
+    return nccl_fallback(call, "message larger than the staging buffer");
+  }
+  KernelArgs a = base_args();
+  fill_inputs(call, 0, &a);
   // 1. Staged: this rank's input into its staging buffer, where peers read it.
-  char* out = static_cast<char*>(output);
-  if (staged) {
-    EXC_CUDA_CHECK(cudaMemcpyAsync(const_cast<char*>(inputs[rank_]), input, bytes, cudaMemcpyDeviceToDevice, stream));
+  char* out = static_cast<char*>(call.output);
+  if (call.staged()) {
+    EXC_CUDA_CHECK(
+        cudaMemcpyAsync(const_cast<void*>(a.inputs[rank_]), call.input, bytes, cudaMemcpyDeviceToDevice, call.stream));
   }
   // 2. Barrier: every input is in place. 3. Copy-engine copies, own input first, then rank+1, ...
-  device_barrier(stream);
+  device_barrier(call.stream);
   for (int k = 0; k < world_size_; ++k) {
     const int peer = (rank_ + k) % world_size_;
-    const void* src = peer == rank_ ? input : inputs[peer];
+    const void* src = peer == rank_ ? call.input : a.inputs[peer];
     EXC_CUDA_CHECK(
-        cudaMemcpyAsync(out + static_cast<size_t>(peer) * bytes, src, bytes, cudaMemcpyDeviceToDevice, stream));
+        cudaMemcpyAsync(out + static_cast<size_t>(peer) * bytes, src, bytes, cudaMemcpyDeviceToDevice, call.stream));
   }
   // 4. Barrier (end): no peer reuses its buffer while this rank's copies may still read it.
-  device_barrier(stream);
+  device_barrier(call.stream);
+  CallInfo info = started(call);
+  info.grid = LaunchConfig{};
+  info.launches = 2;
+  return info;
+}
+
+CallInfo Communicator::launch_lamport(const Call& call) {
+  // The input is read in place (peers never read it: no staging, no registration needed); the
+  // message runs in chunks of whole packs that fit one Lamport slot.
+  const size_t elem = call.elem_bytes();
+  const size_t slot_elements = lamport_layout(lamport_bytes_, world_size_).slot_bytes / elem / 64 * 64;
+  const size_t chunk = std::max<size_t>(64, slot_elements);
+  CallInfo info = started(call);
+  for (size_t first = 0; first < call.count; first += chunk) {
+    KernelArgs a = base_args();
+    a.inputs[rank_] = static_cast<const char*>(call.input) + first * elem;
+    a.count = std::min(chunk, call.count - first);
+    a.output = static_cast<char*>(call.output) + first * elem;
+    a.stage_from = nullptr;
+    launch(call.dtype, KernelKind::kLamportOneShot, a, call.choice.grid, call.stream);
+    ++info.launches;
+  }
+  info.staged = false;
+  return info;
+}
+
+// All-reduce folds element by element, so a message larger than the buffers runs as chunks with
+// the same bits; reduce-scatter chunks its staged input (run_chunked_reduce_scatter); all-gather
+// falls back to NCCL beyond the buffers.
+CallInfo Communicator::launch_sm_kernels(const Call& call) {
+  const Algorithm algo = call.choice.algo;
+  const size_t elem = call.elem_bytes();
+  const size_t in_bytes = call.in_bytes();
+  const size_t capacity = options_.buffer_bytes;
+  const int elem_bytes = static_cast<int>(elem);
+  const bool needs_scratch = info(algo).needs == Needs::kSliceScratch;
+  const bool push = is_push_algorithm(algo);
+  const bool fits = (!call.staged() || in_bytes <= capacity) && (!needs_scratch || in_bytes <= capacity) &&
+                    (!push || push_fits(call.count, elem_bytes, world_size_, capacity));
+  if (!fits && call.op == Op::kReduceScatter && call.staged()) return run_chunked_reduce_scatter(call);
+  if (!fits && call.op != Op::kAllReduce) return nccl_fallback(call, "message larger than the staging buffer");
+  const std::optional<KernelKind> kind = sm_kernel_kind(call.op, algo);
+  if (!kind) throw std::logic_error(std::string("no SM kernel for ") + op_name(call.op) + " " + algorithm_name(algo));
+  // Chunks are multiples of 64 elements, so every chunk starts 16-byte aligned (the push
+  // algorithms': 2 x n slots of a chunk fit the scratch, push_chunk_elements).
+  const size_t chunk = fits   ? call.count
+                       : push ? push_chunk_elements(elem_bytes, world_size_, capacity)
+                              : std::max<size_t>(64, capacity / elem / 64 * 64);
+  CallInfo info = started(call);
+  for (size_t first = 0; first < call.count; first += chunk) {
+    const size_t c = std::min(chunk, call.count - first);
+    KernelArgs a = base_args();
+    fill_inputs(call, first * elem, &a);
+    a.count = c;
+    a.output = static_cast<char*>(call.output) + first * elem;
+    a.stage_from = call.staged() ? static_cast<const char*>(call.input) + first * elem : nullptr;
+    launch(call.dtype, *kind, a, call.choice.grid, call.stream);
+    ++info.launches;
+  }
+  return info;
 }
 
 CallInfo Communicator::run(Op op, const void* input, void* output, size_t count, DType dtype, Algorithm algo,
                            cudaStream_t stream, const RegisteredBuffer* registered, std::optional<LaunchConfig> grid) {
   // 1. Arguments.
-  const auto allowed = ipc_algorithms(op);
-  if (algo != Algorithm::kAuto && algo != Algorithm::kNccl &&
-      std::find(allowed.begin(), allowed.end(), algo) == allowed.end()) {
-    throw std::invalid_argument(std::string(op_name(op)) + " has no algorithm " + algorithm_name(algo));
+  if (algo != Algorithm::kAuto && algo != Algorithm::kNccl && launcher_for(op, algo) == nullptr) {
+    throw std::invalid_argument(std::string(op_name(op)) + " has no algorithm " + algorithm_name(algo) + " (" +
+                                algorithm_names(kOnGpu, op) + ")");
   }
   const size_t n = static_cast<size_t>(world_size_);
   if (op == Op::kReduceScatter && count % n != 0) {
@@ -491,132 +584,64 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
     throw std::invalid_argument("grid must have 1.." + std::to_string(kMaxBlocks) +
                                 " blocks and a multiple of 32 threads in 64..1024");
   }
-  const size_t elem = static_cast<size_t>(dtype_size(dtype));
-  const size_t in_bytes = count * elem;
+  Call call;
+  call.op = op;
+  call.input = input;
+  call.output = output;
+  call.count = count;
+  call.dtype = dtype;
+  call.stream = stream;
+  const size_t elem = call.elem_bytes();
+  const size_t in_bytes = call.in_bytes();
   const size_t out_bytes = output_count(op, count, world_size_) * elem;
   if (algo == Algorithm::kNccl) return run_nccl(op, input, output, count, dtype, stream);
 
   // 2. Fallbacks (each decided from arguments and agreed state only).
-  auto fallback = [&](const std::string& why) {
-    CallInfo info = run_nccl(op, input, output, count, dtype, stream);
-    info.note = why;
-    return info;
-  };
-  if (!ipc_ready_) return fallback("IPC path unavailable: " + ipc_reason_);
+  if (!ipc_ready_) return nccl_fallback(call, "IPC path unavailable: " + ipc_reason_);
   require_usable();
   if (!aligned16(input) || !aligned16(output)) {
     throw std::invalid_argument(std::string(op_name(op)) + ": input and output must be 16-byte aligned");
   }
 
   // 3. Where inputs come from.
-  const Registration* reg = nullptr;
-  size_t reg_offset = 0;
   if (registered != nullptr) {
     if (registered->id < 0 || registered->id >= static_cast<int>(registrations_.size())) {
       throw std::invalid_argument("unknown RegisteredBuffer #" + std::to_string(registered->id));
     }
-    reg = &registrations_[static_cast<size_t>(registered->id)];
+    call.reg = &registrations_[static_cast<size_t>(registered->id)];
     const auto in = reinterpret_cast<uintptr_t>(input), base = reinterpret_cast<uintptr_t>(registered->local);
-    if (in < base || in + in_bytes > base + reg->bytes) {
+    if (in < base || in + in_bytes > base + call.reg->bytes) {
       throw std::invalid_argument(std::string(op_name(op)) + ": input is not inside RegisteredBuffer #" +
                                   std::to_string(registered->id));
     }
-    reg_offset = in - base;
+    call.reg_offset = in - base;
     // In place (output overlapping the input that peers read): go through staging instead.
-    if (overlaps(input, in_bytes, output, out_bytes)) reg = nullptr;
+    if (overlaps(input, in_bytes, output, out_bytes)) call.reg = nullptr;
   }
-  const bool staged = reg == nullptr;
-  const size_t capacity = options_.buffer_bytes;
 
-  // push_one_shot and push_two_shot need two halves of n receive slots of the message in every
-  // rank's scratch; where those do not fit they run in chunks that do (below). `auto` prices that:
-  // a push algorithm that does not fit is chosen only where its chunks beat the other algorithms
-  // (DispatchTable::choose_allreduce_auto).
-  const int elem_bytes = static_cast<int>(elem);
-  Choice choice = op == Op::kAllReduce && algo == Algorithm::kAuto
-                      ? table_.choose_allreduce_auto(arch_, world_size_, count, elem_bytes, capacity)
-                      : choose(op, count, dtype, algo);
+  // 4. The algorithm and grid. push_one_shot and push_two_shot need two halves of n receive slots
+  //    of the message in every rank's scratch; where those do not fit they run in chunks that do
+  //    (launch_sm_kernels). `auto` prices that: a push algorithm that does not fit is chosen only
+  //    where its chunks beat the other algorithms (DispatchTable::choose_allreduce_auto).
+  const size_t capacity = options_.buffer_bytes;
+  call.choice = op == Op::kAllReduce && algo == Algorithm::kAuto
+                    ? table_.choose_allreduce_auto(arch_, world_size_, count, static_cast<int>(elem), capacity)
+                    : choose(op, count, dtype, algo);
   // lamport_one_shot runs whole up to lamport_message_bytes and in chunks beyond; auto takes it only
   // where it fits (its table rows are measured only there).
-  if (op == Op::kAllReduce && algo == Algorithm::kAuto && choice.algo == Algorithm::kLamportOneShot &&
+  if (op == Op::kAllReduce && algo == Algorithm::kAuto && call.choice.algo == Algorithm::kLamportOneShot &&
       !lamport_fits(count, elem, world_size_, lamport_bytes_)) {
-    choice = DispatchTable::default_choice(world_size_, op, count * elem, Algorithm::kAuto);
+    call.choice = DispatchTable::default_choice(world_size_, op, in_bytes, Algorithm::kAuto);
   }
-  if (grid) choice.grid = *grid;
-  CallInfo info;
-  info.algo = choice.algo;
-  info.grid = choice.grid;
-  info.staged = staged;
+  if (grid) call.choice.grid = *grid;
 
-  auto input_table = [&](size_t byte_offset, KernelArgs* a) {
-    for (int r = 0; r < world_size_; ++r) {
-      a->inputs[r] = staged ? static_cast<const char*>(a->inputs[r])
-                            : reg->peers[static_cast<size_t>(r)] + reg_offset + byte_offset;
-    }
-  };
-
-  // 4. All-gather by copy engine.
-  if (op == Op::kAllGather && choice.algo == Algorithm::kCopyEngine) {
-    if (staged && in_bytes > capacity) return fallback("message larger than the staging buffer");
-    KernelArgs a = base_args();
-    input_table(0, &a);
-    const char* inputs[kMaxRanks];
-    for (int r = 0; r < world_size_; ++r) inputs[r] = static_cast<const char*>(a.inputs[r]);
-    run_copy_engine_allgather(inputs, input, output, in_bytes, staged, stream);
-    info.grid = LaunchConfig{};
-    info.launches = 2;
-    return info;
+  // 5. The launcher of (op, algorithm).
+  const Launcher launcher = launcher_for(op, call.choice.algo);
+  if (launcher == nullptr) {
+    throw std::logic_error(std::string("the dispatch table chose ") + algorithm_name(call.choice.algo) + " for " +
+                           op_name(op) + ", which has no launcher");
   }
-
-  // 5. SM kernels. All-reduce folds element by element, so a message larger than the buffers
-  //    runs as chunks with the same bits; the other ops fall back to NCCL beyond the buffers.
-  const bool lamport = op == Op::kAllReduce && choice.algo == Algorithm::kLamportOneShot;
-  if (lamport) {
-    // The input is read in place (peers never read it: no staging, no registration needed); the
-    // message runs in chunks of whole packs that fit one Lamport slot.
-    const size_t slot_elements = lamport_layout(lamport_bytes_, world_size_).slot_bytes / elem / 64 * 64;
-    const size_t chunk = std::max<size_t>(64, slot_elements);
-    for (size_t first = 0; first < count; first += chunk) {
-      KernelArgs a = base_args();
-      a.inputs[rank_] = static_cast<const char*>(input) + first * elem;
-      a.count = std::min(chunk, count - first);
-      a.output = static_cast<char*>(output) + first * elem;
-      a.stage_from = nullptr;
-      launch(dtype, KernelKind::kLamportOneShot, a, choice.grid, stream);
-      ++info.launches;
-    }
-    info.staged = false;
-    return info;
-  }
-  const bool needs_scratch = op == Op::kAllReduce && choice.algo == Algorithm::kTwoShot;
-  const bool push = op == Op::kAllReduce && is_push_algorithm(choice.algo);
-  const bool fits = (!staged || in_bytes <= capacity) && (!needs_scratch || in_bytes <= capacity) &&
-                    (!push || push_fits(count, elem_bytes, world_size_, capacity));
-  if (!fits && op == Op::kReduceScatter && staged)
-    return run_chunked_reduce_scatter(input, output, count, dtype, choice, stream);
-  if (!fits && op != Op::kAllReduce) return fallback("message larger than the staging buffer");
-  const KernelKind kind = op == Op::kReduceScatter                 ? KernelKind::kReduceScatter
-                          : op == Op::kAllGather                   ? KernelKind::kAllGather
-                          : choice.algo == Algorithm::kTwoShot     ? KernelKind::kTwoShot
-                          : choice.algo == Algorithm::kPushOneShot ? KernelKind::kPushOneShot
-                          : choice.algo == Algorithm::kPushTwoShot ? KernelKind::kPushTwoShot
-                                                                   : KernelKind::kOneShot;
-  // Chunks are multiples of 64 elements, so every chunk starts 16-byte aligned (the push
-  // algorithms': 2 x n slots of a chunk fit the scratch, push_chunk_elements).
-  const size_t chunk = fits   ? count
-                       : push ? push_chunk_elements(elem_bytes, world_size_, capacity)
-                              : std::max<size_t>(64, capacity / elem / 64 * 64);
-  for (size_t first = 0; first < count; first += chunk) {
-    const size_t c = std::min(chunk, count - first);
-    KernelArgs a = base_args();
-    input_table(first * elem, &a);
-    a.count = c;
-    a.output = static_cast<char*>(output) + first * elem;
-    a.stage_from = staged ? static_cast<const char*>(input) + first * elem : nullptr;
-    launch(dtype, kind, a, choice.grid, stream);
-    ++info.launches;
-  }
-  return info;
+  return (this->*launcher)(call);
 }
 
 }  // namespace exactcoll::cuda

@@ -134,6 +134,10 @@ class Communicator {
   CallInfo allgather(const void* input, void* output, size_t count, DType dtype, Algorithm algo, cudaStream_t stream,
                      const RegisteredBuffer* registered = nullptr, std::optional<LaunchConfig> grid = {});
 
+  // Whether the IPC path has a launcher for (op, algo): every registry entry with kOnGpu and
+  // picked_by_auto must, for each op it implements (tests/capi/enum_names_test.cc).
+  static bool has_launcher(Op op, Algorithm algo) { return launcher_for(op, algo) != nullptr; }
+
   // This process's address of rank `peer`'s part of a registered buffer (copy-engine measurements).
   const void* peer_address(const RegisteredBuffer& buffer, int peer) const;
 
@@ -161,15 +165,46 @@ class Communicator {
     std::vector<const char*> peers;  // per rank: this process's address of rank r's buffer
   };
 
+  // One call once run's steps 1-4 have settled its arguments, inputs and algorithm.
+  struct Call {
+    Op op = Op::kAllReduce;
+    const void* input = nullptr;
+    void* output = nullptr;
+    size_t count = 0;  // input elements per rank
+    DType dtype = DType::kBF16;
+    cudaStream_t stream = nullptr;
+    Choice choice;                      // never auto or nccl
+    const Registration* reg = nullptr;  // peers read the registered input in place (null: staged)
+    size_t reg_offset = 0;              // the input's byte offset inside the registration
+    size_t elem_bytes() const { return static_cast<size_t>(dtype_size(dtype)); }
+    size_t in_bytes() const { return count * elem_bytes(); }
+    bool staged() const { return reg == nullptr; }
+  };
+  // Step 5 of run: one launcher per (op, algorithm family), NCCL's RunWorkElement<..., Algo,
+  // Proto> as the model. launcher_for names it for every (op, algorithm) the GPU runs with IPC
+  // (an exhaustive switch over the registry's algorithms), or returns null.
+  using Launcher = CallInfo (Communicator::*)(const Call&);
+  static Launcher launcher_for(Op op, Algorithm algo);
+  // one_shot, two_shot, push_one_shot, push_two_shot (all-reduce) and direct (reduce-scatter,
+  // all-gather): one SM kernel per chunk.
+  CallInfo launch_sm_kernels(const Call& call);
+  // lamport_one_shot: the input read in place, in chunks of one Lamport slot.
+  CallInfo launch_lamport(const Call& call);
+  // copy_engine all-gather: copies between two barriers.
+  CallInfo launch_copy_engine(const Call& call);
+  // What a launcher reports before it launches: the choice and where the input came from.
+  static CallInfo started(const Call& call);
+  // inputs[r] of a launch at `byte_offset` into the message: staging buffers, or the registration.
+  void fill_inputs(const Call& call, size_t byte_offset, KernelArgs* args) const;
+
   CallInfo run(Op op, const void* input, void* output, size_t count, DType dtype, Algorithm algo, cudaStream_t stream,
                const RegisteredBuffer* registered, std::optional<LaunchConfig> grid);
   CallInfo run_nccl(Op op, const void* input, void* output, size_t count, DType dtype, cudaStream_t stream);
+  // NCCL instead of the IPC path, with the reason in the note.
+  CallInfo nccl_fallback(const Call& call, const std::string& why);
   // Reduce-scatter of a staged input larger than the staging buffer, in chunks with the bits of
   // one call (communicator.cc says how).
-  CallInfo run_chunked_reduce_scatter(const void* input, void* output, size_t count, DType dtype, const Choice& choice,
-                                      cudaStream_t stream);
-  void run_copy_engine_allgather(const char* const* inputs, const void* input, void* output, size_t bytes, bool staged,
-                                 cudaStream_t stream);
+  CallInfo run_chunked_reduce_scatter(const Call& call);
   KernelArgs base_args() const;
   void launch(DType dtype, KernelKind kind, const KernelArgs& args, LaunchConfig grid, cudaStream_t stream);
   void require_usable() const;

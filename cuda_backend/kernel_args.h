@@ -5,13 +5,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "core/op.h"
 #include "core/signal.h"
 
 namespace exactcoll::cuda {
 
-// The collectives the IPC kernels implement (core/op.h).
+// The collectives the IPC kernels implement (core/op.h) and the algorithms (core/registry.h).
+using exactcoll::Algorithm;
 using exactcoll::Op;
 using exactcoll::op_name;
 using exactcoll::output_count;
@@ -28,6 +30,31 @@ enum class KernelKind : int {
   kPushTwoShot = 6,     // allreduce_push_two_shot: the same scratch as push_one_shot
   kLamportOneShot = 7,  // allreduce_lamport_one_shot: the Lamport region, no staging (core/lamport.h)
 };
+
+// The SM kernel of (op, algorithm) on the IPC path, or nullopt where there is none (auto, nccl,
+// copy_engine, and algorithms the op does not have). Exhaustive over the registry's algorithms, so
+// a new one fails to compile (-Wswitch) until it is placed here.
+constexpr std::optional<KernelKind> sm_kernel_kind(Op op, Algorithm algo) {
+  switch (algo) {
+    case Algorithm::kOneShot: return op == Op::kAllReduce ? std::optional(KernelKind::kOneShot) : std::nullopt;
+    case Algorithm::kTwoShot: return op == Op::kAllReduce ? std::optional(KernelKind::kTwoShot) : std::nullopt;
+    case Algorithm::kPushOneShot: return op == Op::kAllReduce ? std::optional(KernelKind::kPushOneShot) : std::nullopt;
+    case Algorithm::kPushTwoShot: return op == Op::kAllReduce ? std::optional(KernelKind::kPushTwoShot) : std::nullopt;
+    case Algorithm::kLamportOneShot:
+      return op == Op::kAllReduce ? std::optional(KernelKind::kLamportOneShot) : std::nullopt;
+    case Algorithm::kDirect:
+      switch (op) {
+        case Op::kAllReduce: return std::nullopt;
+        case Op::kReduceScatter: return KernelKind::kReduceScatter;
+        case Op::kAllGather: return KernelKind::kAllGather;
+      }
+      return std::nullopt;
+    case Algorithm::kCopyEngine:
+    case Algorithm::kAuto:
+    case Algorithm::kNccl: return std::nullopt;
+  }
+  return std::nullopt;
+}
 
 // A timeout seen by a wait on a flag, recorded by the first thread that saw one (per communicator)
 // and read by the host after the launch: "rank R block B: peer P never arrived at barrier (set S,

@@ -10,6 +10,7 @@
 
 #include "core/fused_rmsnorm.h"
 #include "core/registry.h"
+#include "cuda_backend/communicator.h"
 #include "cuda_backend/dispatch_table.h"
 #include "cuda_backend/fused/fused_table.h"
 #include "exactcoll/exactcoll.h"
@@ -106,6 +107,23 @@ TEST(EnumNames, TheGpusAutoCandidatesAreTheRegistrys) {
     const bool listed = std::find(candidates.begin(), candidates.end(), e.algorithm) != candidates.end();
     EXPECT_EQ(listed, e.picked_by_auto && (e.runs_on & kOnGpu) != 0) << e.name;
     EXPECT_TRUE(!listed || e.exact) << e.name;
+  }
+}
+
+// Every IPC algorithm of the registry has a launcher in the communicator and an SM kernel or the
+// copy engine for each op it implements, and none for the ops it does not.
+TEST(EnumNames, EveryGpuAlgorithmHasALauncherForItsOps) {
+  for (const AlgorithmInfo& e : kAlgorithmInfos) {
+    for (const Op op : kOps) {
+      const bool ipc = e.picked_by_auto && (e.runs_on & kOnGpu) != 0 && implements(e.algorithm, op);
+      EXPECT_EQ(cuda::Communicator::has_launcher(op, e.algorithm), ipc) << op_name(op) << " " << e.name;
+      if (ipc && e.algorithm != Algorithm::kCopyEngine) {
+        EXPECT_TRUE(cuda::sm_kernel_kind(op, e.algorithm).has_value()) << op_name(op) << " " << e.name;
+      }
+      if (!ipc) {
+        EXPECT_FALSE(cuda::sm_kernel_kind(op, e.algorithm).has_value()) << op_name(op) << " " << e.name;
+      }
+    }
   }
 }
 

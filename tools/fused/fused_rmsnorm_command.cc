@@ -121,8 +121,8 @@ int run(int argc, char** argv) {
       "[--algo " +
           fused_algorithm_names(kOnSimulator, "|") + "] [--contract " + contract_names(0, "|") +
           "] [--blocks B] [--threads T] "
-      "[--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
-      "[--chrome-trace FILE]",
+          "[--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
+          "[--chrome-trace FILE]",
       "Fused all-reduce + residual add + RMSNorm on the simulator. x.npy is [N, rows, H] (rank r's partial\n"
       "sums at [r]), r.npy [rows, H], w.npy [H]; bf16/fp16 as '<u2' bit patterns, fp32 as '<f4'. Outputs\n"
       "are [N, rows, H]. Without files, inputs are random from --seed (tools/inputs/fused_inputs.h: the\n"

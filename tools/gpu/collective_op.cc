@@ -222,9 +222,7 @@ class CollectiveOp : public GpuOp {
            "output is all-reduce [N, …], reduce_scatter [N, count/N], allgather [N, N·count]. The summary\n"
            "line ends with the sha256 of the output bytes. --algo nccl gives NCCL's result (not bit-exact).";
   }
-  std::vector<std::string> gpu_algorithms() const override {
-    return algorithm_name_list(kOnGpu, op_);
-  }
+  std::vector<std::string> gpu_algorithms() const override { return algorithm_name_list(kOnGpu, op_); }
   std::string gpu_algorithm_help() const override {
     if (op_ != Op::kAllReduce) {
       return "algorithm; auto = the tuned table's choice for the size and GPU count (cuda_backend/tuning/, "

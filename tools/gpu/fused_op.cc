@@ -306,9 +306,7 @@ class FusedRmsNormOp : public GpuOp {
            "but nccl_split gives the canonical contract's bits (the simulator's); the alternative contracts are\n"
            "simulator-only. The summary ends with the sha256 of each output, comparable with the sim's.";
   }
-  std::vector<std::string> gpu_algorithms() const override {
-    return fused_algorithm_name_list(kOnGpu);
-  }
+  std::vector<std::string> gpu_algorithms() const override { return fused_algorithm_name_list(kOnGpu); }
   std::string gpu_algorithm_help() const override {
     return "algorithm; auto = the fused table's choice (cuda_backend/fused/); nccl_split = NCCL's all-reduce and "
            "the separate norm kernel (not bit-exact)";

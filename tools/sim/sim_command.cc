@@ -2,7 +2,8 @@
 //
 //   exactcoll sim allreduce|reduce_scatter|allgather --ranks N --dtype bf16|fp16|fp32
 //       [--input in.npy | --count C --seed S] [--output out.npy] [--algo ALGO (all-reduce: the
-//       registry's simulator entries, core/registry.h)] [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE]
+//       registry's simulator entries, core/registry.h)] [--blocks B] [--schedule threads|seeded] [--schedule-seed K]
+//       [--trace FILE]
 //       [--trace-elements I,J,...] [--chrome-trace FILE] [--print]
 //
 // in.npy is [N, ...] (rank first); bf16 and fp16 are '<u2' bit patterns, fp32 '<f4'. Outputs keep
@@ -326,13 +327,9 @@ int sim_main(int argc, char** argv) {
 }
 
 const cli::Registrar kSim({"sim", "the collectives on the CPU simulator (exactcoll sim --help)", sim_main});
-const cli::SimSubcommandRegistrar kAllReduce({"allreduce",
-                                              "all-reduce: " +
-                                                  algorithm_names(kOnSimulator, Collective::kAllReduce) +
-                                                  " (the same bits)",
-                                              [](int argc, char** argv) {
-                                                return collective_main(Collective::kAllReduce, argc, argv);
-                                              }});
+const cli::SimSubcommandRegistrar kAllReduce(
+    {"allreduce", "all-reduce: " + algorithm_names(kOnSimulator, Collective::kAllReduce) + " (the same bits)",
+     [](int argc, char** argv) { return collective_main(Collective::kAllReduce, argc, argv); }});
 const cli::SimSubcommandRegistrar kReduceScatter({"reduce_scatter", "reduce-scatter: rank r gets the fold of slice r",
                                                   [](int argc, char** argv) {
                                                     return collective_main(Collective::kReduceScatter, argc, argv);
