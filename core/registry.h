@@ -75,6 +75,15 @@ enum class Algorithm : uint8_t {
   kLamportOneShot,
 };
 
+// How the GPU runs an algorithm: the launcher family (cuda_backend/communicator.cc, launcher_for).
+enum class Family : uint8_t {
+  kChoice,      // auto: resolved to another entry before anything launches
+  kSmKernels,   // one SM kernel per chunk (cuda_backend/kernel_args.h, sm_kernel_kind)
+  kLamport,     // an SM kernel per Lamport slot, the input read in place
+  kCopyEngine,  // copy-engine copies between two barriers
+  kNccl,        // NCCL's own collective
+};
+
 // What an algorithm needs besides the input and output (the limits a caller meets).
 enum class Needs : uint8_t {
   kNothing,
@@ -89,32 +98,98 @@ struct AlgorithmInfo {
   const char* name;
   uint8_t ops;          // op_bit(...) of the ops it implements
   uint8_t runs_on;      // kOnSimulator | kOnGpu | kOnMultiNode
-  bool exact;           // its bits are the contract's (NCCL's sums follow none; its all-gather is a copy)
+  bool exact;           // its bits are the contract's (NCCL's sums follow none)
   bool picked_by_auto;  // one of the IPC algorithms the GPU's `auto` chooses among (the tuned table)
+  Family family;
   Needs needs;
   const char* summary;  // one line, for --help and docs
 };
 
+inline constexpr uint8_t kAllReduceOnly = op_bit(Op::kAllReduce);
+
 // Indexed by value.
 inline constexpr AlgorithmInfo kAlgorithmInfos[] = {
-    {Algorithm::kAuto, "auto", kEveryOp, kOnSimulator | kOnGpu | kOnMultiNode, true, false, Needs::kNothing,
-     "the tuned table on GPUs; one_shot / two_shot by size in the simulator (same bits)"},
-    {Algorithm::kOneShot, "one_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true, Needs::kNothing,
-     "every rank reads every input and folds them (one barrier round)"},
-    {Algorithm::kTwoShot, "two_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true, Needs::kSliceScratch,
-     "reduce-scatter of slices, then an all-gather of the results"},
-    {Algorithm::kPushOneShot, "push_one_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true,
-     Needs::kPushScratch, "inputs pushed into peers' scratch, one barrier per call"},
-    {Algorithm::kPushTwoShot, "push_two_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true,
-     Needs::kPushScratch, "slices pushed to their owners, results pushed back (two barriers)"},
-    {Algorithm::kDirect, "direct", op_bit(Op::kReduceScatter) | op_bit(Op::kAllGather), kOnSimulator | kOnGpu, true,
-     true, Needs::kNothing, "the SM kernel of reduce_scatter / allgather"},
-    {Algorithm::kCopyEngine, "copy_engine", op_bit(Op::kAllGather), kOnGpu, true, true, Needs::kNothing,
-     "all-gather by copy-engine copies between two barriers"},
-    {Algorithm::kNccl, "nccl", kEveryOp, kOnGpu | kOnMultiNode, false, false, Needs::kNcclCommunicator,
-     "NCCL (baseline; its sums follow no contract)"},
-    {Algorithm::kLamportOneShot, "lamport_one_shot", op_bit(Op::kAllReduce), kOnSimulator | kOnGpu, true, true,
-     Needs::kLamportRegion, "inputs pushed into peers' Lamport buffers, flag in the data (no barrier)"},
+    {.algorithm = Algorithm::kAuto,
+     .name = "auto",
+     .ops = kEveryOp,
+     .runs_on = kOnSimulator | kOnGpu | kOnMultiNode,
+     .exact = true,
+     .picked_by_auto = false,
+     .family = Family::kChoice,
+     .needs = Needs::kNothing,
+     .summary = "the tuned table on GPUs; one_shot / two_shot by size in the simulator (same bits)"},
+    {.algorithm = Algorithm::kOneShot,
+     .name = "one_shot",
+     .ops = kAllReduceOnly,
+     .runs_on = kOnSimulator | kOnGpu,
+     .exact = true,
+     .picked_by_auto = true,
+     .family = Family::kSmKernels,
+     .needs = Needs::kNothing,
+     .summary = "every rank reads every input and folds them (one barrier round)"},
+    {.algorithm = Algorithm::kTwoShot,
+     .name = "two_shot",
+     .ops = kAllReduceOnly,
+     .runs_on = kOnSimulator | kOnGpu,
+     .exact = true,
+     .picked_by_auto = true,
+     .family = Family::kSmKernels,
+     .needs = Needs::kSliceScratch,
+     .summary = "reduce-scatter of slices, then an all-gather of the results"},
+    {.algorithm = Algorithm::kPushOneShot,
+     .name = "push_one_shot",
+     .ops = kAllReduceOnly,
+     .runs_on = kOnSimulator | kOnGpu,
+     .exact = true,
+     .picked_by_auto = true,
+     .family = Family::kSmKernels,
+     .needs = Needs::kPushScratch,
+     .summary = "inputs pushed into peers' scratch, one barrier per call"},
+    {.algorithm = Algorithm::kPushTwoShot,
+     .name = "push_two_shot",
+     .ops = kAllReduceOnly,
+     .runs_on = kOnSimulator | kOnGpu,
+     .exact = true,
+     .picked_by_auto = true,
+     .family = Family::kSmKernels,
+     .needs = Needs::kPushScratch,
+     .summary = "slices pushed to their owners, results pushed back (two barriers)"},
+    {.algorithm = Algorithm::kDirect,
+     .name = "direct",
+     .ops = op_bit(Op::kReduceScatter) | op_bit(Op::kAllGather),
+     .runs_on = kOnSimulator | kOnGpu,
+     .exact = true,
+     .picked_by_auto = true,
+     .family = Family::kSmKernels,
+     .needs = Needs::kNothing,
+     .summary = "the SM kernel of reduce_scatter / allgather"},
+    {.algorithm = Algorithm::kCopyEngine,
+     .name = "copy_engine",
+     .ops = op_bit(Op::kAllGather),
+     .runs_on = kOnGpu,
+     .exact = true,
+     .picked_by_auto = true,
+     .family = Family::kCopyEngine,
+     .needs = Needs::kNothing,
+     .summary = "all-gather by copy-engine copies between two barriers"},
+    {.algorithm = Algorithm::kNccl,
+     .name = "nccl",
+     .ops = kEveryOp,
+     .runs_on = kOnGpu | kOnMultiNode,
+     .exact = false,
+     .picked_by_auto = false,
+     .family = Family::kNccl,
+     .needs = Needs::kNcclCommunicator,
+     .summary = "NCCL (baseline; its sums follow no contract)"},
+    {.algorithm = Algorithm::kLamportOneShot,
+     .name = "lamport_one_shot",
+     .ops = kAllReduceOnly,
+     .runs_on = kOnSimulator | kOnGpu,
+     .exact = true,
+     .picked_by_auto = true,
+     .family = Family::kLamport,
+     .needs = Needs::kLamportRegion,
+     .summary = "inputs pushed into peers' Lamport buffers, flag in the data (no barrier)"},
 };
 
 // ---- fused all-reduce + residual add + RMSNorm algorithms -------------------------------------

@@ -435,16 +435,13 @@ void Communicator::fill_inputs(const Call& call, size_t byte_offset, KernelArgs*
 }
 
 Communicator::Launcher Communicator::launcher_for(Op op, Algorithm algo) {
-  switch (algo) {
-    case Algorithm::kOneShot:
-    case Algorithm::kTwoShot:
-    case Algorithm::kPushOneShot:
-    case Algorithm::kPushTwoShot:
-    case Algorithm::kDirect: return implements(algo, op) ? &Communicator::launch_sm_kernels : nullptr;
-    case Algorithm::kLamportOneShot: return implements(algo, op) ? &Communicator::launch_lamport : nullptr;
-    case Algorithm::kCopyEngine: return implements(algo, op) ? &Communicator::launch_copy_engine : nullptr;
-    case Algorithm::kAuto:                  // resolved by run's step 4
-    case Algorithm::kNccl: return nullptr;  // run_nccl, before any IPC step
+  if (!implements(algo, op) || (info(algo).runs_on & kOnGpu) == 0) return nullptr;
+  switch (info(algo).family) {
+    case Family::kSmKernels: return &Communicator::launch_sm_kernels;
+    case Family::kLamport: return &Communicator::launch_lamport;
+    case Family::kCopyEngine: return &Communicator::launch_copy_engine;
+    case Family::kChoice:                // auto: resolved by run's step 4
+    case Family::kNccl: return nullptr;  // run_nccl, before any IPC step
   }
   return nullptr;
 }

@@ -182,7 +182,7 @@ class Communicator {
   };
   // Step 5 of run: one launcher per (op, algorithm family), NCCL's RunWorkElement<..., Algo,
   // Proto> as the model. launcher_for names it for every (op, algorithm) the GPU runs with IPC
-  // (an exhaustive switch over the registry's algorithms), or returns null.
+  // (an exhaustive switch over the registry's families), or returns null.
   using Launcher = CallInfo (Communicator::*)(const Call&);
   static Launcher launcher_for(Op op, Algorithm algo);
   // one_shot, two_shot, push_one_shot, push_two_shot (all-reduce) and direct (reduce-scatter,
