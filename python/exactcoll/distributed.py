@@ -28,6 +28,8 @@ configure_backend() after that):
                                    instead of sending a floating-point reduction elsewhere; all:
                                    raise for every fallback, data movement too
   EXACTCOLL_BUFFER_MIB             staging buffer per communicator (default 128)
+  EXACTCOLL_REGISTER_DEVICE_BACKENDS=1   experimental: also register the inner groups as the
+                                   C++ per-device backends (see _register_device_backends)
 The algorithms give the same bits (that is the contract); "nccl" is NCCL inside exactcoll, not
 the contract, and is counted as a fallback.
 
@@ -40,6 +42,7 @@ without going through the Python methods below (see docs in README.md).
 """
 
 import collections
+import contextlib
 import datetime
 import inspect
 import os
@@ -51,7 +54,7 @@ import torch.distributed as dist
 from . import _lib
 
 __all__ = ["BACKEND_NAME", "ExactcollProcessGroup", "FallbackError", "backend_counts", "backend_fallbacks",
-           "configure_backend", "reset_backend_counts", "register_backend"]
+           "configure_backend", "record_collectives", "reset_backend_counts", "register_backend"]
 
 BACKEND_NAME = "exactcoll"
 
@@ -119,6 +122,8 @@ def _settings():
                                         "EXACTCOLL_ALL_GATHER_ALGO"),
                     "strict": _strict_level(env.get("EXACTCOLL_STRICT", "0"), "EXACTCOLL_STRICT"),
                     "buffer_mib": buffer_mib,
+                    "register_device_backends": _strict_level(env.get("EXACTCOLL_REGISTER_DEVICE_BACKENDS", "0"),
+                                                              "EXACTCOLL_REGISTER_DEVICE_BACKENDS") == 1,
                 }
     return _SETTINGS
 
@@ -175,6 +180,21 @@ def reset_backend_counts():
 
 
 _GROUPS = []  # every ExactcollProcessGroup made in this process (groups live as long as the job)
+_RECORDING = []  # the lists of the open record_collectives() blocks
+
+
+@contextlib.contextmanager
+def record_collectives():
+    """Records every exact collective this process runs inside the block: yields a list that gets
+    one dict per call, {"op", "group", "group_size", "rank", "input", "output"}, with CPU copies of
+    this rank's input (before) and output (after). For replaying a GPU run's collectives through
+    the CPU path (python/examples/hf_llama_check.py --cpu). Slow: every copy waits for the GPU."""
+    records = []
+    _RECORDING.append(records)
+    try:
+        yield records
+    finally:
+        _RECORDING.remove(records)
 
 
 # ---- work objects ----------------------------------------------------------------------------------
@@ -337,7 +357,29 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         self._coalesced = None         # works issued inside _start_coalescing .. _end_coalescing
         self._nccl_coalescing = None   # the device whose NCCL coalescing this block started
         self._buffer_mib = settings["buffer_mib"]
+        self.registered_device_backends = []
+        if settings["register_device_backends"]:
+            self._register_device_backends()
         _GROUPS.append(self)
+
+    def _register_device_backends(self):
+        """EXACTCOLL_REGISTER_DEVICE_BACKENDS=1 (experimental, torch >= 2, untested on GPUs):
+        registers the inner gloo and NCCL groups as this group's C++ per-device backends, so that
+        torch's C++ code that looks a backend up by device type (what made DeviceMesh +
+        parallelize_module fail with "No backend type associated with device type cuda") finds
+        one. Every op torch issues from Python, and those its C++ sends through the Python
+        methods, still come here; whatever C++ sends straight to a device backend does not: it
+        runs on NCCL or gloo, not exact and not counted."""
+        register = getattr(self, "_register_backend", None)
+        kinds = getattr(dist.ProcessGroup, "BackendType", None)
+        if register is None or kinds is None:
+            raise RuntimeError("EXACTCOLL_REGISTER_DEVICE_BACKENDS=1 needs torch >= 2 "
+                               "(ProcessGroup._register_backend)")
+        register(torch.device("cpu"), kinds.GLOO, self._gloo)
+        self.registered_device_backends.append("cpu:gloo")
+        if torch.cuda.is_available() and dist.is_nccl_available():
+            register(torch.device("cuda"), kinds.NCCL, self._nccl_backend())
+            self.registered_device_backends.append("cuda:nccl")
 
     # ---- identity --------------------------------------------------------------------------------
 
@@ -696,10 +738,12 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         if t.numel() == 0:
             self._count(op, True)
             return _DoneWork([t])
+        record = self._record("all_reduce", t) if _RECORDING else None
         if t.is_cuda:
             comm = self._comm(t.device)
             comm.all_reduce_(t, algo=settings["all_reduce"])
             self._counted_exact(op, comm)
+            self._recorded(record, t)
             return self._cuda_work([t], t.device, opts)
         algo = settings["all_reduce"]
         if algo == "nccl":
@@ -709,6 +753,7 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         everyone = self._gather_cpu(t)
         t.view(-1).copy_(sim.all_reduce(everyone, algo=algo)[self.rank()])
         self._count(op, True)
+        self._recorded(record, t)
         return _DoneWork([t])
 
     def _check_sizes(self, op, output, input, output_is_larger):
@@ -725,10 +770,12 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         if output.numel() == 0:
             self._count(op, True)
             return _DoneWork([output])
+        record = self._record("reduce_scatter_tensor", input) if _RECORDING else None
         if output.is_cuda:
             comm = self._comm(output.device)
             comm.reduce_scatter(input.view(-1), out=output.view(-1), algo=settings["reduce_scatter"])
             self._counted_exact(op, comm)
+            self._recorded(record, output)
             return self._cuda_work([output], output.device, opts)
         algo = settings["reduce_scatter"]
         if algo == "nccl":
@@ -738,6 +785,7 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         everyone = self._gather_cpu(input)
         output.view(-1).copy_(sim.reduce_scatter(everyone, algo=algo)[self.rank()])
         self._count(op, True)
+        self._recorded(record, output)
         return _DoneWork([output])
 
     def _exact_all_gather(self, op, output, input, opts):
@@ -746,10 +794,12 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         if input.numel() == 0:
             self._count(op, True)
             return _DoneWork([output])
+        record = self._record("all_gather_into_tensor", input) if _RECORDING else None
         if output.is_cuda:
             comm = self._comm(output.device)
             comm.all_gather(input.view(-1), out=output.view(-1), algo=settings["all_gather"])
             self._counted_exact(op, comm)
+            self._recorded(record, output)
             return self._cuda_work([output], output.device, opts)
         if settings["all_gather"] == "nccl":
             return self._fallback(op, "algo nccl (not the contract)", "allgather",
@@ -758,7 +808,20 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         # The all-gather contract: every rank's bits, unchanged, in rank order. The gather is that.
         output.view(-1).copy_(self._gather_cpu(input).view(-1))
         self._count(op, True)
+        self._recorded(record, output)
         return _DoneWork([output])
+
+    def _record(self, op, input):
+        record = {"op": op, "group": self._group_id, "group_size": self.size(), "rank": self.rank(),
+                  "input": input.detach().to("cpu", copy=True), "output": None}
+        for records in _RECORDING:
+            records.append(record)
+        return record
+
+    @staticmethod
+    def _recorded(record, output):
+        if record is not None:
+            record["output"] = output.detach().to("cpu", copy=True)
 
     def _gather_cpu(self, t):
         """Every rank's t (contiguous, on the CPU) as one tensor [ranks, t.numel()], bits unchanged:

@@ -34,7 +34,7 @@ from . import _lib
 from ._store import Store
 
 __all__ = ["Communicator", "TorchStore", "add_rms_norm", "FallbackError", "backend_counts", "backend_fallbacks",
-           "configure_backend", "reset_backend_counts"]
+           "configure_backend", "record_collectives", "reset_backend_counts"]
 
 _DTYPE_CODES = {torch.bfloat16: _lib.DTYPES["bf16"], torch.float16: _lib.DTYPES["fp16"],
                 torch.float32: _lib.DTYPES["fp32"]}
@@ -649,6 +649,6 @@ if CUSTOM_OPS:
 # ---- the torch.distributed backend "exactcoll" (exactcoll/distributed.py) -------------------------
 # Imported last: it makes its communicators with Communicator above.
 from .distributed import (FallbackError, backend_counts, backend_fallbacks, configure_backend,  # noqa: E402
-                          register_backend as _register_backend, reset_backend_counts)
+                          record_collectives, register_backend as _register_backend, reset_backend_counts)
 
 _register_backend()
