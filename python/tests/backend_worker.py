@@ -202,7 +202,8 @@ class Worker:
             self.check("strict 1: broadcast still runs", torch.equal(b, torch.zeros(2)), b)
             y = torch.ones(4, dtype=torch.bfloat16)
             dist.all_reduce(y)
-            self.check("strict: an exact all_reduce runs", xt.backend_counts()["all_reduce"]["exact"] == exact_before + 1)
+            self.check("strict: an exact all_reduce runs",
+                       xt.backend_counts()["all_reduce"]["exact"] == exact_before + 1)
             xt.configure_backend(strict="all")
             self.expect_raises("strict all: a broadcast raises FallbackError", xt.FallbackError,
                                "broadcast would leave exactcoll", lambda: dist.broadcast(torch.ones(2), src=0))
