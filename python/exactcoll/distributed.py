@@ -707,6 +707,12 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         if isinstance(layout, str):
             return _Unavailable(layout)
         whole_job, node, local_world_size = layout
+        capturing = getattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+        if capturing():
+            # Making a communicator allocates and maps memory, which a CUDA-graph capture forbids.
+            raise RuntimeError(f"exactcoll backend: the first exact collective of group {self._group_id!r} on "
+                               f"cuda:{index} ran inside a CUDA-graph capture; run one collective of this group "
+                               "eagerly before capturing (it makes the group's communicator)")
         name = f"exactcoll-backend/{self._comms_made}"
         self._comms_made += 1
         try:
