@@ -647,8 +647,10 @@ if CUSTOM_OPS:
 
 
 # ---- the torch.distributed backend "exactcoll" (exactcoll/distributed.py) -------------------------
-# Imported last: it makes its communicators with Communicator above.
-from .distributed import (FallbackError, backend_counts, backend_fallbacks, configure_backend,  # noqa: E402
-                          record_collectives, register_backend as _register_backend, reset_backend_counts)
+# Imported last: it makes its communicators with Communicator above. A torch built without
+# torch.distributed has no backend to register (nor process groups for Communicator).
+if dist.is_available():
+    from .distributed import (FallbackError, backend_counts, backend_fallbacks, configure_backend,  # noqa: E402
+                              record_collectives, register_backend as _register_backend, reset_backend_counts)
 
-_register_backend()
+    _register_backend()

@@ -171,6 +171,22 @@ class TorchBackendOnCpu(unittest.TestCase):
         self.assertNotEqual(codes[0], 0)
         self.assertIn("EXACTCOLL_ALGO must be one of auto, one_shot", outputs[0])
 
+    def test_backend_registered_and_group_less_communicator_checks(self):
+        """import exactcoll.torch registers the backend; the group-less communicator the backend
+        makes checks its options first (naming them), then needs CUDA."""
+        import torch.distributed as dist
+        import exactcoll
+        import exactcoll.torch as xt
+        self.assertIn("EXACTCOLL", dist.Backend._plugins)
+        self.assertTrue(xt._register_backend())  # a second registration is a no-op, not an error
+        store = dist.HashStore()
+        with self.assertRaises(ValueError) as caught:
+            xt.Communicator._over_store(store, 0, 1, name="x", whole_job=False, buffer_mib=0)
+        self.assertIn("buffer_mib must be", str(caught.exception))
+        if not torch.cuda.is_available():
+            with self.assertRaises(exactcoll.UnavailableError):
+                xt.Communicator._over_store(store, 0, 1, name="x", whole_job=False)
+
     def test_the_comparison_sees_one_flipped_bit(self):
         """differing() is what every bit comparison above relies on: one flipped low bit in one
         element, or a NaN with another payload, must count."""
