@@ -529,8 +529,8 @@ class ExactcollProcessGroup(dist.ProcessGroup):
     def barrier(self, opts=None):
         # Always on gloo (no CUDA device to guess, and NCCL's barrier is an all-reduce). Like NCCL's
         # barrier it also means "this rank's GPU finished what it was given": sync first.
-        self._count("barrier", False, "runs on gloo")
         self._refuse("barrier", "runs on gloo", [])
+        self._count("barrier", False, "runs on gloo")
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
         gloo_opts = dist.BarrierOptions()
@@ -539,8 +539,8 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         return self._track(self._gloo.barrier(gloo_opts))
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        self._count("monitored_barrier", False, "runs on gloo")
         self._refuse("monitored_barrier", "runs on gloo", [])
+        self._count("monitored_barrier", False, "runs on gloo")
         if timeout is None:
             return self._gloo.monitored_barrier(wait_all_ranks=wait_all_ranks)
         return self._gloo.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
