@@ -160,15 +160,16 @@ def model_config(args):
     heads = args.hidden // 64
     return LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 3,
                        num_hidden_layers=args.layers, num_attention_heads=heads,
-                       num_key_value_heads=max(heads // 2, dist.get_world_size()), max_position_embeddings=1024,
+                       num_key_value_heads=heads // 2, max_position_embeddings=1024,
                        rms_norm_eps=1e-5, tie_word_embeddings=False)
 
 
 def ensure_model(args):
-    """Rank 0 saves a random Llama (fixed seed) under --dump/model once; every phase loads it."""
+    """Rank 0 saves a random Llama (fixed seed) under --dump/model once; every phase and world size
+    loads it (its key/value heads, hidden // 128, divide 2, 4 and 8 ranks)."""
     path = os.path.join(args.dump, "model")
     stamp = os.path.join(path, "exactcoll_check.json")
-    want = {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "world_size": dist.get_world_size()}
+    want = {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab}
     if RANK == 0:
         have = json.load(open(stamp)) if os.path.exists(stamp) else None
         if have != want:
@@ -199,6 +200,12 @@ def load_tp(path, table):
     dtypes = sorted({str(p.dtype) for p in model.parameters()})
     table.add(f"Llama loaded with {how}", dtypes == ["torch.bfloat16"], f"parameter dtypes {dtypes}")
     return model
+
+
+def dump_file(args, what):
+    """A file of this rank's under --dump; the world size is in the name, since the partial sums, and
+    so the logits' bits, depend on it."""
+    return os.path.join(args.dump, f"{what}_ws{dist.get_world_size()}_rank{RANK}.pt")
 
 
 def batch(args, device):
@@ -233,9 +240,9 @@ def phase_nccl(args, table):
     model = load_tp(path, table)
     stage("forward under NCCL")
     logits = forward(model, batch(args, torch.device("cuda", local)))
-    torch.save(logits, os.path.join(args.dump, f"logits_nccl_rank{RANK}.pt"))
+    torch.save(logits, dump_file(args, "logits_nccl"))
     all_ranks_agree(table, "NCCL logits", digest(logits))
-    other = os.path.join(args.dump, f"logits_exactcoll_rank{RANK}.pt")
+    other = dump_file(args, "logits_exactcoll")
     if os.path.exists(other):
         compare_to_nccl(table, "exactcoll (saved) vs NCCL backend", torch.load(other), logits, args.nccl_rtol)
     table.add("forward under NCCL ran", True, f"logits {tuple(logits.shape)}, saved for the exactcoll phase")
@@ -272,8 +279,7 @@ def phase_exactcoll(args, table):
         if algo == "auto":
             with xt.record_collectives() as records:
                 logits[algo] = forward(model, ids)
-            torch.save({"world_size": dist.get_world_size(), "records": records},
-                       os.path.join(args.dump, f"collectives_rank{RANK}.pt"))
+            torch.save({"world_size": dist.get_world_size(), "records": records}, dump_file(args, "collectives"))
             say(f"saved {len(records)} collectives for the CPU replay")
         else:
             logits[algo] = forward(model, ids)
@@ -287,7 +293,7 @@ def phase_exactcoll(args, table):
         n = differing(bits(logits[algo]), bits(logits[first]))
         table.add(f"logits {algo} == {first}, bit for bit", n == 0, f"{n} of {logits[algo].numel()} elements differ")
     all_ranks_agree(table, "logits", digest(logits[first]))
-    torch.save(logits[first], os.path.join(args.dump, f"logits_exactcoll_rank{RANK}.pt"))
+    torch.save(logits[first], dump_file(args, "logits_exactcoll"))
 
     stage("forward, algo nccl (NCCL inside exactcoll)")
     xt.configure_backend(algo="nccl")
@@ -299,7 +305,7 @@ def phase_exactcoll(args, table):
         table.add("exactcoll vs its nccl algo", False, f"{type(e).__name__}: {e}")
     finally:
         xt.configure_backend(algo="auto")
-    reference = os.path.join(args.dump, f"logits_nccl_rank{RANK}.pt")
+    reference = dump_file(args, "logits_nccl")
     if os.path.exists(reference):
         compare_to_nccl(table, "exactcoll vs NCCL backend (--phase nccl)", logits[first], torch.load(reference),
                         args.nccl_rtol)
@@ -435,9 +441,10 @@ def device_mesh_check(args, table, local):
 
 def phase_cpu(args, table):
     init("cpu:exactcoll" if TORCH2 else "exactcoll", args)
-    path = os.path.join(args.dump, f"collectives_rank{RANK}.pt")
+    path = dump_file(args, "collectives")
     if not os.path.exists(path):
-        table.add("the GPU run's collectives are saved", False, f"no {path}: run the exactcoll phase first")
+        table.add("the GPU run's collectives are saved", False,
+                  f"no {path}: run the exactcoll phase first, with as many ranks")
         return
     saved = torch.load(path)
     n = dist.get_world_size()
