@@ -15,6 +15,12 @@ exactcoll::all_gather and exactcoll::fused_add_rms_norm (with fake implementatio
 may be captured in a CUDA graph. Errors: ValueError for a bad shape, dtype, device or layout;
 exactcoll.PeerTimeoutError (a RuntimeError) when a peer never arrived, reported by check().
 Ranks may share one GPU (a slow correctness mode: NCCL is left out, kernels time-slice).
+
+Importing this module also registers the torch.distributed backend "exactcoll"
+(exactcoll/distributed.py): dist.init_process_group("cuda:exactcoll,cpu:gloo") (torch >= 2) or
+"exactcoll" sends SUM all_reduce / reduce_scatter_tensor / all_gather_into_tensor on bf16/fp16/fp32
+tensors to exactcoll (CUDA: a Communicator per group; CPU: gloo gather + exactcoll.sim's fold, the
+GPU's bits) and the rest to NCCL or gloo, counted: backend_counts(), backend_fallbacks().
 """
 
 import ctypes
@@ -27,7 +33,8 @@ import torch.distributed as dist
 from . import _lib
 from ._store import Store
 
-__all__ = ["Communicator", "TorchStore", "add_rms_norm"]
+__all__ = ["Communicator", "TorchStore", "add_rms_norm", "FallbackError", "backend_counts", "backend_fallbacks",
+           "configure_backend", "record_collectives", "reset_backend_counts"]
 
 _DTYPE_CODES = {torch.bfloat16: _lib.DTYPES["bf16"], torch.float16: _lib.DTYPES["fp16"],
                 torch.float32: _lib.DTYPES["fp32"]}
@@ -82,6 +89,28 @@ def _group_tag(group):
     return "ranks-" + "-".join(str(r) for r in dist.get_process_group_ranks(group))
 
 
+def _parse_options(*, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
+                   programmatic_launch=True, node=None, local_world_size=None, name=None):
+    """The communicator's options checked and converted (ValueError naming a bad one), before anything
+    else could fail or ctypes could truncate one."""
+    parsed = {
+        "buffer_bytes": int(_lib.real_option("buffer_mib", buffer_mib, 4096 / (1 << 20), 2 ** 43) * (1 << 20)),
+        "flag_timeout_ms": _lib.int_option("flag_timeout_ms", flag_timeout_ms,
+                                           _lib.field_type(_lib.CommOptions, "flag_timeout_ms"), 1),
+        "store_timeout_ms": int(_lib.real_option("store_timeout_s", store_timeout_s, 0.001, 2 ** 31) * 1000),
+        "use_nccl": _lib.switch_option("use_nccl", use_nccl),
+        "programmatic_launch": _lib.switch_option("programmatic_launch", programmatic_launch),
+        "node": None, "local_world_size": None,
+    }
+    if node is not None:
+        parsed["node"] = _lib.int_option("node", node, _lib.field_type(_lib.CommOptions, "node"), 0)
+    if local_world_size is not None:
+        parsed["local_world_size"] = _lib.int_option("local_world_size", local_world_size,
+                                                     _lib.field_type(_lib.CommOptions, "local_world_size"), 1)
+    parsed["name"] = None if name is None else _lib.text_option("name", name)
+    return parsed
+
+
 class Communicator:
     """exactcoll's communicator over the ranks of a torch.distributed process group.
 
@@ -101,18 +130,10 @@ class Communicator:
     def __init__(self, group=None, *, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
                  programmatic_launch=True, name=None, store=None, node=None, local_world_size=None):
         # Every option first, before anything else could fail or ctypes could truncate one.
-        buffer_bytes = int(_lib.real_option("buffer_mib", buffer_mib, 4096 / (1 << 20), 2 ** 43) * (1 << 20))
-        flag_timeout_ms = _lib.int_option("flag_timeout_ms", flag_timeout_ms,
-                                          _lib.field_type(_lib.CommOptions, "flag_timeout_ms"), 1)
-        store_timeout_ms = int(_lib.real_option("store_timeout_s", store_timeout_s, 0.001, 2 ** 31) * 1000)
-        use_nccl = _lib.switch_option("use_nccl", use_nccl)
-        programmatic_launch = _lib.switch_option("programmatic_launch", programmatic_launch)
-        if node is not None:
-            node = _lib.int_option("node", node, _lib.field_type(_lib.CommOptions, "node"), 0)
-        if local_world_size is not None:
-            local_world_size = _lib.int_option("local_world_size", local_world_size,
-                                               _lib.field_type(_lib.CommOptions, "local_world_size"), 1)
-        name_bytes = None if name is None else _lib.text_option("name", name)
+        options = _parse_options(buffer_mib=buffer_mib, flag_timeout_ms=flag_timeout_ms,
+                                 store_timeout_s=store_timeout_s, use_nccl=use_nccl,
+                                 programmatic_launch=programmatic_launch, node=node,
+                                 local_world_size=local_world_size, name=name)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("exactcoll.torch.Communicator needs torch.distributed.init_process_group first "
                                "(any backend: only its store is used)")
@@ -122,24 +143,41 @@ class Communicator:
         rank, world_size = dist.get_rank(group), dist.get_world_size(group)
         if rank < 0:
             raise ValueError("this process is not a member of the group")
-        if name is None:
+        if options["name"] is None:
             tag = _group_tag(group)
-            name_bytes = f"exactcoll/{tag}/{_NAME_COUNTERS.get(tag, 0)}".encode()
+            options["name"] = f"exactcoll/{tag}/{_NAME_COUNTERS.get(tag, 0)}".encode()
             _NAME_COUNTERS[tag] = _NAME_COUNTERS.get(tag, 0) + 1
         if store is None:
             store = dist.distributed_c10d._get_default_store()
+        self._open(store, rank, world_size, group is dist.group.WORLD, options)
+
+    @classmethod
+    def _over_store(cls, store, rank, world_size, *, name, whole_job, **kwargs):
+        """A communicator over a torch store, with no process group (the exactcoll torch.distributed
+        backend makes its communicators this way: inside its creator torch.distributed is not yet
+        initialized). Collective over the world_size ranks that share `store` and `name`. whole_job:
+        the ranks are the whole torchrun job (node layout from GROUP_RANK and LOCAL_WORLD_SIZE);
+        otherwise one node unless node and local_world_size are given."""
+        options = _parse_options(name=name, **kwargs)
+        if not torch.cuda.is_available():
+            raise _lib.UnavailableError(_lib.ERROR_UNAVAILABLE, "exactcoll.torch.Communicator needs a CUDA device")
+        comm = cls.__new__(cls)
+        comm._open(store, rank, world_size, whole_job, options)
+        return comm
+
+    def _open(self, store, rank, world_size, whole_job, parsed):
         self._store = Store(TorchStore(store), rank, world_size)
         options = _lib.CommOptions()
         _lib.lib.exactcoll_comm_options_init(ctypes.byref(options))
-        self._name = name_bytes
+        self._name = parsed["name"]
         options.name = self._name
-        options.buffer_bytes = buffer_bytes
-        options.flag_timeout_ms = flag_timeout_ms
-        options.store_timeout_ms = store_timeout_ms
-        options.use_nccl = use_nccl
-        options.programmatic_launch = programmatic_launch
+        options.buffer_bytes = parsed["buffer_bytes"]
+        options.flag_timeout_ms = parsed["flag_timeout_ms"]
+        options.store_timeout_ms = parsed["store_timeout_ms"]
+        options.use_nccl = parsed["use_nccl"]
+        options.programmatic_launch = parsed["programmatic_launch"]
         options.device = torch.cuda.current_device()
-        whole_job = group is dist.group.WORLD
+        node, local_world_size = parsed["node"], parsed["local_world_size"]
         options.node = node if node is not None else (-1 if whole_job else 0)
         options.local_world_size = local_world_size if local_world_size is not None else (0 if whole_job else world_size)
         handle = ctypes.c_uint64()
@@ -606,3 +644,13 @@ def _define_ops():
 CUSTOM_OPS = hasattr(torch.library, "custom_op")  # torch >= 2.4: torch.compile support
 if CUSTOM_OPS:
     _define_ops()
+
+
+# ---- the torch.distributed backend "exactcoll" (exactcoll/distributed.py) -------------------------
+# Imported last: it makes its communicators with Communicator above. A torch built without
+# torch.distributed has no backend to register (nor process groups for Communicator).
+if dist.is_available():
+    from .distributed import (FallbackError, backend_counts, backend_fallbacks, configure_backend,  # noqa: E402
+                              record_collectives, register_backend as _register_backend, reset_backend_counts)
+
+    _register_backend()
