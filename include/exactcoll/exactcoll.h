@@ -335,7 +335,10 @@ EXACTCOLL_API int exactcoll_comm_register_buffer(exactcoll_comm comm, const void
  * rank. Input and output are 16-byte aligned. registered_id: -1, or a buffer that holds input (at
  * the same offset on every rank). info: NULL, or filled with what ran. Nothing synchronizes, so a
  * call may be captured in a CUDA graph and replayed; exactcoll_comm_check reports a peer that never
- * arrived. Sizes are in elements: count = per-rank input elements.
+ * arrived. One communicator's calls share its buffers, so they must run one after another on the
+ * GPU: issue them on one stream, or order the streams (an event) when a call's stream differs from
+ * the previous call's (exactcoll.torch does that for its callers). Sizes are in elements: count =
+ * per-rank input elements.
  *   allreduce:      output[i] = the contract's fold over ranks of input_r[i],       i < count
  *   reduce_scatter: output[j] = fold over ranks of input_r[rank * count/n + j],     j < count/n
  *                   (count a multiple of the world size n)

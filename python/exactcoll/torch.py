@@ -189,6 +189,7 @@ class Communicator:
         self._info = _lib.new_call_info()
         self._info_ref = ctypes.byref(self._info)
         self._registered = []
+        self._last_stream = None  # (raw handle, torch stream) of the last op's stream: _ordered_stream
         _COMMS[self.id] = self
 
     # ---- the ops -------------------------------------------------------------------------------------
@@ -335,6 +336,26 @@ class Communicator:
             return _CURRENT_STREAM(self.device)
         return torch.cuda.current_stream(self.device).cuda_stream
 
+    def _ordered_stream(self):
+        """The current stream's handle, once that stream waits for this communicator's previous op
+        if that op ran on another stream. One communicator's ops share its staging, scratch and
+        signal buffers, so they must run one after another on the GPU; FSDP2, for one, issues the
+        all-gathers and reduce-scatters of one group from different streams, which then overlapped
+        and corrupted each other's buffers. The same stream (the common case) costs one comparison.
+        Inside a CUDA-graph capture no wait is added (captured work cannot wait on uncaptured work):
+        the graph's own order holds there, and the caller orders replays against eager ops."""
+        raw = _CURRENT_STREAM(self.device) if _CURRENT_STREAM is not None else self._stream()
+        last = self._last_stream
+        if last is not None and last[0] == raw:
+            return raw
+        current = torch.cuda.current_stream(self.device)
+        if last is not None and not torch.cuda.is_current_stream_capturing():
+            done = torch.cuda.Event()
+            done.record(last[1])  # after the previous op (and anything queued behind it there)
+            current.wait_event(done)
+        self._last_stream = (raw, current)
+        return raw
+
     def _check_tensor(self, t, what, dtype=None):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
@@ -383,8 +404,7 @@ class Communicator:
         if not ok or not handle:
             self._explain((x, "x", None), (out, "out", out_shape if out_shape is not None else x.shape), algo=algo,
                           algos=_lib.ALGOS)
-        status = function(handle, x.data_ptr(), out.data_ptr(), x.numel(), dtype_code, algo_code,
-                          _CURRENT_STREAM(device) if _CURRENT_STREAM else self._stream(),
+        status = function(handle, x.data_ptr(), out.data_ptr(), x.numel(), dtype_code, algo_code, self._ordered_stream(),
                           -1 if registered is None else self._registered_index(registered), self._info_ref)
         self._last_fused = False
         if status:
@@ -416,8 +436,7 @@ class Communicator:
                           algos=_lib.FUSED_ALGOS)
         status = _lib.lib.exactcoll_fused_add_rmsnorm(
             handle, x.data_ptr(), residual.data_ptr(), weight.data_ptr(), residual_out.data_ptr(), out.data_ptr(),
-            x.numel() // hidden if hidden else 0, hidden, eps, dtype_code, algo_code,
-            _CURRENT_STREAM(device) if _CURRENT_STREAM else self._stream(),
+            x.numel() // hidden if hidden else 0, hidden, eps, dtype_code, algo_code, self._ordered_stream(),
             -1 if registered is None else self._registered_index(registered), self._info_ref)
         self._last_fused = True
         if status:

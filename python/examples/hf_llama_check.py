@@ -351,21 +351,24 @@ def fsdp_run(args, local, mesh):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     torch.manual_seed(7)  # the same initial weights on every rank and for every algorithm
     model = Net(args.fsdp_dim, args.fsdp_dim * 4, 3).cuda(local)
+    # bf16 compute and parameter all-gathers, fp32 gradient reduce-scatters.
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    if hasattr(model, "set_force_sum_reduction_for_comms"):
-        # FSDP2 otherwise reduce-scatters fp32/bf16 gradients with ReduceOp.AVG, which exactcoll
-        # does not run: SUM, then FSDP2's own division by the world size.
-        model.set_force_sum_reduction_for_comms(True)
+    # FSDP2 otherwise reduce-scatters gradients with ReduceOp.AVG, which exactcoll does not run:
+    # SUM, then FSDP2's own division by the world size. Set on every fully_shard module (each
+    # block's gradients are reduce-scattered by its own module's state).
+    for module in model.modules():
+        if hasattr(module, "set_force_sum_reduction_for_comms"):
+            module.set_force_sum_reduction_for_comms(True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
     for step in range(args.fsdp_steps):
         g = torch.Generator().manual_seed(1000 * step + RANK)  # each rank its own data
         x = torch.randn(args.fsdp_batch, args.fsdp_dim, generator=g).cuda(local)
         y = torch.randn(args.fsdp_batch, args.fsdp_dim, generator=g).cuda(local)
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)  # the bf16 output against fp32 targets
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -400,8 +403,10 @@ def fsdp_steps(args, table, local):
         runs[(ar, rs, ag)] = losses
         exact_rs = delta.get("reduce_scatter_tensor", {}).get("exact", 0)
         exact_ag = delta.get("all_gather_into_tensor", {}).get("exact", 0)
-        table.add(f"FSDP2 ({ar}, {rs}, {ag}): reduce-scatters and all-gathers ran on exactcoll",
-                  exact_rs > 0 and exact_ag > 0,
+        fell_back = sum(op.get("fallback", 0) for name, op in delta.items()
+                        if name in ("reduce_scatter_tensor", "all_gather_into_tensor", "all_reduce"))
+        table.add(f"FSDP2 ({ar}, {rs}, {ag}): every reduce-scatter, all-gather and all-reduce ran on exactcoll",
+                  exact_rs > 0 and exact_ag > 0 and fell_back == 0,
                   f"counts {delta}; sent elsewhere {fallbacks or 'nothing'}")
     first = FSDP_ALGOS[0]
     for combo in FSDP_ALGOS[1:]:
