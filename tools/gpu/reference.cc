@@ -59,14 +59,11 @@ std::vector<Bytes> Simulator::run(cuda::Op op, cuda::Algorithm algo, DType dtype
                                   size_t count, int blocks) {
   if (static_cast<int>(inputs.size()) != world_size_) throw std::invalid_argument("Simulator::run: one input per rank");
   sim::CollectiveSpec spec;
-  spec.op = op;  // one enum, core/op.h
-  // The simulator's --algo applies to all-reduce only; its other ops have one algorithm each.
-  spec.algorithm = op != cuda::Op::kAllReduce                 ? sim::Algorithm::kAuto
-                   : algo == cuda::Algorithm::kTwoShot        ? sim::Algorithm::kTwoShot
-                   : algo == cuda::Algorithm::kPushOneShot    ? sim::Algorithm::kPushOneShot
-                   : algo == cuda::Algorithm::kPushTwoShot    ? sim::Algorithm::kPushTwoShot
-                   : algo == cuda::Algorithm::kLamportOneShot ? sim::Algorithm::kLamportOneShot
-                                                              : sim::Algorithm::kOneShot;
+  spec.op = op;  // one enum, core/registry.h
+  // The same algorithm where the simulator runs it (one enum, core/registry.h); else (auto, nccl,
+  // copy_engine) the op's own: every exact algorithm gives the contract's bits.
+  const bool simulated = algo != Algorithm::kAuto && (info(algo).runs_on & kOnSimulator) != 0 && implements(algo, op);
+  spec.algorithm = simulated ? algo : op == Op::kAllReduce ? Algorithm::kOneShot : Algorithm::kAuto;
   spec.dtype = dtype;
   spec.count = count;
   spec.blocks = blocks;
