@@ -199,7 +199,28 @@ def record_collectives():
 
 # ---- work objects ----------------------------------------------------------------------------------
 
-class _CudaWork(dist.Work):
+class _Work(dist.Work):
+    """What every work of this backend shares: it holds its result, and its op cannot fail after it
+    was issued (errors raise at the call, from the library's checks)."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+    def synchronize(self):
+        self.wait()
+
+
+class _CudaWork(_Work):
     """Work of an op that ran on the CUDA stream that was current when it was issued.
 
     wait() makes the caller's current stream wait for that op (as NCCL's work does), and does not
@@ -208,8 +229,8 @@ class _CudaWork(dist.Work):
     issued on, where the op is already ordered."""
 
     def __init__(self, result, device, stream, event):
-        super().__init__()
-        self._result, self._device, self._stream, self._event = result, device, stream, event
+        super().__init__(result)
+        self._device, self._stream, self._event = device, stream, event
 
     def wait(self, timeout=None):
         current = torch.cuda.current_stream(self._device)
@@ -223,18 +244,6 @@ class _CudaWork(dist.Work):
     def is_completed(self):
         return self._event.query() if self._event is not None else self._stream.query()
 
-    def is_success(self):
-        return True
-
-    def exception(self):
-        return None
-
-    def result(self):
-        return self._result
-
-    def synchronize(self):
-        self.wait()
-
     def get_future(self):
         # A CUDA-aware future: set_result records events on the issuing stream, and its value()/wait()
         # make the caller's stream wait for them (what DDP communication hooks expect).
@@ -244,12 +253,8 @@ class _CudaWork(dist.Work):
         return future
 
 
-class _DoneWork(dist.Work):
+class _DoneWork(_Work):
     """Work of an op that finished before it returned (the CPU path)."""
-
-    def __init__(self, result):
-        super().__init__()
-        self._result = result
 
     def wait(self, timeout=None):
         return True
@@ -257,30 +262,18 @@ class _DoneWork(dist.Work):
     def is_completed(self):
         return True
 
-    def is_success(self):
-        return True
-
-    def exception(self):
-        return None
-
-    def result(self):
-        return self._result
-
-    def synchronize(self):
-        pass
-
     def get_future(self):
         future = torch.futures.Future()
         future.set_result(self._result)
         return future
 
 
-class _Works(dist.Work):
+class _Works(_Work):
     """Several works as one (a coalesced call split by tensor, or a coalescing block)."""
 
     def __init__(self, works, result):
-        super().__init__()
-        self._works, self._result = [w for w in works if w is not None], result
+        super().__init__(result)
+        self._works = [w for w in works if w is not None]
 
     def wait(self, timeout=None):
         for work in self._works:
@@ -289,18 +282,6 @@ class _Works(dist.Work):
 
     def is_completed(self):
         return all(work.is_completed() for work in self._works)
-
-    def is_success(self):
-        return True
-
-    def exception(self):
-        return None
-
-    def result(self):
-        return self._result
-
-    def synchronize(self):
-        self.wait()
 
     def get_future(self):
         futures = [work.get_future() for work in self._works]
@@ -410,18 +391,9 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         return self._track(self._exact_all_reduce("all_reduce", t, opts))
 
     def allreduce_coalesced(self, tensors, opts=None):
-        works = []
-        for t in tensors:
-            reason = self._reason(opts, t)
-            if reason is None:
-                works.append(self._exact_all_reduce("all_reduce_coalesced", t, opts))
-            else:
-                single = dist.AllreduceOptions()
-                if opts is not None:
-                    single.reduceOp = opts.reduceOp
-                works.append(self._fallback("all_reduce_coalesced", reason, "allreduce", ([t], single), [t],
-                                            track=False))
-        return self._track(_Works(works, list(tensors)))
+        return self._run_coalesced("all_reduce_coalesced", [(t, t) for t in tensors], opts,
+                               lambda op, output, input: self._exact_all_reduce(op, input, opts), "allreduce",
+                               dist.AllreduceOptions)
 
     def _allgather_base(self, output, input, opts=None):
         reason = self._reason(None, input, output)
@@ -431,15 +403,9 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         return self._track(self._exact_all_gather("all_gather_into_tensor", output, input, opts))
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        works = []
-        for output, input in zip(outputs, inputs):
-            reason = self._reason(None, input, output)
-            if reason is None:
-                works.append(self._exact_all_gather("all_gather_into_tensor_coalesced", output, input, opts))
-            else:
-                works.append(self._fallback("all_gather_into_tensor_coalesced", reason, "_allgather_base",
-                                            (output, input), [output, input], track=False))
-        return self._track(_Works(works, list(outputs)))
+        return self._run_coalesced("all_gather_into_tensor_coalesced", list(zip(outputs, inputs)), opts,
+                               lambda op, output, input: self._exact_all_gather(op, output, input, opts),
+                               "_allgather_base", None)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         reason = self._reason(opts, input, output)
@@ -449,18 +415,31 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         return self._track(self._exact_reduce_scatter("reduce_scatter_tensor", output, input, opts))
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._run_coalesced("reduce_scatter_tensor_coalesced", list(zip(outputs, inputs)), opts,
+                               lambda op, output, input: self._exact_reduce_scatter(op, output, input, opts),
+                               "_reduce_scatter_base", dist.ReduceScatterOptions)
+
+    def _run_coalesced(self, op, pairs, opts, exact, fallback_method, options_type):
+        """One work for a coalesced call: each (output, input) pair (an all-reduce's: the tensor twice)
+        runs exactly, or alone through the inner group's `fallback_method`. options_type: the
+        reduction's options class, which carries the reduce op to that call; None for a copy
+        (all-gather: no reduce op, and opts is not checked)."""
         works = []
-        for output, input in zip(outputs, inputs):
-            reason = self._reason(opts, input, output)
+        for output, input in pairs:
+            reason = self._reason(opts if options_type is not None else None, input, output)
             if reason is None:
-                works.append(self._exact_reduce_scatter("reduce_scatter_tensor_coalesced", output, input, opts))
+                works.append(exact(op, output, input))
+                continue
+            if options_type is None:
+                args = (output, input)
             else:
-                single = dist.ReduceScatterOptions()
+                single = options_type()
                 if opts is not None:
                     single.reduceOp = opts.reduceOp
-                works.append(self._fallback("reduce_scatter_tensor_coalesced", reason, "_reduce_scatter_base",
-                                            (output, input, single), [output, input], track=False))
-        return self._track(_Works(works, list(outputs)))
+                args = ([input], single) if output is input else (output, input, single)
+            works.append(self._fallback(op, reason, fallback_method, args,
+                                        [input] if output is input else [output, input], track=False))
+        return self._track(_Works(works, [output for output, _ in pairs]))
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         """The list form: SUM on one eligible tensor per rank runs as reduce_scatter_tensor on the

@@ -18,56 +18,15 @@ Rank 0 prints the table. Nothing is checked here: hf_llama_check.py checks bits.
 
 import datetime
 import os
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 import exactcoll.torch as xt  # noqa: F401  (registers the backend)
+from timing import graph_us, host_us  # python/examples/timing.py
 
-CALLS, GRAPH_OPS, REPLAYS, ROUNDS = 200, 20, 25, 5
 ROWS = (1, 16, 256)
 HIDDEN = 8192
-
-
-def host_us(fn):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    rounds = []
-    for _ in range(ROUNDS):
-        dist.barrier()  # the ranks start each round together (a gloo barrier, off the clock)
-        start = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        rounds.append((time.perf_counter() - start) / CALLS * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(rounds)
-
-
-def graph_us(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # warm-up outside the capture (makes the communicator, if not yet)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPH_OPS):
-            fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPLAYS):
-        dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / GRAPH_OPS)
-    return statistics.median(times)
 
 
 def main():
@@ -85,11 +44,11 @@ def main():
         nccl.allreduce([x]).wait()  # NCCL's communicator is made at its first call
         torch.cuda.synchronize()
         row = {"rows": rows,
-               "backend_host": host_us(lambda: dist.all_reduce(x)),
-               "direct_host": host_us(lambda: comm.all_reduce_(x.view(-1))),
-               "nccl_host": host_us(lambda: nccl.allreduce([x]).wait()),
-               "backend_graph": graph_us(lambda: dist.all_reduce(x)),
-               "direct_graph": graph_us(lambda: comm.all_reduce_(x.view(-1)))}
+               "backend_host": host_us(lambda: dist.all_reduce(x), before_round=dist.barrier),
+               "direct_host": host_us(lambda: comm.all_reduce_(x.view(-1)), before_round=dist.barrier),
+               "nccl_host": host_us(lambda: nccl.allreduce([x]).wait(), before_round=dist.barrier),
+               "backend_graph": graph_us(lambda: dist.all_reduce(x), rounds=1, before_replay=dist.barrier),
+               "direct_graph": graph_us(lambda: comm.all_reduce_(x.view(-1)), rounds=1, before_replay=dist.barrier)}
         rows_out.append(row)
     if dist.get_rank() == 0:
         print(f"\nbench_backend: {dist.get_world_size()} ranks, {torch.cuda.get_device_name(local)}, "

@@ -18,7 +18,6 @@ one differing bit. The table is printed last; --json writes every number.
 
 import argparse
 import json
-import statistics
 import time
 
 import numpy as np
@@ -27,40 +26,14 @@ import torch
 import exactcoll
 import exactcoll.sim as xs
 import exactcoll.torch as xt
+from timing import graph_us  # python/examples/timing.py
 
-GRAPH_OPS, REPLAYS, ROUNDS = 20, 25, 3
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def graph_time_us(fn):
-    """Median over rounds of the median replay of a graph of GRAPH_OPS calls, per call."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPH_OPS):
-            fn()
-    rounds = []
-    replay_stream = torch.cuda.Stream()
-    with torch.cuda.stream(replay_stream):
-        graph.replay()
-        for _ in range(ROUNDS):
-            times = []
-            for _ in range(REPLAYS):
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times.append(begin.elapsed_time(end) * 1000.0 / GRAPH_OPS)
-            rounds.append(statistics.median(times))
-    del graph
-    return statistics.median(rounds)
+    """Median over rounds of the median replay of a graph of 20 calls, per call (timing.graph_us)."""
+    return graph_us(fn, warmups=3)
 
 
 def copy_rate_bytes_per_us():

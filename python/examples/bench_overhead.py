@@ -26,51 +26,11 @@ import torch.distributed as dist
 
 import exactcoll.torch as xt
 from exactcoll import _lib
+from timing import graph_us, host_us  # python/examples/timing.py
 
-CALLS, GRAPH_OPS, REPLAYS, ROUNDS = 200, 20, 25, 5
+CALLS, ROUNDS = 200, 5
 CASES = [("all_reduce", 1, 4096), ("all_reduce", 256, 8192), ("fused_add_rms_norm", 1, 8192),
          ("fused_add_rms_norm", 256, 8192)]
-
-
-def host_us(fn):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    rounds = []
-    for _ in range(ROUNDS):
-        start = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        rounds.append((time.perf_counter() - start) / CALLS * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(rounds)
-
-
-def graph_us(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPH_OPS):
-            fn()
-    replay_stream = torch.cuda.Stream()
-    rounds = []
-    with torch.cuda.stream(replay_stream):
-        graph.replay()
-        for _ in range(ROUNDS):
-            times = []
-            for _ in range(REPLAYS):
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times.append(begin.elapsed_time(end) * 1000.0 / GRAPH_OPS)
-            rounds.append(statistics.median(times))
-    return statistics.median(rounds)
 
 
 def main():
@@ -153,7 +113,7 @@ def run_cases(comm):
                 out.data_ptr(), rows, hidden, 1e-6, 0, stream, CALLS), eager)
         raw_host = host_us(raw)
         custom_host = host_us(custom) if xt.CUSTOM_OPS else float("nan")
-        graph = graph_us(eager)
+        graph = graph_us(eager, rounds=ROUNDS)
         comm.check()
         print(f"{op:<20} {f'{rows}x{hidden}':<12} {c_host:>9.2f} {host:>14.2f} {host - c_host:>8.2f} "
               f"{raw_host:>14.2f} {custom_host:>12.2f} {graph:>16.2f}")
