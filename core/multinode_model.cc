@@ -71,9 +71,14 @@ std::vector<Prediction> predict(const ModelCase& c, const LinkRates& r) {
   // of one chunk beside the transfers of the next on a second stream: not built, the model says
   // what it would buy).
   const double elements = S / b;
-  const double chain_nic = c.op == Op::kAllReduce       ? elements / L * (4 + (M > 2 ? b : 0))
-                           : c.op == Op::kReduceScatter ? elements / L * (4 + b * (M - 1) / M)
-                                                        : (M - 1) * S;
+  const double chain_nic = [&] {
+    switch (c.op) {
+      case Op::kAllReduce: return elements / L * (4 + (M > 2 ? b : 0));
+      case Op::kReduceScatter: return elements / L * (4 + b * (M - 1) / M);
+      case Op::kAllGather: return (M - 1) * S;
+    }
+    return 0.0;
+  }();
   for (const bool overlapped : {false, true}) {
     Prediction chain{overlapped ? "chain, overlapped" : "exactcoll chain", std::numeric_limits<double>::infinity(),
                      chain_nic, 0};

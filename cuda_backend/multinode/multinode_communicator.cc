@@ -266,9 +266,14 @@ MultiNodeCallInfo MultiNodeCommunicator::run(Op kind, const void* input, void* o
   if (algo == Algorithm::kNccl) return run_nccl(kind, input, output, count, dtype, stream, "");
   // One node: the IPC communicator, any of its algorithms.
   if (layout_.nodes == 1) {
-    const CallInfo c = kind == Op::kAllReduce       ? node_->allreduce(input, output, count, dtype, algo, stream)
-                       : kind == Op::kReduceScatter ? node_->reduce_scatter(input, output, count, dtype, algo, stream)
-                                                    : node_->allgather(input, output, count, dtype, algo, stream);
+    const CallInfo c = [&] {
+      switch (kind) {
+        case Op::kAllReduce: return node_->allreduce(input, output, count, dtype, algo, stream);
+        case Op::kReduceScatter: return node_->reduce_scatter(input, output, count, dtype, algo, stream);
+        case Op::kAllGather: return node_->allgather(input, output, count, dtype, algo, stream);
+      }
+      throw std::logic_error("not an Op");
+    }();
     return MultiNodeCallInfo{algorithm_name(c.algo), c.exact, c.launches, 0, 0, c.note};
   }
   if (algo != Algorithm::kAuto) {
