@@ -172,51 +172,35 @@ BenchResult measure(Worker& w, ApiComm& comm, BenchProblem& problem, const Bench
   return r;
 }
 
-int bench_worker(GpuOp& op, const BenchOptions& o) {
-  Worker w(kCommand);
-  const int n = w.world_size(), rank = w.rank();
+// Step 2's header lines (rank 0): the op, the ranks, how times are taken and what #wrong means.
+void print_bench_head(Worker& w, const GpuOp& op, const BenchOptions& o, const ApiCommOptions& co,
+                      const exactcoll_comm_properties& p, const BenchProblem& problem) {
   const BenchSettings& s = o.settings;
-  // 2. The communicator and the op's problem.
-  ApiCommOptions co;
-  co.name = "bench";
-  co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
-  co.programmatic_launch = o.pdl;
-  size_t least_bytes = 0;
-  op.bench_communicator(s, o.sizes, n, o.algos, &co, &least_bytes);
-  co.buffer_bytes = std::max(least_bytes, buffer_bytes_for(o.buffer_mib));
-  // Declared before the communicator, so destroyed after it: memory registered with a communicator
-  // must outlive it (its peers keep their mappings until it is destroyed).
-  std::unique_ptr<BenchProblem> problem;
-  DeviceBuffer bound_src, bound_dst;
-  ApiComm comm(w.store(), rank, n, co);
-  const exactcoll_comm_properties& p = comm.properties();
-  if (!p.ipc_ready) {
-    return cli::fail(kCommand, "the IPC path is unavailable: " + std::string(p.ipc_unavailable_reason),
-                     cli::kExitFailure);
-  }
-  problem = op.bench_load(s, comm, o.sizes, n, rank);
-  Stream stream;
-  uint64_t max_bytes = 0;
-  for (const BenchSize& size : o.sizes) max_bytes = std::max(max_bytes, problem->bytes_of(size));
-  {
-    std::ostringstream head;
-    head << "# exactcoll bench: " << op.name() << " " << dtype_name(s.dtype) << ", " << n << " ranks on "
-         << w.device_name() << " (" << p.arch << "); NCCL "
-         << (p.nccl_ready ? cuda::NcclApi::get().version() : std::string("not loaded")) << "\n"
-         << "# time: max over ranks of the median per-op µs; graph: " << o.graph_ops << " ops per CUDA graph, "
-         << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops
-         << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; buffers "
-         << (co.buffer_bytes >> 20) << " MiB per rank"
-         << "\n# #wrong: output elements (all ranks) outside what the implementation promises: exactcoll the\n"
-         << "#   contract's bits; NCCL's all-reduce and reduce-scatter sums |got - exact| <= gamma_n * sum|x|\n"
-         << "#   (tools/gpu/reference.h), its all-gather the input bits; '-' = not judged (the fused op's\n"
-         << "#   nccl_split, the split's parts alone, --no-check). #!=contract (NCCL): elements whose bits\n"
-         << "#   differ from the contract: the rounding NCCL's order gives, not corruption\n"
-         << "# " << problem->header() << "\n";
-    print_leader(w, head.str());
-  }
+  const int n = w.world_size();
+  std::ostringstream head;
+  head << "# exactcoll bench: " << op.name() << " " << dtype_name(s.dtype) << ", " << n << " ranks on "
+       << w.device_name() << " (" << p.arch << "); NCCL "
+       << (p.nccl_ready ? cuda::NcclApi::get().version() : std::string("not loaded")) << "\n"
+       << "# time: max over ranks of the median per-op µs; graph: " << o.graph_ops << " ops per CUDA graph, "
+       << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops
+       << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; buffers "
+       << (co.buffer_bytes >> 20) << " MiB per rank"
+       << "\n# #wrong: output elements (all ranks) outside what the implementation promises: exactcoll the\n"
+       << "#   contract's bits; NCCL's all-reduce and reduce-scatter sums |got - exact| <= gamma_n * sum|x|\n"
+       << "#   (tools/gpu/reference.h), its all-gather the input bits; '-' = not judged (the fused op's\n"
+       << "#   nccl_split, the split's parts alone, --no-check). #!=contract (NCCL): elements whose bits\n"
+       << "#   differ from the contract: the rounding NCCL's order gives, not corruption\n"
+       << "# " << problem.header() << "\n";
+  print_leader(w, head.str());
+}
 
-  // 3. The NVLink bound.
+// Step 3: the NVLink bound (2+ ranks on GPUs of their own, unless --no-bound), printed by rank 0.
+// Returns its GB/s, 0 when not measured. bound_src and bound_dst get the copy's buffers: the
+// caller declares them before the communicator, since src is registered with it and must outlive it.
+double nvlink_bound(Worker& w, ApiComm& comm, const BenchOptions& o, uint64_t max_bytes, DeviceBuffer* bound_src,
+                    DeviceBuffer* bound_dst, cudaStream_t stream) {
+  const int n = w.world_size();
+  const exactcoll_comm_properties& p = comm.properties();
   double bound_gbs = 0;
   if (o.bound && n >= 2 && p.shared_gpu) {
     print_leader(w, "# NVLink bound: not measured (ranks share a GPU)\n");
@@ -224,9 +208,9 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
     const size_t copy_bytes = std::min<uint64_t>(max_bytes, uint64_t{64} << 20);
     if (copy_bytes >= (size_t{1} << 20)) {
       double all_pull_gbs = 0;
-      bound_src = DeviceBuffer(copy_bytes);
-      bound_dst = DeviceBuffer(copy_bytes);
-      bound_gbs = measure_bound_gbs(w, comm, bound_src, bound_dst, copy_bytes, stream.get(), &all_pull_gbs);
+      *bound_src = DeviceBuffer(copy_bytes);
+      *bound_dst = DeviceBuffer(copy_bytes);
+      bound_gbs = measure_bound_gbs(w, comm, *bound_src, *bound_dst, copy_bytes, stream, &all_pull_gbs);
       std::ostringstream os;
       os << "# NVLink bound: copy-engine peer copy rank 1 -> rank 0 of " << (copy_bytes >> 20)
          << " MiB: " << fmt("%.1f", bound_gbs)
@@ -235,15 +219,20 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
       print_leader(w, os.str());
     }
   }
+  return bound_gbs;
+}
 
-  // 4. Sizes × algorithms (auto last when the problem tunes it).
+// Step 4: every size × algorithm measured (auto last when the problem tunes it), rank 0 printing
+// each size's graph times to stderr as they come. Returns the results size-major, in --algos order.
+std::vector<BenchResult> measure_all(Worker& w, ApiComm& comm, const GpuOp& op, BenchProblem& problem,
+                                     const BenchOptions& o, cudaStream_t stream) {
   std::map<std::pair<size_t, std::string>, BenchResult> by_point;
-  const bool auto_last = problem->tunes_auto();
+  const bool auto_last = problem.tunes_auto();
   auto progress = [&](size_t i, bool auto_only) {
     if (!w.leader()) return;
     std::ostringstream os;
     os << "# bench " << op.name() << ": size " << i + 1 << " of " << o.sizes.size() << ", "
-       << problem->bytes_of(o.sizes[i]) << " bytes (rows " << o.sizes[i].rows << ", hidden " << o.sizes[i].hidden
+       << problem.bytes_of(o.sizes[i]) << " bytes (rows " << o.sizes[i].rows << ", hidden " << o.sizes[i].hidden
        << "):";
     for (const std::string& a : o.algos) {
       const auto it = by_point.find({i, a});
@@ -254,21 +243,21 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
     std::fputs(os.str().c_str(), stderr);
   };
   for (size_t i = 0; i < o.sizes.size(); ++i) {
-    problem->prepare(o.sizes[i]);
+    problem.prepare(o.sizes[i]);
     for (const std::string& a : o.algos) {
       if (auto_last && a == "auto") continue;
-      by_point[{i, a}] = measure(w, comm, *problem, o.sizes[i], a, o, stream.get());
+      by_point[{i, a}] = measure(w, comm, problem, o.sizes[i], a, o, stream);
     }
     progress(i, false);
   }
   if (auto_last) {
     std::vector<BenchResult> measured;
     for (const auto& [key, r] : by_point) measured.push_back(r);
-    problem->tune(measured, w);
+    problem.tune(measured, w);
     if (std::find(o.algos.begin(), o.algos.end(), "auto") != o.algos.end()) {
       for (size_t i = 0; i < o.sizes.size(); ++i) {
-        problem->prepare(o.sizes[i]);
-        by_point[{i, "auto"}] = measure(w, comm, *problem, o.sizes[i], "auto", o, stream.get());
+        problem.prepare(o.sizes[i]);
+        by_point[{i, "auto"}] = measure(w, comm, problem, o.sizes[i], "auto", o, stream);
         progress(i, true);
       }
     }
@@ -277,13 +266,22 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
   for (size_t i = 0; i < o.sizes.size(); ++i) {
     for (const std::string& a : o.algos) results.push_back(by_point.at({i, a}));
   }
+  return results;
+}
 
-  // 5. Tables (rank 0).
-  if (!w.leader()) return cli::kExitOk;
+// Does a size's hidden differ from the first's (the tables then show a hidden column)?
+bool several_hidden_sizes(const std::vector<BenchSize>& sizes) {
+  bool several_hidden = false;
+  for (const BenchSize& size : sizes) several_hidden = several_hidden || size.hidden != sizes[0].hidden;
+  return several_hidden;
+}
+
+// Step 5 (rank 0): the CUDA-graph table, and the eager one unless --no-eager.
+std::string bench_tables(const GpuOp& op, const BenchOptions& o, int n, const std::vector<BenchResult>& results) {
+  const BenchSettings& s = o.settings;
   const double bf = op.bus_factor(n);
   const size_t per_size = o.algos.size();
-  bool several_hidden = false;
-  for (const BenchSize& size : o.sizes) several_hidden = several_hidden || size.hidden != o.sizes[0].hidden;
+  const bool several_hidden = several_hidden_sizes(o.sizes);
   std::map<std::string, bool> inexact;  // per algorithm: some call ran NCCL's sums
   for (const BenchResult& r : results) inexact[r.algo] = inexact[r.algo] || !r.exact;
   // Each column's first field holds its name in the header and auto's choice in the rows: as wide
@@ -330,7 +328,17 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
   std::ostringstream out;
   out << table(true);
   if (o.eager) out << table(false);
-  // Summary: auto against the op's baselines (graph).
+  return out.str();
+}
+
+// Step 5 (rank 0): auto against the op's baselines (graph), and the largest size against the
+// NVLink bound (bound_gbs > 0).
+std::string bench_summary(const GpuOp& op, const BenchOptions& o, int n, double bound_gbs,
+                          const std::vector<BenchResult>& results) {
+  const double bf = op.bus_factor(n);
+  const size_t per_size = o.algos.size();
+  const bool several_hidden = several_hidden_sizes(o.sizes);
+  std::ostringstream out;
   const auto find = [&](size_t i, const std::string& a) -> const BenchResult* {
     for (size_t j = 0; j < per_size; ++j) {
       if (results[i + j].algo == a) return &results[i + j];
@@ -377,7 +385,13 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
       out << "; auto " << fmt("%.1f", a->graph_us) << " us = " << fmt("%.3f", a->graph_us / bound_us) << " x bound";
     out << "\n";
   }
-  // The exit code: exactcoll's promise; NCCL's sums outside their bound are printed, not failed on.
+  return out.str();
+}
+
+// Step 5 (rank 0): the #wrong totals line. The exit code is exactcoll's promise: *total_wrong,
+// over the exact algorithms; NCCL's sums outside their bound are printed, not failed on.
+std::string wrong_totals(const std::vector<BenchResult>& results, uint64_t* total_wrong_out) {
+  std::ostringstream out;
   uint64_t total_wrong = 0, inexact_outside = 0;
   bool inexact_judged = false, inexact_ran = false;
   for (const BenchResult& r : results) {
@@ -392,10 +406,16 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
     out << "; NCCL's results: not judged (only #!=contract)";
   }
   out << "\n";
-  std::fwrite(out.str().data(), 1, out.str().size(), stdout);
-  std::fflush(stdout);
+  *total_wrong_out = total_wrong;
+  return out.str();
+}
 
-  // 6. Files (atomic).
+// Step 6 (rank 0): the JSON and CSV files (atomic), where asked for. Throws on a write failure.
+void write_bench_files(Worker& w, const GpuOp& op, const BenchOptions& o, double bound_gbs,
+                       const std::vector<BenchResult>& results) {
+  const BenchSettings& s = o.settings;
+  const int n = w.world_size();
+  const double bf = op.bus_factor(n);
   auto record = [&](const BenchResult& r, bool graph, bool json) {
     const double us = graph ? r.graph_us : r.eager_us;
     const double algbw = static_cast<double>(r.bytes) / (us * 1e3);
@@ -418,33 +438,80 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
     }
     return os.str();
   };
+  if (!o.json_path.empty()) {
+    std::ostringstream js;
+    js << "{\"bound_gbs\":" << fmt("%.3f", bound_gbs) << ",\"results\":[\n";
+    bool first = true;
+    for (const auto& r : results) {
+      for (bool graph : {true, false}) {
+        if (!graph && !o.eager) continue;
+        js << (first ? "" : ",\n") << record(r, graph, true);
+        first = false;
+      }
+    }
+    js << "\n]}\n";
+    npy::write_file_atomic(cli::resolve_path(o.json_path), js.str().data(), js.str().size());
+  }
+  if (!o.csv_path.empty()) {
+    std::ostringstream cs;
+    cs << "op,dtype,ranks,rows,hidden,bytes,count,algo,ran,mode,time_us,algbw_gbs,busbw_gbs,wrong,differ_from_"
+          "contract,exact\n";
+    for (const auto& r : results) {
+      for (bool graph : {true, false}) {
+        if (!graph && !o.eager) continue;
+        cs << record(r, graph, false) << "\n";
+      }
+    }
+    npy::write_file_atomic(cli::resolve_path(o.csv_path), cs.str().data(), cs.str().size());
+  }
+}
+
+int bench_worker(GpuOp& op, const BenchOptions& o) {
+  Worker w(kCommand);
+  const int n = w.world_size(), rank = w.rank();
+  const BenchSettings& s = o.settings;
+  // 2. The communicator and the op's problem.
+  ApiCommOptions co;
+  co.name = "bench";
+  co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
+  co.programmatic_launch = o.pdl;
+  size_t least_bytes = 0;
+  op.bench_communicator(s, o.sizes, n, o.algos, &co, &least_bytes);
+  co.buffer_bytes = std::max(least_bytes, buffer_bytes_for(o.buffer_mib));
+  // Declared before the communicator, so destroyed after it: memory registered with a communicator
+  // must outlive it (its peers keep their mappings until it is destroyed).
+  std::unique_ptr<BenchProblem> problem;
+  DeviceBuffer bound_src, bound_dst;
+  ApiComm comm(w.store(), rank, n, co);
+  const exactcoll_comm_properties& p = comm.properties();
+  if (!p.ipc_ready) {
+    return cli::fail(kCommand, "the IPC path is unavailable: " + std::string(p.ipc_unavailable_reason),
+                     cli::kExitFailure);
+  }
+  problem = op.bench_load(s, comm, o.sizes, n, rank);
+  Stream stream;
+  uint64_t max_bytes = 0;
+  for (const BenchSize& size : o.sizes) max_bytes = std::max(max_bytes, problem->bytes_of(size));
+  print_bench_head(w, op, o, co, p, *problem);
+
+  // 3. The NVLink bound.
+  const double bound_gbs = nvlink_bound(w, comm, o, max_bytes, &bound_src, &bound_dst, stream.get());
+
+  // 4. Sizes × algorithms (auto last when the problem tunes it).
+  const std::vector<BenchResult> results = measure_all(w, comm, op, *problem, o, stream.get());
+
+  // 5. Tables (rank 0).
+  if (!w.leader()) return cli::kExitOk;
+  uint64_t total_wrong = 0;
+  std::ostringstream out;
+  out << bench_tables(op, o, n, results) << bench_summary(op, o, n, bound_gbs, results)
+      << wrong_totals(results, &total_wrong);
+  std::fwrite(out.str().data(), 1, out.str().size(), stdout);
+  std::fflush(stdout);
+
+  // 6. Files (atomic).
   try {
-    if (!o.json_path.empty()) {
-      std::ostringstream js;
-      js << "{\"bound_gbs\":" << fmt("%.3f", bound_gbs) << ",\"results\":[\n";
-      bool first = true;
-      for (const auto& r : results) {
-        for (bool graph : {true, false}) {
-          if (!graph && !o.eager) continue;
-          js << (first ? "" : ",\n") << record(r, graph, true);
-          first = false;
-        }
-      }
-      js << "\n]}\n";
-      npy::write_file_atomic(cli::resolve_path(o.json_path), js.str().data(), js.str().size());
-    }
-    if (!o.csv_path.empty()) {
-      std::ostringstream cs;
-      cs << "op,dtype,ranks,rows,hidden,bytes,count,algo,ran,mode,time_us,algbw_gbs,busbw_gbs,wrong,differ_from_"
-            "contract,exact\n";
-      for (const auto& r : results) {
-        for (bool graph : {true, false}) {
-          if (!graph && !o.eager) continue;
-          cs << record(r, graph, false) << "\n";
-        }
-      }
-      npy::write_file_atomic(cli::resolve_path(o.csv_path), cs.str().data(), cs.str().size());
-    }
+    write_bench_files(w, op, o, bound_gbs, results);
   } catch (const std::exception& e) {
     return cli::fail(kCommand, e.what(), cli::kExitFailure);
   }
