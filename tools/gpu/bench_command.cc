@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -532,27 +533,38 @@ std::unique_ptr<GpuOp> op_of_arguments(int argc, char** argv) {
   return std::move(gpu_ops().front());  // the parser then refuses the unknown --op by name
 }
 
-int run_bench(int argc, char** argv) {
-  const std::unique_ptr<GpuOp> op = op_of_arguments(argc, argv);
+// The flags of `exactcoll bench` that BenchOptions does not take as given: the process count and
+// seed, the texts parsed afterwards (op, dtype, sizes, algorithms) and the switches it negates.
+struct BenchFlags {
   int64_t nproc = 0, seed = 1, step_factor = 2;
   std::string op_text = "allreduce", dtype_text = "bf16", rows_text, hidden_text, algos_text, min_bytes_text,
               max_bytes_text;
   bool no_eager = false, no_check = false, no_bound = false, no_pdl = false;
-  BenchOptions o;
+};
+
+// "a, b, c": the op's algorithms, as the help and the --algos errors list them.
+std::string algo_list_of(const std::vector<std::string>& algorithms) {
+  std::string algo_list;
+  for (const std::string& a : algorithms) algo_list += (algo_list.empty() ? "" : ", ") + a;
+  return algo_list;
+}
+
+// The command's flags with op's own, bound to *flags and *o; with --op given, the usage names the
+// op first, so that a flag error's hint is that op's --help.
+cli::ArgParser make_parser(GpuOp& op, int argc, char** argv, BenchFlags* flags, BenchOptions* o) {
+  BenchFlags& f = *flags;
   std::vector<std::string> op_names;
   std::string op_choices;
   for (const auto& candidate : gpu_ops()) {
     op_names.push_back(candidate->name());
     op_choices += (op_choices.empty() ? "" : "|") + candidate->name();
   }
-  const std::vector<std::string> algorithms = op->bench_algorithms();
-  std::string algo_list;
-  for (const std::string& a : algorithms) algo_list += (algo_list.empty() ? "" : ", ") + a;
+  const std::string algo_list = algo_list_of(op.bench_algorithms());
   // With --op given, the usage names it first, so that a flag error's hint is that op's --help.
   bool op_given = false;
   for (int i = 1; i < argc; ++i) op_given = op_given || std::string(argv[i]).rfind("--op", 0) == 0;
   std::string usage = "exactcoll bench ";
-  usage += op_given ? "--op " + op->name() + " --nproc N" : "--nproc N [--op " + op_choices + "]";
+  usage += op_given ? "--op " + op.name() + " --nproc N" : "--nproc N [--op " + op_choices + "]";
   usage += " [--dtype bf16|fp16|fp32] [--rows R,… --hidden H,… | -b BYTES -e BYTES -f F] [--algos A,…]";
   usage += " [--json FILE] [--csv FILE]";
   cli::ArgParser parser(
@@ -565,11 +577,11 @@ int run_bench(int argc, char** argv) {
       "allgather: the gathered output; fused_rmsnorm: x, rows of --hidden). Rank 0 prints each size's\n"
       "times as it is measured (stderr), the tables at the end. `bench --op OP --help` lists the op's\n"
       "algorithms and flags. Example: exactcoll bench --nproc 8 -b 8K -e 128M -f 2");
-  parser.add_int("nproc", &nproc, "processes, one per GPU");
+  parser.add_int("nproc", &f.nproc, "processes, one per GPU");
   parser.mark_required("nproc");
-  parser.add_choice("op", &op_text, op_names, "the op to time");
-  parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
-  parser.add_string("hidden", &hidden_text, "comma list of elements per row");
+  parser.add_choice("op", &f.op_text, op_names, "the op to time");
+  parser.add_choice("dtype", &f.dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
+  parser.add_string("hidden", &f.hidden_text, "comma list of elements per row");
   auto joined = [](const std::vector<int64_t>& list) {
     std::string text;
     for (int64_t h : list) {
@@ -578,48 +590,48 @@ int run_bench(int argc, char** argv) {
     }
     return text;
   };
-  parser.set_default_note("hidden", "default: " + joined(op->bench_default_hidden(false)) + "; with -b/-e " +
-                                        joined(op->bench_default_hidden(true)));
-  parser.add_string("rows", &rows_text, "comma list of row counts");
+  parser.set_default_note("hidden", "default: " + joined(op.bench_default_hidden(false)) + "; with -b/-e " +
+                                        joined(op.bench_default_hidden(true)));
+  parser.add_string("rows", &f.rows_text, "comma list of row counts");
   parser.set_default_note("rows", "default: 1,2,4,…,4096");
-  parser.add_string("minbytes", &min_bytes_text,
+  parser.add_string("minbytes", &f.min_bytes_text,
                     "-b: the smallest message in bytes, as nccl-tests (8, 256K, 128M; with -e, instead of --rows)");
   parser.set_default_note("minbytes", "default: the --rows sizes");
-  parser.add_string("maxbytes", &max_bytes_text, "-e: the largest message in bytes (with -b)");
+  parser.add_string("maxbytes", &f.max_bytes_text, "-e: the largest message in bytes (with -b)");
   parser.set_default_note("maxbytes", "default: the --rows sizes");
-  parser.add_int("stepfactor", &step_factor, "-f: each size is the previous times this (with -b/-e)");
+  parser.add_int("stepfactor", &f.step_factor, "-f: each size is the previous times this (with -b/-e)");
   parser.add_short('b', "minbytes");
   parser.add_short('e', "maxbytes");
   parser.add_short('f', "stepfactor");
-  parser.add_string("algos", &algos_text, "comma list of " + algo_list);
+  parser.add_string("algos", &f.algos_text, "comma list of " + algo_list);
   parser.set_default_note("algos", "default: all of them");
-  parser.add_int("graph-ops", &o.graph_ops, "ops captured per CUDA graph (and per eager round)");
-  parser.add_int("replays", &o.replays, "timed graph replays (the median is reported)");
-  parser.add_int("warmup", &o.warmup, "untimed graph replays (and eager rounds) first");
-  parser.add_int("eager-rounds", &o.eager_rounds, "timed eager rounds");
-  parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
-  parser.add_int("seed", &seed, "seed of the random inputs");
-  parser.add_int("buffer-mib", &o.buffer_mib, "staging and scratch MiB per rank");
+  parser.add_int("graph-ops", &o->graph_ops, "ops captured per CUDA graph (and per eager round)");
+  parser.add_int("replays", &o->replays, "timed graph replays (the median is reported)");
+  parser.add_int("warmup", &o->warmup, "untimed graph replays (and eager rounds) first");
+  parser.add_int("eager-rounds", &o->eager_rounds, "timed eager rounds");
+  parser.add_int("timeout-ms", &o->timeout_ms, "bound on every in-kernel flag wait");
+  parser.add_int("seed", &f.seed, "seed of the random inputs");
+  parser.add_int("buffer-mib", &o->buffer_mib, "staging and scratch MiB per rank");
   parser.set_default_note("buffer-mib", "default: the library's, 128, or what the largest size needs");
-  parser.add_string("json", &o.json_path, "also write every result as JSON");
-  parser.add_string("csv", &o.csv_path, "also write every result as CSV");
-  parser.add_bool("no-eager", &no_eager, "graph replay only");
-  parser.add_bool("no-check", &no_check, "skip the check of the outputs");
-  parser.add_bool("no-bound", &no_bound, "skip the peer-copy bandwidth measurement");
-  parser.add_bool("no-pdl", &no_pdl, "launch without programmatic dependent launch");
-  op->add_bench_flags(parser);
-  if (const auto code = parser.parse(argc, argv)) return *code;
-  BenchSettings& s = o.settings;
-  s.dtype = *parse_dtype(dtype_text);
-  s.check = !no_check;
-  o.eager = !no_eager;
-  o.bound = !no_bound;
-  o.pdl = !no_pdl;
-  if (seed < 0) return cli::fail(kCommand, "--seed must be >= 0");
-  s.seed = static_cast<uint64_t>(seed);
-  // 1. Sizes.
+  parser.add_string("json", &o->json_path, "also write every result as JSON");
+  parser.add_string("csv", &o->csv_path, "also write every result as CSV");
+  parser.add_bool("no-eager", &f.no_eager, "graph replay only");
+  parser.add_bool("no-check", &f.no_check, "skip the check of the outputs");
+  parser.add_bool("no-bound", &f.no_bound, "skip the peer-copy bandwidth measurement");
+  parser.add_bool("no-pdl", &f.no_pdl, "launch without programmatic dependent launch");
+  op.add_bench_flags(parser);
+  return parser;
+}
+
+// Step 1 of run_bench: the sizes, nccl-tests' -b/-e/-f bytes or --rows × --hidden, into o->sizes
+// (o->settings.dtype set). Returns nullopt to go on, or the exit code to return now (the message
+// printed).
+std::optional<int> parse_sizes(const cli::ArgParser& parser, const GpuOp& op, const BenchFlags& f, BenchOptions* o) {
+  const std::string &hidden_text = f.hidden_text, &rows_text = f.rows_text, &min_bytes_text = f.min_bytes_text,
+                    &max_bytes_text = f.max_bytes_text;
+  const int64_t step_factor = f.step_factor;
   const bool by_bytes = parser.given("minbytes") || parser.given("maxbytes") || parser.given("stepfactor");
-  std::vector<int64_t> hidden_list = op->bench_default_hidden(by_bytes), rows_list;
+  std::vector<int64_t> hidden_list = op.bench_default_hidden(by_bytes), rows_list;
   if (parser.given("hidden") && !parse_counts(hidden_text, &hidden_list)) {
     return cli::fail(kCommand, "--hidden wants positive whole numbers like 4096,8192, got '" + hidden_text + "'");
   }
@@ -636,10 +648,10 @@ int run_bench(int argc, char** argv) {
     }
     if (max_bytes < min_bytes) return cli::fail(kCommand, "-e must be at least -b");
     if (step_factor < 2 || step_factor > 1024) return cli::fail(kCommand, "-f must be 2..1024");
-    const uint64_t elem = static_cast<uint64_t>(dtype_size(s.dtype));
+    const uint64_t elem = static_cast<uint64_t>(dtype_size(o->settings.dtype));
     for (int64_t h : hidden_list) {
       for (uint64_t b = std::max<uint64_t>(min_bytes, 1); b <= max_bytes; b *= static_cast<uint64_t>(step_factor)) {
-        o.sizes.push_back({static_cast<int64_t>(std::max<uint64_t>(b / (elem * static_cast<uint64_t>(h)), 1)), h});
+        o->sizes.push_back({static_cast<int64_t>(std::max<uint64_t>(b / (elem * static_cast<uint64_t>(h)), 1)), h});
       }
     }
   } else {
@@ -649,27 +661,56 @@ int run_bench(int argc, char** argv) {
       return cli::fail(kCommand, "--rows wants positive whole numbers like 1,16,256, got '" + rows_text + "'");
     }
     for (int64_t h : hidden_list) {
-      for (int64_t r : rows_list) o.sizes.push_back({r, h});
+      for (int64_t r : rows_list) o->sizes.push_back({r, h});
     }
   }
-  for (const BenchSize& size : o.sizes) {
+  for (const BenchSize& size : o->sizes) {
     if (size.rows > (int64_t{1} << 30) / size.hidden) {
       return cli::fail(kCommand, "a message of " + std::to_string(size.rows) + " x " + std::to_string(size.hidden) +
                                      " elements is larger than bench's 2^30 elements");
     }
   }
-  // Algorithms.
+  return std::nullopt;
+}
+
+// The --algos list (default: all the op's algorithms), checked against the op's and without
+// repeats, into o->algos. Returns nullopt to go on, or the exit code to return now (the message
+// printed).
+std::optional<int> parse_algos(const GpuOp& op, const std::string& algos_text, BenchOptions* o) {
+  const std::vector<std::string> algorithms = op.bench_algorithms();
   if (algos_text.empty()) {
-    o.algos = algorithms;
+    o->algos = algorithms;
   } else {
     for (const std::string& a : split_list(algos_text)) {
       if (std::find(algorithms.begin(), algorithms.end(), a) == algorithms.end()) {
-        return cli::fail(kCommand, "algorithm '" + a + "' does not apply to " + op->name() + " (" + algo_list + ")");
+        return cli::fail(
+            kCommand, "algorithm '" + a + "' does not apply to " + op.name() + " (" + algo_list_of(algorithms) + ")");
       }
-      if (std::find(o.algos.begin(), o.algos.end(), a) == o.algos.end()) o.algos.push_back(a);
+      if (std::find(o->algos.begin(), o->algos.end(), a) == o->algos.end()) o->algos.push_back(a);
     }
-    if (o.algos.empty()) return cli::fail(kCommand, "--algos names no algorithm");
+    if (o->algos.empty()) return cli::fail(kCommand, "--algos names no algorithm");
   }
+  return std::nullopt;
+}
+
+int run_bench(int argc, char** argv) {
+  const std::unique_ptr<GpuOp> op = op_of_arguments(argc, argv);
+  BenchFlags f;
+  BenchOptions o;
+  cli::ArgParser parser = make_parser(*op, argc, argv, &f, &o);
+  if (const auto code = parser.parse(argc, argv)) return *code;
+  BenchSettings& s = o.settings;
+  s.dtype = *parse_dtype(f.dtype_text);
+  s.check = !f.no_check;
+  o.eager = !f.no_eager;
+  o.bound = !f.no_bound;
+  o.pdl = !f.no_pdl;
+  if (f.seed < 0) return cli::fail(kCommand, "--seed must be >= 0");
+  s.seed = static_cast<uint64_t>(f.seed);
+  // 1. Sizes.
+  if (const auto code = parse_sizes(parser, *op, f, &o)) return *code;
+  // Algorithms.
+  if (const auto code = parse_algos(*op, f.algos_text, &o)) return *code;
   if (o.graph_ops < 1 || o.replays < 1 || o.eager_rounds < 1 || o.warmup < 0) {
     return cli::fail(kCommand, "--graph-ops, --replays and --eager-rounds must be positive, --warmup >= 0");
   }
@@ -682,7 +723,7 @@ int run_bench(int argc, char** argv) {
   if (const std::string problem = op->check_bench_flags(s, o.sizes); !problem.empty()) {
     return cli::fail(kCommand, problem);
   }
-  if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), kCommand)) return *code;
+  if (const auto code = relaunch_unless_worker(argc, argv, f.nproc, parser.given("nproc"), kCommand)) return *code;
   try {
     return bench_worker(*op, o);
   } catch (const std::invalid_argument& e) {
