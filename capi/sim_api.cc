@@ -108,7 +108,7 @@ void fill_info(exactcoll_call_info* info, int algo, int allreduce_algo, int bloc
 }
 
 // The simulator's algorithm for a C algo value on op; INVALID_ARGUMENT for GPU-only algorithms.
-sim::Algorithm sim_algorithm(sim::Collective op, int algo) {
+sim::Algorithm sim_algorithm(sim::Op op, int algo) {
   const std::string name = checked_name(kAlgoNames, algo, "algo");
   const auto a = static_cast<sim::Algorithm>(algo);  // the registry's values are the C values
   if ((info(a).runs_on & kOnSimulator) == 0) {
@@ -164,7 +164,7 @@ int exactcoll_sim_collective(int op, int algo, int dtype, int ranks, size_t coun
     spec.dtype = type;
     spec.count = count;
     spec.blocks = run.blocks;
-    const int resolved = spec.op == sim::Collective::kAllReduce
+    const int resolved = spec.op == sim::Op::kAllReduce
                              ? value_of(kAlgoNames, sim::algorithm_name(sim::resolve_algorithm(spec)))
                              : EXACTCOLL_ALGO_DIRECT;
     if (count == 0) {

@@ -31,14 +31,14 @@ void run_allreduce(Ctx& ctx, Algorithm algorithm, size_t count) {
 template <class T>
 void enqueue_typed(World& world, const CollectiveSpec& spec, Algorithm algorithm, Launch launch) {
   const size_t count = spec.count;
-  const Collective op = spec.op;
+  const Op op = spec.op;
   world.enqueue<T>(std::move(launch), [count, op, algorithm](auto& ctx) {
     dispatch_world_size(ctx.world_size(), [&](auto ranks) {
       constexpr int kRanks = decltype(ranks)::value;
       switch (op) {
-        case Collective::kAllReduce: run_allreduce<T, kRanks>(ctx, algorithm, count); break;
-        case Collective::kReduceScatter: reduce_scatter<T, kRanks>(ctx, count); break;
-        case Collective::kAllGather: allgather<T, kRanks>(ctx, count); break;
+        case Op::kAllReduce: run_allreduce<T, kRanks>(ctx, algorithm, count); break;
+        case Op::kReduceScatter: reduce_scatter<T, kRanks>(ctx, count); break;
+        case Op::kAllGather: allgather<T, kRanks>(ctx, count); break;
       }
     });
   });
@@ -54,7 +54,7 @@ bool parse_algorithm(const std::string& text, Algorithm* out) {
 }
 
 size_t scratch_bytes(const CollectiveSpec& spec, int ranks) {
-  if (spec.op != Collective::kAllReduce) return 0;
+  if (spec.op != Op::kAllReduce) return 0;
   const size_t element = static_cast<size_t>(dtype_size(spec.dtype));
   switch (resolve_algorithm(spec)) {
     case Algorithm::kTwoShot: return spec.count * element;
@@ -66,12 +66,12 @@ size_t scratch_bytes(const CollectiveSpec& spec, int ranks) {
 }
 
 size_t lamport_bytes(const CollectiveSpec& spec, int ranks) {
-  if (spec.op != Collective::kAllReduce || resolve_algorithm(spec) != Algorithm::kLamportOneShot) return 0;
+  if (spec.op != Op::kAllReduce || resolve_algorithm(spec) != Algorithm::kLamportOneShot) return 0;
   return lamport_region_bytes(spec.count, static_cast<size_t>(dtype_size(spec.dtype)), ranks);
 }
 
 Algorithm resolve_algorithm(const CollectiveSpec& spec) {
-  if (spec.op != Collective::kAllReduce) return Algorithm::kDirect;  // one kernel each
+  if (spec.op != Op::kAllReduce) return Algorithm::kDirect;  // one kernel each
   if (spec.algorithm != Algorithm::kAuto) return spec.algorithm;
   const size_t bytes = spec.count * static_cast<size_t>(dtype_size(spec.dtype));
   return bytes < kAutoTwoShotBytes ? Algorithm::kOneShot : Algorithm::kTwoShot;
@@ -85,7 +85,7 @@ std::string check_spec(const CollectiveSpec& spec, int ranks) {
   if (spec.blocks < 1 || spec.blocks > kMaxBlocks) {
     return "blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(spec.blocks);
   }
-  if (spec.op == Collective::kReduceScatter && spec.count % static_cast<size_t>(ranks) != 0) {
+  if (spec.op == Op::kReduceScatter && spec.count % static_cast<size_t>(ranks) != 0) {
     return "reduce_scatter needs a count divisible by the ranks: " + std::to_string(spec.count) + " elements over " +
            std::to_string(ranks) + " ranks";
   }
@@ -101,7 +101,7 @@ std::string check_spec(const CollectiveSpec& spec, int ranks) {
 }
 
 std::string launch_name(const CollectiveSpec& spec) {
-  if (spec.op != Collective::kAllReduce) return op_name(spec.op);
+  if (spec.op != Op::kAllReduce) return op_name(spec.op);
   return std::string("allreduce_") + algorithm_name(resolve_algorithm(spec));
 }
 

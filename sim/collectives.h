@@ -12,8 +12,8 @@
 
 namespace exactcoll::sim {
 
-// The collective (core/op.h: its name and output size).
-using Collective = exactcoll::Op;
+// The collectives (core/registry.h: Op, its names; core/op.h: output sizes).
+using exactcoll::Op;
 using exactcoll::op_name;
 using exactcoll::output_count;
 // The registry's algorithms (core/registry.h); the simulator runs those with kOnSimulator: the
@@ -27,7 +27,7 @@ using exactcoll::algorithm_name;
 inline constexpr size_t kAutoTwoShotBytes = 256 * 1024;
 
 struct CollectiveSpec {
-  Collective op = Collective::kAllReduce;
+  Op op = Op::kAllReduce;
   Algorithm algorithm = Algorithm::kAuto;
   DType dtype = DType::kBF16;
   size_t count = 1;  // input elements per rank

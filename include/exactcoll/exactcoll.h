@@ -75,8 +75,8 @@ EXACTCOLL_API const char* exactcoll_version_string(void);
 EXACTCOLL_API int exactcoll_has_cuda(void);
 /* Returns sizeof the named struct of this header as the library was built ("exactcoll_call_info",
  * "exactcoll_store_callbacks", "exactcoll_comm_options", "exactcoll_comm_properties",
- * "exactcoll_sim_options"), or 0 for another name: bindings in other languages check their layouts
- * with it. */
+ * "exactcoll_sim_options", "exactcoll_link_rates", "exactcoll_model_prediction"), or 0 for another
+ * name: bindings in other languages check their layouts with it. */
 EXACTCOLL_API size_t exactcoll_struct_size(const char* struct_name);
 
 /* ---- errors ------------------------------------------------------------------------------------ */
@@ -413,6 +413,44 @@ EXACTCOLL_API int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dt
                                                   int64_t hidden, float eps, const void* x, const void* residual,
                                                   const void* weight, void* residual_out, void* out,
                                                   const exactcoll_sim_options* options, exactcoll_call_info* info);
+
+/* ---- the multi-node performance model ---------------------------------------------------------- */
+
+/* An alpha-beta model of the multi-node collectives on M nodes of L GPUs: exactcoll's carry chain
+ * (and, for the all-reduce, the direct reduce-scatter + all-gather it is compared with) beside
+ * NCCL's ring and tree (docs/design.md, "The performance model"; `exactcoll model` prints it).
+ * _init fills the defaults: NVLink 390 GB/s per direction (measured on one H200), a 50 GB/s NIC
+ * per GPU (400 Gb/s, rail-optimized), 5 us per network step, 4 us per node kernel, 1 us per NCCL
+ * step inside a node. */
+typedef struct exactcoll_link_rates {
+  size_t struct_size;        /* sizeof(exactcoll_link_rates) */
+  double nvlink_gbps;        /* GB/s per direction of one GPU's NVLink, > 0 */
+  double network_gbps;       /* GB/s per direction of one GPU's NIC, > 0 */
+  double network_latency_us; /* one network step, >= 0 */
+  double kernel_latency_us;  /* one node kernel (launch + IPC barrier), >= 0 */
+  double nvlink_step_us;     /* one NCCL step inside a node, >= 0 */
+} exactcoll_link_rates;
+
+#define EXACTCOLL_MODEL_MAX_PREDICTIONS 8
+
+typedef struct exactcoll_model_prediction {
+  char algorithm[32];      /* "exactcoll chain"; "chain, overlapped" and, for the all-reduce,
+                            * "exactcoll direct" (not built: what they would buy); "nccl ring";
+                            * "nccl tree" (not for the all-gather) */
+  double time_us;          /* predicted time of one op */
+  double nic_bytes;        /* bytes through the busiest NIC, one direction */
+  uint64_t chunk_elements; /* the carry chain's chunk; 0 for the others */
+} exactcoll_model_prediction;
+
+EXACTCOLL_API void exactcoll_link_rates_init(exactcoll_link_rates* rates);
+
+/* Predicts op (EXACTCOLL_OP_*) of `bytes` per rank (64..2^40) of dtype on `nodes` nodes (1..1024)
+ * of gpus_per_node GPUs (1..16). rates: NULL for the defaults. Writes the predictions, exactcoll's
+ * first, to predictions[0 .. *count); capacity: room there, at least the number of predictions
+ * (EXACTCOLL_MODEL_MAX_PREDICTIONS always suffices), else INVALID_ARGUMENT naming it. */
+EXACTCOLL_API int exactcoll_model_multinode(int op, int dtype, int nodes, int gpus_per_node, size_t bytes,
+                                            const exactcoll_link_rates* rates, exactcoll_model_prediction* predictions,
+                                            int capacity, int* count);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -97,9 +97,23 @@ class SimOptions(ctypes.Structure):
                 ("trace_elements", ctypes.POINTER(ctypes.c_uint64)), ("num_trace_elements", ctypes.c_size_t)]
 
 
+class LinkRates(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("nvlink_gbps", ctypes.c_double), ("network_gbps", ctypes.c_double),
+                ("network_latency_us", ctypes.c_double), ("kernel_latency_us", ctypes.c_double),
+                ("nvlink_step_us", ctypes.c_double)]
+
+
+class ModelPrediction(ctypes.Structure):
+    _fields_ = [("algorithm", ctypes.c_char * 32), ("time_us", ctypes.c_double), ("nic_bytes", ctypes.c_double),
+                ("chunk_elements", ctypes.c_uint64)]
+
+
+MODEL_MAX_PREDICTIONS = 8  # EXACTCOLL_MODEL_MAX_PREDICTIONS
+
 _STRUCTS = {"exactcoll_call_info": CallInfo, "exactcoll_store_callbacks": StoreCallbacks,
             "exactcoll_comm_options": CommOptions, "exactcoll_comm_properties": CommProperties,
-            "exactcoll_sim_options": SimOptions}
+            "exactcoll_sim_options": SimOptions, "exactcoll_link_rates": LinkRates,
+            "exactcoll_model_prediction": ModelPrediction}
 
 # ---- the library -----------------------------------------------------------------------------------
 
@@ -143,6 +157,9 @@ _SIGNATURES = {
                                   ctypes.POINTER(CallInfo)], _c_int),
     "exactcoll_sim_fused_add_rmsnorm": ([_c_int, _c_int, _c_int, _c_int, _c_i64, _c_i64, ctypes.c_float, _vp, _vp, _vp,
                                          _vp, _vp, ctypes.POINTER(SimOptions), ctypes.POINTER(CallInfo)], _c_int),
+    "exactcoll_link_rates_init": ([ctypes.POINTER(LinkRates)], None),
+    "exactcoll_model_multinode": ([_c_int, _c_int, _c_int, _c_int, _c_size, ctypes.POINTER(LinkRates),
+                                   ctypes.POINTER(ModelPrediction), _c_int, ctypes.POINTER(_c_int)], _c_int),
 }
 
 

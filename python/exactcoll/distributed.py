@@ -221,12 +221,12 @@ class _Work(dist.Work):
 
 
 class _CudaWork(_Work):
-    """Work of an op that ran on the CUDA stream that was current when it was issued.
+    """Work of an asynchronous op (opts.asyncOp, torch >= 2.7; every op on older torch) that ran on
+    the CUDA stream that was current when it was issued, with an event recorded after it.
 
-    wait() makes the caller's current stream wait for that op (as NCCL's work does), and does not
-    block the host. An event is recorded only when the caller may wait from another stream later
-    (opts.asyncOp, torch >= 2.7; always on older torch): a synchronous call waits on the stream it
-    issued on, where the op is already ordered."""
+    wait() makes the caller's current stream wait for that event (as NCCL's work does), and does
+    not block the host. A synchronous op returns _SYNC_WORK instead: it is ordered on the stream
+    it was issued on, where its caller goes on."""
 
     def __init__(self, result, device, stream, event):
         super().__init__(result)
@@ -235,14 +235,11 @@ class _CudaWork(_Work):
     def wait(self, timeout=None):
         current = torch.cuda.current_stream(self._device)
         if current != self._stream:
-            if self._event is not None:
-                current.wait_event(self._event)
-            else:
-                current.wait_stream(self._stream)
+            current.wait_event(self._event)
         return True
 
     def is_completed(self):
-        return self._event.query() if self._event is not None else self._stream.query()
+        return self._event.query()
 
     def get_future(self):
         # A CUDA-aware future: set_result records events on the issuing stream, and its value()/wait()
@@ -266,6 +263,11 @@ class _DoneWork(_Work):
         future = torch.futures.Future()
         future.set_result(self._result)
         return future
+
+
+# The work every synchronous CUDA call returns (_cuda_work): done as far as the caller's stream is
+# concerned. Its result() is None: a synchronous caller has its tensors already.
+_SYNC_WORK = _DoneWork(None)
 
 
 class _Works(_Work):
@@ -705,11 +707,15 @@ class ExactcollProcessGroup(dist.ProcessGroup):
             return _Unavailable(f"no exactcoll communicator on cuda:{index}: {e}")
 
     def _cuda_work(self, result, device, opts):
+        if not getattr(opts, "asyncOp", True):
+            # A synchronous call (torch >= 2.7 says so): the op is already ordered on the caller's
+            # stream, so its work has nothing to wait for; one shared object saves making a
+            # dist.Work (and reading the current stream) per call, the larger part of the
+            # backend's own host cost.
+            return _SYNC_WORK
         stream = torch.cuda.current_stream(device)
-        event = None
-        if getattr(opts, "asyncOp", True):
-            event = torch.cuda.Event()
-            event.record(stream)
+        event = torch.cuda.Event()
+        event.record(stream)
         return _CudaWork(result, device, stream, event)
 
     def _counted_exact(self, op, comm):

@@ -26,6 +26,9 @@ LlamaConfig, saved under --dump by rank 0):
   --cpu: no GPU needed: dist.init_process_group with cpu:exactcoll (gloo underneath) and the same
       number of ranks; replays every saved all-reduce input through the backend's CPU path and
       requires the GPU run's output bits exactly.
+  Then torch's functional collectives (torch.distributed._functional_collectives, what
+      torch.compile and DTensor emit), eager and under torch.compile: their bits must equal the
+      dist.* calls' (the counts say which reached exactcoll).
   --device-mesh: also tries init_device_mesh + parallelize_module (ColwiseParallel,
       RowwiseParallel) on the exactcoll backend and reports it (known to fail on torch 2.11 for a
       Python process group; not counted as a failure unless --require-device-mesh).
@@ -320,6 +323,56 @@ def phase_exactcoll(args, table):
         fsdp_steps(args, table, local)
     if args.device_mesh:
         device_mesh_check(args, table, local)
+    functional_check(table, local)
+
+
+# ---- torch.compile's functional collectives --------------------------------------------------------
+
+def functional_check(table, local):
+    """torch.distributed._functional_collectives (what torch.compile and DTensor emit), eager and
+    compiled: their outputs must equal dist.all_reduce / reduce_scatter_tensor /
+    all_gather_into_tensor on the same inputs bit for bit (the exact path), and the counts say which
+    reached exactcoll."""
+    stage("functional collectives")
+    import torch.distributed._functional_collectives as fc
+    group = dist.group.WORLD
+    n = dist.get_world_size()
+    g = torch.Generator().manual_seed(11 + RANK)
+    x = torch.randn(4, 1024, generator=g).to(torch.bfloat16).cuda(local)
+    want_ar = x.clone()
+    dist.all_reduce(want_ar)
+    want_rs = torch.empty(4 // n if 4 % n == 0 else 1, 1024, dtype=x.dtype, device=x.device)
+    rs_ok = 4 % n == 0
+    if rs_ok:
+        dist.reduce_scatter_tensor(want_rs, x)
+    want_ag = torch.empty(4 * n, 1024, dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(want_ag, x)
+
+    def run(name, fn):
+        before = xt.backend_counts(), xt.backend_fallbacks()
+        try:
+            got = fn()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported: which forms reach the backend is measured here
+            table.add(f"functional {name}", False, f"{type(e).__name__}: {str(e)[:300]}")
+            return
+        delta, fallbacks = counts_delta(*before)
+        want = {"all_reduce": want_ar, "reduce_scatter": want_rs, "all_gather": want_ag}[name.split()[-1]]
+        diff = differing(bits(got), bits(want))
+        table.add(f"functional {name}: the exact path's bits", diff == 0,
+                  f"{diff} elements differ; counts {delta}; sent elsewhere {fallbacks or 'nothing'}")
+
+    def wait(t):
+        return fc.wait_tensor(t) if hasattr(fc, "wait_tensor") else t
+
+    run("eager all_reduce", lambda: wait(fc.all_reduce(x, "sum", group)))
+    if rs_ok:
+        run("eager reduce_scatter", lambda: wait(fc.reduce_scatter_tensor(x, "sum", 0, group)))
+    run("eager all_gather", lambda: wait(fc.all_gather_tensor(x, 0, group)))
+    compiled_ar = torch.compile(lambda t: fc.all_reduce(t, "sum", group) * 1, fullgraph=True)
+    run("compiled all_reduce", lambda: compiled_ar(x))
+    compiled_ag = torch.compile(lambda t: fc.all_gather_tensor(t, 0, group) * 1, fullgraph=True)
+    run("compiled all_gather", lambda: compiled_ag(x))
 
 
 # ---- FSDP2 ---------------------------------------------------------------------------------------------

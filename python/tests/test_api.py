@@ -270,6 +270,35 @@ class Stores(unittest.TestCase):
         store.close()
 
 
+class Model(unittest.TestCase):
+    """exactcoll.model_multinode: the library's multi-node performance model from Python."""
+
+    def test_predictions(self):
+        fast = exactcoll.model_multinode("allreduce", nodes=4, bytes=64 << 20)
+        self.assertEqual([p["algorithm"] for p in fast],
+                         ["exactcoll chain", "chain, overlapped", "exactcoll direct", "nccl ring", "nccl tree"])
+        self.assertTrue(all(p["time_us"] > 0 for p in fast))
+        self.assertGreater(fast[0]["chunk_elements"], 0)
+        # A slower network makes every algorithm that crosses nodes slower.
+        slow = exactcoll.model_multinode("allreduce", nodes=4, bytes=64 << 20, network_gbps=5)
+        for a, b in zip(fast, slow):
+            self.assertLess(a["time_us"], b["time_us"], a["algorithm"])
+        # NCCL's all-gather has no tree.
+        gather = exactcoll.model_multinode("allgather", nodes=2, bytes=1 << 20, dtype="fp32")
+        self.assertEqual([p["algorithm"] for p in gather], ["exactcoll chain", "chain, overlapped", "nccl ring"])
+
+    def test_bad_inputs(self):
+        assert_value_errors(self, [
+            (lambda: exactcoll.model_multinode(nodes=0, bytes=1 << 20), "nodes must be 1..1024, got 0"),
+            (lambda: exactcoll.model_multinode(nodes=2, bytes=8), "bytes must be 64..2^40"),
+            (lambda: exactcoll.model_multinode("alltoall", nodes=2, bytes=1 << 20), "unknown op 'alltoall'"),
+            (lambda: exactcoll.model_multinode(nodes=2, bytes=1 << 20, network_gbps=float("nan")), "network_gbps"),
+            (lambda: exactcoll.model_multinode(nodes=2, bytes=1 << 20, network_gbps=0), "link rates must be"),
+        ])
+        with self.assertRaises(TypeError):
+            exactcoll.model_multinode(nodes=2, bytes=1 << 20, nvlink=1)
+
+
 class Package(unittest.TestCase):
     def test_readme_quickstart_is_the_example_file(self):
         # The README's PyTorch example is python/examples/quickstart.py, which the GPU run executes.

@@ -146,7 +146,7 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
   if (spec.algo == FusedAlgorithm::kUnfused) {
     for (int r = 0; r < n; ++r) s.push_back(std::make_unique<Aligned>(bytes));
     sim::CollectiveSpec ar;
-    ar.op = sim::Collective::kAllReduce;
+    ar.op = sim::Op::kAllReduce;
     ar.algorithm = spec.unfused_two_shot ? sim::Algorithm::kTwoShot : sim::Algorithm::kOneShot;
     ar.dtype = spec.dtype;
     ar.count = count;

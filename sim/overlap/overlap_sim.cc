@@ -213,7 +213,7 @@ void run_unpipelined(sim::World& world, const OverlapShape& shape, const Overlap
   if (problem.empty()) problem = check_io(shape, io, n);
   if (!problem.empty()) throw std::invalid_argument("overlap: " + problem);
   sim::CollectiveSpec spec;
-  spec.op = sim::Collective::kAllGather;
+  spec.op = sim::Op::kAllGather;
   spec.dtype = shape.dtype;
   spec.count = shape.shard_elements(n);
   sim::enqueue_collective(world, spec, io.shards, io.gathered);

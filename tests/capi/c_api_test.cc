@@ -133,7 +133,7 @@ TEST(CApiSim, CollectivesMatchTheReferenceBitForBit) {
         for (const int algo : algos) {
           const size_t count = static_cast<size_t>(ranks) * 37;  // not a pack multiple: the tails run too
           sim::CollectiveSpec spec;
-          spec.op = static_cast<sim::Collective>(op);
+          spec.op = static_cast<sim::Op>(op);
           spec.dtype = dtype_of(dtype);
           spec.count = count;
           const auto in = simtest::random_inputs(spec.dtype, ranks, count, ++seed);

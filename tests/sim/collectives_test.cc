@@ -18,8 +18,8 @@ namespace exactcoll {
 namespace {
 
 using sim::Algorithm;
-using sim::Collective;
 using sim::CollectiveSpec;
+using sim::Op;
 using simtest::expected_outputs;
 using simtest::first_difference;
 using simtest::random_inputs;
@@ -29,22 +29,21 @@ constexpr int kRanks[] = {1, 2, 3, 4, 5, 8, 16};
 constexpr DType kDTypes[] = {DType::kBF16, DType::kFP16, DType::kFP32};
 constexpr int kBlocks[] = {1, 2, 3, 5, 64};
 
-struct Op {
-  Collective op;
+struct OpAlgorithm {
+  Op op;
   Algorithm algorithm;
 };
-constexpr Op kOps[] = {
-    {Collective::kAllReduce, Algorithm::kOneShot},     {Collective::kAllReduce, Algorithm::kTwoShot},
-    {Collective::kReduceScatter, Algorithm::kAuto},    {Collective::kAllGather, Algorithm::kAuto},
-    {Collective::kAllReduce, Algorithm::kPushOneShot}, {Collective::kAllReduce, Algorithm::kPushTwoShot}};
+constexpr OpAlgorithm kOps[] = {{Op::kAllReduce, Algorithm::kOneShot},     {Op::kAllReduce, Algorithm::kTwoShot},
+                                {Op::kReduceScatter, Algorithm::kAuto},    {Op::kAllGather, Algorithm::kAuto},
+                                {Op::kAllReduce, Algorithm::kPushOneShot}, {Op::kAllReduce, Algorithm::kPushTwoShot}};
 
 // Every (op, algorithm) the registry says the simulator runs (core/registry.h; auto aside): an
 // entry added there is held to the reference below without a change to this file.
-std::vector<Op> registry_ops() {
-  std::vector<Op> out;
+std::vector<OpAlgorithm> registry_ops() {
+  std::vector<OpAlgorithm> out;
   for (const AlgorithmInfo& e : kAlgorithmInfos) {
     if ((e.runs_on & kOnSimulator) == 0 || e.algorithm == Algorithm::kAuto) continue;
-    for (const Collective op : exactcoll::kOps) {
+    for (const Op op : exactcoll::kOps) {
       if (implements(e.algorithm, op)) out.push_back({op, e.algorithm});
     }
   }
@@ -53,11 +52,11 @@ std::vector<Op> registry_ops() {
 
 // Sizes per rank: 1 element, 1 pack, odd counts, a few thousand, one large-ish. Reduce-scatter
 // uses ranks x these (its count must divide by the ranks).
-std::vector<size_t> sizes(DType d, Collective op, int ranks) {
+std::vector<size_t> sizes(DType d, Op op, int ranks) {
   const size_t pack = static_cast<size_t>(pack_elements(d));
-  const size_t large = op == Collective::kAllReduce ? 65537 : 9001;
+  const size_t large = op == Op::kAllReduce ? 65537 : 9001;
   std::vector<size_t> s = {1, pack, pack + 1, 7, 37, 4099, large};
-  if (op == Collective::kReduceScatter) {
+  if (op == Op::kReduceScatter) {
     for (auto& c : s) c *= static_cast<size_t>(ranks);
   }
   return s;
@@ -66,14 +65,14 @@ std::vector<size_t> sizes(DType d, Collective op, int ranks) {
 TEST(SimCollectives, EveryAlgorithmDtypeWorldSizeAndSizeMatchesTheReference) {
   uint64_t seed = 1000;
   int cases = 0;
-  const std::vector<Op> ops = registry_ops();
+  const std::vector<OpAlgorithm> ops = registry_ops();
   ASSERT_GE(ops.size(), 7u);  // 5 all-reduce algorithms, and direct for reduce_scatter and allgather
   for (const int n : kRanks) {
     sim::WorldOptions options;
     options.ranks = n;
     sim::World world(options);  // one world per size: consecutive collectives on it
     for (const DType d : kDTypes) {
-      for (const Op& op : ops) {
+      for (const OpAlgorithm& op : ops) {
         for (const size_t count : sizes(d, op.op, n)) {
           CollectiveSpec spec;
           spec.op = op.op;
@@ -177,11 +176,11 @@ TEST(SimCollectives, ConsecutiveCollectivesInterleavedAcrossRanks) {
     std::vector<std::vector<std::vector<uint8_t>>> ins, outs;
     // push_one_shot (kOps[4]) and push_two_shot (kOps[5]) back to back, after and before the
     // others, with grids that change between calls (the receive half must not depend on the grid).
-    const Op ops[] = {kOps[0], kOps[1], kOps[2], kOps[3], kOps[1], kOps[0], kOps[4], kOps[4], kOps[4],
-                      kOps[1], kOps[4], kOps[5], kOps[5], kOps[4], kOps[5], kOps[2], kOps[5]};
+    const OpAlgorithm ops[] = {kOps[0], kOps[1], kOps[2], kOps[3], kOps[1], kOps[0], kOps[4], kOps[4], kOps[4],
+                               kOps[1], kOps[4], kOps[5], kOps[5], kOps[4], kOps[5], kOps[2], kOps[5]};
     const int grids[] = {2, 2, 2, 2, 2, 2, 2, 3, 1, 2, 3, 1, 3, 2, 2, 2, 1};
     for (size_t k = 0; k < std::size(ops); ++k) {
-      const Op& op = ops[k];
+      const OpAlgorithm& op = ops[k];
       CollectiveSpec spec;
       spec.op = op.op;
       spec.algorithm = op.algorithm;

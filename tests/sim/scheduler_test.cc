@@ -281,14 +281,13 @@ TEST(SimFault, ADeadRankIsNamedUnderBothSchedulers) {
 // polls.
 TEST(SimFault, DeadRankEndsTheRunWithoutItsTimeout) {
   struct Case {
-    sim::Collective op;
+    sim::Op op;
     sim::Algorithm algorithm;
   };
-  for (const Case c : {Case{sim::Collective::kAllReduce, sim::Algorithm::kOneShot},
-                       Case{sim::Collective::kAllReduce, sim::Algorithm::kTwoShot},
-                       Case{sim::Collective::kAllReduce, sim::Algorithm::kLamportOneShot},
-                       Case{sim::Collective::kReduceScatter, sim::Algorithm::kAuto},
-                       Case{sim::Collective::kAllGather, sim::Algorithm::kAuto}}) {
+  for (const Case c :
+       {Case{sim::Op::kAllReduce, sim::Algorithm::kOneShot}, Case{sim::Op::kAllReduce, sim::Algorithm::kTwoShot},
+        Case{sim::Op::kAllReduce, sim::Algorithm::kLamportOneShot},
+        Case{sim::Op::kReduceScatter, sim::Algorithm::kAuto}, Case{sim::Op::kAllGather, sim::Algorithm::kAuto}}) {
     for (const uint64_t step : {1u, 3u, 7u}) {
       sim::WorldOptions options;
       options.ranks = 4;

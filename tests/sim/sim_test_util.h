@@ -81,9 +81,9 @@ inline std::vector<std::vector<uint8_t>> expected_outputs(const sim::CollectiveS
     for (size_t j = 0; j < out_count; ++j) {
       uint32_t v = 0;
       switch (spec.op) {
-        case sim::Collective::kAllReduce: v = fold_at(j); break;
-        case sim::Collective::kReduceScatter: v = fold_at(static_cast<size_t>(r) * out_count + j); break;
-        case sim::Collective::kAllGather: v = element(in[j / spec.count], j % spec.count, esize); break;
+        case sim::Op::kAllReduce: v = fold_at(j); break;
+        case sim::Op::kReduceScatter: v = fold_at(static_cast<size_t>(r) * out_count + j); break;
+        case sim::Op::kAllGather: v = element(in[j / spec.count], j % spec.count, esize); break;
       }
       std::memcpy(out[r].data() + j * esize, &v, esize);
     }

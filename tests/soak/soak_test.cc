@@ -53,10 +53,10 @@ constexpr size_t kLargestCount = 65536;
 
 // A count per rank: mostly small, sometimes up to kLargestCount elements; a multiple of the ranks
 // for reduce_scatter.
-size_t random_count(sim::Xoshiro256& rng, sim::Collective op, int ranks) {
+size_t random_count(sim::Xoshiro256& rng, sim::Op op, int ranks) {
   const uint64_t scale = rng.below(16) == 0 ? kLargestCount : rng.below(4) == 0 ? 4096 : 300;
   size_t count = 1 + rng.below(scale);
-  if (op == sim::Collective::kReduceScatter) count = (count + ranks - 1) / ranks * ranks;
+  if (op == sim::Op::kReduceScatter) count = (count + ranks - 1) / ranks * ranks;
   return count;
 }
 
@@ -80,10 +80,9 @@ void soak_collectives(sim::World& world, sim::Xoshiro256& rng, Tally& tally) {
   std::vector<std::unique_ptr<Call>> calls;
   for (uint64_t k = 1 + rng.below(4); k > 0; --k) {
     auto c = std::make_unique<Call>();
-    c->spec.op = static_cast<sim::Collective>(rng.below(3));
+    c->spec.op = static_cast<sim::Op>(rng.below(3));
     c->spec.dtype = fuzz::pick(rng, kDtypes);
-    c->spec.algorithm =
-        c->spec.op == sim::Collective::kAllReduce ? fuzz::pick(rng, kAlgorithms) : sim::Algorithm::kAuto;
+    c->spec.algorithm = c->spec.op == sim::Op::kAllReduce ? fuzz::pick(rng, kAlgorithms) : sim::Algorithm::kAuto;
     c->spec.blocks = 1 + static_cast<int>(rng.below(rng.below(4) == 0 ? 8 : 2));
     c->spec.count = random_count(rng, c->spec.op, n);
     ASSERT_EQ(sim::check_spec(c->spec, n), "");
@@ -105,7 +104,7 @@ void soak_collectives(sim::World& world, sim::Xoshiro256& rng, Tally& tally) {
     ++tally.calls;
     tally.elements += c->spec.count * static_cast<uint64_t>(n);
     ++tally.by_op[std::string(sim::op_name(c->spec.op)) +
-                  (c->spec.op == sim::Collective::kAllReduce
+                  (c->spec.op == sim::Op::kAllReduce
                        ? std::string("/") + sim::algorithm_name(sim::resolve_algorithm(c->spec))
                        : "")];
   }
@@ -126,7 +125,7 @@ void grow_to_largest(sim::World& world) {
     specs.push_back(spec);
   }
   sim::CollectiveSpec rs;
-  rs.op = sim::Collective::kReduceScatter;
+  rs.op = sim::Op::kReduceScatter;
   rs.dtype = DType::kFP32;
   rs.count = (kLargestCount + n - 1) / n * n;
   specs.push_back(rs);

@@ -1,5 +1,5 @@
 // `exactcoll model`: predicted time of each op for 2 to 64 nodes of L GPUs, exactcoll's multi-node
-// algorithms beside NCCL's ring and tree (tools/multinode/perf_model.h has the model).
+// algorithms beside NCCL's ring and tree (core/multinode_model.h has the model).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "tools/cli.h"
-#include "tools/multinode/perf_model.h"
+#include "core/multinode_model.h"
 #include "tools/sim/sim_flags.h"
 
 namespace exactcoll::multinode {
@@ -35,7 +35,7 @@ int model_main(int argc, char** argv) {
       "[--kernel-latency-us U] [--csv FILE]",
       "Predicts each op's time on M nodes of L GPUs from link rates: exactcoll's carry chain (and, for\n"
       "the all-reduce, the direct reduce-scatter + all-gather it is compared with) beside NCCL's ring\n"
-      "and tree. An alpha-beta model (tools/multinode/perf_model.h): NVLink defaults to the 390 GB/s\n"
+      "and tree. An alpha-beta model (core/multinode_model.h): NVLink defaults to the 390 GB/s\n"
       "measured on one H200 with torch.cuda (docs/design.md), the network to 50 GB/s per GPU (400 Gb/s\n"
       "NICs, one per GPU, rail-optimized); give the network you have. fused_rmsnorm is the all-reduce\n"
       "plus a local norm kernel of a few microseconds (not modelled). bytes: the message per rank.");
@@ -54,15 +54,16 @@ int model_main(int argc, char** argv) {
   if (!parse_nodes(nodes_text, &nodes)) return cli::fail("model", "--nodes must be counts 1..1024 separated by commas");
   if (gpus < 1 || gpus > 16) return cli::fail("model", "--gpus-per-node must be 1..16");
   if (bytes < 64 || bytes > (int64_t{1} << 40)) return cli::fail("model", "--bytes must be 64..2^40");
-  if (!(rates.nvlink_gbps > 0 && rates.network_gbps > 0 && rates.network_latency_us >= 0 &&
-        rates.kernel_latency_us >= 0)) {
-    return cli::fail("model", "rates must be > 0 and latencies >= 0");
-  }
   ModelCase c;
-  c.op = op_text == "reduce_scatter" ? Op::kReduceScatter : op_text == "allgather" ? Op::kAllGather : Op::kAllReduce;
+  // fused_rmsnorm is modelled as its all-reduce (the norm kernel is local and not modelled).
+  c.op = op_text == "fused_rmsnorm" ? Op::kAllReduce : *parse_op(op_text);
   c.gpus_per_node = static_cast<int>(gpus);
   c.element_bytes = dtype == "fp32" ? 4 : 2;
   c.bytes = static_cast<size_t>(bytes);
+  for (int m : nodes) {
+    c.nodes = m;
+    if (const std::string problem = check_model(c, rates); !problem.empty()) return cli::fail("model", problem);
+  }
   std::printf(
       "exactcoll model: %s, %s, %lld bytes per rank, %lld GPUs per node, NVLink %.0f GB/s, network %.0f GB/s per GPU, "
       "%.1f us per network step, %.1f us per node kernel\n",

@@ -44,7 +44,7 @@ namespace exactcoll::tools {
 namespace {
 
 using sim::Algorithm;
-using sim::Collective;
+using sim::Op;
 
 constexpr size_t kPrintLimit = 32;
 
@@ -95,7 +95,7 @@ std::string check_memory(const sim::CollectiveSpec& spec, int ranks) {
                            "the inputs, outputs, staging and scratch of " + std::to_string(ranks) + " ranks");
 }
 
-int collective_main(Collective op, int argc, char** argv) {
+int collective_main(Op op, int argc, char** argv) {
   const std::string command = std::string("sim ") + sim::op_name(op);
   // 1. Flags.
   SimFlags f;
@@ -105,7 +105,7 @@ int collective_main(Collective op, int argc, char** argv) {
   cli::ArgParser parser(
       "exactcoll " + command +
           " --ranks N --dtype bf16|fp16|fp32 [--input in.npy | --count C --seed S] [--output out.npy]" +
-          (op == Collective::kAllReduce ? " [--algo " + algorithm_names(kOnSimulator, op, "|") + "]" : "") +
+          (op == Op::kAllReduce ? " [--algo " + algorithm_names(kOnSimulator, op, "|") + "]" : "") +
           " [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
           "[--chrome-trace FILE] [--print]",
       std::string("Runs ") + sim::op_name(op) +
@@ -120,7 +120,7 @@ int collective_main(Collective op, int argc, char** argv) {
   parser.set_default_note("count", "required without --input");
   parser.add_int("seed", &seed, "seed of the random input");
   parser.add_string("output", &output_path, "write the output .npy here");
-  if (op == Collective::kAllReduce) {
+  if (op == Op::kAllReduce) {
     parser.add_choice("algo", &algo_text, algorithm_name_list(kOnSimulator, op),
                       ("algorithm; auto = one_shot below 256 KiB per rank, two_shot above (the GPUs' auto picks by its "
                        "tuned table instead; every choice gives the same bits)"));
@@ -210,10 +210,9 @@ int collective_main(Collective op, int argc, char** argv) {
     outputs.push_back(output.data() + static_cast<size_t>(r) * out_count * esize);
   }
   const bool show = print || spec.count <= kPrintLimit;
-  const std::string algo_note = op == Collective::kAllReduce
-                                    ? std::string(sim::algorithm_name(sim::resolve_algorithm(spec))) +
-                                          (spec.algorithm == Algorithm::kAuto ? " (auto)" : "")
-                                    : "";
+  const std::string algo_note = op == Op::kAllReduce ? std::string(sim::algorithm_name(sim::resolve_algorithm(spec))) +
+                                                           (spec.algorithm == Algorithm::kAuto ? " (auto)" : "")
+                                                     : "";
   std::cout << input_banner(command, n, spec.count, f.dtype, input_note);
   if (show) {
     std::cout << "input (as floats):\n";
@@ -252,7 +251,7 @@ int collective_main(Collective op, int argc, char** argv) {
 
   // 5. Results.
   if (show) {
-    const std::string what = op == Collective::kAllReduce ? "all-reduce, " + algo_note : sim::op_name(op);
+    const std::string what = op == Op::kAllReduce ? "all-reduce, " + algo_note : sim::op_name(op);
     const size_t row_bytes = out_count * esize;
     bool all_same = true;
     for (int r = 1; r < n; ++r) {
@@ -271,7 +270,7 @@ int collective_main(Collective op, int argc, char** argv) {
     }
   }
   std::vector<int64_t> output_shape = {n, static_cast<int64_t>(out_count)};
-  if (op == Collective::kAllReduce) output_shape = input_shape;
+  if (op == Op::kAllReduce) output_shape = input_shape;
   try {
     if (!output_path.empty()) {
       files->write_npy(cli::resolve_path(output_path), dtype == DType::kFP32 ? npy::kF32 : npy::kU16, output_shape,
@@ -328,15 +327,15 @@ int sim_main(int argc, char** argv) {
 
 const cli::Registrar kSim({"sim", "the collectives on the CPU simulator (exactcoll sim --help)", sim_main});
 const cli::SimSubcommandRegistrar kAllReduce(
-    {"allreduce", "all-reduce: " + algorithm_names(kOnSimulator, Collective::kAllReduce) + " (the same bits)",
-     [](int argc, char** argv) { return collective_main(Collective::kAllReduce, argc, argv); }});
+    {"allreduce", "all-reduce: " + algorithm_names(kOnSimulator, Op::kAllReduce) + " (the same bits)",
+     [](int argc, char** argv) { return collective_main(Op::kAllReduce, argc, argv); }});
 const cli::SimSubcommandRegistrar kReduceScatter({"reduce_scatter", "reduce-scatter: rank r gets the fold of slice r",
                                                   [](int argc, char** argv) {
-                                                    return collective_main(Collective::kReduceScatter, argc, argv);
+                                                    return collective_main(Op::kReduceScatter, argc, argv);
                                                   }});
 const cli::SimSubcommandRegistrar kAllGather({"allgather", "all-gather: a bit copy of every rank's input",
                                               [](int argc, char** argv) {
-                                                return collective_main(Collective::kAllGather, argc, argv);
+                                                return collective_main(Op::kAllGather, argc, argv);
                                               }});
 
 }  // namespace

@@ -32,10 +32,10 @@ constexpr DType dtype_of() {
   return sizeof(T) == 4 ? DType::kFP32 : std::is_same_v<T, bf16> ? DType::kBF16 : DType::kFP16;
 }
 
-sim::Collective collective_of(Op op) {
-  return op == Op::kAllReduce       ? sim::Collective::kAllReduce
-         : op == Op::kReduceScatter ? sim::Collective::kReduceScatter
-                                    : sim::Collective::kAllGather;
+sim::Op collective_of(Op op) {
+  return op == Op::kAllReduce       ? sim::Op::kAllReduce
+         : op == Op::kReduceScatter ? sim::Op::kReduceScatter
+                                    : sim::Op::kAllGather;
 }
 
 // The reference's outputs for every rank (tests/sim/sim_test_util.h: reference::fold per element).

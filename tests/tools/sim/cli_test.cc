@@ -59,7 +59,7 @@ std::string index_list(int n) {
 TEST(SimCli, OutputsMatchTheReferenceAndTheSummaryEndsWithTheirSha256) {
   struct Case {
     const char* op;
-    sim::Collective collective;
+    sim::Op collective;
     DType dtype;
     const char* dtype_name;
     int ranks;
@@ -67,11 +67,11 @@ TEST(SimCli, OutputsMatchTheReferenceAndTheSummaryEndsWithTheirSha256) {
     const char* extra;
   };
   const Case cases[] = {
-      {"allreduce", sim::Collective::kAllReduce, DType::kBF16, "bf16", 4, 37, "--algo two_shot --blocks 3"},
-      {"allreduce", sim::Collective::kAllReduce, DType::kFP16, "fp16", 3, 100, "--schedule seeded --schedule-seed 9"},
-      {"reduce_scatter", sim::Collective::kReduceScatter, DType::kFP32, "fp32", 5, 45, ""},
-      {"allgather", sim::Collective::kAllGather, DType::kBF16, "bf16", 2, 9, "--blocks 2"},
-      {"allreduce", sim::Collective::kAllReduce, DType::kFP32, "fp32", 6, 101,
+      {"allreduce", sim::Op::kAllReduce, DType::kBF16, "bf16", 4, 37, "--algo two_shot --blocks 3"},
+      {"allreduce", sim::Op::kAllReduce, DType::kFP16, "fp16", 3, 100, "--schedule seeded --schedule-seed 9"},
+      {"reduce_scatter", sim::Op::kReduceScatter, DType::kFP32, "fp32", 5, 45, ""},
+      {"allgather", sim::Op::kAllGather, DType::kBF16, "bf16", 2, 9, "--blocks 2"},
+      {"allreduce", sim::Op::kAllReduce, DType::kFP32, "fp32", 6, 101,
        "--algo lamport_one_shot --blocks 2 --schedule seeded --schedule-seed 4"},
   };
   for (const Case& c : cases) {

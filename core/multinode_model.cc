@@ -1,4 +1,4 @@
-#include "tools/multinode/perf_model.h"
+#include "core/multinode_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -108,6 +108,28 @@ std::vector<Prediction> predict(const ModelCase& c, const LinkRates& r) {
     out.push_back({"nccl ring", ring / bus + (n - 1) * r.network_latency_us, ring / L, 0});
   }
   return out;
+}
+
+std::string check_model(const ModelCase& c, const LinkRates& rates) {
+  if (c.nodes < 1 || c.nodes > 1024) return "nodes must be 1..1024, got " + std::to_string(c.nodes);
+  if (c.gpus_per_node < 1 || c.gpus_per_node > 16) {
+    return "GPUs per node must be 1..16, got " + std::to_string(c.gpus_per_node);
+  }
+  if (c.bytes < 64 || c.bytes > (size_t{1} << 40)) return "bytes must be 64..2^40, got " + std::to_string(c.bytes);
+  if (c.element_bytes != 2 && c.element_bytes != 4) {
+    return "element bytes must be 2 (bf16, fp16) or 4 (fp32), got " + std::to_string(c.element_bytes);
+  }
+  auto finite_at_least = [](double v, double low, bool strict) {
+    return std::isfinite(v) && (strict ? v > low : v >= low);
+  };
+  if (!finite_at_least(rates.nvlink_gbps, 0, true) || !finite_at_least(rates.network_gbps, 0, true)) {
+    return "link rates must be finite and > 0";
+  }
+  if (!finite_at_least(rates.network_latency_us, 0, false) || !finite_at_least(rates.kernel_latency_us, 0, false) ||
+      !finite_at_least(rates.nvlink_step_us, 0, false)) {
+    return "latencies must be finite and >= 0";
+  }
+  return "";
 }
 
 }  // namespace exactcoll::multinode

@@ -16,7 +16,7 @@
 //   NCCL tree (double binary tree between nodes, a chain inside): about 2 S / L per NIC, and
 //     2 log2(M) network steps plus 2 (L-1) NVLink steps of latency.
 //   reduce-scatter and all-gather: the same shapes for their byte counts.
-// Every formula is in perf_model.cc next to its derivation; docs/design.md has the diagram.
+// Every formula is in multinode_model.cc next to its derivation; docs/design.md has the diagram.
 #pragma once
 
 #include <cstddef>
@@ -45,17 +45,21 @@ struct ModelCase {
 };
 
 struct Prediction {
-  std::string name;  // "exactcoll chain", "exactcoll direct", "nccl ring", "nccl tree"
+  std::string name;  // "exactcoll chain", "chain, overlapped", "exactcoll direct", "nccl ring", "nccl tree"
   double time_us = 0;
   double nic_bytes = 0;       // bytes through the busiest NIC (one direction)
   size_t chunk_elements = 0;  // chain: the chunk the model chose
 };
 
 // The bytes the carry chain sends across node boundaries, summed over all ranks (the simulator
-// counts the same number: tests/tools/multinode/perf_model_test.cc).
+// counts the same number: tests/core/multinode_model_test.cc).
 double chain_total_cross_node_bytes(const ModelCase& c);
 
-// Every algorithm's prediction for the case (exactcoll's first).
+// Returns "" when the case and rates can be modelled, else what is wrong: nodes 1..1024, GPUs per
+// node 1..16, bytes 64..2^40, element bytes 2 or 4, link rates > 0, latencies >= 0 (finite).
+std::string check_model(const ModelCase& c, const LinkRates& rates);
+
+// Every algorithm's prediction for the case (exactcoll's first). Preconditions: check_model == "".
 std::vector<Prediction> predict(const ModelCase& c, const LinkRates& rates);
 
 }  // namespace exactcoll::multinode

@@ -1,4 +1,4 @@
-// The performance model (tools/multinode/perf_model.h): its byte counts are the simulator's (the
+// The performance model (core/multinode_model.h): its byte counts are the simulator's (the
 // model and the algorithm cannot drift apart), and its predictions behave as the derivation says.
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 
 #include "sim/multinode/multinode_sim.h"
 #include "tests/sim/sim_test_util.h"
-#include "tools/multinode/perf_model.h"
+#include "core/multinode_model.h"
 
 namespace exactcoll::multinode {
 namespace {
