@@ -14,6 +14,61 @@
 
 namespace exactcoll::gpu::bench_overlap {
 
+namespace {
+
+// The simulator's run of the check's plan (AG->matmul with `grouping`, shape s) on every rank's
+// shard and the shared b: rank r's gathered A into (*sim_gathered)[r], its C into (*sim_c)[r]
+// (both poisoned first, so that unwritten bytes show).
+void simulate_ag_matmul(DType dtype, ProductGrouping grouping, const Shape& s, const std::vector<Bytes>& shards,
+                        const Bytes& b, std::vector<Bytes>* sim_gathered, std::vector<Bytes>* sim_c) {
+  const int n = static_cast<int>(shards.size());
+  const size_t esize = static_cast<size_t>(dtype_size(dtype));
+  const size_t shard = s.m / static_cast<size_t>(n) * s.k;
+  overlap::OverlapShape shape;
+  shape.pattern = Pattern::kAgMatmul;
+  shape.grouping = grouping;
+  shape.dtype = dtype;
+  shape.m = s.m;
+  shape.k = s.k;
+  shape.n = s.n;
+  std::vector<Bytes> rhs;
+  for (int r = 0; r < n; ++r) {
+    rhs.push_back(b);
+    sim_gathered->emplace_back(shard * esize * static_cast<size_t>(n), 0xA5);
+    sim_c->emplace_back(s.m * s.n * esize, 0xA5);
+  }
+  sim::WorldOptions wo;
+  wo.ranks = n;
+  sim::World world(wo);
+  overlap::OverlapSim ov(world);
+  overlap::OverlapIo io;
+  for (int r = 0; r < n; ++r) {
+    io.shards.push_back(shards[static_cast<size_t>(r)].data());
+    io.rhs.push_back(rhs[static_cast<size_t>(r)].data());
+    io.gathered.push_back((*sim_gathered)[static_cast<size_t>(r)].data());
+    io.products.push_back((*sim_c)[static_cast<size_t>(r)].data());
+  }
+  ov.enqueue(shape, io);
+  world.run();
+}
+
+// Returns the largest difference between the `count` elements of got and ref, each relative to the
+// larger of |ref| and the rms of ref (infinity for a NaN).
+double max_relative_difference(DType dtype, const Bytes& ref, const Bytes& got, size_t count) {
+  double rms = 0, worst = 0;
+  for (size_t i = 0; i < count; ++i) rms += std::pow(overlap::element_value(dtype, ref.data(), i), 2);
+  rms = std::sqrt(rms / static_cast<double>(count));
+  for (size_t i = 0; i < count; ++i) {
+    const double x = overlap::element_value(dtype, ref.data(), i);
+    const double y = overlap::element_value(dtype, got.data(), i);
+    const double e = std::fabs(x - y) / std::max(std::fabs(x), rms);
+    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+  }
+  return worst;
+}
+
+}  // namespace
+
 void Bench::check_section(DType dtype) {
   for (ProductGrouping g : o_.groupings) check_grouping(dtype, g);
 }
@@ -28,36 +83,10 @@ void Bench::check_grouping(DType dtype, ProductGrouping grouping) {
   const std::string tag = std::string(dtype_name(dtype)) + " AG->matmul " + shape_text(s) + " " + gname;
 
   // 1. The simulator's run of the same plan on the same operands (every rank runs it, small).
-  overlap::OverlapShape shape;
-  shape.pattern = Pattern::kAgMatmul;
-  shape.grouping = grouping;
-  shape.dtype = dtype;
-  shape.m = s.m;
-  shape.k = s.k;
-  shape.n = s.n;
-  std::vector<Bytes> shards, rhs, sim_gathered, sim_c;
+  std::vector<Bytes> shards, sim_gathered, sim_c;
   const Bytes b = overlap::finite_values(dtype, s.k * s.n, overlap::rhs_seed(seed));
-  for (int r = 0; r < n_; ++r) {
-    shards.push_back(overlap::finite_values(dtype, shard, overlap::shard_seed(seed, r)));
-    rhs.push_back(b);
-    sim_gathered.emplace_back(shard * esize * static_cast<size_t>(n_), 0xA5);
-    sim_c.emplace_back(s.m * s.n * esize, 0xA5);
-  }
-  {
-    sim::WorldOptions wo;
-    wo.ranks = n_;
-    sim::World world(wo);
-    overlap::OverlapSim ov(world);
-    overlap::OverlapIo io;
-    for (int r = 0; r < n_; ++r) {
-      io.shards.push_back(shards[static_cast<size_t>(r)].data());
-      io.rhs.push_back(rhs[static_cast<size_t>(r)].data());
-      io.gathered.push_back(sim_gathered[static_cast<size_t>(r)].data());
-      io.products.push_back(sim_c[static_cast<size_t>(r)].data());
-    }
-    ov.enqueue(shape, io);
-    world.run();
-  }
+  for (int r = 0; r < n_; ++r) shards.push_back(overlap::finite_values(dtype, shard, overlap::shard_seed(seed, r)));
+  simulate_ag_matmul(dtype, grouping, s, shards, b, &sim_gathered, &sim_c);
 
   // 2. The GPU pipeline.
   OverlapPipeline p(w_.store(), rank_, n_,
@@ -81,18 +110,8 @@ void Bench::check_grouping(DType dtype, ProductGrouping grouping) {
   Bytes a_full;
   for (const Bytes& sh : shards) a_full.insert(a_full.end(), sh.begin(), sh.end());
   const double sim_err = sampled_error(dtype, a_full, b, cc, s, seed + 77);
-  // The simulator's C (Eigen, float accumulation) vs the GPU's (cuBLASLt): within tolerance, compared
-  // element by element relative to the larger of |sim| and the rms of the sim's C.
-  double rms = 0, worst_vs_sim = 0;
-  for (size_t i = 0; i < s.m * s.n; ++i)
-    rms += std::pow(overlap::element_value(dtype, sim_c[static_cast<size_t>(rank_)].data(), i), 2);
-  rms = std::sqrt(rms / static_cast<double>(s.m * s.n));
-  for (size_t i = 0; i < s.m * s.n; ++i) {
-    const double x = overlap::element_value(dtype, sim_c[static_cast<size_t>(rank_)].data(), i);
-    const double y = overlap::element_value(dtype, cc.data(), i);
-    const double e = std::fabs(x - y) / std::max(std::fabs(x), rms);
-    worst_vs_sim = std::isnan(e) ? INFINITY : std::max(worst_vs_sim, e);
-  }
+  // The simulator's C (Eigen, float accumulation) vs the GPU's (cuBLASLt): within tolerance.
+  const double worst_vs_sim = max_relative_difference(dtype, sim_c[static_cast<size_t>(rank_)], cc, s.m * s.n);
 
   // 3. The GPU's unpipelined schedule: the SM all-gather (core template), then one product per row
   //    block of the grouping with the pipeline's configuration for its row count.
