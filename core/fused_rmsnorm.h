@@ -28,7 +28,7 @@
 // All four pointers must be 16-byte aligned (packs are loaded and stored whole). two_stage also
 // needs ctx.scratch(r) to hold fused_two_stage_scratch_elements(rows, H) elements on every rank;
 // push_one_stage needs ctx.scratch_elements() >= push_scratch_elements(rows * H, pack, n)
-// (core/collectives.h: the push algorithms' two receive halves of n slots).
+// (core/push.h: the push algorithms' two receive halves of n slots).
 #pragma once
 
 #include <cstddef>
@@ -38,6 +38,7 @@
 #include "core/contract.h"
 #include "core/lamport.h"
 #include "core/platform.h"
+#include "core/push.h"
 #include "core/registry.h"
 #include "core/signal.h"
 #include "core/storage.h"
@@ -292,7 +293,7 @@ EXC_HD void fused_rmsnorm_two_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
 
 // push_one_stage: every rank pushes its x into every peer's scratch before a single barrier, then
 // reduces its rows from local memory; no end barrier. The all-reduce part is
-// allreduce_push_one_shot's (core/collectives.h), on rows instead of a flat share, and it SHARES
+// allreduce_push_one_shot's (core/push.h), on rows instead of a flat share, and it SHARES
 // that algorithm's call counter (SignalBuffer::push_calls) and receive halves (Halves) with every
 // push algorithm on the same signal and scratch buffers. Additional preconditions (those of
 // allreduce_push_one_shot): ctx.scratch_elements() >= push_scratch_elements(rows * H, pack, n), the

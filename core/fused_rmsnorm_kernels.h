@@ -38,6 +38,7 @@
 #include "core/contract.h"
 #include "core/fused_rmsnorm.h"
 #include "core/platform.h"
+#include "core/push.h"
 #include "core/signal.h"
 #include "core/storage.h"
 

@@ -33,7 +33,7 @@ struct SignalBuffer {
   // push_calls[slot]: how many allreduce_push_one_shot calls this rank has made (owner-only). All
   // kMaxBlocks slots hold the same value between launches (every launch advances every slot, each
   // slot by exactly one block), so every block of a launch reads the same call number whatever the
-  // grid of earlier launches (core/collectives.h, allreduce_push_one_shot).
+  // grid of earlier launches (core/push.h, allreduce_push_one_shot).
   uint32_t push_calls[kMaxBlocks];
   // lamport_calls[slot]: how many allreduce_lamport_one_shot calls this rank has made (owner-only),
   // kept like push_calls (every slot equal between launches). core/lamport.h.

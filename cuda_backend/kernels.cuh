@@ -7,6 +7,7 @@
 
 #include "core/collectives.h"
 #include "core/lamport.h"
+#include "core/push.h"
 #include "cuda_backend/device_ctx.cuh"
 #include "cuda_backend/kernel_args.h"
 

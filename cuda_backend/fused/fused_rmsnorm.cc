@@ -209,7 +209,7 @@ FusedCallInfo FusedRmsNorm::run(const FusedRmsNormBuffers& b, const FusedRmsNorm
     // A chunk smaller than the grid's blocks still runs every block (idle ones only pass the
     // barriers and, for push_one_stage, advance the call counter), so the per-block barrier
     // counts stay equal on every rank. Consecutive push_one_stage chunks of different sizes are
-    // safe: the receive halves do not move with the size (core/collectives.h).
+    // safe: the receive halves do not move with the size (core/push.h).
     LaunchConfig launch_grid = info.grid;
     launch_grid.programmatic = comm_.programmatic_launch();
     EXC_CUDA_CHECK(launch_fused(shape.dtype, kernel_kind(choice.algo), a, launch_grid, stream));

@@ -10,6 +10,7 @@
 #include "core/collectives.h"
 #include "core/contract.h"
 #include "core/fused_rmsnorm_kernels.h"
+#include "core/push.h"
 #include "sim/collectives.h"
 
 namespace exactcoll::fused {

@@ -148,19 +148,12 @@ float reference_sum_squares(const float* v, int hidden, int pack) {
   return sum_squares_traced(v, hidden, pack, nullptr);
 }
 
-template <class T>
-void fused_reference(Contract c, const FusedProblem<T>& problem, T* residual_out, T* out,
-                     const std::vector<uint64_t>& traced, std::vector<ElementTrace>* traces) {
-  const int n = problem.ranks, rows = problem.rows, H = problem.hidden;
-  const int pack = Storage<T>::kPack;
-  if (n < 1) throw std::invalid_argument("ranks must be >= 1");
-  if (rows < 0) throw std::invalid_argument("rows must be >= 0");
-  if (H <= 0 || H % pack != 0) {
-    throw std::invalid_argument("hidden size " + std::to_string(H) + " is not a positive multiple of the " +
-                                Storage<T>::kName + " pack (" + std::to_string(pack) + " elements)");
-  }
-  const size_t count = static_cast<size_t>(rows) * H;
-  // The traced elements, sorted, without repeats or indices past the end; their traces.
+namespace {
+
+// The traced elements of a [rows, hidden] problem under contract c: `traced` sorted, without
+// repeats or indices past count (none when traces is null), each with its row and column.
+std::vector<ElementTrace> traced_elements(Contract c, int H, size_t count, const std::vector<uint64_t>& traced,
+                                          const std::vector<ElementTrace>* traces) {
   std::vector<uint64_t> wanted;
   if (traces != nullptr) {
     for (uint64_t i : traced) {
@@ -176,8 +169,160 @@ void fused_reference(Contract c, const FusedProblem<T>& problem, T* residual_out
     mine[k].row = static_cast<int>(wanted[k] / H);
     mine[k].col = static_cast<int>(wanted[k] % H);
   }
-  size_t next_traced = 0;  // the first element of `mine` not in a row before this one
+  return mine;
+}
+
+// Returns the fold of element i of the ranks' inputs (count elements each) in contract c's order:
+// canonical and f32_residual add in rank order in fp32, bf16_accumulate rounds the running sum to
+// storage after every add, rotated_two_shot starts at the owner of i's two-shot slice. With
+// steps, records each rank's fold step.
+template <class T>
+float fold_element(Contract c, const FusedProblem<T>& problem, size_t count, size_t i,
+                   std::vector<ElementStep>* steps) {
+  const int n = problem.ranks;
+  const int pack = Storage<T>::kPack;
   auto x = [&](int r, size_t i) { return to_float(problem.x[static_cast<size_t>(r) * count + i]); };
+  // fold step of rank r: acc before, the input, acc after (and bf16_accumulate's fp32 sum).
+  auto fold_step = [&](int r, int k_th, float before, float xr, float after, const float* sum) {
+    if (steps == nullptr) return;
+    std::vector<StepValue> values;
+    if (k_th > 0) values.push_back(fp32_value("acc_before", before));
+    values.push_back(storage_value<T>("x", problem.x[static_cast<size_t>(r) * count + i]));
+    if (sum != nullptr) values.push_back(fp32_value("sum", *sum));
+    values.push_back(fp32_value("acc_after", after));
+    (void)xr;
+    steps->push_back(make_step("fold", {{"input_rank", r}}, std::move(values),
+                               sum != nullptr ? "bf16_accumulate: the running sum is rounded to storage" : nullptr));
+  };
+  float acc = 0.0f;
+  switch (c) {
+    case Contract::kCanonical:
+    case Contract::kF32Residual:
+      acc = x(0, i);
+      fold_step(0, 0, 0.0f, acc, acc, nullptr);
+      for (int r = 1; r < n; ++r) {
+        const float before = acc;
+        acc = acc + x(r, i);
+        fold_step(r, r, before, x(r, i), acc, nullptr);
+      }
+      break;
+    case Contract::kBf16Accumulate:
+      acc = x(0, i);
+      fold_step(0, 0, 0.0f, acc, acc, nullptr);
+      for (int r = 1; r < n; ++r) {
+        const float before = acc;
+        const float sum = acc + x(r, i);
+        acc = to_float(round_to<T>(sum));
+        fold_step(r, r, before, x(r, i), acc, &sum);
+      }
+      break;
+    case Contract::kRotatedTwoShot: {
+      int owner = 0;
+      for (int p = 0; p < n; ++p) {
+        const Slice s = two_shot_slice(count, pack, p, n);
+        if (i >= s.begin && i < s.end) owner = p;
+      }
+      acc = x(owner, i);
+      fold_step(owner, 0, 0.0f, acc, acc, nullptr);
+      for (int k_th = 1; k_th < n; ++k_th) {
+        const int r = (owner + k_th) % n;
+        const float before = acc;
+        acc = acc + x(r, i);
+        fold_step(r, k_th, before, x(r, i), acc, nullptr);
+      }
+      break;
+    }
+  }
+  return acc;
+}
+
+// Adds element i's residual to acc (its fold) under contract c and stores residual_out[i]: f32_residual
+// adds in fp32 and the norm reads the unrounded sum; the others round the fold to storage first and
+// the norm reads the stored residual_out. Returns what the norm reads. With steps, records the
+// round and residual_add steps.
+template <class T>
+float add_residual(Contract c, const FusedProblem<T>& problem, size_t i, float acc, T* residual_out,
+                   std::vector<ElementStep>* steps) {
+  const T res_t = problem.residual[i];
+  const float res = to_float(res_t);
+  if (c == Contract::kF32Residual) {
+    const float rf = acc + res;
+    residual_out[i] = round_to<T>(rf);
+    if (steps != nullptr) {
+      steps->push_back(make_step("round", {}, {fp32_value("acc", acc), fp32_value("stored", acc)},
+                                 "f32_residual: not rounded, the fold stays in fp32"));
+      steps->push_back(make_step("residual_add", {},
+                                 {fp32_value("s", acc), storage_value<T>("residual", res_t), fp32_value("sum", rf),
+                                  storage_value<T>("stored", residual_out[i])},
+                                 "f32_residual: the norm reads sum, not stored"));
+    }
+    return rf;
+  }
+  const T s_t = round_to<T>(acc);
+  const float s = to_float(s_t);
+  const float sum = s + res;
+  residual_out[i] = round_to<T>(sum);
+  if (steps != nullptr) {
+    steps->push_back(make_step("round", {}, {fp32_value("acc", acc), storage_value<T>("stored", s_t)}));
+    steps->push_back(make_step("residual_add", {},
+                               {storage_value<T>("s", s_t), storage_value<T>("residual", res_t), fp32_value("sum", sum),
+                                storage_value<T>("stored", residual_out[i])}));
+  }
+  return to_float(residual_out[i]);
+}
+
+// RMSNorm of one row (norm_input: the H values the norm reads) into out[base, base + H): the
+// tree's sum of squares, inv = 1 / sqrt(ss / H + eps), each value times inv times the weight,
+// rounded once. Records the sum of squares' steps, inv and scale for the row's traced columns.
+template <class T>
+void norm_row(const FusedProblem<T>& problem, const std::vector<float>& norm_input, size_t base, T* out,
+              const RowTrace& row_trace) {
+  const int H = problem.hidden;
+  const int pack = Storage<T>::kPack;
+  const bool row_traced = !row_trace.cols.empty();
+  const float ss = sum_squares_traced(norm_input.data(), H, pack, row_traced ? &row_trace : nullptr);
+  const float mean = ss / static_cast<float>(H);
+  const float mean_eps = mean + problem.eps;
+  const float root = std::sqrt(mean_eps);
+  const float inv = 1.0f / root;
+  for (auto* steps : row_trace.steps) {
+    steps->push_back(make_step("inv", {},
+                               {fp32_value("ss", ss), fp32_value("mean", mean), fp32_value("mean_eps", mean_eps),
+                                fp32_value("root", root), fp32_value("inv", inv)}));
+  }
+  for (int j = 0; j < H; ++j) {
+    const float v_inv = norm_input[j] * inv;
+    const float product = v_inv * to_float(problem.weight[j]);
+    out[base + j] = round_to<T>(product);
+    if (row_traced) {
+      if (const int k = row_trace.find(j); k >= 0) {
+        row_trace.steps[k]->push_back(
+            make_step("scale", {},
+                      {fp32_value("v", norm_input[j]), fp32_value("inv", inv), fp32_value("v_inv", v_inv),
+                       storage_value<T>("weight", problem.weight[j]), fp32_value("product", product),
+                       storage_value<T>("stored", out[base + j])}));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void fused_reference(Contract c, const FusedProblem<T>& problem, T* residual_out, T* out,
+                     const std::vector<uint64_t>& traced, std::vector<ElementTrace>* traces) {
+  const int n = problem.ranks, rows = problem.rows, H = problem.hidden;
+  const int pack = Storage<T>::kPack;
+  if (n < 1) throw std::invalid_argument("ranks must be >= 1");
+  if (rows < 0) throw std::invalid_argument("rows must be >= 0");
+  if (H <= 0 || H % pack != 0) {
+    throw std::invalid_argument("hidden size " + std::to_string(H) + " is not a positive multiple of the " +
+                                Storage<T>::kName + " pack (" + std::to_string(pack) + " elements)");
+  }
+  const size_t count = static_cast<size_t>(rows) * H;
+  // The traced elements, sorted, without repeats or indices past the end; their traces.
+  std::vector<ElementTrace> mine = traced_elements(c, H, count, traced, traces);
+  size_t next_traced = 0;            // the first element of `mine` not in a row before this one
   std::vector<float> norm_input(H);  // the values the norm reads: float(ro), or rf
   for (int row = 0; row < rows; ++row) {
     const size_t base = static_cast<size_t>(row) * H;
@@ -193,110 +338,10 @@ void fused_reference(Contract c, const FusedProblem<T>& problem, T* residual_out
       const size_t i = base + j;
       const int k = row_traced ? row_trace.find(j) : -1;
       std::vector<ElementStep>* steps = k >= 0 ? row_trace.steps[k] : nullptr;
-      // fold step of rank r: acc before, the input, acc after (and bf16_accumulate's fp32 sum).
-      auto fold_step = [&](int r, int k_th, float before, float xr, float after, const float* sum) {
-        if (steps == nullptr) return;
-        std::vector<StepValue> values;
-        if (k_th > 0) values.push_back(fp32_value("acc_before", before));
-        values.push_back(storage_value<T>("x", problem.x[static_cast<size_t>(r) * count + i]));
-        if (sum != nullptr) values.push_back(fp32_value("sum", *sum));
-        values.push_back(fp32_value("acc_after", after));
-        (void)xr;
-        steps->push_back(
-            make_step("fold", {{"input_rank", r}}, std::move(values),
-                      sum != nullptr ? "bf16_accumulate: the running sum is rounded to storage" : nullptr));
-      };
-      const T res_t = problem.residual[i];
-      const float res = to_float(res_t);
-      float acc = 0.0f;
-      switch (c) {
-        case Contract::kCanonical:
-        case Contract::kF32Residual:
-          acc = x(0, i);
-          fold_step(0, 0, 0.0f, acc, acc, nullptr);
-          for (int r = 1; r < n; ++r) {
-            const float before = acc;
-            acc = acc + x(r, i);
-            fold_step(r, r, before, x(r, i), acc, nullptr);
-          }
-          break;
-        case Contract::kBf16Accumulate:
-          acc = x(0, i);
-          fold_step(0, 0, 0.0f, acc, acc, nullptr);
-          for (int r = 1; r < n; ++r) {
-            const float before = acc;
-            const float sum = acc + x(r, i);
-            acc = to_float(round_to<T>(sum));
-            fold_step(r, r, before, x(r, i), acc, &sum);
-          }
-          break;
-        case Contract::kRotatedTwoShot: {
-          int owner = 0;
-          for (int p = 0; p < n; ++p) {
-            const Slice s = two_shot_slice(count, pack, p, n);
-            if (i >= s.begin && i < s.end) owner = p;
-          }
-          acc = x(owner, i);
-          fold_step(owner, 0, 0.0f, acc, acc, nullptr);
-          for (int k_th = 1; k_th < n; ++k_th) {
-            const int r = (owner + k_th) % n;
-            const float before = acc;
-            acc = acc + x(r, i);
-            fold_step(r, k_th, before, x(r, i), acc, nullptr);
-          }
-          break;
-        }
-      }
-      if (c == Contract::kF32Residual) {
-        const float rf = acc + res;
-        residual_out[i] = round_to<T>(rf);
-        norm_input[j] = rf;
-        if (steps != nullptr) {
-          steps->push_back(make_step("round", {}, {fp32_value("acc", acc), fp32_value("stored", acc)},
-                                     "f32_residual: not rounded, the fold stays in fp32"));
-          steps->push_back(make_step("residual_add", {},
-                                     {fp32_value("s", acc), storage_value<T>("residual", res_t), fp32_value("sum", rf),
-                                      storage_value<T>("stored", residual_out[i])},
-                                     "f32_residual: the norm reads sum, not stored"));
-        }
-      } else {
-        const T s_t = round_to<T>(acc);
-        const float s = to_float(s_t);
-        const float sum = s + res;
-        residual_out[i] = round_to<T>(sum);
-        norm_input[j] = to_float(residual_out[i]);
-        if (steps != nullptr) {
-          steps->push_back(make_step("round", {}, {fp32_value("acc", acc), storage_value<T>("stored", s_t)}));
-          steps->push_back(make_step("residual_add", {},
-                                     {storage_value<T>("s", s_t), storage_value<T>("residual", res_t),
-                                      fp32_value("sum", sum), storage_value<T>("stored", residual_out[i])}));
-        }
-      }
+      const float acc = fold_element(c, problem, count, i, steps);
+      norm_input[j] = add_residual(c, problem, i, acc, residual_out, steps);
     }
-    const float ss = sum_squares_traced(norm_input.data(), H, pack, row_traced ? &row_trace : nullptr);
-    const float mean = ss / static_cast<float>(H);
-    const float mean_eps = mean + problem.eps;
-    const float root = std::sqrt(mean_eps);
-    const float inv = 1.0f / root;
-    for (auto* steps : row_trace.steps) {
-      steps->push_back(make_step("inv", {},
-                                 {fp32_value("ss", ss), fp32_value("mean", mean), fp32_value("mean_eps", mean_eps),
-                                  fp32_value("root", root), fp32_value("inv", inv)}));
-    }
-    for (int j = 0; j < H; ++j) {
-      const float v_inv = norm_input[j] * inv;
-      const float product = v_inv * to_float(problem.weight[j]);
-      out[base + j] = round_to<T>(product);
-      if (row_traced) {
-        if (const int k = row_trace.find(j); k >= 0) {
-          row_trace.steps[k]->push_back(
-              make_step("scale", {},
-                        {fp32_value("v", norm_input[j]), fp32_value("inv", inv), fp32_value("v_inv", v_inv),
-                         storage_value<T>("weight", problem.weight[j]), fp32_value("product", product),
-                         storage_value<T>("stored", out[base + j])}));
-        }
-      }
-    }
+    norm_row(problem, norm_input, base, out, row_trace);
   }
   if (traces != nullptr) traces->insert(traces->end(), mine.begin(), mine.end());
 }

@@ -17,6 +17,7 @@
 #include "core/collectives.h"
 #include "core/contract.h"
 #include "core/fused_rmsnorm.h"
+#include "core/push.h"
 #include "sim/fused/random.h"
 #include "sim/fused/reference.h"
 #include "tests/core/thread_world.h"

@@ -15,6 +15,7 @@
 
 #include "core/collectives.h"
 #include "core/contract.h"
+#include "core/push.h"
 #include "tools/inputs/inputs.h"
 
 namespace exactcoll {

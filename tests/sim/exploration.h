@@ -12,6 +12,7 @@
 
 #include "core/collectives.h"
 #include "core/lamport.h"
+#include "core/push.h"
 #include "sim/world.h"
 
 namespace exactcoll::exploration {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/collectives.h"
+#include "core/push.h"
 #include "core/signal.h"
 #include "sim/collectives.h"
 #include "sim/world.h"

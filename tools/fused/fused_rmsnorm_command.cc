@@ -104,17 +104,43 @@ std::string element_summary(const ElementTrace& t, int departs, const std::strin
   return line;
 }
 
-int run(int argc, char** argv) {
-  // 1. Flags (the world's flags are shared with every `exactcoll sim <op>`: tools/sim/sim_flags.h).
+// What `sim fused_rmsnorm` was asked for: the flags' values (make_parser), then what check_flags
+// resolves them to.
+struct Request {
+  // The flags (the world's flags are shared with every `exactcoll sim <op>`: tools/sim/sim_flags.h).
   tools::SimFlags f;
   int64_t blocks = 1, threads = 0, seed = 1;
   gpu::FusedInputFlags in;  // the input flags `gpu fused_rmsnorm` has too
-  std::string &input = in.input, &residual_path = in.residual, &weight_path = in.weight,
-              &residual_output = in.residual_output;
-  int64_t &rows_flag = in.rows, &hidden_flag = in.hidden;
-  bool& specials = in.specials;
-  double& eps = in.eps;
   std::string output, algo_text = "one_stage", contract_text = "canonical";
+  // Resolved by check_flags.
+  sim::WorldOptions options;
+  bool from_files = false;  // --input, --residual and --weight, not random inputs
+  bool seed_given = false;  // --seed on the command line (the summary's input note says so)
+  Contract contract = Contract::kCanonical;
+  bool canonical = true;
+  DType dtype = DType::kBF16;
+  std::string want;  // the npy dtype of the inputs and outputs
+  int64_t ranks = 0;
+  std::string output_file, residual_output_file;  // resolved paths; "" when not asked for
+};
+
+// The inputs (step 2 of run), and where they came from for the summary.
+struct Inputs {
+  npy::NpyArray x, residual, weight;
+  std::string note;
+};
+
+// What step 3 of run computes: every rank's outputs, and the traced elements' steps.
+struct Results {
+  std::vector<uint8_t> out, residual_out;
+  std::vector<ElementTrace> traces;  // --trace-elements: every step of each traced element
+  std::vector<int> departs;          // alternatives: where each leaves canonical (-1: never)
+};
+
+// The command's flags, bound to q's fields.
+cli::ArgParser make_parser(Request* q) {
+  tools::SimFlags& f = q->f;
+  gpu::FusedInputFlags& in = q->in;
   cli::ArgParser parser(
       "exactcoll sim fused_rmsnorm --ranks N --dtype bf16|fp16|fp32 (--input x.npy --residual r.npy --weight w.npy | "
       "--rows R --hidden H [--seed S] [--specials]) [--eps E] [--output out.npy] [--residual-output ro.npy] "
@@ -150,14 +176,14 @@ int run(int argc, char** argv) {
       "--nodes M --help` lists that command's flags).");
   tools::add_world_flags(parser, &f);
   gpu::add_fused_input_flags(parser, &in);
-  parser.add_int("seed", &seed, "seed of random inputs");
-  parser.add_string("output", &output, "out.npy: [N, rows, H] normed output");
-  parser.add_choice("algo", &algo_text, fused_algorithm_name_list(kOnSimulator),
+  parser.add_int("seed", &q->seed, "seed of random inputs");
+  parser.add_string("output", &q->output, "out.npy: [N, rows, H] normed output");
+  parser.add_choice("algo", &q->algo_text, fused_algorithm_name_list(kOnSimulator),
                     "algorithm of the canonical contract (all give the same bits; auto = one_stage)");
-  parser.add_choice("contract", &contract_text, contract_name_list(), "rounding contract");
-  parser.add_int("blocks", &blocks,
+  parser.add_choice("contract", &q->contract_text, contract_name_list(), "rounding contract");
+  parser.add_int("blocks", &q->blocks,
                  "blocks per rank (1.." + std::to_string(kMaxBlocks) + "; the work split, same bits)");
-  parser.add_int("threads", &threads,
+  parser.add_int("threads", &q->threads,
                  "threads per block (1.." + std::to_string(contract::kMaxLanes) +
                      "; picks the register path or core's, same bits; lamport_one_stage takes 1)");
   parser.set_default_note("threads",
@@ -166,9 +192,19 @@ int run(int argc, char** argv) {
   parser.set_default_note("trace-elements",
                           "here an index is into [rows, H], row-major (row * H + col), and the whole fused op of each "
                           "is traced (every contract; see above)");
-  if (auto code = parser.parse(argc, argv)) return *code;
+  return parser;
+}
 
-  sim::WorldOptions options;
+// Checks the parsed flags together and resolves q's remaining fields. Returns nullopt to go on, or
+// the exit code to return now (the message printed).
+std::optional<int> check_flags(const cli::ArgParser& parser, Request* q) {
+  const tools::SimFlags& f = q->f;
+  const std::string &input = q->in.input, &residual_path = q->in.residual, &weight_path = q->in.weight,
+                    &residual_output = q->in.residual_output;
+  const std::string& output = q->output;
+  const std::string& contract_text = q->contract_text;
+  const int64_t blocks = q->blocks, threads = q->threads, seed = q->seed;
+  sim::WorldOptions& options = q->options;
   if (const std::string problem = tools::world_options(f, parser, &options); !problem.empty()) {
     return cli::fail(kCommand, problem);
   }
@@ -177,7 +213,7 @@ int run(int argc, char** argv) {
     return cli::fail(kCommand,
                      "give all of --input, --residual and --weight (or --rows and --hidden for random inputs)");
   }
-  if (from_files && (parser.given("rows") || parser.given("hidden") || parser.given("seed") || specials)) {
+  if (from_files && (parser.given("rows") || parser.given("hidden") || parser.given("seed") || q->in.specials)) {
     return cli::fail(kCommand, "--rows, --hidden, --seed and --specials are for random inputs, not with --input");
   }
   if (!from_files && (!parser.given("rows") || !parser.given("hidden"))) {
@@ -194,7 +230,7 @@ int run(int argc, char** argv) {
     return cli::fail(
         kCommand, "--threads must be 1.." + std::to_string(contract::kMaxLanes) + ", got " + std::to_string(threads));
   }
-  if (const std::string problem = check_eps(eps); !problem.empty()) return cli::fail(kCommand, problem);
+  if (const std::string problem = check_eps(q->in.eps); !problem.empty()) return cli::fail(kCommand, problem);
   Contract contract = Contract::kCanonical;
   parse_contract(contract_text, &contract);
   const bool canonical = contract == Contract::kCanonical;
@@ -216,32 +252,38 @@ int run(int argc, char** argv) {
                                      " needs --trace-elements: the reference has no run to trace, only elements");
     }
   }
-  const DType dtype = *tools::parse_dtype(f.dtype);
-  const std::string want = dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
-  const int64_t ranks = options.ranks;
-  // The outputs, reserved before any work: an unwritable path is bad input (exit 2), and a failed
-  // write of one output leaves none of them behind.
-  const std::string output_file = output.empty() ? "" : cli::resolve_path(output);
-  const std::string residual_output_file = residual_output.empty() ? "" : cli::resolve_path(residual_output);
-  const auto files = tools::reserve_outputs(kCommand, [&] {
-    std::vector<std::string> paths = tools::trace_paths(f);
-    paths.push_back(output_file);
-    paths.push_back(residual_output_file);
-    return paths;
-  }());
-  if (!files) return cli::kExitUsage;
-  // Inputs, outputs and the world's staging: about 4 (ranks + 1) row blocks.
-  auto check_memory = [&](uint64_t rows, uint64_t hidden) {
-    const unsigned __int128 bytes = static_cast<unsigned __int128>(rows) * hidden *
-                                    static_cast<unsigned>(dtype_size(dtype)) * (4 * static_cast<uint64_t>(ranks) + 4);
-    return cli::check_memory(bytes > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(bytes),
-                             "the inputs, outputs and staging of " + std::to_string(ranks) + " ranks");
-  };
+  q->from_files = from_files;
+  q->seed_given = parser.given("seed");
+  q->contract = contract;
+  q->canonical = canonical;
+  q->dtype = *tools::parse_dtype(f.dtype);
+  q->want = q->dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
+  q->ranks = options.ranks;
+  q->output_file = output.empty() ? "" : cli::resolve_path(output);
+  q->residual_output_file = residual_output.empty() ? "" : cli::resolve_path(residual_output);
+  return std::nullopt;
+}
 
-  // 2. Inputs: files (readable, the flags' dtype, consistent shapes) or random ones.
-  npy::NpyArray x, residual, weight;
-  std::string input_note;
-  if (!from_files) {
+// "" or why the inputs, outputs and the world's staging (about 4 (ranks + 1) row blocks) of a
+// [rows, hidden] problem do not fit this process's memory.
+std::string check_memory(DType dtype, int64_t ranks, uint64_t rows, uint64_t hidden) {
+  const unsigned __int128 bytes = static_cast<unsigned __int128>(rows) * hidden *
+                                  static_cast<unsigned>(dtype_size(dtype)) * (4 * static_cast<uint64_t>(ranks) + 4);
+  return cli::check_memory(bytes > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(bytes),
+                           "the inputs, outputs and staging of " + std::to_string(ranks) + " ranks");
+}
+
+// Step 2 of run: the inputs, from files (readable, the flags' dtype, consistent shapes) or random.
+// Returns nullopt to go on, or the exit code to return now (the message printed).
+std::optional<int> read_inputs(const Request& q, Inputs* inputs) {
+  const std::string &input = q.in.input, &residual_path = q.in.residual, &weight_path = q.in.weight;
+  const int64_t rows_flag = q.in.rows, hidden_flag = q.in.hidden, seed = q.seed, ranks = q.ranks;
+  const bool specials = q.in.specials;
+  const DType dtype = q.dtype;
+  const std::string& want = q.want;
+  npy::NpyArray &x = inputs->x, &residual = inputs->residual, &weight = inputs->weight;
+  std::string& input_note = inputs->note;
+  if (!q.from_files) {
     if (rows_flag < 1 || rows_flag > (1 << 24) || hidden_flag < 1 || hidden_flag > (1 << 24)) {
       return cli::fail(kCommand, "--rows and --hidden must be in 1..16777216");
     }
@@ -253,9 +295,9 @@ int run(int argc, char** argv) {
     const int pack = dtype == DType::kFP32 ? Storage<float>::kPack : Storage<bf16>::kPack;
     if (hidden_flag % pack != 0) {
       return cli::fail(kCommand, "hidden size " + std::to_string(hidden_flag) + " is not a positive multiple of the " +
-                                     f.dtype + " pack (" + std::to_string(pack) + " elements)");
+                                     q.f.dtype + " pack (" + std::to_string(pack) + " elements)");
     }
-    if (const std::string problem = check_memory(rows_flag, hidden_flag); !problem.empty()) {
+    if (const std::string problem = check_memory(dtype, ranks, rows_flag, hidden_flag); !problem.empty()) {
       return cli::fail(kCommand, problem);
     }
     const gpu::FusedInputs in =
@@ -268,9 +310,9 @@ int run(int argc, char** argv) {
     residual.data = in.residual;
     weight.shape = {hidden_flag};
     weight.data = in.weight;
-    input_note = tools::random_input_note(seed, parser.given("seed"), specials);
+    input_note = tools::random_input_note(seed, q.seed_given, specials);
   }
-  if (from_files) {
+  if (q.from_files) {
     try {
       x = npy::read_npy(cli::resolve_path(input));
       residual = npy::read_npy(cli::resolve_path(residual_path));
@@ -286,134 +328,175 @@ int run(int argc, char** argv) {
     return cli::fail(kCommand, problem);
   }
   const int64_t rows = x.shape[1], hidden = x.shape[2];
-  if (const std::string problem = check_memory(rows, hidden); !problem.empty()) return cli::fail(kCommand, problem);
-  FusedSpec spec;
-  // The choices are the simulator's names; auto stands for one_stage (the same bits).
-  spec.algo = parse_fused_algorithm_name(algo_text, kOnSimulator).value_or(FusedAlgorithm::kAuto);
-  if (spec.algo == FusedAlgorithm::kAuto) spec.algo = FusedAlgorithm::kOneStage;
-  spec.dtype = dtype;
-  spec.rows = static_cast<int>(rows);
-  spec.hidden = static_cast<int>(hidden);
-  spec.eps = static_cast<float>(eps);
-  spec.blocks = static_cast<int>(blocks);
-  spec.threads = static_cast<int>(threads);
-  if (const std::string problem = check_fused_spec(spec, static_cast<int>(ranks), options.schedule); !problem.empty()) {
+  if (const std::string problem = check_memory(dtype, ranks, rows, hidden); !problem.empty()) {
     return cli::fail(kCommand, problem);
   }
-  for (uint64_t i : options.trace_elements) {
+  return std::nullopt;
+}
+
+// The simulated run's spec for [rows, hidden] inputs, checked (and the traced elements with it).
+// Returns nullopt to go on, or the exit code to return now (the message printed).
+std::optional<int> make_spec(const Request& q, int64_t rows, int64_t hidden, FusedSpec* spec_out) {
+  FusedSpec& spec = *spec_out;
+  // The choices are the simulator's names; auto stands for one_stage (the same bits).
+  spec.algo = parse_fused_algorithm_name(q.algo_text, kOnSimulator).value_or(FusedAlgorithm::kAuto);
+  if (spec.algo == FusedAlgorithm::kAuto) spec.algo = FusedAlgorithm::kOneStage;
+  spec.dtype = q.dtype;
+  spec.rows = static_cast<int>(rows);
+  spec.hidden = static_cast<int>(hidden);
+  spec.eps = static_cast<float>(q.in.eps);
+  spec.blocks = static_cast<int>(q.blocks);
+  spec.threads = static_cast<int>(q.threads);
+  if (const std::string problem = check_fused_spec(spec, static_cast<int>(q.ranks), q.options.schedule);
+      !problem.empty()) {
+    return cli::fail(kCommand, problem);
+  }
+  for (uint64_t i : q.options.trace_elements) {
     if (i >= static_cast<uint64_t>(rows * hidden)) {
       return cli::fail(kCommand, "--trace-elements index " + std::to_string(i) +
                                      " is past rows * H = " + std::to_string(rows * hidden));
     }
   }
+  return std::nullopt;
+}
 
-  // 3. Run: the canonical algorithm on the simulated world, or the alternative contract's reference.
-  const size_t count = static_cast<size_t>(rows * hidden);
-  const size_t elem = static_cast<size_t>(dtype_size(dtype));
-  std::vector<uint8_t> out(count * elem * ranks), residual_out(count * elem * ranks);
-  std::vector<ElementTrace> traces;  // --trace-elements: every step of each traced element
-  std::vector<int> departs;          // alternatives: where each leaves canonical (-1: never)
-  if (canonical) {
-    FusedIo io;
-    for (int r = 0; r < ranks; ++r) {
-      io.x.push_back(x.data.data() + r * count * elem);
-      io.residual.push_back(residual.data.data());
-      io.weight.push_back(weight.data.data());
-      io.out.push_back(out.data() + r * count * elem);
-      io.residual_out.push_back(residual_out.data() + r * count * elem);
-    }
-    std::optional<sim::World> world;
-    std::string failure;
-    int failure_code = cli::kExitFailure;
-    try {
-      world.emplace(options);
-      tools::ProgressBar bar(kCommand, [&world] { return world->progress(); });
-      run_fused(*world, spec, io);
-      failure = tools::unreached_fault(options, *world);
-      if (!failure.empty()) failure_code = cli::kExitUsage;
-    } catch (const sim::SimError& e) {
-      failure = std::string("the run failed: ") + e.what();
-    }
-    // The traced elements' whole computation, checked against the run (a difference is an error).
-    if (failure.empty() && !options.trace_elements.empty() && world && world->tracer() != nullptr) {
-      const int n = static_cast<int>(ranks);
-      const std::vector<uint64_t>& el = options.trace_elements;
-      std::string problem;
-      switch (dtype) {
-        case DType::kBF16:
-          problem = trace_canonical<bf16>(n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out,
-                                          el, *world->tracer(), &traces);
-          break;
-        case DType::kFP16:
-          problem = trace_canonical<fp16>(n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out,
-                                          el, *world->tracer(), &traces);
-          break;
-        case DType::kFP32:
-          problem = trace_canonical<float>(n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out,
-                                           el, *world->tracer(), &traces);
-          break;
-      }
-      if (!problem.empty()) {
-        return cli::fail(kCommand, "the element trace disagrees with the run (a bug; nothing written): " + problem,
-                         cli::kExitFailure);
-      }
-    }
-    // The traces show what happened, a failed run's too; its outputs are never written.
-    try {
-      if (world && world->tracer() != nullptr) {
-        if (!f.trace.empty()) {
-          const std::string text = world->tracer()->json_lines() + element_trace_json(traces);
-          files->write(cli::resolve_path(f.trace), text.data(), text.size());
-        }
-        if (!f.chrome_trace.empty()) {
-          const std::string text = world->tracer()->chrome_trace(options.schedule == sim::Schedule::kSeeded);
-          files->write(cli::resolve_path(f.chrome_trace), text.data(), text.size());
-        }
-      }
-      if (!failure.empty()) files->commit();
-    } catch (const npy::NpyError& e) {
-      return cli::fail(kCommand, e.what(), cli::kExitFailure);
-    }
-    if (!failure.empty()) return cli::fail(kCommand, failure, failure_code);
-  } else {
+// Step 3 of run under the canonical contract (count: the elements of one rank's [rows, H]): the
+// algorithm on the simulated world, the traced elements checked against the run, and the traces
+// written (a failed run's too; its outputs never).
+// Returns nullopt to go on, or the exit code to return now (the message printed).
+std::optional<int> run_canonical(const Request& q, const Inputs& inputs, const FusedSpec& spec, size_t count,
+                                 npy::OutputFiles* files, Results* results) {
+  const sim::WorldOptions& options = q.options;
+  const tools::SimFlags& f = q.f;
+  const int64_t ranks = q.ranks;
+  const npy::NpyArray &x = inputs.x, &residual = inputs.residual, &weight = inputs.weight;
+  std::vector<uint8_t>&out = results->out, &residual_out = results->residual_out;
+  std::vector<ElementTrace>& traces = results->traces;
+  const size_t elem = static_cast<size_t>(dtype_size(q.dtype));
+  FusedIo io;
+  for (int r = 0; r < ranks; ++r) {
+    io.x.push_back(x.data.data() + r * count * elem);
+    io.residual.push_back(residual.data.data());
+    io.weight.push_back(weight.data.data());
+    io.out.push_back(out.data() + r * count * elem);
+    io.residual_out.push_back(residual_out.data() + r * count * elem);
+  }
+  std::optional<sim::World> world;
+  std::string failure;
+  int failure_code = cli::kExitFailure;
+  try {
+    world.emplace(options);
+    tools::ProgressBar bar(kCommand, [&world] { return world->progress(); });
+    run_fused(*world, spec, io);
+    failure = tools::unreached_fault(options, *world);
+    if (!failure.empty()) failure_code = cli::kExitUsage;
+  } catch (const sim::SimError& e) {
+    failure = std::string("the run failed: ") + e.what();
+  }
+  // The traced elements' whole computation, checked against the run (a difference is an error).
+  if (failure.empty() && !options.trace_elements.empty() && world && world->tracer() != nullptr) {
     const int n = static_cast<int>(ranks);
-    switch (dtype) {
+    const std::vector<uint64_t>& el = options.trace_elements;
+    std::string problem;
+    switch (q.dtype) {
       case DType::kBF16:
-        run_reference<bf16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out,
-                            options.trace_elements, &traces, &departs);
+        problem = trace_canonical<bf16>(n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out, el,
+                                        *world->tracer(), &traces);
         break;
       case DType::kFP16:
-        run_reference<fp16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out,
-                            options.trace_elements, &traces, &departs);
+        problem = trace_canonical<fp16>(n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out, el,
+                                        *world->tracer(), &traces);
         break;
       case DType::kFP32:
-        run_reference<float>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &out, &residual_out,
-                             options.trace_elements, &traces, &departs);
+        problem = trace_canonical<float>(n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out,
+                                         el, *world->tracer(), &traces);
         break;
     }
-  }
-
-  // 4. Outputs (each written atomically), then the summary.
-  const std::vector<int64_t> shape = {ranks, rows, hidden};
-  try {
-    if (!canonical && !f.trace.empty()) {
-      const std::string text = element_trace_json(traces);
-      files->write(cli::resolve_path(f.trace), text.data(), text.size());
+    if (!problem.empty()) {
+      return cli::fail(kCommand, "the element trace disagrees with the run (a bug; nothing written): " + problem,
+                       cli::kExitFailure);
     }
-    if (!output_file.empty()) files->write_npy(output_file, want, shape, out.data(), out.size());
-    if (!residual_output_file.empty()) {
-      files->write_npy(residual_output_file, want, shape, residual_out.data(), residual_out.size());
+  }
+  // The traces show what happened, a failed run's too; its outputs are never written.
+  try {
+    if (world && world->tracer() != nullptr) {
+      if (!f.trace.empty()) {
+        const std::string text = world->tracer()->json_lines() + element_trace_json(traces);
+        files->write(cli::resolve_path(f.trace), text.data(), text.size());
+      }
+      if (!f.chrome_trace.empty()) {
+        const std::string text = world->tracer()->chrome_trace(options.schedule == sim::Schedule::kSeeded);
+        files->write(cli::resolve_path(f.chrome_trace), text.data(), text.size());
+      }
+    }
+    if (!failure.empty()) files->commit();
+  } catch (const npy::NpyError& e) {
+    return cli::fail(kCommand, e.what(), cli::kExitFailure);
+  }
+  if (!failure.empty()) return cli::fail(kCommand, failure, failure_code);
+  return std::nullopt;
+}
+
+// Step 3 of run under an alternative contract: the scalar reference's outputs (every rank the
+// same) and the traced elements' steps, marked against canonical's.
+void run_alternative(const Request& q, const Inputs& inputs, const FusedSpec& spec, Results* results) {
+  const npy::NpyArray &x = inputs.x, &residual = inputs.residual, &weight = inputs.weight;
+  const int n = static_cast<int>(q.ranks);
+  const Contract contract = q.contract;
+  const std::vector<uint64_t>& el = q.options.trace_elements;
+  Results& r = *results;
+  switch (q.dtype) {
+    case DType::kBF16:
+      run_reference<bf16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &r.out, &r.residual_out,
+                          el, &r.traces, &r.departs);
+      break;
+    case DType::kFP16:
+      run_reference<fp16>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &r.out, &r.residual_out,
+                          el, &r.traces, &r.departs);
+      break;
+    case DType::kFP32:
+      run_reference<float>(contract, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, &r.out, &r.residual_out,
+                           el, &r.traces, &r.departs);
+      break;
+  }
+}
+
+// Step 4 of run: the outputs of `shape` ([ranks, rows, H]), each written atomically (an
+// alternative contract's element trace too). Returns nullopt to go on, or the exit code to return now (the message
+// printed).
+std::optional<int> write_outputs(const Request& q, const std::vector<int64_t>& shape, npy::OutputFiles* files,
+                                 const Results& results) {
+  const std::string& want = q.want;
+  const std::vector<uint8_t>&out = results.out, &residual_out = results.residual_out;
+  try {
+    if (!q.canonical && !q.f.trace.empty()) {
+      const std::string text = element_trace_json(results.traces);
+      files->write(cli::resolve_path(q.f.trace), text.data(), text.size());
+    }
+    if (!q.output_file.empty()) files->write_npy(q.output_file, want, shape, out.data(), out.size());
+    if (!q.residual_output_file.empty()) {
+      files->write_npy(q.residual_output_file, want, shape, residual_out.data(), residual_out.size());
     }
     files->commit();
   } catch (const npy::NpyError& e) {
     return cli::fail(kCommand, e.what(), cli::kExitFailure);
   }
+  return std::nullopt;
+}
+
+// The last lines: one per traced element, then the run's summary (shape: [ranks, rows, H]) with
+// each output's sha256.
+void print_summary(const Request& q, const Inputs& inputs, const FusedSpec& spec, const std::vector<int64_t>& shape,
+                   const Results& results) {
+  const std::vector<ElementTrace>& traces = results.traces;
+  const std::vector<int>& departs = results.departs;
+  const std::vector<uint8_t>&out = results.out, &residual_out = results.residual_out;
   for (size_t k = 0; k < traces.size(); ++k) {
-    std::cout << element_summary(traces[k], k < departs.size() ? departs[k] : -1, f.trace) << "\n";
+    std::cout << element_summary(traces[k], k < departs.size() ? departs[k] : -1, q.f.trace) << "\n";
   }
-  std::cout << kCommand << " " << f.dtype << ": " << ranks << " ranks x [" << rows << ", " << hidden << "] ("
-            << input_note << "), contract " << contract_text;
-  if (canonical) {
+  std::cout << kCommand << " " << q.f.dtype << ": " << q.ranks << " ranks x [" << shape[1] << ", " << shape[2] << "] ("
+            << inputs.note << "), contract " << q.contract_text;
+  if (q.canonical) {
     std::cout << ", " << fused_algorithm_name(spec.algo) << ", " << spec.blocks
               << (spec.blocks == 1 ? " block" : " blocks");
     if (const int t = fused_threads(spec); t > 1) std::cout << " x " << t << " threads";
@@ -421,10 +504,51 @@ int run(int argc, char** argv) {
         spec.algo == FusedAlgorithm::kPushOneStageReg) {
       std::cout << (fused_register_path(spec) ? " (register path)" : " (core's path)");
     }
-    std::cout << ", " << tools::schedule_note(options);
+    std::cout << ", " << tools::schedule_note(q.options);
   }
   std::cout << "; out sha256 " << tools::sha256_hex(out.data(), out.size()) << " residual_out sha256 "
             << tools::sha256_hex(residual_out.data(), residual_out.size()) << "\n";
+}
+
+int run(int argc, char** argv) {
+  // 1. Flags, checked together.
+  Request q;
+  cli::ArgParser parser = make_parser(&q);
+  if (auto code = parser.parse(argc, argv)) return *code;
+  if (auto code = check_flags(parser, &q)) return *code;
+  // The outputs, reserved before any work: an unwritable path is bad input (exit 2), and a failed
+  // write of one output leaves none of them behind.
+  const auto files = tools::reserve_outputs(kCommand, [&] {
+    std::vector<std::string> paths = tools::trace_paths(q.f);
+    paths.push_back(q.output_file);
+    paths.push_back(q.residual_output_file);
+    return paths;
+  }());
+  if (!files) return cli::kExitUsage;
+
+  // 2. Inputs, and the run's spec for their shape.
+  Inputs inputs;
+  if (auto code = read_inputs(q, &inputs)) return *code;
+  const int64_t rows = inputs.x.shape[1], hidden = inputs.x.shape[2];
+  FusedSpec spec;
+  if (auto code = make_spec(q, rows, hidden, &spec)) return *code;
+
+  // 3. Run: the canonical algorithm on the simulated world, or the alternative contract's reference.
+  const size_t count = static_cast<size_t>(rows * hidden);
+  const size_t elem = static_cast<size_t>(dtype_size(q.dtype));
+  Results results;
+  results.out.resize(count * elem * q.ranks);
+  results.residual_out.resize(count * elem * q.ranks);
+  if (q.canonical) {
+    if (auto code = run_canonical(q, inputs, spec, count, files.get(), &results)) return *code;
+  } else {
+    run_alternative(q, inputs, spec, &results);
+  }
+
+  // 4. Outputs (each written atomically), then the summary.
+  const std::vector<int64_t> shape = {q.ranks, rows, hidden};
+  if (auto code = write_outputs(q, shape, files.get(), results)) return *code;
+  print_summary(q, inputs, spec, shape, results);
   return cli::kExitOk;
 }
 

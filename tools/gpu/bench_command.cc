@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -172,51 +173,35 @@ BenchResult measure(Worker& w, ApiComm& comm, BenchProblem& problem, const Bench
   return r;
 }
 
-int bench_worker(GpuOp& op, const BenchOptions& o) {
-  Worker w(kCommand);
-  const int n = w.world_size(), rank = w.rank();
+// Step 2's header lines (rank 0): the op, the ranks, how times are taken and what #wrong means.
+void print_bench_head(Worker& w, const GpuOp& op, const BenchOptions& o, const ApiCommOptions& co,
+                      const exactcoll_comm_properties& p, const BenchProblem& problem) {
   const BenchSettings& s = o.settings;
-  // 2. The communicator and the op's problem.
-  ApiCommOptions co;
-  co.name = "bench";
-  co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
-  co.programmatic_launch = o.pdl;
-  size_t least_bytes = 0;
-  op.bench_communicator(s, o.sizes, n, o.algos, &co, &least_bytes);
-  co.buffer_bytes = std::max(least_bytes, buffer_bytes_for(o.buffer_mib));
-  // Declared before the communicator, so destroyed after it: memory registered with a communicator
-  // must outlive it (its peers keep their mappings until it is destroyed).
-  std::unique_ptr<BenchProblem> problem;
-  DeviceBuffer bound_src, bound_dst;
-  ApiComm comm(w.store(), rank, n, co);
-  const exactcoll_comm_properties& p = comm.properties();
-  if (!p.ipc_ready) {
-    return cli::fail(kCommand, "the IPC path is unavailable: " + std::string(p.ipc_unavailable_reason),
-                     cli::kExitFailure);
-  }
-  problem = op.bench_load(s, comm, o.sizes, n, rank);
-  Stream stream;
-  uint64_t max_bytes = 0;
-  for (const BenchSize& size : o.sizes) max_bytes = std::max(max_bytes, problem->bytes_of(size));
-  {
-    std::ostringstream head;
-    head << "# exactcoll bench: " << op.name() << " " << dtype_name(s.dtype) << ", " << n << " ranks on "
-         << w.device_name() << " (" << p.arch << "); NCCL "
-         << (p.nccl_ready ? cuda::NcclApi::get().version() : std::string("not loaded")) << "\n"
-         << "# time: max over ranks of the median per-op µs; graph: " << o.graph_ops << " ops per CUDA graph, "
-         << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops
-         << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; buffers "
-         << (co.buffer_bytes >> 20) << " MiB per rank"
-         << "\n# #wrong: output elements (all ranks) outside what the implementation promises: exactcoll the\n"
-         << "#   contract's bits; NCCL's all-reduce and reduce-scatter sums |got - exact| <= gamma_n * sum|x|\n"
-         << "#   (tools/gpu/reference.h), its all-gather the input bits; '-' = not judged (the fused op's\n"
-         << "#   nccl_split, the split's parts alone, --no-check). #!=contract (NCCL): elements whose bits\n"
-         << "#   differ from the contract: the rounding NCCL's order gives, not corruption\n"
-         << "# " << problem->header() << "\n";
-    print_leader(w, head.str());
-  }
+  const int n = w.world_size();
+  std::ostringstream head;
+  head << "# exactcoll bench: " << op.name() << " " << dtype_name(s.dtype) << ", " << n << " ranks on "
+       << w.device_name() << " (" << p.arch << "); NCCL "
+       << (p.nccl_ready ? cuda::NcclApi::get().version() : std::string("not loaded")) << "\n"
+       << "# time: max over ranks of the median per-op µs; graph: " << o.graph_ops << " ops per CUDA graph, "
+       << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops
+       << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; buffers "
+       << (co.buffer_bytes >> 20) << " MiB per rank"
+       << "\n# #wrong: output elements (all ranks) outside what the implementation promises: exactcoll the\n"
+       << "#   contract's bits; NCCL's all-reduce and reduce-scatter sums |got - exact| <= gamma_n * sum|x|\n"
+       << "#   (tools/gpu/reference.h), its all-gather the input bits; '-' = not judged (the fused op's\n"
+       << "#   nccl_split, the split's parts alone, --no-check). #!=contract (NCCL): elements whose bits\n"
+       << "#   differ from the contract: the rounding NCCL's order gives, not corruption\n"
+       << "# " << problem.header() << "\n";
+  print_leader(w, head.str());
+}
 
-  // 3. The NVLink bound.
+// Step 3: the NVLink bound (2+ ranks on GPUs of their own, unless --no-bound), printed by rank 0.
+// Returns its GB/s, 0 when not measured. bound_src and bound_dst get the copy's buffers: the
+// caller declares them before the communicator, since src is registered with it and must outlive it.
+double nvlink_bound(Worker& w, ApiComm& comm, const BenchOptions& o, uint64_t max_bytes, DeviceBuffer* bound_src,
+                    DeviceBuffer* bound_dst, cudaStream_t stream) {
+  const int n = w.world_size();
+  const exactcoll_comm_properties& p = comm.properties();
   double bound_gbs = 0;
   if (o.bound && n >= 2 && p.shared_gpu) {
     print_leader(w, "# NVLink bound: not measured (ranks share a GPU)\n");
@@ -224,9 +209,9 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
     const size_t copy_bytes = std::min<uint64_t>(max_bytes, uint64_t{64} << 20);
     if (copy_bytes >= (size_t{1} << 20)) {
       double all_pull_gbs = 0;
-      bound_src = DeviceBuffer(copy_bytes);
-      bound_dst = DeviceBuffer(copy_bytes);
-      bound_gbs = measure_bound_gbs(w, comm, bound_src, bound_dst, copy_bytes, stream.get(), &all_pull_gbs);
+      *bound_src = DeviceBuffer(copy_bytes);
+      *bound_dst = DeviceBuffer(copy_bytes);
+      bound_gbs = measure_bound_gbs(w, comm, *bound_src, *bound_dst, copy_bytes, stream, &all_pull_gbs);
       std::ostringstream os;
       os << "# NVLink bound: copy-engine peer copy rank 1 -> rank 0 of " << (copy_bytes >> 20)
          << " MiB: " << fmt("%.1f", bound_gbs)
@@ -235,15 +220,20 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
       print_leader(w, os.str());
     }
   }
+  return bound_gbs;
+}
 
-  // 4. Sizes × algorithms (auto last when the problem tunes it).
+// Step 4: every size × algorithm measured (auto last when the problem tunes it), rank 0 printing
+// each size's graph times to stderr as they come. Returns the results size-major, in --algos order.
+std::vector<BenchResult> measure_all(Worker& w, ApiComm& comm, const GpuOp& op, BenchProblem& problem,
+                                     const BenchOptions& o, cudaStream_t stream) {
   std::map<std::pair<size_t, std::string>, BenchResult> by_point;
-  const bool auto_last = problem->tunes_auto();
+  const bool auto_last = problem.tunes_auto();
   auto progress = [&](size_t i, bool auto_only) {
     if (!w.leader()) return;
     std::ostringstream os;
     os << "# bench " << op.name() << ": size " << i + 1 << " of " << o.sizes.size() << ", "
-       << problem->bytes_of(o.sizes[i]) << " bytes (rows " << o.sizes[i].rows << ", hidden " << o.sizes[i].hidden
+       << problem.bytes_of(o.sizes[i]) << " bytes (rows " << o.sizes[i].rows << ", hidden " << o.sizes[i].hidden
        << "):";
     for (const std::string& a : o.algos) {
       const auto it = by_point.find({i, a});
@@ -254,21 +244,21 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
     std::fputs(os.str().c_str(), stderr);
   };
   for (size_t i = 0; i < o.sizes.size(); ++i) {
-    problem->prepare(o.sizes[i]);
+    problem.prepare(o.sizes[i]);
     for (const std::string& a : o.algos) {
       if (auto_last && a == "auto") continue;
-      by_point[{i, a}] = measure(w, comm, *problem, o.sizes[i], a, o, stream.get());
+      by_point[{i, a}] = measure(w, comm, problem, o.sizes[i], a, o, stream);
     }
     progress(i, false);
   }
   if (auto_last) {
     std::vector<BenchResult> measured;
     for (const auto& [key, r] : by_point) measured.push_back(r);
-    problem->tune(measured, w);
+    problem.tune(measured, w);
     if (std::find(o.algos.begin(), o.algos.end(), "auto") != o.algos.end()) {
       for (size_t i = 0; i < o.sizes.size(); ++i) {
-        problem->prepare(o.sizes[i]);
-        by_point[{i, "auto"}] = measure(w, comm, *problem, o.sizes[i], "auto", o, stream.get());
+        problem.prepare(o.sizes[i]);
+        by_point[{i, "auto"}] = measure(w, comm, problem, o.sizes[i], "auto", o, stream);
         progress(i, true);
       }
     }
@@ -277,13 +267,22 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
   for (size_t i = 0; i < o.sizes.size(); ++i) {
     for (const std::string& a : o.algos) results.push_back(by_point.at({i, a}));
   }
+  return results;
+}
 
-  // 5. Tables (rank 0).
-  if (!w.leader()) return cli::kExitOk;
+// Does a size's hidden differ from the first's (the tables then show a hidden column)?
+bool several_hidden_sizes(const std::vector<BenchSize>& sizes) {
+  bool several_hidden = false;
+  for (const BenchSize& size : sizes) several_hidden = several_hidden || size.hidden != sizes[0].hidden;
+  return several_hidden;
+}
+
+// Step 5 (rank 0): the CUDA-graph table, and the eager one unless --no-eager.
+std::string bench_tables(const GpuOp& op, const BenchOptions& o, int n, const std::vector<BenchResult>& results) {
+  const BenchSettings& s = o.settings;
   const double bf = op.bus_factor(n);
   const size_t per_size = o.algos.size();
-  bool several_hidden = false;
-  for (const BenchSize& size : o.sizes) several_hidden = several_hidden || size.hidden != o.sizes[0].hidden;
+  const bool several_hidden = several_hidden_sizes(o.sizes);
   std::map<std::string, bool> inexact;  // per algorithm: some call ran NCCL's sums
   for (const BenchResult& r : results) inexact[r.algo] = inexact[r.algo] || !r.exact;
   // Each column's first field holds its name in the header and auto's choice in the rows: as wide
@@ -330,7 +329,17 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
   std::ostringstream out;
   out << table(true);
   if (o.eager) out << table(false);
-  // Summary: auto against the op's baselines (graph).
+  return out.str();
+}
+
+// Step 5 (rank 0): auto against the op's baselines (graph), and the largest size against the
+// NVLink bound (bound_gbs > 0).
+std::string bench_summary(const GpuOp& op, const BenchOptions& o, int n, double bound_gbs,
+                          const std::vector<BenchResult>& results) {
+  const double bf = op.bus_factor(n);
+  const size_t per_size = o.algos.size();
+  const bool several_hidden = several_hidden_sizes(o.sizes);
+  std::ostringstream out;
   const auto find = [&](size_t i, const std::string& a) -> const BenchResult* {
     for (size_t j = 0; j < per_size; ++j) {
       if (results[i + j].algo == a) return &results[i + j];
@@ -377,7 +386,13 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
       out << "; auto " << fmt("%.1f", a->graph_us) << " us = " << fmt("%.3f", a->graph_us / bound_us) << " x bound";
     out << "\n";
   }
-  // The exit code: exactcoll's promise; NCCL's sums outside their bound are printed, not failed on.
+  return out.str();
+}
+
+// Step 5 (rank 0): the #wrong totals line. The exit code is exactcoll's promise: *total_wrong,
+// over the exact algorithms; NCCL's sums outside their bound are printed, not failed on.
+std::string wrong_totals(const std::vector<BenchResult>& results, uint64_t* total_wrong_out) {
+  std::ostringstream out;
   uint64_t total_wrong = 0, inexact_outside = 0;
   bool inexact_judged = false, inexact_ran = false;
   for (const BenchResult& r : results) {
@@ -392,10 +407,16 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
     out << "; NCCL's results: not judged (only #!=contract)";
   }
   out << "\n";
-  std::fwrite(out.str().data(), 1, out.str().size(), stdout);
-  std::fflush(stdout);
+  *total_wrong_out = total_wrong;
+  return out.str();
+}
 
-  // 6. Files (atomic).
+// Step 6 (rank 0): the JSON and CSV files (atomic), where asked for. Throws on a write failure.
+void write_bench_files(Worker& w, const GpuOp& op, const BenchOptions& o, double bound_gbs,
+                       const std::vector<BenchResult>& results) {
+  const BenchSettings& s = o.settings;
+  const int n = w.world_size();
+  const double bf = op.bus_factor(n);
   auto record = [&](const BenchResult& r, bool graph, bool json) {
     const double us = graph ? r.graph_us : r.eager_us;
     const double algbw = static_cast<double>(r.bytes) / (us * 1e3);
@@ -418,33 +439,80 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
     }
     return os.str();
   };
+  if (!o.json_path.empty()) {
+    std::ostringstream js;
+    js << "{\"bound_gbs\":" << fmt("%.3f", bound_gbs) << ",\"results\":[\n";
+    bool first = true;
+    for (const auto& r : results) {
+      for (bool graph : {true, false}) {
+        if (!graph && !o.eager) continue;
+        js << (first ? "" : ",\n") << record(r, graph, true);
+        first = false;
+      }
+    }
+    js << "\n]}\n";
+    npy::write_file_atomic(cli::resolve_path(o.json_path), js.str().data(), js.str().size());
+  }
+  if (!o.csv_path.empty()) {
+    std::ostringstream cs;
+    cs << "op,dtype,ranks,rows,hidden,bytes,count,algo,ran,mode,time_us,algbw_gbs,busbw_gbs,wrong,differ_from_"
+          "contract,exact\n";
+    for (const auto& r : results) {
+      for (bool graph : {true, false}) {
+        if (!graph && !o.eager) continue;
+        cs << record(r, graph, false) << "\n";
+      }
+    }
+    npy::write_file_atomic(cli::resolve_path(o.csv_path), cs.str().data(), cs.str().size());
+  }
+}
+
+int bench_worker(GpuOp& op, const BenchOptions& o) {
+  Worker w(kCommand);
+  const int n = w.world_size(), rank = w.rank();
+  const BenchSettings& s = o.settings;
+  // 2. The communicator and the op's problem.
+  ApiCommOptions co;
+  co.name = "bench";
+  co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
+  co.programmatic_launch = o.pdl;
+  size_t least_bytes = 0;
+  op.bench_communicator(s, o.sizes, n, o.algos, &co, &least_bytes);
+  co.buffer_bytes = std::max(least_bytes, buffer_bytes_for(o.buffer_mib));
+  // Declared before the communicator, so destroyed after it: memory registered with a communicator
+  // must outlive it (its peers keep their mappings until it is destroyed).
+  std::unique_ptr<BenchProblem> problem;
+  DeviceBuffer bound_src, bound_dst;
+  ApiComm comm(w.store(), rank, n, co);
+  const exactcoll_comm_properties& p = comm.properties();
+  if (!p.ipc_ready) {
+    return cli::fail(kCommand, "the IPC path is unavailable: " + std::string(p.ipc_unavailable_reason),
+                     cli::kExitFailure);
+  }
+  problem = op.bench_load(s, comm, o.sizes, n, rank);
+  Stream stream;
+  uint64_t max_bytes = 0;
+  for (const BenchSize& size : o.sizes) max_bytes = std::max(max_bytes, problem->bytes_of(size));
+  print_bench_head(w, op, o, co, p, *problem);
+
+  // 3. The NVLink bound.
+  const double bound_gbs = nvlink_bound(w, comm, o, max_bytes, &bound_src, &bound_dst, stream.get());
+
+  // 4. Sizes × algorithms (auto last when the problem tunes it).
+  const std::vector<BenchResult> results = measure_all(w, comm, op, *problem, o, stream.get());
+
+  // 5. Tables (rank 0).
+  if (!w.leader()) return cli::kExitOk;
+  uint64_t total_wrong = 0;
+  std::ostringstream out;
+  out << bench_tables(op, o, n, results) << bench_summary(op, o, n, bound_gbs, results)
+      << wrong_totals(results, &total_wrong);
+  std::fwrite(out.str().data(), 1, out.str().size(), stdout);
+  std::fflush(stdout);
+
+  // 6. Files (atomic).
   try {
-    if (!o.json_path.empty()) {
-      std::ostringstream js;
-      js << "{\"bound_gbs\":" << fmt("%.3f", bound_gbs) << ",\"results\":[\n";
-      bool first = true;
-      for (const auto& r : results) {
-        for (bool graph : {true, false}) {
-          if (!graph && !o.eager) continue;
-          js << (first ? "" : ",\n") << record(r, graph, true);
-          first = false;
-        }
-      }
-      js << "\n]}\n";
-      npy::write_file_atomic(cli::resolve_path(o.json_path), js.str().data(), js.str().size());
-    }
-    if (!o.csv_path.empty()) {
-      std::ostringstream cs;
-      cs << "op,dtype,ranks,rows,hidden,bytes,count,algo,ran,mode,time_us,algbw_gbs,busbw_gbs,wrong,differ_from_"
-            "contract,exact\n";
-      for (const auto& r : results) {
-        for (bool graph : {true, false}) {
-          if (!graph && !o.eager) continue;
-          cs << record(r, graph, false) << "\n";
-        }
-      }
-      npy::write_file_atomic(cli::resolve_path(o.csv_path), cs.str().data(), cs.str().size());
-    }
+    write_bench_files(w, op, o, bound_gbs, results);
   } catch (const std::exception& e) {
     return cli::fail(kCommand, e.what(), cli::kExitFailure);
   }
@@ -465,27 +533,38 @@ std::unique_ptr<GpuOp> op_of_arguments(int argc, char** argv) {
   return std::move(gpu_ops().front());  // the parser then refuses the unknown --op by name
 }
 
-int run_bench(int argc, char** argv) {
-  const std::unique_ptr<GpuOp> op = op_of_arguments(argc, argv);
+// The flags of `exactcoll bench` that BenchOptions does not take as given: the process count and
+// seed, the texts parsed afterwards (op, dtype, sizes, algorithms) and the switches it negates.
+struct BenchFlags {
   int64_t nproc = 0, seed = 1, step_factor = 2;
   std::string op_text = "allreduce", dtype_text = "bf16", rows_text, hidden_text, algos_text, min_bytes_text,
               max_bytes_text;
   bool no_eager = false, no_check = false, no_bound = false, no_pdl = false;
-  BenchOptions o;
+};
+
+// "a, b, c": the op's algorithms, as the help and the --algos errors list them.
+std::string algo_list_of(const std::vector<std::string>& algorithms) {
+  std::string algo_list;
+  for (const std::string& a : algorithms) algo_list += (algo_list.empty() ? "" : ", ") + a;
+  return algo_list;
+}
+
+// The command's flags with op's own, bound to *flags and *o; with --op given, the usage names the
+// op first, so that a flag error's hint is that op's --help.
+cli::ArgParser make_parser(GpuOp& op, int argc, char** argv, BenchFlags* flags, BenchOptions* o) {
+  BenchFlags& f = *flags;
   std::vector<std::string> op_names;
   std::string op_choices;
   for (const auto& candidate : gpu_ops()) {
     op_names.push_back(candidate->name());
     op_choices += (op_choices.empty() ? "" : "|") + candidate->name();
   }
-  const std::vector<std::string> algorithms = op->bench_algorithms();
-  std::string algo_list;
-  for (const std::string& a : algorithms) algo_list += (algo_list.empty() ? "" : ", ") + a;
+  const std::string algo_list = algo_list_of(op.bench_algorithms());
   // With --op given, the usage names it first, so that a flag error's hint is that op's --help.
   bool op_given = false;
   for (int i = 1; i < argc; ++i) op_given = op_given || std::string(argv[i]).rfind("--op", 0) == 0;
   std::string usage = "exactcoll bench ";
-  usage += op_given ? "--op " + op->name() + " --nproc N" : "--nproc N [--op " + op_choices + "]";
+  usage += op_given ? "--op " + op.name() + " --nproc N" : "--nproc N [--op " + op_choices + "]";
   usage += " [--dtype bf16|fp16|fp32] [--rows R,… --hidden H,… | -b BYTES -e BYTES -f F] [--algos A,…]";
   usage += " [--json FILE] [--csv FILE]";
   cli::ArgParser parser(
@@ -498,11 +577,11 @@ int run_bench(int argc, char** argv) {
       "allgather: the gathered output; fused_rmsnorm: x, rows of --hidden). Rank 0 prints each size's\n"
       "times as it is measured (stderr), the tables at the end. `bench --op OP --help` lists the op's\n"
       "algorithms and flags. Example: exactcoll bench --nproc 8 -b 8K -e 128M -f 2");
-  parser.add_int("nproc", &nproc, "processes, one per GPU");
+  parser.add_int("nproc", &f.nproc, "processes, one per GPU");
   parser.mark_required("nproc");
-  parser.add_choice("op", &op_text, op_names, "the op to time");
-  parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
-  parser.add_string("hidden", &hidden_text, "comma list of elements per row");
+  parser.add_choice("op", &f.op_text, op_names, "the op to time");
+  parser.add_choice("dtype", &f.dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
+  parser.add_string("hidden", &f.hidden_text, "comma list of elements per row");
   auto joined = [](const std::vector<int64_t>& list) {
     std::string text;
     for (int64_t h : list) {
@@ -511,48 +590,48 @@ int run_bench(int argc, char** argv) {
     }
     return text;
   };
-  parser.set_default_note("hidden", "default: " + joined(op->bench_default_hidden(false)) + "; with -b/-e " +
-                                        joined(op->bench_default_hidden(true)));
-  parser.add_string("rows", &rows_text, "comma list of row counts");
+  parser.set_default_note("hidden", "default: " + joined(op.bench_default_hidden(false)) + "; with -b/-e " +
+                                        joined(op.bench_default_hidden(true)));
+  parser.add_string("rows", &f.rows_text, "comma list of row counts");
   parser.set_default_note("rows", "default: 1,2,4,…,4096");
-  parser.add_string("minbytes", &min_bytes_text,
+  parser.add_string("minbytes", &f.min_bytes_text,
                     "-b: the smallest message in bytes, as nccl-tests (8, 256K, 128M; with -e, instead of --rows)");
   parser.set_default_note("minbytes", "default: the --rows sizes");
-  parser.add_string("maxbytes", &max_bytes_text, "-e: the largest message in bytes (with -b)");
+  parser.add_string("maxbytes", &f.max_bytes_text, "-e: the largest message in bytes (with -b)");
   parser.set_default_note("maxbytes", "default: the --rows sizes");
-  parser.add_int("stepfactor", &step_factor, "-f: each size is the previous times this (with -b/-e)");
+  parser.add_int("stepfactor", &f.step_factor, "-f: each size is the previous times this (with -b/-e)");
   parser.add_short('b', "minbytes");
   parser.add_short('e', "maxbytes");
   parser.add_short('f', "stepfactor");
-  parser.add_string("algos", &algos_text, "comma list of " + algo_list);
+  parser.add_string("algos", &f.algos_text, "comma list of " + algo_list);
   parser.set_default_note("algos", "default: all of them");
-  parser.add_int("graph-ops", &o.graph_ops, "ops captured per CUDA graph (and per eager round)");
-  parser.add_int("replays", &o.replays, "timed graph replays (the median is reported)");
-  parser.add_int("warmup", &o.warmup, "untimed graph replays (and eager rounds) first");
-  parser.add_int("eager-rounds", &o.eager_rounds, "timed eager rounds");
-  parser.add_int("timeout-ms", &o.timeout_ms, "bound on every in-kernel flag wait");
-  parser.add_int("seed", &seed, "seed of the random inputs");
-  parser.add_int("buffer-mib", &o.buffer_mib, "staging and scratch MiB per rank");
+  parser.add_int("graph-ops", &o->graph_ops, "ops captured per CUDA graph (and per eager round)");
+  parser.add_int("replays", &o->replays, "timed graph replays (the median is reported)");
+  parser.add_int("warmup", &o->warmup, "untimed graph replays (and eager rounds) first");
+  parser.add_int("eager-rounds", &o->eager_rounds, "timed eager rounds");
+  parser.add_int("timeout-ms", &o->timeout_ms, "bound on every in-kernel flag wait");
+  parser.add_int("seed", &f.seed, "seed of the random inputs");
+  parser.add_int("buffer-mib", &o->buffer_mib, "staging and scratch MiB per rank");
   parser.set_default_note("buffer-mib", "default: the library's, 128, or what the largest size needs");
-  parser.add_string("json", &o.json_path, "also write every result as JSON");
-  parser.add_string("csv", &o.csv_path, "also write every result as CSV");
-  parser.add_bool("no-eager", &no_eager, "graph replay only");
-  parser.add_bool("no-check", &no_check, "skip the check of the outputs");
-  parser.add_bool("no-bound", &no_bound, "skip the peer-copy bandwidth measurement");
-  parser.add_bool("no-pdl", &no_pdl, "launch without programmatic dependent launch");
-  op->add_bench_flags(parser);
-  if (const auto code = parser.parse(argc, argv)) return *code;
-  BenchSettings& s = o.settings;
-  s.dtype = *parse_dtype(dtype_text);
-  s.check = !no_check;
-  o.eager = !no_eager;
-  o.bound = !no_bound;
-  o.pdl = !no_pdl;
-  if (seed < 0) return cli::fail(kCommand, "--seed must be >= 0");
-  s.seed = static_cast<uint64_t>(seed);
-  // 1. Sizes.
+  parser.add_string("json", &o->json_path, "also write every result as JSON");
+  parser.add_string("csv", &o->csv_path, "also write every result as CSV");
+  parser.add_bool("no-eager", &f.no_eager, "graph replay only");
+  parser.add_bool("no-check", &f.no_check, "skip the check of the outputs");
+  parser.add_bool("no-bound", &f.no_bound, "skip the peer-copy bandwidth measurement");
+  parser.add_bool("no-pdl", &f.no_pdl, "launch without programmatic dependent launch");
+  op.add_bench_flags(parser);
+  return parser;
+}
+
+// Step 1 of run_bench: the sizes, nccl-tests' -b/-e/-f bytes or --rows × --hidden, into o->sizes
+// (o->settings.dtype set). Returns nullopt to go on, or the exit code to return now (the message
+// printed).
+std::optional<int> parse_sizes(const cli::ArgParser& parser, const GpuOp& op, const BenchFlags& f, BenchOptions* o) {
+  const std::string &hidden_text = f.hidden_text, &rows_text = f.rows_text, &min_bytes_text = f.min_bytes_text,
+                    &max_bytes_text = f.max_bytes_text;
+  const int64_t step_factor = f.step_factor;
   const bool by_bytes = parser.given("minbytes") || parser.given("maxbytes") || parser.given("stepfactor");
-  std::vector<int64_t> hidden_list = op->bench_default_hidden(by_bytes), rows_list;
+  std::vector<int64_t> hidden_list = op.bench_default_hidden(by_bytes), rows_list;
   if (parser.given("hidden") && !parse_counts(hidden_text, &hidden_list)) {
     return cli::fail(kCommand, "--hidden wants positive whole numbers like 4096,8192, got '" + hidden_text + "'");
   }
@@ -569,10 +648,10 @@ int run_bench(int argc, char** argv) {
     }
     if (max_bytes < min_bytes) return cli::fail(kCommand, "-e must be at least -b");
     if (step_factor < 2 || step_factor > 1024) return cli::fail(kCommand, "-f must be 2..1024");
-    const uint64_t elem = static_cast<uint64_t>(dtype_size(s.dtype));
+    const uint64_t elem = static_cast<uint64_t>(dtype_size(o->settings.dtype));
     for (int64_t h : hidden_list) {
       for (uint64_t b = std::max<uint64_t>(min_bytes, 1); b <= max_bytes; b *= static_cast<uint64_t>(step_factor)) {
-        o.sizes.push_back({static_cast<int64_t>(std::max<uint64_t>(b / (elem * static_cast<uint64_t>(h)), 1)), h});
+        o->sizes.push_back({static_cast<int64_t>(std::max<uint64_t>(b / (elem * static_cast<uint64_t>(h)), 1)), h});
       }
     }
   } else {
@@ -582,27 +661,56 @@ int run_bench(int argc, char** argv) {
       return cli::fail(kCommand, "--rows wants positive whole numbers like 1,16,256, got '" + rows_text + "'");
     }
     for (int64_t h : hidden_list) {
-      for (int64_t r : rows_list) o.sizes.push_back({r, h});
+      for (int64_t r : rows_list) o->sizes.push_back({r, h});
     }
   }
-  for (const BenchSize& size : o.sizes) {
+  for (const BenchSize& size : o->sizes) {
     if (size.rows > (int64_t{1} << 30) / size.hidden) {
       return cli::fail(kCommand, "a message of " + std::to_string(size.rows) + " x " + std::to_string(size.hidden) +
                                      " elements is larger than bench's 2^30 elements");
     }
   }
-  // Algorithms.
+  return std::nullopt;
+}
+
+// The --algos list (default: all the op's algorithms), checked against the op's and without
+// repeats, into o->algos. Returns nullopt to go on, or the exit code to return now (the message
+// printed).
+std::optional<int> parse_algos(const GpuOp& op, const std::string& algos_text, BenchOptions* o) {
+  const std::vector<std::string> algorithms = op.bench_algorithms();
   if (algos_text.empty()) {
-    o.algos = algorithms;
+    o->algos = algorithms;
   } else {
     for (const std::string& a : split_list(algos_text)) {
       if (std::find(algorithms.begin(), algorithms.end(), a) == algorithms.end()) {
-        return cli::fail(kCommand, "algorithm '" + a + "' does not apply to " + op->name() + " (" + algo_list + ")");
+        return cli::fail(
+            kCommand, "algorithm '" + a + "' does not apply to " + op.name() + " (" + algo_list_of(algorithms) + ")");
       }
-      if (std::find(o.algos.begin(), o.algos.end(), a) == o.algos.end()) o.algos.push_back(a);
+      if (std::find(o->algos.begin(), o->algos.end(), a) == o->algos.end()) o->algos.push_back(a);
     }
-    if (o.algos.empty()) return cli::fail(kCommand, "--algos names no algorithm");
+    if (o->algos.empty()) return cli::fail(kCommand, "--algos names no algorithm");
   }
+  return std::nullopt;
+}
+
+int run_bench(int argc, char** argv) {
+  const std::unique_ptr<GpuOp> op = op_of_arguments(argc, argv);
+  BenchFlags f;
+  BenchOptions o;
+  cli::ArgParser parser = make_parser(*op, argc, argv, &f, &o);
+  if (const auto code = parser.parse(argc, argv)) return *code;
+  BenchSettings& s = o.settings;
+  s.dtype = *parse_dtype(f.dtype_text);
+  s.check = !f.no_check;
+  o.eager = !f.no_eager;
+  o.bound = !f.no_bound;
+  o.pdl = !f.no_pdl;
+  if (f.seed < 0) return cli::fail(kCommand, "--seed must be >= 0");
+  s.seed = static_cast<uint64_t>(f.seed);
+  // 1. Sizes.
+  if (const auto code = parse_sizes(parser, *op, f, &o)) return *code;
+  // Algorithms.
+  if (const auto code = parse_algos(*op, f.algos_text, &o)) return *code;
   if (o.graph_ops < 1 || o.replays < 1 || o.eager_rounds < 1 || o.warmup < 0) {
     return cli::fail(kCommand, "--graph-ops, --replays and --eager-rounds must be positive, --warmup >= 0");
   }
@@ -615,7 +723,7 @@ int run_bench(int argc, char** argv) {
   if (const std::string problem = op->check_bench_flags(s, o.sizes); !problem.empty()) {
     return cli::fail(kCommand, problem);
   }
-  if (const auto code = relaunch_unless_worker(argc, argv, nproc, parser.given("nproc"), kCommand)) return *code;
+  if (const auto code = relaunch_unless_worker(argc, argv, f.nproc, parser.given("nproc"), kCommand)) return *code;
   try {
     return bench_worker(*op, o);
   } catch (const std::invalid_argument& e) {

@@ -64,6 +64,88 @@ std::vector<LaunchConfig> candidate_grids(uint64_t packs, bool quick) {
   return out;
 }
 
+// Times every grid of `grids` for one (op, count, algo) on the registered input: the op captured
+// o.graph_ops times into a CUDA graph, each grid's time the slowest rank's median per-op time over
+// o.replays replays. Returns the fastest grid's time, and the grid in *best_out.
+double fastest_grid(Worker& w, Communicator& comm, const TuneOptions& o, Op op, uint64_t count, DType dtype,
+                    Algorithm algo, const std::vector<LaunchConfig>& grids, const DeviceBuffer& input,
+                    const DeviceBuffer& output, const cuda::RegisteredBuffer& reg, const Stream& stream,
+                    LaunchConfig* best_out) {
+  double best_us = 0;
+  LaunchConfig& best = *best_out;
+  for (const LaunchConfig& grid : grids) {
+    auto enqueue = [&] {
+      switch (op) {
+        case Op::kAllReduce:
+          comm.allreduce(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid);
+          break;
+        case Op::kReduceScatter:
+          comm.reduce_scatter(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid);
+          break;
+        case Op::kAllGather:
+          comm.allgather(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid);
+          break;
+      }
+    };
+    w.barrier("grid");
+    const double us = time_graph_us(stream.get(), enqueue, static_cast<int>(o.graph_ops), 2,
+                                    static_cast<int>(o.replays), [&] { comm.check(stream.get()); });
+    comm.check(stream.get());
+    char text[32];
+    std::snprintf(text, sizeof text, "%.6f", us);
+    double worst = 0;
+    for (const auto& s : w.all_gather("us", text)) worst = std::max(worst, std::stod(s));
+    if (best_us == 0 || worst < best_us) {
+      best_us = worst;
+      best = grid;
+    }
+  }
+  return best_us;
+}
+
+// Rank 0's last step: the dispatch table at o.output, its rows of other (arch, world size, op)
+// kept and `rows` (this arch's, this world size's) added, with the comments naming the run,
+// written atomically.
+void write_table(Worker& w, const TuneOptions& o, const std::string& arch, const std::vector<cuda::TableRow>& rows) {
+  const int n = w.world_size();
+  // Merge: keep the file's rows of other (arch, world size, op).
+  const std::string path = cli::resolve_path(o.output);
+  std::vector<cuda::TableRow> merged;
+  std::vector<std::string> comments;
+  std::ifstream existing(path);
+  if (existing) {
+    std::stringstream text;
+    text << existing.rdbuf();
+    const cuda::DispatchTable old = cuda::DispatchTable::parse(text.str(), path);
+    for (const auto& r : old.rows()) {
+      const bool replaced =
+          r.arch == arch && r.world_size == n && std::find(o.ops.begin(), o.ops.end(), r.op) != o.ops.end();
+      if (!replaced) merged.push_back(r);
+    }
+  }
+  merged.insert(merged.end(), rows.begin(), rows.end());
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  comments.push_back("exactcoll dispatch table (cuda_backend/dispatch_table.h): written by `exactcoll tune`.");
+  std::string sizes;
+  for (int ws = 1; ws <= kMaxRanks; ++ws) {
+    for (const auto& r : merged) {
+      if (r.world_size == ws) {
+        sizes += (sizes.empty() ? "" : ", ") + std::to_string(ws);
+        break;
+      }
+    }
+  }
+  comments.push_back(std::string("last tuned ") + date + " (" + std::to_string(n) + " x " + w.device_name() +
+                     "); world sizes in this file: " + sizes + ".");
+  comments.push_back("time_us = max over ranks of the median per-op time, CUDA graph of " +
+                     std::to_string(o.graph_ops) + " ops, bf16, registered inputs.");
+  const std::string text = cuda::DispatchTable(merged).to_text(comments);
+  npy::write_file_atomic(path, text.data(), text.size());
+  print_leader(w, "# wrote " + path + " (" + std::to_string(merged.size()) + " rows)\n");
+}
+
 int tune_worker(const TuneOptions& o) {
   Worker w("tune");
   const int n = w.world_size(), rank = w.rank();
@@ -109,35 +191,9 @@ int tune_worker(const TuneOptions& o) {
         if (op == Op::kAllGather) packs *= static_cast<uint64_t>(n);
         std::vector<LaunchConfig> grids = candidate_grids(packs, o.quick);
         if (algo == Algorithm::kCopyEngine) grids = {LaunchConfig{1, 64}};  // no SM grid
-        double best_us = 0;
         LaunchConfig best{};
-        for (const LaunchConfig& grid : grids) {
-          auto enqueue = [&] {
-            switch (op) {
-              case Op::kAllReduce:
-                comm.allreduce(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid);
-                break;
-              case Op::kReduceScatter:
-                comm.reduce_scatter(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid);
-                break;
-              case Op::kAllGather:
-                comm.allgather(input.get(), output.get(), count, dtype, algo, stream.get(), &reg, grid);
-                break;
-            }
-          };
-          w.barrier("grid");
-          const double us = time_graph_us(stream.get(), enqueue, static_cast<int>(o.graph_ops), 2,
-                                          static_cast<int>(o.replays), [&] { comm.check(stream.get()); });
-          comm.check(stream.get());
-          char text[32];
-          std::snprintf(text, sizeof text, "%.6f", us);
-          double worst = 0;
-          for (const auto& s : w.all_gather("us", text)) worst = std::max(worst, std::stod(s));
-          if (best_us == 0 || worst < best_us) {
-            best_us = worst;
-            best = grid;
-          }
-        }
+        const double best_us =
+            fastest_grid(w, comm, o, op, count, dtype, algo, grids, input, output, reg, stream, &best);
         cuda::TableRow row;
         row.arch = comm.arch();
         row.world_size = n;
@@ -156,42 +212,7 @@ int tune_worker(const TuneOptions& o) {
     }
   }
   if (!w.leader()) return cli::kExitOk;
-  // Merge: keep the file's rows of other (arch, world size, op).
-  const std::string path = cli::resolve_path(o.output);
-  std::vector<cuda::TableRow> merged;
-  std::vector<std::string> comments;
-  std::ifstream existing(path);
-  if (existing) {
-    std::stringstream text;
-    text << existing.rdbuf();
-    const cuda::DispatchTable old = cuda::DispatchTable::parse(text.str(), path);
-    for (const auto& r : old.rows()) {
-      const bool replaced =
-          r.arch == comm.arch() && r.world_size == n && std::find(o.ops.begin(), o.ops.end(), r.op) != o.ops.end();
-      if (!replaced) merged.push_back(r);
-    }
-  }
-  merged.insert(merged.end(), rows.begin(), rows.end());
-  const std::time_t now = std::time(nullptr);
-  char date[32];
-  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-  comments.push_back("exactcoll dispatch table (cuda_backend/dispatch_table.h): written by `exactcoll tune`.");
-  std::string sizes;
-  for (int ws = 1; ws <= kMaxRanks; ++ws) {
-    for (const auto& r : merged) {
-      if (r.world_size == ws) {
-        sizes += (sizes.empty() ? "" : ", ") + std::to_string(ws);
-        break;
-      }
-    }
-  }
-  comments.push_back(std::string("last tuned ") + date + " (" + std::to_string(n) + " x " + w.device_name() +
-                     "); world sizes in this file: " + sizes + ".");
-  comments.push_back("time_us = max over ranks of the median per-op time, CUDA graph of " +
-                     std::to_string(o.graph_ops) + " ops, bf16, registered inputs.");
-  const std::string text = cuda::DispatchTable(merged).to_text(comments);
-  npy::write_file_atomic(path, text.data(), text.size());
-  print_leader(w, "# wrote " + path + " (" + std::to_string(merged.size()) + " rows)\n");
+  write_table(w, o, comm.arch(), rows);
   return cli::kExitOk;
 }
 

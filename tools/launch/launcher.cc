@@ -265,59 +265,52 @@ uint16_t pick_free_port_except(uint16_t taken) {
   throw std::runtime_error("cannot find a free port other than " + std::to_string(taken));
 }
 
-int run_workers(const LaunchOptions& options) {
-  // 1. The job's ports (MASTER_PORT for torch in the workers, and the exactcoll store's own, never
-  //    the same) and token.
-  uint16_t port = options.master_port;
-  uint16_t store_port = options.store_port;
-  std::string token;
-  try {
-    if (port == 0) port = pick_free_port();
-    if (store_port == 0 || store_port == port) store_port = pick_free_port_except(port);
-    token = options.token.empty() ? random_token_hex(16) : options.token;
-  } catch (const std::exception& e) {
-    say(e.what());
-    return cli::kExitFailure;
-  }
+namespace {
 
-  InterruptGuard interrupt_guard;
-  const Clock::time_point start = Clock::now();
-  const Clock::time_point deadline = start + options.timeout;
-  std::vector<Worker> workers(static_cast<size_t>(options.nproc));
+// One job on this node: its workers and why, if at all, the launcher is stopping them (what the
+// steps of run_workers share).
+struct Job {
+  explicit Job(const LaunchOptions& o) : options(o), workers(static_cast<size_t>(o.nproc)) {}
+  const LaunchOptions& options;
+  std::vector<Worker> workers;
   StopReason stop_reason = StopReason::kNone;
   int culprit = -1;  // the rank whose failure stopped the job
   int culprit_status = 0;
   std::string start_error;
   std::vector<int> running_at_timeout;
   Clock::time_point kill_at{};
-  std::optional<Clock::time_point> give_up_at;
-  std::optional<Clock::time_point> drain_until;
+};
 
-  auto any_running = [&] {
-    for (const Worker& w : workers) {
-      if (w.running) return true;
-    }
-    return false;
-  };
-  // Sends SIGTERM to every running worker (only to our own children, by pid) and schedules SIGKILL.
-  auto begin_stop = [&](StopReason reason) {
-    stop_reason = reason;
-    kill_at = Clock::now() + options.kill_grace;
-    for (Worker& w : workers) {
-      if (!w.running) continue;
-      if (reason == StopReason::kTimeout) running_at_timeout.push_back(w.rank);
-      ::kill(w.pid, SIGTERM);
-      w.stopped_by_launch = true;
-    }
-  };
+bool any_running(const Job& job) {
+  for (const Worker& w : job.workers) {
+    if (w.running) return true;
+  }
+  return false;
+}
 
-  // 2. Start the workers. Everything the child needs is built before fork.
+// Sends SIGTERM to every running worker (only to our own children, by pid) and schedules SIGKILL.
+void begin_stop(Job& job, StopReason reason) {
+  job.stop_reason = reason;
+  job.kill_at = Clock::now() + job.options.kill_grace;
+  for (Worker& w : job.workers) {
+    if (!w.running) continue;
+    if (reason == StopReason::kTimeout) job.running_at_timeout.push_back(w.rank);
+    ::kill(w.pid, SIGTERM);
+    w.stopped_by_launch = true;
+  }
+}
+
+// Step 2 of run_workers: starts the workers, each with its job variables (port, store_port,
+// token). Everything the child needs is built before fork. A worker that cannot be started stops
+// those already started (StopReason::kStartFailed).
+void start_workers(Job& job, uint16_t port, uint16_t store_port, const std::string& token) {
+  const LaunchOptions& options = job.options;
   std::vector<std::string> argv_strings = options.argv;
   const std::vector<char*> argv = pointers_to(argv_strings);
   const pid_t launcher_pid = ::getpid();
   for (int local = 0; local < options.nproc; ++local) {
     const int rank = options.node_rank * options.nproc + local;
-    Worker& w = workers[static_cast<size_t>(local)];
+    Worker& w = job.workers[static_cast<size_t>(local)];
     w.rank = rank;
     std::vector<std::string> env_strings = worker_environment(options, local, port, store_port, token);
     const std::vector<char*> envp = pointers_to(env_strings);
@@ -325,7 +318,7 @@ int run_workers(const LaunchOptions& options) {
         "exactcoll launch: rank " + std::to_string(rank) + " could not execute " + options.executable + "\n";
     int pipe_fds[2] = {-1, -1};
     if (options.prefix_stderr && ::pipe2(pipe_fds, O_CLOEXEC) != 0) {
-      start_error = "could not start rank " + std::to_string(rank) + ": pipe: " + std::strerror(errno);
+      job.start_error = "could not start rank " + std::to_string(rank) + ": pipe: " + std::strerror(errno);
       break;
     }
     const pid_t pid = ::fork();
@@ -335,7 +328,7 @@ int run_workers(const LaunchOptions& options) {
     if (pipe_fds[1] >= 0) ::close(pipe_fds[1]);
     if (pid < 0) {
       if (pipe_fds[0] >= 0) ::close(pipe_fds[0]);
-      start_error = "could not start rank " + std::to_string(rank) + ": fork: " + std::strerror(fork_errno);
+      job.start_error = "could not start rank " + std::to_string(rank) + ": fork: " + std::strerror(fork_errno);
       break;
     }
     w.pid = pid;
@@ -345,45 +338,59 @@ int run_workers(const LaunchOptions& options) {
       w.stderr_fd = pipe_fds[0];
     }
   }
-  if (!start_error.empty()) begin_stop(StopReason::kStartFailed);
+  if (!job.start_error.empty()) begin_stop(job, StopReason::kStartFailed);
+}
 
-  // 3. Supervise until every worker is reaped and its output forwarded. Bounded: the job timeout
-  //    starts a stop, a stop ends in SIGKILL after kill_grace, and kReapAfterKill / kDrainAfterExit
-  //    bound what follows.
+// Steps 3a and 3b: waits at most one poll interval for the workers' output and forwards it.
+void forward_output(Job& job) {
+  std::vector<pollfd> fds;
+  std::vector<Worker*> owners;
+  for (Worker& w : job.workers) {
+    if (w.stderr_fd < 0) continue;
+    fds.push_back({w.stderr_fd, POLLIN, 0});
+    owners.push_back(&w);
+  }
+  const int ready = ::poll(fds.data(), fds.size(), kPollIntervalMs);
+  for (size_t i = 0; ready > 0 && i < fds.size(); ++i) {
+    if (fds[i].revents != 0) drain(*owners[i]);
+  }
+}
+
+// Step 3c: reaps the workers that ended; the first failure stops the others. An interrupt is
+// looked at first: a Ctrl-C reaches the workers too, and their deaths are not the cause.
+void reap_workers(Job& job) {
+  if (job.stop_reason == StopReason::kNone && g_interrupt_signal != 0) begin_stop(job, StopReason::kInterrupted);
+  for (Worker& w : job.workers) {
+    if (!w.running) continue;
+    int status = 0;
+    const pid_t reaped = ::waitpid(w.pid, &status, WNOHANG);
+    if (reaped == 0 || (reaped < 0 && errno == EINTR)) continue;
+    w.running = false;
+    w.wait_status = reaped == w.pid ? status : (127 << 8);
+    if (job.stop_reason == StopReason::kNone && !succeeded(w.wait_status)) {
+      job.culprit = w.rank;
+      job.culprit_status = w.wait_status;
+      begin_stop(job, StopReason::kWorkerFailed);
+    }
+  }
+}
+
+// Step 3 of run_workers: supervises until every worker is reaped and its output forwarded.
+// Bounded: the job timeout (deadline) starts a stop, a stop ends in SIGKILL after kill_grace, and
+// kReapAfterKill / kDrainAfterExit bound what follows.
+void supervise(Job& job, Clock::time_point deadline) {
+  std::vector<Worker>& workers = job.workers;
+  std::optional<Clock::time_point> give_up_at;
+  std::optional<Clock::time_point> drain_until;
   for (;;) {
-    // 3a. Wait for output, at most one poll interval.
-    std::vector<pollfd> fds;
-    std::vector<Worker*> owners;
-    for (Worker& w : workers) {
-      if (w.stderr_fd < 0) continue;
-      fds.push_back({w.stderr_fd, POLLIN, 0});
-      owners.push_back(&w);
-    }
-    const int ready = ::poll(fds.data(), fds.size(), kPollIntervalMs);
-    // 3b. Forward it.
-    for (size_t i = 0; ready > 0 && i < fds.size(); ++i) {
-      if (fds[i].revents != 0) drain(*owners[i]);
-    }
-    // 3c. Reap the workers that ended; the first failure stops the others. An interrupt is
-    //     looked at first: a Ctrl-C reaches the workers too, and their deaths are not the cause.
-    if (stop_reason == StopReason::kNone && g_interrupt_signal != 0) begin_stop(StopReason::kInterrupted);
-    for (Worker& w : workers) {
-      if (!w.running) continue;
-      int status = 0;
-      const pid_t reaped = ::waitpid(w.pid, &status, WNOHANG);
-      if (reaped == 0 || (reaped < 0 && errno == EINTR)) continue;
-      w.running = false;
-      w.wait_status = reaped == w.pid ? status : (127 << 8);
-      if (stop_reason == StopReason::kNone && !succeeded(w.wait_status)) {
-        culprit = w.rank;
-        culprit_status = w.wait_status;
-        begin_stop(StopReason::kWorkerFailed);
-      }
-    }
+    // 3a. Wait for output, at most one poll interval. 3b. Forward it.
+    forward_output(job);
+    // 3c. Reap the workers that ended; the first failure stops the others.
+    reap_workers(job);
     // 3d. The job timeout, the end of the grace period.
     const Clock::time_point now = Clock::now();
-    if (stop_reason == StopReason::kNone && now >= deadline) begin_stop(StopReason::kTimeout);
-    if (stop_reason != StopReason::kNone && !give_up_at && now >= kill_at) {
+    if (job.stop_reason == StopReason::kNone && now >= deadline) begin_stop(job, StopReason::kTimeout);
+    if (job.stop_reason != StopReason::kNone && !give_up_at && now >= job.kill_at) {
       for (Worker& w : workers) {
         if (w.running) ::kill(w.pid, SIGKILL);
       }
@@ -392,7 +399,7 @@ int run_workers(const LaunchOptions& options) {
     // 3e. Done?
     bool any_pipe = false;
     for (const Worker& w : workers) any_pipe = any_pipe || w.stderr_fd >= 0;
-    if (!any_running()) {
+    if (!any_running(job)) {
       if (!any_pipe) break;
       if (!drain_until) drain_until = now + kDrainAfterExit;
       if (now >= *drain_until) {
@@ -412,24 +419,30 @@ int run_workers(const LaunchOptions& options) {
       break;
     }
   }
+}
 
-  // 4. Report.
+// Step 4 of run_workers: after a stop, why and every worker's end on stderr. Returns the exit
+// code: 0 when nothing stopped the job, the failed rank's own code, 128 + the signal after an
+// interrupt, else kExitFailure.
+int report(const Job& job) {
+  const StopReason stop_reason = job.stop_reason;
   if (stop_reason == StopReason::kNone) return cli::kExitOk;
   switch (stop_reason) {
     case StopReason::kWorkerFailed:
-      say("rank " + std::to_string(culprit) + " " + describe_status(culprit_status) + "; stopped the other workers");
+      say("rank " + std::to_string(job.culprit) + " " + describe_status(job.culprit_status) +
+          "; stopped the other workers");
       break;
     case StopReason::kTimeout:
-      say("timed out after " + seconds_text(options.timeout) + " s with rank(s) " + rank_list(running_at_timeout) +
-          " still running; stopped them");
+      say("timed out after " + seconds_text(job.options.timeout) + " s with rank(s) " +
+          rank_list(job.running_at_timeout) + " still running; stopped them");
       break;
     case StopReason::kInterrupted:
       say("interrupted by " + signal_name(g_interrupt_signal) + "; stopped the workers");
       break;
-    case StopReason::kStartFailed: say(start_error + "; stopped the workers already started"); break;
+    case StopReason::kStartFailed: say(job.start_error + "; stopped the workers already started"); break;
     case StopReason::kNone: break;
   }
-  for (const Worker& w : workers) {
+  for (const Worker& w : job.workers) {
     if (w.pid < 0) continue;
     std::string line = "  rank " + std::to_string(w.rank) + ": ";
     line += w.running ? "still running" : describe_status(w.wait_status);
@@ -438,10 +451,39 @@ int run_workers(const LaunchOptions& options) {
   }
   switch (stop_reason) {
     case StopReason::kWorkerFailed:
-      return exit_code_for(culprit_status) != 0 ? exit_code_for(culprit_status) : cli::kExitFailure;
+      return exit_code_for(job.culprit_status) != 0 ? exit_code_for(job.culprit_status) : cli::kExitFailure;
     case StopReason::kInterrupted: return 128 + g_interrupt_signal;
     default: return cli::kExitFailure;
   }
+}
+
+}  // namespace
+
+int run_workers(const LaunchOptions& options) {
+  // 1. The job's ports (MASTER_PORT for torch in the workers, and the exactcoll store's own, never
+  //    the same) and token.
+  uint16_t port = options.master_port;
+  uint16_t store_port = options.store_port;
+  std::string token;
+  try {
+    if (port == 0) port = pick_free_port();
+    if (store_port == 0 || store_port == port) store_port = pick_free_port_except(port);
+    token = options.token.empty() ? random_token_hex(16) : options.token;
+  } catch (const std::exception& e) {
+    say(e.what());
+    return cli::kExitFailure;
+  }
+
+  InterruptGuard interrupt_guard;
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = start + options.timeout;
+  Job job(options);
+  // 2. Start the workers.
+  start_workers(job, port, store_port, token);
+  // 3. Supervise until every worker is reaped and its output forwarded.
+  supervise(job, deadline);
+  // 4. Report.
+  return report(job);
 }
 
 }  // namespace exactcoll::launch

@@ -3,8 +3,10 @@
 // sums or on captured ones (--input).
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "sim/fused/reference.h"
 #include "tools/cli.h"
@@ -110,10 +112,14 @@ std::string read_partial_sums(const std::string& path, const std::string& dtype_
   return "";
 }
 
-int layers_main(int argc, char** argv) {
+// The command's flags, as given (make_parser binds them).
+struct LayersFlags {
   int64_t layers = 60, ranks = 4, rows = 16, hidden = 4096, seed = kDefaultSeed;
   double eps = 1e-6;
   std::string contract_text = "f32_residual", dtype_text = "bf16", plot_path, csv_path, input_path;
+};
+
+cli::ArgParser make_parser(LayersFlags* f) {
   cli::ArgParser parser(
       "exactcoll layers [--layers L] [--ranks N] [--rows R] [--hidden H] [--input FILE.npy] [--contract X] "
       "[--dtype D] [--eps E] [--seed S] [--plot FILE.svg|FILE.png] [--csv FILE]",
@@ -125,23 +131,31 @@ int layers_main(int argc, char** argv) {
       "at [l-1, r]) or [ranks, rows, H] (the same every layer), bf16/fp16 as '<u2' bits, fp32 as '<f4';\n"
       "both runs then take the same partial sums, the shape sets the sizes, and --seed makes the residual\n"
       "stream's start and the weights. The defaults are the AITER case: 4 ranks, 16 rows, H 4096, f32_residual.");
-  parser.add_int("layers", &layers, "number of layers (with --input [layers, ...]: its first dimension)");
-  parser.add_int("ranks", &ranks, "world size (1..16)");
-  parser.add_int("rows", &rows, "tokens per step");
-  parser.add_int("hidden", &hidden, "hidden size H (a multiple of the pack: 8 for bf16/fp16, 4 for fp32)");
-  parser.add_string("input", &input_path,
+  parser.add_int("layers", &f->layers, "number of layers (with --input [layers, ...]: its first dimension)");
+  parser.add_int("ranks", &f->ranks, "world size (1..16)");
+  parser.add_int("rows", &f->rows, "tokens per step");
+  parser.add_int("hidden", &f->hidden, "hidden size H (a multiple of the pack: 8 for bf16/fp16, 4 for fp32)");
+  parser.add_string("input", &f->input_path,
                     "captured partial sums .npy, [layers, ranks, rows, H] or [ranks, rows, H], instead of the "
                     "synthetic ones");
-  parser.add_choice("contract", &contract_text, contract_name_list(), "the contract compared with canonical");
-  parser.add_choice("dtype", &dtype_text, {"bf16", "fp16", "fp32"}, "storage type (and the --input file's)");
-  parser.add_int("seed", &seed, "seed of every pseudo-random number");
-  parser.add_double("eps", &eps, "RMSNorm epsilon");
-  parser.add_string("plot", &plot_path, "write a chart of drift against layer (.svg or .png)");
-  parser.add_string("csv", &csv_path, "write the table as CSV");
-  if (auto code = parser.parse(argc, argv)) return *code;
+  parser.add_choice("contract", &f->contract_text, contract_name_list(), "the contract compared with canonical");
+  parser.add_choice("dtype", &f->dtype_text, {"bf16", "fp16", "fp32"}, "storage type (and the --input file's)");
+  parser.add_int("seed", &f->seed, "seed of every pseudo-random number");
+  parser.add_double("eps", &f->eps, "RMSNorm epsilon");
+  parser.add_string("plot", &f->plot_path, "write a chart of drift against layer (.svg or .png)");
+  parser.add_string("csv", &f->csv_path, "write the table as CSV");
+  return parser;
+}
 
-  // 1. Validate everything before computing anything.
-  LayersOptions o;
+// Step 1 of layers_main: validates every flag before anything is computed and makes *o (with
+// --input, from the file, read into *input). Returns nullopt to go on, or the exit code to return
+// now (the message printed).
+std::optional<int> check_flags(const cli::ArgParser& parser, const LayersFlags& f, LayersOptions* o_out,
+                               npy::NpyArray* input) {
+  const int64_t layers = f.layers, ranks = f.ranks, rows = f.rows, hidden = f.hidden, seed = f.seed;
+  const double eps = f.eps;
+  const std::string& plot_path = f.plot_path;
+  LayersOptions& o = *o_out;
   if (layers < 1 || layers > 100000) return cli::fail(kCommand, "--layers must be in 1..100000");
   if (ranks < 1 || ranks > 16) return cli::fail(kCommand, "--ranks must be in 1..16");
   if (rows < 1 || rows > 1 << 20) return cli::fail(kCommand, "--rows must be in 1..1048576");
@@ -157,15 +171,14 @@ int layers_main(int argc, char** argv) {
   o.hidden = static_cast<int>(hidden);
   o.seed = static_cast<uint64_t>(seed);
   o.eps = static_cast<float>(eps);
-  o.dtype = dtype_text == "fp32" ? DType::kFP32 : dtype_text == "fp16" ? DType::kFP16 : DType::kBF16;
-  fused::parse_contract(contract_text, &o.contract);
-  const bool from_file = parser.given("input");
-  npy::NpyArray input;
-  if (from_file) {
-    if (const std::string problem = read_partial_sums(input_path, dtype_text, parser, &input, &o); !problem.empty()) {
+  o.dtype = f.dtype_text == "fp32" ? DType::kFP32 : f.dtype_text == "fp16" ? DType::kFP16 : DType::kBF16;
+  fused::parse_contract(f.contract_text, &o.contract);
+  if (parser.given("input")) {
+    if (const std::string problem = read_partial_sums(f.input_path, f.dtype_text, parser, input, &o);
+        !problem.empty()) {
       return cli::fail(kCommand, problem);
     }
-    o.partial_sums = input.data;
+    o.partial_sums = input->data;
   }
   {
     // Both runs' residual streams and outputs, the partial sums of every rank and the reference's
@@ -176,24 +189,17 @@ int layers_main(int argc, char** argv) {
       return cli::fail(kCommand, problem);
     }
   }
-  // The CSV and the plot, reserved before any work: an unwritable path is bad input (exit 2).
-  const std::string csv_file = csv_path.empty() ? "" : cli::resolve_path(csv_path);
-  const std::string plot_file = plot_path.empty() ? "" : cli::resolve_path(plot_path);
-  const auto files = tools::reserve_outputs(kCommand, {csv_file, plot_file});
-  if (!files) return cli::kExitUsage;
+  return std::nullopt;
+}
 
-  // 2. Simulate.
-  std::vector<LayerRow> table;
-  try {
-    table = simulate_layers(o);
-  } catch (const std::invalid_argument& e) {
-    return cli::fail(kCommand, e.what());
-  }
-
-  // 3. Print, then write the CSV and the plot (each atomically).
-  std::cout << "exactcoll layers: canonical vs " << contract_text << ", " << dtype_text << ", " << o.ranks << " ranks, "
-            << o.rows << " rows, hidden " << o.hidden << ", " << o.layers << " layers, "
-            << (from_file ? "partial sums from " + input_path + " " + npy::shape_text(input.shape) + ", " : "")
+// Step 3 of layers_main: prints the run's line, the table and the last layer's drift. Returns the
+// table as CSV.
+std::string print_table(const cli::ArgParser& parser, const LayersFlags& f, const LayersOptions& o,
+                        const npy::NpyArray& input, const std::vector<LayerRow>& table) {
+  const bool from_file = parser.given("input");
+  std::cout << "exactcoll layers: canonical vs " << f.contract_text << ", " << f.dtype_text << ", " << o.ranks
+            << " ranks, " << o.rows << " rows, hidden " << o.hidden << ", " << o.layers << " layers, "
+            << (from_file ? "partial sums from " + f.input_path + " " + npy::shape_text(input.shape) + ", " : "")
             << "seed " << o.seed << (parser.given("seed") ? "" : " (the default; --seed N for another)")
             << (from_file ? " for the residual stream's start and the weights" : "") << "\n";
   if (o.contract == fused::Contract::kCanonical) {
@@ -218,11 +224,40 @@ int layers_main(int argc, char** argv) {
   std::cout << "after " << last.layer << " layers: " << format("%.2f", 100.0 * last.fraction_differing)
             << "% of the residual stream differs from canonical, relative L2 drift " << format("%.4e", last.relative_l2)
             << "\n";
+  return csv;
+}
+
+int layers_main(int argc, char** argv) {
+  LayersFlags f;
+  cli::ArgParser parser = make_parser(&f);
+  if (auto code = parser.parse(argc, argv)) return *code;
+
+  // 1. Validate everything before computing anything.
+  LayersOptions o;
+  npy::NpyArray input;
+  if (const auto code = check_flags(parser, f, &o, &input)) return *code;
+  const bool from_file = parser.given("input");
+  // The CSV and the plot, reserved before any work: an unwritable path is bad input (exit 2).
+  const std::string csv_file = f.csv_path.empty() ? "" : cli::resolve_path(f.csv_path);
+  const std::string plot_file = f.plot_path.empty() ? "" : cli::resolve_path(f.plot_path);
+  const auto files = tools::reserve_outputs(kCommand, {csv_file, plot_file});
+  if (!files) return cli::kExitUsage;
+
+  // 2. Simulate.
+  std::vector<LayerRow> table;
+  try {
+    table = simulate_layers(o);
+  } catch (const std::invalid_argument& e) {
+    return cli::fail(kCommand, e.what());
+  }
+
+  // 3. Print, then write the CSV and the plot (each atomically).
+  const std::string csv = print_table(parser, f, o, input, table);
   try {
     if (!csv_file.empty()) files->write(csv_file, csv.data(), csv.size());
     if (!plot_file.empty()) {
-      const plot::Figure figure = make_figure(o, table, from_file ? input_path : "");
-      if (ends_with(plot_path, ".svg")) {
+      const plot::Figure figure = make_figure(o, table, from_file ? f.input_path : "");
+      if (ends_with(f.plot_path, ".svg")) {
         const std::string svg = plot::render_svg(figure);
         files->write(plot_file, svg.data(), svg.size());
       } else {
@@ -231,8 +266,8 @@ int layers_main(int argc, char** argv) {
       }
     }
     files->commit();
-    if (!csv_path.empty()) std::cout << "wrote " << csv_path << "\n";
-    if (!plot_path.empty()) std::cout << "wrote " << plot_path << "\n";
+    if (!f.csv_path.empty()) std::cout << "wrote " << f.csv_path << "\n";
+    if (!f.plot_path.empty()) std::cout << "wrote " << f.plot_path << "\n";
   } catch (const std::exception& e) {
     return cli::fail(kCommand, e.what(), cli::kExitFailure);
   }

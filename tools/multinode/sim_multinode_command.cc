@@ -22,6 +22,8 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,17 +53,38 @@ const char* kind_name(Kind k) {
                                      : "fused_rmsnorm";
 }
 
-int multinode_main(Kind kind, int argc, char** argv) {
-  const std::string command = std::string("sim ") + kind_name(kind);
-  const bool fused = kind == Kind::kFused;
-  // 1. Flags.
+// One `sim <op> --nodes` invocation: the flags' values (make_parser), what check_flags resolves
+// them to, and the run's trace, failure and files.
+struct Job {
+  Kind kind = Kind::kAllReduce;
+  std::string command;  // "sim <op>", as the messages name it
+  bool fused = false;
+  // The flags.
   tools::SimFlags f;
   int64_t nodes = 0, count = 0, seed = 1, blocks = 1, chunk = static_cast<int64_t>(kDefaultChunkElements);
   gpu::FusedInputFlags fused_in;  // the fused op's inputs: the one-node command's flags
   std::string output, input_path;
-  // Fault injection (--fail-rank, --fail-at-step) kills a rank of one simulated world; the
-  // multi-node simulator has no such hook (its tests drop messages instead), so the flags are
-  // refused here rather than accepted and ignored.
+  // Resolved by check_flags.
+  NodeLayout layout;
+  DType dtype = DType::kBF16;
+  std::vector<uint64_t> trace_elements;
+  NetworkOptions net;
+  int n = 0;
+  size_t esize = 0;
+  std::string npy_type, schedule_text, input_note;
+  // The run's trace and failure; the outputs and the trace, reserved once every flag is checked and
+  // before anything runs (an unwritable path exits 2 first), all written or none (npy::OutputFiles).
+  MultiNodeTrace trace;
+  std::string failure;
+  std::string trace_path, output_path, residual_path;
+  std::unique_ptr<npy::OutputFiles> files;
+};
+
+// Fault injection (--fail-rank, --fail-at-step) kills a rank of one simulated world; the
+// multi-node simulator has no such hook (its tests drop messages instead), so the flags are
+// refused here rather than accepted and ignored. Returns nullopt, or the exit code (the message
+// printed).
+std::optional<int> refuse_fault_flags(const std::string& command, int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--fail-rank", 0) == 0 || arg.rfind("--fail-at-step", 0) == 0) {
@@ -70,6 +93,13 @@ int multinode_main(Kind kind, int argc, char** argv) {
                                     "without --nodes for fault injection)");
     }
   }
+  return std::nullopt;
+}
+
+// The command's flags, bound to j's fields.
+cli::ArgParser make_parser(Job* j) {
+  const std::string& command = j->command;
+  const bool fused = j->fused;
   cli::ArgParser parser(
       "exactcoll " + command + " --nodes M --ranks N --dtype bf16|fp16|fp32 " +
           (fused ? "(--input x.npy --residual r.npy --weight w.npy | --rows R --hidden H [--seed S] [--specials]) "
@@ -77,7 +107,7 @@ int multinode_main(Kind kind, int argc, char** argv) {
                  : "(--input in.npy | --count C [--seed S]) [--output out.npy]") +
           " [--chunk-elements E] [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] "
           "[--trace-elements I,J,...] [--timeout-ms T]",
-      "Runs " + std::string(kind_name(kind)) +
+      "Runs " + std::string(kind_name(j->kind)) +
           " across M simulated nodes of N / M ranks each (ranks numbered node-major): inside a node\n"
           "the ranks share memory (the IPC kernels), between nodes an unrounded fp32 carry travels the\n"
           "chain in rank order over a simulated network (core/multinode.h). Inputs are .npy files as\n"
@@ -85,23 +115,30 @@ int multinode_main(Kind kind, int argc, char** argv) {
           "sha256 in the last line equals the one-node command's. --schedule seeded explores the order\n"
           "in which messages cross node boundaries (--fail-rank is not available here);\n"
           "--trace writes every message (with the boundary it crossed) and every node kernel.");
-  tools::add_world_flags(parser, &f, {.traces = true, .element_traces = true, .faults = false});
-  parser.add_int("nodes", &nodes, "nodes M; --ranks must be a multiple of M (every node the same size)");
+  tools::add_world_flags(parser, &j->f, {.traces = true, .element_traces = true, .faults = false});
+  parser.add_int("nodes", &j->nodes, "nodes M; --ranks must be a multiple of M (every node the same size)");
   if (fused) {
-    gpu::add_fused_input_flags(parser, &fused_in);
+    gpu::add_fused_input_flags(parser, &j->fused_in);
   } else {
-    parser.add_string("input", &input_path, "input .npy [N, ...] (rank first)");
-    parser.add_int("count", &count, "elements per rank of random input (instead of --input)");
+    parser.add_string("input", &j->input_path, "input .npy [N, ...] (rank first)");
+    parser.add_int("count", &j->count, "elements per rank of random input (instead of --input)");
     parser.set_default_note("count", "required without --input");
   }
-  parser.add_int("seed", &seed, "seed of the random inputs");
-  parser.add_string("output", &output, fused ? "out.npy: [N, rows, H] normed output" : "write the output .npy here");
-  parser.add_int("chunk-elements", &chunk, "elements per pipeline step (a multiple of 64)");
-  parser.add_int("blocks", &blocks, "blocks of every node kernel (the work split; same bits)");
-  if (auto code = parser.parse(argc, argv)) return *code;
+  parser.add_int("seed", &j->seed, "seed of the random inputs");
+  parser.add_string("output", &j->output, fused ? "out.npy: [N, rows, H] normed output" : "write the output .npy here");
+  parser.add_int("chunk-elements", &j->chunk, "elements per pipeline step (a multiple of 64)");
+  parser.add_int("blocks", &j->blocks, "blocks of every node kernel (the work split; same bits)");
+  return parser;
+}
 
-  // 2. Checks: the layout first (the most likely mistake), then the rest; nothing is written yet.
-  NodeLayout layout;
+// Step 2 of multinode_main: the layout first (the most likely mistake), then the rest; resolves
+// j's remaining fields. Nothing is written yet. Returns nullopt to go on, or the exit code to
+// return now (the message printed).
+std::optional<int> check_flags(const cli::ArgParser& parser, Job* j) {
+  const std::string& command = j->command;
+  const tools::SimFlags& f = j->f;
+  const int64_t nodes = j->nodes, seed = j->seed;
+  NodeLayout& layout = j->layout;
   if (!parser.given("nodes")) return cli::fail(command, "give --nodes M");
   if (!parser.given("ranks")) return cli::fail(command, "give --ranks N (the whole job's ranks)");
   if (nodes > 1024 || f.ranks > 1 << 16)
@@ -124,136 +161,156 @@ int multinode_main(Kind kind, int argc, char** argv) {
   if (const std::string problem = tools::check_timeout_ms(f.timeout_ms); !problem.empty()) {
     return cli::fail(command, problem);
   }
-  std::vector<uint64_t> trace_elements;
+  std::vector<uint64_t>& trace_elements = j->trace_elements;
   if (!f.trace_elements.empty()) {
     if (std::string p = tools::parse_trace_elements(f.trace_elements, &trace_elements); !p.empty()) {
       return cli::fail(command, p);
     }
   }
   if (!trace_elements.empty() && f.trace.empty()) return cli::fail(command, "--trace-elements needs --trace FILE");
-  NetworkOptions net;
+  NetworkOptions& net = j->net;
   net.layout = layout;
   net.schedule = f.schedule == "seeded" ? sim::Schedule::kSeeded : sim::Schedule::kThreads;
   net.seed = static_cast<uint64_t>(f.schedule_seed);
   net.timeout = std::chrono::milliseconds(f.timeout_ms);
   net.max_steps = static_cast<uint64_t>(f.max_steps);
   net.trace = !f.trace.empty();
-  const int n = layout.world_size();
-  const size_t esize = static_cast<size_t>(dtype_size(dtype));
-  const std::string npy_type = dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
-  const std::string schedule_text = net.schedule == sim::Schedule::kSeeded
-                                        ? "seeded schedule (--schedule-seed " + std::to_string(net.seed) + ")"
-                                        : "threads schedule";
-  std::string input_note = tools::random_input_note(seed, parser.given("seed"), fused_in.specials);
-  if (parser.given("seed") && (!input_path.empty() || !fused_in.input.empty())) {
+  j->dtype = dtype;
+  j->n = layout.world_size();
+  j->esize = static_cast<size_t>(dtype_size(dtype));
+  j->npy_type = dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
+  j->schedule_text = net.schedule == sim::Schedule::kSeeded
+                         ? "seeded schedule (--schedule-seed " + std::to_string(net.seed) + ")"
+                         : "threads schedule";
+  j->input_note = tools::random_input_note(seed, parser.given("seed"), j->fused_in.specials);
+  if (parser.given("seed") && (!j->input_path.empty() || !j->fused_in.input.empty())) {
     return cli::fail(command, "--seed applies to random inputs, not to --input files");
   }
-  MultiNodeTrace trace;
-  std::string failure;
-  // The outputs and the trace, reserved once every flag is checked and before anything runs (an
-  // unwritable path exits 2 first), all written or none (npy::OutputFiles).
-  const std::string trace_path = f.trace.empty() ? "" : cli::resolve_path(f.trace);
-  const std::string output_path = output.empty() ? "" : cli::resolve_path(output);
-  const std::string residual_path = fused_in.residual_output.empty() ? "" : cli::resolve_path(fused_in.residual_output);
-  std::unique_ptr<npy::OutputFiles> files;
-  auto reserve = [&] {
-    files = tools::reserve_outputs(command, {trace_path, output_path, residual_path});
-    return files != nullptr;
-  };
-  // After the run: the trace (a failed run's too), then the failure's exit, or -1 to go on.
-  auto finish_run = [&]() -> int {
-    try {
-      if (net.trace) files->write(trace_path, trace.json_lines.data(), trace.json_lines.size());
-      if (!failure.empty()) files->commit();
-    } catch (const npy::NpyError& e) {
-      return cli::fail(command, e.what(), cli::kExitFailure);
-    }
-    if (!failure.empty()) return cli::fail(command, "the run failed: " + failure, cli::kExitFailure);
-    return -1;
-  };
-  // Writes the run's outputs and commits every file; 0, or the exit code of an I/O failure.
-  auto write_outputs = [&](const std::vector<int64_t>& shape, const std::vector<uint8_t>& out,
-                           const std::vector<uint8_t>* ro) -> int {
-    try {
-      if (!output_path.empty()) files->write_npy(output_path, npy_type, shape, out.data(), out.size());
-      if (ro != nullptr && !residual_path.empty())
-        files->write_npy(residual_path, npy_type, shape, ro->data(), ro->size());
-      files->commit();
-    } catch (const npy::NpyError& e) {
-      return cli::fail(command, e.what(), cli::kExitFailure);
-    }
-    return 0;
-  };
+  j->trace_path = f.trace.empty() ? "" : cli::resolve_path(f.trace);
+  j->output_path = j->output.empty() ? "" : cli::resolve_path(j->output);
+  j->residual_path = j->fused_in.residual_output.empty() ? "" : cli::resolve_path(j->fused_in.residual_output);
+  return std::nullopt;
+}
 
-  if (fused) {
-    // 3a. The fused op.
-    const bool from_files = parser.given("input") || parser.given("residual") || parser.given("weight");
-    if (from_files && (fused_in.input.empty() || fused_in.residual.empty() || fused_in.weight.empty())) {
-      return cli::fail(command, "give all three of --input, --residual and --weight");
-    }
-    if (from_files && (parser.given("rows") || parser.given("hidden") || fused_in.specials)) {
-      return cli::fail(command, "--rows, --hidden and --specials shape random inputs, not --input files");
-    }
-    if (!from_files && (!parser.given("rows") || !parser.given("hidden"))) {
-      return cli::fail(command, "give --rows R and --hidden H, or --input, --residual and --weight");
-    }
-    if (!from_files &&
-        (fused_in.rows < 1 || fused_in.hidden < 1 || fused_in.rows > (1 << 20) || fused_in.hidden > (1 << 20))) {
-      return cli::fail(command, "--rows and --hidden must be in 1..1048576");
-    }
-    if (!output.empty() && output == fused_in.residual_output)
-      return cli::fail(command, "--output and --residual-output must differ");
-    gpu::FusedInputs in;
-    if (from_files) {
-      if (const std::string p = gpu::read_fused_files(fused_in, dtype, n, "--ranks", -1, &in); !p.empty()) {
-        return cli::fail(command, p);
-      }
-      input_note = fused_in.input + " " + npy::shape_text({n, in.rows, in.hidden});
-    }
-    MultiNodeFusedSpec spec;
-    spec.dtype = dtype;
-    spec.rows = from_files ? in.rows : static_cast<int>(fused_in.rows);
-    spec.hidden = from_files ? in.hidden : static_cast<int>(fused_in.hidden);
-    spec.eps = static_cast<float>(fused_in.eps);
-    spec.blocks = static_cast<int>(blocks);
-    spec.chunk_elements = static_cast<size_t>(chunk);
-    if (std::string p = check_multinode_fused_spec(spec, layout); !p.empty()) return cli::fail(command, p);
-    if (!reserve()) return cli::kExitUsage;
-    if (!from_files) {
-      in = gpu::make_fused_inputs(dtype, n, spec.rows, spec.hidden, static_cast<uint64_t>(seed), fused_in.specials);
-    }
-    const size_t per = in.count() * esize;
-    std::vector<uint8_t> out(per * static_cast<size_t>(n)), ro(out.size());
-    MultiNodeFusedIo io;
-    for (int r = 0; r < n; ++r) {
-      io.x.push_back(in.x[static_cast<size_t>(r)].data());
-      io.residual.push_back(in.residual.data());
-      io.weight.push_back(in.weight.data());
-      io.residual_out.push_back(ro.data() + per * static_cast<size_t>(r));
-      io.out.push_back(out.data() + per * static_cast<size_t>(r));
-    }
-    try {
-      run_multinode_fused(net, spec, io, &trace);
-    } catch (const sim::SimError& e) {
-      failure = e.what();
-    }
-    if (const int code = finish_run(); code >= 0) return code;
-    if (const int code = write_outputs({n, spec.rows, spec.hidden}, out, &ro); code != 0) return code;
-    std::cout << command << " " << f.dtype << ": " << n << " ranks x [" << spec.rows << ", " << spec.hidden << "] ("
-              << input_note << "), " << layout_text(layout) << ", carry chain, " << schedule_text << ", "
-              << trace.messages << " messages; out sha256 " << tools::sha256_hex(out.data(), out.size())
-              << " residual_out sha256 " << tools::sha256_hex(ro.data(), ro.size()) << "\n";
-    return cli::kExitOk;
+// Reserves the outputs and the trace; false when one cannot be written (the message printed).
+bool reserve(Job& j) {
+  j.files = tools::reserve_outputs(j.command, {j.trace_path, j.output_path, j.residual_path});
+  return j.files != nullptr;
+}
+
+// After the run: the trace (a failed run's too), then the failure's exit, or -1 to go on.
+int finish_run(Job& j) {
+  const std::string& command = j.command;
+  const std::string& failure = j.failure;
+  try {
+    if (j.net.trace) j.files->write(j.trace_path, j.trace.json_lines.data(), j.trace.json_lines.size());
+    if (!failure.empty()) j.files->commit();
+  } catch (const npy::NpyError& e) {
+    return cli::fail(command, e.what(), cli::kExitFailure);
   }
+  if (!failure.empty()) return cli::fail(command, "the run failed: " + failure, cli::kExitFailure);
+  return -1;
+}
 
-  // 3b. The collectives.
+// Writes the run's outputs and commits every file; 0, or the exit code of an I/O failure.
+int write_outputs(Job& j, const std::vector<int64_t>& shape, const std::vector<uint8_t>& out,
+                  const std::vector<uint8_t>* ro) {
+  const std::string &output_path = j.output_path, &residual_path = j.residual_path, &npy_type = j.npy_type;
+  try {
+    if (!output_path.empty()) j.files->write_npy(output_path, npy_type, shape, out.data(), out.size());
+    if (ro != nullptr && !residual_path.empty())
+      j.files->write_npy(residual_path, npy_type, shape, ro->data(), ro->size());
+    j.files->commit();
+  } catch (const npy::NpyError& e) {
+    return cli::fail(j.command, e.what(), cli::kExitFailure);
+  }
+  return 0;
+}
+
+// Step 3a of multinode_main: the fused op (its input flags checked, the inputs read or made, the
+// run, the files, the summary). Returns the exit code.
+int run_fused_op(const cli::ArgParser& parser, Job& j) {
+  const std::string& command = j.command;
+  const gpu::FusedInputFlags& fused_in = j.fused_in;
+  const DType dtype = j.dtype;
+  const int n = j.n;
+  const bool from_files = parser.given("input") || parser.given("residual") || parser.given("weight");
+  if (from_files && (fused_in.input.empty() || fused_in.residual.empty() || fused_in.weight.empty())) {
+    return cli::fail(command, "give all three of --input, --residual and --weight");
+  }
+  if (from_files && (parser.given("rows") || parser.given("hidden") || fused_in.specials)) {
+    return cli::fail(command, "--rows, --hidden and --specials shape random inputs, not --input files");
+  }
+  if (!from_files && (!parser.given("rows") || !parser.given("hidden"))) {
+    return cli::fail(command, "give --rows R and --hidden H, or --input, --residual and --weight");
+  }
+  if (!from_files &&
+      (fused_in.rows < 1 || fused_in.hidden < 1 || fused_in.rows > (1 << 20) || fused_in.hidden > (1 << 20))) {
+    return cli::fail(command, "--rows and --hidden must be in 1..1048576");
+  }
+  if (!j.output.empty() && j.output == fused_in.residual_output)
+    return cli::fail(command, "--output and --residual-output must differ");
+  gpu::FusedInputs in;
+  if (from_files) {
+    if (const std::string p = gpu::read_fused_files(fused_in, dtype, n, "--ranks", -1, &in); !p.empty()) {
+      return cli::fail(command, p);
+    }
+    j.input_note = fused_in.input + " " + npy::shape_text({n, in.rows, in.hidden});
+  }
+  MultiNodeFusedSpec spec;
+  spec.dtype = dtype;
+  spec.rows = from_files ? in.rows : static_cast<int>(fused_in.rows);
+  spec.hidden = from_files ? in.hidden : static_cast<int>(fused_in.hidden);
+  spec.eps = static_cast<float>(fused_in.eps);
+  spec.blocks = static_cast<int>(j.blocks);
+  spec.chunk_elements = static_cast<size_t>(j.chunk);
+  if (std::string p = check_multinode_fused_spec(spec, j.layout); !p.empty()) return cli::fail(command, p);
+  if (!reserve(j)) return cli::kExitUsage;
+  if (!from_files) {
+    in = gpu::make_fused_inputs(dtype, n, spec.rows, spec.hidden, static_cast<uint64_t>(j.seed), fused_in.specials);
+  }
+  const size_t per = in.count() * j.esize;
+  std::vector<uint8_t> out(per * static_cast<size_t>(n)), ro(out.size());
+  MultiNodeFusedIo io;
+  for (int r = 0; r < n; ++r) {
+    io.x.push_back(in.x[static_cast<size_t>(r)].data());
+    io.residual.push_back(in.residual.data());
+    io.weight.push_back(in.weight.data());
+    io.residual_out.push_back(ro.data() + per * static_cast<size_t>(r));
+    io.out.push_back(out.data() + per * static_cast<size_t>(r));
+  }
+  try {
+    run_multinode_fused(j.net, spec, io, &j.trace);
+  } catch (const sim::SimError& e) {
+    j.failure = e.what();
+  }
+  if (const int code = finish_run(j); code >= 0) return code;
+  if (const int code = write_outputs(j, {n, spec.rows, spec.hidden}, out, &ro); code != 0) return code;
+  std::cout << command << " " << j.f.dtype << ": " << n << " ranks x [" << spec.rows << ", " << spec.hidden << "] ("
+            << j.input_note << "), " << layout_text(j.layout) << ", carry chain, " << j.schedule_text << ", "
+            << j.trace.messages << " messages; out sha256 " << tools::sha256_hex(out.data(), out.size())
+            << " residual_out sha256 " << tools::sha256_hex(ro.data(), ro.size()) << "\n";
+  return cli::kExitOk;
+}
+
+// Step 3b of multinode_main: a collective (its input read or made, the run, the files, the
+// summary). Returns the exit code.
+int run_collective(const cli::ArgParser& parser, Job& j) {
+  const std::string& command = j.command;
+  const std::string& input_path = j.input_path;
+  const DType dtype = j.dtype;
+  const int n = j.n;
+  const size_t esize = j.esize;
+  int64_t& count = j.count;
+  std::string& input_note = j.input_note;
+  const Kind kind = j.kind;
   MultiNodeSpec spec;
   spec.op = kind == Kind::kAllReduce       ? Op::kAllReduce
             : kind == Kind::kReduceScatter ? Op::kReduceScatter
                                            : Op::kAllGather;
   spec.dtype = dtype;
-  spec.blocks = static_cast<int>(blocks);
-  spec.chunk_elements = static_cast<size_t>(chunk);
+  spec.blocks = static_cast<int>(j.blocks);
+  spec.chunk_elements = static_cast<size_t>(j.chunk);
   if (input_path.empty() == !parser.given("count")) return cli::fail(command, "give --input FILE or --count C");
   gpu::RankInputs file;
   if (!input_path.empty()) {
@@ -268,17 +325,17 @@ int multinode_main(Kind kind, int argc, char** argv) {
     return cli::fail(command, "the input (--count x --ranks) is more than 4 GiB");
   }
   spec.count = static_cast<size_t>(count);
-  if (std::string p = check_multinode_spec(spec, layout); !p.empty()) return cli::fail(command, p);
-  for (uint64_t index : trace_elements) {
+  if (std::string p = check_multinode_spec(spec, j.layout); !p.empty()) return cli::fail(command, p);
+  for (uint64_t index : j.trace_elements) {
     if (index >= spec.count)
       return cli::fail(command, "--trace-elements index " + std::to_string(index) + " is past the count");
   }
-  if (!reserve()) return cli::kExitUsage;
+  if (!reserve(j)) return cli::kExitUsage;
   // The one-node command's banner, from the same function: what runs on which inputs.
-  std::cout << tools::input_banner(command, n, spec.count, f.dtype, input_note);
+  std::cout << tools::input_banner(command, n, spec.count, j.f.dtype, input_note);
   std::cout.flush();
   const auto in = input_path.empty()
-                      ? gpu::make_inputs(dtype, spec.count, n, static_cast<uint64_t>(seed), gpu::Pattern::kRandom)
+                      ? gpu::make_inputs(dtype, spec.count, n, static_cast<uint64_t>(j.seed), gpu::Pattern::kRandom)
                       : std::vector<std::vector<uint8_t>>{};
   const size_t out_count = output_count(spec.op, spec.count, n);
   std::vector<uint8_t> out(out_count * esize * static_cast<size_t>(n));
@@ -291,23 +348,40 @@ int multinode_main(Kind kind, int argc, char** argv) {
   }
   const auto start = std::chrono::steady_clock::now();
   try {
-    run_multinode(net, spec, inputs, outputs, &trace, trace_elements);
+    run_multinode(j.net, spec, inputs, outputs, &j.trace, j.trace_elements);
   } catch (const sim::SimError& e) {
-    failure = e.what();
+    j.failure = e.what();
   }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  if (const int code = finish_run(); code >= 0) return code;
+  if (const int code = finish_run(j); code >= 0) return code;
   const std::vector<int64_t> shape = {n, static_cast<int64_t>(out_count)};
-  if (const int code = write_outputs(shape, out, nullptr); code != 0) return code;
+  if (const int code = write_outputs(j, shape, out, nullptr); code != 0) return code;
   char ms_text[32];
   std::snprintf(ms_text, sizeof ms_text, "%.3f", ms);
-  std::cout << command << " " << f.dtype << ": " << n << " ranks x " << spec.count << " elements (" << input_note
-            << "), " << layout_text(layout) << (spec.op == Op::kAllGather ? ", direct exchange, " : ", carry chain, ")
-            << spec.blocks << (spec.blocks == 1 ? " block" : " blocks") << ", " << schedule_text << ", "
-            << trace.messages << " messages, " << trace.cross_node_bytes << " bytes across nodes, " << ms_text
-            << " ms; output " << npy::shape_text(shape) << (output.empty() ? "" : " -> " + output) << " sha256 "
+  std::cout << command << " " << j.f.dtype << ": " << n << " ranks x " << spec.count << " elements (" << input_note
+            << "), " << layout_text(j.layout) << (spec.op == Op::kAllGather ? ", direct exchange, " : ", carry chain, ")
+            << spec.blocks << (spec.blocks == 1 ? " block" : " blocks") << ", " << j.schedule_text << ", "
+            << j.trace.messages << " messages, " << j.trace.cross_node_bytes << " bytes across nodes, " << ms_text
+            << " ms; output " << npy::shape_text(shape) << (j.output.empty() ? "" : " -> " + j.output) << " sha256 "
             << tools::sha256_hex(out.data(), out.size()) << "\n";
   return cli::kExitOk;
+}
+
+int multinode_main(Kind kind, int argc, char** argv) {
+  Job j;
+  j.kind = kind;
+  j.command = std::string("sim ") + kind_name(kind);
+  j.fused = kind == Kind::kFused;
+  // 1. Flags.
+  if (const auto code = refuse_fault_flags(j.command, argc, argv)) return *code;
+  cli::ArgParser parser = make_parser(&j);
+  if (auto code = parser.parse(argc, argv)) return *code;
+
+  // 2. Checks: the layout first (the most likely mistake), then the rest; nothing is written yet.
+  if (const auto code = check_flags(parser, &j)) return *code;
+
+  // 3. The fused op, or the collectives.
+  return j.fused ? run_fused_op(parser, j) : run_collective(parser, j);
 }
 
 // Registered as "<op> --nodes": tools/sim sends `sim <op> ... --nodes M ...` here.

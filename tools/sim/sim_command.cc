@@ -95,13 +95,33 @@ std::string check_memory(const sim::CollectiveSpec& spec, int ranks) {
                            "the inputs, outputs, staging and scratch of " + std::to_string(ranks) + " ranks");
 }
 
-int collective_main(Op op, int argc, char** argv) {
-  const std::string command = std::string("sim ") + sim::op_name(op);
-  // 1. Flags.
+// What `sim <op>` was asked for: the flags' values (make_parser), then what check_flags resolves
+// them to.
+struct Request {
+  Op op = Op::kAllReduce;
+  std::string command;  // "sim <op>", as the messages name it
   SimFlags f;
   std::string input_path, output_path, algo_text = "auto";
   int64_t count = 0, seed = 1, blocks = 1;
   bool print = false;
+  // Resolved by check_flags.
+  sim::WorldOptions options;
+  DType dtype = DType::kBF16;
+  size_t esize = 0;
+};
+
+// Every rank's input, concatenated (step 3 of collective_main), with its shape and where it came
+// from.
+struct Inputs {
+  std::vector<uint8_t> bytes;
+  std::vector<int64_t> shape;
+  std::string note;
+};
+
+// The command's flags for q->op, bound to q's fields.
+cli::ArgParser make_parser(Request* q) {
+  const Op op = q->op;
+  const std::string& command = q->command;
   cli::ArgParser parser(
       "exactcoll " + command +
           " --ranks N --dtype bf16|fp16|fp32 [--input in.npy | --count C --seed S] [--output out.npy]" +
@@ -114,26 +134,32 @@ int collective_main(Op op, int argc, char** argv) {
           "the output bytes.\n"
           "With --nodes M it runs across M simulated nodes instead (the same bits; `exactcoll sim " +
           sim::op_name(op) + " --nodes M --help` lists that command's flags).");
-  add_world_flags(parser, &f);
-  parser.add_string("input", &input_path, "input .npy [N, ...] (rank first)");
-  parser.add_int("count", &count, "elements per rank of random input (instead of --input)");
+  add_world_flags(parser, &q->f);
+  parser.add_string("input", &q->input_path, "input .npy [N, ...] (rank first)");
+  parser.add_int("count", &q->count, "elements per rank of random input (instead of --input)");
   parser.set_default_note("count", "required without --input");
-  parser.add_int("seed", &seed, "seed of the random input");
-  parser.add_string("output", &output_path, "write the output .npy here");
+  parser.add_int("seed", &q->seed, "seed of the random input");
+  parser.add_string("output", &q->output_path, "write the output .npy here");
   if (op == Op::kAllReduce) {
-    parser.add_choice("algo", &algo_text, algorithm_name_list(kOnSimulator, op),
+    parser.add_choice("algo", &q->algo_text, algorithm_name_list(kOnSimulator, op),
                       ("algorithm; auto = one_shot below 256 KiB per rank, two_shot above (the GPUs' auto picks by its "
                        "tuned table instead; every choice gives the same bits)"));
   }
-  parser.add_int("blocks", &blocks, "blocks per rank (the work split; same bits for every count)");
-  parser.add_bool("print", &print, "print inputs and outputs as floats (default when count <= 32)");
-  if (auto code = parser.parse(argc, argv)) return *code;
+  parser.add_int("blocks", &q->blocks, "blocks per rank (the work split; same bits for every count)");
+  parser.add_bool("print", &q->print, "print inputs and outputs as floats (default when count <= 32)");
+  return parser;
+}
 
-  sim::WorldOptions options;
-  std::string problem = world_options(f, parser, &options);
+// Checks the parsed flags together and resolves q's remaining fields. Returns nullopt to go on, or
+// the exit code to return now (the message printed).
+std::optional<int> check_flags(const cli::ArgParser& parser, Request* q) {
+  const std::string& command = q->command;
+  const std::string& input_path = q->input_path;
+  const int64_t seed = q->seed, blocks = q->blocks;
+  std::string problem = world_options(q->f, parser, &q->options);
   if (!problem.empty()) return cli::fail(command, problem);
-  const DType dtype = *parse_dtype(f.dtype);
-  const size_t esize = static_cast<size_t>(dtype_size(dtype));
+  q->dtype = *parse_dtype(q->f.dtype);
+  q->esize = static_cast<size_t>(dtype_size(q->dtype));
   if (!input_path.empty() && parser.given("count")) return cli::fail(command, "give --input or --count, not both");
   if (input_path.empty() && !parser.given("count")) return cli::fail(command, "give --input FILE or --count C");
   if (parser.given("seed") && !input_path.empty())
@@ -142,28 +168,32 @@ int collective_main(Op op, int argc, char** argv) {
   if (blocks < 1 || blocks > kMaxBlocks) {
     return cli::fail(command, "--blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(blocks));
   }
+  return std::nullopt;
+}
 
-  // 2. The outputs, reserved before any work: an unwritable path is bad input (exit 2).
-  const auto files = reserve_outputs(command, [&] {
-    std::vector<std::string> paths = trace_paths(f);
-    if (!output_path.empty()) paths.push_back(cli::resolve_path(output_path));
-    return paths;
-  }());
-  if (!files) return cli::kExitUsage;
-
-  // 3. Inputs: the file (checked against --dtype and --ranks) or random ones.
-  const int n = options.ranks;
-  sim::CollectiveSpec spec;
-  spec.op = op;
+// Step 3 of collective_main: the inputs, the file (checked against --dtype and --ranks) or random
+// ones, into *inputs, and the run's spec for them (checked, with the traced elements and the
+// memory). Returns nullopt to go on, or the exit code to return now (the message printed).
+std::optional<int> read_inputs(const cli::ArgParser& parser, const Request& q, sim::CollectiveSpec* spec_out,
+                               Inputs* inputs) {
+  const std::string& command = q.command;
+  const DType dtype = q.dtype;
+  const size_t esize = q.esize;
+  const int64_t seed = q.seed;
+  const int n = q.options.ranks;
+  int64_t count = q.count;
+  sim::CollectiveSpec& spec = *spec_out;
+  std::vector<uint8_t>& input = inputs->bytes;
+  std::vector<int64_t>& input_shape = inputs->shape;
+  std::string& input_note = inputs->note;
+  std::string problem;
+  spec.op = q.op;
   spec.dtype = dtype;
-  spec.blocks = static_cast<int>(blocks);
-  if (!sim::parse_algorithm(algo_text, &spec.algorithm)) return cli::fail(command, "unknown --algo " + algo_text);
-  std::vector<uint8_t> input;
-  std::vector<int64_t> input_shape;
-  std::string input_note;
-  if (!input_path.empty()) {
+  spec.blocks = static_cast<int>(q.blocks);
+  if (!sim::parse_algorithm(q.algo_text, &spec.algorithm)) return cli::fail(command, "unknown --algo " + q.algo_text);
+  if (!q.input_path.empty()) {
     gpu::RankInputs file;
-    if (problem = gpu::read_rank_inputs(input_path, dtype, n, "--ranks", &file); !problem.empty()) {
+    if (problem = gpu::read_rank_inputs(q.input_path, dtype, n, "--ranks", &file); !problem.empty()) {
       return cli::fail(command, problem);
     }
     count = static_cast<int64_t>(file.count);
@@ -191,7 +221,7 @@ int collective_main(Op op, int argc, char** argv) {
   spec.count = static_cast<size_t>(count);
   problem = sim::check_spec(spec, n);
   if (!problem.empty()) return cli::fail(command, problem);
-  for (uint64_t index : options.trace_elements) {
+  for (uint64_t index : q.options.trace_elements) {
     if (index >= spec.count) {
       return cli::fail(command, "--trace-elements index " + std::to_string(index) + " is past the " +
                                     std::to_string(spec.count) + " elements per rank");
@@ -199,6 +229,89 @@ int collective_main(Op op, int argc, char** argv) {
   }
   problem = check_memory(spec, n);
   if (!problem.empty()) return cli::fail(command, problem);
+  return std::nullopt;
+}
+
+// Step 4 of collective_main: the collective on a simulated world, from inputs[r] into outputs[r];
+// the traces written (a failed run's too; its output never). *elapsed_ms: the run's wall time.
+// Returns nullopt to go on, or the exit code to return now (the message printed).
+std::optional<int> run_world(const Request& q, const sim::CollectiveSpec& spec, const std::vector<const void*>& inputs,
+                             const std::vector<void*>& outputs, npy::OutputFiles* files, double* elapsed_ms) {
+  const std::string& command = q.command;
+  const sim::WorldOptions& options = q.options;
+  std::optional<sim::World> world;
+  const auto start = std::chrono::steady_clock::now();
+  std::string failure;
+  int failure_code = cli::kExitFailure;
+  try {
+    world.emplace(options);
+    sim::enqueue_collective(*world, spec, inputs, outputs);
+    ProgressBar bar(command, [&world] { return world->progress(); });
+    world->run();
+    failure = unreached_fault(options, *world);
+    if (!failure.empty()) failure_code = cli::kExitUsage;
+  } catch (const sim::SimError& e) {
+    failure = std::string("the run failed: ") + e.what();
+  }
+  *elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  // The traces show what happened, a failed run's too; its output is never written.
+  try {
+    if (world) write_traces(q.f, *world, *files);
+    if (!failure.empty()) files->commit();
+  } catch (const npy::NpyError& e) {
+    return cli::fail(command, e.what(), cli::kExitFailure);
+  }
+  if (!failure.empty()) return cli::fail(command, failure, failure_code);
+  return std::nullopt;
+}
+
+// Step 5 of collective_main (small runs, or --print): every rank's output as floats, once when
+// every rank holds the same bits. what: the run's name ("all-reduce, one_shot (auto)", "allgather").
+void print_outputs(DType dtype, int n, const std::vector<uint8_t>& output, size_t out_count, size_t esize,
+                   const std::string& what) {
+  const size_t row_bytes = out_count * esize;
+  bool all_same = true;
+  for (int r = 1; r < n; ++r) {
+    all_same = all_same && std::memcmp(output.data(), output.data() + r * row_bytes, row_bytes) == 0;
+  }
+  if (all_same && n > 1) {
+    const std::string label = "  every rank:";
+    std::cout << what << " (identical bits on all " << n << " ranks):\n"
+              << label << row_text(dtype, output.data(), out_count, label.size()) << "\n";
+  } else {
+    std::cout << what << " output:\n";
+    for (int r = 0; r < n; ++r) {
+      const std::string label = rank_label(r, n);
+      std::cout << label << row_text(dtype, output.data() + r * row_bytes, out_count, label.size()) << "\n";
+    }
+  }
+}
+
+int collective_main(Op op, int argc, char** argv) {
+  // 1. Flags.
+  Request q;
+  q.op = op;
+  q.command = std::string("sim ") + sim::op_name(op);
+  const std::string& command = q.command;
+  cli::ArgParser parser = make_parser(&q);
+  if (auto code = parser.parse(argc, argv)) return *code;
+  if (auto code = check_flags(parser, &q)) return *code;
+  const DType dtype = q.dtype;
+  const size_t esize = q.esize;
+
+  // 2. The outputs, reserved before any work: an unwritable path is bad input (exit 2).
+  const auto files = reserve_outputs(command, [&] {
+    std::vector<std::string> paths = trace_paths(q.f);
+    if (!q.output_path.empty()) paths.push_back(cli::resolve_path(q.output_path));
+    return paths;
+  }());
+  if (!files) return cli::kExitUsage;
+
+  // 3. Inputs: the file (checked against --dtype and --ranks) or random ones.
+  const int n = q.options.ranks;
+  sim::CollectiveSpec spec;
+  Inputs in;
+  if (auto code = read_inputs(parser, q, &spec, &in)) return *code;
 
   // 4. Run.
   const size_t out_count = sim::output_count(op, spec.count, n);
@@ -206,14 +319,14 @@ int collective_main(Op op, int argc, char** argv) {
   std::vector<const void*> inputs;
   std::vector<void*> outputs;
   for (int r = 0; r < n; ++r) {
-    inputs.push_back(input.data() + static_cast<size_t>(r) * spec.count * esize);
+    inputs.push_back(in.bytes.data() + static_cast<size_t>(r) * spec.count * esize);
     outputs.push_back(output.data() + static_cast<size_t>(r) * out_count * esize);
   }
-  const bool show = print || spec.count <= kPrintLimit;
+  const bool show = q.print || spec.count <= kPrintLimit;
   const std::string algo_note = op == Op::kAllReduce ? std::string(sim::algorithm_name(sim::resolve_algorithm(spec))) +
                                                            (spec.algorithm == Algorithm::kAuto ? " (auto)" : "")
                                                      : "";
-  std::cout << input_banner(command, n, spec.count, f.dtype, input_note);
+  std::cout << input_banner(command, n, spec.count, q.f.dtype, in.note);
   if (show) {
     std::cout << "input (as floats):\n";
     for (int r = 0; r < n; ++r) {
@@ -223,57 +336,18 @@ int collective_main(Op op, int argc, char** argv) {
   }
   std::cout.flush();
   double elapsed_ms = 0;
-  {
-    std::optional<sim::World> world;
-    const auto start = std::chrono::steady_clock::now();
-    std::string failure;
-    int failure_code = cli::kExitFailure;
-    try {
-      world.emplace(options);
-      sim::enqueue_collective(*world, spec, inputs, outputs);
-      ProgressBar bar(command, [&world] { return world->progress(); });
-      world->run();
-      failure = unreached_fault(options, *world);
-      if (!failure.empty()) failure_code = cli::kExitUsage;
-    } catch (const sim::SimError& e) {
-      failure = std::string("the run failed: ") + e.what();
-    }
-    elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    // The traces show what happened, a failed run's too; its output is never written.
-    try {
-      if (world) write_traces(f, *world, *files);
-      if (!failure.empty()) files->commit();
-    } catch (const npy::NpyError& e) {
-      return cli::fail(command, e.what(), cli::kExitFailure);
-    }
-    if (!failure.empty()) return cli::fail(command, failure, failure_code);
-  }
+  if (auto code = run_world(q, spec, inputs, outputs, files.get(), &elapsed_ms)) return *code;
 
   // 5. Results.
   if (show) {
-    const std::string what = op == Op::kAllReduce ? "all-reduce, " + algo_note : sim::op_name(op);
-    const size_t row_bytes = out_count * esize;
-    bool all_same = true;
-    for (int r = 1; r < n; ++r) {
-      all_same = all_same && std::memcmp(output.data(), output.data() + r * row_bytes, row_bytes) == 0;
-    }
-    if (all_same && n > 1) {
-      const std::string label = "  every rank:";
-      std::cout << what << " (identical bits on all " << n << " ranks):\n"
-                << label << row_text(dtype, output.data(), out_count, label.size()) << "\n";
-    } else {
-      std::cout << what << " output:\n";
-      for (int r = 0; r < n; ++r) {
-        const std::string label = rank_label(r, n);
-        std::cout << label << row_text(dtype, output.data() + r * row_bytes, out_count, label.size()) << "\n";
-      }
-    }
+    print_outputs(dtype, n, output, out_count, esize,
+                  op == Op::kAllReduce ? "all-reduce, " + algo_note : sim::op_name(op));
   }
   std::vector<int64_t> output_shape = {n, static_cast<int64_t>(out_count)};
-  if (op == Op::kAllReduce) output_shape = input_shape;
+  if (op == Op::kAllReduce) output_shape = in.shape;
   try {
-    if (!output_path.empty()) {
-      files->write_npy(cli::resolve_path(output_path), dtype == DType::kFP32 ? npy::kF32 : npy::kU16, output_shape,
+    if (!q.output_path.empty()) {
+      files->write_npy(cli::resolve_path(q.output_path), dtype == DType::kFP32 ? npy::kF32 : npy::kU16, output_shape,
                        output.data(), output.size());
     }
     files->commit();
@@ -282,10 +356,10 @@ int collective_main(Op op, int argc, char** argv) {
   }
   char ms[32];
   std::snprintf(ms, sizeof ms, "%.3f", elapsed_ms);
-  std::cout << command << " " << f.dtype << ": " << n << " ranks x " << spec.count << " elements"
+  std::cout << command << " " << q.f.dtype << ": " << n << " ranks x " << spec.count << " elements"
             << (algo_note.empty() ? "" : ", " + algo_note) << ", " << spec.blocks
-            << (spec.blocks == 1 ? " block" : " blocks") << ", " << schedule_note(options) << ", " << ms
-            << " ms; output " << npy::shape_text(output_shape) << (output_path.empty() ? "" : " -> " + output_path)
+            << (spec.blocks == 1 ? " block" : " blocks") << ", " << schedule_note(q.options) << ", " << ms
+            << " ms; output " << npy::shape_text(output_shape) << (q.output_path.empty() ? "" : " -> " + q.output_path)
             << " sha256 " << sha256_hex(output.data(), output.size()) << "\n";
   return cli::kExitOk;
 }

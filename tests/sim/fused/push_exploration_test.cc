@@ -18,6 +18,7 @@
 #include "core/collectives.h"
 #include "core/contract.h"
 #include "core/fused_rmsnorm.h"
+#include "core/push.h"
 #include "core/signal.h"
 #include "sim/fused/fused_sim.h"
 #include "sim/fused/random.h"
