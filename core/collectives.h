@@ -1,8 +1,8 @@
 // The collective algorithms, written once as templates over an execution context (Ctx). The
 // simulator (sim/) instantiates them with CPU threads as ranks; the CUDA backend (cuda_backend/)
 // with a device context. Nothing here knows about threads, streams or IPC. Two all-reduce families
-// have headers of their own over the same context: the push algorithms (core/push.h, included at
-// the end of this one) and the flag-in-data one (core/lamport.h).
+// have headers of their own over the same context: the push algorithms (core/push.h) and the
+// flag-in-data one (core/lamport.h).
 //
 // ---- The execution-context concept ------------------------------------------------------------------
 // A Ctx for storage type T (Ctx::value_type) supplies, all cheap and non-virtual:
@@ -574,7 +574,3 @@ EXC_HD void allgather(Ctx& ctx, size_t count) {
 }
 
 }  // namespace exactcoll
-
-// The push all-reduces (core/push.h, which includes this header first) for the includers that use
-// them through this one: sim/collectives.cc and cuda_backend/dispatch_table.cc.
-#include "core/push.h"  // IWYU pragma: export

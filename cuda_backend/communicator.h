@@ -116,7 +116,7 @@ class Communicator {
   // input lies inside *registered at the same offset on every rank. algo: one_shot, two_shot,
   // push_one_shot, push_two_shot, auto or nccl. grid: forces a launch configuration (tuning);
   // default: the table's. push_one_shot and push_two_shot need 2 x n x count elements of scratch
-  // (core/collectives.h, push_scratch_elements); where that exceeds buffer_bytes they run in
+  // (core/push.h, push_scratch_elements); where that exceeds buffer_bytes they run in
   // chunks that fit (push_chunk_elements), and auto takes them only where the table prices those
   // chunks below the other algorithms (DispatchTable::choose_allreduce_auto).
   CallInfo allreduce(const void* input, void* output, size_t count, DType dtype, Algorithm algo, cudaStream_t stream,

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/collectives.h"
+#include "core/push.h"
 #include "cuda_backend/tsv.h"
 
 namespace exactcoll::cuda {

@@ -4,6 +4,7 @@
 
 #include "core/collectives.h"
 #include "core/lamport.h"
+#include "core/push.h"
 
 namespace exactcoll::sim {
 namespace {
