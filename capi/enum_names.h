@@ -1,6 +1,6 @@
 // The names of the C header's enum values, indexed by value: the registry's tables
-// (core/registry.h), whose values are the C values (static_asserts in capi/common_api.cc), and the
-// dtypes. tests/capi/enum_names_test.cc checks every name against the C functions.
+// (core/registry.h), whose values are the C values (python/tests/test_api.py checks each against
+// the header), and the dtypes.
 #pragma once
 
 #include <cstddef>

@@ -92,10 +92,10 @@ std::shared_ptr<CommState> comm_of(exactcoll_comm comm) { return comms().get(com
 // The registry's algorithm of C value `algo` (the same number, core/registry.h), which the GPU must
 // run; INVALID_ARGUMENT otherwise.
 cuda::Algorithm gpu_algorithm(int algo) {
-  const std::string name = checked_name(kAlgoNames, algo, "algo");
+  const char* name = checked_name(kAlgoNames, algo, "algo");  // no allocation: this runs on every call
   const auto a = static_cast<cuda::Algorithm>(algo);
   if ((info(a).runs_on & kOnGpu) == 0) {
-    bad_argument("algo " + name + " runs in the simulator only (GPU: " + algorithm_names(kOnGpu) + ")");
+    bad_argument(std::string("algo ") + name + " runs in the simulator only (GPU: " + algorithm_names(kOnGpu) + ")");
   }
   return a;
 }
@@ -406,10 +406,11 @@ int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x, const void* 
     if (info != nullptr) require_struct_size(info->struct_size, sizeof(exactcoll_call_info), "exactcoll_call_info");
     const std::shared_ptr<CommState> state = comm_of(comm);
     const DType type = to_dtype(dtype);
-    const std::string name = checked_name(kFusedAlgoNames, algo, "fused algo");
+    const char* name = checked_name(kFusedAlgoNames, algo, "fused algo");
     const auto a = static_cast<cuda::fused::FusedAlgorithm>(algo);
     if ((exactcoll::info(a).runs_on & kOnGpu) == 0) {
-      bad_argument("fused algo " + name + " runs in the simulator only (GPU: " + fused_algorithm_names(kOnGpu) + ")");
+      bad_argument(std::string("fused algo ") + name +
+                   " runs in the simulator only (GPU: " + fused_algorithm_names(kOnGpu) + ")");
     }
     check_norm_arguments(rows, hidden, eps, {x, residual, weight, residual_out, out});
     const cuda::RegisteredBuffer* registered = registered_buffer(*state, registered_id);
@@ -424,19 +425,20 @@ int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x, const void* 
       bad_argument("x, out and residual_out must not overlap");
     }
     if (state->multinode) {
-      if (name != "auto" && name != "nccl_split") {
-        bad_argument(
-            "across nodes the fused op is the carry-chain all-reduce, then the norm on each GPU (algo auto), "
-            "or nccl_split; not " +
-            name);
+      if ((exactcoll::info(a).runs_on & kOnMultiNode) == 0) {
+        bad_argument(std::string("across nodes the fused op is the carry-chain all-reduce, then the norm on each GPU "
+                                 "(algo auto), or nccl_split; not ") +
+                     name);
       }
       translating(nullptr, multinode_status(*state), [&] {
         DeviceScope device(state->device);
         const cuda::MultiNodeCallInfo ran = state->multinode->fused_add_rmsnorm(
             x, residual, weight, residual_out, out, static_cast<int>(rows), static_cast<int>(hidden), eps, type,
-            name == "auto" ? cuda::Algorithm::kAuto : cuda::Algorithm::kNccl, static_cast<cudaStream_t>(stream));
+            a == FusedAlgorithm::kAuto ? cuda::Algorithm::kAuto : cuda::Algorithm::kNccl,
+            static_cast<cudaStream_t>(stream));
         fill_multinode_info(
-            info, static_cast<int>(name == "auto" ? FusedAlgorithm::kUnfused : FusedAlgorithm::kNcclSplit), ran);
+            info, static_cast<int>(a == FusedAlgorithm::kAuto ? FusedAlgorithm::kUnfused : FusedAlgorithm::kNcclSplit),
+            ran);
       });
       return;
     }

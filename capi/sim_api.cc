@@ -111,15 +111,15 @@ void fill_info(exactcoll_call_info* info, int algo, int allreduce_algo, int bloc
 sim::Algorithm sim_algorithm(sim::Op op, int algo) {
   const std::string name = checked_name(kAlgoNames, algo, "algo");
   const auto a = static_cast<sim::Algorithm>(algo);  // the registry's values are the C values
+  if (a != sim::Algorithm::kAuto && !implements(a, op)) {
+    bad_argument(std::string(op_name(op)) + " has no algorithm " + name + " (" + algorithm_names(kOnSimulator, op) +
+                 ")");
+  }
   if ((info(a).runs_on & kOnSimulator) == 0) {
     bad_argument(name + " runs on GPUs only" +
                  (info(a).exact
                       ? std::string(" (the simulator gives its bits through ") + algorithm_names(kOnSimulator, op) + ")"
                       : std::string(" (and its sums follow no contract)")));
-  }
-  if (a != sim::Algorithm::kAuto && !implements(a, op)) {
-    bad_argument(std::string(op_name(op)) + " has no algorithm " + name + " (" + algorithm_names(kOnSimulator, op) +
-                 ")");
   }
   return a;
 }
@@ -155,18 +155,16 @@ void exactcoll_sim_options_init(exactcoll_sim_options* options) {
 int exactcoll_sim_collective(int op, int algo, int dtype, int ranks, size_t count, const void* inputs, void* outputs,
                              const exactcoll_sim_options* options, exactcoll_call_info* info) {
   return guarded("exactcoll_sim_collective", [&] {
-    const std::string op_name = checked_name(kOpNames, op, "op");
+    checked_name(kOpNames, op, "op");
     const DType type = to_dtype(dtype);
     const SimRun run = sim_run(options, ranks);
     sim::CollectiveSpec spec;
-    spec.op = *parse_op(op_name);  // the C names are core's (tests/capi/enum_names_test.cc)
+    spec.op = static_cast<sim::Op>(op);  // the registry's values are the C values
     spec.algorithm = sim_algorithm(spec.op, algo);
     spec.dtype = type;
     spec.count = count;
     spec.blocks = run.blocks;
-    const int resolved = spec.op == sim::Op::kAllReduce
-                             ? value_of(kAlgoNames, sim::algorithm_name(sim::resolve_algorithm(spec)))
-                             : EXACTCOLL_ALGO_DIRECT;
+    const int resolved = static_cast<int>(sim::resolve_algorithm(spec));
     if (count == 0) {
       fill_info(info, resolved, -1, run.blocks);
       return;
@@ -225,7 +223,7 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
     const auto requested = static_cast<FusedAlgorithm>(algo);  // the registry's values are the C values
     if ((exactcoll::info(requested).runs_on & kOnSimulator) == 0) {
       bad_argument(algo_name + " runs on GPUs only; the simulator runs " + fused_algorithm_names(kOnSimulator) +
-                   " (every one but auto's choice gives the same bits)");
+                   " (every one gives the same bits)");
     }
     if (requested == FusedAlgorithm::kAuto) {
       spec.algo = FusedAlgorithm::kOneStage;
@@ -234,11 +232,10 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
       ran = algo;
     }
     const int allreduce_algo = spec.algo == FusedAlgorithm::kUnfused ? EXACTCOLL_ALGO_ONE_SHOT : -1;
-    fused::Contract fused_contract{};
-    fused::parse_contract(contract_name, &fused_contract);
+    const auto fused_contract = static_cast<fused::Contract>(contract);  // the registry's values are the C values
     const bool canonical = fused_contract == fused::Contract::kCanonical;
-    if (!canonical &&
-        (algo_name != "auto" || run.blocks != 1 || run.world.schedule != sim::Schedule::kThreads || run.world.trace)) {
+    if (!canonical && (requested != FusedAlgorithm::kAuto || run.blocks != 1 ||
+                       run.world.schedule != sim::Schedule::kThreads || run.world.trace)) {
       bad_argument("the " + contract_name +
                    " contract is computed by the scalar reference: algo must be auto, and "
                    "blocks, seeded schedules and traces apply to the canonical contract only");

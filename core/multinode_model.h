@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "core/multinode.h"
+#include "core/op.h"
 
 namespace exactcoll::multinode {
 

@@ -3,11 +3,13 @@
 // enum, its names and its lists from here:
 //   - the simulator (sim::) and the CUDA backend (cuda::) use these enums themselves;
 //   - an enumerator's value is the C API's value (include/exactcoll/exactcoll.h: EXACTCOLL_ALGO_*,
-//     EXACTCOLL_FUSED_*, EXACTCOLL_CONTRACT_*, EXACTCOLL_OP_*; capi/ static_asserts each one);
+//     EXACTCOLL_FUSED_*, EXACTCOLL_CONTRACT_*, EXACTCOLL_OP_*; python/tests/test_api.py holds
+//     every entry to its line of the installed header);
 //   - the C API's *_name / *_from_name functions, Python's ALGOS / FUSED_ALGOS (read from the
 //     library) and every --help list come from the tables' names;
-//   - tests/core/registry_test.cc fails when an entry lacks a piece: a name, a runner in a layer
-//     that claims it (the simulator runs it, the GPU dispatch has a launcher), a C value.
+//   - tests/capi/enum_names_test.cc and tests/sim/collectives_test.cc fail when an entry lacks a
+//     piece: a runner in a layer that claims it (the simulator runs it against the reference, the
+//     GPU dispatch has a launcher and a kernel), a C name.
 // docs/design.md ("Add an op, an algorithm or a contract") lists the files a new entry touches.
 //
 // Host+device: the enums are used in kernels; the tables and lookups are host code (constexpr, so
@@ -229,8 +231,8 @@ inline constexpr FusedAlgorithmInfo kFusedAlgorithmInfos[] = {
      "each rank folds and normalizes its slice of rows, then gathers both outputs"},
     {FusedAlgorithm::kPushOneStage, "push_one_stage", kOnSimulator | kOnGpu, true, true, true, true,
      "x pushed into peers' scratch, one barrier (the GPU runs it on the register path)"},
-    {FusedAlgorithm::kUnfused, "unfused", kOnSimulator | kOnGpu | kOnMultiNode, true, true, false, false,
-     "the all-reduce, then the separate residual + RMSNorm kernel"},
+    {FusedAlgorithm::kUnfused, "unfused", kOnSimulator | kOnGpu, true, true, false, false,
+     "the all-reduce, then the separate residual + RMSNorm kernel (across nodes: what auto runs)"},
     {FusedAlgorithm::kOneStageReg, "one_stage_reg", kOnSimulator | kOnGpu, true, true, true, true,
      "one_stage with the row in registers"},
     {FusedAlgorithm::kGatherNorm, "gather_norm", kOnSimulator | kOnGpu, true, true, true, false,

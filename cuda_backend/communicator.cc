@@ -215,12 +215,10 @@ Communicator::~Communicator() {
         // since the abort takes about a second (4 x H100, 2026-11-27) and a dead peer's survivors
         // are to leave within the kernel bound + 1 s (docs/reliability.md). A process that goes on
         // gets NCCL's resources back when the abort ends; one that exits ends it there.
-        std::thread([comm = nccl_comm_] {
-          try {
-            NcclApi::get().CommAbort(comm);
-          } catch (...) {
-          }
-        }).detach();
+        // The function pointer is read here: the detached thread touches no static (it may outlive
+        // main and static destruction).
+        auto abort = NcclApi::get().CommAbort;
+        std::thread([abort, comm = nccl_comm_] { abort(comm); }).detach();
       } else {
         NcclApi::get().CommDestroy(nccl_comm_);
       }
@@ -520,7 +518,7 @@ CallInfo Communicator::launch_lamport(const Call& call) {
     a.count = std::min(chunk, call.count - first);
     a.output = static_cast<char*>(call.output) + first * elem;
     a.stage_from = nullptr;
-    launch(call.dtype, KernelKind::kLamportOneShot, a, call.choice.grid, call.stream);
+    launch(call.dtype, *sm_kernel_kind(call.op, call.choice.algo), a, call.choice.grid, call.stream);
     ++info.launches;
   }
   info.staged = false;

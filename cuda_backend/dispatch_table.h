@@ -30,7 +30,7 @@ using exactcoll::algorithm_name;
 std::optional<Algorithm> parse_algorithm(const std::string& name);
 // The IPC algorithms of an op (what auto chooses among), in the registry's order.
 std::vector<Algorithm> ipc_algorithms(Op op);
-using exactcoll::parse_op;  // core/op.h: allreduce | reduce_scatter | allgather
+using exactcoll::parse_op;  // core/registry.h: allreduce | reduce_scatter | allgather
 
 // Is `a` push_one_shot or push_two_shot (the algorithms that need push_scratch_elements)?
 inline bool is_push_algorithm(Algorithm a) { return info(a).needs == Needs::kPushScratch; }

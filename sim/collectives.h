@@ -35,8 +35,8 @@ struct CollectiveSpec {
 };
 
 // Returns the algorithm named `text` among those the simulator runs (the registry's kOnSimulator
-// entries: auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot); false if
-// none is.
+// entries: auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot, direct);
+// false if none is.
 bool parse_algorithm(const std::string& text, Algorithm* out);
 
 // Returns the scratch bytes per rank that spec's algorithm needs on `ranks` ranks (two_shot: its
@@ -53,7 +53,8 @@ Algorithm resolve_algorithm(const CollectiveSpec& spec);
 
 // Returns "" when spec is valid on `ranks` ranks, else what is wrong (count < 1, reduce_scatter
 // count not divisible by ranks, blocks outside 1..kMaxBlocks, ranks outside 1..kMaxRanks, an
-// algorithm the simulator does not run or other than auto for reduce_scatter / allgather).
+// algorithm the simulator does not run, or one the op does not have: all-reduce takes auto and its
+// own algorithms, reduce_scatter and allgather auto or direct).
 std::string check_spec(const CollectiveSpec& spec, int ranks);
 
 // The launch name used in traces: "allreduce_one_shot", "allreduce_two_shot",

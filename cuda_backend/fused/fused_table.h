@@ -40,8 +40,8 @@ using exactcoll::FusedAlgorithm;  // core/registry.h: the names and properties
 std::optional<FusedAlgorithm> parse_fused_algorithm(const std::string& name);
 // The algorithms whose bits follow the contract (what auto chooses among).
 std::vector<FusedAlgorithm> fused_ipc_algorithms();
-// Whether the algorithm is one kernel with peers (one_stage, one_stage_reg, push_one_stage,
-// two_stage, gather_norm).
+// Whether the algorithm is one kernel with peers (the registry's one_kernel: one_stage,
+// one_stage_reg, push_one_stage, two_stage, gather_norm, lamport_one_stage).
 bool is_fused_kernel(FusedAlgorithm a);
 
 struct FusedTableError : std::runtime_error {

@@ -294,10 +294,11 @@ EXACTCOLL_API void exactcoll_comm_options_init(exactcoll_comm_options* options);
  * milliseconds per barrier; NCCL is left out and nccl_ready is 0).
  * A job of several nodes (options node / local_world_size, or the launcher's variables) gets the
  * multi-node communicator. It needs NCCL (EXACTCOLL_ERROR_UNAVAILABLE without it) and offers: the
- * collectives and the fused op with algo auto (the carry chain; info->algo is -1 and info->note
- * names "carry_chain" or "direct_exchange") or nccl; no registered buffers (INVALID_ARGUMENT). A
- * bad layout (nodes of unequal size, ranks not node-major) is EXACTCOLL_ERROR_STORE on every rank,
- * naming every problem. */
+ * collectives and the fused op with algo auto (the carry chain; a collective's info->algo is -1,
+ * the fused op's EXACTCOLL_FUSED_UNFUSED, and info->note names "carry_chain" or
+ * "direct_exchange") or nccl; no registered buffers (INVALID_ARGUMENT). A bad layout (nodes of
+ * unequal size, ranks not node-major) is EXACTCOLL_ERROR_INVALID_ARGUMENT on every rank, naming
+ * every problem. */
 EXACTCOLL_API int exactcoll_comm_create(exactcoll_store store, int rank, int world_size,
                                         const exactcoll_comm_options* options, exactcoll_comm* comm);
 
@@ -436,7 +437,7 @@ typedef struct exactcoll_link_rates {
 typedef struct exactcoll_model_prediction {
   char algorithm[32];      /* "exactcoll chain"; "chain, overlapped" and, for the all-reduce,
                             * "exactcoll direct" (not built: what they would buy); "nccl ring";
-                            * "nccl tree" (not for the all-gather) */
+                            * "nccl tree" (the all-reduce only) */
   double time_us;          /* predicted time of one op */
   double nic_bytes;        /* bytes through the busiest NIC, one direction */
   uint64_t chunk_elements; /* the carry chain's chunk; 0 for the others */

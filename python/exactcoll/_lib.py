@@ -203,11 +203,12 @@ def _enum(name_of):
     """{name: value} of one of the C header's enums: the library's names of 0, 1, ... up to the first
     value it has no name for."""
     table = {}
-    for value in itertools.count():
+    for value in range(256):  # the C values are uint8_t enumerators (core/registry.h)
         name = name_of(value)
         if name is None:
             return table
         table[name.decode()] = value
+    raise ImportError(f"exactcoll: {library_path()} names every value of an enum up to 255")
 
 
 DTYPES = _enum(lib.exactcoll_dtype_name)

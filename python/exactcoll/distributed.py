@@ -161,13 +161,19 @@ def backend_counts(group=None):
     """{op: {"exact": tensors, "fallback": tensors}} for every exactcoll group of this process
     (or one group). Op names are torch's: all_reduce, reduce_scatter_tensor, all_gather_into_tensor,
     their *_coalesced forms, broadcast, barrier, ..."""
-    return _nested(_COUNTS if group is None else group._counts)
+    return _nested(_COUNTS if group is None else _exactcoll_group(group)._counts)
 
 
 def backend_fallbacks(group=None):
     """{(op, reason): tensors} for what went to NCCL or gloo, with the reason (e.g. ("all_reduce",
     "op MAX"), ("all_reduce", "dtype torch.int64"), ("broadcast", "not an op exactcoll runs"))."""
-    return dict(sorted((_REASONS if group is None else group._reasons).items()))
+    return dict(sorted((_REASONS if group is None else _exactcoll_group(group)._reasons).items()))
+
+
+def _exactcoll_group(group):
+    if not isinstance(group, ExactcollProcessGroup):
+        raise ValueError(f"{group!r} is not a group of the exactcoll backend (its counts are exactcoll's only)")
+    return group
 
 
 def reset_backend_counts():
@@ -194,7 +200,8 @@ def record_collectives():
     try:
         yield records
     finally:
-        _RECORDING.remove(records)
+        # By identity: list.remove compares by value, and a nested block's list may equal this one.
+        del _RECORDING[next(i for i, r in enumerate(_RECORDING) if r is records)]
 
 
 # ---- work objects ----------------------------------------------------------------------------------
@@ -310,6 +317,13 @@ def _op_name(reduce_op):
 
 def _is_sum(opts):
     return opts is None or opts.reduceOp == dist.ReduceOp.SUM
+
+
+class _Failed:
+    """A communicator whose creation raised: every later call on that device raises again."""
+
+    def __init__(self, error):
+        self.error = error
 
 
 class _Unavailable:
@@ -446,7 +460,6 @@ class ExactcollProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts=None):
         """The list form: SUM on one eligible tensor per rank runs as reduce_scatter_tensor on the
         concatenated inputs (the same bits: block r of the sum is rank r's output)."""
-        reason = None
         if len(outputs) != 1 or len(input_lists) != 1 or len(input_lists[0]) != self.size():
             reason = "several tensors in one call (multi-GPU form)"
         else:
@@ -679,7 +692,17 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         index = device.index if device.index is not None else torch.cuda.current_device()
         comm = self._comms.get(index)
         if comm is None:
-            comm = self._comms[index] = self._make_comm(index)
+            try:
+                comm = self._comms[index] = self._make_comm(index)
+            except Exception as e:
+                # Kept: a retry would make a communicator under a new name that the ranks which
+                # succeeded never join, and wait out the store timeout.
+                self._comms[index] = _Failed(e)
+                raise
+        if isinstance(comm, _Failed):
+            raise RuntimeError(f"exactcoll backend: this group's communicator on cuda:{index} could not be made "
+                               f"({type(comm.error).__name__}: {comm.error}); no exact collective runs there") \
+                from comm.error
         return comm
 
     def _make_comm(self, index):
@@ -718,28 +741,39 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         event.record(stream)
         return _CudaWork(result, device, stream, event)
 
-    def _counted_exact(self, op, comm):
+    def _refuse_nccl(self, op, algo, tensors):
+        """Strict mode refuses a configured algo nccl (not the contract) before anything runs, as the
+        CPU path's fallback does."""
+        if algo == "nccl":
+            self._refuse(op, "algo nccl (not the contract)", tensors)
+
+    def _counted_exact(self, op, comm, tensors):
         if comm._info.exact:
             self._count(op, True)
-        else:  # algo "nccl", or the library chose NCCL: not the contract
-            self._count(op, False, f"ran NCCL inside exactcoll ({comm._info.note.decode(errors='replace')})")
+            return
+        # algo "nccl", or the library fell back to NCCL (known only once the call ran): not the
+        # contract. Strict mode raises here, the result not being the contract's.
+        reason = f"ran NCCL inside exactcoll ({comm._info.note.decode(errors='replace')})"
+        self._refuse(op, reason, tensors)
+        self._count(op, False, reason)
 
     def _exact_all_reduce(self, op, t, opts):
         settings = _settings()
         if t.numel() == 0:
             self._count(op, True)
             return _DoneWork([t])
+        if not t.is_cuda and settings["all_reduce"] == "nccl":  # before recording: no exact output comes
+            return self._fallback(op, "algo nccl (not the contract)", "allreduce", ([t], dist.AllreduceOptions()),
+                                  [t], track=False)
         record = self._record("all_reduce", t) if _RECORDING else None
         if t.is_cuda:
             comm = self._comm(t.device)
+            self._refuse_nccl(op, settings["all_reduce"], [t])
             comm.all_reduce_(t.view(-1), algo=settings["all_reduce"])  # 1-D: a 0-d loss is fine too
-            self._counted_exact(op, comm)
+            self._counted_exact(op, comm, [t])
             self._recorded(record, t)
             return self._cuda_work([t], t.device, opts)
         algo = settings["all_reduce"]
-        if algo == "nccl":
-            return self._fallback(op, "algo nccl (not the contract)", "allreduce", ([t], dist.AllreduceOptions()),
-                                  [t], track=False)
         from . import sim
         everyone = self._gather_cpu(t)
         t.view(-1).copy_(sim.all_reduce(everyone, algo=algo)[self.rank()])
@@ -761,17 +795,18 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         if output.numel() == 0:
             self._count(op, True)
             return _DoneWork([output])
+        if not output.is_cuda and settings["reduce_scatter"] == "nccl":  # before recording
+            return self._fallback(op, "algo nccl (not the contract)", "_reduce_scatter_base", (output, input),
+                                  [output, input], track=False)
         record = self._record("reduce_scatter_tensor", input) if _RECORDING else None
         if output.is_cuda:
             comm = self._comm(output.device)
+            self._refuse_nccl(op, settings["reduce_scatter"], [output, input])
             comm.reduce_scatter(input.view(-1), out=output.view(-1), algo=settings["reduce_scatter"])
-            self._counted_exact(op, comm)
+            self._counted_exact(op, comm, [output, input])
             self._recorded(record, output)
             return self._cuda_work([output], output.device, opts)
         algo = settings["reduce_scatter"]
-        if algo == "nccl":
-            return self._fallback(op, "algo nccl (not the contract)", "_reduce_scatter_base", (output, input),
-                                  [output, input], track=False)
         from . import sim
         everyone = self._gather_cpu(input)
         output.view(-1).copy_(sim.reduce_scatter(everyone, algo=algo)[self.rank()])
@@ -785,17 +820,18 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         if input.numel() == 0:
             self._count(op, True)
             return _DoneWork([output])
-        record = self._record("all_gather_into_tensor", input) if _RECORDING else None
-        if output.is_cuda:
-            comm = self._comm(output.device)
-            comm.all_gather(input.view(-1), out=output.view(-1), algo=settings["all_gather"])
-            self._counted_exact(op, comm)
-            self._recorded(record, output)
-            return self._cuda_work([output], output.device, opts)
-        if settings["all_gather"] == "nccl":
+        if not output.is_cuda and settings["all_gather"] == "nccl":  # before recording
             return self._fallback(op, "algo nccl (not the contract)", "allgather",
                                   ([list(output.view(-1).chunk(self.size()))], [input.view(-1)]), [output, input],
                                   track=False)
+        record = self._record("all_gather_into_tensor", input) if _RECORDING else None
+        if output.is_cuda:
+            comm = self._comm(output.device)
+            self._refuse_nccl(op, settings["all_gather"], [output, input])
+            comm.all_gather(input.view(-1), out=output.view(-1), algo=settings["all_gather"])
+            self._counted_exact(op, comm, [output, input])
+            self._recorded(record, output)
+            return self._cuda_work([output], output.device, opts)
         # The all-gather contract: every rank's bits, unchanged, in rank order. The gather is that.
         output.view(-1).copy_(self._gather_cpu(input).view(-1))
         self._count(op, True)

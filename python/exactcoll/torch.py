@@ -291,9 +291,11 @@ class Communicator:
         return RegisteredBuffer(self, index.value, tensor)
 
     def check(self):
-        """Waits for the current stream, then raises PeerTimeoutError if a kernel's wait for a peer
-        timed out since the last check (naming rank, block and peer). Not during graph capture."""
-        _lib.check(_lib.lib.exactcoll_comm_check(self._handle, self._stream()))
+        """Waits for the stream of this communicator's last op (else the current one), then raises
+        PeerTimeoutError if a kernel's wait for a peer timed out since the last check (naming rank,
+        block and peer). Not during graph capture."""
+        stream = self._last_stream[0] if self._last_stream is not None else self._stream()
+        _lib.check(_lib.lib.exactcoll_comm_check(self._handle, stream))
 
     def last_call_info(self):
         """What the last eager op ran: algo, exact (False for an NCCL fallback), staged, launches,

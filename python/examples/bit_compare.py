@@ -1,4 +1,5 @@
-"""Bit comparisons the GPU examples share (tp_block_check.py, multinode_check.py, soak.py): a
+"""Bit comparisons the GPU examples share (tp_block_check.py, multinode_check.py, soak.py,
+hf_llama_check.py): a
 tensor's storage bits, every rank's bits gathered, and how many elements differ."""
 
 import numpy as np
@@ -20,10 +21,10 @@ def gather_bits(t):
 
 
 def differing(got, want):
-    """Elements whose bits differ; every element when the shapes differ (a count, so sums of it
-    never hide a mismatch)."""
+    """Elements whose bits differ; every element when the shapes or dtypes differ (a count, so sums
+    of it never hide a mismatch)."""
     got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
-    if got.shape != want.shape:
+    if got.shape != want.shape or got.dtype != want.dtype:
         return max(got.size, want.size, 1)
     view = np.uint32 if got.dtype == np.float32 else np.uint16
     return int((got.view(view) != want.view(view)).sum())

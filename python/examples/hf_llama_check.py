@@ -56,6 +56,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import exactcoll.torch as xt  # noqa: E402  (registers the "exactcoll" backend)
+from bit_compare import bits, differing  # noqa: E402  (python/examples/bit_compare.py)
 from exactcoll.distributed import ALL_REDUCE_ALGOS  # noqa: E402
 
 ALGOS = ("one_shot", "two_shot", "push_one_shot", "push_two_shot", "auto")
@@ -78,22 +79,6 @@ def stage(name):
     say(name)
     faulthandler.cancel_dump_traceback_later()
     faulthandler.dump_traceback_later(_stage_timeout[0], exit=True)
-
-
-def bits(t):
-    t = t.detach().cpu().contiguous()
-    if t.dtype in (torch.bfloat16, torch.float16):
-        return t.view(torch.int16).numpy().view(np.uint16)
-    if t.dtype == torch.float32:
-        return t.view(torch.int32).numpy().view(np.uint32)
-    raise ValueError(f"no bit view for {t.dtype}")
-
-
-def differing(got, want):
-    got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return max(got.size, want.size, 1)
-    return int((got != want).sum())
 
 
 def digest(t):
@@ -141,7 +126,7 @@ def counts_delta(before_counts, before_fallbacks):
     return delta, fb
 
 
-def float_sum_fallbacks(fallbacks, allow_nccl_algo=False):
+def float_sum_fallbacks(fallbacks):
     """The all-reduce fallbacks that a float SUM all-reduce could be among: every reason except
     another reduce op or an integer/bool dtype."""
     bad = {}
@@ -149,8 +134,6 @@ def float_sum_fallbacks(fallbacks, allow_nccl_algo=False):
         if not op.startswith("all_reduce"):
             continue
         if reason.startswith("op ") or (reason.startswith("dtype ") and "float" not in reason):
-            continue
-        if allow_nccl_algo and reason.startswith("ran NCCL inside exactcoll"):
             continue
         bad[(op, reason)] = n
     return bad

@@ -12,13 +12,14 @@ import tempfile
 import time
 import unittest
 
+import numpy as np
+
+import contract_reference as ref
+
 try:
     import torch
 except ImportError:
     torch = None
-
-if torch is not None:
-    import exactcoll.sim as xs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "backend_worker.py")
@@ -27,14 +28,24 @@ SETTINGS_ENV = ("EXACTCOLL_ALGO", "EXACTCOLL_REDUCE_SCATTER_ALGO", "EXACTCOLL_AL
 DEADLINE_S = 90          # per job: a job that runs past it is killed (they take a few seconds)
 INT_VIEW = {} if torch is None else {torch.bfloat16: torch.int16, torch.float16: torch.int16,
                                      torch.float32: torch.int32}
+FORMAT = {} if torch is None else {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def storage(t):
+    """A CPU tensor's storage as contract_reference takes it: uint16 bit patterns, or float32."""
+    t = t.contiguous()
+    return t.numpy() if t.dtype == torch.float32 else t.view(torch.int16).numpy().view(np.uint16)
 
 
 def differing(got, want):
-    """Elements whose bits differ (shapes must match; NaN compares by its bits, so a canonical NaN
-    equals itself and any other payload differs)."""
+    """Elements whose bits differ (each a tensor or a contract_reference array; shapes and storage
+    must match; NaN compares by its bits, so a canonical NaN equals itself and any other payload
+    differs)."""
+    got = ref.bits_of(storage(got) if torch is not None and isinstance(got, torch.Tensor) else got)
+    want = ref.bits_of(storage(want) if torch is not None and isinstance(want, torch.Tensor) else want)
     if got.shape != want.shape or got.dtype != want.dtype:
-        return got.numel() or 1
-    return int((got.view(INT_VIEW[got.dtype]) != want.view(INT_VIEW[want.dtype])).sum())
+        return max(got.size, want.size, 1)
+    return int((got != want).sum())
 
 
 def run_job(world_size, env_extra=None, deadline_s=DEADLINE_S, expect_results=True):
@@ -97,8 +108,9 @@ class TorchBackendOnCpu(unittest.TestCase):
         return results
 
     def compare_bits(self, results, world_size):
-        """Every exact case: each member's output against exactcoll.sim on the members' stacked
-        inputs (in group-rank order), bit for bit."""
+        """Every exact case: each member's output against the independent numpy reference of the
+        contract (contract_reference.py, which shares nothing with the library's fold) on the
+        members' stacked inputs (in group-rank order), bit for bit."""
         names = [c["name"] for c in results[0]["cases"]]
         self.assertGreaterEqual(len(names), 25, names)
         order_sensitive = 0
@@ -107,15 +119,20 @@ class TorchBackendOnCpu(unittest.TestCase):
             cases = [results[g]["cases"][[c["name"] for c in results[g]["cases"]].index(name)] for g in members]
             op = cases[0]["op"]
             stacked = torch.stack([c["input"].reshape(-1) for c in cases])
-            if op == "all_reduce":
-                want = xs.all_reduce(stacked)
-            elif op == "reduce_scatter":
-                want = xs.reduce_scatter(stacked)
-            else:
-                want = stacked.reshape(1, -1).expand(len(members), -1)
+            fmt = FORMAT[stacked.dtype]
+
+            def expected(x):  # every member's expected output, [members, ...]
+                if op == "all_gather":
+                    return np.broadcast_to(x.reshape(1, -1), (len(members), x.size))
+                reduced = ref.all_reduce(x, fmt)
+                if op == "all_reduce":
+                    return np.broadcast_to(reduced, (len(members), reduced.size))
+                return reduced.reshape(len(members), -1)  # reduce_scatter: block g is member g's
+
+            want = expected(storage(stacked))
             for group_rank, case in enumerate(cases):
                 got = case["output"].reshape(-1)
-                bad = differing(got, want[group_rank].contiguous())
+                bad = differing(got, want[group_rank])
                 self.assertEqual(bad, 0, f"{world_size} ranks, {name}: rank {members[group_rank]}'s output differs "
                                          f"from exactcoll.sim in {bad} of {got.numel()} elements")
             if "nasty" in name and op != "all_gather" and len(members) >= 3:
@@ -123,8 +140,8 @@ class TorchBackendOnCpu(unittest.TestCase):
                 # order gives other bits, so the comparison above would catch a backend that summed
                 # in another order.
                 # (reduce_scatter: block b of the flipped job's sum is still block b.)
-                other = xs.all_reduce(stacked.flip(0)) if op == "all_reduce" else xs.reduce_scatter(stacked.flip(0))
-                self.assertGreater(differing(want.contiguous(), other.contiguous()), 0,
+                other = expected(storage(stacked.flip(0)))
+                self.assertGreater(differing(want, other), 0,
                                    f"{name}: the reverse-order fold gives the same bits: the case is not "
                                    "order-sensitive")
                 order_sensitive += 1

@@ -63,8 +63,14 @@ std::optional<FusedKernelKind> staged_kernel_kind(FusedAlgorithm a) {
     case FusedAlgorithm::kTwoStage: return FusedKernelKind::kTwoStage;
     case FusedAlgorithm::kGatherNorm: return FusedKernelKind::kGatherNorm;
     case FusedAlgorithm::kOneStageReg: return FusedKernelKind::kOneStageReg;
-    default: return std::nullopt;
+    case FusedAlgorithm::kPushOneStage:
+    case FusedAlgorithm::kPushOneStageReg:
+    case FusedAlgorithm::kLamportOneStage:
+    case FusedAlgorithm::kUnfused:
+    case FusedAlgorithm::kAuto:
+    case FusedAlgorithm::kNcclSplit: return std::nullopt;
   }
+  return std::nullopt;
 }
 
 // Scratch elements one launch of `algo` needs on every rank (as cuda_backend/fused/fused_rmsnorm.cc
@@ -77,8 +83,14 @@ size_t scratch_elements(FusedAlgorithm algo, int rows, int hidden, int ranks) {
     case FusedAlgorithm::kGatherNorm: return gather_norm_scratch_elements(rows, hidden);
     case FusedAlgorithm::kPushOneStage:
     case FusedAlgorithm::kPushOneStageReg: return push_scratch_elements(count, Storage<T>::kPack, ranks);
-    default: return 0;
+    case FusedAlgorithm::kOneStage:
+    case FusedAlgorithm::kOneStageReg:
+    case FusedAlgorithm::kLamportOneStage:  // the Lamport region, not scratch
+    case FusedAlgorithm::kUnfused:
+    case FusedAlgorithm::kAuto:
+    case FusedAlgorithm::kNcclSplit: return 0;
   }
+  return 0;
 }
 
 // One block of one fused kernel launch: the algorithm's template, with the world size at compile
@@ -240,8 +252,12 @@ std::string check_fused_spec(const FusedSpec& spec, int ranks, sim::Schedule sch
   }
   if (spec.rows < 1) return "rows must be at least 1, got " + std::to_string(spec.rows);
   if (spec.algo == FusedAlgorithm::kAuto || (info(spec.algo).runs_on & kOnSimulator) == 0) {
-    return std::string("the simulator runs the fused algorithms ") + fused_algorithm_names(kOnSimulator) +
-           " but auto (a choice the caller resolves), not " + fused_algorithm_name(spec.algo);
+    return std::string("the simulator runs the fused algorithms ") +
+           joined_names(kFusedAlgorithmInfos, ", ",
+                        [](const FusedAlgorithmInfo& e) {
+                          return (e.runs_on & kOnSimulator) != 0 && e.algorithm != FusedAlgorithm::kAuto;
+                        }) +
+           " (auto is a choice its caller resolves), not " + fused_algorithm_name(spec.algo);
   }
   const int pack = spec.dtype == DType::kFP32 ? Storage<float>::kPack : Storage<bf16>::kPack;
   if (spec.hidden <= 0 || spec.hidden % pack != 0) {

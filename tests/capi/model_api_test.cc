@@ -2,6 +2,7 @@
 // C API, the same numbers as the model itself; its limits are INVALID_ARGUMENT naming the bound.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,7 @@ TEST(CApiModel, PredictionsAreTheModels) {
 TEST(CApiModel, BadInputsAreRefusedNamingTheBound) {
   exactcoll_model_prediction p[EXACTCOLL_MODEL_MAX_PREDICTIONS];
   int count = -1;
+  std::memset(p, 0x5a, sizeof p);  // a refused call leaves the predictions as they were
   const int inv = EXACTCOLL_ERROR_INVALID_ARGUMENT;
   expect_error(exactcoll_model_multinode(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_BF16, 0, 8, 1 << 20, nullptr, p, 8, &count),
                inv, "nodes must be 1..1024, got 0");
@@ -70,7 +72,14 @@ TEST(CApiModel, BadInputsAreRefusedNamingTheBound) {
   rates.struct_size = 3;
   expect_error(exactcoll_model_multinode(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_BF16, 2, 8, 1 << 20, &rates, p, 8, &count),
                inv, "exactcoll_link_rates");
-  EXPECT_EQ(count, 0);  // nothing half-written: no predictions were reported
+  // Nothing half-written: no prediction is reported, and none was written.
+  EXPECT_EQ(count, 0);
+  count = -1;
+  expect_error(exactcoll_model_multinode(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_BF16, 2, 8, 1 << 20, nullptr, p, 1, &count),
+               inv, "capacity 1");
+  EXPECT_EQ(count, 0);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < sizeof p; ++i) ASSERT_EQ(bytes[i], 0x5a) << "byte " << i << " was written";
 }
 
 }  // namespace

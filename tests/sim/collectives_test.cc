@@ -94,7 +94,6 @@ TEST(SimCollectives, EveryAlgorithmDtypeWorldSizeAndSizeMatchesTheReference) {
       }
     }
   }
-  EXPECT_EQ(cases, static_cast<int>(std::size(kRanks) * std::size(kDTypes) * ops.size() * 7));
 }
 
 // The reference itself: known roundings (so the comparison above is against the contract, not

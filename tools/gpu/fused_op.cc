@@ -57,8 +57,11 @@ std::optional<FusedAlgorithm> sim_algo(FusedAlgorithm a) {
     case FusedAlgorithm::kLamportOneStage: return FusedAlgorithm::kLamportOneStage;
     case FusedAlgorithm::kTwoStage: return FusedAlgorithm::kTwoStage;
     case FusedAlgorithm::kUnfused: return FusedAlgorithm::kUnfused;
-    default: return std::nullopt;
+    case FusedAlgorithm::kPushOneStageReg:  // the simulator's name, not a GPU algorithm
+    case FusedAlgorithm::kAuto:
+    case FusedAlgorithm::kNcclSplit: return std::nullopt;
   }
+  return std::nullopt;
 }
 
 // The fused op's device buffers: x (registered when asked), residual, weight and both outputs.
