@@ -44,18 +44,17 @@ inline constexpr uint8_t kEveryOp = 0x7;
 struct OpInfo {
   Op op;
   const char* name;  // the CLI's, the tables' and the traces' spelling
-  bool reduces;      // folds ranks' values (a rounding contract applies); all-gather only copies
   uint8_t runs_on;
-  const char* summary;  // one line, for --help
+  const char* summary;  // one line saying what it does (the table is its documentation)
 };
 
 // Indexed by value.
 inline constexpr OpInfo kOpInfos[] = {
-    {Op::kAllReduce, "allreduce", true, kOnSimulator | kOnGpu | kOnMultiNode,
+    {Op::kAllReduce, "allreduce", kOnSimulator | kOnGpu | kOnMultiNode,
      "every rank gets the sum of every rank's input"},
-    {Op::kReduceScatter, "reduce_scatter", true, kOnSimulator | kOnGpu | kOnMultiNode,
+    {Op::kReduceScatter, "reduce_scatter", kOnSimulator | kOnGpu | kOnMultiNode,
      "rank r gets slice r of the sum (count must be a multiple of the ranks)"},
-    {Op::kAllGather, "allgather", false, kOnSimulator | kOnGpu | kOnMultiNode,
+    {Op::kAllGather, "allgather", kOnSimulator | kOnGpu | kOnMultiNode,
      "every rank gets every rank's input, rank after rank"},
 };
 
@@ -104,7 +103,7 @@ struct AlgorithmInfo {
   bool picked_by_auto;  // one of the IPC algorithms the GPU's `auto` chooses among (the tuned table)
   Family family;
   Needs needs;
-  const char* summary;  // one line, for --help and docs
+  const char* summary;  // one line saying what it does (the table is its documentation)
 };
 
 inline constexpr uint8_t kAllReduceOnly = op_bit(Op::kAllReduce);
