@@ -23,6 +23,9 @@
 //   Pack<T> load(const Pack<T>*), void store(Pack<T>*, const Pack<T>&)   16-byte accesses
 //   static constexpr int kPacksInFlight (optional, default 1): packs whose loads a thread issues
 //     before its first fold or store in fold_range / copy_range (the GPU sets 8; see packs_in_flight)
+//   static constexpr Contract kContract (optional, default Contract::kCanonical): the library
+//     contract every fold follows, canonical or tree (core/contract.h; see fold_contract). Element
+//     traces (below) record canonical folds only: a tree context sets kTraceElements false.
 //   static constexpr bool kTraceSteps, kTraceElements, and when they are true:
 //     trace_step_begin(const char* name), trace_access(Access, int peer, Buffer, size_t begin,
 //     size_t end), trace_step_end(), bool trace_element(size_t index),
@@ -42,6 +45,7 @@
 
 #include "core/contract.h"
 #include "core/platform.h"
+#include "core/registry.h"
 #include "core/signal.h"
 #include "core/storage.h"
 
@@ -146,9 +150,26 @@ EXC_HD EXC_INLINE void for_share(Ctx& ctx, const BlockShare& s, int pack, PackFn
 
 // Returns the contract's fold of element i over ranks 0..n-1, rank r's element being src(r)[i]
 // (src(r) returns a const T*).
+// The library contract Ctx folds under: Ctx::kContract when it declares one, else canonical.
+template <class Ctx>
+EXC_HD constexpr Contract fold_contract() {
+  if constexpr (requires { Ctx::kContract; }) {
+    static_assert(Ctx::kContract == Contract::kCanonical || Ctx::kContract == Contract::kTree,
+                  "the algorithms fold under the library contracts only (canonical, tree)");
+    static_assert(Ctx::kContract == Contract::kCanonical || !Ctx::kTraceElements,
+                  "element traces record canonical folds; a tree context does not trace elements");
+    return Ctx::kContract;
+  } else {
+    return Contract::kCanonical;
+  }
+}
+
 template <class T, class Ctx, class Src>
 EXC_HD EXC_INLINE T fold_element_from(Ctx& ctx, size_t i, Src src) {
   const int n = ctx.world_size();
+  if constexpr (fold_contract<Ctx>() == Contract::kTree) {
+    return contract::tree_fold<T>(n, [&](int r) { return src(r)[i]; });
+  }
   const T x0 = src(0)[i];
   float acc = contract::fold_begin<T>(x0);
   bool traced = false;
@@ -178,12 +199,43 @@ EXC_HD EXC_INLINE T fold_element(Ctx& ctx, size_t i) {
   return fold_element_from<T>(ctx, i, [&](int r) { return ctx.input(r); });
 }
 
+// The tree contract's fold of one pack, rank r's pack being source(r): with kRanks > 0 every pack
+// is loaded first and the tree runs level by level in registers (contract::tree_in_place); a
+// run-time world size pushes rank by rank (contract::TreeFold). Both give contract::tree_fold.
+template <class T, int kRanks, class Ctx, class Source>
+EXC_HD EXC_INLINE Pack<T> tree_pack_from(Ctx& ctx, Source source) {
+  constexpr int P = Storage<T>::kPack;
+  Pack<T> out;
+  if constexpr (kRanks > 0) {
+    Pack<T> in[kRanks];
+    for (int r = 0; r < kRanks; ++r) in[r] = source(r);
+    for (int e = 0; e < P; ++e) {
+      T lane[kRanks];
+      for (int r = 0; r < kRanks; ++r) lane[r] = in[r].v[e];
+      contract::tree_in_place(lane);
+      out.v[e] = lane[0];
+    }
+  } else {
+    contract::TreeFold<T> tree[P];
+    const int n = ctx.world_size();
+    for (int r = 0; r < n; ++r) {
+      const Pack<T> x = source(r);
+      for (int e = 0; e < P; ++e) tree[e].push(x.v[e]);
+    }
+    for (int e = 0; e < P; ++e) out.v[e] = tree[e].result();
+  }
+  return out;
+}
+
 // Returns the fold of the pack starting at element i (aligned), rank r's pack being source(r).
 // With kRanks > 0 every source(r) is taken before the first add (latency hiding on the GPU); the
 // adds run in rank order either way.
 template <class T, int kRanks, class Ctx, class Source>
 EXC_HD EXC_INLINE Pack<T> fold_pack_from(Ctx& ctx, size_t i, Source source) {
   constexpr int P = Storage<T>::kPack;
+  if constexpr (fold_contract<Ctx>() == Contract::kTree) {
+    return tree_pack_from<T, kRanks>(ctx, source);
+  }
   float acc[P] = {};  // set by rank 0's step; initialized so g++ -O3 sees no maybe-uninitialized read (kRanks = 0)
   bool traced[P] = {};
   if constexpr (Ctx::kTraceElements) {

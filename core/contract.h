@@ -46,7 +46,7 @@ EXC_HD EXC_INLINE float sqrt(float a) {
 #endif
 }
 
-// ---- all-reduce fold ---------------------------------------------------------------------------
+// ---- the canonical contract's all-reduce fold ------------------------------------------------------
 // acc = float(x_0); acc = acc + float(x_r) for r = 1..n-1 in rank order; one rounding to storage.
 // The same for every algorithm, size, block count and world size.
 
@@ -73,6 +73,90 @@ EXC_HD T fold(int n, Values values) {
   float acc = fold_begin<T>(values(0));
   for (int r = 1; r < n; ++r) acc = fold_step<T>(acc, values(r));
   return fold_end<T>(acc);
+}
+
+// ---- the tree contract's fold ------------------------------------------------------------------
+// tree(v_0 .. v_{n-1}), docs/numerics.md "The tree contract":
+//   n = 1: round(float(v_0));
+//   n > 1: round(float(tree(v_0 .. v_{m-1})) + float(tree(v_m .. v_{n-1}))), m the largest power
+//          of two below n (so a power-of-two n gives the balanced binary tree).
+// Every internal node rounds to storage. A power-of-two n of equal power-of-two groups is the tree
+// over the groups' own trees: tree(v_0..v_7) = tree(tree(v_0..v_3), tree(v_4..v_7)); that is what
+// makes the bits independent of the TP size (a rank's partial is the tree over its leaves).
+
+// One internal node: round(float(left) + float(right)).
+template <class T>
+EXC_HD EXC_INLINE T tree_node(T left, T right) {
+  return round_to<T>(add(to_float(left), to_float(right)));
+}
+
+// A one-value tree: round(float(v)) (the value itself, a NaN made canonical).
+template <class T>
+EXC_HD EXC_INLINE T tree_leaf(T v) {
+  return round_to<T>(to_float(v));
+}
+
+// In place over values[0..kN-1] (kN >= 1, compile time): after it, values[0] holds tree(values).
+// Level by level: at stride s = 1, 2, 4, ..., values[i] = tree_node(values[i], values[i + s]) for
+// i a multiple of 2s with i + s < kN. The same tree as the definition above: the left subtree of
+// every node covers a power of two of values.
+template <class T, int kN>
+EXC_HD EXC_INLINE void tree_in_place(T (&values)[kN]) {
+  static_assert(kN >= 1);
+  if constexpr (kN == 1) {
+    values[0] = tree_leaf(values[0]);
+  } else {
+    for (int s = 1; s < kN; s *= 2) {
+      for (int i = 0; i + s < kN; i += 2 * s) values[i] = tree_node(values[i], values[i + s]);
+    }
+  }
+}
+
+// The tree of values pushed one at a time in index order, for a count known only at run time.
+// Keeps at most one pending subtree per power of two (a binary counter): push(v) merges equal-size
+// subtrees as soon as both exist, result() merges what is left from the right. Bounded: 32 levels
+// cover every int count.
+template <class T>
+class TreeFold {
+ public:
+  EXC_HD void push(T v) {
+    T node = v;
+    int size_log2 = 0;
+    while (depth_ > 0 && size_log2_[depth_ - 1] == size_log2) {
+      node = tree_node(value_[depth_ - 1], node);
+      --depth_;
+      ++size_log2;
+    }
+    value_[depth_] = node;
+    size_log2_[depth_] = size_log2;
+    ++depth_;
+    ++count_;
+  }
+  // Returns the tree of every value pushed. Preconditions: at least one push.
+  EXC_HD T result() const {
+    if (count_ == 1) return tree_leaf(value_[0]);
+    T node = value_[depth_ - 1];
+    for (int d = depth_ - 2; d >= 0; --d) node = tree_node(value_[d], node);
+    return node;
+  }
+
+ private:
+  static constexpr int kMaxDepth = 33;
+  T value_[kMaxDepth] = {};
+  int size_log2_[kMaxDepth] = {};
+  int depth_ = 0;
+  int count_ = 0;
+};
+
+// Returns the tree contract's all-reduce of values(0..n-1).
+// Preconditions: n >= 1; values(r) returns rank r's element.
+// Example: tree_fold<bf16>(4, [&](int r) { return x[r]; }) == tree_node(tree_node(x[0], x[1]),
+//          tree_node(x[2], x[3]))
+template <class T, class Values>
+EXC_HD T tree_fold(int n, Values values) {
+  TreeFold<T> tree;
+  for (int r = 0; r < n; ++r) tree.push(values(r));
+  return tree.result();
 }
 
 // ---- residual add --------------------------------------------------------------------------------

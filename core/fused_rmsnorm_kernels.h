@@ -199,7 +199,7 @@ EXC_HD void fused_row_held(Ctx& ctx, const contract::RmsNormTree& tree, XOf x_of
                            const Pack<T> (&w)[kHeld], float eps, T* residual_out, T* out, T* copy_residual_out) {
   constexpr int P = Storage<T>::kPack;
   const int t = ctx.thread(), nt = ctx.num_threads();
-  Pack<T> ro[kHeld];
+  Pack<T> ro[kHeld] = {};  // every read pack is written first; initialized for g++ -O3's maybe-uninitialized
   EXC_FUSED_UNROLL
   for (int k = 0; k < kHeld; ++k) {
     const int p = t + k * nt;

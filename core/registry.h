@@ -247,7 +247,7 @@ inline constexpr FusedAlgorithmInfo kFusedAlgorithmInfos[] = {
 // ---- rounding contracts -----------------------------------------------------------------------
 
 // Values are the C API's EXACTCOLL_CONTRACT_*. New values go at the end.
-enum class Contract : uint8_t { kCanonical, kF32Residual, kBf16Accumulate, kRotatedTwoShot };
+enum class Contract : uint8_t { kCanonical, kF32Residual, kBf16Accumulate, kRotatedTwoShot, kTree };
 
 struct ContractInfo {
   Contract contract;
@@ -268,11 +268,14 @@ inline constexpr ContractInfo kContractInfos[] = {
      "emulation: the running sum rounded to storage after every peer's add"},
     {Contract::kRotatedTwoShot, "rotated_two_shot", false, kOnSimulator,
      "emulation: each two-shot slice folds from its owner rank on (vLLM's 2-stage kernel)"},
+    {Contract::kTree, "tree", true, kOnSimulator | kOnGpu,
+     "exactcoll's: a balanced binary tree over ranks, every node rounded; the same bits at every TP size "
+     "(docs/numerics.md)"},
 };
 
 // Every Contract, in the order the command line lists them.
-inline constexpr Contract kContracts[] = {Contract::kCanonical, Contract::kF32Residual, Contract::kBf16Accumulate,
-                                          Contract::kRotatedTwoShot};
+inline constexpr Contract kContracts[] = {Contract::kCanonical, Contract::kTree, Contract::kF32Residual,
+                                          Contract::kBf16Accumulate, Contract::kRotatedTwoShot};
 
 // ---- lookups ----------------------------------------------------------------------------------
 
@@ -417,6 +420,16 @@ inline std::string fused_algorithm_names(uint8_t runs_on, const char* separator 
 inline std::string contract_names(uint8_t runs_on = 0, const char* separator = ", ") {
   return joined_names(kContractInfos, separator,
                       [&](const ContractInfo& e) { return (e.runs_on & runs_on) == runs_on; });
+}
+// The library's own contracts (canonical, tree) that run on every backend in runs_on: what the
+// collectives and the GPU's fused op fold under (the emulations are the fused reference's only).
+inline std::vector<std::string> library_contract_name_list(uint8_t runs_on = 0) {
+  return name_list(kContractInfos,
+                   [&](const ContractInfo& e) { return e.library_contract && (e.runs_on & runs_on) == runs_on; });
+}
+inline std::string library_contract_names(uint8_t runs_on = 0, const char* separator = ", ") {
+  return joined_names(kContractInfos, separator,
+                      [&](const ContractInfo& e) { return e.library_contract && (e.runs_on & runs_on) == runs_on; });
 }
 inline std::string op_names(const char* separator = ", ") {
   return joined_names(kOpInfos, separator, [](const OpInfo&) { return true; });

@@ -29,11 +29,11 @@ void run_allreduce(Ctx& ctx, Algorithm algorithm, size_t count) {
 
 // Enqueues the kernel for storage type T. Untraced runs get the compile-time world size (the
 // GPU's code path: all loads issued before the first add); traced runs the generic one.
-template <class T>
-void enqueue_typed(World& world, const CollectiveSpec& spec, Algorithm algorithm, Launch launch) {
+template <class T, Contract kFold>
+void enqueue_folding(World& world, const CollectiveSpec& spec, Algorithm algorithm, Launch launch) {
   const size_t count = spec.count;
   const Op op = spec.op;
-  world.enqueue<T>(std::move(launch), [count, op, algorithm](auto& ctx) {
+  world.enqueue<T, kFold>(std::move(launch), [count, op, algorithm](auto& ctx) {
     dispatch_world_size(ctx.world_size(), [&](auto ranks) {
       constexpr int kRanks = decltype(ranks)::value;
       switch (op) {
@@ -43,6 +43,16 @@ void enqueue_typed(World& world, const CollectiveSpec& spec, Algorithm algorithm
       }
     });
   });
+}
+
+// The contract as the context's compile-time fold (check_spec admitted library contracts only).
+template <class T>
+void enqueue_typed(World& world, const CollectiveSpec& spec, Algorithm algorithm, Launch launch) {
+  if (spec.contract == Contract::kTree) {
+    enqueue_folding<T, Contract::kTree>(world, spec, algorithm, std::move(launch));
+  } else {
+    enqueue_folding<T, Contract::kCanonical>(world, spec, algorithm, std::move(launch));
+  }
 }
 
 }  // namespace
@@ -93,6 +103,10 @@ std::string check_spec(const CollectiveSpec& spec, int ranks) {
   if ((info(spec.algorithm).runs_on & kOnSimulator) == 0) {
     return std::string("the simulator does not run ") + algorithm_name(spec.algorithm) + " (it runs " +
            algorithm_names(kOnSimulator) + ")";
+  }
+  if (!info(spec.contract).library_contract) {
+    return std::string("the collectives fold under the library's contracts (") + library_contract_names() + "), not " +
+           contract_name(spec.contract) + " (an emulation of the fused op's reference only)";
   }
   if (spec.algorithm != Algorithm::kAuto && !implements(spec.algorithm, spec.op)) {
     return std::string(op_name(spec.op)) + " has no algorithm " + algorithm_name(spec.algorithm) + " (" +

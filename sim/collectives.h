@@ -20,6 +20,7 @@ using exactcoll::output_count;
 // all-reduce algorithms, and direct (reduce_scatter's and allgather's one kernel each).
 using exactcoll::Algorithm;
 using exactcoll::algorithm_name;
+using exactcoll::Contract;
 
 // `auto` picks one_shot below this many bytes per rank, two_shot at or above. one_shot reads n
 // inputs per rank, two_shot reads each once plus one gather, so two_shot moves less data for large
@@ -32,6 +33,7 @@ struct CollectiveSpec {
   DType dtype = DType::kBF16;
   size_t count = 1;  // input elements per rank
   int blocks = 1;
+  Contract contract = Contract::kCanonical;  // a library contract: canonical or tree
 };
 
 // Returns the algorithm named `text` among those the simulator runs (the registry's kOnSimulator
@@ -54,7 +56,8 @@ Algorithm resolve_algorithm(const CollectiveSpec& spec);
 // Returns "" when spec is valid on `ranks` ranks, else what is wrong (count < 1, reduce_scatter
 // count not divisible by ranks, blocks outside 1..kMaxBlocks, ranks outside 1..kMaxRanks, an
 // algorithm the simulator does not run, or one the op does not have: all-reduce takes auto and its
-// own algorithms, reduce_scatter and allgather auto or direct).
+// own algorithms, reduce_scatter and allgather auto or direct; a contract that is not the
+// library's: the emulations are the fused reference's only).
 std::string check_spec(const CollectiveSpec& spec, int ranks);
 
 // The launch name used in traces: "allreduce_one_shot", "allreduce_two_shot",

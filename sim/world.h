@@ -175,13 +175,15 @@ std::string lamport_poll_text(const LamportPoll& where, int peer);
 // rank, block, access ("load from" / "store to") and which of the rank's buffers p lies in.
 [[noreturn]] void throw_misaligned_pack(const BlockEnv& env, const void* p, const char* access);
 
-// The simulator's execution context (core/collectives.h): one simulated thread per block.
-template <class T, bool kTrace>
+// The simulator's execution context (core/collectives.h): one simulated thread per block, folding
+// under kFold (canonical or tree). Element traces record canonical folds only.
+template <class T, bool kTrace, Contract kFold = Contract::kCanonical>
 class SimCtx {
  public:
   using value_type = T;
+  static constexpr Contract kContract = kFold;
   static constexpr bool kTraceSteps = kTrace;
-  static constexpr bool kTraceElements = kTrace;
+  static constexpr bool kTraceElements = kTrace && kFold == Contract::kCanonical;
 
   explicit SimCtx(const BlockEnv& env) : env_(env) {}
 
@@ -347,17 +349,18 @@ class World {
   void* local_lamport(int rank) const;
   SignalBuffer* local_signals(int rank) const;
 
-  // Queues a launch of kernel; nothing runs until run(). T is the storage type of the SimCtx.
-  template <class T, class Kernel>
+  // Queues a launch of kernel; nothing runs until run(). T is the storage type of the SimCtx and
+  // kFold the contract its folds follow.
+  template <class T, Contract kFold = Contract::kCanonical, class Kernel>
   void enqueue(Launch launch, Kernel kernel) {
     QueuedLaunch q;
     q.launch = std::move(launch);
     q.run_block = [kernel](const BlockEnv& env, bool traced) {
       if (traced) {
-        SimCtx<T, true> ctx(env);
+        SimCtx<T, true, kFold> ctx(env);
         kernel(ctx);
       } else {
-        SimCtx<T, false> ctx(env);
+        SimCtx<T, false, kFold> ctx(env);
         kernel(ctx);
       }
     };

@@ -116,7 +116,7 @@ void run_fused_kernel(Ctx& ctx, FusedAlgorithm algo, const FusedRmsNormArgs<T>& 
   });
 }
 
-template <class T>
+template <class T, Contract kFold>
 void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
   const int n = world.ranks();
   const size_t count = static_cast<size_t>(spec.rows) * spec.hidden;
@@ -163,6 +163,7 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
     ar.dtype = spec.dtype;
     ar.count = count;
     ar.blocks = spec.blocks;
+    ar.contract = kFold;
     std::vector<void*> s_ptrs;
     for (int r = 0; r < n; ++r) s_ptrs.push_back(s[r]->data);
     sim::enqueue_collective(world, ar, io.x, s_ptrs);
@@ -207,7 +208,7 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
       if (fill_scratch) fill_unwritten<T>(world.local_scratch(rank), scratch);
     };
     const T* unreadable_x = unreadable ? reinterpret_cast<const T*>(unreadable->data) : nullptr;
-    world.enqueue<T>(launch, [args, x_ptrs, unreadable_x, staged, algo, block](auto& ctx) {
+    world.enqueue<T, kFold>(launch, [args, x_ptrs, unreadable_x, staged, algo, block](auto& ctx) {
       const int rank = ctx.rank();
       FusedBlockOptions options = block;
       if (!staged) {
@@ -259,6 +260,10 @@ std::string check_fused_spec(const FusedSpec& spec, int ranks, sim::Schedule sch
                         }) +
            " (auto is a choice its caller resolves), not " + fused_algorithm_name(spec.algo);
   }
+  if (!info(spec.contract).library_contract) {
+    return std::string("the fused kernels fold under the library's contracts (") + library_contract_names() +
+           "), not " + contract_name(spec.contract) + " (an emulation of the scalar reference only)";
+  }
   const int pack = spec.dtype == DType::kFP32 ? Storage<float>::kPack : Storage<bf16>::kPack;
   if (spec.hidden <= 0 || spec.hidden % pack != 0) {
     return "hidden size " + std::to_string(spec.hidden) + " is not a positive multiple of the " +
@@ -295,11 +300,14 @@ void run_fused(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
       io.out.size() != n) {
     throw std::invalid_argument("run_fused: every buffer list needs one pointer per rank");
   }
-  switch (spec.dtype) {
-    case DType::kBF16: run_typed<bf16>(world, spec, io); break;
-    case DType::kFP16: run_typed<fp16>(world, spec, io); break;
-    case DType::kFP32: run_typed<float>(world, spec, io); break;
-  }
+  with_storage_type(spec.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (spec.contract == Contract::kTree) {
+      run_typed<T, Contract::kTree>(world, spec, io);
+    } else {
+      run_typed<T, Contract::kCanonical>(world, spec, io);
+    }
+  });
 }
 
 }  // namespace exactcoll::fused

@@ -148,6 +148,9 @@ struct FusedSpec {
   // register path only where threads == the RMSNorm tree's lanes: fused_register_path).
   int threads = 0;
   bool unfused_two_shot = false;  // unfused: two_shot all-reduce instead of one_shot
+  // The all-reduce's library contract (canonical or tree); the residual add and the norm are the
+  // canonical ones under either.
+  Contract contract = Contract::kCanonical;
 };
 
 // Returns the threads per block that run_fused runs spec with: spec.threads when not 0; else, for
