@@ -234,6 +234,12 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
       bad_argument("local_world_size must be 0 (from the environment) or >= 1, got " +
                    std::to_string(o.local_world_size));
     }
+    checked_name(kContractNames, o.contract, "contract");
+    const auto contract = static_cast<Contract>(o.contract);  // the registry's values are the C values
+    if (!exactcoll::info(contract).library_contract || (exactcoll::info(contract).runs_on & kOnGpu) == 0) {
+      bad_argument(std::string("a communicator folds under the library's contracts on GPUs (") +
+                   library_contract_names(kOnGpu) + "), not " + contract_name(contract));
+    }
     multinode::RankPlace place;
     try {
       place = cuda::node_place(process_environment(), rank, world_size, o.node, o.local_world_size);
@@ -249,6 +255,12 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
     co.store_timeout = std::chrono::milliseconds(o.store_timeout_ms);
     co.use_nccl = o.use_nccl != 0;
     co.programmatic_launch = o.programmatic_launch != 0;
+    co.contract = contract;
+    if (place.local_world_size != world_size && (exactcoll::info(contract).runs_on & kOnMultiNode) == 0) {
+      bad_argument(std::string("the ") + contract_name(contract) + " contract runs on one node (its cross-node " +
+                   "exchange is not built yet); this job spans " + std::to_string(world_size / place.local_world_size) +
+                   " nodes");
+    }
     translating(nullptr, EXACTCOLL_ERROR_UNAVAILABLE, [&] {
       int devices = 0;
       EXC_CUDA_CHECK(cudaGetDeviceCount(&devices));
@@ -308,6 +320,7 @@ int exactcoll_comm_properties_get(exactcoll_comm comm, exactcoll_comm_properties
     p.world_size = state->multinode ? state->multinode->world_size() : c.world_size();
     p.nodes = state->multinode ? state->multinode->layout().nodes : 1;
     p.local_world_size = c.world_size();
+    p.contract = static_cast<int>(c.contract());
     p.device = c.device();
     p.ipc_ready = c.ipc_ready() ? 1 : 0;
     p.nccl_ready = c.nccl_ready() ? 1 : 0;

@@ -1,6 +1,8 @@
 // The C API's simulator functions (exactcoll.h, "the simulator"): the same algorithm templates on
 // CPU threads, host arrays in, the contract's bits out, traces on request.
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -25,15 +27,34 @@ namespace {
 struct SimRun {
   sim::WorldOptions world;
   int blocks = 1;
+  Contract contract = Contract::kCanonical;  // the collectives' (options->contract)
   std::string trace_path, chrome_trace_path;
 };
+
+// Refuses a contract the simulated kernels do not fold under (the emulations are the fused
+// reference's) and element traces under tree (they record canonical folds).
+void run_contract_check(Contract c, size_t num_trace_elements) {
+  if (!exactcoll::info(c).library_contract) {
+    bad_argument(std::string("the simulated kernels fold under the library's contracts (") + library_contract_names() +
+                 "), not " + contract_name(c));
+  }
+  if (c == Contract::kTree && num_trace_elements > 0) {
+    bad_argument(
+        "element traces record the canonical contract's folds; under tree, trace steps only (no trace_elements)");
+  }
+}
+
+// The struct as first published (before `contract`).
+constexpr size_t kFirstSimOptionsSize = offsetof(exactcoll_sim_options, contract);
 
 SimRun sim_run(const exactcoll_sim_options* given, int ranks) {
   exactcoll_sim_options o;
   exactcoll_sim_options_init(&o);
   if (given != nullptr) {
-    require_struct_size(given->struct_size, sizeof(exactcoll_sim_options), "exactcoll_sim_options");
-    o = *given;
+    require_struct_size(given->struct_size, kFirstSimOptionsSize, "exactcoll_sim_options");
+    // An older caller's struct ends sooner: its missing fields keep their defaults.
+    std::memcpy(static_cast<void*>(&o), given, std::min(given->struct_size, sizeof o));
+    o.struct_size = sizeof o;
   }
   if (ranks < 1 || ranks > kMaxRanks) {
     bad_argument("ranks must be 1.." + std::to_string(kMaxRanks) + ", got " + std::to_string(ranks));
@@ -49,7 +70,10 @@ SimRun sim_run(const exactcoll_sim_options* given, int ranks) {
                  std::to_string(EXACTCOLL_MAX_TRACE_ELEMENTS) + " elements are traced (EXACTCOLL_MAX_TRACE_ELEMENTS)");
   }
   if (o.num_trace_elements > 0 && o.trace_elements == nullptr) bad_argument("trace_elements is NULL");
+  checked_name(kContractNames, o.contract, "contract");
+  run_contract_check(static_cast<Contract>(o.contract), o.num_trace_elements);
   SimRun run;
+  run.contract = static_cast<Contract>(o.contract);  // the registry's values are the C values
   run.blocks = o.blocks;
   run.world.ranks = ranks;
   run.world.schedule = o.seeded_schedule ? sim::Schedule::kSeeded : sim::Schedule::kThreads;
@@ -164,6 +188,7 @@ int exactcoll_sim_collective(int op, int algo, int dtype, int ranks, size_t coun
     spec.dtype = type;
     spec.count = count;
     spec.blocks = run.blocks;
+    spec.contract = run.contract;
     const int resolved = static_cast<int>(sim::resolve_algorithm(spec));
     if (count == 0) {
       fill_info(info, resolved, -1, run.blocks);
@@ -233,13 +258,18 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
     }
     const int allreduce_algo = spec.algo == FusedAlgorithm::kUnfused ? EXACTCOLL_ALGO_ONE_SHOT : -1;
     const auto fused_contract = static_cast<fused::Contract>(contract);  // the registry's values are the C values
-    const bool canonical = fused_contract == fused::Contract::kCanonical;
-    if (!canonical && (requested != FusedAlgorithm::kAuto || run.blocks != 1 ||
+    // The library's contracts run the algorithms on the simulated world; the emulations are the
+    // scalar reference's.
+    const bool simulated = exactcoll::info(fused_contract).library_contract;
+    if (!simulated && (requested != FusedAlgorithm::kAuto || run.blocks != 1 ||
                        run.world.schedule != sim::Schedule::kThreads || run.world.trace)) {
       bad_argument("the " + contract_name +
                    " contract is computed by the scalar reference: algo must be auto, and "
-                   "blocks, seeded schedules and traces apply to the canonical contract only");
+                   "blocks, seeded schedules and traces apply to the library's contracts (" +
+                   library_contract_names() + ") only");
     }
+    if (simulated) run_contract_check(fused_contract, run.world.trace_elements.size());
+    spec.contract = simulated ? fused_contract : fused::Contract::kCanonical;
     if (rows == 0) {
       fill_info(info, ran, allreduce_algo, run.blocks);
       return;
@@ -257,7 +287,7 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
 
     // 2. Canonical: the algorithm on the simulated world. Otherwise the alternative contract's
     //    reference, once, copied to every rank (every rank gets the same bits under each).
-    if (canonical) {
+    if (simulated) {
       if (const std::string problem = fused::check_fused_spec(spec, ranks, run.world.schedule); !problem.empty()) {
         bad_argument(problem);
       }

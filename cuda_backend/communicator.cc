@@ -313,6 +313,7 @@ KernelArgs Communicator::base_args() const {
   a.timeout_ns = options_.flag_timeout_ms > UINT64_MAX / kNsPerMs ? UINT64_MAX : options_.flag_timeout_ms * kNsPerMs;
   a.rank = rank_;
   a.world_size = world_size_;
+  a.contract = static_cast<int32_t>(options_.contract);
   return a;
 }
 

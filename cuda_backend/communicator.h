@@ -98,6 +98,8 @@ class Communicator {
   const std::string& shared_gpu_note() const { return shared_gpu_note_; }  // "ranks 0 and 1 share GPU ..."
   // The bound on in-kernel flag waits in effect (options, raised when ranks share a GPU).
   uint64_t flag_timeout_ms() const { return options_.flag_timeout_ms; }
+  // The contract its exact calls fold under (the options').
+  Contract contract() const { return options_.contract; }
   size_t buffer_bytes() const { return options_.buffer_bytes; }
   // Bytes of every rank's Lamport region (core/lamport.h: 3 buffers x n slots).
   size_t lamport_region_bytes() const { return lamport_bytes_; }

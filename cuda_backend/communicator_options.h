@@ -20,8 +20,11 @@ struct CommunicatorOptions {
   size_t lamport_message_bytes = size_t{1} << 20;
   uint64_t flag_timeout_ms = 5000;  // bound on every in-kernel flag wait (>= 60 s on a shared GPU)
   std::chrono::milliseconds store_timeout{120000};
-  bool use_nccl = true;                // create the NCCL communicator (baseline, fallback)
-  bool programmatic_launch = true;     // launch kernels with programmatic dependent launch
+  bool use_nccl = true;             // create the NCCL communicator (baseline, fallback)
+  bool programmatic_launch = true;  // launch kernels with programmatic dependent launch
+  // The library contract every exact call folds under: canonical or tree (core/registry.h; the
+  // emulations are refused at creation). The residual add and RMSNorm are canonical under both.
+  Contract contract = Contract::kCanonical;
   std::optional<DispatchTable> table;  // auto's table; default DispatchTable::from_environment()
 };
 

@@ -43,11 +43,14 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 }
 
 // Ctx for storage type T. kRanks > 0 makes world_size() a compile-time constant (the hot loops
-// unroll over ranks); 0 reads it from the arguments.
-template <class T, int kRanks>
+// unroll over ranks); 0 reads it from the arguments. kFold: the contract the folds follow
+// (core/collectives.h, fold_contract), a compile-time choice so each contract's kernel has only
+// its own fold.
+template <class T, int kRanks, Contract kFold = Contract::kCanonical>
 class DeviceCtx {
  public:
   using value_type = T;
+  static constexpr Contract kContract = kFold;
   static constexpr bool kTraceSteps = false;
   static constexpr bool kTraceElements = false;
   // Loads in flight per thread before the first fold or store (core/collectives.h,

@@ -95,6 +95,7 @@ struct KernelArgs {
   uint64_t timeout_ns;       // bound on every flag wait
   int32_t rank;
   int32_t world_size;
+  int32_t contract;  // the library contract the folds follow: Contract::kCanonical or kTree (C value)
 };
 
 // Grid of one launch. Preconditions: 1 <= blocks <= kMaxBlocks; threads a multiple of 32 in

@@ -50,14 +50,14 @@ __device__ __forceinline__ void enter_after_previous_grid() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-template <class T, int kRanks, KernelKind kKind>
+template <class T, int kRanks, KernelKind kKind, Contract kFold>
 __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant__ KernelArgs args) {
   enter_after_previous_grid();
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;
   // No __syncthreads here: every algorithm starts with a barrier whose first step is sync_block,
   // which orders this store before any wait reads it.
-  DeviceCtx<T, kRanks> ctx(args, &aborted);
+  DeviceCtx<T, kRanks, kFold> ctx(args, &aborted);
   // lamport_one_shot reads its own input in place (peers never read it): never staged.
   if (kKind != KernelKind::kLamportOneShot && args.stage_from != nullptr) {
     stage_own_input<T, kKind>(ctx, args);
@@ -113,23 +113,28 @@ inline cudaError_t launch_kernel(void (*kernel)(const Args), const Args& args, L
   return cudaLaunchKernelEx(&config, kernel, args);
 }
 
+// The kernel of kKind under the launch's contract (args.contract: canonical or tree; the host
+// refuses any other). allgather folds nothing: one kernel serves both contracts.
+template <class T, int kRanks, KernelKind kKind>
+cudaError_t launch_under_contract(const KernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
+  if (kKind != KernelKind::kAllGather && args.contract == static_cast<int32_t>(Contract::kTree)) {
+    return launch_kernel(collective_kernel<T, kRanks, kKind, Contract::kTree>, args, cfg, stream);
+  }
+  return launch_kernel(collective_kernel<T, kRanks, kKind, Contract::kCanonical>, args, cfg, stream);
+}
+
 template <class T, int kRanks>
 cudaError_t launch_for_ranks(KernelKind kind, const KernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
   switch (kind) {
-    case KernelKind::kOneShot:
-      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kOneShot>, args, cfg, stream);
-    case KernelKind::kTwoShot:
-      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kTwoShot>, args, cfg, stream);
+    case KernelKind::kOneShot: return launch_under_contract<T, kRanks, KernelKind::kOneShot>(args, cfg, stream);
+    case KernelKind::kTwoShot: return launch_under_contract<T, kRanks, KernelKind::kTwoShot>(args, cfg, stream);
     case KernelKind::kReduceScatter:
-      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kReduceScatter>, args, cfg, stream);
-    case KernelKind::kAllGather:
-      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kAllGather>, args, cfg, stream);
-    case KernelKind::kPushOneShot:
-      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kPushOneShot>, args, cfg, stream);
-    case KernelKind::kPushTwoShot:
-      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kPushTwoShot>, args, cfg, stream);
+      return launch_under_contract<T, kRanks, KernelKind::kReduceScatter>(args, cfg, stream);
+    case KernelKind::kAllGather: return launch_under_contract<T, kRanks, KernelKind::kAllGather>(args, cfg, stream);
+    case KernelKind::kPushOneShot: return launch_under_contract<T, kRanks, KernelKind::kPushOneShot>(args, cfg, stream);
+    case KernelKind::kPushTwoShot: return launch_under_contract<T, kRanks, KernelKind::kPushTwoShot>(args, cfg, stream);
     case KernelKind::kLamportOneShot:
-      return launch_kernel(collective_kernel<T, kRanks, KernelKind::kLamportOneShot>, args, cfg, stream);
+      return launch_under_contract<T, kRanks, KernelKind::kLamportOneShot>(args, cfg, stream);
     case KernelKind::kBarrier: return launch_kernel(barrier_kernel<T>, args, cfg, stream);
   }
   return cudaErrorInvalidValue;

@@ -26,10 +26,10 @@ namespace exactcoll::cuda::fused {
 // __syncthreads (the same tree as contract::sum_squares). Two shared arrays alternate between
 // calls, so one __syncthreads per call suffices (call k+2 reuses call k's array only after every
 // thread passed call k+1's sync).
-template <class T, int kRanks>
-class FusedDeviceCtx : public DeviceCtx<T, kRanks> {
+template <class T, int kRanks, Contract kFold = Contract::kCanonical>
+class FusedDeviceCtx : public DeviceCtx<T, kRanks, kFold> {
  public:
-  using DeviceCtx<T, kRanks>::DeviceCtx;
+  using DeviceCtx<T, kRanks, kFold>::DeviceCtx;
 
   __device__ float sum_lane_partials(const contract::RmsNormTree& tree, float partial) {
     __shared__ float group_values[2][contract::kWarp];
@@ -65,14 +65,14 @@ __device__ __forceinline__ FusedRmsNormArgs<T> fused_args(const FusedKernelArgs&
   return a;
 }
 
-template <class T, int kRanks, FusedKernelKind kKind>
+template <class T, int kRanks, FusedKernelKind kKind, Contract kFold>
 __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ FusedKernelArgs args) {
   enter_after_previous_grid();  // programmatic dependent launch (launch_kernel, kernels.cuh)
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;
   // No __syncthreads here: every kind with waits starts with a barrier whose first step is
   // sync_block, which orders this store before any wait reads it.
-  FusedDeviceCtx<T, kRanks> ctx(args.base, &aborted);
+  FusedDeviceCtx<T, kRanks, kFold> ctx(args.base, &aborted);
   if constexpr (kKind == FusedKernelKind::kPushOneStage) {
     // No staging: base.inputs[rank] is this rank's x where the caller keeps it (only this kernel
     // reads it; the peers read the copies it pushes).
@@ -156,22 +156,31 @@ cudaError_t launch_residual_rmsnorm_typed(const FusedKernelArgs& args, LaunchCon
   return launch_kernel(residual_rmsnorm_kernel<T, 1>, args, resident, stream);
 }
 
+// The fused kernel of kKind under the launch's contract (args.base.contract: canonical or tree).
+template <class T, int kRanks, FusedKernelKind kKind>
+cudaError_t launch_fused_under_contract(const FusedKernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
+  if (args.base.contract == static_cast<int32_t>(Contract::kTree)) {
+    return launch_kernel(fused_kernel<T, kRanks, kKind, Contract::kTree>, args, cfg, stream);
+  }
+  return launch_kernel(fused_kernel<T, kRanks, kKind, Contract::kCanonical>, args, cfg, stream);
+}
+
 template <class T, int kRanks>
 cudaError_t launch_fused_for_ranks(FusedKernelKind kind, const FusedKernelArgs& args, LaunchConfig cfg,
                                    cudaStream_t stream) {
   switch (kind) {
     case FusedKernelKind::kOneStage:
-      return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kOneStage>, args, cfg, stream);
+      return launch_fused_under_contract<T, kRanks, FusedKernelKind::kOneStage>(args, cfg, stream);
     case FusedKernelKind::kTwoStage:
-      return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kTwoStage>, args, cfg, stream);
+      return launch_fused_under_contract<T, kRanks, FusedKernelKind::kTwoStage>(args, cfg, stream);
     case FusedKernelKind::kGatherNorm:
-      return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kGatherNorm>, args, cfg, stream);
+      return launch_fused_under_contract<T, kRanks, FusedKernelKind::kGatherNorm>(args, cfg, stream);
     case FusedKernelKind::kOneStageReg:
-      return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kOneStageReg>, args, cfg, stream);
+      return launch_fused_under_contract<T, kRanks, FusedKernelKind::kOneStageReg>(args, cfg, stream);
     case FusedKernelKind::kPushOneStage:
-      return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kPushOneStage>, args, cfg, stream);
+      return launch_fused_under_contract<T, kRanks, FusedKernelKind::kPushOneStage>(args, cfg, stream);
     case FusedKernelKind::kLamportOneStage:
-      return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kLamportOneStage>, args, cfg, stream);
+      return launch_fused_under_contract<T, kRanks, FusedKernelKind::kLamportOneStage>(args, cfg, stream);
     case FusedKernelKind::kResidualRmsNorm:
       return cudaErrorInvalidValue;  // not per world size: launch_fused_typed launches it
   }

@@ -146,13 +146,17 @@ typedef enum exactcoll_fused_algo {
   EXACTCOLL_FUSED_PUSH_ONE_STAGE_REG = 9
 } exactcoll_fused_algo;
 
-/* The rounding contract of the simulator's fused op: canonical (the library's, every backend), or
- * an alternative that reproduces another system's rounding (docs/numerics.md, simulator only). */
+/* The rounding contracts (docs/numerics.md). The library's own, which every algorithm and backend
+ * runs: canonical (ranks folded in rank order in fp32, one rounding; the default) and tree (a
+ * balanced binary tree over ranks, every node rounded to storage: the same bits at every TP size
+ * when the ranks' inputs are trees over their leaves). The others reproduce another system's
+ * rounding of the fused op (simulator reference only). */
 typedef enum exactcoll_contract {
   EXACTCOLL_CONTRACT_CANONICAL = 0,
   EXACTCOLL_CONTRACT_F32_RESIDUAL = 1,
   EXACTCOLL_CONTRACT_BF16_ACCUMULATE = 2,
-  EXACTCOLL_CONTRACT_ROTATED_TWO_SHOT = 3
+  EXACTCOLL_CONTRACT_ROTATED_TWO_SHOT = 3,
+  EXACTCOLL_CONTRACT_TREE = 4
 } exactcoll_contract;
 
 /* Names: "bf16"; "allreduce"; "one_shot"; "push_one_stage"; "f32_residual". NULL for a value
@@ -285,6 +289,10 @@ typedef struct exactcoll_comm_options {
   int node;             /* this rank's node; -1: from GROUP_RANK (torchrun), EXACTCOLL_NODE_RANK or
                            NODE_RANK, and node 0 when none is set */
   int local_world_size; /* ranks per node L; 0: from LOCAL_WORLD_SIZE, else world_size (one node) */
+  int contract;         /* the contract every exact call of the communicator folds under:
+                           EXACTCOLL_CONTRACT_CANONICAL (default) or EXACTCOLL_CONTRACT_TREE (one node
+                           only for now); the fused op's residual add and RMSNorm are canonical
+                           under both. Others are INVALID_ARGUMENT */
 } exactcoll_comm_options;
 
 EXACTCOLL_API void exactcoll_comm_options_init(exactcoll_comm_options* options);
@@ -322,6 +330,7 @@ typedef struct exactcoll_comm_properties {
   int nodes; /* 1, or the nodes of a multi-node communicator (ipc_ready etc. describe this
                 rank's node, of local_world_size ranks) */
   int local_world_size;
+  int contract; /* the exactcoll_contract its exact calls fold under */
 } exactcoll_comm_properties;
 
 EXACTCOLL_API int exactcoll_comm_properties_get(exactcoll_comm comm, exactcoll_comm_properties* properties);
@@ -395,6 +404,9 @@ typedef struct exactcoll_sim_options {
   const char* chrome_trace_path;  /* NULL, or a Chrome/Perfetto trace file to write */
   const uint64_t* trace_elements; /* element indices whose folds and roundings are traced */
   size_t num_trace_elements;      /* 0..EXACTCOLL_MAX_TRACE_ELEMENTS; more is INVALID_ARGUMENT */
+  /* Newer field, read only when struct_size covers it. */
+  int contract; /* exactcoll_sim_collective's contract: canonical (default) or tree. Element traces
+                   record canonical folds: with tree, trace_elements must be empty */
 } exactcoll_sim_options;
 
 EXACTCOLL_API void exactcoll_sim_options_init(exactcoll_sim_options* options);
