@@ -78,7 +78,7 @@ class CommOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p), ("buffer_bytes", ctypes.c_size_t),
                 ("flag_timeout_ms", ctypes.c_uint64), ("store_timeout_ms", ctypes.c_int64),
                 ("use_nccl", ctypes.c_int), ("programmatic_launch", ctypes.c_int), ("device", ctypes.c_int),
-                ("node", ctypes.c_int), ("local_world_size", ctypes.c_int)]
+                ("node", ctypes.c_int), ("local_world_size", ctypes.c_int), ("contract", ctypes.c_int)]
 
 
 class CommProperties(ctypes.Structure):
@@ -87,14 +87,15 @@ class CommProperties(ctypes.Structure):
                 ("shared_gpu", ctypes.c_int), ("buffer_bytes", ctypes.c_size_t),
                 ("flag_timeout_ms", ctypes.c_uint64), ("arch", ctypes.c_char * 16),
                 ("ipc_unavailable_reason", ctypes.c_char * 256), ("nccl_unavailable_reason", ctypes.c_char * 256),
-                ("nodes", ctypes.c_int), ("local_world_size", ctypes.c_int)]
+                ("nodes", ctypes.c_int), ("local_world_size", ctypes.c_int), ("contract", ctypes.c_int)]
 
 
 class SimOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("blocks", ctypes.c_int), ("seeded_schedule", ctypes.c_int),
                 ("schedule_seed", ctypes.c_uint64), ("timeout_ms", ctypes.c_int64),
                 ("trace_path", ctypes.c_char_p), ("chrome_trace_path", ctypes.c_char_p),
-                ("trace_elements", ctypes.POINTER(ctypes.c_uint64)), ("num_trace_elements", ctypes.c_size_t)]
+                ("trace_elements", ctypes.POINTER(ctypes.c_uint64)), ("num_trace_elements", ctypes.c_size_t),
+                ("contract", ctypes.c_int)]
 
 
 class LinkRates(ctypes.Structure):
@@ -218,6 +219,12 @@ FUSED_ALGOS = _enum(lib.exactcoll_fused_algo_name)
 CONTRACTS = _enum(lib.exactcoll_contract_name)
 _ALGO_NAMES = {v: k for k, v in ALGOS.items()}
 _FUSED_ALGO_NAMES = {v: k for k, v in FUSED_ALGOS.items()}
+_CONTRACT_NAMES = {v: k for k, v in CONTRACTS.items()}
+
+
+def contract_name(value):
+    """The name of a contract's C value ("canonical", "tree", ...)."""
+    return _CONTRACT_NAMES[value]
 
 
 def check(status):
@@ -345,7 +352,7 @@ def trace_elements_option(trace_elements):
 
 
 def sim_options(blocks=1, schedule="threads", schedule_seed=1, timeout_ms=20000, trace=None, chrome_trace=None,
-                trace_elements=None):
+                trace_elements=None, contract="canonical"):
     """A SimOptions for the simulator calls (returned with the arrays it points into, to keep alive)."""
     options = SimOptions()
     lib.exactcoll_sim_options_init(ctypes.byref(options))
@@ -357,6 +364,7 @@ def sim_options(blocks=1, schedule="threads", schedule_seed=1, timeout_ms=20000,
     # At most 2**31 - 1 ms (24 days), the bound of the library's other millisecond settings
     # (EXACTCOLL_STORE_CONNECT_TIMEOUT_MS); the C field would take more.
     options.timeout_ms = int_option("timeout_ms", timeout_ms, field_type(SimOptions, "timeout_ms"), 1, INT32_MAX)
+    options.contract = code(CONTRACTS, contract, "contract")
     keep = []
     if trace is not None:
         keep.append(text_option("trace", trace))

@@ -28,6 +28,8 @@ configure_backend() after that):
                                    instead of sending a floating-point reduction elsewhere; all:
                                    raise for every fallback, data movement too
   EXACTCOLL_BUFFER_MIB             staging buffer per communicator (default 128)
+  EXACTCOLL_CONTRACT               canonical (default) or tree: the rounding contract of the exact
+                                   ops (docs/numerics.md), fixed per group when the group is made
   EXACTCOLL_REGISTER_DEVICE_BACKENDS=1   experimental: also register the inner groups as the
                                    C++ per-device backends (see _register_device_backends)
 The algorithms give the same bits (that is the contract); "nccl" is NCCL inside exactcoll, not
@@ -62,6 +64,7 @@ _EXACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ALL_REDUCE_ALGOS = ("auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "nccl")
 REDUCE_SCATTER_ALGOS = ("auto", "direct", "nccl")
 ALL_GATHER_ALGOS = ("auto", "direct", "copy_engine", "nccl")
+CONTRACTS = ("canonical", "tree")  # the library's contracts (the emulations are the simulator reference's only)
 _SIM_MAX_RANKS = 16  # exactcoll.sim runs 1..16 ranks
 
 # Reductions: a fallback for these changes floating-point bits (strict mode 1 refuses them).
@@ -122,22 +125,28 @@ def _settings():
                                         "EXACTCOLL_ALL_GATHER_ALGO"),
                     "strict": _strict_level(env.get("EXACTCOLL_STRICT", "0"), "EXACTCOLL_STRICT"),
                     "buffer_mib": buffer_mib,
+                    "contract": _algo(env.get("EXACTCOLL_CONTRACT", "canonical") or "canonical", CONTRACTS,
+                                      "EXACTCOLL_CONTRACT"),
                     "register_device_backends": _strict_level(env.get("EXACTCOLL_REGISTER_DEVICE_BACKENDS", "0"),
                                                               "EXACTCOLL_REGISTER_DEVICE_BACKENDS") == 1,
                 }
     return _SETTINGS
 
 
-def configure_backend(*, algo=None, reduce_scatter_algo=None, all_gather_algo=None, strict=None):
-    """Changes the backend's process-wide settings (every exactcoll group, from the next call on);
+def configure_backend(*, algo=None, reduce_scatter_algo=None, all_gather_algo=None, strict=None, contract=None):
+    """Changes the backend's process-wide settings (every exactcoll group, from the next call on;
+    contract: for the groups made after it, since a group's contract is fixed when it is made);
     None leaves a setting as it is. Returns the previous settings as a dict of these keyword
     arguments, so `configure_backend(**previous)` restores them. Every rank must choose the same
-    algorithms (they give the same bits, but ranks must run the same one)."""
+    algorithms (they give the same bits, but ranks must run the same one) and contract."""
     settings = _settings()
     previous = {"algo": settings["all_reduce"], "reduce_scatter_algo": settings["reduce_scatter"],
                 "all_gather_algo": settings["all_gather"], "strict": ("all" if settings["strict"] == 2
-                                                                       else bool(settings["strict"]))}
+                                                                       else bool(settings["strict"])),
+                "contract": settings["contract"]}
     changes = {}
+    if contract is not None:
+        changes["contract"] = _algo(contract, CONTRACTS, "contract")
     if algo is not None:
         changes["all_reduce"] = _algo(algo, ALL_REDUCE_ALGOS, "algo")
     if reduce_scatter_algo is not None:
@@ -354,6 +363,7 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         self._coalesced = None         # works issued inside _start_coalescing .. _end_coalescing
         self._nccl_coalescing = None   # the device whose NCCL coalescing this block started
         self._buffer_mib = settings["buffer_mib"]
+        self.contract = settings["contract"]  # fixed for the group: its communicators and CPU path
         self.registered_device_backends = []
         if settings["register_device_backends"]:
             self._register_device_backends()
@@ -724,7 +734,8 @@ class ExactcollProcessGroup(dist.ProcessGroup):
                 return Communicator._over_store(
                     dist.PrefixStore("exactcoll-comm/", self._store), self.rank(), self.size(), name=name,
                     whole_job=whole_job, node=node, local_world_size=local_world_size,
-                    buffer_mib=self._buffer_mib, store_timeout_s=min(max(self._timeout.total_seconds(), 1.0), 600.0))
+                    buffer_mib=self._buffer_mib, store_timeout_s=min(max(self._timeout.total_seconds(), 1.0), 600.0),
+                    contract=self.contract)
         except _lib.UnavailableError as e:
             # Uniform on every rank (no CUDA IPC, an unsupported GPU, ...): the group falls back.
             return _Unavailable(f"no exactcoll communicator on cuda:{index}: {e}")
@@ -776,7 +787,7 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         algo = settings["all_reduce"]
         from . import sim
         everyone = self._gather_cpu(t)
-        t.view(-1).copy_(sim.all_reduce(everyone, algo=algo)[self.rank()])
+        t.view(-1).copy_(sim.all_reduce(everyone, algo=algo, contract=self.contract)[self.rank()])
         self._count(op, True)
         self._recorded(record, t)
         return _DoneWork([t])
@@ -809,7 +820,7 @@ class ExactcollProcessGroup(dist.ProcessGroup):
         algo = settings["reduce_scatter"]
         from . import sim
         everyone = self._gather_cpu(input)
-        output.view(-1).copy_(sim.reduce_scatter(everyone, algo=algo)[self.rank()])
+        output.view(-1).copy_(sim.reduce_scatter(everyone, algo=algo, contract=self.contract)[self.rank()])
         self._count(op, True)
         self._recorded(record, output)
         return _DoneWork([output])

@@ -135,8 +135,10 @@ def all_reduce(x, *, dtype=None, algo="auto", **options):
     same).
     options: blocks (1..128), schedule ('threads' or 'seeded'), schedule_seed (0..2**64 - 1),
     timeout_ms (1..2**31 - 1), trace (JSON-lines file), chrome_trace (Perfetto file), trace_elements
-    (at most 4096 indices to trace). Every op takes them; a value out of range, of the wrong type, or
-    a path with a NUL is a ValueError naming the option, before anything runs.
+    (at most 4096 indices to trace; canonical only), contract ('canonical' or 'tree': a balanced
+    binary tree over ranks, every node rounded, docs/numerics.md). Every op takes them; a value out
+    of range, of the wrong type, or a path with a NUL is a ValueError naming the option, before
+    anything runs.
     """
     return _collective("allreduce", x, dtype, algo, options)
 
@@ -160,8 +162,9 @@ def fused_add_rms_norm(x, residual, weight, eps=1e-6, *, dtype=None, algo="auto"
     weight [H]. residual_out = round(allreduce(x) + residual); out = RMSNorm(residual_out).
     algo: auto, one_stage, two_stage, push_one_stage, lamport_one_stage, unfused, one_stage_reg,
     gather_norm, push_one_stage_reg (the same bits).
-    contract: canonical, or f32_residual / bf16_accumulate / rotated_two_shot, which reproduce
-    other systems' rounding (docs/numerics.md).
+    contract: canonical or tree (the library's: the algorithms run on the simulated ranks), or
+    f32_residual / bf16_accumulate / rotated_two_shot, which reproduce other systems' rounding
+    (docs/numerics.md).
     """
     xs = _Array(x, dtype, "x")
     ranks = _ranks_of(xs, "x")

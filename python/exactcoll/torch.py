@@ -90,7 +90,7 @@ def _group_tag(group):
 
 
 def _parse_options(*, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
-                   programmatic_launch=True, node=None, local_world_size=None, name=None):
+                   programmatic_launch=True, node=None, local_world_size=None, name=None, contract="canonical"):
     """The communicator's options checked and converted (ValueError naming a bad one), before anything
     else could fail or ctypes could truncate one."""
     parsed = {
@@ -101,6 +101,7 @@ def _parse_options(*, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.
         "use_nccl": _lib.switch_option("use_nccl", use_nccl),
         "programmatic_launch": _lib.switch_option("programmatic_launch", programmatic_launch),
         "node": None, "local_world_size": None,
+        "contract": _lib.code(_lib.CONTRACTS, contract, "contract"),
     }
     if node is not None:
         parsed["node"] = _lib.int_option("node", node, _lib.field_type(_lib.CommOptions, "node"), 0)
@@ -125,15 +126,22 @@ class Communicator:
     group) the layout comes from torchrun's GROUP_RANK and LOCAL_WORLD_SIZE; for a subgroup, or to
     override them, pass node (this rank's node) and local_world_size (ranks per node), with the
     group's ranks numbered node-major. A subgroup without them is one node.
+
+    contract: the rounding contract of every exact op (docs/numerics.md): "canonical" (default;
+    ranks folded in rank order, one rounding) or "tree" (a balanced binary tree over ranks, every
+    node rounded to the dtype: when each rank's x is the tree over its own leaves, the result is
+    the tree over all leaves at every TP size; one node only). The fused op's residual add and
+    RMSNorm are canonical under both.
     """
 
     def __init__(self, group=None, *, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
-                 programmatic_launch=True, name=None, store=None, node=None, local_world_size=None):
+                 programmatic_launch=True, name=None, store=None, node=None, local_world_size=None,
+                 contract="canonical"):
         # Every option first, before anything else could fail or ctypes could truncate one.
         options = _parse_options(buffer_mib=buffer_mib, flag_timeout_ms=flag_timeout_ms,
                                  store_timeout_s=store_timeout_s, use_nccl=use_nccl,
                                  programmatic_launch=programmatic_launch, node=node,
-                                 local_world_size=local_world_size, name=name)
+                                 local_world_size=local_world_size, name=name, contract=contract)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("exactcoll.torch.Communicator needs torch.distributed.init_process_group first "
                                "(any backend: only its store is used)")
@@ -177,6 +185,7 @@ class Communicator:
         options.use_nccl = parsed["use_nccl"]
         options.programmatic_launch = parsed["programmatic_launch"]
         options.device = torch.cuda.current_device()
+        options.contract = parsed["contract"]
         node, local_world_size = parsed["node"], parsed["local_world_size"]
         options.node = node if node is not None else (-1 if whole_job else 0)
         options.local_world_size = local_world_size if local_world_size is not None else (0 if whole_job else world_size)
@@ -186,6 +195,7 @@ class Communicator:
         self._handle = handle.value
         self.id = self._handle
         self.rank, self.world_size, self.device = rank, world_size, options.device
+        self.contract = _lib.contract_name(parsed["contract"])
         self._info = _lib.new_call_info()
         self._info_ref = ctypes.byref(self._info)
         self._registered = []
@@ -312,7 +322,7 @@ class Communicator:
                 "flag_timeout_ms": p.flag_timeout_ms, "arch": p.arch.decode(),
                 "ipc_unavailable_reason": p.ipc_unavailable_reason.decode(),
                 "nccl_unavailable_reason": p.nccl_unavailable_reason.decode(), "nodes": p.nodes,
-                "local_world_size": p.local_world_size}
+                "local_world_size": p.local_world_size, "contract": _lib.contract_name(p.contract)}
 
     def close(self):
         """Collective: frees the communicator (every rank calls it; a store barrier first)."""

@@ -84,6 +84,20 @@ def all_reduce(x, fmt):
     return narrow(fold(x, fmt), fmt)
 
 
+def tree(x, fmt):
+    """The tree contract over axis 0 (ranks), storage bits: level by level, parts 2i and 2i + 1 added
+    in float32 and rounded to storage, an odd last part carried up unchanged (the largest power of
+    two below n goes left); one part alone is rounded (a NaN made canonical)."""
+    level = [x[r] for r in range(x.shape[0])]
+    if len(level) == 1:
+        return narrow(widen(level[0], fmt).astype(np.float32), fmt)
+    with np.errstate(all="ignore"):
+        while len(level) > 1:
+            level = [narrow((widen(level[i], fmt) + widen(level[i + 1], fmt)).astype(np.float32), fmt)
+                     if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+    return level[0]
+
+
 def _butterfly(a):
     """32-lane xor butterfly on the last axis: a[l] = a[l] + a[l ^ off] for off = 16, 8, 4, 2, 1."""
     lanes = np.arange(32)
@@ -132,6 +146,8 @@ def fused_add_rms_norm(x, residual, weight, eps, fmt, contract="canonical"):
             for r in range(1, x.shape[0]):
                 acc = widen(narrow((acc + widen(x[r], fmt)).astype(np.float32), fmt), fmt)
             t = acc
+        elif contract == "tree":
+            t = widen(tree(x, fmt), fmt)
         else:
             t = fold(x, fmt)
         if contract == "f32_residual":

@@ -80,6 +80,47 @@ class Collectives(unittest.TestCase):
                     for r in range(ranks):
                         assert_bits_equal(self, got[r], x.reshape(-1), f"all_gather {algo} {fmt} ranks {ranks}")
 
+    def test_tree_contract_every_algorithm_matches_the_reference(self):
+        rng = np.random.default_rng(SEED + 3)
+        for fmt in DTYPES:
+            for ranks in (1, 2, 3, 4, 6, 8):
+                count = ranks * 37
+                x = ref.adversarial(rng, (ranks, count), fmt)
+                want = ref.tree(x, fmt)
+                for algo in ALLREDUCE_ALGOS:
+                    got = xs.all_reduce(x, dtype=fmt, algo=algo, contract="tree")
+                    for r in range(ranks):
+                        assert_bits_equal(self, got[r], want, f"tree all_reduce {algo} {fmt} ranks {ranks} rank {r}")
+                got = xs.reduce_scatter(x, dtype=fmt, contract="tree")
+                block = count // ranks
+                for r in range(ranks):
+                    assert_bits_equal(self, got[r], want[r * block:(r + 1) * block], f"tree reduce_scatter {fmt}")
+
+    def test_tree_is_the_same_at_every_tp_size(self):
+        # Eight leaves per element: at TP = t each rank's input is the tree over its 8 / t leaves;
+        # the tree all-reduce over the t ranks gives the tree over all eight, the same bits for every t.
+        rng = np.random.default_rng(SEED + 4)
+        leaves = ref.narrow(rng.standard_normal((8, 200)).astype(np.float32) * 4, "bf16")
+        want = ref.tree(leaves, "bf16")
+        for tp in (1, 2, 4, 8):
+            partials = np.stack([ref.tree(leaves[r * (8 // tp):(r + 1) * (8 // tp)], "bf16") for r in range(tp)])
+            got = xs.all_reduce(partials, dtype="bf16", contract="tree")
+            assert_bits_equal(self, got[0], want, f"tree at TP {tp}")
+        # Canonical does not have that property: some element differs between TP 2 and TP 8.
+        canonical = [xs.all_reduce(np.stack([ref.tree(leaves[r * (8 // tp):(r + 1) * (8 // tp)], "bf16")
+                                             for r in range(tp)]), dtype="bf16")[0] for tp in (2, 8)]
+        self.assertTrue(np.any(canonical[0] != canonical[1]), "canonical happened to match at TP 2 and 8")
+
+    def test_tree_refusals(self):
+        x = np.zeros((2, 8), dtype=np.uint16)
+        with self.assertRaisesRegex(ValueError, "library's contracts"):
+            xs.all_reduce(x, dtype="bf16", contract="f32_residual")
+        with self.assertRaisesRegex(ValueError, "unknown contract"):
+            xs.all_reduce(x, dtype="bf16", contract="pairwise")
+        with self.assertRaisesRegex(ValueError, "element traces"):
+            with tempfile.TemporaryDirectory() as d:
+                xs.all_reduce(x, dtype="bf16", contract="tree", trace=os.path.join(d, "t.jsonl"), trace_elements=[1])
+
     def test_comparison_catches_one_flipped_bit(self):
         rng = np.random.default_rng(SEED + 1)
         x = ref.adversarial(rng, (3, 64), "bf16")
@@ -164,6 +205,14 @@ class Fused(unittest.TestCase):
         for fmt in DTYPES:
             for hidden in (2880, 4096, 5120):
                 self.check(rng, fmt, 2, 2, hidden)
+
+    def test_tree_contract(self):
+        rng = np.random.default_rng(SEED + 13)
+        for fmt in DTYPES:
+            for ranks in (1, 3, 4):
+                for algo in FUSED_ALGOS:
+                    self.check(rng, fmt, ranks, 3, 64, algo, contract="tree")
+            self.check(rng, fmt, 4, 2, 64, "auto", contract="tree", specials=True)
 
     def test_alternative_contracts(self):
         rng = np.random.default_rng(SEED + 12)

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/contract.h"
 #include "exactcoll/exactcoll.h"
 #include "sim/fused/random.h"
 #include "sim/fused/reference.h"
@@ -82,7 +83,7 @@ TEST(CApiNames, EveryValueRoundTripsAndUnknownNamesAreListed) {
   for (const Enum& e : {Enum{exactcoll_dtype_name, exactcoll_dtype_from_name, 3},
                         Enum{exactcoll_algo_name, exactcoll_algo_from_name, 9},
                         Enum{exactcoll_fused_algo_name, exactcoll_fused_algo_from_name, 10},
-                        Enum{exactcoll_contract_name, exactcoll_contract_from_name, 4}}) {
+                        Enum{exactcoll_contract_name, exactcoll_contract_from_name, 5}}) {
     for (int v = 0; v < e.count; ++v) {
       ASSERT_NE(e.name(v), nullptr) << v;
       int back = -1;
@@ -181,6 +182,87 @@ TEST(CApiSim, ComparisonCatchesOneFlippedBit) {
   EXPECT_NE(first_difference(split(outputs, 3), want, 2), "");
 }
 
+// The tree contract through the C API: every all-reduce algorithm and reduce_scatter give
+// contract::tree_fold's bits (computed here element by element, bf16), on world sizes that are and
+// are not powers of two; a single flipped bit fails the comparison.
+TEST(CApiSim, TreeContractMatchesTreeFold) {
+  uint64_t seed = 900;
+  for (const int ranks : {1, 2, 3, 4, 6, 8}) {
+    for (const int op : {EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_OP_REDUCE_SCATTER}) {
+      const std::vector<int> algos =
+          op == EXACTCOLL_OP_ALLREDUCE ? std::vector<int>{EXACTCOLL_ALGO_AUTO,          EXACTCOLL_ALGO_ONE_SHOT,
+                                                          EXACTCOLL_ALGO_TWO_SHOT,      EXACTCOLL_ALGO_PUSH_ONE_SHOT,
+                                                          EXACTCOLL_ALGO_PUSH_TWO_SHOT, EXACTCOLL_ALGO_LAMPORT_ONE_SHOT}
+                                       : std::vector<int>{EXACTCOLL_ALGO_DIRECT};
+      for (const int algo : algos) {
+        const size_t count = static_cast<size_t>(ranks) * 77;  // packs and a scalar tail
+        fused::SplitMix64 g(++seed);
+        std::vector<bf16> in(count * static_cast<size_t>(ranks));
+        for (bf16& v : in) v = round_to<bf16>(g.normal() * 3.0f);
+        const size_t out_count = op == EXACTCOLL_OP_ALLREDUCE ? count : count / static_cast<size_t>(ranks);
+        std::vector<bf16> out(out_count * static_cast<size_t>(ranks));
+        exactcoll_sim_options options;
+        exactcoll_sim_options_init(&options);
+        options.contract = EXACTCOLL_CONTRACT_TREE;
+        options.blocks = 1 + static_cast<int>(seed % 3);
+        SCOPED_TRACE(std::string(exactcoll_op_name(op)) + " " + exactcoll_algo_name(algo) + " ranks " +
+                     std::to_string(ranks));
+        ASSERT_EQ(
+            exactcoll_sim_collective(op, algo, EXACTCOLL_BF16, ranks, count, in.data(), out.data(), &options, nullptr),
+            EXACTCOLL_OK)
+            << last_error();
+        size_t differing = 0, canonical_differing = 0;
+        for (int r = 0; r < ranks; ++r) {
+          const size_t first = op == EXACTCOLL_OP_ALLREDUCE ? 0 : static_cast<size_t>(r) * out_count;
+          for (size_t j = 0; j < out_count; ++j) {
+            auto x = [&](int p) { return in[static_cast<size_t>(p) * count + first + j]; };
+            const bf16 want = contract::tree_fold<bf16>(ranks, x);
+            const bf16 got = out[static_cast<size_t>(r) * out_count + j];
+            differing += got.bits != want.bits;
+            canonical_differing += got.bits != contract::fold<bf16>(ranks, x).bits;
+          }
+        }
+        EXPECT_EQ(differing, 0u);
+        // From 3 ranks on, the tree rounds between adds: some of these elements must differ from
+        // canonical, or the run did not fold under tree.
+        if (ranks >= 3) {
+          EXPECT_GT(canonical_differing, 0u);
+        }
+      }
+    }
+  }
+}
+
+TEST(CApiSim, TreeContractRefusals) {
+  std::vector<bf16> in(8), out(8);
+  exactcoll_sim_options options;
+  exactcoll_sim_options_init(&options);
+  options.contract = EXACTCOLL_CONTRACT_F32_RESIDUAL;
+  expect_error(exactcoll_sim_collective(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_ALGO_AUTO, EXACTCOLL_BF16, 2, 4, in.data(),
+                                        out.data(), &options, nullptr),
+               EXACTCOLL_ERROR_INVALID_ARGUMENT, "library's contracts");
+  options.contract = 99;
+  expect_error(exactcoll_sim_collective(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_ALGO_AUTO, EXACTCOLL_BF16, 2, 4, in.data(),
+                                        out.data(), &options, nullptr),
+               EXACTCOLL_ERROR_INVALID_ARGUMENT, "contract");
+  const uint64_t element = 1;
+  options.contract = EXACTCOLL_CONTRACT_TREE;
+  options.trace_elements = &element;
+  options.num_trace_elements = 1;
+  expect_error(exactcoll_sim_collective(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_ALGO_AUTO, EXACTCOLL_BF16, 2, 4, in.data(),
+                                        out.data(), &options, nullptr),
+               EXACTCOLL_ERROR_INVALID_ARGUMENT, "element traces");
+  // An older caller's struct (before `contract`) still works: the missing field is canonical.
+  exactcoll_sim_options old;
+  exactcoll_sim_options_init(&old);
+  old.struct_size = offsetof(exactcoll_sim_options, contract);
+  old.contract = EXACTCOLL_CONTRACT_F32_RESIDUAL;  // beyond struct_size: never read
+  EXPECT_EQ(exactcoll_sim_collective(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_ALGO_AUTO, EXACTCOLL_BF16, 2, 4, in.data(),
+                                     out.data(), &old, nullptr),
+            EXACTCOLL_OK)
+      << last_error();
+}
+
 template <class T>
 void expect_fused_matches_reference(int dtype, int ranks, int rows, int hidden, int algo, int contract, uint64_t seed) {
   const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(hidden);
@@ -226,6 +308,16 @@ TEST(CApiSim, FusedMatchesTheScalarReferenceUnderEveryContract) {
       expect_fused_matches_reference<bf16>(EXACTCOLL_BF16, ranks, 3, 64, algo, EXACTCOLL_CONTRACT_CANONICAL, ++seed);
       expect_fused_matches_reference<fp16>(EXACTCOLL_FP16, ranks, 2, 2880, algo, EXACTCOLL_CONTRACT_CANONICAL, ++seed);
       expect_fused_matches_reference<float>(EXACTCOLL_FP32, ranks, 2, 36, algo, EXACTCOLL_CONTRACT_CANONICAL, ++seed);
+    }
+  }
+  // tree: the algorithms on the simulated ranks under the tree contract, against its reference.
+  for (const int algo : {EXACTCOLL_FUSED_AUTO, EXACTCOLL_FUSED_ONE_STAGE, EXACTCOLL_FUSED_TWO_STAGE,
+                         EXACTCOLL_FUSED_PUSH_ONE_STAGE, EXACTCOLL_FUSED_UNFUSED, EXACTCOLL_FUSED_ONE_STAGE_REG,
+                         EXACTCOLL_FUSED_GATHER_NORM, EXACTCOLL_FUSED_LAMPORT_ONE_STAGE}) {
+    for (const int ranks : {1, 3, 4}) {
+      SCOPED_TRACE(std::string("tree ") + exactcoll_fused_algo_name(algo) + " ranks " + std::to_string(ranks));
+      expect_fused_matches_reference<bf16>(EXACTCOLL_BF16, ranks, 3, 64, algo, EXACTCOLL_CONTRACT_TREE, ++seed);
+      expect_fused_matches_reference<float>(EXACTCOLL_FP32, ranks, 2, 36, algo, EXACTCOLL_CONTRACT_TREE, ++seed);
     }
   }
   for (const int contract :

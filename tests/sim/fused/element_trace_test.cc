@@ -6,6 +6,7 @@
 #include "sim/fused/element_trace.h"
 
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -32,9 +33,21 @@ const StepValue& value(const ElementStep& s, const char* name) {
 
 uint32_t bits(const StepValue& v) { return float_to_bits(v.value); }
 
-// The documented steps, in order, for n ranks.
-std::vector<std::string> expected_steps(int n) {
-  std::vector<std::string> s(n, "fold");
+// The storage value a step value holds (its bits).
+template <class T>
+T stored_value(const StepValue& v) {
+  if constexpr (sizeof(T) == 4) {
+    return bits_to_float(v.bits);
+  } else {
+    return T{static_cast<uint16_t>(v.bits)};
+  }
+}
+
+// The documented steps, in order, for n ranks under contract c: n rank-by-rank folds, or under
+// tree its n - 1 nodes.
+std::vector<std::string> expected_steps(int n, Contract c) {
+  std::vector<std::string> s =
+      c == Contract::kTree ? std::vector<std::string>(n - 1, "tree_node") : std::vector<std::string>(n, "fold");
   for (const char* name : {"round", "residual_add", "square", "lane_sum"}) s.push_back(name);
   for (int k = 0; k < 5; ++k) s.push_back("group_butterfly");
   for (int k = 0; k < 5; ++k) s.push_back("final_butterfly");
@@ -49,42 +62,54 @@ void check_trace(const ElementTrace& t, int n, int hidden, const std::vector<T>&
   EXPECT_EQ(t.index, static_cast<uint64_t>(t.row) * hidden + t.col);
   std::vector<std::string> names;
   for (const ElementStep& s : t.steps) names.push_back(s.step);
-  ASSERT_EQ(names, expected_steps(n));
+  ASSERT_EQ(names, expected_steps(n, t.contract));
   const auto& st = t.steps;
-  // The fold: every rank once, each step starting from the previous accumulator.
-  std::vector<bool> rank_seen(n, false);
-  for (int k = 0; k < n; ++k) {
-    ASSERT_EQ(st[k].labels.size(), 1u);
-    rank_seen.at(st[k].labels[0].second) = true;
-    if (k > 0) {
-      EXPECT_EQ(bits(value(st[k], "acc_before")), bits(value(st[k - 1], "acc_after"))) << "fold " << k;
+  const int f = t.contract == Contract::kTree ? n - 1 : n;  // the fold's steps
+  const ElementStep& round = st[f];
+  if (t.contract == Contract::kTree) {
+    // Every node is its two children added and rounded; the last node is what the round stores.
+    for (int k = 0; k < f; ++k) {
+      const T left = stored_value<T>(value(st[k], "left")), right = stored_value<T>(value(st[k], "right"));
+      EXPECT_EQ(value(st[k], "stored").bits, Storage<T>::bits(contract::tree_node(left, right))) << "node " << k;
     }
+    if (f > 0) {
+      EXPECT_EQ(value(round, "stored").bits, value(st[f - 1], "stored").bits);
+    }
+  } else {
+    // The fold: every rank once, each step starting from the previous accumulator.
+    std::vector<bool> rank_seen(n, false);
+    for (int k = 0; k < n; ++k) {
+      ASSERT_EQ(st[k].labels.size(), 1u);
+      rank_seen.at(st[k].labels[0].second) = true;
+      if (k > 0) {
+        EXPECT_EQ(bits(value(st[k], "acc_before")), bits(value(st[k - 1], "acc_after"))) << "fold " << k;
+      }
+    }
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(rank_seen[r]) << "rank " << r << " folded";
+    EXPECT_EQ(bits(value(round, "acc")), bits(value(st[n - 1], "acc_after")));
   }
-  for (int r = 0; r < n; ++r) EXPECT_TRUE(rank_seen[r]) << "rank " << r << " folded";
-  const ElementStep& round = st[n];
-  EXPECT_EQ(bits(value(round, "acc")), bits(value(st[n - 1], "acc_after")));
-  const ElementStep& add = st[n + 1];
+  const ElementStep& add = st[f + 1];
   EXPECT_EQ(bits(value(add, "s")), bits(value(round, "stored")));
   EXPECT_EQ(value(add, "stored").bits, Storage<T>::bits(ro[t.index])) << "residual_add ends at residual_out";
-  const ElementStep& square = st[n + 2];
+  const ElementStep& square = st[f + 2];
   // The norm reads the stored residual_out, except f32_residual (the unrounded sum).
   const float v = t.contract == Contract::kF32Residual ? value(add, "sum").value : to_float(ro[t.index]);
   EXPECT_EQ(bits(value(square, "v")), float_to_bits(v));
   EXPECT_EQ(bits(value(square, "square")), float_to_bits(v * v));
-  const ElementStep& lane = st[n + 3];
+  const ElementStep& lane = st[f + 3];
   EXPECT_EQ(lane.labels[0].second, square.labels[0].second) << "the element's own lane";
   float carried = value(lane, "total").value;
   for (int k = 0; k < 10; ++k) {
-    const ElementStep& level = st[n + 4 + k];
+    const ElementStep& level = st[f + 4 + k];
     EXPECT_EQ(bits(value(level, "a")), float_to_bits(carried)) << level.step << " " << k;
     EXPECT_EQ(bits(value(level, "sum")), float_to_bits(value(level, "a").value + value(level, "b").value));
     carried = value(level, "sum").value;
   }
-  const ElementStep& ss = st[n + 14];
+  const ElementStep& ss = st[f + 14];
   EXPECT_EQ(bits(value(ss, "ss")), float_to_bits(carried)) << "the path ends at the row's sum of squares";
-  const ElementStep& inv = st[n + 15];
+  const ElementStep& inv = st[f + 15];
   EXPECT_EQ(bits(value(inv, "ss")), bits(value(ss, "ss")));
-  const ElementStep& scale = st[n + 16];
+  const ElementStep& scale = st[f + 16];
   EXPECT_EQ(bits(value(scale, "v")), float_to_bits(v));
   EXPECT_EQ(bits(value(scale, "inv")), bits(value(inv, "inv")));
   EXPECT_EQ(value(scale, "stored").bits, Storage<T>::bits(out[t.index])) << "scale ends at out";
@@ -214,8 +239,11 @@ TEST(ElementTrace, AlternativesDepartWhereTheContractSays) {
   std::vector<bf16> ro(count), out(count);
   std::vector<ElementTrace> canonical;
   fused_reference<bf16>(Contract::kCanonical, c.problem(), ro.data(), out.data(), all, &canonical);
-  int departed[4] = {};
+  int departed[std::size(kContracts)] = {};
   for (Contract contract : kContracts) {
+    // tree's steps are tree nodes, not rank-by-rank folds: there is no step of canonical's to
+    // line each one up with (ElementTraceTree checks its trace).
+    if (contract == Contract::kTree) continue;
     std::vector<ElementTrace> traces;
     const std::vector<int> departs =
         trace_alternative<bf16>(contract, c.problem(), all, ro.data(), out.data(), &traces);
@@ -266,6 +294,7 @@ TEST(ElementTrace, AlternativesDepartWhereTheContractSays) {
           }
           break;
         }
+        case Contract::kTree: break;  // skipped above
         case Contract::kRotatedTwoShot:
           // Its fold starts at the owner of the element's two-shot slice: an element of rank 0's
           // slice folds in canonical's order, and can depart only in the norm (from other elements).
