@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One call on a lent 4-GPU machine (no Bazel there) for the tree contract (issue 25): verify on 4
+# GPUs under each contract the CLI takes, python/examples/bench_tree.py on 4 and 2 GPUs (tree vs
+# canonical per algorithm, NCCL, SGLang's all_gather + tree of adds, every bit against torch's own
+# tree), tp_block_check.py on 4 GPUs, and, when present, the TP-invariant Llama check at TP 1, 2, 4.
+#   usage: tools/gpu/device_run_tree.sh [phases]   phases: verify,verify_tree,bench4,bench2,tp,llama
+#   (default verify,bench4,bench2,tp)
+#   build first: bazel build //tools:exactcoll //python:wheel; copy bazel-bin/tools/exactcoll,
+#   bazel-bin/python/exactcoll-*.whl and /usr/lib/x86_64-linux-gnu/libpng16.so.16 into .gpubin/.
+# Logs go to $OUT/logs.tgz; a table is printed last.
+set -uo pipefail
+PHASES=${1:-verify,bench4,bench2,tp}
+OUT=${OUT:-/tmp/out}
+LOGS=$(mktemp -d)
+export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=$PWD/.gpubin:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1
+has() { [[ ",$PHASES," == *",$1,"* ]]; }
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpubin/exactcoll-*.whl && export PYTHONPATH=/tmp/site
+declare -a rows
+record() { rows+=("$(printf '%-34s %s' "$1" "$2")"); }
+run() {  # run NAME TIMEOUT COMMAND...: log to $LOGS/NAME.log, record pass/fail
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
+  local code=$?
+  record "$name" "$([ $code -eq 0 ] && echo pass || echo "FAIL (exit $code)")"
+  tail -n 3 "$LOGS/$name.log"
+}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$LOGS/gpus.txt" 2>&1
+if has verify; then
+  run verify_4 240 .gpubin/exactcoll verify --nproc 4 --max-count "${VERIFY_MAX_COUNT:-262147}"
+fi
+if has verify_tree; then
+  run verify_4_tree 240 .gpubin/exactcoll verify --nproc 4 --contract tree --max-count "${VERIFY_MAX_COUNT:-262147}"
+fi
+if has bench4; then
+  run bench_tree_4 420 torchrun --nproc-per-node 4 python/examples/bench_tree.py --out "$LOGS/bench4"
+fi
+if has bench2; then
+  CUDA_VISIBLE_DEVICES=0,1 run bench_tree_2 300 torchrun --nproc-per-node 2 python/examples/bench_tree.py \
+    --out "$LOGS/bench2"
+fi
+if has tp; then
+  run tp_block_4 240 torchrun --nproc-per-node 4 python/examples/tp_block_check.py
+fi
+if has llama && [ -f python/examples/tree_llama_check.py ]; then
+  for tp in 1 2 4; do
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((tp - 1))) run "llama_tp$tp" 300 torchrun --nproc-per-node "$tp" \
+      python/examples/tree_llama_check.py --out "$LOGS/llama_tp$tp" ${LLAMA_FLAGS:-}
+  done
+  run llama_compare 120 python3 python/examples/tree_llama_check.py --compare "$LOGS/llama_tp1" "$LOGS/llama_tp2" \
+    "$LOGS/llama_tp4"
+  cat "$LOGS/llama_compare.log"
+fi
+mkdir -p "$OUT"
+tar -czf "$OUT/logs.tgz" -C "$LOGS" .
+for name in bench_tree_4 bench_tree_2; do
+  [ -f "$LOGS/$name.log" ] && sed -n '/^bench_tree:/,$p' "$LOGS/$name.log"
+done
+grep -hE "^verify|differing" "$LOGS"/verify_4*.log 2>/dev/null | tail -4
+printf '%s\n' "${rows[@]}"
