@@ -24,7 +24,7 @@ except ImportError:
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "backend_worker.py")
 SETTINGS_ENV = ("EXACTCOLL_ALGO", "EXACTCOLL_REDUCE_SCATTER_ALGO", "EXACTCOLL_ALL_GATHER_ALGO", "EXACTCOLL_STRICT",
-                "EXACTCOLL_BUFFER_MIB")
+                "EXACTCOLL_BUFFER_MIB", "EXACTCOLL_CONTRACT")
 DEADLINE_S = 90          # per job: a job that runs past it is killed (they take a few seconds)
 INT_VIEW = {} if torch is None else {torch.bfloat16: torch.int16, torch.float16: torch.int16,
                                      torch.float32: torch.int32}
@@ -97,6 +97,7 @@ def run_job(world_size, env_extra=None, deadline_s=DEADLINE_S, expect_results=Tr
 @unittest.skipIf(torch is None, "torch is not installed")
 class TorchBackendOnCpu(unittest.TestCase):
     def check_job(self, world_size, env_extra=None):
+        contract = (env_extra or {}).get("EXACTCOLL_CONTRACT", "canonical")
         results, outputs, codes = run_job(world_size, env_extra)
         for rank, (result, output, code) in enumerate(zip(results, outputs, codes)):
             self.assertIsNone(result["error"], f"rank {rank} of {world_size} failed:\n{result['error']}")
@@ -104,13 +105,16 @@ class TorchBackendOnCpu(unittest.TestCase):
             failed = [(name, detail) for name, ok, detail in result["checks"] if not ok]
             self.assertEqual(failed, [], f"rank {rank} of {world_size}: checks failed")
             self.assertGreater(len(result["checks"]), 10)
-        self.compare_bits(results, world_size)
+        self.compare_bits(results, world_size, contract)
         return results
 
-    def compare_bits(self, results, world_size):
+    def compare_bits(self, results, world_size, contract="canonical"):
         """Every exact case: each member's output against the independent numpy reference of the
         contract (contract_reference.py, which shares nothing with the library's fold) on the
-        members' stacked inputs (in group-rank order), bit for bit."""
+        members' stacked inputs (in group-rank order), bit for bit. Under tree, some case must also
+        differ from the canonical reference (or the job did not run the tree)."""
+        fold = ref.tree if contract == "tree" else ref.all_reduce
+        differs_from_canonical = 0
         names = [c["name"] for c in results[0]["cases"]]
         self.assertGreaterEqual(len(names), 25, names)
         order_sensitive = 0
@@ -121,10 +125,10 @@ class TorchBackendOnCpu(unittest.TestCase):
             stacked = torch.stack([c["input"].reshape(-1) for c in cases])
             fmt = FORMAT[stacked.dtype]
 
-            def expected(x):  # every member's expected output, [members, ...]
+            def expected(x, reduce=fold):  # every member's expected output, [members, ...]
                 if op == "all_gather":
                     return np.broadcast_to(x.reshape(1, -1), (len(members), x.size))
-                reduced = ref.all_reduce(x, fmt)
+                reduced = reduce(x, fmt)
                 if op == "all_reduce":
                     return np.broadcast_to(reduced, (len(members), reduced.size))
                 return reduced.reshape(len(members), -1)  # reduce_scatter: block g is member g's
@@ -135,6 +139,10 @@ class TorchBackendOnCpu(unittest.TestCase):
                 bad = differing(got, want[group_rank])
                 self.assertEqual(bad, 0, f"{world_size} ranks, {name}: rank {members[group_rank]}'s output differs "
                                          f"from exactcoll.sim in {bad} of {got.numel()} elements")
+            if contract == "tree":
+                canonical = expected(storage(stacked), ref.all_reduce)
+                differs_from_canonical += differing(np.ascontiguousarray(want), np.ascontiguousarray(canonical))
+                continue  # the reverse-order check below is the canonical chain's (a tree of two is symmetric)
             if "nasty" in name and op != "all_gather" and len(members) >= 3:
                 # The inputs are made so that the order of the adds matters: the fold in reverse rank
                 # order gives other bits, so the comparison above would catch a backend that summed
@@ -145,7 +153,9 @@ class TorchBackendOnCpu(unittest.TestCase):
                                    f"{name}: the reverse-order fold gives the same bits: the case is not "
                                    "order-sensitive")
                 order_sensitive += 1
-        if world_size >= 3:
+        if contract == "tree":
+            self.assertGreater(differs_from_canonical, 0, "every tree output equals the canonical one")
+        elif world_size >= 3:
             self.assertGreaterEqual(order_sensitive, 9)
 
     def check_counts(self, results, world_size):
@@ -177,6 +187,9 @@ class TorchBackendOnCpu(unittest.TestCase):
         self.check_counts(results, 3)
         self.assertEqual(results[1]["settings"]["algo"], "two_shot")
         self.assertEqual(results[1]["settings"]["reduce_scatter_algo"], "direct")
+
+    def test_four_ranks_tree_contract_from_the_environment(self):
+        self.check_job(4, {"EXACTCOLL_CONTRACT": "tree"})
 
     def test_four_ranks(self):
         results = self.check_job(4)
