@@ -24,7 +24,6 @@ cli_checks() {
   same allreduce 4 bf16 "" -- --count 100003 --seed 5 --contract tree
   same allreduce 3 fp16 "--registered --graph" -- --count 777 --seed 6 --algo push_one_shot --contract tree
   same reduce_scatter 4 fp32 "" -- --count 4000 --seed 7 --contract tree
-  same fused_rmsnorm 4 bf16 "" -- --rows 7 --hidden 4096 --seed 3 --specials --contract tree
   $S sim allgather --ranks 2 --dtype bf16 --count 5000 --seed 9 --output "$dir/x.npy" > /dev/null
   $S sim allreduce --ranks 2 --dtype bf16 --input "$dir/x.npy" --output "$dir/s.npy" > /dev/null
   timeout 120 $B gpu allreduce --nproc 2 --dtype bf16 --input "$dir/x.npy" --output "$dir/g.npy" >> "$OUT/cli.log" 2>&1
