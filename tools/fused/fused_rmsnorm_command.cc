@@ -14,6 +14,7 @@
 #include "sim/fused/reference.h"
 #include "sim/world.h"
 #include "tools/cli.h"
+#include "tools/contract_flag.h"
 #include "tools/sim/sim_subcommands.h"
 #include "tools/inputs/fused_inputs.h"
 #include "npy/npy.h"
@@ -117,7 +118,9 @@ struct Request {
   bool from_files = false;  // --input, --residual and --weight, not random inputs
   bool seed_given = false;  // --seed on the command line (the summary's input note says so)
   Contract contract = Contract::kCanonical;
-  bool canonical = true;
+  // A library contract (canonical, tree): the algorithms on the simulated world. Otherwise an
+  // alternative: the scalar reference's emulation.
+  bool simulated = true;
   DType dtype = DType::kBF16;
   std::string want;  // the npy dtype of the inputs and outputs
   int64_t ranks = 0;
@@ -137,6 +140,20 @@ struct Results {
   std::vector<int> departs;          // alternatives: where each leaves canonical (-1: never)
 };
 
+// --contract's help: the library's contracts (the simulated algorithms), then the emulations.
+std::string contract_help() {
+  std::string text =
+      "rounding contract. The library's, run by the simulated algorithms: " + cli::library_contract_help(kOnSimulator) +
+      ". Emulations by the scalar reference:";
+  bool first = true;
+  for (const ContractInfo& e : kContractInfos) {
+    if (e.library_contract) continue;
+    text += std::string(first ? " " : "; ") + e.name;
+    first = false;
+  }
+  return text + " (see above)";
+}
+
 // The command's flags, bound to q's fields.
 cli::ArgParser make_parser(Request* q) {
   tools::SimFlags& f = q->f;
@@ -153,7 +170,9 @@ cli::ArgParser make_parser(Request* q) {
       "sums at [r]), r.npy [rows, H], w.npy [H]; bf16/fp16 as '<u2' bit patterns, fp32 as '<f4'. Outputs\n"
       "are [N, rows, H]. Without files, inputs are random from --seed (tools/inputs/fused_inputs.h: the\n"
       "same as `exactcoll gpu fused_rmsnorm` with the same --rows, --hidden and --seed).\n"
-      "The canonical contract runs the GPU's algorithms on the simulated ranks: core/fused_rmsnorm.h's\n"
+      "The library's contracts (canonical, and tree: the all-reduce folds the ranks as a balanced binary\n"
+      "tree, every node rounded to storage, then the canonical residual add and RMSNorm) run the GPU's\n"
+      "algorithms on the simulated ranks: core/fused_rmsnorm.h's\n"
       "one_stage, two_stage, push_one_stage, lamport_one_stage and unfused, and core/fused_rmsnorm_kernels.h's\n"
       "one_stage_reg, gather_norm and push_one_stage_reg (the GPU's push_one_stage kernel), on blocks of\n"
       "--threads threads; the last three hold each row in registers where a block has exactly the RMSNorm\n"
@@ -161,7 +180,8 @@ cli::ArgParser make_parser(Request* q) {
       "grid and schedule gives the same bits. The alternative contracts (simulator only) reproduce other\n"
       "systems' rounding with the scalar reference (sim/fused/reference.h). The last line ends with the\n"
       "sha256 of each output's bytes.\n"
-      "--trace-elements I,J,... (with --trace FILE, under every contract) traces the whole op for each\n"
+      "--trace-elements I,J,... (with --trace FILE, under every contract but tree, whose runs trace their\n"
+      "steps only: element traces record the canonical fold) traces the whole op for each\n"
       "element (at most 4096): an index into [rows, H], row-major (row * H + col; the same index on every\n"
       "rank). FILE gets one \"element\" line per step (canonical: after the run's events): the fold (each\n"
       "rank's add), the\n"
@@ -172,15 +192,17 @@ cli::ArgParser make_parser(Request* q) {
       "outputs and are marked \"same\"/\"departs\"/\"differs\" against canonical's (docs/numerics.md,\n"
       "\"Tracing one element\"). Alternatives take --trace and --trace-elements, not --chrome-trace (they\n"
       "have no schedule, so no timeline).\n"
-      "With --nodes M it runs across M simulated nodes instead (the same bits; `exactcoll sim fused_rmsnorm\n"
-      "--nodes M --help` lists that command's flags).");
+      "With --nodes M it runs across M simulated nodes instead (the same bits, under --contract " +
+          library_contract_names(kOnMultiNode, "|") +
+          "; `exactcoll sim\n"
+          "fused_rmsnorm --nodes M --help` lists that command's flags).");
   tools::add_world_flags(parser, &f);
   gpu::add_fused_input_flags(parser, &in);
   parser.add_int("seed", &q->seed, "seed of random inputs");
   parser.add_string("output", &q->output, "out.npy: [N, rows, H] normed output");
   parser.add_choice("algo", &q->algo_text, fused_algorithm_name_list(kOnSimulator),
-                    "algorithm of the canonical contract (all give the same bits; auto = one_stage)");
-  parser.add_choice("contract", &q->contract_text, contract_name_list(), "rounding contract");
+                    "algorithm of the library's contracts (all give the same bits; auto = one_stage)");
+  parser.add_choice("contract", &q->contract_text, contract_name_list(), contract_help());
   parser.add_int("blocks", &q->blocks,
                  "blocks per rank (1.." + std::to_string(kMaxBlocks) + "; the work split, same bits)");
   parser.add_int("threads", &q->threads,
@@ -191,7 +213,7 @@ cli::ArgParser make_parser(Request* q) {
                           "gather_norm and push_one_stage_reg, 1 for the others");
   parser.set_default_note("trace-elements",
                           "here an index is into [rows, H], row-major (row * H + col), and the whole fused op of each "
-                          "is traced (every contract; see above)");
+                          "is traced (every contract but tree; see above)");
   return parser;
 }
 
@@ -233,8 +255,14 @@ std::optional<int> check_flags(const cli::ArgParser& parser, Request* q) {
   if (const std::string problem = check_eps(q->in.eps); !problem.empty()) return cli::fail(kCommand, problem);
   Contract contract = Contract::kCanonical;
   parse_contract(contract_text, &contract);
-  const bool canonical = contract == Contract::kCanonical;
-  if (!canonical) {
+  const bool simulated = info(contract).library_contract;
+  if (simulated) {
+    // Element traces record the canonical fold: under tree, a run traces its steps only.
+    if (const std::string problem = cli::check_element_traces(contract, !options.trace_elements.empty());
+        !problem.empty()) {
+      return cli::fail(kCommand, problem);
+    }
+  } else {
     // Name the flag actually given: "--algo one_stage" refused with a word about trace flags
     // read as a bug.
     std::string given;
@@ -242,8 +270,9 @@ std::optional<int> check_flags(const cli::ArgParser& parser, Request* q) {
       if (parser.given(flag)) given += (given.empty() ? "--" : ", --") + std::string(flag);
     }
     if (!given.empty()) {
-      return cli::fail(kCommand, given + " applies only to --contract canonical (the simulated algorithms); " +
-                                     contract_text + " is one fixed computation, by the scalar reference " +
+      return cli::fail(kCommand, given + " applies only to --contract " + library_contract_names(0, " or ") +
+                                     " (the simulated algorithms); " + contract_text +
+                                     " is one fixed computation, by the scalar reference " +
                                      "(sim/fused/reference.h), so it has no algorithm, grid, schedule or timeline " +
                                      "(its elements' steps can still be traced)");
     }
@@ -255,7 +284,7 @@ std::optional<int> check_flags(const cli::ArgParser& parser, Request* q) {
   q->from_files = from_files;
   q->seed_given = parser.given("seed");
   q->contract = contract;
-  q->canonical = canonical;
+  q->simulated = simulated;
   q->dtype = *tools::parse_dtype(f.dtype);
   q->want = q->dtype == DType::kFP32 ? npy::kF32 : npy::kU16;
   q->ranks = options.ranks;
@@ -347,6 +376,7 @@ std::optional<int> make_spec(const Request& q, int64_t rows, int64_t hidden, Fus
   spec.eps = static_cast<float>(q.in.eps);
   spec.blocks = static_cast<int>(q.blocks);
   spec.threads = static_cast<int>(q.threads);
+  spec.contract = q.simulated ? q.contract : Contract::kCanonical;  // an alternative is the reference's
   if (const std::string problem = check_fused_spec(spec, static_cast<int>(q.ranks), q.options.schedule);
       !problem.empty()) {
     return cli::fail(kCommand, problem);
@@ -360,11 +390,11 @@ std::optional<int> make_spec(const Request& q, int64_t rows, int64_t hidden, Fus
   return std::nullopt;
 }
 
-// Step 3 of run under the canonical contract (count: the elements of one rank's [rows, H]): the
-// algorithm on the simulated world, the traced elements checked against the run, and the traces
-// written (a failed run's too; its outputs never).
+// Step 3 of run under a library contract, canonical or tree (spec.contract; count: the elements of
+// one rank's [rows, H]): the algorithm on the simulated world, the traced elements (canonical only)
+// checked against the run, and the traces written (a failed run's too; its outputs never).
 // Returns nullopt to go on, or the exit code to return now (the message printed).
-std::optional<int> run_canonical(const Request& q, const Inputs& inputs, const FusedSpec& spec, size_t count,
+std::optional<int> run_simulated(const Request& q, const Inputs& inputs, const FusedSpec& spec, size_t count,
                                  npy::OutputFiles* files, Results* results) {
   const sim::WorldOptions& options = q.options;
   const tools::SimFlags& f = q.f;
@@ -394,7 +424,8 @@ std::optional<int> run_canonical(const Request& q, const Inputs& inputs, const F
     failure = std::string("the run failed: ") + e.what();
   }
   // The traced elements' whole computation, checked against the run (a difference is an error).
-  if (failure.empty() && !options.trace_elements.empty() && world && world->tracer() != nullptr) {
+  if (failure.empty() && spec.contract == Contract::kCanonical && !options.trace_elements.empty() && world &&
+      world->tracer() != nullptr) {
     const int n = static_cast<int>(ranks);
     const std::vector<uint64_t>& el = options.trace_elements;
     std::string problem;
@@ -469,7 +500,7 @@ std::optional<int> write_outputs(const Request& q, const std::vector<int64_t>& s
   const std::string& want = q.want;
   const std::vector<uint8_t>&out = results.out, &residual_out = results.residual_out;
   try {
-    if (!q.canonical && !q.f.trace.empty()) {
+    if (!q.simulated && !q.f.trace.empty()) {
       const std::string text = element_trace_json(results.traces);
       files->write(cli::resolve_path(q.f.trace), text.data(), text.size());
     }
@@ -496,7 +527,7 @@ void print_summary(const Request& q, const Inputs& inputs, const FusedSpec& spec
   }
   std::cout << kCommand << " " << q.f.dtype << ": " << q.ranks << " ranks x [" << shape[1] << ", " << shape[2] << "] ("
             << inputs.note << "), contract " << q.contract_text;
-  if (q.canonical) {
+  if (q.simulated) {
     std::cout << ", " << fused_algorithm_name(spec.algo) << ", " << spec.blocks
               << (spec.blocks == 1 ? " block" : " blocks");
     if (const int t = fused_threads(spec); t > 1) std::cout << " x " << t << " threads";
@@ -533,14 +564,15 @@ int run(int argc, char** argv) {
   FusedSpec spec;
   if (auto code = make_spec(q, rows, hidden, &spec)) return *code;
 
-  // 3. Run: the canonical algorithm on the simulated world, or the alternative contract's reference.
+  // 3. Run: the algorithm on the simulated world under a library contract (canonical, tree), or the
+  //    alternative contract's reference.
   const size_t count = static_cast<size_t>(rows * hidden);
   const size_t elem = static_cast<size_t>(dtype_size(q.dtype));
   Results results;
   results.out.resize(count * elem * q.ranks);
   results.residual_out.resize(count * elem * q.ranks);
-  if (q.canonical) {
-    if (auto code = run_canonical(q, inputs, spec, count, files.get(), &results)) return *code;
+  if (q.simulated) {
+    if (auto code = run_simulated(q, inputs, spec, count, files.get(), &results)) return *code;
   } else {
     run_alternative(q, inputs, spec, &results);
   }
@@ -553,7 +585,7 @@ int run(int argc, char** argv) {
 }
 
 const cli::SimSubcommandRegistrar kRegistrar(
-    {"fused_rmsnorm", "fused all-reduce + residual add + RMSNorm (canonical or an alternative contract)",
+    {"fused_rmsnorm", "fused all-reduce + residual add + RMSNorm (canonical, tree or an alternative contract)",
      fused_rmsnorm_main});
 
 }  // namespace

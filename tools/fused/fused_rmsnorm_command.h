@@ -10,9 +10,10 @@
 // x.npy [N, rows, H] (rank r's partial sums at [r]), r.npy [rows, H], w.npy [H]; bf16 and fp16 as
 // '<u2' bit patterns, fp32 as '<f4'. Without files, inputs are random (tools/inputs/fused_inputs.h,
 // the inputs `exactcoll gpu fused_rmsnorm` makes from the same --rows, --hidden, --seed, --specials,
-// so the two summaries' sha256 compare directly). Outputs are [N, rows, H] (every rank's result). The canonical
-// contract runs core/fused_rmsnorm.h's algorithm on the simulated world; the alternative contracts
-// (simulator only) are computed by sim/fused/reference.h and take no --algo. The summary line ends
+// so the two summaries' sha256 compare directly). Outputs are [N, rows, H] (every rank's result). The library's
+// contracts (canonical, tree: FusedSpec::contract) run core/fused_rmsnorm.h's algorithm on the simulated world
+// (under tree, --trace-elements is refused: element traces record the canonical fold); the alternative
+// contracts (simulator only) are computed by sim/fused/reference.h and take no --algo. The summary line ends
 // with the sha256 of each output's bytes (tools/sha256/sha256.h,
 // as every `exactcoll sim` op). World flags (--ranks, --dtype, schedulers, traces, --timeout-ms,
 // --max-steps) are tools/sim/sim_flags.h's. Bad input (dtype or shape not matching the flags, H not

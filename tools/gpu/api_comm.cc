@@ -135,6 +135,7 @@ ApiComm::ApiComm(Store& store, int rank, int world_size, const ApiCommOptions& o
   o.flag_timeout_ms = options.flag_timeout_ms;
   o.use_nccl = options.use_nccl ? 1 : 0;
   o.programmatic_launch = options.programmatic_launch ? 1 : 0;
+  o.contract = static_cast<int>(options.contract);  // the registry's values are the C values
   const int status = exactcoll_comm_create(store_, rank, world_size, &o, &comm_);
   if (status != EXACTCOLL_OK) {
     const std::string message = exactcoll_last_error();  // before the store's release can replace it

@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/registry.h"
 #include "core/store.h"
 #include "cuda_backend/communicator.h"
 #include "cuda_backend/fused/fused_rmsnorm.h"
@@ -57,6 +58,9 @@ struct ApiCommOptions {
   size_t buffer_bytes = size_t{128} << 20;
   bool use_nccl = true;
   bool programmatic_launch = true;
+  // exactcoll_comm_options.contract: the library contract every exact call folds under (canonical
+  // or tree; the C API refuses tree across nodes).
+  Contract contract = Contract::kCanonical;
 };
 
 class ApiComm {

@@ -1,5 +1,7 @@
-// `exactcoll bench --nproc N [--op …] [--dtype …] [sizes] [--algos …] [--json FILE] [--csv FILE]`:
-// an nccl-tests-style table of one op's algorithms, NCCL's among them, measured in the same run.
+// `exactcoll bench --nproc N [--op …] [--dtype …] [sizes] [--algos …] [--contract C] [--json FILE]
+// [--csv FILE]`: an nccl-tests-style table of one op's algorithms, NCCL's among them, measured in the
+// same run. --contract (canonical or tree) is the communicator's and the check's: the same
+// algorithms are timed under either (tree against canonical: two runs, the same flags otherwise).
 // The driver is the same for every op; what differs (sizes, algorithms, one call, its check) is the
 // op's GpuOp (tools/gpu/gpu_op.h: bench_load and the BenchProblem it returns).
 //
@@ -37,6 +39,7 @@
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/nccl_api.h"
 #include "tools/cli.h"
+#include "tools/contract_flag.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/gpu_op.h"
 #include "tools/inputs/inputs.h"
@@ -179,9 +182,9 @@ void print_bench_head(Worker& w, const GpuOp& op, const BenchOptions& o, const A
   const BenchSettings& s = o.settings;
   const int n = w.world_size();
   std::ostringstream head;
-  head << "# exactcoll bench: " << op.name() << " " << dtype_name(s.dtype) << ", " << n << " ranks on "
-       << w.device_name() << " (" << p.arch << "); NCCL "
-       << (p.nccl_ready ? cuda::NcclApi::get().version() : std::string("not loaded")) << "\n"
+  head << "# exactcoll bench: " << op.name() << " " << dtype_name(s.dtype) << ", contract "
+       << contract_name(static_cast<Contract>(p.contract)) << ", " << n << " ranks on " << w.device_name() << " ("
+       << p.arch << "); NCCL " << (p.nccl_ready ? cuda::NcclApi::get().version() : std::string("not loaded")) << "\n"
        << "# time: max over ranks of the median per-op µs; graph: " << o.graph_ops << " ops per CUDA graph, "
        << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops
        << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; buffers "
@@ -422,10 +425,11 @@ void write_bench_files(Worker& w, const GpuOp& op, const BenchOptions& o, double
     const double algbw = static_cast<double>(r.bytes) / (us * 1e3);
     std::ostringstream os;
     if (json) {
-      os << "{\"op\":\"" << op.name() << "\",\"dtype\":\"" << dtype_name(s.dtype) << "\",\"ranks\":" << n
-         << ",\"device\":\"" << w.device_name() << "\",\"rows\":" << r.size.rows << ",\"hidden\":" << r.size.hidden
-         << ",\"bytes\":" << r.bytes << ",\"count\":" << r.count << ",\"algo\":\"" << r.algo << "\",\"ran\":\""
-         << r.chosen << "\",\"mode\":\"" << (graph ? "graph" : "eager") << "\",\"time_us\":" << fmt("%.3f", us)
+      os << "{\"op\":\"" << op.name() << "\",\"dtype\":\"" << dtype_name(s.dtype) << "\",\"contract\":\""
+         << contract_name(s.contract) << "\",\"ranks\":" << n << ",\"device\":\"" << w.device_name()
+         << "\",\"rows\":" << r.size.rows << ",\"hidden\":" << r.size.hidden << ",\"bytes\":" << r.bytes
+         << ",\"count\":" << r.count << ",\"algo\":\"" << r.algo << "\",\"ran\":\"" << r.chosen << "\",\"mode\":\""
+         << (graph ? "graph" : "eager") << "\",\"time_us\":" << fmt("%.3f", us)
          << ",\"algbw_gbs\":" << fmt("%.3f", algbw) << ",\"busbw_gbs\":" << fmt("%.3f", algbw * bf)
          << ",\"wrong\":" << (r.check.promise_checked ? std::to_string(r.check.wrong) : "null")
          << ",\"differ_from_contract\":" << (r.check.compared ? std::to_string(r.check.differ) : "null")
@@ -435,7 +439,8 @@ void write_bench_files(Worker& w, const GpuOp& op, const BenchOptions& o, double
          << r.bytes << ',' << r.count << ',' << r.algo << ',' << r.chosen << ',' << (graph ? "graph" : "eager") << ','
          << fmt("%.3f", us) << ',' << fmt("%.3f", algbw) << ',' << fmt("%.3f", algbw * bf) << ','
          << (r.check.promise_checked ? std::to_string(r.check.wrong) : "") << ','
-         << (r.check.compared ? std::to_string(r.check.differ) : "") << ',' << (r.exact ? 1 : 0);
+         << (r.check.compared ? std::to_string(r.check.differ) : "") << ',' << (r.exact ? 1 : 0) << ','
+         << contract_name(s.contract);
     }
     return os.str();
   };
@@ -456,7 +461,7 @@ void write_bench_files(Worker& w, const GpuOp& op, const BenchOptions& o, double
   if (!o.csv_path.empty()) {
     std::ostringstream cs;
     cs << "op,dtype,ranks,rows,hidden,bytes,count,algo,ran,mode,time_us,algbw_gbs,busbw_gbs,wrong,differ_from_"
-          "contract,exact\n";
+          "contract,exact,contract\n";
     for (const auto& r : results) {
       for (bool graph : {true, false}) {
         if (!graph && !o.eager) continue;
@@ -476,6 +481,7 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
   co.name = "bench";
   co.flag_timeout_ms = static_cast<uint64_t>(o.timeout_ms);
   co.programmatic_launch = o.pdl;
+  co.contract = s.contract;
   size_t least_bytes = 0;
   op.bench_communicator(s, o.sizes, n, o.algos, &co, &least_bytes);
   co.buffer_bytes = std::max(least_bytes, buffer_bytes_for(o.buffer_mib));
@@ -485,6 +491,9 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
   DeviceBuffer bound_src, bound_dst;
   ApiComm comm(w.store(), rank, n, co);
   const exactcoll_comm_properties& p = comm.properties();
+  if (const std::string problem = check_comm_contract(comm, s.contract); !problem.empty()) {
+    return cli::fail(kCommand, problem, cli::kExitFailure);
+  }
   if (!p.ipc_ready) {
     return cli::fail(kCommand, "the IPC path is unavailable: " + std::string(p.ipc_unavailable_reason),
                      cli::kExitFailure);
@@ -538,7 +547,7 @@ std::unique_ptr<GpuOp> op_of_arguments(int argc, char** argv) {
 struct BenchFlags {
   int64_t nproc = 0, seed = 1, step_factor = 2;
   std::string op_text = "allreduce", dtype_text = "bf16", rows_text, hidden_text, algos_text, min_bytes_text,
-              max_bytes_text;
+              max_bytes_text, contract_text = "canonical";
   bool no_eager = false, no_check = false, no_bound = false, no_pdl = false;
 };
 
@@ -566,6 +575,7 @@ cli::ArgParser make_parser(GpuOp& op, int argc, char** argv, BenchFlags* flags, 
   std::string usage = "exactcoll bench ";
   usage += op_given ? "--op " + op.name() + " --nproc N" : "--nproc N [--op " + op_choices + "]";
   usage += " [--dtype bf16|fp16|fp32] [--rows R,… --hidden H,… | -b BYTES -e BYTES -f F] [--algos A,…]";
+  usage += " [--contract " + library_contract_names(kOnGpu, "|") + "]";
   usage += " [--json FILE] [--csv FILE]";
   cli::ArgParser parser(
       usage,
@@ -605,6 +615,9 @@ cli::ArgParser make_parser(GpuOp& op, int argc, char** argv, BenchFlags* flags, 
   parser.add_short('f', "stepfactor");
   parser.add_string("algos", &f.algos_text, "comma list of " + algo_list);
   parser.set_default_note("algos", "default: all of them");
+  cli::add_contract_flag(parser, &f.contract_text, kOnGpu,
+                         "the rounding contract the communicator folds under and the outputs are checked against "
+                         "(the same algorithms either way; NCCL's sums follow none)");
   parser.add_int("graph-ops", &o->graph_ops, "ops captured per CUDA graph (and per eager round)");
   parser.add_int("replays", &o->replays, "timed graph replays (the median is reported)");
   parser.add_int("warmup", &o->warmup, "untimed graph replays (and eager rounds) first");
@@ -702,6 +715,7 @@ int run_bench(int argc, char** argv) {
   BenchSettings& s = o.settings;
   s.dtype = *parse_dtype(f.dtype_text);
   s.check = !f.no_check;
+  s.contract = cli::library_contract(f.contract_text);
   o.eager = !f.no_eager;
   o.bound = !f.no_bound;
   o.pdl = !f.no_pdl;

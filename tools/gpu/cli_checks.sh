@@ -20,6 +20,10 @@ cli_checks() {
   same allreduce 3 fp32 "--registered --graph" -- --count 65537 --seed 11
   same reduce_scatter 3 fp32 "" -- --count 3003 --seed 7
   same allgather 4 bf16 "--registered --graph" -- --count 4097 --seed 8
+  # The tree contract: the communicator's bits against `sim --contract tree` on the same inputs.
+  same allreduce 4 bf16 "" -- --count 100003 --seed 5 --contract tree
+  same allreduce 3 fp16 "--registered --graph" -- --count 777 --seed 6 --algo push_one_shot --contract tree
+  same reduce_scatter 4 fp32 "" -- --count 4000 --seed 7 --contract tree
   $S sim allgather --ranks 2 --dtype bf16 --count 5000 --seed 9 --output "$dir/x.npy" > /dev/null
   $S sim allreduce --ranks 2 --dtype bf16 --input "$dir/x.npy" --output "$dir/s.npy" > /dev/null
   timeout 120 $B gpu allreduce --nproc 2 --dtype bf16 --input "$dir/x.npy" --output "$dir/g.npy" >> "$OUT/cli.log" 2>&1

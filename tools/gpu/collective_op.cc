@@ -4,7 +4,8 @@
 // patterns, fp32 as '<f4'); output all-reduce [N, …], reduce_scatter [N, count/N], allgather
 // [N, N·count]; or a random input of --count elements per rank from --seed.
 //
-// `verify`, per (iteration, dtype, element count, input pattern):
+// `verify`, per (iteration, dtype, element count, input pattern), under --contract (canonical or
+// tree: the communicators', the simulator's and the scalar transcription's alike):
 //   1. every rank makes every rank's input (tools/inputs/inputs.h; seeded, so all ranks agree), and
 //      the contract's scalar transcription computes this rank's output;
 //   2. for each algorithm (the op's IPC algorithms and auto) the simulator computes the outputs of
@@ -55,6 +56,7 @@ class CollectiveProblem : public GpuProblem {
                     std::vector<int64_t> row_shape, int ranks)
       : op_(op),
         dtype_(s.dtype),
+        contract_(s.contract),
         algo_(*cuda::parse_algorithm(s.algo)),
         comm_(comm),
         count_(count),
@@ -94,7 +96,7 @@ class CollectiveProblem : public GpuProblem {
                       const std::vector<std::string>& sha256s) const override {
     std::ostringstream os;
     os << "gpu " << op_name(op_) << ": " << ranks << " ranks, " << dtype_name(dtype_) << ", " << count_
-       << " elements per rank, algo " << ran.algo;
+       << " elements per rank, contract " << contract_name(contract_) << ", algo " << ran.algo;
     if (ran.grid.blocks > 0) os << " (" << ran.grid.blocks << "x" << ran.grid.threads << ")";
     if (algo_ != Algorithm::kNccl && ran.algo != "nccl") os << (ran.staged ? ", staged" : ", registered");
     os << (s.graph ? ", CUDA graph" : "");
@@ -107,6 +109,7 @@ class CollectiveProblem : public GpuProblem {
  private:
   Op op_;
   DType dtype_;
+  Contract contract_;
   Algorithm algo_;
   ApiComm& comm_;
   size_t count_, out_count_;
@@ -129,7 +132,7 @@ size_t bench_input_count(Op op, const BenchSize& size, int ranks) {
 }
 
 // This rank's collective in `bench`: the input registered once, sized for the largest message;
-// per size seeded random inputs of every rank and the simulator's outputs.
+// per size seeded random inputs of every rank and the simulator's outputs under --contract.
 class CollectiveBenchProblem : public BenchProblem {
  public:
   CollectiveBenchProblem(Op op, const BenchSettings& s, ApiComm& comm, int ranks, int rank, size_t max_in,
@@ -142,7 +145,7 @@ class CollectiveBenchProblem : public BenchProblem {
         input_(max_in),
         output_(max_out),
         registered_(comm.register_buffer(input_.get(), max_in)),
-        simulator_(ranks) {}
+        simulator_(ranks, s.contract) {}
 
   uint64_t count_of(const BenchSize& size) const override {
     const size_t in = bench_input_count(op_, size, ranks_);
@@ -318,7 +321,8 @@ class CollectiveOp : public GpuOp {
     const DeviceBuffer& input = *input_buffer;
     DeviceBuffer output(max_out);
     const int registered = comm.register_buffer(input.get(), max_in);
-    Simulator simulator(n);
+    const Contract contract = ctx.settings.contract;
+    Simulator simulator(n, contract);
     for (int64_t iter = 0; iter < ctx.settings.iters; ++iter) {
       for (DType dtype : dtypes) {
         const size_t elem = static_cast<size_t>(dtype_size(dtype));
@@ -336,7 +340,7 @@ class CollectiveOp : public GpuOp {
                          case_index++);
             // 1. Inputs of every rank; this rank's goes to the GPU.
             const std::vector<Bytes> inputs = make_inputs(dtype, count, n, case_seed, pattern);
-            const Bytes by_contract = contract_output(op_, dtype, inputs, count, rank);
+            const Bytes by_contract = contract_output(op_, dtype, inputs, count, rank, contract);
             EXC_CUDA_CHECK(cudaMemcpy(input.get(), inputs[static_cast<size_t>(rank)].data(), count * elem,
                                       cudaMemcpyHostToDevice));
             const std::vector<DeviceOutput> outs = {{"out", output.get(), out_count, elem, 0xA5}};
@@ -361,7 +365,8 @@ class CollectiveOp : public GpuOp {
                 };
                 const std::string what = std::string(op_name(op_)) + " " + dtype_name(dtype) + " " + label + " (" +
                                          cuda::algorithm_name(choice.algo) + ") " + v.name + " count " +
-                                         std::to_string(count) + " pattern " + pattern_name(pattern);
+                                         std::to_string(count) + " pattern " + pattern_name(pattern) + " contract " +
+                                         contract_name(contract);
                 // 4. Every bit, against the simulator and the contract.
                 run_checked(
                     enqueue, v, outs, v.graph ? 2 : 1, comm, ctx.stream, [&](int, const std::vector<Bytes>& got) {

@@ -5,7 +5,8 @@
 // patterns, fp32 as '<f4'; outputs [N, rows, H] (every rank's result); or random inputs (--rows,
 // --hidden, --seed, --specials). The summary ends with the sha256 of each output.
 //
-// `verify`, per (iteration, dtype, H, rows) with rows * H <= --max-elements:
+// `verify`, per (iteration, dtype, H, rows) with rows * H <= --max-elements, under --contract
+// (canonical or tree: the all-reduce's, in the communicators, the simulator and the reference alike):
 //   1. every rank makes every rank's inputs (tools/inputs/fused_inputs.h: NaN payloads,
 //      infinities, overflowing sums, subnormals and -0; seeded, so all ranks agree);
 //   2. the scalar reference computes the contract's outputs; the simulator runs the kernel each
@@ -114,7 +115,7 @@ class FusedProblem : public GpuProblem {
                       const std::vector<std::string>& sha256s) const override {
     std::ostringstream os;
     os << "gpu fused_rmsnorm: " << dtype_name(s.dtype) << ", " << ranks << " ranks, " << shape_.rows << " rows, H "
-       << shape_.hidden << ", contract canonical, " << ran.algo;
+       << shape_.hidden << ", contract " << contract_name(s.contract) << ", " << ran.algo;
     if (!ran.detail.empty()) os << " (" << ran.detail << ")";
     os << " " << ran.grid.blocks << "x" << ran.grid.threads << (ran.staged ? ", staged" : ", registered")
        << (s.graph ? ", CUDA graph" : "");
@@ -176,7 +177,7 @@ class FusedBenchProblem : public BenchProblem {
     for (int k = 0; k < checked; ++k)
       checked_rows_.push_back(static_cast<int>(static_cast<int64_t>(k) * rows / checked));
     if (s_.check) {
-      want_ = reference_fused(make_fused_rows(s_.dtype, ranks_, hidden, seed, false, checked_rows_), eps_);
+      want_ = reference_fused(make_fused_rows(s_.dtype, ranks_, hidden, seed, false, checked_rows_), eps_, s_.contract);
     }
     const size_t bytes = count_ * elem();
     EXC_CUDA_CHECK(
@@ -300,24 +301,22 @@ class FusedRmsNormOp : public GpuOp {
   // ---- gpu ----
   std::string gpu_usage() const override {
     return "(--input x.npy --residual r.npy --weight w.npy | --rows R --hidden H [--seed S] [--specials]) [--eps E] "
-           "[--output out.npy] [--residual-output ro.npy] [--contract canonical]";
+           "[--output out.npy] [--residual-output ro.npy]";
   }
   std::string gpu_description() const override {
     return "Fused all-reduce + residual add + RMSNorm on N GPUs (one process each), with the conventions of\n"
            "`exactcoll sim fused_rmsnorm`: x.npy is [N, rows, H] (rank r's partial sums at [r]), r.npy [rows, H],\n"
            "w.npy [H]; bf16/fp16 as '<u2' bit patterns, fp32 as '<f4'. Outputs are [N, rows, H]. Every algorithm\n"
-           "but nccl_split gives the canonical contract's bits (the simulator's); the alternative contracts are\n"
-           "simulator-only. The summary ends with the sha256 of each output, comparable with the sim's.";
+           "but nccl_split gives the bits of --contract (canonical or tree: the all-reduce's; the residual add\n"
+           "and RMSNorm are canonical under both), the simulator's; the alternative contracts are simulator-only.\n"
+           "The summary ends with the sha256 of each output, comparable with the sim's.";
   }
   std::vector<std::string> gpu_algorithms() const override { return fused_algorithm_name_list(kOnGpu); }
   std::string gpu_algorithm_help() const override {
     return "algorithm; auto = the fused table's choice (cuda_backend/fused/); nccl_split = NCCL's all-reduce and "
            "the separate norm kernel (not bit-exact)";
   }
-  void add_gpu_flags(cli::ArgParser& parser) override {
-    add_fused_input_flags(parser, &in_);
-    parser.add_choice("contract", &contract_, {"canonical"}, "rounding contract (the GPU has the canonical one only)");
-  }
+  void add_gpu_flags(cli::ArgParser& parser) override { add_fused_input_flags(parser, &in_); }
   std::string check_gpu_flags(const cli::ArgParser& parser, const GpuSettings& s, int64_t ranks,
                               bool in_parent) override {
     if (const std::string problem = exactcoll::fused::check_eps(in_.eps); !problem.empty()) return problem;
@@ -411,6 +410,7 @@ class FusedRmsNormOp : public GpuOp {
   void verify(VerifyContext& ctx, const std::vector<DType>& dtypes) override {
     const int n = ctx.worker.world_size(), rank = ctx.worker.rank();
     const float eps = static_cast<float>(in_.eps);
+    const Contract contract = ctx.settings.contract;
     // 1. Buffers for the largest problem; x registered once (the chunked variant stages).
     size_t max_count = 0, max_hidden = 0;
     for (int64_t h : hidden_list_) {
@@ -447,12 +447,12 @@ class FusedRmsNormOp : public GpuOp {
                 cudaMemcpy(buffers.weight.get(), in.weight.data(), in.weight.size(), cudaMemcpyHostToDevice));
             const std::vector<DeviceOutput> outs = buffers.outputs(count, elem);
             // 2. The reference and the simulator.
-            const FusedOutputs by_reference = reference_fused(in, eps);
+            const FusedOutputs by_reference = reference_fused(in, eps, contract);
             std::map<FusedAlgorithm, FusedOutputs> by_sim;
             auto simulated = [&](FusedAlgorithm a) -> const FusedOutputs& {
               auto it = by_sim.find(a);
               if (it == by_sim.end()) {
-                it = by_sim.emplace(a, simulate_fused(world, a, in, eps, 4)[static_cast<size_t>(rank)]).first;
+                it = by_sim.emplace(a, simulate_fused(world, a, in, eps, 4, contract)[static_cast<size_t>(rank)]).first;
               }
               return it->second;
             };
@@ -475,7 +475,8 @@ class FusedRmsNormOp : public GpuOp {
                 };
                 const std::string what = "fused_rmsnorm " + std::string(dtype_name(dtype)) + " " + label + " (" +
                                          cuda::fused::fused_algorithm_name(choice.algo) + ") " + v.name + " rows " +
-                                         std::to_string(rows) + " H " + std::to_string(hidden);
+                                         std::to_string(rows) + " H " + std::to_string(hidden) + " contract " +
+                                         contract_name(contract);
                 // 4. Every bit of both outputs, against the simulator and the reference.
                 run_checked(enqueue, v, outs, v.graph ? 2 : 1, ctx.comms.for_variant(v), ctx.stream,
                             [&](int, const std::vector<Bytes>& got) {
@@ -567,7 +568,6 @@ class FusedRmsNormOp : public GpuOp {
   FusedInputFlags in_;
   // bench's --write-table.
   std::string write_table_;
-  std::string contract_ = "canonical";
   // verify's flags.
   std::string hidden_text_ = "2880,4096,5120,7168,8192,16384", rows_text_ = "1,2,3,7,16,64,257,1024,4096",
               algos_text_ =

@@ -1,6 +1,8 @@
 #include "tools/gpu/fused_reference.h"
 
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "sim/fused/fused_sim.h"
 #include "sim/fused/reference.h"
@@ -10,7 +12,7 @@ namespace exactcoll::gpu {
 namespace {
 
 template <class T>
-FusedOutputs reference_typed(const FusedInputs& in, float eps) {
+FusedOutputs reference_typed(const FusedInputs& in, float eps, Contract contract) {
   const size_t count = in.count();
   std::vector<T> x(count * static_cast<size_t>(in.ranks)), residual(count), weight(static_cast<size_t>(in.hidden)),
       ro(count), out(count);
@@ -21,7 +23,7 @@ FusedOutputs reference_typed(const FusedInputs& in, float eps) {
   fused::FusedProblem<T> p;
   p.ranks = in.ranks, p.rows = in.rows, p.hidden = in.hidden, p.eps = eps;
   p.x = x.data(), p.residual = residual.data(), p.weight = weight.data();
-  fused::fused_reference<T>(fused::Contract::kCanonical, p, ro.data(), out.data());
+  fused::fused_reference<T>(contract, p, ro.data(), out.data());
   FusedOutputs o;
   o.residual_out.resize(count * sizeof(T));
   o.out.resize(count * sizeof(T));
@@ -33,7 +35,12 @@ FusedOutputs reference_typed(const FusedInputs& in, float eps) {
 }  // namespace
 
 std::vector<FusedOutputs> simulate_fused(sim::World& world, FusedAlgorithm algo, const FusedInputs& in, float eps,
-                                         int blocks) {
+                                         int blocks, Contract contract) {
+  if (!info(contract).library_contract) {
+    throw std::invalid_argument(
+        std::string("simulate_fused: the fused kernels fold under the library's contracts, not ") +
+        contract_name(contract));
+  }
   const size_t bytes = in.count() * static_cast<size_t>(dtype_size(in.dtype));
   std::vector<FusedOutputs> outputs(static_cast<size_t>(in.ranks));
   fused::FusedSpec spec;
@@ -43,6 +50,7 @@ std::vector<FusedOutputs> simulate_fused(sim::World& world, FusedAlgorithm algo,
   spec.hidden = in.hidden;
   spec.eps = eps;
   spec.blocks = blocks;
+  spec.contract = contract;
   fused::FusedIo io;
   for (int r = 0; r < in.ranks; ++r) {
     FusedOutputs& o = outputs[static_cast<size_t>(r)];
@@ -58,8 +66,8 @@ std::vector<FusedOutputs> simulate_fused(sim::World& world, FusedAlgorithm algo,
   return outputs;
 }
 
-FusedOutputs reference_fused(const FusedInputs& in, float eps) {
-  return with_storage_type(in.dtype, [&](auto tag) { return reference_typed<decltype(tag)>(in, eps); });
+FusedOutputs reference_fused(const FusedInputs& in, float eps, Contract contract) {
+  return with_storage_type(in.dtype, [&](auto tag) { return reference_typed<decltype(tag)>(in, eps, contract); });
 }
 
 }  // namespace exactcoll::gpu

@@ -1,6 +1,7 @@
 // `exactcoll gpu <op> --nproc N …`: one op on the GPUs, with the flags and .npy conventions of
-// `exactcoll sim <op>`. The op's own flags, inputs, outputs and summary line are its GpuOp's
-// (tools/gpu/gpu_op.h); this driver is the same for every op.
+// `exactcoll sim <op>` (--contract canonical|tree too: the communicator's contract, so that the
+// sha256 compares with `sim <op> --contract` on the same inputs). The op's own flags, inputs, outputs and summary line
+// are its GpuOp's (tools/gpu/gpu_op.h); this driver is the same for every op.
 //
 // Steps: 1. the parent checks the flags (and the op's input files: bad input exits 2 before any
 // worker starts) and starts N workers; 2. each worker loads its problem onto its GPU (from the
@@ -15,6 +16,7 @@
 
 #include "cuda_backend/communicator.h"
 #include "tools/cli.h"
+#include "tools/contract_flag.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/gpu_op.h"
 #include "tools/inputs/inputs.h"
@@ -36,10 +38,14 @@ int gpu_worker(GpuOp& op, const GpuSettings& s, const std::string& command) {
   co.flag_timeout_ms = static_cast<uint64_t>(s.timeout_ms);
   co.buffer_bytes = buffer_bytes_for(s.buffer_mib);
   co.use_nccl = op.needs_nccl(s);
+  co.contract = s.contract;
   // Declared before the communicator, so destroyed after it: an input registered with a
   // communicator must outlive it (its peers keep their mappings until it is destroyed).
   std::unique_ptr<GpuProblem> problem;
   ApiComm comm(w.store(), rank, n, co);
+  if (const std::string problem = check_comm_contract(comm, s.contract); !problem.empty()) {
+    return cli::fail(command, problem, cli::kExitFailure);
+  }
   // 2. This rank's problem; 3. the call.
   problem = op.load(s, comm, n, rank);
   const std::vector<DeviceOutput> outputs = problem->outputs();
@@ -118,13 +124,13 @@ int run_gpu(int argc, char** argv) {
   if (!op) return gpu_overview(argc, argv);
   const std::string command = "gpu " + op->name();
   int64_t nproc = 0, seed = 1;
-  std::string op_text, dtype_text = "bf16", algo_text = "auto";
+  std::string op_text, dtype_text = "bf16", algo_text = "auto", contract_text = "canonical";
   GpuSettings s;
   const std::vector<std::string> algorithms = op->gpu_algorithms();
   std::string algo_list;
   for (const std::string& a : algorithms) algo_list += (algo_list.empty() ? "" : "|") + a;
   cli::ArgParser parser("exactcoll " + command + " --nproc N --dtype bf16|fp16|fp32 " + op->gpu_usage() + " [--algo " +
-                            algo_list +
+                            algo_list + "] [--contract " + library_contract_names(kOnGpu, "|") +
                             "] [--blocks B] [--threads T] [--registered] [--graph] [--timeout-ms T] [--buffer-mib M]",
                         op->gpu_description());
   parser.add_positional("op", &op_text, op->name());
@@ -135,6 +141,9 @@ int run_gpu(int argc, char** argv) {
   parser.add_string("output", &s.output, "out.npy: [N, …] every rank's output (written atomically by rank 0)");
   op->add_gpu_flags(parser);
   parser.add_choice("algo", &algo_text, algorithms, op->gpu_algorithm_help());
+  cli::add_contract_flag(parser, &contract_text, kOnGpu,
+                         "the rounding contract the communicator folds under (every algorithm but NCCL's gives its "
+                         "bits, the same as `exactcoll sim` with this --contract)");
   const int max_blocks = op->max_blocks();
   parser.add_int("blocks", &s.blocks, "force the grid's block count (1.." + std::to_string(max_blocks) + ")");
   parser.set_default_note("blocks", "default: the table's choice");
@@ -149,6 +158,7 @@ int run_gpu(int argc, char** argv) {
   if (const auto code = parser.parse(argc, argv)) return *code;
   s.dtype = *parse_dtype(dtype_text);
   s.algo = algo_text;
+  s.contract = cli::library_contract(contract_text);
   s.seed = static_cast<uint64_t>(seed);
   if (seed < 0) return cli::fail(command, "--seed must be >= 0, got " + std::to_string(seed));
   if (const std::string problem = check_grid_flags(s.blocks, s.threads, max_blocks); !problem.empty()) {

@@ -100,6 +100,14 @@ std::string check_grid_flags(int64_t blocks, int64_t threads, int max_blocks) {
   return "";
 }
 
+std::string check_comm_contract(const ApiComm& comm, Contract want) {
+  const int got = comm.properties().contract;
+  if (got == static_cast<int>(want)) return "";
+  const char* name = exactcoll_contract_name(got);
+  return std::string("the communicator folds under ") + (name != nullptr ? name : std::to_string(got).c_str()) +
+         ", not the requested " + contract_name(want) + " (a bug in passing --contract on)";
+}
+
 size_t buffer_bytes_for(int64_t buffer_mib) {
   return buffer_mib > 0 ? static_cast<size_t>(buffer_mib) << 20 : cuda::CommunicatorOptions{}.buffer_bytes;
 }

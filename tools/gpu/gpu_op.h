@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/registry.h"
 #include "core/storage.h"
 #include "cuda_backend/communicator.h"
 #include "tools/gpu/api_comm.h"
@@ -82,8 +83,9 @@ struct GpuSettings {
   int64_t blocks = 0, threads = 0;  // 0: the table's choice
   bool registered = false, graph = false;
   int64_t timeout_ms = 10000;
-  int64_t buffer_mib = 0;  // 0: the library's default (cuda::CommunicatorOptions)
-  std::string output;      // the first output's .npy ("": none)
+  int64_t buffer_mib = 0;                    // 0: the library's default (cuda::CommunicatorOptions)
+  std::string output;                        // the first output's .npy ("": none)
+  Contract contract = Contract::kCanonical;  // --contract: the communicator's (ApiCommOptions::contract)
 };
 
 // This rank's problem of `gpu <op>` on the device.
@@ -108,6 +110,9 @@ struct VerifySettings {
   int64_t iters = 1;
   uint64_t seed = 0;
   int64_t show = 8;  // mismatch details printed per rank
+  // --contract: the communicators', the simulator's and the scalar reference's (every bit of every
+  // output is compared under it).
+  Contract contract = Contract::kCanonical;
 };
 
 // verify's per-rank counts and its first mismatch lines (stderr), shared by every op.
@@ -158,6 +163,9 @@ struct BenchSettings {
   DType dtype = DType::kBF16;
   uint64_t seed = 1;
   bool check = true;  // false: --no-check
+  // --contract: the communicator's and the check's (the simulator's or the scalar reference's
+  // outputs under it); NCCL's sums follow no contract.
+  Contract contract = Contract::kCanonical;
 };
 
 // What one checked call of bench found in this rank's outputs.
@@ -283,6 +291,10 @@ std::string gpu_op_names();
 // Returns "" or what is wrong with the GPU commands' --blocks (1..max_blocks, 0 = the table's)
 // and --threads (a multiple of 32 in 64..1024, 0 = the table's).
 std::string check_grid_flags(int64_t blocks, int64_t threads, int max_blocks);
+
+// Returns "" or why `comm` does not fold under `want` (its exactcoll_comm_properties.contract
+// says another): the check that --contract reached the communicator before anything is compared.
+std::string check_comm_contract(const ApiComm& comm, Contract want);
 
 // Returns the communicator's buffer bytes: --buffer-mib when given (> 0), else the library's default
 // (cuda::CommunicatorOptions, 128 MiB): one default for every GPU command.

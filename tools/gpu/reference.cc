@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "core/contract.h"
 #include "sim/collectives.h"
@@ -19,23 +20,29 @@ T element(const void* base, size_t i) {
   return x;
 }
 
+// The contract's fold of element i over every rank's input: canonical's contract::fold or the
+// tree's contract::tree_fold (core/contract.h), nothing else in between.
 template <class T>
-Bytes contract_typed(cuda::Op op, const std::vector<Bytes>& inputs, size_t count, int rank) {
+T fold_of(Contract contract, const std::vector<Bytes>& inputs, size_t i) {
+  const int n = static_cast<int>(inputs.size());
+  const auto value = [&](int r) { return element<T>(inputs[static_cast<size_t>(r)].data(), i); };
+  return contract == Contract::kTree ? contract::tree_fold<T>(n, value) : contract::fold<T>(n, value);
+}
+
+template <class T>
+Bytes contract_typed(Contract contract, cuda::Op op, const std::vector<Bytes>& inputs, size_t count, int rank) {
   const int n = static_cast<int>(inputs.size());
   const size_t out_count = output_count(op, count, n);
   Bytes out(out_count * sizeof(T));
   T* o = reinterpret_cast<T*>(out.data());
   switch (op) {
     case cuda::Op::kAllReduce:
-      for (size_t i = 0; i < count; ++i)
-        o[i] = contract::fold<T>(n, [&](int r) { return element<T>(inputs[r].data(), i); });
+      for (size_t i = 0; i < count; ++i) o[i] = fold_of<T>(contract, inputs, i);
       break;
     case cuda::Op::kReduceScatter: {
       const size_t per = count / static_cast<size_t>(n);
       const size_t begin = per * static_cast<size_t>(rank);
-      for (size_t j = 0; j < per; ++j) {
-        o[j] = contract::fold<T>(n, [&](int r) { return element<T>(inputs[r].data(), begin + j); });
-      }
+      for (size_t j = 0; j < per; ++j) o[j] = fold_of<T>(contract, inputs, begin + j);
       break;
     }
     case cuda::Op::kAllGather:
@@ -47,7 +54,11 @@ Bytes contract_typed(cuda::Op op, const std::vector<Bytes>& inputs, size_t count
 
 }  // namespace
 
-Simulator::Simulator(int world_size) : world_size_(world_size) {
+Simulator::Simulator(int world_size, Contract contract) : world_size_(world_size), contract_(contract) {
+  if (!info(contract).library_contract) {
+    throw std::invalid_argument(std::string("Simulator: the collectives fold under the library's contracts, not ") +
+                                contract_name(contract));
+  }
   sim::WorldOptions options;
   options.ranks = world_size;
   world_ = std::make_unique<sim::World>(options);
@@ -67,6 +78,7 @@ std::vector<Bytes> Simulator::run(cuda::Op op, cuda::Algorithm algo, DType dtype
   spec.dtype = dtype;
   spec.count = count;
   spec.blocks = blocks;
+  spec.contract = contract_;
   const size_t out_bytes = output_count(op, count, world_size_) * static_cast<size_t>(dtype_size(dtype));
   std::vector<Bytes> outputs(static_cast<size_t>(world_size_), Bytes(out_bytes));
   std::vector<const void*> in_ptrs;
@@ -80,8 +92,14 @@ std::vector<Bytes> Simulator::run(cuda::Op op, cuda::Algorithm algo, DType dtype
   return outputs;
 }
 
-Bytes contract_output(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank) {
-  return with_storage_type(dtype, [&](auto tag) { return contract_typed<decltype(tag)>(op, inputs, count, rank); });
+Bytes contract_output(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank,
+                      Contract contract) {
+  if (!info(contract).library_contract) {
+    throw std::invalid_argument(std::string("contract_output: not one of the library's contracts: ") +
+                                contract_name(contract));
+  }
+  return with_storage_type(dtype,
+                           [&](auto tag) { return contract_typed<decltype(tag)>(contract, op, inputs, count, rank); });
 }
 
 Comparison compare_bits(DType dtype, const void* got, const void* want, size_t count) {

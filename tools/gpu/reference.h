@@ -1,8 +1,9 @@
-// What the GPU results are compared with:
+// What the GPU results are compared with, under one of the library's contracts (canonical, tree):
 //   - the simulator (sim/collectives.h on a sim::World: the same core templates on CPU threads,
 //     with the simulator's own contexts, buffers, handle exchange and scheduler), and
-//   - an independent scalar transcription of the contract (contract::fold per element, no
-//     templates), which would catch a bug that the GPU and the simulator share.
+//   - an independent scalar transcription of the contract (contract::fold, or contract::tree_fold
+//     under tree, per element, no templates), which would catch a bug that the GPU and the
+//     simulator share.
 // Both compare every output bit.
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/registry.h"
 #include "core/storage.h"
 #include "cuda_backend/dispatch_table.h"
 #include "cuda_backend/kernel_args.h"
@@ -26,10 +28,11 @@ using Bytes = std::vector<uint8_t>;
 
 using exactcoll::output_count;  // core/op.h
 
-// A simulated world of n ranks, kept across calls (its heaps grow as needed).
+// A simulated world of n ranks, kept across calls (its heaps grow as needed), whose collectives
+// fold under `contract` (a library contract: canonical or tree; sim::CollectiveSpec::contract).
 class Simulator {
  public:
-  explicit Simulator(int world_size);
+  explicit Simulator(int world_size, Contract contract = Contract::kCanonical);
   ~Simulator();
 
   // Returns every rank's output of op over `inputs` (one per rank, count elements each) under the
@@ -41,10 +44,13 @@ class Simulator {
  private:
   std::unique_ptr<sim::World> world_;
   int world_size_;
+  Contract contract_;
 };
 
-// rank's output under the contract, computed element by element without the templates.
-Bytes contract_output(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank);
+// rank's output under `contract` (canonical: contract::fold; tree: contract::tree_fold), computed
+// element by element without the templates. Precondition: contract is a library contract.
+Bytes contract_output(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank,
+                      Contract contract = Contract::kCanonical);
 
 // A bitwise comparison.
 struct Comparison {

@@ -1,6 +1,8 @@
-// `exactcoll verify --nproc N [--ops …] [--dtypes …] [--iters K] [--seed S]`: every op × algorithm
-// of the IPC path on the GPUs, with fresh random and adversarial inputs, compared bit for bit with
-// the simulator and with an independent scalar transcription of the contract on the same inputs.
+// `exactcoll verify --nproc N [--ops …] [--dtypes …] [--iters K] [--seed S] [--contract C]`: every
+// op × algorithm of the IPC path on the GPUs, with fresh random and adversarial inputs, compared bit
+// for bit with the simulator and with an independent scalar transcription of the contract on the
+// same inputs. --contract (canonical or tree) is the communicators', the simulator's and the
+// transcription's alike; every op runs the same algorithms and variants under either.
 // Each op's cases, algorithms and variants are its GpuOp's (tools/gpu/gpu_op.h); this driver is
 // the same for every op, and one job verifies all of them.
 //
@@ -21,6 +23,7 @@
 #include "cuda_backend/communicator.h"
 #include "cuda_backend/nccl_api.h"
 #include "tools/cli.h"
+#include "tools/contract_flag.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/gpu_op.h"
 #include "tools/inputs/inputs.h"
@@ -50,8 +53,12 @@ int verify_worker(const VerifyJob& job) {
   co.buffer_bytes = buffer_bytes_for(job.buffer_mib);
   co.flag_timeout_ms = static_cast<uint64_t>(job.timeout_ms);
   co.programmatic_launch = job.pdl;
+  co.contract = job.settings.contract;
   ApiComm comm(w.store(), rank, n, co);
   const exactcoll_comm_properties& p = comm.properties();
+  if (const std::string problem = check_comm_contract(comm, job.settings.contract); !problem.empty()) {
+    return cli::fail(kCommand, problem, cli::kExitFailure);
+  }
   std::unique_ptr<ApiComm> small;
   bool wants_small = false;
   for (const GpuOp* op : job.ops) wants_small = wants_small || op->wants_small_communicator();
@@ -64,9 +71,10 @@ int verify_worker(const VerifyJob& job) {
   }
   {
     std::ostringstream os;
-    os << "# exactcoll verify: " << n << " ranks on " << w.device_name() << " (" << p.arch << "), seed "
-       << job.settings.seed << ", iterations " << job.settings.iters << ", programmatic launch "
-       << (job.pdl ? "on" : "off") << ", buffers " << (co.buffer_bytes >> 20) << " MiB per rank\n";
+    os << "# exactcoll verify: " << n << " ranks on " << w.device_name() << " (" << p.arch << "), contract "
+       << contract_name(static_cast<Contract>(p.contract)) << ", seed " << job.settings.seed << ", iterations "
+       << job.settings.iters << ", programmatic launch " << (job.pdl ? "on" : "off") << ", buffers "
+       << (co.buffer_bytes >> 20) << " MiB per rank\n";
     os << "# IPC path: " << (p.ipc_ready ? "ready" : "UNAVAILABLE: " + std::string(p.ipc_unavailable_reason))
        << "; NCCL: ";
     if (p.nccl_ready) {
@@ -102,8 +110,9 @@ int verify_worker(const VerifyJob& job) {
   std::ostringstream os;
   os << format_tally_table(total, "diff_vs_ref", &grand);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  os << verify_summary_line("verify " + std::to_string(n) + " ranks", grand, "every output, all ranks", "contract",
-                            seconds);
+  const std::string contract = contract_name(job.settings.contract);
+  os << verify_summary_line("verify " + std::to_string(n) + " ranks, contract " + contract, grand,
+                            "every output, all ranks", contract + " contract", seconds);
   print_leader(w, os.str());
   return grand.clean() ? cli::kExitOk : cli::kExitDiffer;
 }
@@ -113,13 +122,16 @@ int run_verify(int argc, char** argv) {
   int64_t nproc = 0, seed = -1;
   std::string ops_text, dtypes_text;
   VerifyJob job;
-  cli::ArgParser parser("exactcoll verify --nproc N [--ops …] [--dtypes …] [--iters K] [--seed S] [op flags]",
+  std::string contract_text = "canonical";
+  cli::ArgParser parser("exactcoll verify --nproc N [--ops …] [--dtypes …] [--iters K] [--seed S] [--contract " +
+                            library_contract_names(kOnGpu, "|") + "] [op flags]",
                         "Runs every op and algorithm of the CUDA IPC path (one process per GPU) on random and\n"
                         "adversarial inputs (NaN payloads, ±0, ±inf, subnormals, overflowing sums, 1 element, odd\n"
                         "counts), in staged, registered, CUDA-graph, forced-grid and (fused_rmsnorm) row-chunked\n"
                         "variants, and compares every output bit with the simulator and with the contract's scalar\n"
-                        "reference. One job verifies every op in --ops. Exit 0 when nothing differs, 1 when something\n"
-                        "does, 3 on a runtime failure (e.g. a peer that never arrived at a barrier).");
+                        "reference, both under --contract. One job verifies every op in --ops. Exit 0 when nothing\n"
+                        "differs, 1 when something does, 3 on a runtime failure (e.g. a peer that never arrived at a\n"
+                        "barrier).");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
   parser.mark_required("nproc");
   parser.add_string("ops", &ops_text, "comma list of " + gpu_op_names());
@@ -134,6 +146,9 @@ int run_verify(int argc, char** argv) {
                  "staging and scratch MiB per rank (larger messages run in chunks: the same bits)");
   parser.set_default_note("buffer-mib", "default: the library's, 128");
   parser.add_int("show", &job.settings.show, "mismatch details printed per rank");
+  cli::add_contract_flag(parser, &contract_text, kOnGpu,
+                         "the rounding contract of the communicators, the simulator and the scalar reference (every "
+                         "op, algorithm and variant runs under it)");
   bool no_pdl = false;
   parser.add_bool("no-pdl", &no_pdl, "launch without programmatic dependent launch");
   for (auto& op : all) op->add_verify_flags(parser);
@@ -181,6 +196,7 @@ int run_verify(int argc, char** argv) {
     }
   }
   job.pdl = !no_pdl;
+  job.settings.contract = cli::library_contract(contract_text);
   if (job.settings.iters < 1 || job.settings.show < 0) {
     return cli::fail(kCommand, "--iters must be positive and --show at least 0");
   }

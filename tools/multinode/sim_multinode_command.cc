@@ -13,7 +13,9 @@
 // read_fused_files), or the one-node commands' random inputs for the same --count/--rows/--hidden
 // and --seed (tools/inputs/inputs.h, tools/inputs/fused_inputs.h), so the summary's sha256 equals
 // the one-node command's: the bits do not depend on the number of nodes. --fail-rank and
-// --fail-at-step are refused (exit 2): the multi-node simulator kills no rank. The collectives first print the
+// --fail-at-step are refused (exit 2): the multi-node simulator kills no rank. --contract takes the
+// one-node command's choices and refuses (exit 2) a contract that does not run across nodes (the
+// registry's kOnMultiNode: tree's cross-node exchange is not built yet). The collectives first print the
 // one-node command's input banner (tools::input_banner, the same function). Registered as
 // "<op> --nodes" with tools/sim/sim_subcommands.h; tools/sim routes any `sim <op>` given --nodes
 // here.
@@ -33,6 +35,7 @@
 #include "core/storage.h"
 #include "sim/multinode/multinode_sim.h"
 #include "tools/cli.h"
+#include "tools/contract_flag.h"
 #include "tools/sim/sim_subcommands.h"
 #include "tools/inputs/fused_inputs.h"
 #include "tools/inputs/inputs.h"
@@ -63,7 +66,7 @@ struct Job {
   tools::SimFlags f;
   int64_t nodes = 0, count = 0, seed = 1, blocks = 1, chunk = static_cast<int64_t>(kDefaultChunkElements);
   gpu::FusedInputFlags fused_in;  // the fused op's inputs: the one-node command's flags
-  std::string output, input_path;
+  std::string output, input_path, contract_text = "canonical";
   // Resolved by check_flags.
   NodeLayout layout;
   DType dtype = DType::kBF16;
@@ -105,7 +108,8 @@ cli::ArgParser make_parser(Job* j) {
           (fused ? "(--input x.npy --residual r.npy --weight w.npy | --rows R --hidden H [--seed S] [--specials]) "
                    "[--eps E] [--output out.npy] [--residual-output ro.npy]"
                  : "(--input in.npy | --count C [--seed S]) [--output out.npy]") +
-          " [--chunk-elements E] [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] "
+          " [--contract " + library_contract_names(kOnMultiNode, "|") +
+          "] [--chunk-elements E] [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] "
           "[--trace-elements I,J,...] [--timeout-ms T]",
       "Runs " + std::string(kind_name(j->kind)) +
           " across M simulated nodes of N / M ranks each (ranks numbered node-major): inside a node\n"
@@ -128,6 +132,10 @@ cli::ArgParser make_parser(Job* j) {
   parser.add_string("output", &j->output, fused ? "out.npy: [N, rows, H] normed output" : "write the output .npy here");
   parser.add_int("chunk-elements", &j->chunk, "elements per pipeline step (a multiple of 64)");
   parser.add_int("blocks", &j->blocks, "blocks of every node kernel (the work split; same bits)");
+  // The one-node command's choices, so that a contract that runs on one node only is refused with
+  // a reason rather than as an unknown name.
+  cli::add_contract_flag(parser, &j->contract_text, kOnSimulator,
+                         "the rounding contract (across nodes: " + library_contract_names(kOnMultiNode) + " only)");
   return parser;
 }
 
@@ -140,6 +148,11 @@ std::optional<int> check_flags(const cli::ArgParser& parser, Job* j) {
   const int64_t nodes = j->nodes, seed = j->seed;
   NodeLayout& layout = j->layout;
   if (!parser.given("nodes")) return cli::fail(command, "give --nodes M");
+  if (const Contract contract = cli::library_contract(j->contract_text); (info(contract).runs_on & kOnMultiNode) == 0) {
+    return cli::fail(command, "--contract " + j->contract_text + " runs on one node only (its cross-node exchange is " +
+                                  "not built yet; across nodes: " + library_contract_names(kOnMultiNode) +
+                                  "); run without --nodes");
+  }
   if (!parser.given("ranks")) return cli::fail(command, "give --ranks N (the whole job's ranks)");
   if (nodes > 1024 || f.ranks > 1 << 16)
     return cli::fail(command, "--nodes and --ranks are too large for a simulation");

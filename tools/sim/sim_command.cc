@@ -2,8 +2,8 @@
 //
 //   exactcoll sim allreduce|reduce_scatter|allgather --ranks N --dtype bf16|fp16|fp32
 //       [--input in.npy | --count C --seed S] [--output out.npy] [--algo ALGO (all-reduce: the
-//       registry's simulator entries, core/registry.h)] [--blocks B] [--schedule threads|seeded] [--schedule-seed K]
-//       [--trace FILE]
+//       registry's simulator entries, core/registry.h)] [--contract canonical|tree] [--blocks B]
+//       [--schedule threads|seeded] [--schedule-seed K] [--trace FILE]
 //       [--trace-elements I,J,...] [--chrome-trace FILE] [--print]
 //
 // in.npy is [N, ...] (rank first); bf16 and fp16 are '<u2' bit patterns, fp32 '<f4'. Outputs keep
@@ -12,7 +12,9 @@
 // --count and --seed runs on the same inputs. Small runs (count <= 32, or --print) print inputs
 // and outputs as floats. The last line is a summary ending with the sha256 of the output bytes.
 // Bad input exits 2 before anything is written; a failed run (deadlock, timeout) exits 3 and
-// writes no output (the traces are written: they show what happened).
+// writes no output (the traces are written: they show what happened). --contract tree folds every
+// element as the tree contract (sim::CollectiveSpec::contract); element traces record canonical
+// folds only, so --trace-elements with tree is bad input.
 //
 // Other ops (`exactcoll sim fused_rmsnorm`) register through tools/sim/sim_subcommands.h and
 // are dispatched from here.
@@ -32,6 +34,7 @@
 #include "sim/trace.h"
 #include "sim/world.h"
 #include "tools/cli.h"
+#include "tools/contract_flag.h"
 #include "tools/sim/sim_subcommands.h"
 #include "tools/inputs/inputs.h"
 #include "tools/inputs/rank_inputs.h"
@@ -101,11 +104,12 @@ struct Request {
   Op op = Op::kAllReduce;
   std::string command;  // "sim <op>", as the messages name it
   SimFlags f;
-  std::string input_path, output_path, algo_text = "auto";
+  std::string input_path, output_path, algo_text = "auto", contract_text = "canonical";
   int64_t count = 0, seed = 1, blocks = 1;
   bool print = false;
   // Resolved by check_flags.
   sim::WorldOptions options;
+  Contract contract = Contract::kCanonical;
   DType dtype = DType::kBF16;
   size_t esize = 0;
 };
@@ -125,15 +129,17 @@ cli::ArgParser make_parser(Request* q) {
   cli::ArgParser parser(
       "exactcoll " + command +
           " --ranks N --dtype bf16|fp16|fp32 [--input in.npy | --count C --seed S] [--output out.npy]" +
-          (op == Op::kAllReduce ? " [--algo " + algorithm_names(kOnSimulator, op, "|") + "]" : "") +
-          " [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
+          (op == Op::kAllReduce ? " [--algo " + algorithm_names(kOnSimulator, op, "|") + "]" : "") + " [--contract " +
+          library_contract_names(kOnSimulator, "|") +
+          "] [--blocks B] [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] "
           "[--chrome-trace FILE] [--print]",
       std::string("Runs ") + sim::op_name(op) +
-          " on N simulated ranks under the rounding contract (docs/numerics.md). in.npy is [N, ...], rank\n"
-          "first ('<u2' bit patterns for bf16/fp16, '<f4' for fp32). The last line ends with the sha256 of\n"
-          "the output bytes.\n"
-          "With --nodes M it runs across M simulated nodes instead (the same bits; `exactcoll sim " +
-          sim::op_name(op) + " --nodes M --help` lists that command's flags).");
+          " on N simulated ranks under a rounding contract (--contract; docs/numerics.md). in.npy is\n"
+          "[N, ...], rank first ('<u2' bit patterns for bf16/fp16, '<f4' for fp32). The last line ends\n"
+          "with the sha256 of the output bytes.\n"
+          "With --nodes M it runs across M simulated nodes instead (the same bits, under --contract " +
+          library_contract_names(kOnMultiNode, "|") + "; `exactcoll sim " + sim::op_name(op) +
+          " --nodes M --help` lists that command's flags).");
   add_world_flags(parser, &q->f);
   parser.add_string("input", &q->input_path, "input .npy [N, ...] (rank first)");
   parser.add_int("count", &q->count, "elements per rank of random input (instead of --input)");
@@ -145,6 +151,9 @@ cli::ArgParser make_parser(Request* q) {
                       ("algorithm; auto = one_shot below 256 KiB per rank, two_shot above (the GPUs' auto picks by its "
                        "tuned table instead; every choice gives the same bits)"));
   }
+  cli::add_contract_flag(parser, &q->contract_text, kOnSimulator,
+                         "the rounding contract every element's fold over the ranks follows (every algorithm gives "
+                         "its bits; --trace-elements: canonical only)");
   parser.add_int("blocks", &q->blocks, "blocks per rank (the work split; same bits for every count)");
   parser.add_bool("print", &q->print, "print inputs and outputs as floats (default when count <= 32)");
   return parser;
@@ -168,6 +177,9 @@ std::optional<int> check_flags(const cli::ArgParser& parser, Request* q) {
   if (blocks < 1 || blocks > kMaxBlocks) {
     return cli::fail(command, "--blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(blocks));
   }
+  q->contract = cli::library_contract(q->contract_text);
+  problem = cli::check_element_traces(q->contract, !q->options.trace_elements.empty());
+  if (!problem.empty()) return cli::fail(command, problem);
   return std::nullopt;
 }
 
@@ -190,6 +202,7 @@ std::optional<int> read_inputs(const cli::ArgParser& parser, const Request& q, s
   spec.op = q.op;
   spec.dtype = dtype;
   spec.blocks = static_cast<int>(q.blocks);
+  spec.contract = q.contract;
   if (!sim::parse_algorithm(q.algo_text, &spec.algorithm)) return cli::fail(command, "unknown --algo " + q.algo_text);
   if (!q.input_path.empty()) {
     gpu::RankInputs file;
@@ -357,7 +370,7 @@ int collective_main(Op op, int argc, char** argv) {
   char ms[32];
   std::snprintf(ms, sizeof ms, "%.3f", elapsed_ms);
   std::cout << command << " " << q.f.dtype << ": " << n << " ranks x " << spec.count << " elements"
-            << (algo_note.empty() ? "" : ", " + algo_note) << ", " << spec.blocks
+            << (algo_note.empty() ? "" : ", " + algo_note) << ", contract " << q.contract_text << ", " << spec.blocks
             << (spec.blocks == 1 ? " block" : " blocks") << ", " << schedule_note(q.options) << ", " << ms
             << " ms; output " << npy::shape_text(output_shape) << (q.output_path.empty() ? "" : " -> " + q.output_path)
             << " sha256 " << sha256_hex(output.data(), output.size()) << "\n";

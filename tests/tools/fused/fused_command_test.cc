@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/registry.h"
 #include "sim/fused/random.h"
 #include "sim/fused/reference.h"
 #include "tests/support/command_runner.h"
@@ -42,6 +43,7 @@ CommandResult run_fused(const std::vector<std::string>& args) {
 struct Files {
   std::string x, r, w;
   std::vector<bf16> ref_out, ref_ro, f32_ro;
+  std::vector<bf16> tree_out, tree_ro;  // fused_reference(Contract::kTree, ...)
 };
 
 Files make_files(const std::string& tag, int ranks, int rows, int hidden, uint64_t seed) {
@@ -51,7 +53,7 @@ Files make_files(const std::string& tag, int ranks, int rows, int hidden, uint64
   for (auto& v : x) v = round_to<bf16>(rng.normal());
   for (auto& v : r) v = round_to<bf16>(rng.normal());
   for (auto& v : w) v = round_to<bf16>(1.0f + 0.1f * rng.normal());
-  Files f{temp_path(tag + "_x.npy"), temp_path(tag + "_r.npy"), temp_path(tag + "_w.npy"), {}, {}, {}};
+  Files f{temp_path(tag + "_x.npy"), temp_path(tag + "_r.npy"), temp_path(tag + "_w.npy"), {}, {}, {}, {}, {}};
   npy::write_npy(f.x, npy::kU16, {ranks, rows, hidden}, x.data(), x.size() * 2);
   npy::write_npy(f.r, npy::kU16, {rows, hidden}, r.data(), r.size() * 2);
   npy::write_npy(f.w, npy::kU16, {hidden}, w.data(), w.size() * 2);
@@ -60,9 +62,11 @@ Files make_files(const std::string& tag, int ranks, int rows, int hidden, uint64
   p.x = x.data(), p.residual = r.data(), p.weight = w.data();
   if (hidden % Storage<bf16>::kPack != 0) return f;  // an input for the bad-input cases: no reference
   f.ref_out.resize(count), f.ref_ro.resize(count), f.f32_ro.resize(count);
+  f.tree_out.resize(count), f.tree_ro.resize(count);
   std::vector<bf16> scratch(count);
   fused_reference<bf16>(Contract::kCanonical, p, f.ref_ro.data(), f.ref_out.data());
   fused_reference<bf16>(Contract::kF32Residual, p, f.f32_ro.data(), scratch.data());
+  fused_reference<bf16>(Contract::kTree, p, f.tree_ro.data(), f.tree_out.data());
   return f;
 }
 
@@ -103,6 +107,98 @@ TEST(SimFusedCommand, AlgorithmsWriteIdenticalFilesEqualToTheReference) {
   EXPECT_EQ(d.code, 0) << d.out;
 }
 
+// --contract tree runs the simulated algorithms (not the reference's emulation): every simulator
+// algorithm, on 4 ranks and on 3 (not a power of two), with blocks, threads and a seeded schedule,
+// writes on every rank the bits of fused_reference(Contract::kTree) computed here; they are not
+// canonical's; the summary names the contract and the algorithm.
+TEST(SimFusedCommand, TreeContractRunsEveryAlgorithmWithTheTreeReferencesBits) {
+  std::vector<std::string> algos = fused_algorithm_name_list(kOnSimulator);
+  ASSERT_GE(algos.size(), 8u);
+  for (const int ranks : {4, 3}) {
+    const int rows = 5, H = 256;
+    const Files f = make_files("tree" + std::to_string(ranks), ranks, rows, H, 31);
+    const size_t count = static_cast<size_t>(rows) * H;
+    const bool same_as_canonical = std::memcmp(f.tree_out.data(), f.ref_out.data(), count * 2) == 0 &&
+                                   std::memcmp(f.tree_ro.data(), f.ref_ro.data(), count * 2) == 0;
+    ASSERT_FALSE(same_as_canonical) << "these inputs must tell tree from canonical";
+    for (const std::string& algo : algos) {
+      for (const std::vector<std::string>& variant :
+           std::vector<std::vector<std::string>>{{"--blocks", "2"}, {"--schedule", "seeded", "--schedule-seed", "7"}}) {
+        std::string label = std::to_string(ranks) + " ranks " + algo;
+        for (const auto& a : variant) label += " " + a;
+        SCOPED_TRACE(label);
+        const std::string out = temp_path("tree_out.npy"), ro = temp_path("tree_ro.npy");
+        std::remove(out.c_str());
+        std::remove(ro.c_str());
+        std::vector<std::string> args = {"--ranks",
+                                         std::to_string(ranks),
+                                         "--input",
+                                         f.x,
+                                         "--residual",
+                                         f.r,
+                                         "--weight",
+                                         f.w,
+                                         "--algo",
+                                         algo,
+                                         "--output",
+                                         out,
+                                         "--residual-output",
+                                         ro,
+                                         "--contract",
+                                         "tree"};
+        args.insert(args.end(), variant.begin(), variant.end());
+        const CommandResult r = run_fused(args);
+        ASSERT_EQ(r.code, 0) << r.err;
+        const std::string ran = algo == "auto" ? "one_stage" : algo;
+        EXPECT_NE(r.out.find("), contract tree, " + ran + ", "), std::string::npos) << r.out;
+        const npy::NpyArray o = npy::read_npy(out), q = npy::read_npy(ro);
+        ASSERT_EQ(o.data.size(), count * 2 * ranks);
+        ASSERT_EQ(q.data.size(), count * 2 * ranks);
+        for (int k = 0; k < ranks; ++k) {
+          EXPECT_EQ(std::memcmp(o.data.data() + k * count * 2, f.tree_out.data(), count * 2), 0) << "out, rank " << k;
+          EXPECT_EQ(std::memcmp(q.data.data() + k * count * 2, f.tree_ro.data(), count * 2), 0)
+              << "residual_out, rank " << k;
+        }
+      }
+    }
+  }
+}
+
+// Under tree a run traces its steps (--trace, --chrome-trace, like canonical); element traces
+// record the canonical fold and are refused (exit 2, a clear message, nothing written). The help
+// says what tree is.
+TEST(SimFusedCommand, TreeContractTracesStepsNotElements) {
+  const std::vector<std::string> in = {"--ranks", "4", "--rows", "2", "--hidden", "64", "--contract", "tree"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = in;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const std::string trace = temp_path("tree_fused.jsonl"), chrome = temp_path("tree_fused.json");
+  const CommandResult steps =
+      run_fused(with({"--algo", "two_stage", "--schedule", "seeded", "--trace", trace, "--chrome-trace", chrome}));
+  ASSERT_EQ(steps.code, 0) << steps.err;
+  EXPECT_NE(read_file(trace).find("fused_slice"), std::string::npos);
+  EXPECT_EQ(read_file(trace).find("\"event\":\"element\""), std::string::npos);
+  EXPECT_FALSE(read_file(chrome).empty());
+  const std::string out = temp_path("tree_el_out.npy"), ro = temp_path("tree_el_ro.npy"),
+                    el_trace = temp_path("tree_el.jsonl");
+  const CommandResult elements =
+      run_fused(with({"--trace", el_trace, "--trace-elements", "3", "--output", out, "--residual-output", ro}));
+  EXPECT_EQ(elements.code, 2) << elements.err;
+  EXPECT_NE(elements.err.find("--trace-elements records the canonical contract's folds; under --contract tree a run "
+                              "traces its steps only"),
+            std::string::npos)
+      << elements.err;
+  EXPECT_EQ(elements.out, "");
+  EXPECT_FALSE(file_exists(out));
+  EXPECT_FALSE(file_exists(ro));
+  EXPECT_FALSE(file_exists(el_trace));
+  const CommandResult help = run_fused({"--help"});
+  EXPECT_NE(help.out.find("tree: a balanced binary tree over the ranks"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("Emulations by the scalar reference: f32_residual"), std::string::npos) << help.out;
+}
+
 TEST(SimFusedCommand, AlternativeContractDiffersAndTakesNoAlgo) {
   const Files f = make_files("alt", 4, 2, 4096, 12);
   const std::string ro = temp_path("alt_ro.npy"), canon = temp_path("alt_canon_ro.npy");
@@ -121,7 +217,7 @@ TEST(SimFusedCommand, AlternativeContractDiffersAndTakesNoAlgo) {
   EXPECT_EQ(d.code, 1) << d.out;
   const CommandResult bad = run_fused(with({"--contract", "f32_residual", "--algo", "two_stage"}));
   EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.err.find("--algo applies only to --contract canonical"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("--algo applies only to --contract canonical or tree"), std::string::npos) << bad.err;
   EXPECT_EQ(bad.err.find("--blocks"), std::string::npos) << "only the flags given are named: " << bad.err;
   EXPECT_EQ(bad.err.find("--trace"), std::string::npos) << "only the flags given are named: " << bad.err;
   const CommandResult threads = run_fused(with({"--contract", "f32_residual", "--threads", "64"}));

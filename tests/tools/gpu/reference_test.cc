@@ -105,6 +105,75 @@ TEST(Reference, ContractAllReduceFollowsTheFoldOrder) {
   EXPECT_EQ(bits_at(DType::kBF16, out2, 0), 0x7F7Fu);  // max
 }
 
+// Under tree the scalar transcription rounds every node of the tree to storage: bf16 1, 2^-8,
+// 2^-8, 0 gives round(1 + 2^-8) = 1 (a tie, to even) on the left and 2^-8 on the right, so 1;
+// canonical adds all four in fp32 (1 + 2^-7) and rounds once.
+TEST(Reference, ContractOutputUnderTreeRoundsEveryNode) {
+  const uint16_t bits[4] = {0x3F80, 0x3B80, 0x3B80, 0x0000};  // 1, 2^-8, 2^-8, +0
+  std::vector<Bytes> in(4, Bytes(2));
+  for (int r = 0; r < 4; ++r) std::memcpy(in[static_cast<size_t>(r)].data(), &bits[r], 2);
+  EXPECT_EQ(bits_at(DType::kBF16, contract_output(Op::kAllReduce, DType::kBF16, in, 1, 0, Contract::kTree), 0),
+            0x3F80u);
+  EXPECT_EQ(bits_at(DType::kBF16, contract_output(Op::kAllReduce, DType::kBF16, in, 1, 0, Contract::kCanonical), 0),
+            0x3F81u);
+  // Three ranks 2^-8, 2^-8, 1: the largest power of two below 3 (ranks 0 and 1) on the left, so
+  // round(2^-7 + 1) = 1 + 2^-7; the other split (rank 0 alone on the left) would give
+  // round(2^-8 + round(2^-8 + 1)) = 1.
+  const uint16_t three[3] = {0x3B80, 0x3B80, 0x3F80};
+  in.assign(3, Bytes(2));
+  for (int r = 0; r < 3; ++r) std::memcpy(in[static_cast<size_t>(r)].data(), &three[r], 2);
+  EXPECT_EQ(bits_at(DType::kBF16, contract_output(Op::kAllReduce, DType::kBF16, in, 1, 0, Contract::kTree), 0),
+            0x3F81u);
+}
+
+// Under tree the simulator (CollectiveSpec::contract) and the scalar transcription
+// (contract::tree_fold) agree on every pattern, op, dtype and world size tried, powers of two and
+// not; on random inputs both differ from canonical (from 3 ranks on, fp32 from 4). The emulations
+// are refused.
+TEST(Reference, TreeSimulatorEqualsTreeContract) {
+  for (int n : {1, 2, 3, 4, 5, 8}) {
+    Simulator sim(n, Contract::kTree);
+    Simulator canonical(n);
+    for (Op op : {Op::kAllReduce, Op::kReduceScatter, Op::kAllGather}) {
+      for (DType d : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+        for (Pattern p : all_patterns()) {
+          for (size_t c : {size_t{1}, size_t{9}, size_t{1001}}) {
+            const size_t count = op == Op::kReduceScatter ? c * static_cast<size_t>(n) : c;
+            const auto inputs = make_inputs(d, count, n, 13, p);
+            const std::vector<Algorithm> algos =
+                op == Op::kAllReduce
+                    ? std::vector<Algorithm>{Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot,
+                                             Algorithm::kPushTwoShot, Algorithm::kLamportOneShot}
+                    : std::vector<Algorithm>{Algorithm::kDirect};
+            for (Algorithm a : algos) {
+              const auto outs = sim.run(op, a, d, inputs, count, 3);
+              for (int r = 0; r < n; ++r) {
+                const Bytes want = contract_output(op, d, inputs, count, r, Contract::kTree);
+                const Comparison cmp =
+                    compare_bits(d, outs[static_cast<size_t>(r)].data(), want.data(), output_count(op, count, n));
+                EXPECT_EQ(cmp.mismatches, 0u)
+                    << op_name(op) << " " << dtype_name(d) << " " << pattern_name(p) << " n=" << n << " count=" << count
+                    << " " << algorithm_name(a) << " rank " << r << " first " << cmp.first;
+              }
+            }
+            // fp32 adds in fp32 either way: with 3 ranks both are (x0 + x1) + x2; from 4 on the
+            // orders differ. bf16 and fp16 round every node, so from 3 on.
+            if (op == Op::kAllReduce && p == Pattern::kRandom && c == 1001 && n >= (d == DType::kFP32 ? 4 : 3)) {
+              EXPECT_NE(sim.run(op, Algorithm::kOneShot, d, inputs, count, 3)[0],
+                        canonical.run(op, Algorithm::kOneShot, d, inputs, count, 3)[0])
+                  << dtype_name(d) << " n=" << n << ": tree gave canonical's bits";
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_THROW(Simulator(2, Contract::kF32Residual), std::invalid_argument);
+  EXPECT_THROW(
+      contract_output(Op::kAllReduce, DType::kBF16, std::vector<Bytes>(2, Bytes(2)), 1, 0, Contract::kBf16Accumulate),
+      std::invalid_argument);
+}
+
 TEST(Reference, CompareBitsCatchesOneFlippedBit) {
   Bytes a = make_input(DType::kBF16, 4096, 0, 3, Pattern::kRandomBits);
   Bytes b = a;

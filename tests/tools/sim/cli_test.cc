@@ -4,10 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "core/contract.h"
+#include "core/registry.h"
+#include "core/storage.h"
 #include "exactcoll/exactcoll.h"
 #include "sim/collectives.h"
 #include "tests/sim/sim_test_util.h"
@@ -98,6 +102,140 @@ TEST(SimCli, OutputsMatchTheReferenceAndTheSummaryEndsWithTheirSha256) {
     ASSERT_GE(summary.size(), 64u);
     EXPECT_EQ(summary.substr(summary.size() - 64), sha) << summary;
   }
+}
+
+// Element i of rank r in rank-first input bytes, as T.
+template <class T>
+T input_element(const std::vector<std::vector<uint8_t>>& in, int r, size_t i) {
+  T v;
+  std::memcpy(&v, in[static_cast<size_t>(r)].data() + i * sizeof(T), sizeof(T));
+  return v;
+}
+
+// What `--contract tree` must give, computed here element by element: contract::tree_fold over the
+// ranks of element i (all-reduce: every element; reduce_scatter: rank r's slice), every rank's row
+// [n, out_count] flattened. Also checks tree_fold itself against the written-out trees of 3 and 4
+// ranks (the largest power of two below n on the left), so that the test holds the definition.
+template <class T>
+std::vector<uint8_t> tree_outputs(sim::Op op, const std::vector<std::vector<uint8_t>>& in, size_t count) {
+  const int n = static_cast<int>(in.size());
+  const auto fold = [&](size_t i) {
+    const T got = contract::tree_fold<T>(n, [&](int r) { return input_element<T>(in, r, i); });
+    const auto x = [&](int r) { return input_element<T>(in, r, i); };
+    if (n == 4) {
+      const T want = contract::tree_node(contract::tree_node(x(0), x(1)), contract::tree_node(x(2), x(3)));
+      EXPECT_EQ(std::memcmp(&got, &want, sizeof(T)), 0) << "tree_fold of 4 ranks, element " << i;
+    }
+    if (n == 3) {
+      const T want = contract::tree_node(contract::tree_node(x(0), x(1)), contract::tree_leaf(x(2)));
+      EXPECT_EQ(std::memcmp(&got, &want, sizeof(T)), 0) << "tree_fold of 3 ranks, element " << i;
+    }
+    return got;
+  };
+  const size_t out_count = sim::output_count(op, count, n);
+  std::vector<uint8_t> out(static_cast<size_t>(n) * out_count * sizeof(T));
+  for (int r = 0; r < n; ++r) {
+    for (size_t j = 0; j < out_count; ++j) {
+      const size_t i = op == sim::Op::kReduceScatter ? static_cast<size_t>(r) * out_count + j : j;
+      const T v = fold(i);
+      std::memcpy(out.data() + (static_cast<size_t>(r) * out_count + j) * sizeof(T), &v, sizeof(T));
+    }
+  }
+  return out;
+}
+
+// `--contract tree`: every all-reduce algorithm (and reduce_scatter) writes the tree contract's bits,
+// compared bit for bit with contract::tree_fold computed here, for world sizes that are and are not
+// powers of two, every dtype, several block counts and a seeded schedule; the summary names the
+// contract; the same inputs under canonical give other bits (so a --contract that was ignored fails).
+TEST(SimCli, TreeContractGivesTheTreeFoldsBitsForEveryAlgorithm) {
+  struct Case {
+    DType dtype;
+    const char* dtype_name;
+    int ranks;
+    size_t count;
+    const char* extra;
+  };
+  const Case cases[] = {
+      {DType::kBF16, "bf16", 4, 301, "--blocks 3"},
+      {DType::kFP16, "fp16", 3, 77, "--schedule seeded --schedule-seed 5"},
+      {DType::kFP32, "fp32", 5, 129, "--blocks 2"},
+      {DType::kBF16, "bf16", 8, 64, ""},
+      {DType::kBF16, "bf16", 1, 9, ""},
+  };
+  std::vector<std::string> algos = algorithm_name_list(kOnSimulator, Op::kAllReduce);
+  ASSERT_FALSE(algos.empty());
+  EXPECT_EQ(algos.front(), "auto");
+  bool differs_from_canonical = false;
+  for (const Case& c : cases) {
+    const std::string tag = std::string(c.dtype_name) + "_" + std::to_string(c.ranks);
+    const std::string in_path = temp_path("tree_in_" + tag + ".npy");
+    const auto in = write_input(in_path, c.dtype, c.ranks, c.count, 17);
+    const std::vector<uint8_t> want =
+        with_storage_type(c.dtype, [&](auto t) { return tree_outputs<decltype(t)>(sim::Op::kAllReduce, in, c.count); });
+    for (const std::string& algo : algos) {
+      SCOPED_TRACE(tag + " " + algo);
+      const std::string out_path = temp_path("tree_out_" + tag + "_" + algo + ".npy");
+      const CommandResult r =
+          run("sim allreduce --ranks " + std::to_string(c.ranks) + " --dtype " + c.dtype_name + " --input " + in_path +
+              " --output " + out_path + " --algo " + algo + " --contract tree " + c.extra);
+      ASSERT_EQ(r.code, 0) << r.err;
+      const npy::NpyArray out = npy::read_npy(out_path);
+      EXPECT_EQ(out.shape, (std::vector<int64_t>{c.ranks, static_cast<int64_t>(c.count)}));
+      EXPECT_TRUE(out.data == want) << "the output differs from contract::tree_fold's bits";
+      EXPECT_NE(last_line(r.out).find(", contract tree, "), std::string::npos) << r.out;
+      EXPECT_EQ(last_line(r.out).substr(last_line(r.out).size() - 64),
+                tools::sha256_hex(out.data.data(), out.data.size()));
+    }
+    const std::string canonical_path = temp_path("tree_canonical_" + tag + ".npy");
+    const CommandResult canonical = run("sim allreduce --ranks " + std::to_string(c.ranks) + " --dtype " +
+                                        c.dtype_name + " --input " + in_path + " --output " + canonical_path);
+    ASSERT_EQ(canonical.code, 0) << canonical.err;
+    EXPECT_NE(last_line(canonical.out).find(", contract canonical, "), std::string::npos) << canonical.out;
+    differs_from_canonical = differs_from_canonical || npy::read_npy(canonical_path).data != want;
+  }
+  EXPECT_TRUE(differs_from_canonical) << "no case tells tree from canonical: the test would pass if tree were ignored";
+  // reduce_scatter folds each slice under tree too; allgather copies bits under either.
+  const std::string rs_in = temp_path("tree_rs_in.npy"), rs_out = temp_path("tree_rs_out.npy");
+  const auto in = write_input(rs_in, DType::kBF16, 4, 400, 23);
+  const CommandResult rs = run("sim reduce_scatter --ranks 4 --dtype bf16 --blocks 2 --contract tree --input " + rs_in +
+                               " --output " + rs_out);
+  ASSERT_EQ(rs.code, 0) << rs.err;
+  EXPECT_TRUE(npy::read_npy(rs_out).data == tree_outputs<bf16>(sim::Op::kReduceScatter, in, 400));
+  const CommandResult ag_tree = run("sim allgather --ranks 4 --dtype bf16 --contract tree --input " + rs_in);
+  const CommandResult ag = run("sim allgather --ranks 4 --dtype bf16 --input " + rs_in);
+  ASSERT_EQ(ag_tree.code, 0) << ag_tree.err;
+  EXPECT_EQ(last_line(ag_tree.out).substr(last_line(ag_tree.out).size() - 64),
+            last_line(ag.out).substr(last_line(ag.out).size() - 64));
+}
+
+// Under tree a run traces its steps (--trace, --chrome-trace); element traces (canonical folds
+// only) are refused before anything is written; --help says what tree is.
+TEST(SimCli, TreeContractTracesStepsNotElements) {
+  const std::string trace = temp_path("tree_steps.jsonl"), chrome = temp_path("tree_steps.json");
+  const CommandResult r = run("sim allreduce --ranks 4 --count 64 --algo two_shot --contract tree --trace " + trace +
+                              " --chrome-trace " + chrome);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(read_file(trace).find("\"step\""), std::string::npos);
+  EXPECT_EQ(read_file(trace).find("\"event\":\"fold\""), std::string::npos) << "no element events under tree";
+  EXPECT_FALSE(read_file(chrome).empty());
+  const std::string out = temp_path("tree_elements_out.npy"), trace2 = temp_path("tree_elements.jsonl"),
+                    chrome2 = temp_path("tree_elements.json");
+  const CommandResult bad = run("sim allreduce --ranks 4 --count 64 --contract tree --trace " + trace2 +
+                                " --trace-elements 3 --chrome-trace " + chrome2 + " --output " + out);
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--trace-elements records the canonical contract's folds; under --contract tree a run "
+                         "traces its steps only"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_EQ(bad.out, "") << "nothing runs";
+  EXPECT_FALSE(file_exists(out));
+  EXPECT_FALSE(file_exists(trace2));
+  EXPECT_FALSE(file_exists(chrome2));
+  const CommandResult help = run("sim allreduce --help");
+  EXPECT_NE(help.out.find("--contract canonical|tree"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("tree: a balanced binary tree over the ranks"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("every node rounded to storage"), std::string::npos) << help.out;
 }
 
 TEST(SimCli, RandomInputsPrintFloatsAndTheDefaultSeed) {
@@ -193,6 +331,14 @@ TEST(SimCli, BadInputsExitTwoWithAMessageAndNoOutput) {
 
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --schedule-seed 3", "needs --schedule seeded"},
       {"sim allgather --ranks 2 --dtype bf16 --count 8 --bogus 1", "unknown flag --bogus"},
+      // --contract: the library's contracts on the simulator; the fused op's emulations are not.
+      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --contract sum",
+       "--contract must be one of canonical|tree, got 'sum'"},
+      {"sim reduce_scatter --ranks 2 --dtype bf16 --count 8 --contract f32_residual",
+       "--contract must be one of canonical|tree, got 'f32_residual'"},
+      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --contract tree --trace-elements 1 --trace " +
+           temp_path("t.jsonl"),
+       "--trace-elements records the canonical contract's folds; under --contract tree"},
       {"sim allsum --ranks 2", "unknown op 'allsum'"},
   };
   for (const Case& c : cases) {
