@@ -635,8 +635,10 @@ TYPED_TEST(TreeInvariance, SeededSchedulesEveryAllReduceAlgorithmAndFourFusedOne
   }
 }
 
-// A traced world (steps recorded; element traces are canonical-only, so none under tree) gives
-// the same bits.
+// A traced world (steps recorded, and elements asked for) gives the same bits. Element traces
+// (fold and round events) record canonical folds only at this commit (SimCtx::kTraceElements), so
+// under tree there are none; the count is printed, not asserted, so that adding them breaks
+// nothing here.
 TEST(TreeInvarianceSeeded, TracedRunsGiveTheSameBits) {
   using T = fp16;
   const uint64_t seed = base_seed() * 100 + 60;
@@ -661,7 +663,7 @@ TEST(TreeInvarianceSeeded, TracedRunsGiveTheSameBits) {
       folds += e.kind == sim::TraceEvent::Kind::kFold || e.kind == sim::TraceEvent::Kind::kRound;
     }
     EXPECT_GT(steps, 0u);
-    EXPECT_EQ(folds, 0u);
+    std::printf("TP=%d traced: %zu step events, %zu fold/round events\n", t, steps, folds);
   }
 }
 
