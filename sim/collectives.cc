@@ -27,8 +27,9 @@ void run_allreduce(Ctx& ctx, Algorithm algorithm, size_t count) {
   throw std::logic_error(std::string("the simulator has no all-reduce kernel ") + algorithm_name(algorithm));
 }
 
-// Enqueues the kernel for storage type T. Untraced runs get the compile-time world size (the
-// GPU's code path: all loads issued before the first add); traced runs the generic one.
+// Enqueues the kernel for storage type T under contract kFold, with the world size at compile time
+// where dispatch_world_size has it (1..8 ranks: the GPU's code path, all loads issued before the
+// first add), the run-time one beyond.
 template <class T, Contract kFold>
 void enqueue_folding(World& world, const CollectiveSpec& spec, Algorithm algorithm, Launch launch) {
   const size_t count = spec.count;

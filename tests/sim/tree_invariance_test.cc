@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -635,10 +636,9 @@ TYPED_TEST(TreeInvariance, SeededSchedulesEveryAllReduceAlgorithmAndFourFusedOne
   }
 }
 
-// A traced world (steps recorded, and elements asked for) gives the same bits. Element traces
-// (fold and round events) record canonical folds only at this commit (SimCtx::kTraceElements), so
-// under tree there are none; the count is printed, not asserted, so that adding them breaks
-// nothing here.
+// A traced world (steps recorded) gives the same bits under tree. Element traces (fold and round
+// events) record canonical folds only: a world that asks for them refuses a tree run rather than
+// recording nothing.
 TEST(TreeInvarianceSeeded, TracedRunsGiveTheSameBits) {
   using T = fp16;
   const uint64_t seed = base_seed() * 100 + 60;
@@ -648,7 +648,6 @@ TEST(TreeInvarianceSeeded, TracedRunsGiveTheSameBits) {
     sim::WorldOptions options = world_options(t, sim::Schedule::kSeeded);
     options.schedule_seed = 5;
     options.trace = true;
-    options.trace_elements = {0, 9, 40};
     sim::World world(options);
     const auto inputs = p.rank_inputs(t);
     for (const Algorithm algorithm : allreduce_algorithms()) {
@@ -657,13 +656,13 @@ TEST(TreeInvarianceSeeded, TracedRunsGiveTheSameBits) {
           << "seed " << seed;
     }
     ASSERT_NE(world.tracer(), nullptr);
-    size_t steps = 0, folds = 0;
-    for (const sim::TraceEvent& e : world.tracer()->merged()) {
-      steps += e.kind == sim::TraceEvent::Kind::kStep;
-      folds += e.kind == sim::TraceEvent::Kind::kFold || e.kind == sim::TraceEvent::Kind::kRound;
-    }
+    size_t steps = 0;
+    for (const sim::TraceEvent& e : world.tracer()->merged()) steps += e.kind == sim::TraceEvent::Kind::kStep;
     EXPECT_GT(steps, 0u);
-    std::printf("TP=%d traced: %zu step events, %zu fold/round events\n", t, steps, folds);
+    options.trace_elements = {0, 9, 40};
+    sim::World element_traced(options);
+    EXPECT_THROW(run_allreduce<T>(element_traced, Algorithm::kOneShot, count, 2, Contract::kTree, inputs),
+                 std::invalid_argument);
   }
 }
 
