@@ -1,0 +1,378 @@
+#include "cuda_backend/linear/invariant_matmul.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cuda_backend/overlap/cublaslt_api.h"
+
+namespace exactcoll::cuda::linear {
+namespace {
+
+// The cuBLASLt functions this file needs beyond CublasLtApi's (batched layouts, capabilities),
+// looked up in the library CublasLtApi loaded (dlopen of the same name returns the same handle).
+struct MoreLt {
+  decltype(&::cublasLtMatrixLayoutSetAttribute) MatrixLayoutSetAttribute = nullptr;
+  decltype(&::cublasLtMatmulAlgoCapGetAttribute) MatmulAlgoCapGetAttribute = nullptr;
+};
+
+const CublasLtApi& lt() {
+  try {
+    return CublasLtApi::get();
+  } catch (const CublasError& e) {
+    throw MatmulUnavailable(e.what());
+  }
+}
+
+const MoreLt& more() {
+  static const MoreLt api = [] {
+    const CublasLtApi& base = lt();
+    void* library = dlopen(base.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) throw MatmulUnavailable("cannot reopen " + base.path);
+    MoreLt m;
+    m.MatrixLayoutSetAttribute =
+        reinterpret_cast<decltype(m.MatrixLayoutSetAttribute)>(dlsym(library, "cublasLtMatrixLayoutSetAttribute"));
+    m.MatmulAlgoCapGetAttribute =
+        reinterpret_cast<decltype(m.MatmulAlgoCapGetAttribute)>(dlsym(library, "cublasLtMatmulAlgoCapGetAttribute"));
+    if (m.MatrixLayoutSetAttribute == nullptr || m.MatmulAlgoCapGetAttribute == nullptr) {
+      throw MatmulUnavailable(base.path +
+                              " lacks cublasLtMatrixLayoutSetAttribute or cublasLtMatmulAlgoCapGetAttribute");
+    }
+    return m;  // the library stays loaded for the life of the process
+  }();
+  return api;
+}
+
+cudaDataType_t data_type(DType d) { return d == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F; }
+
+std::string shape_text(const MatmulShape& s) {
+  return "m=" + std::to_string(s.m) + " k=" + std::to_string(s.k) + " n=" + std::to_string(s.n) +
+         " batch=" + std::to_string(s.batch);
+}
+
+// The matmul descriptor and the three layouts of the column-major view (lt_matmul.h): cuBLAS's "A"
+// is our B as [n, k] (ld ldb), its "B" our A as [k, m] (ld lda), its C our C as [n, m] (ld ldc);
+// batched with our strides where batch > 1.
+struct Descriptors {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+
+  Descriptors(DType dtype, const MatmulShape& s) {
+    const cudaDataType_t t = data_type(dtype);
+    check_cublas(lt().MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    const cublasOperation_t no = CUBLAS_OP_N;
+    check_cublas(lt().MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &no, sizeof no),
+                 "cublasLtMatmulDescSetAttribute(TRANSA)");
+    check_cublas(lt().MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &no, sizeof no),
+                 "cublasLtMatmulDescSetAttribute(TRANSB)");
+    const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+    check_cublas(lt().MatrixLayoutCreate(&a, t, u(s.n), u(s.k), s.ldb), "cublasLtMatrixLayoutCreate(B^T)");
+    check_cublas(lt().MatrixLayoutCreate(&b, t, u(s.k), u(s.m), s.lda), "cublasLtMatrixLayoutCreate(A^T)");
+    check_cublas(lt().MatrixLayoutCreate(&c, t, u(s.n), u(s.m), s.ldc), "cublasLtMatrixLayoutCreate(C^T)");
+    if (s.batch > 1) {
+      batched(a, s.batch, s.stride_b);
+      batched(b, s.batch, s.stride_a);
+      batched(c, s.batch, s.stride_c);
+    }
+  }
+  ~Descriptors() {
+    if (c) lt().MatrixLayoutDestroy(c);
+    if (b) lt().MatrixLayoutDestroy(b);
+    if (a) lt().MatrixLayoutDestroy(a);
+    if (desc) lt().MatmulDescDestroy(desc);
+  }
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
+
+  // Whether `algo` runs this shape with no workspace.
+  bool runs(cublasLtHandle_t handle, const cublasLtMatmulAlgo_t& algo) const {
+    cublasLtMatmulHeuristicResult_t result{};
+    if (lt().MatmulAlgoCheck(handle, desc, a, b, c, c, &algo, &result) != CUBLAS_STATUS_SUCCESS) return false;
+    return result.state == CUBLAS_STATUS_SUCCESS && result.workspaceSize == 0;
+  }
+
+ private:
+  static void batched(cublasLtMatrixLayout_t layout, int64_t count, int64_t stride) {
+    const int32_t n = static_cast<int32_t>(count);
+    check_cublas(more().MatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n),
+                 "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)");
+    check_cublas(
+        more().MatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
+        "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)");
+  }
+};
+
+MatmulShape packed(int64_t m, int64_t k, int64_t n, int64_t batch) {
+  MatmulShape s;
+  s.m = m, s.k = k, s.n = n, s.batch = batch;
+  s.lda = k, s.ldb = n, s.ldc = n;
+  s.stride_a = m * k, s.stride_b = k * n, s.stride_c = m * n;
+  return s;
+}
+
+template <class V>
+bool config_attr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t which, V* value) {
+  size_t written = 0;
+  *value = V{};
+  return lt().MatmulAlgoConfigGetAttribute(&algo, which, value, sizeof *value, &written) == CUBLAS_STATUS_SUCCESS;
+}
+
+template <class V>
+bool cap_attr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t which, V* value) {
+  size_t written = 0;
+  *value = V{};
+  return more().MatmulAlgoCapGetAttribute(&algo, which, value, sizeof *value, &written) == CUBLAS_STATUS_SUCCESS;
+}
+
+// "algo 66 tile 20 splitK 1 reduction 0 swizzle 0 custom 0 stages 8 inner 0 cluster 2".
+std::string config_text(const cublasLtMatmulAlgo_t& algo) {
+  int32_t id = -1;
+  uint32_t tile = 0, split = 0, reduction = 0, swizzle = 0, custom = 0, stages = 0;
+  uint16_t inner = 0, cluster = 0;
+  config_attr(algo, CUBLASLT_ALGO_CONFIG_ID, &id);
+  config_attr(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile);
+  config_attr(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split);
+  config_attr(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction);
+  config_attr(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle);
+  config_attr(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom);
+  config_attr(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages);
+  config_attr(algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &inner);
+  config_attr(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster);
+  return "algo " + std::to_string(id) + " tile " + std::to_string(tile) + " splitK " + std::to_string(split) +
+         " reduction " + std::to_string(reduction) + " swizzle " + std::to_string(swizzle) + " custom " +
+         std::to_string(custom) + " stages " + std::to_string(stages) + " inner " + std::to_string(inner) +
+         " cluster " + std::to_string(cluster);
+}
+
+// Why `algo` may not be pinned, or "" when it may (the filters of the header).
+std::string unpinnable(cublasLtHandle_t handle, DType dtype, int64_t k, const cublasLtMatmulAlgo_t& algo) {
+  uint32_t split = 0, reduction = 0;
+  if (!config_attr(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split)) return "split-K unreadable";
+  if (split > 1) return "split-K " + std::to_string(split);
+  if (!config_attr(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction)) return "reduction unreadable";
+  if (reduction != CUBLASLT_REDUCTION_SCHEME_NONE) return "reduction scheme " + std::to_string(reduction);
+  int32_t strided = 0;
+  if (!cap_attr(algo, CUBLASLT_ALGO_CAP_STRIDED_BATCH_SUPPORT, &strided) || strided == 0) return "no strided batch";
+  for (auto which : {CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES,
+                     CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES}) {
+    uint32_t align = 0;
+    // An algorithm that does not say is taken to need what the heuristic was told (16 bytes).
+    if (cap_attr(algo, which, &align) && align > 16) return "needs " + std::to_string(align) + "-byte alignment";
+  }
+  // Probe shapes: the smallest decode row, a batch of leaves, a large prefill, odd sizes.
+  const MatmulShape probes[] = {packed(1, k, 8, 1), packed(1, k, 4096, 8), packed(4096, k, 16384, 1),
+                                packed(17, k, 136, 3), packed(64, k, 128, 512)};
+  for (const MatmulShape& probe : probes) {
+    Descriptors d(dtype, probe);
+    if (!d.runs(handle, algo)) return "cannot run " + shape_text(probe);
+  }
+  return "";
+}
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  const long long v = std::strtoll(text, &end, 10);
+  if (*end != '\0' || v < 0) throw MatmulRefused(std::string(name) + " must be an integer >= 0, got " + text);
+  return v;
+}
+
+std::pair<int64_t, int64_t> reference_shape() {
+  const char* text = std::getenv("EXACTCOLL_INVARIANT_MATMUL_REFERENCE");
+  if (text == nullptr || *text == '\0') return {kReferenceM, kReferenceN};
+  long long m = 0, n = 0;
+  char tail = 0;
+  if (std::sscanf(text, "%lldx%lld%c", &m, &n, &tail) != 2 || m < 1 || n < 8 || m > 65536 || n > 65536) {
+    throw MatmulRefused(std::string("EXACTCOLL_INVARIANT_MATMUL_REFERENCE must be MxN (1..65536 x 8..65536), got ") +
+                        text);
+  }
+  return {m, n};
+}
+
+}  // namespace
+
+// ---- argument checks ------------------------------------------------------------------------------
+
+void check_call(const void* a, const void* b, const void* c, DType dtype, const MatmulShape& s) {
+  if (dtype != DType::kBF16 && dtype != DType::kFP16) {
+    throw MatmulRefused(std::string("dtype must be bf16 or fp16 (fp32 accumulation, output rounded once), got ") +
+                        dtype_name(dtype));
+  }
+  const auto in = [](const char* name, int64_t v, int64_t low, int64_t high) {
+    if (v < low || v > high) {
+      throw MatmulRefused(std::string(name) + " must be " + std::to_string(low) + ".." + std::to_string(high) +
+                          ", got " + std::to_string(v));
+    }
+  };
+  in("m", s.m, 0, kMaxDim);
+  in("k", s.k, 1, kMaxDim);
+  in("n", s.n, 1, kMaxDim);
+  in("batch", s.batch, 1, kMaxBatch);
+  in("lda", s.lda, s.k, kMaxDim);
+  in("ldb", s.ldb, s.n, kMaxDim);
+  in("ldc", s.ldc, s.n, kMaxDim);
+  if (s.stride_a < 0 || s.stride_b < 0 || s.stride_c < 0) {
+    throw MatmulRefused("strides must be >= 0, got stride_a=" + std::to_string(s.stride_a) +
+                        " stride_b=" + std::to_string(s.stride_b) + " stride_c=" + std::to_string(s.stride_c));
+  }
+  if (s.m == 0) return;
+  if (s.batch > 1 && s.stride_c < (s.m - 1) * s.ldc + s.n) {
+    throw MatmulRefused("stride_c " + std::to_string(s.stride_c) + " makes the batches' outputs overlap (at least " +
+                        std::to_string((s.m - 1) * s.ldc + s.n) + " for m=" + std::to_string(s.m) +
+                        " ldc=" + std::to_string(s.ldc) + " n=" + std::to_string(s.n) + ")");
+  }
+  if (a == nullptr) throw MatmulRefused("a is NULL");
+  if (b == nullptr) throw MatmulRefused("b is NULL");
+  if (c == nullptr) throw MatmulRefused("c is NULL");
+  constexpr int64_t kAlign = 16;
+  const int64_t size = dtype_size(dtype);
+  const std::pair<const char*, const void*> pointers[] = {{"a", a}, {"b", b}, {"c", c}};
+  for (const auto& [name, p] : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % kAlign != 0) {
+      throw MatmulRefused(std::string(name) + " must be 16-byte aligned (the pinned configuration's requirement)");
+    }
+  }
+  const std::pair<const char*, int64_t> extents[] = {{"lda", s.lda},           {"ldb", s.ldb},
+                                                     {"ldc", s.ldc},           {"stride_a", s.stride_a},
+                                                     {"stride_b", s.stride_b}, {"stride_c", s.stride_c}};
+  for (const auto& [name, v] : extents) {
+    if (s.batch == 1 && std::strncmp(name, "stride", 6) == 0) continue;
+    if ((v * size) % kAlign != 0) {
+      throw MatmulRefused(std::string(name) + " = " + std::to_string(v) + " elements is not a multiple of 16 bytes (" +
+                          std::to_string(kAlign / size) + " elements)");
+    }
+  }
+}
+
+// ---- the per-device object --------------------------------------------------------------------------
+
+struct InvariantMatmul::State {
+  cublasLtHandle_t handle = nullptr;
+  std::mutex mutex;
+  // (dtype, K) -> its pinned configuration; never erased (references stay valid).
+  std::map<std::pair<int, int64_t>, std::unique_ptr<PinnedConfig>> pinned;
+  // The descriptors of every shape run (checked against its pinned configuration when made).
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+  std::map<Key, std::shared_ptr<const Descriptors>> shapes;
+  static constexpr size_t kMaxShapes = 4096;
+};
+
+InvariantMatmul& InvariantMatmul::on_device(int device) {
+  static std::mutex mutex;
+  static auto* objects = new std::map<int, std::unique_ptr<InvariantMatmul>>();  // never destroyed: usable at exit
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = (*objects)[device];
+  if (!slot) slot.reset(new InvariantMatmul());
+  return *slot;
+}
+
+InvariantMatmul::InvariantMatmul() : state_(std::make_unique<State>()) {
+  more();  // both function tables, or MatmulUnavailable
+  check_cublas(lt().Create(&state_->handle), "cublasLtCreate");
+}
+
+const PinnedConfig& InvariantMatmul::pinned(DType dtype, int64_t k) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  auto& slot = state_->pinned[{static_cast<int>(dtype), k}];
+  if (slot) return *slot;
+  const auto [ref_m, ref_n] = reference_shape();
+  const int64_t wanted = env_int("EXACTCOLL_INVARIANT_MATMUL_CANDIDATE", 0);
+  const MatmulShape reference = packed(ref_m, k, ref_n, 1);
+  Descriptors d(dtype, reference);
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_cublas(lt().MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  const uint64_t no_workspace = 0;
+  const uint32_t align = 16;
+  lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace, sizeof no_workspace);
+  for (auto which : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    lt().MatmulPreferenceSetAttribute(pref, which, &align, sizeof align);
+  }
+  constexpr int kAsk = 32;
+  std::vector<cublasLtMatmulHeuristicResult_t> results(kAsk);
+  int found = 0;
+  const cublasStatus_t status =
+      lt().MatmulAlgoGetHeuristic(state_->handle, d.desc, d.a, d.b, d.c, d.c, pref, kAsk, results.data(), &found);
+  lt().MatmulPreferenceDestroy(pref);
+  const std::string what = std::string(dtype_name(dtype)) + " K=" + std::to_string(k);
+  if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+    throw MatmulRefused("cuBLASLt offers no algorithm without workspace for " + what + " at the reference shape " +
+                        shape_text(reference));
+  }
+  std::vector<std::pair<int, cublasLtMatmulAlgo_t>> usable;
+  std::string rejected;
+  for (int i = 0; i < found; ++i) {
+    const cublasLtMatmulHeuristicResult_t& r = results[static_cast<size_t>(i)];
+    if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize != 0) continue;
+    const std::string why = unpinnable(state_->handle, dtype, k, r.algo);
+    if (why.empty()) {
+      usable.emplace_back(i, r.algo);
+    } else if (rejected.size() < 600) {
+      rejected += "\n  candidate " + std::to_string(i) + " (" + config_text(r.algo) + "): " + why;
+    }
+  }
+  if (static_cast<int64_t>(usable.size()) <= wanted) {
+    throw MatmulRefused("no cuBLASLt configuration can be pinned for " + what + " (" + std::to_string(usable.size()) +
+                        " of " + std::to_string(found) + " candidates pass; candidate " + std::to_string(wanted) +
+                        " asked for):" + rejected);
+  }
+  auto config = std::make_unique<PinnedConfig>();
+  const auto& [index, algo] = usable[static_cast<size_t>(wanted)];
+  config->algo = algo;
+  config->align_bytes = align;
+  config->text = what + ": " + config_text(algo) + " (candidate " + std::to_string(index) + " of " +
+                 std::to_string(found) + " at m=" + std::to_string(ref_m) + " n=" + std::to_string(ref_n) +
+                 "; cuBLASLt " + std::to_string(lt().GetVersion()) + ")";
+  slot = std::move(config);
+  return *slot;
+}
+
+void InvariantMatmul::run(const void* a, const void* b, void* c, DType dtype, const MatmulShape& s,
+                          cudaStream_t stream) {
+  check_call(a, b, c, dtype, s);
+  if (s.m == 0) return;
+  const PinnedConfig& config = pinned(dtype, s.k);
+  const State::Key key{static_cast<int>(dtype),
+                       s.m,
+                       s.k,
+                       s.n,
+                       s.batch,
+                       s.lda,
+                       s.ldb,
+                       s.ldc,
+                       s.batch > 1 ? s.stride_a : 0,
+                       s.batch > 1 ? s.stride_b : 0,
+                       s.batch > 1 ? s.stride_c : 0};
+  std::shared_ptr<const Descriptors> d;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    const auto it = state_->shapes.find(key);
+    if (it != state_->shapes.end()) d = it->second;
+  }
+  if (!d) {
+    auto made = std::make_shared<const Descriptors>(dtype, s);
+    if (!made->runs(state_->handle, config.algo)) {
+      throw MatmulRefused("the configuration pinned for " + config.text + " cannot run " + shape_text(s) + " (lda=" +
+                          std::to_string(s.lda) + " ldb=" + std::to_string(s.ldb) + " ldc=" + std::to_string(s.ldc) +
+                          "): refused rather than run with another configuration, whose bits could differ");
+    }
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->shapes.size() >= State::kMaxShapes) state_->shapes.clear();  // users hold their own references
+    d = state_->shapes.emplace(key, std::move(made)).first->second;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  check_cublas(lt().Matmul(state_->handle, d->desc, &alpha, b, d->a, a, d->b, &beta, c, d->c, c, d->c, &config.algo,
+                           nullptr, 0, stream),
+               "cublasLtMatmul");
+}
+
+}  // namespace exactcoll::cuda::linear

@@ -1,0 +1,130 @@
+// A matrix product whose every output element's bits depend only on its row of A, its column of B
+// and K: not on M, N, the batch count, where the operands sit in memory, or which call (column-
+// or row-parallel layer, one leaf or eight, one request or 64) it belongs to. The building block of
+// the tree contract's TP-invariant linear layers (issue 25, item 3; python/exactcoll/linear.py).
+//
+//   C[b] [m, n] = A[b] [m, k] @ B[b] [k, n]   for b in 0..batch-1, row-major, bf16 or fp16,
+//   float accumulation (CUBLAS_COMPUTE_32F), each output rounded once to the storage type;
+//   A[b] at a + b * stride_a with rows lda elements apart (lda >= k), B[b] at b + b * stride_b
+//   (ldb >= n), C[b] at c + b * stride_c (ldc >= n). stride_b may be 0 (one B for every batch).
+//
+// How it is invariant. cuBLASLt (dlopened, cuda_backend/overlap/cublaslt_api.h) computes the
+// product with the column-major mapping of cuda_backend/overlap/lt_matmul.h: C^T [n, m] =
+// B^T [n, k] @ A^T [k, m], with no transposes. What a heuristic would change from shape to shape
+// is the algorithm: kernel, tile, stages, split-K and its reduction. Here ONE configuration is
+// pinned per (device, dtype, K): chosen once, the first time that K is used, from the heuristic's
+// list at a fixed reference shape (m = kReferenceM, n = kReferenceN, batch 1, whatever the call),
+// keeping only configurations with
+//   - split-K 1 and reduction scheme none: one CTA computes each output tile over the whole K, so
+//     an element's sum is the kernel's fixed K loop (its k-tiles in order, the tensor cores' own
+//     order inside each MMA) whatever the tile's position;
+//   - no workspace: nothing is accumulated outside the output tile's CTA (a stream-K or split-K
+//     scheme needs a workspace for its partials), and runs on different streams share nothing;
+//   - strided-batch support and a minimum alignment of at most 16 bytes for every operand;
+//   - cublasLtMatmulAlgoCheck passing at probe shapes from m = 1, n = 8 to m = 4096, n = 16384,
+//     batched and not;
+// and that configuration is then used for every call with that K. Rows of C outside A's rows
+// (boundary tiles) and batch entries only change which CTA computes an element, never the order
+// of its sum, so an element's bits are a function of its row of A, its column of B and K alone.
+// A shape the pinned configuration cannot run is refused (MatmulRefused), never run with another
+// configuration, and so is a pointer, leading dimension or stride the configuration's alignment
+// does not allow.
+//
+// What is assumed (and checked on a GPU by python/tests/gpu_invariant_matmul_check.py rather than
+// proved): that a cuBLASLt kernel, given a fixed configuration, computes each output element with
+// the same sequence of operations whatever the problem's M, N and batch (true of tiled kernels
+// without split-K or stream-K: the K loop is per CTA and does not depend on the grid); that the
+// heuristic, given the same device model, cuBLASLt version and reference shape, returns the same
+// list (so every process of a TP job and of its trainer pins the same configuration:
+// configuration_text() says which, to compare across runs); and -0.0 aside, adding the zeros a
+// boundary tile loads for absent K elements changes nothing (K tiles past K are padded, identically
+// for every M and N). Different GPUs, cuBLASLt versions or an override below may pin a different
+// configuration, with different bits.
+//
+// Overrides, for experiments (every process whose bits are compared must set the same):
+//   EXACTCOLL_INVARIANT_MATMUL_CANDIDATE=i  the i-th configuration that passes the filters (0)
+//   EXACTCOLL_INVARIANT_MATMUL_REFERENCE=MxN  the reference shape (kReferenceM x kReferenceN)
+// read when a (dtype, K) is first used.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "core/storage.h"
+
+namespace exactcoll::cuda::linear {
+
+// The reference shape at which the configuration for a K is chosen.
+inline constexpr int64_t kReferenceM = 256;
+inline constexpr int64_t kReferenceN = 4096;
+// Bounds of one call (cuBLASLt's int32 dimensions; batches beyond the grid's z limit refused).
+inline constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
+inline constexpr int64_t kMaxBatch = 65535;
+
+// One strided-batched row-major product (the header's comment says what each field means).
+struct MatmulShape {
+  int64_t m = 0, k = 0, n = 0, batch = 1;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+};
+
+// A call refused: a bad argument, or a shape or alignment the pinned configuration cannot run.
+struct MatmulRefused : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// cuBLASLt could not be loaded (libcublasLt.so.13 missing).
+struct MatmulUnavailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The configuration pinned for one (device, dtype, K).
+struct PinnedConfig {
+  cublasLtMatmulAlgo_t algo{};
+  // "bf16 K=4096: algo 66 tile 20 splitK 1 reduction 0 swizzle 0 custom 0 stages 8 inner 0
+  //  cluster 2 (candidate 0 of 12 at m=256 n=4096; cuBLASLt 130000)"
+  std::string text;
+  uint32_t align_bytes = 16;  // what pointers, leading dimensions and strides must be multiples of
+};
+
+// Checks a shape and its pointers before anything runs: dtype bf16 or fp16; 0 <= m, n, k <=
+// kMaxDim, k >= 1, n >= 1; 1 <= batch <= kMaxBatch; lda >= k, ldb >= n, ldc >= n; strides >= 0
+// and, with batch > 1, stride_c large enough that no two batches' C overlap; pointers not null
+// (when m > 0) and pointers, leading dimensions and strides multiples of 16 bytes. Throws
+// MatmulRefused naming the first problem.
+void check_call(const void* a, const void* b, const void* c, DType dtype, const MatmulShape& shape);
+
+// The process's invariant products on one GPU: its cuBLASLt handle, the pinned configurations and
+// the descriptors of the shapes it has run (kept, at most a few thousand). Thread-safe.
+class InvariantMatmul {
+ public:
+  // Returns the object of `device`, made on first use. Precondition: `device` is the calling
+  // thread's current device (the cuBLASLt handle is made there). Throws MatmulUnavailable without
+  // cuBLASLt.
+  static InvariantMatmul& on_device(int device);
+
+  // Returns the configuration pinned for (dtype, k), choosing it on the first call. Throws
+  // MatmulRefused when no configuration passes the filters.
+  const PinnedConfig& pinned(DType dtype, int64_t k);
+
+  // Enqueues the product on stream (check_call first, then the pinned configuration; refused, not
+  // switched, where that configuration cannot run the shape). m == 0 enqueues nothing. Throws
+  // MatmulRefused, or CublasError when cuBLASLt fails a call.
+  void run(const void* a, const void* b, void* c, DType dtype, const MatmulShape& shape, cudaStream_t stream);
+
+  InvariantMatmul(const InvariantMatmul&) = delete;
+  InvariantMatmul& operator=(const InvariantMatmul&) = delete;
+
+ private:
+  InvariantMatmul();
+  struct State;  // handle, pinned configurations, descriptor cache (invariant_matmul.cc)
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace exactcoll::cuda::linear
