@@ -134,8 +134,8 @@ bool cap_attr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_
 
 // "algo 66 tile 20 splitK 1 reduction 0 swizzle 0 custom 0 stages 8 inner 0 cluster 2".
 std::string config_text(const cublasLtMatmulAlgo_t& algo) {
-  int32_t id = -1;
-  uint32_t tile = 0, split = 0, reduction = 0, swizzle = 0, custom = 0, stages = 0;
+  int32_t id = -1, split = 0;
+  uint32_t tile = 0, reduction = 0, swizzle = 0, custom = 0, stages = 0;
   uint16_t inner = 0, cluster = 0;
   config_attr(algo, CUBLASLT_ALGO_CONFIG_ID, &id);
   config_attr(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile);
@@ -154,13 +154,15 @@ std::string config_text(const cublasLtMatmulAlgo_t& algo) {
 
 // Why `algo` may not be pinned, or "" when it may (the filters of the header).
 std::string unpinnable(cublasLtHandle_t handle, DType dtype, int64_t k, const cublasLtMatmulAlgo_t& algo) {
-  uint32_t split = 0, reduction = 0;
+  int32_t split = 0;
+  uint32_t reduction = 0;
   if (!config_attr(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split)) return "split-K unreadable";
   if (split > 1) return "split-K " + std::to_string(split);
   if (!config_attr(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction)) return "reduction unreadable";
   if (reduction != CUBLASLT_REDUCTION_SCHEME_NONE) return "reduction scheme " + std::to_string(reduction);
+  // Strided batches: refused where the algorithm says so (the batched probes below check it too).
   int32_t strided = 0;
-  if (!cap_attr(algo, CUBLASLT_ALGO_CAP_STRIDED_BATCH_SUPPORT, &strided) || strided == 0) return "no strided batch";
+  if (cap_attr(algo, CUBLASLT_ALGO_CAP_STRIDED_BATCH_SUPPORT, &strided) && strided == 0) return "no strided batch";
   for (auto which : {CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES,
                      CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES}) {
     uint32_t align = 0;
