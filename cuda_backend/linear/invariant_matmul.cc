@@ -160,23 +160,29 @@ std::string unpinnable(cublasLtHandle_t handle, DType dtype, int64_t k, const cu
   if (split > 1) return "split-K " + std::to_string(split);
   if (!config_attr(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction)) return "reduction unreadable";
   if (reduction != CUBLASLT_REDUCTION_SCHEME_NONE) return "reduction scheme " + std::to_string(reduction);
-  // Strided batches: refused where the algorithm says so (the batched probes below check it too).
-  int32_t strided = 0;
-  if (cap_attr(algo, CUBLASLT_ALGO_CAP_STRIDED_BATCH_SUPPORT, &strided) && strided == 0) return "no strided batch";
   for (auto which : {CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES,
                      CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES}) {
     uint32_t align = 0;
     // An algorithm that does not say is taken to need what the heuristic was told (16 bytes).
     if (cap_attr(algo, which, &align) && align > 16) return "needs " + std::to_string(align) + "-byte alignment";
   }
-  // Probe shapes: the smallest decode row, a batch of leaves, a large prefill, odd sizes.
-  const MatmulShape probes[] = {packed(1, k, 8, 1), packed(1, k, 4096, 8), packed(4096, k, 16384, 1),
-                                packed(17, k, 136, 3), packed(64, k, 128, 512)};
+  // Probe shapes, one matrix each: the smallest decode row, a large prefill, odd sizes. Batched
+  // layouts are not required: where the configuration refuses one (on an H100 with cuBLASLt 13,
+  // the sm90 kernels refuse m = 1 batched), run() loops over the batch with the same configuration.
+  const MatmulShape probes[] = {packed(1, k, 8, 1), packed(1, k, 4096, 1), packed(4096, k, 16384, 1),
+                                packed(17, k, 136, 1)};
   for (const MatmulShape& probe : probes) {
     Descriptors d(dtype, probe);
     if (!d.runs(handle, algo)) return "cannot run " + shape_text(probe);
   }
   return "";
+}
+
+// Whether the configuration runs a batch of leaves in one call at decode (m = 1) and at prefill.
+std::string batch_text(cublasLtHandle_t handle, DType dtype, int64_t k, const cublasLtMatmulAlgo_t& algo) {
+  const bool decode = Descriptors(dtype, packed(1, k, 4096, 8)).runs(handle, algo);
+  const bool prefill = Descriptors(dtype, packed(64, k, 4096, 8)).runs(handle, algo);
+  return std::string("batched m=1 ") + (decode ? "native" : "looped") + ", m=64 " + (prefill ? "native" : "looped");
 }
 
 int64_t env_int(const char* name, int64_t fallback) {
@@ -257,6 +263,16 @@ void check_call(const void* a, const void* b, const void* c, DType dtype, const 
 
 // ---- the per-device object --------------------------------------------------------------------------
 
+namespace {
+
+// How run() computes one shape: its descriptors, and whether a batch runs as one call per entry.
+struct Plan {
+  std::shared_ptr<const Descriptors> d;
+  bool looped = false;
+};
+
+}  // namespace
+
 struct InvariantMatmul::State {
   cublasLtHandle_t handle = nullptr;
   std::mutex mutex;
@@ -264,7 +280,7 @@ struct InvariantMatmul::State {
   std::map<std::pair<int, int64_t>, std::unique_ptr<PinnedConfig>> pinned;
   // The descriptors of every shape run (checked against its pinned configuration when made).
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
-  std::map<Key, std::shared_ptr<const Descriptors>> shapes;
+  std::map<Key, std::shared_ptr<const Plan>> shapes;
   static constexpr size_t kMaxShapes = 4096;
 };
 
@@ -318,7 +334,7 @@ const PinnedConfig& InvariantMatmul::pinned(DType dtype, int64_t k) {
     const std::string why = unpinnable(state_->handle, dtype, k, r.algo);
     if (why.empty()) {
       usable.emplace_back(i, r.algo);
-    } else if (rejected.size() < 600) {
+    } else if (rejected.size() < 1500) {
       rejected += "\n  candidate " + std::to_string(i) + " (" + config_text(r.algo) + "): " + why;
     }
   }
@@ -332,8 +348,8 @@ const PinnedConfig& InvariantMatmul::pinned(DType dtype, int64_t k) {
   config->algo = algo;
   config->align_bytes = align;
   config->text = what + ": " + config_text(algo) + " (candidate " + std::to_string(index) + " of " +
-                 std::to_string(found) + " at m=" + std::to_string(ref_m) + " n=" + std::to_string(ref_n) +
-                 "; cuBLASLt " + std::to_string(lt().GetVersion()) + ")";
+                 std::to_string(found) + " at m=" + std::to_string(ref_m) + " n=" + std::to_string(ref_n) + "; " +
+                 batch_text(state_->handle, dtype, k, algo) + "; cuBLASLt " + std::to_string(lt().GetVersion()) + ")";
   slot = std::move(config);
   return *slot;
 }
@@ -354,27 +370,44 @@ void InvariantMatmul::run(const void* a, const void* b, void* c, DType dtype, co
                        s.batch > 1 ? s.stride_a : 0,
                        s.batch > 1 ? s.stride_b : 0,
                        s.batch > 1 ? s.stride_c : 0};
-  std::shared_ptr<const Descriptors> d;
+  std::shared_ptr<const Plan> plan;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     const auto it = state_->shapes.find(key);
-    if (it != state_->shapes.end()) d = it->second;
+    if (it != state_->shapes.end()) plan = it->second;
   }
-  if (!d) {
-    auto made = std::make_shared<const Descriptors>(dtype, s);
-    if (!made->runs(state_->handle, config.algo)) {
+  if (!plan) {
+    auto made = std::make_shared<Plan>();
+    made->d = std::make_shared<const Descriptors>(dtype, s);
+    if (!made->d->runs(state_->handle, config.algo) && s.batch > 1) {
+      // The same configuration, one matrix per call: the same bits (each batch entry is its own
+      // product), more launches.
+      MatmulShape one = s;
+      one.batch = 1;
+      made->d = std::make_shared<const Descriptors>(dtype, one);
+      made->looped = true;
+    }
+    if (!made->d->runs(state_->handle, config.algo)) {
       throw MatmulRefused("the configuration pinned for " + config.text + " cannot run " + shape_text(s) + " (lda=" +
                           std::to_string(s.lda) + " ldb=" + std::to_string(s.ldb) + " ldc=" + std::to_string(s.ldc) +
                           "): refused rather than run with another configuration, whose bits could differ");
     }
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (state_->shapes.size() >= State::kMaxShapes) state_->shapes.clear();  // users hold their own references
-    d = state_->shapes.emplace(key, std::move(made)).first->second;
+    plan = state_->shapes.emplace(key, std::move(made)).first->second;
   }
   const float alpha = 1.0f, beta = 0.0f;
-  check_cublas(lt().Matmul(state_->handle, d->desc, &alpha, b, d->a, a, d->b, &beta, c, d->c, c, d->c, &config.algo,
-                           nullptr, 0, stream),
-               "cublasLtMatmul");
+  const Descriptors& d = *plan->d;
+  const int64_t calls = plan->looped ? s.batch : 1;
+  const int64_t size = dtype_size(dtype);
+  for (int64_t i = 0; i < calls; ++i) {
+    const auto* ai = static_cast<const char*>(a) + i * s.stride_a * size;
+    const auto* bi = static_cast<const char*>(b) + i * s.stride_b * size;
+    auto* ci = static_cast<char*>(c) + i * s.stride_c * size;
+    check_cublas(lt().Matmul(state_->handle, d.desc, &alpha, bi, d.a, ai, d.b, &beta, ci, d.c, ci, d.c, &config.algo,
+                             nullptr, 0, stream),
+                 "cublasLtMatmul");
+  }
 }
 
 }  // namespace exactcoll::cuda::linear

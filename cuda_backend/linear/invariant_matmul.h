@@ -20,10 +20,12 @@
 //     order inside each MMA) whatever the tile's position;
 //   - no workspace: nothing is accumulated outside the output tile's CTA (a stream-K or split-K
 //     scheme needs a workspace for its partials), and runs on different streams share nothing;
-//   - strided-batch support and a minimum alignment of at most 16 bytes for every operand;
-//   - cublasLtMatmulAlgoCheck passing at probe shapes from m = 1, n = 8 to m = 4096, n = 16384,
-//     batched and not;
-// and that configuration is then used for every call with that K. Rows of C outside A's rows
+//   - a minimum alignment of at most 16 bytes for every operand;
+//   - cublasLtMatmulAlgoCheck passing at probe shapes from m = 1, n = 8 to m = 4096, n = 16384;
+// and that configuration is then used for every call with that K. A batch runs as one strided
+// call where the configuration accepts the batched layout, else as one call per entry with the
+// same configuration (on an H100 with cuBLASLt 13 the sm90 kernels refuse batched m = 1 layouts):
+// each entry is its own product either way. Rows of C outside A's rows
 // (boundary tiles) and batch entries only change which CTA computes an element, never the order
 // of its sum, so an element's bits are a function of its row of A, its column of B and K alone.
 // A shape the pinned configuration cannot run is refused (MatmulRefused), never run with another
@@ -87,8 +89,8 @@ struct MatmulUnavailable : std::runtime_error {
 // The configuration pinned for one (device, dtype, K).
 struct PinnedConfig {
   cublasLtMatmulAlgo_t algo{};
-  // "bf16 K=4096: algo 66 tile 20 splitK 1 reduction 0 swizzle 0 custom 0 stages 8 inner 0
-  //  cluster 2 (candidate 0 of 12 at m=256 n=4096; cuBLASLt 130000)"
+  // "bf16 K=4096: algo 66 tile 18 splitK 1 reduction 0 swizzle 0 custom 3 stages 35 inner 0
+  //  cluster 5 (candidate 0 of 8 at m=256 n=4096; batched m=1 looped, m=64 native; cuBLASLt ...)"
   std::string text;
   uint32_t align_bytes = 16;  // what pointers, leading dimensions and strides must be multiples of
 };
