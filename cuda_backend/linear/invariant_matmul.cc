@@ -166,11 +166,13 @@ std::string unpinnable(cublasLtHandle_t handle, DType dtype, int64_t k, const cu
     // An algorithm that does not say is taken to need what the heuristic was told (16 bytes).
     if (cap_attr(algo, which, &align) && align > 16) return "needs " + std::to_string(align) + "-byte alignment";
   }
-  // Probe shapes, one matrix each: the smallest decode row, a large prefill, odd sizes. Batched
-  // layouts are not required: where the configuration refuses one (on an H100 with cuBLASLt 13,
-  // the sm90 kernels refuse m = 1 batched), run() loops over the batch with the same configuration.
-  const MatmulShape probes[] = {packed(1, k, 8, 1), packed(1, k, 4096, 1), packed(4096, k, 16384, 1),
-                                packed(17, k, 136, 1)};
+  // Probe shapes, one matrix each: the smallest decode row, a small prefill, odd sizes. Neither
+  // batched layouts nor large products are required: the H100 runs of 2026-11-27 (cuBLASLt 13)
+  // found every candidate (all sm90 "algo 66") refusing a batched m = 1 layout, and refusing
+  // m = 4096 x n = 16384 without a workspace; run() computes such products in blocks, each with
+  // the same configuration (header).
+  const MatmulShape probes[] = {packed(1, k, 8, 1), packed(1, k, 4096, 1), packed(17, k, 136, 1),
+                                packed(256, k, 4096, 1)};
   for (const MatmulShape& probe : probes) {
     Descriptors d(dtype, probe);
     if (!d.runs(handle, algo)) return "cannot run " + shape_text(probe);
@@ -265,11 +267,64 @@ void check_call(const void* a, const void* b, const void* c, DType dtype, const 
 
 namespace {
 
-// How run() computes one shape: its descriptors, and whether a batch runs as one call per entry.
-struct Plan {
+// How run() computes one shape: one call, or blocks of rows and columns of C (one call each, for
+// every batch entry in turn), all with the pinned configuration.
+struct Block {
   std::shared_ptr<const Descriptors> d;
-  bool looped = false;
+  int64_t row = 0, col = 0;
 };
+struct Plan {
+  std::vector<Block> blocks;
+  bool per_entry = false;  // blocks run once per batch entry (strides added), not batched
+};
+
+// Rounds half of n up to a multiple of 8 (block columns keep C's and B's 16-byte alignment).
+int64_t half_columns(int64_t n) { return std::max<int64_t>(8, (n / 2 + 7) / 8 * 8); }
+
+// The plan for shape s under algo: the whole product in one call if the configuration runs it
+// without workspace; else one matrix per call, in the largest blocks (halving columns down to 1024,
+// then rows down to 64, then columns down to 8) that it runs. Empty when nothing runs.
+Plan make_plan(cublasLtHandle_t handle, DType dtype, const MatmulShape& s, const cublasLtMatmulAlgo_t& algo) {
+  Plan plan;
+  auto whole = std::make_shared<const Descriptors>(dtype, s);
+  if (whole->runs(handle, algo)) {
+    plan.blocks.push_back({whole, 0, 0});
+    return plan;
+  }
+  plan.per_entry = s.batch > 1;
+  MatmulShape one = s;
+  one.batch = 1;
+  int64_t mb = s.m, nb = s.n;
+  auto block_shape = [&](int64_t m, int64_t n) {
+    MatmulShape b = one;
+    b.m = m, b.n = n;
+    return b;
+  };
+  while (!Descriptors(dtype, block_shape(mb, nb)).runs(handle, algo)) {
+    if (nb > 1024) {
+      nb = half_columns(nb);
+    } else if (mb > 64) {
+      mb = (mb + 1) / 2;
+    } else if (nb > 8) {
+      nb = half_columns(nb);
+    } else {
+      return {};
+    }
+  }
+  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<const Descriptors>> made;
+  for (int64_t row = 0; row < s.m; row += mb) {
+    for (int64_t col = 0; col < s.n; col += nb) {
+      const int64_t m = std::min(mb, s.m - row), n = std::min(nb, s.n - col);
+      auto& d = made[{m, n}];
+      if (!d) {
+        d = std::make_shared<const Descriptors>(dtype, block_shape(m, n));
+        if (!d->runs(handle, algo)) return {};
+      }
+      plan.blocks.push_back({d, row, col});
+    }
+  }
+  return plan;
+}
 
 }  // namespace
 
@@ -377,36 +432,30 @@ void InvariantMatmul::run(const void* a, const void* b, void* c, DType dtype, co
     if (it != state_->shapes.end()) plan = it->second;
   }
   if (!plan) {
-    auto made = std::make_shared<Plan>();
-    made->d = std::make_shared<const Descriptors>(dtype, s);
-    if (!made->d->runs(state_->handle, config.algo) && s.batch > 1) {
-      // The same configuration, one matrix per call: the same bits (each batch entry is its own
-      // product), more launches.
-      MatmulShape one = s;
-      one.batch = 1;
-      made->d = std::make_shared<const Descriptors>(dtype, one);
-      made->looped = true;
-    }
-    if (!made->d->runs(state_->handle, config.algo)) {
+    auto made = std::make_shared<const Plan>(make_plan(state_->handle, dtype, s, config.algo));
+    if (made->blocks.empty()) {
       throw MatmulRefused("the configuration pinned for " + config.text + " cannot run " + shape_text(s) + " (lda=" +
                           std::to_string(s.lda) + " ldb=" + std::to_string(s.ldb) + " ldc=" + std::to_string(s.ldc) +
-                          "): refused rather than run with another configuration, whose bits could differ");
+                          ") without a workspace, whole or in blocks: refused rather than run with another "
+                          "configuration, whose bits could differ");
     }
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (state_->shapes.size() >= State::kMaxShapes) state_->shapes.clear();  // users hold their own references
     plan = state_->shapes.emplace(key, std::move(made)).first->second;
   }
   const float alpha = 1.0f, beta = 0.0f;
-  const Descriptors& d = *plan->d;
-  const int64_t calls = plan->looped ? s.batch : 1;
+  const int64_t entries = plan->per_entry ? s.batch : 1;
   const int64_t size = dtype_size(dtype);
-  for (int64_t i = 0; i < calls; ++i) {
-    const auto* ai = static_cast<const char*>(a) + i * s.stride_a * size;
-    const auto* bi = static_cast<const char*>(b) + i * s.stride_b * size;
-    auto* ci = static_cast<char*>(c) + i * s.stride_c * size;
-    check_cublas(lt().Matmul(state_->handle, d.desc, &alpha, bi, d.a, ai, d.b, &beta, ci, d.c, ci, d.c, &config.algo,
-                             nullptr, 0, stream),
-                 "cublasLtMatmul");
+  for (int64_t i = 0; i < entries; ++i) {
+    for (const Block& block : plan->blocks) {
+      const Descriptors& d = *block.d;
+      const auto* ai = static_cast<const char*>(a) + (i * s.stride_a + block.row * s.lda) * size;
+      const auto* bi = static_cast<const char*>(b) + (i * s.stride_b + block.col) * size;
+      auto* ci = static_cast<char*>(c) + (i * s.stride_c + block.row * s.ldc + block.col) * size;
+      check_cublas(lt().Matmul(state_->handle, d.desc, &alpha, bi, d.a, ai, d.b, &beta, ci, d.c, ci, d.c, &config.algo,
+                               nullptr, 0, stream),
+                   "cublasLtMatmul");
+    }
   }
 }
 

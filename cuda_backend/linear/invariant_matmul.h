@@ -18,30 +18,36 @@
 //   - split-K 1 and reduction scheme none: one CTA computes each output tile over the whole K, so
 //     an element's sum is the kernel's fixed K loop (its k-tiles in order, the tensor cores' own
 //     order inside each MMA) whatever the tile's position;
-//   - no workspace: nothing is accumulated outside the output tile's CTA (a stream-K or split-K
-//     scheme needs a workspace for its partials), and runs on different streams share nothing;
+//   - no workspace, at the reference shape and at every shape run: nothing is accumulated outside
+//     the output tile's CTA (a stream-K or split-K scheme needs a workspace for its partials), and
+//     calls on different streams share nothing;
 //   - a minimum alignment of at most 16 bytes for every operand;
-//   - cublasLtMatmulAlgoCheck passing at probe shapes from m = 1, n = 8 to m = 4096, n = 16384;
-// and that configuration is then used for every call with that K. A batch runs as one strided
-// call where the configuration accepts the batched layout, else as one call per entry with the
-// same configuration (on an H100 with cuBLASLt 13 the sm90 kernels refuse batched m = 1 layouts):
-// each entry is its own product either way. Rows of C outside A's rows
-// (boundary tiles) and batch entries only change which CTA computes an element, never the order
-// of its sum, so an element's bits are a function of its row of A, its column of B and K alone.
-// A shape the pinned configuration cannot run is refused (MatmulRefused), never run with another
-// configuration, and so is a pointer, leading dimension or stride the configuration's alignment
-// does not allow.
+//   - cublasLtMatmulAlgoCheck passing at small probe shapes (m = 1 with n = 8 and 4096, m = 17,
+//     m = 256);
+// and that configuration is then used for every call with that K. A call the configuration runs
+// whole (batched, without workspace) is one cuBLASLt call. Otherwise it runs one batch entry at a
+// time, in blocks of C's rows and columns (halving the columns down to 1024, then the rows down to
+// 64, then the columns down to 8, until the configuration runs the block without workspace), each
+// block one call with the same configuration on sub-matrices of the same operands. What was seen
+// on an H100 (cuBLASLt 13, CUDA 13.0, 2026-11-27): every candidate the heuristic offers at the
+// reference shape is an sm90 "algo 66" configuration with split-K 1, and each refuses a batched
+// m = 1 layout and, without workspace, m = 4096 x n = 16384 (so those run in blocks).
+// Batch entries, blocks and boundary tiles only change which CTA (and which call) computes an
+// element, never the order of its sum, so an element's bits are a function of its row of A, its
+// column of B and K alone. A shape the pinned configuration cannot run even in blocks is refused
+// (MatmulRefused), never run with another configuration, and so is a pointer, leading dimension or
+// stride the configuration's alignment does not allow.
 //
-// What is assumed (and checked on a GPU by python/tests/gpu_invariant_matmul_check.py rather than
-// proved): that a cuBLASLt kernel, given a fixed configuration, computes each output element with
-// the same sequence of operations whatever the problem's M, N and batch (true of tiled kernels
-// without split-K or stream-K: the K loop is per CTA and does not depend on the grid); that the
-// heuristic, given the same device model, cuBLASLt version and reference shape, returns the same
-// list (so every process of a TP job and of its trainer pins the same configuration:
-// configuration_text() says which, to compare across runs); and -0.0 aside, adding the zeros a
-// boundary tile loads for absent K elements changes nothing (K tiles past K are padded, identically
-// for every M and N). Different GPUs, cuBLASLt versions or an override below may pin a different
-// configuration, with different bits.
+// What is assumed, and has NOT yet been checked on a GPU (python/tests/gpu_invariant_matmul_check.py
+// checks it; the two runs of 2026-11-27 pinned nothing, see above): that a cuBLASLt kernel, given a
+// fixed configuration and no workspace, computes each output element with the same sequence of
+// operations whatever the problem's M, N and batch (true of tiled kernels without split-K or
+// stream-K: the K loop is per CTA and does not depend on the grid); that the heuristic, given the
+// same device model, cuBLASLt version and reference shape, returns the same list (so every process
+// of a TP job and of its trainer pins the same configuration: exactcoll_invariant_matmul_config
+// says which, to compare across runs). K tiles past K are padded identically for every M and N.
+// Different GPUs, cuBLASLt versions or an override below may pin a different configuration, with
+// different bits.
 //
 // Overrides, for experiments (every process whose bits are compared must set the same):
 //   EXACTCOLL_INVARIANT_MATMUL_CANDIDATE=i  the i-th configuration that passes the filters (0)

@@ -463,8 +463,9 @@ EXACTCOLL_API int exactcoll_model_multinode(int op, int dtype, int nodes, int gp
  * output rounded once to the storage type. cuBLASLt (libcublasLt.so.13, loaded on first use) runs
  * it with ONE configuration pinned per (device, dtype, k): split-K 1, no reduction, no workspace,
  * chosen the first time that k is used (cuda_backend/linear/invariant_matmul.h says how and what
- * is assumed); a shape that configuration cannot run is refused with INVALID_ARGUMENT, never run
- * with another configuration.
+ * is assumed). A product that configuration cannot run in one call runs in blocks of C's rows and
+ * columns, each with that configuration; one it cannot run even so is refused with
+ * INVALID_ARGUMENT, never run with another configuration.
  *   A[i] at a + i * stride_a, m rows of k elements, rows lda apart (lda >= k);
  *   B[i] at b + i * stride_b, k rows of n, ldb apart (ldb >= n); stride_b may be 0 (one B);
  *   C[i] at c + i * stride_c, m rows of n, ldc apart (ldc >= n); the batches' C must not overlap,

@@ -128,6 +128,19 @@ def check_columns(hidden, out, m=64):
         x[5:6]), whole[5:6])
 
 
+def check_large(k, m, n):
+    """A product the pinned configuration may run only in blocks (an LM head: m = 2048 tokens,
+    n = 32000 vocabulary): rows alone and a TP-4 column shard against the whole product."""
+    a, b = rand(m + 8, k, seed=51), rand(k, n, seed=52)
+    full = xl.invariant_matmul(a[:m], b)
+    compare(f"large K={k} M={m} N={n}: row 5 alone", xl.invariant_matmul(a[5:6], b), full[5:6])
+    compare(f"large K={k} M={m} N={n}: rows 1000..1063 alone", xl.invariant_matmul(a[1000:1064], b), full[1000:1064])
+    shard = n // 4 // 8 * 8
+    compare(f"large K={k} M={m} N={n}: columns {shard}..{2 * shard} (a TP-4 shard, view)",
+            xl.invariant_matmul(a[:m], b[:, shard:2 * shard]), full[:, shard:2 * shard])
+    compare(f"large K={k} M={m + 8} N={n}: the first {m} rows", xl.invariant_matmul(a, b)[:m], full)
+
+
 def accuracy(k, n, m=256):
     a, b = rand(m, k, seed=21), rand(k, n, seed=22)
     got = xl.invariant_matmul(a, b).double()
@@ -237,6 +250,10 @@ def main():
         guarded("leaves 14336", check_leaves, 14336, 4096, 8, (1, 64))
     print("== columns: the column-parallel layer (fused Q/K/V-like parts) at TP = 1, 2, 4, 8")
     guarded("columns", check_columns, 4096, 4096)
+    print("== large products (possibly run in blocks)")
+    guarded("large 2048", check_large, 2048, 2048, 32000)
+    if not args.quick:
+        guarded("large 4096", check_large, 4096, 4096, 16384)
     print("== accuracy against float64, and torch's own matmul")
     guarded("accuracy 4096", accuracy, 4096, 4096)
     guarded("accuracy 512", accuracy, 512, 4096)
