@@ -12,7 +12,9 @@ The pieces:
 - invariant_matmul(a, b): C = A @ B (bf16/fp16, fp32 accumulation, one rounding) with ONE cuBLASLt
   configuration pinned per (GPU, dtype, K) (exactcoll_invariant_matmul, cuda_backend/linear/
   invariant_matmul.h): every output element's bits depend only on its row of A, its column of B
-  and K, not on M, N, the batch count or where the operands sit. config(k) names the configuration.
+  and K, not on M, N, the batch count or where the operands sit (what the header assumes of a
+  pinned configuration; python/tests/gpu_invariant_matmul_check.py checks it on a GPU, which this
+  module has not yet passed). config(k) names the configuration.
 - TreeColumnParallelLinear: no K split; rank r computes its N/T output columns with the whole K, so
   its columns are bit for bit the TP = 1 layer's.
 - TreeRowParallelLinear: K splits into L leaves (L a power of two, default 8); rank r holds leaves

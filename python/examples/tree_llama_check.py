@@ -17,8 +17,8 @@ every rank and GPU), nothing downloaded. Every rank builds the full weights and 
 What the stack uses, and why each piece cannot change a bit with the TP size or the batch:
 - Linear layers (exactcoll.linear): every product is exactcoll_invariant_matmul, ONE cuBLASLt
   configuration pinned per K (split-K 1, no reduction, no workspace), so an output element's bits
-  depend only on its row, its column and K (checked on a GPU by
-  python/tests/gpu_invariant_matmul_check.py).
+  depend only on its row, its column and K (what cuda_backend/linear/invariant_matmul.h assumes of
+  the pinned configuration; python/tests/gpu_invariant_matmul_check.py checks it on a GPU).
   - Q/K/V and gate/up are column-parallel: each rank computes its heads' / its MLP slice's columns
     with the whole K: the TP = 1 columns, bit for bit.
   - O and down are row-parallel under the tree contract: K splits into 8 leaves (--leaves); every
