@@ -6,6 +6,7 @@
 #include <string>
 
 #include "capi/api_support.h"
+#include "capi/linear_checks.h"
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/linear/invariant_matmul.h"
 #include "cuda_backend/overlap/cublaslt_api.h"
@@ -35,20 +36,10 @@ class DeviceScope {
   int previous_ = -1;
 };
 
-// bf16 or fp16: INVALID_ARGUMENT for fp32 and for values that are no dtype.
-DType product_dtype(int dtype) {
-  const DType type = to_dtype(dtype);
-  if (type != DType::kBF16 && type != DType::kFP16) {
-    bad_argument(std::string("dtype must be EXACTCOLL_BF16 or EXACTCOLL_FP16, got ") + dtype_name(type));
-  }
-  return type;
-}
-
 // Runs body on `device` (-1: the current one), with the module's exceptions as statuses: a refused
 // call is INVALID_ARGUMENT, cuBLASLt missing is UNAVAILABLE, a CUDA or cuBLASLt failure is CUDA.
 template <class Body>
 void on_device(int device, Body&& body) {
-  if (device < -1) bad_argument("device must be -1 (the current one) or a device index, got " + std::to_string(device));
   try {
     if (device == -1) EXC_CUDA_CHECK(cudaGetDevice(&device));
     DeviceScope scope(device);
@@ -72,17 +63,10 @@ int exactcoll_invariant_matmul(const void* a, const void* b, void* c, int64_t m,
                                int64_t lda, int64_t ldb, int64_t ldc, int64_t stride_a, int64_t stride_b,
                                int64_t stride_c, int dtype, int device, void* stream) {
   return guarded("exactcoll_invariant_matmul", [&] {
-    const DType type = product_dtype(dtype);
-    cuda::linear::MatmulShape shape;
-    shape.m = m, shape.k = k, shape.n = n, shape.batch = batch;
-    shape.lda = lda, shape.ldb = ldb, shape.ldc = ldc;
-    shape.stride_a = stride_a, shape.stride_b = stride_b, shape.stride_c = stride_c;
     // Every argument before any GPU work, so a bad call is refused the same with or without a GPU.
-    try {
-      cuda::linear::check_call(a, b, c, type, shape);
-    } catch (const cuda::linear::MatmulRefused& e) {
-      bad_argument(e.what());
-    }
+    const DType type = product_dtype(dtype);
+    const cuda::linear::MatmulShape shape =
+        checked_matmul(a, b, c, m, k, n, batch, lda, ldb, ldc, stride_a, stride_b, stride_c, type, device);
     if (m == 0) return;
     on_device(device, [&](cuda::linear::InvariantMatmul& matmul) {
       matmul.run(a, b, c, type, shape, static_cast<cudaStream_t>(stream));
@@ -93,9 +77,7 @@ int exactcoll_invariant_matmul(const void* a, const void* b, void* c, int64_t m,
 int exactcoll_invariant_matmul_config(int dtype, int64_t k, int device, char* text, size_t size) {
   return guarded("exactcoll_invariant_matmul_config", [&] {
     const DType type = product_dtype(dtype);
-    if (k < 1 || k > cuda::linear::kMaxDim) bad_argument("k must be 1..2^31-1, got " + std::to_string(k));
-    require(text, "text");
-    if (size == 0) bad_argument("size is 0: no room for the text");
+    check_config(k, device, text, size);
     on_device(device, [&](cuda::linear::InvariantMatmul& matmul) {
       const std::string& pinned = matmul.pinned(type, k).text;
       const size_t n = pinned.size() < size - 1 ? pinned.size() : size - 1;

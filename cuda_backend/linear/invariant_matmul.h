@@ -65,27 +65,13 @@
 #include <string>
 
 #include "core/storage.h"
+#include "cuda_backend/linear/matmul_args.h"
 
 namespace exactcoll::cuda::linear {
 
 // The reference shape at which the configuration for a K is chosen.
 inline constexpr int64_t kReferenceM = 256;
 inline constexpr int64_t kReferenceN = 4096;
-// Bounds of one call (cuBLASLt's int32 dimensions; batches beyond the grid's z limit refused).
-inline constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
-inline constexpr int64_t kMaxBatch = 65535;
-
-// One strided-batched row-major product (the header's comment says what each field means).
-struct MatmulShape {
-  int64_t m = 0, k = 0, n = 0, batch = 1;
-  int64_t lda = 0, ldb = 0, ldc = 0;
-  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
-};
-
-// A call refused: a bad argument, or a shape or alignment the pinned configuration cannot run.
-struct MatmulRefused : std::invalid_argument {
-  using std::invalid_argument::invalid_argument;
-};
 
 // cuBLASLt could not be loaded (libcublasLt.so.13 missing).
 struct MatmulUnavailable : std::runtime_error {
@@ -100,13 +86,6 @@ struct PinnedConfig {
   std::string text;
   uint32_t align_bytes = 16;  // what pointers, leading dimensions and strides must be multiples of
 };
-
-// Checks a shape and its pointers before anything runs: dtype bf16 or fp16; 0 <= m, n, k <=
-// kMaxDim, k >= 1, n >= 1; 1 <= batch <= kMaxBatch; lda >= k, ldb >= n, ldc >= n; strides >= 0
-// and, with batch > 1, stride_c large enough that no two batches' C overlap; pointers not null
-// (when m > 0) and pointers, leading dimensions and strides multiples of 16 bytes. Throws
-// MatmulRefused naming the first problem.
-void check_call(const void* a, const void* b, const void* c, DType dtype, const MatmulShape& shape);
 
 // The process's invariant products on one GPU: its cuBLASLt handle, the pinned configurations and
 // the descriptors of the shapes it has run (kept, at most a few thousand). Thread-safe.
