@@ -465,6 +465,39 @@ EXACTCOLL_API int exactcoll_model_multinode(int op, int dtype, int nodes, int gp
                                             const exactcoll_link_rates* rates, exactcoll_model_prediction* predictions,
                                             int capacity, int* count);
 
+/* ---- TP-invariant matrix products (issue 25; EXACTCOLL_ERROR_UNAVAILABLE without CUDA) -------- */
+
+/* C[i] = A[i] @ B[i] for i in 0..batch-1, row-major, on one GPU (no communicator), with every
+ * output element's bits a function of its row of A, its column of B and k alone: the same for any
+ * m, n, batch, leading dimension or position in memory (the building block of the tree contract's
+ * TP-invariant linear layers: a column-parallel shard of N, or a row-parallel layer's leaves as
+ * one batch, gives the bits of the whole product). bf16 or fp16 operands, float accumulation, each
+ * output rounded once to the storage type. cuBLASLt (libcublasLt.so.13, loaded on first use) runs
+ * it with ONE configuration pinned per (device, dtype, k): split-K 1, no reduction, no workspace,
+ * chosen the first time that k is used (cuda_backend/linear/invariant_matmul.h says how and what
+ * is assumed). A product that configuration cannot run in one call runs in blocks of C's rows and
+ * columns, each with that configuration; one it cannot run even so is refused with
+ * INVALID_ARGUMENT, never run with another configuration.
+ *   A[i] at a + i * stride_a, m rows of k elements, rows lda apart (lda >= k);
+ *   B[i] at b + i * stride_b, k rows of n, ldb apart (ldb >= n); stride_b may be 0 (one B);
+ *   C[i] at c + i * stride_c, m rows of n, ldc apart (ldc >= n); the batches' C must not overlap,
+ *   and C must not overlap A or B.
+ * (strides and leading dimensions in elements). 0 <= m, 1 <= k, n <= 2^31 - 1, 1 <= batch <= 65535;
+ * pointers 16-byte aligned and every leading dimension and stride a multiple of 8 elements;
+ * m == 0 does nothing. dtype: EXACTCOLL_BF16 or EXACTCOLL_FP16. device: the GPU that holds the
+ * operands and stream (-1: the calling thread's current device). Enqueued on stream; may be
+ * captured in a CUDA graph once the (dtype, k) and shape have run eagerly (the first call of a k
+ * asks cuBLASLt's heuristic). */
+EXACTCOLL_API int exactcoll_invariant_matmul(const void* a, const void* b, void* c, int64_t m, int64_t k, int64_t n,
+                                             int64_t batch, int64_t lda, int64_t ldb, int64_t ldc, int64_t stride_a,
+                                             int64_t stride_b, int64_t stride_c, int dtype, int device, void* stream);
+
+/* Writes the configuration exactcoll_invariant_matmul pins for (dtype, k) on device (choosing it
+ * if no call has yet), e.g. "bf16 K=4096: algo 66 tile 20 splitK 1 reduction 0 ... (candidate 0 of
+ * 12 at m=256 n=4096; cuBLASLt 130000)", into text (size bytes, truncated, NUL-terminated): two
+ * runs whose bits are compared must show the same text for every k they use. */
+EXACTCOLL_API int exactcoll_invariant_matmul_config(int dtype, int64_t k, int device, char* text, size_t size);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,0 +1,61 @@
+#include "cuda_backend/linear/matmul_args.h"
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace exactcoll::cuda::linear {
+
+void check_call(const void* a, const void* b, const void* c, DType dtype, const MatmulShape& s) {
+  if (dtype != DType::kBF16 && dtype != DType::kFP16) {
+    throw MatmulRefused(std::string("dtype must be bf16 or fp16 (fp32 accumulation, output rounded once), got ") +
+                        dtype_name(dtype));
+  }
+  const auto in = [](const char* name, int64_t v, int64_t low, int64_t high) {
+    if (v < low || v > high) {
+      throw MatmulRefused(std::string(name) + " must be " + std::to_string(low) + ".." + std::to_string(high) +
+                          ", got " + std::to_string(v));
+    }
+  };
+  in("m", s.m, 0, kMaxDim);
+  in("k", s.k, 1, kMaxDim);
+  in("n", s.n, 1, kMaxDim);
+  in("batch", s.batch, 1, kMaxBatch);
+  in("lda", s.lda, s.k, kMaxDim);
+  in("ldb", s.ldb, s.n, kMaxDim);
+  in("ldc", s.ldc, s.n, kMaxDim);
+  if (s.stride_a < 0 || s.stride_b < 0 || s.stride_c < 0) {
+    throw MatmulRefused("strides must be >= 0, got stride_a=" + std::to_string(s.stride_a) +
+                        " stride_b=" + std::to_string(s.stride_b) + " stride_c=" + std::to_string(s.stride_c));
+  }
+  if (s.m == 0) return;
+  if (s.batch > 1 && s.stride_c < (s.m - 1) * s.ldc + s.n) {
+    throw MatmulRefused("stride_c " + std::to_string(s.stride_c) + " makes the batches' outputs overlap (at least " +
+                        std::to_string((s.m - 1) * s.ldc + s.n) + " for m=" + std::to_string(s.m) +
+                        " ldc=" + std::to_string(s.ldc) + " n=" + std::to_string(s.n) + ")");
+  }
+  if (a == nullptr) throw MatmulRefused("a is NULL");
+  if (b == nullptr) throw MatmulRefused("b is NULL");
+  if (c == nullptr) throw MatmulRefused("c is NULL");
+  constexpr int64_t kAlign = 16;
+  const int64_t size = dtype_size(dtype);
+  const std::pair<const char*, const void*> pointers[] = {{"a", a}, {"b", b}, {"c", c}};
+  for (const auto& [name, p] : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % kAlign != 0) {
+      throw MatmulRefused(std::string(name) + " must be 16-byte aligned (the pinned configuration's requirement)");
+    }
+  }
+  const std::pair<const char*, int64_t> extents[] = {{"lda", s.lda},           {"ldb", s.ldb},
+                                                     {"ldc", s.ldc},           {"stride_a", s.stride_a},
+                                                     {"stride_b", s.stride_b}, {"stride_c", s.stride_c}};
+  for (const auto& [name, v] : extents) {
+    if (s.batch == 1 && std::strncmp(name, "stride", 6) == 0) continue;
+    if ((v * size) % kAlign != 0) {
+      throw MatmulRefused(std::string(name) + " = " + std::to_string(v) + " elements is not a multiple of 16 bytes (" +
+                          std::to_string(kAlign / size) + " elements)");
+    }
+  }
+}
+
+}  // namespace exactcoll::cuda::linear

@@ -1,0 +1,36 @@
+// The arguments of the invariant matrix product (invariant_matmul.h) and their checks: plain C++,
+// no CUDA, so that a library built without CUDA refuses a bad call exactly as one built with it
+// (capi/linear_api_stub.cc).
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+
+#include "core/storage.h"
+
+namespace exactcoll::cuda::linear {
+
+// Bounds of one call (cuBLASLt's int32 dimensions; batches beyond the grid's z limit refused).
+inline constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
+inline constexpr int64_t kMaxBatch = 65535;
+
+// One strided-batched row-major product (the header's comment says what each field means).
+struct MatmulShape {
+  int64_t m = 0, k = 0, n = 0, batch = 1;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+};
+
+// A call refused: a bad argument, or a shape or alignment the pinned configuration cannot run.
+struct MatmulRefused : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// Checks a shape and its pointers before anything runs: dtype bf16 or fp16; 0 <= m, n, k <=
+// kMaxDim, k >= 1, n >= 1; 1 <= batch <= kMaxBatch; lda >= k, ldb >= n, ldc >= n; strides >= 0
+// and, with batch > 1, stride_c large enough that no two batches' C overlap; pointers not null
+// (when m > 0) and pointers, leading dimensions and strides multiples of 16 bytes. Throws
+// MatmulRefused naming the first problem.
+void check_call(const void* a, const void* b, const void* c, DType dtype, const MatmulShape& shape);
+
+}  // namespace exactcoll::cuda::linear

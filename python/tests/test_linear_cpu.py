@@ -1,0 +1,154 @@
+"""exactcoll.linear's Python side on the CPU: the pointers, leading dimensions and strides it passes
+to exactcoll_invariant_matmul, checked by running a stand-in for the C function on host memory
+(float64 products rounded once to bf16, reading and writing exactly the elements the C API's
+contract names); the tree order; the shards; the layers at TP = 1, 2, 4, 8; the backward passes.
+The product's own bits need a GPU (python/tests/gpu_invariant_matmul_check.py).
+
+    PYTHONPATH=<installed wheel> python3 -m unittest -v test_linear_cpu     (from python/tests)
+"""
+
+import ctypes
+import unittest
+
+import numpy as np
+import torch
+
+import exactcoll.linear as xl
+
+
+def _stand_in(calls):
+    """A Python exactcoll_invariant_matmul over host pointers (no GPU), recording each call."""
+
+    def matmul(a, b, c, m, k, n, batch, lda, ldb, ldc, sa, sb, sc, dtype, device, stream):
+        assert a % 16 == 0 and b % 16 == 0 and c % 16 == 0, "16-byte aligned pointers"
+        for v in (lda, ldb, ldc) + ((sa, sb, sc) if batch > 1 else ()):
+            assert v % 8 == 0, f"leading dimension or stride {v} is not a multiple of 8 elements"
+        assert lda >= k and ldb >= n and ldc >= n
+        calls.append((m, k, n, batch, lda, ldb, ldc, sa, sb, sc))
+
+        def view(pointer, rows, cols, ld):
+            flat = np.ctypeslib.as_array((ctypes.c_uint16 * ((rows - 1) * ld + cols)).from_address(pointer))
+            return np.lib.stride_tricks.as_strided(flat, (rows, cols), (2 * ld, 2))
+
+        def to_double(bits):
+            return torch.from_numpy(np.ascontiguousarray(bits).astype(np.int16)).view(torch.bfloat16).double()
+
+        for i in range(batch):
+            a_i = to_double(view(a + 2 * i * sa, m, k, lda))
+            b_i = to_double(view(b + 2 * i * sb, k, n, ldb))
+            view(c + 2 * i * sc, m, n, ldc)[...] = (a_i @ b_i).to(torch.bfloat16).view(torch.int16).numpy() \
+                .astype(np.uint16)
+        return 0
+
+    return matmul
+
+
+def _ref(a, b):
+    return (a.double() @ b.double()).to(torch.bfloat16)
+
+
+class LinearOnCpu(unittest.TestCase):
+    def setUp(self):
+        self.calls = []
+        self.saved = (xl._bound, xl._CURRENT_STREAM, torch.Tensor.is_cuda, torch.Tensor.get_device)
+        xl._bound = lambda: (_stand_in(self.calls), None)
+        xl._CURRENT_STREAM = lambda device: 0
+        torch.Tensor.is_cuda = property(lambda self: True)  # host tensors pass the CUDA checks
+        torch.Tensor.get_device = lambda self: 0
+        self.g = torch.Generator().manual_seed(0)
+
+    def tearDown(self):
+        xl._bound, xl._CURRENT_STREAM, torch.Tensor.is_cuda, torch.Tensor.get_device = self.saved
+
+    def rand(self, *shape):
+        return torch.randn(*shape, generator=self.g).to(torch.bfloat16)
+
+    def assertBits(self, got, want):
+        self.assertEqual(tuple(got.shape), tuple(want.shape))
+        self.assertTrue(torch.equal(got.contiguous().view(torch.int16), want.contiguous().view(torch.int16)))
+
+    def test_layouts(self):
+        a, b = self.rand(40, 64), self.rand(64, 48)
+        self.assertBits(xl.invariant_matmul(a, b), _ref(a, b))
+        self.assertBits(xl.invariant_matmul(a[8:9], b), _ref(a[8:9], b))           # one row, offset
+        self.assertBits(xl.invariant_matmul(a[3:20], b), _ref(a[3:20], b))         # misaligned rows: copied
+        self.assertBits(xl.invariant_matmul(a, b[:, 8:24]), _ref(a, b[:, 8:24]))   # column view, ldb = 48
+        self.assertEqual(self.calls[-1][5], 48)
+        self.assertBits(xl.invariant_matmul(a, b[:, 3:11]), _ref(a, b[:, 3:11]))   # misaligned columns: copied
+
+    def test_batches(self):
+        a, b = self.rand(5, 16, 64), self.rand(5, 64, 32)
+        self.assertBits(xl.invariant_matmul(a, b), torch.stack([_ref(a[i], b[i]) for i in range(5)]))
+        self.assertBits(xl.invariant_matmul(a, b[0]), torch.stack([_ref(a[i], b[0]) for i in range(5)]))
+        self.assertEqual(self.calls[-1][8], 0)  # one B: stride 0
+        self.assertBits(xl.invariant_matmul(a[:1], b), torch.stack([_ref(a[0], b[i]) for i in range(5)]))
+
+    def test_refusals(self):
+        with self.assertRaises(ValueError):
+            xl.invariant_matmul(self.rand(4, 12), self.rand(12, 8))  # K = 12: rows not 16-byte multiples
+        with self.assertRaises(ValueError):
+            xl.invariant_matmul(self.rand(4, 16).float(), self.rand(16, 8).float())
+        with self.assertRaises(ValueError):
+            xl.invariant_matmul(self.rand(4, 16), self.rand(8, 8))
+
+    def test_tree_sum_order(self):
+        x = self.rand(8, 5) * 1000
+        want = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))
+        self.assertBits(xl.tree_sum(x), want)
+        with self.assertRaises(ValueError):
+            xl.tree_sum(x[:3])
+
+    def test_row_parallel_every_tp(self):
+        hidden, out, leaves = 128, 32, 8
+        w, x = self.rand(out, hidden), self.rand(7, hidden)
+        kl = hidden // leaves
+        whole = None
+        for tp in (1, 2, 4, 8):
+            local = hidden // tp
+            partials = []
+            for rank in range(tp):
+                module = xl.TreeRowParallelLinear.from_full(w, rank, tp, leaves)
+                products = module.leaf_products(x[:, rank * local:(rank + 1) * local])
+                for j in range(leaves // tp):
+                    leaf = rank * (leaves // tp) + j
+                    self.assertBits(products[j], _ref(x[:, leaf * kl:(leaf + 1) * kl], w[:, leaf * kl:(leaf + 1) * kl].t()))
+                partials.append(module(x[:, rank * local:(rank + 1) * local], reduce=False))
+            total = xl.tree_sum(torch.stack(partials))
+            whole = total if whole is None else whole
+            self.assertBits(total, whole)
+        self.assertBits(xl.TreeRowParallelLinear.from_full(w, 0, 1, leaves)(x), whole)
+
+    def test_shards_cover_the_weight(self):
+        w = self.rand(24, 64)
+        for tp in (1, 2, 4, 8):
+            self.assertBits(torch.cat([xl.row_parallel_shard(w, r, tp) for r in range(tp)], 0), w.t())
+        q, k = self.rand(32, 16), self.rand(8, 16)
+        got = torch.cat([xl.column_parallel_shard([q, k], r, 4) for r in range(4)], 1)
+        want = torch.cat([torch.cat([q[8 * r:8 * r + 8], k[2 * r:2 * r + 2]]) for r in range(4)]).t()
+        self.assertBits(got, want)
+        with self.assertRaises(ValueError):
+            xl.TreeRowParallelLinear(100, 32, 0, 2, 8)   # 100 is not 8 leaves of a multiple of 8
+        with self.assertRaises(ValueError):
+            xl.TreeRowParallelLinear(128, 32, 0, 3, 8)   # 3 does not divide 8
+
+    def test_column_parallel_fused_parts(self):
+        w, x = self.rand(32, 128), self.rand(5, 128)
+        module = xl.TreeColumnParallelLinear.from_full([w, w[:16]], 1, 2)
+        self.assertEqual(module.split_sizes, [16, 8])
+        self.assertBits(module(x), torch.cat([_ref(x, w[16:32].t()), _ref(x, w[8:16].t())], 1))
+
+    def test_backward(self):
+        w, x = self.rand(32, 128), self.rand(7, 64)
+        module = xl.TreeRowParallelLinear.from_full(w, 0, 2, 8)
+        xg = x.clone().requires_grad_(True)
+        module(xg, reduce=False).float().sum().backward()
+        ones = torch.ones(7, 32)
+        torch.testing.assert_close(xg.grad.float(), ones @ module.weight_t.detach().float().t(), atol=0.1, rtol=0.02)
+        torch.testing.assert_close(module.weight_t.grad.float(), x.float().t() @ ones, atol=0.1, rtol=0.02)
+        a, b = self.rand(6, 16).requires_grad_(True), self.rand(16, 8).requires_grad_(True)
+        xl.invariant_matmul(a, b).float().sum().backward()
+        self.assertEqual((tuple(a.grad.shape), tuple(b.grad.shape)), ((6, 16), (16, 8)))
+
+
+if __name__ == "__main__":
+    unittest.main()
