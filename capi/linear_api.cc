@@ -9,6 +9,7 @@
 #include "capi/linear_checks.h"
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/linear/invariant_matmul.h"
+#include "cuda_backend/linear/tile_matmul.h"
 #include "cuda_backend/overlap/cublaslt_api.h"
 #include "exactcoll/exactcoll.h"
 
@@ -43,7 +44,7 @@ void on_device(int device, Body&& body) {
   try {
     if (device == -1) EXC_CUDA_CHECK(cudaGetDevice(&device));
     DeviceScope scope(device);
-    body(cuda::linear::InvariantMatmul::on_device(device));
+    body(device);
   } catch (const cuda::linear::MatmulRefused& e) {
     bad_argument(e.what());
   } catch (const cuda::linear::MatmulUnavailable& e) {
@@ -68,8 +69,12 @@ int exactcoll_invariant_matmul(const void* a, const void* b, void* c, int64_t m,
     const cuda::linear::MatmulShape shape =
         checked_matmul(a, b, c, m, k, n, batch, lda, ldb, ldc, stride_a, stride_b, stride_c, type, device);
     if (m == 0) return;
-    on_device(device, [&](cuda::linear::InvariantMatmul& matmul) {
-      matmul.run(a, b, c, type, shape, static_cast<cudaStream_t>(stream));
+    on_device(device, [&](int current) {
+      if (cuda::linear::invariant_kernel() == cuda::linear::InvariantKernel::kTiles) {
+        EXC_CUDA_CHECK(cuda::linear::launch_tile_matmul(a, b, c, type, shape, static_cast<cudaStream_t>(stream)));
+      } else {
+        cuda::linear::InvariantMatmul::on_device(current).run(a, b, c, type, shape, static_cast<cudaStream_t>(stream));
+      }
     });
   });
 }
@@ -78,8 +83,10 @@ int exactcoll_invariant_matmul_config(int dtype, int64_t k, int device, char* te
   return guarded("exactcoll_invariant_matmul_config", [&] {
     const DType type = product_dtype(dtype);
     check_config(k, device, text, size);
-    on_device(device, [&](cuda::linear::InvariantMatmul& matmul) {
-      const std::string& pinned = matmul.pinned(type, k).text;
+    on_device(device, [&](int current) {
+      const std::string pinned = cuda::linear::invariant_kernel() == cuda::linear::InvariantKernel::kTiles
+                                     ? std::string(cuda::linear::kTileMatmulText)
+                                     : cuda::linear::InvariantMatmul::on_device(current).pinned(type, k).text;
       const size_t n = pinned.size() < size - 1 ? pinned.size() : size - 1;
       pinned.copy(text, n);
       text[n] = '\0';

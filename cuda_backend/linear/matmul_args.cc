@@ -1,6 +1,7 @@
 #include "cuda_backend/linear/matmul_args.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -56,6 +57,13 @@ void check_call(const void* a, const void* b, const void* c, DType dtype, const 
                           std::to_string(kAlign / size) + " elements)");
     }
   }
+}
+
+InvariantKernel invariant_kernel() {
+  const char* text = std::getenv("EXACTCOLL_INVARIANT_MATMUL");
+  if (text == nullptr || *text == '\0' || std::strcmp(text, "tiles") == 0) return InvariantKernel::kTiles;
+  if (std::strcmp(text, "cublaslt") == 0) return InvariantKernel::kCublasLt;
+  throw MatmulRefused(std::string("EXACTCOLL_INVARIANT_MATMUL must be tiles or cublaslt, got ") + text);
 }
 
 }  // namespace exactcoll::cuda::linear

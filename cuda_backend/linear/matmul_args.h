@@ -33,4 +33,12 @@ struct MatmulRefused : std::invalid_argument {
 // MatmulRefused naming the first problem.
 void check_call(const void* a, const void* b, const void* c, DType dtype, const MatmulShape& shape);
 
+// Which kernel computes the product: exactcoll's own tiles (tile_matmul.h: invariant by
+// construction; the default) or the pinned cuBLASLt configuration (invariant_matmul.h: invariant
+// only if that configuration's kernel is, an experiment), from EXACTCOLL_INVARIANT_MATMUL = tiles
+// (or unset) | cublaslt. Every process whose bits are compared must use the same one. Throws
+// MatmulRefused for another value.
+enum class InvariantKernel { kTiles, kCublasLt };
+InvariantKernel invariant_kernel();
+
 }  // namespace exactcoll::cuda::linear

@@ -472,12 +472,15 @@ EXACTCOLL_API int exactcoll_model_multinode(int op, int dtype, int nodes, int gp
  * m, n, batch, leading dimension or position in memory (the building block of the tree contract's
  * TP-invariant linear layers: a column-parallel shard of N, or a row-parallel layer's leaves as
  * one batch, gives the bits of the whole product). bf16 or fp16 operands, float accumulation, each
- * output rounded once to the storage type. cuBLASLt (libcublasLt.so.13, loaded on first use) runs
- * it with ONE configuration pinned per (device, dtype, k): split-K 1, no reduction, no workspace,
- * chosen the first time that k is used (cuda_backend/linear/invariant_matmul.h says how and what
- * is assumed). A product that configuration cannot run in one call runs in blocks of C's rows and
- * columns, each with that configuration; one it cannot run even so is refused with
- * INVALID_ARGUMENT, never run with another configuration.
+ * output rounded once to the storage type. By default exactcoll's own kernel computes it
+ * (cuda_backend/linear/tile_matmul.h: 64 x 64 blocks of C, K in order from 0 by tensor-core
+ * MMAs with fp32 accumulation: every element's order of operations is fixed by construction).
+ * With EXACTCOLL_INVARIANT_MATMUL=cublaslt (an experiment), cuBLASLt (libcublasLt.so.13, loaded on
+ * first use) runs it with ONE configuration pinned per (device, dtype, k): split-K 1, no
+ * reduction, no workspace, chosen the first time that k is used (cuda_backend/linear/
+ * invariant_matmul.h says how and what is assumed); a product that configuration cannot run in one
+ * call runs in blocks of C's rows and columns, each with that configuration; one it cannot run
+ * even so is refused with INVALID_ARGUMENT, never run with another configuration.
  *   A[i] at a + i * stride_a, m rows of k elements, rows lda apart (lda >= k);
  *   B[i] at b + i * stride_b, k rows of n, ldb apart (ldb >= n); stride_b may be 0 (one B);
  *   C[i] at c + i * stride_c, m rows of n, ldc apart (ldc >= n); the batches' C must not overlap,
@@ -492,7 +495,8 @@ EXACTCOLL_API int exactcoll_invariant_matmul(const void* a, const void* b, void*
                                              int64_t batch, int64_t lda, int64_t ldb, int64_t ldc, int64_t stride_a,
                                              int64_t stride_b, int64_t stride_c, int dtype, int device, void* stream);
 
-/* Writes the configuration exactcoll_invariant_matmul pins for (dtype, k) on device (choosing it
+/* Writes the kernel exactcoll_invariant_matmul runs for (dtype, k) on device: exactcoll's tiles
+ * ("exactcoll tiles: 64x64 C blocks, ..."), or with cublaslt the configuration it pins (choosing it
  * if no call has yet), e.g. "bf16 K=4096: algo 66 tile 20 splitK 1 reduction 0 ... (candidate 0 of
  * 12 at m=256 n=4096; cuBLASLt 130000)", into text (size bytes, truncated, NUL-terminated): two
  * runs whose bits are compared must show the same text for every k they use. */

@@ -9,12 +9,13 @@ depend on the TP size, the batch or the request's place in it.
     partial = o_proj(x, reduce=False)   # this rank's subtree, for comm.fused_add_rms_norm
 
 The pieces:
-- invariant_matmul(a, b): C = A @ B (bf16/fp16, fp32 accumulation, one rounding) with ONE cuBLASLt
-  configuration pinned per (GPU, dtype, K) (exactcoll_invariant_matmul, cuda_backend/linear/
-  invariant_matmul.h): every output element's bits depend only on its row of A, its column of B
-  and K, not on M, N, the batch count or where the operands sit (what the header assumes of a
-  pinned configuration; python/tests/gpu_invariant_matmul_check.py checks it on a GPU, which this
-  module has not yet passed). config(k) names the configuration.
+- invariant_matmul(a, b): C = A @ B (bf16/fp16, fp32 accumulation, one rounding) by
+  exactcoll_invariant_matmul: exactcoll's own tensor-core kernel (cuda_backend/linear/
+  tile_matmul.h), whose every output element is the same sequence of MMAs over K whatever M, N,
+  the batch count or where the operands sit, so its bits depend only on its row of A, its column
+  of B and K (python/tests/gpu_invariant_matmul_check.py checks it on a GPU).
+  EXACTCOLL_INVARIANT_MATMUL=cublaslt runs a pinned cuBLASLt configuration instead (an
+  experiment: invariant_matmul.h). config(k) names the kernel or configuration.
 - TreeColumnParallelLinear: no K split; rank r computes its N/T output columns with the whole K, so
   its columns are bit for bit the TP = 1 layer's.
 - TreeRowParallelLinear: K splits into L leaves (L a power of two, default 8); rank r holds leaves

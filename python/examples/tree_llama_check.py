@@ -15,10 +15,10 @@ it), weights drawn from a fixed seed with torch's counter-based CUDA generator (
 every rank and GPU), nothing downloaded. Every rank builds the full weights and keeps its shard.
 
 What the stack uses, and why each piece cannot change a bit with the TP size or the batch:
-- Linear layers (exactcoll.linear): every product is exactcoll_invariant_matmul, ONE cuBLASLt
-  configuration pinned per K (split-K 1, no reduction, no workspace), so an output element's bits
-  depend only on its row, its column and K (what cuda_backend/linear/invariant_matmul.h assumes of
-  the pinned configuration; python/tests/gpu_invariant_matmul_check.py checks it on a GPU).
+- Linear layers (exactcoll.linear): every product is exactcoll_invariant_matmul, exactcoll's own
+  tensor-core kernel (64 x 64 blocks of the output, K in order from 0 by 16-wide MMAs, fp32 accumulation,
+  one rounding: cuda_backend/linear/tile_matmul.h), so an output element's bits depend only on its
+  row, its column and K (python/tests/gpu_invariant_matmul_check.py checks it on a GPU).
   - Q/K/V and gate/up are column-parallel: each rank computes its heads' / its MLP slice's columns
     with the whole K: the TP = 1 columns, bit for bit.
   - O and down are row-parallel under the tree contract: K splits into 8 leaves (--leaves); every
@@ -49,7 +49,7 @@ whose Communicator has no tree contract yet, or ranks sharing one GPU.
 Rank 0 writes to --out: logits_alone.bin and logits_batch.bin (the check request's bf16 logits
 [seq, vocab], raw little-endian bytes), logprobs_alone.bin and logprobs_batch.bin (float32 [seq-1]:
 each next token's log-prob), and summary.json (shapes, sha256 of each file, alone-vs-batch result,
-the pinned cuBLASLt configuration of every K, the device and versions).
+the product's kernel (or pinned cuBLASLt configuration) for every K, the device and versions).
 """
 
 import argparse

@@ -20,4 +20,4 @@ else
   echo "python_test: no pip; unzipped $(basename "$wheel") into $site"
 fi
 cd "$here/tests"
-PYTHONPATH="$site:$here/tests" PYTHONDONTWRITEBYTECODE=1 "$python" -m unittest -v test_api test_sim test_torch_cpu test_torch_backend
+PYTHONPATH="$site:$here/tests" PYTHONDONTWRITEBYTECODE=1 "$python" -m unittest -v test_api test_sim test_torch_cpu test_torch_backend test_linear_cpu
