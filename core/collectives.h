@@ -148,8 +148,6 @@ EXC_HD EXC_INLINE void for_share(Ctx& ctx, const BlockShare& s, int pack, PackFn
 
 // ---- The fold, per element and per pack --------------------------------------------------------------
 
-// Returns the contract's fold of element i over ranks 0..n-1, rank r's element being src(r)[i]
-// (src(r) returns a const T*).
 // The library contract Ctx folds under: Ctx::kContract when it declares one, else canonical.
 template <class Ctx>
 EXC_HD constexpr Contract fold_contract() {
@@ -164,11 +162,22 @@ EXC_HD constexpr Contract fold_contract() {
   }
 }
 
-template <class T, class Ctx, class Src>
+// Returns the contract's fold of element i over ranks 0..n-1, rank r's element being src(r)[i]
+// (src(r) returns a const T*). Under tree with kRanks > 0 (n at compile time) the tree runs in
+// registers (tree_in_place); otherwise in contract::tree_fold's bounded stack (local memory on a
+// GPU: the world sizes past dispatch_world_size's).
+template <class T, int kRanks = 0, class Ctx, class Src>
 EXC_HD EXC_INLINE T fold_element_from(Ctx& ctx, size_t i, Src src) {
   const int n = ctx.world_size();
   if constexpr (fold_contract<Ctx>() == Contract::kTree) {
-    return contract::tree_fold<T>(n, [&](int r) { return src(r)[i]; });
+    if constexpr (kRanks > 0) {
+      T v[kRanks];
+      for (int r = 0; r < kRanks; ++r) v[r] = src(r)[i];
+      contract::tree_in_place(v);
+      return v[0];
+    } else {
+      return contract::tree_fold<T>(n, [&](int r) { return src(r)[i]; });
+    }
   }
   const T x0 = src(0)[i];
   float acc = contract::fold_begin<T>(x0);
@@ -360,7 +369,7 @@ EXC_HD void fold_range_with(Ctx& ctx, const BlockShare& share, Src src, Put put,
         put(i, fold_pack_from<T, kRanks>(
                    ctx, i, [&](int r) { return ctx.load(reinterpret_cast<const Pack<T>*>(src(r) + i)); }));
       },
-      [&](size_t i) { put_element(i, fold_element_from<T>(ctx, i, src)); });
+      [&](size_t i) { put_element(i, fold_element_from<T, kRanks>(ctx, i, src)); });
 }
 
 // fold_range_with, element i going to dst0[i - shift] (and dst1[i - shift] if dst1 is not null).
