@@ -290,9 +290,10 @@ typedef struct exactcoll_comm_options {
                            NODE_RANK, and node 0 when none is set */
   int local_world_size; /* ranks per node L; 0: from LOCAL_WORLD_SIZE, else world_size (one node) */
   int contract;         /* the contract every exact call of the communicator folds under:
-                           EXACTCOLL_CONTRACT_CANONICAL (default) or EXACTCOLL_CONTRACT_TREE (one node
-                           only for now); the fused op's residual add and RMSNorm are canonical
-                           under both. Others are INVALID_ARGUMENT */
+                           EXACTCOLL_CONTRACT_CANONICAL (default) or EXACTCOLL_CONTRACT_TREE (across
+                           nodes: nodes and local_world_size powers of two, else INVALID_ARGUMENT);
+                           the fused op's residual add and RMSNorm are canonical under both. Others
+                           are INVALID_ARGUMENT */
 } exactcoll_comm_options;
 
 EXACTCOLL_API void exactcoll_comm_options_init(exactcoll_comm_options* options);
