@@ -13,6 +13,15 @@
 // reducing each node first and then adding the node sums ((x0+x1)+(x2+x3) is not ((x0+x1)+x2)+x3 in
 // fp32), or rounding the accumulator to storage between nodes.
 //
+// ---- Under the tree contract (tree_allreduce, tree_reduce_scatter below) ---------------------------
+// tree(x_0 .. x_{n-1}) (core/contract.h) splits a power-of-two n in halves, so with node-major
+// ranks and M, L powers of two it is the balanced tree over the M node subtrees, each the tree over
+// its node's L ranks. Inside a node each local rank folds its slice into the node subtree (rounded);
+// across nodes RECURSIVE DOUBLING over the rails: at step k = 0..log2(M)-1 node q and node q xor 2^k
+// swap what they hold and both compute tree_node(lower node's value, higher node's value), which
+// is the tree's node one level up (the aligned group of 2^(k+1) nodes), so both hold the same bits.
+// log2(M) exchanges of the rounded slice (b bytes per element) where the chain takes M steps.
+//
 // ---- Bytes per element of the message, across one node boundary (bf16; docs/design.md has the diagram)
 //   carry chain (this file):  an fp32 carry (4 bytes) forward + the rounded result (2 bytes) back
 //                             around the ring, per element, shared by the node's L NICs (rail l
@@ -28,6 +37,8 @@
 //   T* scratch();                                            this rank's symmetric scratch (local
 //                                                            peers read it in node kernels)
 //   float* carry_in(); float* carry_out();                   this rank's fp32 carry buffers
+//   Contract contract();                                     the contract fold() folds under:
+//                                                            canonical (the chain) or tree
 //   void group(const Transfer* transfers, int count)         one group of sends and receives that
 //        progress together and are all complete before anything after the call on this rank
 //        (NCCL: ncclGroupStart, ncclSend/ncclRecv..., ncclGroupEnd on the rank's stream). Between
@@ -36,6 +47,8 @@
 //   void fold(const NodeFoldArgs<T>&)                       node kernels: every local rank of the
 //   void gather(const NodeGatherArgs&)                      node launches the same sequence, as a
 //   void gather_inputs(const NodeGatherInputsArgs&)         kernel on each GPU's stream
+//   void combine(const NodeCombineArgs&)                     node_tree_combine: a kernel on this
+//                                                            rank's own memory (tree contract)
 //   void copy(T* dst, const T* src, size_t elements)         a local copy (no peer involved)
 // The functions below are the only code that decides what crosses a node boundary.
 #pragma once
@@ -58,10 +71,11 @@ using exactcoll::Op;  // core/op.h
 using exactcoll::op_name;
 
 // What a message carries (traces, and the simulator's matching check).
-enum class Payload : uint8_t { kCarry, kResult, kInput };
+// kPartial: a rounded subtree of the tree contract (recursive doubling and halving).
+enum class Payload : uint8_t { kCarry, kResult, kInput, kPartial };
 
 inline const char* payload_name(Payload p) {
-  return p == Payload::kCarry ? "carry" : p == Payload::kResult ? "result" : "input";
+  return p == Payload::kCarry ? "carry" : p == Payload::kResult ? "result" : p == Payload::kInput ? "input" : "partial";
 }
 
 struct Transfer {
@@ -112,14 +126,21 @@ inline size_t slot_elements(size_t chunk, size_t total) {
 }
 
 // Returns the buffers op needs for `count` elements per rank (all-reduce, all-gather: the input;
-// reduce-scatter: the input, count / n per owner).
+// reduce-scatter: the input, count / n per owner) under `contract` (canonical: the chain; tree:
+// tree_allreduce and tree_reduce_scatter, no carry).
 template <class T>
-BufferNeeds buffer_needs(Op op, const NodeLayout& layout, size_t count, size_t chunk_elements) {
+BufferNeeds buffer_needs(Op op, const NodeLayout& layout, size_t count, size_t chunk_elements,
+                         Contract contract = Contract::kCanonical) {
   constexpr size_t P = Storage<T>::kPack;
   const size_t M = static_cast<size_t>(layout.nodes), L = static_cast<size_t>(layout.local_ranks);
   const size_t c = piece_chunk(op, layout, chunk_elements);
   BufferNeeds b;
-  if (op == Op::kAllReduce) {
+  if (contract == Contract::kTree && op == Op::kAllReduce) {
+    b.scratch_elements = 2 * slot_elements(c, count);  // the node subtree's slot, the partner's slot
+  } else if (contract == Contract::kTree && op == Op::kReduceScatter) {
+    // The M pieces of a chunk, and the M / 2 the first halving step receives.
+    b.scratch_elements = (M + M / 2) * slot_elements(c, count / (M * L));
+  } else if (op == Op::kAllReduce) {
     const size_t chunk = slot_elements(c, count);
     // The carry holds one local slice of a chunk; the last local rank's is the longest (it takes
     // the remainder packs and the tail). A short last chunk can give it more than a full one does:
@@ -372,6 +393,196 @@ void allgather(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElem
     a.slot_offset = 0;
     a.slot_stride = slot;
     p.gather_inputs(a);
+  }
+}
+
+// ---- The tree contract across nodes ---------------------------------------------------------------
+
+inline bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// Returns "" when the tree contract runs on layout, else why not: one node (any L: the node's own
+// tree), or M and L both powers of two. Why: tree(x_0 .. x_{n-1}) puts the largest power of two
+// below n on the left (core/contract.h), so it is the tree over node subtrees exactly when every
+// node's ranks form a subtree (L a power of two) and the nodes' own tree is balanced (M a power of
+// two, which recursive doubling needs; the tree rule over M node values for other M would need an
+// exchange of another shape, not built).
+// Example: check_tree_layout({4, 2}) == ""; check_tree_layout({3, 2}) names 3 nodes.
+inline std::string check_tree_layout(const NodeLayout& layout) {
+  if (layout.nodes == 1 || (is_power_of_two(layout.nodes) && is_power_of_two(layout.local_ranks))) return "";
+  return "the tree contract across nodes needs a power-of-two number of nodes and of ranks per node (the tree "
+         "over all ranks is then the tree over the nodes' subtrees, combined by recursive doubling); this job has " +
+         std::to_string(layout.nodes) + " nodes of " + std::to_string(layout.local_ranks) + " ranks";
+}
+
+namespace detail {
+
+inline int log2_exact(int v) {
+  int k = 0;
+  while ((1 << k) < v) ++k;
+  return k;
+}
+
+// Throws unless p folds under the tree contract on a layout the tree runs on.
+template <class Prims>
+void require_tree(const Prims& p, const char* what) {
+  if (p.contract() != Contract::kTree) {
+    throw std::logic_error(std::string(what) + ": the transport's node folds are not under the tree contract");
+  }
+  if (const std::string problem = check_tree_layout(p.layout()); !problem.empty()) {
+    throw std::invalid_argument(std::string(what) + ": " + problem);
+  }
+}
+
+}  // namespace detail
+
+// All-reduce under the tree contract: every rank's output[i] = contract::tree_fold over ranks
+// 0..n-1 of input_r[i], the bits of the one-node tree all-reduce of n ranks.
+// Preconditions: check_tree_layout(layout) == "" (else std::invalid_argument); p.contract() is
+// tree; every rank calls with the same count and chunk_elements; buffers as buffer_needs<T>(
+// kAllReduce, ..., Contract::kTree) (scratch: two slots of a chunk); inputs in place.
+// Why the bits are the tree's: with node-major ranks, M = 2^m and L = 2^l, the tree over n = 2^(m+l)
+// ranks is, level by level, the tree over each node's L ranks (levels 1..l), then over aligned
+// groups of 2, 4, ..., M nodes (levels l+1..l+m). Step 1 computes the node levels (node_fold under
+// tree); step 2's k-th exchange computes level l+k+1: node q's value is the subtree of its aligned
+// group of 2^k nodes, its partner q xor 2^k holds the neighbouring group's, and the lower group is
+// the left child. tree_node rounds one fp32 add of the two, and fp32 addition is commutative, so the
+// two partners compute the same bits (both pass the lower group's value as left, as the tree
+// reads).
+// Example: 2 nodes x 2 ranks, x = a, b | c, d: node 0 folds tree_node(a, b), node 1 tree_node(c, d)
+// (each local rank its slice); rail l swaps them; both compute tree_node(tree_node(a, b),
+// tree_node(c, d)) = contract::tree_fold over a, b, c, d.
+// Steps, on rank (node k, local l), for each chunk j of the message (its slice: two_shot_slice of
+// the chunk, as the chain's):
+//   1. node_fold (tree): the tree over the node's L inputs of this slice, rounded, into slot 0 of
+//      this rank's scratch (at the slice's place in the chunk);
+//   2. for s = 0 .. log2(M) - 1: one group with rank (k xor 2^s, l): send slot 0's slice, receive
+//      the partner's into slot 1; then node_tree_combine: slot 0 = tree_node(lower node's, higher
+//      node's);
+//   3. node_gather of the chunk (barrier, copy every local rank's slot-0 slice, barrier), as the
+//      chain's last step.
+// steps_top_down: a broken variant for the tests only (pairs nodes at distance M / 2 first, a
+// different tree: caught for M >= 4).
+template <class T, class Prims>
+void tree_allreduce(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElements,
+                    bool steps_top_down = false) {
+  constexpr int P = Storage<T>::kPack;
+  detail::require_tree(p, "tree_allreduce");
+  const NodeLayout layout = p.layout();
+  const int M = layout.nodes, L = layout.local_ranks, k = p.node(), l = p.local();
+  const int steps = detail::log2_exact(M);
+  const size_t chunk = piece_chunk(Op::kAllReduce, layout, chunk_elements);
+  const size_t slot = slot_elements(chunk, count);  // slot 1 (the partner's values) begins here
+  const long J = static_cast<long>(detail::chunk_count(count, chunk));
+  const size_t et = sizeof(T);
+  for (long j = 0; j < J; ++j) {
+    const detail::ChunkRange r = detail::chunk_range(count, chunk, j);
+    const Slice s = two_shot_slice(r.length, P, l, L);
+    const size_t length = s.end - s.begin;
+    // 1. The node's subtree of this rank's slice.
+    NodeFoldArgs<T> a;
+    a.first = r.begin + s.begin;
+    a.length = length;
+    a.first_rank = layout.rank_of(k, 0);
+    a.rounded = p.scratch() + s.begin;
+    a.barrier_before = j == 0;
+    p.fold(a);
+    // 2. Recursive doubling over rail l.
+    for (int step = 0; step < steps; ++step) {
+      const int bit = 1 << (steps_top_down ? steps - 1 - step : step);
+      const int partner = k ^ bit;
+      detail::GroupBuilder g;
+      g.add(true, layout.rank_of(partner, l), p.scratch() + s.begin, length * et, Payload::kPartial, j);
+      g.add(false, layout.rank_of(partner, l), p.scratch() + slot + s.begin, length * et, Payload::kPartial, j);
+      if (g.size > 0) p.group(g.items, g.size);
+      NodeCombineArgs c;
+      c.left = k < partner ? s.begin : slot + s.begin;
+      c.right = k < partner ? slot + s.begin : s.begin;
+      c.dst = s.begin;
+      c.length = length;
+      p.combine(c);
+    }
+    // 3. Every local rank's slice of the chunk into output.
+    p.gather(NodeGatherArgs{r.begin, r.length, 0});
+  }
+}
+
+// Reduce-scatter under the tree contract: rank r's output[e] = contract::tree_fold over ranks
+// 0..n-1 of input[r * per + e], per = count / n (the bits of the one-node tree reduce-scatter).
+// Preconditions: count % n == 0; as tree_allreduce (buffers: buffer_needs<T>(kReduceScatter, ...,
+// Contract::kTree)).
+// Rail l carries the pieces of the owners (k', l), k' = 0..M-1, by RECURSIVE HALVING in the tree's
+// order (nodes at distance 1 first): after step s a node holds, for the owners whose node agrees
+// with its own on bits 0..s, the subtree of its aligned group of 2^(s+1) nodes; the last step
+// leaves it its own piece, the tree over all nodes. The pieces sit in bit-reversed owner order
+// (node_fold's piece_bits), so that each step's kept and sent halves are contiguous. A node's NIC
+// sends M/2 + M/4 + ... + 1 = M - 1 pieces per chunk. Steps, on rank (node k, local l), for each
+// chunk j of a piece (elements [jC, jC + c) of every owner's piece):
+//   1. node_fold (tree) of the M pieces of rail l into scratch, owner k' at bit-reversed position
+//      (M = 1: this rank's piece straight into output);
+//   2. for s = 0 .. log2(M) - 1, holding M / 2^s pieces (from position `first`): one group with
+//      rank (k xor 2^s, l): send the half whose owners differ from k in bit s, receive the
+//      partner's values of the kept half; node_tree_combine of the kept half (the lower node's
+//      values left), in place, or into output at the last step.
+// The last fold passes a barrier after it (no local peer restages its input while one still
+// folds it).
+// Example: 4 nodes, rail l; positions hold owners 0, 2, 1, 3 (bit-reversed). Node 1 (bits 01):
+// step 0 with node 0 keeps positions 2..3 (owners 1, 3: bit 0 set) and sends 0..1; step 1 with
+// node 3 keeps position 2 (owner 1) and sends position 3, combining into output.
+template <class T, class Prims>
+void tree_reduce_scatter(Prims& p, size_t count, size_t chunk_elements = kDefaultChunkElements) {
+  detail::require_tree(p, "tree_reduce_scatter");
+  const NodeLayout layout = p.layout();
+  const int M = layout.nodes, L = layout.local_ranks, k = p.node(), l = p.local();
+  const size_t n = static_cast<size_t>(M) * static_cast<size_t>(L);
+  if (count % n != 0) {
+    throw std::invalid_argument("reduce_scatter: count " + std::to_string(count) + " is not a multiple of the " +
+                                std::to_string(n) + " ranks");
+  }
+  const int steps = detail::log2_exact(M);
+  const size_t per = count / n;
+  const size_t chunk = piece_chunk(Op::kReduceScatter, layout, chunk_elements);
+  const long J = static_cast<long>(detail::chunk_count(per, chunk));
+  const size_t et = sizeof(T);
+  for (long j = 0; j < J; ++j) {
+    const size_t len = detail::chunk_range(per, chunk, j).length;
+    const size_t received = static_cast<size_t>(M) * len;  // where a step's incoming half lands
+    // 1. The node subtrees of the M pieces of rail l.
+    NodeFoldArgs<T> a;
+    a.first = static_cast<size_t>(l) * per + static_cast<size_t>(j) * chunk;
+    a.stride = static_cast<size_t>(L) * per;
+    a.length = len;
+    a.pieces = M;
+    a.first_rank = layout.rank_of(k, 0);
+    a.rounded = p.scratch();
+    a.piece_bits = steps;
+    if (M == 1) {
+      a.rounded_alt = p.output() + static_cast<size_t>(j) * chunk;
+      a.alt_piece = 0;
+    }
+    a.barrier_before = j == 0;
+    a.barrier_after = j == J - 1;
+    p.fold(a);
+    // 2. Recursive halving over rail l: positions [first, first + held) are held.
+    size_t first = 0, held = static_cast<size_t>(M);
+    for (int s = 0; s < steps; ++s) {
+      const int partner = k ^ (1 << s);
+      const size_t half = held / 2;
+      const bool upper = ((k >> s) & 1) != 0;  // this node keeps the owners with bit s set
+      const size_t kept = first + (upper ? half : 0), sent = first + (upper ? 0 : half);
+      detail::GroupBuilder g;
+      g.add(true, layout.rank_of(partner, l), p.scratch() + sent * len, half * len * et, Payload::kPartial, j);
+      g.add(false, layout.rank_of(partner, l), p.scratch() + received, half * len * et, Payload::kPartial, j);
+      if (g.size > 0) p.group(g.items, g.size);
+      NodeCombineArgs c;
+      c.left = k < partner ? kept * len : received;
+      c.right = k < partner ? received : kept * len;
+      c.to_output = s == steps - 1;
+      c.dst = c.to_output ? static_cast<size_t>(j) * chunk : kept * len;
+      c.length = half * len;
+      p.combine(c);
+      first = kept;
+      held = half;
+    }
   }
 }
 

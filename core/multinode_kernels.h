@@ -10,6 +10,12 @@
 // ranks kL, kL+1, ..., kL+L-1 in order, then either hands the accumulator on unrounded
 // (`carry_out`) or, on the last node, rounds once (contract::fold_end). Every element meets exactly
 // the operations of the one-node fold, in the same order, so the bits are the contract's.
+//
+// Under the tree contract (a context whose kContract is Contract::kTree) there is no carry:
+// node_fold computes each element's tree over the node's L ranks (core/collectives.h's tree fold,
+// contract::tree_*), rounded, and node_tree_combine joins two such subtrees of neighbouring node
+// groups with one contract::tree_node. core/multinode.h's tree_allreduce and tree_reduce_scatter
+// say why that is the tree over all ranks.
 #pragma once
 
 #include <cstddef>
@@ -37,6 +43,10 @@ struct NodeFoldArgs {
   T* rounded = nullptr;             // when rounding: piece p element e -> rounded[p * length + e] ...
   T* rounded_alt = nullptr;         // ... except piece alt_piece -> rounded_alt[e]
   int alt_piece = -1;
+  // Tree contract only: nonzero places piece p at rounded[reverse_bits(p, piece_bits) * length + e]
+  // (pieces == 2^piece_bits), so that the recursive halving of tree_reduce_scatter sends halves
+  // that are contiguous.
+  int piece_bits = 0;
   bool barrier_before = false;  // pass a barrier first: every local peer's input is in place
   bool barrier_after = false;   // pass a barrier last: no local peer reuses its input too early
 };
@@ -79,6 +89,51 @@ EXC_HD EXC_INLINE void node_fold_store(Ctx& ctx, const NodeFoldArgs<T>& a, int p
   dst[e] = out;
 }
 
+// Returns v with its low `bits` bits in reverse order (bits 0..30).
+// Example: reverse_bits(1, 3) == 4; reverse_bits(6, 3) == 3.
+EXC_HD EXC_INLINE int reverse_bits(int v, int bits) {
+  int r = 0;
+  for (int b = 0; b < bits; ++b) r |= ((v >> b) & 1) << (bits - 1 - b);
+  return r;
+}
+
+// node_fold under the tree contract (Ctx::kContract == Contract::kTree): every element's tree over
+// the node's L ranks in local rank order (the fold of core/collectives.h, contract::tree_in_place
+// or TreeFold: one copy of the tree), rounded to storage into the piece's destination. Steps:
+//   1. barrier when barrier_before: every local peer's input is in place;
+//   2. for each piece, this block's share of its elements (block_share): the tree of the L local
+//      inputs, with the compile-time world size for L <= 8 (every rank's pack loaded before the
+//      first add), stored at rounded[slot * length + e] (slot = p, or reverse_bits(p, piece_bits))
+//      or at rounded_alt[e] for alt_piece;
+//   3. barrier when barrier_after.
+// Preconditions: as node_fold; carry_in and carry_out null (the tree has no carry).
+template <class T, class Protocol = TwoSetProtocol, class Ctx>
+EXC_HD void node_tree_fold(Ctx& ctx, const NodeFoldArgs<T>& a) {
+  constexpr int P = Storage<T>::kPack;
+  uint32_t barriers = load_barrier_count(ctx);
+  if (a.barrier_before) block_barrier<Protocol>(ctx, &barriers);
+  for (int p = 0; p < a.pieces; ++p) {
+    const size_t begin = a.first + static_cast<size_t>(p) * a.stride;
+    const BlockShare share = block_share(begin, begin + a.length, P, ctx.block(), ctx.num_blocks());
+    const int slot = a.piece_bits > 0 ? reverse_bits(p, a.piece_bits) : p;
+    T* dst = p == a.alt_piece ? a.rounded_alt : a.rounded + static_cast<size_t>(slot) * a.length;
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("node_fold_tree");
+      for (int q = 0; q < ctx.world_size(); ++q) trace_share(ctx, share, Access::kRead, q, Buffer::kInput);
+      ctx.trace_step_end();
+    }
+    dispatch_world_size(ctx.world_size(), [&](auto ranks) {
+      constexpr int kRanks = decltype(ranks)::value;
+      fold_range_with<T, kRanks>(
+          ctx, share, [&](int q) { return ctx.input(q); },
+          [&](size_t i, const Pack<T>& out) { put_pack(ctx, dst + (i - begin), out); },
+          [&](size_t i, T out) { dst[i - begin] = out; });
+    });
+  }
+  if (a.barrier_after) block_barrier<Protocol>(ctx, &barriers);
+  store_barrier_count(ctx, barriers);
+}
+
 // The node's share of the carried fold (one kernel launch, one block of one local rank). Steps:
 //   1. barrier when barrier_before: every local peer's input is in place;
 //   2. for each piece, this block's share of its elements (block_share; the pack split changes no
@@ -89,6 +144,10 @@ EXC_HD EXC_INLINE void node_fold_store(Ctx& ctx, const NodeFoldArgs<T>& a, int p
 // barrier flags (its pieces may differ); first + p * stride + length <= the inputs' elements.
 template <class T, class Protocol = TwoSetProtocol, class Ctx>
 EXC_HD void node_fold(Ctx& ctx, const NodeFoldArgs<T>& a) {
+  if constexpr (fold_contract<Ctx>() == Contract::kTree) {
+    node_tree_fold<T, Protocol>(ctx, a);
+    return;
+  }
   constexpr int P = Storage<T>::kPack;
   uint32_t barriers = load_barrier_count(ctx);
   if (a.barrier_before) block_barrier<Protocol>(ctx, &barriers);
@@ -115,6 +174,56 @@ EXC_HD void node_fold(Ctx& ctx, const NodeFoldArgs<T>& a) {
   }
   if (a.barrier_after) block_barrier<Protocol>(ctx, &barriers);
   store_barrier_count(ctx, barriers);
+}
+
+// One node_tree_combine launch of one rank: `length` elements, all in this rank's own memory
+// (offsets in elements of T).
+struct NodeCombineArgs {
+  size_t left = 0;         // the lower node group's subtree values, at scratch + left
+  size_t right = 0;        // the higher node group's, at scratch + right
+  size_t dst = 0;          // the combined values, at scratch + dst, or output + dst ...
+  bool to_output = false;  // ... when to_output
+  size_t length = 0;
+};
+
+// The tree's combine of two node groups' subtrees (tree contract): dst[e] =
+// contract::tree_node(left[e], right[e]) for e in [0, length), this block's share. No peer is
+// read and no barrier passed: each rank combines what it holds and what its rail peer sent.
+// dst may be left or right (in place). Pack loads and stores where all three ranges begin
+// 16-byte aligned; element by element otherwise (a reduce-scatter piece may begin mid-pack).
+template <class T, class Ctx>
+EXC_HD void node_tree_combine(Ctx& ctx, const NodeCombineArgs& a) {
+  constexpr int P = Storage<T>::kPack;
+  const int me = ctx.rank();
+  const T* left = ctx.scratch(me) + a.left;
+  const T* right = ctx.scratch(me) + a.right;
+  T* dst = (a.to_output ? ctx.output() : ctx.scratch(me)) + a.dst;
+  const BlockShare share = block_share(0, a.length, P, ctx.block(), ctx.num_blocks());
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("node_tree_combine");
+    trace_share(ctx, share, Access::kRead, me, Buffer::kScratch, a.left);
+    trace_share(ctx, share, Access::kRead, me, Buffer::kScratch, a.right);
+    trace_share(ctx, share, Access::kWrite, me, a.to_output ? Buffer::kOutput : Buffer::kScratch, a.dst);
+    ctx.trace_step_end();
+  }
+  auto element = [&](size_t e) { dst[e] = contract::tree_node(left[e], right[e]); };
+  const uintptr_t addresses =
+      reinterpret_cast<uintptr_t>(left) | reinterpret_cast<uintptr_t>(right) | reinterpret_cast<uintptr_t>(dst);
+  const bool aligned = addresses % 16 == 0;
+  for_share(
+      ctx, share, P,
+      [&](size_t e) {
+        if (aligned) {
+          const Pack<T> l = ctx.load(reinterpret_cast<const Pack<T>*>(left + e));
+          const Pack<T> r = ctx.load(reinterpret_cast<const Pack<T>*>(right + e));
+          Pack<T> out;
+          for (int u = 0; u < P; ++u) out.v[u] = contract::tree_node(l.v[u], r.v[u]);
+          ctx.store(reinterpret_cast<Pack<T>*>(dst + e), out);
+        } else {
+          for (int u = 0; u < P; ++u) element(e + static_cast<size_t>(u));
+        }
+      },
+      element);
 }
 
 // One node_gather launch: the result of one all-reduce chunk, [chunk_begin, chunk_begin +

@@ -45,7 +45,50 @@ double chain_time_us(const ModelCase& c, const LinkRates& r, double chunk, bool 
   return steps * step_us;
 }
 
+// The tree contract's exchange for one chunk size (core/multinode.h's tree_allreduce and
+// tree_reduce_scatter): per chunk, the node fold, log2(M) network groups each followed by a combine
+// kernel, and (all-reduce) the node gather, one after another on one stream (no pipelining: every
+// node works on the same chunk at the same step).
+//   all-reduce: step s moves a rail's rounded slice (chunk / L x b bytes) each way; the fold and the
+//     gather each read (L-1)/L of the chunk over NVLink.
+//   reduce-scatter: the chunk's M pieces of chunk / M (at least 64) elements; step s moves M / 2^(s+1)
+//     pieces; the fold reads (L-1) M pieces over NVLink.
+double tree_time_us(const ModelCase& c, const LinkRates& r, double chunk) {
+  const double M = c.nodes, L = c.gpus_per_node, b = c.element_bytes;
+  const double elements = static_cast<double>(c.bytes) / b;
+  const double net = per_us(r.network_gbps), nv = per_us(r.nvlink_gbps);
+  const int steps = static_cast<int>(std::lround(std::log2(M)));
+  if (c.op == Op::kAllReduce) {
+    const double chunks = std::ceil(elements / chunk);
+    const double node_us = 2 * r.kernel_latency_us + 2 * (L - 1) / L * chunk * b / nv;
+    const double exchange_us = steps * (r.network_latency_us + chunk / L * b / net + r.kernel_latency_us);
+    return chunks * (node_us + exchange_us);
+  }
+  const double piece = std::max(64.0, chunk / M);
+  const double chunks = std::ceil(elements / (M * L) / piece);
+  double exchange_us = 0;
+  for (int s = 0; s < steps; ++s) {
+    exchange_us += r.network_latency_us + M / std::pow(2.0, s + 1) * piece * b / net + r.kernel_latency_us;
+  }
+  return chunks * (r.kernel_latency_us + (L - 1) * M * piece * b / nv + exchange_us);
+}
+
 }  // namespace
+
+bool tree_modelled(const ModelCase& c) {
+  return c.op != Op::kAllGather && (c.nodes & (c.nodes - 1)) == 0 && (c.gpus_per_node & (c.gpus_per_node - 1)) == 0;
+}
+
+double tree_total_cross_node_bytes(const ModelCase& c) {
+  const double M = c.nodes, b = c.element_bytes;
+  const double elements = static_cast<double>(c.bytes) / b;
+  switch (c.op) {
+    case Op::kAllReduce: return M * std::log2(M) * elements * b;  // every node's whole message, log2 M times
+    case Op::kReduceScatter: return (M - 1) * elements * b;       // a rank's M - 1 foreign pieces, once each
+    case Op::kAllGather: return chain_total_cross_node_bytes(c);  // a copy: the same exchange
+  }
+  return 0;
+}
 
 double chain_total_cross_node_bytes(const ModelCase& c) {
   const double M = c.nodes, b = c.element_bytes;
@@ -111,6 +154,24 @@ std::vector<Prediction> predict(const ModelCase& c, const LinkRates& r) {
     const double big = c.op == Op::kReduceScatter ? S : n * S;
     const double ring = (n - 1) / n * big;
     out.push_back({"nccl ring", ring / bus + (n - 1) * r.network_latency_us, ring / L, 0});
+  }
+  // The tree contract's exchange (appended: the C API's list keeps its order), at the best chunk
+  // as the chain's: the rounded slice log2(M) times through each NIC (all-reduce, recursive
+  // doubling), or (M-1)/M of a rank's input / L (reduce-scatter, recursive halving). Other bits than
+  // the chain's (the tree contract's), for M and L powers of two only.
+  if (tree_modelled(c)) {
+    const double steps = std::log2(M);
+    const double nic = c.op == Op::kAllReduce ? steps * S / L : (M - 1) / M * S / L;
+    Prediction tree{"exactcoll tree", std::numeric_limits<double>::infinity(), nic, 0};
+    for (double chunk = 65536; chunk <= 64.0 * 1024 * 1024; chunk *= 2) {
+      const double t = tree_time_us(c, r, chunk);
+      if (t < tree.time_us) {
+        tree.time_us = t;
+        tree.chunk_elements = static_cast<size_t>(chunk);
+      }
+      if (chunk >= elements) break;
+    }
+    out.push_back(tree);
   }
   return out;
 }

@@ -16,6 +16,11 @@
 //   NCCL tree (double binary tree between nodes, a chain inside): about 2 S / L per NIC, and
 //     2 log2(M) network steps plus 2 (L-1) NVLink steps of latency.
 //   reduce-scatter and all-gather: the same shapes for their byte counts.
+//   exactcoll tree (the tree contract: other bits than the chain's, M and L powers of two):
+//     all-reduce, recursive doubling: per chunk the node fold, log2(M) steps each moving a rail's
+//     rounded slice (C / L x b bytes) and a combine kernel, then the node gather; log2(M) S / L
+//     per NIC. Reduce-scatter, recursive halving: M / 2 + ... + 1 = M - 1 pieces per rail,
+//     (M-1)/M x S / L per NIC, log2(M) steps. Appended after NCCL's rows (the C API's order).
 // Every formula is in multinode_model.cc next to its derivation; docs/design.md has the diagram.
 #pragma once
 
@@ -45,21 +50,31 @@ struct ModelCase {
 };
 
 struct Prediction {
-  std::string name;  // "exactcoll chain", "chain, overlapped", "exactcoll direct", "nccl ring", "nccl tree"
+  std::string name;  // "exactcoll chain", "chain, overlapped", "exactcoll direct", "nccl ring", "nccl tree",
+                     // "exactcoll tree"
   double time_us = 0;
   double nic_bytes = 0;       // bytes through the busiest NIC (one direction)
-  size_t chunk_elements = 0;  // chain: the chunk the model chose
+  size_t chunk_elements = 0;  // chain and tree: the chunk the model chose
 };
 
 // The bytes the carry chain sends across node boundaries, summed over all ranks (the simulator
 // counts the same number: tests/core/multinode_model_test.cc).
 double chain_total_cross_node_bytes(const ModelCase& c);
 
+// The same for the tree contract's exchange (all-reduce: M log2(M) x the message; reduce-scatter:
+// (M - 1) x a rank's input; all-gather: the chain's, a copy either way).
+double tree_total_cross_node_bytes(const ModelCase& c);
+
+// Whether predict() has an "exactcoll tree" row for c: the all-reduce or the reduce-scatter, on M
+// and L powers of two (core/multinode.h's check_tree_layout).
+bool tree_modelled(const ModelCase& c);
+
 // Returns "" when the case and rates can be modelled, else what is wrong: nodes 1..1024, GPUs per
 // node 1..16, bytes 64..2^40, element bytes 2 or 4, link rates > 0, latencies >= 0 (finite).
 std::string check_model(const ModelCase& c, const LinkRates& rates);
 
-// Every algorithm's prediction for the case (exactcoll's first). Preconditions: check_model == "".
+// Every algorithm's prediction for the case: exactcoll's chain (and direct), NCCL's, then the tree
+// contract's exchange where tree_modelled. Preconditions: check_model == "".
 std::vector<Prediction> predict(const ModelCase& c, const LinkRates& rates);
 
 }  // namespace exactcoll::multinode

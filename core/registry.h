@@ -268,9 +268,9 @@ inline constexpr ContractInfo kContractInfos[] = {
      "emulation: the running sum rounded to storage after every peer's add"},
     {Contract::kRotatedTwoShot, "rotated_two_shot", false, kOnSimulator,
      "emulation: each two-shot slice folds from its owner rank on (vLLM's 2-stage kernel)"},
-    {Contract::kTree, "tree", true, kOnSimulator | kOnGpu,
+    {Contract::kTree, "tree", true, kOnSimulator | kOnGpu | kOnMultiNode,
      "exactcoll's: a balanced binary tree over ranks, every node rounded; the same bits at every TP size "
-     "(docs/numerics.md)"},
+     "(docs/numerics.md; across nodes: M and L powers of two)"},
 };
 
 // Every Contract, in the order the command line lists them.

@@ -35,6 +35,8 @@ class CudaPrims {
   T* scratch() const { return static_cast<T*>(ipc_.scratch[local()]); }
   float* carry_in() const { return comm_.carry_; }
   float* carry_out() const { return comm_.carry_ + comm_.carry_floats_; }
+  // The node kernels' contract: the node communicator's (ipc_.contract picks the kernel).
+  Contract contract() const { return static_cast<Contract>(ipc_.contract); }
 
   // 1. ncclGroupStart; 2. every send and receive, as bytes; 3. ncclGroupEnd: NCCL progresses them
   // together on the stream.
@@ -57,15 +59,19 @@ class CudaPrims {
     ++info_->groups;
   }
   void fold(const multinode::NodeFoldArgs<T>& a) {
-    NodeKernelArgs<T> k{ipc_, NodeKernel::kFold, a, {}, {}};
+    NodeKernelArgs<T> k{ipc_, NodeKernel::kFold, a, {}, {}, {}};
     launch(k);
   }
   void gather(const multinode::NodeGatherArgs& a) {
-    NodeKernelArgs<T> k{ipc_, NodeKernel::kGather, {}, a, {}};
+    NodeKernelArgs<T> k{ipc_, NodeKernel::kGather, {}, a, {}, {}};
     launch(k);
   }
   void gather_inputs(const multinode::NodeGatherInputsArgs& a) {
-    NodeKernelArgs<T> k{ipc_, NodeKernel::kGatherInputs, {}, {}, a};
+    NodeKernelArgs<T> k{ipc_, NodeKernel::kGatherInputs, {}, {}, a, {}};
+    launch(k);
+  }
+  void combine(const multinode::NodeCombineArgs& a) {
+    NodeKernelArgs<T> k{ipc_, NodeKernel::kCombine, {}, {}, {}, a};
     launch(k);
   }
   void copy(T* dst, const T* src, size_t elements) {
@@ -125,6 +131,11 @@ MultiNodeCommunicator::MultiNodeCommunicator(Store& store, int rank, int world_s
   if (layout_.local_ranks > kMaxRanks) {
     throw BootstrapError("node layout: " + std::to_string(layout_.local_ranks) +
                          " ranks per node; the IPC kernels take 1.." + std::to_string(kMaxRanks));
+  }
+  if (options_.node.contract == Contract::kTree) {
+    if (const std::string problem = multinode::check_tree_layout(layout_); !problem.empty()) {
+      throw BootstrapError("node layout: " + problem);
+    }
   }
   // 2. The node's IPC communicator.
   CommunicatorOptions node_options = options_.node;
@@ -223,11 +234,15 @@ MultiNodeCallInfo MultiNodeCommunicator::run_typed(Op kind, const void* input, v
                                                    cudaStream_t stream) {
   const size_t capacity = node_->buffer_bytes() / sizeof(T) / 64 * 64;  // elements of staging, and of scratch
   const size_t elem = sizeof(T);
+  const bool tree = node_->contract() == Contract::kTree;
   MultiNodeCallInfo info;
-  info.algorithm = kind == Op::kAllGather ? "direct_exchange" : "carry_chain";
+  info.algorithm = kind == Op::kAllGather   ? "direct_exchange"
+                   : !tree                  ? "carry_chain"
+                   : kind == Op::kAllReduce ? "tree_doubling"
+                                            : "tree_halving";
   // Every size below depends only on the call's arguments and options equal on every rank.
   const size_t chunk = std::min(options_.chunk_elements, std::max<size_t>(64, capacity / 2 / 64 * 64));
-  const multinode::BufferNeeds needs = multinode::buffer_needs<T>(kind, layout_, count, chunk);
+  const multinode::BufferNeeds needs = multinode::buffer_needs<T>(kind, layout_, count, chunk, node_->contract());
   if (kind != Op::kAllReduce && (count > capacity || needs.scratch_elements > capacity * 1)) {
     const DType d = sizeof(T) == 4 ? DType::kFP32 : std::is_same_v<T, bf16> ? DType::kBF16 : DType::kFP16;
     return run_nccl(kind, input, output, count, d, stream,
@@ -241,9 +256,14 @@ MultiNodeCallInfo MultiNodeCommunicator::run_typed(Op kind, const void* input, v
     // 1. This rank's input into its staging buffer (its node peers read it there).
     EXC_CUDA_CHECK(cudaMemcpyAsync(const_cast<T*>(prims.input()), static_cast<const char*>(input) + first * elem,
                                    c * elem, cudaMemcpyDeviceToDevice, stream));
-    // 2. The algorithm (core/multinode.h).
-    if (kind == Op::kAllReduce) {
+    // 2. The algorithm (core/multinode.h): the carry chain, or under the tree contract the node
+    //    subtrees and recursive doubling (all-reduce) or halving (reduce-scatter).
+    if (kind == Op::kAllReduce && tree) {
+      multinode::tree_allreduce<T>(prims, c, chunk);
+    } else if (kind == Op::kAllReduce) {
       multinode::allreduce<T>(prims, c, chunk);
+    } else if (kind == Op::kReduceScatter && tree) {
+      multinode::tree_reduce_scatter<T>(prims, c, chunk);
     } else if (kind == Op::kReduceScatter) {
       multinode::reduce_scatter<T>(prims, c, chunk);
     } else {
@@ -277,8 +297,9 @@ MultiNodeCallInfo MultiNodeCommunicator::run(Op kind, const void* input, void* o
     return MultiNodeCallInfo{algorithm_name(c.algo), c.exact, c.launches, 0, 0, c.note};
   }
   if (algo != Algorithm::kAuto) {
-    throw std::invalid_argument(std::string("across nodes the algorithms are auto (the carry chain) and nccl, not ") +
-                                algorithm_name(algo));
+    throw std::invalid_argument(
+        std::string("across nodes the algorithms are auto (the carry chain, or the tree's exchange) and nccl, not ") +
+        algorithm_name(algo));
   }
   if (nccl_comm_ == nullptr) throw CollectiveError("the cross-node transport needs NCCL: " + nccl_reason_);
   return with_storage_type(dtype,

@@ -16,6 +16,9 @@
 // auto: one node -> the IPC communicator's own choice (its algorithms, its table); several nodes
 // -> the carry chain (all-reduce, reduce-scatter, fused) and the direct exchange (all-gather).
 // nccl: NCCL's own collective (its sums follow no contract: exact = false).
+// Under the tree contract (options.node.contract): the node subtrees, then recursive doubling
+// (all-reduce, fused: "tree_doubling") or halving (reduce-scatter: "tree_halving") across nodes;
+// M and L must be powers of two (construction throws BootstrapError otherwise, on every rank).
 //
 // Messages beyond the node communicator's buffers: the all-reduce runs in pieces that fit (the
 // bits are per element, so pieces change none); a reduce-scatter that does not fit falls back to
@@ -56,7 +59,8 @@ struct MultiNodeOptions {
 
 // What one call ran.
 struct MultiNodeCallInfo {
-  std::string algorithm;  // "carry_chain", "direct_exchange", "nccl", or the IPC algorithm (one node)
+  std::string algorithm;  // "carry_chain", "tree_doubling", "tree_halving", "direct_exchange", "nccl", or the
+                          // IPC algorithm (one node)
   bool exact = true;      // false: NCCL's sums
   int launches = 0;       // node kernels
   int groups = 0;         // NCCL group calls
@@ -80,7 +84,8 @@ class MultiNodeCommunicator {
   Communicator& node() { return *node_; }
   bool nccl_ready() const { return nccl_comm_ != nullptr; }
 
-  // output[i] = the contract's fold over ranks 0..n-1 of input_r[i]. algo: auto or nccl (one
+  // output[i] = the contract's fold over ranks 0..n-1 of input_r[i] (canonical or tree: the
+  // node communicator's options.contract). algo: auto or nccl (one
   // node: any algorithm of the IPC communicator). input, output: 16-byte aligned device memory.
   MultiNodeCallInfo allreduce(const void* input, void* output, size_t count, DType dtype, Algorithm algo,
                               cudaStream_t stream);
@@ -91,7 +96,8 @@ class MultiNodeCommunicator {
   MultiNodeCallInfo allgather(const void* input, void* output, size_t count, DType dtype, Algorithm algo,
                               cudaStream_t stream);
   // The fused all-reduce + residual add + RMSNorm (docs/numerics.md): the all-reduce of x into out
-  // (as s), then the canonical residual add and RMSNorm of every row on this GPU.
+  // (as s, under the communicator's contract), then the canonical residual add and RMSNorm of every
+  // row on this GPU.
   MultiNodeCallInfo fused_add_rmsnorm(const void* x, const void* residual, const void* weight, void* residual_out,
                                       void* out, int rows, int hidden, float eps, DType dtype, Algorithm algo,
                                       cudaStream_t stream);

@@ -290,9 +290,10 @@ typedef struct exactcoll_comm_options {
                            NODE_RANK, and node 0 when none is set */
   int local_world_size; /* ranks per node L; 0: from LOCAL_WORLD_SIZE, else world_size (one node) */
   int contract;         /* the contract every exact call of the communicator folds under:
-                           EXACTCOLL_CONTRACT_CANONICAL (default) or EXACTCOLL_CONTRACT_TREE (one node
-                           only for now); the fused op's residual add and RMSNorm are canonical
-                           under both. Others are INVALID_ARGUMENT */
+                           EXACTCOLL_CONTRACT_CANONICAL (default) or EXACTCOLL_CONTRACT_TREE (across
+                           nodes: nodes and local_world_size powers of two, else INVALID_ARGUMENT);
+                           the fused op's residual add and RMSNorm are canonical under both. Others
+                           are INVALID_ARGUMENT */
 } exactcoll_comm_options;
 
 EXACTCOLL_API void exactcoll_comm_options_init(exactcoll_comm_options* options);
@@ -431,7 +432,8 @@ EXACTCOLL_API int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dt
 
 /* An alpha-beta model of the multi-node collectives on M nodes of L GPUs: exactcoll's carry chain
  * (and, for the all-reduce, the direct reduce-scatter + all-gather it is compared with) beside
- * NCCL's ring and tree (docs/design.md, "The performance model"; `exactcoll model` prints it).
+ * NCCL's ring and tree, then the tree contract's exchange (docs/design.md, "The performance model";
+ * `exactcoll model` prints it).
  * _init fills the defaults: NVLink 390 GB/s per direction (measured on one H200), a 50 GB/s NIC
  * per GPU (400 Gb/s, rail-optimized), 5 us per network step, 4 us per node kernel, 1 us per NCCL
  * step inside a node. */
@@ -449,10 +451,13 @@ typedef struct exactcoll_link_rates {
 typedef struct exactcoll_model_prediction {
   char algorithm[32];      /* "exactcoll chain"; "chain, overlapped" and, for the all-reduce,
                             * "exactcoll direct" (not built: what they would buy); "nccl ring";
-                            * "nccl tree" (the all-reduce only) */
+                            * "nccl tree" (the all-reduce only); last, "exactcoll tree" (the tree
+                            * contract's exchange, other bits than the chain's: recursive doubling
+                            * for the all-reduce, halving for the reduce-scatter; only where nodes
+                            * and gpus_per_node are powers of two; not for the all-gather) */
   double time_us;          /* predicted time of one op */
   double nic_bytes;        /* bytes through the busiest NIC, one direction */
-  uint64_t chunk_elements; /* the carry chain's chunk; 0 for the others */
+  uint64_t chunk_elements; /* the carry chain's or the tree's chunk; 0 for the others */
 } exactcoll_model_prediction;
 
 EXACTCOLL_API void exactcoll_link_rates_init(exactcoll_link_rates* rates);

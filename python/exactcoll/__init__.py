@@ -30,8 +30,9 @@ def has_cuda():
 def model_multinode(op="allreduce", *, nodes, bytes, gpus_per_node=8, dtype="bf16", **rates):
     """Predicted times of op (allreduce, reduce_scatter, allgather) on `nodes` nodes of gpus_per_node
     GPUs for a message of `bytes` per rank: a list of dicts (algorithm, time_us, nic_bytes,
-    chunk_elements), exactcoll's algorithms first, then NCCL's ring and tree. The model is the
-    library's (`exactcoll model` prints the same). rates: nvlink_gbps, network_gbps,
+    chunk_elements), exactcoll's algorithms first, then NCCL's ring and tree, then, where nodes and
+    gpus_per_node are powers of two, "exactcoll tree" (the tree contract's exchange: other bits than
+    the chain's). The model is the library's (`exactcoll model` prints the same). rates: nvlink_gbps, network_gbps,
     network_latency_us, kernel_latency_us, nvlink_step_us (defaults: exactcoll_link_rates_init's).
 
     Example: model_multinode("allreduce", nodes=4, bytes=64 << 20, network_gbps=25)

@@ -276,16 +276,23 @@ class Model(unittest.TestCase):
     def test_predictions(self):
         fast = exactcoll.model_multinode("allreduce", nodes=4, bytes=64 << 20)
         self.assertEqual([p["algorithm"] for p in fast],
-                         ["exactcoll chain", "chain, overlapped", "exactcoll direct", "nccl ring", "nccl tree"])
+                         ["exactcoll chain", "chain, overlapped", "exactcoll direct", "nccl ring", "nccl tree",
+                          "exactcoll tree"])
         self.assertTrue(all(p["time_us"] > 0 for p in fast))
         self.assertGreater(fast[0]["chunk_elements"], 0)
         # A slower network makes every algorithm that crosses nodes slower.
         slow = exactcoll.model_multinode("allreduce", nodes=4, bytes=64 << 20, network_gbps=5)
         for a, b in zip(fast, slow):
             self.assertLess(a["time_us"], b["time_us"], a["algorithm"])
-        # NCCL's all-gather has no tree.
+        # NCCL's all-gather has no tree, and the tree contract's all-gather is the same copy; the
+        # tree contract's row needs powers of two.
         gather = exactcoll.model_multinode("allgather", nodes=2, bytes=1 << 20, dtype="fp32")
         self.assertEqual([p["algorithm"] for p in gather], ["exactcoll chain", "chain, overlapped", "nccl ring"])
+        odd = exactcoll.model_multinode("reduce_scatter", nodes=3, bytes=1 << 20)
+        self.assertEqual([p["algorithm"] for p in odd], ["exactcoll chain", "chain, overlapped", "nccl ring"])
+        tree = exactcoll.model_multinode("reduce_scatter", nodes=4, bytes=1 << 20)[-1]
+        self.assertEqual(tree["algorithm"], "exactcoll tree")
+        self.assertEqual(tree["nic_bytes"], 3 / 4 * (1 << 20) / 8)
 
     def test_bad_inputs(self):
         assert_value_errors(self, [

@@ -81,8 +81,8 @@ class Job {
 
   // Runs kernel(ctx) on every block of rank's next node launch, inline on the rank's thread
   // (legal: barriers pair equal block indices, and every local rank runs its blocks in order).
-  // wrap(env, body) builds the context (the fused steps wrap it with the RMSNorm hook).
-  template <class Kernel>
+  // The context folds under kFold (canonical or tree: sim::SimCtx's contract).
+  template <Contract kFold = Contract::kCanonical, class Kernel>
   void launch(int rank, const char* name, Kernel kernel) {
     const int node = layout.node_of(rank);
     const uint32_t id = launches[static_cast<size_t>(rank)]++;
@@ -105,10 +105,10 @@ class Job {
       env.executor = &network;
       env.tracer = tracer;
       if (tracer != nullptr) {
-        sim::SimCtx<T, true> ctx(env);
+        sim::SimCtx<T, true, kFold> ctx(env);
         kernel(ctx);
       } else {
-        sim::SimCtx<T, false> ctx(env);
+        sim::SimCtx<T, false, kFold> ctx(env);
         kernel(ctx);
       }
     }
@@ -167,11 +167,13 @@ class Job {
   std::vector<uint32_t> launches;  // per rank
 };
 
-// The transport concept of core/multinode.h for one simulated rank.
+// The transport concept of core/multinode.h for one simulated rank; its node folds run under
+// `contract` (canonical: the chain's carried fold; tree: the node subtrees).
 template <class T>
 class SimPrims {
  public:
-  SimPrims(Job<T>& job, int rank) : job_(job), rank_(rank), heap_(job.heaps[static_cast<size_t>(rank)]) {}
+  SimPrims(Job<T>& job, int rank, Contract contract = Contract::kCanonical)
+      : job_(job), rank_(rank), heap_(job.heaps[static_cast<size_t>(rank)]), contract_(contract) {}
 
   NodeLayout layout() const { return job_.layout; }
   int node() const { return job_.layout.node_of(rank_); }
@@ -181,10 +183,18 @@ class SimPrims {
   T* scratch() const { return reinterpret_cast<T*>(heap_.scratch.data()); }
   float* carry_in() const { return reinterpret_cast<float*>(heap_.carry_in.data()); }
   float* carry_out() const { return reinterpret_cast<float*>(heap_.carry_out.data()); }
+  Contract contract() const { return contract_; }
 
   void group(const Transfer* transfers, int count) { job_.network.group(rank_, transfers, count); }
   void fold(const NodeFoldArgs<T>& a) {
-    job_.launch(rank_, "node_fold", [&a](auto& ctx) { node_fold<T>(ctx, a); });
+    if (contract_ == Contract::kTree) {
+      job_.template launch<Contract::kTree>(rank_, "node_fold", [&a](auto& ctx) { node_fold<T>(ctx, a); });
+    } else {
+      job_.launch(rank_, "node_fold", [&a](auto& ctx) { node_fold<T>(ctx, a); });
+    }
+  }
+  void combine(const NodeCombineArgs& a) {
+    job_.launch(rank_, "node_tree_combine", [&a](auto& ctx) { node_tree_combine<T>(ctx, a); });
   }
   void gather(const NodeGatherArgs& a) {
     job_.launch(rank_, "node_gather", [&a](auto& ctx) { node_gather<T>(ctx, a); });
@@ -198,6 +208,7 @@ class SimPrims {
   Job<T>& job_;
   int rank_;
   RankHeap& heap_;
+  Contract contract_;
 };
 
 template <class F>
@@ -225,9 +236,20 @@ std::string check_common(int blocks, size_t chunk_elements, const NodeLayout& la
 
 }  // namespace
 
+// "" or why contract cannot run on layout: not a library contract, or tree on a layout whose
+// tree is not the tree over node subtrees (check_tree_layout).
+std::string check_contract(Contract contract, const NodeLayout& layout) {
+  if (!info(contract).library_contract || (info(contract).runs_on & kOnMultiNode) == 0) {
+    return std::string("across nodes the collectives fold under ") + library_contract_names(kOnMultiNode) + ", not " +
+           contract_name(contract);
+  }
+  return contract == Contract::kTree ? check_tree_layout(layout) : "";
+}
+
 std::string check_multinode_spec(const MultiNodeSpec& spec, const NodeLayout& layout) {
   if (spec.count == 0) return "count must be >= 1";
   if (spec.result_slots < 1 || spec.result_slots > 2) return "result_slots must be 1 or 2";
+  if (std::string problem = check_contract(spec.contract, layout); !problem.empty()) return problem;
   const size_t n = static_cast<size_t>(layout.world_size());
   if (spec.op == Op::kReduceScatter && spec.count % n != 0) {
     return "reduce_scatter needs a count that is a multiple of the " + std::to_string(n) + " ranks, not " +
@@ -245,18 +267,27 @@ void run_multinode(const NetworkOptions& net, const MultiNodeSpec& spec, const s
   if (static_cast<int>(inputs.size()) != n || static_cast<int>(outputs.size()) != n) {
     throw std::invalid_argument("one input and one output per rank are needed (" + std::to_string(n) + " ranks)");
   }
+  if (spec.contract == Contract::kTree && !trace_elements.empty()) {
+    throw std::invalid_argument(
+        "element traces record the canonical contract's folds; under tree a run traces its steps and messages only");
+  }
+  const bool tree = spec.contract == Contract::kTree;
   with_type(spec.dtype, [&](auto tag) {
     using T = decltype(tag);
     const size_t out_count = output_count(spec.op, spec.count, n);
     Job<T> job(net, spec.blocks, spec.count, out_count,
-               buffer_needs<T>(spec.op, net.layout, spec.count, spec.chunk_elements), trace_elements);
+               buffer_needs<T>(spec.op, net.layout, spec.count, spec.chunk_elements, spec.contract), trace_elements);
     for (int r = 0; r < n; ++r)
       std::memcpy(job.heaps[static_cast<size_t>(r)].input.data(), inputs[static_cast<size_t>(r)],
                   spec.count * sizeof(T));
     job.network.run([&](int rank) {
-      SimPrims<T> prims(job, rank);
-      if (spec.op == Op::kAllReduce) {
+      SimPrims<T> prims(job, rank, spec.contract);
+      if (spec.op == Op::kAllReduce && tree) {
+        tree_allreduce<T>(prims, spec.count, spec.chunk_elements, spec.tree_steps_top_down);
+      } else if (spec.op == Op::kAllReduce) {
         allreduce<T>(prims, spec.count, spec.chunk_elements, spec.result_slots);
+      } else if (spec.op == Op::kReduceScatter && tree) {
+        tree_reduce_scatter<T>(prims, spec.count, spec.chunk_elements);
       } else if (spec.op == Op::kReduceScatter) {
         reduce_scatter<T>(prims, spec.count, spec.chunk_elements);
       } else {
@@ -277,6 +308,7 @@ std::string check_multinode_fused_spec(const MultiNodeFusedSpec& spec, const Nod
     return "the hidden size must be a positive multiple of " + std::to_string(pack) + " (the pack), not " +
            std::to_string(spec.hidden);
   }
+  if (std::string problem = check_contract(spec.contract, layout); !problem.empty()) return problem;
   return check_common(spec.blocks, spec.chunk_elements, layout);
 }
 
@@ -292,8 +324,8 @@ void run_multinode_fused(const NetworkOptions& net, const MultiNodeFusedSpec& sp
     using T = decltype(tag);
     const size_t count = static_cast<size_t>(spec.rows) * static_cast<size_t>(spec.hidden);
     const size_t H = static_cast<size_t>(spec.hidden);
-    Job<T> job(net, spec.blocks, count, count, buffer_needs<T>(Op::kAllReduce, net.layout, count, spec.chunk_elements),
-               {});
+    Job<T> job(net, spec.blocks, count, count,
+               buffer_needs<T>(Op::kAllReduce, net.layout, count, spec.chunk_elements, spec.contract), {});
     for (int r = 0; r < n; ++r) {
       RankHeap& h = job.heaps[static_cast<size_t>(r)];
       h.residual = Region(count * sizeof(T));
@@ -304,9 +336,14 @@ void run_multinode_fused(const NetworkOptions& net, const MultiNodeFusedSpec& sp
       std::memcpy(h.weight.data(), io.weight[static_cast<size_t>(r)], H * sizeof(T));
     }
     job.network.run([&](int rank) {
-      // 1. The all-reduce of x into residual_out (this rank's output buffer), as s.
-      SimPrims<T> prims(job, rank);
-      allreduce<T>(prims, count, spec.chunk_elements);
+      // 1. The all-reduce of x into residual_out (this rank's output buffer), as s: the chain, or
+      //    the tree's exchange under the tree contract.
+      SimPrims<T> prims(job, rank, spec.contract);
+      if (spec.contract == Contract::kTree) {
+        tree_allreduce<T>(prims, count, spec.chunk_elements);
+      } else {
+        allreduce<T>(prims, count, spec.chunk_elements);
+      }
       // 2. Locally: residual_out = residual_add(s, residual) in place, then out = RMSNorm(residual_out),
       //    each a launch of its own (the norm's rows need every block's residual_out).
       RankHeap& h = job.heaps[static_cast<size_t>(rank)];

@@ -26,11 +26,17 @@ struct MultiNodeSpec {
   int blocks = 1;                                 // blocks of every node kernel (the work split; same bits)
   size_t chunk_elements = kDefaultChunkElements;  // pipeline chunk (core/multinode.h)
   int result_slots = 2;                           // all-reduce only: 1 is a broken variant for the exploration tests
+  // canonical (the carry chain) or tree (node subtrees, then recursive doubling / halving across
+  // nodes: core/multinode.h's tree_allreduce and tree_reduce_scatter; all-gather is a copy under both).
+  Contract contract = Contract::kCanonical;
+  bool tree_steps_top_down = false;  // tree all-reduce only: a broken variant for the tests (another tree)
 };
 
 // Returns "" or what is wrong with spec on layout: count 0, reduce_scatter's count not a multiple
 // of the ranks, blocks outside 1..kMaxBlocks, chunk_elements not a positive multiple of 64, more
-// local ranks than kMaxRanks.
+// local ranks than kMaxRanks, a contract that does not run across nodes (the registry's
+// kOnMultiNode), or tree on a layout it does not run on (check_tree_layout: several nodes need M
+// and L powers of two).
 std::string check_multinode_spec(const MultiNodeSpec& spec, const NodeLayout& layout);
 
 using exactcoll::output_count;  // core/op.h
@@ -45,16 +51,18 @@ struct MultiNodeTrace {
 
 // Runs spec on the simulated job; inputs[r] (count elements) and outputs[r]
 // (output_count elements) are rank r's, any alignment. trace_elements: element indices
-// whose folds are traced (with net.trace). Throws std::invalid_argument for a bad spec or pointer
-// counts, sim::SimError when the run fails (deadlock, timeout, a mismatched message).
+// whose folds are traced (with net.trace; canonical only: element traces record the chain's
+// folds). Throws std::invalid_argument for a bad spec, pointer counts or trace_elements under
+// tree, sim::SimError when the run fails (deadlock, timeout, a mismatched message).
 void run_multinode(const NetworkOptions& net, const MultiNodeSpec& spec, const std::vector<const void*>& inputs,
                    const std::vector<void*>& outputs, MultiNodeTrace* trace = nullptr,
                    const std::vector<uint64_t>& trace_elements = {});
 
 // The fused all-reduce + residual + RMSNorm across nodes: the all-reduce above of x into
-// residual_out, then on every rank residual_out = residual_add(s, residual) and out = the
-// canonical RMSNorm (core/fused_rmsnorm.h's unfused steps, local): the bits of every one-node
-// fused algorithm. Per rank: x, residual, residual_out, out [rows, H]; weight [H].
+// residual_out (under spec.contract), then on every rank residual_out = residual_add(s, residual)
+// and out = the canonical RMSNorm (core/fused_rmsnorm.h's unfused steps, local): the bits of every
+// one-node fused algorithm under the same contract. Per rank: x, residual, residual_out, out
+// [rows, H]; weight [H].
 struct MultiNodeFusedSpec {
   DType dtype = DType::kBF16;
   int rows = 1;
@@ -62,6 +70,7 @@ struct MultiNodeFusedSpec {
   float eps = 1e-6f;
   int blocks = 1;
   size_t chunk_elements = kDefaultChunkElements;
+  Contract contract = Contract::kCanonical;  // the all-reduce's: canonical or tree
 };
 struct MultiNodeFusedIo {
   std::vector<const void*> x, residual, weight;

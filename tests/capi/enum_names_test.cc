@@ -133,7 +133,7 @@ TEST(EnumNames, NameListsComeFromTheTables) {
   EXPECT_EQ(algorithm_names(kOnGpu, Op::kAllGather), "auto, direct, copy_engine, nccl");
   EXPECT_EQ(contract_names(), "canonical, f32_residual, bf16_accumulate, rotated_two_shot, tree");
   EXPECT_EQ(library_contract_names(), "canonical, tree");
-  EXPECT_EQ(library_contract_names(kOnMultiNode), "canonical");
+  EXPECT_EQ(library_contract_names(kOnMultiNode), "canonical, tree");
   EXPECT_EQ(op_names(" | "), "allreduce | reduce_scatter | allgather");
 }
 

@@ -8,6 +8,7 @@
 #   nodes    multinode verify on 2 x 1 and 2 x 2 emulated nodes (NCCL through sockets between them),
 #            then multinode bench on 2 x 2 beside NCCL's all-reduce, and `exactcoll model` for the
 #            same layout
+#   tree     the same verify and bench under --contract tree (node subtrees, recursive doubling)
 #   python   python/examples/multinode_check.py under torchrun on 2 x 2 emulated nodes (the C API's
 #            and Python's multi-node communicator, every op against exactcoll.sim)
 #   odd      verify --nproc 3 on the 4-GPU machine (an odd world size)
@@ -17,7 +18,7 @@
 #   soak     python/examples/soak.py: 10^6 mixed calls on 4 GPUs, then 10^5 across 2 emulated nodes of
 #            1 GPU (SOAK_CALLS, SOAK_NODE_CALLS change the counts), spot-checked against exactcoll.sim
 set -uo pipefail
-PHASES=${1:-nodes,python,odd,dead,soak}
+PHASES=${1:-nodes,tree,python,odd,dead,soak}
 RESULTS=${OUT:-/tmp/out}
 OUT=$(mktemp -d)/logs
 mkdir -p "$OUT" "$RESULTS"
@@ -38,6 +39,17 @@ if has nodes; then
   "$EXACTCOLL" model --nodes 2 --gpus-per-node 2 > "$OUT/model.log" 2>&1
   grep -A 30 "bench multinode" "$OUT/multinode_bench.log" | head -20
   head -20 "$OUT/model.log"
+fi
+if has tree; then
+  for layout in "2 1" "2 2"; do
+    log="$OUT/multinode_verify_tree_${layout// /x}.log"
+    timeout 300 tools/multinode/emulate_nodes.sh $layout multinode verify --contract tree > "$log" 2>&1
+    note "multinode verify --contract tree ${layout// / x }: exit $? | $(grep -E "differing|MISMATCH|failed" "$log" | tail -1)"
+  done
+  timeout 300 tools/multinode/emulate_nodes.sh 2 2 multinode bench --max-mib 256 --contract tree \
+    > "$OUT/multinode_bench_tree.log" 2>&1
+  note "multinode bench --contract tree 2 x 2: exit $?"
+  grep -A 30 "bench multinode" "$OUT/multinode_bench_tree.log" | head -20
 fi
 if has python; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpubin/exactcoll-*.whl && export PYTHONPATH=/tmp/site

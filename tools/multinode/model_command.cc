@@ -1,5 +1,6 @@
 // `exactcoll model`: predicted time of each op for 2 to 64 nodes of L GPUs, exactcoll's multi-node
-// algorithms beside NCCL's ring and tree (core/multinode_model.h has the model).
+// algorithms (the carry chain; the tree contract's exchange) beside NCCL's ring and tree
+// (core/multinode_model.h has the model).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -35,7 +36,9 @@ int model_main(int argc, char** argv) {
       "[--kernel-latency-us U] [--csv FILE]",
       "Predicts each op's time on M nodes of L GPUs from link rates: exactcoll's carry chain (and, for\n"
       "the all-reduce, the direct reduce-scatter + all-gather it is compared with) beside NCCL's ring\n"
-      "and tree. An alpha-beta model (core/multinode_model.h): NVLink defaults to the 390 GB/s\n"
+      "and tree, then \"exactcoll tree\": the tree contract's exchange (other bits than the chain's;\n"
+      "recursive doubling, halving for reduce_scatter; M and L powers of two only).\n"
+      "An alpha-beta model (core/multinode_model.h): NVLink defaults to the 390 GB/s\n"
       "measured on one H200 with torch.cuda (docs/design.md), the network to 50 GB/s per GPU (400 Gb/s\n"
       "NICs, one per GPU, rail-optimized); give the network you have. fused_rmsnorm is the all-reduce\n"
       "plus a local norm kernel of a few microseconds (not modelled). bytes: the message per rank.");

@@ -5,8 +5,10 @@
 //   verify: every op (allreduce, reduce_scatter, allgather, fused_rmsnorm) x dtype x size on
 //           adversarial inputs (every pattern of tools/inputs/inputs.h); each rank compares its
 //           output bit for bit with the simulator's multi-node run (sim/multinode) and, for the
-//           sums, with contract::fold per element. Exit 0 when no bit differs on any rank, 1 when
-//           one does, 3 on a failure.
+//           sums, with contract::fold per element (contract::tree_fold under --contract tree).
+//           Exit 0 when no bit differs on any rank, 1 when one does, 3 on a failure.
+//   --contract canonical|tree (the registry's library contracts that run across nodes): the
+//           communicator's contract, every op of verify and bench under it.
 //   bench:  the all-reduce against NCCL's own on the same ranks, sizes 1 MiB .. --max-mib: time
 //           per call (the slowest rank's), algbw and busbw (nccl-tests' conventions), and the
 //           ratio of bandwidths. The target: >= 0.9 x NCCL at >= 64 MiB.
@@ -21,6 +23,7 @@
 
 #include "core/contract.h"
 #include "core/multinode.h"
+#include "core/registry.h"
 #include "core/storage.h"
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/multinode/multinode_communicator.h"
@@ -49,32 +52,32 @@ size_t differing(const Bytes& got, const Bytes& want, size_t esize) {
   return n;
 }
 
-// contract::fold of element i over every rank's input (the scalar check beside the simulator).
-uint32_t scalar_fold(DType dtype, const std::vector<Bytes>& in, size_t i) {
+// contract::fold (or contract::tree_fold under tree) of element i over every rank's input (the
+// scalar check beside the simulator).
+uint32_t scalar_fold(Contract c, DType dtype, const std::vector<Bytes>& in, size_t i) {
   const int n = static_cast<int>(in.size());
-  auto value = [&](auto tag, int r) {
-    using T = decltype(tag);
-    T x;
-    std::memcpy(static_cast<void*>(&x), in[static_cast<size_t>(r)].data() + i * sizeof(T), sizeof(T));
-    return x;
-  };
   uint32_t bits = 0;
-  if (dtype == DType::kBF16)
-    bits = Storage<bf16>::bits(contract::fold<bf16>(n, [&](int r) { return value(bf16{}, r); }));
-  if (dtype == DType::kFP16)
-    bits = Storage<fp16>::bits(contract::fold<fp16>(n, [&](int r) { return value(fp16{}, r); }));
-  if (dtype == DType::kFP32)
-    bits = Storage<float>::bits(contract::fold<float>(n, [&](int r) { return value(float{}, r); }));
+  with_storage_type(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto value = [&](int r) {
+      T x;
+      std::memcpy(static_cast<void*>(&x), in[static_cast<size_t>(r)].data() + i * sizeof(T), sizeof(T));
+      return x;
+    };
+    bits = Storage<T>::bits(c == Contract::kTree ? contract::tree_fold<T>(n, value) : contract::fold<T>(n, value));
+  });
   return bits;
 }
 
 struct Setup {
   int64_t buffer_mib = 128;
   int64_t chunk = static_cast<int64_t>(kDefaultChunkElements);
+  std::string contract = "canonical";
 };
 
 int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
   const int n = w.world_size(), me = w.rank();
+  const Contract contract = comm.node().contract();
   const gpu::Stream owned;
   const cudaStream_t stream = owned.get();
   size_t total_differing = 0, cases = 0;
@@ -110,6 +113,7 @@ int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
           outs.push_back(sim_out[static_cast<size_t>(r)].data());
         }
         MultiNodeSpec spec{op, dtype, count, 1, static_cast<size_t>(std::max<size_t>(64, count / 4 / 64 * 64)), 2};
+        spec.contract = contract;
         run_multinode(net, spec, ins, outs);
         size_t bad = differing(got, sim_out[static_cast<size_t>(me)], esize);
         if (op != Op::kAllGather) {  // the scalar transcription of the contract, too
@@ -117,7 +121,7 @@ int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
             const size_t i = op == Op::kAllReduce ? j : static_cast<size_t>(me) * out_count + j;
             uint32_t g = 0;
             std::memcpy(&g, got.data() + j * esize, esize);
-            bad += g != scalar_fold(dtype, in, i) ? 1 : 0;
+            bad += g != scalar_fold(contract, dtype, in, i) ? 1 : 0;
           }
         }
         const int64_t all_bad = w.sum("verify/" + std::to_string(cases), static_cast<int64_t>(bad));
@@ -155,6 +159,7 @@ int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
         io.out.push_back(want_out[static_cast<size_t>(r)].data());
       }
       MultiNodeFusedSpec spec{dtype, rows, hidden, 1e-6f, 1, 4096};
+      spec.contract = contract;
       run_multinode_fused(net, spec, io);
       const size_t bad = differing(got_ro, want_ro[static_cast<size_t>(me)], esize) +
                          differing(got_out, want_out[static_cast<size_t>(me)], esize);
@@ -168,8 +173,8 @@ int verify(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, uint64_t seed) {
     }
   }
   if (w.leader()) {
-    std::printf("verify multinode: %s, %zu cases, %zu differing elements over all ranks: %s\n",
-                layout_text(comm.layout()).c_str(), cases, total_differing,
+    std::printf("verify multinode: %s, contract %s, %zu cases, %zu differing elements over all ranks: %s\n",
+                layout_text(comm.layout()).c_str(), contract_name(contract), cases, total_differing,
                 total_differing == 0 ? "EXACT" : "DIFFERENT");
   }
   return total_differing == 0 ? cli::kExitOk : cli::kExitDiffer;
@@ -181,9 +186,10 @@ int bench(gpu::Worker& w, cuda::MultiNodeCommunicator& comm, int64_t max_mib, in
   const cudaStream_t stream = owned.get();
   if (w.leader()) {
     std::printf(
-        "bench multinode allreduce bf16, %s (times: the slowest rank's)\n%12s %12s %10s %10s %12s %10s %10s %8s\n",
-        layout_text(comm.layout()).c_str(), "bytes", "exactcoll us", "algbw", "busbw", "nccl us", "algbw", "busbw",
-        "bw ratio");
+        "bench multinode allreduce bf16, %s, contract %s (times: the slowest rank's)\n%12s %12s %10s %10s %12s %10s "
+        "%10s %8s\n",
+        layout_text(comm.layout()).c_str(), contract_name(comm.node().contract()), "bytes", "exactcoll us", "algbw",
+        "busbw", "nccl us", "algbw", "busbw", "bw ratio");
   }
   for (int64_t mib = 1; mib <= max_mib; mib *= 4) {
     const size_t bytes = static_cast<size_t>(mib) << 20, count = bytes / 2;
@@ -221,19 +227,23 @@ int multinode_main(int argc, char** argv) {
   int64_t nproc = 0, seed = 1, max_mib = 256, iters = 20;
   Setup setup;
   cli::ArgParser parser(
-      "exactcoll multinode verify|bench [--nproc N] [--buffer-mib M] [--chunk-elements E] [--seed S] [--max-mib B] "
-      "[--iters I]",
+      "exactcoll multinode verify|bench [--nproc N] [--buffer-mib M] [--chunk-elements E] [--contract " +
+          library_contract_names(kOnMultiNode, "|") + "] [--seed S] [--max-mib B] [--iters I]",
       "The multi-node communicator on GPUs: IPC inside each node, NCCL point-to-point between nodes, the\n"
       "contract's bits (core/multinode.h). Run one worker per GPU on every node: `exactcoll launch\n"
       "--nnodes M --node-rank K --master-addr A --master-port P --nproc L -- multinode verify` on each\n"
       "node, or nodes emulated on one host: tools/multinode/emulate_nodes.sh 2 2 multinode verify.\n"
       "verify: every op, dtype and several sizes on adversarial inputs, every output bit against the\n"
-      "simulator and the scalar contract. bench: the all-reduce beside NCCL's own on the same ranks.");
+      "simulator and the scalar contract. bench: the all-reduce beside NCCL's own on the same ranks.\n"
+      "--contract tree: the tree contract (node subtrees, then recursive doubling / halving across\n"
+      "nodes; M and L powers of two).");
   parser.add_positional("action", &action, "verify or bench");
   parser.add_int("nproc", &nproc, "start N local workers of one node");
   parser.set_default_note("nproc", "default: run as a launched worker");
   parser.add_int("buffer-mib", &setup.buffer_mib, "the node communicator's staging and scratch, MiB");
   parser.add_int("chunk-elements", &setup.chunk, "pipeline chunk of the carry chain (a multiple of 64)");
+  parser.add_choice("contract", &setup.contract, library_contract_name_list(kOnMultiNode),
+                    "the rounding contract every exact call folds under");
   parser.add_int("seed", &seed, "verify: seed of the inputs");
   parser.add_int("max-mib", &max_mib, "bench: the largest message, MiB");
   parser.add_int("iters", &iters, "bench: timed calls per size");
@@ -253,6 +263,7 @@ int multinode_main(int argc, char** argv) {
     cuda::MultiNodeOptions options;
     options.node.buffer_bytes = static_cast<size_t>(setup.buffer_mib) << 20;
     options.chunk_elements = static_cast<size_t>(setup.chunk);
+    options.node.contract = *parse_contract_name(setup.contract, kOnMultiNode);
     cuda::MultiNodeCommunicator comm(w.store(), w.rank(), w.world_size(), place, options);
     return action == "verify" ? verify(w, comm, static_cast<uint64_t>(seed)) : bench(w, comm, max_mib, iters);
   } catch (const std::exception& e) {

@@ -3,8 +3,8 @@
 //
 //   exactcoll sim allreduce|reduce_scatter|allgather --nodes M --ranks N --dtype D (--input in.npy | --count C [--seed
 //   S])
-//       [--output out.npy] [--chunk-elements E] [--blocks B] [--schedule threads|seeded]
-//       [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] [--timeout-ms T]
+//       [--output out.npy] [--contract canonical|tree] [--chunk-elements E] [--blocks B]
+//       [--schedule threads|seeded] [--schedule-seed K] [--trace FILE] [--trace-elements I,J,...] [--timeout-ms T]
 //   exactcoll sim fused_rmsnorm --nodes M --ranks N (--input x.npy --residual r.npy --weight w.npy |
 //       --rows R --hidden H [--seed S] [--specials]) [--eps E]
 //       [--output out.npy] [--residual-output ro.npy] (same scheduling and trace flags)
@@ -12,10 +12,11 @@
 // Inputs are .npy files read as the one-node commands read them (tools/inputs/rank_inputs.h,
 // read_fused_files), or the one-node commands' random inputs for the same --count/--rows/--hidden
 // and --seed (tools/inputs/inputs.h, tools/inputs/fused_inputs.h), so the summary's sha256 equals
-// the one-node command's: the bits do not depend on the number of nodes. --fail-rank and
+// the one-node command's: the bits do not depend on the number of nodes (under --contract tree too:
+// the one-node command's with --contract tree, for M and L powers of two). --fail-rank and
 // --fail-at-step are refused (exit 2): the multi-node simulator kills no rank. --contract takes the
-// one-node command's choices and refuses (exit 2) a contract that does not run across nodes (the
-// registry's kOnMultiNode: tree's cross-node exchange is not built yet). The collectives first print the
+// one-node command's choices and refuses (exit 2) one that does not run across nodes (the
+// registry's kOnMultiNode). The collectives first print the
 // one-node command's input banner (tools::input_banner, the same function). Registered as
 // "<op> --nodes" with tools/sim/sim_subcommands.h; tools/sim routes any `sim <op>` given --nodes
 // here.
@@ -31,6 +32,7 @@
 
 #include "core/multinode.h"
 #include "core/multinode_layout.h"
+#include "core/registry.h"
 #include "core/signal.h"
 #include "core/storage.h"
 #include "sim/multinode/multinode_sim.h"
@@ -70,6 +72,7 @@ struct Job {
   // Resolved by check_flags.
   NodeLayout layout;
   DType dtype = DType::kBF16;
+  Contract contract = Contract::kCanonical;
   std::vector<uint64_t> trace_elements;
   NetworkOptions net;
   int n = 0;
@@ -114,11 +117,14 @@ cli::ArgParser make_parser(Job* j) {
       "Runs " + std::string(kind_name(j->kind)) +
           " across M simulated nodes of N / M ranks each (ranks numbered node-major): inside a node\n"
           "the ranks share memory (the IPC kernels), between nodes an unrounded fp32 carry travels the\n"
-          "chain in rank order over a simulated network (core/multinode.h). Inputs are .npy files as\n"
-          "the one-node command takes them, or its random inputs for the same sizes and --seed, so the\n"
-          "sha256 in the last line equals the one-node command's. --schedule seeded explores the order\n"
-          "in which messages cross node boundaries (--fail-rank is not available here);\n"
-          "--trace writes every message (with the boundary it crossed) and every node kernel.");
+          "chain in rank order over a simulated network (core/multinode.h). Under --contract tree each\n"
+          "node folds its ranks' subtree instead, and the nodes combine their subtrees by recursive\n"
+          "doubling (halving for reduce_scatter): log2(M) exchanges; M and N / M powers of two. Inputs\n"
+          "are .npy files as the one-node command takes them, or its random inputs for the same sizes\n"
+          "and --seed, so the sha256 in the last line equals the one-node command's (with the same\n"
+          "--contract). --schedule seeded explores the order in which messages cross node boundaries\n"
+          "(--fail-rank is not available here); --trace writes every message (with the boundary it\n"
+          "crossed) and every node kernel (--trace-elements: canonical only).");
   tools::add_world_flags(parser, &j->f, {.traces = true, .element_traces = true, .faults = false});
   parser.add_int("nodes", &j->nodes, "nodes M; --ranks must be a multiple of M (every node the same size)");
   if (fused) {
@@ -149,9 +155,8 @@ std::optional<int> check_flags(const cli::ArgParser& parser, Job* j) {
   NodeLayout& layout = j->layout;
   if (!parser.given("nodes")) return cli::fail(command, "give --nodes M");
   if (const Contract contract = cli::library_contract(j->contract_text); (info(contract).runs_on & kOnMultiNode) == 0) {
-    return cli::fail(command, "--contract " + j->contract_text + " runs on one node only (its cross-node exchange is " +
-                                  "not built yet; across nodes: " + library_contract_names(kOnMultiNode) +
-                                  "); run without --nodes");
+    return cli::fail(command, "--contract " + j->contract_text + " runs on one node only (across nodes: " +
+                                  library_contract_names(kOnMultiNode) + "); run without --nodes");
   }
   if (!parser.given("ranks")) return cli::fail(command, "give --ranks N (the whole job's ranks)");
   if (nodes > 1024 || f.ranks > 1 << 16)
@@ -181,6 +186,15 @@ std::optional<int> check_flags(const cli::ArgParser& parser, Job* j) {
     }
   }
   if (!trace_elements.empty() && f.trace.empty()) return cli::fail(command, "--trace-elements needs --trace FILE");
+  j->contract = *parse_contract_name(j->contract_text, kOnMultiNode);
+  if (j->contract == Contract::kTree && !trace_elements.empty()) {
+    return cli::fail(command,
+                     "--trace-elements records the canonical contract's folds; under --contract tree, --trace "
+                     "records the steps and messages only");
+  }
+  if (j->contract == Contract::kTree) {
+    if (const std::string p = check_tree_layout(layout); !p.empty()) return cli::fail(command, "bad layout: " + p);
+  }
   NetworkOptions& net = j->net;
   net.layout = layout;
   net.schedule = f.schedule == "seeded" ? sim::Schedule::kSeeded : sim::Schedule::kThreads;
@@ -203,6 +217,14 @@ std::optional<int> check_flags(const cli::ArgParser& parser, Job* j) {
   j->output_path = j->output.empty() ? "" : cli::resolve_path(j->output);
   j->residual_path = j->fused_in.residual_output.empty() ? "" : cli::resolve_path(j->fused_in.residual_output);
   return std::nullopt;
+}
+
+// What crossed the nodes, for the summary line: "carry chain", "tree contract, recursive doubling"
+// (halving for reduce_scatter), or "direct exchange" (all-gather, a copy under every contract).
+std::string exchange_text(const Job& j, Op op) {
+  if (op == Op::kAllGather) return "direct exchange";
+  if (j.contract != Contract::kTree) return "carry chain";
+  return op == Op::kAllReduce ? "tree contract, recursive doubling" : "tree contract, recursive halving";
 }
 
 // Reserves the outputs and the trace; false when one cannot be written (the message printed).
@@ -277,6 +299,7 @@ int run_fused_op(const cli::ArgParser& parser, Job& j) {
   spec.eps = static_cast<float>(fused_in.eps);
   spec.blocks = static_cast<int>(j.blocks);
   spec.chunk_elements = static_cast<size_t>(j.chunk);
+  spec.contract = j.contract;
   if (std::string p = check_multinode_fused_spec(spec, j.layout); !p.empty()) return cli::fail(command, p);
   if (!reserve(j)) return cli::kExitUsage;
   if (!from_files) {
@@ -300,9 +323,10 @@ int run_fused_op(const cli::ArgParser& parser, Job& j) {
   if (const int code = finish_run(j); code >= 0) return code;
   if (const int code = write_outputs(j, {n, spec.rows, spec.hidden}, out, &ro); code != 0) return code;
   std::cout << command << " " << j.f.dtype << ": " << n << " ranks x [" << spec.rows << ", " << spec.hidden << "] ("
-            << j.input_note << "), " << layout_text(j.layout) << ", carry chain, " << j.schedule_text << ", "
-            << j.trace.messages << " messages; out sha256 " << tools::sha256_hex(out.data(), out.size())
-            << " residual_out sha256 " << tools::sha256_hex(ro.data(), ro.size()) << "\n";
+            << j.input_note << "), " << layout_text(j.layout) << ", " << exchange_text(j, Op::kAllReduce) << ", "
+            << j.schedule_text << ", " << j.trace.messages << " messages; out sha256 "
+            << tools::sha256_hex(out.data(), out.size()) << " residual_out sha256 "
+            << tools::sha256_hex(ro.data(), ro.size()) << "\n";
   return cli::kExitOk;
 }
 
@@ -324,6 +348,7 @@ int run_collective(const cli::ArgParser& parser, Job& j) {
   spec.dtype = dtype;
   spec.blocks = static_cast<int>(j.blocks);
   spec.chunk_elements = static_cast<size_t>(j.chunk);
+  spec.contract = j.contract;
   if (input_path.empty() == !parser.given("count")) return cli::fail(command, "give --input FILE or --count C");
   gpu::RankInputs file;
   if (!input_path.empty()) {
@@ -372,10 +397,10 @@ int run_collective(const cli::ArgParser& parser, Job& j) {
   char ms_text[32];
   std::snprintf(ms_text, sizeof ms_text, "%.3f", ms);
   std::cout << command << " " << j.f.dtype << ": " << n << " ranks x " << spec.count << " elements (" << input_note
-            << "), " << layout_text(j.layout) << (spec.op == Op::kAllGather ? ", direct exchange, " : ", carry chain, ")
-            << spec.blocks << (spec.blocks == 1 ? " block" : " blocks") << ", " << j.schedule_text << ", "
-            << j.trace.messages << " messages, " << j.trace.cross_node_bytes << " bytes across nodes, " << ms_text
-            << " ms; output " << npy::shape_text(shape) << (j.output.empty() ? "" : " -> " + j.output) << " sha256 "
+            << "), " << layout_text(j.layout) << ", " << exchange_text(j, spec.op) << ", " << spec.blocks
+            << (spec.blocks == 1 ? " block" : " blocks") << ", " << j.schedule_text << ", " << j.trace.messages
+            << " messages, " << j.trace.cross_node_bytes << " bytes across nodes, " << ms_text << " ms; output "
+            << npy::shape_text(shape) << (j.output.empty() ? "" : " -> " + j.output) << " sha256 "
             << tools::sha256_hex(out.data(), out.size()) << "\n";
   return cli::kExitOk;
 }
@@ -398,8 +423,9 @@ int multinode_main(Kind kind, int argc, char** argv) {
 }
 
 // Registered as "<op> --nodes": tools/sim sends `sim <op> ... --nodes M ...` here.
-const cli::SimSubcommandRegistrar kAllReduce({"allreduce --nodes", "all-reduce across M simulated nodes (carry chain)",
-                                              [](int c, char** v) { return multinode_main(Kind::kAllReduce, c, v); }});
+const cli::SimSubcommandRegistrar kAllReduce(
+    {"allreduce --nodes", "all-reduce across M simulated nodes (carry chain, or the tree's exchange)",
+     [](int c, char** v) { return multinode_main(Kind::kAllReduce, c, v); }});
 const cli::SimSubcommandRegistrar kReduceScatter({"reduce_scatter --nodes", "reduce-scatter across M simulated nodes",
                                                   [](int c, char** v) {
                                                     return multinode_main(Kind::kReduceScatter, c, v);

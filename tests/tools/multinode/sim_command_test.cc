@@ -241,22 +241,7 @@ TEST(SimNodesCommand, FaultFlagsAreRefusedNotIgnored) {
 // The tree contract runs on one node only for now (its cross-node exchange is not built): with
 // --nodes it is refused before anything is written (exit 2, naming the reason), never run as
 // canonical; --contract canonical still runs, with the one-node command's bits.
-TEST(SimNodesCommand, TreeContractIsRefusedAcrossNodes) {
-  const std::string out = temp_path("tree_nodes_out.npy"), trace = temp_path("tree_nodes.jsonl");
-  for (const std::string op : {"allreduce --count 64", "reduce_scatter --count 64", "allgather --count 64",
-                               "fused_rmsnorm --rows 2 --hidden 64"}) {
-    const CommandResult o =
-        exactcoll("sim " + op + " --nodes 2 --ranks 4 --contract tree --output " + out + " --trace " + trace);
-    EXPECT_EQ(o.code, 2) << op << "\n" << o.out << o.err;
-    EXPECT_NE(o.err.find("--contract tree runs on one node only (its cross-node exchange is not built yet; across "
-                         "nodes: canonical); run without --nodes"),
-              std::string::npos)
-        << op << "\n"
-        << o.err;
-    EXPECT_EQ(o.out.find("sha256"), std::string::npos) << o.out;
-    EXPECT_FALSE(file_exists(out)) << op;
-    EXPECT_FALSE(file_exists(trace)) << op;
-  }
+TEST(SimNodesCommand, ContractFlagAcrossNodes) {
   const CommandResult emulation = exactcoll(
       "sim fused_rmsnorm --nodes 2 --ranks 4 --rows 2 --hidden 64 --contract "
       "f32_residual");
@@ -268,7 +253,7 @@ TEST(SimNodesCommand, TreeContractIsRefusedAcrossNodes) {
   EXPECT_EQ(hashes(canonical.out), hashes(one.out));
   const CommandResult help = exactcoll("sim allreduce --nodes 2 --help");
   EXPECT_NE(help.out.find("--contract canonical|tree"), std::string::npos) << help.out;
-  EXPECT_NE(help.out.find("across nodes: canonical only"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("across nodes: canonical, tree only"), std::string::npos) << help.out;
 }
 
 // Every op's one-node --help names --nodes (the multi-node form was listed only by `sim --help`).
@@ -278,6 +263,62 @@ TEST(SimNodesCommand, EveryOpsHelpNamesNodes) {
     EXPECT_EQ(help.code, 0) << op << "\n" << help.err;
     EXPECT_NE(help.out.find("--nodes M"), std::string::npos) << op << "\n" << help.out;
   }
+}
+
+// --contract tree: every split of 8 ranks into nodes (one node of 8 included) gives the same bits,
+// which are not the chain's; the summary names the exchange; layouts the tree does not run on and
+// element traces are refused (exit 2, nothing written); the trace shows the exchange's partials.
+TEST(SimNodesCommand, TreeContractGivesTheSameBitsOnEveryLayout) {
+  const std::string cases[] = {
+      "allreduce --ranks 8 --dtype bf16 --count 5000", "allreduce --ranks 8 --dtype fp32 --count 777",
+      "reduce_scatter --ranks 8 --dtype fp16 --count 1600", "fused_rmsnorm --ranks 8 --rows 3 --hidden 256 --specials"};
+  for (const std::string& c : cases) {
+    const CommandResult chain = exactcoll("sim " + c + " --nodes 2");
+    ASSERT_EQ(chain.code, 0) << c << "\n" << chain.err;
+    std::string want;
+    for (const std::string layout :
+         {"--nodes 1", "--nodes 2", "--nodes 4 --schedule seeded --schedule-seed 3", "--nodes 8"}) {
+      const CommandResult tree = exactcoll("sim " + c + " " + layout + " --contract tree --chunk-elements 256");
+      ASSERT_EQ(tree.code, 0) << c << " " << layout << "\n" << tree.out << tree.err;
+      if (want.empty()) want = hashes(tree.out);
+      EXPECT_EQ(hashes(tree.out), want) << c << " " << layout << "\n" << tree.out;
+      if (c.rfind("allreduce", 0) == 0 || c.rfind("fused", 0) == 0) {
+        EXPECT_NE(tree.out.find("tree contract, recursive doubling"), std::string::npos) << tree.out;
+      } else {
+        EXPECT_NE(tree.out.find("tree contract, recursive halving"), std::string::npos) << tree.out;
+      }
+    }
+    EXPECT_NE(hashes(chain.out), want) << c << ": the tree's bits equal the chain's";
+  }
+  struct Bad {
+    std::string args, message;
+  };
+  const Bad bad[] = {
+      {"--nodes 3 --ranks 6 --count 100 --contract tree", "needs a power-of-two number of nodes"},
+      {"--nodes 2 --ranks 6 --count 100 --contract tree", "this job has 2 nodes of 3 ranks"},
+      {"--nodes 2 --ranks 4 --count 100 --contract tree --trace T --trace-elements 3",
+       "--trace-elements records the canonical contract's folds"},
+      {"--nodes 2 --ranks 4 --count 100 --contract f32_residual", "f32_residual"},
+  };
+  for (const Bad& b : bad) {
+    std::string args = b.args;
+    const std::string trace = temp_path("refused.jsonl");
+    if (const size_t at = args.find(" T "); at != std::string::npos) args.replace(at, 3, " " + trace + " ");
+    const CommandResult o = exactcoll("sim allreduce " + args);
+    EXPECT_EQ(o.code, 2) << args << "\n" << o.out << o.err;
+    EXPECT_NE(o.err.find(b.message), std::string::npos) << args << "\n" << o.err;
+    EXPECT_FALSE(file_exists(trace)) << args;
+  }
+  const std::string trace = temp_path("tree.jsonl");
+  const CommandResult o =
+      exactcoll("sim allreduce --ranks 4 --nodes 2 --count 300 --contract tree --chunk-elements 128 --trace " + trace);
+  ASSERT_EQ(o.code, 0) << o.err;
+  const std::string t = read_file(trace);
+  EXPECT_NE(t.find("\"boundary\":\"node 0 -> node 1\",\"payload\":\"partial\""), std::string::npos);
+  EXPECT_NE(t.find("\"boundary\":\"node 1 -> node 0\",\"payload\":\"partial\""), std::string::npos);
+  EXPECT_EQ(t.find("\"payload\":\"carry\""), std::string::npos);
+  const CommandResult help = exactcoll("sim allreduce --nodes 2 --help");
+  EXPECT_NE(help.out.find("--contract canonical|tree"), std::string::npos) << help.out;
 }
 
 }  // namespace
