@@ -25,9 +25,10 @@ TEST(ContractFlag, ChoicesAreTheLibrarysContractsOnTheBackends) {
             std::string::npos)
       << help;
   EXPECT_EQ(help.find("f32_residual"), std::string::npos) << help;
-  // Across nodes only canonical runs for now (the registry's kOnMultiNode).
-  EXPECT_EQ(library_contract_names(kOnMultiNode), "canonical");
-  EXPECT_EQ(library_contract_help(kOnMultiNode).find("tree"), std::string::npos);
+  // Both run across nodes too (the registry's kOnMultiNode); an emulation never does.
+  EXPECT_EQ(library_contract_names(kOnMultiNode), "canonical, tree");
+  EXPECT_NE(library_contract_help(kOnMultiNode).find("tree"), std::string::npos);
+  EXPECT_EQ(library_contract_help(kOnMultiNode).find("f32_residual"), std::string::npos);
 }
 
 TEST(ContractFlag, ParsesTheChoicesAndRefusesAnEmulation) {
