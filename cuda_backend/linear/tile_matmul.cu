@@ -14,16 +14,18 @@ namespace {
 // product streams B and the loop is bound by how many bytes are in flight; the next step's loads
 // are issued before this step's MMAs) and multiplied 16 at a time in order, so the order of an
 // element's MMAs (k 0..15, 16..31, ...) does not depend on it. Blocks of C have 64 columns and
-// kRows = 64 rows (2 x 2 warps of 32 x 32), or 16 rows for m <= 64 (4 warps of 16 x 16 side by
-// side: a quarter of the MMAs a block of 64 rows spends on rows past m). An element is in the same
-// place of its 16 x 16 fragment either way (blocks start at multiples of 16), so the choice changes
-// which block computes it, never its bits.
+// kRows = 64 rows (2 x 2 warps of 32 x 32), or 16 rows for m <= 32 (4 warps of 16 x 16 side by
+// side: a quarter of the MMAs a block of 64 rows spends on rows past m; at m = 64 and H 8192 the
+// four 16-row blocks that each reread B took 37.7 us against 24.3 for 64-row blocks, 4 x H100,
+// 2026-11-27). An element is in the same place of its 16 x 16 fragment either way (blocks start at
+// multiples of 16), so the choice changes which block computes it, never its bits: the Llama check
+// gave the same sha256 before and after this choice existed.
 constexpr int kBlockN = 64, kStepK = 128, kThreads = 128;
-constexpr int kPadA = kStepK + 8;   // shared rows padded (ldm a multiple of 8 elements, fewer bank conflicts)
+constexpr int kPadA = kStepK + 8;  // shared rows padded (ldm a multiple of 8 elements, fewer bank conflicts)
 constexpr int kPadB = kBlockN + 8;
 constexpr int kPadC = kBlockN + 4;  // fp32: a multiple of 4
 constexpr int kSmallRows = 16;      // the 16-row blocks serve m <= kSmallM
-constexpr int64_t kSmallM = 64;
+constexpr int64_t kSmallM = 32;
 
 // One shared buffer: the A and B tiles during the K loop, then the fp32 C tile (after the last sync).
 template <class E, int kRows>
