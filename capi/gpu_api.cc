@@ -51,23 +51,7 @@ HandleTable<CommState>& comms() {
   return *table;
 }
 
-// Makes the communicator's GPU current for the call, and restores the caller's afterwards.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    EXC_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) EXC_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceScope() {
-    int current = -1;
-    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) (void)cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = -1;
-};
+using cuda::DeviceScope;  // cuda_backend/cuda_check.h
 
 // Runs body, turning the CUDA backend's exceptions into statuses: a CUDA runtime failure is CUDA,
 // NCCL missing is UNAVAILABLE, a CollectiveError from a communicator that refuses IPC calls after

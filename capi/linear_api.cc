@@ -18,24 +18,7 @@ using namespace exactcoll::capi;
 
 namespace {
 
-// Makes `device` current for the call and restores the caller's device afterwards (as the GPU
-// communicators' calls do, capi/gpu_api.cc).
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    EXC_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) EXC_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceScope() {
-    int current = -1;
-    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) (void)cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = -1;
-};
+using cuda::DeviceScope;  // cuda_backend/cuda_check.h
 
 // Runs body on `device` (-1: the current one), with the module's exceptions as statuses: a refused
 // call is INVALID_ARGUMENT, cuBLASLt missing is UNAVAILABLE, a CUDA or cuBLASLt failure is CUDA.

@@ -23,3 +23,27 @@ inline void check_cuda(cudaError_t status, const char* call, const char* file, i
 }  // namespace exactcoll::cuda
 
 #define EXC_CUDA_CHECK(expr) ::exactcoll::cuda::check_cuda((expr), #expr, __FILE__, __LINE__)
+
+namespace exactcoll::cuda {
+
+// Makes `device` the calling thread's current device for a scope and restores the caller's
+// afterwards (the C API's calls on a communicator's or an operand's GPU). Throws CudaError when
+// either runtime call fails on the way in.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    EXC_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) EXC_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceScope() {
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) (void)cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace exactcoll::cuda

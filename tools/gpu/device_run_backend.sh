@@ -12,19 +12,8 @@ set -uo pipefail
 PHASES=${1:-verify,hf2,hf4,tp,bench}
 OUT=${OUT:-/tmp/out}
 LOGS=$(mktemp -d)
-export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=$PWD/.gpubin:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1
-has() { [[ ",$PHASES," == *",$1,"* ]]; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpubin/exactcoll-*.whl && export PYTHONPATH=/tmp/site
-declare -a rows
-record() { rows+=("$(printf '%-34s %s' "$1" "$2")"); }
-run() {  # run NAME TIMEOUT COMMAND...: log to $LOGS/NAME.log, record pass/fail
-  local name=$1 limit=$2
-  shift 2
-  timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
-  local code=$?
-  record "$name" "$([ $code -eq 0 ] && echo pass || echo "FAIL (exit $code)")"
-  tail -n 4 "$LOGS/$name.log"
-}
+RUN_TAIL_LINES=4
+source tools/gpu/device_phases.sh  # has, run, record; the environment and the wheel
 if has verify; then
   run verify_4 300 .gpubin/exactcoll verify --nproc 4 --max-count "${VERIFY_MAX_COUNT:-262147}"
   grep -E "^verify|differing" "$LOGS/verify_4.log" | tail -2
