@@ -44,6 +44,11 @@ struct CommState {
 
 // The sizes of the first versions of the growing structs (struct_size may be any size from these).
 constexpr size_t kFirstCommOptionsSize = offsetof(exactcoll_comm_options, node);
+// The struct sizes from which a field is the caller's: each added field sits in the tail padding of
+// the struct before it (node after `device`, contract after `local_world_size`), so a field counts
+// only when struct_size reaches past the next one (an older caller's padding is not a value).
+constexpr size_t kCommOptionsWithNodeSize = offsetof(exactcoll_comm_options, local_world_size) + sizeof(int);
+constexpr size_t kCommOptionsWithContractSize = offsetof(exactcoll_comm_options, reserved) + sizeof(int);
 constexpr size_t kFirstCommPropertiesSize = offsetof(exactcoll_comm_properties, nodes);
 
 HandleTable<CommState>& comms() {
@@ -202,6 +207,13 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
       require_struct_size(options->struct_size, kFirstCommOptionsSize, "exactcoll_comm_options");
       // An older caller's struct ends sooner: its missing fields keep their defaults.
       std::memcpy(static_cast<void*>(&o), options, std::min(options->struct_size, sizeof o));
+      exactcoll_comm_options defaults;
+      exactcoll_comm_options_init(&defaults);
+      if (options->struct_size < kCommOptionsWithNodeSize) {
+        o.node = defaults.node;
+        o.local_world_size = defaults.local_world_size;
+      }
+      if (options->struct_size < kCommOptionsWithContractSize) o.contract = defaults.contract;
       o.struct_size = sizeof o;
     }
     if (world_size < 1) bad_argument("world_size must be >= 1, got " + std::to_string(world_size));
@@ -241,9 +253,9 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
     co.programmatic_launch = o.programmatic_launch != 0;
     co.contract = contract;
     if (place.local_world_size != world_size && (exactcoll::info(contract).runs_on & kOnMultiNode) == 0) {
-      bad_argument(std::string("the ") + contract_name(contract) + " contract runs on one node (its cross-node " +
-                   "exchange is not built yet); this job spans " + std::to_string(world_size / place.local_world_size) +
-                   " nodes");
+      // A contract the registry does not mark kOnMultiNode (canonical and tree both run across nodes).
+      bad_argument(std::string("the ") + contract_name(contract) + " contract runs on one node; this job spans " +
+                   std::to_string(world_size / place.local_world_size) + " nodes");
     }
     translating(nullptr, EXACTCOLL_ERROR_UNAVAILABLE, [&] {
       int devices = 0;

@@ -32,15 +32,11 @@ struct SimRun {
 };
 
 // Refuses a contract the simulated kernels do not fold under (the emulations are the fused
-// reference's) and element traces under tree (they record canonical folds).
-void run_contract_check(Contract c, size_t num_trace_elements) {
+// reference's).
+void run_contract_check(Contract c) {
   if (!exactcoll::info(c).library_contract) {
     bad_argument(std::string("the simulated kernels fold under the library's contracts (") + library_contract_names() +
                  "), not " + contract_name(c));
-  }
-  if (c == Contract::kTree && num_trace_elements > 0) {
-    bad_argument(
-        "element traces record the canonical contract's folds; under tree, trace steps only (no trace_elements)");
   }
 }
 
@@ -71,7 +67,7 @@ SimRun sim_run(const exactcoll_sim_options* given, int ranks) {
   }
   if (o.num_trace_elements > 0 && o.trace_elements == nullptr) bad_argument("trace_elements is NULL");
   checked_name(kContractNames, o.contract, "contract");
-  run_contract_check(static_cast<Contract>(o.contract), o.num_trace_elements);
+  run_contract_check(static_cast<Contract>(o.contract));
   SimRun run;
   run.contract = static_cast<Contract>(o.contract);  // the registry's values are the C values
   run.blocks = o.blocks;
@@ -268,7 +264,7 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
                    "blocks, seeded schedules and traces apply to the library's contracts (" +
                    library_contract_names() + ") only");
     }
-    if (simulated) run_contract_check(fused_contract, run.world.trace_elements.size());
+    if (simulated) run_contract_check(fused_contract);
     spec.contract = simulated ? fused_contract : fused::Contract::kCanonical;
     if (rows == 0) {
       fill_info(info, ran, allreduce_algo, run.blocks);

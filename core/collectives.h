@@ -24,13 +24,15 @@
 //   static constexpr int kPacksInFlight (optional, default 1): packs whose loads a thread issues
 //     before its first fold or store in fold_range / copy_range (the GPU sets 8; see packs_in_flight)
 //   static constexpr Contract kContract (optional, default Contract::kCanonical): the library
-//     contract every fold follows, canonical or tree (core/contract.h; see fold_contract). Element
-//     traces (below) record canonical folds only: a tree context sets kTraceElements false.
+//     contract every fold follows, canonical or tree (core/contract.h; see fold_contract). Under
+//     tree a traced element records trace_tree_node per internal node, then trace_round.
 //   static constexpr bool kTraceSteps, kTraceElements, and when they are true:
 //     trace_step_begin(const char* name), trace_access(Access, int peer, Buffer, size_t begin,
 //     size_t end), trace_step_end(), bool trace_element(size_t index),
 //     trace_fold(size_t index, int rank, float acc_before, float x, float acc_after),
-//     trace_round(size_t index, float acc, uint32_t stored_bits)
+//     trace_round(size_t index, float acc, uint32_t stored_bits),
+//     trace_tree_node(size_t index, int left_rank, int right_rank, float left, float right,
+//                     float sum, uint32_t stored_bits)
 // The device context sets both trace constants false, so tracing compiles away on the GPU.
 //
 // ---- Work split -------------------------------------------------------------------------------------
@@ -154,8 +156,6 @@ EXC_HD constexpr Contract fold_contract() {
   if constexpr (requires { Ctx::kContract; }) {
     static_assert(Ctx::kContract == Contract::kCanonical || Ctx::kContract == Contract::kTree,
                   "the algorithms fold under the library contracts only (canonical, tree)");
-    static_assert(Ctx::kContract == Contract::kCanonical || !Ctx::kTraceElements,
-                  "element traces record canonical folds; a tree context does not trace elements");
     return Ctx::kContract;
   } else {
     return Contract::kCanonical;
@@ -166,10 +166,29 @@ EXC_HD constexpr Contract fold_contract() {
 // (src(r) returns a const T*). Under tree with kRanks > 0 (n at compile time) the tree runs in
 // registers (tree_in_place); otherwise in contract::tree_fold's bounded stack (local memory on a
 // GPU: the world sizes past dispatch_world_size's).
+// The tree of element i over ranks 0..n-1 (value(r): rank r's), each internal node and the result
+// traced (trace_tree_node, then trace_round with the root's fp32 sum, or the one value). For traced
+// elements of a simulated world (n <= kMaxRanks); the untraced paths compute the same tree.
+template <class T, class Ctx, class Value>
+T traced_tree_element(Ctx& ctx, size_t i, int n, Value value) {
+  T v[kMaxRanks] = {};  // n <= kMaxRanks are set; initialized for g++ -O3's maybe-uninitialized
+  for (int r = 0; r < n; ++r) v[r] = value(r);
+  float root_sum = to_float(v[0]);
+  contract::tree_in_place_reporting(v, n, [&](int left, int right, T left_value, T right_value, float sum, T node) {
+    ctx.trace_tree_node(i, left, right, to_float(left_value), to_float(right_value), sum, Storage<T>::bits(node));
+    root_sum = sum;
+  });
+  ctx.trace_round(i, root_sum, Storage<T>::bits(v[0]));
+  return v[0];
+}
+
 template <class T, int kRanks = 0, class Ctx, class Src>
 EXC_HD EXC_INLINE T fold_element_from(Ctx& ctx, size_t i, Src src) {
   const int n = ctx.world_size();
   if constexpr (fold_contract<Ctx>() == Contract::kTree) {
+    if constexpr (Ctx::kTraceElements) {
+      if (ctx.trace_element(i)) return traced_tree_element<T>(ctx, i, n, [&](int r) { return src(r)[i]; });
+    }
     if constexpr (kRanks > 0) {
       T v[kRanks];
       for (int r = 0; r < kRanks; ++r) v[r] = src(r)[i];
@@ -212,10 +231,20 @@ EXC_HD EXC_INLINE T fold_element(Ctx& ctx, size_t i) {
 // is loaded first and the tree runs level by level in registers (contract::tree_in_place); a
 // run-time world size pushes rank by rank (contract::TreeFold). Both give contract::tree_fold.
 template <class T, int kRanks, class Ctx, class Source>
-EXC_HD EXC_INLINE Pack<T> tree_pack_from(Ctx& ctx, Source source) {
+EXC_HD EXC_INLINE Pack<T> tree_pack_from(Ctx& ctx, size_t i, Source source) {
   constexpr int P = Storage<T>::kPack;
   Pack<T> out;
-  if constexpr (kRanks > 0) {
+  if constexpr (Ctx::kTraceElements) {  // a traced simulated world: every rank's pack kept
+    const int n = ctx.world_size();
+    Pack<T> in[kMaxRanks];
+    for (int r = 0; r < n; ++r) in[r] = source(r);
+    for (int e = 0; e < P; ++e) {
+      auto value = [&](int r) { return in[r].v[e]; };
+      out.v[e] =
+          ctx.trace_element(i + e) ? traced_tree_element<T>(ctx, i + e, n, value) : contract::tree_fold<T>(n, value);
+    }
+    return out;
+  } else if constexpr (kRanks > 0) {
     Pack<T> in[kRanks];
     for (int r = 0; r < kRanks; ++r) in[r] = source(r);
     for (int e = 0; e < P; ++e) {
@@ -243,7 +272,7 @@ template <class T, int kRanks, class Ctx, class Source>
 EXC_HD EXC_INLINE Pack<T> fold_pack_from(Ctx& ctx, size_t i, Source source) {
   constexpr int P = Storage<T>::kPack;
   if constexpr (fold_contract<Ctx>() == Contract::kTree) {
-    return tree_pack_from<T, kRanks>(ctx, source);
+    return tree_pack_from<T, kRanks>(ctx, i, source);
   }
   float acc[P] = {};  // set by rank 0's step; initialized so g++ -O3 sees no maybe-uninitialized read (kRanks = 0)
   bool traced[P] = {};

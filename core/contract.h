@@ -100,16 +100,29 @@ EXC_HD EXC_INLINE T tree_leaf(T v) {
 // Level by level: at stride s = 1, 2, 4, ..., values[i] = tree_node(values[i], values[i + s]) for
 // i a multiple of 2s with i + s < kN. The same tree as the definition above: the left subtree of
 // every node covers a power of two of values.
+// The same over values[0..n-1] (n >= 1) with every internal node reported, in that order:
+// on_node(left, right, left_value, right_value, sum, node), left and right being the indices of the
+// first value of each subtree, sum the fp32 add before its rounding (element traces).
+template <class T, class OnNode>
+EXC_HD EXC_INLINE void tree_in_place_reporting(T* values, int n, OnNode on_node) {
+  if (n == 1) {
+    values[0] = tree_leaf(values[0]);
+    return;
+  }
+  for (int s = 1; s < n; s *= 2) {
+    for (int i = 0; i + s < n; i += 2 * s) {
+      const float sum = add(to_float(values[i]), to_float(values[i + s]));
+      const T node = round_to<T>(sum);  // tree_node: round(float(left) + float(right))
+      on_node(i, i + s, values[i], values[i + s], sum, node);
+      values[i] = node;
+    }
+  }
+}
+
 template <class T, int kN>
 EXC_HD EXC_INLINE void tree_in_place(T (&values)[kN]) {
   static_assert(kN >= 1);
-  if constexpr (kN == 1) {
-    values[0] = tree_leaf(values[0]);
-  } else {
-    for (int s = 1; s < kN; s *= 2) {
-      for (int i = 0; i + s < kN; i += 2 * s) values[i] = tree_node(values[i], values[i + s]);
-    }
-  }
+  tree_in_place_reporting(values, kN, [](int, int, T, T, float, T) {});
 }
 
 // The tree of values pushed one at a time in index order, for a count known only at run time.

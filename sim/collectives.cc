@@ -125,9 +125,6 @@ void enqueue_collective(World& world, const CollectiveSpec& spec, const std::vec
                         const std::vector<void*>& outputs) {
   const std::string problem = check_spec(spec, world.ranks());
   if (!problem.empty()) throw std::invalid_argument(problem);
-  if (spec.contract == Contract::kTree && !world.options().trace_elements.empty()) {
-    throw std::invalid_argument("element traces record the canonical contract's folds; under tree, trace steps only");
-  }
   const Algorithm algorithm = resolve_algorithm(spec);
   const size_t element = static_cast<size_t>(dtype_size(spec.dtype));
   Launch launch;

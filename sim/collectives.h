@@ -66,8 +66,7 @@ std::string check_spec(const CollectiveSpec& spec, int ranks);
 std::string launch_name(const CollectiveSpec& spec);
 
 // Queues one collective on world. inputs[r]: rank r's count elements (storage bit patterns);
-// outputs[r]: room for output_count() elements. Throws std::invalid_argument when check_spec fails,
-// or under tree on a world that traces elements (element traces record canonical folds).
+// outputs[r]: room for output_count() elements. Throws std::invalid_argument when check_spec fails.
 void enqueue_collective(World& world, const CollectiveSpec& spec, const std::vector<const void*>& inputs,
                         const std::vector<void*>& outputs);
 

@@ -117,6 +117,18 @@ std::string Tracer::json_lines() const {
                "\",\"acc_after\":\"" + hex_bits(float_to_bits(e.acc_after), 4) + "\",\"acc_after_value\":\"" +
                float_text(e.acc_after) + "\"}\n";
         break;
+      case TraceEvent::Kind::kTreeNode:
+        out += head(e, "tree_node", launch_names_);
+        std::snprintf(buf, sizeof buf, ",\"block\":%d,\"index\":%" PRIu64 ",\"left_rank\":%d,\"right_rank\":%d",
+                      e.block, e.index, e.left_rank, e.input_rank);
+        out += buf;
+        out += ",\"left\":\"" + hex_bits(float_to_bits(e.acc_before), 4) + "\",\"left_value\":\"" +
+               float_text(e.acc_before) + "\",\"right\":\"" + hex_bits(float_to_bits(e.x), 4) +
+               "\",\"right_value\":\"" + float_text(e.x) + "\",\"sum\":\"" + hex_bits(float_to_bits(e.acc_after), 4) +
+               "\",\"sum_value\":\"" + float_text(e.acc_after) + "\",\"stored\":\"" +
+               hex_bits(e.stored_bits, e.storage_bytes) + "\",\"stored_value\":\"" + float_text(e.stored_value) +
+               "\"}\n";
+        break;
       case TraceEvent::Kind::kRound:
         out += head(e, "round", launch_names_);
         std::snprintf(buf, sizeof buf, ",\"block\":%d,\"index\":%" PRIu64, e.block, e.index);
@@ -146,7 +158,10 @@ std::string Tracer::chrome_trace(bool time_is_steps) const {
   std::vector<uint64_t> step_end(all.size(), 0);
   for (size_t i = 0; i < all.size(); ++i) {
     const TraceEvent& e = all[i];
-    if (e.kind == TraceEvent::Kind::kLaunch || e.kind == TraceEvent::Kind::kFold) continue;
+    if (e.kind == TraceEvent::Kind::kLaunch || e.kind == TraceEvent::Kind::kFold ||
+        e.kind == TraceEvent::Kind::kTreeNode) {
+      continue;
+    }
     const auto key = std::make_pair(e.rank, e.block);
     auto it = last_step.find(key);
     if (it != last_step.end()) {
@@ -225,6 +240,13 @@ std::string Tracer::chrome_trace(bool time_is_steps) const {
              "\",\"ph\":\"i\",\"s\":\"t\"," + where + ",\"ts\":" + ts(e.t) + ",\"args\":{" + args + "}}");
         break;
       }
+      case TraceEvent::Kind::kTreeNode:
+        emit("{\"name\":\"tree node element " + std::to_string(e.index) + " ranks " + std::to_string(e.left_rank) +
+             ".. + " + std::to_string(e.input_rank) + "..\",\"ph\":\"i\",\"s\":\"t\"," + where + ",\"ts\":" + ts(e.t) +
+             ",\"args\":{" + args_launch + ",\"sum\":\"" + hex_bits(float_to_bits(e.acc_after), 4) + " (" +
+             float_text(e.acc_after) + ")\",\"stored\":\"" + hex_bits(e.stored_bits, e.storage_bytes) + " (" +
+             float_text(e.stored_value) + ")\"}}");
+        break;
       case TraceEvent::Kind::kRound:
         emit("{\"name\":\"round element " + std::to_string(e.index) + "\",\"ph\":\"i\",\"s\":\"t\"," + where +
              ",\"ts\":" + ts(e.t) + ",\"args\":{" + args_launch + ",\"acc\":\"" +

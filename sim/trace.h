@@ -30,7 +30,7 @@ struct TraceAccess {
 };
 
 struct TraceEvent {
-  enum class Kind : uint8_t { kLaunch, kStep, kSignal, kWait, kFold, kRound };
+  enum class Kind : uint8_t { kLaunch, kStep, kSignal, kWait, kFold, kRound, kTreeNode };
   Kind kind = Kind::kStep;
   uint64_t t = 0;
   uint64_t since = 0;  // wait: when it began
@@ -42,11 +42,13 @@ struct TraceEvent {
   int peer = 0, set = 0;  // signal / wait
   uint32_t epoch = 0;
   uint64_t index = 0;                          // fold / round: element index
-  int input_rank = 0;                          // fold: whose input was added
-  float acc_before = 0, x = 0, acc_after = 0;  // fold; round uses acc_before as the accumulator
-  uint32_t stored_bits = 0;                    // round
-  float stored_value = 0;                      // round: the stored value widened to float
-  int storage_bytes = 0;                       // round: 2 or 4
+  int input_rank = 0;                          // fold: whose input was added; tree_node: right_rank
+  int left_rank = 0;                           // tree_node: the first rank of the left subtree
+  float acc_before = 0, x = 0, acc_after = 0;  // fold; round uses acc_before as the accumulator;
+                                               // tree_node: left, right and their fp32 sum
+  uint32_t stored_bits = 0;                    // round, tree_node
+  float stored_value = 0;                      // round, tree_node: the stored value widened to float
+  int storage_bytes = 0;                       // round, tree_node: 2 or 4
 };
 
 class Tracer {

@@ -176,14 +176,15 @@ std::string lamport_poll_text(const LamportPoll& where, int peer);
 [[noreturn]] void throw_misaligned_pack(const BlockEnv& env, const void* p, const char* access);
 
 // The simulator's execution context (core/collectives.h): one simulated thread per block, folding
-// under kFold (canonical or tree). Element traces record canonical folds only.
+// under kFold (canonical or tree): traced elements record fold and round events under canonical,
+// tree_node and round events under tree.
 template <class T, bool kTrace, Contract kFold = Contract::kCanonical>
 class SimCtx {
  public:
   using value_type = T;
   static constexpr Contract kContract = kFold;
   static constexpr bool kTraceSteps = kTrace;
-  static constexpr bool kTraceElements = kTrace && kFold == Contract::kCanonical;
+  static constexpr bool kTraceElements = kTrace;
 
   explicit SimCtx(const BlockEnv& env) : env_(env) {}
 
@@ -297,15 +298,23 @@ class SimCtx {
     e.kind = TraceEvent::Kind::kRound;
     e.index = index;
     e.acc_before = acc;
-    e.stored_bits = stored_bits;
-    e.storage_bytes = static_cast<int>(sizeof(T));
-    T stored;
-    if constexpr (sizeof(T) == 2) {
-      stored = T{static_cast<uint16_t>(stored_bits)};
-    } else {
-      stored = bits_to_float(stored_bits);
-    }
-    e.stored_value = to_float(stored);
+    set_stored(e, stored_bits);
+    stamp(e);
+    env_.tracer->add(std::move(e));
+  }
+  // One internal node of a traced element's tree: ranks left_rank.. and right_rank.. (the first of
+  // each subtree), their values, the fp32 sum and the node rounded to storage.
+  void trace_tree_node(size_t index, int left_rank, int right_rank, float left, float right, float sum,
+                       uint32_t stored_bits) {
+    TraceEvent e;
+    e.kind = TraceEvent::Kind::kTreeNode;
+    e.index = index;
+    e.left_rank = left_rank;
+    e.input_rank = right_rank;
+    e.acc_before = left;
+    e.x = right;
+    e.acc_after = sum;
+    set_stored(e, stored_bits);
     stamp(e);
     env_.tracer->add(std::move(e));
   }
@@ -319,6 +328,18 @@ class SimCtx {
     e.launch = env_.launch;
     e.rank = env_.rank;
     e.block = env_.block;
+  }
+  // The stored result of a round or tree_node event: its bits, width and value.
+  static void set_stored(TraceEvent& e, uint32_t stored_bits) {
+    e.stored_bits = stored_bits;
+    e.storage_bytes = static_cast<int>(sizeof(T));
+    T stored;
+    if constexpr (sizeof(T) == 2) {
+      stored = T{static_cast<uint16_t>(stored_bits)};
+    } else {
+      stored = bits_to_float(stored_bits);
+    }
+    e.stored_value = to_float(stored);
   }
   const BlockEnv& env_;
   TraceEvent pending_;

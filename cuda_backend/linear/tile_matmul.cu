@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace exactcoll::cuda::linear {
@@ -172,13 +173,24 @@ __global__ void __launch_bounds__(kThreads) tile_matmul_kernel(const TileArgs ar
   }
 }
 
+// One launch per group of at most 65535 row blocks (the grid's y limit), each on its rows of A and
+// C: a row's products do not depend on which launch computes them.
 template <class E, int kRows>
 cudaError_t launch_rows(const TileArgs& args, int64_t batch, cudaStream_t stream) {
-  const int64_t blocks_n = (args.n + kBlockN - 1) / kBlockN, blocks_m = (args.m + kRows - 1) / kRows;
-  if (blocks_n > 0x7FFFFFFF || blocks_m > 65535 || batch > 65535) return cudaErrorInvalidConfiguration;
-  const dim3 grid(static_cast<unsigned>(blocks_n), static_cast<unsigned>(blocks_m), static_cast<unsigned>(batch));
-  tile_matmul_kernel<E, kRows><<<grid, kThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+  constexpr int64_t kMaxBlocksY = 65535;
+  const int64_t blocks_n = (args.n + kBlockN - 1) / kBlockN;
+  if (blocks_n > 0x7FFFFFFF || batch > 65535) return cudaErrorInvalidConfiguration;
+  for (int64_t first = 0; first < args.m; first += kMaxBlocksY * kRows) {
+    TileArgs group = args;
+    group.m = std::min<int64_t>(args.m - first, kMaxBlocksY * kRows);
+    group.a = static_cast<const E*>(args.a) + first * args.lda;
+    group.c = static_cast<E*>(args.c) + first * args.ldc;
+    const int64_t blocks_m = (group.m + kRows - 1) / kRows;
+    const dim3 grid(static_cast<unsigned>(blocks_n), static_cast<unsigned>(blocks_m), static_cast<unsigned>(batch));
+    tile_matmul_kernel<E, kRows><<<grid, kThreads, 0, stream>>>(group);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 template <class E>

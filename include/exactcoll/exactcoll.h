@@ -294,6 +294,8 @@ typedef struct exactcoll_comm_options {
                            nodes: nodes and local_world_size powers of two, else INVALID_ARGUMENT);
                            the fused op's residual add and RMSNorm are canonical under both. Others
                            are INVALID_ARGUMENT */
+  int reserved;         /* 0. Makes the struct longer than the one before `contract`, whose tail
+                           padding `contract` occupies, so that struct_size tells them apart */
 } exactcoll_comm_options;
 
 EXACTCOLL_API void exactcoll_comm_options_init(exactcoll_comm_options* options);
@@ -406,8 +408,8 @@ typedef struct exactcoll_sim_options {
   const uint64_t* trace_elements; /* element indices whose folds and roundings are traced */
   size_t num_trace_elements;      /* 0..EXACTCOLL_MAX_TRACE_ELEMENTS; more is INVALID_ARGUMENT */
   /* Newer field, read only when struct_size covers it. */
-  int contract; /* exactcoll_sim_collective's contract: canonical (default) or tree. Element traces
-                   record canonical folds: with tree, trace_elements must be empty */
+  int contract; /* exactcoll_sim_collective's contract: canonical (default) or tree (a traced
+                   element then records a tree_node event per internal node, then its round) */
 } exactcoll_sim_options;
 
 EXACTCOLL_API void exactcoll_sim_options_init(exactcoll_sim_options* options);
@@ -478,7 +480,7 @@ EXACTCOLL_API int exactcoll_model_multinode(int op, int dtype, int nodes, int gp
  * TP-invariant linear layers: a column-parallel shard of N, or a row-parallel layer's leaves as
  * one batch, gives the bits of the whole product). bf16 or fp16 operands, float accumulation, each
  * output rounded once to the storage type. By default exactcoll's own kernel computes it
- * (cuda_backend/linear/tile_matmul.h: 64 x 64 blocks of C, K in order from 0 by tensor-core
+ * (cuda_backend/linear/tile_matmul.h: blocks of 64 columns of C, K in order from 0 by tensor-core
  * MMAs with fp32 accumulation: every element's order of operations is fixed by construction).
  * With EXACTCOLL_INVARIANT_MATMUL=cublaslt (an experiment), cuBLASLt (libcublasLt.so.13, loaded on
  * first use) runs it with ONE configuration pinned per (device, dtype, k): split-K 1, no
@@ -501,7 +503,7 @@ EXACTCOLL_API int exactcoll_invariant_matmul(const void* a, const void* b, void*
                                              int64_t stride_b, int64_t stride_c, int dtype, int device, void* stream);
 
 /* Writes the kernel exactcoll_invariant_matmul runs for (dtype, k) on device: exactcoll's tiles
- * ("exactcoll tiles: 64x64 C blocks, ..."), or with cublaslt the configuration it pins (choosing it
+ * ("exactcoll tiles: C blocks of 64 columns, ..."), or with cublaslt the configuration it pins (choosing it
  * if no call has yet), e.g. "bf16 K=4096: algo 66 tile 20 splitK 1 reduction 0 ... (candidate 0 of
  * 12 at m=256 n=4096; cuBLASLt 130000)", into text (size bytes, truncated, NUL-terminated): two
  * runs whose bits are compared must show the same text for every k they use. */

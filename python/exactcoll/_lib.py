@@ -78,7 +78,8 @@ class CommOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p), ("buffer_bytes", ctypes.c_size_t),
                 ("flag_timeout_ms", ctypes.c_uint64), ("store_timeout_ms", ctypes.c_int64),
                 ("use_nccl", ctypes.c_int), ("programmatic_launch", ctypes.c_int), ("device", ctypes.c_int),
-                ("node", ctypes.c_int), ("local_world_size", ctypes.c_int), ("contract", ctypes.c_int)]
+                ("node", ctypes.c_int), ("local_world_size", ctypes.c_int), ("contract", ctypes.c_int),
+                ("reserved", ctypes.c_int)]
 
 
 class CommProperties(ctypes.Structure):

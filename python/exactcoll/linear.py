@@ -97,8 +97,10 @@ def _operand(t, what):
     bits come out)."""
     rows, cols = t.shape[-2], t.shape[-1]
     ok = t.stride(-1) == 1 or cols == 1
-    ok = ok and _aligned(t) and (rows == 1 or t.stride(-2) % 8 == 0)
-    ok = ok and (t.dim() == 2 or t.shape[0] == 1 or t.stride(0) % 8 == 0)
+    # Rows that do not overlap (an expanded tensor's stride 0 or a stride below the row length is
+    # copied) at multiples of 8 elements; batch entries likewise.
+    ok = ok and _aligned(t) and (rows == 1 or (t.stride(-2) % 8 == 0 and t.stride(-2) >= cols))
+    ok = ok and (t.dim() == 2 or t.shape[0] == 1 or (t.stride(0) % 8 == 0 and t.stride(0) >= rows * max(cols, 1)))
     if not ok:
         t = t.clone(memory_format=torch.contiguous_format)
     if cols % 8 != 0 and (rows > 1 or t.dim() == 3):

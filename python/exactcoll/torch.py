@@ -130,8 +130,8 @@ class Communicator:
     contract: the rounding contract of every exact op (docs/numerics.md): "canonical" (default;
     ranks folded in rank order, one rounding) or "tree" (a balanced binary tree over ranks, every
     node rounded to the dtype: when each rank's x is the tree over its own leaves, the result is
-    the tree over all leaves at every TP size; one node only). The fused op's residual add and
-    RMSNorm are canonical under both.
+    the tree over all leaves at every TP size; across nodes, nodes and ranks per node powers of
+    two). The fused op's residual add and RMSNorm are canonical under both.
     """
 
     def __init__(self, group=None, *, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,

@@ -16,9 +16,9 @@ every rank and GPU), nothing downloaded. Every rank builds the full weights and 
 
 What the stack uses, and why each piece cannot change a bit with the TP size or the batch:
 - Linear layers (exactcoll.linear): every product is exactcoll_invariant_matmul, exactcoll's own
-  tensor-core kernel (64 x 64 blocks of the output, K in order from 0 by 16-wide MMAs, fp32 accumulation,
-  one rounding: cuda_backend/linear/tile_matmul.h), so an output element's bits depend only on its
-  row, its column and K (python/tests/gpu_invariant_matmul_check.py checks it on a GPU).
+  tensor-core kernel (blocks of 64 output columns, K in order from 0 by 16-wide MMAs, fp32
+  accumulation, one rounding: cuda_backend/linear/tile_matmul.h), so an output element's bits depend
+  only on its row, its column and K (python/tests/gpu_invariant_matmul_check.py checks it on a GPU).
   - Q/K/V and gate/up are column-parallel: each rank computes its heads' / its MLP slice's columns
     with the whole K: the TP = 1 columns, bit for bit.
   - O and down are row-parallel under the tree contract: K splits into 8 leaves (--leaves); every

@@ -117,9 +117,13 @@ class Collectives(unittest.TestCase):
             xs.all_reduce(x, dtype="bf16", contract="f32_residual")
         with self.assertRaisesRegex(ValueError, "unknown contract"):
             xs.all_reduce(x, dtype="bf16", contract="pairwise")
-        with self.assertRaisesRegex(ValueError, "element traces"):
-            with tempfile.TemporaryDirectory() as d:
-                xs.all_reduce(x, dtype="bf16", contract="tree", trace=os.path.join(d, "t.jsonl"), trace_elements=[1])
+        with tempfile.TemporaryDirectory() as d:  # a traced element records its tree's nodes
+            path = os.path.join(d, "t.jsonl")
+            xs.all_reduce(x, dtype="bf16", algo="one_shot", contract="tree", trace=path, trace_elements=[1])
+            with open(path) as f:
+                events = f.read()
+            self.assertEqual(events.count('"event":"tree_node"'), 2)  # one node on each of the 2 ranks
+            self.assertNotIn('"event":"fold"', events)
 
     def test_comparison_catches_one_flipped_bit(self):
         rng = np.random.default_rng(SEED + 1)

@@ -295,9 +295,6 @@ std::string check_fused_spec(const FusedSpec& spec, int ranks, sim::Schedule sch
 void run_fused(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
   const std::string problem = check_fused_spec(spec, world.ranks(), world.options().schedule);
   if (!problem.empty()) throw std::invalid_argument(problem);
-  if (spec.contract == Contract::kTree && !world.options().trace_elements.empty()) {
-    throw std::invalid_argument("element traces record the canonical contract's folds; under tree, trace steps only");
-  }
   const size_t n = static_cast<size_t>(world.ranks());
   if (io.x.size() != n || io.residual.size() != n || io.weight.size() != n || io.residual_out.size() != n ||
       io.out.size() != n) {

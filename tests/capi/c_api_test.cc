@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <thread>
@@ -245,13 +246,27 @@ TEST(CApiSim, TreeContractRefusals) {
   expect_error(exactcoll_sim_collective(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_ALGO_AUTO, EXACTCOLL_BF16, 2, 4, in.data(),
                                         out.data(), &options, nullptr),
                EXACTCOLL_ERROR_INVALID_ARGUMENT, "contract");
+  // Under tree a traced element records its tree: one tree_node per internal node on each rank
+  // that folds it (one_shot: every rank; 2 ranks: one node each), then its round.
   const uint64_t element = 1;
+  const std::string trace = temp_path("capi_tree_trace.jsonl");
   options.contract = EXACTCOLL_CONTRACT_TREE;
   options.trace_elements = &element;
   options.num_trace_elements = 1;
-  expect_error(exactcoll_sim_collective(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_ALGO_AUTO, EXACTCOLL_BF16, 2, 4, in.data(),
-                                        out.data(), &options, nullptr),
-               EXACTCOLL_ERROR_INVALID_ARGUMENT, "element traces");
+  options.trace_path = trace.c_str();
+  ASSERT_EQ(exactcoll_sim_collective(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_ALGO_ONE_SHOT, EXACTCOLL_BF16, 2, 4, in.data(),
+                                     out.data(), &options, nullptr),
+            EXACTCOLL_OK)
+      << last_error();
+  std::ifstream file(trace);
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  size_t nodes = 0;
+  for (size_t at = text.find("\"event\":\"tree_node\""); at != std::string::npos;
+       at = text.find("\"event\":\"tree_node\"", at + 1)) {
+    ++nodes;
+  }
+  EXPECT_EQ(nodes, 2u) << text;
+  EXPECT_EQ(text.find("\"event\":\"fold\""), std::string::npos) << "no canonical fold under tree";
   // An older caller's struct (before `contract`) still works: the missing field is canonical.
   exactcoll_sim_options old;
   exactcoll_sim_options_init(&old);
@@ -579,6 +594,17 @@ TEST(CApiGpu, MultiNodeOptionsAndOlderStructsAreCheckedFirst) {
   expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "buffer_bytes must be at least 4096");
   options.struct_size = offsetof(exactcoll_comm_options, node) - 1;
   expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "exactcoll_comm_options.struct_size is");
+  // A field that sits in the tail padding of the struct before it is read only from callers whose
+  // struct_size reaches past it: the struct before `contract` (sizeof 64, `contract` at 60) carries
+  // padding there, not a contract. The layout error below comes after the contract's check.
+  exactcoll_comm_options_init(&options);
+  options.contract = 99;
+  options.node = 0;
+  options.local_world_size = 2;
+  options.struct_size = offsetof(exactcoll_comm_options, contract) + sizeof(int);
+  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "rank 3 is not on node 0 of 2 ranks");
+  options.struct_size = sizeof options;
+  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "contract");
   EXPECT_EQ(exactcoll_store_destroy(store), EXACTCOLL_OK);
 }
 

@@ -59,7 +59,7 @@ struct ApiCommOptions {
   bool use_nccl = true;
   bool programmatic_launch = true;
   // exactcoll_comm_options.contract: the library contract every exact call folds under (canonical
-  // or tree; the C API refuses tree across nodes).
+  // or tree; across nodes the C API takes tree for powers of two only).
   Contract contract = Contract::kCanonical;
 };
 

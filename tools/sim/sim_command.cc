@@ -13,8 +13,8 @@
 // and outputs as floats. The last line is a summary ending with the sha256 of the output bytes.
 // Bad input exits 2 before anything is written; a failed run (deadlock, timeout) exits 3 and
 // writes no output (the traces are written: they show what happened). --contract tree folds every
-// element as the tree contract (sim::CollectiveSpec::contract); element traces record canonical
-// folds only, so --trace-elements with tree is bad input.
+// element as the tree contract (sim::CollectiveSpec::contract); a traced element then records a
+// tree_node event per internal node of its tree, then its round.
 //
 // Other ops (`exactcoll sim fused_rmsnorm`) register through tools/sim/sim_subcommands.h and
 // are dispatched from here.
@@ -178,8 +178,6 @@ std::optional<int> check_flags(const cli::ArgParser& parser, Request* q) {
     return cli::fail(command, "--blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(blocks));
   }
   q->contract = cli::library_contract(q->contract_text);
-  problem = cli::check_element_traces(q->contract, !q->options.trace_elements.empty());
-  if (!problem.empty()) return cli::fail(command, problem);
   return std::nullopt;
 }
 

@@ -209,29 +209,37 @@ TEST(SimCli, TreeContractGivesTheTreeFoldsBitsForEveryAlgorithm) {
             last_line(ag.out).substr(last_line(ag.out).size() - 64));
 }
 
-// Under tree a run traces its steps (--trace, --chrome-trace); element traces (canonical folds
-// only) are refused before anything is written; --help says what tree is.
-TEST(SimCli, TreeContractTracesStepsNotElements) {
+// Under tree a run traces its steps (--trace, --chrome-trace) and its traced elements: a tree_node
+// event per internal node (n - 1 of them for each rank that folds the element) and the round;
+// --help says what tree is.
+TEST(SimCli, TreeContractTracesStepsAndElements) {
   const std::string trace = temp_path("tree_steps.jsonl"), chrome = temp_path("tree_steps.json");
   const CommandResult r = run("sim allreduce --ranks 4 --count 64 --algo two_shot --contract tree --trace " + trace +
                               " --chrome-trace " + chrome);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(read_file(trace).find("\"step\""), std::string::npos);
-  EXPECT_EQ(read_file(trace).find("\"event\":\"fold\""), std::string::npos) << "no element events under tree";
+  EXPECT_EQ(read_file(trace).find("\"event\":\"tree_node\""), std::string::npos) << "no element asked for";
   EXPECT_FALSE(read_file(chrome).empty());
-  const std::string out = temp_path("tree_elements_out.npy"), trace2 = temp_path("tree_elements.jsonl"),
-                    chrome2 = temp_path("tree_elements.json");
-  const CommandResult bad = run("sim allreduce --ranks 4 --count 64 --contract tree --trace " + trace2 +
-                                " --trace-elements 3 --chrome-trace " + chrome2 + " --output " + out);
-  EXPECT_EQ(bad.code, 2) << bad.err;
-  EXPECT_NE(bad.err.find("--trace-elements records the canonical contract's folds; under --contract tree a run "
-                         "traces its steps only"),
-            std::string::npos)
-      << bad.err;
-  EXPECT_EQ(bad.out, "") << "nothing runs";
-  EXPECT_FALSE(file_exists(out));
-  EXPECT_FALSE(file_exists(trace2));
-  EXPECT_FALSE(file_exists(chrome2));
+  const std::string trace2 = temp_path("tree_elements.jsonl");
+  const CommandResult traced = run("sim allreduce --ranks 4 --count 64 --algo one_shot --contract tree --trace " +
+                                   trace2 + " --trace-elements 3");
+  ASSERT_EQ(traced.code, 0) << traced.err;
+  // one_shot: every rank folds every element: 4 ranks x 3 nodes, 4 rounds, no canonical fold event.
+  const std::string text = read_file(trace2);
+  size_t nodes = 0, rounds = 0;
+  for (size_t at = text.find("\"event\":\"tree_node\""); at != std::string::npos;
+       at = text.find("\"event\":\"tree_node\"", at + 1)) {
+    ++nodes;
+  }
+  for (size_t at = text.find("\"event\":\"round\""); at != std::string::npos;
+       at = text.find("\"event\":\"round\"", at + 1)) {
+    ++rounds;
+  }
+  EXPECT_EQ(nodes, 12u) << text.substr(0, 2000);
+  EXPECT_EQ(rounds, 4u);
+  EXPECT_EQ(text.find("\"event\":\"fold\""), std::string::npos);
+  EXPECT_NE(text.find("\"left_rank\":2,\"right_rank\":3"), std::string::npos) << "the level-1 node of ranks 2 and 3";
+  EXPECT_NE(text.find("\"left_rank\":0,\"right_rank\":2"), std::string::npos) << "the root";
   const CommandResult help = run("sim allreduce --help");
   EXPECT_NE(help.out.find("--contract canonical|tree"), std::string::npos) << help.out;
   EXPECT_NE(help.out.find("tree: a balanced binary tree over the ranks"), std::string::npos) << help.out;
@@ -336,9 +344,6 @@ TEST(SimCli, BadInputsExitTwoWithAMessageAndNoOutput) {
        "--contract must be one of canonical|tree, got 'sum'"},
       {"sim reduce_scatter --ranks 2 --dtype bf16 --count 8 --contract f32_residual",
        "--contract must be one of canonical|tree, got 'f32_residual'"},
-      {"sim allreduce --ranks 2 --dtype bf16 --count 8 --contract tree --trace-elements 1 --trace " +
-           temp_path("t.jsonl"),
-       "--trace-elements records the canonical contract's folds; under --contract tree"},
       {"sim allsum --ranks 2", "unknown op 'allsum'"},
   };
   for (const Case& c : cases) {
