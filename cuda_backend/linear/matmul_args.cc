@@ -47,6 +47,23 @@ void check_call(const void* a, const void* b, const void* c, DType dtype, const 
       throw MatmulRefused(std::string(name) + " must be 16-byte aligned (the pinned configuration's requirement)");
     }
   }
+  // C's span (first to last element of every batch entry, byte addresses) must not meet A's or B's:
+  // the product reads A and B while it writes C. The spans are bounds: operands interleaved
+  // inside one buffer without sharing an element are refused too (the header says so).
+  const auto span = [&](const void* p, int64_t batch_stride, int64_t rows, int64_t ld, int64_t cols) {
+    const auto first = reinterpret_cast<uintptr_t>(p);
+    const int64_t last = (s.batch - 1) * batch_stride + (rows - 1) * ld + cols;  // elements, exclusive
+    return std::pair<uintptr_t, uintptr_t>{first, first + static_cast<uintptr_t>(last * size)};
+  };
+  const auto c_span = span(c, s.stride_c, s.m, s.ldc, s.n);
+  const std::pair<const char*, std::pair<uintptr_t, uintptr_t>> operands[] = {
+      {"a", span(a, s.stride_a, s.m, s.lda, s.k)}, {"b", span(b, s.stride_b, s.k, s.ldb, s.n)}};
+  for (const auto& [name, operand] : operands) {
+    if (c_span.first < operand.second && operand.first < c_span.second) {
+      throw MatmulRefused(std::string("c overlaps ") + name + " (the product reads " + name +
+                          " while it writes c: give c memory of its own)");
+    }
+  }
   const std::pair<const char*, int64_t> extents[] = {{"lda", s.lda},           {"ldb", s.ldb},
                                                      {"ldc", s.ldc},           {"stride_a", s.stride_a},
                                                      {"stride_b", s.stride_b}, {"stride_c", s.stride_c}};

@@ -491,7 +491,8 @@ EXACTCOLL_API int exactcoll_model_multinode(int op, int dtype, int nodes, int gp
  *   A[i] at a + i * stride_a, m rows of k elements, rows lda apart (lda >= k);
  *   B[i] at b + i * stride_b, k rows of n, ldb apart (ldb >= n); stride_b may be 0 (one B);
  *   C[i] at c + i * stride_c, m rows of n, ldc apart (ldc >= n); the batches' C must not overlap,
- *   and C must not overlap A or B.
+ *   and C's span (its first to its last element over every batch entry) must not meet A's or B's
+ *   (INVALID_ARGUMENT).
  * (strides and leading dimensions in elements). 0 <= m, 1 <= k, n <= 2^31 - 1, 1 <= batch <= 65535;
  * pointers 16-byte aligned and every leading dimension and stride a multiple of 8 elements;
  * m == 0 does nothing. dtype: EXACTCOLL_BF16 or EXACTCOLL_FP16. device: the GPU that holds the

@@ -92,6 +92,16 @@ TEST(InvariantMatmulApi, RefusesBadArgumentsBeforeAnyGpuWork) {
     call.stride_a = -8;
     expect_error(call.run(), EXACTCOLL_ERROR_INVALID_ARGUMENT, "strides must be >= 0");
   }
+  {
+    Call call(&o);
+    call.c = o.a;  // in place: the product would overwrite A while reading it
+    expect_error(call.run(), EXACTCOLL_ERROR_INVALID_ARGUMENT, "c overlaps a");
+  }
+  {
+    Call call(&o);
+    call.c = o.b + 8;  // C's first row is B's second (k = 8 rows of ldb = 8)
+    expect_error(call.run(), EXACTCOLL_ERROR_INVALID_ARGUMENT, "c overlaps b");
+  }
   expect_error(exactcoll_invariant_matmul(o.a, o.b, o.c, 1, 8, 8, 1, 8, 8, 8, 0, 0, 0, EXACTCOLL_BF16, -2, nullptr),
                EXACTCOLL_ERROR_INVALID_ARGUMENT, "device must be -1");
 }
