@@ -413,6 +413,12 @@ CallInfo Communicator::run_nccl(Op op, const void* input, void* output, size_t c
 }
 
 CallInfo Communicator::nccl_fallback(const Call& call, const std::string& why) {
+  // Under tree a reduction's bits are what makes the TP sizes agree: NCCL's sums would break that
+  // silently (exact = 0 is easy to miss), so the call fails instead. An all-gather copies bits.
+  if (options_.contract == Contract::kTree && call.op != Op::kAllGather) {
+    throw CollectiveError(std::string(op_name(call.op)) + " under the tree contract has no NCCL fallback (NCCL's " +
+                          "sums are not the tree's) and the exact path cannot run it: " + why);
+  }
   CallInfo info = run_nccl(call.op, call.input, call.output, call.count, call.dtype, call.stream);
   info.note = why;
   return info;

@@ -292,8 +292,10 @@ typedef struct exactcoll_comm_options {
   int contract;         /* the contract every exact call of the communicator folds under:
                            EXACTCOLL_CONTRACT_CANONICAL (default) or EXACTCOLL_CONTRACT_TREE (across
                            nodes: nodes and local_world_size powers of two, else INVALID_ARGUMENT);
-                           the fused op's residual add and RMSNorm are canonical under both. Others
-                           are INVALID_ARGUMENT */
+                           the fused op's residual add and RMSNorm are canonical under both. Under
+                           tree a reduction the exact path cannot run (no IPC, a buffer too small)
+                           fails with EXACTCOLL_ERROR_UNAVAILABLE instead of falling back to NCCL's
+                           sums; algo nccl, asked for, still runs NCCL. Others are INVALID_ARGUMENT */
   int reserved;         /* 0. Makes the struct longer than the one before `contract`, whose tail
                            padding `contract` occupies, so that struct_size tells them apart */
 } exactcoll_comm_options;
