@@ -85,9 +85,14 @@ EXC_HD T fold(int n, Values values) {
 // makes the bits independent of the TP size (a rank's partial is the tree over its leaves).
 
 // One internal node: round(float(left) + float(right)).
+// (tree_sum is the fp32 add before that rounding, which element traces report.)
+template <class T>
+EXC_HD EXC_INLINE float tree_sum(T left, T right) {
+  return add(to_float(left), to_float(right));
+}
 template <class T>
 EXC_HD EXC_INLINE T tree_node(T left, T right) {
-  return round_to<T>(add(to_float(left), to_float(right)));
+  return round_to<T>(tree_sum(left, right));
 }
 
 // A one-value tree: round(float(v)) (the value itself, a NaN made canonical).
@@ -111,8 +116,8 @@ EXC_HD EXC_INLINE void tree_in_place_reporting(T* values, int n, OnNode on_node)
   }
   for (int s = 1; s < n; s *= 2) {
     for (int i = 0; i + s < n; i += 2 * s) {
-      const float sum = add(to_float(values[i]), to_float(values[i + s]));
-      const T node = round_to<T>(sum);  // tree_node: round(float(left) + float(right))
+      const float sum = tree_sum(values[i], values[i + s]);
+      const T node = round_to<T>(sum);  // tree_node
       on_node(i, i + s, values[i], values[i + s], sum, node);
       values[i] = node;
     }

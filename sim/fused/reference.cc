@@ -217,25 +217,17 @@ float fold_element(Contract c, const FusedProblem<T>& problem, size_t count, siz
       }
       break;
     case Contract::kTree: {
-      // The tree of the ranks' values (contract::tree_fold), each internal node a step.
+      // The tree of the ranks' values (contract::tree_in_place_reporting), each internal node a step.
       std::vector<T> level(static_cast<size_t>(n));
       for (int r = 0; r < n; ++r) level[static_cast<size_t>(r)] = problem.x[static_cast<size_t>(r) * count + i];
-      const T result = contract::tree_fold<T>(n, [&](int r) { return level[static_cast<size_t>(r)]; });
-      if (steps != nullptr) {
-        // The same tree level by level (contract::tree_in_place's order), recorded node by node.
-        for (int s = 1; s < n; s *= 2) {
-          for (int k = 0; k + s < n; k += 2 * s) {
-            const T left = level[static_cast<size_t>(k)];
-            const T right = level[static_cast<size_t>(k + s)];
-            level[static_cast<size_t>(k)] = contract::tree_node(left, right);
-            steps->push_back(make_step("tree_node", {{"left_rank", k}, {"right_rank", k + s}},
-                                       {storage_value<T>("left", left), storage_value<T>("right", right),
-                                        storage_value<T>("stored", level[static_cast<size_t>(k)])},
-                                       "tree: every node rounds to storage"));
-          }
-        }
-      }
-      acc = to_float(result);
+      contract::tree_in_place_reporting(level.data(), n, [&](int left, int right, T lv, T rv, float, T node) {
+        if (steps == nullptr) return;
+        steps->push_back(
+            make_step("tree_node", {{"left_rank", left}, {"right_rank", right}},
+                      {storage_value<T>("left", lv), storage_value<T>("right", rv), storage_value<T>("stored", node)},
+                      "tree: every node rounds to storage"));
+      });
+      acc = to_float(level[0]);
       break;
     }
     case Contract::kRotatedTwoShot: {
