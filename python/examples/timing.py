@@ -26,11 +26,13 @@ def host_us(fn, *, calls=200, rounds=5, before_round=None):
     return statistics.median(times)
 
 
-def graph_us(fn, *, graph_ops=20, replays=25, rounds=3, warmups=1, before_replay=None):
+def graph_us(fn, *, graph_ops=20, replays=25, rounds=3, warmups=1, before_replay=None, after_capture=None):
     """GPU microseconds per call: `graph_ops` calls captured in one CUDA graph (after `warmups` eager
     calls on a side stream, which also make any communicator), each replay timed by events on a
     stream of its own, the median of `replays` replays per round and the median of `rounds` rounds.
-    before_replay (e.g. a barrier) runs before each timed replay."""
+    before_replay (e.g. a barrier) runs before each timed replay. after_capture (e.g. a
+    communicator's collective that registers the captured buffers) runs once after the capture,
+    before the first replay."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -43,6 +45,8 @@ def graph_us(fn, *, graph_ops=20, replays=25, rounds=3, warmups=1, before_replay
         for _ in range(graph_ops):
             fn()
     torch.cuda.synchronize()
+    if after_capture is not None:
+        after_capture()
     medians = []
     replay_stream = torch.cuda.Stream()
     with torch.cuda.stream(replay_stream):
