@@ -1,5 +1,6 @@
-"""The GPU examples' timers (bench_backend.py, bench_overhead.py, bench_norm.py): one way to time
-eager host cost and CUDA-graph replays, so that their tables compare."""
+"""The GPU examples' timers (bench_backend.py, bench_overhead.py, bench_norm.py, bench_tree.py,
+compare_collectives.py): one way to time eager host cost and CUDA-graph replays, so that their
+tables compare."""
 
 import statistics
 import time
