@@ -67,6 +67,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import warnings
 
 import numpy as np
@@ -327,9 +329,24 @@ def nccl_bits(runner, x, residual, weight, want_ar, want_fused):
 
 # ---- the pinned child ------------------------------------------------------------------------------
 
+def exit_with_parent():
+    """Ends this child process if the rank that started it goes away (killed by a timeout, say), so no
+    orphan keeps its GPU busy."""
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def worker_nccl_pinned(args):
     """A rank of the child job: NCCL as vLLM's batch-invariant mode pins it (the environment comes from
     the parent). Writes JSON (rank 0) with its times and bits."""
+    exit_with_parent()
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=args.child_timeout),

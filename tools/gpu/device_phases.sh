@@ -1,6 +1,7 @@
 # Sourced by the device scripts that run phases on a lent GPU machine (device_run_backend.sh,
-# device_run_tree.sh): the environment every phase needs (no NVLink multicast, the carried
-# library, the wheel installed into /tmp/site), and three helpers over $PHASES and $LOGS:
+# device_run_tree.sh, device_run_compare.sh): the environment every phase needs (no NVLink
+# multicast, the carried library, the wheel installed into /tmp/site), and three helpers over
+# $PHASES and $LOGS:
 #   has PHASE                 whether PHASE is in the comma list $PHASES
 #   run NAME TIMEOUT CMD...   CMD into $LOGS/NAME.log under a timeout, pass/fail recorded, its
 #                             last $RUN_TAIL_LINES lines (default 3) printed
