@@ -49,6 +49,7 @@ constexpr size_t kFirstCommOptionsSize = offsetof(exactcoll_comm_options, node);
 // only when struct_size reaches past the next one (an older caller's padding is not a value).
 constexpr size_t kCommOptionsWithNodeSize = offsetof(exactcoll_comm_options, local_world_size) + sizeof(int);
 constexpr size_t kCommOptionsWithContractSize = offsetof(exactcoll_comm_options, reserved) + sizeof(int);
+constexpr size_t kCommOptionsWithGraphInPlaceSize = offsetof(exactcoll_comm_options, reserved2) + sizeof(int);
 constexpr size_t kFirstCommPropertiesSize = offsetof(exactcoll_comm_properties, nodes);
 
 HandleTable<CommState>& comms() {
@@ -214,6 +215,7 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
         o.local_world_size = defaults.local_world_size;
       }
       if (options->struct_size < kCommOptionsWithContractSize) o.contract = defaults.contract;
+      if (options->struct_size < kCommOptionsWithGraphInPlaceSize) o.graph_in_place = defaults.graph_in_place;
       o.struct_size = sizeof o;
     }
     if (world_size < 1) bad_argument("world_size must be >= 1, got " + std::to_string(world_size));
@@ -252,6 +254,10 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
     co.use_nccl = o.use_nccl != 0;
     co.programmatic_launch = o.programmatic_launch != 0;
     co.contract = contract;
+    if (o.graph_in_place != 0 && o.graph_in_place != 1) {
+      bad_argument("graph_in_place must be 0 or 1, got " + std::to_string(o.graph_in_place));
+    }
+    co.graph_in_place = o.graph_in_place != 0;
     if (place.local_world_size != world_size && (exactcoll::info(contract).runs_on & kOnMultiNode) == 0) {
       // A contract the registry does not mark kOnMultiNode (canonical and tree both run across nodes).
       bad_argument(std::string("the ") + contract_name(contract) + " contract runs on one node; this job spans " +
@@ -347,6 +353,20 @@ int exactcoll_comm_register_buffer(exactcoll_comm comm, const void* buffer, size
       state->registered.push_back(state->comm->register_buffer(buffer, bytes));
     });
     *id = static_cast<int>(state->registered.size()) - 1;
+  });
+}
+
+int exactcoll_comm_register_graph_buffers(exactcoll_comm comm, size_t* registered) {
+  return guarded("exactcoll_comm_register_graph_buffers", [&] {
+    const std::shared_ptr<CommState> state = comm_of(comm);
+    size_t count = 0;
+    if (!state->multinode) {  // the multi-node communicator stages every input
+      translating(state->comm.get(), EXACTCOLL_ERROR_INVALID_ARGUMENT, [&] {
+        DeviceScope device(state->device);
+        count = state->comm->register_graph_buffers();
+      });
+    }
+    if (registered != nullptr) *registered = count;
   });
 }
 

@@ -31,6 +31,10 @@ int exactcoll_comm_properties_get(exactcoll_comm, exactcoll_comm_properties*) {
 int exactcoll_comm_register_buffer(exactcoll_comm, const void*, size_t, int*) {
   return unavailable("exactcoll_comm_register_buffer");
 }
+
+int exactcoll_comm_register_graph_buffers(exactcoll_comm, size_t*) {
+  return unavailable("exactcoll_comm_register_graph_buffers");
+}
 int exactcoll_allreduce(exactcoll_comm, const void*, void*, size_t, int, int, void*, int, exactcoll_call_info*) {
   return unavailable("exactcoll_allreduce");
 }

@@ -103,6 +103,10 @@ struct AlgorithmInfo {
   bool picked_by_auto;  // one of the IPC algorithms the GPU's `auto` chooses among (the tuned table)
   Family family;
   Needs needs;
+  // Peers never read this rank's input (they get its data through their own scratch or Lamport
+  // region), so the GPU reads the input where the caller keeps it: no staging copy and no
+  // registration, eager or in a CUDA graph. false (the safe default) stages it.
+  bool input_private = false;
   const char* summary;  // one line saying what it does (the table is its documentation)
 };
 
@@ -145,6 +149,7 @@ inline constexpr AlgorithmInfo kAlgorithmInfos[] = {
      .picked_by_auto = true,
      .family = Family::kSmKernels,
      .needs = Needs::kPushScratch,
+     .input_private = true,
      .summary = "inputs pushed into peers' scratch, one barrier per call"},
     {.algorithm = Algorithm::kPushTwoShot,
      .name = "push_two_shot",
@@ -154,6 +159,7 @@ inline constexpr AlgorithmInfo kAlgorithmInfos[] = {
      .picked_by_auto = true,
      .family = Family::kSmKernels,
      .needs = Needs::kPushScratch,
+     .input_private = true,
      .summary = "slices pushed to their owners, results pushed back (two barriers)"},
     {.algorithm = Algorithm::kDirect,
      .name = "direct",
@@ -190,6 +196,7 @@ inline constexpr AlgorithmInfo kAlgorithmInfos[] = {
      .picked_by_auto = true,
      .family = Family::kLamport,
      .needs = Needs::kLamportRegion,
+     .input_private = true,
      .summary = "inputs pushed into peers' Lamport buffers, flag in the data (no barrier)"},
 };
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -68,6 +69,12 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   return x < y + b_bytes && y < x + a_bytes;
 }
 
+// Whether the stream is capturing into a CUDA graph (a legal query during a capture).
+bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &status) == cudaSuccess && status == cudaStreamCaptureStatusActive;
+}
+
 }  // namespace
 
 // ---- construction ------------------------------------------------------------------------------
@@ -103,6 +110,13 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
   EXC_CUDA_CHECK(cudaMemset(static_cast<char*>(region_) + lamport_offset_, 0xFF, lamport_bytes_));
   EXC_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&error_), sizeof(DeviceError)));
   EXC_CUDA_CHECK(cudaMemset(error_, 0, sizeof(DeviceError)));
+  // The graph input table, allocated now (no allocation may happen inside a capture), all null.
+  if (options_.graph_in_place && options_.graph_input_slots > 0) {
+    graph_slots_ = options_.graph_input_slots;
+    const size_t table_bytes = graph_slots_ * static_cast<size_t>(world_size_) * sizeof(void*);
+    EXC_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&graph_table_), table_bytes));
+    EXC_CUDA_CHECK(cudaMemset(graph_table_, 0, table_bytes));
+  }
   EXC_CUDA_CHECK(cudaDeviceSynchronize());
   peers_.assign(static_cast<size_t>(world_size_), PeerRegion{});
   peers_[static_cast<size_t>(rank_)].base = region_;
@@ -228,6 +242,7 @@ Communicator::~Communicator() {
   for (void* address : opened_) (void)cudaIpcCloseMemHandle(address);
   if (region_ != nullptr) (void)cudaFree(region_);
   if (error_ != nullptr) (void)cudaFree(error_);
+  if (graph_table_ != nullptr) (void)cudaFree(graph_table_);
 }
 
 // ---- registration --------------------------------------------------------------------------------
@@ -285,6 +300,78 @@ RegisteredBuffer Communicator::register_buffer(const void* ptr, size_t bytes) {
   }
   registrations_.push_back(std::move(reg));
   return RegisteredBuffer{id, ptr, bytes};
+}
+
+size_t Communicator::register_graph_buffers() {
+  require_usable();
+  if (!ipc_ready_ || graph_table_ == nullptr) return 0;  // both agreed by every rank
+  const uint64_t round = graph_rounds_++;
+  // 1. The allocation behind every input captured in place, exported once per allocation (or
+  //    why one cannot be).
+  std::string problem;
+  std::vector<ExportedBuffer> mine;
+  std::map<CUdeviceptr, std::string> handles;
+  const MemGetAddressRangeFn range = mem_get_address_range();
+  for (const void* input : graph_pending_) {
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if (range == nullptr) {
+      problem = "cuMemGetAddressRange is unavailable";
+    } else if (range(&base, &size, reinterpret_cast<CUdeviceptr>(input)) != CUDA_SUCCESS) {
+      problem = "a captured input is not device memory of this GPU";
+    } else if (handles.count(base) == 0) {
+      cudaIpcMemHandle_t handle{};
+      if (cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base)) != cudaSuccess) {
+        problem = std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(cudaGetLastError()) +
+                  " (memory from cudaMallocAsync pools or expandable segments cannot be exported this way: "
+                  "capture with graph_in_place off)";
+      } else {
+        handles[base] = std::string(reinterpret_cast<const char*>(&handle), sizeof handle);
+      }
+    }
+    if (!problem.empty()) break;
+    mine.push_back(ExportedBuffer{handles[base], base, size, reinterpret_cast<CUdeviceptr>(input) - base});
+  }
+  // 2. Every rank reads every rank's count and verdict, so all fail together or none does.
+  const std::string prefix = "graph/" + std::to_string(round) + "/";
+  const size_t count = graph_pending_.size();
+  store_.set(key(prefix + std::to_string(rank_)), std::to_string(count) + " " + problem);
+  for (int p = 0; p < world_size_; ++p) {
+    const std::string theirs = store_.get(key(prefix + std::to_string(p)), options_.store_timeout);
+    const size_t space = theirs.find(' ');
+    const std::string their_count = theirs.substr(0, space);
+    const std::string their_problem = space == std::string::npos ? "" : theirs.substr(space + 1);
+    if (!their_problem.empty()) {
+      throw CollectiveError("register_graph_buffers: rank " + std::to_string(p) + ": " + their_problem);
+    }
+    if (their_count != std::to_string(count)) {
+      throw CollectiveError("register_graph_buffers: rank " + std::to_string(p) + " captured " + their_count +
+                            " launches in place since the last registration, rank " + std::to_string(rank_) + " " +
+                            std::to_string(count) + " (every rank must capture the same collectives)");
+    }
+  }
+  if (count == 0) return 0;
+  // 3. One exchange (opens only allocations not opened before), then the rows.
+  const auto peers = exchange_->exchange(mine);
+  std::vector<const void*> rows(count * static_cast<size_t>(world_size_));
+  for (size_t i = 0; i < count; ++i) {
+    for (int p = 0; p < world_size_; ++p) {
+      rows[i * static_cast<size_t>(world_size_) + static_cast<size_t>(p)] = peers[i][static_cast<size_t>(p)];
+    }
+  }
+  // Every rank passed the exchange's barrier, so every rank fills its rows now. One that could not
+  // would stage while its peers read in place (their staging buffers stale): it is unusable.
+  const cudaError_t filled = cudaMemcpy(graph_table_ + graph_registered_ * static_cast<size_t>(world_size_),
+                                        rows.data(), rows.size() * sizeof(void*), cudaMemcpyHostToDevice);
+  if (filled != cudaSuccess) {
+    poisoned_ = true;
+    poison_message_ = std::string("register_graph_buffers could not fill the graph input table: ") +
+                      cudaGetErrorString(filled);
+    throw CollectiveError(poison_message_);
+  }
+  graph_registered_ += count;
+  graph_pending_.clear();
+  return count;
 }
 
 const void* Communicator::peer_address(const RegisteredBuffer& buffer, int peer) const {
@@ -433,10 +520,16 @@ CallInfo Communicator::started(const Call& call) {
 }
 
 void Communicator::fill_inputs(const Call& call, size_t byte_offset, KernelArgs* a) const {
-  for (int r = 0; r < world_size_; ++r) {
-    a->inputs[r] = call.staged() ? static_cast<const char*>(a->inputs[r])
-                                 : call.reg->peers[static_cast<size_t>(r)] + call.reg_offset + byte_offset;
+  if (call.reg != nullptr) {
+    for (int r = 0; r < world_size_; ++r) {
+      a->inputs[r] = call.reg->peers[static_cast<size_t>(r)] + call.reg_offset + byte_offset;
+    }
+  } else if (call.own_input) {
+    // Peers' entries stay their staging buffers, which input_private algorithms never read.
+    a->inputs[rank_] = static_cast<const char*>(call.input) + byte_offset;
   }
+  // Captured in place: inputs stay the staging buffers, which the kernel uses until the row of
+  // its input table is registered (launch_sm_kernels).
 }
 
 Communicator::Launcher Communicator::launcher_for(Op op, Algorithm algo) {
@@ -554,14 +647,29 @@ CallInfo Communicator::launch_sm_kernels(const Call& call) {
   const size_t chunk = fits   ? call.count
                        : push ? push_chunk_elements(elem_bytes, world_size_, capacity)
                               : std::max<size_t>(64, capacity / elem / 64 * 64);
+  // Captured in place: one row of the graph input table per launch; with too few rows left the
+  // call stages (every rank captures the same calls, so every rank runs out at the same one).
+  const size_t launches = (call.count + chunk - 1) / chunk;
+  if (call.captured_in_place && graph_registered_ + graph_pending_.size() + launches > graph_slots_) {
+    Call staged = call;
+    staged.captured_in_place = false;
+    CallInfo info = launch_sm_kernels(staged);
+    info.note = "staged: the graph input table is full (" + std::to_string(graph_slots_) + " rows)";
+    return info;
+  }
   CallInfo info = started(call);
   for (size_t first = 0; first < call.count; first += chunk) {
     const size_t c = std::min(chunk, call.count - first);
     KernelArgs a = base_args();
     fill_inputs(call, first * elem, &a);
+    if (call.captured_in_place) {
+      a.input_table = graph_table_ + (graph_registered_ + graph_pending_.size()) * static_cast<size_t>(world_size_);
+      graph_pending_.push_back(static_cast<const char*>(call.input) + first * elem);
+    }
     a.count = c;
     a.output = static_cast<char*>(call.output) + first * elem;
-    a.stage_from = call.staged() ? static_cast<const char*>(call.input) + first * elem : nullptr;
+    a.stage_from = call.staged() || call.captured_in_place ? static_cast<const char*>(call.input) + first * elem
+                                                           : nullptr;
     launch(call.dtype, *kind, a, call.choice.grid, call.stream);
     ++info.launches;
   }
@@ -636,6 +744,24 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
     call.choice = DispatchTable::default_choice(world_size_, op, in_bytes, Algorithm::kAuto);
   }
   if (grid) call.choice.grid = *grid;
+
+  // 4b. An algorithm whose peers never read this rank's input reads it where the caller keeps it
+  //     (no staging copy), also in place: its blocks overwrite only what they have read themselves
+  //     (core/push.h). A partial overlap stages.
+  if (call.reg == nullptr && info(call.choice.algo).input_private &&
+      (input == output || !overlaps(input, in_bytes, output, out_bytes))) {
+    call.own_input = true;
+  }
+
+  // 4c. Captured into a CUDA graph, an input that peers read stays where it is too: the kernel
+  //     reads every rank's address from a row of the graph input table, which
+  //     register_graph_buffers fills after the capture (launch_sm_kernels takes the rows). Until
+  //     then replays stage, so the message must fit the staging buffer (one launch).
+  if (call.staged() && graph_table_ != nullptr && info(call.choice.algo).family == Family::kSmKernels &&
+      in_bytes <= options_.buffer_bytes && !overlaps(input, in_bytes, output, out_bytes) &&
+      stream_capturing(stream)) {
+    call.captured_in_place = true;
+  }
 
   // 5. The launcher of (op, algorithm).
   const Launcher launcher = launcher_for(op, call.choice.algo);

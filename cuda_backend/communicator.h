@@ -9,7 +9,16 @@
 //   - staged: the kernel copies this rank's input into its staging buffer before the first barrier
 //     (no extra launch or copy node), or
 //   - registered: register_buffer() exchanged the user buffer's handle once; peers read it in
-//     place. CUDA-graph-captured calls then need no staging at all.
+//     place. CUDA-graph-captured calls then need no staging at all;
+//   - read where the caller keeps it: the algorithms whose peers never read this rank's input
+//     (the registry's input_private: push_one_shot, push_two_shot, lamport_one_shot, which `auto`
+//     picks at every size) read it in place, eager or captured, with no registration, also when
+//     the call is in place (output == input: each block overwrites only what it read itself);
+//   - captured in place (options.graph_in_place): a call captured into a CUDA graph whose peers
+//     read its input leaves the input where it is and reads the peers' addresses from a device
+//     table (KernelArgs::input_table); register_graph_buffers(), collective, after the capture,
+//     exchanges the handles of those inputs' allocations once and fills the table, so replays
+//     read the peers' tensors in place (vLLM's custom all-reduce registers graph buffers so).
 // Outputs are written in place (no peer ever reads another rank's output).
 //
 // Every wait on a flag inside a kernel is bounded (options.flag_timeout_ms). After a launch that
@@ -20,7 +29,11 @@
 // Same-decision rule: every choice that changes what peers read (IPC vs NCCL, staged vs registered,
 // algorithm, grid, chunking) depends only on arguments that are equal on every rank (count, dtype,
 // algorithm, the table, whether a RegisteredBuffer is passed) and on decisions agreed through the
-// store at construction (ipc_ready). Ranks never decide from local state alone.
+// store at construction (ipc_ready). Ranks never decide from local state alone. Two choices are
+// rank-local and safe: reading an input_private algorithm's input in place or staged (peers never
+// see which, and its chunks do not depend on it: a push message that fits the scratch fits the
+// staging buffer), and capturing in place, which every rank does for the same calls because every
+// rank captures the same calls into its graph (a precondition of replaying collectives at all).
 //
 // Not thread-safe; one stream at a time per communicator (two streams racing on one communicator's
 // flags would deadlock, the failure seen in other projects).
@@ -113,6 +126,21 @@ class Communicator {
   // of this GPU (any offset inside a cudaMalloc allocation), 16-byte aligned.
   RegisteredBuffer register_buffer(const void* ptr, size_t bytes);
 
+  // Collective: every rank calls it after capturing the same collectives into its CUDA graph(s),
+  // before the first replay. Exports the allocations behind the inputs captured in place since the
+  // last call (cuMemGetAddressRange, cudaIpcGetMemHandle), exchanges them once (handle_exchange:
+  // only new allocations are opened) and fills their rows of the graph input table, so that
+  // replays read every rank's input where it lies. Returns how many captured launches it
+  // registered (0 when none was captured in place, or without the IPC path). Throws
+  // CollectiveError, on every rank, when some rank's input cannot be exported (memory from
+  // cudaMallocAsync pools or expandable segments: capture with options.graph_in_place = false) or
+  // when ranks captured different numbers of in-place launches; the rows then stay unregistered.
+  // Until their rows are registered, replays stage those inputs (same bits, the copy's cost).
+  // Example: capture g; comm.register_graph_buffers(); g.replay();
+  size_t register_graph_buffers();
+  // Launches captured in place that wait for register_graph_buffers.
+  size_t graph_inputs_pending() const { return graph_pending_.size(); }
+
   // output[i] = the contract's fold over ranks of input_r[i], i < count.
   // Preconditions: input and output 16-byte aligned device memory; registered != nullptr means
   // input lies inside *registered at the same offset on every rank. algo: one_shot, two_shot,
@@ -178,9 +206,11 @@ class Communicator {
     Choice choice;                      // never auto or nccl
     const Registration* reg = nullptr;  // peers read the registered input in place (null: staged)
     size_t reg_offset = 0;              // the input's byte offset inside the registration
+    bool own_input = false;             // input_private: read where the caller keeps it
+    bool captured_in_place = false;     // peers read it through the graph input table
     size_t elem_bytes() const { return static_cast<size_t>(dtype_size(dtype)); }
     size_t in_bytes() const { return count * elem_bytes(); }
-    bool staged() const { return reg == nullptr; }
+    bool staged() const { return reg == nullptr && !own_input && !captured_in_place; }
   };
   // Step 5 of run: one launcher per (op, algorithm family), NCCL's RunWorkElement<..., Algo,
   // Proto> as the model. launcher_for names it for every (op, algorithm) the GPU runs with IPC
@@ -234,6 +264,15 @@ class Communicator {
   std::unique_ptr<HandleExchange> exchange_;
   std::vector<void*> opened_;  // peers' allocations opened through IPC (closed in the destructor)
   std::vector<Registration> registrations_;
+  // The graph input table: graph_slots_ rows of world_size_ device pointers (rank r's input at
+  // column r), zeroed at creation; rows below graph_registered_ are filled, the next
+  // graph_pending_.size() rows were handed to captured launches whose own inputs graph_pending_
+  // lists, in capture order.
+  const void** graph_table_ = nullptr;
+  size_t graph_slots_ = 0;
+  size_t graph_registered_ = 0;
+  std::vector<const void*> graph_pending_;
+  uint64_t graph_rounds_ = 0;  // register_graph_buffers calls (store key rounds)
   ncclComm_t nccl_comm_ = nullptr;
 };
 

@@ -90,6 +90,12 @@ struct KernelArgs {
   DeviceError* error;
   uint64_t count;            // elements: per-rank input count (all ops)
   uint64_t scratch_bytes;    // of every rank's scratch buffer (the push algorithms' halves)
+  // Not null: a call captured into a CUDA graph with its input in place, whose row of the
+  // communicator's graph input table register_graph_buffers fills after the capture. A filled row
+  // (this rank's entry not null): the kernel reads rank r's input from input_table[r] and stages
+  // nothing. A row still null (not registered yet, on every rank alike: registration is collective
+  // and all-or-nothing): the kernel stages from stage_from as an uncaptured call does.
+  const void* const* input_table;
   void* lamport[kMaxRanks];  // every rank's Lamport region (core/lamport.h), 0xFF-filled at creation
   uint64_t lamport_bytes;    // of every rank's Lamport region
   uint64_t timeout_ns;       // bound on every flag wait

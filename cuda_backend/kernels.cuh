@@ -52,14 +52,23 @@ __device__ __forceinline__ void enter_after_previous_grid() {
 
 template <class T, int kRanks, KernelKind kKind, Contract kFold>
 __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant__ KernelArgs args) {
+  // Captured in place: this rank's entry of its graph input table row (null until registered),
+  // loaded before the wait for the previous kernel so that its latency overlaps it (only the host
+  // writes the table).
+  const void* own_from_table =
+      args.input_table != nullptr
+          ? reinterpret_cast<const void*>(__ldg(reinterpret_cast<const unsigned long long*>(args.input_table) + args.rank))
+          : nullptr;
   enter_after_previous_grid();
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;
   // No __syncthreads here: every algorithm starts with a barrier whose first step is sync_block,
   // which orders this store before any wait reads it.
   DeviceCtx<T, kRanks, kFold> ctx(args, &aborted);
-  // lamport_one_shot reads its own input in place (peers never read it): never staged.
-  if (kKind != KernelKind::kLamportOneShot && args.stage_from != nullptr) {
+  if (own_from_table != nullptr) ctx.read_inputs_from_table();
+  // lamport_one_shot reads its own input in place (peers never read it): never staged. A call
+  // captured in place stages only until its row is registered.
+  if (kKind != KernelKind::kLamportOneShot && args.stage_from != nullptr && own_from_table == nullptr) {
     stage_own_input<T, kKind>(ctx, args);
     // push_one_shot and push_two_shot read their own staged input before any barrier (same block
     // shares as the staging, other threads): make every thread's staging stores visible to the

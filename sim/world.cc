@@ -336,7 +336,9 @@ void World::run() {
   for (QueuedLaunch& q : queue_) {
     q.kernel_outputs.assign(q.launch.outputs.begin(), q.launch.outputs.end());
     for (int r = 0; r < static_cast<int>(q.kernel_outputs.size()); ++r) {
-      if (!aligned16(q.kernel_outputs[r])) {
+      if (q.launch.output_is_input) {
+        q.kernel_outputs[r] = heaps_[r].input.data;
+      } else if (!aligned16(q.kernel_outputs[r])) {
         grow(heaps_[r].output, r, output_bytes);
         q.kernel_outputs[r] = heaps_[r].output.data;
       }

@@ -119,6 +119,10 @@ struct Launch {
                                          // 0xFF when created or grown, never between launches)
   std::vector<void*> outputs;            // per rank: ctx.output() (or empty)
   size_t output_bytes = 0;               // bytes per rank (a misaligned output is staged and copied out)
+  // In place: the kernel writes its result over this rank's own input buffer (ctx.output() ==
+  // ctx.input(rank)), as the GPU runs the push algorithms' in-place calls; outputs then receive a
+  // copy when the launch finishes. Preconditions: output_bytes <= input_bytes.
+  bool output_is_input = false;
   std::function<void(int rank)> before;  // optional staging of extra buffers, in stream order
 };
 

@@ -298,6 +298,14 @@ typedef struct exactcoll_comm_options {
                            sums; algo nccl, asked for, still runs NCCL. Others are INVALID_ARGUMENT */
   int reserved;         /* 0. Makes the struct longer than the one before `contract`, whose tail
                            padding `contract` occupies, so that struct_size tells them apart */
+  int graph_in_place;   /* 1 (default): a call captured into a CUDA graph whose peers read its input
+                           (one_shot, two_shot, direct) leaves the input where it is once every rank
+                           has called exactcoll_comm_register_graph_buffers after the capture (before
+                           that, replays copy it as uncaptured calls do). 0: such calls always copy
+                           the input through the communicator's buffer. The algorithms `auto` picks for all-reduce
+                           (push_*, lamport_one_shot) read the input in place anyway: their peers
+                           never read it */
+  int reserved2;        /* 0, as `reserved` for graph_in_place */
 } exactcoll_comm_options;
 
 EXACTCOLL_API void exactcoll_comm_options_init(exactcoll_comm_options* options);
@@ -344,6 +352,17 @@ EXACTCOLL_API int exactcoll_comm_properties_get(exactcoll_comm comm, exactcoll_c
  * read inputs inside it in place (no staging copy): pass *id as registered_id to the ops. Buffer:
  * 16-byte aligned device memory from cudaMalloc (not from cudaMallocAsync pools or VMM). */
 EXACTCOLL_API int exactcoll_comm_register_buffer(exactcoll_comm comm, const void* buffer, size_t bytes, int* id);
+
+/* Collective: every rank calls it after capturing the same calls into its CUDA graph(s) and before
+ * the first replay (options.graph_in_place). It exports the allocations behind the inputs captured
+ * in place since the last call, exchanges them once, and lets the replays read every rank's input
+ * where it lies: no staging copy. *registered (may be NULL): how many captured launches it
+ * registered (0 on a multi-node communicator, or when nothing was captured in place). Fails on
+ * every rank with EXACTCOLL_ERROR_INVALID_ARGUMENT when some rank's inputs cannot be exported
+ * (cudaMallocAsync pools, expandable segments: capture with graph_in_place 0) or ranks captured
+ * different numbers of launches. Until it has run, replays copy those inputs through the
+ * communicator's buffer as uncaptured calls do (same bits, the copy's cost). */
+EXACTCOLL_API int exactcoll_comm_register_graph_buffers(exactcoll_comm comm, size_t* registered);
 
 /* The ops, on device pointers of this rank's GPU, enqueued on stream (a cudaStream_t; NULL is the
  * legacy default stream). Collective, with equal count, dtype, algo and registered-or-not on every

@@ -79,7 +79,7 @@ class CommOptions(ctypes.Structure):
                 ("flag_timeout_ms", ctypes.c_uint64), ("store_timeout_ms", ctypes.c_int64),
                 ("use_nccl", ctypes.c_int), ("programmatic_launch", ctypes.c_int), ("device", ctypes.c_int),
                 ("node", ctypes.c_int), ("local_world_size", ctypes.c_int), ("contract", ctypes.c_int),
-                ("reserved", ctypes.c_int)]
+                ("reserved", ctypes.c_int), ("graph_in_place", ctypes.c_int), ("reserved2", ctypes.c_int)]
 
 
 class CommProperties(ctypes.Structure):
@@ -147,6 +147,7 @@ _SIGNATURES = {
     "exactcoll_comm_destroy": ([_HANDLE], _c_int),
     "exactcoll_comm_properties_get": ([_HANDLE, ctypes.POINTER(CommProperties)], _c_int),
     "exactcoll_comm_register_buffer": ([_HANDLE, _vp, _c_size, ctypes.POINTER(_c_int)], _c_int),
+    "exactcoll_comm_register_graph_buffers": ([_HANDLE, ctypes.POINTER(_c_size)], _c_int),
     "exactcoll_allreduce": ([_HANDLE, _vp, _vp, _c_size, _c_int, _c_int, _vp, _c_int, ctypes.POINTER(CallInfo)], _c_int),
     "exactcoll_reduce_scatter": ([_HANDLE, _vp, _vp, _c_size, _c_int, _c_int, _vp, _c_int, ctypes.POINTER(CallInfo)],
                                  _c_int),

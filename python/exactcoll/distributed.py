@@ -179,6 +179,23 @@ def backend_fallbacks(group=None):
     return dict(sorted((_REASONS if group is None else _exactcoll_group(group)._reasons).items()))
 
 
+def register_graph_buffers(group=None):
+    """Collective over the group (default: every exactcoll group of this process, in the order
+    they were made; pass group= when the ranks belong to different subgroups): after capturing collectives of the exactcoll
+    backend into a CUDA graph and before its first replay, lets the replays read every rank's
+    captured tensors in place (Communicator.register_graph_buffers). Returns the number of captured
+    launches registered."""
+    from .torch import Communicator  # exactcoll.torch imports this module at its end
+    groups = list(_GROUPS) if group is None else [_exactcoll_group(group)]
+    registered = 0
+    for g in groups:
+        for index in sorted(g._comms):
+            comm = g._comms[index]
+            if isinstance(comm, Communicator):
+                registered += comm.register_graph_buffers()
+    return registered
+
+
 def _exactcoll_group(group):
     if not isinstance(group, ExactcollProcessGroup):
         raise ValueError(f"{group!r} is not a group of the exactcoll backend (its counts are exactcoll's only)")

@@ -23,6 +23,7 @@ tensors to exactcoll (CUDA: a Communicator per group; CPU: gloo gather + exactco
 GPU's bits) and the rest to NCCL or gloo, counted: backend_counts(), backend_fallbacks().
 """
 
+import contextlib
 import ctypes
 import datetime
 import time
@@ -34,7 +35,7 @@ from . import _lib
 from ._store import Store
 
 __all__ = ["Communicator", "TorchStore", "add_rms_norm", "FallbackError", "backend_counts", "backend_fallbacks",
-           "configure_backend", "record_collectives", "reset_backend_counts"]
+           "configure_backend", "record_collectives", "register_graph_buffers", "reset_backend_counts"]
 
 _DTYPE_CODES = {torch.bfloat16: _lib.DTYPES["bf16"], torch.float16: _lib.DTYPES["fp16"],
                 torch.float32: _lib.DTYPES["fp32"]}
@@ -90,7 +91,8 @@ def _group_tag(group):
 
 
 def _parse_options(*, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
-                   programmatic_launch=True, node=None, local_world_size=None, name=None, contract="canonical"):
+                   programmatic_launch=True, node=None, local_world_size=None, name=None, contract="canonical",
+                   graph_in_place=True):
     """The communicator's options checked and converted (ValueError naming a bad one), before anything
     else could fail or ctypes could truncate one."""
     parsed = {
@@ -102,6 +104,7 @@ def _parse_options(*, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.
         "programmatic_launch": _lib.switch_option("programmatic_launch", programmatic_launch),
         "node": None, "local_world_size": None,
         "contract": _lib.code(_lib.CONTRACTS, contract, "contract"),
+        "graph_in_place": _lib.switch_option("graph_in_place", graph_in_place),
     }
     if node is not None:
         parsed["node"] = _lib.int_option("node", node, _lib.field_type(_lib.CommOptions, "node"), 0)
@@ -132,16 +135,24 @@ class Communicator:
     node rounded to the dtype: when each rank's x is the tree over its own leaves, the result is
     the tree over all leaves at every TP size; across nodes, nodes and ranks per node powers of
     two). The fused op's residual add and RMSNorm are canonical under both.
+
+    Inputs are read where they lie whenever that is safe, with no copy: always for the algorithms
+    whose peers never read a rank's input (push_one_shot, push_two_shot, lamport_one_shot: what
+    `auto` picks for all_reduce), and, with graph_in_place (the default), for every op captured into
+    a CUDA graph, once every rank has called register_graph_buffers() after the capture (or used
+    `with comm.cuda_graph(g):`). graph_in_place=False copies such inputs through the communicator's
+    buffer instead (needed when the captured tensors come from expandable segments).
     """
 
     def __init__(self, group=None, *, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
                  programmatic_launch=True, name=None, store=None, node=None, local_world_size=None,
-                 contract="canonical"):
+                 contract="canonical", graph_in_place=True):
         # Every option first, before anything else could fail or ctypes could truncate one.
         options = _parse_options(buffer_mib=buffer_mib, flag_timeout_ms=flag_timeout_ms,
                                  store_timeout_s=store_timeout_s, use_nccl=use_nccl,
                                  programmatic_launch=programmatic_launch, node=node,
-                                 local_world_size=local_world_size, name=name, contract=contract)
+                                 local_world_size=local_world_size, name=name, contract=contract,
+                                 graph_in_place=graph_in_place)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("exactcoll.torch.Communicator needs torch.distributed.init_process_group first "
                                "(any backend: only its store is used)")
@@ -186,6 +197,7 @@ class Communicator:
         options.programmatic_launch = parsed["programmatic_launch"]
         options.device = torch.cuda.current_device()
         options.contract = parsed["contract"]
+        options.graph_in_place = parsed["graph_in_place"]
         node, local_world_size = parsed["node"], parsed["local_world_size"]
         options.node = node if node is not None else (-1 if whole_job else 0)
         options.local_world_size = local_world_size if local_world_size is not None else (0 if whole_job else world_size)
@@ -299,6 +311,32 @@ class Communicator:
                                                            ctypes.byref(index)))
         self._registered.append(tensor)
         return RegisteredBuffer(self, index.value, tensor)
+
+    def register_graph_buffers(self):
+        """Collective: every rank calls it after capturing the same ops into its CUDA graph(s) and
+        before the first replay. The replays then read every rank's captured input where it lies (no
+        staging copy). Returns how many captured launches it registered (0 when none needed it).
+        Raises on every rank when some rank's inputs cannot be exported (expandable segments, async
+        pools: make the communicator with graph_in_place=False) or ranks captured different ops.
+        Until it has run, replays copy those inputs through the communicator's buffer (same bits)."""
+        count = ctypes.c_size_t()
+        _lib.check(_lib.lib.exactcoll_comm_register_graph_buffers(self._handle, ctypes.byref(count)))
+        return count.value
+
+    @contextlib.contextmanager
+    def cuda_graph(self, graph, **graph_kwargs):
+        """torch.cuda.graph(graph, **graph_kwargs), then register_graph_buffers() when the capture
+        ends without an error (collective: every rank captures the same ops).
+
+        Example:
+            g = torch.cuda.CUDAGraph()
+            with comm.cuda_graph(g):
+                y = comm.all_reduce(x)
+            g.replay()
+        """
+        with torch.cuda.graph(graph, **graph_kwargs):
+            yield graph
+        self.register_graph_buffers()
 
     def check(self):
         """Waits for the stream of this communicator's last op (else the current one), then raises
@@ -682,6 +720,7 @@ if CUSTOM_OPS:
 # torch.distributed has no backend to register (nor process groups for Communicator).
 if dist.is_available():
     from .distributed import (FallbackError, backend_counts, backend_fallbacks, configure_backend,  # noqa: E402
-                              record_collectives, register_backend as _register_backend, reset_backend_counts)
+                              record_collectives, register_backend as _register_backend, register_graph_buffers,
+                              reset_backend_counts)
 
     _register_backend()

@@ -60,6 +60,7 @@ struct Workload {
   bool push = false;     // allreduce_push_one_shot, or with two_shot allreduce_push_two_shot
   int odd_blocks = 0;    // > 0: odd-numbered launches use this grid instead of `blocks`
   size_t odd_count = 0;  // > 0: odd-numbered launches reduce this many elements instead of `count`
+  bool in_place = false;  // output == input (each rank's input buffer is overwritten by its result)
 };
 
 size_t launch_count(const Workload& w, int k) { return w.odd_count > 0 && k % 2 == 1 ? w.odd_count : w.count; }
@@ -93,6 +94,7 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
     launch.input_bytes = count * 2;
     launch.scratch_bytes = (w.push ? push_scratch_elements(count, Storage<bf16>::kPack, w.ranks) : count) * 2;
     launch.output_bytes = count * 2;
+    launch.output_is_input = w.in_place;
     for (int r = 0; r < w.ranks; ++r) {
       launch.inputs.push_back(ins[k][r].data());
       launch.outputs.push_back(outs[k][r].data());
@@ -303,6 +305,64 @@ TEST(ProtocolExploration, PushAlgorithmsPassThousandsOfSeedsWhenTheCountChanges)
     }
   }
   EXPECT_EQ(runs, 3000);
+}
+
+}  // namespace
+}  // namespace exactcoll
+
+namespace exactcoll {
+namespace {
+
+Workload in_place(Workload w) {
+  w.in_place = true;
+  return w;
+}
+
+// In place (output == input), which the GPU runs without staging for the push algorithms (their
+// peers never read this rank's input; cuda_backend/communicator.cc step 4b): every block
+// overwrites only the elements it has read itself, so thousands of seeds, on one grid and on
+// alternating grids, give the contract's bits.
+TEST(ProtocolExploration, PushAlgorithmsInPlacePassThousandsOfSeeds) {
+  int runs = 0;
+  for (const Workload& base : {kPushWorkloads[1], kPushWorkloads[2], kPushWorkloads[4], kPushTwoShotWorkloads[1],
+                               kPushTwoShotWorkloads[2], kPushTwoShotWorkloads[3]}) {
+    const Workload w = in_place(base);
+    for (uint64_t seed = 1; seed <= 500; ++seed) {
+      std::string detail;
+      const Outcome o = explore<TwoSetProtocol>(w, seed, &detail);
+      ASSERT_EQ(o, Outcome::kCorrect) << name(o) << " with " << algorithm(w) << " in place, " << w.ranks
+                                      << " ranks, seed " << seed << ": " << detail;
+      ++runs;
+    }
+  }
+  EXPECT_EQ(runs, 3000);
+}
+
+// The check above can fail: one_shot in place, whose peers read this rank's input while this rank
+// writes its result over it, is caught (hence the GPU stages one_shot's in-place calls).
+TEST(ProtocolExploration, OneShotInPlaceIsCaughtWithinTheSeedBound) {
+  const Workload w = in_place(Workload{3, 40, 2, false});
+  Outcome outcome = Outcome::kCorrect;
+  std::string detail;
+  int caught = 0;
+  const uint64_t seed = first_failing_seed<TwoSetProtocol>(w, &outcome, &detail, &caught);
+  EXPECT_NE(seed, 0u) << "one_shot in place survived " << kSeedBound << " seeds on " << w.ranks << " ranks";
+  std::printf("one_shot in place, %d ranks: caught in %d of %llu seeds, first at seed %llu (%s)\n%s\n", w.ranks,
+              caught, static_cast<unsigned long long>(kSeedBound), static_cast<unsigned long long>(seed),
+              name(outcome), detail.c_str());
+}
+
+// A finding: two_shot in place is safe too. Its output is written only in the gather step, after
+// the barrier that follows every peer's reads of this rank's input slices (the GPU still stages
+// it: its peers read the input, so only a registration or a captured row could spare the copy).
+TEST(ProtocolExploration, TwoShotInPlaceIsSafe) {
+  for (const Workload& w : {in_place(Workload{4, 40, 1, true}), in_place(Workload{3, 40, 2, true})}) {
+    Outcome outcome = Outcome::kCorrect;
+    std::string detail;
+    int caught = 0;
+    const uint64_t seed = first_failing_seed<TwoSetProtocol>(w, &outcome, &detail, &caught);
+    EXPECT_EQ(seed, 0u) << name(outcome) << " at seed " << seed << ": " << detail;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,144 @@
+"""GPU check of the inputs read where they lie (issue 26, item 1): exactcoll.torch calls whose input is
+never copied into the communicator's buffer give the same bits as calls that copy it.
+
+    torchrun --nproc-per-node N python/tests/gpu_graph_in_place_check.py      # N = 2 or 4
+
+Per rank, bf16, for every (op, algo) and message size below:
+  reference   the eager call on a communicator with graph_in_place=False (staged where its peers
+              read the input), and, for all_reduce up to 64 Ki elements, python/tests/contract_reference.py
+              (numpy, independent of the library) on the gathered inputs;
+  eager       the same call on the default communicator (push_* and lamport_one_shot read the input
+              in place there, also when out is x: all_reduce_);
+  captured    the call captured into a CUDA graph on the default communicator: replayed before
+              register_graph_buffers() (staged: same bits), then after it (read in place from the
+              graph input table), then with new values copied into the captured input tensor (the
+              replay must read them, not a stale copy).
+Every output is compared by bit pattern; any difference, or a registration that registered nothing
+where peers read the input, makes the script exit 1. Rank 0 prints one line per case.
+"""
+
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import exactcoll.torch as xt
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import contract_reference as ref  # noqa: E402
+
+CASES = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("all_reduce", "push_one_shot"),
+         ("all_reduce", "push_two_shot"), ("all_reduce", "lamport_one_shot"), ("all_reduce", "auto"),
+         ("reduce_scatter", "direct"), ("reduce_scatter", "auto"), ("all_gather", "direct"),
+         ("all_gather", "auto")]
+COUNTS = [4096, 65536, 1 << 20]
+PEERS_READ_INPUT = {"one_shot", "two_shot", "direct"}
+
+
+def bits(t):
+    return t.contiguous().view(torch.int16)
+
+
+def differing(a, b):
+    return int((bits(a) != bits(b)).sum().item())
+
+
+def call(comm, op, algo, x, out):
+    if op == "all_reduce":
+        return comm.all_reduce(x, out=out, algo=algo)
+    if op == "reduce_scatter":
+        return comm.reduce_scatter(x, out=out, algo=algo)
+    return comm.all_gather(x, out=out, algo=algo)
+
+
+def inputs(count, seed, rank):
+    g = torch.Generator(device="cpu").manual_seed(seed * 1000 + rank)
+    return torch.randn(count, generator=g).to(torch.bfloat16).cuda()
+
+
+def main():
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    comm = xt.Communicator()
+    staged = xt.Communicator(graph_in_place=False)
+    failures = 0
+    for op, algo in CASES:
+        for count in COUNTS:
+            if algo == "lamport_one_shot" and count * 2 > (1 << 20):
+                continue
+            x = inputs(count, 1, rank)
+            expected = call(staged, op, algo, x, None)
+            torch.cuda.synchronize()
+            problems = []
+            if op == "all_reduce" and count <= 65536:
+                gathered = [torch.empty_like(x) for _ in range(world)]
+                dist.all_gather(gathered, x)
+                stacked = np.stack([bits(t).cpu().numpy().view(np.uint16) for t in gathered])
+                want = ref.all_reduce(stacked, "bf16")
+                got = bits(expected).cpu().numpy().view(np.uint16)
+                if not np.array_equal(got, want):
+                    problems.append(f"staged vs numpy contract: {int((got != want).sum())} differ")
+            eager = call(comm, op, algo, x, None)
+            eager_info = comm.last_call_info()
+            if differing(eager, expected):
+                problems.append(f"eager: {differing(eager, expected)} differ")
+            if op == "all_reduce":
+                y = x.clone()
+                comm.all_reduce_(y, algo=algo)
+                if differing(y, expected):
+                    problems.append(f"in place (all_reduce_): {differing(y, expected)} differ")
+            # Captured: replays before and after the registration, then with new input values.
+            static_in = x.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                static_out = call(comm, op, algo, static_in, None)  # warm-up (eager)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                call(comm, op, algo, static_in, static_out)
+            static_out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            if differing(static_out, expected):
+                problems.append(f"replay before registration: {differing(static_out, expected)} differ")
+            registered = comm.register_graph_buffers()
+            if algo in PEERS_READ_INPUT and registered < 1:
+                problems.append("register_graph_buffers registered nothing")
+            static_out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            if differing(static_out, expected):
+                problems.append(f"replay after registration: {differing(static_out, expected)} differ")
+            x2 = inputs(count, 2, rank)
+            expected2 = call(staged, op, algo, x2, None)
+            static_in.copy_(x2)
+            graph.replay()
+            torch.cuda.synchronize()
+            if differing(static_out, expected2):
+                problems.append(f"replay with new input values: {differing(static_out, expected2)} differ")
+            comm.check()
+            del graph
+            mine = torch.tensor([len(problems)], device="cuda")
+            dist.all_reduce(mine)
+            failures += int(mine.item())
+            if rank == 0:
+                verdict = "ok" if not problems and mine.item() == 0 else "FAIL " + "; ".join(problems)
+                print(f"{op:15s} {algo:17s} count {count:8d}: eager staged={eager_info.get('staged')} "
+                      f"registered {registered} -> {verdict}", flush=True)
+            elif problems:
+                print(f"rank {rank} {op} {algo} {count}: " + "; ".join(problems), flush=True)
+    comm.close()
+    staged.close()
+    if rank == 0:
+        print(f"gpu_graph_in_place_check: {world} ranks, {'FAILED' if failures else 'all equal'}", flush=True)
+    dist.destroy_process_group()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One call on a lent 4-GPU machine (no Bazel there) for issue 26 (inputs read where they lie,
+# Lamport in `auto`, the fused op against the split, the comparison users run).
+#   usage: tools/gpu/device_run_zero_copy.sh [phases]   phases (default check,verify,tune,bench,compare4):
+#     check     python/tests/gpu_graph_in_place_check.py on 4 and 2 GPUs (every op and algorithm:
+#               eager, in place, captured before and after register_graph_buffers, new input
+#               values; bits against the staged communicator and the numpy contract)
+#     verify    exactcoll verify --nproc 4 (every op, algorithm and variant against the simulator)
+#     tune      exactcoll tune --ops allreduce up to 1 MiB on 4 and 2 GPUs (lamport_one_shot's rows),
+#               merged into a copy of cuda_backend/tuning/sm90.tsv: $OUT/sm90.tsv
+#     bench     exactcoll bench --op allreduce on 4 GPUs with that table (auto, lamport_one_shot,
+#               push_one_shot, nccl; 1 .. 4096 rows of 8192 bf16)
+#     fused     exactcoll bench --op fused_rmsnorm on 4 and 2 GPUs (H 2880, 4096, 8192) with
+#               --write-table: $OUT/fused_table_N.tsv
+#     compare4 / compare2   python/examples/compare_collectives.py on 4 / 2 GPUs (--quick with QUICK=1)
+#   build first: bazel build //tools:exactcoll //python:wheel; copy bazel-bin/tools/exactcoll,
+#   bazel-bin/python/exactcoll-*.whl and /usr/lib/x86_64-linux-gnu/libpng16.so.16 into .gpubin/.
+# Logs go to $OUT/logs/ as each phase ends; a table is printed last.
+set -uo pipefail
+PHASES=${1:-check,verify,tune,bench,compare4}
+OUT=${OUT:-/tmp/out}
+LOGS=$OUT/logs  # under $OUT: what ran comes back even when the call runs out of time
+mkdir -p "$LOGS"
+RUN_TAIL_LINES=3
+source tools/gpu/device_phases.sh  # has, run, record; the environment and the wheel
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$LOGS/gpus.txt" 2>&1
+B=.gpubin/exactcoll
+if has check; then
+  run graph_check_4 120 torchrun --nproc-per-node 4 python/tests/gpu_graph_in_place_check.py
+  CUDA_VISIBLE_DEVICES=0,1 run graph_check_2 100 torchrun --nproc-per-node 2 python/tests/gpu_graph_in_place_check.py
+fi
+if has verify; then
+  run verify_4 200 $B verify --nproc 4 --max-count "${VERIFY_MAX_COUNT:-262147}"
+fi
+if has tune; then
+  cp cuda_backend/tuning/sm90.tsv "$OUT/sm90.tsv"
+  run tune_4 150 $B tune --nproc 4 --ops allreduce --max-bytes 1048576 --output "$OUT/sm90.tsv" ${TUNE_FLAGS:-}
+  CUDA_VISIBLE_DEVICES=0,1 run tune_2 120 $B tune --nproc 2 --ops allreduce --max-bytes 1048576 \
+    --output "$OUT/sm90.tsv" ${TUNE_FLAGS:-}
+fi
+if has bench; then
+  TABLE=$OUT/sm90.tsv
+  [ -f "$TABLE" ] || TABLE=cuda_backend/tuning/sm90.tsv
+  run bench_4 150 $B bench --nproc 4 --op allreduce --table "$TABLE" --no-eager \
+    --rows "${BENCH_ROWS:-1,2,32,64,256,1024,4096}" --algos auto,lamport_one_shot,push_one_shot,push_two_shot,nccl
+  grep -A 14 "summary" "$LOGS/bench_4.log" | head -20
+fi
+if has fused; then
+  for n in 4 2; do
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) run "fused_$n" 200 $B bench --nproc "$n" --op fused_rmsnorm \
+      --hidden 2880,4096,8192 --rows "${FUSED_ROWS:-1,4,16,64,256}" --no-eager --no-bound \
+      --write-table "$OUT/fused_table_$n.tsv"
+    grep -A 12 "summary" "$LOGS/fused_$n.log" | head -16
+  done
+fi
+quick=()
+[ "${QUICK:-0}" = 1 ] && quick=(--quick)
+for n in 4 2; do
+  if has "compare$n"; then
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) run "compare_$n" "${COMPARE_TIMEOUT:-240}" torchrun \
+      --nproc-per-node "$n" python/examples/compare_collectives.py --out "$LOGS/compare_$n" --child-timeout 120 \
+      "${quick[@]}"
+    [ -f "$LOGS/compare_$n/results.json" ] && cp "$LOGS/compare_$n/results.json" "$OUT/compare_$n.json"
+  fi
+done
+
+echo "== device_run_zero_copy: $(date -u +%FT%TZ), $(nvidia-smi -L | head -1 | cut -c1-40)"
+for n in 4 2; do
+  [ -f "$LOGS/compare_$n.log" ] && sed -n '/^compare_collectives results:/,$p' "$LOGS/compare_$n.log" | head -80
+done
+grep -h "gpu_graph_in_place_check\|FAIL" "$LOGS"/graph_check_*.log 2>/dev/null | head -12
+printf '%s\n' "${rows[@]}"
