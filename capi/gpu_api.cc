@@ -238,6 +238,9 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
       bad_argument(std::string("a communicator folds under the library's contracts on GPUs (") +
                    library_contract_names(kOnGpu) + "), not " + contract_name(contract));
     }
+    if (o.graph_in_place != 0 && o.graph_in_place != 1) {
+      bad_argument("graph_in_place must be 0 or 1, got " + std::to_string(o.graph_in_place));
+    }
     multinode::RankPlace place;
     try {
       place = cuda::node_place(process_environment(), rank, world_size, o.node, o.local_world_size);
@@ -254,9 +257,6 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
     co.use_nccl = o.use_nccl != 0;
     co.programmatic_launch = o.programmatic_launch != 0;
     co.contract = contract;
-    if (o.graph_in_place != 0 && o.graph_in_place != 1) {
-      bad_argument("graph_in_place must be 0 or 1, got " + std::to_string(o.graph_in_place));
-    }
     co.graph_in_place = o.graph_in_place != 0;
     if (place.local_world_size != world_size && (exactcoll::info(contract).runs_on & kOnMultiNode) == 0) {
       // A contract the registry does not mark kOnMultiNode (canonical and tree both run across nodes).

@@ -246,6 +246,11 @@ class Worker:
         if not strict_from_env:
             self.strict_mode(False)
         self.subgroup()
+        # The CPU path has no communicator whose captured inputs need registering: nothing to do,
+        # on every rank alike; a group of another backend is named as such.
+        self.check("register_graph_buffers on the CPU path registers nothing", xt.register_graph_buffers() == 0)
+        self.expect_raises("register_graph_buffers of a gloo group", ValueError, "is not a group of the exactcoll backend",
+                           lambda: xt.register_graph_buffers(group=dist.new_group(backend="gloo")))
         stage(self.rank, "done")
 
 

@@ -126,6 +126,7 @@ class TorchModule(unittest.TestCase):
                  (dict(local_world_size=2 ** 32 + 1), "local_world_size must be 1..2147483647"),
                  (dict(use_nccl="false"), "use_nccl must be True or False, got 'false'"),
                  (dict(programmatic_launch=2), "programmatic_launch must be True or False, got 2"),
+                 (dict(graph_in_place="yes"), "graph_in_place must be True or False, got 'yes'"),
                  (dict(name="a\0b"), "name contains a NUL character"), (dict(name=7), "name must be a string"),
                  (dict(name=""), "name is empty")]
         for options, message in cases:
