@@ -247,6 +247,20 @@ Communicator::~Communicator() {
 
 // ---- registration --------------------------------------------------------------------------------
 
+void Communicator::agree_or_throw(const std::string& what, const std::string& prefix, const std::string& value,
+                                  const std::string& problem,
+                                  const std::function<std::string(int, const std::string&)>& mismatch) {
+  store_.set(key(prefix + std::to_string(rank_)), value + " " + problem);
+  for (int p = 0; p < world_size_; ++p) {
+    const std::string theirs = store_.get(key(prefix + std::to_string(p)), options_.store_timeout);
+    const size_t space = theirs.find(' ');
+    const std::string their_value = theirs.substr(0, space);
+    const std::string their_problem = space == std::string::npos ? "" : theirs.substr(space + 1);
+    if (!their_problem.empty()) throw CollectiveError(what + ": rank " + std::to_string(p) + ": " + their_problem);
+    if (their_value != value) throw CollectiveError(what + ": " + mismatch(p, their_value));
+  }
+}
+
 RegisteredBuffer Communicator::register_buffer(const void* ptr, size_t bytes) {
   const int id = static_cast<int>(registrations_.size());
   Registration reg;
@@ -273,23 +287,11 @@ RegisteredBuffer Communicator::register_buffer(const void* ptr, size_t bytes) {
                 " (memory from cudaMallocAsync pools or VMM cannot be exported this way)";
     }
     // 2. Every rank reads every rank's verdict and size, so all fail together or none does.
-    const std::string prefix = "reg/" + std::to_string(id) + "/";
-    store_.set(key(prefix + std::to_string(rank_)), std::to_string(bytes) + " " + problem);
-    for (int p = 0; p < world_size_; ++p) {
-      const std::string theirs = store_.get(key(prefix + std::to_string(p)), options_.store_timeout);
-      const size_t space = theirs.find(' ');
-      const std::string their_bytes = theirs.substr(0, space);
-      const std::string their_problem = space == std::string::npos ? "" : theirs.substr(space + 1);
-      if (!their_problem.empty()) {
-        throw CollectiveError("register_buffer #" + std::to_string(id) + ": rank " + std::to_string(p) + ": " +
-                              their_problem);
-      }
-      if (their_bytes != std::to_string(bytes)) {
-        throw CollectiveError("register_buffer #" + std::to_string(id) + ": rank " + std::to_string(p) +
-                              " registered " + their_bytes + " bytes, rank " + std::to_string(rank_) + " " +
-                              std::to_string(bytes));
-      }
-    }
+    agree_or_throw("register_buffer #" + std::to_string(id), "reg/" + std::to_string(id) + "/", std::to_string(bytes),
+                   problem, [&](int p, const std::string& theirs) {
+                     return "rank " + std::to_string(p) + " registered " + theirs + " bytes, rank " +
+                            std::to_string(rank_) + " " + std::to_string(bytes);
+                   });
     // 3. The handle exchange (opens only what is new, same decision on every rank, barrier).
     const ExportedBuffer mine{std::string(reinterpret_cast<const char*>(&handle), sizeof handle), base, size,
                               reinterpret_cast<CUdeviceptr>(ptr) - base};
@@ -333,23 +335,13 @@ size_t Communicator::register_graph_buffers() {
     mine.push_back(ExportedBuffer{handles[base], base, size, reinterpret_cast<CUdeviceptr>(input) - base});
   }
   // 2. Every rank reads every rank's count and verdict, so all fail together or none does.
-  const std::string prefix = "graph/" + std::to_string(round) + "/";
   const size_t count = graph_pending_.size();
-  store_.set(key(prefix + std::to_string(rank_)), std::to_string(count) + " " + problem);
-  for (int p = 0; p < world_size_; ++p) {
-    const std::string theirs = store_.get(key(prefix + std::to_string(p)), options_.store_timeout);
-    const size_t space = theirs.find(' ');
-    const std::string their_count = theirs.substr(0, space);
-    const std::string their_problem = space == std::string::npos ? "" : theirs.substr(space + 1);
-    if (!their_problem.empty()) {
-      throw CollectiveError("register_graph_buffers: rank " + std::to_string(p) + ": " + their_problem);
-    }
-    if (their_count != std::to_string(count)) {
-      throw CollectiveError("register_graph_buffers: rank " + std::to_string(p) + " captured " + their_count +
-                            " launches in place since the last registration, rank " + std::to_string(rank_) + " " +
-                            std::to_string(count) + " (every rank must capture the same collectives)");
-    }
-  }
+  agree_or_throw("register_graph_buffers", "graph/" + std::to_string(round) + "/", std::to_string(count), problem,
+                 [&](int p, const std::string& theirs) {
+                   return "rank " + std::to_string(p) + " captured " + theirs +
+                          " launches in place since the last registration, rank " + std::to_string(rank_) + " " +
+                          std::to_string(count) + " (every rank must capture the same collectives)";
+                 });
   if (count == 0) return 0;
   // 3. One exchange (opens only allocations not opened before), then the rows.
   const auto peers = exchange_->exchange(mine);

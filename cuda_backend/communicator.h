@@ -45,6 +45,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -237,6 +238,12 @@ class Communicator {
   // Reduce-scatter of a staged input larger than the staging buffer, in chunks with the bits of
   // one call (communicator.cc says how).
   CallInfo run_chunked_reduce_scatter(const Call& call);
+  // Collective: every rank publishes `value` and its `problem` ("" when none) under the store key
+  // prefix and reads every rank's, so that all fail together or none does. Throws CollectiveError
+  // "<what>: rank P: <problem>" for the first rank with a problem, or "<what>: <mismatch(P, its
+  // value)>" for the first whose value differs from this rank's. Values contain no space.
+  void agree_or_throw(const std::string& what, const std::string& prefix, const std::string& value,
+                      const std::string& problem, const std::function<std::string(int, const std::string&)>& mismatch);
   KernelArgs base_args() const;
   void launch(DType dtype, KernelKind kind, const KernelArgs& args, LaunchConfig grid, cudaStream_t stream);
   void require_usable() const;
