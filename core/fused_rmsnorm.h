@@ -375,6 +375,21 @@ EXC_HD void fused_rmsnorm_push_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>& ar
       });
 }
 
+// Returns the rows lamport_one_stage's block folds, given its push share `push` (block_share of
+// [0, rows * H) over the grid): the rows whose last pack lies in the share, [pack_begin / H,
+// pack_end / H). H is a multiple of the pack, so the row ending in a share is the row r with
+// pack_begin < (r + 1) H <= pack_end. The shares cover [0, rows * H) in order, so every row goes to
+// exactly one block, and every element of block b's rows lies at or before the end of its own
+// share: it was pushed by blocks 0..b of the peers. With one block per row (the grid of rows
+// blocks) these are fused_block_rows' rows; with more blocks than rows the last blocks of each
+// row's span fold it and the others only push.
+EXC_HD inline RowRange lamport_block_rows(const BlockShare& push, size_t hidden) {
+  RowRange r;
+  r.begin = static_cast<int>(push.pack_begin / hidden);
+  r.end = static_cast<int>(push.pack_end / hidden);
+  return r;
+}
+
 // lamport_one_stage: the fused op over allreduce_lamport_one_shot's protocol (core/lamport.h): no
 // barrier, no flag; the call counter, the buffers, the extents and the sentinel are the Lamport
 // all-reduce's, so Lamport calls of both kinds may follow each other. Same bits as one_stage: every
@@ -382,15 +397,33 @@ EXC_HD void fused_rmsnorm_push_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>& ar
 // canonical (numerics.md §9), then fused_row's residual add and canonical RMSNorm.
 // Additional preconditions: lamport_fits(rows * H, sizeof(T), n, ctx.lamport_bytes()); the region
 // was filled with 0xFF once, before any Lamport call.
-// Steps (per block, on its rows: fused_block_rows of all rows, the rows block b of every rank folds):
+// Steps (per block):
 //   1. the Lamport call (begin_lamport_call): buffer b = k mod 3, previous = (k - 1) mod 3;
-//   2. push this block's rows of x, NaNs made canonical, into slot (b, rank) of every peer's region;
-//   3. clear this block's share of the previous call's extent of this rank's own buffer `previous`;
-//   4. for each row: fused_row_from with the Lamport operands (own x, own slots (b, p) polled until
-//      no element is the sentinel), into residual_out and out;
+//   2. push this block's share of the whole message (block_share of [0, rows * H) over all blocks
+//      of the grid, as allreduce_lamport_one_shot's push), NaNs made canonical, into slot (b, rank)
+//      of every peer's region: at 1 row every block of the grid pushes a part of the row, instead
+//      of the one block that folds it storing all n - 1 copies from one multiprocessor;
+//   3. clear this block's share of the previous call's extent of this rank's own buffer `previous`
+//      (lamport_clear_previous: already a share over all blocks);
+//   4. for each of this block's rows (lamport_block_rows: the rows that end in its push share):
+//      fused_row_from with the Lamport operands (own x, own slots (b, p) polled until no element is
+//      the sentinel), into residual_out and out;
 //   5. record the extent and advance the call number (end_lamport_call).
-// Why it needs no barrier and three buffers: allreduce_lamport_one_shot's (a) to (d), unchanged
-// (this rank reads only its own region and its own x, residual and weight; peers read nothing of it).
+// Why it needs no barrier and three buffers: allreduce_lamport_one_shot's (a) to (d), unchanged.
+// They argue per rank, never per block: this rank reads only its own region and its own x,
+// residual and weight (peers read nothing of it); the buffer a call clears was read only by the
+// previous call's kernel, which finished (all its blocks) before this one began, whichever block
+// polled which part of it; and a peer writes that buffer again only in call k + 2, after its call
+// k + 1 polled all of this rank's call k + 1 push (every row of it is polled by some block), which
+// this rank issues only after its call k kernel, every block's clear included, finished. The call
+// number and the extents are per rank too: every block reads the same call number and writes the
+// same extent (end_lamport_call).
+// Progress: block b polls only data that blocks 0..b of the peers push (lamport_block_rows), and
+// every block pushes before it polls, so a block never waits for a later block of any rank: the
+// order the simulator's threads scheduler runs a rank's blocks in, and the same requirement as
+// the barrier algorithms' (block b waits for the peers' block b). No new precondition on the grid
+// (pushing by fused_block_rows' rows while folding by the shares, or the other way round, would
+// make block 0 wait for the peers' later blocks).
 template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
 EXC_HD void fused_rmsnorm_lamport_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
   constexpr int P = Storage<T>::kPack;
@@ -401,24 +434,25 @@ EXC_HD void fused_rmsnorm_lamport_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>&
   const int me = ctx.rank();
   // 1. The call.
   const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);
-  const RowRange mine = fused_block_rows(RowRange{0, args.rows}, ctx.block(), ctx.num_blocks());
-  const BlockShare share = block_share(mine.begin * H, mine.end * H, P, 0, 1);
+  const BlockShare push = block_share(0, count, P, ctx.block(), ctx.num_blocks());
+  const RowRange mine = lamport_block_rows(push, H);
+  const BlockShare rows = block_share(mine.begin * H, mine.end * H, P, 0, 1);
   const T* x = ctx.input(me);
-  // 2. Push this block's rows.
-  lamport_push<T, kRanks, Protocol>(ctx, "push_rows", c, share, x, count);
+  // 2. Push this block's share of the message (every block of the grid, whatever its rows).
+  lamport_push<T, kRanks, Protocol>(ctx, "push", c, push, x, count);
   // 3. Clear the previous call's buffer.
   lamport_clear_previous<T, kRanks, Protocol>(ctx, c);
-  // 4. The rows, from the polled operands.
+  // 4. This block's rows, from the polled operands.
   if constexpr (Ctx::kTraceSteps) {
     ctx.trace_step_begin("fused_rows");
     for (int r = 0; r < ctx.world_size(); ++r) {
       if (r == me) {
-        trace_share(ctx, share, Access::kRead, me, Buffer::kInput);
+        trace_share(ctx, rows, Access::kRead, me, Buffer::kInput);
       } else {
-        trace_share(ctx, share, Access::kRead, me, Buffer::kLamport, lamport_slot_offset(c, c.buffer, r));
+        trace_share(ctx, rows, Access::kRead, me, Buffer::kLamport, lamport_slot_offset(c, c.buffer, r));
       }
     }
-    trace_share(ctx, share, Access::kWrite, me, Buffer::kOutput);
+    trace_share(ctx, rows, Access::kWrite, me, Buffer::kOutput);
     ctx.trace_step_end();
   }
   const auto pack_of = lamport_pack_source(ctx, c, x, count);

@@ -178,13 +178,13 @@ void ThreadsScheduler::lamport_wait(const BlockEnv& env, const void* word, int b
     }
     if (stall.no_live_rank_can_move()) {
       throw stalled(where(env, world_) + " polls " + lamport_poll_text(at, peer) + " (still the sentinel)",
-                    "rank " + std::to_string(peer) + " block " + std::to_string(env.block) + " never wrote it");
+                    "rank " + std::to_string(peer) + " never wrote it");
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       throw SimError(SimFailure::kTimeout, where(env, world_) + " polled " + lamport_poll_text(at, peer) + " for " +
                                                std::to_string(timeout_.count()) +
                                                " ms: it still holds the sentinel; rank " + std::to_string(peer) +
-                                               " block " + std::to_string(env.block) + " never wrote it");
+                                               " never wrote it");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

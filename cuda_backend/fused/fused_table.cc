@@ -44,7 +44,16 @@ LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType
   const int n = std::max(1, world_size);
   const bool all_rows = info(algo).rows_per_block_all;
   const int per_block_rows = all_rows ? rows : (rows + n - 1) / n;
-  g.blocks = std::clamp(per_block_rows, 1, kMaxBlocks);
+  int blocks = per_block_rows;
+  if (algo == FusedAlgorithm::kLamportOneStage) {
+    // Every block pushes a share of the whole message (core/fused_rmsnorm.h): enough blocks that
+    // each stores at most kLamportPushBytesPerBlock of x into every peer, even at 1 row.
+    const uint64_t bytes = static_cast<uint64_t>(std::max(rows, 0)) * static_cast<uint64_t>(hidden) * dtype_size(dtype);
+    const uint64_t push_blocks = (bytes + kLamportPushBytesPerBlock - 1) / kLamportPushBytesPerBlock;
+    blocks = static_cast<int>(std::max<uint64_t>(static_cast<uint64_t>(std::max(blocks, 0)),
+                                                 std::min<uint64_t>(push_blocks, kMaxBlocks)));
+  }
+  g.blocks = std::clamp(blocks, 1, kMaxBlocks);
   return g;
 }
 

@@ -65,10 +65,19 @@ struct FusedChoice {
   bool from_table = false;  // false: the built-in heuristic decided the algorithm
 };
 
+// lamport_one_stage's default grid has at least one block per this many bytes of x (each block
+// pushes its share of x into every peer): 8 blocks at 1 row of bf16 H 8192 (16 KiB; it had 1).
+// push_one_shot's tuned grids (tuning/sm90.tsv, 4 GPUs) push 2 to 4 KiB a block from 16 to 256
+// KiB; the smaller end is taken, as the Lamport kernel's single polling block waits for the
+// slowest pusher. Not measured yet: a fused table row's grid overrides it for its problem.
+inline constexpr uint64_t kLamportPushBytesPerBlock = 2048;
+
 // The grid the fused kernels use for a problem: threads = the RMSNorm tree's lanes (32 *
 // ceil(min(H / pack, 1024) / 32), at least 64), so that in the common case each thread owns its
 // lanes' packs; blocks = one per row of the block's rows (one_stage, one_stage_reg,
-// push_one_stage: rows; two-stage kinds: a rank's slice, ceil(rows / n)), at most kMaxBlocks.
+// push_one_stage: rows; two-stage kinds: a rank's slice, ceil(rows / n)); lamport_one_stage: the
+// larger of rows and ceil(rows * H * element bytes / kLamportPushBytesPerBlock) (its push is spread
+// over the whole grid, its rows go to the blocks whose push share they end in); at most kMaxBlocks.
 LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType dtype, int world_size);
 
 // The grid of the separate residual + RMSNorm kernel (no barriers: one block per row, up to 8192).

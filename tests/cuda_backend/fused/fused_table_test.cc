@@ -74,6 +74,16 @@ TEST(FusedTable, HeuristicAndDefaultGrids) {
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kPushOneStage, 9, 8192, DType::kBF16, 4).blocks, 9);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kPushOneStage, 9, 8192, DType::kBF16, 4).threads, 1024);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kPushOneStage, 4096, 4096, DType::kBF16, 2).blocks, kMaxBlocks);
+  // lamport_one_stage: at least one block per kLamportPushBytesPerBlock (2 KiB) of x, since every
+  // block pushes a share of the whole message; rows where that is more; at most kMaxBlocks.
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 8192, DType::kBF16, 4).blocks, 8);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 8192, DType::kBF16, 4).threads, 1024);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 4096, DType::kBF16, 2).blocks, 4);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 2, 8192, DType::kBF16, 4).blocks, 16);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 16, 8192, DType::kBF16, 4).blocks, kMaxBlocks);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 3, 64, DType::kBF16, 4).blocks, 3);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 8, DType::kBF16, 4).blocks, 1);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 4096, 8192, DType::kBF16, 4).blocks, kMaxBlocks);
   EXPECT_EQ(residual_rmsnorm_grid(100000, 8192, DType::kBF16).blocks, 8192);
 }
 
