@@ -175,11 +175,17 @@ EXC_HD void fused_row_from(Ctx& ctx, const contract::RmsNormTree& tree, PackOf p
                            T* copy_out) {
   constexpr int P = Storage<T>::kPack;
   const int np = tree.num_packs;
+  // The weight of this thread's first pack, loaded now so that its latency overlaps the fold and
+  // the row's sum of squares instead of following them (the loads below likewise come before the
+  // fold's operands, which may be polled). Only where loads come from; no bit changes.
+  const int first = ctx.thread();
+  Pack<T> first_weight{};
+  if (first < np) first_weight = ctx.load(reinterpret_cast<const Pack<T>*>(weight + static_cast<size_t>(first) * P));
   for (int p = ctx.thread(); p < np; p += ctx.num_threads()) {
     const size_t j = static_cast<size_t>(p) * P;
     const size_t i = row_begin + j;
-    const Pack<T> s = fold_pack_from<T, kRanks>(ctx, i, [&](int r) { return pack_of(i, r); });
     const Pack<T> res = ctx.load(reinterpret_cast<const Pack<T>*>(residual + j));
+    const Pack<T> s = fold_pack_from<T, kRanks>(ctx, i, [&](int r) { return pack_of(i, r); });
     Pack<T> ro;
     for (int e = 0; e < P; ++e) ro.v[e] = contract::residual_add<T>(s.v[e], res.v[e]);
     ctx.store(reinterpret_cast<Pack<T>*>(residual_out + j), ro);
@@ -192,7 +198,7 @@ EXC_HD void fused_row_from(Ctx& ctx, const contract::RmsNormTree& tree, PackOf p
   for (int p = ctx.thread(); p < np; p += ctx.num_threads()) {
     const size_t j = static_cast<size_t>(p) * P;
     const Pack<T> v = ctx.load(reinterpret_cast<const Pack<T>*>(residual_out + j));
-    const Pack<T> w = ctx.load(reinterpret_cast<const Pack<T>*>(weight + j));
+    const Pack<T> w = p == first ? first_weight : ctx.load(reinterpret_cast<const Pack<T>*>(weight + j));
     Pack<T> y;
     for (int e = 0; e < P; ++e) y.v[e] = contract::rmsnorm_scale<T>(to_float(v.v[e]), inv, w.v[e]);
     ctx.store(reinterpret_cast<Pack<T>*>(out + j), y);

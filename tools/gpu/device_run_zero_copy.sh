@@ -12,6 +12,7 @@
 #               push_one_shot, nccl; 1 .. 4096 rows of 8192 bf16)
 #     fused     exactcoll bench --op fused_rmsnorm on 4 and 2 GPUs (H 2880, 4096, 8192) with
 #               --write-table: $OUT/fused_table_N.tsv
+#     sweep     lamport_one_stage at 1 row of H 8192 on 4 GPUs by grid (1..32 blocks), and lamport_one_shot
 #     compare4 / compare2   python/examples/compare_collectives.py on 4 / 2 GPUs (--quick with QUICK=1)
 #   build first: bazel build //tools:exactcoll //python:wheel; copy bazel-bin/tools/exactcoll,
 #   bazel-bin/python/exactcoll-*.whl and /usr/lib/x86_64-linux-gnu/libpng16.so.16 into .gpubin/.
@@ -49,10 +50,20 @@ fi
 if has fused; then
   for n in 4 2; do
     CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) run "fused_$n" 200 $B bench --nproc "$n" --op fused_rmsnorm \
-      --hidden 2880,4096,8192 --rows "${FUSED_ROWS:-1,4,16,64,256}" --no-eager --no-bound \
+      --hidden 2880,4096,8192 --rows "${FUSED_ROWS:-1,16,64,256,512}" --no-eager --no-bound \
       --write-table "$OUT/fused_table_$n.tsv"
     grep -A 12 "summary" "$LOGS/fused_$n.log" | head -16
   done
+fi
+if has sweep; then
+  # lamport_one_stage at 1 row of H 8192 on 4 GPUs by grid (a one-row fused table per grid; 1 block
+  # is the split of rows before its push was spread over the grid), beside the plain Lamport all-reduce.
+  for blocks in 1 2 4 8 16 32; do
+    printf 'sm90\t4\t16384\t1\tlamport_one_stage\t%d\t1024\t1\n' "$blocks" > "$LOGS/lamp_$blocks.tsv"
+    EXACTCOLL_FUSED_TABLE=$LOGS/lamp_$blocks.tsv run "sweep_$blocks" 60 $B bench --nproc 4 --op fused_rmsnorm \
+      --hidden 8192 --rows 1 --algos auto,unfused --no-eager --no-bound
+  done
+  run sweep_allreduce 60 $B bench --nproc 4 --op allreduce --rows 1 --algos auto,lamport_one_shot --no-eager --no-bound
 fi
 quick=()
 [ "${QUICK:-0}" = 1 ] && quick=(--quick)
