@@ -30,7 +30,7 @@ DispatchTable::DispatchTable(std::vector<TableRow> rows) : rows_(std::move(rows)
 
 DispatchTable DispatchTable::parse(const std::string& text, const std::string& name) {
   std::vector<TableRow> rows;
-  for_each_tsv_row<TableError>(text, name, 8, [&](const TsvLine& line) {
+  for_each_measured_row<TableError>(text, name, 9, [&](const TsvLine& line, const std::string& measured_on) {
     const std::vector<std::string>& fields = line.fields;
     auto bad = [&](const std::string& what) { return TableError(line.error(what)); };
     TableRow row;
@@ -60,6 +60,7 @@ DispatchTable DispatchTable::parse(const std::string& text, const std::string& n
     const auto time_us = parse_double_field(fields[7]);
     if (!time_us || !(*time_us > 0)) throw bad("time_us must be a positive number");
     row.time_us = *time_us;
+    row.measured_on = measured_on;
     rows.push_back(row);
   });
   return DispatchTable(std::move(rows));
@@ -172,11 +173,12 @@ Choice DispatchTable::choose_allreduce_auto(const std::string& arch, int world_s
 
 std::string DispatchTable::to_text(const std::vector<std::string>& header_comments) const {
   std::ostringstream os;
-  for (const auto& c : header_comments) os << "# " << c << "\n";
-  os << "# arch\tworld_size\top\tbytes\talgo\tblocks\tthreads\ttime_us\n";
+  write_tsv_header(os, header_comments,
+                   {"arch", "world_size", "op", "bytes", "algo", "blocks", "threads", "time_us", kMeasuredOnColumn});
   for (const auto& r : rows_) {
     os << r.arch << '\t' << r.world_size << '\t' << op_name(r.op) << '\t' << r.bytes << '\t' << algorithm_name(r.algo)
-       << '\t' << r.grid.blocks << '\t' << r.grid.threads << '\t' << format_time_us(r.time_us) << "\n";
+       << '\t' << r.grid.blocks << '\t' << r.grid.threads << '\t' << format_time_us(r.time_us);
+    end_measured_row(os, r.measured_on);
   }
   return os.str();
 }

@@ -3,8 +3,10 @@
 // compiled into the binary, and replaceable at run time (--table FILE, or EXACTCOLL_TABLE).
 //
 // File format: tab-separated, '#' starts a comment line. Columns:
-//   arch  world_size  op  bytes  algo  blocks  threads  time_us
-//   sm90  2           allreduce  524288  one_shot  32  512  5.10
+//   arch  world_size  op  bytes  algo  blocks  threads  time_us  measured_on
+//   sm90  2           allreduce  524288  one_shot  32  512  5.10  nvidia-h100-x4 2026-11-27
+// measured_on (cuda_backend/tsv.h) is free text without tabs naming the machine and UTC date of
+// the measurement; optional: a row of the first 8 fields has none (older tables, users' files).
 // `bytes` is the per-rank input size in bytes of the measured message; a lookup for b bytes uses
 // the rows of the smallest measured size >= b (the largest size when b is beyond every row).
 // Every algorithm of the IPC path gives the contract's bits, so `auto` may pick any of them;
@@ -55,6 +57,7 @@ struct TableRow {
   Algorithm algo = Algorithm::kOneShot;
   LaunchConfig grid;
   double time_us = 0;
+  std::string measured_on;  // "nvidia-h100-x4 2026-11-27"; "" when the row does not say
 };
 
 // An algorithm with its grid.
@@ -98,7 +101,8 @@ class DispatchTable {
   // two_shot above; 512 threads; one block per 512 packs of work, at most kMaxBlocks.
   static Choice default_choice(int world_size, Op op, uint64_t bytes, Algorithm requested);
 
-  // Returns the table in the file format (header comment lines first).
+  // Returns the table in the file format (header comment lines first). Throws
+  // std::invalid_argument when a row's measured_on holds a tab or a line break.
   std::string to_text(const std::vector<std::string>& header_comments) const;
 
   const std::vector<TableRow>& rows() const { return rows_; }

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace exactcoll::cuda {
 namespace {
@@ -79,10 +81,42 @@ TEST(DispatchTable, RoundTripsThroughText) {
   ASSERT_EQ(again.rows().size(), t.rows().size());
   for (size_t i = 0; i < t.rows().size(); ++i) {
     EXPECT_EQ(again.rows()[i].bytes, t.rows()[i].bytes);
+    EXPECT_EQ(again.rows()[i].measured_on, "");
     EXPECT_EQ(again.rows()[i].algo, t.rows()[i].algo);
     EXPECT_EQ(again.rows()[i].grid.blocks, t.rows()[i].grid.blocks);
     EXPECT_DOUBLE_EQ(again.rows()[i].time_us, t.rows()[i].time_us);
   }
+}
+
+// measured_on, the optional 9th column: rows of 8 fields (older tables, users' files) have none;
+// to_text writes it back, and the column's name in the header line.
+TEST(DispatchTable, MeasuredOnIsAnOptionalNinthColumn) {
+  const DispatchTable t = DispatchTable::parse(
+      "sm90\t2\tallreduce\t1024\tone_shot\t2\t512\t5.00\n"
+      "sm90\t2\tallreduce\t1024\ttwo_shot\t4\t256\t6.00\tnvidia-h100-x4 2026-11-27\n"
+      "sm90\t2\tallreduce\t1024\tpush_one_shot\t1\t256\t4.00\tnvidia-h200-x4 2026-11-21\n",
+      "m.tsv");
+  ASSERT_EQ(t.rows().size(), 3u);
+  EXPECT_EQ(t.rows()[0].measured_on, "");
+  EXPECT_EQ(t.rows()[1].measured_on, "nvidia-h100-x4 2026-11-27");
+  EXPECT_EQ(t.rows()[2].measured_on, "nvidia-h200-x4 2026-11-21");
+  // measured_on says where a row came from; auto still takes the fastest row.
+  EXPECT_EQ(t.choose("sm90", 2, Op::kAllReduce, 1024, Algorithm::kAuto).algo, Algorithm::kPushOneShot);
+  const std::string text = t.to_text({"header line"});
+  EXPECT_NE(text.find("# arch\tworld_size\top\tbytes\talgo\tblocks\tthreads\ttime_us\tmeasured_on\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("sm90\t2\tallreduce\t1024\tone_shot\t2\t512\t5.00\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("sm90\t2\tallreduce\t1024\ttwo_shot\t4\t256\t6.00\tnvidia-h100-x4 2026-11-27\n"),
+            std::string::npos)
+      << text;
+  const DispatchTable again = DispatchTable::parse(text, "again");
+  ASSERT_EQ(again.rows().size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again.rows()[i].measured_on, t.rows()[i].measured_on);
+  // to_text refuses what would not read back as one field.
+  std::vector<TableRow> rows = t.rows();
+  rows[0].measured_on = "nvidia-h100-x4\t2026-11-27";
+  EXPECT_THROW(DispatchTable(rows).to_text({}), std::invalid_argument);
 }
 
 TEST(DispatchTable, NamesTheLineAndProblemOfMalformedInput) {
@@ -91,7 +125,12 @@ TEST(DispatchTable, NamesTheLineAndProblemOfMalformedInput) {
     const char* message;
   };
   const Case cases[] = {
-      {"sm90\t2\tallreduce\t1024\tone_shot\t2\t512\n", "expected 8 tab-separated fields, got 7"},
+      {"sm90\t2\tallreduce\t1024\tone_shot\t2\t512\n", "expected 8 or 9 tab-separated fields, got 7"},
+      {"sm90\t2\tallreduce\t1024\tone_shot\t2\t512\t1\tnvidia-h100-x4 2026-11-27\textra\n",
+       "expected 8 or 9 tab-separated fields, got 10"},
+      // A tab inside measured_on splits it: one field too many.
+      {"sm90\t2\tallreduce\t1024\tone_shot\t2\t512\t1\tnvidia-h100-x4\t2026-11-27\n",
+       "expected 8 or 9 tab-separated fields, got 10"},
       {"sm90\t0\tallreduce\t1024\tone_shot\t2\t512\t1\n", "world_size must be 1..16"},
       {"sm90\t2\tbroadcast\t1024\tone_shot\t2\t512\t1\n", "unknown op 'broadcast'"},
       {"sm90\t2\tallreduce\t0\tone_shot\t2\t512\t1\n", "bytes must be a positive whole number"},
