@@ -8,8 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "core/lamport.h"
+
 namespace exactcoll::cuda {
 namespace {
+
+// A default communicator's Lamport region on 2 and 4 ranks (lamport_message_bytes 1 MiB: one slot
+// of 1 MiB per rank and buffer).
+const uint64_t kLamport2 = exactcoll::lamport_region_bytes(size_t{1} << 20, 1, 2);
+const uint64_t kLamport4 = exactcoll::lamport_region_bytes(size_t{1} << 20, 1, 4);
 
 const char* kTable =
     "# a comment\n"
@@ -254,16 +261,16 @@ TEST(DispatchTable, AutoPricesAPushAlgorithmThatDoesNotFitAsItsChunks) {
   EXPECT_EQ(push_chunk_elements(2, 4, 1000), 64u);  // never below 64 elements
   EXPECT_EQ(push_chunk_elements(2, 3, 100000), 100000u / 2 / 6 / 64 * 64);
   // Fits: the table's choice as measured.
-  Choice c = t.choose_allreduce_auto("sm90", 4, 16 * mib, 2, 512 * mib);
+  Choice c = t.choose_allreduce_auto("sm90", 4, 16 * mib, 2, 512 * mib, kLamport4);
   EXPECT_EQ(c.algo, Algorithm::kPushTwoShot);
   EXPECT_EQ(c.grid.threads, 512);
   // 32 MiB on 128 MiB: 2 x 80.5 = 161 us beats two_shot's 166; the 16 MiB row's grid.
-  c = t.choose_allreduce_auto("sm90", 4, 16 * mib, 2, 128 * mib);
+  c = t.choose_allreduce_auto("sm90", 4, 16 * mib, 2, 128 * mib, kLamport4);
   EXPECT_EQ(c.algo, Algorithm::kPushTwoShot);
   EXPECT_EQ(c.grid.blocks, 128);
   EXPECT_EQ(c.grid.threads, 256);
   // 64 MiB on 128 MiB: 4 x 80.5 = 322 us loses to two_shot's 318.
-  c = t.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 128 * mib);
+  c = t.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 128 * mib, kLamport4);
   EXPECT_EQ(c.algo, Algorithm::kTwoShot);
   EXPECT_EQ(c.grid.blocks, 128);
   EXPECT_EQ(c.grid.threads, 256);
@@ -274,16 +281,52 @@ TEST(DispatchTable, AutoPricesAPushAlgorithmThatDoesNotFitAsItsChunks) {
       "sm90\t4\tallreduce\t16777216\tone_shot\t64\t512\t160.0\n"
       "sm90\t4\tallreduce\t67108864\tpush_two_shot\t128\t512\t303.3\n",
       "gaps.tsv");
-  c = gaps.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 512 * mib);
+  c = gaps.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 512 * mib, kLamport4);
   EXPECT_EQ(c.algo, Algorithm::kPushTwoShot);  // fits 512 MiB: as measured
-  c = gaps.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 128 * mib);
+  c = gaps.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 128 * mib, kLamport4);
   EXPECT_EQ(c.algo, Algorithm::kTwoShot);
   EXPECT_FALSE(c.from_table);  // no two_shot row either: the heuristic's grid
   // Without rows for the world size: the heuristic, never a push algorithm.
-  c = t.choose_allreduce_auto("sm90", 2, 32 * mib, 2, 128 * mib);
+  c = t.choose_allreduce_auto("sm90", 2, 32 * mib, 2, 128 * mib, kLamport2);
   EXPECT_FALSE(c.from_table);
   EXPECT_NE(c.algo, Algorithm::kPushOneShot);
   EXPECT_NE(c.algo, Algorithm::kPushTwoShot);
+}
+
+// lamport_one_shot runs in one launch only where the message fits one slot of the communicator's
+// Lamport region (tune measures it only there); auto takes it only there and prices the other
+// algorithms where it does not. Numbers from the 4-GPU run of 2026-11-27.
+TEST(DispatchTable, AutoTakesLamportOnlyWhereTheMessageFitsOneLamportSlot) {
+  const DispatchTable t = DispatchTable::parse(
+      "sm90\t4\tallreduce\t16384\tone_shot\t4\t256\t8.24\n"
+      "sm90\t4\tallreduce\t16384\tpush_one_shot\t4\t256\t5.22\n"
+      "sm90\t4\tallreduce\t16384\tlamport_one_shot\t4\t256\t4.60\n",
+      "lamport_slot.tsv");
+  const uint64_t count = 8192;  // 16 KiB of bf16
+  // A default communicator (1 MiB slots): as measured.
+  Choice c = t.choose_allreduce_auto("sm90", 4, count, 2, 128 << 20, kLamport4);
+  EXPECT_EQ(c.algo, Algorithm::kLamportOneShot);
+  EXPECT_EQ(c.grid.blocks, 4);
+  // A slot of exactly 16 KiB still holds it; 16 bytes less does not: push_one_shot, its grid.
+  c = t.choose_allreduce_auto("sm90", 4, count, 2, 128 << 20, exactcoll::lamport_region_bytes(16384, 1, 4));
+  EXPECT_EQ(c.algo, Algorithm::kLamportOneShot);
+  c = t.choose_allreduce_auto("sm90", 4, count, 2, 128 << 20, exactcoll::lamport_region_bytes(16384 - 16, 1, 4));
+  EXPECT_EQ(c.algo, Algorithm::kPushOneShot);
+  EXPECT_EQ(c.grid.blocks, 4);
+  EXPECT_TRUE(c.from_table);
+  // No Lamport region and a scratch of 4 KiB (push in 32 chunks of 256 elements, 32 x 5.22 us):
+  // one_shot.
+  c = t.choose_allreduce_auto("sm90", 4, count, 2, 4096, 0);
+  EXPECT_EQ(c.algo, Algorithm::kOneShot);
+  // A table with only lamport rows there: one_shot in its place (the heuristic's grid).
+  const DispatchTable only =
+      DispatchTable::parse("sm90\t4\tallreduce\t16384\tlamport_one_shot\t4\t256\t4.60\n", "l.tsv");
+  EXPECT_EQ(only.choose_allreduce_auto("sm90", 4, count, 2, 128 << 20, kLamport4).algo, Algorithm::kLamportOneShot);
+  c = only.choose_allreduce_auto("sm90", 4, count, 2, 128 << 20, 0);
+  EXPECT_EQ(c.algo, Algorithm::kOneShot);
+  EXPECT_FALSE(c.from_table);
+  // choose (a named algorithm, or auto with no communicator in view) is not limited.
+  EXPECT_EQ(t.choose("sm90", 4, Op::kAllReduce, 16384, Algorithm::kAuto).algo, Algorithm::kLamportOneShot);
 }
 
 TEST(DispatchTable, EmbeddedTableParses) {
