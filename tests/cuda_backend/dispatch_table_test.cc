@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/lamport.h"
+#include "cuda_backend/communicator_options.h"
 
 namespace exactcoll::cuda {
 namespace {
@@ -213,9 +214,9 @@ TEST(DispatchTable, PushTwoShotRowsParseAndAutoPicksThemWhereFastest) {
   }
 }
 
-// lamport_one_shot is an IPC algorithm of allreduce only: a table can name it, auto takes it where
-// its row is fastest, and the embedded table has no rows for it yet (not measured on GPUs).
-TEST(DispatchTable, LamportRowsParseAndTheEmbeddedTableHasNoneYet) {
+// lamport_one_shot is an IPC algorithm of allreduce only: a table can name it, and auto takes it
+// where its row is fastest.
+TEST(DispatchTable, LamportRowsParseAndAutoPicksThemWhereFastest) {
   const DispatchTable t = DispatchTable::parse(
       "sm90\t2\tallreduce\t16384\tone_shot\t2\t256\t5.0\n"
       "sm90\t2\tallreduce\t16384\tlamport_one_shot\t4\t512\t2.9\n"
@@ -237,7 +238,6 @@ TEST(DispatchTable, LamportRowsParseAndTheEmbeddedTableHasNoneYet) {
   } catch (const TableError& e) {
     EXPECT_NE(std::string(e.what()).find("not an IPC algorithm of allgather"), std::string::npos) << e.what();
   }
-  for (const TableRow& row : DispatchTable::embedded().rows()) EXPECT_NE(row.algo, Algorithm::kLamportOneShot);
 }
 
 // A push algorithm whose 2 x n slots do not fit the scratch runs in chunks; auto prices it as those
@@ -330,12 +330,81 @@ TEST(DispatchTable, AutoTakesLamportOnlyWhereTheMessageFitsOneLamportSlot) {
 }
 
 TEST(DispatchTable, EmbeddedTableParses) {
-  // The repo's cuda_backend/tuning/sm90.tsv, compiled in; every row must be usable.
+  // The repo's cuda_backend/tuning/sm90.tsv, compiled in; every row must be usable and say where
+  // and when it was measured ("nvidia-h100-x4 2026-11-27": a machine, a space, a UTC date).
   const DispatchTable& t = DispatchTable::embedded();
+  ASSERT_FALSE(t.rows().empty());
   for (const TableRow& r : t.rows()) {
     EXPECT_EQ(r.arch, "sm90");
     EXPECT_GE(r.grid.blocks, 1);
     EXPECT_LE(r.grid.blocks, kMaxBlocks);
+    const std::string& on = r.measured_on;
+    const size_t space = on.rfind(' ');
+    ASSERT_NE(space, std::string::npos) << "no measured_on: " << r.world_size << " " << r.bytes;
+    EXPECT_GT(space, 0u) << on;
+    const std::string date = on.substr(space + 1);
+    EXPECT_EQ(date.size(), 10u) << on;
+    EXPECT_EQ(date.substr(0, 3), "202") << on;
+    EXPECT_EQ(date[4], '-') << on;
+    EXPECT_EQ(date[7], '-') << on;
+  }
+}
+
+// The embedded table's choices for all-reduce on a default communicator (128 MiB buffers, 1 MiB
+// Lamport slots; cuda_backend/communicator_options.h). At every measured size of 1 KiB .. 1 MiB
+// (the rows measured on nvidia-h100-x4 on 2026-11-27) auto runs the fastest row there; and
+// lamport_one_shot is that row, so auto takes it, on 4 GPUs up to 512 KiB and on 2 up to 1 MiB.
+TEST(DispatchTable, EmbeddedTableAutoRunsTheFastestRowAndLamportWhereItWins) {
+  const DispatchTable& t = DispatchTable::embedded();
+  const CommunicatorOptions defaults;
+  const uint64_t mib = 1 << 20;
+  auto lamport_region = [&](int n, size_t message_bytes) {
+    return exactcoll::lamport_region_bytes(message_bytes, 1, n);
+  };
+  auto auto_for = [&](int n, uint64_t bytes, size_t lamport_message_bytes) {
+    return t.choose_allreduce_auto("sm90", n, bytes / 2, 2, defaults.buffer_bytes,
+                                   lamport_region(n, lamport_message_bytes));
+  };
+  int sizes = 0;
+  for (int n : {2, 4}) {
+    for (uint64_t bytes = 1024; bytes <= mib; bytes *= 2) {
+      const TableRow* fastest = nullptr;
+      for (const TableRow& r : t.rows()) {
+        if (r.world_size == n && r.op == Op::kAllReduce && r.bytes == bytes &&
+            (fastest == nullptr || r.time_us < fastest->time_us)) {
+          fastest = &r;
+        }
+      }
+      ASSERT_NE(fastest, nullptr) << n << " GPUs, " << bytes << " bytes";
+      EXPECT_EQ(fastest->measured_on, "nvidia-h100-x4 2026-11-27");
+      const Choice c = auto_for(n, bytes, defaults.lamport_message_bytes);
+      EXPECT_TRUE(c.from_table);
+      EXPECT_EQ(c.algo, fastest->algo) << n << " GPUs, " << bytes << " bytes";
+      EXPECT_EQ(c.grid.blocks, fastest->grid.blocks);
+      EXPECT_EQ(c.grid.threads, fastest->grid.threads);
+      const bool lamport_wins = bytes <= (n == 4 ? 512 * 1024 : mib);
+      EXPECT_EQ(c.algo == Algorithm::kLamportOneShot, lamport_wins) << n << " GPUs, " << bytes << " bytes";
+      ++sizes;
+    }
+  }
+  EXPECT_EQ(sizes, 22);
+  // The sizes the issue names: 16 KiB on 4 GPUs runs lamport_one_shot; 1 MiB on 4 GPUs push_two_shot.
+  EXPECT_EQ(auto_for(4, 16384, defaults.lamport_message_bytes).algo, Algorithm::kLamportOneShot);
+  EXPECT_EQ(auto_for(2, 16384, defaults.lamport_message_bytes).algo, Algorithm::kLamportOneShot);
+  EXPECT_EQ(auto_for(4, mib, defaults.lamport_message_bytes).algo, Algorithm::kPushTwoShot);
+  EXPECT_EQ(auto_for(2, mib, defaults.lamport_message_bytes).algo, Algorithm::kLamportOneShot);
+  // Beyond the communicator's Lamport slot auto never takes it: with 64 KiB slots, 128 KiB on 4
+  // GPUs runs push_one_shot (6.28 us) although lamport_one_shot's row there (5.93 us) is faster,
+  // and 1 MiB on 2 GPUs runs push_one_shot (8.15 us; lamport 6.21 us).
+  EXPECT_EQ(auto_for(4, 128 * 1024, 64 * 1024).algo, Algorithm::kPushOneShot);
+  EXPECT_EQ(auto_for(4, 64 * 1024, 64 * 1024).algo, Algorithm::kLamportOneShot);
+  EXPECT_EQ(auto_for(2, mib, 64 * 1024).algo, Algorithm::kPushOneShot);
+  // Above 1 MiB the rows are H200's, where lamport_one_shot has none (it does not fit a default
+  // slot there).
+  for (int n : {2, 4}) {
+    for (uint64_t bytes = 2 * mib; bytes <= 64 * mib; bytes *= 2) {
+      EXPECT_NE(auto_for(n, bytes, defaults.lamport_message_bytes).algo, Algorithm::kLamportOneShot);
+    }
   }
 }
 

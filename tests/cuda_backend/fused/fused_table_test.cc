@@ -163,9 +163,15 @@ TEST(FusedTable, NamesRoundTrip) {
 
 TEST(FusedTable, TheEmbeddedTableParses) {
   const FusedTable& t = FusedTable::embedded();
+  ASSERT_FALSE(t.rows().empty());
   for (const auto& r : t.rows()) {
     EXPECT_EQ(r.arch, "sm90");
     EXPECT_GT(r.time_us, 0);
+    // Every row says where and when it was measured: "nvidia-h200-x4 2026-11-21".
+    const size_t space = r.measured_on.rfind(' ');
+    ASSERT_NE(space, std::string::npos) << "no measured_on: " << r.world_size << " " << r.row_bytes << " " << r.rows;
+    EXPECT_GT(space, 0u);
+    EXPECT_EQ(r.measured_on.size() - space - 1, 10u) << r.measured_on;  // YYYY-MM-DD
   }
 }
 
