@@ -726,15 +726,13 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   //    (launch_sm_kernels). `auto` prices that: a push algorithm that does not fit is chosen only
   //    where its chunks beat the other algorithms (DispatchTable::choose_allreduce_auto).
   const size_t capacity = options_.buffer_bytes;
-  call.choice = op == Op::kAllReduce && algo == Algorithm::kAuto
-                    ? table_.choose_allreduce_auto(arch_, world_size_, count, static_cast<int>(elem), capacity)
-                    : choose(op, count, dtype, algo);
-  // lamport_one_shot runs whole up to lamport_message_bytes and in chunks beyond; auto takes it only
-  // where it fits (its table rows are measured only there).
-  if (op == Op::kAllReduce && algo == Algorithm::kAuto && call.choice.algo == Algorithm::kLamportOneShot &&
-      !lamport_fits(count, elem, world_size_, lamport_bytes_)) {
-    call.choice = DispatchTable::default_choice(world_size_, op, in_bytes, Algorithm::kAuto);
-  }
+  //    lamport_one_shot runs whole up to lamport_message_bytes and in chunks beyond; auto takes it
+  //    only where the message fits one Lamport slot (its table rows are measured only there) and
+  //    prices the other algorithms where it does not.
+  call.choice =
+      op == Op::kAllReduce && algo == Algorithm::kAuto
+          ? table_.choose_allreduce_auto(arch_, world_size_, count, static_cast<int>(elem), capacity, lamport_bytes_)
+          : choose(op, count, dtype, algo);
   if (grid) call.choice.grid = *grid;
 
   // 4b. An algorithm whose peers never read this rank's input reads it where the caller keeps it

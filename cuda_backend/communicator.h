@@ -149,7 +149,8 @@ class Communicator {
   // default: the table's. push_one_shot and push_two_shot need 2 x n x count elements of scratch
   // (core/push.h, push_scratch_elements); where that exceeds buffer_bytes they run in
   // chunks that fit (push_chunk_elements), and auto takes them only where the table prices those
-  // chunks below the other algorithms (DispatchTable::choose_allreduce_auto).
+  // chunks below the other algorithms (DispatchTable::choose_allreduce_auto); auto takes
+  // lamport_one_shot only where the message fits one Lamport slot (lamport_message_bytes).
   CallInfo allreduce(const void* input, void* output, size_t count, DType dtype, Algorithm algo, cudaStream_t stream,
                      const RegisteredBuffer* registered = nullptr, std::optional<LaunchConfig> grid = {});
 

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/collectives.h"
+#include "core/lamport.h"
 #include "core/push.h"
 #include "cuda_backend/tsv.h"
 
@@ -30,7 +31,7 @@ DispatchTable::DispatchTable(std::vector<TableRow> rows) : rows_(std::move(rows)
 
 DispatchTable DispatchTable::parse(const std::string& text, const std::string& name) {
   std::vector<TableRow> rows;
-  for_each_tsv_row<TableError>(text, name, 8, [&](const TsvLine& line) {
+  for_each_measured_row<TableError>(text, name, 9, [&](const TsvLine& line, const std::string& measured_on) {
     const std::vector<std::string>& fields = line.fields;
     auto bad = [&](const std::string& what) { return TableError(line.error(what)); };
     TableRow row;
@@ -60,6 +61,7 @@ DispatchTable DispatchTable::parse(const std::string& text, const std::string& n
     const auto time_us = parse_double_field(fields[7]);
     if (!time_us || !(*time_us > 0)) throw bad("time_us must be a positive number");
     row.time_us = *time_us;
+    row.measured_on = measured_on;
     rows.push_back(row);
   });
   return DispatchTable(std::move(rows));
@@ -146,37 +148,44 @@ uint64_t push_chunk_elements(int elem_bytes, int world_size, uint64_t scratch_by
 }
 
 Choice DispatchTable::choose_allreduce_auto(const std::string& arch, int world_size, uint64_t count, int elem_bytes,
-                                            uint64_t scratch_bytes) const {
+                                            uint64_t scratch_bytes, uint64_t lamport_region_bytes) const {
   const uint64_t bytes = count * static_cast<uint64_t>(elem_bytes);
   const Choice best = choose(arch, world_size, Op::kAllReduce, bytes, Algorithm::kAuto);
-  // As measured when it fits; the heuristic (no rows) never picks a push algorithm.
-  if (!best.from_table || push_fits(count, elem_bytes, world_size, scratch_bytes)) return best;
-  const uint64_t chunk = push_chunk_elements(elem_bytes, world_size, scratch_bytes);
+  // The heuristic (no rows) never picks a push algorithm nor lamport_one_shot.
+  if (!best.from_table) return best;
+  const bool push_whole = push_fits(count, elem_bytes, world_size, scratch_bytes);
+  const bool lamport_whole = lamport_fits(count, static_cast<size_t>(elem_bytes), world_size, lamport_region_bytes);
+  // As measured where every algorithm runs as measured (lamport_one_shot beyond its slot only
+  // matters when it is the fastest).
+  if (push_whole && (lamport_whole || best.algo != Algorithm::kLamportOneShot)) return best;
+  const uint64_t chunk = push_whole ? count : push_chunk_elements(elem_bytes, world_size, scratch_bytes);
   const uint64_t chunks = (count + chunk - 1) / chunk;
   const TableRow* cheapest = nullptr;
   double cheapest_us = 0;
   for (Algorithm algo : ipc_algorithms(Op::kAllReduce)) {
-    const bool push = is_push_algorithm(algo);
-    const uint64_t at = push ? chunk * static_cast<uint64_t>(elem_bytes) : bytes;
+    if (algo == Algorithm::kLamportOneShot && !lamport_whole) continue;
+    const bool chunked = is_push_algorithm(algo) && !push_whole;
+    const uint64_t at = chunked ? chunk * static_cast<uint64_t>(elem_bytes) : bytes;
     const TableRow* row =
         fastest_row(arch, world_size, Op::kAllReduce, measured_size(arch, world_size, Op::kAllReduce, at), algo);
     if (row == nullptr) continue;
-    const double us = row->time_us * static_cast<double>(push ? chunks : 1);
+    const double us = row->time_us * static_cast<double>(chunked ? chunks : 1);
     if (cheapest == nullptr || us < cheapest_us) cheapest = row, cheapest_us = us;
   }
   if (cheapest != nullptr) return Choice{cheapest->algo, cheapest->grid, true};
-  if (!is_push_algorithm(best.algo)) return best;
+  if (!is_push_algorithm(best.algo) && best.algo != Algorithm::kLamportOneShot) return best;
   return choose(arch, world_size, Op::kAllReduce, bytes,
-                best.algo == Algorithm::kPushOneShot ? Algorithm::kOneShot : Algorithm::kTwoShot);
+                best.algo == Algorithm::kPushTwoShot ? Algorithm::kTwoShot : Algorithm::kOneShot);
 }
 
 std::string DispatchTable::to_text(const std::vector<std::string>& header_comments) const {
   std::ostringstream os;
-  for (const auto& c : header_comments) os << "# " << c << "\n";
-  os << "# arch\tworld_size\top\tbytes\talgo\tblocks\tthreads\ttime_us\n";
+  write_tsv_header(os, header_comments,
+                   {"arch", "world_size", "op", "bytes", "algo", "blocks", "threads", "time_us", kMeasuredOnColumn});
   for (const auto& r : rows_) {
     os << r.arch << '\t' << r.world_size << '\t' << op_name(r.op) << '\t' << r.bytes << '\t' << algorithm_name(r.algo)
-       << '\t' << r.grid.blocks << '\t' << r.grid.threads << '\t' << format_time_us(r.time_us) << "\n";
+       << '\t' << r.grid.blocks << '\t' << r.grid.threads << '\t' << format_time_us(r.time_us);
+    end_measured_row(os, r.measured_on);
   }
   return os.str();
 }

@@ -3,8 +3,10 @@
 // compiled into the binary, and replaceable at run time (--table FILE, or EXACTCOLL_TABLE).
 //
 // File format: tab-separated, '#' starts a comment line. Columns:
-//   arch  world_size  op  bytes  algo  blocks  threads  time_us
-//   sm90  2           allreduce  524288  one_shot  32  512  5.10
+//   arch  world_size  op  bytes  algo  blocks  threads  time_us  measured_on
+//   sm90  2           allreduce  524288  one_shot  32  512  5.10  nvidia-h100-x4 2026-11-27
+// measured_on (cuda_backend/tsv.h) is free text without tabs naming the machine and UTC date of
+// the measurement; optional: a row of the first 8 fields has none (older tables, users' files).
 // `bytes` is the per-rank input size in bytes of the measured message; a lookup for b bytes uses
 // the rows of the smallest measured size >= b (the largest size when b is beyond every row).
 // Every algorithm of the IPC path gives the contract's bits, so `auto` may pick any of them;
@@ -55,6 +57,7 @@ struct TableRow {
   Algorithm algo = Algorithm::kOneShot;
   LaunchConfig grid;
   double time_us = 0;
+  std::string measured_on;  // "nvidia-h100-x4 2026-11-27"; "" when the row does not say
 };
 
 // An algorithm with its grid.
@@ -82,23 +85,28 @@ class DispatchTable {
   Choice choose(const std::string& arch, int world_size, Op op, uint64_t bytes, Algorithm requested) const;
 
   // `auto` for an all-reduce of `count` elements of elem_bytes each on a communicator whose scratch
-  // holds scratch_bytes per rank. A push algorithm needs push_scratch_elements(count) of scratch;
+  // holds scratch_bytes per rank and whose Lamport region (core/lamport.h) lamport_region_bytes.
+  // A push algorithm needs push_scratch_elements(count) of scratch;
   // where that does not fit, the communicator runs it in chunks of push_chunk_elements, so it is
   // priced here as those chunks: ceil(count / chunk) x its measured time at the chunk's size, with
-  // the grid measured at that size. Every other algorithm is priced at its measured time for the
-  // message. Returns the cheapest. Without rows for (arch, world_size, allreduce): the heuristic
-  // (never a push algorithm). When no algorithm has a row to price it by (a table with gaps), the
-  // table's choice for the message, with one_shot / two_shot in place of a push algorithm.
+  // the grid measured at that size. lamport_one_shot is taken only where the message fits one
+  // Lamport slot (lamport_fits; tune measures it only there, and beyond it runs in chunks): where
+  // it does not, the other algorithms are priced. Every other algorithm is priced at its measured
+  // time for the message. Returns the cheapest. Without rows for (arch, world_size, allreduce): the
+  // heuristic (never a push algorithm nor lamport_one_shot). When no algorithm has a row to price
+  // it by (a table with gaps), the table's choice for the message, with one_shot / two_shot in
+  // place of a push algorithm (one_shot in place of lamport_one_shot).
   // Example (4 GPUs, 128 MiB scratch, bf16, 32 MiB): push_two_shot needs 256 MiB, so it would run
   // as 2 chunks of 16 MiB; 2 x 80.5 us beats two_shot's 166 us for the whole message.
   Choice choose_allreduce_auto(const std::string& arch, int world_size, uint64_t count, int elem_bytes,
-                               uint64_t scratch_bytes) const;
+                               uint64_t scratch_bytes, uint64_t lamport_region_bytes) const;
 
   // The heuristic used without a table: one_shot below 512 KiB (any size on 2 GPUs up to 1 MiB),
   // two_shot above; 512 threads; one block per 512 packs of work, at most kMaxBlocks.
   static Choice default_choice(int world_size, Op op, uint64_t bytes, Algorithm requested);
 
-  // Returns the table in the file format (header comment lines first).
+  // Returns the table in the file format (header comment lines first). Throws
+  // std::invalid_argument when a row's measured_on holds a tab or a line break.
   std::string to_text(const std::vector<std::string>& header_comments) const;
 
   const std::vector<TableRow>& rows() const { return rows_; }

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <stdexcept>
 
 namespace exactcoll::cuda {
 
@@ -25,6 +26,17 @@ void for_each_tsv_line(const std::string& text, const std::string& name,
     while (std::getline(fs, field, '\t')) tsv.fields.push_back(field);
     each(tsv);
   }
+}
+
+std::vector<std::string> tsv_comments(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] != '#') continue;
+    out.push_back(line.substr(line.size() > 1 && line[1] == ' ' ? 2 : 1));
+  }
+  return out;
 }
 
 namespace {
@@ -57,6 +69,43 @@ std::optional<double> parse_double_field(const std::string& field) {
   const double value = std::strtod(field.c_str(), &end);
   if (field.empty() || *end != '\0') return std::nullopt;
   return value;
+}
+
+bool is_measured_on_text(const std::string& text) { return text.find_first_of("\t\r\n") == std::string::npos; }
+
+void write_tsv_header(std::ostream& os, const std::vector<std::string>& comments,
+                      const std::vector<std::string>& columns) {
+  for (const auto& c : comments) os << "# " << c << "\n";
+  os << "#";
+  for (size_t i = 0; i < columns.size(); ++i) os << (i == 0 ? " " : "\t") << columns[i];
+  os << "\n";
+}
+
+void end_measured_row(std::ostream& os, const std::string& measured_on) {
+  if (!is_measured_on_text(measured_on)) {
+    throw std::invalid_argument("measured_on '" + measured_on + "' holds a tab or a line break");
+  }
+  if (!measured_on.empty()) os << '\t' << measured_on;
+  os << '\n';
+}
+
+std::string utc_date(std::time_t when) {
+  std::tm parts{};
+  gmtime_r(&when, &parts);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", &parts);
+  return date;
+}
+
+std::string measured_on_text(const std::string& machine, const std::string& device_name, int world_size,
+                             std::time_t when) {
+  std::string name = machine;
+  if (name.empty()) {
+    name = device_name;
+    std::replace(name.begin(), name.end(), ' ', '-');
+    name += "-x" + std::to_string(world_size);
+  }
+  return name + " " + utc_date(when);
 }
 
 std::string format_time_us(double time_us) {

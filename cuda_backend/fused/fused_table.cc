@@ -67,7 +67,7 @@ FusedTable::FusedTable(std::vector<FusedTableRow> rows) : rows_(std::move(rows))
 
 FusedTable FusedTable::parse(const std::string& text, const std::string& name) {
   std::vector<FusedTableRow> rows;
-  for_each_tsv_row<FusedTableError>(text, name, 8, [&](const TsvLine& line) {
+  for_each_measured_row<FusedTableError>(text, name, 9, [&](const TsvLine& line, const std::string& measured_on) {
     const std::vector<std::string>& fields = line.fields;
     auto bad = [&](const std::string& what) { return FusedTableError(line.error(what)); };
     FusedTableRow row;
@@ -106,6 +106,7 @@ FusedTable FusedTable::parse(const std::string& text, const std::string& name) {
     const auto time_us = parse_double_field(fields[7]);
     if (!time_us || !(*time_us > 0)) throw bad("time_us must be a positive number");
     row.time_us = *time_us;
+    row.measured_on = measured_on;
     rows.push_back(row);
   });
   return FusedTable(std::move(rows));
@@ -184,12 +185,14 @@ FusedChoice FusedTable::choose(const std::string& arch, int world_size, int rows
 
 std::string FusedTable::to_text(const std::vector<std::string>& header_comments) const {
   std::ostringstream os;
-  for (const auto& c : header_comments) os << "# " << c << "\n";
-  os << "# arch\tworld_size\trow_bytes\trows\talgo\tblocks\tthreads\ttime_us\n";
+  write_tsv_header(
+      os, header_comments,
+      {"arch", "world_size", "row_bytes", "rows", "algo", "blocks", "threads", "time_us", kMeasuredOnColumn});
   for (const auto& r : rows_) {
     os << r.arch << '\t' << r.world_size << '\t' << r.row_bytes << '\t' << r.rows << '\t'
        << fused_algorithm_name(r.algo) << '\t' << r.grid.blocks << '\t' << r.grid.threads << '\t'
-       << format_time_us(r.time_us) << "\n";
+       << format_time_us(r.time_us);
+    end_measured_row(os, r.measured_on);
   }
   return os.str();
 }

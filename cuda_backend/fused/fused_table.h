@@ -4,8 +4,9 @@
 // run time ($EXACTCOLL_FUSED_TABLE). Plain C++ (no CUDA), tested on CPU.
 //
 // File format: tab-separated, '#' starts a comment line. Columns:
-//   arch  world_size  row_bytes  rows  algo  blocks  threads  time_us
-//   sm90  4           16384      16    one_stage  16  1024  7.90
+//   arch  world_size  row_bytes  rows  algo  blocks  threads  time_us  measured_on
+//   sm90  4           16384      16    one_stage  16  1024  7.90  nvidia-h200-x4 2026-11-21
+// measured_on: as in the all-reduce table (cuda_backend/tsv.h), optional.
 // row_bytes = H * element size (bf16 H = 8192 and fp32 H = 4096 share rows). A lookup uses the
 // smallest measured row_bytes >= the message's (else the largest), then the smallest measured
 // rows >= its rows (else the largest), then the fastest row there. Every IPC algorithm gives the
@@ -56,6 +57,7 @@ struct FusedTableRow {
   FusedAlgorithm algo = FusedAlgorithm::kOneStage;
   LaunchConfig grid;  // as measured (zero for unfused)
   double time_us = 0;
+  std::string measured_on;  // "nvidia-h200-x4 2026-11-21"; "" when the row does not say
 };
 
 // An algorithm with its grid (the fused kernel's; unfused's all-reduce picks its own).
@@ -106,7 +108,8 @@ class FusedTable {
   // receive halves do not fit the communicator's scratch.)
   static FusedChoice default_choice(int world_size, int rows, int hidden, DType dtype, FusedAlgorithm requested);
 
-  // The table in the file format, header comment lines first.
+  // The table in the file format, header comment lines first. Throws std::invalid_argument when a
+  // row's measured_on holds a tab or a line break.
   std::string to_text(const std::vector<std::string>& header_comments) const;
 
   const std::vector<FusedTableRow>& rows() const { return rows_; }

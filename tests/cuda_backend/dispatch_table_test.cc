@@ -4,10 +4,20 @@
 
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "core/lamport.h"
+#include "cuda_backend/communicator_options.h"
 
 namespace exactcoll::cuda {
 namespace {
+
+// A default communicator's Lamport region on 2 and 4 ranks (lamport_message_bytes 1 MiB: one slot
+// of 1 MiB per rank and buffer).
+const uint64_t kLamport2 = exactcoll::lamport_region_bytes(size_t{1} << 20, 1, 2);
+const uint64_t kLamport4 = exactcoll::lamport_region_bytes(size_t{1} << 20, 1, 4);
 
 const char* kTable =
     "# a comment\n"
@@ -79,10 +89,42 @@ TEST(DispatchTable, RoundTripsThroughText) {
   ASSERT_EQ(again.rows().size(), t.rows().size());
   for (size_t i = 0; i < t.rows().size(); ++i) {
     EXPECT_EQ(again.rows()[i].bytes, t.rows()[i].bytes);
+    EXPECT_EQ(again.rows()[i].measured_on, "");
     EXPECT_EQ(again.rows()[i].algo, t.rows()[i].algo);
     EXPECT_EQ(again.rows()[i].grid.blocks, t.rows()[i].grid.blocks);
     EXPECT_DOUBLE_EQ(again.rows()[i].time_us, t.rows()[i].time_us);
   }
+}
+
+// measured_on, the optional 9th column: rows of 8 fields (older tables, users' files) have none;
+// to_text writes it back, and the column's name in the header line.
+TEST(DispatchTable, MeasuredOnIsAnOptionalNinthColumn) {
+  const DispatchTable t = DispatchTable::parse(
+      "sm90\t2\tallreduce\t1024\tone_shot\t2\t512\t5.00\n"
+      "sm90\t2\tallreduce\t1024\ttwo_shot\t4\t256\t6.00\tnvidia-h100-x4 2026-11-27\n"
+      "sm90\t2\tallreduce\t1024\tpush_one_shot\t1\t256\t4.00\tnvidia-h200-x4 2026-11-21\n",
+      "m.tsv");
+  ASSERT_EQ(t.rows().size(), 3u);
+  EXPECT_EQ(t.rows()[0].measured_on, "");
+  EXPECT_EQ(t.rows()[1].measured_on, "nvidia-h100-x4 2026-11-27");
+  EXPECT_EQ(t.rows()[2].measured_on, "nvidia-h200-x4 2026-11-21");
+  // measured_on says where a row came from; auto still takes the fastest row.
+  EXPECT_EQ(t.choose("sm90", 2, Op::kAllReduce, 1024, Algorithm::kAuto).algo, Algorithm::kPushOneShot);
+  const std::string text = t.to_text({"header line"});
+  EXPECT_NE(text.find("# arch\tworld_size\top\tbytes\talgo\tblocks\tthreads\ttime_us\tmeasured_on\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("sm90\t2\tallreduce\t1024\tone_shot\t2\t512\t5.00\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("sm90\t2\tallreduce\t1024\ttwo_shot\t4\t256\t6.00\tnvidia-h100-x4 2026-11-27\n"),
+            std::string::npos)
+      << text;
+  const DispatchTable again = DispatchTable::parse(text, "again");
+  ASSERT_EQ(again.rows().size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again.rows()[i].measured_on, t.rows()[i].measured_on);
+  // to_text refuses what would not read back as one field.
+  std::vector<TableRow> rows = t.rows();
+  rows[0].measured_on = "nvidia-h100-x4\t2026-11-27";
+  EXPECT_THROW(DispatchTable(rows).to_text({}), std::invalid_argument);
 }
 
 TEST(DispatchTable, NamesTheLineAndProblemOfMalformedInput) {
@@ -91,7 +133,12 @@ TEST(DispatchTable, NamesTheLineAndProblemOfMalformedInput) {
     const char* message;
   };
   const Case cases[] = {
-      {"sm90\t2\tallreduce\t1024\tone_shot\t2\t512\n", "expected 8 tab-separated fields, got 7"},
+      {"sm90\t2\tallreduce\t1024\tone_shot\t2\t512\n", "expected 8 or 9 tab-separated fields, got 7"},
+      {"sm90\t2\tallreduce\t1024\tone_shot\t2\t512\t1\tnvidia-h100-x4 2026-11-27\textra\n",
+       "expected 8 or 9 tab-separated fields, got 10"},
+      // A tab inside measured_on splits it: one field too many.
+      {"sm90\t2\tallreduce\t1024\tone_shot\t2\t512\t1\tnvidia-h100-x4\t2026-11-27\n",
+       "expected 8 or 9 tab-separated fields, got 10"},
       {"sm90\t0\tallreduce\t1024\tone_shot\t2\t512\t1\n", "world_size must be 1..16"},
       {"sm90\t2\tbroadcast\t1024\tone_shot\t2\t512\t1\n", "unknown op 'broadcast'"},
       {"sm90\t2\tallreduce\t0\tone_shot\t2\t512\t1\n", "bytes must be a positive whole number"},
@@ -167,9 +214,9 @@ TEST(DispatchTable, PushTwoShotRowsParseAndAutoPicksThemWhereFastest) {
   }
 }
 
-// lamport_one_shot is an IPC algorithm of allreduce only: a table can name it, auto takes it where
-// its row is fastest, and the embedded table has no rows for it yet (not measured on GPUs).
-TEST(DispatchTable, LamportRowsParseAndTheEmbeddedTableHasNoneYet) {
+// lamport_one_shot is an IPC algorithm of allreduce only: a table can name it, and auto takes it
+// where its row is fastest.
+TEST(DispatchTable, LamportRowsParseAndAutoPicksThemWhereFastest) {
   const DispatchTable t = DispatchTable::parse(
       "sm90\t2\tallreduce\t16384\tone_shot\t2\t256\t5.0\n"
       "sm90\t2\tallreduce\t16384\tlamport_one_shot\t4\t512\t2.9\n"
@@ -191,7 +238,6 @@ TEST(DispatchTable, LamportRowsParseAndTheEmbeddedTableHasNoneYet) {
   } catch (const TableError& e) {
     EXPECT_NE(std::string(e.what()).find("not an IPC algorithm of allgather"), std::string::npos) << e.what();
   }
-  for (const TableRow& row : DispatchTable::embedded().rows()) EXPECT_NE(row.algo, Algorithm::kLamportOneShot);
 }
 
 // A push algorithm whose 2 x n slots do not fit the scratch runs in chunks; auto prices it as those
@@ -215,16 +261,16 @@ TEST(DispatchTable, AutoPricesAPushAlgorithmThatDoesNotFitAsItsChunks) {
   EXPECT_EQ(push_chunk_elements(2, 4, 1000), 64u);  // never below 64 elements
   EXPECT_EQ(push_chunk_elements(2, 3, 100000), 100000u / 2 / 6 / 64 * 64);
   // Fits: the table's choice as measured.
-  Choice c = t.choose_allreduce_auto("sm90", 4, 16 * mib, 2, 512 * mib);
+  Choice c = t.choose_allreduce_auto("sm90", 4, 16 * mib, 2, 512 * mib, kLamport4);
   EXPECT_EQ(c.algo, Algorithm::kPushTwoShot);
   EXPECT_EQ(c.grid.threads, 512);
   // 32 MiB on 128 MiB: 2 x 80.5 = 161 us beats two_shot's 166; the 16 MiB row's grid.
-  c = t.choose_allreduce_auto("sm90", 4, 16 * mib, 2, 128 * mib);
+  c = t.choose_allreduce_auto("sm90", 4, 16 * mib, 2, 128 * mib, kLamport4);
   EXPECT_EQ(c.algo, Algorithm::kPushTwoShot);
   EXPECT_EQ(c.grid.blocks, 128);
   EXPECT_EQ(c.grid.threads, 256);
   // 64 MiB on 128 MiB: 4 x 80.5 = 322 us loses to two_shot's 318.
-  c = t.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 128 * mib);
+  c = t.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 128 * mib, kLamport4);
   EXPECT_EQ(c.algo, Algorithm::kTwoShot);
   EXPECT_EQ(c.grid.blocks, 128);
   EXPECT_EQ(c.grid.threads, 256);
@@ -235,25 +281,130 @@ TEST(DispatchTable, AutoPricesAPushAlgorithmThatDoesNotFitAsItsChunks) {
       "sm90\t4\tallreduce\t16777216\tone_shot\t64\t512\t160.0\n"
       "sm90\t4\tallreduce\t67108864\tpush_two_shot\t128\t512\t303.3\n",
       "gaps.tsv");
-  c = gaps.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 512 * mib);
+  c = gaps.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 512 * mib, kLamport4);
   EXPECT_EQ(c.algo, Algorithm::kPushTwoShot);  // fits 512 MiB: as measured
-  c = gaps.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 128 * mib);
+  c = gaps.choose_allreduce_auto("sm90", 4, 32 * mib, 2, 128 * mib, kLamport4);
   EXPECT_EQ(c.algo, Algorithm::kTwoShot);
   EXPECT_FALSE(c.from_table);  // no two_shot row either: the heuristic's grid
   // Without rows for the world size: the heuristic, never a push algorithm.
-  c = t.choose_allreduce_auto("sm90", 2, 32 * mib, 2, 128 * mib);
+  c = t.choose_allreduce_auto("sm90", 2, 32 * mib, 2, 128 * mib, kLamport2);
   EXPECT_FALSE(c.from_table);
   EXPECT_NE(c.algo, Algorithm::kPushOneShot);
   EXPECT_NE(c.algo, Algorithm::kPushTwoShot);
 }
 
+// lamport_one_shot runs in one launch only where the message fits one slot of the communicator's
+// Lamport region (tune measures it only there); auto takes it only there and prices the other
+// algorithms where it does not. Numbers from the 4-GPU run of 2026-11-27.
+TEST(DispatchTable, AutoTakesLamportOnlyWhereTheMessageFitsOneLamportSlot) {
+  const DispatchTable t = DispatchTable::parse(
+      "sm90\t4\tallreduce\t16384\tone_shot\t4\t256\t8.24\n"
+      "sm90\t4\tallreduce\t16384\tpush_one_shot\t4\t256\t5.22\n"
+      "sm90\t4\tallreduce\t16384\tlamport_one_shot\t4\t256\t4.60\n",
+      "lamport_slot.tsv");
+  const uint64_t count = 8192;  // 16 KiB of bf16
+  // A default communicator (1 MiB slots): as measured.
+  Choice c = t.choose_allreduce_auto("sm90", 4, count, 2, 128 << 20, kLamport4);
+  EXPECT_EQ(c.algo, Algorithm::kLamportOneShot);
+  EXPECT_EQ(c.grid.blocks, 4);
+  // A slot of exactly 16 KiB still holds it; 16 bytes less does not: push_one_shot, its grid.
+  c = t.choose_allreduce_auto("sm90", 4, count, 2, 128 << 20, exactcoll::lamport_region_bytes(16384, 1, 4));
+  EXPECT_EQ(c.algo, Algorithm::kLamportOneShot);
+  c = t.choose_allreduce_auto("sm90", 4, count, 2, 128 << 20, exactcoll::lamport_region_bytes(16384 - 16, 1, 4));
+  EXPECT_EQ(c.algo, Algorithm::kPushOneShot);
+  EXPECT_EQ(c.grid.blocks, 4);
+  EXPECT_TRUE(c.from_table);
+  // No Lamport region and a scratch of 4 KiB (push in 32 chunks of 256 elements, 32 x 5.22 us):
+  // one_shot.
+  c = t.choose_allreduce_auto("sm90", 4, count, 2, 4096, 0);
+  EXPECT_EQ(c.algo, Algorithm::kOneShot);
+  // A table with only lamport rows there: one_shot in its place (the heuristic's grid).
+  const DispatchTable only =
+      DispatchTable::parse("sm90\t4\tallreduce\t16384\tlamport_one_shot\t4\t256\t4.60\n", "l.tsv");
+  EXPECT_EQ(only.choose_allreduce_auto("sm90", 4, count, 2, 128 << 20, kLamport4).algo, Algorithm::kLamportOneShot);
+  c = only.choose_allreduce_auto("sm90", 4, count, 2, 128 << 20, 0);
+  EXPECT_EQ(c.algo, Algorithm::kOneShot);
+  EXPECT_FALSE(c.from_table);
+  // choose (a named algorithm, or auto with no communicator in view) is not limited.
+  EXPECT_EQ(t.choose("sm90", 4, Op::kAllReduce, 16384, Algorithm::kAuto).algo, Algorithm::kLamportOneShot);
+}
+
 TEST(DispatchTable, EmbeddedTableParses) {
-  // The repo's cuda_backend/tuning/sm90.tsv, compiled in; every row must be usable.
+  // The repo's cuda_backend/tuning/sm90.tsv, compiled in; every row must be usable and say where
+  // and when it was measured ("nvidia-h100-x4 2026-11-27": a machine, a space, a UTC date).
   const DispatchTable& t = DispatchTable::embedded();
+  ASSERT_FALSE(t.rows().empty());
   for (const TableRow& r : t.rows()) {
     EXPECT_EQ(r.arch, "sm90");
     EXPECT_GE(r.grid.blocks, 1);
     EXPECT_LE(r.grid.blocks, kMaxBlocks);
+    const std::string& on = r.measured_on;
+    const size_t space = on.rfind(' ');
+    ASSERT_NE(space, std::string::npos) << "no measured_on: " << r.world_size << " " << r.bytes;
+    EXPECT_GT(space, 0u) << on;
+    const std::string date = on.substr(space + 1);
+    EXPECT_EQ(date.size(), 10u) << on;
+    EXPECT_EQ(date.substr(0, 3), "202") << on;
+    EXPECT_EQ(date[4], '-') << on;
+    EXPECT_EQ(date[7], '-') << on;
+  }
+}
+
+// The embedded table's choices for all-reduce on a default communicator (128 MiB buffers, 1 MiB
+// Lamport slots; cuda_backend/communicator_options.h). At every measured size of 1 KiB .. 1 MiB
+// (the rows measured on nvidia-h100-x4 on 2026-11-27) auto runs the fastest row there; and
+// lamport_one_shot is that row, so auto takes it, on 4 GPUs up to 512 KiB and on 2 up to 1 MiB.
+TEST(DispatchTable, EmbeddedTableAutoRunsTheFastestRowAndLamportWhereItWins) {
+  const DispatchTable& t = DispatchTable::embedded();
+  const CommunicatorOptions defaults;
+  const uint64_t mib = 1 << 20;
+  auto lamport_region = [&](int n, size_t message_bytes) {
+    return exactcoll::lamport_region_bytes(message_bytes, 1, n);
+  };
+  auto auto_for = [&](int n, uint64_t bytes, size_t lamport_message_bytes) {
+    return t.choose_allreduce_auto("sm90", n, bytes / 2, 2, defaults.buffer_bytes,
+                                   lamport_region(n, lamport_message_bytes));
+  };
+  int sizes = 0;
+  for (int n : {2, 4}) {
+    for (uint64_t bytes = 1024; bytes <= mib; bytes *= 2) {
+      const TableRow* fastest = nullptr;
+      for (const TableRow& r : t.rows()) {
+        if (r.world_size == n && r.op == Op::kAllReduce && r.bytes == bytes &&
+            (fastest == nullptr || r.time_us < fastest->time_us)) {
+          fastest = &r;
+        }
+      }
+      ASSERT_NE(fastest, nullptr) << n << " GPUs, " << bytes << " bytes";
+      EXPECT_EQ(fastest->measured_on, "nvidia-h100-x4 2026-11-27");
+      const Choice c = auto_for(n, bytes, defaults.lamport_message_bytes);
+      EXPECT_TRUE(c.from_table);
+      EXPECT_EQ(c.algo, fastest->algo) << n << " GPUs, " << bytes << " bytes";
+      EXPECT_EQ(c.grid.blocks, fastest->grid.blocks);
+      EXPECT_EQ(c.grid.threads, fastest->grid.threads);
+      const bool lamport_wins = bytes <= (n == 4 ? 512 * 1024 : mib);
+      EXPECT_EQ(c.algo == Algorithm::kLamportOneShot, lamport_wins) << n << " GPUs, " << bytes << " bytes";
+      ++sizes;
+    }
+  }
+  EXPECT_EQ(sizes, 22);
+  // The sizes the issue names: 16 KiB on 4 GPUs runs lamport_one_shot; 1 MiB on 4 GPUs push_two_shot.
+  EXPECT_EQ(auto_for(4, 16384, defaults.lamport_message_bytes).algo, Algorithm::kLamportOneShot);
+  EXPECT_EQ(auto_for(2, 16384, defaults.lamport_message_bytes).algo, Algorithm::kLamportOneShot);
+  EXPECT_EQ(auto_for(4, mib, defaults.lamport_message_bytes).algo, Algorithm::kPushTwoShot);
+  EXPECT_EQ(auto_for(2, mib, defaults.lamport_message_bytes).algo, Algorithm::kLamportOneShot);
+  // Beyond the communicator's Lamport slot auto never takes it: with 64 KiB slots, 128 KiB on 4
+  // GPUs runs push_one_shot (6.28 us) although lamport_one_shot's row there (5.93 us) is faster,
+  // and 1 MiB on 2 GPUs runs push_one_shot (8.15 us; lamport 6.21 us).
+  EXPECT_EQ(auto_for(4, 128 * 1024, 64 * 1024).algo, Algorithm::kPushOneShot);
+  EXPECT_EQ(auto_for(4, 64 * 1024, 64 * 1024).algo, Algorithm::kLamportOneShot);
+  EXPECT_EQ(auto_for(2, mib, 64 * 1024).algo, Algorithm::kPushOneShot);
+  // Above 1 MiB the rows are H200's, where lamport_one_shot has none (it does not fit a default
+  // slot there).
+  for (int n : {2, 4}) {
+    for (uint64_t bytes = 2 * mib; bytes <= 64 * mib; bytes *= 2) {
+      EXPECT_NE(auto_for(n, bytes, defaults.lamport_message_bytes).algo, Algorithm::kLamportOneShot);
+    }
   }
 }
 

@@ -23,11 +23,13 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <ctime>
 #include <map>
 #include <sstream>
 
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/fused/fused_rmsnorm.h"
+#include "cuda_backend/tsv.h"
 #include "sim/fused/reference.h"
 #include "sim/world.h"
 #include "tools/gpu/device_util.h"
@@ -153,13 +155,14 @@ class FusedBenchProblem : public BenchProblem {
   static constexpr int kCheckedRows = 256;
 
   FusedBenchProblem(const BenchSettings& s, ApiComm& comm, int ranks, int rank, size_t max_count, size_t max_hidden,
-                    float eps, std::string table_path)
+                    float eps, std::string table_path, std::string machine)
       : s_(s),
         comm_(comm),
         ranks_(ranks),
         rank_(rank),
         eps_(eps),
         table_path_(std::move(table_path)),
+        machine_(std::move(machine)),
         buffers_(max_count * elem(), max_hidden * elem()),
         registered_(comm.register_buffer(buffers_.x.get(), buffers_.x.bytes())) {}
 
@@ -246,6 +249,7 @@ class FusedBenchProblem : public BenchProblem {
   bool tunes_auto() const override { return !table_path_.empty(); }
 
   void tune(const std::vector<BenchResult>& measured, Worker& w) override {
+    const std::string measured_on = cuda::measured_on_text(machine_, w.device_name(), ranks_, std::time(nullptr));
     std::vector<cuda::fused::FusedTableRow> rows;
     for (const BenchResult& r : measured) {
       const auto algo = cuda::fused::parse_fused_algorithm(r.algo);
@@ -264,6 +268,7 @@ class FusedBenchProblem : public BenchProblem {
                      ? cuda::fused::residual_rmsnorm_grid(rows_of, hidden, s_.dtype)
                      : cuda::fused::default_fused_grid(*algo, rows_of, hidden, s_.dtype, ranks_);
       row.time_us = r.graph_us;
+      row.measured_on = measured_on;
       rows.push_back(row);
     }
     cuda::fused::FusedTable table(rows);
@@ -286,6 +291,7 @@ class FusedBenchProblem : public BenchProblem {
   int ranks_, rank_;
   float eps_;
   std::string table_path_;
+  std::string machine_;  // --machine: measured_on's machine in the written table ("": the GPU's name)
   FusedDeviceBuffers buffers_;
   int registered_;  // the C API's id of x
   cuda::fused::FusedRmsNormShape shape_{};
@@ -512,9 +518,13 @@ class FusedRmsNormOp : public GpuOp {
     parser.add_string("write-table", &write_table_,
                       "after every other algorithm, write auto's table made from this run's times to FILE, and "
                       "measure auto with it");
+    parser.add_string("machine", &machine_,
+                      "with --write-table: the machine in the rows' measured_on column, e.g. nvidia-h100-x4");
+    parser.set_default_note("machine", "default: the GPU's name with '-' for spaces and -x<nproc>");
   }
   std::string check_bench_flags(const BenchSettings& s, const std::vector<BenchSize>& sizes) override {
     if (const std::string problem = exactcoll::fused::check_eps(in_.eps); !problem.empty()) return problem;
+    if (!cuda::is_measured_on_text(machine_)) return "--machine must hold no tab or line break";
     for (const BenchSize& size : sizes) {
       if (size.hidden % pack_elements(s.dtype) != 0 || size.hidden > (1 << 24) || size.rows > (1 << 24)) {
         return "H " + std::to_string(size.hidden) + " must be a multiple of the " + dtype_name(s.dtype) + " pack (" +
@@ -544,7 +554,7 @@ class FusedRmsNormOp : public GpuOp {
       max_hidden = std::max(max_hidden, static_cast<size_t>(size.hidden));
     }
     return std::make_unique<FusedBenchProblem>(s, comm, ranks, rank, max_count, max_hidden, static_cast<float>(in_.eps),
-                                               write_table_);
+                                               write_table_, machine_);
   }
 
  private:
@@ -566,8 +576,8 @@ class FusedRmsNormOp : public GpuOp {
 
   // gpu's flags (in_.eps is verify's and bench's --eps too).
   FusedInputFlags in_;
-  // bench's --write-table.
-  std::string write_table_;
+  // bench's --write-table and --machine.
+  std::string write_table_, machine_;
   // verify's flags.
   std::string hidden_text_ = "2880,4096,5120,7168,8192,16384", rows_text_ = "1,2,3,7,16,64,257,1024,4096",
               algos_text_ =

@@ -1,7 +1,10 @@
 // `exactcoll tune --nproc N [--ops …] [--output FILE]`: measures every IPC algorithm over a grid of
 // launch configurations for message sizes 1 KiB … 64 MiB per rank and writes the dispatch table
 // (cuda_backend/dispatch_table.h) that `auto` reads: per (arch, world size, op, size, algorithm)
-// the fastest grid and its time. Rows of other world sizes, ops and archs already in FILE are kept.
+// the fastest grid, its time and where and when it was measured (measured_on: --machine, or the
+// GPU's name and world size, and the UTC date). Rows of other world sizes, ops and archs already
+// in FILE are kept, and so are its rows of sizes outside --min-bytes .. --max-bytes and its header
+// comments (but the 'last tuned' and 'time_us' lines, which this run writes anew).
 //
 // Steps per (op, size, algorithm, grid): a registered input of random bf16 values; the op captured
 // `graph-ops` times into a CUDA graph; median of `replays` replays per op on every rank; the
@@ -20,10 +23,12 @@
 #include "core/lamport.h"
 #include "cuda_backend/communicator.h"
 #include "cuda_backend/cuda_check.h"
+#include "cuda_backend/tsv.h"
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
 #include "tools/inputs/inputs.h"
 #include "tools/gpu/reference.h"
+#include "tools/gpu/tune_table.h"
 #include "tools/gpu/worker.h"
 #include "npy/npy.h"
 
@@ -43,6 +48,7 @@ struct TuneOptions {
   bool quick = false;
   bool pdl = true;
   int64_t buffer_mib = 0;  // 0: a default communicator's buffers
+  std::string machine;     // measured_on's machine; "": the GPU's name and world size
 };
 
 // The grids tried for a message whose busiest rank works on `packs` 16-byte packs.
@@ -103,47 +109,29 @@ double fastest_grid(Worker& w, Communicator& comm, const TuneOptions& o, Op op, 
   return best_us;
 }
 
-// Rank 0's last step: the dispatch table at o.output, its rows of other (arch, world size, op)
-// kept and `rows` (this arch's, this world size's) added, with the comments naming the run,
-// written atomically.
-void write_table(Worker& w, const TuneOptions& o, const std::string& arch, const std::vector<cuda::TableRow>& rows) {
-  const int n = w.world_size();
-  // Merge: keep the file's rows of other (arch, world size, op).
+// Rank 0's last step: the dispatch table at o.output merged with `rows` (tools/gpu/tune_table.h:
+// the file's other rows and header comments kept), written atomically.
+void write_table(Worker& w, const TuneOptions& o, const std::string& arch, const std::string& measured_on,
+                 const std::vector<cuda::TableRow>& rows) {
   const std::string path = cli::resolve_path(o.output);
-  std::vector<cuda::TableRow> merged;
-  std::vector<std::string> comments;
-  std::ifstream existing(path);
-  if (existing) {
+  std::string existing;
+  if (std::ifstream file(path); file) {
     std::stringstream text;
-    text << existing.rdbuf();
-    const cuda::DispatchTable old = cuda::DispatchTable::parse(text.str(), path);
-    for (const auto& r : old.rows()) {
-      const bool replaced =
-          r.arch == arch && r.world_size == n && std::find(o.ops.begin(), o.ops.end(), r.op) != o.ops.end();
-      if (!replaced) merged.push_back(r);
-    }
+    text << file.rdbuf();
+    existing = text.str();
   }
-  merged.insert(merged.end(), rows.begin(), rows.end());
-  const std::time_t now = std::time(nullptr);
-  char date[32];
-  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-  comments.push_back("exactcoll dispatch table (cuda_backend/dispatch_table.h): written by `exactcoll tune`.");
-  std::string sizes;
-  for (int ws = 1; ws <= kMaxRanks; ++ws) {
-    for (const auto& r : merged) {
-      if (r.world_size == ws) {
-        sizes += (sizes.empty() ? "" : ", ") + std::to_string(ws);
-        break;
-      }
-    }
-  }
-  comments.push_back(std::string("last tuned ") + date + " (" + std::to_string(n) + " x " + w.device_name() +
-                     "); world sizes in this file: " + sizes + ".");
-  comments.push_back("time_us = max over ranks of the median per-op time, CUDA graph of " +
-                     std::to_string(o.graph_ops) + " ops, bf16, registered inputs.");
-  const std::string text = cuda::DispatchTable(merged).to_text(comments);
-  npy::write_file_atomic(path, text.data(), text.size());
-  print_leader(w, "# wrote " + path + " (" + std::to_string(merged.size()) + " rows)\n");
+  TuneRun run;
+  run.arch = arch;
+  run.world_size = w.world_size();
+  run.ops = o.ops;
+  run.min_bytes = static_cast<uint64_t>(o.min_bytes);
+  run.max_bytes = static_cast<uint64_t>(o.max_bytes);
+  run.measured_on = measured_on;
+  run.device_name = w.device_name();
+  run.graph_ops = o.graph_ops;
+  const TunedTable table = tuned_table(existing, path, run, rows);
+  npy::write_file_atomic(path, table.text.data(), table.text.size());
+  print_leader(w, "# wrote " + path + " (" + std::to_string(table.rows) + " rows)\n");
 }
 
 int tune_worker(const TuneOptions& o) {
@@ -171,6 +159,8 @@ int tune_worker(const TuneOptions& o) {
     const Bytes mine = make_input(dtype, max_in / 2, rank, 7, Pattern::kRandom);
     EXC_CUDA_CHECK(cudaMemcpy(input.get(), mine.data(), mine.size(), cudaMemcpyHostToDevice));
   }
+  // Every row of this run says where and when it was measured (the date of the run's start).
+  const std::string measured_on = cuda::measured_on_text(o.machine, w.device_name(), n, std::time(nullptr));
   std::vector<cuda::TableRow> rows;
   std::ostringstream report;
   report << "# exactcoll tune: " << n << " ranks on " << w.device_name() << " (" << comm.arch() << ")\n";
@@ -202,6 +192,7 @@ int tune_worker(const TuneOptions& o) {
         row.algo = algo;
         row.grid = best;
         row.time_us = best_us;
+        row.measured_on = measured_on;
         rows.push_back(row);
         char line[160];
         std::snprintf(line, sizeof line, "%-15s %10lld %-12s %3d x %4d %9.2f us\n", op_name(op),
@@ -212,7 +203,7 @@ int tune_worker(const TuneOptions& o) {
     }
   }
   if (!w.leader()) return cli::kExitOk;
-  write_table(w, o, comm.arch(), rows);
+  write_table(w, o, comm.arch(), measured_on, rows);
   return cli::kExitOk;
 }
 
@@ -224,7 +215,9 @@ int run_tune(int argc, char** argv) {
   cli::ArgParser parser("exactcoll tune --nproc N [--ops …] [--output FILE] [--quick]",
                         "Measures every IPC algorithm over launch grids for message sizes from --min-bytes to\n"
                         "--max-bytes per rank (powers of two) and writes the dispatch table that `auto` uses.\n"
-                        "Rows of other world sizes, ops and GPU archs already in FILE are kept.");
+                        "Rows of other world sizes, ops and GPU archs already in FILE are kept, and so are its\n"
+                        "rows of sizes outside --min-bytes .. --max-bytes and its header comments. Each row\n"
+                        "written says where and when it was measured (measured_on: --machine and the UTC date).");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
   parser.mark_required("nproc");
   parser.add_string("ops", &ops_text, "comma list of allreduce, reduce_scatter, allgather");
@@ -237,6 +230,9 @@ int run_tune(int argc, char** argv) {
   parser.add_int("buffer-mib", &o.buffer_mib,
                  "staging and scratch MiB per rank (default: a default communicator's); push algorithms are "
                  "measured where their 2 x n slots fit");
+  parser.add_string("machine", &o.machine,
+                    "the machine in the rows' measured_on column, e.g. the lent machine's name nvidia-h100-x4");
+  parser.set_default_note("machine", "default: the GPU's name with '-' for spaces and -x<nproc>");
   bool no_pdl = false;
   parser.add_bool("no-pdl", &no_pdl, "launch without programmatic dependent launch");
   if (const auto code = parser.parse(argc, argv)) return *code;
@@ -247,6 +243,7 @@ int run_tune(int argc, char** argv) {
   }
   o.pdl = !no_pdl;
   if (o.ops.empty()) return cli::fail("tune", "nothing to tune");
+  if (!cuda::is_measured_on_text(o.machine)) return cli::fail("tune", "--machine must hold no tab or line break");
   if (o.min_bytes < 16 || o.max_bytes < o.min_bytes || o.graph_ops < 1 || o.replays < 1 || o.buffer_mib < 0) {
     return cli::fail("tune",
                      "need 16 <= --min-bytes <= --max-bytes, positive --graph-ops, --replays, --buffer-mib >= 0");

@@ -100,6 +100,32 @@ TEST(FusedTable, RoundTripsThroughText) {
   }
 }
 
+// measured_on, the optional 9th column (cuda_backend/tsv.h, as in the all-reduce table).
+TEST(FusedTable, MeasuredOnIsAnOptionalNinthColumn) {
+  const FusedTable t = FusedTable::parse(
+      "sm90\t4\t16384\t1\tone_stage\t1\t1024\t7.5\n"
+      "sm90\t4\t16384\t1\tgather_norm\t1\t1024\t9.0\tnvidia-h200-x4 2026-11-21\n",
+      "m");
+  ASSERT_EQ(t.rows().size(), 2u);
+  EXPECT_EQ(t.rows()[0].measured_on, "");
+  EXPECT_EQ(t.rows()[1].measured_on, "nvidia-h200-x4 2026-11-21");
+  const std::string text = t.to_text({"header"});
+  EXPECT_NE(text.find("# arch\tworld_size\trow_bytes\trows\talgo\tblocks\tthreads\ttime_us\tmeasured_on\n"),
+            std::string::npos)
+      << text;
+  const FusedTable back = FusedTable::parse(text, "back");
+  ASSERT_EQ(back.rows().size(), 2u);
+  EXPECT_EQ(back.rows()[0].measured_on, "");
+  EXPECT_EQ(back.rows()[1].measured_on, "nvidia-h200-x4 2026-11-21");
+  try {
+    FusedTable::parse("# ok\nsm90\t4\t16384\t1\tone_stage\t1\t1024\t7.5\tnvidia-h200-x4 2026-11-21\tx\n", "f.tsv");
+    ADD_FAILURE() << "10 fields accepted";
+  } catch (const FusedTableError& e) {
+    EXPECT_NE(std::string(e.what()).find("f.tsv:2: expected 8 or 9 tab-separated fields, got 10"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(FusedTable, RejectsMalformedLinesNamingThem) {
   const std::string bad[] = {
       "sm90\t4\t16384\t1\tone_stage\t1\t1024\n",        // 7 fields
@@ -112,6 +138,7 @@ TEST(FusedTable, RejectsMalformedLinesNamingThem) {
       "sm90\t4\t16384\t1\tone_stage\t1\t1000\t1\n",     // threads not a multiple of 32
       "sm90\t4\t16384\t1\tone_stage\t1\t1024\t-3\n",    // time
       "sm90\t4\t16384\t1\tone_stage\t1\t1024\tfast\n",  // time
+      "sm90\t4\t16384\t1\tone_stage\t1\t1024\t1\tnvidia-h200-x4\t2026-11-21\n",  // a tab in measured_on
   };
   for (const std::string& line : bad) {
     try {
@@ -136,9 +163,15 @@ TEST(FusedTable, NamesRoundTrip) {
 
 TEST(FusedTable, TheEmbeddedTableParses) {
   const FusedTable& t = FusedTable::embedded();
+  ASSERT_FALSE(t.rows().empty());
   for (const auto& r : t.rows()) {
     EXPECT_EQ(r.arch, "sm90");
     EXPECT_GT(r.time_us, 0);
+    // Every row says where and when it was measured: "nvidia-h200-x4 2026-11-21".
+    const size_t space = r.measured_on.rfind(' ');
+    ASSERT_NE(space, std::string::npos) << "no measured_on: " << r.world_size << " " << r.row_bytes << " " << r.rows;
+    EXPECT_GT(space, 0u);
+    EXPECT_EQ(r.measured_on.size() - space - 1, 10u) << r.measured_on;  // YYYY-MM-DD
   }
 }
 
