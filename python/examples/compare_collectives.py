@@ -3,7 +3,7 @@ mode pins it, and torch symmetric memory, in one job, timed the same way, with t
 
     torchrun --nproc-per-node 4 python/examples/compare_collectives.py [--out DIR] [--quick]
 
-One process per GPU of one host, bf16. Every time is microseconds per op: 20 ops captured in one
+One process per GPU of one host, bf16. Every time is microseconds per op: 20 ops (--graph-ops) captured in one
 CUDA graph, each rank's median replay / 20 (timing.graph_us: 3 rounds of 25 replays, a barrier
 before each), then the maximum over ranks.
 
@@ -202,8 +202,9 @@ def fill_nan(outs):
 class Runner:
     """Times methods and runs bit checks; a failure becomes None (n/a) with its reason kept."""
 
-    def __init__(self, rank):
+    def __init__(self, rank, graph_ops=20):
         self.rank = rank
+        self.graph_ops = graph_ops
         self.errors = {}
 
     def fail(self, key, e):
@@ -213,7 +214,7 @@ class Runner:
     def time(self, key, fn, after_capture=None):
         """Max over ranks of graph_us, or None where any rank failed."""
         try:
-            us = graph_us(fn, before_replay=dist.barrier, after_capture=after_capture)
+            us = graph_us(fn, graph_ops=self.graph_ops, before_replay=dist.barrier, after_capture=after_capture)
         except Exception as e:  # noqa: BLE001  (report it in the table and go on)
             self.fail(key, e)
             us = math.inf
@@ -352,7 +353,7 @@ def worker_nccl_pinned(args):
     dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=args.child_timeout),
                             device_id=torch.device("cuda", local))
     rank = dist.get_rank()
-    runner = Runner(rank)
+    runner = Runner(rank, args.graph_ops)
     result = {"nccl": nccl_version(), "env": {k: os.environ.get(k) for k in VLLM_PINNED_NCCL_ENV},
               "allreduce_us": {}, "split_us": {}, "bits": {}}
     for rows in args.rows:
@@ -398,7 +399,8 @@ def run_pinned_child(args, rank, world, local, workdir, rows, fused):
     log_path = workdir / f"nccl_pinned_rank{rank}.log"
     command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", "nccl_pinned",
                "--worker-out", str(out_json), "--child-timeout", str(args.child_timeout),
-               "--rows", ",".join(str(r) for r in rows), "--fused", ",".join(f"{h}x{r}" for h, r in fused)]
+               "--rows", ",".join(str(r) for r in rows), "--fused", ",".join(f"{h}x{r}" for h, r in fused),
+               "--graph-ops", str(args.graph_ops)]
     reason = ""
     with open(log_path, "w") as log:
         child = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -473,6 +475,10 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer sizes (the bits are the same)")
     parser.add_argument("--child-timeout", type=int, default=300,
                         help="seconds the pinned NCCL child process may run (default 300)")
+    parser.add_argument("--graph-ops", type=int, default=20,
+                        help="ops per CUDA graph (default 20, the baselines' method; a model's decode graph holds "
+                             "one or two all-reduces per layer, so more ops per graph shows the per-op time there, "
+                             "with the ranks' skew at each replay's start spread over more ops)")
     parser.add_argument("--no-pinned", action="store_true", help="leave out NCCL as vLLM pins it (no child process)")
     parser.add_argument("--worker", choices=["nccl_pinned"], help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -506,14 +512,14 @@ def run_job(args):
             "device": torch.cuda.get_device_name(local), "torch": torch.__version__, "cuda": torch.version.cuda,
             "nccl": nccl_version(), "exactcoll": exactcoll.__version__, "python": sys.version.split()[0],
             "command": f"torchrun --nproc-per-node {os.environ.get('LOCAL_WORLD_SIZE', world)} " + " ".join(sys.argv),
-            "quick": args.quick,
+            "quick": args.quick, "graph_ops": args.graph_ops,
             "env": {k: v for k, v in sorted(os.environ.items())
                     if k.startswith(("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "EXACTCOLL"))}}
     if rank == 0:
         print(f"compare_collectives: {meta['date']}, {world} x {meta['device']}, torch {meta['torch']} (CUDA "
               f"{meta['cuda']}), NCCL {meta['nccl']}, exactcoll {meta['exactcoll']}, python {meta['python']}",
               flush=True)
-    runner = Runner(rank)
+    runner = Runner(rank, args.graph_ops)
     results = {"meta": meta, "allreduce": [], "fused": [], "bits": {"allreduce": {}, "fused": {}}, "notes": []}
 
     # 1. NCCL as vLLM pins it: first, while this job holds nothing but its NCCL communicator.
@@ -723,7 +729,8 @@ def report(results):
     n, device = meta["ranks"], meta["device"]
     lines = [f"\ncompare_collectives results: {meta['date']}, {n} x {device}, torch {meta['torch']}, "
              f"NCCL {meta['nccl']}, exactcoll {meta['exactcoll']}", f"command: {meta['command']}",
-             "µs per op: CUDA graph of 20 ops, each rank's median replay / 20, max over ranks; bf16; "
+             f"µs per op: CUDA graph of {meta.get('graph_ops', 20)} ops, each rank's median replay / "
+             f"{meta.get('graph_ops', 20)}, max over ranks; bf16; "
              "'–': not run at this size (does not fit a Lamport slot); 'n/a': unavailable or failed (below)"]
 
     lines += ["", f"### All-reduce, rows x {HIDDEN}, {n} GPUs",

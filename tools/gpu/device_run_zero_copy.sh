@@ -14,9 +14,11 @@
 #               --write-table: $OUT/fused_table_N.tsv
 #     sweep     lamport_one_stage at 1 row of H 8192 on 4 GPUs by grid (1..32 blocks), and lamport_one_shot
 #     compare4 / compare2   python/examples/compare_collectives.py on 4 / 2 GPUs (--quick with QUICK=1)
+#     compare4long  the same on 4 GPUs with 100 ops per graph (--graph-ops 100 --quick --no-pinned)
+#   BENCH_NPROC (default 4): the bench phase's GPU counts; FUSED_WRITE=0: the fused phase writes no table
 #   build first: bazel build //tools:exactcoll //python:wheel; copy bazel-bin/tools/exactcoll,
 #   bazel-bin/python/exactcoll-*.whl and /usr/lib/x86_64-linux-gnu/libpng16.so.16 into .gpubin/.
-# Logs go to $OUT/logs/ as each phase ends; a table is printed last.
+# Logs go to $OUT/logs/ as each phase ends, packed into $OUT/logs.tgz at the end; a table is printed last.
 set -uo pipefail
 PHASES=${1:-check,verify,tune,bench,compare4}
 OUT=${OUT:-/tmp/out}
@@ -43,15 +45,18 @@ fi
 if has bench; then
   TABLE=$OUT/sm90.tsv
   [ -f "$TABLE" ] || TABLE=cuda_backend/tuning/sm90.tsv
-  run bench_4 150 $B bench --nproc 4 --op allreduce --table "$TABLE" --no-eager \
-    --rows "${BENCH_ROWS:-1,2,32,64,256,1024,4096}" --algos auto,lamport_one_shot,push_one_shot,push_two_shot,nccl
-  grep -A 14 "summary" "$LOGS/bench_4.log" | head -20
+  for n in ${BENCH_NPROC:-4}; do
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) run "bench_$n" 150 $B bench --nproc "$n" --op allreduce \
+      --table "$TABLE" --no-eager --rows "${BENCH_ROWS:-1,2,32,64,256,1024,4096}" \
+      --algos auto,lamport_one_shot,push_one_shot,push_two_shot,two_shot,nccl
+    grep -A 14 "summary" "$LOGS/bench_$n.log" | head -20
+  done
 fi
 if has fused; then
   for n in 4 2; do
     CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) run "fused_$n" 200 $B bench --nproc "$n" --op fused_rmsnorm \
       --hidden 2880,4096,8192 --rows "${FUSED_ROWS:-1,16,64,256,512}" --no-eager --no-bound \
-      --write-table "$OUT/fused_table_$n.tsv"
+      $([ "${FUSED_WRITE:-1}" = 1 ] && echo --write-table "$OUT/fused_table_$n.tsv")
     grep -A 12 "summary" "$LOGS/fused_$n.log" | head -16
   done
 fi
@@ -75,10 +80,19 @@ for n in 4 2; do
     [ -f "$LOGS/compare_$n/results.json" ] && cp "$LOGS/compare_$n/results.json" "$OUT/compare_$n.json"
   fi
 done
+if has compare4long; then
+  # 100 ops per graph (a decode graph's one or two all-reduces per layer), the fewer sizes, no pinned NCCL.
+  run compare_4_ops100 "${COMPARE_TIMEOUT:-240}" torchrun --nproc-per-node 4 python/examples/compare_collectives.py \
+    --out "$LOGS/compare_4_ops100" --graph-ops 100 --quick --no-pinned
+fi
 
 echo "== device_run_zero_copy: $(date -u +%FT%TZ), $(nvidia-smi -L | head -1 | cut -c1-40)"
 for n in 4 2; do
   [ -f "$LOGS/compare_$n.log" ] && sed -n '/^compare_collectives results:/,$p' "$LOGS/compare_$n.log" | head -80
 done
+[ -f "$LOGS/compare_4_ops100.log" ] && sed -n '/^compare_collectives results:/,/^### Bits/p' "$LOGS/compare_4_ops100.log"
 grep -h "gpu_graph_in_place_check\|FAIL" "$LOGS"/graph_check_*.log 2>/dev/null | head -12
 printf '%s\n' "${rows[@]}"
+# One archive instead of many files (what comes back from a device call is counted by file); a call
+# that runs out of time leaves the logs folder as it was.
+tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
