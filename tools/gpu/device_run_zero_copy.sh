@@ -15,7 +15,8 @@
 #     sweep     lamport_one_stage at 1 row of H 8192 on 4 GPUs by grid (1..32 blocks), and lamport_one_shot
 #     compare4 / compare2   python/examples/compare_collectives.py on 4 / 2 GPUs (--quick with QUICK=1)
 #     compare4long  the same on 4 GPUs with 100 ops per graph (--graph-ops 100 --quick --no-pinned)
-#   BENCH_NPROC (default 4): the bench phase's GPU counts; FUSED_WRITE=0: the fused phase writes no table
+#     profile   nsys per-kernel times inside the graphs: lamport_one_shot at 16 KB, two_shot at 64 MB (4 GPUs)
+#   BENCH_NPROC / VERIFY_NPROC (default 4): the bench / verify GPU counts; FUSED_WRITE=0: no fused table
 #   build first: bazel build //tools:exactcoll //python:wheel; copy bazel-bin/tools/exactcoll,
 #   bazel-bin/python/exactcoll-*.whl and /usr/lib/x86_64-linux-gnu/libpng16.so.16 into .gpubin/.
 # Logs go to $OUT/logs/ as each phase ends, packed into $OUT/logs.tgz at the end; a table is printed last.
@@ -34,7 +35,10 @@ if has check; then
   CUDA_VISIBLE_DEVICES=0,1 run graph_check_2 100 torchrun --nproc-per-node 2 python/tests/gpu_graph_in_place_check.py
 fi
 if has verify; then
-  run verify_4 200 $B verify --nproc 4 --max-count "${VERIFY_MAX_COUNT:-262147}"
+  for n in ${VERIFY_NPROC:-4}; do
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) run "verify_$n" 200 $B verify --nproc "$n" \
+      --max-count "${VERIFY_MAX_COUNT:-262147}"
+  done
 fi
 if has tune; then
   cp cuda_backend/tuning/sm90.tsv "$OUT/sm90.tsv"
@@ -69,6 +73,25 @@ if has sweep; then
       --hidden 8192 --rows 1 --algos auto,unfused --no-eager --no-bound
   done
   run sweep_allreduce 60 $B bench --nproc 4 --op allreduce --rows 1 --algos auto,lamport_one_shot --no-eager --no-bound
+fi
+if has profile; then
+  # Where the time of one op goes, by kernel, inside the CUDA graphs (nsys, when the machine has it):
+  # lamport_one_shot at 16 KB and two_shot at 64 MB on 4 GPUs.
+  if command -v nsys > /dev/null; then
+    for case in "lamport_one_shot 1" "two_shot 4096"; do
+      set -- $case
+      run "nsys_$1" 120 nsys profile --trace=cuda --cuda-graph-trace=node --trace-fork-before-exec=true \
+        -o "$LOGS/nsys_$1" --force-overwrite true $B bench --nproc 4 --op allreduce --rows "$2" --algos "$1" \
+        --no-eager --no-bound --replays 10
+      nsys stats --report cuda_gpu_kern_sum --format csv "$LOGS/nsys_$1.nsys-rep" > "$LOGS/nsys_$1_kernels.csv" 2>&1
+      nsys stats --report cuda_gpu_trace --format csv "$LOGS/nsys_$1.nsys-rep" 2>/dev/null | head -400 \
+        > "$LOGS/nsys_$1_trace.csv"
+      rm -f "$LOGS/nsys_$1.nsys-rep" "$LOGS/nsys_$1.sqlite"
+      head -6 "$LOGS/nsys_$1_kernels.csv"
+    done
+  else
+    record profile "skipped (no nsys on this machine)"
+  fi
 fi
 quick=()
 [ "${QUICK:-0}" = 1 ] && quick=(--quick)
