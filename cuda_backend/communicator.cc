@@ -357,8 +357,8 @@ size_t Communicator::register_graph_buffers() {
                                         rows.data(), rows.size() * sizeof(void*), cudaMemcpyHostToDevice);
   if (filled != cudaSuccess) {
     poisoned_ = true;
-    poison_message_ = std::string("register_graph_buffers could not fill the graph input table: ") +
-                      cudaGetErrorString(filled);
+    poison_message_ =
+        std::string("register_graph_buffers could not fill the graph input table: ") + cudaGetErrorString(filled);
     throw CollectiveError(poison_message_);
   }
   graph_registered_ += count;
@@ -660,8 +660,8 @@ CallInfo Communicator::launch_sm_kernels(const Call& call) {
     }
     a.count = c;
     a.output = static_cast<char*>(call.output) + first * elem;
-    a.stage_from = call.staged() || call.captured_in_place ? static_cast<const char*>(call.input) + first * elem
-                                                           : nullptr;
+    a.stage_from =
+        call.staged() || call.captured_in_place ? static_cast<const char*>(call.input) + first * elem : nullptr;
     launch(call.dtype, *kind, a, call.choice.grid, call.stream);
     ++info.launches;
   }
@@ -748,8 +748,7 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   //     register_graph_buffers fills after the capture (launch_sm_kernels takes the rows). Until
   //     then replays stage, so the message must fit the staging buffer (one launch).
   if (call.staged() && graph_table_ != nullptr && info(call.choice.algo).family == Family::kSmKernels &&
-      in_bytes <= options_.buffer_bytes && !overlaps(input, in_bytes, output, out_bytes) &&
-      stream_capturing(stream)) {
+      in_bytes <= options_.buffer_bytes && !overlaps(input, in_bytes, output, out_bytes) && stream_capturing(stream)) {
     call.captured_in_place = true;
   }
 

@@ -259,7 +259,7 @@ class DeviceCtx {
   const KernelArgs& args_;
   volatile int* aborted_;
   const void* const* input_table_ = nullptr;  // read_inputs_from_table
-  uint32_t sum_squares_calls_ = 0;  // row_sum_squares: which of its two shared arrays is next
+  uint32_t sum_squares_calls_ = 0;            // row_sum_squares: which of its two shared arrays is next
 };
 
 }  // namespace exactcoll::cuda

@@ -88,8 +88,8 @@ struct KernelArgs {
   void* output;
   const void* stage_from;
   DeviceError* error;
-  uint64_t count;            // elements: per-rank input count (all ops)
-  uint64_t scratch_bytes;    // of every rank's scratch buffer (the push algorithms' halves)
+  uint64_t count;          // elements: per-rank input count (all ops)
+  uint64_t scratch_bytes;  // of every rank's scratch buffer (the push algorithms' halves)
   // Not null: a call captured into a CUDA graph with its input in place, whose row of the
   // communicator's graph input table register_graph_buffers fills after the capture. A filled row
   // (this rank's entry not null): the kernel reads rank r's input from input_table[r] and stages

@@ -55,10 +55,10 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
   // Captured in place: this rank's entry of its graph input table row (null until registered),
   // loaded before the wait for the previous kernel so that its latency overlaps it (only the host
   // writes the table).
-  const void* own_from_table =
-      args.input_table != nullptr
-          ? reinterpret_cast<const void*>(__ldg(reinterpret_cast<const unsigned long long*>(args.input_table) + args.rank))
-          : nullptr;
+  const void* own_from_table = args.input_table != nullptr
+                                   ? reinterpret_cast<const void*>(__ldg(
+                                         reinterpret_cast<const unsigned long long*>(args.input_table) + args.rank))
+                                   : nullptr;
   enter_after_previous_grid();
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;

@@ -110,15 +110,15 @@ struct RankDied {};
 
 // One launch: a kernel over `blocks` blocks on every rank.
 struct Launch {
-  std::string name;                      // e.g. "allreduce_one_shot" (traces)
-  int blocks = 1;                        // 1..kMaxBlocks
-  std::vector<const void*> inputs;       // per rank, copied into its input buffer first (or empty)
-  size_t input_bytes = 0;                // bytes copied per rank
-  size_t scratch_bytes = 0;              // scratch each rank needs
-  size_t lamport_bytes = 0;              // Lamport region each rank needs (core/lamport.h; filled with
-                                         // 0xFF when created or grown, never between launches)
-  std::vector<void*> outputs;            // per rank: ctx.output() (or empty)
-  size_t output_bytes = 0;               // bytes per rank (a misaligned output is staged and copied out)
+  std::string name;                 // e.g. "allreduce_one_shot" (traces)
+  int blocks = 1;                   // 1..kMaxBlocks
+  std::vector<const void*> inputs;  // per rank, copied into its input buffer first (or empty)
+  size_t input_bytes = 0;           // bytes copied per rank
+  size_t scratch_bytes = 0;         // scratch each rank needs
+  size_t lamport_bytes = 0;         // Lamport region each rank needs (core/lamport.h; filled with
+                                    // 0xFF when created or grown, never between launches)
+  std::vector<void*> outputs;       // per rank: ctx.output() (or empty)
+  size_t output_bytes = 0;          // bytes per rank (a misaligned output is staged and copied out)
   // In place: the kernel writes its result over this rank's own input buffer (ctx.output() ==
   // ctx.input(rank)), as the GPU runs the push algorithms' in-place calls; outputs then receive a
   // copy when the launch finishes. Preconditions: output_bytes <= input_bytes.

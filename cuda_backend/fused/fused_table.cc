@@ -50,8 +50,8 @@ LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType
     // each stores at most kLamportPushBytesPerBlock of x into every peer, even at 1 row.
     const uint64_t bytes = static_cast<uint64_t>(std::max(rows, 0)) * static_cast<uint64_t>(hidden) * dtype_size(dtype);
     const uint64_t push_blocks = (bytes + kLamportPushBytesPerBlock - 1) / kLamportPushBytesPerBlock;
-    blocks = static_cast<int>(std::max<uint64_t>(static_cast<uint64_t>(std::max(blocks, 0)),
-                                                 std::min<uint64_t>(push_blocks, kMaxBlocks)));
+    blocks = static_cast<int>(
+        std::max<uint64_t>(static_cast<uint64_t>(std::max(blocks, 0)), std::min<uint64_t>(push_blocks, kMaxBlocks)));
   }
   g.blocks = std::clamp(blocks, 1, kMaxBlocks);
   return g;

@@ -57,9 +57,9 @@ struct Workload {
   size_t count;
   int blocks;
   bool two_shot;
-  bool push = false;     // allreduce_push_one_shot, or with two_shot allreduce_push_two_shot
-  int odd_blocks = 0;    // > 0: odd-numbered launches use this grid instead of `blocks`
-  size_t odd_count = 0;  // > 0: odd-numbered launches reduce this many elements instead of `count`
+  bool push = false;      // allreduce_push_one_shot, or with two_shot allreduce_push_two_shot
+  int odd_blocks = 0;     // > 0: odd-numbered launches use this grid instead of `blocks`
+  size_t odd_count = 0;   // > 0: odd-numbered launches reduce this many elements instead of `count`
   bool in_place = false;  // output == input (each rank's input buffer is overwritten by its result)
 };
 
@@ -347,9 +347,9 @@ TEST(ProtocolExploration, OneShotInPlaceIsCaughtWithinTheSeedBound) {
   int caught = 0;
   const uint64_t seed = first_failing_seed<TwoSetProtocol>(w, &outcome, &detail, &caught);
   EXPECT_NE(seed, 0u) << "one_shot in place survived " << kSeedBound << " seeds on " << w.ranks << " ranks";
-  std::printf("one_shot in place, %d ranks: caught in %d of %llu seeds, first at seed %llu (%s)\n%s\n", w.ranks,
-              caught, static_cast<unsigned long long>(kSeedBound), static_cast<unsigned long long>(seed),
-              name(outcome), detail.c_str());
+  std::printf("one_shot in place, %d ranks: caught in %d of %llu seeds, first at seed %llu (%s)\n%s\n", w.ranks, caught,
+              static_cast<unsigned long long>(kSeedBound), static_cast<unsigned long long>(seed), name(outcome),
+              detail.c_str());
 }
 
 // A finding: two_shot in place is safe too. Its output is written only in the gather step, after

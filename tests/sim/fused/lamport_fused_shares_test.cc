@@ -48,8 +48,8 @@ TEST(LamportFusedShares, RowsPartitionAndFollowThePush) {
       const size_t H = static_cast<size_t>(packs_per_row) * P;
       const size_t count = static_cast<size_t>(rows) * H;
       for (int blocks = 1; blocks <= 20; ++blocks) {
-        const std::string what = "rows " + std::to_string(rows) + " H " + std::to_string(H) + " blocks " +
-                                 std::to_string(blocks);
+        const std::string what =
+            "rows " + std::to_string(rows) + " H " + std::to_string(H) + " blocks " + std::to_string(blocks);
         int next_row = 0;
         size_t next_element = 0;
         for (int b = 0; b < blocks; ++b) {
@@ -188,8 +188,8 @@ std::string run_workload(const Workload& w, sim::Schedule schedule, uint64_t see
   size_t region = 0;
   for (size_t k = 0; k < w.calls.size(); ++k) {
     make_call(w.calls[k], w.ranks, w.hidden, 7919 * seed + 31 * k + w.ranks, &data[k]);
-    region = std::max(region, lamport_region_bytes(static_cast<size_t>(w.calls[k].rows) * w.hidden, sizeof(bf16),
-                                                   w.ranks));
+    region =
+        std::max(region, lamport_region_bytes(static_cast<size_t>(w.calls[k].rows) * w.hidden, sizeof(bf16), w.ranks));
   }
   for (size_t k = 0; k < w.calls.size(); ++k) {
     CallData& d = data[k];
