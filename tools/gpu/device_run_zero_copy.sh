@@ -16,6 +16,7 @@
 #     compare4 / compare2   python/examples/compare_collectives.py on 4 / 2 GPUs (--quick with QUICK=1)
 #     compare4long  the same on 4 GPUs with 100 ops per graph (--graph-ops 100 --quick --no-pinned)
 #     profile   nsys per-kernel times inside the graphs: lamport_one_shot at 16 KB, two_shot at 64 MB (4 GPUs)
+#     solo      one GPU, one rank: the kernels without peers, and ncu sections of the fused kernels at 1 row
 #   BENCH_NPROC / VERIFY_NPROC (default 4): the bench / verify GPU counts; FUSED_WRITE=0: no fused table
 #   build first: bazel build //tools:exactcoll //python:wheel; copy bazel-bin/tools/exactcoll,
 #   bazel-bin/python/exactcoll-*.whl and /usr/lib/x86_64-linux-gnu/libpng16.so.16 into .gpubin/.
@@ -92,6 +93,26 @@ if has profile; then
   else
     record profile "skipped (no nsys on this machine)"
   fi
+fi
+if has solo; then
+  # One GPU, one rank (nothing to wait for, so ncu's kernel replay works): what the kernels cost
+  # without peers (lamport_one_shot, push_one_shot; lamport_one_stage, the split and its parts at 1
+  # row of H 8192), then ncu's sections for the one-block fused kernel and the Lamport all-reduce.
+  run solo_allreduce 60 $B bench --nproc 1 --op allreduce --rows 1,32 --algos lamport_one_shot,push_one_shot \
+    --no-eager --no-bound
+  run solo_fused 60 $B bench --nproc 1 --op fused_rmsnorm --hidden 8192 --rows 1 \
+    --algos lamport_one_stage,push_one_stage,unfused,allreduce,norm --no-eager --no-bound
+  for algo in lamport_one_stage push_one_stage; do
+    run "ncu_$algo" 150 ncu --clock-control none --target-processes all --graph-profiling node \
+      --kernel-name regex:fused --launch-skip 5 --launch-count 1 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      --section SchedulerStats $B bench --nproc 1 --op fused_rmsnorm --hidden 8192 --rows 1 --algos "$algo" \
+      --no-eager --no-bound --no-check --replays 2 --warmup 1
+  done
+  run ncu_lamport_one_shot 150 ncu --clock-control none --target-processes all --graph-profiling node \
+    --kernel-name regex:collective --launch-skip 5 --launch-count 1 --section SpeedOfLight --section LaunchStats \
+    --section WarpStateStats $B bench --nproc 1 --op allreduce --rows 1 --algos lamport_one_shot --no-eager \
+    --no-bound --no-check --replays 2 --warmup 1
 fi
 quick=()
 [ "${QUICK:-0}" = 1 ] && quick=(--quick)
