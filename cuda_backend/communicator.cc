@@ -69,10 +69,24 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   return x < y + b_bytes && y < x + a_bytes;
 }
 
-// Whether the stream is capturing into a CUDA graph (a legal query during a capture).
+// Whether the stream is capturing into a CUDA graph (a legal query during a capture). A query that
+// fails (the legacy stream while another thread captures globally) is no capture, its error cleared.
 bool stream_capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(stream, &status) == cudaSuccess && status == cudaStreamCaptureStatusActive;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return status == cudaStreamCaptureStatusActive;
+}
+
+// One step of FNV-1a over the 8 bytes of v: the digest of the calls captured in place.
+uint64_t fnv1a(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    h ^= (v >> (8 * i)) & 0xFFu;
+    h *= 0x100000001b3ull;
+  }
+  return h;
 }
 
 }  // namespace
@@ -287,8 +301,10 @@ RegisteredBuffer Communicator::register_buffer(const void* ptr, size_t bytes) {
                 " (memory from cudaMallocAsync pools or VMM cannot be exported this way)";
     }
     // 2. Every rank reads every rank's verdict and size, so all fail together or none does.
-    agree_or_throw("register_buffer #" + std::to_string(id), "reg/" + std::to_string(id) + "/", std::to_string(bytes),
-                   problem, [&](int p, const std::string& theirs) {
+    // Keyed by the attempt, not the id: a failed attempt does not use up its id, and a retry must
+    // not read a peer's verdict from it.
+    agree_or_throw("register_buffer #" + std::to_string(id), "reg/" + std::to_string(register_rounds_++) + "/",
+                   std::to_string(bytes), problem, [&](int p, const std::string& theirs) {
                      return "rank " + std::to_string(p) + " registered " + theirs + " bytes, rank " +
                             std::to_string(rank_) + " " + std::to_string(bytes);
                    });
@@ -306,21 +322,40 @@ RegisteredBuffer Communicator::register_buffer(const void* ptr, size_t bytes) {
 
 size_t Communicator::register_graph_buffers() {
   require_usable();
-  if (!ipc_ready_ || graph_table_ == nullptr) return 0;  // both agreed by every rank
+  if (!ipc_ready_) return 0;  // agreed by every rank at creation
   const uint64_t round = graph_rounds_++;
-  // 1. The allocation behind every input captured in place, exported once per allocation (or
-  //    why one cannot be).
+  // What this round registers, consumed whatever happens below: after a failure these rows stay
+  // null, so their launches stage on every rank alike, and the next registration starts afresh.
+  std::vector<const void*> pending;
+  pending.swap(graph_pending_);
+  const uint64_t pending_digest = graph_pending_digest_;
+  graph_pending_digest_ = kFnvOffset;
+  const size_t first_row = graph_registered_;
+  graph_registered_ += pending.size();
+  const size_t count = pending.size();
+  // 1. No replay of this rank may run while its rows change (a replay half before and half after
+  //    would stage on this rank while its peers read in place); then the allocation behind every
+  //    input captured in place, exported once per allocation (or why one cannot be).
   std::string problem;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(nullptr, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    problem = "called during a CUDA-graph capture (call it after the capture ends)";
+  } else if (const cudaError_t synced = cudaDeviceSynchronize(); synced != cudaSuccess) {
+    problem = std::string("cudaDeviceSynchronize: ") + cudaGetErrorString(synced);
+  } else if (count > 0 && graph_table_ == nullptr) {
+    problem = "captured in place without a graph input table";  // cannot happen: 4c needs the table
+  }
   std::vector<ExportedBuffer> mine;
   std::map<CUdeviceptr, std::string> handles;
   const MemGetAddressRangeFn range = mem_get_address_range();
-  for (const void* input : graph_pending_) {
+  for (size_t i = 0; i < count && problem.empty(); ++i) {
     CUdeviceptr base = 0;
     size_t size = 0;
     if (range == nullptr) {
       problem = "cuMemGetAddressRange is unavailable";
-    } else if (range(&base, &size, reinterpret_cast<CUdeviceptr>(input)) != CUDA_SUCCESS) {
-      problem = "a captured input is not device memory of this GPU";
+    } else if (range(&base, &size, reinterpret_cast<CUdeviceptr>(pending[i])) != CUDA_SUCCESS) {
+      problem = "a captured input is not device memory of this GPU (was its graph's memory freed?)";
     } else if (handles.count(base) == 0) {
       cudaIpcMemHandle_t handle{};
       if (cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base)) != cudaSuccess) {
@@ -331,19 +366,28 @@ size_t Communicator::register_graph_buffers() {
         handles[base] = std::string(reinterpret_cast<const char*>(&handle), sizeof handle);
       }
     }
-    if (!problem.empty()) break;
-    mine.push_back(ExportedBuffer{handles[base], base, size, reinterpret_cast<CUdeviceptr>(input) - base});
+    if (problem.empty()) {
+      mine.push_back(ExportedBuffer{handles[base], base, size, reinterpret_cast<CUdeviceptr>(pending[i]) - base});
+    }
   }
-  // 2. Every rank reads every rank's count and verdict, so all fail together or none does.
-  const size_t count = graph_pending_.size();
-  agree_or_throw("register_graph_buffers", "graph/" + std::to_string(round) + "/", std::to_string(count), problem,
+  // 2. Every rank reads every rank's verdict and its captured sequence (how many launches, and a
+  //    digest of each one's op, count, type and algorithm in capture order), so all fail together
+  //    or none does, and row i is the same call on every rank.
+  char digest[17];
+  std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(pending_digest));
+  const std::string sequence = std::to_string(count) + ":" + digest;
+  agree_or_throw("register_graph_buffers", "graph/" + std::to_string(round) + "/", sequence, problem,
                  [&](int p, const std::string& theirs) {
-                   return "rank " + std::to_string(p) + " captured " + theirs +
+                   return "rank " + std::to_string(p) + " captured " + theirs.substr(0, theirs.find(':')) +
                           " launches in place since the last registration, rank " + std::to_string(rank_) + " " +
-                          std::to_string(count) + " (every rank must capture the same collectives)";
+                          std::to_string(count) +
+                          (theirs.substr(0, theirs.find(':')) == std::to_string(count)
+                               ? " but of other calls (op, count, type or algorithm differ)"
+                               : "") +
+                          " (every rank must capture the same collectives, with graph_in_place alike)";
                  });
   if (count == 0) return 0;
-  // 3. One exchange (opens only allocations not opened before), then the rows.
+  // 3. One exchange (opens only allocations not opened before), then the rows, on every rank.
   const auto peers = exchange_->exchange(mine);
   std::vector<const void*> rows(count * static_cast<size_t>(world_size_));
   for (size_t i = 0; i < count; ++i) {
@@ -351,18 +395,24 @@ size_t Communicator::register_graph_buffers() {
       rows[i * static_cast<size_t>(world_size_) + static_cast<size_t>(p)] = peers[i][static_cast<size_t>(p)];
     }
   }
-  // Every rank passed the exchange's barrier, so every rank fills its rows now. One that could not
-  // would stage while its peers read in place (their staging buffers stale): it is unusable.
-  const cudaError_t filled = cudaMemcpy(graph_table_ + graph_registered_ * static_cast<size_t>(world_size_),
-                                        rows.data(), rows.size() * sizeof(void*), cudaMemcpyHostToDevice);
-  if (filled != cudaSuccess) {
-    poisoned_ = true;
-    poison_message_ =
-        std::string("register_graph_buffers could not fill the graph input table: ") + cudaGetErrorString(filled);
-    throw CollectiveError(poison_message_);
+  const size_t row_offset = first_row * static_cast<size_t>(world_size_);
+  cudaError_t filled =
+      cudaMemcpy(graph_table_ + row_offset, rows.data(), rows.size() * sizeof(void*), cudaMemcpyHostToDevice);
+  if (filled == cudaSuccess) filled = cudaDeviceSynchronize();  // a pageable copy may return before it lands
+  // 4. Whether every rank filled its rows. If one could not, every rank clears its rows again, so
+  //    all stage; a rank that cannot even clear them is unusable (it would stage alone).
+  const std::string fill_problem = filled == cudaSuccess ? "" : std::string("filling: ") + cudaGetErrorString(filled);
+  try {
+    agree_or_throw("register_graph_buffers", "graph/" + std::to_string(round) + "/filled/", "1", fill_problem,
+                   [](int, const std::string&) { return std::string("unreachable"); });
+  } catch (const CollectiveError&) {
+    if (cudaMemset(graph_table_ + row_offset, 0, rows.size() * sizeof(void*)) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
+      poisoned_ = true;
+      poison_message_ = "register_graph_buffers could neither fill nor clear the graph input table";
+    }
+    throw;
   }
-  graph_registered_ += count;
-  graph_pending_.clear();
   return count;
 }
 
@@ -657,6 +707,10 @@ CallInfo Communicator::launch_sm_kernels(const Call& call) {
     if (call.captured_in_place) {
       a.input_table = graph_table_ + (graph_registered_ + graph_pending_.size()) * static_cast<size_t>(world_size_);
       graph_pending_.push_back(static_cast<const char*>(call.input) + first * elem);
+      for (const uint64_t v : {uint64_t{static_cast<uint8_t>(call.op)}, uint64_t{static_cast<uint8_t>(algo)},
+                               uint64_t{static_cast<uint8_t>(call.dtype)}, uint64_t{c}, uint64_t{first}}) {
+        graph_pending_digest_ = fnv1a(graph_pending_digest_, v);
+      }
     }
     a.count = c;
     a.output = static_cast<char*>(call.output) + first * elem;
@@ -746,9 +800,14 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   // 4c. Captured into a CUDA graph, an input that peers read stays where it is too: the kernel
   //     reads every rank's address from a row of the graph input table, which
   //     register_graph_buffers fills after the capture (launch_sm_kernels takes the rows). Until
-  //     then replays stage, so the message must fit the staging buffer (one launch).
+  //     then replays stage, so the message must fit the staging buffer (one launch). In place
+  //     (output == input) only for two_shot, which writes its output after the barrier that
+  //     follows every peer's reads (tests/sim/protocol_exploration_test.cc, TwoShotInPlaceIsSafe);
+  //     one_shot's peers would read its result.
+  const bool disjoint_or_safe_in_place =
+      !overlaps(input, in_bytes, output, out_bytes) || (input == output && call.choice.algo == Algorithm::kTwoShot);
   if (call.staged() && graph_table_ != nullptr && info(call.choice.algo).family == Family::kSmKernels &&
-      in_bytes <= options_.buffer_bytes && !overlaps(input, in_bytes, output, out_bytes) && stream_capturing(stream)) {
+      in_bytes <= options_.buffer_bytes && disjoint_or_safe_in_place && stream_capturing(stream)) {
     call.captured_in_place = true;
   }
 

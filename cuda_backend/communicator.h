@@ -14,9 +14,10 @@
 //     (the registry's input_private: push_one_shot, push_two_shot, lamport_one_shot, which `auto`
 //     picks at every size) read it in place, eager or captured, with no registration, also when
 //     the call is in place (output == input: each block overwrites only what it read itself);
-//   - captured in place (options.graph_in_place): a call captured into a CUDA graph whose peers
-//     read its input leaves the input where it is and reads the peers' addresses from a device
-//     table (KernelArgs::input_table); register_graph_buffers(), collective, after the capture,
+//   - captured in place (options.graph_in_place): an out-of-place call captured into a CUDA graph
+//     whose peers read its input (one_shot, two_shot, direct; two_shot in place too) leaves the
+//     input where it is and reads the peers' addresses from a device table
+//     (KernelArgs::input_table); register_graph_buffers(), collective, after the capture,
 //     exchanges the handles of those inputs' allocations once and fills the table, so replays
 //     read the peers' tensors in place (vLLM's custom all-reduce registers graph buffers so).
 // Outputs are written in place (no peer ever reads another rank's output).
@@ -132,11 +133,15 @@ class Communicator {
   // last call (cuMemGetAddressRange, cudaIpcGetMemHandle), exchanges them once (handle_exchange:
   // only new allocations are opened) and fills their rows of the graph input table, so that
   // replays read every rank's input where it lies. Returns how many captured launches it
-  // registered (0 when none was captured in place, or without the IPC path). Throws
-  // CollectiveError, on every rank, when some rank's input cannot be exported (memory from
-  // cudaMallocAsync pools or expandable segments: capture with options.graph_in_place = false) or
-  // when ranks captured different numbers of in-place launches; the rows then stay unregistered.
-  // Until their rows are registered, replays stage those inputs (same bits, the copy's cost).
+  // registered (0 when none was captured in place, or without the IPC path). It first waits for
+  // this rank's device work (no replay may run while rows change): call it when no replay of those
+  // graphs is in flight. Throws CollectiveError, on every rank, when some rank's input cannot be
+  // exported (memory from cudaMallocAsync pools or expandable segments: capture with
+  // options.graph_in_place = false), when ranks captured different sequences of in-place launches
+  // (count, or op/type/count/algorithm digest), when called during a capture, or when some rank
+  // could not fill its rows (every rank then clears its rows again). The launches it covered are
+  // consumed either way: after a failure their rows stay null, and replays stage those inputs, as
+  // they do until their rows are registered (same bits, the copy's cost).
   // Example: capture g; comm.register_graph_buffers(); g.replay();
   size_t register_graph_buffers();
   // Launches captured in place that wait for register_graph_buffers.
@@ -280,7 +285,10 @@ class Communicator {
   size_t graph_slots_ = 0;
   size_t graph_registered_ = 0;
   std::vector<const void*> graph_pending_;
-  uint64_t graph_rounds_ = 0;  // register_graph_buffers calls (store key rounds)
+  static constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+  uint64_t graph_pending_digest_ = kFnvOffset;  // FNV-1a of each pending launch's op, algo, type, count, offset
+  uint64_t graph_rounds_ = 0;                   // register_graph_buffers calls (store key rounds)
+  uint64_t register_rounds_ = 0;                // register_buffer attempts (store key rounds)
   ncclComm_t nccl_comm_ = nullptr;
 };
 

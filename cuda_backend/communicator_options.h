@@ -25,8 +25,9 @@ struct CommunicatorOptions {
   // The library contract every exact call folds under: canonical or tree (core/registry.h; the
   // emulations are refused at creation). The residual add and RMSNorm are canonical under both.
   Contract contract = Contract::kCanonical;
-  // A call captured into a CUDA graph whose peers read its input (one_shot, two_shot, direct)
-  // leaves the input in place and reads every rank's address from the graph input table, which
+  // An out-of-place call captured into a CUDA graph whose peers read its input (one_shot,
+  // two_shot, direct; two_shot in place too) leaves the input where it is and reads every rank's
+  // address from the graph input table, which
   // register_graph_buffers() fills after the capture (communicator.h). false: such calls stage.
   bool graph_in_place = true;
   // Rows of the graph input table (one per captured launch; world_size pointers each). A capture

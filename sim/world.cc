@@ -251,6 +251,9 @@ void World::validate(const QueuedLaunch& q) const {
   if (!l.outputs.empty() && static_cast<int>(l.outputs.size()) != options_.ranks) {
     throw std::invalid_argument(what + "one output per rank is needed");
   }
+  if (l.output_is_input && l.output_bytes > l.input_bytes) {
+    throw std::invalid_argument(what + "an output written over the input must fit it (output_bytes <= input_bytes)");
+  }
 }
 
 void World::stage(int rank, uint32_t k, Executor* executor) {

@@ -141,6 +141,7 @@ MultiNodeCommunicator::MultiNodeCommunicator(Store& store, int rank, int world_s
   CommunicatorOptions node_options = options_.node;
   node_options.name = options_.name + "/node" + std::to_string(place.node);
   node_options.use_nccl = false;
+  node_options.graph_in_place = false;  // the multi-node calls stage every input (no graph input table)
   node_options.store_timeout = options_.store_timeout;
   node_ = std::make_unique<Communicator>(store_, place.local_rank, layout_.local_ranks, node_options);
   // 3. NCCL over every rank (the cross-node transport) and the carry buffers.

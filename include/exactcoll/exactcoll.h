@@ -298,8 +298,9 @@ typedef struct exactcoll_comm_options {
                            sums; algo nccl, asked for, still runs NCCL. Others are INVALID_ARGUMENT */
   int reserved;         /* 0. Makes the struct longer than the one before `contract`, whose tail
                            padding `contract` occupies, so that struct_size tells them apart */
-  int graph_in_place;   /* 1 (default): a call captured into a CUDA graph whose peers read its input
-                           (one_shot, two_shot, direct) leaves the input where it is once every rank
+  int graph_in_place;   /* 1 (default): an out-of-place call captured into a CUDA graph whose peers
+                           read its input (one_shot, two_shot, direct; two_shot in place too) leaves
+                           the input where it is once every rank
                            has called exactcoll_comm_register_graph_buffers after the capture (before
                            that, replays copy it as uncaptured calls do). 0: such calls always copy
                            the input through the communicator's buffer. The algorithms `auto` picks for all-reduce
@@ -357,11 +358,14 @@ EXACTCOLL_API int exactcoll_comm_register_buffer(exactcoll_comm comm, const void
  * the first replay (options.graph_in_place). It exports the allocations behind the inputs captured
  * in place since the last call, exchanges them once, and lets the replays read every rank's input
  * where it lies: no staging copy. *registered (may be NULL): how many captured launches it
- * registered (0 on a multi-node communicator, or when nothing was captured in place). Fails on
+ * registered (0 on a multi-node communicator, or when nothing was captured in place). It first
+ * waits for this rank's device work: call it when no replay of those graphs is in flight. Fails on
  * every rank with EXACTCOLL_ERROR_INVALID_ARGUMENT when some rank's inputs cannot be exported
- * (cudaMallocAsync pools, expandable segments: capture with graph_in_place 0) or ranks captured
- * different numbers of launches. Until it has run, replays copy those inputs through the
- * communicator's buffer as uncaptured calls do (same bits, the copy's cost). */
+ * (cudaMallocAsync pools, expandable segments: capture with graph_in_place 0), when ranks captured
+ * different sequences of calls (or set graph_in_place differently), or during a capture. The
+ * launches it covered are consumed even then: their replays copy the inputs, as every replay does
+ * until this has run (through the communicator's buffer, as uncaptured calls do: same bits, the
+ * copy's cost). */
 EXACTCOLL_API int exactcoll_comm_register_graph_buffers(exactcoll_comm comm, size_t* registered);
 
 /* The ops, on device pointers of this rank's GPU, enqueued on stream (a cudaStream_t; NULL is the

@@ -138,10 +138,12 @@ class Communicator:
 
     Inputs are read where they lie whenever that is safe, with no copy: always for the algorithms
     whose peers never read a rank's input (push_one_shot, push_two_shot, lamport_one_shot: what
-    `auto` picks for all_reduce), and, with graph_in_place (the default), for every op captured into
-    a CUDA graph, once every rank has called register_graph_buffers() after the capture (or used
-    `with comm.cuda_graph(g):`). graph_in_place=False copies such inputs through the communicator's
-    buffer instead (needed when the captured tensors come from expandable segments).
+    `auto` picks for all_reduce up to 32 MB on 4 GPUs with the default buffers), and, with
+    graph_in_place (the default), for the other out-of-place ops captured into a CUDA graph (and
+    two_shot in place), once every rank has called register_graph_buffers() after the capture (or
+    used `with comm.cuda_graph(g):`). graph_in_place=False copies such inputs through the
+    communicator's buffer instead (needed when the captured tensors come from expandable
+    segments).
     """
 
     def __init__(self, group=None, *, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
@@ -316,9 +318,11 @@ class Communicator:
         """Collective: every rank calls it after capturing the same ops into its CUDA graph(s) and
         before the first replay. The replays then read every rank's captured input where it lies (no
         staging copy). Returns how many captured launches it registered (0 when none needed it).
+        It first waits for this GPU's work: call it when no replay of those graphs is in flight.
         Raises on every rank when some rank's inputs cannot be exported (expandable segments, async
-        pools: make the communicator with graph_in_place=False) or ranks captured different ops.
-        Until it has run, replays copy those inputs through the communicator's buffer (same bits)."""
+        pools: make the communicator with graph_in_place=False) or ranks captured different ops; the
+        captured calls it covered then keep copying their inputs, as every replay does until it has
+        run (through the communicator's buffer: same bits)."""
         count = ctypes.c_size_t()
         _lib.check(_lib.lib.exactcoll_comm_register_graph_buffers(self._handle, ctypes.byref(count)))
         return count.value

@@ -12,7 +12,8 @@ Per rank, bf16, for every (op, algo) and message size below:
   captured    the call captured into a CUDA graph on the default communicator: replayed before
               register_graph_buffers() (staged: same bits), then after it (read in place from the
               graph input table), then with new values copied into the captured input tensor (the
-              replay must read them, not a stale copy).
+              replay must read them, not a stale copy); and all_reduce_ captured in place (two_shot reads the
+              peers in place once registered, one_shot stages).
 Every output is compared by bit pattern; any difference, or a registration that registered nothing
 where peers read the input, makes the script exit 1. Rank 0 prints one line per case.
 """
@@ -132,6 +133,41 @@ def main():
                       f"registered {registered} -> {verdict}", flush=True)
             elif problems:
                 print(f"rank {rank} {op} {algo} {count}: " + "; ".join(problems), flush=True)
+    # In place (all_reduce_) inside a graph: two_shot reads its peers' tensors in place once
+    # registered (its output is written after every peer's reads); one_shot stages (its peers
+    # would read its result), so it registers nothing.
+    for algo, want_rows in (("two_shot", True), ("one_shot", False)):
+        count = 65536
+        x = inputs(count, 3, rank)
+        expected = call(staged, "all_reduce", algo, x, None)
+        y = x.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            comm.all_reduce_(y.clone(), algo=algo)  # warm-up (eager)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            comm.all_reduce_(y, algo=algo)
+        registered = comm.register_graph_buffers()
+        y.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        problems = []
+        if differing(y, expected):
+            problems.append(f"{differing(y, expected)} differ")
+        if (registered > 0) != want_rows:
+            problems.append(f"registered {registered}")
+        comm.check()
+        del graph
+        mine = torch.tensor([len(problems)], device="cuda")
+        dist.all_reduce(mine)
+        failures += int(mine.item())
+        if rank == 0:
+            verdict = "ok" if mine.item() == 0 else "FAIL " + "; ".join(problems)
+            print(f"all_reduce_ in a graph {algo:9s} count {count:8d}: registered {registered} -> {verdict}",
+                  flush=True)
     comm.close()
     staged.close()
     if rank == 0:

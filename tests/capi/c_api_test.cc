@@ -613,6 +613,9 @@ TEST(CApiGpu, MultiNodeOptionsAndOlderStructsAreCheckedFirst) {
   options.local_world_size = 2;
   options.struct_size = offsetof(exactcoll_comm_options, reserved) + sizeof(int);
   expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "rank 3 is not on node 0 of 2 ranks");
+  // The old struct's sizeof (its tail padded to 8 bytes) still ends inside graph_in_place's place.
+  options.struct_size = (offsetof(exactcoll_comm_options, reserved) + sizeof(int) + 7) / 8 * 8;
+  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "rank 3 is not on node 0 of 2 ranks");
   options.struct_size = sizeof options;
   expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "graph_in_place must be 0 or 1, got 7");
   EXPECT_EQ(exactcoll_store_destroy(store), EXACTCOLL_OK);
