@@ -758,6 +758,9 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   if (!aligned16(input) || !aligned16(output)) {
     throw std::invalid_argument(std::string(op_name(op)) + ": input and output must be 16-byte aligned");
   }
+  if (const std::string problem = overlap_problem(op, input, in_bytes, output, out_bytes, rank_); !problem.empty()) {
+    throw std::invalid_argument(std::string(op_name(op)) + ": " + problem);
+  }
 
   // 3. Where inputs come from.
   if (registered != nullptr) {

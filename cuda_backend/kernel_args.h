@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "core/op.h"
 #include "core/signal.h"
@@ -54,6 +55,33 @@ constexpr std::optional<KernelKind> sm_kernel_kind(Op op, Algorithm algo) {
     case Algorithm::kNccl: return std::nullopt;
   }
   return std::nullopt;
+}
+
+// Returns "" when input (in_bytes) and output (out_bytes) are disjoint or overlap in the one
+// in-place form each op's kernels are safe with, since every block then overwrites only what it
+// has staged or read itself: all-reduce output == input; reduce-scatter output == input + rank x
+// out_bytes (this rank's block); all-gather input == output + rank x in_bytes. Otherwise what is
+// wrong: with a partial overlap one block can write output over input another block has not read.
+// Example: overlap_problem(Op::kAllReduce, p, 64, p + 16, 64, 0) names the overlap; (.., p, 64, 0) is "".
+inline std::string overlap_problem(Op op, const void* input, size_t in_bytes, const void* output, size_t out_bytes,
+                                   int rank) {
+  const auto in = reinterpret_cast<uintptr_t>(input), out = reinterpret_cast<uintptr_t>(output);
+  if (in >= out + out_bytes || out >= in + in_bytes) return "";
+  const auto r = static_cast<uintptr_t>(rank);
+  switch (op) {
+    case Op::kAllReduce:
+      if (in == out) return "";
+      return "input and output overlap without being the same buffer (pass out = input for in place)";
+    case Op::kReduceScatter:
+      if (out == in + r * out_bytes) return "";
+      return "input and output overlap, and output is not this rank's block of the input (input + rank x output "
+             "bytes, the in-place form)";
+    case Op::kAllGather:
+      if (in == out + r * in_bytes) return "";
+      return "input and output overlap, and input is not this rank's block of the output (output + rank x input "
+             "bytes, the in-place form)";
+  }
+  return "";
 }
 
 // A timeout seen by a wait on a flag, recorded by the first thread that saw one (per communicator)

@@ -168,6 +168,37 @@ def main():
             verdict = "ok" if mine.item() == 0 else "FAIL " + "; ".join(problems)
             print(f"all_reduce_ in a graph {algo:9s} count {count:8d}: registered {registered} -> {verdict}",
                   flush=True)
+    # The in-place forms of reduce_scatter (output = this rank's block of the input) and all_gather
+    # (input = this rank's block of the output), eager, and a partial overlap, which is refused.
+    count = 65536
+    x = inputs(count, 4, rank)
+    problems = []
+    want_rs = call(staged, "reduce_scatter", "auto", x, None)
+    buf = x.clone()
+    comm.reduce_scatter(buf, out=buf.view(world, -1)[rank], algo="auto")
+    if differing(buf.view(world, -1)[rank], want_rs):
+        problems.append(f"reduce_scatter in place: {differing(buf.view(world, -1)[rank], want_rs)} differ")
+    want_ag = call(staged, "all_gather", "auto", x, None)
+    out = torch.empty(world * count, dtype=x.dtype, device=x.device)
+    out.view(world, -1)[rank].copy_(x)
+    comm.all_gather(out.view(world, -1)[rank], out=out, algo="auto")
+    if differing(out, want_ag):
+        problems.append(f"all_gather in place: {differing(out, want_ag)} differ")
+    try:
+        comm.all_reduce(buf[:-64], out=buf[64:], algo="two_shot")
+        problems.append("a partial overlap was not refused")
+    except Exception as e:  # noqa: BLE001  (the library's error type for INVALID_ARGUMENT)
+        if "overlap" not in str(e):
+            problems.append(f"a partial overlap failed without naming it: {e}")
+    torch.cuda.synchronize()
+    mine = torch.tensor([len(problems)], device="cuda")
+    dist.all_reduce(mine)
+    failures += int(mine.item())
+    if rank == 0:
+        verdict = "ok" if mine.item() == 0 else "FAIL " + "; ".join(problems)
+        print(f"reduce_scatter / all_gather in place, partial overlap refused: {verdict}", flush=True)
+    elif problems:
+        print(f"rank {rank}: " + "; ".join(problems), flush=True)
     comm.close()
     staged.close()
     if rank == 0:
