@@ -370,9 +370,11 @@ EXACTCOLL_API int exactcoll_comm_register_graph_buffers(exactcoll_comm comm, siz
 
 /* The ops, on device pointers of this rank's GPU, enqueued on stream (a cudaStream_t; NULL is the
  * legacy default stream). Collective, with equal count, dtype, algo and registered-or-not on every
- * rank. Input and output are 16-byte aligned. registered_id: -1, or a buffer that holds input (at
- * the same offset on every rank). info: NULL, or filled with what ran. Nothing synchronizes, so a
- * call may be captured in a CUDA graph and replayed; exactcoll_comm_check reports a peer that never
+ * rank. Input and output are 16-byte aligned, and disjoint or in the op's in-place form (all-reduce
+ * output == input; reduce-scatter output = input + rank x output bytes; all-gather input = output +
+ * rank x input bytes); another overlap is EXACTCOLL_ERROR_INVALID_ARGUMENT. registered_id: -1, or
+ * a buffer that holds input (at the same offset on every rank). info: NULL, or filled with what ran. Nothing
+ * synchronizes, so a call may be captured in a CUDA graph and replayed; exactcoll_comm_check reports a peer that never
  * arrived. One communicator's calls share its buffers, so they must run one after another on the
  * GPU: issue them on one stream, or order the streams (an event) when a call's stream differs from
  * the previous call's (exactcoll.torch does that for its callers). Sizes are in elements: count =
