@@ -59,6 +59,19 @@ def inputs(count, seed, rank):
     return torch.randn(count, generator=g).to(torch.bfloat16).cuda()
 
 
+def tally(rank, problems, label):
+    """Collective: the ranks' problem counts summed; rank 0 prints `label` with its verdict, any other
+    rank its own problems. Returns the sum."""
+    mine = torch.tensor([len(problems)], device="cuda")
+    dist.all_reduce(mine)
+    total = int(mine.item())
+    if rank == 0:
+        print(f"{label} -> " + ("ok" if total == 0 else "FAIL " + "; ".join(problems)), flush=True)
+    elif problems:
+        print(f"rank {rank}: {label}: " + "; ".join(problems), flush=True)
+    return total
+
+
 def main():
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -124,15 +137,8 @@ def main():
                 problems.append(f"replay with new input values: {differing(static_out, expected2)} differ")
             comm.check()
             del graph
-            mine = torch.tensor([len(problems)], device="cuda")
-            dist.all_reduce(mine)
-            failures += int(mine.item())
-            if rank == 0:
-                verdict = "ok" if not problems and mine.item() == 0 else "FAIL " + "; ".join(problems)
-                print(f"{op:15s} {algo:17s} count {count:8d}: eager staged={eager_info.get('staged')} "
-                      f"registered {registered} -> {verdict}", flush=True)
-            elif problems:
-                print(f"rank {rank} {op} {algo} {count}: " + "; ".join(problems), flush=True)
+            failures += tally(rank, problems, f"{op:15s} {algo:17s} count {count:8d}: eager staged="
+                                              f"{eager_info.get('staged')} registered {registered}")
     # In place (all_reduce_) inside a graph: two_shot reads its peers' tensors in place once
     # registered (its output is written after every peer's reads); one_shot stages (its peers
     # would read its result), so it registers nothing.
@@ -161,13 +167,7 @@ def main():
             problems.append(f"registered {registered}")
         comm.check()
         del graph
-        mine = torch.tensor([len(problems)], device="cuda")
-        dist.all_reduce(mine)
-        failures += int(mine.item())
-        if rank == 0:
-            verdict = "ok" if mine.item() == 0 else "FAIL " + "; ".join(problems)
-            print(f"all_reduce_ in a graph {algo:9s} count {count:8d}: registered {registered} -> {verdict}",
-                  flush=True)
+        failures += tally(rank, problems, f"all_reduce_ in a graph {algo:9s} count {count:8d}: registered {registered}")
     # The in-place forms of reduce_scatter (output = this rank's block of the input) and all_gather
     # (input = this rank's block of the output), eager, and a partial overlap, which is refused.
     count = 65536
@@ -191,14 +191,7 @@ def main():
         if "overlap" not in str(e):
             problems.append(f"a partial overlap failed without naming it: {e}")
     torch.cuda.synchronize()
-    mine = torch.tensor([len(problems)], device="cuda")
-    dist.all_reduce(mine)
-    failures += int(mine.item())
-    if rank == 0:
-        verdict = "ok" if mine.item() == 0 else "FAIL " + "; ".join(problems)
-        print(f"reduce_scatter / all_gather in place, partial overlap refused: {verdict}", flush=True)
-    elif problems:
-        print(f"rank {rank}: " + "; ".join(problems), flush=True)
+    failures += tally(rank, problems, "reduce_scatter / all_gather in place, partial overlap refused")
     comm.close()
     staged.close()
     if rank == 0:
