@@ -18,7 +18,8 @@
 # VERIFY_MAX_COUNT (default 1048579) and VERIFY_TIMEOUT_S (100 s per world size) bound step 1's
 # verify (4194319 adds 8 MiB of bf16 per rank, where auto runs push_two_shot on 4 GPUs).
 # Time guards (seconds since the start): TUNE_UNTIL_S (200), BENCH_UNTIL_S (300). TUNE_EXTRA and
-# BENCH_EXTRA are appended to the tune and bench command lines (e.g. "--buffer-mib 512").
+# BENCH_EXTRA are appended to the tune and bench command lines (e.g. "--buffer-mib 512"). MACHINE (e.g.
+# nvidia-h100-x4) names the machine in the tuned rows' measured_on column.
 # At most 6 files under $OUT (test_verify.log, tune.log, sm90.tsv, bench.log, checks.log, cli.log).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -59,30 +60,11 @@ if [ "$verified" = 1 ]; then
   cp cuda_backend/tuning/sm90.tsv "$OUT/sm90.tsv"
   for n in 2 4; do
     if [ "$(elapsed)" -gt "${TUNE_UNTIL_S:-200}" ]; then echo "tune $n skipped (time)"; continue; fi
+    # tune merges into the copy itself: it replaces only the rows of its world size, op and size
+    # range, keeps the header comments, and labels each row measured_on (MACHINE, e.g. the lent
+    # kind's name; default: the GPU's name and world size) and the date.
     if timeout 150 $B tune --nproc "$n" --ops allreduce --min-bytes "$TUNE_MIN_BYTES" --max-bytes "$TUNE_MAX_BYTES" \
-        --output "$WORK/tune_$n.tsv" ${TUNE_EXTRA:-} >> "$OUT/tune.log" 2>&1; then
-      python3 - "$OUT/sm90.tsv" "$WORK/tune_$n.tsv" "$n" "$(date +%F)" <<'PY'
-import os, sys
-path, new_path, n, day = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-def split(p):
-    head, rows = [], []
-    for line in open(p):
-        (head if line.startswith('#') or not line.strip() else rows).append(line)
-    return head, rows
-head, rows = split(path)
-_, new = split(new_path)
-new = [r for r in new if r.split('\t')[1] == n and r.split('\t')[2] == 'allreduce']
-top = max(int(r.split('\t')[3]) for r in new)
-bottom = min(int(r.split('\t')[3]) for r in new)
-keep = [r for r in rows if not (r.split('\t')[1] == n and r.split('\t')[2] == 'allreduce' and bottom <= int(r.split('\t')[3]) <= top)]
-order = {'allreduce': 0, 'reduce_scatter': 1, 'allgather': 2}
-allrows = sorted(keep + new, key=lambda r: (r.split('\t')[0], int(r.split('\t')[1]), order[r.split('\t')[2]], int(r.split('\t')[3])))
-note = '# world size %s: allreduce rows %d .. %d bytes re-tuned (%s, nvidia-h200-x4)\n' % (n, bottom, top, day)
-head = [h for h in head if not h.startswith('# arch')] + [note] + [h for h in head if h.startswith('# arch')]
-open(path + '.tmp', 'w').write(''.join(head + allrows))
-os.replace(path + '.tmp', path)
-print('merged %d rows of world size %s into %s' % (len(new), n, path))
-PY
+        --output "$OUT/sm90.tsv" ${MACHINE:+--machine "$MACHINE"} ${TUNE_EXTRA:-} >> "$OUT/tune.log" 2>&1; then
       TABLE=$OUT/sm90.tsv
     else
       status=1; echo "tune $n failed"; tail -3 "$OUT/tune.log"

@@ -17,6 +17,7 @@
 #     compare4long  the same on 4 GPUs with 100 ops per graph (--graph-ops 100 --quick --no-pinned)
 #     profile   nsys per-kernel times inside the graphs: lamport_one_shot at 16 KB, two_shot at 64 MB (4 GPUs)
 #     solo      one GPU, one rank: the kernels without peers, and ncu sections of the fused kernels at 1 row
+#   MACHINE (e.g. nvidia-h100-x4): the tables' measured_on machine (default: the GPU's name and world size)
 #   BENCH_NPROC / VERIFY_NPROC (default 4): the bench / verify GPU counts; FUSED_WRITE=0: no fused table
 #   build first: bazel build //tools:exactcoll //python:wheel; copy bazel-bin/tools/exactcoll,
 #   bazel-bin/python/exactcoll-*.whl and /usr/lib/x86_64-linux-gnu/libpng16.so.16 into .gpubin/.
@@ -43,9 +44,9 @@ if has verify; then
 fi
 if has tune; then
   cp cuda_backend/tuning/sm90.tsv "$OUT/sm90.tsv"
-  run tune_4 150 $B tune --nproc 4 --ops allreduce --max-bytes 1048576 --output "$OUT/sm90.tsv" ${TUNE_FLAGS:-}
+  run tune_4 150 $B tune --nproc 4 --ops allreduce --max-bytes 1048576 --output "$OUT/sm90.tsv" ${MACHINE:+--machine "$MACHINE"} ${TUNE_FLAGS:-}
   CUDA_VISIBLE_DEVICES=0,1 run tune_2 120 $B tune --nproc 2 --ops allreduce --max-bytes 1048576 \
-    --output "$OUT/sm90.tsv" ${TUNE_FLAGS:-}
+    --output "$OUT/sm90.tsv" ${MACHINE:+--machine "$MACHINE"} ${TUNE_FLAGS:-}
 fi
 if has bench; then
   TABLE=$OUT/sm90.tsv
@@ -61,7 +62,7 @@ if has fused; then
   for n in 4 2; do
     CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) run "fused_$n" 200 $B bench --nproc "$n" --op fused_rmsnorm \
       --hidden 2880,4096,8192 --rows "${FUSED_ROWS:-1,16,64,256,512}" --no-eager --no-bound \
-      $([ "${FUSED_WRITE:-1}" = 1 ] && echo --write-table "$OUT/fused_table_$n.tsv")
+      $([ "${FUSED_WRITE:-1}" = 1 ] && echo --write-table "$OUT/fused_table_$n.tsv" ${MACHINE:+--machine "$MACHINE"})
     grep -A 12 "summary" "$LOGS/fused_$n.log" | head -16
   done
 fi
