@@ -98,6 +98,21 @@ std::string HandleExchange::get_or_explain(const std::string& key, int peer, con
   }
 }
 
+std::string HandleExchange::list_digest(const std::vector<ExportedBuffer>& buffers) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over each buffer's base, size, offset and handle bytes
+  auto mix = [&h](unsigned char byte) {
+    h ^= byte;
+    h *= 0x100000001b3ull;
+  };
+  for (const ExportedBuffer& b : buffers) {
+    for (const uint64_t v : {b.base, b.size, b.offset, static_cast<uint64_t>(b.handle.size())}) {
+      for (int i = 0; i < 8; ++i) mix(static_cast<unsigned char>(v >> (8 * i)));
+    }
+    for (const char c : b.handle) mix(static_cast<unsigned char>(c));
+  }
+  return std::to_string(buffers.size()) + "/" + std::to_string(h);
+}
+
 void* HandleExchange::open_cached(int peer, const ExportedBuffer& buffer) {
   const OpenKey k{buffer.base, buffer.size, peer};
   auto it = opened_.find(k);
@@ -119,17 +134,25 @@ std::vector<std::vector<void*>> HandleExchange::exchange(const std::vector<Expor
   ++stats_.calls;
   const uint64_t round = round_;
 
-  // 1. Publish this rank's miss bit.
+  // 1. Publish this rank's miss bit and the digest of its whole list (which buffers, in which
+  //    order): the records pair buffer i of this rank with buffer i of each peer as the last
+  //    exchange did, so a round whose lists pair differently must exchange even when every
+  //    buffer is known (rank 0 exports a1 where rank 1 exports b2, after a round that paired a1
+  //    with b1 and a2 with b2).
   const bool missed = misses(mine);
   stats_.last_missed = missed;
-  store_.set(key(round, "miss", rank_), missed ? "1" : "0");
+  const std::string own = std::string(missed ? "1" : "0") + ":" + list_digest(mine);
+  store_.set(key(round, "miss", rank_), own);
 
-  // 2. Read every rank's miss bit: every rank sees the same bits, so takes the same decision.
+  // 2. Read every rank's: every rank sees the same values, so takes the same decision.
   bool any_missed = false;
+  std::vector<std::string> digests(static_cast<size_t>(world_size_));
   for (int p = 0; p < world_size_; ++p) {
-    const std::string bit = p == rank_ ? (missed ? "1" : "0") : get_or_explain(key(round, "miss", p), p, "miss bit");
-    any_missed = any_missed || bit == "1";
+    const std::string value = p == rank_ ? own : get_or_explain(key(round, "miss", p), p, "miss bit");
+    any_missed = any_missed || value.rfind("1", 0) == 0;
+    digests[static_cast<size_t>(p)] = value.substr(value.find(':') + 1);
   }
+  any_missed = any_missed || digests != exchanged_digests_;
   // Every rank has published round `round`'s bit, so every rank is done with round-1's keys.
   if (round > 1) {
     store_.erase(key(round - 1, "miss", rank_));
@@ -176,6 +199,7 @@ std::vector<std::vector<void*>> HandleExchange::exchange(const std::vector<Expor
   for (size_t i = 0; i < mine.size(); ++i) {
     records_[{mine[i].base, mine[i].size, mine[i].offset}] = Record{mine[i].handle, peers[i]};
   }
+  exchanged_digests_ = digests;
   return peers;
 }
 

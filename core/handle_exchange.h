@@ -14,9 +14,12 @@
 // a peer whose allocator moved a buffer waits for handles that never come — the known hang (nvFuser's
 // caching-allocator hang, ../shared/facts/anchors.md). So the decision is collective:
 //   1. every rank publishes one miss bit for this round: 1 when any of its buffers is not in its
-//      record of earlier exchanges (new base, size, offset or handle bytes);
-//   2. every rank reads every rank's miss bit; all ranks therefore see the same bits and take
-//      the same decision: exchange iff ANY rank missed;
+//      record of earlier exchanges (new base, size, offset or handle bytes), beside a digest of
+//      its whole list;
+//   2. every rank reads every rank's miss bit and digest; all ranks therefore see the same values
+//      and take the same decision: exchange iff ANY rank missed, or the ranks' digests differ
+//      from the last exchange's (the records pair buffer i with each peer's buffer i as that
+//      exchange did; lists that pair differently, each made of known buffers, need a new one);
 //   3. on exchange, every rank publishes all its handles, reads every peer's, opens the ones not
 //      in its open cache (keyed by the peer's allocation base, size and rank; equal handle bytes
 //      required, so a freed-and-reallocated buffer at the same address is reopened), and then
@@ -102,6 +105,8 @@ class HandleExchange {
   using OpenKey = std::tuple<uint64_t, uint64_t, int>;        // peer's base, size, peer
 
   bool misses(const std::vector<ExportedBuffer>& mine) const;
+  // The count and a digest of a list's buffers in order (published beside the miss bit).
+  static std::string list_digest(const std::vector<ExportedBuffer>& buffers);
   std::string get_or_explain(const std::string& key, int peer, const char* what);
   void* open_cached(int peer, const ExportedBuffer& buffer);
 
@@ -113,6 +118,7 @@ class HandleExchange {
   HandleExchangeOptions options_;
   uint64_t round_ = 0;
   std::map<LocalKey, Record> records_;
+  std::vector<std::string> exchanged_digests_;  // every rank's list digest in the last exchange
   std::map<OpenKey, Opened> opened_;
   HandleExchangeStats stats_;
 };

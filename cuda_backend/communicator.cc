@@ -337,12 +337,12 @@ size_t Communicator::register_graph_buffers() {
   //    would stage on this rank while its peers read in place); then the allocation behind every
   //    input captured in place, exported once per allocation (or why one cannot be).
   std::string problem;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(nullptr, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
+  if (const cudaError_t synced = cudaDeviceSynchronize(); synced != cudaSuccess) {
     (void)cudaGetLastError();
-    problem = "called during a CUDA-graph capture (call it after the capture ends)";
-  } else if (const cudaError_t synced = cudaDeviceSynchronize(); synced != cudaSuccess) {
-    problem = std::string("cudaDeviceSynchronize: ") + cudaGetErrorString(synced);
+    problem = std::string("cudaDeviceSynchronize: ") + cudaGetErrorString(synced) +
+              (synced == cudaErrorStreamCaptureUnsupported || synced == cudaErrorStreamCaptureInvalidated
+                   ? " (called during a CUDA-graph capture: call it after the capture ends)"
+                   : "");
   } else if (count > 0 && graph_table_ == nullptr) {
     problem = "captured in place without a graph input table";  // cannot happen: 4c needs the table
   }
@@ -376,41 +376,52 @@ size_t Communicator::register_graph_buffers() {
   char digest[17];
   std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(pending_digest));
   const std::string sequence = std::to_string(count) + ":" + digest;
-  agree_or_throw("register_graph_buffers", "graph/" + std::to_string(round) + "/", sequence, problem,
-                 [&](int p, const std::string& theirs) {
-                   return "rank " + std::to_string(p) + " captured " + theirs.substr(0, theirs.find(':')) +
-                          " launches in place since the last registration, rank " + std::to_string(rank_) + " " +
-                          std::to_string(count) +
-                          (theirs.substr(0, theirs.find(':')) == std::to_string(count)
-                               ? " but of other calls (op, count, type or algorithm differ)"
-                               : "") +
-                          " (every rank must capture the same collectives, with graph_in_place alike)";
-                 });
-  if (count == 0) return 0;
-  // 3. One exchange (opens only allocations not opened before), then the rows, on every rank.
-  const auto peers = exchange_->exchange(mine);
-  std::vector<const void*> rows(count * static_cast<size_t>(world_size_));
-  for (size_t i = 0; i < count; ++i) {
-    for (int p = 0; p < world_size_; ++p) {
-      rows[i * static_cast<size_t>(world_size_) + static_cast<size_t>(p)] = peers[i][static_cast<size_t>(p)];
-    }
-  }
-  const size_t row_offset = first_row * static_cast<size_t>(world_size_);
-  cudaError_t filled =
-      cudaMemcpy(graph_table_ + row_offset, rows.data(), rows.size() * sizeof(void*), cudaMemcpyHostToDevice);
-  if (filled == cudaSuccess) filled = cudaDeviceSynchronize();  // a pageable copy may return before it lands
-  // 4. Whether every rank filled its rows. If one could not, every rank clears its rows again, so
-  //    all stage; a rank that cannot even clear them is unusable (it would stage alone).
-  const std::string fill_problem = filled == cudaSuccess ? "" : std::string("filling: ") + cudaGetErrorString(filled);
   try {
-    agree_or_throw("register_graph_buffers", "graph/" + std::to_string(round) + "/filled/", "1", fill_problem,
-                   [](int, const std::string&) { return std::string("unreachable"); });
-  } catch (const CollectiveError&) {
-    if (cudaMemset(graph_table_ + row_offset, 0, rows.size() * sizeof(void*)) != cudaSuccess ||
-        cudaDeviceSynchronize() != cudaSuccess) {
-      poisoned_ = true;
-      poison_message_ = "register_graph_buffers could neither fill nor clear the graph input table";
+    agree_or_throw("register_graph_buffers", "graph/" + std::to_string(round) + "/", sequence, problem,
+                   [&](int p, const std::string& theirs) {
+                     return "rank " + std::to_string(p) + " captured " + theirs.substr(0, theirs.find(':')) +
+                            " launches in place since the last registration, rank " + std::to_string(rank_) + " " +
+                            std::to_string(count) +
+                            (theirs.substr(0, theirs.find(':')) == std::to_string(count)
+                                 ? " but of other calls (op, count, type or algorithm differ)"
+                                 : "") +
+                            " (every rank must capture the same collectives, with graph_in_place alike)";
+                   });
+  } catch (const StoreError&) {
+    // A peer never came: the ranks' rounds may no longer line up.
+    poisoned_ = true;
+    poison_message_ = "register_graph_buffers: a peer never published its verdict";
+    throw;
+  }
+  if (count == 0) return 0;
+  // 3. One exchange (opens only allocations not opened before), then the rows, on every rank;
+  // 4. whether every rank filled its rows. If one could not, every rank clears its rows again, so
+  //    all stage. Past step 2 the ranks agreed on what to register, so a failure here is a peer
+  //    that never came (a store timeout) or a CUDA error: this rank clears its rows and, since its
+  //    rounds may no longer match its peers' (a registration, or the exchange, it left half way),
+  //    refuses further calls.
+  const size_t row_offset = first_row * static_cast<size_t>(world_size_);
+  const size_t row_bytes = count * static_cast<size_t>(world_size_) * sizeof(void*);
+  try {
+    const auto peers = exchange_->exchange(mine);
+    std::vector<const void*> rows(count * static_cast<size_t>(world_size_));
+    for (size_t i = 0; i < count; ++i) {
+      for (int p = 0; p < world_size_; ++p) {
+        rows[i * static_cast<size_t>(world_size_) + static_cast<size_t>(p)] = peers[i][static_cast<size_t>(p)];
+      }
     }
+    cudaError_t filled = cudaMemcpy(graph_table_ + row_offset, rows.data(), row_bytes, cudaMemcpyHostToDevice);
+    if (filled == cudaSuccess) filled = cudaDeviceSynchronize();  // a pageable copy may return before it lands
+    const std::string fill_problem = filled == cudaSuccess ? "" : std::string("filling: ") + cudaGetErrorString(filled);
+    agree_or_throw("register_graph_buffers", "graph/" + std::to_string(round) + "/filled/", "1", fill_problem,
+                   [](int, const std::string&) { return std::string("every rank publishes 1"); });
+  } catch (...) {
+    const bool cleared =
+        cudaMemset(graph_table_ + row_offset, 0, row_bytes) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+    poisoned_ = true;
+    poison_message_ = std::string("register_graph_buffers failed after the ranks agreed on what to register") +
+                      (cleared ? "" : ", and this rank could not clear its rows") +
+                      ": this communicator's registrations may no longer line up with its peers'";
     throw;
   }
   return count;
@@ -750,6 +761,12 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   const size_t elem = call.elem_bytes();
   const size_t in_bytes = call.in_bytes();
   const size_t out_bytes = output_count(op, count, world_size_) * elem;
+  // Before every path (NCCL leaves other overlaps undefined too). A rank-local check, as the
+  // alignment's: a rank that alone passes a partial overlap fails here while its peers wait out
+  // the flag timeout.
+  if (const std::string problem = overlap_problem(op, input, in_bytes, output, out_bytes, rank_); !problem.empty()) {
+    throw std::invalid_argument(std::string(op_name(op)) + ": " + problem);
+  }
   if (algo == Algorithm::kNccl) return run_nccl(op, input, output, count, dtype, stream);
 
   // 2. Fallbacks (each decided from arguments and agreed state only).
@@ -757,9 +774,6 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   require_usable();
   if (!aligned16(input) || !aligned16(output)) {
     throw std::invalid_argument(std::string(op_name(op)) + ": input and output must be 16-byte aligned");
-  }
-  if (const std::string problem = overlap_problem(op, input, in_bytes, output, out_bytes, rank_); !problem.empty()) {
-    throw std::invalid_argument(std::string(op_name(op)) + ": " + problem);
   }
 
   // 3. Where inputs come from.

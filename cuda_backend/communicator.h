@@ -138,10 +138,13 @@ class Communicator {
   // graphs is in flight. Throws CollectiveError, on every rank, when some rank's input cannot be
   // exported (memory from cudaMallocAsync pools or expandable segments: capture with
   // options.graph_in_place = false), when ranks captured different sequences of in-place launches
-  // (count, or op/type/count/algorithm digest), when called during a capture, or when some rank
-  // could not fill its rows (every rank then clears its rows again). The launches it covered are
-  // consumed either way: after a failure their rows stay null, and replays stage those inputs, as
-  // they do until their rows are registered (same bits, the copy's cost).
+  // (count, or op/type/count/algorithm digest), or when called during a capture. The launches it
+  // covered are consumed either way: after a failure their rows stay null, and replays stage those
+  // inputs, as they do until their rows are registered (same bits, the copy's cost). A failure
+  // after the ranks agreed (a peer that never came, a rank that could not fill its rows) clears
+  // this rank's rows and makes the communicator refuse further calls (usable() false): the ranks'
+  // registrations may no longer line up. The first wait is for all work on the GPU, so call it
+  // with no replay in flight and nothing queued that waits on another rank (an NCCL recv).
   // Example: capture g; comm.register_graph_buffers(); g.replay();
   size_t register_graph_buffers();
   // Launches captured in place that wait for register_graph_buffers.

@@ -282,6 +282,12 @@ MultiNodeCallInfo MultiNodeCommunicator::run(Op kind, const void* input, void* o
                                 std::to_string(n) + " ranks");
   }
   if (!aligned16(input) || !aligned16(output)) throw std::invalid_argument("input and output must be 16-byte aligned");
+  {
+    const size_t elem = static_cast<size_t>(dtype_size(dtype));
+    const std::string problem =
+        overlap_problem(kind, input, count * elem, output, output_count(kind, count, world_size()) * elem, rank_);
+    if (!problem.empty()) throw std::invalid_argument(std::string(op_name(kind)) + ": " + problem);
+  }
   if (poisoned_) throw CollectiveError(poison_);
   if (count == 0) return MultiNodeCallInfo{"none", true, 0, 0, 0, ""};
   if (algo == Algorithm::kNccl) return run_nccl(kind, input, output, count, dtype, stream, "");

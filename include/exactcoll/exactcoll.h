@@ -359,7 +359,10 @@ EXACTCOLL_API int exactcoll_comm_register_buffer(exactcoll_comm comm, const void
  * in place since the last call, exchanges them once, and lets the replays read every rank's input
  * where it lies: no staging copy. *registered (may be NULL): how many captured launches it
  * registered (0 on a multi-node communicator, or when nothing was captured in place). It first
- * waits for this rank's device work: call it when no replay of those graphs is in flight. Fails on
+ * waits for all work on this GPU: call it with no replay in flight and nothing queued that waits
+ * on another rank (an NCCL recv). A failure after the ranks agreed (a peer that never came, a rank
+ * that could not fill its rows) leaves the communicator refusing further calls
+ * (EXACTCOLL_ERROR_UNUSABLE), since the ranks' registrations may no longer line up. Fails on
  * every rank with EXACTCOLL_ERROR_INVALID_ARGUMENT when some rank's inputs cannot be exported
  * (cudaMallocAsync pools, expandable segments: capture with graph_in_place 0), when ranks captured
  * different sequences of calls (or set graph_in_place differently), or during a capture. The

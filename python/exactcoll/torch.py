@@ -318,7 +318,9 @@ class Communicator:
         """Collective: every rank calls it after capturing the same ops into its CUDA graph(s) and
         before the first replay. The replays then read every rank's captured input where it lies (no
         staging copy). Returns how many captured launches it registered (0 when none needed it).
-        It first waits for this GPU's work: call it when no replay of those graphs is in flight.
+        It first waits for all work on this GPU: call it with no replay in flight and nothing queued
+        that waits on another rank. A failure after the ranks agreed (a peer that never came) leaves
+        the communicator refusing further calls.
         Raises on every rank when some rank's inputs cannot be exported (expandable segments, async
         pools: make the communicator with graph_in_place=False) or ranks captured different ops; the
         captured calls it covered then keep copying their inputs, as every replay does until it has

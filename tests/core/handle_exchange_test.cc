@@ -251,6 +251,28 @@ TEST(HandleExchange, OneRankMissingMakesEveryRankExchange) {
   for (int r = 0; r < n; ++r) EXPECT_FALSE(h.hx[r]->stats().last_exchanged);
 }
 
+// Every buffer known, but paired differently: round 1 pairs rank 0's a0, a1 with rank 1's b0, b1;
+// round 2 exports a0 alone on rank 0 and b1 alone on rank 1 (allocators behave per rank). Nobody
+// misses, yet the records would answer b0 for rank 0's a0: the lists' digests make every rank
+// exchange, and buffer 0 of each rank is paired with buffer 0 of the other. Without them this test
+// fails (rank 0 gets rank 1's b0).
+TEST(HandleExchange, KnownBuffersPairedDifferentlyMakeEveryRankExchange) {
+  Harness h(2);
+  h.exchange_all({{buffer(0, 0), buffer(0, 1)}, {buffer(1, 0), buffer(1, 1)}});
+  const std::vector<std::vector<ExportedBuffer>> swapped = {{buffer(0, 0)}, {buffer(1, 1)}};
+  auto after = h.exchange_all(swapped);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(h.hx[r]->stats().last_missed) << "rank " << r;
+    EXPECT_TRUE(h.hx[r]->stats().last_exchanged) << "rank " << r;
+    EXPECT_EQ(h.hx[r]->stats().opens, 2u) << "rank " << r;  // both known: nothing reopened
+  }
+  EXPECT_EQ(after[0][0][1], mapped(buffer(1, 1)));
+  EXPECT_EQ(after[1][0][0], mapped(buffer(0, 0)));
+  // The same lists again: a hit.
+  h.exchange_all(swapped);
+  for (int r = 0; r < 2; ++r) EXPECT_FALSE(h.hx[r]->stats().last_exchanged) << "rank " << r;
+}
+
 // A buffer freed and reallocated at the same address with the same size has new handle bytes:
 // the owner misses, and peers reopen it (closing the stale mapping).
 TEST(HandleExchange, SameAddressNewAllocationIsReopened) {
