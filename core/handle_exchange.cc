@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "core/fnv1a.h"
+
 namespace exactcoll {
 namespace {
 
@@ -99,16 +101,10 @@ std::string HandleExchange::get_or_explain(const std::string& key, int peer, con
 }
 
 std::string HandleExchange::list_digest(const std::vector<ExportedBuffer>& buffers) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over each buffer's base, size, offset and handle bytes
-  auto mix = [&h](unsigned char byte) {
-    h ^= byte;
-    h *= 0x100000001b3ull;
-  };
+  uint64_t h = kFnv1aOffset;  // over each buffer's base, size, offset and handle bytes
   for (const ExportedBuffer& b : buffers) {
-    for (const uint64_t v : {b.base, b.size, b.offset, static_cast<uint64_t>(b.handle.size())}) {
-      for (int i = 0; i < 8; ++i) mix(static_cast<unsigned char>(v >> (8 * i)));
-    }
-    for (const char c : b.handle) mix(static_cast<unsigned char>(c));
+    for (const uint64_t v : {b.base, b.size, b.offset, static_cast<uint64_t>(b.handle.size())}) h = fnv1a_u64(h, v);
+    h = fnv1a_bytes(h, b.handle.data(), b.handle.size());
   }
   return std::to_string(buffers.size()) + "/" + std::to_string(h);
 }

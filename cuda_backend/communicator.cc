@@ -64,11 +64,6 @@ ncclDataType_t nccl_type(DType d) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return x < y + b_bytes && y < x + a_bytes;
-}
-
 // Whether the stream is capturing into a CUDA graph (a legal query during a capture). A query that
 // fails (the legacy stream while another thread captures globally) is no capture, its error cleared.
 bool stream_capturing(cudaStream_t stream) {
@@ -78,15 +73,6 @@ bool stream_capturing(cudaStream_t stream) {
     return false;
   }
   return status == cudaStreamCaptureStatusActive;
-}
-
-// One step of FNV-1a over the 8 bytes of v: the digest of the calls captured in place.
-uint64_t fnv1a(uint64_t h, uint64_t v) {
-  for (int i = 0; i < 8; ++i) {
-    h ^= (v >> (8 * i)) & 0xFFu;
-    h *= 0x100000001b3ull;
-  }
-  return h;
 }
 
 }  // namespace
@@ -329,7 +315,7 @@ size_t Communicator::register_graph_buffers() {
   std::vector<const void*> pending;
   pending.swap(graph_pending_);
   const uint64_t pending_digest = graph_pending_digest_;
-  graph_pending_digest_ = kFnvOffset;
+  graph_pending_digest_ = kFnv1aOffset;
   const size_t first_row = graph_registered_;
   graph_registered_ += pending.size();
   const size_t count = pending.size();
@@ -343,8 +329,6 @@ size_t Communicator::register_graph_buffers() {
               (synced == cudaErrorStreamCaptureUnsupported || synced == cudaErrorStreamCaptureInvalidated
                    ? " (called during a CUDA-graph capture: call it after the capture ends)"
                    : "");
-  } else if (count > 0 && graph_table_ == nullptr) {
-    problem = "captured in place without a graph input table";  // cannot happen: 4c needs the table
   }
   std::vector<ExportedBuffer> mine;
   std::map<CUdeviceptr, std::string> handles;
@@ -720,7 +704,7 @@ CallInfo Communicator::launch_sm_kernels(const Call& call) {
       graph_pending_.push_back(static_cast<const char*>(call.input) + first * elem);
       for (const uint64_t v : {uint64_t{static_cast<uint8_t>(call.op)}, uint64_t{static_cast<uint8_t>(algo)},
                                uint64_t{static_cast<uint8_t>(call.dtype)}, uint64_t{c}, uint64_t{first}}) {
-        graph_pending_digest_ = fnv1a(graph_pending_digest_, v);
+        graph_pending_digest_ = fnv1a_u64(graph_pending_digest_, v);
       }
     }
     a.count = c;
@@ -789,7 +773,7 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
     }
     call.reg_offset = in - base;
     // In place (output overlapping the input that peers read): go through staging instead.
-    if (overlaps(input, in_bytes, output, out_bytes)) call.reg = nullptr;
+    if (ranges_overlap(input, in_bytes, output, out_bytes)) call.reg = nullptr;
   }
 
   // 4. The algorithm and grid. push_one_shot and push_two_shot need two halves of n receive slots
@@ -808,11 +792,9 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
 
   // 4b. An algorithm whose peers never read this rank's input reads it where the caller keeps it
   //     (no staging copy), also in place: its blocks overwrite only what they have read themselves
-  //     (core/push.h). A partial overlap stages.
-  if (call.reg == nullptr && info(call.choice.algo).input_private &&
-      (input == output || !overlaps(input, in_bytes, output, out_bytes))) {
-    call.own_input = true;
-  }
+  //     (core/push.h). The input_private algorithms are all-reduces, whose one allowed overlap
+  //     (step 1's overlap_problem) is output == input.
+  if (call.reg == nullptr && info(call.choice.algo).input_private) call.own_input = true;
 
   // 4c. Captured into a CUDA graph, an input that peers read stays where it is too: the kernel
   //     reads every rank's address from a row of the graph input table, which
@@ -821,8 +803,8 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   //     (output == input) only for two_shot, which writes its output after the barrier that
   //     follows every peer's reads (tests/sim/protocol_exploration_test.cc, TwoShotInPlaceIsSafe);
   //     one_shot's peers would read its result.
-  const bool disjoint_or_safe_in_place =
-      !overlaps(input, in_bytes, output, out_bytes) || (input == output && call.choice.algo == Algorithm::kTwoShot);
+  const bool disjoint_or_safe_in_place = !ranges_overlap(input, in_bytes, output, out_bytes) ||
+                                         (input == output && call.choice.algo == Algorithm::kTwoShot);
   if (call.staged() && graph_table_ != nullptr && info(call.choice.algo).family == Family::kSmKernels &&
       in_bytes <= options_.buffer_bytes && disjoint_or_safe_in_place && stream_capturing(stream)) {
     call.captured_in_place = true;

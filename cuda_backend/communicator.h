@@ -54,6 +54,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/fnv1a.h"
 #include "core/handle_exchange.h"
 #include "core/storage.h"
 #include "core/store.h"
@@ -147,8 +148,6 @@ class Communicator {
   // with no replay in flight and nothing queued that waits on another rank (an NCCL recv).
   // Example: capture g; comm.register_graph_buffers(); g.replay();
   size_t register_graph_buffers();
-  // Launches captured in place that wait for register_graph_buffers.
-  size_t graph_inputs_pending() const { return graph_pending_.size(); }
 
   // output[i] = the contract's fold over ranks of input_r[i], i < count.
   // Preconditions: input and output 16-byte aligned device memory; registered != nullptr means
@@ -288,10 +287,9 @@ class Communicator {
   size_t graph_slots_ = 0;
   size_t graph_registered_ = 0;
   std::vector<const void*> graph_pending_;
-  static constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
-  uint64_t graph_pending_digest_ = kFnvOffset;  // FNV-1a of each pending launch's op, algo, type, count, offset
-  uint64_t graph_rounds_ = 0;                   // register_graph_buffers calls (store key rounds)
-  uint64_t register_rounds_ = 0;                // register_buffer attempts (store key rounds)
+  uint64_t graph_pending_digest_ = kFnv1aOffset;  // FNV-1a of each pending launch's op, algo, type, count, offset
+  uint64_t graph_rounds_ = 0;                     // register_graph_buffers calls (store key rounds)
+  uint64_t register_rounds_ = 0;                  // register_buffer attempts (store key rounds)
   ncclComm_t nccl_comm_ = nullptr;
 };
 

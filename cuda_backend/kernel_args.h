@@ -63,10 +63,16 @@ constexpr std::optional<KernelKind> sm_kernel_kind(Op op, Algorithm algo) {
 // out_bytes (this rank's block); all-gather input == output + rank x in_bytes. Otherwise what is
 // wrong: with a partial overlap one block can write output over input another block has not read.
 // Example: overlap_problem(Op::kAllReduce, p, 64, p + 16, 64, 0) names the overlap; (.., p, 64, 0) is "".
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+inline bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
 inline std::string overlap_problem(Op op, const void* input, size_t in_bytes, const void* output, size_t out_bytes,
                                    int rank) {
+  if (!ranges_overlap(input, in_bytes, output, out_bytes)) return "";
   const auto in = reinterpret_cast<uintptr_t>(input), out = reinterpret_cast<uintptr_t>(output);
-  if (in >= out + out_bytes || out >= in + in_bytes) return "";
   const auto r = static_cast<uintptr_t>(rank);
   switch (op) {
     case Op::kAllReduce:

@@ -71,12 +71,17 @@ inline void complete_call(bool fused, int ranks, size_t count, fused::SplitMix64
   fused::fused_reference<bf16>(fused::Contract::kCanonical, p, d.want_ro.data(), d.want_out.data());
 }
 
-// Returns "" when got equals want bit for bit, else where it first differs.
-inline std::string first_difference(const bf16* got, const std::vector<bf16>& want) {
+// Returns "" when got equals want bit for bit, else where it first differs; with hidden > 0 also
+// its row, and "(never written)" where got holds the `unwritten` pattern a test pre-filled.
+inline std::string first_difference(const bf16* got, const std::vector<bf16>& want, int hidden = 0,
+                                    int unwritten = -1) {
   for (size_t i = 0; i < want.size(); ++i) {
     if (got[i].bits != want[i].bits) {
-      char b[96];
-      std::snprintf(b, sizeof b, "element %zu: got 0x%04x, want 0x%04x", i, got[i].bits, want[i].bits);
+      char row[48] = "";
+      if (hidden > 0) std::snprintf(row, sizeof row, " (row %zu)", i / static_cast<size_t>(hidden));
+      char b[160];
+      std::snprintf(b, sizeof b, "element %zu%s: got 0x%04x, want 0x%04x%s", i, row, got[i].bits, want[i].bits,
+                    static_cast<int>(got[i].bits) == unwritten ? " (never written)" : "");
       return b;
     }
   }

@@ -19,6 +19,7 @@
 
 #include "core/collectives.h"
 #include "core/contract.h"
+#include "tests/sim/fused/exploration_calls.h"
 #include "core/fused_rmsnorm.h"
 #include "core/lamport.h"
 #include "sim/fused/fused_sim.h"
@@ -161,19 +162,6 @@ void make_call(const Call& c, int ranks, int hidden, uint64_t seed, CallData* ou
   fused::fused_reference<bf16>(fused::Contract::kCanonical, p, d.want_ro.data(), d.want_out.data());
 }
 
-// Returns "" when got equals want bit for bit, else where it first differs.
-std::string first_difference(const bf16* got, const std::vector<bf16>& want, int hidden) {
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (got[i].bits != want[i].bits) {
-      char b[128];
-      std::snprintf(b, sizeof b, "element %zu (row %zu): got 0x%04x, want 0x%04x%s", i, i / hidden, got[i].bits,
-                    want[i].bits, got[i].bits == kUnwritten ? " (never written)" : "");
-      return b;
-    }
-  }
-  return "";
-}
-
 // Runs the workload's calls back to back on one world; returns "" or the first failure. Each
 // rank reads its own x in place (the GPU kernel's base.inputs[rank]); a peer's x reads as the
 // unwritten pattern, so a fold that read a peer's x instead of its Lamport slot shows.
@@ -217,10 +205,10 @@ std::string run_workload(const Workload& w, sim::Schedule schedule, uint64_t see
   for (size_t k = 0; k < w.calls.size(); ++k) {
     const CallData& d = data[k];
     for (int r = 0; r < w.ranks; ++r) {
-      std::string diff = first_difference(d.residual_out[r].data(), d.want_ro, w.hidden);
+      std::string diff = fused_exploration::first_difference(d.residual_out[r].data(), d.want_ro, w.hidden, kUnwritten);
       if (!diff.empty()) diff = "residual_out " + diff;
       if (diff.empty()) {
-        diff = first_difference(d.out[r].data(), d.want_out, w.hidden);
+        diff = fused_exploration::first_difference(d.out[r].data(), d.want_out, w.hidden, kUnwritten);
         if (!diff.empty()) diff = "out " + diff;
       }
       if (!diff.empty()) return "call " + std::to_string(k) + ", rank " + std::to_string(r) + ": " + diff;
