@@ -486,6 +486,10 @@ def main():
     parser.add_argument("--fused", type=lambda s: [tuple(int(p) for p in v.split("x")) for v in s.split(",") if v],
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.graph_ops < 1:
+        parser.error(f"--graph-ops must be at least 1, got {args.graph_ops}")
+    if args.child_timeout < 1:
+        parser.error(f"--child-timeout must be at least 1 second, got {args.child_timeout}")
     if args.worker == "nccl_pinned":
         return worker_nccl_pinned(args)
     return run_job(args)
