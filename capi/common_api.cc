@@ -95,6 +95,7 @@ void exactcoll_comm_options_init(exactcoll_comm_options* options) {
   options->node = -1;             // from the launcher's variables, else node 0
   options->local_world_size = 0;  // from LOCAL_WORLD_SIZE, else world_size (one node)
   options->graph_in_place = defaults.graph_in_place ? 1 : 0;
+  options->eager_in_place = defaults.eager_in_place ? 1 : 0;
 }
 
 void exactcoll_call_info_init(exactcoll_call_info* info) {

@@ -50,6 +50,7 @@ constexpr size_t kFirstCommOptionsSize = offsetof(exactcoll_comm_options, node);
 constexpr size_t kCommOptionsWithNodeSize = offsetof(exactcoll_comm_options, local_world_size) + sizeof(int);
 constexpr size_t kCommOptionsWithContractSize = offsetof(exactcoll_comm_options, reserved) + sizeof(int);
 constexpr size_t kCommOptionsWithGraphInPlaceSize = offsetof(exactcoll_comm_options, reserved2) + sizeof(int);
+constexpr size_t kCommOptionsWithEagerInPlaceSize = offsetof(exactcoll_comm_options, reserved3) + sizeof(int);
 constexpr size_t kFirstCommPropertiesSize = offsetof(exactcoll_comm_properties, nodes);
 
 HandleTable<CommState>& comms() {
@@ -216,6 +217,7 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
       }
       if (options->struct_size < kCommOptionsWithContractSize) o.contract = defaults.contract;
       if (options->struct_size < kCommOptionsWithGraphInPlaceSize) o.graph_in_place = defaults.graph_in_place;
+      if (options->struct_size < kCommOptionsWithEagerInPlaceSize) o.eager_in_place = defaults.eager_in_place;
       o.struct_size = sizeof o;
     }
     if (world_size < 1) bad_argument("world_size must be >= 1, got " + std::to_string(world_size));
@@ -241,6 +243,9 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
     if (o.graph_in_place != 0 && o.graph_in_place != 1) {
       bad_argument("graph_in_place must be 0 or 1, got " + std::to_string(o.graph_in_place));
     }
+    if (o.eager_in_place != 0 && o.eager_in_place != 1) {
+      bad_argument("eager_in_place must be 0 or 1, got " + std::to_string(o.eager_in_place));
+    }
     multinode::RankPlace place;
     try {
       place = cuda::node_place(process_environment(), rank, world_size, o.node, o.local_world_size);
@@ -258,6 +263,7 @@ int exactcoll_comm_create(exactcoll_store store, int rank, int world_size, const
     co.programmatic_launch = o.programmatic_launch != 0;
     co.contract = contract;
     co.graph_in_place = o.graph_in_place != 0;
+    co.eager_in_place = o.eager_in_place != 0;
     if (place.local_world_size != world_size && (exactcoll::info(contract).runs_on & kOnMultiNode) == 0) {
       // A contract the registry does not mark kOnMultiNode (canonical and tree both run across nodes).
       bad_argument(std::string("the ") + contract_name(contract) + " contract runs on one node; this job spans " +

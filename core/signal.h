@@ -41,6 +41,11 @@ struct SignalBuffer {
   // lamport_extent[j]: bytes of each receive slot of this rank's Lamport buffer j that the last
   // call using buffer j had its peers write (owner-only): what the next call clears. core/lamport.h.
   uint64_t lamport_extent[4];
+  // input_rows[block][from_rank]: where rank from_rank's input lies in THIS rank's address space
+  // for the launch in flight, or null (read its staging buffer), stored by the peer's block before
+  // it signals this block's first barrier (eager in place: KernelArgs::input_views). Read only
+  // after that barrier; rewritten by the next such launch only after this block's end barrier.
+  const void* input_rows[kMaxBlocks][kMaxRanks];
 };
 
 // The production protocol: two flag sets, one barrier before and one after each collective.
@@ -67,6 +72,8 @@ EXC_HD void block_barrier(Ctx& ctx, uint32_t* count) {
     ctx.wait(&ctx.signals(me)->flags[set][b][p], value, p, set);
   }
   ctx.sync_block();  // the acquire above happens-before every thread's reads after the barrier
+  // A context may take state its peers published before this barrier (the GPU's eager input rows).
+  if constexpr (requires { ctx.barrier_passed(); }) ctx.barrier_passed();
 }
 
 // The block's barrier count at launch start (written by the previous launch's end).

@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
 #include <iostream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -51,6 +54,41 @@ MemGetAddressRangeFn mem_get_address_range() {
     return reinterpret_cast<MemGetAddressRangeFn>(f);
   }();
   return fn;
+}
+
+using PointerGetAttributesFn = CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
+
+// cuPointerGetAttributes through the runtime's driver entry point, as above.
+PointerGetAttributesFn pointer_get_attributes() {
+  static const PointerGetAttributesFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &f, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      return static_cast<PointerGetAttributesFn>(nullptr);
+    }
+    return reinterpret_cast<PointerGetAttributesFn>(f);
+  }();
+  return fn;
+}
+
+// The allocation holding ptr: its base and size, and the id the driver gives each allocation for
+// the process's life (so a freed-and-reused address range is a new allocation). nullopt: not
+// device memory.
+std::optional<EagerAllocation> find_allocation(const void* ptr) {
+  const PointerGetAttributesFn get = pointer_get_attributes();
+  if (get == nullptr) return std::nullopt;
+  CUdeviceptr base = 0;
+  size_t bytes = 0;
+  unsigned long long id = 0;
+  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                      CU_POINTER_ATTRIBUTE_BUFFER_ID};
+  void* data[] = {&base, &bytes, &id};
+  if (get(3, attributes, data, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS || base == 0 || bytes == 0) {
+    return std::nullopt;
+  }
+  return EagerAllocation{static_cast<uint64_t>(base), static_cast<uint64_t>(bytes), static_cast<uint64_t>(id)};
 }
 
 ncclDataType_t nccl_type(DType d) {
@@ -163,16 +201,7 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
     }
     (void)cudaGetLastError();  // a peer GPU outside CUDA_VISIBLE_DEVICES is not an error here
   }
-  auto agree = [&](const std::string& round) {
-    store_.set(key("ipc/" + round + "/" + std::to_string(rank_)), problem);
-    store_.barrier(key("ipc/" + round), rank_, world_size_, options_.store_timeout);
-    std::string first;
-    for (int p = 0; p < world_size_ && first.empty(); ++p) {
-      first = store_.get(key("ipc/" + round + "/" + std::to_string(p)), options_.store_timeout);
-    }
-    return first;
-  };
-  ipc_reason_ = agree("checked");
+  ipc_reason_ = first_problem("ipc/checked", problem);
 
   // 4. Exchange the regions through the handle-exchange protocol (core/handle_exchange.h), then
   //    prove the links with a real barrier kernel (drivers that claim peer access but do not
@@ -180,7 +209,7 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
   HandleExchangeOptions hx_options;
   hx_options.key_prefix = key("handles");
   hx_options.timeout = options_.store_timeout;
-  exchange_ = make_ipc_exchange<CollectiveError>(store_, rank_, world_size_, &opened_, hx_options);
+  exchange_ = make_ipc_exchange<CollectiveError>(store_, rank_, world_size_, &mappings_, hx_options);
   if (ipc_reason_.empty()) {
     const auto peers = exchange_->exchange({exported_ipc_region(handle, region_, region_bytes_)});
     for (int p = 0; p < world_size_; ++p) peers_[static_cast<size_t>(p)].base = peers[0][static_cast<size_t>(p)];
@@ -196,9 +225,18 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
       EXC_CUDA_CHECK(cudaDeviceSynchronize());
     }
     options_.flag_timeout_ms = saved;
-    ipc_reason_ = agree("tested");
+    ipc_reason_ = first_problem("ipc/tested", problem);
     ipc_ready_ = ipc_reason_.empty();
     poisoned_ = false;
+  }
+
+  // 4b. Eager in place: every rank's mailbox mapped by every rank, or off on all of them.
+  if (!options_.eager_in_place) {
+    eager_reason_ = "created with eager_in_place = false";
+  } else if (!ipc_ready_) {
+    eager_reason_ = "the IPC path is unavailable";
+  } else {
+    set_up_eager();
   }
 
   // 5. NCCL: every rank must have the library before any calls ncclCommInitRank (which waits for
@@ -239,10 +277,106 @@ Communicator::~Communicator() {
     } catch (...) {
     }
   }
-  for (void* address : opened_) (void)cudaIpcCloseMemHandle(address);
+  eager_.reset();  // closes the eager mappings (peers are past the close barrier: none reads them)
+  exchange_.reset();
   if (region_ != nullptr) (void)cudaFree(region_);
   if (error_ != nullptr) (void)cudaFree(error_);
   if (graph_table_ != nullptr) (void)cudaFree(graph_table_);
+}
+
+std::string Communicator::first_problem(const std::string& round, const std::string& problem) {
+  store_.set(key(round + "/" + std::to_string(rank_)), problem);
+  store_.barrier(key(round), rank_, world_size_, options_.store_timeout);
+  std::string first;
+  for (int p = 0; p < world_size_ && first.empty(); ++p) {
+    first = store_.get(key(round + "/" + std::to_string(p)), options_.store_timeout);
+  }
+  return first;
+}
+
+// ---- eager in place ------------------------------------------------------------------------------
+
+struct Communicator::Eager {
+  std::vector<boost::interprocess::mapped_region> regions;  // every rank's mailbox, mapped here
+  std::unique_ptr<EagerDirectory> directory;
+};
+
+// Each rank creates its mailbox as a POSIX shared-memory object named from rank 0's random token
+// (unique to this communicator on the host), every rank maps every one, all agree, and each rank
+// removes its name: the mappings stay, and nothing is left in /dev/shm even if a process dies.
+void Communicator::set_up_eager() {
+  namespace bip = boost::interprocess;
+  if (rank_ == 0) {
+    std::random_device random;
+    const uint64_t token = (uint64_t{random()} << 32) ^ random();
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(token));
+    store_.set(key("eager/token"), text);
+  }
+  const std::string token = store_.get(key("eager/token"), options_.store_timeout);
+  auto name_of = [&](int r) { return "exactcoll." + token + "." + std::to_string(r); };
+  auto eager = std::make_unique<Eager>();
+  eager->regions.resize(static_cast<size_t>(world_size_));
+  std::string problem;
+  bool created = false;
+  try {
+    bip::shared_memory_object shm(bip::create_only, name_of(rank_).c_str(), bip::read_write);
+    created = true;
+    shm.truncate(static_cast<bip::offset_t>(sizeof(EagerMailbox)));
+    eager->regions[static_cast<size_t>(rank_)] = bip::mapped_region(shm, bip::read_write);
+    new (eager->regions[static_cast<size_t>(rank_)].get_address()) EagerMailbox();
+  } catch (const std::exception& e) {
+    problem = "rank " + std::to_string(rank_) + ": shared memory " + name_of(rank_) + ": " + e.what();
+  }
+  if (first_problem("eager/created", problem).empty()) {
+    for (int p = 0; p < world_size_ && problem.empty(); ++p) {
+      if (p == rank_) continue;
+      try {
+        bip::shared_memory_object shm(bip::open_only, name_of(p).c_str(), bip::read_write);
+        eager->regions[static_cast<size_t>(p)] = bip::mapped_region(shm, bip::read_write);
+      } catch (const std::exception& e) {
+        problem = "rank " + std::to_string(rank_) + ": shared memory of rank " + std::to_string(p) + ": " + e.what();
+      }
+    }
+  }
+  const std::string first = first_problem("eager/mapped", problem);
+  if (created) bip::shared_memory_object::remove(name_of(rank_).c_str());
+  if (!first.empty()) {
+    eager_reason_ = first;
+    return;
+  }
+  std::vector<EagerMailbox*> mailboxes;
+  for (auto& region : eager->regions) mailboxes.push_back(static_cast<EagerMailbox*>(region.get_address()));
+  EagerDirectoryFns fns;
+  fns.find = find_allocation;
+  fns.export_handle = [](const EagerAllocation& a) -> std::optional<EagerHandle> {
+    cudaIpcMemHandle_t handle{};
+    if (cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(a.base)) != cudaSuccess) {
+      (void)cudaGetLastError();  // e.g. a cuMemCreate allocation: this call stages, not an error
+      return std::nullopt;
+    }
+    EagerHandle out{};
+    static_assert(sizeof handle == sizeof out);
+    std::memcpy(out.data(), &handle, sizeof handle);
+    return out;
+  };
+  fns.open = [this](int /*peer*/, const EagerHandle& h) -> void* {
+    cudaIpcMemHandle_t handle{};
+    std::memcpy(&handle, h.data(), sizeof handle);
+    try {
+      return mappings_.open(handle);
+    } catch (const std::exception&) {
+      (void)cudaGetLastError();  // the peer stages that allocation's calls (mapped = failed)
+      return nullptr;
+    }
+  };
+  fns.close = [this](int /*peer*/, void* address) { mappings_.close(address); };
+  eager->directory = std::make_unique<EagerDirectory>(rank_, world_size_, std::move(mailboxes), std::move(fns));
+  eager_ = std::move(eager);
+}
+
+EagerDirectoryStats Communicator::eager_stats() const {
+  return eager_ ? eager_->directory->stats() : EagerDirectoryStats{};
 }
 
 // ---- registration --------------------------------------------------------------------------------
@@ -553,6 +687,7 @@ CallInfo Communicator::started(const Call& call) {
   info.algo = call.choice.algo;
   info.grid = call.choice.grid;
   info.staged = call.staged();
+  info.note = call.eager_note;
   return info;
 }
 
@@ -561,9 +696,16 @@ void Communicator::fill_inputs(const Call& call, size_t byte_offset, KernelArgs*
     for (int r = 0; r < world_size_; ++r) {
       a->inputs[r] = call.reg->peers[static_cast<size_t>(r)] + call.reg_offset + byte_offset;
     }
-  } else if (call.own_input) {
-    // Peers' entries stay their staging buffers, which input_private algorithms never read.
+  } else if (call.own_input || call.eager_in_place) {
+    // Peers' entries stay their staging buffers: input_private algorithms never read them, and an
+    // eager launch reads a peer's staging buffer only where that peer published null.
     a->inputs[rank_] = static_cast<const char*>(call.input) + byte_offset;
+  }
+  if (call.eager_views) {
+    a->publish_views = 1;
+    for (int p = 0; p < world_size_; ++p) {
+      a->input_views[p] = call.eager_in_place ? static_cast<const char*>(call.views[p]) + byte_offset : nullptr;
+    }
   }
   // Captured in place: inputs stay the staging buffers, which the kernel uses until the row of
   // its input table is registered (launch_sm_kernels).
@@ -760,6 +902,11 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
     throw std::invalid_argument(std::string(op_name(op)) + ": input and output must be 16-byte aligned");
   }
 
+  // 2b. Open what peers exported for their eager calls since this rank's last call (never inside a
+  //     capture, where opening memory is not allowed).
+  const bool capturing = stream_capturing(stream);
+  if (eager_ && !capturing) eager_->directory->service();
+
   // 3. Where inputs come from.
   if (registered != nullptr) {
     if (registered->id < 0 || registered->id >= static_cast<int>(registrations_.size())) {
@@ -805,9 +952,29 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   //     one_shot's peers would read its result.
   const bool disjoint_or_safe_in_place = !ranges_overlap(input, in_bytes, output, out_bytes) ||
                                          (input == output && call.choice.algo == Algorithm::kTwoShot);
+  const bool peers_read_input =
+      info(call.choice.algo).family == Family::kSmKernels && !info(call.choice.algo).input_private;
   if (call.staged() && graph_table_ != nullptr && info(call.choice.algo).family == Family::kSmKernels &&
-      in_bytes <= options_.buffer_bytes && disjoint_or_safe_in_place && stream_capturing(stream)) {
+      in_bytes <= options_.buffer_bytes && disjoint_or_safe_in_place && capturing) {
     call.captured_in_place = true;
+  }
+
+  // 4d. Eager (neither captured nor registered), such an input stays where it is too once every
+  //     peer has mapped its allocation: the launch publishes its address in each peer's space
+  //     (fill_inputs). Whether a launch publishes at all depends only on what every rank passes
+  //     alike (the algorithm, the size, registered or not, captured or not), so every rank of it
+  //     writes its entry; in place or staged is this rank's own choice (null: staged). One launch:
+  //     the message fits the staging buffer, so a rank that stages needs no chunks either.
+  if (eager_ && registered == nullptr && !capturing && peers_read_input && in_bytes <= options_.buffer_bytes &&
+      in_bytes >= options_.eager_in_place_min_bytes) {
+    call.eager_views = true;
+    if (!disjoint_or_safe_in_place) {
+      call.eager_note = "staged: peers would read this in-place call's output";
+    } else if (std::string why; eager_->directory->views(input, in_bytes, call.views, &why)) {
+      call.eager_in_place = true;
+    } else {
+      call.eager_note = "staged: " + why;
+    }
   }
 
   // 5. The launcher of (op, algorithm).

@@ -14,6 +14,12 @@
 //     (the registry's input_private: push_one_shot, push_two_shot, lamport_one_shot, which `auto`
 //     picks at every size) read it in place, eager or captured, with no registration, also when
 //     the call is in place (output == input: each block overwrites only what it read itself);
+//   - eager in place (options.eager_in_place): an uncaptured, unregistered call whose peers read its
+//     input, once every peer has mapped the input's allocation (core/eager_directory.h: per-rank
+//     mailboxes in shared host memory, no store round trip), publishes the input's address in each
+//     peer's space through the peers' signal buffers before its first barrier
+//     (KernelArgs::input_views); a rank whose allocation is not mapped yet stages, publishing null,
+//     and exports the allocation for the calls that follow;
 //   - captured in place (options.graph_in_place): an out-of-place call captured into a CUDA graph
 //     whose peers read its input (one_shot, two_shot, direct; two_shot in place too) leaves the
 //     input where it is and reads the peers' addresses from a device table
@@ -30,11 +36,14 @@
 // Same-decision rule: every choice that changes what peers read (IPC vs NCCL, staged vs registered,
 // algorithm, grid, chunking) depends only on arguments that are equal on every rank (count, dtype,
 // algorithm, the table, whether a RegisteredBuffer is passed) and on decisions agreed through the
-// store at construction (ipc_ready). Ranks never decide from local state alone. Two choices are
-// rank-local and safe: reading an input_private algorithm's input in place or staged (peers never
-// see which, and its chunks do not depend on it: a push message that fits the scratch fits the
-// staging buffer), and capturing in place, which every rank does for the same calls because every
-// rank captures the same calls into its graph (a precondition of replaying collectives at all).
+// store at construction (ipc_ready, eager in place on or off). Ranks never decide from local state
+// alone. Three choices are rank-local and safe: reading an input_private algorithm's input in place
+// or staged (peers never see which, and its chunks do not depend on it: a push message that fits
+// the scratch fits the staging buffer); capturing in place, which every rank does for the same
+// calls because every rank captures the same calls into its graph (a precondition of replaying
+// collectives at all); and an eager call's input in place or staged, which its peers learn in the
+// launch itself (every rank of an eager-mode launch publishes its entry, null when it staged; the
+// mode depends only on the op, algorithm, size and whether the call is registered or captured).
 //
 // Not thread-safe; one stream at a time per communicator (two streams racing on one communicator's
 // flags would deadlock, the failure seen in other projects).
@@ -54,12 +63,14 @@
 #include <utility>
 #include <vector>
 
+#include "core/eager_directory.h"
 #include "core/fnv1a.h"
 #include "core/handle_exchange.h"
 #include "core/storage.h"
 #include "core/store.h"
 #include "cuda_backend/communicator_options.h"
 #include "cuda_backend/dispatch_table.h"
+#include "cuda_backend/ipc_exchange.h"
 #include "cuda_backend/kernel_args.h"
 
 namespace exactcoll::cuda {
@@ -108,6 +119,10 @@ class Communicator {
   bool usable() const { return !poisoned_; }
   // Why NCCL was not created ("" when it was).
   const std::string& nccl_unavailable_reason() const { return nccl_reason_; }
+  // "" when eager calls can read their inputs in place (options.eager_in_place), else why not.
+  const std::string& eager_unavailable_reason() const { return eager_reason_; }
+  // The eager directory's counts (zero while eager in place is off).
+  EagerDirectoryStats eager_stats() const;
   // Some ranks share a GPU (a correctness mode: kernels interleave by time slicing, NCCL is left
   // out, and flag waits get at least 60 s). Agreed by every rank.
   bool shared_gpu() const { return !shared_gpu_note_.empty(); }
@@ -217,9 +232,13 @@ class Communicator {
     size_t reg_offset = 0;              // the input's byte offset inside the registration
     bool own_input = false;             // input_private: read where the caller keeps it
     bool captured_in_place = false;     // peers read it through the graph input table
+    bool eager_views = false;           // an eager-mode launch: publishes input_views (null: staged)
+    bool eager_in_place = false;        // ... and every peer reads this rank's input at views[peer]
+    const void* views[kMaxRanks] = {};  // this rank's input as rank p addresses it (eager_in_place)
+    std::string eager_note;             // why an eager-mode call staged
     size_t elem_bytes() const { return static_cast<size_t>(dtype_size(dtype)); }
     size_t in_bytes() const { return count * elem_bytes(); }
-    bool staged() const { return reg == nullptr && !own_input && !captured_in_place; }
+    bool staged() const { return reg == nullptr && !own_input && !captured_in_place && !eager_in_place; }
   };
   // Step 5 of run: one launcher per (op, algorithm family), NCCL's RunWorkElement<..., Algo,
   // Proto> as the model. launcher_for names it for every (op, algorithm) the GPU runs with IPC
@@ -252,6 +271,11 @@ class Communicator {
   // value)>" for the first whose value differs from this rank's. Values contain no space.
   void agree_or_throw(const std::string& what, const std::string& prefix, const std::string& value,
                       const std::string& problem, const std::function<std::string(int, const std::string&)>& mismatch);
+  // Collective: every rank publishes its `problem` ("" when none) under key prefix `round` and
+  // returns the first rank's problem, the same on every rank.
+  std::string first_problem(const std::string& round, const std::string& problem);
+  // Construction step 4b: the eager mailboxes and directory, or eager_reason_ says why not.
+  void set_up_eager();
   KernelArgs base_args() const;
   void launch(DType dtype, KernelKind kind, const KernelArgs& args, LaunchConfig grid, cudaStream_t stream);
   void require_usable() const;
@@ -276,8 +300,11 @@ class Communicator {
   size_t lamport_offset_ = 0, lamport_bytes_ = 0;  // the Lamport region at the end (core/lamport.h)
   std::vector<PeerRegion> peers_;
   DeviceError* error_ = nullptr;
+  IpcOpens mappings_;  // peers' allocations this communicator mapped (the exchange's and the eager ones)
   std::unique_ptr<HandleExchange> exchange_;
-  std::vector<void*> opened_;  // peers' allocations opened through IPC (closed in the destructor)
+  struct Eager;                   // the mailboxes' shared memory and the directory (communicator.cc)
+  std::unique_ptr<Eager> eager_;  // null: eager in place is off (eager_reason_ says why)
+  std::string eager_reason_;
   std::vector<Registration> registrations_;
   // The graph input table: graph_slots_ rows of world_size_ device pointers (rank r's input at
   // column r), zeroed at creation; rows below graph_registered_ are filled, the next

@@ -33,6 +33,15 @@ struct CommunicatorOptions {
   // Rows of the graph input table (one per captured launch; world_size pointers each). A capture
   // past the last row stages (CallInfo::note says so).
   size_t graph_input_slots = 65536;
+  // An eager call (neither captured nor registered) whose peers read its input (one_shot, two_shot,
+  // direct; two_shot in place too) of eager_in_place_min_bytes up to buffer_bytes leaves the input
+  // where it is once every peer has mapped its allocation (cudaMalloc'd memory, such as torch's
+  // caching allocator's segments, which it reuses): the first call with a new allocation stages
+  // and exports it, and the calls after read it in place (core/eager_directory.h). Needs shared
+  // memory (/dev/shm) between the ranks' processes; without it every call stages as before.
+  bool eager_in_place = true;
+  // Below this, staging costs less than the host's allocation lookup (docs/benchmarks.md).
+  size_t eager_in_place_min_bytes = size_t{64} << 10;
   std::optional<DispatchTable> table;  // auto's table; default DispatchTable::from_environment()
 };
 

@@ -36,6 +36,18 @@ __device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* flag) {
   return value;
 }
 
+// A pointer stored for another GPU (or read from one) with no ordering of its own: a release or
+// acquire of the same thread orders it (the eager input rows ride on the barrier's flags).
+__device__ __forceinline__ void store_relaxed_sys_u64(const void** slot, const void* value) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(slot), "l"(reinterpret_cast<unsigned long long>(value))
+               : "memory");
+}
+__device__ __forceinline__ const void* load_relaxed_sys_u64(const void* const* slot) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(slot) : "memory");
+  return reinterpret_cast<const void*>(v);
+}
+
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -57,9 +69,11 @@ class DeviceCtx {
   // packs_in_flight): one_shot on 2 ranks folds 4 packs per iteration, copies take 4 at a time.
   static constexpr int kPacksInFlight = 8;
 
-  // aborted: a block-shared word, 0 at launch (set once any wait of the block times out).
-  __device__ __forceinline__ DeviceCtx(const KernelArgs& args, volatile int* aborted)
-      : args_(args), aborted_(aborted) {}
+  // aborted: a block-shared word, 0 at launch (set once any wait of the block times out). views: a
+  // block-shared array of kMaxRanks pointers, for the launches that take their inputs' addresses
+  // from the graph input table or the eager input rows (null for kernels that never do).
+  __device__ __forceinline__ DeviceCtx(const KernelArgs& args, volatile int* aborted, const void** views = nullptr)
+      : args_(args), aborted_(aborted), views_(views) {}
 
   __device__ __forceinline__ int rank() const { return args_.rank; }
   __device__ __forceinline__ int world_size() const { return kRanks > 0 ? kRanks : args_.world_size; }
@@ -68,17 +82,47 @@ class DeviceCtx {
   __device__ __forceinline__ int thread() const { return static_cast<int>(threadIdx.x); }
   __device__ __forceinline__ int num_threads() const { return static_cast<int>(blockDim.x); }
 
-  // Rank peer's input: inputs[peer], or, after read_inputs_from_table, the graph input table row's
-  // entry (read-only while kernels run: the host fills rows between replays, hence the
-  // non-coherent load).
+  // Rank peer's input: inputs[peer], or, after read_inputs_from_table or publish_input_views,
+  // the block's views (filled once per launch, so the hot loops read shared memory, not a table).
   __device__ __forceinline__ const T* input(int peer) const {
-    if (input_table_ != nullptr) {
-      return reinterpret_cast<const T*>(__ldg(reinterpret_cast<const unsigned long long*>(input_table_) + peer));
-    }
+    if (views_mode_) return static_cast<const T*>(views_[peer]);
     return static_cast<const T*>(args_.inputs[peer]);
   }
   // A call captured in place whose row is filled (KernelArgs::input_table): every input from it.
-  __device__ __forceinline__ void read_inputs_from_table() { input_table_ = args_.input_table; }
+  // The host fills rows between replays only, hence the non-coherent load. Preconditions: views.
+  __device__ __forceinline__ void read_inputs_from_table() {
+    const int t = thread();
+    if (t < world_size()) {
+      views_[t] =
+          reinterpret_cast<const void*>(__ldg(reinterpret_cast<const unsigned long long*>(args_.input_table) + t));
+    }
+    sync_block();
+    views_mode_ = true;
+  }
+  // Eager in place (KernelArgs::publish_views): thread t < n stores this rank's input as rank t
+  // addresses it into t's input_rows[block][rank], before the same thread signals t at the first
+  // barrier (block_barrier: the release orders it); barrier_passed then reads the peers' entries.
+  // Preconditions: views; called before the first barrier.
+  __device__ __forceinline__ void publish_input_views() {
+    const int t = thread();
+    if (t < world_size() && t != rank()) {
+      store_relaxed_sys_u64(&args_.signals[t]->input_rows[block()][rank()], args_.input_views[t]);
+    }
+    rows_pending_ = true;
+    views_mode_ = true;
+  }
+  // Called by block_barrier once the block is past a barrier: after the first one of an eager
+  // launch, every peer's input address (its row entry, null: its staging buffer) into the views.
+  __device__ __forceinline__ void barrier_passed() {
+    if (!rows_pending_) return;
+    rows_pending_ = false;
+    const int t = thread();
+    if (t < world_size()) {
+      const void* row = t == rank() ? nullptr : load_relaxed_sys_u64(&args_.signals[rank()]->input_rows[block()][t]);
+      views_[t] = row != nullptr ? row : args_.inputs[t];
+    }
+    sync_block();
+  }
   __device__ __forceinline__ T* scratch(int peer) const { return static_cast<T*>(args_.scratch[peer]); }
   __device__ __forceinline__ size_t scratch_elements() const { return args_.scratch_bytes / sizeof(T); }
   __device__ __forceinline__ T* output() const { return static_cast<T*>(args_.output); }
@@ -258,8 +302,10 @@ class DeviceCtx {
 
   const KernelArgs& args_;
   volatile int* aborted_;
-  const void* const* input_table_ = nullptr;  // read_inputs_from_table
-  uint32_t sum_squares_calls_ = 0;            // row_sum_squares: which of its two shared arrays is next
+  const void** views_ = nullptr;    // block-shared: every rank's input (views_mode_)
+  bool views_mode_ = false;         // input() reads views_ (read_inputs_from_table, publish_input_views)
+  bool rows_pending_ = false;       // publish_input_views ran; barrier_passed has not read the rows yet
+  uint32_t sum_squares_calls_ = 0;  // row_sum_squares: which of its two shared arrays is next
 };
 
 }  // namespace exactcoll::cuda

@@ -61,13 +61,19 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
                                    : nullptr;
   enter_after_previous_grid();
   __shared__ int aborted;
+  __shared__ const void* views[kMaxRanks];
   if (threadIdx.x == 0) aborted = 0;
   // No __syncthreads here: every algorithm starts with a barrier whose first step is sync_block,
   // which orders this store before any wait reads it.
-  DeviceCtx<T, kRanks, kFold> ctx(args, &aborted);
-  if (own_from_table != nullptr) ctx.read_inputs_from_table();
+  DeviceCtx<T, kRanks, kFold> ctx(args, &aborted, views);
+  if (own_from_table != nullptr) {
+    ctx.read_inputs_from_table();
+  } else if (args.publish_views != 0) {
+    ctx.publish_input_views();
+  }
   // lamport_one_shot reads its own input in place (peers never read it): never staged. A call
-  // captured in place stages only until its row is registered.
+  // captured in place stages only until its row is registered; an eager call in place stages
+  // only where this rank's input is not mapped by every peer (the host sets stage_from then).
   if (kKind != KernelKind::kLamportOneShot && args.stage_from != nullptr && own_from_table == nullptr) {
     stage_own_input<T, kKind>(ctx, args);
     // push_one_shot and push_two_shot read their own staged input before any barrier (same block

@@ -110,7 +110,7 @@ OverlapPipeline::OverlapPipeline(Store& store, int rank, int world_size, Overlap
   HandleExchangeOptions hx;
   hx.key_prefix = o.name + "/handles";
   hx.timeout = o.store_timeout;
-  exchange_ = make_ipc_exchange<OverlapError>(store_, rank_, world_size_, &opened_, hx);
+  exchange_ = make_ipc_exchange<OverlapError>(store_, rank_, world_size_, &mappings_, hx);
   const auto peers = exchange_->exchange({exported_ipc_region(ipc, region_, region_bytes)});
   for (int p = 0; p < world_size_; ++p) peer_regions_.push_back(static_cast<char*>(peers[0][static_cast<size_t>(p)]));
 
@@ -164,7 +164,6 @@ OverlapPipeline::~OverlapPipeline() {
   }
   gemms_.clear();
   exchange_.reset();
-  for (void* address : opened_) (void)cudaIpcCloseMemHandle(address);
   for (cudaEvent_t e : arrival_) (void)cudaEventDestroy(e);
   for (cudaEvent_t e : comm_end_) (void)cudaEventDestroy(e);
   for (cudaEvent_t e : wait_done_) (void)cudaEventDestroy(e);

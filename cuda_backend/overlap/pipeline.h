@@ -41,6 +41,7 @@
 #include "core/handle_exchange.h"
 #include "core/storage.h"
 #include "core/store.h"
+#include "cuda_backend/ipc_exchange.h"
 #include "cuda_backend/overlap/lt_matmul.h"
 #include "core/overlap_plan.h"
 
@@ -124,7 +125,7 @@ class OverlapPipeline {
   void* region_ = nullptr;
   void* shard_ = nullptr;
   std::vector<char*> peer_regions_;
-  std::vector<void*> opened_;
+  IpcOpens mappings_;  // peers' buffers mapped through IPC (unmapped when the pipeline goes)
   std::unique_ptr<HandleExchange> exchange_;
   std::map<size_t, std::unique_ptr<LtMatmul>> gemms_;  // by row count
   std::vector<cudaStream_t> comm_;

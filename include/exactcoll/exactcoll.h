@@ -307,6 +307,15 @@ typedef struct exactcoll_comm_options {
                            (push_*, lamport_one_shot) read the input in place anyway: their peers
                            never read it */
   int reserved2;        /* 0, as `reserved` for graph_in_place */
+  int eager_in_place;   /* 1 (default): an uncaptured call with no registered buffer whose peers read
+                           its input (one_shot, two_shot, direct; two_shot in place too), of 64 KiB
+                           up to buffer_bytes, leaves the input where it is once every peer has
+                           mapped the input's allocation: the first call with a new cudaMalloc
+                           allocation copies it through the communicator's buffer and shares the
+                           allocation, the calls after read it in place (torch's caching allocator
+                           reuses its allocations). Needs shared memory (/dev/shm) between the
+                           ranks; without it (or with 0) every such call copies its input */
+  int reserved3;        /* 0, as `reserved` for eager_in_place */
 } exactcoll_comm_options;
 
 EXACTCOLL_API void exactcoll_comm_options_init(exactcoll_comm_options* options);

@@ -79,7 +79,8 @@ class CommOptions(ctypes.Structure):
                 ("flag_timeout_ms", ctypes.c_uint64), ("store_timeout_ms", ctypes.c_int64),
                 ("use_nccl", ctypes.c_int), ("programmatic_launch", ctypes.c_int), ("device", ctypes.c_int),
                 ("node", ctypes.c_int), ("local_world_size", ctypes.c_int), ("contract", ctypes.c_int),
-                ("reserved", ctypes.c_int), ("graph_in_place", ctypes.c_int), ("reserved2", ctypes.c_int)]
+                ("reserved", ctypes.c_int), ("graph_in_place", ctypes.c_int), ("reserved2", ctypes.c_int),
+                ("eager_in_place", ctypes.c_int), ("reserved3", ctypes.c_int)]
 
 
 class CommProperties(ctypes.Structure):

@@ -92,7 +92,7 @@ def _group_tag(group):
 
 def _parse_options(*, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
                    programmatic_launch=True, node=None, local_world_size=None, name=None, contract="canonical",
-                   graph_in_place=True):
+                   graph_in_place=True, eager_in_place=True):
     """The communicator's options checked and converted (ValueError naming a bad one), before anything
     else could fail or ctypes could truncate one."""
     parsed = {
@@ -105,6 +105,7 @@ def _parse_options(*, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.
         "node": None, "local_world_size": None,
         "contract": _lib.code(_lib.CONTRACTS, contract, "contract"),
         "graph_in_place": _lib.switch_option("graph_in_place", graph_in_place),
+        "eager_in_place": _lib.switch_option("eager_in_place", eager_in_place),
     }
     if node is not None:
         parsed["node"] = _lib.int_option("node", node, _lib.field_type(_lib.CommOptions, "node"), 0)
@@ -143,18 +144,21 @@ class Communicator:
     two_shot in place), once every rank has called register_graph_buffers() after the capture (or
     used `with comm.cuda_graph(g):`). graph_in_place=False copies such inputs through the
     communicator's buffer instead (needed when the captured tensors come from expandable
-    segments).
+    segments). With eager_in_place (the default), uncaptured calls of those ops from 64 KiB up to
+    the buffer read their inputs in place too, once every rank has mapped the allocation behind
+    them: the first call with a new allocation copies and shares it, and the calls after (torch's
+    caching allocator reuses its allocations) copy nothing. last_call_info()["staged"] says which.
     """
 
     def __init__(self, group=None, *, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
                  programmatic_launch=True, name=None, store=None, node=None, local_world_size=None,
-                 contract="canonical", graph_in_place=True):
+                 contract="canonical", graph_in_place=True, eager_in_place=True):
         # Every option first, before anything else could fail or ctypes could truncate one.
         options = _parse_options(buffer_mib=buffer_mib, flag_timeout_ms=flag_timeout_ms,
                                  store_timeout_s=store_timeout_s, use_nccl=use_nccl,
                                  programmatic_launch=programmatic_launch, node=node,
                                  local_world_size=local_world_size, name=name, contract=contract,
-                                 graph_in_place=graph_in_place)
+                                 graph_in_place=graph_in_place, eager_in_place=eager_in_place)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("exactcoll.torch.Communicator needs torch.distributed.init_process_group first "
                                "(any backend: only its store is used)")
@@ -200,6 +204,7 @@ class Communicator:
         options.device = torch.cuda.current_device()
         options.contract = parsed["contract"]
         options.graph_in_place = parsed["graph_in_place"]
+        options.eager_in_place = parsed["eager_in_place"]
         node, local_world_size = parsed["node"], parsed["local_world_size"]
         options.node = node if node is not None else (-1 if whole_job else 0)
         options.local_world_size = local_world_size if local_world_size is not None else (0 if whole_job else world_size)

@@ -14,8 +14,18 @@ Per rank, bf16, for every (op, algo) and message size below:
               graph input table), then with new values copied into the captured input tensor (the
               replay must read them, not a stale copy); and all_reduce_ captured in place (two_shot reads the
               peers in place once registered, one_shot stages).
-Every output is compared by bit pattern; any difference, or a registration that registered nothing
-where peers read the input, makes the script exit 1. Rank 0 prints one line per case.
+  eager in place
+              (eager_in_place, the default) one_shot, two_shot and direct from 64 KiB: a call, a
+              barrier, a call, a barrier, then a call that must read every rank's input in place
+              (last_call_info()["staged"] False: by then every peer has opened the allocation);
+              ranks that pass a new allocation (a fresh large tensor on rank 0 only) beside ranks
+              that read in place; an allocation freed (torch.cuda.empty_cache) and a new one in its
+              place, with new values; and one_shot in place (all_reduce_), which must stage.
+              Under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (no IPC handles) every eager
+              call must stage instead, with the same bits.
+Every output is compared by bit pattern; any difference, a registration that registered nothing
+where peers read the input, or an eager call that staged where it should not (or the reverse),
+makes the script exit 1. Rank 0 prints one line per case.
 """
 
 import os
@@ -72,12 +82,85 @@ def tally(rank, problems, label):
     return total
 
 
+EAGER_CASES = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("reduce_scatter", "direct"),
+               ("all_gather", "direct")]
+
+
+def expandable_segments():
+    return "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+
+
+def eager_checks(comm, staged, rank, world):
+    """The eager-in-place cases of the docstring. Returns the number of failing ranks summed over cases."""
+    failures = 0
+    expect_in_place = not expandable_segments()
+    count = 1 << 20  # 2 MiB of bf16: above the 64 KiB threshold, inside the default buffer
+    for op, algo in EAGER_CASES:
+        problems = []
+        x = inputs(count, 5, rank)
+        want = call(staged, op, algo, x, None)
+        infos = []
+        for k in range(3):
+            got = call(comm, op, algo, x, None)
+            infos.append(comm.last_call_info())
+            if differing(got, want):
+                problems.append(f"call {k}: {differing(got, want)} differ")
+            torch.cuda.synchronize()
+            dist.barrier()
+        if infos[-1].get("staged") == expect_in_place:
+            problems.append(f"third call staged={infos[-1].get('staged')} ({infos[-1].get('note', '')})")
+        # Mixed: rank 0 passes a new allocation (staged, exported), the others read in place.
+        fresh = torch.empty(64 << 20, dtype=torch.bfloat16, device="cuda")[:count] if rank == 0 else x
+        fresh.copy_(x)
+        got = call(comm, op, algo, fresh, None)
+        info = comm.last_call_info()
+        if differing(got, want):
+            problems.append(f"mixed staged / in place: {differing(got, want)} differ")
+        if rank != 0 and info.get("staged") == expect_in_place:
+            problems.append(f"mixed: staged={info.get('staged')} on a rank with a known allocation")
+        # Freed and reallocated: new memory (likely at the same addresses), new values.
+        torch.cuda.synchronize()
+        dist.barrier()
+        del got, fresh
+        x = None
+        torch.cuda.empty_cache()
+        for round_ in range(3):
+            y = inputs(count, 6 + round_, rank)
+            want_y = call(staged, op, algo, y, None)
+            for k in range(3):
+                got = call(comm, op, algo, y, None)
+                if differing(got, want_y):
+                    problems.append(f"reallocated round {round_} call {k}: {differing(got, want_y)} differ")
+                torch.cuda.synchronize()
+                dist.barrier()
+            del y, got
+            torch.cuda.empty_cache()
+        comm.check()
+        failures += tally(rank, problems, f"eager {op:15s} {algo:9s} count {count}: staged per call "
+                                          f"{[i.get('staged') for i in infos]}")
+    # one_shot in place: peers would read its result, so it stages (and stays exact).
+    x = inputs(count, 9, rank)
+    want = call(staged, "all_reduce", "one_shot", x, None)
+    problems = []
+    for k in range(3):
+        y = x.clone()
+        comm.all_reduce_(y, algo="one_shot")
+        if differing(y, want):
+            problems.append(f"call {k}: {differing(y, want)} differ")
+        if not comm.last_call_info().get("staged"):
+            problems.append(f"call {k} read in place")
+        torch.cuda.synchronize()
+        dist.barrier()
+    failures += tally(rank, problems, "eager all_reduce_ one_shot in place stages")
+    return failures
+
+
 def main():
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     comm = xt.Communicator()
-    staged = xt.Communicator(graph_in_place=False)
+    staged = xt.Communicator(graph_in_place=False, eager_in_place=False)
     failures = 0
     for op, algo in CASES:
         for count in COUNTS:
@@ -192,6 +275,7 @@ def main():
             problems.append(f"a partial overlap failed without naming it: {e}")
     torch.cuda.synchronize()
     failures += tally(rank, problems, "reduce_scatter / all_gather in place, partial overlap refused")
+    failures += eager_checks(comm, staged, rank, world)
     comm.close()
     staged.close()
     if rank == 0:

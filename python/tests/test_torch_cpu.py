@@ -127,6 +127,7 @@ class TorchModule(unittest.TestCase):
                  (dict(use_nccl="false"), "use_nccl must be True or False, got 'false'"),
                  (dict(programmatic_launch=2), "programmatic_launch must be True or False, got 2"),
                  (dict(graph_in_place="yes"), "graph_in_place must be True or False, got 'yes'"),
+                 (dict(eager_in_place=1.0), "eager_in_place must be True or False, got 1.0"),
                  (dict(name="a\0b"), "name contains a NUL character"), (dict(name=7), "name must be a string"),
                  (dict(name=""), "name is empty")]
         for options, message in cases:

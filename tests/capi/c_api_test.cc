@@ -618,6 +618,16 @@ TEST(CApiGpu, MultiNodeOptionsAndOlderStructsAreCheckedFirst) {
   expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "rank 3 is not on node 0 of 2 ranks");
   options.struct_size = sizeof options;
   expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "graph_in_place must be 0 or 1, got 7");
+  // eager_in_place likewise: in the struct before it (which ends with `reserved2`) it is padding.
+  exactcoll_comm_options_init(&options);
+  EXPECT_EQ(options.eager_in_place, 1);
+  options.eager_in_place = 7;
+  options.node = 0;
+  options.local_world_size = 2;
+  options.struct_size = offsetof(exactcoll_comm_options, reserved2) + sizeof(int);
+  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "rank 3 is not on node 0 of 2 ranks");
+  options.struct_size = sizeof options;
+  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "eager_in_place must be 0 or 1, got 7");
   EXPECT_EQ(exactcoll_store_destroy(store), EXACTCOLL_OK);
 }
 

@@ -5,6 +5,9 @@
 #     check     python/tests/gpu_graph_in_place_check.py on 4 and 2 GPUs (every op and algorithm:
 #               eager, in place, captured before and after register_graph_buffers, new input
 #               values; bits against the staged communicator and the numpy contract)
+#     eager     on EAGER_NPROC GPUs (default 2): that check (its eager-in-place cases included), again
+#               under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (every eager call stages), and
+#               python/examples/bench_eager.py (eager in place vs staged vs NCCL)
 #     verify    exactcoll verify --nproc 4 (every op, algorithm and variant against the simulator)
 #     tune      exactcoll tune --ops allreduce up to 1 MiB on 4 and 2 GPUs (lamport_one_shot's rows),
 #               merged into a copy of cuda_backend/tuning/sm90.tsv: $OUT/sm90.tsv
@@ -35,6 +38,15 @@ B=.gpubin/exactcoll
 if has check; then
   run graph_check_4 120 torchrun --nproc-per-node 4 python/tests/gpu_graph_in_place_check.py
   CUDA_VISIBLE_DEVICES=0,1 run graph_check_2 100 torchrun --nproc-per-node 2 python/tests/gpu_graph_in_place_check.py
+fi
+if has eager; then
+  n=${EAGER_NPROC:-2}
+  devices=$(seq -s, 0 $((n - 1)))
+  CUDA_VISIBLE_DEVICES=$devices run "eager_check_$n" 150 torchrun --nproc-per-node "$n" \
+    python/tests/gpu_graph_in_place_check.py
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True CUDA_VISIBLE_DEVICES=$devices run "eager_check_expandable_$n" 150 \
+    torchrun --nproc-per-node "$n" python/tests/gpu_graph_in_place_check.py
+  CUDA_VISIBLE_DEVICES=$devices run "bench_eager_$n" 200 torchrun --nproc-per-node "$n" python/examples/bench_eager.py
 fi
 if has verify; then
   for n in ${VERIFY_NPROC:-4}; do
@@ -136,7 +148,8 @@ for n in 4 2; do
   [ -f "$LOGS/compare_$n.log" ] && sed -n '/^compare_collectives results:/,$p' "$LOGS/compare_$n.log" | head -80
 done
 [ -f "$LOGS/compare_4_ops100.log" ] && sed -n '/^compare_collectives results:/,/^### Bits/p' "$LOGS/compare_4_ops100.log"
-grep -h "gpu_graph_in_place_check\|FAIL" "$LOGS"/graph_check_*.log 2>/dev/null | head -12
+grep -h "gpu_graph_in_place_check\|FAIL" "$LOGS"/graph_check_*.log "$LOGS"/eager_check_*.log 2>/dev/null | head -12
+for f in "$LOGS"/bench_eager_*.log; do [ -f "$f" ] && sed -n '/^| op /,$p' "$f"; done
 printf '%s\n' "${rows[@]}"
 # One archive instead of many files (what comes back from a device call is counted by file); a call
 # that runs out of time leaves the logs folder as it was.
