@@ -71,8 +71,7 @@ bool EagerDirectory::views(const void* input, size_t bytes, const void* views[kM
     if (own_[s].retired || own_[s].allocation.id != a.id) continue;
     for (int p = 0; p < world_size_; ++p) {
       if (p == rank_) continue;
-      const uint64_t mapped =
-          mailboxes_[static_cast<size_t>(p)]->mapped[rank_][s].load(std::memory_order_acquire);
+      const uint64_t mapped = mailboxes_[static_cast<size_t>(p)]->mapped[rank_][s].load(std::memory_order_acquire);
       if (mapped == 0) return staged("rank " + std::to_string(p) + " has not opened the input's allocation yet");
       if (mapped == kMappingFailed) {
         return staged("rank " + std::to_string(p) + " could not open the input's allocation");

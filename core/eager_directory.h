@@ -42,9 +42,9 @@
 
 namespace exactcoll {
 
-inline constexpr int kEagerSlots = 64;               // exported allocations per rank, at most
-inline constexpr size_t kEagerHandleBytes = 64;      // a cudaIpcMemHandle_t
-inline constexpr uint64_t kMappingFailed = 1;        // mapped[..]: the open failed (never 1 otherwise)
+inline constexpr int kEagerSlots = 64;           // exported allocations per rank, at most
+inline constexpr size_t kEagerHandleBytes = 64;  // a cudaIpcMemHandle_t
+inline constexpr uint64_t kMappingFailed = 1;    // mapped[..]: the open failed (never 1 otherwise)
 using EagerHandle = std::array<char, kEagerHandleBytes>;
 
 // One rank's mailbox. Zero-filled at creation (every atomic 0). Lives in memory every rank maps.

@@ -3,6 +3,8 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <boost/interprocess/mapped_region.hpp>
@@ -306,14 +308,30 @@ struct Communicator::Eager {
 // removes its name: the mappings stay, and nothing is left in /dev/shm even if a process dies.
 void Communicator::set_up_eager() {
   namespace bip = boost::interprocess;
+  // Rank 0's threshold holds for every rank (whether a launch publishes its input must not differ
+  // between ranks): options.eager_in_place_min_bytes, or EXACTCOLL_EAGER_MIN_BYTES where set.
   if (rank_ == 0) {
     std::random_device random;
     const uint64_t token = (uint64_t{random()} << 32) ^ random();
     char text[17];
     std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(token));
     store_.set(key("eager/token"), text);
+    size_t min_bytes = options_.eager_in_place_min_bytes;
+    if (const char* env = std::getenv("EXACTCOLL_EAGER_MIN_BYTES"); env != nullptr && *env != '\0') {
+      char* end = nullptr;
+      errno = 0;
+      const unsigned long long v = std::strtoull(env, &end, 10);
+      if (errno != 0 || *end != '\0' || *env == '-') {
+        std::cerr << "exactcoll: EXACTCOLL_EAGER_MIN_BYTES=" << env << " is not a byte count; using " << min_bytes
+                  << "\n";
+      } else {
+        min_bytes = static_cast<size_t>(v);
+      }
+    }
+    store_.set(key("eager/min_bytes"), std::to_string(min_bytes));
   }
   const std::string token = store_.get(key("eager/token"), options_.store_timeout);
+  options_.eager_in_place_min_bytes = std::stoull(store_.get(key("eager/min_bytes"), options_.store_timeout));
   auto name_of = [&](int r) { return "exactcoll." + token + "." + std::to_string(r); };
   auto eager = std::make_unique<Eager>();
   eager->regions.resize(static_cast<size_t>(world_size_));

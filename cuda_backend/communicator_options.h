@@ -40,8 +40,9 @@ struct CommunicatorOptions {
   // and exports it, and the calls after read it in place (core/eager_directory.h). Needs shared
   // memory (/dev/shm) between the ranks' processes; without it every call stages as before.
   bool eager_in_place = true;
-  // Below this, staging costs less than the host's allocation lookup (docs/benchmarks.md).
-  size_t eager_in_place_min_bytes = size_t{64} << 10;
+  // Below this, staging costs less than the host's allocation lookup (docs/benchmarks.md, "Eager
+  // calls in place"). Rank 0's value (or its EXACTCOLL_EAGER_MIN_BYTES) holds for every rank.
+  size_t eager_in_place_min_bytes = size_t{2} << 20;
   std::optional<DispatchTable> table;  // auto's table; default DispatchTable::from_environment()
 };
 

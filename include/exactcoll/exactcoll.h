@@ -308,9 +308,9 @@ typedef struct exactcoll_comm_options {
                            never read it */
   int reserved2;        /* 0, as `reserved` for graph_in_place */
   int eager_in_place;   /* 1 (default): an uncaptured call with no registered buffer whose peers read
-                           its input (one_shot, two_shot, direct; two_shot in place too), of 64 KiB
-                           up to buffer_bytes, leaves the input where it is once every peer has
-                           mapped the input's allocation: the first call with a new cudaMalloc
+                           its input (one_shot, two_shot, direct; two_shot in place too), of 2 MiB
+                           (rank 0's EXACTCOLL_EAGER_MIN_BYTES where set) up to buffer_bytes, leaves the input where it is
+                           once every peer has   mapped the input's allocation: the first call with a new cudaMalloc
                            allocation copies it through the communicator's buffer and shares the
                            allocation, the calls after read it in place (torch's caching allocator
                            reuses its allocations). Needs shared memory (/dev/shm) between the

@@ -144,7 +144,7 @@ class Communicator:
     two_shot in place), once every rank has called register_graph_buffers() after the capture (or
     used `with comm.cuda_graph(g):`). graph_in_place=False copies such inputs through the
     communicator's buffer instead (needed when the captured tensors come from expandable
-    segments). With eager_in_place (the default), uncaptured calls of those ops from 64 KiB up to
+    segments). With eager_in_place (the default), uncaptured calls of those ops from 2 MiB up to
     the buffer read their inputs in place too, once every rank has mapped the allocation behind
     them: the first call with a new allocation copies and shares it, and the calls after (torch's
     caching allocator reuses its allocations) copy nothing. last_call_info()["staged"] says which.

@@ -1,22 +1,24 @@
 """Eager calls whose peers read the input, with and without the copy into the communicator's buffer
 (issue 26, item 1: zero-copy for eager torch tensors), beside NCCL.
 
-    torchrun --nproc-per-node N python/examples/bench_eager.py [--sizes-mib 0.25,1,4,16,64] [--calls 50]
+    torchrun --nproc-per-node N python/examples/bench_eager.py [--sizes-mib 0.25,1,2,4,16,64] [--calls 50]
 
 One process per GPU, bf16, ordinary torch tensors (the caching allocator's), no CUDA graph. For
 each op and algorithm whose peers read the input (all_reduce one_shot and two_shot, reduce_scatter
 and all_gather direct) and each message size (the input per rank for all_reduce and all_gather; the
 output per rank for reduce_scatter):
   in_place  exactcoll.torch.Communicator() (eager_in_place, the default): after the first calls
-            every peer has opened the input's allocation and reads it where it lies;
+            every peer has opened the input's allocation and reads it where it lies, from the
+            communicator's threshold (2 MiB; EXACTCOLL_EAGER_MIN_BYTES on rank 0 sets another)
+            up ("read in place": whether the last timed call did);
   staged    Communicator(eager_in_place=False): the input is copied into the communicator's buffer
             by the kernel before its first barrier (what every eager call did before);
   nccl      the same op on the NCCL process group (dist.all_reduce, reduce_scatter_tensor,
             all_gather_into_tensor).
 Time: microseconds per call, CUDA events around --calls back-to-back calls on the current stream,
 median of 5 rounds (a barrier before each), then the maximum over ranks. The script also checks
-that the in_place calls read in place (last_call_info()["staged"] False) and give the staged
-calls' bits, and exits 1 otherwise. Rank 0 prints a markdown table last.
+that the in_place calls of 4 MiB and more read in place (last_call_info()["staged"] False) and
+that every in_place call gives the staged calls' bits, and exits 1 otherwise. Rank 0 prints a markdown table last.
 """
 
 import argparse
@@ -77,8 +79,8 @@ def max_over_ranks(value):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes-mib", default="0.25,1,4,16,64",
-                        help="message sizes in MiB, comma-separated (default 0.25,1,4,16,64)")
+    parser.add_argument("--sizes-mib", default="0.25,1,2,4,16,64",
+                        help="message sizes in MiB, comma-separated (default 0.25,1,2,4,16,64)")
     parser.add_argument("--calls", type=int, default=50, help="calls per timed round (default 50)")
     args = parser.parse_args()
     sizes = [float(v) for v in args.sizes_mib.split(",") if v]
@@ -102,13 +104,15 @@ def main():
             want = run(staged, op, algo, x, None)
             t_in = device_us(lambda: run(comm, op, algo, x, out), args.calls)
             info = comm.last_call_info()
-            if info.get("staged"):
+            in_place = not info.get("staged")
+            if not in_place and count * 2 >= (4 << 20):
                 problems.append(f"{op} {algo} {mib} MiB: in_place staged ({info.get('note')})")
             if int((out.view(torch.int16) != want.view(torch.int16)).sum().item()):
                 problems.append(f"{op} {algo} {mib} MiB: in_place bits differ from staged")
             t_staged = device_us(lambda: run(staged, op, algo, x, out), args.calls)
             t_nccl = device_us(lambda: run_nccl(op, x, out), args.calls)
-            rows.append((op, algo, mib, max_over_ranks(t_in), max_over_ranks(t_staged), max_over_ranks(t_nccl)))
+            rows.append((op, algo, mib, in_place, max_over_ranks(t_in), max_over_ranks(t_staged),
+                         max_over_ranks(t_nccl)))
     bad = torch.tensor([len(problems)], device="cuda")
     dist.all_reduce(bad)
     for p in problems:
@@ -116,11 +120,11 @@ def main():
     if rank == 0:
         print(f"\n{world} x {torch.cuda.get_device_name()}, torch {torch.__version__}, NCCL "
               f"{'.'.join(map(str, torch.cuda.nccl.version()))}; us per eager call (max over ranks)\n")
-        print("| op | algo | MiB | in_place | staged | in_place / staged | nccl | in_place / nccl |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|")
-        for op, algo, mib, t_in, t_st, t_nc in rows:
-            print(f"| {op} | {algo} | {mib:g} | {t_in:.2f} | {t_st:.2f} | {t_in / t_st:.3f} | {t_nc:.2f} | "
-                  f"{t_in / t_nc:.3f} |")
+        print("| op | algo | MiB | read in place | in_place | staged | in_place / staged | nccl | in_place / nccl |")
+        print("|---|---|---:|---|---:|---:|---:|---:|---:|")
+        for op, algo, mib, read, t_in, t_st, t_nc in rows:
+            print(f"| {op} | {algo} | {mib:g} | {'yes' if read else 'no'} | {t_in:.2f} | {t_st:.2f} | "
+                  f"{t_in / t_st:.3f} | {t_nc:.2f} | {t_in / t_nc:.3f} |")
         print(f"\nbench_eager: {'FAILED' if int(bad.item()) else 'in place and bit-equal everywhere'}", flush=True)
     comm.close()
     staged.close()

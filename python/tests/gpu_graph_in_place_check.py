@@ -15,7 +15,7 @@ Per rank, bf16, for every (op, algo) and message size below:
               replay must read them, not a stale copy); and all_reduce_ captured in place (two_shot reads the
               peers in place once registered, one_shot stages).
   eager in place
-              (eager_in_place, the default) one_shot, two_shot and direct from 64 KiB: a call, a
+              (eager_in_place, the default) one_shot, two_shot and direct of 4 MiB: a call, a
               barrier, a call, a barrier, then a call that must read every rank's input in place
               (last_call_info()["staged"] False: by then every peer has opened the allocation);
               ranks that pass a new allocation (a fresh large tensor on rank 0 only) beside ranks
@@ -94,7 +94,7 @@ def eager_checks(comm, staged, rank, world):
     """The eager-in-place cases of the docstring. Returns the number of failing ranks summed over cases."""
     failures = 0
     expect_in_place = not expandable_segments()
-    count = 1 << 20  # 2 MiB of bf16: above the 64 KiB threshold, inside the default buffer
+    count = 1 << 21  # 4 MiB of bf16: above the 2 MiB threshold, inside the default buffer
     for op, algo in EAGER_CASES:
         problems = []
         x = inputs(count, 5, rank)
@@ -162,7 +162,12 @@ def main():
     comm = xt.Communicator()
     staged = xt.Communicator(graph_in_place=False, eager_in_place=False)
     failures = 0
-    for op, algo in CASES:
+    # Expandable segments have no IPC handles: graphs must be captured with graph_in_place off
+    # (register_graph_buffers refuses them), so only the eager cases run.
+    graph_cases = [] if expandable_segments() else CASES
+    if rank == 0 and not graph_cases:
+        print("expandable segments: the graph cases are left out, the eager cases run", flush=True)
+    for op, algo in graph_cases:
         for count in COUNTS:
             if algo == "lamport_one_shot" and count * 2 > (1 << 20):
                 continue
@@ -225,7 +230,7 @@ def main():
     # In place (all_reduce_) inside a graph: two_shot reads its peers' tensors in place once
     # registered (its output is written after every peer's reads); one_shot stages (its peers
     # would read its result), so it registers nothing.
-    for algo, want_rows in (("two_shot", True), ("one_shot", False)):
+    for algo, want_rows in (("two_shot", True), ("one_shot", False)) if graph_cases else ():
         count = 65536
         x = inputs(count, 3, rank)
         expected = call(staged, "all_reduce", algo, x, None)

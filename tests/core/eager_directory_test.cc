@@ -271,8 +271,7 @@ TEST(EagerDirectory, ConcurrentRanksOnlyEverSeeTheirPeersRealAddresses) {
         }
         ++in_place;
         for (int p = 0; p < kRanks; ++p) {
-          const uint64_t expected =
-              p == r ? input : fake_mapping(p, r, ids[b]) + (input - region - b * 0x100000ull);
+          const uint64_t expected = p == r ? input : fake_mapping(p, r, ids[b]) + (input - region - b * 0x100000ull);
           if (reinterpret_cast<uint64_t>(views[p]) != expected) {
             failures[r] = "call " + std::to_string(call) + " peer " + std::to_string(p) + ": a stale or wrong view";
           }

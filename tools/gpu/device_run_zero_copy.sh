@@ -7,7 +7,8 @@
 #               values; bits against the staged communicator and the numpy contract)
 #     eager     on EAGER_NPROC GPUs (default 2): that check (its eager-in-place cases included), again
 #               under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (every eager call stages), and
-#               python/examples/bench_eager.py (eager in place vs staged vs NCCL)
+#               python/examples/bench_eager.py (eager in place vs staged vs NCCL), and again at the
+#               small sizes with EXACTCOLL_EAGER_MIN_BYTES=0 (every size in place)
 #     verify    exactcoll verify --nproc 4 (every op, algorithm and variant against the simulator)
 #     tune      exactcoll tune --ops allreduce up to 1 MiB on 4 and 2 GPUs (lamport_one_shot's rows),
 #               merged into a copy of cuda_backend/tuning/sm90.tsv: $OUT/sm90.tsv
@@ -47,6 +48,9 @@ if has eager; then
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True CUDA_VISIBLE_DEVICES=$devices run "eager_check_expandable_$n" 150 \
     torchrun --nproc-per-node "$n" python/tests/gpu_graph_in_place_check.py
   CUDA_VISIBLE_DEVICES=$devices run "bench_eager_$n" 200 torchrun --nproc-per-node "$n" python/examples/bench_eager.py
+  # Where the threshold belongs: every size read in place.
+  EXACTCOLL_EAGER_MIN_BYTES=0 CUDA_VISIBLE_DEVICES=$devices run "bench_eager_all_$n" 200 torchrun --nproc-per-node "$n" \
+    python/examples/bench_eager.py --sizes-mib 0.25,0.5,1,2,4
 fi
 if has verify; then
   for n in ${VERIFY_NPROC:-4}; do
