@@ -32,7 +32,9 @@
 //     trace_fold(size_t index, int rank, float acc_before, float x, float acc_after),
 //     trace_round(size_t index, float acc, uint32_t stored_bits),
 //     trace_tree_node(size_t index, int left_rank, int right_rank, float left, float right,
-//                     float sum, uint32_t stored_bits)
+//                     float sum, uint32_t stored_bits),
+//     and optionally TreeTraceScope tree_trace_scope() (below; default: the whole tree, ranks as
+//     they are)
 // The device context sets both trace constants false, so tracing compiles away on the GPU.
 //
 // ---- Work split -------------------------------------------------------------------------------------
@@ -162,25 +164,52 @@ EXC_HD constexpr Contract fold_contract() {
   }
 }
 
-// Returns the contract's fold of element i over ranks 0..n-1, rank r's element being src(r)[i]
-// (src(r) returns a const T*). Under tree with kRanks > 0 (n at compile time) the tree runs in
-// registers (tree_in_place); otherwise in contract::tree_fold's bounded stack (local memory on a
-// GPU: the world sizes past dispatch_world_size's).
-// The tree of element i over ranks 0..n-1 (value(r): rank r's), each internal node and the result
-// traced (trace_tree_node, then trace_round with the root's fp32 sum, or the one value). For traced
-// elements of a simulated world (n <= kMaxRanks); the untraced paths compute the same tree.
+// Where a context's world sits in a traced element's tree (element traces under tree only).
+// first_rank: the rank number that traces give the world's rank 0 (its rank r is first_rank + r).
+// whole_tree: whether the world's tree is the element's whole tree, whose root is the result and
+// gets the trace_round, or a subtree of a larger one: a node of a multi-node job (core/multinode.h),
+// whose cross-node levels record the nodes above it and the round (node_tree_combine).
+// Example: node 1 of 2 nodes x 4 ranks traces as {4, false}; a one-node world as {0, true}.
+struct TreeTraceScope {
+  int first_rank = 0;
+  bool whole_tree = true;
+};
+
+// Returns Ctx's scope (ctx.tree_trace_scope() when it has one), else the whole tree.
+template <class Ctx>
+TreeTraceScope tree_trace_scope(const Ctx& ctx) {
+  if constexpr (requires { ctx.tree_trace_scope(); }) {
+    return ctx.tree_trace_scope();
+  } else {
+    (void)ctx;
+    return {};
+  }
+}
+
+// The tree of element i over ranks 0..n-1 (value(r): rank r's), each internal node traced
+// (trace_tree_node, its subtrees' first ranks offset by the scope's first_rank), then, when the
+// scope is the whole tree, the result (trace_round with the root's fp32 sum, or the one value).
+// For traced elements of a simulated world (n <= kMaxRanks); the untraced paths compute the same
+// tree.
 template <class T, class Ctx, class Value>
 T traced_tree_element(Ctx& ctx, size_t i, int n, Value value) {
+  const TreeTraceScope scope = tree_trace_scope(ctx);
   T v[kMaxRanks] = {};  // n <= kMaxRanks are set; initialized for g++ -O3's maybe-uninitialized
   for (int r = 0; r < n; ++r) v[r] = value(r);
   float root_sum = to_float(v[0]);
   contract::tree_in_place_reporting(v, n, [&](int left, int right, T left_value, T right_value, float sum, T node) {
-    ctx.trace_tree_node(i, left, right, to_float(left_value), to_float(right_value), sum, Storage<T>::bits(node));
+    ctx.trace_tree_node(i, scope.first_rank + left, scope.first_rank + right, to_float(left_value),
+                        to_float(right_value), sum, Storage<T>::bits(node));
     root_sum = sum;
   });
-  ctx.trace_round(i, root_sum, Storage<T>::bits(v[0]));
+  if (scope.whole_tree) ctx.trace_round(i, root_sum, Storage<T>::bits(v[0]));
   return v[0];
 }
+
+// Returns the contract's fold of element i over ranks 0..n-1, rank r's element being src(r)[i]
+// (src(r) returns a const T*). Under tree with kRanks > 0 (n at compile time) the tree runs in
+// registers (tree_in_place); otherwise in contract::tree_fold's bounded stack (local memory on a
+// GPU: the world sizes past dispatch_world_size's). A traced element takes traced_tree_element.
 
 template <class T, int kRanks = 0, class Ctx, class Src>
 EXC_HD EXC_INLINE T fold_element_from(Ctx& ctx, size_t i, Src src) {

@@ -422,6 +422,20 @@ inline int log2_exact(int v) {
   return k;
 }
 
+// The node of the tree that a recursive doubling or halving step computes, for element traces:
+// it joins node k's group and its partner's (the nodes that agree with each on every node bit not
+// combined yet), the lower group being the left subtree; the last step's node is the root.
+// Example: 4 nodes x 2, node 3, partner 1 (bit 1), combined 0b01: groups {2, 3} and {0, 1}, so
+// left rank 0, right rank 4.
+inline CombineTrace combined_subtrees(const NodeLayout& layout, int k, int partner, int combined, bool root) {
+  const int mine = k & ~combined, theirs = partner & ~combined;
+  CombineTrace t;
+  t.left_rank = layout.rank_of(std::min(mine, theirs), 0);
+  t.right_rank = layout.rank_of(std::max(mine, theirs), 0);
+  t.root = root;
+  return t;
+}
+
 // Throws unless p folds under the tree contract on a layout the tree runs on.
 template <class Prims>
 void require_tree(const Prims& p, const char* what) {
@@ -487,6 +501,7 @@ void tree_allreduce(Prims& p, size_t count, size_t chunk_elements = kDefaultChun
     a.barrier_before = j == 0;
     p.fold(a);
     // 2. Recursive doubling over rail l.
+    int combined = 0;  // the node bits that the steps so far joined
     for (int step = 0; step < steps; ++step) {
       const int bit = 1 << (steps_top_down ? steps - 1 - step : step);
       const int partner = k ^ bit;
@@ -499,7 +514,11 @@ void tree_allreduce(Prims& p, size_t count, size_t chunk_elements = kDefaultChun
       c.right = k < partner ? slot + s.begin : s.begin;
       c.dst = s.begin;
       c.length = length;
+      c.trace = detail::combined_subtrees(layout, k, partner, combined, step == steps - 1);
+      c.trace.first = r.begin + s.begin;  // the slice, one piece
+      c.trace.piece_length = length;
       p.combine(c);
+      combined |= bit;
     }
     // 3. Every local rank's slice of the chunk into output.
     p.gather(NodeGatherArgs{r.begin, r.length, 0});
@@ -579,6 +598,12 @@ void tree_reduce_scatter(Prims& p, size_t count, size_t chunk_elements = kDefaul
       c.to_output = s == steps - 1;
       c.dst = c.to_output ? static_cast<size_t>(j) * chunk : kept * len;
       c.length = half * len;
+      c.trace = detail::combined_subtrees(layout, k, partner, (1 << s) - 1, c.to_output);
+      c.trace.first = a.first;  // the kept owners' pieces, where node_fold placed them
+      c.trace.stride = a.stride;
+      c.trace.piece_length = len;
+      c.trace.first_slot = static_cast<int>(kept);
+      c.trace.slot_bits = steps;
       p.combine(c);
       first = kept;
       held = half;

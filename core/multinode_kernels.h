@@ -15,7 +15,10 @@
 // node_fold computes each element's tree over the node's L ranks (core/collectives.h's tree fold,
 // contract::tree_*), rounded, and node_tree_combine joins two such subtrees of neighbouring node
 // groups with one contract::tree_node. core/multinode.h's tree_allreduce and tree_reduce_scatter
-// say why that is the tree over all ranks.
+// say why that is the tree over all ranks. A traced element (the simulator's) records each node
+// where it is computed: node_fold its node's subtree (core/collectives.h's traced_tree_element,
+// the context's TreeTraceScope naming global ranks), node_tree_combine the level it joins
+// (CombineTrace), and the combine of the root its round.
 #pragma once
 
 #include <cstddef>
@@ -176,6 +179,35 @@ EXC_HD void node_fold(Ctx& ctx, const NodeFoldArgs<T>& a) {
   store_barrier_count(ctx, barriers);
 }
 
+// What a node_tree_combine range holds, for element traces (the simulator's; a context that traces
+// no element never reads it): which message element each range element is, and which node of the
+// element's tree the combine computes.
+// Range element e is message element first + q * stride + e % piece_length, q being the owner
+// node reverse_bits(first_slot + e / piece_length, slot_bits): for the all-reduce one piece (the
+// chunk slice: first its first element, piece_length its length, slot_bits 0); for the
+// reduce-scatter the owners' pieces in bit-reversed order, as node_fold placed them (first, stride
+// and piece_bits of its NodeFoldArgs).
+struct CombineTrace {
+  size_t first = 0;
+  size_t stride = 0;
+  size_t piece_length = 0;  // 0: the whole range is one piece
+  int first_slot = 0;
+  int slot_bits = 0;
+  int left_rank = 0;   // the first global rank of the left subtree (the lower node group's)
+  int right_rank = 0;  // the first global rank of the right subtree
+  bool root = false;   // the node is the element's root: its round is traced after it
+};
+
+// Returns the message element that range element e holds (CombineTrace above).
+// Example: {first 100, piece_length 8}: e = 3 is element 103; {first 5, stride 40, piece_length
+// 10, first_slot 2, slot_bits 2}: e = 13 is slot 3, owner node reverse_bits(3, 2) = 3, element
+// 5 + 3 * 40 + 3 = 128.
+EXC_HD inline size_t combine_trace_index(const CombineTrace& t, size_t e) {
+  if (t.piece_length == 0) return t.first + e;
+  const int slot = t.first_slot + static_cast<int>(e / t.piece_length);
+  return t.first + static_cast<size_t>(reverse_bits(slot, t.slot_bits)) * t.stride + e % t.piece_length;
+}
+
 // One node_tree_combine launch of one rank: `length` elements, all in this rank's own memory
 // (offsets in elements of T).
 struct NodeCombineArgs {
@@ -184,7 +216,28 @@ struct NodeCombineArgs {
   size_t dst = 0;          // the combined values, at scratch + dst, or output + dst ...
   bool to_output = false;  // ... when to_output
   size_t length = 0;
+  CombineTrace trace;  // element traces only
 };
+
+// Returns contract::tree_node(l, r) for range element e of a combine; a traced element records the
+// node (trace_tree_node: the subtrees' first global ranks, both values, the fp32 sum, the node)
+// and, at the root, its round.
+template <class T, class Ctx>
+EXC_HD EXC_INLINE T combine_element(Ctx& ctx, const CombineTrace& t, size_t e, T l, T r) {
+  if constexpr (Ctx::kTraceElements) {
+    const size_t i = combine_trace_index(t, e);
+    if (ctx.trace_element(i)) {
+      const float sum = contract::tree_sum(l, r);
+      const T node = round_to<T>(sum);  // contract::tree_node(l, r)
+      ctx.trace_tree_node(i, t.left_rank, t.right_rank, to_float(l), to_float(r), sum, Storage<T>::bits(node));
+      if (t.root) ctx.trace_round(i, sum, Storage<T>::bits(node));
+      return node;
+    }
+  } else {
+    (void)ctx, (void)t, (void)e;
+  }
+  return contract::tree_node(l, r);
+}
 
 // The tree's combine of two node groups' subtrees (tree contract): dst[e] =
 // contract::tree_node(left[e], right[e]) for e in [0, length), this block's share. No peer is
@@ -206,7 +259,7 @@ EXC_HD void node_tree_combine(Ctx& ctx, const NodeCombineArgs& a) {
     trace_share(ctx, share, Access::kWrite, me, a.to_output ? Buffer::kOutput : Buffer::kScratch, a.dst);
     ctx.trace_step_end();
   }
-  auto element = [&](size_t e) { dst[e] = contract::tree_node(left[e], right[e]); };
+  auto element = [&](size_t e) { dst[e] = combine_element(ctx, a.trace, e, left[e], right[e]); };
   const uintptr_t addresses =
       reinterpret_cast<uintptr_t>(left) | reinterpret_cast<uintptr_t>(right) | reinterpret_cast<uintptr_t>(dst);
   const bool aligned = addresses % 16 == 0;
@@ -217,7 +270,8 @@ EXC_HD void node_tree_combine(Ctx& ctx, const NodeCombineArgs& a) {
           const Pack<T> l = ctx.load(reinterpret_cast<const Pack<T>*>(left + e));
           const Pack<T> r = ctx.load(reinterpret_cast<const Pack<T>*>(right + e));
           Pack<T> out;
-          for (int u = 0; u < P; ++u) out.v[u] = contract::tree_node(l.v[u], r.v[u]);
+          for (int u = 0; u < P; ++u)
+            out.v[u] = combine_element(ctx, a.trace, e + static_cast<size_t>(u), l.v[u], r.v[u]);
           ctx.store(reinterpret_cast<Pack<T>*>(dst + e), out);
         } else {
           for (int u = 0; u < P; ++u) element(e + static_cast<size_t>(u));

@@ -150,6 +150,9 @@ struct BlockEnv {
   void* output = nullptr;
   Executor* executor = nullptr;
   Tracer* tracer = nullptr;
+  // Where this world sits in a traced element's tree (core/collectives.h): the whole tree for a
+  // world of its own; a node's subtree, its ranks numbered globally, in a multi-node job.
+  TreeTraceScope tree_trace_scope;
 };
 
 // The scheduler's side of the flags (threads or seeded).
@@ -306,6 +309,8 @@ class SimCtx {
     stamp(e);
     env_.tracer->add(std::move(e));
   }
+  // Where this world's tree sits in the element's tree (core/collectives.h's concept).
+  TreeTraceScope tree_trace_scope() const { return env_.tree_trace_scope; }
   // One internal node of a traced element's tree: ranks left_rank.. and right_rank.. (the first of
   // each subtree), their values, the fp32 sum and the node rounded to storage.
   void trace_tree_node(size_t index, int left_rank, int right_rank, float left, float right, float sum,

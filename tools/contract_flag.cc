@@ -38,10 +38,4 @@ Contract library_contract(const std::string& text) {
   return *c;
 }
 
-std::string check_element_traces(Contract contract, bool traces_elements) {
-  if (!traces_elements || contract == Contract::kCanonical) return "";
-  return std::string("--trace-elements records the canonical contract's folds; under --contract ") +
-         contract_name(contract) + " a run traces its steps only (--trace without --trace-elements)";
-}
-
 }  // namespace exactcoll::cli

@@ -25,8 +25,4 @@ void add_contract_flag(ArgParser& parser, std::string* text, uint8_t runs_on,
 // Precondition: text names a library contract (the parser admitted only those).
 Contract library_contract(const std::string& text);
 
-// Returns "" or why `sim --trace-elements` is refused under `contract`: element traces record the
-// canonical contract's folds, so under tree a run traces its steps only.
-std::string check_element_traces(Contract contract, bool traces_elements);
-
 }  // namespace exactcoll::cli

@@ -135,10 +135,10 @@ def all_reduce(x, *, dtype=None, algo="auto", **options):
     same).
     options: blocks (1..128), schedule ('threads' or 'seeded'), schedule_seed (0..2**64 - 1),
     timeout_ms (1..2**31 - 1), trace (JSON-lines file), chrome_trace (Perfetto file), trace_elements
-    (at most 4096 indices to trace; canonical only), contract ('canonical' or 'tree': a balanced
-    binary tree over ranks, every node rounded, docs/numerics.md). Every op takes them; a value out
-    of range, of the wrong type, or a path with a NUL is a ValueError naming the option, before
-    anything runs.
+    (at most 4096 indices to trace: fold events, or under tree a tree_node event per node), contract
+    ('canonical' or 'tree': a balanced binary tree over ranks, every node rounded, docs/numerics.md).
+    Every op takes them; a value out of range, of the wrong type, or a path with a NUL is a
+    ValueError naming the option, before anything runs.
     """
     return _collective("allreduce", x, dtype, algo, options)
 

@@ -50,30 +50,65 @@ std::string hex(uint32_t bits) {
   return buf;
 }
 
-// "" when the run's fold and round events of t's element match t's fold and round steps.
+// "" when run event e, one of the fold events of t's element (canonical: a fold; tree: a
+// tree_node), has the values of step f (the k-th fold step of the trace), else what differs.
+std::string compare_fold_event(const ElementTrace& t, const sim::TraceEvent& e, int k, const ElementStep& f) {
+  // Storage values as stored (widening is exact): a NaN read from the wrong place (the run's
+  // unwritten pattern) must not pass as the input NaN it replaced.
+  auto same_storage = [&](float run, const char* name) {
+    return float_to_bits(run) == float_to_bits(value_of(f, name).value);
+  };
+  auto label = [&](size_t at) { return at < f.labels.size() ? f.labels[at].second : -1; };
+  const std::string whose = where(t) + ": rank " + std::to_string(e.rank) + "'s ";
+  if (t.contract == Contract::kTree) {
+    if (e.left_rank != label(0) || e.input_rank != label(1) || !same_storage(e.acc_before, "left") ||
+        !same_storage(e.x, "right") || fp32_bits(e.acc_after) != value_of(f, "sum").bits ||
+        e.stored_bits != value_of(f, "stored").bits) {
+      return whose + "tree node " + std::to_string(k) + " (ranks " + std::to_string(e.left_rank) + ".. + " +
+             std::to_string(e.input_rank) + "..: sum " + hex(fp32_bits(e.acc_after)) + ", stored " +
+             hex(e.stored_bits) + ") is not the trace's (ranks " + std::to_string(label(0)) + ".. + " +
+             std::to_string(label(1)) + "..: sum " + hex(value_of(f, "sum").bits) + ", stored " +
+             hex(value_of(f, "stored").bits) + ")";
+    }
+    return "";
+  }
+  if (e.input_rank != label(0) || fp32_bits(e.acc_after) != value_of(f, "acc_after").bits || !same_storage(e.x, "x")) {
+    return whose + "fold step " + std::to_string(k) + " (input rank " + std::to_string(e.input_rank) + ", acc " +
+           hex(fp32_bits(e.acc_after)) + ") is not the trace's (input rank " + std::to_string(label(0)) + ", acc " +
+           hex(value_of(f, "acc_after").bits) + ")";
+  }
+  return "";
+}
+
+// "" when the run's fold and round events of t's element match t's fold and round steps: under
+// canonical n fold events (one per rank), under tree n - 1 tree_node events (one per internal
+// node), in the trace's order, then one round, on every rank that folded the element, and at
+// least one rank did.
 std::string check_folds(const ElementTrace& t, int ranks, const std::vector<sim::TraceEvent>& run_events) {
+  const bool tree = t.contract == Contract::kTree;
+  const char* fold_step = tree ? "tree_node" : "fold";
+  const sim::TraceEvent::Kind fold_kind = tree ? sim::TraceEvent::Kind::kTreeNode : sim::TraceEvent::Kind::kFold;
+  const sim::TraceEvent::Kind other_kind = tree ? sim::TraceEvent::Kind::kFold : sim::TraceEvent::Kind::kTreeNode;
+  const int whole = tree ? ranks - 1 : ranks;  // fold events of one whole fold
   std::vector<const ElementStep*> folds;
   for (const ElementStep& s : t.steps) {
-    if (std::strcmp(s.step, "fold") == 0) folds.push_back(&s);
+    if (std::strcmp(s.step, fold_step) == 0) folds.push_back(&s);
   }
   const ElementStep* round = find_step(t, "round");
-  if (static_cast<int>(folds.size()) != ranks || round == nullptr) return where(t) + ": the trace has no whole fold";
+  if (static_cast<int>(folds.size()) != whole || round == nullptr) return where(t) + ": the trace has no whole fold";
   std::vector<int> seen(ranks, 0), rounds(ranks, 0);  // fold and round events seen per rank
   for (const sim::TraceEvent& e : run_events) {
     if (e.index != t.index) continue;
-    if (e.kind == sim::TraceEvent::Kind::kFold) {
-      const int k = seen[e.rank]++ % ranks;
-      const ElementStep& f = *folds[k];
-      const int input_rank = f.labels.empty() ? -1 : f.labels[0].second;
-      if (e.input_rank != input_rank || fp32_bits(e.acc_after) != value_of(f, "acc_after").bits ||
-          // x as stored (widening is exact): a NaN read from the wrong place (the run's unwritten
-          // pattern) must not pass as the input NaN it replaced.
-          float_to_bits(e.x) != float_to_bits(value_of(f, "x").value)) {
-        return where(t) + ": rank " + std::to_string(e.rank) + "'s fold step " + std::to_string(k) + " (input rank " +
-               std::to_string(e.input_rank) + ", acc " + hex(fp32_bits(e.acc_after)) +
-               ") is not the trace's (input rank " + std::to_string(input_rank) + ", acc " +
-               hex(value_of(f, "acc_after").bits) + ")";
+    if (e.kind == fold_kind) {
+      if (whole == 0) {
+        return where(t) + ": rank " + std::to_string(e.rank) + " recorded a " + fold_step +
+               " event; one rank's fold has none";
       }
+      const int k = seen[e.rank]++ % whole;
+      if (std::string problem = compare_fold_event(t, e, k, *folds[k]); !problem.empty()) return problem;
+    } else if (e.kind == other_kind) {
+      return where(t) + ": rank " + std::to_string(e.rank) + " recorded a " + (tree ? "fold" : "tree_node") +
+             " event; the " + contract_name(t.contract) + " fold records " + fold_step + " events";
     } else if (e.kind == sim::TraceEvent::Kind::kRound) {
       ++rounds[e.rank];
       if (fp32_bits(e.acc_before) != value_of(*round, "acc").bits) {
@@ -86,13 +121,13 @@ std::string check_folds(const ElementTrace& t, int ranks, const std::vector<sim:
       }
     }
   }
-  // Every rank that folded the element folded it whole (all ranks' inputs) and rounded each fold.
+  // Every rank that folded the element folded it whole and rounded each fold.
   int folded = 0;
   for (int r = 0; r < ranks; ++r) {
-    folded += seen[r];
-    if (seen[r] % ranks != 0 || rounds[r] != seen[r] / ranks) {
-      return where(t) + ": rank " + std::to_string(r) + " recorded " + std::to_string(seen[r]) + " fold steps and " +
-             std::to_string(rounds[r]) + " roundings of it; a whole fold is " + std::to_string(ranks) +
+    folded += rounds[r];
+    if (whole > 0 && (seen[r] % whole != 0 || rounds[r] != seen[r] / whole)) {
+      return where(t) + ": rank " + std::to_string(r) + " recorded " + std::to_string(seen[r]) + " " + fold_step +
+             " steps and " + std::to_string(rounds[r]) + " roundings of it; a whole fold is " + std::to_string(whole) +
              " steps and one rounding";
     }
   }
@@ -103,14 +138,19 @@ std::string check_folds(const ElementTrace& t, int ranks, const std::vector<sim:
 }  // namespace
 
 template <class T>
-std::string trace_canonical_run(const FusedProblem<T>& problem, const std::vector<uint64_t>& elements,
-                                const std::vector<const T*>& run_residual_out, const std::vector<const T*>& run_out,
-                                const std::vector<sim::TraceEvent>& run_events, std::vector<ElementTrace>* traces) {
+std::string trace_simulated_run(Contract contract, const FusedProblem<T>& problem,
+                                const std::vector<uint64_t>& elements, const std::vector<const T*>& run_residual_out,
+                                const std::vector<const T*>& run_out, const std::vector<sim::TraceEvent>& run_events,
+                                std::vector<ElementTrace>* traces) {
+  if (!info(contract).library_contract) {
+    throw std::invalid_argument(std::string("trace_simulated_run: ") + contract_name(contract) +
+                                " is not one of the library's contracts (it has no simulated run)");
+  }
   const int H = problem.hidden;
   const size_t count = static_cast<size_t>(problem.rows) * H;
   std::vector<T> ro(count), out(count);
   std::vector<ElementTrace> mine;
-  fused_reference<T>(Contract::kCanonical, problem, ro.data(), out.data(), elements, &mine);
+  fused_reference<T>(contract, problem, ro.data(), out.data(), elements, &mine);
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(H, &tree);
   for (const ElementTrace& t : mine) {
@@ -184,7 +224,7 @@ std::vector<int> trace_alternative(Contract contract, const FusedProblem<T>& pro
 }
 
 #define EXC_INSTANTIATE(T)                                                                                           \
-  template std::string trace_canonical_run<T>(const FusedProblem<T>&, const std::vector<uint64_t>&,                  \
+  template std::string trace_simulated_run<T>(Contract, const FusedProblem<T>&, const std::vector<uint64_t>&,        \
                                               const std::vector<const T*>&, const std::vector<const T*>&,            \
                                               const std::vector<sim::TraceEvent>&, std::vector<ElementTrace>*);      \
   template std::vector<int> trace_alternative<T>(Contract, const FusedProblem<T>&, const std::vector<uint64_t>&, T*, \

@@ -3,11 +3,11 @@
 // the sum-of-squares tree, inv, the output products), under any contract.
 //
 // Where the values come from: an alternative contract's outputs ARE fused_reference's, and its
-// trace is recorded by that same call. The canonical contract's outputs come from the simulated
-// algorithms (core/fused_rmsnorm.h and core/fused_rmsnorm_kernels.h), whose fold steps the run
-// records itself (sim::Tracer's fold and round events); the steps after the fold are recorded by
-// fused_reference (canonical) and checked against the run before they are shown
-// (trace_canonical_run): any bit that differs is an error, not a trace.
+// trace is recorded by that same call. The library contracts' outputs (canonical, tree) come from
+// the simulated algorithms (core/fused_rmsnorm.h and core/fused_rmsnorm_kernels.h), whose fold
+// steps the run records itself (sim::Tracer's fold and round events, or tree_node and round under
+// tree); the trace is fused_reference's under the same contract, checked against the run before it
+// is shown (trace_simulated_run): any bit that differs is an error, not a trace.
 #pragma once
 
 #include <cstdint>
@@ -19,23 +19,29 @@
 
 namespace exactcoll::fused {
 
-// The canonical traces of `elements` (indices into [rows, H], row-major), appended to *traces,
-// after checking them against a canonical run of the same problem:
+// The traces of `elements` (indices into [rows, H], row-major) under a library contract (canonical
+// or tree: the contract the run folded under), appended to *traces, after checking them against
+// that simulated run of the same problem:
 //   - every rank's residual_out and out rows that hold a traced element (whole rows: the norm
 //     reads the whole row) equal fused_reference's, bit for bit;
-//   - every fold and round event that the run recorded for a traced element (run_events, from
-//     sim::Tracer::merged(); every rank that folded it) has the trace's fold and round values:
-//     the same input ranks in the same order, the same x, accumulator and stored bits; at least
-//     one rank recorded them;
+//   - every fold event (canonical: fold; tree: tree_node) and round event that the run recorded
+//     for a traced element (run_events, from sim::Tracer::merged(); every rank that folded it) has
+//     the trace's values, each rank recording the whole fold then one round: canonical, the same
+//     input ranks in the same order, the same x, accumulator and stored bits; tree, the same nodes
+//     in the same order (both subtrees' first ranks, both values, the fp32 sum, the stored node);
+//     the round's accumulator and stored bits; at least one rank recorded them;
 //   - the steps after the fold equal core's functions applied to the run's values:
 //     contract::residual_add(s, residual), contract::sum_squares of the run's residual_out row,
 //     contract::rmsnorm_inverse, contract::rmsnorm_scale.
 // run_residual_out[r] and run_out[r] are rank r's [rows, H] outputs. Returns "" when everything
 // agrees (then *traces holds the traces), else what differs first (and *traces is unchanged).
+// Throws std::invalid_argument for a contract that is not the library's (an alternative has no run:
+// trace_alternative).
 template <class T>
-std::string trace_canonical_run(const FusedProblem<T>& problem, const std::vector<uint64_t>& elements,
-                                const std::vector<const T*>& run_residual_out, const std::vector<const T*>& run_out,
-                                const std::vector<sim::TraceEvent>& run_events, std::vector<ElementTrace>* traces);
+std::string trace_simulated_run(Contract contract, const FusedProblem<T>& problem,
+                                const std::vector<uint64_t>& elements, const std::vector<const T*>& run_residual_out,
+                                const std::vector<const T*>& run_out, const std::vector<sim::TraceEvent>& run_events,
+                                std::vector<ElementTrace>* traces);
 
 // An alternative contract's outputs and traces in one fused_reference call (the trace comes from the
 // computation that makes the outputs), each trace compared with the canonical trace of the same

@@ -217,17 +217,20 @@ float fold_element(Contract c, const FusedProblem<T>& problem, size_t count, siz
       }
       break;
     case Contract::kTree: {
-      // The tree of the ranks' values (contract::tree_in_place_reporting), each internal node a step.
+      // The tree of the ranks' values (contract::tree_in_place_reporting), each internal node a
+      // step. acc is the root's fp32 sum (or the one value), whose rounding is the root: the round
+      // step then shows both, as the simulator's round event of a traced tree does.
       std::vector<T> level(static_cast<size_t>(n));
       for (int r = 0; r < n; ++r) level[static_cast<size_t>(r)] = problem.x[static_cast<size_t>(r) * count + i];
-      contract::tree_in_place_reporting(level.data(), n, [&](int left, int right, T lv, T rv, float, T node) {
-        if (steps == nullptr) return;
-        steps->push_back(
-            make_step("tree_node", {{"left_rank", left}, {"right_rank", right}},
-                      {storage_value<T>("left", lv), storage_value<T>("right", rv), storage_value<T>("stored", node)},
-                      "tree: every node rounds to storage"));
-      });
       acc = to_float(level[0]);
+      contract::tree_in_place_reporting(level.data(), n, [&](int left, int right, T lv, T rv, float sum, T node) {
+        acc = sum;
+        if (steps == nullptr) return;
+        steps->push_back(make_step("tree_node", {{"left_rank", left}, {"right_rank", right}},
+                                   {storage_value<T>("left", lv), storage_value<T>("right", rv), fp32_value("sum", sum),
+                                    storage_value<T>("stored", node)},
+                                   "tree: every node rounds to storage"));
+      });
       break;
     }
     case Contract::kRotatedTwoShot: {

@@ -63,7 +63,11 @@ struct FusedProblem {
 //   fold             once per rank in the contract's order: input_rank; acc_before (not on the first),
 //                    x, acc_after (bf16_accumulate: sum = acc_before + x in fp32, acc_after its
 //                    rounding to storage, widened)
-//   round            the all-reduce's rounding: acc, stored (f32_residual: not rounded, stored is acc)
+//   tree_node        under tree instead of fold, once per internal node of the ranks' tree in
+//                    contract::tree_in_place_reporting's order: left_rank, right_rank (the first
+//                    rank of each subtree); left, right (storage), sum (fp32), stored (the node)
+//   round            the all-reduce's rounding: acc, stored (f32_residual: not rounded, stored is acc;
+//                    tree: acc is the root's fp32 sum, or the one rank's value)
 //   residual_add     s, residual, sum (fp32), stored (residual_out)
 //   square           the element's square in its lane: lane, pack; v (the value the norm reads),
 //                    square = v * v, lane_before, lane_after

@@ -104,6 +104,9 @@ class Job {
       env.output = heaps[static_cast<size_t>(rank)].output.data();
       env.executor = &network;
       env.tracer = tracer;
+      // A traced element's tree_node events name global ranks; with several nodes a node's tree is a
+      // subtree, and the cross-node combines record the levels above it and the round.
+      env.tree_trace_scope = TreeTraceScope{layout.rank_of(node, 0), layout.nodes == 1};
       if (tracer != nullptr) {
         sim::SimCtx<T, true, kFold> ctx(env);
         kernel(ctx);
@@ -266,10 +269,6 @@ void run_multinode(const NetworkOptions& net, const MultiNodeSpec& spec, const s
   const int n = net.layout.world_size();
   if (static_cast<int>(inputs.size()) != n || static_cast<int>(outputs.size()) != n) {
     throw std::invalid_argument("one input and one output per rank are needed (" + std::to_string(n) + " ranks)");
-  }
-  if (spec.contract == Contract::kTree && !trace_elements.empty()) {
-    throw std::invalid_argument(
-        "element traces record the canonical contract's folds; under tree a run traces its steps and messages only");
   }
   const bool tree = spec.contract == Contract::kTree;
   with_type(spec.dtype, [&](auto tag) {

@@ -50,10 +50,13 @@ struct MultiNodeTrace {
 };
 
 // Runs spec on the simulated job; inputs[r] (count elements) and outputs[r]
-// (output_count elements) are rank r's, any alignment. trace_elements: element indices
-// whose folds are traced (with net.trace; canonical only: element traces record the chain's
-// folds). Throws std::invalid_argument for a bad spec, pointer counts or trace_elements under
-// tree, sim::SimError when the run fails (deadlock, timeout, a mismatched message).
+// (output_count elements) are rank r's, any alignment. trace_elements: input element indices
+// whose folds are traced (with net.trace): under canonical each rank's fold events along the chain
+// and the last node's round; under tree the tree_node events of the node subtree (global ranks)
+// on every rank that folds it, then one per cross-node level that rank combines (the subtrees of
+// the two node groups it joins), and the round on each rank that computes the root. Throws
+// std::invalid_argument for a bad spec or pointer counts, sim::SimError when the run fails
+// (deadlock, timeout, a mismatched message).
 void run_multinode(const NetworkOptions& net, const MultiNodeSpec& spec, const std::vector<const void*>& inputs,
                    const std::vector<void*>& outputs, MultiNodeTrace* trace = nullptr,
                    const std::vector<uint64_t>& trace_elements = {});

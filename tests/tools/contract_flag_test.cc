@@ -1,6 +1,5 @@
 // tools/contract_flag.h: --contract's choices come from the registry (the library's contracts on
-// the backends asked for), the help names each, an emulation is not a library contract, and
-// element traces are refused under tree only.
+// the backends asked for), the help names each, and an emulation is not a library contract.
 #include "tools/contract_flag.h"
 
 #include <gtest/gtest.h>
@@ -44,15 +43,6 @@ TEST(ContractFlag, ParsesTheChoicesAndRefusesAnEmulation) {
   EXPECT_EQ(library_contract("canonical"), Contract::kCanonical);
   EXPECT_THROW(library_contract("f32_residual"), std::invalid_argument);
   EXPECT_THROW(library_contract("nonsense"), std::invalid_argument);
-}
-
-TEST(ContractFlag, ElementTracesAreRefusedUnderTreeOnly) {
-  EXPECT_EQ(check_element_traces(Contract::kCanonical, true), "");
-  EXPECT_EQ(check_element_traces(Contract::kTree, false), "");
-  EXPECT_NE(check_element_traces(Contract::kTree, true)
-                .find("--trace-elements records the canonical contract's "
-                      "folds; under --contract tree"),
-            std::string::npos);
 }
 
 }  // namespace

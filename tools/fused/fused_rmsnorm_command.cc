@@ -65,13 +65,14 @@ void run_reference(Contract contract, int ranks, int rows, int hidden, float eps
   }
 }
 
-// A canonical run's element traces: the reference's, checked against the run (its outputs on every
-// rank, its own fold events). Returns "" or what differs.
+// A simulated run's element traces (canonical or tree): the reference's under the same contract,
+// checked against the run (its outputs on every rank, its own fold or tree_node events). Returns ""
+// or what differs.
 template <class T>
-std::string trace_canonical(int ranks, int rows, int hidden, float eps, const npy::NpyArray& x,
-                            const npy::NpyArray& residual, const npy::NpyArray& weight, const std::vector<uint8_t>& out,
-                            const std::vector<uint8_t>& residual_out, const std::vector<uint64_t>& elements,
-                            const sim::Tracer& tracer, std::vector<ElementTrace>* traces) {
+std::string trace_run(Contract contract, int ranks, int rows, int hidden, float eps, const npy::NpyArray& x,
+                      const npy::NpyArray& residual, const npy::NpyArray& weight, const std::vector<uint8_t>& out,
+                      const std::vector<uint8_t>& residual_out, const std::vector<uint64_t>& elements,
+                      const sim::Tracer& tracer, std::vector<ElementTrace>* traces) {
   const size_t count = static_cast<size_t>(rows) * hidden;
   const TypedProblem<T> in(ranks, rows, hidden, eps, x, residual, weight);
   std::vector<std::vector<T>> run_ro(ranks, std::vector<T>(count)), run_out(ranks, std::vector<T>(count));
@@ -82,14 +83,18 @@ std::string trace_canonical(int ranks, int rows, int hidden, float eps, const np
     ro_ptrs.push_back(run_ro[r].data());
     out_ptrs.push_back(run_out[r].data());
   }
-  return trace_canonical_run<T>(in.problem, elements, ro_ptrs, out_ptrs, tracer.merged(), traces);
+  return trace_simulated_run<T>(contract, in.problem, elements, ro_ptrs, out_ptrs, tracer.merged(), traces);
 }
 
-// One line per traced element for stdout: where its trace is, and how it compares with canonical.
+// One line per traced element for stdout: where its trace is, and how it was checked against the
+// run (the library's contracts) or compares with canonical (an alternative).
 std::string element_summary(const ElementTrace& t, int departs, const std::string& trace_path) {
   std::string line = "element " + std::to_string(t.index) + " [row " + std::to_string(t.row) + ", col " +
                      std::to_string(t.col) + "]: " + std::to_string(t.steps.size()) + " steps in " + trace_path;
-  if (t.contract == Contract::kCanonical) return line + ", checked against the run bit for bit";
+  if (info(t.contract).library_contract) {  // canonical (unnamed, the default) or tree
+    const std::string named = t.contract == Contract::kCanonical ? "" : std::string(", ") + contract_name(t.contract);
+    return line + named + ", checked against the run bit for bit";
+  }
   line += std::string(", ") + contract_name(t.contract);
   if (departs < 0) return line + " has canonical's bits at every step";
   line += " departs from canonical at seq " + std::to_string(departs) + " (" + t.steps[departs].step + ")";
@@ -180,18 +185,17 @@ cli::ArgParser make_parser(Request* q) {
       "grid and schedule gives the same bits. The alternative contracts (simulator only) reproduce other\n"
       "systems' rounding with the scalar reference (sim/fused/reference.h). The last line ends with the\n"
       "sha256 of each output's bytes.\n"
-      "--trace-elements I,J,... (with --trace FILE, under every contract but tree, whose runs trace their\n"
-      "steps only: element traces record the canonical fold) traces the whole op for each\n"
+      "--trace-elements I,J,... (with --trace FILE, under every contract) traces the whole op for each\n"
       "element (at most 4096): an index into [rows, H], row-major (row * H + col; the same index on every\n"
-      "rank). FILE gets one \"element\" line per step (canonical: after the run's events): the fold (each\n"
-      "rank's add), the\n"
+      "rank). FILE gets one \"element\" line per step (canonical and tree: after the run's events): the\n"
+      "fold (each rank's add; under tree, each node of the ranks' tree instead: tree_node), the\n"
       "all-reduce's rounding, the residual add, the element's square and its lane, each butterfly level\n"
       "on its path to the row's sum of squares, inv and the output products, with exact hex bits. The\n"
-      "canonical steps are checked against the run (every rank's output rows and its own fold events)\n"
-      "before they are written; an alternative contract's come from the reference call that computes its\n"
-      "outputs and are marked \"same\"/\"departs\"/\"differs\" against canonical's (docs/numerics.md,\n"
-      "\"Tracing one element\"). Alternatives take --trace and --trace-elements, not --chrome-trace (they\n"
-      "have no schedule, so no timeline).\n"
+      "steps of canonical and tree are checked against the run (every rank's output rows and its own\n"
+      "fold or tree_node events) before they are written; an alternative contract's come from the\n"
+      "reference call that computes its outputs and are marked \"same\"/\"departs\"/\"differs\" against\n"
+      "canonical's (docs/numerics.md, \"Tracing one element\"). Alternatives take --trace and\n"
+      "--trace-elements, not --chrome-trace (they have no schedule, so no timeline).\n"
       "With --nodes M it runs across M simulated nodes instead (the same bits, under --contract " +
           library_contract_names(kOnMultiNode, "|") +
           "; `exactcoll sim\n"
@@ -213,7 +217,7 @@ cli::ArgParser make_parser(Request* q) {
                           "gather_norm and push_one_stage_reg, 1 for the others");
   parser.set_default_note("trace-elements",
                           "here an index is into [rows, H], row-major (row * H + col), and the whole fused op of each "
-                          "is traced (every contract but tree; see above)");
+                          "is traced (every contract; see above)");
   return parser;
 }
 
@@ -256,13 +260,7 @@ std::optional<int> check_flags(const cli::ArgParser& parser, Request* q) {
   Contract contract = Contract::kCanonical;
   parse_contract(contract_text, &contract);
   const bool simulated = info(contract).library_contract;
-  if (simulated) {
-    // Element traces record the canonical fold: under tree, a run traces its steps only.
-    if (const std::string problem = cli::check_element_traces(contract, !options.trace_elements.empty());
-        !problem.empty()) {
-      return cli::fail(kCommand, problem);
-    }
-  } else {
+  if (!simulated) {
     // Name the flag actually given: "--algo one_stage" refused with a word about trace flags
     // read as a bug.
     std::string given;
@@ -391,8 +389,8 @@ std::optional<int> make_spec(const Request& q, int64_t rows, int64_t hidden, Fus
 }
 
 // Step 3 of run under a library contract, canonical or tree (spec.contract; count: the elements of
-// one rank's [rows, H]): the algorithm on the simulated world, the traced elements (canonical only)
-// checked against the run, and the traces written (a failed run's too; its outputs never).
+// one rank's [rows, H]): the algorithm on the simulated world, the traced elements checked against
+// the run, and the traces written (a failed run's too; its outputs never).
 // Returns nullopt to go on, or the exit code to return now (the message printed).
 std::optional<int> run_simulated(const Request& q, const Inputs& inputs, const FusedSpec& spec, size_t count,
                                  npy::OutputFiles* files, Results* results) {
@@ -424,23 +422,23 @@ std::optional<int> run_simulated(const Request& q, const Inputs& inputs, const F
     failure = std::string("the run failed: ") + e.what();
   }
   // The traced elements' whole computation, checked against the run (a difference is an error).
-  if (failure.empty() && spec.contract == Contract::kCanonical && !options.trace_elements.empty() && world &&
-      world->tracer() != nullptr) {
+  if (failure.empty() && !options.trace_elements.empty() && world && world->tracer() != nullptr) {
     const int n = static_cast<int>(ranks);
     const std::vector<uint64_t>& el = options.trace_elements;
+    const Contract c = spec.contract;
     std::string problem;
     switch (q.dtype) {
       case DType::kBF16:
-        problem = trace_canonical<bf16>(n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out, el,
-                                        *world->tracer(), &traces);
+        problem = trace_run<bf16>(c, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out, el,
+                                  *world->tracer(), &traces);
         break;
       case DType::kFP16:
-        problem = trace_canonical<fp16>(n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out, el,
-                                        *world->tracer(), &traces);
+        problem = trace_run<fp16>(c, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out, el,
+                                  *world->tracer(), &traces);
         break;
       case DType::kFP32:
-        problem = trace_canonical<float>(n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out,
-                                         el, *world->tracer(), &traces);
+        problem = trace_run<float>(c, n, spec.rows, spec.hidden, spec.eps, x, residual, weight, out, residual_out, el,
+                                   *world->tracer(), &traces);
         break;
     }
     if (!problem.empty()) {

@@ -12,7 +12,7 @@
 // the inputs `exactcoll gpu fused_rmsnorm` makes from the same --rows, --hidden, --seed, --specials,
 // so the two summaries' sha256 compare directly). Outputs are [N, rows, H] (every rank's result). The library's
 // contracts (canonical, tree: FusedSpec::contract) run core/fused_rmsnorm.h's algorithm on the simulated world
-// (under tree, --trace-elements is refused: element traces record the canonical fold); the alternative
+// (--trace-elements: the reference's steps under the same contract, checked against the run); the alternative
 // contracts (simulator only) are computed by sim/fused/reference.h and take no --algo. The summary line ends
 // with the sha256 of each output's bytes (tools/sha256/sha256.h,
 // as every `exactcoll sim` op). World flags (--ranks, --dtype, schedulers, traces, --timeout-ms,

@@ -124,7 +124,12 @@ cli::ArgParser make_parser(Job* j) {
           "and --seed, so the sha256 in the last line equals the one-node command's (with the same\n"
           "--contract). --schedule seeded explores the order in which messages cross node boundaries\n"
           "(--fail-rank is not available here); --trace writes every message (with the boundary it\n"
-          "crossed) and every node kernel (--trace-elements: canonical only).");
+          "crossed) and every node kernel. --trace-elements I,J,... (input element indices; not for\n"
+          "fused_rmsnorm) adds each element's fold: under canonical its fold events in global rank\n"
+          "order along the chain and the last node's round; under tree a tree_node event per node of\n"
+          "the tree that a rank computes (its node's subtree, then one per exchange step it combines,\n"
+          "each naming the first global rank of both subtrees), and the round on each rank that\n"
+          "computes the root.");
   tools::add_world_flags(parser, &j->f, {.traces = true, .element_traces = true, .faults = false});
   parser.add_int("nodes", &j->nodes, "nodes M; --ranks must be a multiple of M (every node the same size)");
   if (fused) {
@@ -186,12 +191,14 @@ std::optional<int> check_flags(const cli::ArgParser& parser, Job* j) {
     }
   }
   if (!trace_elements.empty() && f.trace.empty()) return cli::fail(command, "--trace-elements needs --trace FILE");
-  j->contract = *parse_contract_name(j->contract_text, kOnMultiNode);
-  if (j->contract == Contract::kTree && !trace_elements.empty()) {
+  // The multi-node fused op records no element (run_multinode_fused takes none): refused rather
+  // than accepted and ignored.
+  if (!trace_elements.empty() && j->fused) {
     return cli::fail(command,
-                     "--trace-elements records the canonical contract's folds; under --contract tree, --trace "
-                     "records the steps and messages only");
+                     "--trace-elements is not available for fused_rmsnorm with --nodes (the collectives take it; "
+                     "without --nodes, sim fused_rmsnorm traces every step of an element)");
   }
+  j->contract = *parse_contract_name(j->contract_text, kOnMultiNode);
   if (j->contract == Contract::kTree) {
     if (const std::string p = check_tree_layout(layout); !p.empty()) return cli::fail(command, "bad layout: " + p);
   }

@@ -153,7 +153,7 @@ cli::ArgParser make_parser(Request* q) {
   }
   cli::add_contract_flag(parser, &q->contract_text, kOnSimulator,
                          "the rounding contract every element's fold over the ranks follows (every algorithm gives "
-                         "its bits; --trace-elements: canonical only)");
+                         "its bits; a traced element records its fold under either: fold events, or tree_node events)");
   parser.add_int("blocks", &q->blocks, "blocks per rank (the work split; same bits for every count)");
   parser.add_bool("print", &q->print, "print inputs and outputs as floats (default when count <= 32)");
   return parser;

@@ -1,14 +1,17 @@
 // Element traces of the fused op (sim/fused/element_trace.h, fused_reference's traces): every
 // contract's trace has the documented steps in order, chained (each step starts from the previous
-// one's result) and ending at the output bits; tracing changes no output bit; a canonical run's trace
-// agrees with the simulated run and a flipped bit anywhere is caught; each alternative contract
+// one's result) and ending at the output bits; tracing changes no output bit; a canonical or tree
+// run's trace agrees with the simulated run (a tree's nodes are its inputs' tree, recomputed here)
+// and a flipped bit anywhere is caught; each alternative contract
 // departs from canonical at the step docs/numerics.md names.
 #include "sim/fused/element_trace.h"
 
 #include <cstring>
+#include <cstddef>
 #include <iterator>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -18,6 +21,7 @@
 #include "sim/fused/reference.h"
 #include "sim/world.h"
 #include "tests/sim/fused/random_case.h"
+#include "tests/sim/tree_nodes.h"
 
 namespace exactcoll::fused {
 namespace {
@@ -144,12 +148,48 @@ TEST(ElementTrace, EveryContractHasTheStepsInOrderEndingAtTheOutputBits) {
   every_contract<bf16>(1, 2, 16384, 4);  // 2 packs a lane, 32 groups
 }
 
-// A canonical run on the simulator, traced: the reference's trace agrees with it, and one flipped
-// bit of the run (an output bit or a recorded fold) makes trace_canonical_run refuse.
+// Under tree: the trace's tree_node steps are the nodes of the element's tree recomputed from its
+// inputs by the definition (tests/sim/tree_nodes.h), in tree_in_place's order (level by level),
+// every node once, and its round stores the root.
 template <class T>
-void canonical_run(FusedAlgorithm algo, int n, int rows, int hidden, sim::Schedule schedule) {
-  SCOPED_TRACE(std::string(fused_algorithm_name(algo)) + ", " + std::to_string(n) + " ranks, H " +
-               std::to_string(hidden));
+void check_tree_steps(const ElementTrace& t, const FusedProblem<T>& problem) {
+  SCOPED_TRACE("element " + std::to_string(t.index));
+  const int n = problem.ranks;
+  const size_t count = static_cast<size_t>(problem.rows) * problem.hidden;
+  std::vector<T> inputs(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) inputs[static_cast<size_t>(r)] = problem.x[static_cast<size_t>(r) * count + t.index];
+  const simtest::DefinitionTree tree = simtest::definition_tree(inputs);
+  std::vector<std::pair<int, int>> order;  // level by level: strides 1, 2, 4, ...
+  for (int stride = 1; stride < n; stride *= 2) {
+    for (int q = 0; q + stride < n; q += 2 * stride) order.push_back({q, q + stride});
+  }
+  ASSERT_EQ(order.size(), tree.nodes.size());
+  ASSERT_GE(t.steps.size(), order.size() + 1);
+  for (size_t k = 0; k < order.size(); ++k) {
+    const ElementStep& s = t.steps[k];
+    ASSERT_EQ(std::string(s.step), "tree_node");
+    ASSERT_EQ(s.labels.size(), 2u);
+    EXPECT_EQ(std::make_pair(s.labels[0].second, s.labels[1].second), order[k]) << "node " << k;
+    const simtest::TreeNodeBits got = {simtest::canonical_fp32_bits(bits(value(s, "left"))),
+                                       simtest::canonical_fp32_bits(bits(value(s, "right"))), value(s, "sum").bits,
+                                       value(s, "stored").bits};
+    EXPECT_EQ(got, tree.nodes.at(order[k])) << "node " << k;
+  }
+  const ElementStep& round = t.steps[order.size()];
+  EXPECT_EQ(std::string(round.step), "round");
+  EXPECT_EQ(value(round, "acc").bits, simtest::canonical_fp32_bits(tree.root_sum));
+  EXPECT_EQ(value(round, "stored").bits, tree.root);
+}
+
+// A run on the simulator under a library contract (canonical or tree), traced: the reference's
+// trace agrees with it (under tree its nodes are the definition's tree of the inputs), and one
+// flipped bit of the run (an output bit or a recorded fold or tree node) or a missing tree node
+// makes trace_simulated_run refuse.
+template <class T>
+void simulated_run(Contract contract, FusedAlgorithm algo, int n, int rows, int hidden, sim::Schedule schedule) {
+  SCOPED_TRACE(std::string(contract_name(contract)) + ", " + fused_algorithm_name(algo) + ", " + std::to_string(n) +
+               " ranks, H " + std::to_string(hidden));
+  const bool tree = contract == Contract::kTree;
   const Case<T> c(n, rows, hidden, 11);
   const size_t count = c.count();
   const std::vector<uint64_t> elements = {3, static_cast<uint64_t>(hidden) + 70 % hidden, count - 1};
@@ -164,6 +204,7 @@ void canonical_run(FusedAlgorithm algo, int n, int rows, int hidden, sim::Schedu
   spec.dtype = dtype_of<T>();
   spec.rows = rows;
   spec.hidden = hidden;
+  spec.contract = contract;
   std::vector<std::vector<T>> ro(n, std::vector<T>(count)), out(n, std::vector<T>(count));
   FusedIo io;
   for (int r = 0; r < n; ++r) {
@@ -178,11 +219,21 @@ void canonical_run(FusedAlgorithm algo, int n, int rows, int hidden, sim::Schedu
   for (int r = 0; r < n; ++r) ro_ptrs.push_back(ro[r].data()), out_ptrs.push_back(out[r].data());
   const std::vector<sim::TraceEvent> events = world.tracer()->merged();
   std::vector<ElementTrace> traces;
-  ASSERT_EQ(trace_canonical_run<T>(c.problem(), elements, ro_ptrs, out_ptrs, events, &traces), "");
+  ASSERT_EQ(trace_simulated_run<T>(contract, c.problem(), elements, ro_ptrs, out_ptrs, events, &traces), "");
   ASSERT_EQ(traces.size(), elements.size());
   for (const ElementTrace& t : traces) {
+    EXPECT_EQ(t.contract, contract);
     for (int r = 0; r < n; ++r) check_trace<T>(t, n, hidden, ro[r], out[r]);
+    if (tree) check_tree_steps<T>(t, c.problem());
   }
+  // Under tree the run itself recorded tree_node events (and no canonical fold) for each element.
+  size_t folds = 0, nodes = 0;
+  for (const sim::TraceEvent& e : events) {
+    folds += e.kind == sim::TraceEvent::Kind::kFold;
+    nodes += e.kind == sim::TraceEvent::Kind::kTreeNode;
+  }
+  EXPECT_EQ(folds == 0, tree);
+  EXPECT_EQ(nodes > 0, tree && n > 1);
   // One flipped bit of one rank's out, elsewhere in a traced row: caught.
   {
     std::vector<T> bad = out[n - 1];
@@ -195,33 +246,70 @@ void canonical_run(FusedAlgorithm algo, int n, int rows, int hidden, sim::Schedu
     std::vector<const T*> bad_ptrs = out_ptrs;
     bad_ptrs[n - 1] = bad.data();
     std::vector<ElementTrace> unused;
-    const std::string problem = trace_canonical_run<T>(c.problem(), elements, ro_ptrs, bad_ptrs, events, &unused);
+    const std::string problem =
+        trace_simulated_run<T>(contract, c.problem(), elements, ro_ptrs, bad_ptrs, events, &unused);
     EXPECT_NE(problem.find("'s out at col"), std::string::npos) << problem;
     EXPECT_TRUE(unused.empty());
   }
-  // One flipped bit of a recorded fold: caught.
+  // One flipped bit of a recorded fold (canonical: the last rank's add; tree: the first node's
+  // sum): caught.
   {
     std::vector<sim::TraceEvent> bad = events;
     bool flipped = false;
     for (sim::TraceEvent& e : bad) {
-      if (!flipped && e.kind == sim::TraceEvent::Kind::kFold && e.index == elements[0] && e.input_rank == n - 1) {
+      if (!flipped && e.index == elements[0] &&
+          (tree ? e.kind == sim::TraceEvent::Kind::kTreeNode
+                : e.kind == sim::TraceEvent::Kind::kFold && e.input_rank == n - 1)) {
         e.acc_after = bits_to_float(float_to_bits(e.acc_after) ^ 1u);
         flipped = true;
       }
     }
     ASSERT_TRUE(flipped) << "the run recorded the element's fold";
     std::vector<ElementTrace> unused;
-    const std::string problem = trace_canonical_run<T>(c.problem(), elements, ro_ptrs, out_ptrs, bad, &unused);
-    EXPECT_NE(problem.find("fold step"), std::string::npos) << problem;
+    const std::string problem =
+        trace_simulated_run<T>(contract, c.problem(), elements, ro_ptrs, out_ptrs, bad, &unused);
+    EXPECT_NE(problem.find(tree ? "tree node 0" : "fold step"), std::string::npos) << problem;
+  }
+  // Under tree, one missing node event (the element's last one: a rank's root) is caught.
+  if (tree) {
+    std::vector<sim::TraceEvent> bad = events;
+    for (size_t k = bad.size(); k-- > 0;) {
+      if (bad[k].kind == sim::TraceEvent::Kind::kTreeNode && bad[k].index == elements[0]) {
+        bad.erase(bad.begin() + static_cast<std::ptrdiff_t>(k));
+        break;
+      }
+    }
+    ASSERT_LT(bad.size(), events.size());
+    std::vector<ElementTrace> unused;
+    const std::string problem =
+        trace_simulated_run<T>(contract, c.problem(), elements, ro_ptrs, out_ptrs, bad, &unused);
+    EXPECT_NE(problem.find("tree_node steps and 1 roundings of it; a whole fold is " + std::to_string(n - 1)),
+              std::string::npos)
+        << problem;
   }
 }
 
 TEST(ElementTrace, CanonicalRunTraceAgreesWithTheRunAndCatchesAFlippedBit) {
-  canonical_run<bf16>(FusedAlgorithm::kOneStage, 3, 3, 64, sim::Schedule::kThreads);
-  canonical_run<bf16>(FusedAlgorithm::kTwoStage, 3, 3, 64, sim::Schedule::kSeeded);
-  canonical_run<fp16>(FusedAlgorithm::kOneStageReg, 2, 2, 2880, sim::Schedule::kThreads);
-  canonical_run<float>(FusedAlgorithm::kUnfused, 4, 2, 64, sim::Schedule::kThreads);
-  canonical_run<bf16>(FusedAlgorithm::kLamportOneStage, 2, 2, 64, sim::Schedule::kSeeded);
+  simulated_run<bf16>(Contract::kCanonical, FusedAlgorithm::kOneStage, 3, 3, 64, sim::Schedule::kThreads);
+  simulated_run<bf16>(Contract::kCanonical, FusedAlgorithm::kTwoStage, 3, 3, 64, sim::Schedule::kSeeded);
+  simulated_run<fp16>(Contract::kCanonical, FusedAlgorithm::kOneStageReg, 2, 2, 2880, sim::Schedule::kThreads);
+  simulated_run<float>(Contract::kCanonical, FusedAlgorithm::kUnfused, 4, 2, 64, sim::Schedule::kThreads);
+  simulated_run<bf16>(Contract::kCanonical, FusedAlgorithm::kLamportOneStage, 2, 2, 64, sim::Schedule::kSeeded);
+}
+
+// Under tree: the run's tree_node events (one per node of the ranks' tree on every rank that
+// folds the element) and round agree with the reference's tree trace, whose nodes are the
+// definition's tree of the element's inputs; a flipped or missing node is caught. Every fused
+// algorithm family, 3 ranks (the largest power of two below n on the left), 4 and 5, both
+// schedules.
+TEST(ElementTrace, TreeRunTraceIsTheInputsTreeAndCatchesAFlippedOrMissingNode) {
+  simulated_run<bf16>(Contract::kTree, FusedAlgorithm::kOneStage, 4, 3, 64, sim::Schedule::kThreads);
+  simulated_run<bf16>(Contract::kTree, FusedAlgorithm::kTwoStage, 3, 3, 64, sim::Schedule::kSeeded);
+  simulated_run<fp16>(Contract::kTree, FusedAlgorithm::kOneStageReg, 4, 2, 2880, sim::Schedule::kThreads);
+  simulated_run<float>(Contract::kTree, FusedAlgorithm::kUnfused, 5, 2, 64, sim::Schedule::kThreads);
+  simulated_run<bf16>(Contract::kTree, FusedAlgorithm::kLamportOneStage, 4, 2, 64, sim::Schedule::kSeeded);
+  simulated_run<bf16>(Contract::kTree, FusedAlgorithm::kPushOneStage, 4, 2, 64, sim::Schedule::kSeeded);
+  simulated_run<bf16>(Contract::kTree, FusedAlgorithm::kGatherNorm, 4, 2, 64, sim::Schedule::kThreads);
 }
 
 // Where each alternative departs from canonical (docs/numerics.md, "Tracing one element"):
@@ -242,7 +330,8 @@ TEST(ElementTrace, AlternativesDepartWhereTheContractSays) {
   int departed[std::size(kContracts)] = {};
   for (Contract contract : kContracts) {
     // tree's steps are tree nodes, not rank-by-rank folds: there is no step of canonical's to
-    // line each one up with (ElementTraceTree checks its trace).
+    // line each one up with (TreeRunTraceIsTheInputsTreeAndCatchesAFlippedOrMissingNode checks
+    // its trace).
     if (contract == Contract::kTree) continue;
     std::vector<ElementTrace> traces;
     const std::vector<int> departs =

@@ -20,6 +20,8 @@
 #include "sim/multinode/multinode_sim.h"
 #include "sim/world.h"
 #include "tests/sim/sim_test_util.h"
+#include "tests/sim/multinode/tree_trace_check.h"
+#include "tests/sim/tree_nodes.h"
 
 namespace exactcoll::multinode {
 namespace {
@@ -69,7 +71,8 @@ Bytes tree_expected(Op op, DType dtype, size_t count, const Bytes& in) {
   return out;
 }
 
-Bytes run(const NetworkOptions& net, const MultiNodeSpec& spec, const Bytes& in, MultiNodeTrace* trace = nullptr) {
+Bytes run(const NetworkOptions& net, const MultiNodeSpec& spec, const Bytes& in, MultiNodeTrace* trace = nullptr,
+          const std::vector<uint64_t>& trace_elements = {}) {
   const int n = net.layout.world_size();
   const size_t esize = static_cast<size_t>(dtype_size(spec.dtype));
   Bytes out(static_cast<size_t>(n), std::vector<uint8_t>(output_count(spec.op, spec.count, n) * esize, 0xAB));
@@ -79,7 +82,7 @@ Bytes run(const NetworkOptions& net, const MultiNodeSpec& spec, const Bytes& in,
     inputs.push_back(in[static_cast<size_t>(r)].data());
     outputs.push_back(out[static_cast<size_t>(r)].data());
   }
-  run_multinode(net, spec, inputs, outputs, trace);
+  run_multinode(net, spec, inputs, outputs, trace, trace_elements);
   return out;
 }
 
@@ -319,7 +322,7 @@ TEST(TreeMultiNode, ManySeedsAndTheTrace) {
 }
 
 // What the tree across nodes refuses: layouts whose tree is not the tree over node subtrees (or
-// needs another exchange), element traces (they record canonical folds), the emulations.
+// needs another exchange), the emulations.
 TEST(TreeMultiNode, RefusesWhatItDoesNotRun) {
   MultiNodeSpec spec = tree_spec(Op::kAllReduce, DType::kBF16, 64, 64);
   EXPECT_EQ(check_multinode_spec(spec, NodeLayout{4, 2}), "");
@@ -336,25 +339,87 @@ TEST(TreeMultiNode, RefusesWhatItDoesNotRun) {
   EXPECT_NE(check_multinode_spec(spec, NodeLayout{2, 2}).find("fold under canonical, tree, not f32_residual"),
             std::string::npos)
       << check_multinode_spec(spec, NodeLayout{2, 2});
-  spec.contract = Contract::kTree;
-  const Bytes in = simtest::random_inputs(DType::kBF16, 4, 64, 1);
-  std::vector<uint8_t> out(4 * 64 * 2);
-  std::vector<const void*> inputs;
-  std::vector<void*> outputs;
-  for (int r = 0; r < 4; ++r) {
-    inputs.push_back(in[static_cast<size_t>(r)].data());
-    outputs.push_back(out.data() + 128 * static_cast<size_t>(r));
+}
+
+// ---- Element traces under tree ------------------------------------------------------------------
+
+using simtest::check_tree_events;
+using simtest::DefinitionTree;
+using simtest::element_tree;
+
+// Removes the k-th line of text that contains every one of `parts` (k from 0); false when there is none.
+bool remove_line(std::string* text, const std::vector<std::string>& parts, int k) {
+  for (size_t begin = 0; begin < text->size();) {
+    size_t end = text->find('\n', begin);
+    if (end == std::string::npos) end = text->size();
+    bool all = true;
+    for (const std::string& p : parts) all = all && text->substr(begin, end - begin).find(p) != std::string::npos;
+    if (all && k-- == 0) {
+      text->erase(begin, end + 1 - begin);
+      return true;
+    }
+    begin = end + 1;
   }
-  NetworkOptions net;
-  net.layout = {2, 2};
-  net.trace = true;
-  MultiNodeTrace trace;
-  try {
-    run_multinode(net, spec, inputs, outputs, &trace, {3});
-    FAIL() << "element traces under tree should be refused";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("element traces record the canonical contract's folds"), std::string::npos)
-        << e.what();
+  return false;
+}
+
+// Under tree a traced element records its whole tree across nodes: every rank that folds it its
+// node's subtree (global ranks) then one node per exchange step it combines, and the round where
+// the root is computed; every recorded node has the bits of the tree recomputed here from the
+// element's inputs, the round the output's, and together they cover the tree. A missing or
+// altered node event is caught. Layouts (M, L): (1, 4) (one node: its tree is the whole tree),
+// (2, 2), (4, 2), (2, 4), (8, 1); all-reduce and reduce-scatter; bf16, fp16, fp32; several chunks.
+TEST(TreeMultiNode, ElementTracesRecordEveryNodeOfTheTree) {
+  constexpr NodeLayout kTraced[] = {{1, 4}, {2, 2}, {4, 2}, {2, 4}, {8, 1}};
+  for (const NodeLayout& layout : kTraced) {
+    const int n = layout.world_size();
+    for (Op op : {Op::kAllReduce, Op::kReduceScatter}) {
+      for (DType dtype : kTypes) {
+        const size_t count = op == Op::kAllReduce ? 300 : 70 * static_cast<size_t>(n);
+        const size_t per = count / static_cast<size_t>(n);
+        SCOPED_TRACE(layout_name(layout) + ", " + op_name(op) + ", " + dtype_name(dtype));
+        const MultiNodeSpec spec = tree_spec(op, dtype, count, 64);
+        const Bytes in = simtest::random_inputs(dtype, n, count, kBaseSeed + 23);
+        // Element 0, one in a later chunk and the tail (all-reduce); reduce-scatter: pieces of the
+        // first and the last rank, mid-piece.
+        const std::vector<uint64_t> elements = op == Op::kAllReduce
+                                                   ? std::vector<uint64_t>{0, 77, 299}
+                                                   : std::vector<uint64_t>{0, per + 13, count - 1, count - per + 3};
+        NetworkOptions net = seeded(layout, 5);
+        net.trace = true;
+        MultiNodeTrace trace;
+        const Bytes out = run(net, spec, in, &trace, elements);
+        ASSERT_EQ(simtest::first_difference(out, tree_expected(op, dtype, count, in), 2), "");
+        const size_t esize = static_cast<size_t>(dtype_size(dtype));
+        // Element i's output bits (the owner's, reduce-scatter).
+        auto want = [&](uint64_t i) {
+          return op == Op::kAllReduce ? simtest::element(out[0], i, esize)
+                                      : simtest::element(out[i / per], i % per, esize);
+        };
+        for (const uint64_t i : elements) {
+          SCOPED_TRACE("element " + std::to_string(i));
+          const DefinitionTree tree = element_tree(dtype, in, i);
+          ASSERT_EQ(tree.nodes.size(), static_cast<size_t>(n - 1));
+          EXPECT_EQ(check_tree_events(trace.json_lines, op, layout, i, tree, want(i), per), "");
+        }
+        // The check catches a missing node event (the first or the third of element 0's, in time
+        // order) and an altered one.
+        const DefinitionTree tree0 = element_tree(dtype, in, 0);
+        const std::string index0 = "\"index\":0,";
+        for (int k : {0, 2}) {
+          std::string dropped = trace.json_lines;
+          ASSERT_TRUE(remove_line(&dropped, {"\"event\":\"tree_node\"", index0}, k));
+          EXPECT_NE(check_tree_events(dropped, op, layout, 0, tree0, want(0), per), "") << "event " << k << " dropped";
+        }
+        std::string altered = trace.json_lines;
+        const size_t first = altered.find(index0);  // element 0's first event: a tree_node (n > 1)
+        ASSERT_NE(first, std::string::npos);
+        const size_t at = altered.find("\"sum\":\"0x", first);
+        ASSERT_NE(at, std::string::npos);
+        altered[at + 9] = altered[at + 9] == '0' ? '1' : '0';  // the sum's top hex digit
+        EXPECT_NE(check_tree_events(altered, op, layout, 0, tree0, want(0), per), "") << "a node's sum altered";
+      }
+    }
   }
 }
 

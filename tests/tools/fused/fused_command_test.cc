@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include "core/registry.h"
 #include "sim/fused/random.h"
 #include "sim/fused/reference.h"
+#include "tests/sim/tree_nodes.h"
 #include "tests/support/command_runner.h"
 #include "tools/diff/diff_command.h"
 #include "tools/fused/fused_rmsnorm_command.h"
@@ -162,41 +164,6 @@ TEST(SimFusedCommand, TreeContractRunsEveryAlgorithmWithTheTreeReferencesBits) {
       }
     }
   }
-}
-
-// Under tree a run traces its steps (--trace, --chrome-trace, like canonical); element traces
-// record the canonical fold and are refused (exit 2, a clear message, nothing written). The help
-// says what tree is.
-TEST(SimFusedCommand, TreeContractTracesStepsNotElements) {
-  const std::vector<std::string> in = {"--ranks", "4", "--rows", "2", "--hidden", "64", "--contract", "tree"};
-  auto with = [&](std::vector<std::string> extra) {
-    std::vector<std::string> a = in;
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
-  };
-  const std::string trace = temp_path("tree_fused.jsonl"), chrome = temp_path("tree_fused.json");
-  const CommandResult steps =
-      run_fused(with({"--algo", "two_stage", "--schedule", "seeded", "--trace", trace, "--chrome-trace", chrome}));
-  ASSERT_EQ(steps.code, 0) << steps.err;
-  EXPECT_NE(read_file(trace).find("fused_slice"), std::string::npos);
-  EXPECT_EQ(read_file(trace).find("\"event\":\"element\""), std::string::npos);
-  EXPECT_FALSE(read_file(chrome).empty());
-  const std::string out = temp_path("tree_el_out.npy"), ro = temp_path("tree_el_ro.npy"),
-                    el_trace = temp_path("tree_el.jsonl");
-  const CommandResult elements =
-      run_fused(with({"--trace", el_trace, "--trace-elements", "3", "--output", out, "--residual-output", ro}));
-  EXPECT_EQ(elements.code, 2) << elements.err;
-  EXPECT_NE(elements.err.find("--trace-elements records the canonical contract's folds; under --contract tree a run "
-                              "traces its steps only"),
-            std::string::npos)
-      << elements.err;
-  EXPECT_EQ(elements.out, "");
-  EXPECT_FALSE(file_exists(out));
-  EXPECT_FALSE(file_exists(ro));
-  EXPECT_FALSE(file_exists(el_trace));
-  const CommandResult help = run_fused({"--help"});
-  EXPECT_NE(help.out.find("tree: a balanced binary tree over the ranks"), std::string::npos) << help.out;
-  EXPECT_NE(help.out.find("Emulations by the scalar reference: f32_residual"), std::string::npos) << help.out;
 }
 
 TEST(SimFusedCommand, AlternativeContractDiffersAndTakesNoAlgo) {
@@ -609,6 +576,129 @@ TEST(SimFusedCommand, ElementTracesEveryContractWithoutChangingTheOutputs) {
   EXPECT_EQ(past.code, 2);
   EXPECT_NE(past.err.find("is past rows * H"), std::string::npos) << past.err;
   EXPECT_FALSE(file_exists(long_trace));
+}
+
+// The integer value of "key":N in a JSON line (-1 when absent).
+int int_field(const std::string& line, const std::string& key) {
+  const std::string k = "\"" + key + "\":";
+  const size_t at = line.find(k);
+  return at == std::string::npos ? -1 : std::atoi(line.c_str() + at + k.size());
+}
+
+uint32_t hex_field(const std::string& line, const std::string& key) {
+  return static_cast<uint32_t>(std::strtoul(field(line, key).c_str(), nullptr, 16));
+}
+
+// Under tree a run traces its steps (--trace, --chrome-trace, like canonical) and its traced
+// elements: the run's own tree_node events (each rank that folds an element records every node of
+// its tree, then the round) and the element lines (tree_node steps, then the residual add and the
+// norm), checked against the run before they are written. Every node, in the run's events and in
+// the element lines, is the node of the element's tree recomputed here from the input file
+// (tests/sim/tree_nodes.h); the element lines end at the output files' bits on every rank; tracing
+// changes no output bit. The help says what tree is.
+TEST(SimFusedCommand, TreeContractTracesStepsAndElements) {
+  const std::string trace = temp_path("tree_fused.jsonl"), chrome = temp_path("tree_fused.json");
+  const CommandResult steps =
+      run_fused({"--ranks", "4", "--rows", "2", "--hidden", "64", "--contract", "tree", "--algo", "two_stage",
+                 "--schedule", "seeded", "--trace", trace, "--chrome-trace", chrome});
+  ASSERT_EQ(steps.code, 0) << steps.err;
+  EXPECT_NE(read_file(trace).find("fused_slice"), std::string::npos);
+  EXPECT_EQ(read_file(trace).find("\"event\":\"element\""), std::string::npos) << "no element asked for";
+  EXPECT_EQ(read_file(trace).find("\"event\":\"tree_node\""), std::string::npos) << "no element asked for";
+  EXPECT_FALSE(read_file(chrome).empty());
+
+  const int ranks = 4, rows = 2, H = 64;
+  const Files f = make_files("tree_el", ranks, rows, H, 37);
+  const npy::NpyArray x = npy::read_npy(f.x);
+  const size_t count = static_cast<size_t>(rows) * H;
+  for (const char* algo : {"one_stage", "two_stage", "lamport_one_stage"}) {
+    SCOPED_TRACE(algo);
+    const std::string out = temp_path("tree_el_out.npy"), ro = temp_path("tree_el_ro.npy"),
+                      el_trace = temp_path("tree_el.jsonl");
+    const std::vector<std::string> in = {"--ranks",  "4", "--input",    f.x,    "--residual", f.r,
+                                         "--weight", f.w, "--contract", "tree", "--algo",     algo};
+    std::vector<std::string> traced_args = in;
+    for (const std::string a : {"--trace", el_trace.c_str(), "--trace-elements", "3,70", "--output", out.c_str(),
+                                "--residual-output", ro.c_str()}) {
+      traced_args.push_back(a);
+    }
+    const CommandResult plain = run_fused(in), traced = run_fused(traced_args);
+    ASSERT_EQ(plain.code, 0) << plain.err;
+    ASSERT_EQ(traced.code, 0) << traced.err;
+    EXPECT_EQ(last_line(traced.out), last_line(plain.out)) << "the same sha256 with and without tracing";
+    EXPECT_NE(traced.out.find("element 3 [row 0, col 3]: 20 steps in " + el_trace +
+                              ", tree, checked against the run bit for bit"),
+              std::string::npos)
+        << traced.out;
+    const std::string t = read_file(el_trace);
+    EXPECT_EQ(t.find("\"event\":\"fold\""), std::string::npos) << "no canonical fold under tree";
+    const npy::NpyArray o = npy::read_npy(out), r = npy::read_npy(ro);
+    for (const uint64_t index : {uint64_t{3}, uint64_t{70}}) {
+      SCOPED_TRACE("element " + std::to_string(index));
+      std::vector<bf16> inputs(ranks);
+      for (int k = 0; k < ranks; ++k) std::memcpy(&inputs[k], x.data.data() + (k * count + index) * 2, 2);
+      const simtest::DefinitionTree tree = simtest::definition_tree(inputs);
+      // A node's bits as tree_nodes.h has them: the run's events show left and right as fp32 bits,
+      // the element lines as storage bits (bf16 here), widened.
+      auto node_bits = [](const std::string& line, bool storage_children) {
+        auto child = [&](const char* key) {
+          const uint32_t bits = hex_field(line, key);
+          return simtest::canonical_fp32_bits(storage_children ? bits << 16 : bits);
+        };
+        return simtest::TreeNodeBits{child("left"), child("right"), hex_field(line, "sum"), hex_field(line, "stored")};
+      };
+      // The run's events: each rank that folded the element, every node then its round.
+      std::vector<int> nodes(ranks, 0), rounds(ranks, 0);
+      std::vector<std::pair<int, int>> element_nodes;  // the element lines' nodes, in order
+      std::istringstream lines(t);
+      std::string line;
+      while (std::getline(lines, line)) {
+        if (line.find("\"index\":" + std::to_string(index) + ",") == std::string::npos) continue;
+        const std::string event = field(line, "event");
+        const std::pair<int, int> ranks_joined = {int_field(line, "left_rank"), int_field(line, "right_rank")};
+        if (event == "tree_node") {
+          const int rank = int_field(line, "rank");
+          ASSERT_EQ(rounds.at(rank), 0) << "the round comes after every node: " << line;
+          ++nodes.at(rank);
+          ASSERT_EQ(tree.nodes.count(ranks_joined), 1u) << line;
+          EXPECT_EQ(node_bits(line, false), tree.nodes.at(ranks_joined)) << line;
+        } else if (event == "round") {
+          ++rounds.at(int_field(line, "rank"));
+          EXPECT_EQ(hex_field(line, "acc"), tree.root_sum) << line;
+          EXPECT_EQ(hex_field(line, "stored"), tree.root) << line;
+        } else if (event == "element" && field(line, "step") == "tree_node") {
+          element_nodes.push_back(ranks_joined);
+          ASSERT_EQ(tree.nodes.count(ranks_joined), 1u) << line;
+          EXPECT_EQ(node_bits(line, true), tree.nodes.at(ranks_joined)) << line;
+        }
+      }
+      int folded = 0;
+      for (int k = 0; k < ranks; ++k) {
+        if (nodes[k] == 0 && rounds[k] == 0) continue;
+        ++folded;
+        EXPECT_EQ(nodes[k], ranks - 1) << "rank " << k << " recorded every node of the tree";
+        EXPECT_EQ(rounds[k], 1) << "rank " << k;
+      }
+      EXPECT_GT(folded, 0) << "the run recorded the element's tree";
+      EXPECT_EQ(element_nodes, (std::vector<std::pair<int, int>>{{0, 1}, {2, 3}, {0, 2}})) << "level by level";
+      const std::string round = element_line(t, index, "round"), add = element_line(t, index, "residual_add"),
+                        scale = element_line(t, index, "scale");
+      EXPECT_EQ(hex_field(round, "stored"), tree.root) << round;
+      EXPECT_NE(add.find("\"contract\":\"tree\""), std::string::npos) << add;
+      for (int k = 0; k < ranks; ++k) {
+        uint16_t out_bits, ro_bits;
+        std::memcpy(&out_bits, o.data.data() + (k * count + index) * 2, 2);
+        std::memcpy(&ro_bits, r.data.data() + (k * count + index) * 2, 2);
+        EXPECT_EQ(hex_field(scale, "stored"), out_bits) << scale;
+        EXPECT_EQ(hex_field(add, "stored"), ro_bits) << add;
+      }
+    }
+  }
+  const CommandResult help = run_fused({"--help"});
+  EXPECT_NE(help.out.find("tree: a balanced binary tree over the ranks"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("under tree, each node of the ranks' tree instead: tree_node"), std::string::npos)
+      << help.out;
+  EXPECT_NE(help.out.find("Emulations by the scalar reference: f32_residual"), std::string::npos) << help.out;
 }
 
 }  // namespace

@@ -1,13 +1,19 @@
 // `exactcoll sim <op> --nodes M`: the same sha256 (and output file) as the one-node command for the
-// same inputs, for every op, several layouts and both schedules; the trace names the boundaries;
-// bad layouts exit 2 with a clear message and write nothing.
+// same inputs, for every op, several layouts and both schedules; the trace names the boundaries and,
+// under tree, records every node of a traced element's tree; bad layouts exit 2 with a clear
+// message and write nothing.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "core/multinode_layout.h"
+#include "core/op.h"
+#include "core/storage.h"
 #include "npy/npy.h"
+#include "tests/sim/multinode/tree_trace_check.h"
 #include "tests/support/command_runner.h"
 
 namespace {
@@ -16,6 +22,8 @@ using exactcoll::test_support::CommandResult;
 using exactcoll::test_support::file_exists;
 using exactcoll::test_support::read_file;
 using exactcoll::test_support::temp_path;
+namespace npy = exactcoll::npy;
+namespace simtest = exactcoll::simtest;
 
 // Runs `exactcoll <args>` (the full binary, //tools:exactcoll; args are words for the shell).
 CommandResult exactcoll(const std::string& args) {
@@ -266,8 +274,8 @@ TEST(SimNodesCommand, EveryOpsHelpNamesNodes) {
 }
 
 // --contract tree: every split of 8 ranks into nodes (one node of 8 included) gives the same bits,
-// which are not the chain's; the summary names the exchange; layouts the tree does not run on and
-// element traces are refused (exit 2, nothing written); the trace shows the exchange's partials.
+// which are not the chain's; the summary names the exchange; layouts the tree does not run on are
+// refused (exit 2, nothing written); the trace shows the exchange's partials.
 TEST(SimNodesCommand, TreeContractGivesTheSameBitsOnEveryLayout) {
   const std::string cases[] = {
       "allreduce --ranks 8 --dtype bf16 --count 5000", "allreduce --ranks 8 --dtype fp32 --count 777",
@@ -296,8 +304,6 @@ TEST(SimNodesCommand, TreeContractGivesTheSameBitsOnEveryLayout) {
   const Bad bad[] = {
       {"--nodes 3 --ranks 6 --count 100 --contract tree", "needs a power-of-two number of nodes"},
       {"--nodes 2 --ranks 6 --count 100 --contract tree", "this job has 2 nodes of 3 ranks"},
-      {"--nodes 2 --ranks 4 --count 100 --contract tree --trace T --trace-elements 3",
-       "--trace-elements records the canonical contract's folds"},
       {"--nodes 2 --ranks 4 --count 100 --contract f32_residual", "f32_residual"},
   };
   for (const Bad& b : bad) {
@@ -319,6 +325,62 @@ TEST(SimNodesCommand, TreeContractGivesTheSameBitsOnEveryLayout) {
   EXPECT_EQ(t.find("\"payload\":\"carry\""), std::string::npos);
   const CommandResult help = exactcoll("sim allreduce --nodes 2 --help");
   EXPECT_NE(help.out.find("--contract canonical|tree"), std::string::npos) << help.out;
+}
+
+// --trace-elements under --contract tree: every traced element's tree_node events are its tree
+// (recomputed here from the input file: tests/sim/multinode/tree_trace_check.h): each rank its
+// node's subtree, then the exchange steps it combines, the round on every rank that computes the
+// root with the output file's bits; the sha256 is the untraced run's. The fused op across nodes
+// takes no element (exit 2, nothing written).
+TEST(SimNodesCommand, TreeContractTracesEveryNodeOfAnElementsTree) {
+  const int n = 8;
+  const size_t count = 300;
+  std::vector<std::vector<uint8_t>> in(n, std::vector<uint8_t>(count * 2));
+  std::vector<uint8_t> flat;
+  uint64_t state = 20261128;
+  for (auto& rank : in) {
+    for (size_t e = 0; e < count; ++e) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      const uint16_t bits = static_cast<uint16_t>(0x3c00 + ((state >> 33) % 0x0800)) | ((state >> 20) & 1 ? 0x8000 : 0);
+      std::memcpy(rank.data() + e * 2, &bits, 2);  // bf16 of magnitudes 2^-7 .. 2^8, either sign
+    }
+    flat.insert(flat.end(), rank.begin(), rank.end());
+  }
+  const std::string input = temp_path("tree_trace_in.npy"), output = temp_path("tree_trace_out.npy");
+  npy::write_npy(input, npy::kU16, {n, static_cast<int64_t>(count)}, flat.data(), flat.size());
+  for (const int nodes : {2, 4}) {
+    SCOPED_TRACE(std::to_string(nodes) + " nodes");
+    const std::string trace = temp_path("tree_trace.jsonl");
+    const std::string args = "sim allreduce --ranks 8 --dtype bf16 --input " + input + " --nodes " +
+                             std::to_string(nodes) + " --contract tree --chunk-elements 64";
+    const CommandResult plain = exactcoll(args);
+    const CommandResult traced =
+        exactcoll(args + " --output " + output + " --trace " + trace + " --trace-elements 5,299");
+    ASSERT_EQ(plain.code, 0) << plain.err;
+    ASSERT_EQ(traced.code, 0) << traced.err;
+    EXPECT_EQ(hashes(traced.out), hashes(plain.out)) << "tracing changes no bit";
+    const npy::NpyArray out = npy::read_npy(output);
+    const std::string t = read_file(trace);
+    for (const size_t i : {size_t{5}, size_t{299}}) {
+      uint16_t want;
+      std::memcpy(&want, out.data.data() + i * 2, 2);
+      EXPECT_EQ(simtest::check_tree_events(t, exactcoll::Op::kAllReduce, {nodes, n / nodes}, i,
+                                           simtest::element_tree(exactcoll::DType::kBF16, in, i), want, count),
+                "")
+          << "element " << i;
+    }
+  }
+  const std::string trace = temp_path("fused_refused.jsonl");
+  const CommandResult fused = exactcoll(
+      "sim fused_rmsnorm --nodes 2 --ranks 4 --rows 1 --hidden 64 --contract tree "
+      "--trace " +
+      trace + " --trace-elements 3");
+  EXPECT_EQ(fused.code, 2) << fused.out << fused.err;
+  EXPECT_NE(fused.err.find("--trace-elements is not available for fused_rmsnorm with --nodes"), std::string::npos)
+      << fused.err;
+  EXPECT_FALSE(file_exists(trace));
+  const CommandResult help = exactcoll("sim allreduce --nodes 2 --help");
+  EXPECT_NE(help.out.find("under tree a tree_node event per node of"), std::string::npos) << help.out;
 }
 
 }  // namespace
