@@ -96,7 +96,10 @@ class SimOptions(ctypes.Structure):
                 ("schedule_seed", ctypes.c_uint64), ("timeout_ms", ctypes.c_int64),
                 ("trace_path", ctypes.c_char_p), ("chrome_trace_path", ctypes.c_char_p),
                 ("trace_elements", ctypes.POINTER(ctypes.c_uint64)), ("num_trace_elements", ctypes.c_size_t),
-                ("contract", ctypes.c_int)]
+                ("contract", ctypes.c_int), ("max_steps", ctypes.c_uint64), ("fail_rank", ctypes.c_int),
+                ("fail_at_step", ctypes.c_uint64),
+                ("progress", ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)),
+                ("progress_user_data", ctypes.c_void_p)]
 
 
 class LinkRates(ctypes.Structure):

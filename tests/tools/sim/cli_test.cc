@@ -322,7 +322,7 @@ TEST(SimCli, BadInputsExitTwoWithAMessageAndNoOutput) {
        "--timeout-ms must be 1..2147483647 (about 24.8 days), got 9223372036854775807"},
       {"sim allreduce --ranks 4 --count 16 --timeout-ms 0", "--timeout-ms must be 1..2147483647"},
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --fail-rank 0 --fail-at-step 999",
-       "--fail-at-step 999 was never reached: rank 0 took"},
+       "fail_at_step 999 was never reached: rank 0 took"},
       {"sim allreduce --ranks 2 --dtype bf16", "give --input FILE or --count C"},
       {"sim allreduce --ranks 4 --dtype bf16 --count 8 --input " + good, "not both"},
       {"sim allreduce --ranks 2 --dtype bf16 --count 8 --blocks 129", "--blocks must be 1..128"},
