@@ -171,6 +171,9 @@ EXACTCOLL_API int exactcoll_dtype_from_name(const char* name, int* dtype);
 EXACTCOLL_API int exactcoll_algo_from_name(const char* name, int* algo);
 EXACTCOLL_API int exactcoll_fused_algo_from_name(const char* name, int* algo);
 EXACTCOLL_API int exactcoll_contract_from_name(const char* name, int* contract);
+/* Takes an op in either spelling: "allreduce" or torch's "all_reduce" (and "allgather" or
+ * "all_gather"); exactcoll_op_name returns the first. */
+EXACTCOLL_API int exactcoll_op_from_name(const char* name, int* op);
 
 /* What one call ran. */
 typedef struct exactcoll_call_info {

@@ -137,6 +137,7 @@ _SIGNATURES = {
     "exactcoll_algo_name": ([_c_int], ctypes.c_char_p),
     "exactcoll_fused_algo_name": ([_c_int], ctypes.c_char_p),
     "exactcoll_contract_name": ([_c_int], ctypes.c_char_p),
+    "exactcoll_op_from_name": ([ctypes.c_char_p, ctypes.POINTER(_c_int)], _c_int),
     "exactcoll_set_store_error": ([ctypes.c_char_p], None),
     "exactcoll_call_info_init": ([ctypes.POINTER(CallInfo)], None),
     "exactcoll_sim_options_init": ([ctypes.POINTER(SimOptions)], None),
@@ -246,6 +247,17 @@ def check(status):
     if status == ERROR_UNAVAILABLE:
         raise UnavailableError(status, message)
     raise Error(status, message)
+
+
+def op_code(name):
+    """The C value of an op named in either spelling ("allreduce" or "all_reduce": the library's
+    table, exactcoll_op_from_name); ValueError naming the valid names otherwise."""
+    value = ctypes.c_int()
+    if not isinstance(name, str):
+        raise ValueError(f"unknown op {name!r}; expected one of {', '.join(OPS)}")
+    if lib.exactcoll_op_from_name(name.encode(), ctypes.byref(value)) != 0:
+        raise ValueError(lib.exactcoll_last_error().decode().split(": ", 1)[-1].replace("name", "op", 1))
+    return value.value
 
 
 def code(table, name, what):

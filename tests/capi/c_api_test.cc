@@ -77,6 +77,30 @@ TEST(CApiVersion, StructSizesForBindings) {
   EXPECT_EQ(exactcoll_struct_size(nullptr), 0u);
 }
 
+// Ops in either spelling (core/registry.h kOpAliases): the canonical name back from exactcoll_op_name.
+TEST(CApiNames, OpsTakeEitherSpelling) {
+  const struct {
+    const char* name;
+    int op;
+  } spellings[] = {{"allreduce", EXACTCOLL_OP_ALLREDUCE},
+                   {"all_reduce", EXACTCOLL_OP_ALLREDUCE},
+                   {"reduce_scatter", EXACTCOLL_OP_REDUCE_SCATTER},
+                   {"allgather", EXACTCOLL_OP_ALLGATHER},
+                   {"all_gather", EXACTCOLL_OP_ALLGATHER}};
+  for (const auto& s : spellings) {
+    int op = -1;
+    ASSERT_EQ(exactcoll_op_from_name(s.name, &op), EXACTCOLL_OK) << s.name << ": " << last_error();
+    EXPECT_EQ(op, s.op) << s.name;
+  }
+  EXPECT_STREQ(exactcoll_op_name(EXACTCOLL_OP_ALLREDUCE), "allreduce");
+  int op = -1;
+  expect_error(exactcoll_op_from_name("all_sum", &op), EXACTCOLL_ERROR_INVALID_ARGUMENT,
+               "unknown name 'all_sum'; expected one of allreduce, reduce_scatter, allgather (all_reduce, all_gather");
+  expect_error(exactcoll_op_from_name("fused_rms_norm", &op), EXACTCOLL_ERROR_INVALID_ARGUMENT,
+               "unknown name 'fused_rms_norm'");  // the fused op has functions of its own, no op value
+  expect_error(exactcoll_op_from_name(nullptr, &op), EXACTCOLL_ERROR_INVALID_ARGUMENT, "name is NULL");
+}
+
 TEST(CApiNames, EveryValueRoundTripsAndUnknownNamesAreListed) {
   struct Enum {
     const char* (*name)(int);

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "core/registry.h"
 #include "core/signal.h"
 #include "core/storage.h"
 #include "exactcoll/exactcoll.h"
@@ -424,9 +425,12 @@ int sim_main(int argc, char** argv) {
         << "usage: exactcoll sim <op> [flags]   (exactcoll sim <op> --help for its flags)\n\n"
            "The collectives on the CPU simulator: N ranks as threads in one process, the same\n"
            "algorithm code as the GPUs, the bits of the rounding contract.\n\nops:\n"
-        << list();
+        << list() << "(" << op_aliases_note() << ")\n";
     return argc < 2 ? cli::kExitUsage : cli::kExitOk;
   }
+  // The op in either spelling (core/registry.h kOpAliases); the command names it canonically.
+  std::string op_name(canonical_op_name(argv[1]));
+  argv[1] = op_name.data();
   // `--nodes M`: the op's multi-node form, registered as "<op> --nodes" (tools/multinode).
   for (int i = 2; i < argc; ++i) {
     if (std::strcmp(argv[i], "--nodes") == 0 || std::strncmp(argv[i], "--nodes=", 8) == 0) {
