@@ -56,7 +56,7 @@ exactcoll_status status_of(const sim::SimError& error) {
     case sim::SimFailure::kError: return EXACTCOLL_ERROR_INTERNAL;
     case sim::SimFailure::kDeadlock:
     case sim::SimFailure::kLivelock:
-    case sim::SimFailure::kRankDied:  // fault injection, which the C API does not offer
+    case sim::SimFailure::kRankDied:  // fault injection (exactcoll_sim_options fail_rank)
       return EXACTCOLL_ERROR_SIMULATION;
   }
   return EXACTCOLL_ERROR_INTERNAL;

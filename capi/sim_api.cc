@@ -1,11 +1,15 @@
 // The C API's simulator functions (exactcoll.h, "the simulator"): the same algorithm templates on
 // CPU threads, host arrays in, the contract's bits out, traces on request.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "capi/api_support.h"
@@ -29,6 +33,8 @@ struct SimRun {
   int blocks = 1;
   Contract contract = Contract::kCanonical;  // the collectives' (options->contract)
   std::string trace_path, chrome_trace_path;
+  void (*progress)(void*, uint64_t, uint64_t) = nullptr;  // options->progress, with its user data
+  void* progress_user_data = nullptr;
 };
 
 // Refuses a contract the simulated kernels do not fold under (the emulations are the fused
@@ -66,6 +72,14 @@ SimRun sim_run(const exactcoll_sim_options* given, int ranks) {
                  std::to_string(EXACTCOLL_MAX_TRACE_ELEMENTS) + " elements are traced (EXACTCOLL_MAX_TRACE_ELEMENTS)");
   }
   if (o.num_trace_elements > 0 && o.trace_elements == nullptr) bad_argument("trace_elements is NULL");
+  if (o.max_steps < 1) bad_argument("max_steps must be >= 1, got 0");
+  if (o.fail_rank != -1) {
+    if (o.fail_rank < 0 || o.fail_rank >= ranks) {
+      bad_argument("fail_rank must be -1 (none) or a rank, 0.." + std::to_string(ranks - 1) + ", got " +
+                   std::to_string(o.fail_rank));
+    }
+    if (o.fail_at_step < 1) bad_argument("fail_at_step must be >= 1 with fail_rank, got 0");
+  }
   checked_name(kContractNames, o.contract, "contract");
   run_contract_check(static_cast<Contract>(o.contract));
   SimRun run;
@@ -75,6 +89,11 @@ SimRun sim_run(const exactcoll_sim_options* given, int ranks) {
   run.world.schedule = o.seeded_schedule ? sim::Schedule::kSeeded : sim::Schedule::kThreads;
   run.world.schedule_seed = o.schedule_seed;
   run.world.wait_timeout = std::chrono::milliseconds(o.timeout_ms);
+  run.world.max_steps = o.max_steps;
+  run.world.fail_rank = o.fail_rank;
+  run.world.fail_at_step = o.fail_rank == -1 ? 0 : o.fail_at_step;
+  run.progress = o.progress;
+  run.progress_user_data = o.progress_user_data;
   run.world.trace_elements.assign(o.trace_elements, o.trace_elements + o.num_trace_elements);
   if (o.trace_path != nullptr) run.trace_path = o.trace_path;
   if (o.chrome_trace_path != nullptr) run.chrome_trace_path = o.chrome_trace_path;
@@ -90,17 +109,65 @@ void check_trace_elements(const SimRun& run, uint64_t limit, const char* what) {
   }
 }
 
-// Runs execute() (which runs the world) and writes the requested traces, also after a failed run,
-// so that the trace shows how far it got; then reports the failure, if any.
+// Calls run.progress (when given) with world's progress about every 100 ms from a thread of its
+// own, from construction until destruction (which joins the thread: no call after it).
+class ProgressReporter {
+ public:
+  ProgressReporter(const sim::World& world, const SimRun& run) {
+    if (run.progress == nullptr) return;
+    thread_ = std::thread([this, &world, report = run.progress, user_data = run.progress_user_data] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      while (!stop_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stopping_; })) {
+        const auto [done, total] = world.progress();
+        report(user_data, done, total);
+      }
+    });
+  }
+  ~ProgressReporter() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    stop_.notify_all();
+    thread_.join();
+  }
+  ProgressReporter(const ProgressReporter&) = delete;
+  ProgressReporter& operator=(const ProgressReporter&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable stop_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// Fault injection after a run that completed: "" when none was asked for or it fired, else why it
+// never did (the run ended before the failing rank's fail_at_step-th step).
+std::string unreached_fault(const sim::World& world) {
+  const sim::WorldOptions& o = world.options();
+  if (o.fail_rank < 0 || world.rank_dead(o.fail_rank)) return "";
+  return "fail_at_step " + std::to_string(o.fail_at_step) + " was never reached: rank " + std::to_string(o.fail_rank) +
+         " took " + std::to_string(world.fault_steps()) + " synchronization steps in this run";
+}
+
+// Runs execute() (which runs the world, reporting its progress to run.progress) and writes the
+// requested traces, also after a failed run, so that the trace shows how far it got; then reports
+// the failure, if any (a fault asked for but never reached: INVALID_ARGUMENT).
 template <class Execute>
 void run_and_trace(sim::World& world, const SimRun& run, Execute execute) {
   std::string failure;
   exactcoll_status failure_status = EXACTCOLL_OK;
   try {
+    ProgressReporter reporter(world, run);
     execute();
   } catch (const sim::SimError& e) {
     failure = e.what();
     failure_status = status_of(e);
+  }
+  if (failure.empty()) {
+    failure = unreached_fault(world);
+    failure_status = EXACTCOLL_ERROR_INVALID_ARGUMENT;
   }
   const std::string trace_problem = sim::write_trace_files(world, run.trace_path, run.chrome_trace_path);
   if (!failure.empty()) fail(failure_status, failure);
@@ -170,6 +237,8 @@ void exactcoll_sim_options_init(exactcoll_sim_options* options) {
   options->seeded_schedule = 0;
   options->schedule_seed = 1;
   options->timeout_ms = 20000;
+  options->max_steps = sim::WorldOptions{}.max_steps;
+  options->fail_rank = -1;
 }
 
 int exactcoll_sim_collective(int op, int algo, int dtype, int ranks, size_t count, const void* inputs, void* outputs,
@@ -258,10 +327,10 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
     // scalar reference's.
     const bool simulated = exactcoll::info(fused_contract).library_contract;
     if (!simulated && (requested != FusedAlgorithm::kAuto || run.blocks != 1 ||
-                       run.world.schedule != sim::Schedule::kThreads || run.world.trace)) {
+                       run.world.schedule != sim::Schedule::kThreads || run.world.trace || run.world.fail_rank != -1)) {
       bad_argument("the " + contract_name +
                    " contract is computed by the scalar reference: algo must be auto, and "
-                   "blocks, seeded schedules and traces apply to the library's contracts (" +
+                   "blocks, seeded schedules, traces and fault injection apply to the library's contracts (" +
                    library_contract_names() + ") only");
     }
     if (simulated) run_contract_check(fused_contract);

@@ -61,6 +61,43 @@ inline constexpr OpInfo kOpInfos[] = {
 // Every Op, in the order the command line lists them.
 inline constexpr Op kOps[] = {Op::kAllReduce, Op::kReduceScatter, Op::kAllGather};
 
+// The other spelling of op names: torch's and Python's, words apart (all_reduce, the rms_norm of
+// fused_add_rms_norm), beside the canonical one that the C names, the tables, the traces and every
+// printed line use (allreduce, fused_rmsnorm). Every front-end accepts both (canonical_op_name);
+// the fused op has no Op of its own, but its CLI name is an op name all the same.
+struct OpAlias {
+  const char* alias;
+  const char* name;  // canonical
+};
+inline constexpr OpAlias kOpAliases[] = {
+    {"all_reduce", "allreduce"},
+    {"all_gather", "allgather"},
+    {"fused_rms_norm", "fused_rmsnorm"},
+};
+
+// Returns the canonical spelling of an op name: `name` itself unless it is an alias (kOpAliases).
+// Example: canonical_op_name("all_reduce") == "allreduce"; canonical_op_name("allreduce") ==
+// "allreduce"; canonical_op_name("bogus") == "bogus".
+constexpr std::string_view canonical_op_name(std::string_view name) {
+  for (const OpAlias& a : kOpAliases) {
+    if (name == a.alias) return a.name;
+  }
+  return name;
+}
+
+// Returns the help text that documents the aliases, for every --help that takes an op name:
+// "all_reduce, all_gather and fused_rms_norm are accepted for allreduce, allgather and fused_rmsnorm".
+inline std::string op_aliases_note() {
+  std::string aliases, names;
+  constexpr size_t n = sizeof(kOpAliases) / sizeof(kOpAliases[0]);
+  for (size_t i = 0; i < n; ++i) {
+    const char* separator = i == 0 ? "" : i + 1 == n ? " and " : ", ";
+    (aliases += separator) += kOpAliases[i].alias;
+    (names += separator) += kOpAliases[i].name;
+  }
+  return aliases + " are accepted for " + names;
+}
+
 // ---- collective algorithms --------------------------------------------------------------------
 
 // Values are the C API's EXACTCOLL_ALGO_*. New values go at the end.
@@ -344,11 +381,12 @@ static_assert(sizeof(kContracts) / sizeof(kContracts[0]) == sizeof(kContractInfo
               "kContracts lists every Contract");
 
 // Returns the Op / algorithm / contract named `name` that runs on every backend in `runs_on`
-// (default: any), or nullopt.
+// (default: any), or nullopt. An op may be named by its alias (kOpAliases).
 // Example: parse_algorithm_name("two_shot", kOnSimulator) == Algorithm::kTwoShot;
-//          parse_algorithm_name("nccl", kOnSimulator) == nullopt.
+//          parse_algorithm_name("nccl", kOnSimulator) == nullopt;
+//          parse_op("all_reduce") == Op::kAllReduce.
 constexpr std::optional<Op> parse_op(std::string_view name, uint8_t runs_on = 0) {
-  return registry_detail::parse<Op>(kOpInfos, name, runs_on);
+  return registry_detail::parse<Op>(kOpInfos, canonical_op_name(name), runs_on);
 }
 constexpr std::optional<Algorithm> parse_algorithm_name(std::string_view name, uint8_t runs_on = 0) {
   return registry_detail::parse<Algorithm>(kAlgorithmInfos, name, runs_on);

@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "core/registry.h"
+
 namespace exactcoll::cli {
 namespace {
 
@@ -161,6 +163,11 @@ void ArgParser::add_choice(const std::string& name, std::string* value, std::vec
                            const std::string& help) {
   flags_.push_back({name, Kind::kChoice, value, help, std::move(choices), *value});
 }
+void ArgParser::add_op_choice(const std::string& name, std::string* value, std::vector<std::string> choices,
+                              const std::string& help) {
+  add_choice(name, value, std::move(choices), help + " (" + op_aliases_note() + ")");
+  flags_.back().op_names = true;
+}
 void ArgParser::add_positional(const std::string& name, std::string* value, const std::string& help, bool required) {
   positionals_.push_back({name, value, help, required});
 }
@@ -199,13 +206,14 @@ bool ArgParser::assign(Flag& flag, const std::string& text, std::string* error) 
       }
       return true;
     case Kind::kChoice: {
-      if (std::find(flag.choices.begin(), flag.choices.end(), text) == flag.choices.end()) {
+      const std::string value = flag.op_names ? std::string(canonical_op_name(text)) : text;
+      if (std::find(flag.choices.begin(), flag.choices.end(), value) == flag.choices.end()) {
         std::string list;
         for (const auto& c : flag.choices) list += (list.empty() ? "" : "|") + c;
         *error = "--" + flag.name + " must be one of " + list + ", got '" + text + "'";
         return false;
       }
-      *static_cast<std::string*>(flag.target) = text;
+      *static_cast<std::string*>(flag.target) = value;
       return true;
     }
     case Kind::kBool: *static_cast<bool*>(flag.target) = true; return true;

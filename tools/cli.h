@@ -51,6 +51,11 @@ class ArgParser {
   // A flag whose value is one of `choices`.
   void add_choice(const std::string& name, std::string* value, std::vector<std::string> choices,
                   const std::string& help);
+  // A flag whose value is one of the op names `choices` (canonical spellings), given in either
+  // spelling (core/registry.h kOpAliases); *value gets the canonical one, and the help says which
+  // aliases there are. Example: --op all_reduce sets "allreduce".
+  void add_op_choice(const std::string& name, std::string* value, std::vector<std::string> choices,
+                     const std::string& help);
   // Positional arguments, in order; required ones must be present.
   void add_positional(const std::string& name, std::string* value, const std::string& help, bool required = true);
   // The help shows "(<note>)" instead of "(default: <initial value>)": for flags whose initial
@@ -84,6 +89,7 @@ class ArgParser {
     std::vector<std::string> choices;
     std::string default_text;
     bool default_is_note = false;  // set_default_note: default_text is shown as "(note)"
+    bool op_names = false;         // add_op_choice: an alias is taken as its canonical name
     bool given = false;
   };
   struct Positional {

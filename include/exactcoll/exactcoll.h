@@ -171,6 +171,9 @@ EXACTCOLL_API int exactcoll_dtype_from_name(const char* name, int* dtype);
 EXACTCOLL_API int exactcoll_algo_from_name(const char* name, int* algo);
 EXACTCOLL_API int exactcoll_fused_algo_from_name(const char* name, int* algo);
 EXACTCOLL_API int exactcoll_contract_from_name(const char* name, int* contract);
+/* Takes an op in either spelling: "allreduce" or torch's "all_reduce" (and "allgather" or
+ * "all_gather"); exactcoll_op_name returns the first. */
+EXACTCOLL_API int exactcoll_op_from_name(const char* name, int* op);
 
 /* What one call ran. */
 typedef struct exactcoll_call_info {
@@ -449,6 +452,23 @@ typedef struct exactcoll_sim_options {
   /* Newer field, read only when struct_size covers it. */
   int contract; /* exactcoll_sim_collective's contract: canonical (default) or tree (a traced
                    element then records a tree_node event per internal node, then its round) */
+  /* Newer fields, read only when struct_size covers them. */
+  uint64_t max_steps;    /* seeded schedule: scheduling steps before the run is reported as a livelock
+                            (EXACTCOLL_ERROR_SIMULATION); 100000000 */
+  int fail_rank;         /* fault injection: -1 (none, the default), or a rank that stops, as a killed
+                            process would, at its fail_at_step-th synchronization step (a flag signal
+                            or wait). The call then fails (EXACTCOLL_ERROR_SIMULATION, or _TIMEOUT when
+                            a threads-schedule wait runs out first), its message naming the dead rank;
+                            a run that ends before that step is INVALID_ARGUMENT ("fail_at_step K was
+                            never reached: rank R took S synchronization steps in this run"). The
+                            traces are written either way; the outputs are undefined. */
+  uint64_t fail_at_step; /* >= 1 when fail_rank >= 0; 0 */
+  /* NULL, or called with progress_user_data and the run's units of work done and in all (a unit:
+   * one rank's launch or block; total is 0 while the run is set up), for a progress bar: from a
+   * thread of the library's, about every 100 ms while the simulated run lasts, never after the
+   * call returns. It must return quickly and must not call exactcoll functions. */
+  void (*progress)(void* progress_user_data, uint64_t done, uint64_t total);
+  void* progress_user_data;
 } exactcoll_sim_options;
 
 EXACTCOLL_API void exactcoll_sim_options_init(exactcoll_sim_options* options);

@@ -28,7 +28,8 @@ def has_cuda():
 
 
 def model_multinode(op="allreduce", *, nodes, bytes, gpus_per_node=8, dtype="bf16", **rates):
-    """Predicted times of op (allreduce, reduce_scatter, allgather) on `nodes` nodes of gpus_per_node
+    """Predicted times of op (allreduce, reduce_scatter, allgather; all_reduce and all_gather are
+    accepted too) on `nodes` nodes of gpus_per_node
     GPUs for a message of `bytes` per rank: a list of dicts (algorithm, time_us, nic_bytes,
     chunk_elements), exactcoll's algorithms first, then NCCL's ring and tree, then, where nodes and
     gpus_per_node are powers of two, "exactcoll tree" (the tree contract's exchange: other bits than
@@ -46,7 +47,7 @@ def model_multinode(op="allreduce", *, nodes, bytes, gpus_per_node=8, dtype="bf1
     predictions = (_lib.ModelPrediction * _lib.MODEL_MAX_PREDICTIONS)()
     count = ctypes.c_int()
     _lib.check(_lib.lib.exactcoll_model_multinode(
-        _lib.code(_lib.OPS, op, "op"), _lib.code(_lib.DTYPES, dtype, "dtype"),
+        _lib.op_code(op), _lib.code(_lib.DTYPES, dtype, "dtype"),
         _lib.int_option("nodes", nodes, ctypes.c_int), _lib.int_option("gpus_per_node", gpus_per_node, ctypes.c_int),
         _lib.int_option("bytes", bytes, ctypes.c_size_t), ctypes.byref(link), predictions, len(predictions),
         ctypes.byref(count)))

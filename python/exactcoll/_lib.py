@@ -97,7 +97,10 @@ class SimOptions(ctypes.Structure):
                 ("schedule_seed", ctypes.c_uint64), ("timeout_ms", ctypes.c_int64),
                 ("trace_path", ctypes.c_char_p), ("chrome_trace_path", ctypes.c_char_p),
                 ("trace_elements", ctypes.POINTER(ctypes.c_uint64)), ("num_trace_elements", ctypes.c_size_t),
-                ("contract", ctypes.c_int)]
+                ("contract", ctypes.c_int), ("max_steps", ctypes.c_uint64), ("fail_rank", ctypes.c_int),
+                ("fail_at_step", ctypes.c_uint64),
+                ("progress", ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)),
+                ("progress_user_data", ctypes.c_void_p)]
 
 
 class LinkRates(ctypes.Structure):
@@ -135,6 +138,7 @@ _SIGNATURES = {
     "exactcoll_algo_name": ([_c_int], ctypes.c_char_p),
     "exactcoll_fused_algo_name": ([_c_int], ctypes.c_char_p),
     "exactcoll_contract_name": ([_c_int], ctypes.c_char_p),
+    "exactcoll_op_from_name": ([ctypes.c_char_p, ctypes.POINTER(_c_int)], _c_int),
     "exactcoll_set_store_error": ([ctypes.c_char_p], None),
     "exactcoll_call_info_init": ([ctypes.POINTER(CallInfo)], None),
     "exactcoll_sim_options_init": ([ctypes.POINTER(SimOptions)], None),
@@ -244,6 +248,17 @@ def check(status):
     if status == ERROR_UNAVAILABLE:
         raise UnavailableError(status, message)
     raise Error(status, message)
+
+
+def op_code(name):
+    """The C value of an op named in either spelling ("allreduce" or "all_reduce": the library's
+    table, exactcoll_op_from_name); ValueError naming the valid names otherwise."""
+    value = ctypes.c_int()
+    if not isinstance(name, str):
+        raise ValueError(f"unknown op {name!r}; expected one of {', '.join(OPS)}")
+    if lib.exactcoll_op_from_name(name.encode(), ctypes.byref(value)) != 0:
+        raise ValueError(lib.exactcoll_last_error().decode().split(": ", 1)[-1].replace("name", "op", 1))
+    return value.value
 
 
 def code(table, name, what):

@@ -286,6 +286,10 @@ class Model(unittest.TestCase):
             self.assertLess(a["time_us"], b["time_us"], a["algorithm"])
         # NCCL's all-gather has no tree, and the tree contract's all-gather is the same copy; the
         # tree contract's row needs powers of two.
+        # Either spelling of an op (core/registry.h kOpAliases, through exactcoll_op_from_name).
+        self.assertEqual(exactcoll.model_multinode("all_reduce", nodes=4, bytes=64 << 20), fast)
+        with self.assertRaisesRegex(ValueError, "unknown op 'all_sum'; expected one of allreduce, reduce_scatter"):
+            exactcoll.model_multinode("all_sum", nodes=4, bytes=1 << 20)
         gather = exactcoll.model_multinode("allgather", nodes=2, bytes=1 << 20, dtype="fp32")
         self.assertEqual([p["algorithm"] for p in gather], ["exactcoll chain", "chain, overlapped", "nccl ring"])
         odd = exactcoll.model_multinode("reduce_scatter", nodes=3, bytes=1 << 20)

@@ -5,6 +5,8 @@
 // return a status and a message, never crash.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -73,6 +75,30 @@ TEST(CApiVersion, StructSizesForBindings) {
   EXPECT_EQ(exactcoll_struct_size("exactcoll_sim_options"), sizeof(exactcoll_sim_options));
   EXPECT_EQ(exactcoll_struct_size("exactcoll_nothing"), 0u);
   EXPECT_EQ(exactcoll_struct_size(nullptr), 0u);
+}
+
+// Ops in either spelling (core/registry.h kOpAliases): the canonical name back from exactcoll_op_name.
+TEST(CApiNames, OpsTakeEitherSpelling) {
+  const struct {
+    const char* name;
+    int op;
+  } spellings[] = {{"allreduce", EXACTCOLL_OP_ALLREDUCE},
+                   {"all_reduce", EXACTCOLL_OP_ALLREDUCE},
+                   {"reduce_scatter", EXACTCOLL_OP_REDUCE_SCATTER},
+                   {"allgather", EXACTCOLL_OP_ALLGATHER},
+                   {"all_gather", EXACTCOLL_OP_ALLGATHER}};
+  for (const auto& s : spellings) {
+    int op = -1;
+    ASSERT_EQ(exactcoll_op_from_name(s.name, &op), EXACTCOLL_OK) << s.name << ": " << last_error();
+    EXPECT_EQ(op, s.op) << s.name;
+  }
+  EXPECT_STREQ(exactcoll_op_name(EXACTCOLL_OP_ALLREDUCE), "allreduce");
+  int op = -1;
+  expect_error(exactcoll_op_from_name("all_sum", &op), EXACTCOLL_ERROR_INVALID_ARGUMENT,
+               "unknown name 'all_sum'; expected one of allreduce, reduce_scatter, allgather (all_reduce, all_gather");
+  expect_error(exactcoll_op_from_name("fused_rms_norm", &op), EXACTCOLL_ERROR_INVALID_ARGUMENT,
+               "unknown name 'fused_rms_norm'");  // the fused op has functions of its own, no op value
+  expect_error(exactcoll_op_from_name(nullptr, &op), EXACTCOLL_ERROR_INVALID_ARGUMENT, "name is NULL");
 }
 
 TEST(CApiNames, EveryValueRoundTripsAndUnknownNamesAreListed) {
@@ -276,6 +302,103 @@ TEST(CApiSim, TreeContractRefusals) {
                                      out.data(), &old, nullptr),
             EXACTCOLL_OK)
       << last_error();
+}
+
+// Fault injection and the seeded schedule's step bound (options the CLI's `sim` commands need): a
+// dead rank fails the call naming it and still writes the trace, a step past the run is
+// INVALID_ARGUMENT, a step bound of 5 is a livelock; an older caller's struct gets none of them.
+TEST(CApiSim, FaultInjectionAndStepBound) {
+  std::vector<bf16> in(4 * 64), out(4 * 64);
+  exactcoll_sim_options options;
+  exactcoll_sim_options_init(&options);
+  EXPECT_EQ(options.fail_rank, -1);
+  EXPECT_EQ(options.fail_at_step, 0u);
+  EXPECT_EQ(options.max_steps, 100000000u);
+  EXPECT_EQ(options.progress, nullptr);
+  auto run = [&](int ranks) {
+    return exactcoll_sim_collective(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_ALGO_ONE_SHOT, EXACTCOLL_BF16, ranks, 64,
+                                    in.data(), out.data(), &options, nullptr);
+  };
+  // A dead rank: its peers deadlock (or, under threads, may time out first); the trace is written.
+  const std::string trace = temp_path("capi_fault_trace.jsonl");
+  options.fail_rank = 2;
+  options.fail_at_step = 3;
+  options.timeout_ms = 300;
+  options.trace_path = trace.c_str();
+  for (const int seeded : {0, 1}) {
+    SCOPED_TRACE(seeded);
+    options.seeded_schedule = seeded;
+    std::filesystem::remove(trace);
+    const int status = run(4);
+    EXPECT_TRUE(status == EXACTCOLL_ERROR_SIMULATION || (!seeded && status == EXACTCOLL_ERROR_TIMEOUT)) << status;
+    expect_contains(last_error(), "rank 2 was stopped by fault injection at its synchronization step 3");
+    EXPECT_TRUE(std::filesystem::exists(trace));
+  }
+  // A step the run never reaches (one_shot on 4 ranks: 16 steps of rank 2).
+  options.fail_at_step = 999;
+  expect_error(run(4), EXACTCOLL_ERROR_INVALID_ARGUMENT,
+               "fail_at_step 999 was never reached: rank 2 took 16 synchronization steps in this run");
+  // Bad fault options.
+  options.fail_rank = 4;
+  expect_error(run(4), EXACTCOLL_ERROR_INVALID_ARGUMENT, "fail_rank must be -1 (none) or a rank, 0..3, got 4");
+  options.fail_rank = 0;
+  options.fail_at_step = 0;
+  expect_error(run(4), EXACTCOLL_ERROR_INVALID_ARGUMENT, "fail_at_step must be >= 1 with fail_rank");
+  // The seeded schedule's step bound.
+  options.fail_rank = -1;
+  options.trace_path = nullptr;
+  options.max_steps = 5;
+  expect_error(run(3), EXACTCOLL_ERROR_SIMULATION, "no completion within 5 scheduling steps");
+  options.max_steps = 0;
+  expect_error(run(3), EXACTCOLL_ERROR_INVALID_ARGUMENT, "max_steps must be >= 1");
+  // An older caller's struct (before max_steps) gets the defaults: no fault, the default bound.
+  options.struct_size = offsetof(exactcoll_sim_options, max_steps);
+  options.fail_rank = 1;  // beyond struct_size: never read
+  options.fail_at_step = 1;
+  EXPECT_EQ(run(3), EXACTCOLL_OK) << last_error();
+  // The fused op's alternative contracts are the scalar reference's: no fault to inject there.
+  exactcoll_sim_options_init(&options);
+  options.fail_rank = 0;
+  options.fail_at_step = 1;
+  std::vector<bf16> ro(4 * 64);
+  expect_error(
+      exactcoll_sim_fused_add_rmsnorm(EXACTCOLL_FUSED_AUTO, EXACTCOLL_CONTRACT_F32_RESIDUAL, EXACTCOLL_BF16, 2, 1, 64,
+                                      1e-6f, in.data(), in.data(), in.data(), ro.data(), out.data(), &options, nullptr),
+      EXACTCOLL_ERROR_INVALID_ARGUMENT, "fault injection apply to the library's contracts");
+}
+
+// The progress callback: called while a run lasts (about every 100 ms; the count doubles until a
+// run takes that long past its setup), with total 0 while the run is set up and then done <= total, and never
+// after the call returns.
+TEST(CApiSim, ProgressIsReportedWhileARunLasts) {
+  struct Seen {
+    std::atomic<int> calls{0}, running{0}, wrong{0};  // running: calls with total > 0
+  } seen;
+  exactcoll_sim_options options;
+  exactcoll_sim_options_init(&options);
+  options.progress = [](void* user_data, uint64_t done, uint64_t total) {
+    auto* s = static_cast<Seen*>(user_data);
+    ++s->calls;
+    if (total > 0) ++s->running;
+    if (done > total) ++s->wrong;
+  };
+  options.progress_user_data = &seen;
+  // Seeded, 128 blocks: about a second of fiber switches here, most of it past the setup.
+  options.seeded_schedule = 1;
+  options.blocks = 128;
+  constexpr int kRanks = 16;
+  for (size_t count = size_t{1} << 17; seen.running.load() == 0 && count <= (size_t{1} << 19); count *= 2) {
+    std::vector<bf16> in(kRanks * count), out(kRanks * count);
+    ASSERT_EQ(exactcoll_sim_collective(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_ALGO_TWO_SHOT, EXACTCOLL_BF16, kRanks, count,
+                                       in.data(), out.data(), &options, nullptr),
+              EXACTCOLL_OK)
+        << last_error();
+  }
+  ASSERT_GE(seen.running.load(), 1) << "no run lasted 100 ms past its setup";
+  EXPECT_EQ(seen.wrong.load(), 0) << "done > total";
+  const int calls = seen.calls.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  EXPECT_EQ(seen.calls.load(), calls) << "no call after the function returned";
 }
 
 template <class T>

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "core/registry.h"
 #include "cuda_backend/communicator.h"
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/nccl_api.h"
@@ -528,7 +529,7 @@ int bench_worker(GpuOp& op, const BenchOptions& o) {
   return total_wrong == 0 ? cli::kExitOk : cli::kExitDiffer;
 }
 
-// The op named by --op (before parsing: the op adds its own flags), or allreduce.
+// The op named by --op, in either spelling (before parsing: the op adds its own flags), or allreduce.
 std::unique_ptr<GpuOp> op_of_arguments(int argc, char** argv) {
   std::string name = "allreduce";
   for (int i = 1; i < argc; ++i) {
@@ -537,7 +538,7 @@ std::unique_ptr<GpuOp> op_of_arguments(int argc, char** argv) {
     if (a.rfind("--op=", 0) == 0) name = a.substr(5);
   }
   for (auto& op : gpu_ops()) {
-    if (op->name() == name) return std::move(op);
+    if (op->name() == canonical_op_name(name)) return std::move(op);
   }
   return std::move(gpu_ops().front());  // the parser then refuses the unknown --op by name
 }
@@ -589,7 +590,7 @@ cli::ArgParser make_parser(GpuOp& op, int argc, char** argv, BenchFlags* flags, 
       "algorithms and flags. Example: exactcoll bench --nproc 8 -b 8K -e 128M -f 2");
   parser.add_int("nproc", &f.nproc, "processes, one per GPU");
   parser.mark_required("nproc");
-  parser.add_choice("op", &f.op_text, op_names, "the op to time");
+  parser.add_op_choice("op", &f.op_text, op_names, "the op to time");
   parser.add_choice("dtype", &f.dtype_text, {"bf16", "fp16", "fp32"}, "storage type");
   parser.add_string("hidden", &f.hidden_text, "comma list of elements per row");
   auto joined = [](const std::vector<int64_t>& list) {

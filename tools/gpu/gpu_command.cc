@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/registry.h"
 #include "cuda_backend/communicator.h"
 #include "tools/cli.h"
 #include "tools/contract_flag.h"
@@ -108,17 +109,18 @@ int gpu_overview(int argc, char** argv) {
                         "Runs one op on N GPUs (one process each) with the flags and .npy conventions of\n"
                         "`exactcoll sim <op>`; the summary line ends with the sha256 of each output, comparable\n"
                         "with the simulator's. `exactcoll gpu <op> --help` lists the op's flags.");
-  parser.add_positional("op", &op_text, gpu_op_names());
+  parser.add_positional("op", &op_text, gpu_op_names() + " (" + op_aliases_note() + ")");
   if (const auto code = parser.parse(argc, argv)) return *code;
   return cli::fail("gpu", "unknown op '" + op_text + "' (" + gpu_op_names() + ")");
 }
 
 int run_gpu(int argc, char** argv) {
-  // The op is the positional argument: the first word that names one (flags may come first).
+  // The op is the positional argument: the first word that names one, in either spelling
+  // (core/registry.h kOpAliases; flags may come first).
   std::unique_ptr<GpuOp> op;
   for (int i = 1; i < argc && !op; ++i) {
     for (auto& candidate : gpu_ops()) {
-      if (candidate->name() == argv[i]) op = std::move(candidate);
+      if (candidate->name() == canonical_op_name(argv[i])) op = std::move(candidate);
     }
   }
   if (!op) return gpu_overview(argc, argv);

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/registry.h"
 #include "cuda_backend/communicator.h"
 #include "cuda_backend/nccl_api.h"
 #include "tools/cli.h"
@@ -134,7 +135,7 @@ int run_verify(int argc, char** argv) {
                         "barrier).");
   parser.add_int("nproc", &nproc, "processes, one per GPU");
   parser.mark_required("nproc");
-  parser.add_string("ops", &ops_text, "comma list of " + gpu_op_names());
+  parser.add_string("ops", &ops_text, "comma list of " + gpu_op_names() + " (" + op_aliases_note() + ")");
   parser.set_default_note("ops", "default: all of them");
   parser.add_string("dtypes", &dtypes_text, "comma list of bf16, fp16, fp32");
   parser.set_default_note("dtypes", "default: bf16,fp16,fp32 for the collectives, bf16,fp16 for fused_rmsnorm");
@@ -161,7 +162,7 @@ int run_verify(int argc, char** argv) {
     for (const std::string& name : split_list(ops_text)) {
       GpuOp* found = nullptr;
       for (auto& op : all) {
-        if (op->name() == name) found = op.get();
+        if (op->name() == canonical_op_name(name)) found = op.get();
       }
       if (found == nullptr) return cli::fail(kCommand, "unknown op '" + name + "' (" + gpu_op_names() + ")");
       if (std::find(job.ops.begin(), job.ops.end(), found) == job.ops.end()) job.ops.push_back(found);

@@ -42,7 +42,7 @@ int model_main(int argc, char** argv) {
       "measured on one H200 with torch.cuda (docs/design.md), the network to 50 GB/s per GPU (400 Gb/s\n"
       "NICs, one per GPU, rail-optimized); give the network you have. fused_rmsnorm is the all-reduce\n"
       "plus a local norm kernel of a few microseconds (not modelled). bytes: the message per rank.");
-  parser.add_choice("op", &op_text, {"allreduce", "reduce_scatter", "allgather", "fused_rmsnorm"}, "the op");
+  parser.add_op_choice("op", &op_text, {"allreduce", "reduce_scatter", "allgather", "fused_rmsnorm"}, "the op");
   parser.add_string("nodes", &nodes_text, "node counts, e.g. 2,4,8,16,32,64");
   parser.add_int("gpus-per-node", &gpus, "GPUs (ranks) per node, 1..16");
   parser.add_int("bytes", &bytes, "message bytes per rank (all-gather: the input)");

@@ -16,9 +16,15 @@
 // element as the tree contract (sim::CollectiveSpec::contract); a traced element then records a
 // tree_node event per internal node of its tree, then its round.
 //
+// The run itself goes through the C API (exactcoll_sim_collective, include/exactcoll/exactcoll.h),
+// as a C or Python caller's would: its options carry the world's flags, fault injection and a
+// progress callback (the bar on stderr), and the library writes the traces. This command checks its
+// flags first (exit 2 with the flags' names), and writes the output .npy (atomically) itself.
+//
 // Other ops (`exactcoll sim fused_rmsnorm`) register through tools/sim/sim_subcommands.h and
 // are dispatched from here.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -28,8 +34,10 @@
 #include <string>
 #include <vector>
 
+#include "core/registry.h"
 #include "core/signal.h"
 #include "core/storage.h"
+#include "exactcoll/exactcoll.h"
 #include "sim/collectives.h"
 #include "sim/trace.h"
 #include "sim/world.h"
@@ -243,37 +251,65 @@ std::optional<int> read_inputs(const cli::ArgParser& parser, const Request& q, s
   return std::nullopt;
 }
 
-// Step 4 of collective_main: the collective on a simulated world, from inputs[r] into outputs[r];
-// the traces written (a failed run's too; its output never). *elapsed_ms: the run's wall time.
-// Returns nullopt to go on, or the exit code to return now (the message printed).
-std::optional<int> run_world(const Request& q, const sim::CollectiveSpec& spec, const std::vector<const void*>& inputs,
-                             const std::vector<void*>& outputs, npy::OutputFiles* files, double* elapsed_ms) {
-  const std::string& command = q.command;
-  const sim::WorldOptions& options = q.options;
-  std::optional<sim::World> world;
+// The run's C API options (exactcoll_sim_options) from q's flags; the trace paths point into
+// *trace_paths (resolved, as the command's other outputs) and the progress callback writes to
+// *progress, so both must outlive the call.
+struct Progress {
+  std::atomic<uint64_t> done{0}, total{0};
+};
+exactcoll_sim_options api_options(const Request& q, const std::vector<std::string>& trace_paths, Progress* progress) {
+  const sim::WorldOptions& w = q.options;
+  exactcoll_sim_options o;
+  exactcoll_sim_options_init(&o);
+  o.blocks = static_cast<int>(q.blocks);
+  o.seeded_schedule = w.schedule == sim::Schedule::kSeeded ? 1 : 0;
+  o.schedule_seed = w.schedule_seed;
+  o.timeout_ms = w.wait_timeout.count();
+  o.trace_path = q.f.trace.empty() ? nullptr : trace_paths[0].c_str();
+  o.chrome_trace_path = q.f.chrome_trace.empty() ? nullptr : trace_paths.back().c_str();
+  o.trace_elements = w.trace_elements.data();
+  o.num_trace_elements = w.trace_elements.size();
+  o.contract = static_cast<int>(q.contract);  // the registry's values are the C values
+  o.max_steps = w.max_steps;
+  o.fail_rank = w.fail_rank;
+  o.fail_at_step = w.fail_at_step;
+  o.progress = [](void* user_data, uint64_t done, uint64_t total) {
+    auto* p = static_cast<Progress*>(user_data);
+    p->total.store(total);
+    p->done.store(done);
+  };
+  o.progress_user_data = progress;
+  return o;
+}
+
+// Step 4 of collective_main: the collective through the C API (exactcoll_sim_collective), from
+// input (every rank's, concatenated) into *output; the library writes the traces, a failed run's
+// too (they show what happened), and a failed run's output is never written. *info: what ran;
+// *elapsed_ms: the call's wall time. Returns nullopt to go on, or the exit code to return now (the
+// message printed): 2 for a fault never reached (bad input), 3 for a failed run.
+std::optional<int> run_collective(const Request& q, const sim::CollectiveSpec& spec, const std::vector<uint8_t>& input,
+                                  std::vector<uint8_t>* output, exactcoll_call_info* info, double* elapsed_ms) {
+  const std::vector<std::string> paths = trace_paths(q.f);
+  Progress progress;
+  const exactcoll_sim_options options = api_options(q, paths, &progress);
+  int dtype = 0;
+  exactcoll_dtype_from_name(q.f.dtype.c_str(), &dtype);  // checked by world_options
+  exactcoll_call_info_init(info);
   const auto start = std::chrono::steady_clock::now();
-  std::string failure;
-  int failure_code = cli::kExitFailure;
-  try {
-    world.emplace(options);
-    sim::enqueue_collective(*world, spec, inputs, outputs);
-    ProgressBar bar(command, [&world] { return world->progress(); });
-    world->run();
-    failure = unreached_fault(options, *world);
-    if (!failure.empty()) failure_code = cli::kExitUsage;
-  } catch (const sim::SimError& e) {
-    failure = std::string("the run failed: ") + e.what();
+  int status = EXACTCOLL_OK;
+  {
+    ProgressBar bar(q.command, [&progress] { return std::make_pair(progress.done.load(), progress.total.load()); });
+    status = exactcoll_sim_collective(static_cast<int>(spec.op), static_cast<int>(spec.algorithm), dtype,
+                                      q.options.ranks, spec.count, input.data(), output->data(), &options, info);
   }
   *elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  // The traces show what happened, a failed run's too; its output is never written.
-  try {
-    if (world) write_traces(q.f, *world, *files);
-    if (!failure.empty()) files->commit();
-  } catch (const npy::NpyError& e) {
-    return cli::fail(command, e.what(), cli::kExitFailure);
-  }
-  if (!failure.empty()) return cli::fail(command, failure, failure_code);
-  return std::nullopt;
+  if (status == EXACTCOLL_OK) return std::nullopt;
+  // "exactcoll_sim_collective: <why>": the command names itself instead.
+  std::string why = exactcoll_last_error();
+  const std::string function = "exactcoll_sim_collective: ";
+  if (why.rfind(function, 0) == 0) why.erase(0, function.size());
+  if (status == EXACTCOLL_ERROR_INVALID_ARGUMENT) return cli::fail(q.command, why + " (no output was written)");
+  return cli::fail(q.command, "the run failed: " + why, cli::kExitFailure);
 }
 
 // Step 5 of collective_main (small runs, or --print): every rank's output as floats, once when
@@ -310,13 +346,15 @@ int collective_main(Op op, int argc, char** argv) {
   const DType dtype = q.dtype;
   const size_t esize = q.esize;
 
-  // 2. The outputs, reserved before any work: an unwritable path is bad input (exit 2).
-  const auto files = reserve_outputs(command, [&] {
-    std::vector<std::string> paths = trace_paths(q.f);
-    if (!q.output_path.empty()) paths.push_back(cli::resolve_path(q.output_path));
-    return paths;
-  }());
-  if (!files) return cli::kExitUsage;
+  // 2. The outputs, checked before any work: an unwritable path is bad input (exit 2). The C API
+  //    writes the traces; this command writes the output file after the run (atomically).
+  if (!reserve_outputs(command, [&] {
+        std::vector<std::string> paths = trace_paths(q.f);
+        if (!q.output_path.empty()) paths.push_back(cli::resolve_path(q.output_path));
+        return paths;
+      }())) {
+    return cli::kExitUsage;
+  }
 
   // 3. Inputs: the file (checked against --dtype and --ranks) or random ones.
   const int n = q.options.ranks;
@@ -327,29 +365,27 @@ int collective_main(Op op, int argc, char** argv) {
   // 4. Run.
   const size_t out_count = sim::output_count(op, spec.count, n);
   std::vector<uint8_t> output(static_cast<size_t>(n) * out_count * esize);
-  std::vector<const void*> inputs;
-  std::vector<void*> outputs;
-  for (int r = 0; r < n; ++r) {
-    inputs.push_back(in.bytes.data() + static_cast<size_t>(r) * spec.count * esize);
-    outputs.push_back(output.data() + static_cast<size_t>(r) * out_count * esize);
-  }
   const bool show = q.print || spec.count <= kPrintLimit;
-  const std::string algo_note = op == Op::kAllReduce ? std::string(sim::algorithm_name(sim::resolve_algorithm(spec))) +
-                                                           (spec.algorithm == Algorithm::kAuto ? " (auto)" : "")
-                                                     : "";
   std::cout << input_banner(command, n, spec.count, q.f.dtype, in.note);
   if (show) {
     std::cout << "input (as floats):\n";
     for (int r = 0; r < n; ++r) {
       const std::string label = rank_label(r, n);
-      std::cout << label << row_text(dtype, static_cast<const uint8_t*>(inputs[r]), spec.count, label.size()) << "\n";
+      std::cout << label
+                << row_text(dtype, in.bytes.data() + static_cast<size_t>(r) * spec.count * esize, spec.count,
+                            label.size())
+                << "\n";
     }
   }
   std::cout.flush();
   double elapsed_ms = 0;
-  if (auto code = run_world(q, spec, inputs, outputs, files.get(), &elapsed_ms)) return *code;
+  exactcoll_call_info info;
+  if (auto code = run_collective(q, spec, in.bytes, &output, &info, &elapsed_ms)) return *code;
 
   // 5. Results.
+  const std::string algo_note = op == Op::kAllReduce ? std::string(exactcoll_algo_name(info.algo)) +
+                                                           (spec.algorithm == Algorithm::kAuto ? " (auto)" : "")
+                                                     : "";
   if (show) {
     print_outputs(dtype, n, output, out_count, esize,
                   op == Op::kAllReduce ? "all-reduce, " + algo_note : sim::op_name(op));
@@ -358,10 +394,9 @@ int collective_main(Op op, int argc, char** argv) {
   if (op == Op::kAllReduce) output_shape = in.shape;
   try {
     if (!q.output_path.empty()) {
-      files->write_npy(cli::resolve_path(q.output_path), dtype == DType::kFP32 ? npy::kF32 : npy::kU16, output_shape,
-                       output.data(), output.size());
+      npy::write_npy(cli::resolve_path(q.output_path), dtype == DType::kFP32 ? npy::kF32 : npy::kU16, output_shape,
+                     output.data(), output.size());
     }
-    files->commit();
   } catch (const npy::NpyError& e) {
     return cli::fail(command, e.what(), cli::kExitFailure);
   }
@@ -390,9 +425,12 @@ int sim_main(int argc, char** argv) {
         << "usage: exactcoll sim <op> [flags]   (exactcoll sim <op> --help for its flags)\n\n"
            "The collectives on the CPU simulator: N ranks as threads in one process, the same\n"
            "algorithm code as the GPUs, the bits of the rounding contract.\n\nops:\n"
-        << list();
+        << list() << "(" << op_aliases_note() << ")\n";
     return argc < 2 ? cli::kExitUsage : cli::kExitOk;
   }
+  // The op in either spelling (core/registry.h kOpAliases); the command names it canonically.
+  std::string op_name(canonical_op_name(argv[1]));
+  argv[1] = op_name.data();
   // `--nodes M`: the op's multi-node form, registered as "<op> --nodes" (tools/multinode).
   for (int i = 2; i < argc; ++i) {
     if (std::strcmp(argv[i], "--nodes") == 0 || std::strncmp(argv[i], "--nodes=", 8) == 0) {

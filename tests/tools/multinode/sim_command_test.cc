@@ -383,4 +383,21 @@ TEST(SimNodesCommand, TreeContractTracesEveryNodeOfAnElementsTree) {
   EXPECT_NE(help.out.find("under tree a tree_node event per node of"), std::string::npos) << help.out;
 }
 
+// Op names in either spelling (core/registry.h kOpAliases) in the full binary's commands: the
+// multi-node and fused sim commands and `model --op`, each printing the canonical name.
+TEST(SimNodesCommand, OpsTakeEitherSpelling) {
+  const CommandResult nodes = exactcoll("sim all_reduce --nodes 2 --ranks 4 --count 8");
+  ASSERT_EQ(nodes.code, 0) << nodes.err;
+  EXPECT_EQ(hashes(nodes.out), hashes(exactcoll("sim allreduce --nodes 2 --ranks 4 --count 8").out));
+  EXPECT_NE(nodes.out.find("exactcoll sim allreduce"), std::string::npos) << nodes.out;
+  const CommandResult fused = exactcoll("sim fused_rms_norm --ranks 2 --rows 1 --hidden 16");
+  ASSERT_EQ(fused.code, 0) << fused.err;
+  EXPECT_EQ(hashes(fused.out), hashes(exactcoll("sim fused_rmsnorm --ranks 2 --rows 1 --hidden 16").out));
+  const CommandResult model = exactcoll("model --op all_gather --nodes 2 --bytes 1048576");
+  ASSERT_EQ(model.code, 0) << model.err;
+  EXPECT_EQ(model.out, exactcoll("model --op allgather --nodes 2 --bytes 1048576").out);
+  EXPECT_NE(exactcoll("model --help").out.find("all_reduce, all_gather and fused_rms_norm are accepted"),
+            std::string::npos);
+}
+
 }  // namespace
