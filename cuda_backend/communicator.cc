@@ -43,35 +43,17 @@ size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 using MemGetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 
-// cuMemGetAddressRange through the runtime's driver entry point (no libcuda link dependency).
+// cuMemGetAddressRange (cuda_check.h's driver_entry: no libcuda link dependency).
 MemGetAddressRangeFn mem_get_address_range() {
-  static const MemGetAddressRangeFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess) {
-      return static_cast<MemGetAddressRangeFn>(nullptr);
-    }
-    return reinterpret_cast<MemGetAddressRangeFn>(f);
-  }();
+  static const MemGetAddressRangeFn fn = driver_entry<MemGetAddressRangeFn>("cuMemGetAddressRange");
   return fn;
 }
 
 using PointerGetAttributesFn = CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
 
-// cuPointerGetAttributes through the runtime's driver entry point, as above.
+// cuPointerGetAttributes, as above.
 PointerGetAttributesFn pointer_get_attributes() {
-  static const PointerGetAttributesFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &f, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess) {
-      return static_cast<PointerGetAttributesFn>(nullptr);
-    }
-    return reinterpret_cast<PointerGetAttributesFn>(f);
-  }();
+  static const PointerGetAttributesFn fn = driver_entry<PointerGetAttributesFn>("cuPointerGetAttributes");
   return fn;
 }
 

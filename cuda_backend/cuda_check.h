@@ -26,6 +26,20 @@ inline void check_cuda(cudaError_t status, const char* call, const char* file, i
 
 namespace exactcoll::cuda {
 
+// Returns the CUDA driver's function `name` (its CUDA 12 version) through the runtime's entry-point
+// query, so that the binary needs no link to libcuda, or null where the driver lacks it.
+// Example: driver_entry<CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr)>("cuMemGetAddressRange").
+template <class Fn>
+Fn driver_entry(const char* name) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &status) != cudaSuccess ||
+      status != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(f);
+}
+
 // Makes `device` the calling thread's current device for a scope and restores the caller's
 // afterwards (the C API's calls on a communicator's or an operand's GPU). Throws CudaError when
 // either runtime call fails on the way in.

@@ -24,26 +24,21 @@ constexpr size_t kFlagsBytes = 4096;  // the flag block, padded so the shard sta
 using StreamWaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using StreamWriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
-// The driver's stream memory operations through the runtime's entry-point query (the binary does
-// not link libcuda).
+// The driver's stream memory operations (cuda_check.h's driver_entry), or OverlapError.
 template <class Fn>
-Fn driver_entry(const char* name) {
-  void* f = nullptr;
-  cudaDriverEntryPointQueryResult status{};
-  if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &status) != cudaSuccess ||
-      status != cudaDriverEntryPointSuccess || f == nullptr) {
-    throw OverlapError(std::string("the CUDA driver does not provide ") + name);
-  }
-  return reinterpret_cast<Fn>(f);
+Fn required_driver_entry(const char* name) {
+  const Fn f = driver_entry<Fn>(name);
+  if (f == nullptr) throw OverlapError(std::string("the CUDA driver does not provide ") + name);
+  return f;
 }
 
 StreamWaitValue32Fn stream_wait_value32() {
-  static const StreamWaitValue32Fn fn = driver_entry<StreamWaitValue32Fn>("cuStreamWaitValue32");
+  static const StreamWaitValue32Fn fn = required_driver_entry<StreamWaitValue32Fn>("cuStreamWaitValue32");
   return fn;
 }
 
 StreamWriteValue32Fn stream_write_value32() {
-  static const StreamWriteValue32Fn fn = driver_entry<StreamWriteValue32Fn>("cuStreamWriteValue32");
+  static const StreamWriteValue32Fn fn = required_driver_entry<StreamWriteValue32Fn>("cuStreamWriteValue32");
   return fn;
 }
 
