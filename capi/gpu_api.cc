@@ -338,6 +338,7 @@ int exactcoll_comm_properties_get(exactcoll_comm comm, exactcoll_comm_properties
     copy_text(p.arch, c.arch());
     copy_text(p.ipc_unavailable_reason, c.ipc_unavailable_reason());
     copy_text(p.nccl_unavailable_reason, c.nccl_unavailable_reason());
+    copy_text(p.eager_unavailable_reason, c.eager_unavailable_reason());
     if (state->multinode) p.nccl_ready = state->multinode->nccl_ready() ? 1 : 0;  // the cross-node NCCL
     std::memcpy(static_cast<void*>(properties), &p, p.struct_size);  // as much as the caller's struct holds
   });

@@ -12,6 +12,7 @@ EagerDirectory::EagerDirectory(int rank, int world_size, std::vector<EagerMailbo
       mailboxes_(std::move(mailboxes)),
       fns_(std::move(fns)),
       seen_(static_cast<size_t>(world_size), 0),
+      retirements_(static_cast<size_t>(world_size), 0),
       open_(static_cast<size_t>(world_size), std::vector<void*>(kEagerSlots, nullptr)) {
   if (world_size < 1 || world_size > kMaxRanks || rank < 0 || rank >= world_size ||
       mailboxes_.size() != static_cast<size_t>(world_size)) {
@@ -38,12 +39,19 @@ void EagerDirectory::service() {
     // Bounded: a peer publishes at most kEagerSlots slots.
     const uint32_t exported = std::min<uint32_t>(theirs.exported.load(std::memory_order_acquire), kEagerSlots);
     for (; seen < exported; ++seen) {
+      if (theirs.retired[seen].load(std::memory_order_acquire) != 0) {  // freed already: never opened
+        mine.mapped[p][seen].store(kMappingFailed, std::memory_order_release);
+        continue;
+      }
       void* address = fns_.open(p, theirs.exports[seen].handle);
       ++stats_.opens;
       opened[seen] = address;
       mine.mapped[p][seen].store(address != nullptr ? reinterpret_cast<uint64_t>(address) : kMappingFailed,
                                  std::memory_order_release);
     }
+    const uint32_t retirements = theirs.retirements.load(std::memory_order_acquire);
+    if (retirements == retirements_[static_cast<size_t>(p)]) continue;
+    retirements_[static_cast<size_t>(p)] = retirements;
     for (uint32_t s = 0; s < seen; ++s) {
       if (opened[s] == nullptr || theirs.retired[s].load(std::memory_order_acquire) == 0) continue;
       if (fns_.close) fns_.close(p, opened[s]);
@@ -92,6 +100,8 @@ bool EagerDirectory::views(const void* input, size_t bytes, const void* views[kM
     own_[s].retired = true;
     mine.retired[s].store(1, std::memory_order_release);
     ++stats_.retires;
+    // After the flag: a peer that sees the new count finds every flag it counts.
+    mine.retirements.store(static_cast<uint32_t>(stats_.retires), std::memory_order_release);
   }
   if (own_.size() == static_cast<size_t>(kEagerSlots)) {
     return staged("all " + std::to_string(kEagerSlots) + " eager slots of this rank are used");

@@ -8,9 +8,12 @@
 //   - exports: the allocations this rank has exported, in slot order. The owner fills entry s,
 //     then publishes it by storing exported = s + 1 (release).
 //   - mapped[r][s]: where THIS rank has opened rank r's slot s (its own address), kMappingFailed
-//     when the open failed, 0 until it tried. The owner stores it (release) after the open returned.
-//   - retired[s]: the owner no longer publishes slot s (its allocation was freed and the address
-//     range reused); peers close their mapping of it.
+//     when the open failed or the slot was retired and closed, 0 until it tried. The owner stores
+//     it (release) after the open returned.
+//   - retired[s]: the owner no longer publishes slot s (a new allocation now overlaps its range:
+//     the old one was freed); peers close their mapping of it, or never open it. A slot is
+//     retired only so, and is not reused: a rank exports at most kEagerSlots allocations over the
+//     communicator's life, and its calls with later new allocations stage (CallInfo::note says so).
 //
 // A call (views): this rank finds the allocation that holds its input. When that allocation is a
 // slot that every peer has mapped, the call returns, for each peer p, the input's address in p's
@@ -24,9 +27,11 @@
 // Why a published address is safe to use in the same launch: a peer stores mapped[..] only after
 // its open returned, so its process can already reach the memory when this rank reads the address.
 // Why retiring is safe: a slot is retired when this rank sees a new allocation in its address
-// range, i.e. after the old one was freed; freeing waits for this rank's GPU work, whose last launch
-// reading the slot ended with a barrier every peer had reached after its reads. So no peer kernel
-// still reads a retired slot, and a peer closes it at its next service().
+// range, i.e. after the old one was freed; cudaFree (torch's caching allocator frees that way) waits
+// for this rank's GPU work, whose last launch reading the slot ended with a barrier every peer had
+// reached after its reads. So no peer kernel still reads a retired slot, and a peer closes it at
+// its next service(). (An allocation freed with no new one over its range stays mapped by the peers
+// until the communicator closes.)
 #pragma once
 
 #include <array>
@@ -56,6 +61,7 @@ struct EagerMailbox {
     uint64_t id;     // the allocation's unique id in the owner's process (CU_POINTER_ATTRIBUTE_BUFFER_ID)
   };
   std::atomic<uint32_t> exported;
+  std::atomic<uint32_t> retirements;  // how many slots the owner has retired (peers skip the scan while it holds)
   std::atomic<uint32_t> retired[kEagerSlots];
   Export exports[kEagerSlots];
   std::atomic<uint64_t> mapped[kMaxRanks][kEagerSlots];
@@ -126,6 +132,7 @@ class EagerDirectory {
   std::vector<OwnSlot> own_;              // this rank's slots, in slot order
   std::vector<uint64_t> unexportable_;    // allocation ids export_handle refused
   std::vector<uint32_t> seen_;            // per peer: slots opened (or failed) so far
+  std::vector<uint32_t> retirements_;     // per peer: its retirements count at the last scan
   std::vector<std::vector<void*>> open_;  // per peer, per slot: what open returned (null: none)
   EagerDirectoryStats stats_;
 };

@@ -75,6 +75,18 @@ std::optional<EagerAllocation> find_allocation(const void* ptr) {
   return EagerAllocation{static_cast<uint64_t>(base), static_cast<uint64_t>(bytes), static_cast<uint64_t>(id)};
 }
 
+// The calling thread's stream-capture mode set to relaxed for a scope (cudaThreadExchangeStreamCaptureMode).
+class RelaxedCaptureScope {
+ public:
+  RelaxedCaptureScope() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCaptureScope() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
+  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 ncclDataType_t nccl_type(DType d) {
   switch (d) {
     case DType::kBF16: return ncclBfloat16;
@@ -214,13 +226,15 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
     poisoned_ = false;
   }
 
-  // 4b. Eager in place: every rank's mailbox mapped by every rank, or off on all of them.
-  if (!options_.eager_in_place) {
-    eager_reason_ = "created with eager_in_place = false";
-  } else if (!ipc_ready_) {
+  // 4b. Eager in place: on for every rank (its option agreed first) with every rank's mailbox
+  //     mapped by every rank, or off on all of them.
+  if (!ipc_ready_) {
     eager_reason_ = "the IPC path is unavailable";
   } else {
-    set_up_eager();
+    const std::string off =
+        options_.eager_in_place ? "" : "rank " + std::to_string(rank_) + " was created with eager_in_place = false";
+    eager_reason_ = first_problem("eager/wanted", off);
+    if (eager_reason_.empty()) set_up_eager();
   }
 
   // 5. NCCL: every rank must have the library before any calls ncclCommInitRank (which waits for
@@ -261,6 +275,9 @@ Communicator::~Communicator() {
     } catch (...) {
     }
   }
+  // This rank's own kernels may still read peers' memory through the eager mappings (and the
+  // regions'): let them finish (every wait in them is bounded) before anything is unmapped.
+  (void)cudaDeviceSynchronize();
   eager_.reset();  // closes the eager mappings (peers are past the close barrier: none reads them)
   exchange_.reset();
   if (region_ != nullptr) (void)cudaFree(region_);
@@ -328,18 +345,24 @@ void Communicator::set_up_eager() {
   } catch (const std::exception& e) {
     problem = "rank " + std::to_string(rank_) + ": shared memory " + name_of(rank_) + ": " + e.what();
   }
-  if (first_problem("eager/created", problem).empty()) {
-    for (int p = 0; p < world_size_ && problem.empty(); ++p) {
-      if (p == rank_) continue;
-      try {
-        bip::shared_memory_object shm(bip::open_only, name_of(p).c_str(), bip::read_write);
-        eager->regions[static_cast<size_t>(p)] = bip::mapped_region(shm, bip::read_write);
-      } catch (const std::exception& e) {
-        problem = "rank " + std::to_string(rank_) + ": shared memory of rank " + std::to_string(p) + ": " + e.what();
+  std::string first;
+  try {
+    if (first_problem("eager/created", problem).empty()) {
+      for (int p = 0; p < world_size_ && problem.empty(); ++p) {
+        if (p == rank_) continue;
+        try {
+          bip::shared_memory_object shm(bip::open_only, name_of(p).c_str(), bip::read_write);
+          eager->regions[static_cast<size_t>(p)] = bip::mapped_region(shm, bip::read_write);
+        } catch (const std::exception& e) {
+          problem = "rank " + std::to_string(rank_) + ": shared memory of rank " + std::to_string(p) + ": " + e.what();
+        }
       }
     }
+    first = first_problem("eager/mapped", problem);
+  } catch (...) {  // a store round that timed out: the name goes too
+    if (created) bip::shared_memory_object::remove(name_of(rank_).c_str());
+    throw;
   }
-  const std::string first = first_problem("eager/mapped", problem);
   if (created) bip::shared_memory_object::remove(name_of(rank_).c_str());
   if (!first.empty()) {
     eager_reason_ = first;
@@ -360,9 +383,12 @@ void Communicator::set_up_eager() {
     std::memcpy(out.data(), &handle, sizeof handle);
     return out;
   };
+  // Opens and closes run in relaxed capture mode: another stream of this process may be capturing
+  // (torch captures in global mode), where a map or unmap would otherwise invalidate that capture.
   fns.open = [this](int /*peer*/, const EagerHandle& h) -> void* {
     cudaIpcMemHandle_t handle{};
     std::memcpy(&handle, h.data(), sizeof handle);
+    RelaxedCaptureScope relaxed;
     try {
       return mappings_.open(handle);
     } catch (const std::exception&) {
@@ -370,7 +396,10 @@ void Communicator::set_up_eager() {
       return nullptr;
     }
   };
-  fns.close = [this](int /*peer*/, void* address) { mappings_.close(address); };
+  fns.close = [this](int /*peer*/, void* address) {
+    RelaxedCaptureScope relaxed;
+    mappings_.close(address);
+  };
   eager->directory = std::make_unique<EagerDirectory>(rank_, world_size_, std::move(mailboxes), std::move(fns));
   eager_ = std::move(eager);
 }
@@ -902,10 +931,15 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
     throw std::invalid_argument(std::string(op_name(op)) + ": input and output must be 16-byte aligned");
   }
 
-  // 2b. Open what peers exported for their eager calls since this rank's last call (never inside a
-  //     capture, where opening memory is not allowed).
-  const bool capturing = stream_capturing(stream);
-  if (eager_ && !capturing) eager_->directory->service();
+  // 2b. Open what peers exported for their eager calls since this rank's last call (in relaxed
+  //     capture mode, so also while this or another stream captures).
+  if (eager_) eager_->directory->service();
+  // Whether the stream captures, asked once and only where a step needs it (a runtime call).
+  std::optional<bool> capturing_cache;
+  auto capturing = [&] {
+    if (!capturing_cache) capturing_cache = stream_capturing(stream);
+    return *capturing_cache;
+  };
 
   // 3. Where inputs come from.
   if (registered != nullptr) {
@@ -955,7 +989,7 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   const bool peers_read_input =
       info(call.choice.algo).family == Family::kSmKernels && !info(call.choice.algo).input_private;
   if (call.staged() && graph_table_ != nullptr && info(call.choice.algo).family == Family::kSmKernels &&
-      in_bytes <= options_.buffer_bytes && disjoint_or_safe_in_place && capturing) {
+      in_bytes <= options_.buffer_bytes && disjoint_or_safe_in_place && capturing()) {
     call.captured_in_place = true;
   }
 
@@ -965,8 +999,8 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   //     alike (the algorithm, the size, registered or not, captured or not), so every rank of it
   //     writes its entry; in place or staged is this rank's own choice (null: staged). One launch:
   //     the message fits the staging buffer, so a rank that stages needs no chunks either.
-  if (eager_ && registered == nullptr && !capturing && peers_read_input && in_bytes <= options_.buffer_bytes &&
-      in_bytes >= options_.eager_in_place_min_bytes) {
+  if (eager_ && registered == nullptr && peers_read_input && in_bytes <= options_.buffer_bytes &&
+      in_bytes >= options_.eager_in_place_min_bytes && !capturing()) {
     call.eager_views = true;
     if (!disjoint_or_safe_in_place) {
       call.eager_note = "staged: peers would read this in-place call's output";

@@ -43,7 +43,8 @@
 // calls because every rank captures the same calls into its graph (a precondition of replaying
 // collectives at all); and an eager call's input in place or staged, which its peers learn in the
 // launch itself (every rank of an eager-mode launch publishes its entry, null when it staged; the
-// mode depends only on the op, algorithm, size and whether the call is registered or captured).
+// mode depends only on the op, algorithm, size against buffer_bytes and rank 0's threshold, and
+// whether the call is registered or captured).
 //
 // Not thread-safe; one stream at a time per communicator (two streams racing on one communicator's
 // flags would deadlock, the failure seen in other projects).

@@ -113,12 +113,17 @@ class DeviceCtx {
   }
   // Called by block_barrier once the block is past a barrier: after the first one of an eager
   // launch, every peer's input address (its row entry, null: its staging buffer) into the views.
+  // A block whose wait gave up (aborted, the same for the whole block after the barrier's last
+  // sync) never saw the peer's row of this launch: an older row may name memory since unmapped, so
+  // it reads the staging buffers, always mapped (its result is garbage either way; check() throws).
   __device__ __forceinline__ void barrier_passed() {
     if (!rows_pending_) return;
     rows_pending_ = false;
     const int t = thread();
     if (t < world_size()) {
-      const void* row = t == rank() ? nullptr : load_relaxed_sys_u64(&args_.signals[rank()]->input_rows[block()][t]);
+      const void* row = t == rank() || *aborted_ != 0
+                            ? nullptr
+                            : load_relaxed_sys_u64(&args_.signals[rank()]->input_rows[block()][t]);
       views_[t] = row != nullptr ? row : args_.inputs[t];
     }
     sync_block();

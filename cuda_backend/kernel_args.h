@@ -130,7 +130,7 @@ struct KernelArgs {
   // nothing. A row still null (not registered yet, on every rank alike: registration is collective
   // and all-or-nothing): the kernel stages from stage_from as an uncaptured call does.
   const void* const* input_table;
-  // Eager in place (not null only for a launch whose peers read its input, uncaptured and
+  // Eager in place (publish_views 1 only for a launch whose peers read its input, uncaptured and
   // unregistered, communicator.h): input_views[p] is this rank's input as rank p addresses it, or
   // null when this rank staged it. Block b stores input_views[p] into input_rows[b][rank] of rank
   // p's SignalBuffer before its first barrier and, once past it, reads every peer's entry from its

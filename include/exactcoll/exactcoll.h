@@ -313,7 +313,7 @@ typedef struct exactcoll_comm_options {
   int eager_in_place;   /* 1 (default): an uncaptured call with no registered buffer whose peers read
                            its input (one_shot, two_shot, direct; two_shot in place too), of 2 MiB
                            (rank 0's EXACTCOLL_EAGER_MIN_BYTES where set) up to buffer_bytes, leaves the input where it is
-                           once every peer has   mapped the input's allocation: the first call with a new cudaMalloc
+                           once every peer has mapped the input's allocation: the first call with a new cudaMalloc
                            allocation copies it through the communicator's buffer and shares the
                            allocation, the calls after read it in place (torch's caching allocator
                            reuses its allocations). Needs shared memory (/dev/shm) between the
@@ -356,7 +356,9 @@ typedef struct exactcoll_comm_properties {
   int nodes; /* 1, or the nodes of a multi-node communicator (ipc_ready etc. describe this
                 rank's node, of local_world_size ranks) */
   int local_world_size;
-  int contract; /* the exactcoll_contract its exact calls fold under */
+  int contract;                       /* the exactcoll_contract its exact calls fold under */
+  char eager_unavailable_reason[256]; /* "" when eager calls read their inputs in place
+                                         (options.eager_in_place), else why not */
 } exactcoll_comm_properties;
 
 EXACTCOLL_API int exactcoll_comm_properties_get(exactcoll_comm comm, exactcoll_comm_properties* properties);

@@ -89,7 +89,8 @@ class CommProperties(ctypes.Structure):
                 ("shared_gpu", ctypes.c_int), ("buffer_bytes", ctypes.c_size_t),
                 ("flag_timeout_ms", ctypes.c_uint64), ("arch", ctypes.c_char * 16),
                 ("ipc_unavailable_reason", ctypes.c_char * 256), ("nccl_unavailable_reason", ctypes.c_char * 256),
-                ("nodes", ctypes.c_int), ("local_world_size", ctypes.c_int), ("contract", ctypes.c_int)]
+                ("nodes", ctypes.c_int), ("local_world_size", ctypes.c_int), ("contract", ctypes.c_int),
+                ("eager_unavailable_reason", ctypes.c_char * 256)]
 
 
 class SimOptions(ctypes.Structure):

@@ -147,7 +147,9 @@ class Communicator:
     segments). With eager_in_place (the default), uncaptured calls of those ops from 2 MiB up to
     the buffer read their inputs in place too, once every rank has mapped the allocation behind
     them: the first call with a new allocation copies and shares it, and the calls after (torch's
-    caching allocator reuses its allocations) copy nothing. last_call_info()["staged"] says which.
+    caching allocator reuses its allocations) copy nothing. last_call_info()["staged"] says which
+    (for this rank's own input); a rank shares at most 64 allocations over the communicator's life,
+    and properties["eager_unavailable_reason"] says why eager calls never read in place.
     """
 
     def __init__(self, group=None, *, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
@@ -371,7 +373,8 @@ class Communicator:
                 "flag_timeout_ms": p.flag_timeout_ms, "arch": p.arch.decode(),
                 "ipc_unavailable_reason": p.ipc_unavailable_reason.decode(),
                 "nccl_unavailable_reason": p.nccl_unavailable_reason.decode(), "nodes": p.nodes,
-                "local_world_size": p.local_world_size, "contract": _lib.contract_name(p.contract)}
+                "local_world_size": p.local_world_size, "contract": _lib.contract_name(p.contract),
+                "eager_unavailable_reason": p.eager_unavailable_reason.decode()}
 
     def close(self):
         """Collective: frees the communicator (every rank calls it; a store barrier first)."""

@@ -20,7 +20,8 @@ Per rank, bf16, for every (op, algo) and message size below:
               (last_call_info()["staged"] False: by then every peer has opened the allocation);
               ranks that pass a new allocation (a fresh large tensor on rank 0 only) beside ranks
               that read in place; an allocation freed (torch.cuda.empty_cache) and a new one in its
-              place, with new values; and one_shot in place (all_reduce_), which must stage.
+              place, with new values (the third call of each round read in place); two_shot in
+              place (all_reduce_), which reads in place too; and one_shot in place, which must stage.
               Under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (no IPC handles) every eager
               call must stage instead, with the same bits.
 Every output is compared by bit pattern; any difference, a registration that registered nothing
@@ -94,6 +95,10 @@ def eager_checks(comm, staged, rank, world):
     """The eager-in-place cases of the docstring. Returns the number of failing ranks summed over cases."""
     failures = 0
     expect_in_place = not expandable_segments()
+    reason = comm.properties["eager_unavailable_reason"]
+    if reason:
+        failures += tally(rank, [f"eager in place is off: {reason}"], "eager in place available")
+        return failures
     count = 1 << 21  # 4 MiB of bf16: above the 2 MiB threshold, inside the default buffer
     for op, algo in EAGER_CASES:
         problems = []
@@ -133,11 +138,28 @@ def eager_checks(comm, staged, rank, world):
                     problems.append(f"reallocated round {round_} call {k}: {differing(got, want_y)} differ")
                 torch.cuda.synchronize()
                 dist.barrier()
+            if comm.last_call_info().get("staged") == expect_in_place:
+                problems.append(f"reallocated round {round_}: third call staged={comm.last_call_info().get('staged')}")
             del y, got
             torch.cuda.empty_cache()
         comm.check()
         failures += tally(rank, problems, f"eager {op:15s} {algo:9s} count {count}: staged per call "
                                           f"{[i.get('staged') for i in infos]}")
+    # two_shot in place reads in place (its output is written after every peer's reads).
+    x = inputs(count, 10, rank)
+    want = call(staged, "all_reduce", "two_shot", x, None)
+    problems = []
+    y = x.clone()
+    for k in range(3):
+        y.copy_(x)
+        comm.all_reduce_(y, algo="two_shot")
+        if differing(y, want):
+            problems.append(f"call {k}: {differing(y, want)} differ")
+        torch.cuda.synchronize()
+        dist.barrier()
+    if comm.last_call_info().get("staged") == expect_in_place:
+        problems.append(f"third call staged={comm.last_call_info().get('staged')}")
+    failures += tally(rank, problems, "eager all_reduce_ two_shot in place reads in place")
     # one_shot in place: peers would read its result, so it stages (and stays exact).
     x = inputs(count, 9, rank)
     want = call(staged, "all_reduce", "one_shot", x, None)

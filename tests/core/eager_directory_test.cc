@@ -208,6 +208,23 @@ TEST(EagerDirectory, AFreedAndReusedRangeRetiresItsSlotAndPeersCloseIt) {
   EXPECT_EQ(w.closed.size(), 1u);  // closed once
 }
 
+TEST(EagerDirectory, APeerThatComesAfterTheRetirementNeverOpensTheOldSlot) {
+  World w(3);
+  w.allocate(0, 0x100000, 0x100000);
+  const void* views[kMaxRanks] = {};
+  std::string why;
+  EXPECT_FALSE(w.dir(0).views(at(0x100000), 16, views, &why));  // slot 0 exported
+  w.dir(1).service();                                           // rank 1 opens it, rank 2 not yet
+  const uint64_t second = w.allocate(0, 0x100000, 0x100000);    // freed, reused: slot 0 retired
+  EXPECT_FALSE(w.dir(0).views(at(0x100000), 16, views, &why));  // slot 1 exported
+  w.service_all();
+  EXPECT_EQ(w.dir(2).stats().opens, 1u) << "rank 2 opened only the new allocation";
+  EXPECT_EQ(w.dir(1).stats().opens, 2u);
+  EXPECT_EQ(w.dir(1).stats().closes, 1u);
+  ASSERT_TRUE(w.dir(0).views(at(0x100000), 16, views, &why)) << why;
+  EXPECT_EQ(reinterpret_cast<uint64_t>(views[2]), fake_mapping(2, 0, second));
+}
+
 TEST(EagerDirectory, PastTheSlotLimitCallsStage) {
   World w(2);
   const void* views[kMaxRanks] = {};
