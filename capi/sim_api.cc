@@ -14,6 +14,7 @@
 
 #include "capi/api_support.h"
 #include "capi/enum_names.h"
+#include "core/contract.h"
 #include "core/signal.h"
 #include "exactcoll/exactcoll.h"
 #include "sim/collectives.h"
@@ -31,6 +32,7 @@ namespace {
 struct SimRun {
   sim::WorldOptions world;
   int blocks = 1;
+  int threads = 0;  // options->threads: the fused op's threads per block (0: the algorithm's default)
   Contract contract = Contract::kCanonical;  // the collectives' (options->contract)
   std::string trace_path, chrome_trace_path;
   void (*progress)(void*, uint64_t, uint64_t) = nullptr;  // options->progress, with its user data
@@ -64,6 +66,10 @@ SimRun sim_run(const exactcoll_sim_options* given, int ranks) {
   if (o.blocks < 1 || o.blocks > kMaxBlocks) {
     bad_argument("blocks must be 1.." + std::to_string(kMaxBlocks) + ", got " + std::to_string(o.blocks));
   }
+  if (o.threads < 0 || o.threads > contract::kMaxLanes) {
+    bad_argument("threads must be 1.." + std::to_string(contract::kMaxLanes) +
+                 " (or 0: the algorithm's default), got " + std::to_string(o.threads));
+  }
   if (o.seeded_schedule != 0 && o.seeded_schedule != 1) bad_argument("seeded_schedule must be 0 or 1");
   if (o.timeout_ms < 1) bad_argument("timeout_ms must be >= 1, got " + std::to_string(o.timeout_ms));
   // Checked before the array is touched: a count past the bound must never become a pointer.
@@ -85,6 +91,7 @@ SimRun sim_run(const exactcoll_sim_options* given, int ranks) {
   SimRun run;
   run.contract = static_cast<Contract>(o.contract);  // the registry's values are the C values
   run.blocks = o.blocks;
+  run.threads = o.threads;
   run.world.ranks = ranks;
   run.world.schedule = o.seeded_schedule ? sim::Schedule::kSeeded : sim::Schedule::kThreads;
   run.world.schedule_seed = o.schedule_seed;
@@ -247,6 +254,10 @@ int exactcoll_sim_collective(int op, int algo, int dtype, int ranks, size_t coun
     checked_name(kOpNames, op, "op");
     const DType type = to_dtype(dtype);
     const SimRun run = sim_run(options, ranks);
+    if (run.threads > 1) {
+      bad_argument("threads is the fused op's; the collectives run one thread per block (threads 0 or 1), got " +
+                   std::to_string(run.threads));
+    }
     sim::CollectiveSpec spec;
     spec.op = static_cast<sim::Op>(op);  // the registry's values are the C values
     spec.algorithm = sim_algorithm(spec.op, algo);
@@ -309,6 +320,7 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
     spec.hidden = static_cast<int>(hidden);
     spec.eps = eps;
     spec.blocks = run.blocks;
+    spec.threads = run.threads;  // checked with the algorithm by check_fused_spec
     int ran = EXACTCOLL_FUSED_ONE_STAGE;
     const auto requested = static_cast<FusedAlgorithm>(algo);  // the registry's values are the C values
     if ((exactcoll::info(requested).runs_on & kOnSimulator) == 0) {
@@ -326,11 +338,11 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
     // The library's contracts run the algorithms on the simulated world; the emulations are the
     // scalar reference's.
     const bool simulated = exactcoll::info(fused_contract).library_contract;
-    if (!simulated && (requested != FusedAlgorithm::kAuto || run.blocks != 1 ||
+    if (!simulated && (requested != FusedAlgorithm::kAuto || run.blocks != 1 || run.threads != 0 ||
                        run.world.schedule != sim::Schedule::kThreads || run.world.trace || run.world.fail_rank != -1)) {
       bad_argument("the " + contract_name +
                    " contract is computed by the scalar reference: algo must be auto, and "
-                   "blocks, seeded schedules, traces and fault injection apply to the library's contracts (" +
+                   "blocks, threads, seeded schedules, traces and fault injection apply to the library's contracts (" +
                    library_contract_names() + ") only");
     }
     if (simulated) run_contract_check(fused_contract);

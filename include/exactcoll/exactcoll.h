@@ -471,6 +471,14 @@ typedef struct exactcoll_sim_options {
    * call returns. It must return quickly and must not call exactcoll functions. */
   void (*progress)(void* progress_user_data, uint64_t done, uint64_t total);
   void* progress_user_data;
+  /* Newer fields, read only when struct_size covers them. */
+  int threads;  /* exactcoll_sim_fused_add_rmsnorm: threads per block, 1..1024, or 0 (the default):
+                   the algorithm's own (the RMSNorm tree's lanes, 32 x ceil(min(hidden / pack, 1024)
+                   / 32), for one_stage_reg, gather_norm and push_one_stage_reg, whose register path
+                   runs only at that count; 1 for the others; lamport_one_stage takes 1). Every
+                   count gives the same bits. 0 under an alternative contract; exactcoll_sim_collective
+                   runs one thread per block and takes 0 or 1 */
+  int reserved; /* 0: keeps the struct free of tail padding, so that a later field grows struct_size */
 } exactcoll_sim_options;
 
 EXACTCOLL_API void exactcoll_sim_options_init(exactcoll_sim_options* options);
@@ -485,7 +493,7 @@ EXACTCOLL_API int exactcoll_sim_collective(int op, int algo, int dtype, int rank
 /* The fused op on the simulator: x [ranks, rows, hidden], residual [rows, hidden], weight [hidden];
  * residual_out and out [ranks, rows, hidden] (every rank's copy). contract: canonical, or an
  * alternative (computed by the scalar reference; algo must then be auto, and options may not ask
- * for blocks, a seeded schedule or traces). */
+ * for blocks, threads, a seeded schedule, traces or fault injection). */
 EXACTCOLL_API int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks, int64_t rows,
                                                   int64_t hidden, float eps, const void* x, const void* residual,
                                                   const void* weight, void* residual_out, void* out,

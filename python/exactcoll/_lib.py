@@ -101,7 +101,7 @@ class SimOptions(ctypes.Structure):
                 ("contract", ctypes.c_int), ("max_steps", ctypes.c_uint64), ("fail_rank", ctypes.c_int),
                 ("fail_at_step", ctypes.c_uint64),
                 ("progress", ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)),
-                ("progress_user_data", ctypes.c_void_p)]
+                ("progress_user_data", ctypes.c_void_p), ("threads", ctypes.c_int), ("reserved", ctypes.c_int)]
 
 
 class LinkRates(ctypes.Structure):

@@ -402,7 +402,8 @@ TEST(CApiSim, ProgressIsReportedWhileARunLasts) {
 }
 
 template <class T>
-void expect_fused_matches_reference(int dtype, int ranks, int rows, int hidden, int algo, int contract, uint64_t seed) {
+void expect_fused_matches_reference(int dtype, int ranks, int rows, int hidden, int algo, int contract, uint64_t seed,
+                                    const exactcoll_sim_options* options = nullptr) {
   const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(hidden);
   fused::SplitMix64 g(seed);
   auto value = [&](float scale) {
@@ -424,7 +425,7 @@ void expect_fused_matches_reference(int dtype, int ranks, int rows, int hidden, 
   exactcoll_call_info info;
   exactcoll_call_info_init(&info);
   ASSERT_EQ(exactcoll_sim_fused_add_rmsnorm(algo, contract, dtype, ranks, rows, hidden, 1e-6f, x.data(),
-                                            residual.data(), weight.data(), ro.data(), out.data(), nullptr, &info),
+                                            residual.data(), weight.data(), ro.data(), out.data(), options, &info),
             EXACTCOLL_OK)
       << last_error();
   for (int r = 0; r < ranks; ++r) {
@@ -464,6 +465,64 @@ TEST(CApiSim, FusedMatchesTheScalarReferenceUnderEveryContract) {
     expect_fused_matches_reference<bf16>(EXACTCOLL_BF16, 4, 5, 64, EXACTCOLL_FUSED_AUTO, contract, ++seed);
     expect_fused_matches_reference<float>(EXACTCOLL_FP32, 3, 5, 64, EXACTCOLL_FUSED_AUTO, contract, ++seed);
   }
+}
+
+// options.threads (the CLI's --threads): the threads per block pick the register path or core's,
+// never the bits; out-of-range counts, lamport_one_stage past one thread, an alternative contract
+// and a collective with threads are refused; an older caller's struct (before threads) is never
+// read past its end.
+TEST(CApiSim, FusedThreadsPickThePathNotTheBits) {
+  exactcoll_sim_options options;
+  exactcoll_sim_options_init(&options);
+  EXPECT_EQ(options.threads, 0);
+  uint64_t seed = 300;
+  // H 256 in bf16 is 32 packs: the RMSNorm tree's lanes are 32, the register path's only count.
+  for (const int algo : {EXACTCOLL_FUSED_ONE_STAGE_REG, EXACTCOLL_FUSED_GATHER_NORM, EXACTCOLL_FUSED_PUSH_ONE_STAGE_REG,
+                         EXACTCOLL_FUSED_ONE_STAGE, EXACTCOLL_FUSED_TWO_STAGE}) {
+    for (const int threads : {1, 7, 32, 64}) {
+      SCOPED_TRACE(std::string(exactcoll_fused_algo_name(algo)) + " threads " + std::to_string(threads));
+      options.threads = threads;
+      options.blocks = 2;
+      expect_fused_matches_reference<bf16>(EXACTCOLL_BF16, 3, 3, 256, algo, EXACTCOLL_CONTRACT_CANONICAL, ++seed,
+                                           &options);
+      expect_fused_matches_reference<float>(EXACTCOLL_FP32, 2, 2, 64, algo, EXACTCOLL_CONTRACT_TREE, ++seed, &options);
+    }
+  }
+  std::vector<bf16> x(2 * 64), ro(2 * 64), out(2 * 64);
+  auto fused = [&](int algo, int contract) {
+    return exactcoll_sim_fused_add_rmsnorm(algo, contract, EXACTCOLL_BF16, 2, 1, 64, 1e-6f, x.data(), x.data(),
+                                           x.data(), ro.data(), out.data(), &options, nullptr);
+  };
+  const int inv = EXACTCOLL_ERROR_INVALID_ARGUMENT;
+  exactcoll_sim_options_init(&options);
+  options.threads = 1025;
+  expect_error(fused(EXACTCOLL_FUSED_ONE_STAGE_REG, EXACTCOLL_CONTRACT_CANONICAL), inv,
+               "threads must be 1..1024 (or 0: the algorithm's default), got 1025");
+  options.threads = -1;
+  expect_error(fused(EXACTCOLL_FUSED_ONE_STAGE_REG, EXACTCOLL_CONTRACT_CANONICAL), inv, "got -1");
+  options.threads = 2;
+  expect_error(fused(EXACTCOLL_FUSED_LAMPORT_ONE_STAGE, EXACTCOLL_CONTRACT_CANONICAL), inv,
+               "lamport_one_stage runs with one thread per block on the simulator, got 2");
+  expect_error(fused(EXACTCOLL_FUSED_AUTO, EXACTCOLL_CONTRACT_F32_RESIDUAL), inv,
+               "blocks, threads, seeded schedules, traces and fault injection apply to the library's contracts");
+  options.threads = 1;
+  EXPECT_EQ(fused(EXACTCOLL_FUSED_LAMPORT_ONE_STAGE, EXACTCOLL_CONTRACT_CANONICAL), EXACTCOLL_OK) << last_error();
+  // The collectives run one thread per block.
+  std::vector<bf16> in(2 * 8), all(2 * 8);
+  auto coll = [&] {
+    return exactcoll_sim_collective(EXACTCOLL_OP_ALLREDUCE, EXACTCOLL_ALGO_AUTO, EXACTCOLL_BF16, 2, 8, in.data(),
+                                    all.data(), &options, nullptr);
+  };
+  EXPECT_EQ(coll(), EXACTCOLL_OK) << last_error();
+  options.threads = 4;
+  expect_error(coll(), inv,
+               "threads is the fused op's; the collectives run one thread per block (threads 0 or 1), got 4");
+  // An older caller's struct (before threads) gets the default: the field past its end is never read.
+  options.struct_size = offsetof(exactcoll_sim_options, threads);
+  options.threads = 5000;
+  EXPECT_EQ(coll(), EXACTCOLL_OK) << last_error();
+  EXPECT_EQ(fused(EXACTCOLL_FUSED_LAMPORT_ONE_STAGE, EXACTCOLL_CONTRACT_CANONICAL), EXACTCOLL_OK) << last_error();
+  EXPECT_EQ(fused(EXACTCOLL_FUSED_AUTO, EXACTCOLL_CONTRACT_F32_RESIDUAL), EXACTCOLL_OK) << last_error();
 }
 
 TEST(CApiSim, TracesAreWritten) {

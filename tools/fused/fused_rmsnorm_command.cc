@@ -9,6 +9,7 @@
 
 #include "core/contract.h"
 #include "core/fused_rmsnorm.h"
+#include "exactcoll/exactcoll.h"
 #include "sim/fused/element_trace.h"
 #include "sim/fused/fused_sim.h"
 #include "sim/fused/reference.h"
@@ -20,6 +21,7 @@
 #include "npy/npy.h"
 #include "tools/progress/progress.h"
 #include "tools/sha256/sha256.h"
+#include "tools/sim/api_options.h"
 #include "tools/sim/sim_flags.h"
 
 namespace exactcoll::fused {
@@ -43,8 +45,8 @@ struct TypedProblem {
   }
 };
 
-// An alternative contract: the reference computes the outputs, and with `elements` the traces of
-// those elements in the same call (departs: per element, the seq where it leaves canonical or -1).
+// An alternative contract with traced elements: the reference computes the outputs and the traces
+// of `elements` in the same call (departs: per element, the seq where it leaves canonical or -1).
 template <class T>
 void run_reference(Contract contract, int ranks, int rows, int hidden, float eps, const npy::NpyArray& x,
                    const npy::NpyArray& residual, const npy::NpyArray& weight, std::vector<uint8_t>* out,
@@ -53,11 +55,7 @@ void run_reference(Contract contract, int ranks, int rows, int hidden, float eps
   const size_t count = static_cast<size_t>(rows) * hidden;
   const TypedProblem<T> in(ranks, rows, hidden, eps, x, residual, weight);
   std::vector<T> ro(count), y(count);
-  if (elements.empty()) {
-    fused_reference<T>(contract, in.problem, ro.data(), y.data());
-  } else {
-    *departs = trace_alternative<T>(contract, in.problem, elements, ro.data(), y.data(), traces);
-  }
+  *departs = trace_alternative<T>(contract, in.problem, elements, ro.data(), y.data(), traces);
   // Every rank gets the same bits under every contract.
   for (int r = 0; r < ranks; ++r) {
     std::memcpy(out->data() + r * count * sizeof(T), y.data(), count * sizeof(T));
@@ -388,12 +386,64 @@ std::optional<int> make_spec(const Request& q, int64_t rows, int64_t hidden, Fus
   return std::nullopt;
 }
 
-// Step 3 of run under a library contract, canonical or tree (spec.contract; count: the elements of
-// one rank's [rows, H]): the algorithm on the simulated world, the traced elements checked against
-// the run, and the traces written (a failed run's too; its outputs never).
+// Step 3 of run through the C API (exactcoll_sim_fused_add_rmsnorm), as a C or Python caller's:
+// a library contract's algorithm on the simulated world (its options carry the world's flags, the
+// grid, fault injection and the progress callback behind the bar; the library writes the traces, a
+// failed run's too), or an alternative contract's scalar reference (every rank the same bits).
+// Every flag was checked before (check_flags, read_inputs, make_spec), so a refusal here is a fault
+// never reached (exit 2) or a bug; a failed run exits 3, and its outputs are never written.
 // Returns nullopt to go on, or the exit code to return now (the message printed).
-std::optional<int> run_simulated(const Request& q, const Inputs& inputs, const FusedSpec& spec, size_t count,
-                                 npy::OutputFiles* files, Results* results) {
+std::optional<int> run_through_api(const Request& q, const Inputs& inputs, const FusedSpec& spec, Results* results) {
+  const std::vector<std::string> paths = tools::trace_paths(q.f);
+  tools::ApiProgress progress;
+  exactcoll_sim_options options = tools::api_sim_options(q.f, q.options, paths, &progress);
+  int algo = EXACTCOLL_FUSED_AUTO;  // an alternative contract's: the reference has no algorithm
+  if (q.simulated) {
+    algo = static_cast<int>(spec.algo);  // the registry's values are the C values
+    options.blocks = spec.blocks;
+    options.threads = spec.threads;
+  } else {
+    // The reference has no run for a fault to stop: the command has always accepted --fail-rank and
+    // --fail-at-step with an alternative contract and ignored them (the C API refuses them).
+    options.fail_rank = -1;
+    options.fail_at_step = 0;
+  }
+  int dtype = 0;
+  exactcoll_dtype_from_name(q.f.dtype.c_str(), &dtype);  // checked by world_options
+  int status = EXACTCOLL_OK;
+  {
+    std::optional<tools::ProgressBar> bar;  // the reference has no run to show
+    if (q.simulated) bar.emplace(kCommand, [&progress] { return progress.now(); });
+    status = exactcoll_sim_fused_add_rmsnorm(algo, static_cast<int>(q.contract), dtype, static_cast<int>(q.ranks),
+                                             spec.rows, spec.hidden, spec.eps, inputs.x.data.data(),
+                                             inputs.residual.data.data(), inputs.weight.data.data(),
+                                             results->residual_out.data(), results->out.data(), &options, nullptr);
+  }
+  if (status == EXACTCOLL_OK) return std::nullopt;
+  const std::string why = tools::api_error("exactcoll_sim_fused_add_rmsnorm");
+  if (status != EXACTCOLL_ERROR_INVALID_ARGUMENT)
+    return cli::fail(kCommand, "the run failed: " + why, cli::kExitFailure);
+  // The library names its option fields; the command names its flags, and says no output was written.
+  const std::string unreached = "fail_at_step ", unwritable = "cannot write the trace: ";
+  if (why.rfind(unreached, 0) == 0) {
+    return cli::fail(kCommand, "--fail-at-step " + why.substr(unreached.size()) + " (no output was written)");
+  }
+  // A trace that cannot be written after the run (its path was reserved before): an I/O failure.
+  if (why.rfind(unwritable, 0) == 0) return cli::fail(kCommand, why.substr(unwritable.size()), cli::kExitFailure);
+  return cli::fail(kCommand, why + " (no output was written)");
+}
+
+// Step 3 of run under a library contract (canonical or tree: spec.contract; count: the elements of
+// one rank's [rows, H]) with traced elements: the algorithm on a simulated world of this command's,
+// the traced elements checked against the run, and the traces written (a failed run's too; its
+// outputs never). This stays out of the C API: the check compares the reference's steps with the
+// run's own fold or tree_node events (the world's sim::Tracer) and its every output row, and a C
+// caller gets only the trace files back, not the events nor a report (the stdout lines: steps per
+// element, checked or departing); an element report through the C API would be a second trace
+// format and result struct made for this command alone.
+// Returns nullopt to go on, or the exit code to return now (the message printed).
+std::optional<int> run_traced(const Request& q, const Inputs& inputs, const FusedSpec& spec, size_t count,
+                              npy::OutputFiles* files, Results* results) {
   const sim::WorldOptions& options = q.options;
   const tools::SimFlags& f = q.f;
   const int64_t ranks = q.ranks;
@@ -466,8 +516,10 @@ std::optional<int> run_simulated(const Request& q, const Inputs& inputs, const F
   return std::nullopt;
 }
 
-// Step 3 of run under an alternative contract: the scalar reference's outputs (every rank the
-// same) and the traced elements' steps, marked against canonical's.
+// Step 3 of run under an alternative contract with traced elements: the scalar reference's outputs
+// (every rank the same) and the traced elements' steps, marked against canonical's, from the one
+// reference call (sim/fused/element_trace.h: the trace comes from the computation that makes the
+// outputs). Stays out of the C API for the reason run_traced does: the report is this command's.
 void run_alternative(const Request& q, const Inputs& inputs, const FusedSpec& spec, Results* results) {
   const npy::NpyArray &x = inputs.x, &residual = inputs.residual, &weight = inputs.weight;
   const int n = static_cast<int>(q.ranks);
@@ -546,14 +598,22 @@ int run(int argc, char** argv) {
   if (auto code = parser.parse(argc, argv)) return *code;
   if (auto code = check_flags(parser, &q)) return *code;
   // The outputs, reserved before any work: an unwritable path is bad input (exit 2), and a failed
-  // write of one output leaves none of them behind.
-  const auto files = tools::reserve_outputs(kCommand, [&] {
+  // write of one output leaves none of them behind. Without traced elements the C API runs the op
+  // and writes the traces itself (reserving them beside the same paths): the command then keeps
+  // only its .npy outputs reserved.
+  const bool through_api = q.options.trace_elements.empty();
+  auto files = tools::reserve_outputs(kCommand, [&] {
     std::vector<std::string> paths = tools::trace_paths(q.f);
     paths.push_back(q.output_file);
     paths.push_back(q.residual_output_file);
     return paths;
   }());
   if (!files) return cli::kExitUsage;
+  if (through_api) {
+    files.reset();
+    files = tools::reserve_outputs(kCommand, {q.output_file, q.residual_output_file});
+    if (!files) return cli::kExitUsage;
+  }
 
   // 2. Inputs, and the run's spec for their shape.
   Inputs inputs;
@@ -563,14 +623,16 @@ int run(int argc, char** argv) {
   if (auto code = make_spec(q, rows, hidden, &spec)) return *code;
 
   // 3. Run: the algorithm on the simulated world under a library contract (canonical, tree), or the
-  //    alternative contract's reference.
+  //    alternative contract's reference; through the C API unless elements are traced.
   const size_t count = static_cast<size_t>(rows * hidden);
   const size_t elem = static_cast<size_t>(dtype_size(q.dtype));
   Results results;
   results.out.resize(count * elem * q.ranks);
   results.residual_out.resize(count * elem * q.ranks);
-  if (q.simulated) {
-    if (auto code = run_simulated(q, inputs, spec, count, files.get(), &results)) return *code;
+  if (through_api) {
+    if (auto code = run_through_api(q, inputs, spec, &results)) return *code;
+  } else if (q.simulated) {
+    if (auto code = run_traced(q, inputs, spec, count, files.get(), &results)) return *code;
   } else {
     run_alternative(q, inputs, spec, &results);
   }

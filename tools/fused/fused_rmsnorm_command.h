@@ -18,6 +18,14 @@
 // as every `exactcoll sim` op). World flags (--ranks, --dtype, schedulers, traces, --timeout-ms,
 // --max-steps) are tools/sim/sim_flags.h's. Bad input (dtype or shape not matching the flags, H not
 // a multiple of the pack, a malformed file) exits 2 before any output is written.
+//
+// The run goes through the C API (exactcoll_sim_fused_add_rmsnorm), as a C or Python caller's:
+// its options carry the world's flags, the grid (--blocks, --threads), fault injection and the
+// progress callback behind the bar, and the library writes the traces; the command checks its
+// flags first (exit 2 naming them) and writes the .npy outputs (atomically) itself. Two parts stay
+// here: --trace-elements (the element report is checked against the run's own fold events and
+// output rows, which a C caller never sees, and under an alternative contract it comes from the
+// reference call that makes the outputs), and --nodes (tools/multinode; no C entry point).
 #pragma once
 
 namespace exactcoll::fused {

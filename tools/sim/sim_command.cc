@@ -24,7 +24,6 @@
 // Other ops (`exactcoll sim fused_rmsnorm`) register through tools/sim/sim_subcommands.h and
 // are dispatched from here.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -49,6 +48,7 @@
 #include "npy/npy.h"
 #include "tools/progress/progress.h"
 #include "tools/sha256/sha256.h"
+#include "tools/sim/api_options.h"
 #include "tools/sim/sim_flags.h"
 
 namespace exactcoll::tools {
@@ -251,34 +251,14 @@ std::optional<int> read_inputs(const cli::ArgParser& parser, const Request& q, s
   return std::nullopt;
 }
 
-// The run's C API options (exactcoll_sim_options) from q's flags; the trace paths point into
-// *trace_paths (resolved, as the command's other outputs) and the progress callback writes to
-// *progress, so both must outlive the call.
-struct Progress {
-  std::atomic<uint64_t> done{0}, total{0};
-};
-exactcoll_sim_options api_options(const Request& q, const std::vector<std::string>& trace_paths, Progress* progress) {
-  const sim::WorldOptions& w = q.options;
-  exactcoll_sim_options o;
-  exactcoll_sim_options_init(&o);
+// The run's C API options (exactcoll_sim_options) from q's flags: the world's (api_sim_options;
+// the trace paths point into *trace_paths, the progress callback writes to *progress, so both must
+// outlive the call), and the collective's blocks and contract.
+exactcoll_sim_options api_options(const Request& q, const std::vector<std::string>& trace_paths,
+                                  ApiProgress* progress) {
+  exactcoll_sim_options o = api_sim_options(q.f, q.options, trace_paths, progress);
   o.blocks = static_cast<int>(q.blocks);
-  o.seeded_schedule = w.schedule == sim::Schedule::kSeeded ? 1 : 0;
-  o.schedule_seed = w.schedule_seed;
-  o.timeout_ms = w.wait_timeout.count();
-  o.trace_path = q.f.trace.empty() ? nullptr : trace_paths[0].c_str();
-  o.chrome_trace_path = q.f.chrome_trace.empty() ? nullptr : trace_paths.back().c_str();
-  o.trace_elements = w.trace_elements.data();
-  o.num_trace_elements = w.trace_elements.size();
   o.contract = static_cast<int>(q.contract);  // the registry's values are the C values
-  o.max_steps = w.max_steps;
-  o.fail_rank = w.fail_rank;
-  o.fail_at_step = w.fail_at_step;
-  o.progress = [](void* user_data, uint64_t done, uint64_t total) {
-    auto* p = static_cast<Progress*>(user_data);
-    p->total.store(total);
-    p->done.store(done);
-  };
-  o.progress_user_data = progress;
   return o;
 }
 
@@ -290,7 +270,7 @@ exactcoll_sim_options api_options(const Request& q, const std::vector<std::strin
 std::optional<int> run_collective(const Request& q, const sim::CollectiveSpec& spec, const std::vector<uint8_t>& input,
                                   std::vector<uint8_t>* output, exactcoll_call_info* info, double* elapsed_ms) {
   const std::vector<std::string> paths = trace_paths(q.f);
-  Progress progress;
+  ApiProgress progress;
   const exactcoll_sim_options options = api_options(q, paths, &progress);
   int dtype = 0;
   exactcoll_dtype_from_name(q.f.dtype.c_str(), &dtype);  // checked by world_options
@@ -298,16 +278,13 @@ std::optional<int> run_collective(const Request& q, const sim::CollectiveSpec& s
   const auto start = std::chrono::steady_clock::now();
   int status = EXACTCOLL_OK;
   {
-    ProgressBar bar(q.command, [&progress] { return std::make_pair(progress.done.load(), progress.total.load()); });
+    ProgressBar bar(q.command, [&progress] { return progress.now(); });
     status = exactcoll_sim_collective(static_cast<int>(spec.op), static_cast<int>(spec.algorithm), dtype,
                                       q.options.ranks, spec.count, input.data(), output->data(), &options, info);
   }
   *elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (status == EXACTCOLL_OK) return std::nullopt;
-  // "exactcoll_sim_collective: <why>": the command names itself instead.
-  std::string why = exactcoll_last_error();
-  const std::string function = "exactcoll_sim_collective: ";
-  if (why.rfind(function, 0) == 0) why.erase(0, function.size());
+  const std::string why = api_error("exactcoll_sim_collective");
   if (status == EXACTCOLL_ERROR_INVALID_ARGUMENT) return cli::fail(q.command, why + " (no output was written)");
   return cli::fail(q.command, "the run failed: " + why, cli::kExitFailure);
 }

@@ -468,6 +468,28 @@ TEST(SimFusedCommand, ADeadRankIsAClearErrorAndNoOutput) {
   }
 }
 
+// The run goes through the C API (exactcoll_sim_fused_add_rmsnorm), whose refusal of a fault never
+// reached names its option: the command still names its flag, exits 2, writes the trace (the
+// library does) and no output. An alternative contract has no run to stop: the command ignores
+// the fault flags there, as it always has (the C API would refuse them).
+TEST(SimFusedCommand, AFaultNeverReachedNamesTheFlagAndAnAlternativeIgnoresIt) {
+  const std::string out = temp_path("unreached_out.npy"), trace = temp_path("unreached_trace.jsonl");
+  std::remove(out.c_str());
+  std::remove(trace.c_str());
+  CommandResult r = run_fused({"--ranks", "4", "--rows", "3", "--hidden", "64", "--schedule", "seeded", "--fail-rank",
+                               "2", "--fail-at-step", "100000", "--trace", trace, "--output", out});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(r.err,
+            "exactcoll sim fused_rmsnorm: --fail-at-step 100000 was never reached: rank 2 took 16 synchronization "
+            "steps in this run (no output was written)\n");
+  EXPECT_TRUE(file_exists(trace));
+  EXPECT_FALSE(file_exists(out));
+  r = run_fused({"--ranks", "4", "--rows", "3", "--hidden", "64", "--contract", "f32_residual", "--fail-rank", "1",
+                 "--fail-at-step", "2", "--output", out});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(file_exists(out));
+}
+
 // The last line of a run's stdout (the summary, ending with both sha256s).
 std::string last_line(const std::string& out) {
   const size_t end = out.find_last_not_of('\n');
