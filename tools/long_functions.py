@@ -4,6 +4,7 @@ every function over about 120 lines").
 
   tools/long_functions.py              functions over 120 lines in the project's source folders
   tools/long_functions.py 100 core sim functions over 100 lines in core/ and sim/ only
+  tools/long_functions.py --help       this text
 
 A function's length runs from its first line to its closing brace, as universal-ctags (Debian's
 universal-ctags package) finds them in the tracked .h/.cc/.cu/.cuh files; lambdas are not counted
@@ -19,12 +20,17 @@ DEFAULT_FOLDERS = ['core', 'sim', 'cuda_backend', 'capi', 'tools', 'store', 'boo
 
 def main():
     args = sys.argv[1:]
+    if args and args[0] in ('-h', '--help'):
+        print(__doc__.strip())
+        return
     limit = int(args.pop(0)) if args and args[0].isdigit() else 120
     folders = args or DEFAULT_FOLDERS
     if shutil.which('ctags') is None:
         sys.exit('tools/long_functions.py: ctags is missing (apt-get install universal-ctags)')
     files = subprocess.run(['git', 'ls-files', '--'] + [f'{d}/*.{e}' for d in folders for e in ('h', 'cc', 'cu', 'cuh')],
                            capture_output=True, text=True, check=True).stdout.split()
+    if not files:
+        sys.exit(f"tools/long_functions.py: no tracked .h/.cc/.cu/.cuh files in {' '.join(folders)}")
     tags = subprocess.run(['ctags', '--output-format=json', '--fields=+nes', '--c++-kinds=f', '--languages=C++',
                            '--map-C++=+.cu', '--map-C++=+.cuh', '-f', '-'] + files,
                           capture_output=True, text=True, check=True).stdout

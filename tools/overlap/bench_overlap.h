@@ -143,6 +143,11 @@ class Bench {
     EXC_CUDA_CHECK(cudaEventRecord(join_, side_.get()));
     EXC_CUDA_CHECK(cudaStreamWaitEvent(main_.get(), join_, 0));
   }
+  // One call of fsdp_section / ag_section: its operands, pipelines and results, and its steps as
+  // methods (defined in bench_overlap_fsdp.cc / bench_overlap_ag.cc; members of Bench, so that
+  // they use its harness).
+  struct FsdpSection;
+  struct AgSection;
 
   Worker& w_;
   Options o_;
