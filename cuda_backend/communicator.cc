@@ -123,6 +123,16 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
     throw std::invalid_argument("Communicator: rank " + std::to_string(rank) + " outside world of " +
                                 std::to_string(world_size));
   }
+  const std::string bus_id = this_gpu();  // 1
+  allocate_region();                      // 2
+  cudaIpcMemHandle_t handle{};
+  ipc_reason_ = first_problem("ipc/checked", check_peer_access(bus_id, &handle));  // 3
+  link_regions(handle);                                                            // 4
+  agree_on_eager();                                                                // 4b
+  create_nccl();                                                                   // 5
+}
+
+std::string Communicator::this_gpu() {
   // 1. This GPU.
   EXC_CUDA_CHECK(cudaGetDevice(&device_));
   cudaDeviceProp prop{};
@@ -130,7 +140,10 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
   arch_ = "sm" + std::to_string(prop.major * 10 + prop.minor);
   char bus_id[64] = {};
   EXC_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device_));
+  return bus_id;
+}
 
+void Communicator::allocate_region() {
   // 2. The symmetric region [signals | staging | scratch | lamport], signals zeroed and the
   //    Lamport region filled with sentinels (0xFF bytes: all-ones in every type) before anyone can
   //    see it.
@@ -154,23 +167,24 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
   EXC_CUDA_CHECK(cudaDeviceSynchronize());
   peers_.assign(static_cast<size_t>(world_size_), PeerRegion{});
   peers_[static_cast<size_t>(rank_)].base = region_;
+}
 
+std::string Communicator::check_peer_access(const std::string& bus_id, cudaIpcMemHandle_t* handle) {
   // 3. Can every pair share memory? Each rank publishes its GPU (or why it cannot export), reads
   //    every rank's, checks peer access to every other GPU, and all ranks agree before anyone opens
   //    anything. Ranks on the same GPU share memory through IPC too (across processes), but they
   //    run by time slicing: every rank sees the same list, so all agree on shared_gpu_.
   std::string problem;
-  cudaIpcMemHandle_t handle{};
   if (world_size_ > kMaxRanks) {
     problem = "world size " + std::to_string(world_size_) + " exceeds the IPC kernels' " + std::to_string(kMaxRanks);
-  } else if (cudaIpcGetMemHandle(&handle, region_) != cudaSuccess) {
+  } else if (cudaIpcGetMemHandle(handle, region_) != cudaSuccess) {
     problem = "rank " + std::to_string(rank_) + ": cudaIpcGetMemHandle: " + cudaGetErrorString(cudaGetLastError());
   }
   store_.set(key("ipc/gpu/" + std::to_string(rank_)), bus_id);
   std::vector<std::string> buses(static_cast<size_t>(world_size_));
   for (int p = 0; p < world_size_; ++p) {
     buses[static_cast<size_t>(p)] =
-        p == rank_ ? std::string(bus_id) : store_.get(key("ipc/gpu/" + std::to_string(p)), options_.store_timeout);
+        p == rank_ ? bus_id : store_.get(key("ipc/gpu/" + std::to_string(p)), options_.store_timeout);
   }
   for (int p = 0; p < world_size_ && shared_gpu_note_.empty(); ++p) {
     for (int q = p + 1; q < world_size_ && shared_gpu_note_.empty(); ++q) {
@@ -191,14 +205,16 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
       int can = 0;
       EXC_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device_, peer_device));
       if (!can) {
-        problem = "GPU " + std::string(bus_id) + " (rank " + std::to_string(rank_) + ") cannot access GPU " + peer_bus +
-                  " (rank " + std::to_string(p) + ") as a peer";
+        problem = "GPU " + bus_id + " (rank " + std::to_string(rank_) + ") cannot access GPU " + peer_bus + " (rank " +
+                  std::to_string(p) + ") as a peer";
       }
     }
     (void)cudaGetLastError();  // a peer GPU outside CUDA_VISIBLE_DEVICES is not an error here
   }
-  ipc_reason_ = first_problem("ipc/checked", problem);
+  return problem;
+}
 
+void Communicator::link_regions(const cudaIpcMemHandle_t& handle) {
   // 4. Exchange the regions through the handle-exchange protocol (core/handle_exchange.h), then
   //    prove the links with a real barrier kernel (drivers that claim peer access but do not
   //    deliver exist), and agree again.
@@ -207,6 +223,7 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
   hx_options.timeout = options_.store_timeout;
   exchange_ = make_ipc_exchange<CollectiveError>(store_, rank_, world_size_, &mappings_, hx_options);
   if (ipc_reason_.empty()) {
+    std::string problem;
     const auto peers = exchange_->exchange({exported_ipc_region(handle, region_, region_bytes_)});
     for (int p = 0; p < world_size_; ++p) peers_[static_cast<size_t>(p)].base = peers[0][static_cast<size_t>(p)];
     ipc_ready_ = true;  // device_barrier needs it
@@ -225,7 +242,9 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
     ipc_ready_ = ipc_reason_.empty();
     poisoned_ = false;
   }
+}
 
+void Communicator::agree_on_eager() {
   // 4b. Eager in place: on for every rank (its option agreed first) with every rank's mailbox
   //     mapped by every rank, or off on all of them.
   if (!ipc_ready_) {
@@ -236,7 +255,9 @@ Communicator::Communicator(Store& store, int rank, int world_size, CommunicatorO
     eager_reason_ = first_problem("eager/wanted", off);
     if (eager_reason_.empty()) set_up_eager();
   }
+}
 
+void Communicator::create_nccl() {
   // 5. NCCL: every rank must have the library before any calls ncclCommInitRank (which waits for
   //    all ranks without a bound). NCCL refuses two ranks on one GPU ("invalid usage"), so ranks
   //    sharing a GPU go on without it (every rank knows, from the same list of GPUs).
@@ -888,6 +909,71 @@ CallInfo Communicator::launch_sm_kernels(const Call& call) {
   return info;
 }
 
+void Communicator::use_registration(Call* call, const RegisteredBuffer& registered, size_t out_bytes) const {
+  const size_t in_bytes = call->in_bytes();
+  if (registered.id < 0 || registered.id >= static_cast<int>(registrations_.size())) {
+    throw std::invalid_argument("unknown RegisteredBuffer #" + std::to_string(registered.id));
+  }
+  call->reg = &registrations_[static_cast<size_t>(registered.id)];
+  const auto in = reinterpret_cast<uintptr_t>(call->input), base = reinterpret_cast<uintptr_t>(registered.local);
+  if (in < base || in + in_bytes > base + call->reg->bytes) {
+    throw std::invalid_argument(std::string(op_name(call->op)) + ": input is not inside RegisteredBuffer #" +
+                                std::to_string(registered.id));
+  }
+  call->reg_offset = in - base;
+  // In place (output overlapping the input that peers read): go through staging instead.
+  if (ranges_overlap(call->input, in_bytes, call->output, out_bytes)) call->reg = nullptr;
+}
+
+void Communicator::choose_input_path(Call* call, bool registered, size_t out_bytes) {
+  const size_t in_bytes = call->in_bytes();
+  // Whether the stream captures, asked once and only where a step needs it (a runtime call).
+  std::optional<bool> capturing_cache;
+  auto capturing = [&] {
+    if (!capturing_cache) capturing_cache = stream_capturing(call->stream);
+    return *capturing_cache;
+  };
+  // 4b. An algorithm whose peers never read this rank's input reads it where the caller keeps it
+  //     (no staging copy), also in place: its blocks overwrite only what they have read themselves
+  //     (core/push.h). The input_private algorithms are all-reduces, whose one allowed overlap
+  //     (step 1's overlap_problem) is output == input.
+  if (call->reg == nullptr && info(call->choice.algo).input_private) call->own_input = true;
+
+  // 4c. Captured into a CUDA graph, an input that peers read stays where it is too: the kernel
+  //     reads every rank's address from a row of the graph input table, which
+  //     register_graph_buffers fills after the capture (launch_sm_kernels takes the rows). Until
+  //     then replays stage, so the message must fit the staging buffer (one launch). In place
+  //     (output == input) only for two_shot, which writes its output after the barrier that
+  //     follows every peer's reads (tests/sim/protocol_exploration_test.cc, TwoShotInPlaceIsSafe);
+  //     one_shot's peers would read its result.
+  const bool disjoint_or_safe_in_place = !ranges_overlap(call->input, in_bytes, call->output, out_bytes) ||
+                                         (call->input == call->output && call->choice.algo == Algorithm::kTwoShot);
+  const bool peers_read_input =
+      info(call->choice.algo).family == Family::kSmKernels && !info(call->choice.algo).input_private;
+  if (call->staged() && graph_table_ != nullptr && info(call->choice.algo).family == Family::kSmKernels &&
+      in_bytes <= options_.buffer_bytes && disjoint_or_safe_in_place && capturing()) {
+    call->captured_in_place = true;
+  }
+
+  // 4d. Eager (neither captured nor registered), such an input stays where it is too once every
+  //     peer has mapped its allocation: the launch publishes its address in each peer's space
+  //     (fill_inputs). Whether a launch publishes at all depends only on what every rank passes
+  //     alike (the algorithm, the size, registered or not, captured or not), so every rank of it
+  //     writes its entry; in place or staged is this rank's own choice (null: staged). One launch:
+  //     the message fits the staging buffer, so a rank that stages needs no chunks either.
+  if (eager_ && !registered && peers_read_input && in_bytes <= options_.buffer_bytes &&
+      in_bytes >= options_.eager_in_place_min_bytes && !capturing()) {
+    call->eager_views = true;
+    if (!disjoint_or_safe_in_place) {
+      call->eager_note = "staged: peers would read this in-place call's output";
+    } else if (std::string why; eager_->directory->views(call->input, in_bytes, call->views, &why)) {
+      call->eager_in_place = true;
+    } else {
+      call->eager_note = "staged: " + why;
+    }
+  }
+}
+
 CallInfo Communicator::run(Op op, const void* input, void* output, size_t count, DType dtype, Algorithm algo,
                            cudaStream_t stream, const RegisteredBuffer* registered, std::optional<LaunchConfig> grid) {
   // 1. Arguments.
@@ -934,28 +1020,9 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   // 2b. Open what peers exported for their eager calls since this rank's last call (in relaxed
   //     capture mode, so also while this or another stream captures).
   if (eager_) eager_->directory->service();
-  // Whether the stream captures, asked once and only where a step needs it (a runtime call).
-  std::optional<bool> capturing_cache;
-  auto capturing = [&] {
-    if (!capturing_cache) capturing_cache = stream_capturing(stream);
-    return *capturing_cache;
-  };
 
   // 3. Where inputs come from.
-  if (registered != nullptr) {
-    if (registered->id < 0 || registered->id >= static_cast<int>(registrations_.size())) {
-      throw std::invalid_argument("unknown RegisteredBuffer #" + std::to_string(registered->id));
-    }
-    call.reg = &registrations_[static_cast<size_t>(registered->id)];
-    const auto in = reinterpret_cast<uintptr_t>(input), base = reinterpret_cast<uintptr_t>(registered->local);
-    if (in < base || in + in_bytes > base + call.reg->bytes) {
-      throw std::invalid_argument(std::string(op_name(op)) + ": input is not inside RegisteredBuffer #" +
-                                  std::to_string(registered->id));
-    }
-    call.reg_offset = in - base;
-    // In place (output overlapping the input that peers read): go through staging instead.
-    if (ranges_overlap(input, in_bytes, output, out_bytes)) call.reg = nullptr;
-  }
+  if (registered != nullptr) use_registration(&call, *registered, out_bytes);
 
   // 4. The algorithm and grid. push_one_shot and push_two_shot need two halves of n receive slots
   //    of the message in every rank's scratch; where those do not fit they run in chunks that do
@@ -971,45 +1038,8 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
           : choose(op, count, dtype, algo);
   if (grid) call.choice.grid = *grid;
 
-  // 4b. An algorithm whose peers never read this rank's input reads it where the caller keeps it
-  //     (no staging copy), also in place: its blocks overwrite only what they have read themselves
-  //     (core/push.h). The input_private algorithms are all-reduces, whose one allowed overlap
-  //     (step 1's overlap_problem) is output == input.
-  if (call.reg == nullptr && info(call.choice.algo).input_private) call.own_input = true;
-
-  // 4c. Captured into a CUDA graph, an input that peers read stays where it is too: the kernel
-  //     reads every rank's address from a row of the graph input table, which
-  //     register_graph_buffers fills after the capture (launch_sm_kernels takes the rows). Until
-  //     then replays stage, so the message must fit the staging buffer (one launch). In place
-  //     (output == input) only for two_shot, which writes its output after the barrier that
-  //     follows every peer's reads (tests/sim/protocol_exploration_test.cc, TwoShotInPlaceIsSafe);
-  //     one_shot's peers would read its result.
-  const bool disjoint_or_safe_in_place = !ranges_overlap(input, in_bytes, output, out_bytes) ||
-                                         (input == output && call.choice.algo == Algorithm::kTwoShot);
-  const bool peers_read_input =
-      info(call.choice.algo).family == Family::kSmKernels && !info(call.choice.algo).input_private;
-  if (call.staged() && graph_table_ != nullptr && info(call.choice.algo).family == Family::kSmKernels &&
-      in_bytes <= options_.buffer_bytes && disjoint_or_safe_in_place && capturing()) {
-    call.captured_in_place = true;
-  }
-
-  // 4d. Eager (neither captured nor registered), such an input stays where it is too once every
-  //     peer has mapped its allocation: the launch publishes its address in each peer's space
-  //     (fill_inputs). Whether a launch publishes at all depends only on what every rank passes
-  //     alike (the algorithm, the size, registered or not, captured or not), so every rank of it
-  //     writes its entry; in place or staged is this rank's own choice (null: staged). One launch:
-  //     the message fits the staging buffer, so a rank that stages needs no chunks either.
-  if (eager_ && registered == nullptr && peers_read_input && in_bytes <= options_.buffer_bytes &&
-      in_bytes >= options_.eager_in_place_min_bytes && !capturing()) {
-    call.eager_views = true;
-    if (!disjoint_or_safe_in_place) {
-      call.eager_note = "staged: peers would read this in-place call's output";
-    } else if (std::string why; eager_->directory->views(input, in_bytes, call.views, &why)) {
-      call.eager_in_place = true;
-    } else {
-      call.eager_note = "staged: " + why;
-    }
-  }
+  // 4b–4d. Whether the input is read where it lies (choose_input_path).
+  choose_input_path(&call, registered != nullptr, out_bytes);
 
   // 5. The launcher of (op, algorithm).
   const Launcher launcher = launcher_for(op, call.choice.algo);

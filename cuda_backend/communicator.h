@@ -258,6 +258,12 @@ class Communicator {
   // inputs[r] of a launch at `byte_offset` into the message: staging buffers, or the registration.
   void fill_inputs(const Call& call, size_t byte_offset, KernelArgs* args) const;
 
+  // Step 3 of run: the call's input inside `registered` (peers read it there), or staged when the
+  // output overlaps it. Throws std::invalid_argument for an unknown buffer or an input outside it.
+  void use_registration(Call* call, const RegisteredBuffer& registered, size_t out_bytes) const;
+  // Steps 4b-4d of run, once the algorithm is chosen: whether the input is read where it lies
+  // (input_private, captured in place, eager in place) or staged.
+  void choose_input_path(Call* call, bool registered, size_t out_bytes);
   CallInfo run(Op op, const void* input, void* output, size_t count, DType dtype, Algorithm algo, cudaStream_t stream,
                const RegisteredBuffer* registered, std::optional<LaunchConfig> grid);
   CallInfo run_nccl(Op op, const void* input, void* output, size_t count, DType dtype, cudaStream_t stream);
@@ -272,6 +278,16 @@ class Communicator {
   // value)>" for the first whose value differs from this rank's. Values contain no space.
   void agree_or_throw(const std::string& what, const std::string& prefix, const std::string& value,
                       const std::string& problem, const std::function<std::string(int, const std::string&)>& mismatch);
+  // The constructor's steps, in order (communicator.cc says what each does): 1. this GPU (returns
+  // its PCI bus id); 2. the symmetric region and the graph input table; 3. whether every pair can
+  // share memory (returns this rank's problem, "" when none, before the ranks agree; fills *handle);
+  // 4. the regions exchanged and the links proved; 4b. eager in place on or off for all; 5. NCCL.
+  std::string this_gpu();
+  void allocate_region();
+  std::string check_peer_access(const std::string& bus_id, cudaIpcMemHandle_t* handle);
+  void link_regions(const cudaIpcMemHandle_t& handle);
+  void agree_on_eager();
+  void create_nccl();
   // Collective: every rank publishes its `problem` ("" when none) under key prefix `round` and
   // returns the first rank's problem, the same on every rank.
   std::string first_problem(const std::string& round, const std::string& problem);
