@@ -13,9 +13,9 @@
 
 #include "cuda_backend/communicator.h"
 #include "cuda_backend/cuda_check.h"
+#include "sim/reference.h"
 #include "tools/gpu/device_util.h"
 #include "tools/inputs/inputs.h"
-#include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
 #include "tests/cuda_backend/gpu_test_harness.h"
 
@@ -24,6 +24,12 @@ namespace {
 
 using cuda::Algorithm;
 using cuda::Op;
+using sim::bits_hex;
+using sim::Bytes;
+using sim::compare_bits;
+using sim::Comparison;
+using sim::contract_output;
+using sim::Simulator;
 
 // ---- worker scenarios ----------------------------------------------------------------------------
 

@@ -192,7 +192,7 @@ void print_bench_head(Worker& w, const GpuOp& op, const BenchOptions& o, const A
        << (co.buffer_bytes >> 20) << " MiB per rank"
        << "\n# #wrong: output elements (all ranks) outside what the implementation promises: exactcoll the\n"
        << "#   contract's bits; NCCL's all-reduce and reduce-scatter sums |got - exact| <= gamma_n * sum|x|\n"
-       << "#   (tools/gpu/reference.h), its all-gather the input bits; '-' = not judged (the fused op's\n"
+       << "#   (sim/reference.h), its all-gather the input bits; '-' = not judged (the fused op's\n"
        << "#   nccl_split, the split's parts alone, --no-check). #!=contract (NCCL): elements whose bits\n"
        << "#   differ from the contract: the rounding NCCL's order gives, not corruption\n"
        << "# " << problem.header() << "\n";

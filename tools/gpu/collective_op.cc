@@ -24,11 +24,11 @@
 
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/dispatch_table.h"
+#include "sim/reference.h"
 #include "tools/gpu/device_util.h"
 #include "tools/gpu/gpu_op.h"
 #include "tools/inputs/inputs.h"
 #include "tools/inputs/rank_inputs.h"
-#include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
 #include "npy/npy.h"
 
@@ -37,6 +37,10 @@ namespace {
 
 using cuda::Algorithm;
 using cuda::Op;
+using sim::check_sum_within_bound;
+using sim::compare_bits;
+using sim::contract_output;
+using sim::Simulator;
 
 // Per-rank element counts verify tries (reduce_scatter multiplies them by n so that slices are
 // odd-sized too).

@@ -31,12 +31,12 @@
 #include "cuda_backend/fused/fused_rmsnorm.h"
 #include "cuda_backend/tsv.h"
 #include "sim/fused/reference.h"
+#include "sim/reference.h"
 #include "sim/world.h"
 #include "tools/gpu/device_util.h"
 #include "tools/inputs/fused_inputs.h"
 #include "tools/gpu/fused_reference.h"
 #include "tools/gpu/gpu_op.h"
-#include "tools/gpu/reference.h"
 #include "tools/inputs/inputs.h"
 #include "tools/gpu/worker.h"
 #include "npy/npy.h"
@@ -45,6 +45,7 @@ namespace exactcoll::gpu {
 namespace {
 
 using cuda::fused::FusedAlgorithm;
+using sim::compare_bits;
 
 // The fused kernels' largest block count (the forced-grid variant's and --blocks' bound).
 constexpr int kMaxFusedBlocks = 64;

@@ -5,10 +5,15 @@
 
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/kernel_args.h"
+#include "sim/reference.h"
 #include "tools/gpu/device_util.h"
-#include "tools/gpu/reference.h"
 
 namespace exactcoll::gpu {
+
+// What GPU outputs are compared with (the library's sim/reference.h).
+using sim::bits_hex;
+using sim::compare_bits;
+using sim::Comparison;
 
 std::vector<Variant> verify_variants(bool forced_grids, int max_blocks, bool chunked) {
   std::vector<Variant> variants = {{"staged", false, false, false, std::nullopt},

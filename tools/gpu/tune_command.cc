@@ -27,7 +27,6 @@
 #include "tools/cli.h"
 #include "tools/gpu/device_util.h"
 #include "tools/inputs/inputs.h"
-#include "tools/gpu/reference.h"
 #include "tools/gpu/tune_table.h"
 #include "tools/gpu/worker.h"
 #include "npy/npy.h"
@@ -156,7 +155,7 @@ int tune_worker(const TuneOptions& o) {
   const cuda::RegisteredBuffer reg = comm.register_buffer(input.get(), max_in);
   Stream stream;
   {
-    const Bytes mine = make_input(dtype, max_in / 2, rank, 7, Pattern::kRandom);
+    const std::vector<uint8_t> mine = make_input(dtype, max_in / 2, rank, 7, Pattern::kRandom);
     EXC_CUDA_CHECK(cudaMemcpy(input.get(), mine.data(), mine.size(), cudaMemcpyHostToDevice));
   }
   // Every row of this run says where and when it was measured (the date of the run's start).

@@ -30,11 +30,11 @@
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/fused/fused_rmsnorm.h"
 #include "sim/fused/random.h"
+#include "sim/reference.h"
 #include "tools/gpu/device_util.h"
 #include "tools/inputs/fused_inputs.h"
 #include "tools/gpu/fused_reference.h"
 #include "tools/inputs/inputs.h"
-#include "tools/gpu/reference.h"
 #include "tools/gpu/worker.h"
 #include "tests/cuda_backend/gpu_test_harness.h"
 
@@ -43,6 +43,11 @@ namespace {
 
 using cuda::LaunchConfig;
 using cuda::fused::FusedAlgorithm;
+using sim::bits_hex;
+using sim::Bytes;
+using sim::compare_bits;
+using sim::Comparison;
+using sim::contract_output;
 
 // Returns the number of elements of both outputs in [ro, out) (device, count each) that differ
 // from want, and prints the first to stderr under `what`.

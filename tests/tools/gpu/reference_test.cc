@@ -8,14 +8,20 @@
 #include <cstring>
 #include <set>
 
+#include "sim/reference.h"
 #include "tools/inputs/inputs.h"
-#include "tools/gpu/reference.h"
 
 namespace exactcoll::gpu {
 namespace {
 
-using cuda::Algorithm;
-using cuda::Op;
+using sim::bits_hex;
+using sim::Bytes;
+using sim::check_sum_within_bound;
+using sim::compare_bits;
+using sim::Comparison;
+using sim::contract_output;
+using sim::Simulator;
+using sim::SumBoundCheck;
 
 uint32_t bits_at(DType d, const Bytes& b, size_t i) {
   uint32_t v = 0;

@@ -1,4 +1,4 @@
-#include "tools/gpu/reference.h"
+#include "sim/reference.h"
 
 #include <cmath>
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include "sim/collectives.h"
 #include "sim/world.h"
 
-namespace exactcoll::gpu {
+namespace exactcoll::sim {
 namespace {
 
 template <class T>
@@ -30,22 +30,22 @@ T fold_of(Contract contract, const std::vector<Bytes>& inputs, size_t i) {
 }
 
 template <class T>
-Bytes contract_typed(Contract contract, cuda::Op op, const std::vector<Bytes>& inputs, size_t count, int rank) {
+Bytes contract_typed(Contract contract, Op op, const std::vector<Bytes>& inputs, size_t count, int rank) {
   const int n = static_cast<int>(inputs.size());
   const size_t out_count = output_count(op, count, n);
   Bytes out(out_count * sizeof(T));
   T* o = reinterpret_cast<T*>(out.data());
   switch (op) {
-    case cuda::Op::kAllReduce:
+    case Op::kAllReduce:
       for (size_t i = 0; i < count; ++i) o[i] = fold_of<T>(contract, inputs, i);
       break;
-    case cuda::Op::kReduceScatter: {
+    case Op::kReduceScatter: {
       const size_t per = count / static_cast<size_t>(n);
       const size_t begin = per * static_cast<size_t>(rank);
       for (size_t j = 0; j < per; ++j) o[j] = fold_of<T>(contract, inputs, begin + j);
       break;
     }
-    case cuda::Op::kAllGather:
+    case Op::kAllGather:
       for (int r = 0; r < n; ++r) std::memcpy(o + static_cast<size_t>(r) * count, inputs[r].data(), count * sizeof(T));
       break;
   }
@@ -66,8 +66,8 @@ Simulator::Simulator(int world_size, Contract contract) : world_size_(world_size
 
 Simulator::~Simulator() = default;
 
-std::vector<Bytes> Simulator::run(cuda::Op op, cuda::Algorithm algo, DType dtype, const std::vector<Bytes>& inputs,
-                                  size_t count, int blocks) {
+std::vector<Bytes> Simulator::run(Op op, Algorithm algo, DType dtype, const std::vector<Bytes>& inputs, size_t count,
+                                  int blocks) {
   if (static_cast<int>(inputs.size()) != world_size_) throw std::invalid_argument("Simulator::run: one input per rank");
   sim::CollectiveSpec spec;
   spec.op = op;  // one enum, core/registry.h
@@ -92,8 +92,7 @@ std::vector<Bytes> Simulator::run(cuda::Op op, cuda::Algorithm algo, DType dtype
   return outputs;
 }
 
-Bytes contract_output(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank,
-                      Contract contract) {
+Bytes contract_output(Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank, Contract contract) {
   if (!info(contract).library_contract) {
     throw std::invalid_argument(std::string("contract_output: not one of the library's contracts: ") +
                                 contract_name(contract));
@@ -136,10 +135,10 @@ template <>
 constexpr Limits kLimits<float>{0x1p-24, 0x1p-149, 0x1.FFFFFEp127};
 
 template <class T>
-SumBoundCheck check_sum_typed(cuda::Op op, const std::vector<Bytes>& inputs, size_t count, int rank, const void* got) {
+SumBoundCheck check_sum_typed(Op op, const std::vector<Bytes>& inputs, size_t count, int rank, const void* got) {
   const int n = static_cast<int>(inputs.size());
   const size_t out_count = output_count(op, count, n);
-  const size_t begin = op == cuda::Op::kReduceScatter ? out_count * static_cast<size_t>(rank) : 0;
+  const size_t begin = op == Op::kReduceScatter ? out_count * static_cast<size_t>(rank) : 0;
   const Limits& l = kLimits<T>;
   const double nu = n * l.unit_roundoff;
   const double gamma = nu / (1.0 - nu);
@@ -178,10 +177,9 @@ SumBoundCheck check_sum_typed(cuda::Op op, const std::vector<Bytes>& inputs, siz
 
 }  // namespace
 
-SumBoundCheck check_sum_within_bound(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank,
+SumBoundCheck check_sum_within_bound(Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank,
                                      const void* got) {
-  if (op == cuda::Op::kAllGather)
-    throw std::invalid_argument("check_sum_within_bound: all-gather is a copy, not a sum");
+  if (op == Op::kAllGather) throw std::invalid_argument("check_sum_within_bound: all-gather is a copy, not a sum");
   return with_storage_type(dtype,
                            [&](auto tag) { return check_sum_typed<decltype(tag)>(op, inputs, count, rank, got); });
 }
@@ -192,4 +190,4 @@ std::string bits_hex(DType dtype, uint32_t bits) {
   return text;
 }
 
-}  // namespace exactcoll::gpu
+}  // namespace exactcoll::sim

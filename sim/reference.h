@@ -1,4 +1,6 @@
-// What the GPU results are compared with, under one of the library's contracts (canonical, tree):
+// What GPU results are compared with (`exactcoll verify`, `gpu`, `bench` and the GPU tests; any
+// caller of the library that checks a collective's outputs), under one of the library's contracts
+// (canonical, tree):
 //   - the simulator (sim/collectives.h on a sim::World: the same core templates on CPU threads,
 //     with the simulator's own contexts, buffers, handle exchange and scheduler), and
 //   - an independent scalar transcription of the contract (contract::fold, or contract::tree_fold
@@ -13,19 +15,19 @@
 #include <string>
 #include <vector>
 
+#include "core/op.h"
 #include "core/registry.h"
 #include "core/storage.h"
-#include "cuda_backend/dispatch_table.h"
-#include "cuda_backend/kernel_args.h"
 
 namespace exactcoll::sim {
-class World;
-}
 
-namespace exactcoll::gpu {
+class World;
 
 using Bytes = std::vector<uint8_t>;
 
+using exactcoll::Algorithm;
+using exactcoll::Contract;
+using exactcoll::Op;
 using exactcoll::output_count;  // core/op.h
 
 // A simulated world of n ranks, kept across calls (its heaps grow as needed), whose collectives
@@ -38,7 +40,7 @@ class Simulator {
   // Returns every rank's output of op over `inputs` (one per rank, count elements each) under the
   // simulator, running the algorithm that `algo` names (one_shot / two_shot / push_one_shot / push_two_shot for
   // all-reduce; the single SM algorithm of the other ops; copy_engine all-gather is simulated as allgather).
-  std::vector<Bytes> run(cuda::Op op, cuda::Algorithm algo, DType dtype, const std::vector<Bytes>& inputs, size_t count,
+  std::vector<Bytes> run(Op op, Algorithm algo, DType dtype, const std::vector<Bytes>& inputs, size_t count,
                          int blocks);
 
  private:
@@ -49,7 +51,7 @@ class Simulator {
 
 // rank's output under `contract` (canonical: contract::fold; tree: contract::tree_fold), computed
 // element by element without the templates. Precondition: contract is a library contract.
-Bytes contract_output(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank,
+Bytes contract_output(Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank,
                       Contract contract = Contract::kCanonical);
 
 // A bitwise comparison.
@@ -81,10 +83,10 @@ struct SumBoundCheck {
 // bound above. Preconditions: op is all-reduce or reduce-scatter; one input of count elements per
 // rank. Example: bench's NCCL rows count `outside` as #wrong, and the bits that differ from the
 // contract (compare_bits) in a column of their own.
-SumBoundCheck check_sum_within_bound(cuda::Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank,
+SumBoundCheck check_sum_within_bound(Op op, DType dtype, const std::vector<Bytes>& inputs, size_t count, int rank,
                                      const void* got);
 
 // "0x7fc1"/"0x7fc00001": an element's bits in hex.
 std::string bits_hex(DType dtype, uint32_t bits);
 
-}  // namespace exactcoll::gpu
+}  // namespace exactcoll::sim
