@@ -6,14 +6,21 @@
 
 namespace exactcoll {
 
+namespace {
+
+// A slot at this generation is not reused again: retired[s] = generation + 1 then never wraps to 0.
+constexpr uint32_t kLastGeneration = UINT32_MAX - 1;
+
+}  // namespace
+
 EagerDirectory::EagerDirectory(int rank, int world_size, std::vector<EagerMailbox*> mailboxes, EagerDirectoryFns fns)
     : rank_(rank),
       world_size_(world_size),
       mailboxes_(std::move(mailboxes)),
       fns_(std::move(fns)),
       seen_(static_cast<size_t>(world_size), 0),
-      retirements_(static_cast<size_t>(world_size), 0),
-      open_(static_cast<size_t>(world_size), std::vector<void*>(kEagerSlots, nullptr)) {
+      peer_changes_(static_cast<size_t>(world_size), 0),
+      peer_(static_cast<size_t>(world_size), std::vector<PeerSlot>(kEagerSlots)) {
   if (world_size < 1 || world_size > kMaxRanks || rank < 0 || rank >= world_size ||
       mailboxes_.size() != static_cast<size_t>(world_size)) {
     throw std::invalid_argument("EagerDirectory: rank " + std::to_string(rank) + " of " + std::to_string(world_size) +
@@ -23,43 +30,71 @@ EagerDirectory::EagerDirectory(int rank, int world_size, std::vector<EagerMailbo
 
 EagerDirectory::~EagerDirectory() {
   for (int p = 0; p < world_size_; ++p) {
-    for (void* address : open_[static_cast<size_t>(p)]) {
-      if (address != nullptr && fns_.close) fns_.close(p, address);
+    for (const PeerSlot& slot : peer_[static_cast<size_t>(p)]) {
+      if (slot.address != nullptr && fns_.close) fns_.close(p, slot.address);
     }
   }
 }
 
-void EagerDirectory::service() {
+void EagerDirectory::service_slot(int p, uint32_t s, bool first) {
   EagerMailbox& mine = *mailboxes_[static_cast<size_t>(rank_)];
+  const EagerMailbox& theirs = *mailboxes_[static_cast<size_t>(p)];
+  PeerSlot& slot = peer_[static_cast<size_t>(p)][s];
+  // The generation first: its release covers exports[s] and every older retired value.
+  const uint32_t generation = theirs.generation[s].load(std::memory_order_acquire);
+  const bool retired = theirs.retired[s].load(std::memory_order_acquire) == generation + 1;
+  auto close = [&] {
+    if (fns_.close) fns_.close(p, slot.address);
+    ++stats_.closes;
+    slot.address = nullptr;
+  };
+  if (first || generation != slot.generation) {
+    // A new slot, or the owner reused it. It reuses one only after this rank published closing the
+    // old generation, so nothing is open here; were it, it goes before the new open.
+    if (slot.address != nullptr) close();
+    if (!retired) {  // a retired generation (freed already) is never opened
+      slot.address = fns_.open(p, theirs.exports[s].handle);
+      ++stats_.opens;
+    }
+    slot.generation = generation;
+    mine.mapped[p][s].store(slot.address != nullptr ? reinterpret_cast<uint64_t>(slot.address) : kMappingFailed,
+                            std::memory_order_release);
+    mine.mapped_generation[p][s].store(generation, std::memory_order_release);
+    return;
+  }
+  if (slot.address == nullptr || !retired) return;
+  close();
+  mine.mapped[p][s].store(kMappingFailed, std::memory_order_release);  // closed: the owner may reuse s
+}
+
+void EagerDirectory::service() {
   for (int p = 0; p < world_size_; ++p) {
     if (p == rank_) continue;
     const EagerMailbox& theirs = *mailboxes_[static_cast<size_t>(p)];
-    std::vector<void*>& opened = open_[static_cast<size_t>(p)];
     uint32_t& seen = seen_[static_cast<size_t>(p)];
+    // Before the slots it covers: a change stored after this load moves it again for the next service.
+    const uint32_t changes = theirs.changes.load(std::memory_order_acquire);
     // Bounded: a peer publishes at most kEagerSlots slots.
     const uint32_t exported = std::min<uint32_t>(theirs.exported.load(std::memory_order_acquire), kEagerSlots);
-    for (; seen < exported; ++seen) {
-      if (theirs.retired[seen].load(std::memory_order_acquire) != 0) {  // freed already: never opened
-        mine.mapped[p][seen].store(kMappingFailed, std::memory_order_release);
-        continue;
-      }
-      void* address = fns_.open(p, theirs.exports[seen].handle);
-      ++stats_.opens;
-      opened[seen] = address;
-      mine.mapped[p][seen].store(address != nullptr ? reinterpret_cast<uint64_t>(address) : kMappingFailed,
-                                 std::memory_order_release);
+    if (changes != peer_changes_[static_cast<size_t>(p)]) {
+      peer_changes_[static_cast<size_t>(p)] = changes;
+      for (uint32_t s = 0; s < seen; ++s) service_slot(p, s, /*first=*/false);
     }
-    const uint32_t retirements = theirs.retirements.load(std::memory_order_acquire);
-    if (retirements == retirements_[static_cast<size_t>(p)]) continue;
-    retirements_[static_cast<size_t>(p)] = retirements;
-    for (uint32_t s = 0; s < seen; ++s) {
-      if (opened[s] == nullptr || theirs.retired[s].load(std::memory_order_acquire) == 0) continue;
-      if (fns_.close) fns_.close(p, opened[s]);
-      ++stats_.closes;
-      opened[s] = nullptr;
-      mine.mapped[p][s].store(kMappingFailed, std::memory_order_release);
+    for (; seen < exported; ++seen) service_slot(p, seen, /*first=*/true);
+  }
+}
+
+int EagerDirectory::peer_holding(size_t s) const {
+  for (int p = 0; p < world_size_; ++p) {
+    if (p == rank_) continue;
+    const EagerMailbox& theirs = *mailboxes_[static_cast<size_t>(p)];
+    // mapped_generation first: when it is this generation, mapped is that generation's entry.
+    if (theirs.mapped_generation[rank_][s].load(std::memory_order_acquire) != own_[s].generation ||
+        theirs.mapped[rank_][s].load(std::memory_order_acquire) != kMappingFailed) {
+      return p;
     }
   }
+  return -1;
 }
 
 bool EagerDirectory::views(const void* input, size_t bytes, const void* views[kMaxRanks], std::string* why) {
@@ -79,8 +114,13 @@ bool EagerDirectory::views(const void* input, size_t bytes, const void* views[kM
     if (own_[s].retired || own_[s].allocation.id != a.id) continue;
     for (int p = 0; p < world_size_; ++p) {
       if (p == rank_) continue;
-      const uint64_t mapped = mailboxes_[static_cast<size_t>(p)]->mapped[rank_][s].load(std::memory_order_acquire);
-      if (mapped == 0) return staged("rank " + std::to_string(p) + " has not opened the input's allocation yet");
+      const EagerMailbox& theirs = *mailboxes_[static_cast<size_t>(p)];
+      // mapped_generation first (see peer_holding); an older generation's entry is never used.
+      const uint32_t generation = theirs.mapped_generation[rank_][s].load(std::memory_order_acquire);
+      const uint64_t mapped = theirs.mapped[rank_][s].load(std::memory_order_acquire);
+      if (generation != own_[s].generation || mapped == 0) {
+        return staged("rank " + std::to_string(p) + " has not opened the input's allocation yet");
+      }
       if (mapped == kMappingFailed) {
         return staged("rank " + std::to_string(p) + " could not open the input's allocation");
       }
@@ -98,13 +138,27 @@ bool EagerDirectory::views(const void* input, size_t bytes, const void* views[kM
     const EagerAllocation& old = own_[s].allocation;
     if (own_[s].retired || old.base >= a.base + a.bytes || a.base >= old.base + old.bytes) continue;
     own_[s].retired = true;
-    mine.retired[s].store(1, std::memory_order_release);
+    mine.retired[s].store(own_[s].generation + 1, std::memory_order_release);
     ++stats_.retires;
     // After the flag: a peer that sees the new count finds every flag it counts.
-    mine.retirements.store(static_cast<uint32_t>(stats_.retires), std::memory_order_release);
+    mine.changes.store(++changes_, std::memory_order_release);
   }
-  if (own_.size() == static_cast<size_t>(kEagerSlots)) {
-    return staged("all " + std::to_string(kEagerSlots) + " eager slots of this rank are used");
+  // The slot for it: a retired one that every peer has closed, else a new one (bounded: kEagerSlots).
+  size_t slot = own_.size();
+  int waiting_for = -1;  // a peer that still holds a retired slot
+  for (size_t s = 0; s < own_.size(); ++s) {
+    if (!own_[s].retired || own_[s].generation == kLastGeneration) continue;
+    const int holder = peer_holding(s);
+    if (holder < 0) {
+      slot = s;
+      break;
+    }
+    if (waiting_for < 0) waiting_for = holder;
+  }
+  if (slot == static_cast<size_t>(kEagerSlots)) {
+    return staged("all " + std::to_string(kEagerSlots) + " eager slots of this rank are used" +
+                  (waiting_for >= 0 ? " (a retired one waits for rank " + std::to_string(waiting_for) + " to close it)"
+                                    : " by live allocations"));
   }
   const std::optional<EagerHandle> handle = fns_.export_handle(a);
   if (!handle) {
@@ -113,10 +167,17 @@ bool EagerDirectory::views(const void* input, size_t bytes, const void* views[kM
     unexportable_.push_back(a.id);
     return staged("the input's allocation cannot be exported (no IPC handle)");
   }
-  const size_t s = own_.size();
-  mine.exports[s] = EagerMailbox::Export{*handle, a.base, a.bytes, a.id};
-  own_.push_back(OwnSlot{a, false});
-  mine.exported.store(static_cast<uint32_t>(s + 1), std::memory_order_release);
+  // Every peer's last read of exports[slot] (a reused one) came before its published close.
+  mine.exports[slot] = EagerMailbox::Export{*handle, a.base, a.bytes, a.id};
+  if (slot == own_.size()) {
+    own_.push_back(OwnSlot{a, 0, false});
+    mine.exported.store(static_cast<uint32_t>(slot + 1), std::memory_order_release);
+  } else {
+    own_[slot] = OwnSlot{a, own_[slot].generation + 1, false};
+    mine.generation[slot].store(own_[slot].generation, std::memory_order_release);
+    ++stats_.reuses;
+    mine.changes.store(++changes_, std::memory_order_release);
+  }
   ++stats_.exports;
   return staged("the input's allocation was exported just now; peers open it before their next call");
 }

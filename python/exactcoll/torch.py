@@ -148,8 +148,9 @@ class Communicator:
     the buffer read their inputs in place too, once every rank has mapped the allocation behind
     them: the first call with a new allocation copies and shares it, and the calls after (torch's
     caching allocator reuses its allocations) copy nothing. last_call_info()["staged"] says which
-    (for this rank's own input); a rank shares at most 64 allocations over the communicator's life,
-    and properties["eager_unavailable_reason"] says why eager calls never read in place.
+    (for this rank's own input); a rank shares at most 64 allocations at a time (a freed one's
+    place goes to a new one), and properties["eager_unavailable_reason"] says why eager calls never
+    read in place.
     """
 
     def __init__(self, group=None, *, buffer_mib=128, flag_timeout_ms=5000, store_timeout_s=120.0, use_nccl=True,
