@@ -787,29 +787,26 @@ TEST(CApiGpu, MultiNodeOptionsAndOlderStructsAreCheckedFirst) {
   expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "rank 3 is not on node 0 of 2 ranks");
   options.struct_size = sizeof options;
   expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "contract");
-  // graph_in_place likewise: in the struct before it (which ends with `reserved`) it is padding.
-  exactcoll_comm_options_init(&options);
-  EXPECT_EQ(options.graph_in_place, 1);
-  options.graph_in_place = 7;
-  options.node = 0;
-  options.local_world_size = 2;
-  options.struct_size = offsetof(exactcoll_comm_options, reserved) + sizeof(int);
-  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "rank 3 is not on node 0 of 2 ranks");
-  // The old struct's sizeof (its tail padded to 8 bytes) still ends inside graph_in_place's place.
-  options.struct_size = (offsetof(exactcoll_comm_options, reserved) + sizeof(int) + 7) / 8 * 8;
-  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "rank 3 is not on node 0 of 2 ranks");
-  options.struct_size = sizeof options;
-  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "graph_in_place must be 0 or 1, got 7");
-  // eager_in_place likewise: in the struct before it (which ends with `reserved2`) it is padding.
-  exactcoll_comm_options_init(&options);
-  EXPECT_EQ(options.eager_in_place, 1);
-  options.eager_in_place = 7;
-  options.node = 0;
-  options.local_world_size = 2;
-  options.struct_size = offsetof(exactcoll_comm_options, reserved2) + sizeof(int);
-  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "rank 3 is not on node 0 of 2 ranks");
-  options.struct_size = sizeof options;
-  expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "eager_in_place must be 0 or 1, got 7");
+  // graph_in_place and eager_in_place likewise, each in the tail padding of the struct before it
+  // (which ends with `reserved`, `reserved2`): with that struct's size, or its sizeof padded to 8
+  // bytes, the bad value is never read (the layout error comes instead); with the full size it is.
+  auto padded_switch = [&](int exactcoll_comm_options::*field, size_t previous_end, const std::string& message) {
+    exactcoll_comm_options_init(&options);
+    EXPECT_EQ(options.*field, 1) << message;
+    options.*field = 7;
+    options.node = 0;
+    options.local_world_size = 2;
+    for (const size_t size : {previous_end, (previous_end + 7) / 8 * 8}) {
+      options.struct_size = size;
+      expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, "rank 3 is not on node 0 of 2 ranks");
+    }
+    options.struct_size = sizeof options;
+    expect_error(exactcoll_comm_create(store, 3, 4, &options, &comm), inv, message);
+  };
+  padded_switch(&exactcoll_comm_options::graph_in_place, offsetof(exactcoll_comm_options, reserved) + sizeof(int),
+                "graph_in_place must be 0 or 1, got 7");
+  padded_switch(&exactcoll_comm_options::eager_in_place, offsetof(exactcoll_comm_options, reserved2) + sizeof(int),
+                "eager_in_place must be 0 or 1, got 7");
   EXPECT_EQ(exactcoll_store_destroy(store), EXACTCOLL_OK);
 }
 
