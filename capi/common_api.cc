@@ -54,6 +54,8 @@ size_t exactcoll_struct_size(const char* struct_name) {
   if (name == "exactcoll_comm_options") return sizeof(exactcoll_comm_options);
   if (name == "exactcoll_comm_properties") return sizeof(exactcoll_comm_properties);
   if (name == "exactcoll_sim_options") return sizeof(exactcoll_sim_options);
+  if (name == "exactcoll_sim_multinode_options") return sizeof(exactcoll_sim_multinode_options);
+  if (name == "exactcoll_sim_multinode_stats") return sizeof(exactcoll_sim_multinode_stats);
   if (name == "exactcoll_link_rates") return sizeof(exactcoll_link_rates);
   if (name == "exactcoll_model_prediction") return sizeof(exactcoll_model_prediction);
   return 0;

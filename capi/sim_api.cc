@@ -15,11 +15,16 @@
 #include "capi/api_support.h"
 #include "capi/enum_names.h"
 #include "core/contract.h"
+#include "core/multinode.h"
+#include "core/multinode_layout.h"
+#include "core/registry.h"
 #include "core/signal.h"
 #include "exactcoll/exactcoll.h"
+#include "npy/npy.h"
 #include "sim/collectives.h"
 #include "sim/fused/fused_sim.h"
 #include "sim/fused/reference.h"
+#include "sim/multinode/multinode_sim.h"
 #include "sim/trace_files.h"
 #include "sim/world.h"
 
@@ -51,15 +56,25 @@ void run_contract_check(Contract c) {
 // The struct as first published (before `contract`).
 constexpr size_t kFirstSimOptionsSize = offsetof(exactcoll_sim_options, contract);
 
-SimRun sim_run(const exactcoll_sim_options* given, int ranks) {
+// The caller's options (NULL: the defaults), as this library's struct: an older caller's struct
+// ends sooner, and its missing fields keep their defaults.
+exactcoll_sim_options sim_options(const exactcoll_sim_options* given) {
   exactcoll_sim_options o;
   exactcoll_sim_options_init(&o);
   if (given != nullptr) {
     require_struct_size(given->struct_size, kFirstSimOptionsSize, "exactcoll_sim_options");
-    // An older caller's struct ends sooner: its missing fields keep their defaults.
     std::memcpy(static_cast<void*>(&o), given, std::min(given->struct_size, sizeof o));
     o.struct_size = sizeof o;
   }
+  return o;
+}
+
+// exactcoll_sim_multinode_options and _stats as first published.
+constexpr size_t kFirstMultiNodeOptionsSize = sizeof(exactcoll_sim_multinode_options);
+constexpr size_t kFirstMultiNodeStatsSize = sizeof(exactcoll_sim_multinode_stats);
+
+SimRun sim_run(const exactcoll_sim_options* given, int ranks) {
+  const exactcoll_sim_options o = sim_options(given);
   if (ranks < 1 || ranks > kMaxRanks) {
     bad_argument("ranks must be 1.." + std::to_string(kMaxRanks) + ", got " + std::to_string(ranks));
   }
@@ -389,6 +404,153 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
       }
     }
     fill_info(info, ran, allreduce_algo, run.blocks);
+  });
+}
+
+void exactcoll_sim_multinode_options_init(exactcoll_sim_multinode_options* options) {
+  if (options == nullptr) return;
+  *options = exactcoll_sim_multinode_options{};
+  options->struct_size = sizeof(exactcoll_sim_multinode_options);
+  options->chunk_elements = multinode::kDefaultChunkElements;
+}
+
+void exactcoll_sim_multinode_stats_init(exactcoll_sim_multinode_stats* stats) {
+  if (stats == nullptr) return;
+  *stats = exactcoll_sim_multinode_stats{};
+  stats->struct_size = sizeof(exactcoll_sim_multinode_stats);
+}
+
+int exactcoll_sim_multinode_collective(int op, int dtype, int nodes, int ranks_per_node, size_t count,
+                                       const void* inputs, void* outputs, const exactcoll_sim_options* options,
+                                       const exactcoll_sim_multinode_options* multinode_options,
+                                       exactcoll_sim_multinode_stats* stats, exactcoll_call_info* info) {
+  return guarded("exactcoll_sim_multinode_collective", [&] {
+    checked_name(kOpNames, op, "op");
+    const DType type = to_dtype(dtype);
+    if (nodes < 1 || nodes > 1024) bad_argument("nodes must be 1..1024, got " + std::to_string(nodes));
+    if (ranks_per_node < 1 || ranks_per_node > kMaxRanks) {
+      bad_argument("ranks_per_node must be 1.." + std::to_string(kMaxRanks) + ", got " +
+                   std::to_string(ranks_per_node));
+    }
+    if (stats != nullptr)
+      require_struct_size(stats->struct_size, kFirstMultiNodeStatsSize, "exactcoll_sim_multinode_stats");
+    if (info != nullptr) require_struct_size(info->struct_size, sizeof(exactcoll_call_info), "exactcoll_call_info");
+    // What a one-node world offers and the network of nodes does not: refused, not ignored.
+    const exactcoll_sim_options given = sim_options(options);
+    if (given.fail_rank != -1) {
+      bad_argument("fail_rank must be -1: the multi-node simulator kills no rank, got " +
+                   std::to_string(given.fail_rank));
+    }
+    if (given.chrome_trace_path != nullptr) {
+      bad_argument("chrome_trace_path must be NULL: the multi-node simulator writes the JSON-lines trace only");
+    }
+    const SimRun run = sim_run(&given, ranks_per_node);
+    if (run.threads > 1) {
+      bad_argument("threads is the fused op's; the collectives run one thread per block (threads 0 or 1), got " +
+                   std::to_string(run.threads));
+    }
+    if ((exactcoll::info(run.contract).runs_on & kOnMultiNode) == 0) {
+      bad_argument(std::string("contract ") + contract_name(run.contract) +
+                   " runs on one node only (across nodes: " + library_contract_names(kOnMultiNode) + ")");
+    }
+    exactcoll_sim_multinode_options m;
+    exactcoll_sim_multinode_options_init(&m);
+    if (multinode_options != nullptr) {
+      // The struct as first published is this one; an older caller's shorter struct (once fields
+      // are added) keeps the defaults of the fields it lacks.
+      require_struct_size(multinode_options->struct_size, kFirstMultiNodeOptionsSize,
+                          "exactcoll_sim_multinode_options");
+      std::memcpy(static_cast<void*>(&m), multinode_options, std::min(multinode_options->struct_size, sizeof m));
+      m.struct_size = sizeof m;
+    }
+    multinode::NodeLayout layout;
+    layout.nodes = nodes;
+    layout.local_ranks = ranks_per_node;
+    multinode::MultiNodeSpec spec;
+    spec.op = static_cast<Op>(op);  // the registry's values are the C values
+    spec.dtype = type;
+    spec.count = count;
+    spec.blocks = run.blocks;
+    spec.chunk_elements = m.chunk_elements;
+    spec.contract = run.contract;
+    const int n = layout.world_size();
+    // count 0 runs nothing; the rest of the spec is checked as for a count of one element per rank.
+    multinode::MultiNodeSpec checked = spec;
+    if (count == 0) checked.count = static_cast<size_t>(n);
+    if (const std::string problem = multinode::check_multinode_spec(checked, layout); !problem.empty()) {
+      bad_argument(problem);
+    }
+    const char* exchange = spec.op == Op::kAllGather          ? "direct_exchange"
+                           : spec.contract != Contract::kTree ? "carry_chain"
+                           : spec.op == Op::kAllReduce        ? "tree_doubling"
+                                                              : "tree_halving";
+    auto fill = [&](const multinode::MultiNodeTrace& trace) {
+      if (stats != nullptr) {
+        stats->messages = trace.messages;
+        stats->cross_node_bytes = trace.cross_node_bytes;
+      }
+      if (info != nullptr) {
+        exactcoll_call_info_init(info);
+        info->algo = -1;
+        info->allreduce_algo = -1;
+        info->exact = 1;
+        info->staged = 1;  // the simulator copies every rank's input into its node's symmetric heap
+        info->launches = 1;
+        info->blocks = run.blocks;
+        info->threads = 1;
+        std::snprintf(info->note, sizeof info->note, "%s", exchange);
+      }
+    };
+    if (count == 0) {
+      fill({});
+      return;
+    }
+    require(inputs, "inputs");
+    require(outputs, "outputs");
+    const size_t elem = static_cast<size_t>(dtype_size(type));
+    const size_t out_count = multinode::output_count(spec.op, count, n);
+    product(count, elem, static_cast<size_t>(n), "ranks x count");
+    product(out_count, elem, static_cast<size_t>(n), "ranks x the output count");
+    // Traced element indices are per-rank input indices (docs/design.md section 7).
+    check_trace_elements(run, count, "input elements per rank");
+
+    multinode::NetworkOptions net;
+    net.layout = layout;
+    net.schedule = run.world.schedule;
+    net.seed = run.world.schedule_seed;
+    net.timeout = run.world.wait_timeout;
+    net.max_steps = run.world.max_steps;
+    net.trace = !run.trace_path.empty();
+    std::vector<const void*> in(static_cast<size_t>(n));
+    std::vector<void*> out(static_cast<size_t>(n));
+    for (size_t r = 0; r < in.size(); ++r) {
+      in[r] = static_cast<const char*>(inputs) + r * count * elem;
+      out[r] = static_cast<char*>(outputs) + r * out_count * elem;
+    }
+    // The trace is written also after a failed run (it shows how far the run got); then the
+    // failure is reported.
+    multinode::MultiNodeTrace trace;
+    std::string failure;
+    exactcoll_status failure_status = EXACTCOLL_OK;
+    try {
+      multinode::run_multinode(net, spec, in, out, &trace, run.world.trace_elements);
+    } catch (const sim::SimError& e) {
+      failure = e.what();
+      failure_status = status_of(e);
+    }
+    std::string trace_problem;
+    if (net.trace) {
+      try {
+        npy::OutputFiles files({run.trace_path});
+        files.write(run.trace_path, trace.json_lines.data(), trace.json_lines.size());
+        files.commit();
+      } catch (const npy::NpyError& e) {
+        trace_problem = e.what();
+      }
+    }
+    fill(trace);
+    if (!failure.empty()) fail(failure_status, failure);
+    if (!trace_problem.empty()) bad_argument("cannot write the trace: " + trace_problem);
   });
 }
 

@@ -75,7 +75,8 @@ EXACTCOLL_API const char* exactcoll_version_string(void);
 EXACTCOLL_API int exactcoll_has_cuda(void);
 /* Returns sizeof the named struct of this header as the library was built ("exactcoll_call_info",
  * "exactcoll_store_callbacks", "exactcoll_comm_options", "exactcoll_comm_properties",
- * "exactcoll_sim_options", "exactcoll_link_rates", "exactcoll_model_prediction"), or 0 for another
+ * "exactcoll_sim_options", "exactcoll_sim_multinode_options", "exactcoll_sim_multinode_stats",
+ * "exactcoll_link_rates", "exactcoll_model_prediction"), or 0 for another
  * name: bindings in other languages check their layouts with it. */
 EXACTCOLL_API size_t exactcoll_struct_size(const char* struct_name);
 
@@ -498,6 +499,50 @@ EXACTCOLL_API int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dt
                                                   int64_t hidden, float eps, const void* x, const void* residual,
                                                   const void* weight, void* residual_out, void* out,
                                                   const exactcoll_sim_options* options, exactcoll_call_info* info);
+
+/* The multi-node collectives (docs/design.md section 8) on the simulator: `nodes` nodes of
+ * ranks_per_node ranks, numbered node-major; inside a node the ranks share memory (the IPC
+ * kernels), between nodes an unrounded fp32 carry travels the chain in rank order over a simulated
+ * network (the canonical contract), or, under the tree contract, every node folds its ranks' subtree
+ * and the nodes combine them by recursive doubling (halving for reduce_scatter); all-gather is a
+ * copy under both. Same bits as exactcoll_sim_collective on nodes x ranks_per_node ranks under the
+ * same contract (tree: nodes and ranks_per_node powers of two). The fields the multi-node run adds
+ * to exactcoll_sim_options; _init fills the defaults. */
+typedef struct exactcoll_sim_multinode_options {
+  size_t struct_size;    /* sizeof(exactcoll_sim_multinode_options) */
+  size_t chunk_elements; /* elements per pipeline step (one message), a positive multiple of 64; 1048576 */
+} exactcoll_sim_multinode_options;
+
+EXACTCOLL_API void exactcoll_sim_multinode_options_init(exactcoll_sim_multinode_options* options);
+
+/* What crossed the simulated network, filled by exactcoll_sim_multinode_collective (also when the
+ * run failed: what was posted until then). */
+typedef struct exactcoll_sim_multinode_stats {
+  size_t struct_size;        /* sizeof(exactcoll_sim_multinode_stats) */
+  uint64_t messages;         /* messages posted (every one crosses a node boundary) */
+  uint64_t cross_node_bytes; /* their bytes */
+} exactcoll_sim_multinode_stats;
+
+EXACTCOLL_API void exactcoll_sim_multinode_stats_init(exactcoll_sim_multinode_stats* stats);
+
+/* Runs op (allreduce, reduce_scatter, allgather) on nodes (1..1024) x ranks_per_node (1..16)
+ * simulated ranks; inputs and outputs as exactcoll_sim_collective's for ranks = nodes x
+ * ranks_per_node (reduce_scatter: count a multiple of that). options: NULL for the defaults;
+ * blocks (every node kernel's), the schedule (seeded: the order in which messages cross node
+ * boundaries), timeout_ms, max_steps, contract (canonical or tree), trace_path (every message, with
+ * the boundary it crossed, and every node kernel; written also after a failed run) and
+ * trace_elements (input element indices: under canonical their fold events in global rank order
+ * along the chain and the last node's round; under tree a tree_node event per node of the tree a
+ * rank computes, then the round on each rank that computes the root) apply; chrome_trace_path
+ * must be NULL, fail_rank -1 (the multi-node simulator kills no rank) and threads 0 or 1; progress
+ * is never called. multinode: NULL for its defaults. stats: NULL, or filled. info: algo -1 (the
+ * carry chain, the tree's exchange and the direct exchange have no exactcoll_algo), note
+ * "carry_chain", "tree_doubling", "tree_halving" or "direct_exchange". */
+EXACTCOLL_API int exactcoll_sim_multinode_collective(int op, int dtype, int nodes, int ranks_per_node, size_t count,
+                                                     const void* inputs, void* outputs,
+                                                     const exactcoll_sim_options* options,
+                                                     const exactcoll_sim_multinode_options* multinode,
+                                                     exactcoll_sim_multinode_stats* stats, exactcoll_call_info* info);
 
 /* ---- the multi-node performance model ---------------------------------------------------------- */
 

@@ -104,6 +104,15 @@ class SimOptions(ctypes.Structure):
                 ("progress_user_data", ctypes.c_void_p), ("threads", ctypes.c_int), ("reserved", ctypes.c_int)]
 
 
+class SimMultiNodeOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("chunk_elements", ctypes.c_size_t)]
+
+
+class SimMultiNodeStats(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("messages", ctypes.c_uint64),
+                ("cross_node_bytes", ctypes.c_uint64)]
+
+
 class LinkRates(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("nvlink_gbps", ctypes.c_double), ("network_gbps", ctypes.c_double),
                 ("network_latency_us", ctypes.c_double), ("kernel_latency_us", ctypes.c_double),
@@ -119,7 +128,8 @@ MODEL_MAX_PREDICTIONS = 8  # EXACTCOLL_MODEL_MAX_PREDICTIONS
 
 _STRUCTS = {"exactcoll_call_info": CallInfo, "exactcoll_store_callbacks": StoreCallbacks,
             "exactcoll_comm_options": CommOptions, "exactcoll_comm_properties": CommProperties,
-            "exactcoll_sim_options": SimOptions, "exactcoll_link_rates": LinkRates,
+            "exactcoll_sim_options": SimOptions, "exactcoll_sim_multinode_options": SimMultiNodeOptions,
+            "exactcoll_sim_multinode_stats": SimMultiNodeStats, "exactcoll_link_rates": LinkRates,
             "exactcoll_model_prediction": ModelPrediction}
 
 # ---- the library -----------------------------------------------------------------------------------

@@ -20,6 +20,11 @@
 // one-node command's input banner (tools::input_banner, the same function). Registered as
 // "<op> --nodes" with tools/sim/sim_subcommands.h; tools/sim routes any `sim <op>` given --nodes
 // here.
+// The collectives run through the C API (exactcoll_sim_multinode_collective, which writes the
+// trace); the command keeps what the C API cannot sensibly offer: the .npy files and the random
+// inputs (a program holds its arrays), the flags' own messages and their order (checked before
+// anything is reserved or printed, as the one-node commands do), and the fused op, which has no
+// multi-node C entry point yet (run_multinode_fused, directly).
 // Exit codes: 2 bad input or layout (nothing written), 3 a failed run (its trace is written).
 #include <chrono>
 #include <cstdio>
@@ -35,6 +40,7 @@
 #include "core/registry.h"
 #include "core/signal.h"
 #include "core/storage.h"
+#include "exactcoll/exactcoll.h"
 #include "sim/multinode/multinode_sim.h"
 #include "tools/cli.h"
 #include "tools/contract_flag.h"
@@ -44,6 +50,7 @@
 #include "tools/inputs/rank_inputs.h"
 #include "npy/npy.h"
 #include "tools/sha256/sha256.h"
+#include "tools/sim/api_options.h"
 #include "tools/sim/sim_flags.h"
 
 namespace exactcoll::multinode {
@@ -375,38 +382,62 @@ int run_collective(const cli::ArgParser& parser, Job& j) {
     if (index >= spec.count)
       return cli::fail(command, "--trace-elements index " + std::to_string(index) + " is past the count");
   }
-  if (!reserve(j)) return cli::kExitUsage;
+  // The outputs, checked before any work (an unwritable path is bad input, exit 2). The C API
+  // writes the trace (a failed run's too); this command writes the output file after the run.
+  if (!tools::reserve_outputs(command, {j.trace_path, j.output_path})) return cli::kExitUsage;
   // The one-node command's banner, from the same function: what runs on which inputs.
   std::cout << tools::input_banner(command, n, spec.count, j.f.dtype, input_note);
   std::cout.flush();
-  const auto in = input_path.empty()
-                      ? gpu::make_inputs(dtype, spec.count, n, static_cast<uint64_t>(j.seed), gpu::Pattern::kRandom)
-                      : std::vector<std::vector<uint8_t>>{};
+  std::vector<uint8_t> random;
+  if (input_path.empty()) {
+    const auto in = gpu::make_inputs(dtype, spec.count, n, static_cast<uint64_t>(j.seed), gpu::Pattern::kRandom);
+    for (const auto& rank : in) random.insert(random.end(), rank.begin(), rank.end());
+  }
   const size_t out_count = output_count(spec.op, spec.count, n);
   std::vector<uint8_t> out(out_count * esize * static_cast<size_t>(n));
-  std::vector<const void*> inputs;
-  std::vector<void*> outputs;
-  for (int r = 0; r < n; ++r) {
-    inputs.push_back(input_path.empty() ? in[static_cast<size_t>(r)].data()
-                                        : file.data.data() + spec.count * esize * static_cast<size_t>(r));
-    outputs.push_back(out.data() + out_count * esize * static_cast<size_t>(r));
-  }
+  // The run through the C API (exactcoll_sim_multinode_collective): the world's flags as
+  // exactcoll_sim_options (no progress bar: the multi-node simulator reports no progress), the
+  // chunk as exactcoll_sim_multinode_options.
+  exactcoll_sim_options options;
+  exactcoll_sim_options_init(&options);
+  options.blocks = spec.blocks;
+  options.seeded_schedule = j.net.schedule == sim::Schedule::kSeeded ? 1 : 0;
+  options.schedule_seed = j.net.seed;
+  options.timeout_ms = j.net.timeout.count();
+  options.max_steps = j.net.max_steps;
+  options.contract = static_cast<int>(spec.contract);  // the registry's values are the C values
+  options.trace_path = j.trace_path.empty() ? nullptr : j.trace_path.c_str();
+  options.trace_elements = j.trace_elements.data();
+  options.num_trace_elements = j.trace_elements.size();
+  exactcoll_sim_multinode_options multinode;
+  exactcoll_sim_multinode_options_init(&multinode);
+  multinode.chunk_elements = spec.chunk_elements;
+  exactcoll_sim_multinode_stats stats;
+  exactcoll_sim_multinode_stats_init(&stats);
+  int c_dtype = 0;
+  exactcoll_dtype_from_name(j.f.dtype.c_str(), &c_dtype);  // checked by check_flags
   const auto start = std::chrono::steady_clock::now();
-  try {
-    run_multinode(j.net, spec, inputs, outputs, &j.trace, j.trace_elements);
-  } catch (const sim::SimError& e) {
-    j.failure = e.what();
-  }
+  const int status = exactcoll_sim_multinode_collective(
+      static_cast<int>(spec.op), c_dtype, j.layout.nodes, j.layout.local_ranks, spec.count,
+      input_path.empty() ? random.data() : file.data.data(), out.data(), &options, &multinode, &stats, nullptr);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  if (const int code = finish_run(j); code >= 0) return code;
+  if (status != EXACTCOLL_OK) {
+    const std::string why = tools::api_error("exactcoll_sim_multinode_collective");
+    if (status == EXACTCOLL_ERROR_INVALID_ARGUMENT) return cli::fail(command, why + " (no output was written)");
+    return cli::fail(command, "the run failed: " + why, cli::kExitFailure);
+  }
   const std::vector<int64_t> shape = {n, static_cast<int64_t>(out_count)};
-  if (const int code = write_outputs(j, shape, out, nullptr); code != 0) return code;
+  try {
+    if (!j.output_path.empty()) npy::write_npy(j.output_path, j.npy_type, shape, out.data(), out.size());
+  } catch (const npy::NpyError& e) {
+    return cli::fail(command, e.what(), cli::kExitFailure);
+  }
   char ms_text[32];
   std::snprintf(ms_text, sizeof ms_text, "%.3f", ms);
   std::cout << command << " " << j.f.dtype << ": " << n << " ranks x " << spec.count << " elements (" << input_note
             << "), " << layout_text(j.layout) << ", " << exchange_text(j, spec.op) << ", " << spec.blocks
-            << (spec.blocks == 1 ? " block" : " blocks") << ", " << j.schedule_text << ", " << j.trace.messages
-            << " messages, " << j.trace.cross_node_bytes << " bytes across nodes, " << ms_text << " ms; output "
+            << (spec.blocks == 1 ? " block" : " blocks") << ", " << j.schedule_text << ", " << stats.messages
+            << " messages, " << stats.cross_node_bytes << " bytes across nodes, " << ms_text << " ms; output "
             << npy::shape_text(shape) << (j.output.empty() ? "" : " -> " + j.output) << " sha256 "
             << tools::sha256_hex(out.data(), out.size()) << "\n";
   return cli::kExitOk;
