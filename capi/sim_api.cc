@@ -420,6 +420,125 @@ void exactcoll_sim_multinode_stats_init(exactcoll_sim_multinode_stats* stats) {
   stats->struct_size = sizeof(exactcoll_sim_multinode_stats);
 }
 
+}  // extern "C"
+
+namespace {
+
+// What exactcoll_sim_multinode_collective and _fused_add_rmsnorm check alike: the layout, the
+// stats and info structs, exactcoll_sim_options without what a one-node world offers and the
+// network of nodes does not (refused, not ignored), and the multi-node options.
+struct MultiNodeRun {
+  SimRun run;
+  exactcoll_sim_multinode_options m;
+  multinode::NodeLayout layout;
+};
+
+MultiNodeRun multinode_run(int nodes, int ranks_per_node, const exactcoll_sim_options* options,
+                           const exactcoll_sim_multinode_options* multinode_options,
+                           const exactcoll_sim_multinode_stats* stats, const exactcoll_call_info* info,
+                           const char* threads_note) {
+  if (nodes < 1 || nodes > 1024) bad_argument("nodes must be 1..1024, got " + std::to_string(nodes));
+  if (ranks_per_node < 1 || ranks_per_node > kMaxRanks) {
+    bad_argument("ranks_per_node must be 1.." + std::to_string(kMaxRanks) + ", got " + std::to_string(ranks_per_node));
+  }
+  if (stats != nullptr)
+    require_struct_size(stats->struct_size, kFirstMultiNodeStatsSize, "exactcoll_sim_multinode_stats");
+  if (info != nullptr) require_struct_size(info->struct_size, sizeof(exactcoll_call_info), "exactcoll_call_info");
+  const exactcoll_sim_options given = sim_options(options);
+  if (given.fail_rank != -1) {
+    bad_argument("fail_rank must be -1: the multi-node simulator kills no rank, got " +
+                 std::to_string(given.fail_rank));
+  }
+  if (given.chrome_trace_path != nullptr) {
+    bad_argument("chrome_trace_path must be NULL: the multi-node simulator writes the JSON-lines trace only");
+  }
+  MultiNodeRun r{sim_run(&given, ranks_per_node), {}, {}};
+  if (r.run.threads > 1) bad_argument(std::string(threads_note) + std::to_string(r.run.threads));
+  exactcoll_sim_multinode_options_init(&r.m);
+  if (multinode_options != nullptr) {
+    // The struct as first published is this one; an older caller's shorter struct (once fields
+    // are added) keeps the defaults of the fields it lacks.
+    require_struct_size(multinode_options->struct_size, kFirstMultiNodeOptionsSize, "exactcoll_sim_multinode_options");
+    std::memcpy(static_cast<void*>(&r.m), multinode_options, std::min(multinode_options->struct_size, sizeof r.m));
+    r.m.struct_size = sizeof r.m;
+  }
+  r.layout.nodes = nodes;
+  r.layout.local_ranks = ranks_per_node;
+  return r;
+}
+
+// Refuses a contract that does not run across nodes (the registry's kOnMultiNode).
+void multinode_contract_check(Contract c) {
+  if ((exactcoll::info(c).runs_on & kOnMultiNode) == 0) {
+    bad_argument(std::string("contract ") + contract_name(c) +
+                 " runs on one node only (across nodes: " + library_contract_names(kOnMultiNode) + ")");
+  }
+}
+
+// The stats and info of a multi-node run (exchange: info's note).
+void fill_multinode(const MultiNodeRun& r, const multinode::MultiNodeTrace& trace, const char* exchange,
+                    exactcoll_sim_multinode_stats* stats, exactcoll_call_info* info) {
+  if (stats != nullptr) {
+    stats->messages = trace.messages;
+    stats->cross_node_bytes = trace.cross_node_bytes;
+  }
+  if (info != nullptr) {
+    exactcoll_call_info_init(info);
+    info->algo = -1;
+    info->allreduce_algo = -1;
+    info->exact = 1;
+    info->staged = 1;  // the simulator copies every rank's input into its node's symmetric heap
+    info->launches = 1;
+    info->blocks = r.run.blocks;
+    info->threads = 1;
+    std::snprintf(info->note, sizeof info->note, "%s", exchange);
+  }
+}
+
+// The network's options of a run.
+multinode::NetworkOptions network_options(const MultiNodeRun& r) {
+  multinode::NetworkOptions net;
+  net.layout = r.layout;
+  net.schedule = r.run.world.schedule;
+  net.seed = r.run.world.schedule_seed;
+  net.timeout = r.run.world.wait_timeout;
+  net.max_steps = r.run.world.max_steps;
+  net.trace = !r.run.trace_path.empty();
+  return net;
+}
+
+// Runs body (the simulator, filling *trace), writes the trace also after a failed run (it shows how
+// far the run got), fills the stats and info, then reports the failure, if any.
+template <class Body>
+void run_multinode_traced(const MultiNodeRun& r, const char* exchange, exactcoll_sim_multinode_stats* stats,
+                          exactcoll_call_info* info, multinode::MultiNodeTrace* trace, Body body) {
+  std::string failure;
+  exactcoll_status failure_status = EXACTCOLL_OK;
+  try {
+    body();
+  } catch (const sim::SimError& e) {
+    failure = e.what();
+    failure_status = status_of(e);
+  }
+  std::string trace_problem;
+  if (!r.run.trace_path.empty()) {
+    try {
+      npy::OutputFiles files({r.run.trace_path});
+      files.write(r.run.trace_path, trace->json_lines.data(), trace->json_lines.size());
+      files.commit();
+    } catch (const npy::NpyError& e) {
+      trace_problem = e.what();
+    }
+  }
+  fill_multinode(r, *trace, exchange, stats, info);
+  if (!failure.empty()) fail(failure_status, failure);
+  if (!trace_problem.empty()) bad_argument("cannot write the trace: " + trace_problem);
+}
+
+}  // namespace
+
+extern "C" {
+
 int exactcoll_sim_multinode_collective(int op, int dtype, int nodes, int ranks_per_node, size_t count,
                                        const void* inputs, void* outputs, const exactcoll_sim_options* options,
                                        const exactcoll_sim_multinode_options* multinode_options,
@@ -427,82 +546,31 @@ int exactcoll_sim_multinode_collective(int op, int dtype, int nodes, int ranks_p
   return guarded("exactcoll_sim_multinode_collective", [&] {
     checked_name(kOpNames, op, "op");
     const DType type = to_dtype(dtype);
-    if (nodes < 1 || nodes > 1024) bad_argument("nodes must be 1..1024, got " + std::to_string(nodes));
-    if (ranks_per_node < 1 || ranks_per_node > kMaxRanks) {
-      bad_argument("ranks_per_node must be 1.." + std::to_string(kMaxRanks) + ", got " +
-                   std::to_string(ranks_per_node));
-    }
-    if (stats != nullptr)
-      require_struct_size(stats->struct_size, kFirstMultiNodeStatsSize, "exactcoll_sim_multinode_stats");
-    if (info != nullptr) require_struct_size(info->struct_size, sizeof(exactcoll_call_info), "exactcoll_call_info");
-    // What a one-node world offers and the network of nodes does not: refused, not ignored.
-    const exactcoll_sim_options given = sim_options(options);
-    if (given.fail_rank != -1) {
-      bad_argument("fail_rank must be -1: the multi-node simulator kills no rank, got " +
-                   std::to_string(given.fail_rank));
-    }
-    if (given.chrome_trace_path != nullptr) {
-      bad_argument("chrome_trace_path must be NULL: the multi-node simulator writes the JSON-lines trace only");
-    }
-    const SimRun run = sim_run(&given, ranks_per_node);
-    if (run.threads > 1) {
-      bad_argument("threads is the fused op's; the collectives run one thread per block (threads 0 or 1), got " +
-                   std::to_string(run.threads));
-    }
-    if ((exactcoll::info(run.contract).runs_on & kOnMultiNode) == 0) {
-      bad_argument(std::string("contract ") + contract_name(run.contract) +
-                   " runs on one node only (across nodes: " + library_contract_names(kOnMultiNode) + ")");
-    }
-    exactcoll_sim_multinode_options m;
-    exactcoll_sim_multinode_options_init(&m);
-    if (multinode_options != nullptr) {
-      // The struct as first published is this one; an older caller's shorter struct (once fields
-      // are added) keeps the defaults of the fields it lacks.
-      require_struct_size(multinode_options->struct_size, kFirstMultiNodeOptionsSize,
-                          "exactcoll_sim_multinode_options");
-      std::memcpy(static_cast<void*>(&m), multinode_options, std::min(multinode_options->struct_size, sizeof m));
-      m.struct_size = sizeof m;
-    }
-    multinode::NodeLayout layout;
-    layout.nodes = nodes;
-    layout.local_ranks = ranks_per_node;
+    const MultiNodeRun r =
+        multinode_run(nodes, ranks_per_node, options, multinode_options, stats, info,
+                      "threads is the fused op's; the collectives run one thread per block (threads 0 or 1), got ");
+    const SimRun& run = r.run;
+    multinode_contract_check(run.contract);
     multinode::MultiNodeSpec spec;
     spec.op = static_cast<Op>(op);  // the registry's values are the C values
     spec.dtype = type;
     spec.count = count;
     spec.blocks = run.blocks;
-    spec.chunk_elements = m.chunk_elements;
+    spec.chunk_elements = r.m.chunk_elements;
     spec.contract = run.contract;
-    const int n = layout.world_size();
+    const int n = r.layout.world_size();
     // count 0 runs nothing; the rest of the spec is checked as for a count of one element per rank.
     multinode::MultiNodeSpec checked = spec;
     if (count == 0) checked.count = static_cast<size_t>(n);
-    if (const std::string problem = multinode::check_multinode_spec(checked, layout); !problem.empty()) {
+    if (const std::string problem = multinode::check_multinode_spec(checked, r.layout); !problem.empty()) {
       bad_argument(problem);
     }
     const char* exchange = spec.op == Op::kAllGather          ? "direct_exchange"
                            : spec.contract != Contract::kTree ? "carry_chain"
                            : spec.op == Op::kAllReduce        ? "tree_doubling"
                                                               : "tree_halving";
-    auto fill = [&](const multinode::MultiNodeTrace& trace) {
-      if (stats != nullptr) {
-        stats->messages = trace.messages;
-        stats->cross_node_bytes = trace.cross_node_bytes;
-      }
-      if (info != nullptr) {
-        exactcoll_call_info_init(info);
-        info->algo = -1;
-        info->allreduce_algo = -1;
-        info->exact = 1;
-        info->staged = 1;  // the simulator copies every rank's input into its node's symmetric heap
-        info->launches = 1;
-        info->blocks = run.blocks;
-        info->threads = 1;
-        std::snprintf(info->note, sizeof info->note, "%s", exchange);
-      }
-    };
     if (count == 0) {
-      fill({});
+      fill_multinode(r, {}, exchange, stats, info);
       return;
     }
     require(inputs, "inputs");
@@ -514,43 +582,89 @@ int exactcoll_sim_multinode_collective(int op, int dtype, int nodes, int ranks_p
     // Traced element indices are per-rank input indices (docs/design.md section 7).
     check_trace_elements(run, count, "input elements per rank");
 
-    multinode::NetworkOptions net;
-    net.layout = layout;
-    net.schedule = run.world.schedule;
-    net.seed = run.world.schedule_seed;
-    net.timeout = run.world.wait_timeout;
-    net.max_steps = run.world.max_steps;
-    net.trace = !run.trace_path.empty();
+    const multinode::NetworkOptions net = network_options(r);
     std::vector<const void*> in(static_cast<size_t>(n));
     std::vector<void*> out(static_cast<size_t>(n));
-    for (size_t r = 0; r < in.size(); ++r) {
-      in[r] = static_cast<const char*>(inputs) + r * count * elem;
-      out[r] = static_cast<char*>(outputs) + r * out_count * elem;
+    for (size_t i = 0; i < in.size(); ++i) {
+      in[i] = static_cast<const char*>(inputs) + i * count * elem;
+      out[i] = static_cast<char*>(outputs) + i * out_count * elem;
     }
-    // The trace is written also after a failed run (it shows how far the run got); then the
-    // failure is reported.
     multinode::MultiNodeTrace trace;
-    std::string failure;
-    exactcoll_status failure_status = EXACTCOLL_OK;
-    try {
-      multinode::run_multinode(net, spec, in, out, &trace, run.world.trace_elements);
-    } catch (const sim::SimError& e) {
-      failure = e.what();
-      failure_status = status_of(e);
+    run_multinode_traced(r, exchange, stats, info, &trace,
+                         [&] { multinode::run_multinode(net, spec, in, out, &trace, run.world.trace_elements); });
+  });
+}
+
+int exactcoll_sim_multinode_fused_add_rmsnorm(int contract, int dtype, int nodes, int ranks_per_node, int64_t rows,
+                                              int64_t hidden, float eps, const void* x, const void* residual,
+                                              const void* weight, void* residual_out, void* out,
+                                              const exactcoll_sim_options* options,
+                                              const exactcoll_sim_multinode_options* multinode_options,
+                                              exactcoll_sim_multinode_stats* stats, exactcoll_call_info* info) {
+  return guarded("exactcoll_sim_multinode_fused_add_rmsnorm", [&] {
+    // The contract is the argument, as for exactcoll_sim_fused_add_rmsnorm (options->contract is
+    // not read); across nodes only the library's contracts that run there (the emulations are the
+    // one-node reference's).
+    checked_name(kContractNames, contract, "contract");
+    const auto c = static_cast<Contract>(contract);  // the registry's values are the C values
+    multinode_contract_check(c);
+    const DType type = to_dtype(dtype);
+    const MultiNodeRun r = multinode_run(
+        nodes, ranks_per_node, options, multinode_options, stats, info,
+        "threads must be 0 or 1: the fused op across nodes runs one thread per block (its RMSNorm is local), got ");
+    const SimRun& run = r.run;
+    if (rows < 0 || rows > (int64_t{1} << 24)) bad_argument("rows must be 0..16777216, got " + std::to_string(rows));
+    const int pack = pack_elements(type);
+    if (hidden <= 0 || hidden > (int64_t{1} << 24) || hidden % pack != 0) {
+      bad_argument("hidden size " + std::to_string(hidden) + " is not a positive multiple of the " + dtype_name(type) +
+                   " pack (" + std::to_string(pack) + " elements) up to 16777216");
     }
-    std::string trace_problem;
-    if (net.trace) {
-      try {
-        npy::OutputFiles files({run.trace_path});
-        files.write(run.trace_path, trace.json_lines.data(), trace.json_lines.size());
-        files.commit();
-      } catch (const npy::NpyError& e) {
-        trace_problem = e.what();
-      }
+    if (!std::isfinite(eps) || eps < 0.0f) bad_argument("eps must be finite and >= 0, got " + std::to_string(eps));
+    // The multi-node fused op records no element: refused rather than accepted and ignored.
+    if (!run.world.trace_elements.empty()) {
+      bad_argument("trace_elements must be empty: the fused op across nodes traces messages and node kernels only");
     }
-    fill(trace);
-    if (!failure.empty()) fail(failure_status, failure);
-    if (!trace_problem.empty()) bad_argument("cannot write the trace: " + trace_problem);
+    multinode::MultiNodeFusedSpec spec;
+    spec.dtype = type;
+    spec.rows = static_cast<int>(rows);
+    spec.hidden = static_cast<int>(hidden);
+    spec.eps = eps;
+    spec.blocks = run.blocks;
+    spec.chunk_elements = r.m.chunk_elements;
+    spec.contract = c;
+    // rows 0 runs nothing; the rest of the spec is checked as for one row.
+    multinode::MultiNodeFusedSpec checked = spec;
+    if (rows == 0) checked.rows = 1;
+    if (const std::string problem = multinode::check_multinode_fused_spec(checked, r.layout); !problem.empty()) {
+      bad_argument(problem);
+    }
+    const char* exchange = c == Contract::kTree ? "tree_doubling" : "carry_chain";
+    if (rows == 0) {
+      fill_multinode(r, {}, exchange, stats, info);
+      return;
+    }
+    require(x, "x");
+    require(residual, "residual");
+    require(weight, "weight");
+    require(residual_out, "residual_out");
+    require(out, "out");
+    const size_t elem = static_cast<size_t>(dtype_size(type));
+    const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(hidden);
+    const size_t n = static_cast<size_t>(r.layout.world_size());
+    product(count, elem, n, "ranks x rows x hidden");
+
+    const multinode::NetworkOptions net = network_options(r);
+    multinode::MultiNodeFusedIo io;
+    for (size_t i = 0; i < n; ++i) {
+      io.x.push_back(static_cast<const char*>(x) + i * count * elem);
+      io.residual.push_back(residual);
+      io.weight.push_back(weight);
+      io.residual_out.push_back(static_cast<char*>(residual_out) + i * count * elem);
+      io.out.push_back(static_cast<char*>(out) + i * count * elem);
+    }
+    multinode::MultiNodeTrace trace;
+    run_multinode_traced(r, exchange, stats, info, &trace,
+                         [&] { multinode::run_multinode_fused(net, spec, io, &trace); });
   });
 }
 

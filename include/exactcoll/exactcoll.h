@@ -544,6 +544,26 @@ EXACTCOLL_API int exactcoll_sim_multinode_collective(int op, int dtype, int node
                                                      const exactcoll_sim_multinode_options* multinode,
                                                      exactcoll_sim_multinode_stats* stats, exactcoll_call_info* info);
 
+/* The fused op (exactcoll_sim_fused_add_rmsnorm's) across nodes: the multi-node all-reduce above of
+ * x (the carry chain, or under the tree contract the tree's exchange by recursive doubling), then
+ * on every rank residual_out = s + residual and out = RMSNorm(residual_out) * weight, locally: the
+ * bits of every one-node fused algorithm on nodes x ranks_per_node ranks under the same contract.
+ * x [nodes x ranks_per_node, rows, hidden] (rank r's at r * rows * hidden), residual [rows, hidden],
+ * weight [hidden]; residual_out and out [nodes x ranks_per_node, rows, hidden] (every rank's copy).
+ * contract: the argument, as for exactcoll_sim_fused_add_rmsnorm (options->contract is not read):
+ * canonical or tree (nodes and ranks_per_node powers of two); the emulations run on one node only
+ * (exactcoll_sim_fused_add_rmsnorm's reference). rows 0..16777216 (0 runs nothing), hidden a
+ * positive multiple of the dtype's pack, eps finite and >= 0. options: NULL for the defaults;
+ * blocks, the schedule, timeout_ms, max_steps and trace_path (every message and node kernel;
+ * written also after a failed run) apply; num_trace_elements must be 0 (the fused op across nodes
+ * records no element), chrome_trace_path NULL, fail_rank -1, threads 0 or 1; progress is never
+ * called. multinode: NULL for its defaults. stats: NULL, or filled (also after a failed run).
+ * info: algo and allreduce_algo -1, note "carry_chain" or "tree_doubling". */
+EXACTCOLL_API int exactcoll_sim_multinode_fused_add_rmsnorm(
+    int contract, int dtype, int nodes, int ranks_per_node, int64_t rows, int64_t hidden, float eps, const void* x,
+    const void* residual, const void* weight, void* residual_out, void* out, const exactcoll_sim_options* options,
+    const exactcoll_sim_multinode_options* multinode, exactcoll_sim_multinode_stats* stats, exactcoll_call_info* info);
+
 /* ---- the multi-node performance model ---------------------------------------------------------- */
 
 /* An alpha-beta model of the multi-node collectives on M nodes of L GPUs: exactcoll's carry chain

@@ -23,14 +23,13 @@
 // The collectives run through the C API (exactcoll_sim_multinode_collective, which writes the
 // trace); the command keeps what the C API cannot sensibly offer: the .npy files and the random
 // inputs (a program holds its arrays), the flags' own messages and their order (checked before
-// anything is reserved or printed, as the one-node commands do), and the fused op, which has no
-// multi-node C entry point yet (run_multinode_fused, directly).
+// anything is reserved or printed, as the one-node commands do). The fused op runs through
+// exactcoll_sim_multinode_fused_add_rmsnorm the same way.
 // Exit codes: 2 bad input or layout (nothing written), 3 a failed run (its trace is written).
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +40,7 @@
 #include "core/signal.h"
 #include "core/storage.h"
 #include "exactcoll/exactcoll.h"
+#include "sim/fused/reference.h"
 #include "sim/multinode/multinode_sim.h"
 #include "tools/cli.h"
 #include "tools/contract_flag.h"
@@ -85,12 +85,8 @@ struct Job {
   int n = 0;
   size_t esize = 0;
   std::string npy_type, schedule_text, input_note;
-  // The run's trace and failure; the outputs and the trace, reserved once every flag is checked and
-  // before anything runs (an unwritable path exits 2 first), all written or none (npy::OutputFiles).
-  MultiNodeTrace trace;
-  std::string failure;
+  // The resolved paths of the trace and the outputs (the C API writes the trace).
   std::string trace_path, output_path, residual_path;
-  std::unique_ptr<npy::OutputFiles> files;
 };
 
 // Fault injection (--fail-rank, --fail-at-step) kills a rank of one simulated world; the
@@ -241,41 +237,6 @@ std::string exchange_text(const Job& j, Op op) {
   return op == Op::kAllReduce ? "tree contract, recursive doubling" : "tree contract, recursive halving";
 }
 
-// Reserves the outputs and the trace; false when one cannot be written (the message printed).
-bool reserve(Job& j) {
-  j.files = tools::reserve_outputs(j.command, {j.trace_path, j.output_path, j.residual_path});
-  return j.files != nullptr;
-}
-
-// After the run: the trace (a failed run's too), then the failure's exit, or -1 to go on.
-int finish_run(Job& j) {
-  const std::string& command = j.command;
-  const std::string& failure = j.failure;
-  try {
-    if (j.net.trace) j.files->write(j.trace_path, j.trace.json_lines.data(), j.trace.json_lines.size());
-    if (!failure.empty()) j.files->commit();
-  } catch (const npy::NpyError& e) {
-    return cli::fail(command, e.what(), cli::kExitFailure);
-  }
-  if (!failure.empty()) return cli::fail(command, "the run failed: " + failure, cli::kExitFailure);
-  return -1;
-}
-
-// Writes the run's outputs and commits every file; 0, or the exit code of an I/O failure.
-int write_outputs(Job& j, const std::vector<int64_t>& shape, const std::vector<uint8_t>& out,
-                  const std::vector<uint8_t>* ro) {
-  const std::string &output_path = j.output_path, &residual_path = j.residual_path, &npy_type = j.npy_type;
-  try {
-    if (!output_path.empty()) j.files->write_npy(output_path, npy_type, shape, out.data(), out.size());
-    if (ro != nullptr && !residual_path.empty())
-      j.files->write_npy(residual_path, npy_type, shape, ro->data(), ro->size());
-    j.files->commit();
-  } catch (const npy::NpyError& e) {
-    return cli::fail(j.command, e.what(), cli::kExitFailure);
-  }
-  return 0;
-}
-
 // Step 3a of multinode_main: the fused op (its input flags checked, the inputs read or made, the
 // run, the files, the summary). Returns the exit code.
 int run_fused_op(const cli::ArgParser& parser, Job& j) {
@@ -299,6 +260,8 @@ int run_fused_op(const cli::ArgParser& parser, Job& j) {
   }
   if (!j.output.empty() && j.output == fused_in.residual_output)
     return cli::fail(command, "--output and --residual-output must differ");
+  // The one-node command's check and message (the C API refuses such an eps too).
+  if (const std::string p = fused::check_eps(fused_in.eps); !p.empty()) return cli::fail(command, p);
   gpu::FusedInputs in;
   if (from_files) {
     if (const std::string p = gpu::read_fused_files(fused_in, dtype, n, "--ranks", -1, &in); !p.empty()) {
@@ -315,30 +278,53 @@ int run_fused_op(const cli::ArgParser& parser, Job& j) {
   spec.chunk_elements = static_cast<size_t>(j.chunk);
   spec.contract = j.contract;
   if (std::string p = check_multinode_fused_spec(spec, j.layout); !p.empty()) return cli::fail(command, p);
-  if (!reserve(j)) return cli::kExitUsage;
+  // The outputs and the trace, checked before any work (an unwritable path is bad input, exit 2).
+  // The C API writes the trace (a failed run's too); this command writes the outputs after the run.
+  if (!tools::reserve_outputs(command, {j.trace_path, j.output_path, j.residual_path})) return cli::kExitUsage;
   if (!from_files) {
     in = gpu::make_fused_inputs(dtype, n, spec.rows, spec.hidden, static_cast<uint64_t>(j.seed), fused_in.specials);
   }
   const size_t per = in.count() * j.esize;
-  std::vector<uint8_t> out(per * static_cast<size_t>(n)), ro(out.size());
-  MultiNodeFusedIo io;
-  for (int r = 0; r < n; ++r) {
-    io.x.push_back(in.x[static_cast<size_t>(r)].data());
-    io.residual.push_back(in.residual.data());
-    io.weight.push_back(in.weight.data());
-    io.residual_out.push_back(ro.data() + per * static_cast<size_t>(r));
-    io.out.push_back(out.data() + per * static_cast<size_t>(r));
+  std::vector<uint8_t> x, out(per * static_cast<size_t>(n)), ro(out.size());
+  for (const auto& rank : in.x) x.insert(x.end(), rank.begin(), rank.end());
+  // The run through the C API (exactcoll_sim_multinode_fused_add_rmsnorm): the world's flags as
+  // exactcoll_sim_options, the chunk as exactcoll_sim_multinode_options, the contract as its
+  // argument.
+  exactcoll_sim_options options;
+  exactcoll_sim_options_init(&options);
+  options.blocks = spec.blocks;
+  options.seeded_schedule = j.net.schedule == sim::Schedule::kSeeded ? 1 : 0;
+  options.schedule_seed = j.net.seed;
+  options.timeout_ms = j.net.timeout.count();
+  options.max_steps = j.net.max_steps;
+  options.trace_path = j.trace_path.empty() ? nullptr : j.trace_path.c_str();
+  exactcoll_sim_multinode_options multinode;
+  exactcoll_sim_multinode_options_init(&multinode);
+  multinode.chunk_elements = spec.chunk_elements;
+  exactcoll_sim_multinode_stats stats;
+  exactcoll_sim_multinode_stats_init(&stats);
+  int c_dtype = 0;
+  exactcoll_dtype_from_name(j.f.dtype.c_str(), &c_dtype);  // checked by check_flags
+  const int status = exactcoll_sim_multinode_fused_add_rmsnorm(
+      static_cast<int>(spec.contract), c_dtype, j.layout.nodes, j.layout.local_ranks, spec.rows, spec.hidden, spec.eps,
+      x.data(), in.residual.data(), in.weight.data(), ro.data(), out.data(), &options, &multinode, &stats, nullptr);
+  if (status != EXACTCOLL_OK) {
+    const std::string why = tools::api_error("exactcoll_sim_multinode_fused_add_rmsnorm");
+    if (status == EXACTCOLL_ERROR_INVALID_ARGUMENT) return cli::fail(command, why + " (no output was written)");
+    return cli::fail(command, "the run failed: " + why, cli::kExitFailure);
   }
+  const std::vector<int64_t> shape = {n, spec.rows, spec.hidden};
   try {
-    run_multinode_fused(j.net, spec, io, &j.trace);
-  } catch (const sim::SimError& e) {
-    j.failure = e.what();
+    npy::OutputFiles files({j.output_path, j.residual_path});
+    if (!j.output_path.empty()) files.write_npy(j.output_path, j.npy_type, shape, out.data(), out.size());
+    if (!j.residual_path.empty()) files.write_npy(j.residual_path, j.npy_type, shape, ro.data(), ro.size());
+    files.commit();
+  } catch (const npy::NpyError& e) {
+    return cli::fail(command, e.what(), cli::kExitFailure);
   }
-  if (const int code = finish_run(j); code >= 0) return code;
-  if (const int code = write_outputs(j, {n, spec.rows, spec.hidden}, out, &ro); code != 0) return code;
   std::cout << command << " " << j.f.dtype << ": " << n << " ranks x [" << spec.rows << ", " << spec.hidden << "] ("
             << j.input_note << "), " << layout_text(j.layout) << ", " << exchange_text(j, Op::kAllReduce) << ", "
-            << j.schedule_text << ", " << j.trace.messages << " messages; out sha256 "
+            << j.schedule_text << ", " << stats.messages << " messages; out sha256 "
             << tools::sha256_hex(out.data(), out.size()) << " residual_out sha256 "
             << tools::sha256_hex(ro.data(), ro.size()) << "\n";
   return cli::kExitOk;

@@ -379,6 +379,15 @@ TEST(SimNodesCommand, TreeContractTracesEveryNodeOfAnElementsTree) {
   EXPECT_NE(fused.err.find("--trace-elements is not available for fused_rmsnorm with --nodes"), std::string::npos)
       << fused.err;
   EXPECT_FALSE(file_exists(trace));
+  // An unusable eps: the one-node command's message, before anything is written (it once ran, and
+  // the C API refuses it).
+  for (const char* eps : {"-1", "nan"}) {
+    const CommandResult bad = exactcoll(
+        std::string("sim fused_rmsnorm --nodes 2 --ranks 4 --rows 1 --hidden 64 --eps ") + eps + " --trace " + trace);
+    EXPECT_EQ(bad.code, 2) << bad.out << bad.err;
+    EXPECT_NE(bad.err.find("--eps must be a finite number >= 0"), std::string::npos) << bad.err;
+    EXPECT_FALSE(file_exists(trace));
+  }
   const CommandResult help = exactcoll("sim allreduce --nodes 2 --help");
   EXPECT_NE(help.out.find("under tree a tree_node event per node of"), std::string::npos) << help.out;
 }
