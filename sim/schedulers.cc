@@ -289,6 +289,11 @@ void SeededScheduler::lamport_point(const BlockEnv& env) {
   world_.fault_check(env.rank);
 }
 
+void SeededScheduler::memory_point(const BlockEnv& env) {
+  current_->fiber->yield();  // a scheduling point: others may run before this row store or load
+  world_.fault_check(env.rank);
+}
+
 void SeededScheduler::lamport_wait(const BlockEnv& env, const void* word, int bytes, uint32_t sentinel, int peer,
                                    const LamportPoll& where) {
   SimThread* self = current_;

@@ -83,6 +83,7 @@ class SeededScheduler final : public Executor {
   void wait(const BlockEnv& env, const uint32_t* flag, uint32_t value, int peer, int set) override;
   uint64_t now() const override { return steps_; }
   void lamport_point(const BlockEnv& env) override;
+  void memory_point(const BlockEnv& env) override;
   void lamport_wait(const BlockEnv& env, const void* word, int bytes, uint32_t sentinel, int peer,
                     const LamportPoll& where) override;
 

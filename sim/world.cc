@@ -251,6 +251,18 @@ void World::validate(const QueuedLaunch& q) const {
   if (!l.outputs.empty() && static_cast<int>(l.outputs.size()) != options_.ranks) {
     throw std::invalid_argument(what + "one output per rank is needed");
   }
+  if (l.publish_views && static_cast<int>(l.input_views.size()) != options_.ranks) {
+    throw std::invalid_argument(what + "a launch that publishes its input views needs one row of views per rank");
+  }
+  if (!l.publish_views && !l.input_views.empty()) {
+    throw std::invalid_argument(what + "input views are published only by a launch with publish_views");
+  }
+  if (l.views_fault != ViewsFault::kNone && !l.publish_views) {
+    throw std::invalid_argument(what + "a broken views protocol needs a launch that publishes its views");
+  }
+  if (l.views_fault_rank < -1 || l.views_fault_rank >= options_.ranks) {
+    throw std::invalid_argument(what + "views_fault_rank " + std::to_string(l.views_fault_rank) + " is not a rank");
+  }
   if (l.output_is_input && l.output_bytes > l.input_bytes) {
     throw std::invalid_argument(what + "an output written over the input must fit it (output_bytes <= input_bytes)");
   }
@@ -259,7 +271,7 @@ void World::validate(const QueuedLaunch& q) const {
 void World::stage(int rank, uint32_t k, Executor* executor) {
   fault_check(rank);
   const QueuedLaunch& q = queue_[k];
-  if (!q.launch.inputs.empty() && q.launch.input_bytes > 0) {
+  if (!q.launch.inputs.empty() && q.launch.inputs[rank] != nullptr && q.launch.input_bytes > 0) {
     std::memcpy(heaps_[rank].input.data, q.launch.inputs[rank], q.launch.input_bytes);
   }
   if (q.launch.before) q.launch.before(rank);
@@ -294,6 +306,10 @@ BlockEnv World::block_env(int rank, int block, uint32_t k, Executor* executor) {
   env.output = q.kernel_outputs.empty() ? nullptr : q.kernel_outputs[rank];
   env.executor = executor;
   env.tracer = tracer_.get();
+  if (q.launch.publish_views) {
+    env.input_views = &q.launch.input_views[rank];
+    if (q.launch.views_fault_rank < 0 || q.launch.views_fault_rank == rank) env.views_fault = q.launch.views_fault;
+  }
   return env;
 }
 

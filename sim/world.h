@@ -108,11 +108,25 @@ struct WorldOptions {
 // Not a std::exception, so that no handler of real errors mistakes it for one.
 struct RankDied {};
 
+// Broken variants of the eager-in-place protocol (Launch::publish_views), which exist only so that
+// tests can prove the seeded exploration catches them (tests/sim/eager_views_exploration_test.cc);
+// the GPU has none of them.
+enum class ViewsFault {
+  kNone,
+  kPublishAfterFirstBarrier,    // the rows are stored once the block is past its first barrier,
+                                // after the signal its peers wait for
+  kReadRowsBeforeFirstBarrier,  // the block reads its row right after publishing, before the
+                                // first barrier
+  kSkipPublish,                 // the block stores nothing: its peers read the row an earlier
+                                // launch left there
+};
+
 // One launch: a kernel over `blocks` blocks on every rank.
 struct Launch {
   std::string name;                 // e.g. "allreduce_one_shot" (traces)
   int blocks = 1;                   // 1..kMaxBlocks
-  std::vector<const void*> inputs;  // per rank, copied into its input buffer first (or empty)
+  std::vector<const void*> inputs;  // per rank, copied into its input buffer first (or empty; a
+                                    // null entry: that rank's input buffer is left as it is)
   size_t input_bytes = 0;           // bytes copied per rank
   size_t scratch_bytes = 0;         // scratch each rank needs
   size_t lamport_bytes = 0;         // Lamport region each rank needs (core/lamport.h; filled with
@@ -124,6 +138,21 @@ struct Launch {
   // copy when the launch finishes. Preconditions: output_bytes <= input_bytes.
   bool output_is_input = false;
   std::function<void(int rank)> before;  // optional staging of extra buffers, in stream order
+  // Eager in place, as the GPU's KernelArgs::publish_views (docs/design.md section 9). In a
+  // publishing launch block b of rank r, before anything else (before its first barrier's
+  // signal), stores input_views[r][p] into peer p's SignalBuffer::input_rows[b][r] for every p != r;
+  // once past its first barrier it reads its own row: peer p's input is input_rows[b][p], or p's
+  // input buffer where that entry is null (p staged). input_views[r][p]: rank r's input as rank p
+  // addresses it (one process here: the same address for every p), or null when rank r staged
+  // (its inputs[r] copied into its input buffer); input_views[r][r]: where rank r reads its own
+  // input (the GPU's KernelArgs::inputs[rank]: its input in place, or null: its input buffer).
+  // Preconditions: one entry per rank when publish_views; empty otherwise.
+  bool publish_views = false;
+  std::vector<std::array<const void*, kMaxRanks>> input_views;
+  // Tests only: a broken variant of that protocol, done by rank views_fault_rank's blocks (-1:
+  // every rank's). Preconditions: publish_views when not kNone.
+  ViewsFault views_fault = ViewsFault::kNone;
+  int views_fault_rank = -1;
 };
 
 // Every peer's symmetric buffers as one rank sees them (opened through the handle exchange).
@@ -150,6 +179,10 @@ struct BlockEnv {
   void* output = nullptr;
   Executor* executor = nullptr;
   Tracer* tracer = nullptr;
+  // A launch that publishes its input views (Launch::publish_views): this rank's input_views, and
+  // the broken variant this block does (tests); null and kNone otherwise.
+  const std::array<const void*, kMaxRanks>* input_views = nullptr;
+  ViewsFault views_fault = ViewsFault::kNone;
   // Where this world sits in a traced element's tree (core/collectives.h): the whole tree for a
   // world of its own; a node's subtree, its ranks numbered globally, in a multi-node job.
   TreeTraceScope tree_trace_scope;
@@ -169,6 +202,9 @@ class Executor {
   // the peer that never wrote. The defaults (for executors that run no Lamport kernel) do nothing
   // and spin for at most 20 s.
   virtual void lamport_point(const BlockEnv& env) { (void)env; }
+  // Before every store and load of an eager input row (Launch::publish_views): a scheduling point
+  // under the seeded scheduler (not a fault-injection step); nothing by default.
+  virtual void memory_point(const BlockEnv& env) { (void)env; }
   virtual void lamport_wait(const BlockEnv& env, const void* word, int bytes, uint32_t sentinel, int peer,
                             const LamportPoll& where);
 };
@@ -202,7 +238,39 @@ class SimCtx {
   int thread() const { return 0; }
   int num_threads() const { return 1; }
 
-  const T* input(int peer) const { return static_cast<const T*>(env_.peers->input[peer]); }
+  // Peer's input: its input buffer, or, in a launch that publishes its views, the block's views
+  // (read from the rows once past the first barrier: barrier_passed).
+  const T* input(int peer) const {
+    if (views_mode_) return static_cast<const T*>(views_[peer]);
+    return static_cast<const T*>(env_.peers->input[peer]);
+  }
+  // Eager in place (Launch::publish_views), as the GPU's DeviceCtx::publish_input_views: stores
+  // this rank's input as each peer p addresses it (null: staged) into p's input_rows[block][rank],
+  // each store a relaxed atomic after a scheduling point; the first barrier's release signal
+  // orders them. The world calls it before the kernel, as the GPU's collective_kernel does.
+  // Preconditions: env().input_views; called before the first barrier.
+  void publish_input_views() {
+    views_mode_ = true;
+    rows_pending_ = true;
+    switch (env_.views_fault) {
+      case ViewsFault::kSkipPublish: return;
+      case ViewsFault::kPublishAfterFirstBarrier: return;  // barrier_passed publishes
+      case ViewsFault::kReadRowsBeforeFirstBarrier:
+        store_rows();
+        read_rows();
+        return;
+      case ViewsFault::kNone: store_rows(); return;
+    }
+  }
+  // Called by block_barrier once the block is past a barrier (core/signal.h): after the first one
+  // of a publishing launch, every peer's entry of this block's row into the views (null: the
+  // peer's input buffer; this rank's own: input_views[rank], or its input buffer when null), as
+  // the GPU's DeviceCtx::barrier_passed. Later barriers: nothing.
+  void barrier_passed() {
+    if (!rows_pending_) return;
+    if (env_.views_fault == ViewsFault::kPublishAfterFirstBarrier) store_rows();
+    read_rows();
+  }
   T* scratch(int peer) const { return static_cast<T*>(env_.peers->scratch[peer]); }
   size_t scratch_elements() const { return env_.peers->scratch_bytes / sizeof(T); }
   T* output() const { return static_cast<T*>(env_.output); }
@@ -329,6 +397,26 @@ class SimCtx {
   }
 
  private:
+  void store_rows() {
+    const int me = rank(), b = block();
+    for (int p = 0; p < world_size(); ++p) {
+      if (p == me) continue;
+      env_.executor->memory_point(env_);
+      std::atomic_ref<const void*>(signals(p)->input_rows[b][me])
+          .store((*env_.input_views)[p], std::memory_order_relaxed);
+    }
+  }
+  void read_rows() {
+    const int me = rank(), b = block();
+    env_.executor->memory_point(env_);
+    for (int p = 0; p < world_size(); ++p) {
+      const void* row =
+          p == me ? (*env_.input_views)[me]
+                  : std::atomic_ref<const void*>(signals(me)->input_rows[b][p]).load(std::memory_order_relaxed);
+      views_[p] = row != nullptr ? row : env_.peers->input[p];
+    }
+    rows_pending_ = false;
+  }
   void require_pack_aligned(const void* p, const char* access) const {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) throw_misaligned_pack(env_, p, access);
   }
@@ -352,6 +440,9 @@ class SimCtx {
   }
   const BlockEnv& env_;
   TraceEvent pending_;
+  std::array<const void*, kMaxRanks> views_{};  // every rank's input (views_mode_)
+  bool views_mode_ = false;                     // input() reads views_ (publish_input_views)
+  bool rows_pending_ = false;                   // published; barrier_passed has not read the row yet
 };
 
 class World {
@@ -386,11 +477,15 @@ class World {
     QueuedLaunch q;
     q.launch = std::move(launch);
     q.run_block = [kernel](const BlockEnv& env, bool traced) {
+      // A publishing launch stores its rows before the kernel's first barrier (the GPU's
+      // collective_kernel: publish_input_views, then the algorithm).
       if (traced) {
         SimCtx<T, true, kFold> ctx(env);
+        if (env.input_views != nullptr) ctx.publish_input_views();
         kernel(ctx);
       } else {
         SimCtx<T, false, kFold> ctx(env);
+        if (env.input_views != nullptr) ctx.publish_input_views();
         kernel(ctx);
       }
     };
