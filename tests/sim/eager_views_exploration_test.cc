@@ -53,7 +53,8 @@ const char* kind_name(Kind k) {
 }
 
 // Launches 0, 1, 3 and 4 publish their views; launch 2 does not (every rank staged, input() the
-// input buffers) unless the workload says every launch publishes. Odd-numbered launches run on odd_blocks blocks, the others on blocks.
+// input buffers) unless the workload says every launch publishes. Odd-numbered launches run on odd_blocks blocks, the
+// others on blocks.
 constexpr int kLaunches = 5;
 constexpr int kPlainLaunch = 2;
 // The launch a rank skips its publish in (ViewsFault::kSkipPublish): the first after the plain
@@ -140,9 +141,9 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail, Mutation 
   const size_t out_bytes = sim::output_count(spec.op, count, n) * 2;
   const bool in_place_output = w.kind == Kind::kTwoShot && w.in_place;
 
-  std::vector<std::vector<std::vector<uint8_t>>> ins;       // [launch][rank]: the inputs
-  std::vector<std::vector<AlignedBytes>> user, outs;        // [launch][rank]: user buffers, outputs
-  std::vector<uint32_t> masks;                              // [launch]: in-place ranks
+  std::vector<std::vector<std::vector<uint8_t>>> ins;  // [launch][rank]: the inputs
+  std::vector<std::vector<AlignedBytes>> user, outs;   // [launch][rank]: user buffers, outputs
+  std::vector<uint32_t> masks;                         // [launch]: in-place ranks
   for (int k = 0; k < kLaunches; ++k) {
     ins.push_back(simtest::random_inputs(spec.dtype, n, count, 1000 * seed + static_cast<uint64_t>(k)));
     masks.push_back(in_place_mask(w, seed, k));
@@ -374,8 +375,8 @@ TEST(EagerViewsExploration, MalformedViewsAreRefused) {
 // ---- broken variants: caught within the seed bound ------------------------------------------------
 
 const Workload kMutationWorkloads[] = {
-    Workload{Kind::kOneShot, 2, 32, 1, 2},          Workload{Kind::kOneShot, 3, 48, 2, 1},
-    Workload{Kind::kTwoShot, 3, 48, 2, 1, true},    Workload{Kind::kReduceScatter, 4, 64, 2, 3},
+    Workload{Kind::kOneShot, 2, 32, 1, 2},       Workload{Kind::kOneShot, 3, 48, 2, 1},
+    Workload{Kind::kTwoShot, 3, 48, 2, 1, true}, Workload{Kind::kReduceScatter, 4, 64, 2, 3},
     Workload{Kind::kAllGather, 3, 48, 1, 2},
 };
 
@@ -407,7 +408,8 @@ void expect_caught(const Workload& w, Mutation m, const char* what) {
 // before this rank stored it (the previous launch's entry, or null: the poisoned input buffer).
 TEST(EagerViewsExploration, PublishAfterTheFirstBarrierIsCaughtWithinTheSeedBound) {
   for (const Workload& w : kMutationWorkloads) {
-    expect_caught(w, {sim::ViewsFault::kPublishAfterFirstBarrier}, fault_name(sim::ViewsFault::kPublishAfterFirstBarrier));
+    expect_caught(w, {sim::ViewsFault::kPublishAfterFirstBarrier},
+                  fault_name(sim::ViewsFault::kPublishAfterFirstBarrier));
   }
 }
 
