@@ -79,13 +79,16 @@ int exactcoll_fused_algo_from_name(const char* name, int* algo) {
   return from_name(kFusedAlgoNames, name, algo, "exactcoll_fused_algo_from_name");
 }
 int exactcoll_op_from_name(const char* name, int* op) {
-  const std::string canonical(name == nullptr ? "" : exactcoll::canonical_op_name(name));  // core/registry.h kOpAliases
-  const int status = from_name(kOpNames, name == nullptr ? nullptr : canonical.c_str(), op, "exactcoll_op_from_name");
-  if (status != EXACTCOLL_OK && name != nullptr) {  // an unknown name is reported as given
-    set_last_error("exactcoll_op_from_name: unknown name '" + std::string(name) + "'; expected one of " +
-                   name_list(kOpNames) + " (" + exactcoll::op_aliases_note() + ")");
-  }
-  return status;
+  return guarded("exactcoll_op_from_name", [&] {
+    require(name, "name");
+    require(op, "the result pointer");
+    const int v = value_of(kOpNames, std::string(exactcoll::canonical_op_name(name)));  // registry kOpAliases
+    if (v < 0) {  // an unknown name is reported as given
+      bad_argument("unknown name '" + std::string(name) + "'; expected one of " + name_list(kOpNames) +
+                   " (or all_reduce, all_gather)");
+    }
+    *op = v;
+  });
 }
 int exactcoll_contract_from_name(const char* name, int* contract) {
   return from_name(kContractNames, name, contract, "exactcoll_contract_from_name");

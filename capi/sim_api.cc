@@ -609,8 +609,10 @@ int exactcoll_sim_multinode_fused_add_rmsnorm(int contract, int dtype, int nodes
     const auto c = static_cast<Contract>(contract);  // the registry's values are the C values
     multinode_contract_check(c);
     const DType type = to_dtype(dtype);
+    exactcoll_sim_options without_contract = sim_options(options);  // its contract is not this call's
+    without_contract.contract = EXACTCOLL_CONTRACT_CANONICAL;
     const MultiNodeRun r = multinode_run(
-        nodes, ranks_per_node, options, multinode_options, stats, info,
+        nodes, ranks_per_node, &without_contract, multinode_options, stats, info,
         "threads must be 0 or 1: the fused op across nodes runs one thread per block (its RMSNorm is local), got ");
     const SimRun& run = r.run;
     if (rows < 0 || rows > (int64_t{1} << 24)) bad_argument("rows must be 0..16777216, got " + std::to_string(rows));

@@ -358,6 +358,9 @@ typedef struct exactcoll_comm_properties {
                 rank's node, of local_world_size ranks) */
   int local_world_size;
   int contract;                       /* the exactcoll_contract its exact calls fold under */
+  int reserved;                       /* 0. Keeps the next field out of the tail padding of the
+                                         struct before it: a struct_size reaching past a field
+                                         means the library filled it */
   char eager_unavailable_reason[256]; /* "" when eager calls read their inputs in place
                                          (options.eager_in_place), else why not */
 } exactcoll_comm_properties;
@@ -464,12 +467,15 @@ typedef struct exactcoll_sim_options {
                             a threads-schedule wait runs out first), its message naming the dead rank;
                             a run that ends before that step is INVALID_ARGUMENT ("fail_at_step K was
                             never reached: rank R took S synchronization steps in this run"). The
-                            traces are written either way; the outputs are undefined. */
+                            traces are written either way; the outputs are undefined. A call with
+                            nothing to run (count or rows 0) takes no step and ignores it. */
   uint64_t fail_at_step; /* >= 1 when fail_rank >= 0; 0 */
   /* NULL, or called with progress_user_data and the run's units of work done and in all (a unit:
    * one rank's launch or block; total is 0 while the run is set up), for a progress bar: from a
    * thread of the library's, about every 100 ms while the simulated run lasts, never after the
-   * call returns. It must return quickly and must not call exactcoll functions. */
+   * call returns, so progress_user_data need live only as long as the call. It must return
+   * quickly and must not call exactcoll functions (from Python's ctypes: a CDLL handle, since the
+   * calling thread waits for the callback's thread). */
   void (*progress)(void* progress_user_data, uint64_t done, uint64_t total);
   void* progress_user_data;
   /* Newer fields, read only when struct_size covers them. */

@@ -90,7 +90,7 @@ class CommProperties(ctypes.Structure):
                 ("flag_timeout_ms", ctypes.c_uint64), ("arch", ctypes.c_char * 16),
                 ("ipc_unavailable_reason", ctypes.c_char * 256), ("nccl_unavailable_reason", ctypes.c_char * 256),
                 ("nodes", ctypes.c_int), ("local_world_size", ctypes.c_int), ("contract", ctypes.c_int),
-                ("eager_unavailable_reason", ctypes.c_char * 256)]
+                ("reserved", ctypes.c_int), ("eager_unavailable_reason", ctypes.c_char * 256)]
 
 
 class SimOptions(ctypes.Structure):

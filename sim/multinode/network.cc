@@ -2,6 +2,9 @@
 
 #include <cstring>
 #include <exception>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 #include <thread>
 
 #include "sim/flag_trace.h"
@@ -233,22 +236,39 @@ void Network::run(const std::function<void(int rank)>& body) {
   if (options_.schedule == sim::Schedule::kThreads) {
     std::mutex error_mutex;
     std::vector<std::thread> threads;
+    // A thread that cannot start (too many ranks for the process's limits): the ranks already
+    // running are aborted and joined before the error leaves (a joinable std::thread destroyed
+    // during unwinding would terminate the process).
+    auto abort_and_join = [&] {
+      aborted_.store(true);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        changed_.notify_all();
+      }
+      for (auto& t : threads) t.join();
+    };
     for (int r = 0; r < ranks_; ++r) {
-      threads.emplace_back([&, r] {
-        tls_rank = r;
-        try {
-          body(r);
-        } catch (const Aborted&) {
-        } catch (...) {
-          {
-            std::lock_guard<std::mutex> lock(error_mutex);
-            if (!first_error) first_error = std::current_exception();
+      try {
+        threads.emplace_back([&, r] {
+          tls_rank = r;
+          try {
+            body(r);
+          } catch (const Aborted&) {
+          } catch (...) {
+            {
+              std::lock_guard<std::mutex> lock(error_mutex);
+              if (!first_error) first_error = std::current_exception();
+            }
+            aborted_.store(true);
+            std::lock_guard<std::mutex> lock(mutex_);
+            changed_.notify_all();
           }
-          aborted_.store(true);
-          std::lock_guard<std::mutex> lock(mutex_);
-          changed_.notify_all();
-        }
-      });
+        });
+      } catch (const std::system_error& e) {
+        abort_and_join();
+        throw std::runtime_error("could not start the thread of rank " + std::to_string(r) + " of " +
+                                 std::to_string(ranks_) + ": " + e.what());
+      }
     }
     for (auto& t : threads) t.join();
   } else {

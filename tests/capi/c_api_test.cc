@@ -94,11 +94,15 @@ TEST(CApiNames, OpsTakeEitherSpelling) {
   }
   EXPECT_STREQ(exactcoll_op_name(EXACTCOLL_OP_ALLREDUCE), "allreduce");
   int op = -1;
-  expect_error(exactcoll_op_from_name("all_sum", &op), EXACTCOLL_ERROR_INVALID_ARGUMENT,
-               "unknown name 'all_sum'; expected one of allreduce, reduce_scatter, allgather (all_reduce, all_gather");
+  expect_error(
+      exactcoll_op_from_name("all_sum", &op), EXACTCOLL_ERROR_INVALID_ARGUMENT,
+      "unknown name 'all_sum'; expected one of allreduce, reduce_scatter, allgather (or all_reduce, all_gather)");
   expect_error(exactcoll_op_from_name("fused_rms_norm", &op), EXACTCOLL_ERROR_INVALID_ARGUMENT,
                "unknown name 'fused_rms_norm'");  // the fused op has functions of its own, no op value
   expect_error(exactcoll_op_from_name(nullptr, &op), EXACTCOLL_ERROR_INVALID_ARGUMENT, "name is NULL");
+  // A known name with no place for the result names the pointer, not the name.
+  expect_error(exactcoll_op_from_name("allreduce", nullptr), EXACTCOLL_ERROR_INVALID_ARGUMENT,
+               "the result pointer is NULL");
 }
 
 TEST(CApiNames, EveryValueRoundTripsAndUnknownNamesAreListed) {

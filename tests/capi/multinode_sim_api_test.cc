@@ -441,6 +441,19 @@ TEST(CApiSimMultiNodeFused, TraceIsWrittenAlsoAfterAFailedRun) {
   const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   EXPECT_EQ(text, trace.json_lines);
   EXPECT_FALSE(text.empty());
+  // options->contract is not this call's (the argument is): an emulation there changes nothing.
+  std::vector<bf16> ro2(count * 4), out2(count * 4);
+  options.trace_path = nullptr;
+  options.contract = EXACTCOLL_CONTRACT_F32_RESIDUAL;
+  ASSERT_EQ(exactcoll_sim_multinode_fused_add_rmsnorm(EXACTCOLL_CONTRACT_CANONICAL, EXACTCOLL_BF16, 2, 2, rows, hidden,
+                                                      1e-6f, x.data(), residual.data(), weight.data(), ro2.data(),
+                                                      out2.data(), &options, nullptr, nullptr, nullptr),
+            EXACTCOLL_OK)
+      << last_error();
+  EXPECT_EQ(std::memcmp(out2.data(), out.data(), out.size() * sizeof(bf16)), 0);
+  EXPECT_EQ(std::memcmp(ro2.data(), ro.data(), ro.size() * sizeof(bf16)), 0);
+  options.contract = EXACTCOLL_CONTRACT_CANONICAL;
+  options.trace_path = path.c_str();
 
   // A livelock bound that the run cannot meet: SIMULATION, the stats and the trace of how far it got.
   std::filesystem::remove(path);
