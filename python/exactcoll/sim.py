@@ -95,18 +95,39 @@ def _pointer(array):
     return array.ctypes.data_as(ctypes.c_void_p)
 
 
-def _ranks_of(array, what):
+def _ranks_of(array, what, nodes=1):
     if array.bits.ndim < 2:
         raise ValueError(f"{what} must be shaped [ranks, ...], got shape {array.bits.shape}")
     ranks = array.bits.shape[0]
-    if not 1 <= ranks <= 16:
-        raise ValueError(f"{what} has {ranks} ranks in its first dimension; the simulator runs 1..16")
+    if ranks % nodes != 0 or not 1 <= ranks // nodes <= 16:
+        raise ValueError(f"{what} has {ranks} ranks in its first dimension; the simulator runs 1..16 per node"
+                         + (f" ({nodes} nodes: a multiple of {nodes})" if nodes > 1 else ""))
     return ranks
 
 
+def _nodes_option(options, algo):
+    """nodes= and chunk_elements= taken out of the options: (nodes or None, a SimMultiNodeOptions)."""
+    nodes = options.pop("nodes", None)
+    chunk_elements = options.pop("chunk_elements", None)
+    if nodes is None:
+        if chunk_elements is not None:
+            raise ValueError("chunk_elements goes with nodes= (the multi-node exchange's chunk)")
+        return None, None
+    nodes = _lib.int_option("nodes", nodes, ctypes.c_int, 1, 1024)
+    if algo != "auto":
+        raise ValueError(f"across nodes the exchange follows the contract (algo 'auto'), got algo={algo!r}")
+    multinode = _lib.SimMultiNodeOptions()
+    _lib.lib.exactcoll_sim_multinode_options_init(ctypes.byref(multinode))
+    if chunk_elements is not None:
+        multinode.chunk_elements = _lib.int_option("chunk_elements", chunk_elements, ctypes.c_size_t, 64)
+    return nodes, multinode
+
+
 def _collective(op, x, dtype, algo, options):
+    options = dict(options)
+    nodes, multinode = _nodes_option(options, algo)
     array = _Array(x, dtype, "x")
-    ranks = _ranks_of(array, "x")
+    ranks = _ranks_of(array, "x", nodes or 1)
     per_rank = array.bits.shape[1:]
     count = int(np.prod(per_rank, dtype=np.int64))
     if op == "allreduce":
@@ -121,9 +142,14 @@ def _collective(op, x, dtype, algo, options):
     out = array.empty(out_shape)
     sim_options, keep = _lib.sim_options(**options)
     info = _lib.new_call_info()
-    _lib.check(_lib.lib.exactcoll_sim_collective(
-        _lib.OPS[op], _lib.code(_lib.ALGOS, algo, "algo"), _lib.DTYPES[array.dtype], ranks, count,
-        _pointer(array.bits), _pointer(out), ctypes.byref(sim_options), ctypes.byref(info)))
+    if nodes is None:
+        _lib.check(_lib.lib.exactcoll_sim_collective(
+            _lib.OPS[op], _lib.code(_lib.ALGOS, algo, "algo"), _lib.DTYPES[array.dtype], ranks, count,
+            _pointer(array.bits), _pointer(out), ctypes.byref(sim_options), ctypes.byref(info)))
+    else:
+        _lib.check(_lib.lib.exactcoll_sim_multinode_collective(
+            _lib.OPS[op], _lib.DTYPES[array.dtype], nodes, ranks // nodes, count, _pointer(array.bits), _pointer(out),
+            ctypes.byref(sim_options), ctypes.byref(multinode), None, ctypes.byref(info)))
     del keep
     return array.give_back(out)
 
@@ -139,6 +165,11 @@ def all_reduce(x, *, dtype=None, algo="auto", **options):
     ('canonical' or 'tree': a balanced binary tree over ranks, every node rounded, docs/numerics.md).
     Every op takes them; a value out of range, of the wrong type, or a path with a NUL is a
     ValueError naming the option, before anything runs.
+    nodes (1..1024, with algo 'auto'): the ranks are nodes x ranks/nodes, emulated nodes whose
+    exchange goes over a simulated network (the multi-node path: a carry chain across nodes under
+    canonical, recursive doubling / halving under tree), with the same bits as one node of as many
+    ranks; chunk_elements (>= 64, a multiple of 64) sets that exchange's chunk. reduce_scatter and
+    all_gather take them too.
     """
     return _collective("allreduce", x, dtype, algo, options)
 

@@ -125,6 +125,34 @@ class Collectives(unittest.TestCase):
             self.assertEqual(events.count('"event":"tree_node"'), 2)  # one node on each of the 2 ranks
             self.assertNotIn('"event":"fold"', events)
 
+    def test_across_nodes_the_bits_of_one_node(self):
+        # nodes= runs the multi-node path (emulated nodes over a simulated network): every rank's
+        # output equals the independent reference of as many ranks on one node, for both contracts.
+        rng = np.random.default_rng(SEED + 7)
+        for dtype in DTYPES:
+            for nodes, per_node in ((2, 2), (4, 2), (2, 4)):
+                ranks = nodes * per_node
+                x = ref.adversarial(rng, (ranks, 128 * ranks), dtype)
+                want = ref.all_reduce(x, dtype)
+                got = xs.all_reduce(x, dtype=dtype, nodes=nodes, chunk_elements=64)
+                for r in range(ranks):
+                    assert_bits_equal(self, got[r], want, f"{dtype} {nodes}x{per_node} rank {r}")
+                tree = xs.all_reduce(x, dtype=dtype, nodes=nodes, contract="tree")
+                one_node_tree = xs.all_reduce(x, dtype=dtype, contract="tree")
+                assert_bits_equal(self, tree, one_node_tree, f"{dtype} {nodes}x{per_node} tree")
+                rs = xs.reduce_scatter(x, dtype=dtype, nodes=nodes)
+                assert_bits_equal(self, rs, xs.reduce_scatter(x, dtype=dtype), f"{dtype} reduce_scatter")
+                ag = xs.all_gather(x, dtype=dtype, nodes=nodes)
+                assert_bits_equal(self, ag, xs.all_gather(x, dtype=dtype), f"{dtype} all_gather")
+        x = np.zeros((4, 64), dtype=np.uint16)
+        for kwargs, message in ((dict(nodes=3), "multiple of 3"), (dict(nodes=2, algo="one_shot"), "algo 'auto'"),
+                                (dict(chunk_elements=64), "chunk_elements goes with nodes"),
+                                (dict(nodes=0), "nodes must be 1..1024"),
+                                (dict(nodes=2, chunk_elements=65), "multiple of 64")):
+            with self.subTest(**{k: str(v) for k, v in kwargs.items()}):
+                with self.assertRaisesRegex(ValueError, message):
+                    xs.all_reduce(x, dtype="bf16", **kwargs)
+
     def test_comparison_catches_one_flipped_bit(self):
         rng = np.random.default_rng(SEED + 1)
         x = ref.adversarial(rng, (3, 64), "bf16")
