@@ -53,6 +53,40 @@ void run_contract_check(Contract c) {
   }
 }
 
+// The fused op's shape and eps, as both fused entry points take them.
+void check_fused_shape(DType type, int64_t rows, int64_t hidden, float eps) {
+  if (rows < 0 || rows > (int64_t{1} << 24)) bad_argument("rows must be 0..16777216, got " + std::to_string(rows));
+  const int pack = pack_elements(type);
+  if (hidden <= 0 || hidden > (int64_t{1} << 24) || hidden % pack != 0) {
+    bad_argument("hidden size " + std::to_string(hidden) + " is not a positive multiple of the " + dtype_name(type) +
+                 " pack (" + std::to_string(pack) + " elements) up to 16777216");
+  }
+  if (!std::isfinite(eps) || eps < 0.0f) bad_argument("eps must be finite and >= 0, got " + std::to_string(eps));
+}
+
+void require_fused_buffers(const void* x, const void* residual, const void* weight, const void* residual_out,
+                           const void* out) {
+  require(x, "x");
+  require(residual, "residual");
+  require(weight, "weight");
+  require(residual_out, "residual_out");
+  require(out, "out");
+}
+
+// Every rank's slices of the fused op's buffers (x, residual_out and out hold rank r's rows at r x
+// rank_bytes; residual and weight are shared) into a simulator's io (one node's or across nodes').
+template <class Io>
+void fill_fused_io(Io* io, size_t ranks, size_t rank_bytes, const void* x, const void* residual, const void* weight,
+                   void* residual_out, void* out) {
+  for (size_t r = 0; r < ranks; ++r) {
+    io->x.push_back(static_cast<const char*>(x) + r * rank_bytes);
+    io->residual.push_back(residual);
+    io->weight.push_back(weight);
+    io->residual_out.push_back(static_cast<char*>(residual_out) + r * rank_bytes);
+    io->out.push_back(static_cast<char*>(out) + r * rank_bytes);
+  }
+}
+
 // The struct as first published (before `contract`).
 constexpr size_t kFirstSimOptionsSize = offsetof(exactcoll_sim_options, contract);
 
@@ -318,13 +352,7 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
     const std::string contract_name = checked_name(kContractNames, contract, "contract");
     const DType type = to_dtype(dtype);
     const SimRun run = sim_run(options, ranks);
-    if (rows < 0 || rows > (int64_t{1} << 24)) bad_argument("rows must be 0..16777216, got " + std::to_string(rows));
-    const int pack = pack_elements(type);
-    if (hidden <= 0 || hidden > (int64_t{1} << 24) || hidden % pack != 0) {
-      bad_argument("hidden size " + std::to_string(hidden) + " is not a positive multiple of the " + dtype_name(type) +
-                   " pack (" + std::to_string(pack) + " elements) up to 16777216");
-    }
-    if (!std::isfinite(eps) || eps < 0.0f) bad_argument("eps must be finite and >= 0, got " + std::to_string(eps));
+    check_fused_shape(type, rows, hidden, eps);
 
     // 1. The algorithm: the simulator runs every one but nccl_split (push_one_stage as core's kernel,
     //    one_stage_reg and gather_norm as the GPU's, on blocks of the tree's lanes); auto stands for
@@ -366,11 +394,7 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
       fill_info(info, ran, allreduce_algo, run.blocks);
       return;
     }
-    require(x, "x");
-    require(residual, "residual");
-    require(weight, "weight");
-    require(residual_out, "residual_out");
-    require(out, "out");
+    require_fused_buffers(x, residual, weight, residual_out, out);
     const size_t elem = static_cast<size_t>(dtype_size(type));
     const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(hidden);
     const size_t n = static_cast<size_t>(ranks);
@@ -385,13 +409,7 @@ int exactcoll_sim_fused_add_rmsnorm(int algo, int contract, int dtype, int ranks
       }
       sim::World world(run.world);
       fused::FusedIo io;
-      for (size_t r = 0; r < n; ++r) {
-        io.x.push_back(static_cast<const char*>(x) + r * count * elem);
-        io.residual.push_back(residual);
-        io.weight.push_back(weight);
-        io.residual_out.push_back(static_cast<char*>(residual_out) + r * count * elem);
-        io.out.push_back(static_cast<char*>(out) + r * count * elem);
-      }
+      fill_fused_io(&io, n, count * elem, x, residual, weight, residual_out, out);
       run_and_trace(world, run, [&] { fused::run_fused(world, spec, io); });
     } else {
       with_storage_type(type, [&](auto tag) {
@@ -615,13 +633,7 @@ int exactcoll_sim_multinode_fused_add_rmsnorm(int contract, int dtype, int nodes
         nodes, ranks_per_node, &without_contract, multinode_options, stats, info,
         "threads must be 0 or 1: the fused op across nodes runs one thread per block (its RMSNorm is local), got ");
     const SimRun& run = r.run;
-    if (rows < 0 || rows > (int64_t{1} << 24)) bad_argument("rows must be 0..16777216, got " + std::to_string(rows));
-    const int pack = pack_elements(type);
-    if (hidden <= 0 || hidden > (int64_t{1} << 24) || hidden % pack != 0) {
-      bad_argument("hidden size " + std::to_string(hidden) + " is not a positive multiple of the " + dtype_name(type) +
-                   " pack (" + std::to_string(pack) + " elements) up to 16777216");
-    }
-    if (!std::isfinite(eps) || eps < 0.0f) bad_argument("eps must be finite and >= 0, got " + std::to_string(eps));
+    check_fused_shape(type, rows, hidden, eps);
     // The multi-node fused op records no element: refused rather than accepted and ignored.
     if (!run.world.trace_elements.empty()) {
       bad_argument("trace_elements must be empty: the fused op across nodes traces messages and node kernels only");
@@ -645,11 +657,7 @@ int exactcoll_sim_multinode_fused_add_rmsnorm(int contract, int dtype, int nodes
       fill_multinode(r, {}, exchange, stats, info);
       return;
     }
-    require(x, "x");
-    require(residual, "residual");
-    require(weight, "weight");
-    require(residual_out, "residual_out");
-    require(out, "out");
+    require_fused_buffers(x, residual, weight, residual_out, out);
     const size_t elem = static_cast<size_t>(dtype_size(type));
     const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(hidden);
     const size_t n = static_cast<size_t>(r.layout.world_size());
@@ -657,13 +665,7 @@ int exactcoll_sim_multinode_fused_add_rmsnorm(int contract, int dtype, int nodes
 
     const multinode::NetworkOptions net = network_options(r);
     multinode::MultiNodeFusedIo io;
-    for (size_t i = 0; i < n; ++i) {
-      io.x.push_back(static_cast<const char*>(x) + i * count * elem);
-      io.residual.push_back(residual);
-      io.weight.push_back(weight);
-      io.residual_out.push_back(static_cast<char*>(residual_out) + i * count * elem);
-      io.out.push_back(static_cast<char*>(out) + i * count * elem);
-    }
+    fill_fused_io(&io, n, count * elem, x, residual, weight, residual_out, out);
     multinode::MultiNodeTrace trace;
     run_multinode_traced(r, exchange, stats, info, &trace,
                          [&] { multinode::run_multinode_fused(net, spec, io, &trace); });

@@ -239,6 +239,19 @@ std::string exchange_text(const Job& j, Op op) {
 
 // Step 3a of multinode_main: the fused op (its input flags checked, the inputs read or made, the
 // run, the files, the summary). Returns the exit code.
+// The simulated world's flags as the C API's options (blocks, schedule, seed, bound on waits, step
+// bound); each op adds its own fields.
+exactcoll_sim_options world_options(const Job& j, int blocks) {
+  exactcoll_sim_options options;
+  exactcoll_sim_options_init(&options);
+  options.blocks = blocks;
+  options.seeded_schedule = j.net.schedule == sim::Schedule::kSeeded ? 1 : 0;
+  options.schedule_seed = j.net.seed;
+  options.timeout_ms = j.net.timeout.count();
+  options.max_steps = j.net.max_steps;
+  return options;
+}
+
 int run_fused_op(const cli::ArgParser& parser, Job& j) {
   const std::string& command = j.command;
   const gpu::FusedInputFlags& fused_in = j.fused_in;
@@ -290,13 +303,7 @@ int run_fused_op(const cli::ArgParser& parser, Job& j) {
   // The run through the C API (exactcoll_sim_multinode_fused_add_rmsnorm): the world's flags as
   // exactcoll_sim_options, the chunk as exactcoll_sim_multinode_options, the contract as its
   // argument.
-  exactcoll_sim_options options;
-  exactcoll_sim_options_init(&options);
-  options.blocks = spec.blocks;
-  options.seeded_schedule = j.net.schedule == sim::Schedule::kSeeded ? 1 : 0;
-  options.schedule_seed = j.net.seed;
-  options.timeout_ms = j.net.timeout.count();
-  options.max_steps = j.net.max_steps;
+  exactcoll_sim_options options = world_options(j, spec.blocks);
   options.trace_path = j.trace_path.empty() ? nullptr : j.trace_path.c_str();
   exactcoll_sim_multinode_options multinode;
   exactcoll_sim_multinode_options_init(&multinode);
@@ -384,13 +391,7 @@ int run_collective(const cli::ArgParser& parser, Job& j) {
   // The run through the C API (exactcoll_sim_multinode_collective): the world's flags as
   // exactcoll_sim_options (no progress bar: the multi-node simulator reports no progress), the
   // chunk as exactcoll_sim_multinode_options.
-  exactcoll_sim_options options;
-  exactcoll_sim_options_init(&options);
-  options.blocks = spec.blocks;
-  options.seeded_schedule = j.net.schedule == sim::Schedule::kSeeded ? 1 : 0;
-  options.schedule_seed = j.net.seed;
-  options.timeout_ms = j.net.timeout.count();
-  options.max_steps = j.net.max_steps;
+  exactcoll_sim_options options = world_options(j, spec.blocks);
   options.contract = static_cast<int>(spec.contract);  // the registry's values are the C values
   options.trace_path = j.trace_path.empty() ? nullptr : j.trace_path.c_str();
   options.trace_elements = j.trace_elements.data();
