@@ -200,18 +200,23 @@ def invariant_matmul(a, b, *, out=None):
 
 # ---- the tree ---------------------------------------------------------------------------------------
 
-def tree_sum(stacked):
+def tree_sum(stacked, *, out=None):
     """The balanced binary tree over stacked[0 .. n-1] (n a power of two): each node is torch's
     `left + right`, one float add rounded once to the storage type (contract::tree_node for bf16 and
-    fp16 on CUDA). tree_sum([x0, x1, x2, x3]) = (x0 + x1) + (x2 + x3)."""
+    fp16 on CUDA). tree_sum([x0, x1, x2, x3]) = (x0 + x1) + (x2 + x3). out= (shape stacked[0]'s)
+    receives the root instead of a new tensor; with one leaf the leaf is copied there."""
     n = stacked.shape[0]
     if n < 1 or n & (n - 1):
         raise ValueError(f"tree_sum needs a power-of-two count of leaves, got {n}")
-    while n > 1:
+    while n > 2 or (n == 2 and out is None):
         pairs = stacked.reshape(n // 2, 2, *stacked.shape[1:])
         stacked = pairs[:, 0] + pairs[:, 1]
         n //= 2
-    return stacked[0]
+    if out is None:
+        return stacked[0]
+    if n == 2:
+        return torch.add(stacked[0], stacked[1], out=out)
+    return out.copy_(stacked[0])
 
 
 def tree_all_reduce_gathered(partial, group=None):
@@ -284,6 +289,26 @@ class _GatherColumns(torch.autograd.Function):
         return grad[:, ctx.rank * cols:(ctx.rank + 1) * cols].contiguous(), None, None, None
 
 
+def _leaf_products_into(x, weight_t, leaves, out):
+    """out [leaves, M, N] (contiguous) = each leaf's product x[:, l Kl:(l+1) Kl] @ W^T[l Kl:(l+1) Kl],
+    rounded to storage: one batched invariant product (batch = leaves, A's leaves Kl apart in each
+    row, B's leaves Kl rows apart). No autograd."""
+    m, n = x.shape[0], weight_t.shape[1]
+    kl = x.shape[1] // leaves
+    if m == 0:
+        return out
+    x = _operand(x, "x")
+    weight_t = _operand(weight_t, "weight_t")
+    matmul = _bound()[0]
+    device = x.get_device()
+    stream = _CURRENT_STREAM(device) if _CURRENT_STREAM else torch.cuda.current_stream(device).cuda_stream
+    status = matmul(x.data_ptr(), weight_t.data_ptr(), out.data_ptr(), m, kl, n, leaves, _ld(x), weight_t.stride(0),
+                    n, kl, kl * weight_t.stride(0), m * n, _DTYPE_CODES[x.dtype], device, stream)
+    if status:
+        _lib.check(status)
+    return out
+
+
 class _LeafProducts(torch.autograd.Function):
     """x [M, Lr * Kl] and W^T [Lr * Kl, N] -> [Lr, M, N]: leaf l's product x[:, l Kl:(l+1) Kl] @
     W^T[l Kl:(l+1) Kl], each rounded to storage: one batched invariant product (batch = leaves,
@@ -293,21 +318,8 @@ class _LeafProducts(torch.autograd.Function):
     def forward(ctx, x, weight_t, leaves):
         ctx.save_for_backward(x, weight_t)
         ctx.leaves = leaves
-        m, n = x.shape[0], weight_t.shape[1]
-        kl = x.shape[1] // leaves
-        out = torch.empty((leaves, m, n), dtype=x.dtype, device=x.device)
-        if m == 0:
-            return out
-        x = _operand(x, "x")
-        weight_t = _operand(weight_t, "weight_t")
-        matmul = _bound()[0]
-        device = x.get_device()
-        stream = _CURRENT_STREAM(device) if _CURRENT_STREAM else torch.cuda.current_stream(device).cuda_stream
-        status = matmul(x.data_ptr(), weight_t.data_ptr(), out.data_ptr(), m, kl, n, leaves, _ld(x), weight_t.stride(0),
-                        n, kl, kl * weight_t.stride(0), m * n, _DTYPE_CODES[x.dtype], device, stream)
-        if status:
-            _lib.check(status)
-        return out
+        out = torch.empty((leaves, x.shape[0], weight_t.shape[1]), dtype=x.dtype, device=x.device)
+        return _leaf_products_into(x, weight_t, leaves, out)
 
     @staticmethod
     def backward(ctx, grad):
@@ -366,18 +378,44 @@ def column_parallel_shard(weights, tp_rank, tp_size):
 
 # ---- modules ------------------------------------------------------------------------------------------
 
+_SIDE_STREAMS = {}
+
+
+def _side_stream(device):
+    """The process's high-priority stream on `device` for the all-reduces that overlap the next
+    rows' products (high priority: its kernels take SMs as the product's blocks retire, so the
+    all-reduce, which paces the pipeline, is not queued behind a whole product)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _SIDE_STREAMS.get(index)
+    if stream is None:
+        # A priority below the device's range maps to its highest (torch.cuda.Stream's contract).
+        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index, priority=-64)
+    return stream
+
+
 class TreeRowParallelLinear(torch.nn.Module):
     """y = x @ W^T with K split into `leaves` leaves over tp_size ranks, summed as the tree contract's
     balanced binary tree (module docstring). x [..., in_features / tp_size] (this rank's K
     columns); forward(x) returns the full sum [..., out_features] (all-reduced through comm, a
     tree-contract Communicator, when tp_size > 1), forward(x, reduce=False) this rank's partial
-    (the tree over its own leaves), for comm.fused_add_rms_norm. Bias-free (Llama's projections)."""
+    (the tree over its own leaves), for comm.fused_add_rms_norm. Bias-free (Llama's projections).
+
+    Overlap (prefill). With more than chunk_rows rows (default 1024; 0 turns it off) and no autograd
+    recording, forward(x) runs the rows in chunks of chunk_rows: chunk i's all-reduce runs on a
+    side stream while chunk i+1's leaf products run on the caller's stream, and the caller's stream
+    waits for the last all-reduce before the result is used. The bits are those of the unchunked
+    call: each element's leaf products depend only on its row (invariant_matmul), the local tree and
+    the all-reduce's tree contract work element by element on any size and algorithm. Every rank
+    must use the same chunk_rows (the chunks are collectives)."""
 
     def __init__(self, in_features, out_features, tp_rank=0, tp_size=1, leaves=8, comm=None, *,
-                 dtype=torch.bfloat16, device=None):
+                 dtype=torch.bfloat16, device=None, chunk_rows=1024):
         super().__init__()
         _check_tp(tp_rank, tp_size)
         _check_leaves(in_features, tp_size, leaves)
+        if not (isinstance(chunk_rows, int) and chunk_rows >= 0):
+            raise ValueError(f"chunk_rows must be a count of rows >= 0 (0: no overlap), got {chunk_rows!r}")
+        self.chunk_rows = chunk_rows
         if out_features % 8:
             raise ValueError(f"out_features ({out_features}) must be a multiple of 8")
         if dtype not in _DTYPE_CODES:
@@ -393,10 +431,10 @@ class TreeRowParallelLinear(torch.nn.Module):
                                                        device=device))
 
     @classmethod
-    def from_full(cls, weight, tp_rank=0, tp_size=1, leaves=8, comm=None):
+    def from_full(cls, weight, tp_rank=0, tp_size=1, leaves=8, comm=None, *, chunk_rows=1024):
         """The module holding rank tp_rank's shard of a full torch-layout weight [out, in], on its device."""
         module = cls(weight.shape[1], weight.shape[0], tp_rank, tp_size, leaves, comm, dtype=weight.dtype,
-                     device=weight.device)
+                     device=weight.device, chunk_rows=chunk_rows)
         with torch.no_grad():
             module.weight_t.copy_(row_parallel_shard(weight, tp_rank, tp_size, leaves))
         return module
@@ -411,13 +449,54 @@ class TreeRowParallelLinear(torch.nn.Module):
             raise ValueError(f"x's last dimension must be this rank's {self.local_in_features} features, got "
                              f"{x.shape[-1]}")
         lead = x.shape[:-1]
-        partial = tree_sum(self.leaf_products(x.reshape(-1, self.local_in_features)))
-        partial = partial.view(*lead, self.out_features)
-        if not reduce or self.tp_size == 1:
-            return partial
-        if self.comm is None:
+        x2 = x.reshape(-1, self.local_in_features)
+        reducing = reduce and self.tp_size > 1
+        if reducing and self.comm is None:
             raise ValueError("tp_size > 1 needs comm (a tree-contract Communicator) to reduce; or pass reduce=False")
+        recording = torch.is_grad_enabled() and (x.requires_grad or self.weight_t.requires_grad)
+        if reducing and 0 < self.chunk_rows < x2.shape[0] and not recording:
+            return self._overlapped(x2).view(*lead, self.out_features)
+        partial = tree_sum(self.leaf_products(x2))
+        partial = partial.view(*lead, self.out_features)
+        if not reducing:
+            return partial
         return _TreeAllReduce.apply(partial, self.comm)
+
+    def _overlapped(self, x2):
+        """forward(x2) in chunks of chunk_rows rows, each chunk's all-reduce beside the next chunk's
+        products (class docstring). The partials and the result are allocated here on the caller's
+        stream, which waits for the side stream before returning: later work on the caller's stream,
+        the reuse of these blocks by the caching allocator included, is ordered after the side
+        stream's reads and writes (no record_stream is needed, and CUDA-graph capture records the
+        fork and the join as graph edges)."""
+        m, rows = x2.shape[0], self.chunk_rows
+        out = torch.empty((m, self.out_features), dtype=x2.dtype, device=x2.device)
+        partial = torch.empty_like(out)
+        one_leaf = self.local_leaves == 1  # the leaf's product is the partial: written there directly
+        leaves = None if one_leaf else torch.empty((self.local_leaves, min(rows, m), self.out_features),
+                                                   dtype=x2.dtype, device=x2.device)
+        cuda = x2.device.type == "cuda"
+        main = torch.cuda.current_stream(x2.device) if cuda else None
+        side = _side_stream(x2.device) if cuda else None
+        for first in range(0, m, rows):
+            last = min(m, first + rows)
+            if one_leaf:
+                _leaf_products_into(x2[first:last], self.weight_t, 1, partial[first:last].unsqueeze(0))
+            else:
+                products = leaves[:, :last - first]
+                if last - first < leaves.shape[1]:
+                    products = torch.empty_like(products, memory_format=torch.contiguous_format)
+                _leaf_products_into(x2[first:last], self.weight_t, self.local_leaves, products)
+                tree_sum(products, out=partial[first:last])
+            if not cuda:  # host stand-ins (the CPU tests): the same chunks, one after another
+                self.comm.all_reduce(partial[first:last], out=out[first:last])
+                continue
+            side.wait_stream(main)  # this chunk's partial (and, the first time, x2 and everything before)
+            with torch.cuda.stream(side):
+                self.comm.all_reduce(partial[first:last], out=out[first:last])
+        if cuda:
+            main.wait_stream(side)
+        return out
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, tp={self.tp_rank}/{self.tp_size}, "

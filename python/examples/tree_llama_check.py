@@ -470,14 +470,16 @@ def run_bench(args):
         comm = xt.Communicator(contract="tree")
         barrier = dist.barrier
     rows = []
+    failures = 0
     for hidden in (4096, 8192):
         g = torch.Generator(device=device).manual_seed(hidden)
         w_full = (torch.randn(hidden, hidden, generator=g, device=device) * 0.02).to(torch.bfloat16)
-        module = xl.TreeRowParallelLinear.from_full(w_full, rank, tp, args.leaves, comm)
+        module = xl.TreeRowParallelLinear.from_full(w_full, rank, tp, args.leaves, comm, chunk_rows=0)
         w = w_full[:, rank * hidden // tp:(rank + 1) * hidden // tp].contiguous()
         for m in (1, 16, 64, 4096):
             x = (torch.randn(m, hidden // tp, generator=g, device=device)).to(torch.bfloat16)
             y = torch.empty(m, hidden, dtype=torch.bfloat16, device=device)
+            chunked = {rows: _chunked(module, rows) for rows in CHUNK_ROWS if tp > 1 and 0 < rows < m}
 
             def baseline():
                 torch.matmul(x, w.t(), out=y)
@@ -499,6 +501,12 @@ def run_bench(args):
                     part = module(x, reduce=False)
                     r["nccl_us"] = graph_us(lambda: dist.all_reduce(y), rounds=1, before_replay=barrier)
                     r["tree_allreduce_us"] = graph_us(lambda: comm.all_reduce(part), rounds=1, before_replay=barrier)
+                    one_call = comm.all_reduce(part)
+                    for chunk_rows, layer in chunked.items():  # the prefill overlap (TreeRowParallelLinear)
+                        differ = int((layer(x).view(torch.int16) != one_call.view(torch.int16)).sum())
+                        r[f"overlap_{chunk_rows}_us"] = graph_us(lambda: layer(x), rounds=1, before_replay=barrier)
+                        r[f"overlap_{chunk_rows}_differing"] = differ
+                        failures += differ != 0
             rows.append(r)
     if rank == 0:
         print(f"\ntree_llama_check --bench: TP {tp}, {torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
@@ -511,15 +519,41 @@ def run_bench(args):
             print(f"{r['hidden']:>5} {r['m']:>5} {r['torch_nccl_us']:>14.2f} {r['tree_us']:>13.2f} {ratio:>6.2f} "
                   f"{'<=' + str(target):>7} {r['linear_us']:>9.2f} {r['tree_linear_us']:>12.2f} "
                   f"{r.get('nccl_us', float('nan')):>8.2f} {r.get('tree_allreduce_us', float('nan')):>8.2f}")
+        print("\nprefill overlap (TreeRowParallelLinear chunk_rows: each chunk's all-reduce beside the next chunk's "
+              "products; differing: elements against the one-call layer + all-reduce, this rank)")
+        print(f"{'H':>5} {'M':>5} {'chunk_rows':>10} {'us':>9} {'ratio':>6} {'differing':>9}")
+        for r in rows:
+            for chunk_rows in CHUNK_ROWS:
+                if f"overlap_{chunk_rows}_us" in r:
+                    us = r[f"overlap_{chunk_rows}_us"]
+                    print(f"{r['hidden']:>5} {r['m']:>5} {chunk_rows:>10} {us:>9.2f} {us / r['torch_nccl_us']:>6.2f} "
+                          f"{r[f'overlap_{chunk_rows}_differing']:>9}")
         if args.out:
             pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
             (pathlib.Path(args.out) / "bench.json").write_text(json.dumps(rows, indent=1) + "\n")
+    if failures:
+        print(f"tree_llama_check --bench: rank {rank}: the overlapped layer differs from the one-call layer in "
+              f"{failures} case(s)", file=sys.stderr)
     if comm is not None:
         comm.close()
     if tp > 1:
         dist.barrier()
         dist.destroy_process_group()
-    return 0
+    return 1 if failures else 0
+
+
+# The chunk sizes --bench times the prefill overlap with (TreeRowParallelLinear's default is 1024).
+CHUNK_ROWS = (512, 1024, 2048)
+
+
+def _chunked(module, chunk_rows):
+    """A TreeRowParallelLinear sharing module's weight and communicator, with chunk_rows."""
+    import exactcoll.linear as xl
+    layer = xl.TreeRowParallelLinear(module.in_features, module.out_features, module.tp_rank, module.tp_size,
+                                     module.leaves, module.comm, dtype=module.weight_t.dtype,
+                                     device=module.weight_t.device, chunk_rows=chunk_rows)
+    layer.weight_t = module.weight_t
+    return layer
 
 
 def main():

@@ -118,6 +118,50 @@ class LinearOnCpu(unittest.TestCase):
             self.assertBits(total, whole)
         self.assertBits(xl.TreeRowParallelLinear.from_full(w, 0, 1, leaves)(x), whole)
 
+    def test_tree_sum_into_out(self):
+        for n in (1, 2, 4, 8):
+            stacked = self.rand(n, 3, 16)
+            out = torch.empty(3, 16, dtype=torch.bfloat16)
+            self.assertIs(xl.tree_sum(stacked, out=out), out)
+            self.assertBits(out, xl.tree_sum(stacked))
+
+    def test_chunked_rows_match_one_call(self):
+        """The prefill overlap's chunks: every row reduced once, in order, with the one-call bits
+        (a stand-in all-reduce that mixes each row's columns, so a row read from the wrong place
+        or reduced twice shows)."""
+
+        class Comm:
+            world_size = 2
+
+            def __init__(self):
+                self.rows = []
+
+            def all_reduce(self, x, *, out=None):
+                self.rows.append(x.shape[0])
+                y = x + x.roll(1, -1)
+                return y if out is None else out.copy_(y)
+
+        hidden, out_features = 128, 24
+        w, x = self.rand(out_features, hidden), self.rand(10, hidden // 2)
+        for leaves, tp in ((8, 2), (2, 2)):  # 4 leaves on this rank, then 1 (its product is the partial)
+            comm = Comm()
+            one_call = xl.TreeRowParallelLinear.from_full(w, 1, tp, leaves, comm, chunk_rows=0)
+            chunked = xl.TreeRowParallelLinear.from_full(w, 1, tp, leaves, comm, chunk_rows=4)
+            with torch.no_grad():
+                want = one_call(x)
+                self.assertEqual(comm.rows, [10])
+                comm.rows.clear()
+                self.assertBits(chunked(x.view(2, 5, hidden // 2)), want.view(2, 5, out_features))
+                self.assertEqual(comm.rows, [4, 4, 2])
+                comm.rows.clear()
+                self.assertBits(chunked(x[:4]), want[:4])  # not more than chunk_rows rows: one call
+                self.assertEqual(comm.rows, [4])
+            comm.rows.clear()
+            self.assertBits(chunked(x), want)  # autograd recording (weight_t requires grad): one call
+            self.assertEqual(comm.rows, [10])
+        with self.assertRaises(ValueError):
+            xl.TreeRowParallelLinear(128, 32, 0, 2, 8, chunk_rows=-1)
+
     def test_shards_cover_the_weight(self):
         w = self.rand(24, 64)
         for tp in (1, 2, 4, 8):
