@@ -491,6 +491,16 @@ int exactcoll_fused_add_rmsnorm(exactcoll_comm comm, const void* x, const void* 
   });
 }
 
+int exactcoll_comm_set_max_blocks(exactcoll_comm comm, int max_blocks, int* previous) {
+  return guarded("exactcoll_comm_set_max_blocks", [&] {
+    if (max_blocks < 0) bad_argument("max_blocks must be >= 0 (0: the tuned grid), got " + std::to_string(max_blocks));
+    const std::shared_ptr<CommState> state = comm_of(comm);
+    cuda::Communicator& launcher = state->multinode ? state->multinode->node() : *state->comm;
+    if (previous != nullptr) *previous = launcher.max_blocks();
+    launcher.set_max_blocks(max_blocks);
+  });
+}
+
 int exactcoll_comm_check(exactcoll_comm comm, void* stream) {
   return guarded("exactcoll_comm_check", [&] {
     const std::shared_ptr<CommState> state = comm_of(comm);

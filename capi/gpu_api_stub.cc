@@ -53,5 +53,6 @@ int exactcoll_add_rmsnorm(const void*, const void*, const void*, void*, void*, i
   return unavailable("exactcoll_add_rmsnorm");
 }
 int exactcoll_comm_check(exactcoll_comm, void*) { return unavailable("exactcoll_comm_check"); }
+int exactcoll_comm_set_max_blocks(exactcoll_comm, int, int*) { return unavailable("exactcoll_comm_set_max_blocks"); }
 
 }  // extern "C"

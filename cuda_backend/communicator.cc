@@ -1036,7 +1036,11 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
       op == Op::kAllReduce && algo == Algorithm::kAuto
           ? table_.choose_allreduce_auto(arch_, world_size_, count, static_cast<int>(elem), capacity, lamport_bytes_)
           : choose(op, count, dtype, algo);
-  if (grid) call.choice.grid = *grid;
+  if (grid) {
+    call.choice.grid = *grid;
+  } else if (max_blocks_ > 0 && call.choice.grid.blocks > max_blocks_) {
+    call.choice.grid.blocks = max_blocks_;
+  }
 
   // 4b–4d. Whether the input is read where it lies (choose_input_path).
   choose_input_path(&call, registered != nullptr, out_bytes);

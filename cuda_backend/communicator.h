@@ -206,6 +206,16 @@ class Communicator {
   // The choice `auto` (or a named algorithm) makes for a message (no launch).
   Choice choose(Op op, size_t count, DType dtype, Algorithm algo) const;
 
+  // The largest grid the collectives' SM kernels launch with from now on: a launch whose chosen
+  // grid (the tuned one) has more blocks runs with max_blocks; 0 (the default) keeps the tuned grid.
+  // For a collective that overlaps other kernels (exactcoll.linear's prefill overlap): fewer blocks
+  // leave SMs to the other kernel. Never changes bits (no algorithm's fold depends on its grid).
+  // Collective state: every rank must set the same value before the same calls (a launch's blocks
+  // signal their peers' blocks of the same index). Applies to all-reduce, reduce-scatter and
+  // all-gather, not to the fused op. Precondition: max_blocks >= 0.
+  void set_max_blocks(int max_blocks) { max_blocks_ = max_blocks; }
+  int max_blocks() const { return max_blocks_; }
+
   // For kernels outside this class (cuda_backend/fused): this rank's launch arguments with the
   // symmetric buffers filled in (inputs[r] = rank r's staging buffer; output, stage_from and count
   // zero). Throws CollectiveError when the IPC path is unavailable or the communicator unusable.
@@ -308,6 +318,7 @@ class Communicator {
   bool ipc_ready_ = false;
   std::string ipc_reason_;
   bool poisoned_ = false;
+  int max_blocks_ = 0;  // set_max_blocks
   std::string poison_message_;
   std::string shared_gpu_note_;
   std::string nccl_reason_;

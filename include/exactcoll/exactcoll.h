@@ -367,6 +367,16 @@ typedef struct exactcoll_comm_properties {
 
 EXACTCOLL_API int exactcoll_comm_properties_get(exactcoll_comm comm, exactcoll_comm_properties* properties);
 
+/* Caps the grid of the communicator's later all-reduce, reduce-scatter and all-gather launches:
+ * a launch whose tuned grid has more than max_blocks blocks runs with max_blocks (0, the default:
+ * the tuned grid). For collectives that run beside other kernels, such as the all-reduces that
+ * overlap a product's next rows (exactcoll.linear's TreeRowParallelLinear): fewer blocks leave
+ * SMs to the product. Bits never change (no fold depends on the grid). Collective state: every
+ * rank sets the same value before the same calls. A capture records the grid in force while it
+ * captured. A multi-node communicator applies it to its node's launches. *previous (may be NULL)
+ * receives the value before. max_blocks < 0 is EXACTCOLL_ERROR_INVALID_ARGUMENT. */
+EXACTCOLL_API int exactcoll_comm_set_max_blocks(exactcoll_comm comm, int max_blocks, int* previous);
+
 /* Collective: every rank registers its own buffer of the same size, in the same order. Peers then
  * read inputs inside it in place (no staging copy): pass *id as registered_id to the ops. Buffer:
  * 16-byte aligned device memory from cudaMalloc (not from cudaMallocAsync pools or VMM). */

@@ -172,6 +172,7 @@ _SIGNATURES = {
                                      _vp, _c_int, ctypes.POINTER(CallInfo)], _c_int),
     "exactcoll_add_rmsnorm": ([_vp, _vp, _vp, _vp, _vp, _c_i64, _c_i64, ctypes.c_float, _c_int, _c_int, _vp], _c_int),
     "exactcoll_comm_check": ([_HANDLE, _vp], _c_int),
+    "exactcoll_comm_set_max_blocks": ([_HANDLE, _c_int, ctypes.POINTER(_c_int)], _c_int),
     "exactcoll_sim_collective": ([_c_int, _c_int, _c_int, _c_int, _c_size, _vp, _vp, ctypes.POINTER(SimOptions),
                                   ctypes.POINTER(CallInfo)], _c_int),
     "exactcoll_sim_fused_add_rmsnorm": ([_c_int, _c_int, _c_int, _c_int, _c_i64, _c_i64, ctypes.c_float, _vp, _vp, _vp,

@@ -403,19 +403,24 @@ class TreeRowParallelLinear(torch.nn.Module):
     Overlap (prefill). With more than chunk_rows rows (default 1024; 0 turns it off) and no autograd
     recording, forward(x) runs the rows in chunks of chunk_rows: chunk i's all-reduce runs on a
     side stream while chunk i+1's leaf products run on the caller's stream, and the caller's stream
-    waits for the last all-reduce before the result is used. The bits are those of the unchunked
-    call: each element's leaf products depend only on its row (invariant_matmul), the local tree and
-    the all-reduce's tree contract work element by element on any size and algorithm. Every rank
-    must use the same chunk_rows (the chunks are collectives)."""
+    waits for the last all-reduce before the result is used. Those all-reduces launch at most
+    overlap_blocks blocks (default 48; 0: the tuned grid, which takes every SM and leaves the
+    product none): comm.set_max_blocks. The bits are those of the unchunked call: each element's
+    leaf products depend only on its row (invariant_matmul), the local tree and the all-reduce's
+    tree contract work element by element on any size, algorithm and grid. Every rank must use the
+    same chunk_rows and overlap_blocks (the chunks are collectives). docs/benchmarks.md has the
+    measurements behind both defaults (4 x H100)."""
 
     def __init__(self, in_features, out_features, tp_rank=0, tp_size=1, leaves=8, comm=None, *,
-                 dtype=torch.bfloat16, device=None, chunk_rows=1024):
+                 dtype=torch.bfloat16, device=None, chunk_rows=1024, overlap_blocks=48):
         super().__init__()
         _check_tp(tp_rank, tp_size)
         _check_leaves(in_features, tp_size, leaves)
-        if not (isinstance(chunk_rows, int) and chunk_rows >= 0):
-            raise ValueError(f"chunk_rows must be a count of rows >= 0 (0: no overlap), got {chunk_rows!r}")
-        self.chunk_rows = chunk_rows
+        for name, value in (("chunk_rows", chunk_rows), ("overlap_blocks", overlap_blocks)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0 (0: {'no overlap' if name == 'chunk_rows' else 'the tuned grid'}), "
+                                 f"got {value!r}")
+        self.chunk_rows, self.overlap_blocks = chunk_rows, overlap_blocks
         if out_features % 8:
             raise ValueError(f"out_features ({out_features}) must be a multiple of 8")
         if dtype not in _DTYPE_CODES:
@@ -431,10 +436,10 @@ class TreeRowParallelLinear(torch.nn.Module):
                                                        device=device))
 
     @classmethod
-    def from_full(cls, weight, tp_rank=0, tp_size=1, leaves=8, comm=None, *, chunk_rows=1024):
+    def from_full(cls, weight, tp_rank=0, tp_size=1, leaves=8, comm=None, *, chunk_rows=1024, overlap_blocks=48):
         """The module holding rank tp_rank's shard of a full torch-layout weight [out, in], on its device."""
         module = cls(weight.shape[1], weight.shape[0], tp_rank, tp_size, leaves, comm, dtype=weight.dtype,
-                     device=weight.device, chunk_rows=chunk_rows)
+                     device=weight.device, chunk_rows=chunk_rows, overlap_blocks=overlap_blocks)
         with torch.no_grad():
             module.weight_t.copy_(row_parallel_shard(weight, tp_rank, tp_size, leaves))
         return module
@@ -478,9 +483,22 @@ class TreeRowParallelLinear(torch.nn.Module):
         cuda = x2.device.type == "cuda"
         main = torch.cuda.current_stream(x2.device) if cuda else None
         side = _side_stream(x2.device) if cuda else None
+        previous_cap = self.comm.set_max_blocks(self.overlap_blocks)
+        try:
+            self._chunks(x2, out, partial, leaves, main, side)
+        finally:
+            self.comm.set_max_blocks(previous_cap)
+            if cuda:
+                main.wait_stream(side)
+        return out
+
+    def _chunks(self, x2, out, partial, leaves, main, side):
+        """Each chunk's leaf products and local tree into partial's rows on main, then its
+        all-reduce into out's rows on side after main's work so far (host stand-ins: inline)."""
+        m, rows = x2.shape[0], self.chunk_rows
         for first in range(0, m, rows):
             last = min(m, first + rows)
-            if one_leaf:
+            if leaves is None:  # one leaf here
                 _leaf_products_into(x2[first:last], self.weight_t, 1, partial[first:last].unsqueeze(0))
             else:
                 products = leaves[:, :last - first]
@@ -488,15 +506,12 @@ class TreeRowParallelLinear(torch.nn.Module):
                     products = torch.empty_like(products, memory_format=torch.contiguous_format)
                 _leaf_products_into(x2[first:last], self.weight_t, self.local_leaves, products)
                 tree_sum(products, out=partial[first:last])
-            if not cuda:  # host stand-ins (the CPU tests): the same chunks, one after another
+            if side is None:  # host stand-ins (the CPU tests): the same chunks, one after another
                 self.comm.all_reduce(partial[first:last], out=out[first:last])
                 continue
             side.wait_stream(main)  # this chunk's partial (and, the first time, x2 and everything before)
             with torch.cuda.stream(side):
                 self.comm.all_reduce(partial[first:last], out=out[first:last])
-        if cuda:
-            main.wait_stream(side)
-        return out
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, tp={self.tp_rank}/{self.tp_size}, "

@@ -359,6 +359,18 @@ class Communicator:
         stream = self._last_stream[0] if self._last_stream is not None else self._stream()
         _lib.check(_lib.lib.exactcoll_comm_check(self._handle, stream))
 
+    def set_max_blocks(self, max_blocks):
+        """Caps the grid of this communicator's later all_reduce, reduce_scatter and all_gather
+        launches at max_blocks blocks (0: the tuned grid, the default) and returns the previous cap.
+        For collectives that run beside other kernels (exactcoll.linear's prefill overlap): fewer
+        blocks leave SMs to them. Never changes bits. Every rank must set the same value before the
+        same calls; a CUDA-graph capture keeps the cap in force while it captured."""
+        if not isinstance(max_blocks, int) or isinstance(max_blocks, bool) or max_blocks < 0:
+            raise ValueError(f"max_blocks must be an int >= 0 (0: the tuned grid), got {max_blocks!r}")
+        previous = ctypes.c_int(0)
+        _lib.check(_lib.lib.exactcoll_comm_set_max_blocks(self._handle, max_blocks, ctypes.byref(previous)))
+        return previous.value
+
     def last_call_info(self):
         """What the last eager op ran: algo, exact (False for an NCCL fallback), staged, launches,
         grid, note."""

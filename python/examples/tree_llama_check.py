@@ -470,7 +470,7 @@ def run_bench(args):
         comm = xt.Communicator(contract="tree")
         barrier = dist.barrier
     rows = []
-    failures = 0
+    failures = 0 if comm is None else _check_grid_cap(comm, device)
     for hidden in (4096, 8192):
         g = torch.Generator(device=device).manual_seed(hidden)
         w_full = (torch.randn(hidden, hidden, generator=g, device=device) * 0.02).to(torch.bfloat16)
@@ -479,7 +479,8 @@ def run_bench(args):
         for m in (1, 16, 64, 4096):
             x = (torch.randn(m, hidden // tp, generator=g, device=device)).to(torch.bfloat16)
             y = torch.empty(m, hidden, dtype=torch.bfloat16, device=device)
-            chunked = {rows: _chunked(module, rows) for rows in CHUNK_ROWS if tp > 1 and 0 < rows < m}
+            chunked = {(rows, blocks): _chunked(module, rows, blocks) for rows in CHUNK_ROWS for blocks in OVERLAP_BLOCKS
+                       if tp > 1 and 0 < rows < m}
 
             def baseline():
                 torch.matmul(x, w.t(), out=y)
@@ -502,10 +503,11 @@ def run_bench(args):
                     r["nccl_us"] = graph_us(lambda: dist.all_reduce(y), rounds=1, before_replay=barrier)
                     r["tree_allreduce_us"] = graph_us(lambda: comm.all_reduce(part), rounds=1, before_replay=barrier)
                     one_call = comm.all_reduce(part)
-                    for chunk_rows, layer in chunked.items():  # the prefill overlap (TreeRowParallelLinear)
+                    for (chunk_rows, blocks), layer in chunked.items():  # the prefill overlap
                         differ = int((layer(x).view(torch.int16) != one_call.view(torch.int16)).sum())
-                        r[f"overlap_{chunk_rows}_us"] = graph_us(lambda: layer(x), rounds=1, before_replay=barrier)
-                        r[f"overlap_{chunk_rows}_differing"] = differ
+                        name = f"overlap_{chunk_rows}_{blocks}"
+                        r[f"{name}_us"] = graph_us(lambda: layer(x), rounds=1, before_replay=barrier)
+                        r[f"{name}_differing"] = differ
                         failures += differ != 0
             rows.append(r)
     if rank == 0:
@@ -519,15 +521,18 @@ def run_bench(args):
             print(f"{r['hidden']:>5} {r['m']:>5} {r['torch_nccl_us']:>14.2f} {r['tree_us']:>13.2f} {ratio:>6.2f} "
                   f"{'<=' + str(target):>7} {r['linear_us']:>9.2f} {r['tree_linear_us']:>12.2f} "
                   f"{r.get('nccl_us', float('nan')):>8.2f} {r.get('tree_allreduce_us', float('nan')):>8.2f}")
-        print("\nprefill overlap (TreeRowParallelLinear chunk_rows: each chunk's all-reduce beside the next chunk's "
-              "products; differing: elements against the one-call layer + all-reduce, this rank)")
-        print(f"{'H':>5} {'M':>5} {'chunk_rows':>10} {'us':>9} {'ratio':>6} {'differing':>9}")
+        print("\nprefill overlap (TreeRowParallelLinear chunk_rows, overlap_blocks: each chunk's all-reduce, on at "
+              "most overlap_blocks blocks (0: the tuned grid), beside the next chunk's products; ratio: against "
+              "F.linear + NCCL; differing: elements against the one-call layer + all-reduce, this rank)")
+        print(f"{'H':>5} {'M':>5} {'chunk_rows':>10} {'blocks':>6} {'us':>9} {'ratio':>6} {'differing':>9}")
         for r in rows:
             for chunk_rows in CHUNK_ROWS:
-                if f"overlap_{chunk_rows}_us" in r:
-                    us = r[f"overlap_{chunk_rows}_us"]
-                    print(f"{r['hidden']:>5} {r['m']:>5} {chunk_rows:>10} {us:>9.2f} {us / r['torch_nccl_us']:>6.2f} "
-                          f"{r[f'overlap_{chunk_rows}_differing']:>9}")
+                for blocks in OVERLAP_BLOCKS:
+                    name = f"overlap_{chunk_rows}_{blocks}"
+                    if f"{name}_us" in r:
+                        us = r[f"{name}_us"]
+                        print(f"{r['hidden']:>5} {r['m']:>5} {chunk_rows:>10} {blocks:>6} {us:>9.2f} "
+                              f"{us / r['torch_nccl_us']:>6.2f} {r[f'{name}_differing']:>9}")
         if args.out:
             pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
             (pathlib.Path(args.out) / "bench.json").write_text(json.dumps(rows, indent=1) + "\n")
@@ -542,16 +547,42 @@ def run_bench(args):
     return 1 if failures else 0
 
 
-# The chunk sizes --bench times the prefill overlap with (TreeRowParallelLinear's default is 1024).
+# The chunk sizes and all-reduce grid caps --bench times the prefill overlap with
+# (TreeRowParallelLinear's defaults: 1024 rows, 48 blocks).
 CHUNK_ROWS = (512, 1024, 2048)
+OVERLAP_BLOCKS = (32, 48, 64, 0)
 
 
-def _chunked(module, chunk_rows):
-    """A TreeRowParallelLinear sharing module's weight and communicator, with chunk_rows."""
+def _check_grid_cap(comm, device):
+    """comm.set_max_blocks: a 16 MiB all-reduce under caps of 16 and 48 blocks runs on at most that
+    many (last_call_info) with the uncapped call's bits; the cap is lifted after. Returns the
+    count of failed checks (printed on rank 0)."""
+    x = torch.randn(8 << 20, generator=torch.Generator(device=device).manual_seed(7), device=device).to(torch.bfloat16)
+    want = comm.all_reduce(x)
+    tuned = comm.last_call_info()["blocks"]
+    failed = []
+    for cap in (16, 48):
+        previous = comm.set_max_blocks(cap)
+        got = comm.all_reduce(x)
+        blocks = comm.last_call_info()["blocks"]
+        comm.set_max_blocks(previous)
+        if previous != 0 or blocks > cap or not torch.equal(got.view(torch.int16), want.view(torch.int16)):
+            failed.append(f"cap {cap}: previous {previous}, {blocks} blocks, bits {'same' if torch.equal(got, want) else 'differ'}")
+    comm.all_reduce(x)
+    if comm.last_call_info()["blocks"] != tuned:
+        failed.append(f"after the caps: {comm.last_call_info()['blocks']} blocks, tuned {tuned}")
+    if comm.rank == 0:
+        print(f"set_max_blocks: tuned grid {tuned} blocks; caps 16, 48: {'; '.join(failed) or 'capped, same bits'}")
+    return len(failed)
+
+
+def _chunked(module, chunk_rows, overlap_blocks):
+    """A TreeRowParallelLinear sharing module's weight and communicator, with chunk_rows and overlap_blocks."""
     import exactcoll.linear as xl
     layer = xl.TreeRowParallelLinear(module.in_features, module.out_features, module.tp_rank, module.tp_size,
                                      module.leaves, module.comm, dtype=module.weight_t.dtype,
-                                     device=module.weight_t.device, chunk_rows=chunk_rows)
+                                     device=module.weight_t.device, chunk_rows=chunk_rows,
+                                     overlap_blocks=overlap_blocks)
     layer.weight_t = module.weight_t
     return layer
 

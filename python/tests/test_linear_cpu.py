@@ -134,10 +134,14 @@ class LinearOnCpu(unittest.TestCase):
             world_size = 2
 
             def __init__(self):
-                self.rows = []
+                self.rows, self.cap = [], 0
+
+            def set_max_blocks(self, blocks):
+                previous, self.cap = self.cap, blocks
+                return previous
 
             def all_reduce(self, x, *, out=None):
-                self.rows.append(x.shape[0])
+                self.rows.append((x.shape[0], self.cap))
                 y = x + x.roll(1, -1)
                 return y if out is None else out.copy_(y)
 
@@ -149,18 +153,20 @@ class LinearOnCpu(unittest.TestCase):
             chunked = xl.TreeRowParallelLinear.from_full(w, 1, tp, leaves, comm, chunk_rows=4)
             with torch.no_grad():
                 want = one_call(x)
-                self.assertEqual(comm.rows, [10])
+                self.assertEqual(comm.rows, [(10, 0)])
                 comm.rows.clear()
                 self.assertBits(chunked(x.view(2, 5, hidden // 2)), want.view(2, 5, out_features))
-                self.assertEqual(comm.rows, [4, 4, 2])
+                self.assertEqual(comm.rows, [(4, 48), (4, 48), (2, 48)])  # the overlap's grid cap, then back
+                self.assertEqual(comm.cap, 0)
                 comm.rows.clear()
                 self.assertBits(chunked(x[:4]), want[:4])  # not more than chunk_rows rows: one call
-                self.assertEqual(comm.rows, [4])
+                self.assertEqual(comm.rows, [(4, 0)])
             comm.rows.clear()
             self.assertBits(chunked(x), want)  # autograd recording (weight_t requires grad): one call
-            self.assertEqual(comm.rows, [10])
-        with self.assertRaises(ValueError):
-            xl.TreeRowParallelLinear(128, 32, 0, 2, 8, chunk_rows=-1)
+            self.assertEqual(comm.rows, [(10, 0)])
+        for bad in (dict(chunk_rows=-1), dict(overlap_blocks=-1), dict(overlap_blocks=True)):
+            with self.assertRaises(ValueError):
+                xl.TreeRowParallelLinear(128, 32, 0, 2, 8, **bad)
 
     def test_shards_cover_the_weight(self):
         w = self.rand(24, 64)

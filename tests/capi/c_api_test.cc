@@ -728,6 +728,15 @@ TEST(CApiGpu, CommunicatorCallsFailCleanlyWithoutAGpu) {
   expect_error(exactcoll_comm_check(exactcoll_comm{77}, nullptr),
                exactcoll_has_cuda() ? EXACTCOLL_ERROR_INVALID_ARGUMENT : EXACTCOLL_ERROR_UNAVAILABLE,
                exactcoll_has_cuda() ? "was never created" : "built without CUDA");
+  int previous = -7;
+  expect_error(exactcoll_comm_set_max_blocks(exactcoll_comm{77}, 48, &previous),
+               exactcoll_has_cuda() ? EXACTCOLL_ERROR_INVALID_ARGUMENT : EXACTCOLL_ERROR_UNAVAILABLE,
+               exactcoll_has_cuda() ? "was never created" : "built without CUDA");
+  if (exactcoll_has_cuda()) {
+    expect_error(exactcoll_comm_set_max_blocks(exactcoll_comm{77}, -1, &previous), EXACTCOLL_ERROR_INVALID_ARGUMENT,
+                 "max_blocks must be >= 0");
+  }
+  EXPECT_EQ(previous, -7);  // untouched by a failed call
   MemoryStore memory;
   const exactcoll_store_callbacks cb = callbacks_for(&memory);
   exactcoll_store store{};
