@@ -336,22 +336,26 @@ void Communicator::set_up_eager() {
     char text[17];
     std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(token));
     store_.set(key("eager/token"), text);
-    size_t min_bytes = options_.eager_in_place_min_bytes;
+    std::optional<size_t> min_bytes = options_.eager_in_place_min_bytes;
     if (const char* env = std::getenv("EXACTCOLL_EAGER_MIN_BYTES"); env != nullptr && *env != '\0') {
       char* end = nullptr;
       errno = 0;
       const unsigned long long v = std::strtoull(env, &end, 10);
       if (errno != 0 || *end != '\0' || *env == '-') {
-        std::cerr << "exactcoll: EXACTCOLL_EAGER_MIN_BYTES=" << env << " is not a byte count; using " << min_bytes
-                  << "\n";
+        std::cerr << "exactcoll: EXACTCOLL_EAGER_MIN_BYTES=" << env << " is not a byte count; using "
+                  << (min_bytes ? std::to_string(*min_bytes) : std::string("the per-algorithm defaults")) << "\n";
       } else {
         min_bytes = static_cast<size_t>(v);
       }
     }
-    store_.set(key("eager/min_bytes"), std::to_string(min_bytes));
+    store_.set(key("eager/min_bytes"), min_bytes ? std::to_string(*min_bytes) : std::string("default"));
   }
   const std::string token = store_.get(key("eager/token"), options_.store_timeout);
-  options_.eager_in_place_min_bytes = std::stoull(store_.get(key("eager/min_bytes"), options_.store_timeout));
+  if (const std::string agreed = store_.get(key("eager/min_bytes"), options_.store_timeout); agreed == "default") {
+    options_.eager_in_place_min_bytes.reset();
+  } else {
+    options_.eager_in_place_min_bytes = std::stoull(agreed);
+  }
   auto name_of = [&](int r) { return "exactcoll." + token + "." + std::to_string(r); };
   auto eager = std::make_unique<Eager>();
   eager->regions.resize(static_cast<size_t>(world_size_));
@@ -962,7 +966,9 @@ void Communicator::choose_input_path(Call* call, bool registered, size_t out_byt
   //     writes its entry; in place or staged is this rank's own choice (null: staged). One launch:
   //     the message fits the staging buffer, so a rank that stages needs no chunks either.
   if (eager_ && !registered && peers_read_input && in_bytes <= options_.buffer_bytes &&
-      in_bytes >= options_.eager_in_place_min_bytes && !capturing()) {
+      in_bytes >= options_.eager_in_place_min_bytes.value_or(
+                      eager_in_place_default_min_bytes(world_size_, call->op, call->choice.algo)) &&
+      !capturing()) {
     call->eager_views = true;
     if (!disjoint_or_safe_in_place) {
       call->eager_note = "staged: peers would read this in-place call's output";

@@ -12,6 +12,19 @@
 
 namespace exactcoll::cuda {
 
+// Returns the input bytes from which an eager call reads its input in place when no threshold is
+// set: 2 MiB, except on 4 or more ranks, where staging costs more than the lookup from 256 KiB of
+// input for two_shot all-reduces and from 1 MiB of input (256 KiB per rank's part) for
+// reduce-scatters (in place / staged 0.80-0.95 there, 4 x H100; one_shot and all-gather showed no
+// gain below 2 MiB, nor did 2 ranks). Depends only on what every rank passes alike.
+inline size_t eager_in_place_default_min_bytes(int world_size, Op op, Algorithm algo) {
+  constexpr size_t kDefault = size_t{2} << 20;
+  if (world_size < 4) return kDefault;
+  if (op == Op::kReduceScatter) return size_t{1} << 20;
+  if (op == Op::kAllReduce && algo == Algorithm::kTwoShot) return size_t{256} << 10;
+  return kDefault;
+}
+
 struct CommunicatorOptions {
   std::string name = "exactcoll";           // store key prefix; unique per communicator in a job
   size_t buffer_bytes = size_t{128} << 20;  // staging and scratch capacity per rank
@@ -40,9 +53,10 @@ struct CommunicatorOptions {
   // and exports it, and the calls after read it in place (core/eager_directory.h). Needs shared
   // memory (/dev/shm) between the ranks' processes; without it every call stages as before.
   bool eager_in_place = true;
-  // Below this, staging costs less than the host's allocation lookup (docs/benchmarks.md, "Eager
-  // calls in place"). Rank 0's value (or its EXACTCOLL_EAGER_MIN_BYTES) holds for every rank.
-  size_t eager_in_place_min_bytes = size_t{2} << 20;
+  // Below this input size, staging costs no more than the host's allocation lookup
+  // (docs/benchmarks.md, "Eager calls in place"). Unset: eager_in_place_default_min_bytes per call.
+  // Rank 0's value (or its EXACTCOLL_EAGER_MIN_BYTES) holds for every rank.
+  std::optional<size_t> eager_in_place_min_bytes;
   std::optional<DispatchTable> table;  // auto's table; default DispatchTable::from_environment()
 };
 

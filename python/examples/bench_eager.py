@@ -9,8 +9,9 @@ and all_gather direct) and each message size (the input per rank for all_reduce 
 output per rank for reduce_scatter):
   in_place  exactcoll.torch.Communicator() (eager_in_place, the default): after the first calls
             every peer has opened the input's allocation and reads it where it lies, from the
-            communicator's threshold (2 MiB; EXACTCOLL_EAGER_MIN_BYTES on rank 0 sets another)
-            up ("read in place": whether the last timed call did);
+            communicator's threshold of input bytes up (2 MiB; on 4 or more ranks 256 KiB for
+            two_shot and 1 MiB for reduce_scatter; EXACTCOLL_EAGER_MIN_BYTES on rank 0 sets one for
+            all) ("read in place": whether the last timed call did);
   staged    Communicator(eager_in_place=False): the input is copied into the communicator's buffer
             by the kernel before its first barrier (what every eager call did before);
   nccl      the same op on the NCCL process group (dist.all_reduce, reduce_scatter_tensor,
@@ -92,7 +93,17 @@ def main():
     comm = xt.Communicator()
     staged = xt.Communicator(eager_in_place=False)
     # The threshold every rank uses is rank 0's; torchrun gives every rank the same environment.
-    threshold = int(os.environ.get("EXACTCOLL_EAGER_MIN_BYTES") or (2 << 20))
+    # Without EXACTCOLL_EAGER_MIN_BYTES: cuda_backend/communicator_options.h's per-algorithm defaults.
+    override = os.environ.get("EXACTCOLL_EAGER_MIN_BYTES")
+
+    def threshold(op, algo):
+        if override:
+            return int(override)
+        if world >= 4 and op == "reduce_scatter":
+            return 1 << 20
+        if world >= 4 and op == "all_reduce" and algo == "two_shot":
+            return 256 << 10
+        return 2 << 20
     if comm.properties["eager_unavailable_reason"]:
         problems_off = f"eager in place is off: {comm.properties['eager_unavailable_reason']}"
         print(f"rank {rank}: {problems_off}", flush=True)
@@ -111,7 +122,7 @@ def main():
             t_in = device_us(lambda: run(comm, op, algo, x, out), args.calls)
             info = comm.last_call_info()
             in_place = not info.get("staged")
-            if not in_place and count * 2 >= threshold:
+            if not in_place and count * 2 >= threshold(op, algo):
                 problems.append(f"{op} {algo} {mib} MiB: in_place staged ({info.get('note')})")
             if int((out.view(torch.int16) != want.view(torch.int16)).sum().item()):
                 problems.append(f"{op} {algo} {mib} MiB: in_place bits differ from staged")
