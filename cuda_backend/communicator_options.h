@@ -13,15 +13,17 @@
 namespace exactcoll::cuda {
 
 // Returns the input bytes from which an eager call reads its input in place when no threshold is
-// set: 2 MiB, except on 4 or more ranks, where staging costs more than the lookup from 256 KiB of
+// set: 2 MiB, except on 4 or more ranks, where staging costs more than the lookup from 512 KiB of
 // input for two_shot all-reduces and from 1 MiB of input (256 KiB per rank's part) for
-// reduce-scatters (in place / staged 0.80-0.95 there, 4 x H100; one_shot and all-gather showed no
-// gain below 2 MiB, nor did 2 ranks). Depends only on what every rank passes alike.
+// reduce-scatters (docs/benchmarks.md, "Eager calls in place": in place / staged 0.89-0.92 for
+// two_shot at 0.5-1 MiB, 0.89-0.92 for reduce-scatter at 1 MiB of input in 3 of 4 runs, 4 x H100;
+// one_shot and all-gather showed no gain below 2 MiB, nor did 2 ranks). Depends only on what every
+// rank passes alike.
 inline size_t eager_in_place_default_min_bytes(int world_size, Op op, Algorithm algo) {
   constexpr size_t kDefault = size_t{2} << 20;
   if (world_size < 4) return kDefault;
   if (op == Op::kReduceScatter) return size_t{1} << 20;
-  if (op == Op::kAllReduce && algo == Algorithm::kTwoShot) return size_t{256} << 10;
+  if (op == Op::kAllReduce && algo == Algorithm::kTwoShot) return size_t{512} << 10;
   return kDefault;
 }
 

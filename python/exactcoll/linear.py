@@ -404,7 +404,7 @@ class TreeRowParallelLinear(torch.nn.Module):
     recording, forward(x) runs the rows in chunks of chunk_rows: chunk i's all-reduce runs on a
     side stream while chunk i+1's leaf products run on the caller's stream, and the caller's stream
     waits for the last all-reduce before the result is used. Those all-reduces launch at most
-    overlap_blocks blocks (default 48; 0: the tuned grid, which takes every SM and leaves the
+    overlap_blocks blocks (default 64; 0: the tuned grid, which takes every SM and leaves the
     product none): comm.set_max_blocks. The bits are those of the unchunked call: each element's
     leaf products depend only on its row (invariant_matmul), the local tree and the all-reduce's
     tree contract work element by element on any size, algorithm and grid. Every rank must use the
@@ -412,7 +412,7 @@ class TreeRowParallelLinear(torch.nn.Module):
     measurements behind both defaults (4 x H100)."""
 
     def __init__(self, in_features, out_features, tp_rank=0, tp_size=1, leaves=8, comm=None, *,
-                 dtype=torch.bfloat16, device=None, chunk_rows=1024, overlap_blocks=48):
+                 dtype=torch.bfloat16, device=None, chunk_rows=1024, overlap_blocks=64):
         super().__init__()
         _check_tp(tp_rank, tp_size)
         _check_leaves(in_features, tp_size, leaves)
@@ -436,7 +436,7 @@ class TreeRowParallelLinear(torch.nn.Module):
                                                        device=device))
 
     @classmethod
-    def from_full(cls, weight, tp_rank=0, tp_size=1, leaves=8, comm=None, *, chunk_rows=1024, overlap_blocks=48):
+    def from_full(cls, weight, tp_rank=0, tp_size=1, leaves=8, comm=None, *, chunk_rows=1024, overlap_blocks=64):
         """The module holding rank tp_rank's shard of a full torch-layout weight [out, in], on its device."""
         module = cls(weight.shape[1], weight.shape[0], tp_rank, tp_size, leaves, comm, dtype=weight.dtype,
                      device=weight.device, chunk_rows=chunk_rows, overlap_blocks=overlap_blocks)

@@ -9,7 +9,7 @@ and all_gather direct) and each message size (the input per rank for all_reduce 
 output per rank for reduce_scatter):
   in_place  exactcoll.torch.Communicator() (eager_in_place, the default): after the first calls
             every peer has opened the input's allocation and reads it where it lies, from the
-            communicator's threshold of input bytes up (2 MiB; on 4 or more ranks 256 KiB for
+            communicator's threshold of input bytes up (2 MiB; on 4 or more ranks 512 KiB for
             two_shot and 1 MiB for reduce_scatter; EXACTCOLL_EAGER_MIN_BYTES on rank 0 sets one for
             all) ("read in place": whether the last timed call did);
   staged    Communicator(eager_in_place=False): the input is copied into the communicator's buffer
@@ -102,7 +102,7 @@ def main():
         if world >= 4 and op == "reduce_scatter":
             return 1 << 20
         if world >= 4 and op == "all_reduce" and algo == "two_shot":
-            return 256 << 10
+            return 512 << 10
         return 2 << 20
     if comm.properties["eager_unavailable_reason"]:
         problems_off = f"eager in place is off: {comm.properties['eager_unavailable_reason']}"

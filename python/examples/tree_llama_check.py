@@ -548,7 +548,7 @@ def run_bench(args):
 
 
 # The chunk sizes and all-reduce grid caps --bench times the prefill overlap with
-# (TreeRowParallelLinear's defaults: 1024 rows, 48 blocks).
+# (TreeRowParallelLinear's defaults: 1024 rows, 64 blocks).
 CHUNK_ROWS = (512, 1024, 2048)
 OVERLAP_BLOCKS = (32, 48, 64, 0)
 

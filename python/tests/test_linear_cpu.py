@@ -156,7 +156,7 @@ class LinearOnCpu(unittest.TestCase):
                 self.assertEqual(comm.rows, [(10, 0)])
                 comm.rows.clear()
                 self.assertBits(chunked(x.view(2, 5, hidden // 2)), want.view(2, 5, out_features))
-                self.assertEqual(comm.rows, [(4, 48), (4, 48), (2, 48)])  # the overlap's grid cap, then back
+                self.assertEqual(comm.rows, [(4, 64), (4, 64), (2, 64)])  # the overlap's grid cap, then back
                 self.assertEqual(comm.cap, 0)
                 comm.rows.clear()
                 self.assertBits(chunked(x[:4]), want[:4])  # not more than chunk_rows rows: one call
