@@ -212,7 +212,8 @@ class Communicator {
   // leave SMs to the other kernel. Never changes bits (no algorithm's fold depends on its grid).
   // Collective state: every rank must set the same value before the same calls (a launch's blocks
   // signal their peers' blocks of the same index). Applies to all-reduce, reduce-scatter and
-  // all-gather, not to the fused op. Precondition: max_blocks >= 0.
+  // all-gather launches (so to the fused op's unfused all-reduce, not to its fused kernels).
+  // Precondition: max_blocks >= 0.
   void set_max_blocks(int max_blocks) { max_blocks_ = max_blocks; }
   int max_blocks() const { return max_blocks_; }
 

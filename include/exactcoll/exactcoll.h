@@ -313,12 +313,13 @@ typedef struct exactcoll_comm_options {
   int reserved2;        /* 0, as `reserved` for graph_in_place */
   int eager_in_place;   /* 1 (default): an uncaptured call with no registered buffer whose peers read
                            its input (one_shot, two_shot, direct; two_shot in place too), of 2 MiB
-                           (rank 0's EXACTCOLL_EAGER_MIN_BYTES where set) up to buffer_bytes, leaves the input where it is
-                           once every peer has mapped the input's allocation: the first call with a new cudaMalloc
-                           allocation copies it through the communicator's buffer and shares the
-                           allocation, the calls after read it in place (torch's caching allocator
-                           reuses its allocations). Needs shared memory (/dev/shm) between the
-                           ranks; without it (or with 0) every such call copies its input */
+                           (on 4 or more ranks: two_shot 512 KiB, reduce-scatter 1 MiB of input;
+                           rank 0's EXACTCOLL_EAGER_MIN_BYTES, where set, for all) up to buffer_bytes, leaves the input
+                           where it is   once every peer has mapped the input's allocation: the first call with a new
+                           cudaMalloc   allocation copies it through the communicator's buffer and shares the   allocation,
+                           the calls after read it in place (torch's caching allocator   reuses its allocations). Needs
+                           shared memory (/dev/shm) between the   ranks; without it (or with 0) every such call copies its
+                           input */
   int reserved3;        /* 0, as `reserved` for eager_in_place */
 } exactcoll_comm_options;
 
@@ -373,7 +374,8 @@ EXACTCOLL_API int exactcoll_comm_properties_get(exactcoll_comm comm, exactcoll_c
  * overlap a product's next rows (exactcoll.linear's TreeRowParallelLinear): fewer blocks leave
  * SMs to the product. Bits never change (no fold depends on the grid). Collective state: every
  * rank sets the same value before the same calls. A capture records the grid in force while it
- * captured. A multi-node communicator applies it to its node's launches. *previous (may be NULL)
+ * captured. A multi-node communicator applies it to its node communicator's launches (a one-node
+ * job's calls); the kernels of its calls across nodes keep their own grid. *previous (may be NULL)
  * receives the value before. max_blocks < 0 is EXACTCOLL_ERROR_INVALID_ARGUMENT. */
 EXACTCOLL_API int exactcoll_comm_set_max_blocks(exactcoll_comm comm, int max_blocks, int* previous);
 

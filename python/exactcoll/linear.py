@@ -384,7 +384,9 @@ _SIDE_STREAMS = {}
 def _side_stream(device):
     """The process's high-priority stream on `device` for the all-reduces that overlap the next
     rows' products (high priority: its kernels take SMs as the product's blocks retire, so the
-    all-reduce, which paces the pipeline, is not queued behind a whole product)."""
+    all-reduce, which paces the pipeline, is not queued behind a whole product). torch hands it
+    out from its pool of high-priority streams, which other code may use too: that can only add
+    false dependencies, and where it is the caller's own stream _overlapped runs inline."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     stream = _SIDE_STREAMS.get(index)
     if stream is None:
@@ -404,8 +406,8 @@ class TreeRowParallelLinear(torch.nn.Module):
     recording, forward(x) runs the rows in chunks of chunk_rows: chunk i's all-reduce runs on a
     side stream while chunk i+1's leaf products run on the caller's stream, and the caller's stream
     waits for the last all-reduce before the result is used. Those all-reduces launch at most
-    overlap_blocks blocks (default 64; 0: the tuned grid, which takes every SM and leaves the
-    product none): comm.set_max_blocks. The bits are those of the unchunked call: each element's
+    overlap_blocks blocks (default 64; 0: leave the communicator's cap as it is, by default the
+    tuned grid, which takes every SM and leaves the product none): comm.set_max_blocks. The bits are those of the unchunked call: each element's
     leaf products depend only on its row (invariant_matmul), the local tree and the all-reduce's
     tree contract work element by element on any size, algorithm and grid. Every rank must use the
     same chunk_rows and overlap_blocks (the chunks are collectives). docs/benchmarks.md has the
@@ -417,7 +419,7 @@ class TreeRowParallelLinear(torch.nn.Module):
         _check_tp(tp_rank, tp_size)
         _check_leaves(in_features, tp_size, leaves)
         for name, value in (("chunk_rows", chunk_rows), ("overlap_blocks", overlap_blocks)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
                 raise ValueError(f"{name} must be an int >= 0 (0: {'no overlap' if name == 'chunk_rows' else 'the tuned grid'}), "
                                  f"got {value!r}")
         self.chunk_rows, self.overlap_blocks = chunk_rows, overlap_blocks
@@ -480,16 +482,21 @@ class TreeRowParallelLinear(torch.nn.Module):
         one_leaf = self.local_leaves == 1  # the leaf's product is the partial: written there directly
         leaves = None if one_leaf else torch.empty((self.local_leaves, min(rows, m), self.out_features),
                                                    dtype=x2.dtype, device=x2.device)
-        cuda = x2.device.type == "cuda"
-        main = torch.cuda.current_stream(x2.device) if cuda else None
-        side = _side_stream(x2.device) if cuda else None
-        previous_cap = self.comm.set_max_blocks(self.overlap_blocks)
+        main = torch.cuda.current_stream(x2.device) if x2.device.type == "cuda" else None
+        side = _side_stream(x2.device) if main is not None else None
+        if side == main:
+            side = None  # no second stream to overlap on: the chunks run inline
+        capped = self.overlap_blocks > 0  # 0: whatever cap the caller set stays
+        previous_cap = self.comm.set_max_blocks(self.overlap_blocks) if capped else None
         try:
             self._chunks(x2, out, partial, leaves, main, side)
         finally:
-            self.comm.set_max_blocks(previous_cap)
-            if cuda:
-                main.wait_stream(side)
+            try:
+                if side is not None:
+                    main.wait_stream(side)  # first: nothing later on main may touch these rows before
+            finally:
+                if capped:
+                    self.comm.set_max_blocks(previous_cap)
         return out
 
     def _chunks(self, x2, out, partial, leaves, main, side):
@@ -506,7 +513,7 @@ class TreeRowParallelLinear(torch.nn.Module):
                     products = torch.empty_like(products, memory_format=torch.contiguous_format)
                 _leaf_products_into(x2[first:last], self.weight_t, self.local_leaves, products)
                 tree_sum(products, out=partial[first:last])
-            if side is None:  # host stand-ins (the CPU tests): the same chunks, one after another
+            if side is None:  # inline (host stand-ins in the CPU tests, or no second stream)
                 self.comm.all_reduce(partial[first:last], out=out[first:last])
                 continue
             side.wait_stream(main)  # this chunk's partial (and, the first time, x2 and everything before)

@@ -365,7 +365,7 @@ class Communicator:
         For collectives that run beside other kernels (exactcoll.linear's prefill overlap): fewer
         blocks leave SMs to them. Never changes bits. Every rank must set the same value before the
         same calls; a CUDA-graph capture keeps the cap in force while it captured."""
-        if not isinstance(max_blocks, int) or isinstance(max_blocks, bool) or max_blocks < 0:
+        if not isinstance(max_blocks, int) or isinstance(max_blocks, bool) or not 0 <= max_blocks < 2**31:
             raise ValueError(f"max_blocks must be an int >= 0 (0: the tuned grid), got {max_blocks!r}")
         previous = ctypes.c_int(0)
         _lib.check(_lib.lib.exactcoll_comm_set_max_blocks(self._handle, max_blocks, ctypes.byref(previous)))

@@ -94,11 +94,13 @@ def main():
     staged = xt.Communicator(eager_in_place=False)
     # The threshold every rank uses is rank 0's; torchrun gives every rank the same environment.
     # Without EXACTCOLL_EAGER_MIN_BYTES: cuda_backend/communicator_options.h's per-algorithm defaults.
-    override = os.environ.get("EXACTCOLL_EAGER_MIN_BYTES")
+    # (A value that is not a byte count is ignored there too, with a warning.)
+    override = os.environ.get("EXACTCOLL_EAGER_MIN_BYTES", "")
+    override = int(override) if override.isdigit() else None
 
     def threshold(op, algo):
-        if override:
-            return int(override)
+        if override is not None:
+            return override
         if world >= 4 and op == "reduce_scatter":
             return 1 << 20
         if world >= 4 and op == "all_reduce" and algo == "two_shot":

@@ -164,7 +164,20 @@ class LinearOnCpu(unittest.TestCase):
             comm.rows.clear()
             self.assertBits(chunked(x), want)  # autograd recording (weight_t requires grad): one call
             self.assertEqual(comm.rows, [(10, 0)])
-        for bad in (dict(chunk_rows=-1), dict(overlap_blocks=-1), dict(overlap_blocks=True)):
+        # overlap_blocks=0 keeps the caller's cap; a failing chunk still restores the cap.
+        comm = Comm()
+        comm.cap = 16
+        keep = xl.TreeRowParallelLinear.from_full(w, 1, 2, 8, comm, chunk_rows=4, overlap_blocks=0)
+        with torch.no_grad():
+            keep(x)
+        self.assertEqual((comm.rows, comm.cap), ([(4, 16), (4, 16), (2, 16)], 16))
+        comm.cap = 0
+        comm.all_reduce = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("peer gone"))
+        with torch.no_grad(), self.assertRaises(RuntimeError):
+            chunked_fail = xl.TreeRowParallelLinear.from_full(w, 1, 2, 8, comm, chunk_rows=4)
+            chunked_fail(x)
+        self.assertEqual(comm.cap, 0)
+        for bad in (dict(chunk_rows=-1), dict(overlap_blocks=-1), dict(overlap_blocks=True), dict(overlap_blocks=2**31)):
             with self.assertRaises(ValueError):
                 xl.TreeRowParallelLinear(128, 32, 0, 2, 8, **bad)
 
