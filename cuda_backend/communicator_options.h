@@ -15,8 +15,8 @@ namespace exactcoll::cuda {
 // Returns the input bytes from which an eager call reads its input in place when no threshold is
 // set: 2 MiB, except on 4 or more ranks, where staging costs more than the lookup from 512 KiB of
 // input for two_shot all-reduces and from 1 MiB of input (256 KiB per rank's part) for
-// reduce-scatters (docs/benchmarks.md, "Eager calls in place": in place / staged 0.89-0.92 for
-// two_shot at 0.5-1 MiB, 0.89-0.92 for reduce-scatter at 1 MiB of input in 3 of 4 runs, 4 x H100;
+// reduce-scatters (docs/benchmarks.md, "Eager calls in place", "Per algorithm": in place / staged
+// 0.89-0.92 for two_shot at 0.5-1 MiB; below 1 for reduce-scatter at 1 MiB of input in 3 runs of 4;
 // one_shot and all-gather showed no gain below 2 MiB, nor did 2 ranks). Depends only on what every
 // rank passes alike.
 inline size_t eager_in_place_default_min_bytes(int world_size, Op op, Algorithm algo) {
