@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
 
 namespace exactcoll::cuda::linear {
 namespace {
@@ -27,6 +30,7 @@ constexpr int kPadB = kBlockN + 8;
 constexpr int kPadC = kBlockN + 4;  // fp32: a multiple of 4
 constexpr int kSmallRows = 16;      // the 16-row blocks serve m <= kSmallM
 constexpr int64_t kSmallM = 32;
+constexpr int64_t kLargeM = 256;  // the large-M variant (below) serves m >= kLargeM
 
 // One shared buffer: the A and B tiles during the K loop, then the fp32 C tile (after the last sync).
 template <class E, int kRows>
@@ -193,9 +197,346 @@ cudaError_t launch_rows(const TileArgs& args, int64_t batch, cudaStream_t stream
   return cudaSuccess;
 }
 
+// ---- The large-M variant ------------------------------------------------------------------------------------------
+// Blocks of kBM x kBN of C, 8 warps of (kBM / WarpsM) x (kBN / WarpsN), K loaded kBK at a time into a ring of kStages
+// shared buffers by cp.async (16 bytes each; at the edges of m, k and n the copy's source size is what lies inside,
+// and the copy zero-fills the rest), the loads of stage s + kStages - 1 in flight while stage s is multiplied; inside a
+// stage, each warp's fragments for the next 16 of K load (ldmatrix) while the MMAs of the current 16 run. Grid:
+// blockIdx.x walks the blocks in groups of 8 block rows (place_block, for L2 reuse), .z the batch entries.
+//
+// Why its bits are the other variants': an element's accumulator is a float that starts at +0.0f and takes one
+// mma.sync m16n8k16 per 16 of K, k 0..15, then 16..31, ..., up to K rounded up to kStepK (128: the same count of MMAs
+// as the 64-row kernel, the last ones on zeros), then round_element. wmma m16n16k16 on sm_90 is two HMMA.16816.F32
+// (one per 8 columns), and mma.sync m16n8k16 is one, each over the same 16 k of the element's row and column (the
+// SASS of both kernels shows HMMA.16816.F32.BF16 / HMMA.16816.F32 and no other MMA); the operands are the same
+// values, zeros past m, k and n as in the 64-row kernel (the two bring the operands into registers differently, which
+// moves values, not the sums). python/tests/gpu_tile_variants_check.py compares it with the 64-row kernel bit for
+// bit on a GPU.
+template <int BM, int BN, int BK, int Stages, int WarpsM, int WarpsN>
+struct LargeConfig {
+  static constexpr int kBM = BM, kBN = BN, kBK = BK, kStages = Stages, kWarpsN = WarpsN;
+  static constexpr int kThreads = 32 * WarpsM * WarpsN;
+  static constexpr int kWarpM = BM / WarpsM, kWarpN = BN / WarpsN;
+  static constexpr int kFragsM = kWarpM / 16, kFragsN = kWarpN / 16;
+  static constexpr int kLdA = BK + 8, kLdB = BN + 8, kLdC = kWarpN + 8;  // padded rows (ldmatrix without conflicts)
+  static constexpr int kStageA = BM * kLdA, kStageB = BK * kLdB;         // elements
+  static constexpr int kChunksA = BM * BK / 8 / kThreads, kChunksB = BK * BN / 8 / kThreads;
+  template <class E>
+  static constexpr int smem_bytes() {
+    constexpr int pipeline = Stages * (kStageA + kStageB) * static_cast<int>(sizeof(E));
+    constexpr int epilogue = WarpsM * WarpsN * 16 * kLdC * static_cast<int>(sizeof(float));
+    return pipeline > epilogue ? pipeline : epilogue;
+  }
+  static_assert(kStepK % BK == 0, "a K step of 128 is a whole number of loads");
+  static_assert(BM * BK / 8 % kThreads == 0 && BK * BN / 8 % kThreads == 0, "loads split evenly over the threads");
+  static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0 && BK % 16 == 0, "whole fragments");
+  static_assert(kStageA % 64 == 0 && kStageB % 64 == 0, "every stage 128-byte aligned");
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+template <class E>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The block of C a linear block index computes: groups of kGroupRows row blocks, walked column by column inside a
+// group, so that the blocks in flight share A's and B's tiles in L2.
+struct BlockPlace {
+  int64_t tile_m, tile_n;
+};
+__device__ __forceinline__ BlockPlace place_block(int64_t id, int64_t tiles_m, int64_t tiles_n) {
+  constexpr int64_t kGroupRows = 8;
+  const int64_t group_size = kGroupRows * tiles_n, group = id / group_size, first = group * kGroupRows;
+  const int64_t rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows, in_group = id % group_size;
+  return {first + in_group % rows, in_group / rows};
+}
+
+template <class E, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 256 / Cfg::kThreads)
+    tile_matmul_large_kernel(const TileArgs args, int64_t tiles_n) {
+  extern __shared__ __align__(128) unsigned char large_smem[];
+  E* const smem_e = reinterpret_cast<E*>(large_smem);
+  constexpr int kE = static_cast<int>(sizeof(E));
+  const int64_t tiles_m = (args.m + Cfg::kBM - 1) / Cfg::kBM;
+  const BlockPlace place = place_block(blockIdx.x, tiles_m, tiles_n);
+  const int64_t row0 = place.tile_m * Cfg::kBM, col0 = place.tile_n * Cfg::kBN;
+  const E* const a = static_cast<const E*>(args.a) + static_cast<int64_t>(blockIdx.z) * args.stride_a;
+  const E* const b = static_cast<const E*>(args.b) + static_cast<int64_t>(blockIdx.z) * args.stride_b;
+  E* const c = static_cast<E*>(args.c) + static_cast<int64_t>(blockIdx.z) * args.stride_c;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int warp_row = (warp / Cfg::kWarpsN) * Cfg::kWarpM, warp_col = (warp % Cfg::kWarpsN) * Cfg::kWarpN;
+
+  // This thread's 16-byte chunks of a stage: A's rows ra + t * kPassA (t < kChunksA), columns [ea, +8) of the stage's
+  // K; B's K rows rb + t * kPassB, columns [eb, +8) of the block's.
+  constexpr int kPassA = Cfg::kThreads / (Cfg::kBK / 8), kPassB = Cfg::kThreads / (Cfg::kBN / 8);
+  const int ra = tid / (Cfg::kBK / 8), ea = (tid % (Cfg::kBK / 8)) * 8;
+  const int rb = tid / (Cfg::kBN / 8), eb = (tid % (Cfg::kBN / 8)) * 8;
+  const E* const a_base = a + (row0 + ra) * args.lda + ea;  // dereferenced only for rows inside m
+  const E* const b_base = b + static_cast<int64_t>(rb) * args.ldb + col0 + eb;
+  unsigned a_rows_inside = 0;  // bit t: A's row ra + t * kPassA is inside m
+#pragma unroll
+  for (int t = 0; t < Cfg::kChunksA; ++t) a_rows_inside |= (row0 + ra + t * kPassA < args.m ? 1u : 0u) << t;
+  const int b_bytes = clamp8(args.n - (col0 + eb)) * kE;
+  const bool block_inside = row0 + Cfg::kBM <= args.m && col0 + Cfg::kBN <= args.n;
+  // Stage `stage` <- A's [row0, +kBM) x [k0, +kBK) and B's [k0, +kBK) x [col0, +kBN). At the edges of m, k and n a
+  // chunk copies only the bytes inside (from A's or B's first element when none) and the copy zero-fills the rest.
+  const auto load_stage = [&](int stage, int64_t k0) {
+    E* const dst_a = smem_e + stage * (Cfg::kStageA + Cfg::kStageB);
+    E* const dst_b = dst_a + Cfg::kStageA;
+    if (block_inside && k0 + Cfg::kBK <= args.k) {
+#pragma unroll
+      for (int t = 0; t < Cfg::kChunksA; ++t) {
+        cp_async16(dst_a + (ra + t * kPassA) * Cfg::kLdA + ea, a_base + t * kPassA * args.lda + k0, 16);
+      }
+#pragma unroll
+      for (int t = 0; t < Cfg::kChunksB; ++t) {
+        cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, b_base + (k0 + t * kPassB) * args.ldb, 16);
+      }
+    } else {
+      const int a_bytes = clamp8(args.k - (k0 + ea)) * kE;
+#pragma unroll
+      for (int t = 0; t < Cfg::kChunksA; ++t) {
+        const int bytes = (a_rows_inside >> t & 1u) != 0 ? a_bytes : 0;
+        cp_async16(dst_a + (ra + t * kPassA) * Cfg::kLdA + ea, bytes != 0 ? a_base + t * kPassA * args.lda + k0 : a,
+                   bytes);
+      }
+#pragma unroll
+      for (int t = 0; t < Cfg::kChunksB; ++t) {
+        const int bytes = k0 + rb + t * kPassB < args.k ? b_bytes : 0;
+        cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, bytes != 0 ? b_base + (k0 + t * kPassB) * args.ldb : b,
+                   bytes);
+      }
+    }
+  };
+
+  // The warp's 16 x 16 fragments of A and B for K columns [kk, +16) of a stage (ldmatrix.x4: lane l gives the
+  // address of row l % 16, columns (l / 16) * 8 of a 16 x 16 tile; B transposed): the operands mma.m16n8k16 takes.
+  uint32_t a_reg[2][Cfg::kFragsM][4], b_reg[2][Cfg::kFragsN][4];
+  const auto load_fragments = [&](int buffer, int stage, int kk) {
+    const E* const sa = smem_e + stage * (Cfg::kStageA + Cfg::kStageB);
+    const E* const sb = sa + Cfg::kStageA;
+#pragma unroll
+    for (int i = 0; i < Cfg::kFragsM; ++i) {
+      ldmatrix_x4(a_reg[buffer][i], sa + (warp_row + 16 * i + lane % 16) * Cfg::kLdA + kk + (lane / 16) * 8);
+    }
+#pragma unroll
+    for (int j = 0; j < Cfg::kFragsN; ++j) {
+      ldmatrix_x4_trans(b_reg[buffer][j], sb + (kk + lane % 16) * Cfg::kLdB + warp_col + 16 * j + (lane / 16) * 8);
+    }
+  };
+  // Accumulators: [i][j] is rows [16 i, +16) and columns [8 j, +8) of the warp's tile, each element's sum starting
+  // from +0.0f.
+  float acc[Cfg::kFragsM][2 * Cfg::kFragsN][4];
+#pragma unroll
+  for (int i = 0; i < Cfg::kFragsM; ++i) {
+#pragma unroll
+    for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
+#pragma unroll
+      for (int x = 0; x < 4; ++x) acc[i][j][x] = 0.0f;
+    }
+  }
+  const auto multiply = [&](int buffer) {  // one m16n8k16 per accumulator: the next 16 of K, in order
+#pragma unroll
+    for (int i = 0; i < Cfg::kFragsM; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
+        mma_16816<E>(acc[i][j], a_reg[buffer][i], b_reg[buffer][j / 2][2 * (j % 2)],
+                     b_reg[buffer][j / 2][2 * (j % 2) + 1]);
+      }
+    }
+  };
+
+  // The old kernel's count of MMAs: K rounded up to a multiple of kStepK.
+  const int64_t steps = (args.k + kStepK - 1) / kStepK * (kStepK / Cfg::kBK);
+  constexpr int kSlices = Cfg::kBK / 16;
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < steps) load_stage(s, static_cast<int64_t>(s) * Cfg::kBK);
+    cp_async_commit();
+  }
+  // Fragments one slice ahead: slice kk + 1's (the next stage's first at the last slice) load while slice kk's MMAs
+  // run. The next stage is waited for, and the stage refilled next released, at each stage's last slice.
+  static_assert(kSlices % 2 == 0, "the fragment buffers alternate across stages");
+  cp_async_wait<Cfg::kStages - 2>();
+  __syncthreads();
+  load_fragments(0, 0, 0);
+  for (int64_t step = 0; step < steps; ++step) {
+    const int stage = static_cast<int>(step % Cfg::kStages);
+#pragma unroll
+    for (int kk = 0; kk < kSlices; ++kk) {
+      if (kk == 0) {
+        const int64_t next = step + Cfg::kStages - 1;
+        if (next < steps) load_stage(static_cast<int>(next % Cfg::kStages), next * Cfg::kBK);
+        cp_async_commit();
+      }
+      if (kk == kSlices - 1) {
+        cp_async_wait<Cfg::kStages - 2>();  // step + 1's stage has landed (for this thread) ...
+        __syncthreads();  // ... for every thread, and every warp has loaded its last fragments of this stage
+        if (step + 1 < steps) load_fragments((kk + 1) % 2, static_cast<int>((step + 1) % Cfg::kStages), 0);
+      } else {
+        load_fragments((kk + 1) % 2, stage, 16 * (kk + 1));
+      }
+      multiply(kk % 2);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the stages; each warp now stages its C through its own 16 rows of floats
+
+  // Epilogue: 16 rows of the warp's tile at a time, fp32 through shared memory, each lane rounding 8 consecutive
+  // elements (round_element, as the other variants) and storing them as 16 bytes (element by element at n's edge).
+  float* const sc = reinterpret_cast<float*>(large_smem) + warp * 16 * Cfg::kLdC;
+  constexpr int kChunksPerRow = Cfg::kWarpN / 8, kChunks = 16 * kChunksPerRow;
+  const int g = lane / 4, t2 = 2 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < Cfg::kFragsM; ++i) {
+    // mma.m16n8k16's accumulator: c0, c1 at row lane / 4, columns 2 (lane % 4) + 0, 1; c2, c3 eight rows below.
+#pragma unroll
+    for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
+      *reinterpret_cast<float2*>(sc + g * Cfg::kLdC + 8 * j + t2) = make_float2(acc[i][j][0], acc[i][j][1]);
+      *reinterpret_cast<float2*>(sc + (g + 8) * Cfg::kLdC + 8 * j + t2) = make_float2(acc[i][j][2], acc[i][j][3]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int v = lane; v < kChunks; v += 32) {
+      const int r = v / kChunksPerRow, e = (v % kChunksPerRow) * 8;
+      const int64_t row = row0 + warp_row + 16 * i + r, col = col0 + warp_col + e;
+      if (row < args.m && col < args.n) {
+        const float* const f = sc + r * Cfg::kLdC + e;
+        E* const dst = c + row * args.ldc + col;
+        if (col + 8 <= args.n) {
+          E e8[8];
+#pragma unroll
+          for (int x = 0; x < 8; ++x) e8[x] = round_element<E>(f[x]);
+          uint4 out;
+          __builtin_memcpy(&out, e8, sizeof out);
+          *reinterpret_cast<uint4*>(dst) = out;
+        } else {
+          for (int x = 0; x < args.n - col; ++x) dst[x] = round_element<E>(f[x]);
+        }
+      }
+    }
+    __syncwarp();
+  }
+}
+
+// Sets the kernel's dynamic shared memory limit once per device (at most 64 devices remembered; others set it on
+// every launch).
+template <class Kernel>
+cudaError_t allow_smem(Kernel kernel, int bytes, unsigned long long& done_devices) {
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const unsigned long long bit = device < 64 ? 1ull << device : 0;
+  if (bit != 0 && (__atomic_load_n(&done_devices, __ATOMIC_ACQUIRE) & bit) != 0) return cudaSuccess;
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      e != cudaSuccess) {
+    return e;
+  }
+  __atomic_fetch_or(&done_devices, bit, __ATOMIC_RELEASE);
+  return cudaSuccess;
+}
+
+// One launch per group of rows whose blocks fit the grid's x limit (each on its rows of A and C, as launch_rows).
+template <class E, class Cfg>
+cudaError_t launch_large(const TileArgs& args, int64_t batch, cudaStream_t stream) {
+  constexpr int64_t kMaxBlocksX = 0x7FFFFFFF;
+  constexpr int kSmem = Cfg::template smem_bytes<E>();
+  static unsigned long long done_devices = 0;
+  const auto kernel = tile_matmul_large_kernel<E, Cfg>;
+  if (const cudaError_t e = allow_smem(kernel, kSmem, done_devices); e != cudaSuccess) return e;
+  const int64_t tiles_n = (args.n + Cfg::kBN - 1) / Cfg::kBN;
+  if (tiles_n > kMaxBlocksX || batch > 65535) return cudaErrorInvalidConfiguration;
+  const int64_t rows_per_launch = kMaxBlocksX / tiles_n * Cfg::kBM;
+  for (int64_t first = 0; first < args.m; first += rows_per_launch) {
+    TileArgs group = args;
+    group.m = std::min<int64_t>(args.m - first, rows_per_launch);
+    group.a = static_cast<const E*>(args.a) + first * args.lda;
+    group.c = static_cast<E*>(args.c) + first * args.ldc;
+    const int64_t blocks = (group.m + Cfg::kBM - 1) / Cfg::kBM * tiles_n;
+    const dim3 grid(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(batch));
+    kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(group, tiles_n);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+// Measured on an H100 (python/tests/gpu_tile_variants_check.py, 2026-11-27; docs/benchmarks_history.md) against
+// 128 x 256 blocks with K 64 at a time (3 or 4 stages: within 6 % either way), 128 x 128 blocks of 4 warps (two
+// blocks per SM) and no fragment prefetch (1.15-1.3 x as long at M = 4096): all gave the same bits.
+using LargeTiles = LargeConfig<128, 256, 32, 4, 2, 4>;     // 8 warps of 64 x 64
+using LargeTiles128 = LargeConfig<128, 128, 64, 4, 2, 4>;  // 8 warps of 64 x 32: where few 128 x 256 blocks would run
+
+// EXACTCOLL_TILE_MATMUL_VARIANT (tests only, read on every call; tile_matmul.h): unset or "auto" chooses from the
+// shape; "16", "64", "large" and "large_128" force that variant for every shape.
+enum class Variant { kAuto, kRows16, kRows64, kLarge, kLarge128, kUnknown };
+Variant forced_variant() {
+  const char* text = std::getenv("EXACTCOLL_TILE_MATMUL_VARIANT");
+  if (text == nullptr || *text == '\0' || std::strcmp(text, "auto") == 0) return Variant::kAuto;
+  static const std::pair<const char*, Variant> kNames[] = {{"16", Variant::kRows16},
+                                                           {"64", Variant::kRows64},
+                                                           {"large", Variant::kLarge},
+                                                           {"large_128", Variant::kLarge128}};
+  for (const auto& [name, variant] : kNames) {
+    if (std::strcmp(text, name) == 0) return variant;
+  }
+  return Variant::kUnknown;
+}
+
+// Which variant runs changes which block computes an element, never its bits (tile_matmul.h), so it may depend on
+// anything: here m, and the count of 128 x 256 blocks.
 template <class E>
 cudaError_t launch_typed(const TileArgs& args, int64_t batch, cudaStream_t stream) {
-  return args.m <= kSmallM ? launch_rows<E, kSmallRows>(args, batch, stream) : launch_rows<E, 64>(args, batch, stream);
+  Variant variant = forced_variant();
+  if (variant == Variant::kAuto) {
+    // 128 x 256 blocks, or 128 x 128 where the wider blocks would be fewer than the GPU's SMs (under 100).
+    const int64_t wide_blocks = (args.m + 127) / 128 * ((args.n + 255) / 256) * batch;
+    variant = args.m <= kSmallM   ? Variant::kRows16
+              : args.m < kLargeM  ? Variant::kRows64
+              : wide_blocks < 100 ? Variant::kLarge128
+                                  : Variant::kLarge;
+  }
+  switch (variant) {
+    case Variant::kRows16: return launch_rows<E, kSmallRows>(args, batch, stream);
+    case Variant::kRows64: return launch_rows<E, 64>(args, batch, stream);
+    case Variant::kLarge: return launch_large<E, LargeTiles>(args, batch, stream);
+    case Variant::kLarge128: return launch_large<E, LargeTiles128>(args, batch, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace

@@ -1,18 +1,34 @@
-// exactcoll's own invariant matrix product (invariant_matmul.h's default kernel): one CUDA kernel
+// exactcoll's own invariant matrix product (invariant_matmul.h's default kernel): CUDA kernels
 // whose per-element order of operations is fixed by construction, so no assumption about a
 // library's kernel choice is needed.
 //
 //   C[b] = A[b] @ B[b] (row-major, bf16 or fp16, fp32 accumulation, one rounding at the end),
 //   the shapes, leading dimensions and strides of MatmulShape (matmul_args.h, already checked).
 //
-// Why each output element's bits depend only on its row of A, its column of B and K: the grid
-// tiles C in blocks of 64 columns and 64 rows (16 rows when m <= 32) (blockIdx.x over columns, .y over rows, .z over
-// batch entries); a block walks K from 0 (loading 128 at a time), and each element's accumulator is the same sequence
-// of tensor-core operations (wmma m16n16k16, fp32 accumulate: k 0..15, then 16..31, ...), starting from +0.0f, whatever
-// the block's position, M, N or the batch. Elements past K (the last step) are loaded as zeros, identically for every M
-// and N. Rows past M and columns past N are computed from zeros and never stored. The tensor cores' order inside one
-// MMA is the hardware's, the same for every call on the same GPU model (docs/numerics.md: leaf products are given
-// inputs).
+// Why each output element's bits depend only on its row of A, its column of B and K: each element's accumulator is the
+// same sequence of tensor-core operations whatever the shape, the batch or which block computes it: 16 x 16 x 16
+// MMAs with fp32 accumulation (HMMA.16816.F32 on sm_90), starting from +0.0f, over k 0..15, then 16..31, ..., up to K
+// rounded up to a multiple of 128 (elements past K are zeros, identically for every M and N), then one rounding to
+// the storage type (__float2bfloat16_rn / __float2half_rn). Rows past M and columns past N are computed from zeros and
+// never stored. The tensor cores' order inside one MMA is the hardware's, the same for every call on the same GPU
+// model (docs/numerics.md: leaf products are given inputs). Three variants compute it; which one runs is chosen
+// from the shape, and changes which block computes an element, never its bits (blocks start at multiples of 16 rows
+// and columns, so an element is in the same place of its 16 x 16 tile in every variant):
+//   - 16-row blocks (m <= 32) and 64-row blocks (m < 256): 64 columns, 128 threads, wmma m16n16k16 from shared
+//     memory, K loaded 128 at a time through registers (blockIdx.x over columns, .y over rows, .z over batch entries);
+//   - large blocks (m >= 256): 128 rows x 256 columns (128 x 128 where fewer than 100 such blocks would run), 256
+//     threads, K loaded 32 (64 for 128 x 128) at a time into a ring of 4 shared buffers by cp.async, operands read with
+//     ldmatrix and multiplied by mma.sync m16n8k16 (the instruction wmma m16n16k16 compiles to on sm_90,
+//     HMMA.16816.F32, twice per 16 x 16 tile: per element one MMA over the same 16 k, in the same order), blocks in
+//     groups of 8 block rows for L2 reuse. About 3.2-3.5 x faster than the 64-row blocks at M = 4096 (about half of
+//     torch.matmul's speed) on an H100 (docs/benchmarks.md).
+// The large variant was checked bit for bit against the 64-row one on an H100 (python/tests/gpu_tile_variants_check.py:
+// M 256..4097, N 8..8200, K 8..4096 and K, N not multiples of 8, batch 1 and 2 with B shared or not, bf16 and fp16,
+// with -0.0, inf and NaN; 0 of 8.7 x 10^9 elements differed for each large configuration).
+//
+// EXACTCOLL_TILE_MATMUL_VARIANT (tests only, read on every call): "16", "64", "large" or "large_128" forces that
+// variant for every shape, so that a test compares their bits (python/tests/gpu_tile_variants_check.py); unset or
+// "auto" chooses from the shape; another value makes the launch fail with cudaErrorInvalidValue.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,7 +38,9 @@
 
 namespace exactcoll::cuda::linear {
 
-// The kernel's fixed tiling, named in the configuration text callers compare across runs.
+// The kernel's order of operations, named in the configuration text callers compare across runs. The text is older
+// than the large variant (its first words name the first variant's blocks) and is kept: the bits it stands for did
+// not change.
 inline constexpr const char* kTileMatmulText =
     "exactcoll tiles: C blocks of 64 columns, K in order from 0 by wmma m16n16k16, fp32 accumulate, one rounding";
 

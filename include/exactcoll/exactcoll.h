@@ -632,8 +632,8 @@ EXACTCOLL_API int exactcoll_model_multinode(int op, int dtype, int nodes, int gp
  * TP-invariant linear layers: a column-parallel shard of N, or a row-parallel layer's leaves as
  * one batch, gives the bits of the whole product). bf16 or fp16 operands, float accumulation, each
  * output rounded once to the storage type. By default exactcoll's own kernel computes it
- * (cuda_backend/linear/tile_matmul.h: blocks of 64 columns of C, K in order from 0 by tensor-core
- * MMAs with fp32 accumulation: every element's order of operations is fixed by construction).
+ * (cuda_backend/linear/tile_matmul.h: blocks of C, K in order from 0 by tensor-core MMAs with
+ * fp32 accumulation: every element's order of operations is fixed by construction).
  * With EXACTCOLL_INVARIANT_MATMUL=cublaslt (an experiment), cuBLASLt (libcublasLt.so.13, loaded on
  * first use) runs it with ONE configuration pinned per (device, dtype, k): split-K 1, no
  * reduction, no workspace, chosen the first time that k is used (cuda_backend/linear/
