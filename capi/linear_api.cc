@@ -39,6 +39,50 @@ void on_device(int device, Body&& body) {
   }
 }
 
+// Stream-ordered scratch (cudaMallocAsync; freed with cudaFreeAsync on the same stream, also when what
+// uses it throws, so that it can be captured in a CUDA graph).
+class StreamScratch {
+ public:
+  StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
+    EXC_CUDA_CHECK(cudaMallocAsync(&pointer_, bytes, stream));
+  }
+  ~StreamScratch() {
+    if (pointer_ != nullptr) cudaFreeAsync(pointer_, stream_);
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  void* get() const { return pointer_; }
+
+ private:
+  void* pointer_ = nullptr;
+  cudaStream_t stream_;
+};
+
+// The pair product on the pinned cuBLASLt configuration: the even leaves' products into c (one call
+// batched over the pairs), the odd leaves' into a scratch, then c <- node(c, scratch) (the tree
+// node, as the tile kernels' pair mode computes it). Each leaf product is the one
+// exactcoll_invariant_matmul computes in this mode (same configuration, same k).
+void cublaslt_pairs(int device, const void* a, const void* b, void* c, DType type, const cuda::linear::PairShape& p,
+                    cudaStream_t stream) {
+  cuda::linear::InvariantMatmul& product = cuda::linear::InvariantMatmul::on_device(device);
+  const int64_t size = dtype_size(type);
+  cuda::linear::MatmulShape even;
+  even.m = p.m, even.k = p.k, even.n = p.n, even.batch = p.pairs;
+  even.lda = p.lda, even.ldb = p.ldb, even.ldc = p.ldc;
+  even.stride_a = 2 * p.stride_a_leaf, even.stride_b = 2 * p.stride_b_leaf, even.stride_c = p.stride_c_pair;
+  product.run(a, b, c, type, even, stream);
+  cuda::linear::MatmulShape odd = even;
+  odd.ldc = (p.n + 7) / 8 * 8;  // the scratch's rows: 16-byte multiples
+  odd.stride_c = p.m * odd.ldc;
+  StreamScratch scratch(static_cast<size_t>(p.pairs * odd.stride_c * size), stream);
+  product.run(static_cast<const char*>(a) + p.stride_a_leaf * size,
+              static_cast<const char*>(b) + p.stride_b_leaf * size, scratch.get(), type, odd, stream);
+  cuda::linear::PairAddShape add;
+  add.m = p.m, add.n = p.n, add.pairs = p.pairs;
+  add.ldc = p.ldc, add.stride_c = p.stride_c_pair, add.ld_right = odd.ldc, add.stride_right = odd.stride_c;
+  EXC_CUDA_CHECK(cuda::linear::launch_pair_add(c, scratch.get(), type, add, stream));
+}
+
 }  // namespace
 
 extern "C" {
@@ -57,6 +101,26 @@ int exactcoll_invariant_matmul(const void* a, const void* b, void* c, int64_t m,
         EXC_CUDA_CHECK(cuda::linear::launch_tile_matmul(a, b, c, type, shape, static_cast<cudaStream_t>(stream)));
       } else {
         cuda::linear::InvariantMatmul::on_device(current).run(a, b, c, type, shape, static_cast<cudaStream_t>(stream));
+      }
+    });
+  });
+}
+
+int exactcoll_invariant_matmul_pairs(const void* a, const void* b, void* c, int64_t m, int64_t k, int64_t n,
+                                     int64_t pairs, int64_t lda, int64_t ldb, int64_t ldc, int64_t stride_a_leaf,
+                                     int64_t stride_b_leaf, int64_t stride_c_pair, int dtype, int device,
+                                     void* stream) {
+  return guarded("exactcoll_invariant_matmul_pairs", [&] {
+    const DType type = product_dtype(dtype);
+    const cuda::linear::PairShape shape = checked_pairs(a, b, c, m, k, n, pairs, lda, ldb, ldc, stride_a_leaf,
+                                                        stride_b_leaf, stride_c_pair, type, device);
+    if (m == 0) return;
+    on_device(device, [&](int current) {
+      const auto s = static_cast<cudaStream_t>(stream);
+      if (cuda::linear::invariant_kernel() == cuda::linear::InvariantKernel::kTiles) {
+        EXC_CUDA_CHECK(cuda::linear::launch_tile_matmul_pairs(a, b, c, type, shape, s));
+      } else {
+        cublaslt_pairs(current, a, b, c, type, shape, s);
       }
     });
   });

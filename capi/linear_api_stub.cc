@@ -28,6 +28,15 @@ int exactcoll_invariant_matmul(const void* a, const void* b, void* c, int64_t m,
     if (m != 0) unavailable();
   });
 }
+int exactcoll_invariant_matmul_pairs(const void* a, const void* b, void* c, int64_t m, int64_t k, int64_t n,
+                                     int64_t pairs, int64_t lda, int64_t ldb, int64_t ldc, int64_t stride_a_leaf,
+                                     int64_t stride_b_leaf, int64_t stride_c_pair, int dtype, int device, void*) {
+  return guarded("exactcoll_invariant_matmul_pairs", [&] {
+    checked_pairs(a, b, c, m, k, n, pairs, lda, ldb, ldc, stride_a_leaf, stride_b_leaf, stride_c_pair,
+                  product_dtype(dtype), device);
+    if (m != 0) unavailable();
+  });
+}
 int exactcoll_invariant_matmul_config(int dtype, int64_t k, int device, char* text, size_t size) {
   return guarded("exactcoll_invariant_matmul_config", [&] {
     product_dtype(dtype);

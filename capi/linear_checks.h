@@ -1,7 +1,7 @@
-// The argument checks of exactcoll_invariant_matmul and exactcoll_invariant_matmul_config, made
-// before any GPU work by capi/linear_api.cc and by its stub in a library built without CUDA
-// (capi/linear_api_stub.cc), so that a bad call gets the same INVALID_ARGUMENT and message from
-// both.
+// The argument checks of exactcoll_invariant_matmul, exactcoll_invariant_matmul_pairs and
+// exactcoll_invariant_matmul_config, made before any GPU work by capi/linear_api.cc and by its stub
+// in a library built without CUDA (capi/linear_api_stub.cc), so that a bad call gets the same
+// INVALID_ARGUMENT and message from both.
 #pragma once
 
 #include <cstddef>
@@ -40,6 +40,25 @@ inline cuda::linear::MatmulShape checked_matmul(const void* a, const void* b, co
   shape.stride_a = stride_a, shape.stride_b = stride_b, shape.stride_c = stride_c;
   try {
     cuda::linear::check_call(a, b, c, type, shape);
+  } catch (const cuda::linear::MatmulRefused& e) {
+    bad_argument(e.what());
+  }
+  check_device(device);
+  return shape;
+}
+
+// Every check of exactcoll_invariant_matmul_pairs's arguments (cuda::linear::check_pairs_call's,
+// as INVALID_ARGUMENT); returns the shape.
+inline cuda::linear::PairShape checked_pairs(const void* a, const void* b, const void* c, int64_t m, int64_t k,
+                                             int64_t n, int64_t pairs, int64_t lda, int64_t ldb, int64_t ldc,
+                                             int64_t stride_a_leaf, int64_t stride_b_leaf, int64_t stride_c_pair,
+                                             DType type, int device) {
+  cuda::linear::PairShape shape;
+  shape.m = m, shape.k = k, shape.n = n, shape.pairs = pairs;
+  shape.lda = lda, shape.ldb = ldb, shape.ldc = ldc;
+  shape.stride_a_leaf = stride_a_leaf, shape.stride_b_leaf = stride_b_leaf, shape.stride_c_pair = stride_c_pair;
+  try {
+    cuda::linear::check_pairs_call(a, b, c, type, shape);
   } catch (const cuda::linear::MatmulRefused& e) {
     bad_argument(e.what());
   }

@@ -128,58 +128,122 @@ struct StepRegisters {
   }
 };
 
-template <class E, int kRows>
+template <class E>
+__device__ __forceinline__ float widen_element(E e);
+template <>
+__device__ __forceinline__ float widen_element<__nv_bfloat16>(__nv_bfloat16 e) {
+  return __bfloat162float(e);
+}
+template <>
+__device__ __forceinline__ float widen_element<__half>(__half e) {
+  return __half2float(e);
+}
+
+// Two elements in one 32-bit word (the first in the low half) and back.
+template <class E>
+__device__ __forceinline__ uint32_t pack2(E low, E high) {
+  uint16_t l, h;
+  __builtin_memcpy(&l, &low, sizeof l);
+  __builtin_memcpy(&h, &high, sizeof h);
+  return static_cast<uint32_t>(l) | static_cast<uint32_t>(h) << 16;
+}
+template <class E>
+__device__ __forceinline__ E low_element(uint32_t word) {
+  const uint16_t bits = static_cast<uint16_t>(word & 0xFFFFu);
+  E e;
+  __builtin_memcpy(&e, &bits, sizeof e);
+  return e;
+}
+template <class E>
+__device__ __forceinline__ E high_element(uint32_t word) {
+  const uint16_t bits = static_cast<uint16_t>(word >> 16);
+  E e;
+  __builtin_memcpy(&e, &bits, sizeof e);
+  return e;
+}
+
+// The tree contract's node of two rounded leaf products (core/contract.h's tree_node): one fp32 add
+// (__fadd_rn, never contracted), before its one rounding to storage (round_element, the caller's).
+template <class E>
+__device__ __forceinline__ float pair_sum(E left, E right) {
+  return __fadd_rn(widen_element<E>(left), widen_element<E>(right));
+}
+
+// The leaf-pair mode (kPairs): blockIdx.z is pair p; the block computes leaf 2p's product (A and B at entry 2p of
+// stride_a, stride_b), rounds it and keeps it, then leaf 2p+1's (entry 2p+1) the same way from accumulators reset to
+// +0.0f, and stores round_element(pair_sum(leaf 2p, leaf 2p+1)) at C entry p (stride_c). Each leaf's product is the
+// one the plain mode computes (the same code, per leaf); without kPairs, blockIdx.z is the batch entry of A, B and C.
+template <class E, int kRows, bool kPairs>
 __global__ void __launch_bounds__(kThreads) tile_matmul_kernel(const TileArgs args) {
   using namespace nvcuda;
   // kRows 64: warps 2 x 2, each 32 x 32 (2 x 2 fragments); kRows 16: warps 1 x 4, each 16 x 16.
   constexpr int kFragsM = kRows == 64 ? 2 : 1, kFragsN = kRows == 64 ? 2 : 1;
+  constexpr int kLeaves = kPairs ? 2 : 1;
   __shared__ TileSmem<E, kRows> smem;
+  // Leaf 2p's rounded products, each element written and read back by the same thread (no sync).
+  __shared__ E kept[kPairs ? kRows * kBlockN : 1];
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRows;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBlockN;
-  const E* a = static_cast<const E*>(args.a) + static_cast<int64_t>(blockIdx.z) * args.stride_a;
-  const E* b = static_cast<const E*>(args.b) + static_cast<int64_t>(blockIdx.z) * args.stride_b;
   E* c = static_cast<E*>(args.c) + static_cast<int64_t>(blockIdx.z) * args.stride_c;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int warp_row = kRows == 64 ? (warp / 2) * 32 : 0;
   const int warp_col = kRows == 64 ? (warp % 2) * 32 : warp * 16;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kFragsM][kFragsN];
-  for (int i = 0; i < kFragsM; ++i) {
-    for (int j = 0; j < kFragsN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-  }
-  StepRegisters<E, kRows> step;
-  step.fetch(a, b, args, row0, col0, 0);
-  for (int64_t k0 = 0; k0 < args.k; k0 += kStepK) {
-    step.store(smem);
-    __syncthreads();
-    if (k0 + kStepK < args.k) step.fetch(a, b, args, row0, col0, k0 + kStepK);  // in flight during the MMAs
-    for (int s = 0; s < kStepK; s += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major> a_frag[kFragsM];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major> b_frag[kFragsN];
-      for (int i = 0; i < kFragsM; ++i) wmma::load_matrix_sync(a_frag[i], &smem.ab.a[warp_row + 16 * i][s], kPadA);
-      for (int j = 0; j < kFragsN; ++j) wmma::load_matrix_sync(b_frag[j], &smem.ab.b[s][warp_col + 16 * j], kPadB);
-      for (int i = 0; i < kFragsM; ++i) {
-        for (int j = 0; j < kFragsN; ++j) wmma::mma_sync(acc[i][j], a_frag[i], b_frag[j], acc[i][j]);
+#pragma unroll 1
+  for (int leaf = 0; leaf < kLeaves; ++leaf) {
+    const int64_t entry = kPairs ? 2 * static_cast<int64_t>(blockIdx.z) + leaf : static_cast<int64_t>(blockIdx.z);
+    const E* a = static_cast<const E*>(args.a) + entry * args.stride_a;
+    const E* b = static_cast<const E*>(args.b) + entry * args.stride_b;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kFragsM][kFragsN];
+    for (int i = 0; i < kFragsM; ++i) {
+      for (int j = 0; j < kFragsN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    }
+    StepRegisters<E, kRows> step;
+    step.fetch(a, b, args, row0, col0, 0);
+    for (int64_t k0 = 0; k0 < args.k; k0 += kStepK) {
+      step.store(smem);
+      __syncthreads();
+      if (k0 + kStepK < args.k) step.fetch(a, b, args, row0, col0, k0 + kStepK);  // in flight during the MMAs
+      for (int s = 0; s < kStepK; s += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major> a_frag[kFragsM];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major> b_frag[kFragsN];
+        for (int i = 0; i < kFragsM; ++i) wmma::load_matrix_sync(a_frag[i], &smem.ab.a[warp_row + 16 * i][s], kPadA);
+        for (int j = 0; j < kFragsN; ++j) wmma::load_matrix_sync(b_frag[j], &smem.ab.b[s][warp_col + 16 * j], kPadB);
+        for (int i = 0; i < kFragsM; ++i) {
+          for (int j = 0; j < kFragsN; ++j) wmma::mma_sync(acc[i][j], a_frag[i], b_frag[j], acc[i][j]);
+        }
+      }
+      __syncthreads();
+    }
+    // The K loop's last __syncthreads: every warp is done reading the A and B tiles that c overlays.
+    for (int i = 0; i < kFragsM; ++i) {
+      for (int j = 0; j < kFragsN; ++j) {
+        wmma::store_matrix_sync(&smem.c[warp_row + 16 * i][warp_col + 16 * j], acc[i][j], kPadC, wmma::mem_row_major);
       }
     }
     __syncthreads();
-  }
-  // The K loop's last __syncthreads: every warp is done reading the A and B tiles that c overlays.
-  for (int i = 0; i < kFragsM; ++i) {
-    for (int j = 0; j < kFragsN; ++j) {
-      wmma::store_matrix_sync(&smem.c[warp_row + 16 * i][warp_col + 16 * j], acc[i][j], kPadC, wmma::mem_row_major);
+    if (kPairs && leaf == 0) {
+      for (int v = static_cast<int>(threadIdx.x); v < kRows * kBlockN; v += kThreads) {
+        kept[v] = round_element<E>(smem.c[v / kBlockN][v % kBlockN]);
+      }
+      __syncthreads();  // every thread has read smem.c before the next leaf's tiles overwrite it
     }
   }
-  __syncthreads();
   for (int v = static_cast<int>(threadIdx.x); v < kRows * kBlockN; v += kThreads) {
     const int r = v / kBlockN, e = v % kBlockN;
     const int64_t row = row0 + r, col = col0 + e;
-    if (row < args.m && col < args.n) c[row * args.ldc + col] = round_element<E>(smem.c[r][e]);
+    if (row < args.m && col < args.n) {
+      if constexpr (kPairs) {
+        c[row * args.ldc + col] = round_element<E>(pair_sum<E>(kept[v], round_element<E>(smem.c[r][e])));
+      } else {
+        c[row * args.ldc + col] = round_element<E>(smem.c[r][e]);
+      }
+    }
   }
 }
 
 // One launch per group of at most 65535 row blocks (the grid's y limit), each on its rows of A and
 // C: a row's products do not depend on which launch computes them.
-template <class E, int kRows>
+template <class E, int kRows, bool kPairs>
 cudaError_t launch_rows(const TileArgs& args, int64_t batch, cudaStream_t stream) {
   constexpr int64_t kMaxBlocksY = 65535;
   const int64_t blocks_n = (args.n + kBlockN - 1) / kBlockN;
@@ -191,7 +255,7 @@ cudaError_t launch_rows(const TileArgs& args, int64_t batch, cudaStream_t stream
     group.c = static_cast<E*>(args.c) + first * args.ldc;
     const int64_t blocks_m = (group.m + kRows - 1) / kRows;
     const dim3 grid(static_cast<unsigned>(blocks_n), static_cast<unsigned>(blocks_m), static_cast<unsigned>(batch));
-    tile_matmul_kernel<E, kRows><<<grid, kThreads, 0, stream>>>(group);
+    tile_matmul_kernel<E, kRows, kPairs><<<grid, kThreads, 0, stream>>>(group);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -221,11 +285,17 @@ struct LargeConfig {
   static constexpr int kLdA = BK + 8, kLdB = BN + 8, kLdC = kWarpN + 8;  // padded rows (ldmatrix without conflicts)
   static constexpr int kStageA = BM * kLdA, kStageB = BK * kLdB;         // elements
   static constexpr int kChunksA = BM * BK / 8 / kThreads, kChunksB = BK * BN / 8 / kThreads;
+  // The leaf-pair mode's kept products: per thread, its accumulators' elements rounded, two to a 32-bit word.
+  static constexpr int kKeptWords = kFragsM * 2 * kFragsN * 2;
   template <class E>
-  static constexpr int smem_bytes() {
+  static constexpr int main_bytes() {  // the ring of stages, then the epilogue's fp32 rows over it
     constexpr int pipeline = Stages * (kStageA + kStageB) * static_cast<int>(sizeof(E));
     constexpr int epilogue = WarpsM * WarpsN * 16 * kLdC * static_cast<int>(sizeof(float));
     return pipeline > epilogue ? pipeline : epilogue;
+  }
+  template <class E, bool kPairs>
+  static constexpr int smem_bytes() {  // with kPairs, the kept words after the rest (128-byte aligned)
+    return kPairs ? (main_bytes<E>() + 127) / 128 * 128 + kKeptWords * kThreads * 4 : main_bytes<E>();
   }
   static_assert(kStepK % BK == 0, "a K step of 128 is a whole number of loads");
   static_assert(BM * BK / 8 % kThreads == 0 && BK * BN / 8 % kThreads == 0, "loads split evenly over the threads");
@@ -287,7 +357,9 @@ __device__ __forceinline__ BlockPlace place_block(int64_t id, int64_t tiles_m, i
   return {first + in_group % rows, in_group / rows};
 }
 
-template <class E, class Cfg>
+// kPairs: the leaf-pair mode of tile_matmul_kernel (blockIdx.z the pair; leaf 2p's product rounded and kept in shared
+// memory, the accumulators reset, leaf 2p+1's computed by the same loop, their node stored).
+template <class E, class Cfg, bool kPairs>
 __global__ void __launch_bounds__(Cfg::kThreads, 256 / Cfg::kThreads)
     tile_matmul_large_kernel(const TileArgs args, int64_t tiles_n) {
   extern __shared__ __align__(128) unsigned char large_smem[];
@@ -296,127 +368,167 @@ __global__ void __launch_bounds__(Cfg::kThreads, 256 / Cfg::kThreads)
   const int64_t tiles_m = (args.m + Cfg::kBM - 1) / Cfg::kBM;
   const BlockPlace place = place_block(blockIdx.x, tiles_m, tiles_n);
   const int64_t row0 = place.tile_m * Cfg::kBM, col0 = place.tile_n * Cfg::kBN;
-  const E* const a = static_cast<const E*>(args.a) + static_cast<int64_t>(blockIdx.z) * args.stride_a;
-  const E* const b = static_cast<const E*>(args.b) + static_cast<int64_t>(blockIdx.z) * args.stride_b;
   E* const c = static_cast<E*>(args.c) + static_cast<int64_t>(blockIdx.z) * args.stride_c;
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int warp_row = (warp / Cfg::kWarpsN) * Cfg::kWarpM, warp_col = (warp % Cfg::kWarpsN) * Cfg::kWarpN;
-
-  // This thread's 16-byte chunks of a stage: A's rows ra + t * kPassA (t < kChunksA), columns [ea, +8) of the stage's
-  // K; B's K rows rb + t * kPassB, columns [eb, +8) of the block's.
-  constexpr int kPassA = Cfg::kThreads / (Cfg::kBK / 8), kPassB = Cfg::kThreads / (Cfg::kBN / 8);
-  const int ra = tid / (Cfg::kBK / 8), ea = (tid % (Cfg::kBK / 8)) * 8;
-  const int rb = tid / (Cfg::kBN / 8), eb = (tid % (Cfg::kBN / 8)) * 8;
-  const E* const a_base = a + (row0 + ra) * args.lda + ea;  // dereferenced only for rows inside m
-  const E* const b_base = b + static_cast<int64_t>(rb) * args.ldb + col0 + eb;
-  unsigned a_rows_inside = 0;  // bit t: A's row ra + t * kPassA is inside m
-#pragma unroll
-  for (int t = 0; t < Cfg::kChunksA; ++t) a_rows_inside |= (row0 + ra + t * kPassA < args.m ? 1u : 0u) << t;
-  const int b_bytes = clamp8(args.n - (col0 + eb)) * kE;
-  const bool block_inside = row0 + Cfg::kBM <= args.m && col0 + Cfg::kBN <= args.n;
-  // Stage `stage` <- A's [row0, +kBM) x [k0, +kBK) and B's [k0, +kBK) x [col0, +kBN). At the edges of m, k and n a
-  // chunk copies only the bytes inside (from A's or B's first element when none) and the copy zero-fills the rest.
-  const auto load_stage = [&](int stage, int64_t k0) {
-    E* const dst_a = smem_e + stage * (Cfg::kStageA + Cfg::kStageB);
-    E* const dst_b = dst_a + Cfg::kStageA;
-    if (block_inside && k0 + Cfg::kBK <= args.k) {
-#pragma unroll
-      for (int t = 0; t < Cfg::kChunksA; ++t) {
-        cp_async16(dst_a + (ra + t * kPassA) * Cfg::kLdA + ea, a_base + t * kPassA * args.lda + k0, 16);
-      }
-#pragma unroll
-      for (int t = 0; t < Cfg::kChunksB; ++t) {
-        cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, b_base + (k0 + t * kPassB) * args.ldb, 16);
-      }
-    } else {
-      const int a_bytes = clamp8(args.k - (k0 + ea)) * kE;
-#pragma unroll
-      for (int t = 0; t < Cfg::kChunksA; ++t) {
-        const int bytes = (a_rows_inside >> t & 1u) != 0 ? a_bytes : 0;
-        cp_async16(dst_a + (ra + t * kPassA) * Cfg::kLdA + ea, bytes != 0 ? a_base + t * kPassA * args.lda + k0 : a,
-                   bytes);
-      }
-#pragma unroll
-      for (int t = 0; t < Cfg::kChunksB; ++t) {
-        const int bytes = k0 + rb + t * kPassB < args.k ? b_bytes : 0;
-        cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, bytes != 0 ? b_base + (k0 + t * kPassB) * args.ldb : b,
-                   bytes);
-      }
-    }
-  };
-
-  // The warp's 16 x 16 fragments of A and B for K columns [kk, +16) of a stage (ldmatrix.x4: lane l gives the
-  // address of row l % 16, columns (l / 16) * 8 of a 16 x 16 tile; B transposed): the operands mma.m16n8k16 takes.
-  uint32_t a_reg[2][Cfg::kFragsM][4], b_reg[2][Cfg::kFragsN][4];
-  const auto load_fragments = [&](int buffer, int stage, int kk) {
-    const E* const sa = smem_e + stage * (Cfg::kStageA + Cfg::kStageB);
-    const E* const sb = sa + Cfg::kStageA;
-#pragma unroll
-    for (int i = 0; i < Cfg::kFragsM; ++i) {
-      ldmatrix_x4(a_reg[buffer][i], sa + (warp_row + 16 * i + lane % 16) * Cfg::kLdA + kk + (lane / 16) * 8);
-    }
-#pragma unroll
-    for (int j = 0; j < Cfg::kFragsN; ++j) {
-      ldmatrix_x4_trans(b_reg[buffer][j], sb + (kk + lane % 16) * Cfg::kLdB + warp_col + 16 * j + (lane / 16) * 8);
-    }
-  };
   // Accumulators: [i][j] is rows [16 i, +16) and columns [8 j, +8) of the warp's tile, each element's sum starting
-  // from +0.0f.
+  // from +0.0f (for each leaf).
   float acc[Cfg::kFragsM][2 * Cfg::kFragsN][4];
+  constexpr int kLeaves = kPairs ? 2 : 1;
+#pragma unroll 1
+  for (int leaf = 0; leaf < kLeaves; ++leaf) {
+    const int64_t entry = kPairs ? 2 * static_cast<int64_t>(blockIdx.z) + leaf : static_cast<int64_t>(blockIdx.z);
+    const E* const a = static_cast<const E*>(args.a) + entry * args.stride_a;
+    const E* const b = static_cast<const E*>(args.b) + entry * args.stride_b;
+
+    // This thread's 16-byte chunks of a stage: A's rows ra + t * kPassA (t < kChunksA), columns [ea, +8) of the stage's
+    // K; B's K rows rb + t * kPassB, columns [eb, +8) of the block's.
+    constexpr int kPassA = Cfg::kThreads / (Cfg::kBK / 8), kPassB = Cfg::kThreads / (Cfg::kBN / 8);
+    const int ra = tid / (Cfg::kBK / 8), ea = (tid % (Cfg::kBK / 8)) * 8;
+    const int rb = tid / (Cfg::kBN / 8), eb = (tid % (Cfg::kBN / 8)) * 8;
+    const E* const a_base = a + (row0 + ra) * args.lda + ea;  // dereferenced only for rows inside m
+    const E* const b_base = b + static_cast<int64_t>(rb) * args.ldb + col0 + eb;
+    unsigned a_rows_inside = 0;  // bit t: A's row ra + t * kPassA is inside m
 #pragma unroll
-  for (int i = 0; i < Cfg::kFragsM; ++i) {
+    for (int t = 0; t < Cfg::kChunksA; ++t) a_rows_inside |= (row0 + ra + t * kPassA < args.m ? 1u : 0u) << t;
+    const int b_bytes = clamp8(args.n - (col0 + eb)) * kE;
+    const bool block_inside = row0 + Cfg::kBM <= args.m && col0 + Cfg::kBN <= args.n;
+    // Stage `stage` <- A's [row0, +kBM) x [k0, +kBK) and B's [k0, +kBK) x [col0, +kBN). At the edges of m, k and n a
+    // chunk copies only the bytes inside (from A's or B's first element when none) and the copy zero-fills the rest.
+    const auto load_stage = [&](int stage, int64_t k0) {
+      E* const dst_a = smem_e + stage * (Cfg::kStageA + Cfg::kStageB);
+      E* const dst_b = dst_a + Cfg::kStageA;
+      if (block_inside && k0 + Cfg::kBK <= args.k) {
 #pragma unroll
-    for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
+        for (int t = 0; t < Cfg::kChunksA; ++t) {
+          cp_async16(dst_a + (ra + t * kPassA) * Cfg::kLdA + ea, a_base + t * kPassA * args.lda + k0, 16);
+        }
 #pragma unroll
-      for (int x = 0; x < 4; ++x) acc[i][j][x] = 0.0f;
-    }
-  }
-  const auto multiply = [&](int buffer) {  // one m16n8k16 per accumulator: the next 16 of K, in order
+        for (int t = 0; t < Cfg::kChunksB; ++t) {
+          cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, b_base + (k0 + t * kPassB) * args.ldb, 16);
+        }
+      } else {
+        const int a_bytes = clamp8(args.k - (k0 + ea)) * kE;
+#pragma unroll
+        for (int t = 0; t < Cfg::kChunksA; ++t) {
+          const int bytes = (a_rows_inside >> t & 1u) != 0 ? a_bytes : 0;
+          cp_async16(dst_a + (ra + t * kPassA) * Cfg::kLdA + ea, bytes != 0 ? a_base + t * kPassA * args.lda + k0 : a,
+                     bytes);
+        }
+#pragma unroll
+        for (int t = 0; t < Cfg::kChunksB; ++t) {
+          const int bytes = k0 + rb + t * kPassB < args.k ? b_bytes : 0;
+          cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, bytes != 0 ? b_base + (k0 + t * kPassB) * args.ldb : b,
+                     bytes);
+        }
+      }
+    };
+
+    // The warp's 16 x 16 fragments of A and B for K columns [kk, +16) of a stage (ldmatrix.x4: lane l gives the
+    // address of row l % 16, columns (l / 16) * 8 of a 16 x 16 tile; B transposed): the operands mma.m16n8k16 takes.
+    uint32_t a_reg[2][Cfg::kFragsM][4], b_reg[2][Cfg::kFragsN][4];
+    const auto load_fragments = [&](int buffer, int stage, int kk) {
+      const E* const sa = smem_e + stage * (Cfg::kStageA + Cfg::kStageB);
+      const E* const sb = sa + Cfg::kStageA;
+#pragma unroll
+      for (int i = 0; i < Cfg::kFragsM; ++i) {
+        ldmatrix_x4(a_reg[buffer][i], sa + (warp_row + 16 * i + lane % 16) * Cfg::kLdA + kk + (lane / 16) * 8);
+      }
+#pragma unroll
+      for (int j = 0; j < Cfg::kFragsN; ++j) {
+        ldmatrix_x4_trans(b_reg[buffer][j], sb + (kk + lane % 16) * Cfg::kLdB + warp_col + 16 * j + (lane / 16) * 8);
+      }
+    };
 #pragma unroll
     for (int i = 0; i < Cfg::kFragsM; ++i) {
 #pragma unroll
       for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
-        mma_16816<E>(acc[i][j], a_reg[buffer][i], b_reg[buffer][j / 2][2 * (j % 2)],
-                     b_reg[buffer][j / 2][2 * (j % 2) + 1]);
+#pragma unroll
+        for (int x = 0; x < 4; ++x) acc[i][j][x] = 0.0f;
       }
     }
-  };
+    const auto multiply = [&](int buffer) {  // one m16n8k16 per accumulator: the next 16 of K, in order
+#pragma unroll
+      for (int i = 0; i < Cfg::kFragsM; ++i) {
+#pragma unroll
+        for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
+          mma_16816<E>(acc[i][j], a_reg[buffer][i], b_reg[buffer][j / 2][2 * (j % 2)],
+                       b_reg[buffer][j / 2][2 * (j % 2) + 1]);
+        }
+      }
+    };
 
-  // The old kernel's count of MMAs: K rounded up to a multiple of kStepK.
-  const int64_t steps = (args.k + kStepK - 1) / kStepK * (kStepK / Cfg::kBK);
-  constexpr int kSlices = Cfg::kBK / 16;
+    // The old kernel's count of MMAs: K rounded up to a multiple of kStepK.
+    const int64_t steps = (args.k + kStepK - 1) / kStepK * (kStepK / Cfg::kBK);
+    constexpr int kSlices = Cfg::kBK / 16;
 #pragma unroll
-  for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < steps) load_stage(s, static_cast<int64_t>(s) * Cfg::kBK);
-    cp_async_commit();
-  }
-  // Fragments one slice ahead: slice kk + 1's (the next stage's first at the last slice) load while slice kk's MMAs
-  // run. The next stage is waited for, and the stage refilled next released, at each stage's last slice.
-  static_assert(kSlices % 2 == 0, "the fragment buffers alternate across stages");
-  cp_async_wait<Cfg::kStages - 2>();
-  __syncthreads();
-  load_fragments(0, 0, 0);
-  for (int64_t step = 0; step < steps; ++step) {
-    const int stage = static_cast<int>(step % Cfg::kStages);
+    for (int s = 0; s < Cfg::kStages - 1; ++s) {
+      if (s < steps) load_stage(s, static_cast<int64_t>(s) * Cfg::kBK);
+      cp_async_commit();
+    }
+    // Fragments one slice ahead: slice kk + 1's (the next stage's first at the last slice) load while slice kk's MMAs
+    // run. The next stage is waited for, and the stage refilled next released, at each stage's last slice.
+    static_assert(kSlices % 2 == 0, "the fragment buffers alternate across stages");
+    cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();
+    load_fragments(0, 0, 0);
+    for (int64_t step = 0; step < steps; ++step) {
+      const int stage = static_cast<int>(step % Cfg::kStages);
 #pragma unroll
-    for (int kk = 0; kk < kSlices; ++kk) {
-      if (kk == 0) {
-        const int64_t next = step + Cfg::kStages - 1;
-        if (next < steps) load_stage(static_cast<int>(next % Cfg::kStages), next * Cfg::kBK);
-        cp_async_commit();
+      for (int kk = 0; kk < kSlices; ++kk) {
+        if (kk == 0) {
+          const int64_t next = step + Cfg::kStages - 1;
+          if (next < steps) load_stage(static_cast<int>(next % Cfg::kStages), next * Cfg::kBK);
+          cp_async_commit();
+        }
+        if (kk == kSlices - 1) {
+          cp_async_wait<Cfg::kStages - 2>();  // step + 1's stage has landed (for this thread) ...
+          __syncthreads();  // ... for every thread, and every warp has loaded its last fragments of this stage
+          if (step + 1 < steps) load_fragments((kk + 1) % 2, static_cast<int>((step + 1) % Cfg::kStages), 0);
+        } else {
+          load_fragments((kk + 1) % 2, stage, 16 * (kk + 1));
+        }
+        multiply(kk % 2);
       }
-      if (kk == kSlices - 1) {
-        cp_async_wait<Cfg::kStages - 2>();  // step + 1's stage has landed (for this thread) ...
-        __syncthreads();  // ... for every thread, and every warp has loaded its last fragments of this stage
-        if (step + 1 < steps) load_fragments((kk + 1) % 2, static_cast<int>((step + 1) % Cfg::kStages), 0);
-      } else {
-        load_fragments((kk + 1) % 2, stage, 16 * (kk + 1));
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the stages (the next leaf's loads, or the epilogue, may reuse them)
+    if (kPairs && leaf == 0) {  // leaf 2p's products, rounded, into this thread's own words (no sync needed)
+      uint32_t* const kept =
+          reinterpret_cast<uint32_t*>(large_smem + (Cfg::template main_bytes<E>() + 127) / 128 * 128);
+#pragma unroll
+      for (int i = 0; i < Cfg::kFragsM; ++i) {
+#pragma unroll
+        for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
+#pragma unroll
+          for (int x = 0; x < 4; x += 2) {
+            const int word = (i * 2 * Cfg::kFragsN + j) * 2 + x / 2;
+            kept[word * Cfg::kThreads + tid] =
+                pack2<E>(round_element<E>(acc[i][j][x]), round_element<E>(acc[i][j][x + 1]));
+          }
+        }
       }
-      multiply(kk % 2);
     }
   }
-  cp_async_wait<0>();
-  __syncthreads();  // every warp is done with the stages; each warp now stages its C through its own 16 rows of floats
+  // Pair mode: the node, leaf 2p's kept product + leaf 2p+1's in fp32, rounded once by the epilogue below.
+  if (kPairs) {
+    const uint32_t* const kept =
+        reinterpret_cast<const uint32_t*>(large_smem + (Cfg::template main_bytes<E>() + 127) / 128 * 128);
+#pragma unroll
+    for (int i = 0; i < Cfg::kFragsM; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
+#pragma unroll
+        for (int x = 0; x < 4; x += 2) {
+          const int word = (i * 2 * Cfg::kFragsN + j) * 2 + x / 2;
+          const uint32_t left = kept[word * Cfg::kThreads + tid];
+          acc[i][j][x] = pair_sum<E>(low_element<E>(left), round_element<E>(acc[i][j][x]));
+          acc[i][j][x + 1] = pair_sum<E>(high_element<E>(left), round_element<E>(acc[i][j][x + 1]));
+        }
+      }
+    }
+  }
+  // Each warp now stages its C through its own 16 rows of floats.
 
   // Epilogue: 16 rows of the warp's tile at a time, fp32 through shared memory, each lane rounding 8 consecutive
   // elements (round_element, as the other variants) and storing them as 16 bytes (element by element at n's edge).
@@ -472,12 +584,13 @@ cudaError_t allow_smem(Kernel kernel, int bytes, unsigned long long& done_device
 }
 
 // One launch per group of rows whose blocks fit the grid's x limit (each on its rows of A and C, as launch_rows).
-template <class E, class Cfg>
+template <class E, class Cfg, bool kPairs>
 cudaError_t launch_large(const TileArgs& args, int64_t batch, cudaStream_t stream) {
   constexpr int64_t kMaxBlocksX = 0x7FFFFFFF;
-  constexpr int kSmem = Cfg::template smem_bytes<E>();
+  constexpr int kSmem = Cfg::template smem_bytes<E, kPairs>();
+  static_assert(kSmem <= 227 * 1024, "fits an sm_90 block's shared memory");
   static unsigned long long done_devices = 0;
-  const auto kernel = tile_matmul_large_kernel<E, Cfg>;
+  const auto kernel = tile_matmul_large_kernel<E, Cfg, kPairs>;
   if (const cudaError_t e = allow_smem(kernel, kSmem, done_devices); e != cudaSuccess) return e;
   const int64_t tiles_n = (args.n + Cfg::kBN - 1) / Cfg::kBN;
   if (tiles_n > kMaxBlocksX || batch > 65535) return cudaErrorInvalidConfiguration;
@@ -519,7 +632,7 @@ Variant forced_variant() {
 
 // Which variant runs changes which block computes an element, never its bits (tile_matmul.h), so it may depend on
 // anything: here m, and the count of 128 x 256 blocks.
-template <class E>
+template <class E, bool kPairs>
 cudaError_t launch_typed(const TileArgs& args, int64_t batch, cudaStream_t stream) {
   Variant variant = forced_variant();
   if (variant == Variant::kAuto) {
@@ -531,10 +644,10 @@ cudaError_t launch_typed(const TileArgs& args, int64_t batch, cudaStream_t strea
                                   : Variant::kLarge;
   }
   switch (variant) {
-    case Variant::kRows16: return launch_rows<E, kSmallRows>(args, batch, stream);
-    case Variant::kRows64: return launch_rows<E, 64>(args, batch, stream);
-    case Variant::kLarge: return launch_large<E, LargeTiles>(args, batch, stream);
-    case Variant::kLarge128: return launch_large<E, LargeTiles128>(args, batch, stream);
+    case Variant::kRows16: return launch_rows<E, kSmallRows, kPairs>(args, batch, stream);
+    case Variant::kRows64: return launch_rows<E, 64, kPairs>(args, batch, stream);
+    case Variant::kLarge: return launch_large<E, LargeTiles, kPairs>(args, batch, stream);
+    case Variant::kLarge128: return launch_large<E, LargeTiles128, kPairs>(args, batch, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -544,8 +657,65 @@ cudaError_t launch_typed(const TileArgs& args, int64_t batch, cudaStream_t strea
 cudaError_t launch_tile_matmul(const void* a, const void* b, void* c, DType dtype, const MatmulShape& s,
                                cudaStream_t stream) {
   const TileArgs args{a, b, c, s.m, s.k, s.n, s.lda, s.ldb, s.ldc, s.stride_a, s.stride_b, s.stride_c};
-  return dtype == DType::kBF16 ? launch_typed<__nv_bfloat16>(args, s.batch, stream)
-                               : launch_typed<__half>(args, s.batch, stream);
+  return dtype == DType::kBF16 ? launch_typed<__nv_bfloat16, false>(args, s.batch, stream)
+                               : launch_typed<__half, false>(args, s.batch, stream);
+}
+
+cudaError_t launch_tile_matmul_pairs(const void* a, const void* b, void* c, DType dtype, const PairShape& s,
+                                     cudaStream_t stream) {
+  // The kernels' pair mode: A and B strides per leaf (entry 2p + leaf), C's per pair (grid z = pairs).
+  const TileArgs args{a, b, c, s.m, s.k, s.n, s.lda, s.ldb, s.ldc, s.stride_a_leaf, s.stride_b_leaf, s.stride_c_pair};
+  return dtype == DType::kBF16 ? launch_typed<__nv_bfloat16, true>(args, s.pairs, stream)
+                               : launch_typed<__half, true>(args, s.pairs, stream);
+}
+
+namespace {
+
+// c[p] <- round(float(c[p]) + float(right[p])) element by element (pair_sum, round_element), 8 consecutive elements
+// of a row per thread where they are whole (16-byte loads), one at a time at n's edge.
+template <class E>
+__global__ void pair_add_kernel(E* c, const E* right, int64_t m, int64_t n, int64_t ldc, int64_t stride_c,
+                                int64_t ld_right, int64_t stride_right) {
+  const int64_t groups = (n + 7) / 8;
+  const int64_t p = blockIdx.y;
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < m * groups;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = g / groups, col = (g % groups) * 8;
+    E* const dst = c + p * stride_c + row * ldc + col;
+    const E* const src = right + p * stride_right + row * ld_right + col;
+    if (col + 8 <= n) {
+      uint4 left_bits = *reinterpret_cast<const uint4*>(dst), right_bits = *reinterpret_cast<const uint4*>(src);
+      E l8[8], r8[8];
+      __builtin_memcpy(l8, &left_bits, sizeof l8);
+      __builtin_memcpy(r8, &right_bits, sizeof r8);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) l8[x] = round_element<E>(pair_sum<E>(l8[x], r8[x]));
+      __builtin_memcpy(&left_bits, l8, sizeof l8);
+      *reinterpret_cast<uint4*>(dst) = left_bits;
+    } else {
+      for (int64_t x = 0; x < n - col; ++x) dst[x] = round_element<E>(pair_sum<E>(dst[x], src[x]));
+    }
+  }
+}
+
+template <class E>
+cudaError_t launch_pair_add_typed(void* c, const void* right, const PairAddShape& s, cudaStream_t stream) {
+  if (s.m == 0) return cudaSuccess;
+  if (s.pairs > 65535) return cudaErrorInvalidConfiguration;
+  constexpr int kAddThreads = 256;
+  const int64_t groups = s.m * ((s.n + 7) / 8);
+  const int64_t blocks = std::min<int64_t>((groups + kAddThreads - 1) / kAddThreads, 4096);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(s.pairs));
+  pair_add_kernel<E><<<grid, kAddThreads, 0, stream>>>(static_cast<E*>(c), static_cast<const E*>(right), s.m, s.n,
+                                                       s.ldc, s.stride_c, s.ld_right, s.stride_right);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_pair_add(void* c, const void* right, DType dtype, const PairAddShape& shape, cudaStream_t stream) {
+  return dtype == DType::kBF16 ? launch_pair_add_typed<__nv_bfloat16>(c, right, shape, stream)
+                               : launch_pair_add_typed<__half>(c, right, shape, stream);
 }
 
 }  // namespace exactcoll::cuda::linear

@@ -26,6 +26,13 @@
 // M 256..4097, N 8..8200, K 8..4096 and K, N not multiples of 8, batch 1 and 2 with B shared or not, bf16 and fp16,
 // with -0.0, inf and NaN; 0 of 8.7 x 10^9 elements differed for each large configuration).
 //
+// The leaf-pair mode (launch_tile_matmul_pairs, for exactcoll_invariant_matmul_pairs): every variant, given two leaves
+// per pair, computes leaf 2p's tile, rounds and keeps it (shared memory), resets its accumulators, computes leaf
+// 2p+1's tile by the same code, and stores the tree node round(float(leaf 2p) + float(leaf 2p+1)). Each leaf's
+// product is the plain mode's, so the pair is bit for bit two plain products and torch's `+` (checked on an H100 by
+// python/tests/gpu_pair_products_check.py, every variant forced and chosen); the plain mode's code is unchanged
+// (its PTX has the same instructions, only address arithmetic moved, and the same register counts).
+//
 // EXACTCOLL_TILE_MATMUL_VARIANT (tests only, read on every call): "16", "64", "large" or "large_128" forces that
 // variant for every shape, so that a test compares their bits (python/tests/gpu_tile_variants_check.py); unset or
 // "auto" chooses from the shape; another value makes the launch fail with cudaErrorInvalidValue.
@@ -48,5 +55,25 @@ inline constexpr const char* kTileMatmulText =
 // leading dimensions and strides); m >= 1. Returns the launch's CUDA error.
 cudaError_t launch_tile_matmul(const void* a, const void* b, void* c, DType dtype, const MatmulShape& shape,
                                cudaStream_t stream);
+
+// Enqueues the leaf-pair product: for each pair p, C_p = round(float(P_2p) + float(P_2p+1)) (contract::tree_node),
+// P_l = leaf l's product exactly as launch_tile_matmul computes it (the same kernels, the same MMAs per element,
+// rounded once), the node's add in fp32 (__fadd_rn) and one rounding. One launch per group of rows: a block computes
+// leaf 2p's tile, rounds and keeps it (shared memory), resets its accumulators, computes leaf 2p+1's tile over its K,
+// rounds it and stores the node; the two leaf products are never written to memory. Every variant has the mode (the
+// same choice from the shape, with the pairs as the batch). Preconditions: check_pairs_call passed; m >= 1. Returns
+// the launch's CUDA error.
+cudaError_t launch_tile_matmul_pairs(const void* a, const void* b, void* c, DType dtype, const PairShape& shape,
+                                     cudaStream_t stream);
+
+// c[p] <- round(float(c[p]) + float(right[p])) for p < pairs, m x n elements each (the tree node, as
+// launch_tile_matmul_pairs computes it): the cuBLASLt mode's pair products, whose leaves are cuBLASLt calls.
+struct PairAddShape {
+  int64_t m = 0, n = 0, pairs = 1;
+  int64_t ldc = 0, stride_c = 0, ld_right = 0, stride_right = 0;
+};
+// Preconditions: c and right 16-byte aligned, leading dimensions and strides multiples of 8 elements, pairs <= 65535;
+// c and right do not overlap. Returns the launch's CUDA error.
+cudaError_t launch_pair_add(void* c, const void* right, DType dtype, const PairAddShape& shape, cudaStream_t stream);
 
 }  // namespace exactcoll::cuda::linear

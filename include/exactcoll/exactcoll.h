@@ -655,7 +655,38 @@ EXACTCOLL_API int exactcoll_invariant_matmul(const void* a, const void* b, void*
                                              int64_t batch, int64_t lda, int64_t ldb, int64_t ldc, int64_t stride_a,
                                              int64_t stride_b, int64_t stride_c, int dtype, int device, void* stream);
 
-/* Writes the kernel exactcoll_invariant_matmul runs for (dtype, k) on device: exactcoll's tiles
+/* The first level of the tree contract's leaf tree fused into the product: for p in 0..pairs-1,
+ *   C[p] = round(float(P[2p]) + float(P[2p+1])),   P[l] = A[l] @ B[l] rounded once to the dtype,
+ * every P[l] bit for bit the product exactcoll_invariant_matmul computes for that leaf (same kernel,
+ * same K), and the node the tree contract's (core/contract.h tree_node: one fp32 add, one rounding;
+ * a NaN anywhere gives the dtype's NaN, 0x7FFF), which is also torch's bf16 / fp16 `P[2p] + P[2p+1]`
+ * on CUDA. So the tree over C[0 .. pairs-1] (exactcoll.linear.tree_sum) is the tree over the
+ * 2 * pairs leaves, and with pairs == 1, C[0] is the tree over the two. A row-parallel layer's rank passes its
+ * leaves: A[l] = x's columns [l k, (l+1) k), B[l] = W^T's rows [l k, (l+1) k).
+ * Returns EXACTCOLL_OK, or: INVALID_ARGUMENT for a bad argument (as exactcoll_invariant_matmul, the
+ * messages naming pairs, stride_a_leaf, stride_b_leaf, stride_c_pair), UNAVAILABLE without CUDA or,
+ * with cublaslt, without cuBLASLt, CUDA for a failed launch or allocation.
+ * Preconditions (checked, INVALID_ARGUMENT otherwise, before any GPU work):
+ *   leaf l (0 <= l < 2 pairs): A[l] at a + l * stride_a_leaf, m rows of k elements, lda apart
+ *   (lda >= k); B[l] at b + l * stride_b_leaf, k rows of n, ldb apart (ldb >= n); stride_b_leaf may
+ *   be 0 (one B for every leaf);
+ *   pair p: C[p] at c + p * stride_c_pair, m rows of n, ldc apart (ldc >= n); the pairs' C must not
+ *   overlap, and C's span must not meet A's or B's (over every leaf);
+ *   1 <= pairs <= 32767; m, k, n, dtype, device, alignment (every leading dimension and stride a
+ *   multiple of 8 elements; stride_c_pair only when pairs > 1) as exactcoll_invariant_matmul;
+ *   m == 0 does nothing.
+ * By default exactcoll's kernels compute each block's two leaves in turn (the first rounded and kept
+ * on chip), so the leaf products are never written to memory. With EXACTCOLL_INVARIANT_MATMUL=cublaslt
+ * the even leaves run as one cuBLASLt call into C, the odd ones into a stream-ordered scratch
+ * (cudaMallocAsync, pairs x m x n elements, freed on the stream), then an elementwise kernel adds
+ * them: the same bits as two exactcoll_invariant_matmul calls and the node. Enqueued on stream;
+ * capturable as exactcoll_invariant_matmul is. */
+EXACTCOLL_API int exactcoll_invariant_matmul_pairs(const void* a, const void* b, void* c, int64_t m, int64_t k,
+                                                   int64_t n, int64_t pairs, int64_t lda, int64_t ldb, int64_t ldc,
+                                                   int64_t stride_a_leaf, int64_t stride_b_leaf, int64_t stride_c_pair,
+                                                   int dtype, int device, void* stream);
+
+/* Writes the kernel exactcoll_invariant_matmul (and _pairs) runs for (dtype, k) on device: exactcoll's tiles
  * ("exactcoll tiles: C blocks of 64 columns, ..."), or with cublaslt the configuration it pins (choosing it
  * if no call has yet), e.g. "bf16 K=4096: algo 66 tile 20 splitK 1 reduction 0 ... (candidate 0 of
  * 12 at m=256 n=4096; cuBLASLt 130000)", into text (size bytes, truncated, NUL-terminated): two

@@ -19,11 +19,14 @@ The pieces:
 - TreeColumnParallelLinear: no K split; rank r computes its N/T output columns with the whole K, so
   its columns are bit for bit the TP = 1 layer's.
 - TreeRowParallelLinear: K splits into L leaves (L a power of two, default 8); rank r holds leaves
-  r L/T .. (r+1) L/T - 1. Each leaf's product x_leaf @ W_leaf^T is rounded to storage (one batched
-  invariant product over the rank's leaves), the rank sums its leaves as the balanced binary tree
-  (torch's bf16/fp16 `a + b` on CUDA is float(a) + float(b) rounded once: contract::tree_node), and
-  the tree communicator's all-reduce adds the tree's levels above the ranks. The result is the tree
-  over all L leaves whatever T is.
+  r L/T .. (r+1) L/T - 1. Each leaf's product x_leaf @ W_leaf^T is rounded to storage, the rank sums
+  its leaves as the balanced binary tree (torch's bf16/fp16 `a + b` on CUDA is float(a) + float(b)
+  rounded once: contract::tree_node), and the tree communicator's all-reduce adds the tree's levels
+  above the ranks. The result is the tree over all L leaves whatever T is. With 2 or more leaves
+  on the rank the tree's first level is fused into the product (exactcoll_invariant_matmul_pairs:
+  each block computes two leaves' products in turn and stores their node, so the leaf products are
+  never written), then tree_sum adds the levels above; the same bits as the batched leaf products
+  (leaf_products) followed by tree_sum.
 - row_parallel_shard / column_parallel_shard: a full torch-layout weight [out, in] to a rank's
   shard, so that TP = 1, 2, 4, 8 load the same parameters.
 Autograd: the backward passes are plain torch products (not invariant; they need not be).
@@ -48,22 +51,25 @@ _functions = None
 
 
 def _bound():
-    """(matmul, config): the C functions, bound on first use. The product only enqueues work and
-    goes through a PyDLL handle (keeps the GIL, like exactcoll.torch's ops); config may run
+    """(matmul, config, pairs): the C functions, bound on first use. The products only enqueue work
+    and go through a PyDLL handle (keep the GIL, like exactcoll.torch's ops); config may run
     cuBLASLt's heuristic and goes through the CDLL handle (releases it)."""
     global _functions
     if _functions is None:
         path = _lib.lib._name
         try:
             matmul = ctypes.PyDLL(path).exactcoll_invariant_matmul
+            pairs = ctypes.PyDLL(path).exactcoll_invariant_matmul_pairs
             config_fn = ctypes.CDLL(path).exactcoll_invariant_matmul_config
         except AttributeError as e:
-            raise _lib.UnavailableError(_lib.ERROR_UNAVAILABLE, f"{path} has no exactcoll_invariant_matmul: the "
-                                        f"library predates exactcoll.linear (rebuild the wheel)") from e
-        matmul.argtypes, matmul.restype = _MATMUL_ARGTYPES, ctypes.c_int
+            raise _lib.UnavailableError(_lib.ERROR_UNAVAILABLE, f"{path} lacks exactcoll_invariant_matmul or "
+                                        f"exactcoll_invariant_matmul_pairs: the library predates this exactcoll.linear "
+                                        f"(rebuild the wheel)") from e
+        for fn in (matmul, pairs):  # the same argument list: pointers, 10 int64s, dtype, device, stream
+            fn.argtypes, fn.restype = _MATMUL_ARGTYPES, ctypes.c_int
         config_fn.argtypes = [ctypes.c_int, _I64, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
         config_fn.restype = ctypes.c_int
-        _functions = (matmul, config_fn)
+        _functions = (matmul, config_fn, pairs)
     return _functions
 
 
@@ -309,6 +315,46 @@ def _leaf_products_into(x, weight_t, leaves, out):
     return out
 
 
+def _pair_products_into(x, weight_t, pairs, out):
+    """out [pairs, M, N] = for each pair p the tree node of leaves 2p and 2p+1: round(float(P_2p) +
+    float(P_2p+1)), P_l = x[:, l Kl:(l+1) Kl] @ W^T[l Kl:(l+1) Kl] rounded to storage (the leaf
+    product _leaf_products_into computes, bit for bit): one exactcoll_invariant_matmul_pairs call,
+    the leaf products never written to memory. out's rows unit-stride and 16-byte aligned, its rows
+    and pair entries at multiples of 8 elements (a view of a larger buffer is fine: its strides are
+    passed). No autograd."""
+    m, n = x.shape[0], weight_t.shape[1]
+    kl = x.shape[1] // (2 * pairs)
+    if m == 0:
+        return out
+    x = _operand(x, "x")
+    weight_t = _operand(weight_t, "weight_t")
+    fn = _bound()[2]
+    device = x.get_device()
+    stream = _CURRENT_STREAM(device) if _CURRENT_STREAM else torch.cuda.current_stream(device).cuda_stream
+    status = fn(x.data_ptr(), weight_t.data_ptr(), out.data_ptr(), m, kl, n, pairs, _ld(x), weight_t.stride(0),
+                _ld(out), kl, kl * weight_t.stride(0), out.stride(0) if pairs > 1 else 0, _DTYPE_CODES[x.dtype],
+                device, stream)
+    if status:
+        _lib.check(status)
+    return out
+
+
+def _leaf_grads(ctx, grad):
+    """The backward of x [M, Lr * Kl], W^T [Lr * Kl, N] -> leaves [Lr, M, N], given each leaf's
+    gradient grad [Lr, M, N]: plain torch products (not invariant; they need not be)."""
+    x, weight_t = ctx.saved_tensors
+    leaves = ctx.leaves
+    m, n = x.shape[0], weight_t.shape[1]
+    kl = x.shape[1] // leaves
+    w = weight_t.reshape(leaves, kl, n)
+    grad_x = grad_w = None
+    if ctx.needs_input_grad[0]:
+        grad_x = torch.bmm(grad, w.transpose(1, 2)).permute(1, 0, 2).reshape(m, leaves * kl)
+    if ctx.needs_input_grad[1]:
+        grad_w = torch.bmm(x.reshape(m, leaves, kl).permute(1, 2, 0), grad).reshape(leaves * kl, n)
+    return grad_x, grad_w
+
+
 class _LeafProducts(torch.autograd.Function):
     """x [M, Lr * Kl] and W^T [Lr * Kl, N] -> [Lr, M, N]: leaf l's product x[:, l Kl:(l+1) Kl] @
     W^T[l Kl:(l+1) Kl], each rounded to storage: one batched invariant product (batch = leaves,
@@ -323,17 +369,25 @@ class _LeafProducts(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight_t = ctx.saved_tensors
-        leaves = ctx.leaves
-        m, n = x.shape[0], weight_t.shape[1]
-        kl = x.shape[1] // leaves
-        w = weight_t.reshape(leaves, kl, n)
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.bmm(grad, w.transpose(1, 2)).permute(1, 0, 2).reshape(m, leaves * kl)
-        if ctx.needs_input_grad[1]:
-            grad_w = torch.bmm(x.reshape(m, leaves, kl).permute(1, 2, 0), grad).reshape(leaves * kl, n)
-        return grad_x, grad_w, None
+        return _leaf_grads(ctx, grad) + (None,)
+
+
+class _PairProducts(torch.autograd.Function):
+    """x [M, Lr * Kl] and W^T [Lr * Kl, N] -> [Lr / 2, M, N]: the tree's first level over the leaves,
+    pair p = node(leaf 2p, leaf 2p+1), each leaf's product rounded to storage, in one
+    exactcoll_invariant_matmul_pairs call (the bits of _LeafProducts followed by torch's `+` of each
+    pair). Backward: a node is the sum of its two leaves, so each leaf gets the node's gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight_t, pairs):
+        ctx.save_for_backward(x, weight_t)
+        ctx.leaves = 2 * pairs
+        out = torch.empty((pairs, x.shape[0], weight_t.shape[1]), dtype=x.dtype, device=x.device)
+        return _pair_products_into(x, weight_t, pairs, out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _leaf_grads(ctx, grad.repeat_interleave(2, dim=0)) + (None,)
 
 
 # ---- sharding -----------------------------------------------------------------------------------------
@@ -451,6 +505,20 @@ class TreeRowParallelLinear(torch.nn.Module):
         (x [M, in_features / tp_size])."""
         return _LeafProducts.apply(x, self.weight_t, self.local_leaves)
 
+    def pair_products(self, x):
+        """[local_leaves / 2, M, out_features]: the first level of this rank's leaf tree, pair p =
+        round(float(leaf 2p) + float(leaf 2p+1)) of leaf_products(x)'s leaves, bit for bit, in one
+        product that never writes the leaves (local_leaves >= 2; x [M, in_features / tp_size])."""
+        if self.local_leaves < 2:
+            raise ValueError(f"pair_products needs at least 2 leaves on this rank, it has {self.local_leaves}")
+        return _PairProducts.apply(x, self.weight_t, self.local_leaves // 2)
+
+    def _local_tree(self, x2):
+        """This rank's partial: the tree over its leaves (the pair products' tree from 2 leaves on)."""
+        if self.local_leaves == 1:
+            return tree_sum(self.leaf_products(x2))
+        return tree_sum(self.pair_products(x2))
+
     def forward(self, x, reduce=True):
         if x.shape[-1] != self.local_in_features:
             raise ValueError(f"x's last dimension must be this rank's {self.local_in_features} features, got "
@@ -463,8 +531,7 @@ class TreeRowParallelLinear(torch.nn.Module):
         recording = torch.is_grad_enabled() and (x.requires_grad or self.weight_t.requires_grad)
         if reducing and 0 < self.chunk_rows < x2.shape[0] and not recording:
             return self._overlapped(x2).view(*lead, self.out_features)
-        partial = tree_sum(self.leaf_products(x2))
-        partial = partial.view(*lead, self.out_features)
+        partial = self._local_tree(x2).view(*lead, self.out_features)
         if not reducing:
             return partial
         return _TreeAllReduce.apply(partial, self.comm)
@@ -479,9 +546,10 @@ class TreeRowParallelLinear(torch.nn.Module):
         m, rows = x2.shape[0], self.chunk_rows
         out = torch.empty((m, self.out_features), dtype=x2.dtype, device=x2.device)
         partial = torch.empty_like(out)
-        one_leaf = self.local_leaves == 1  # the leaf's product is the partial: written there directly
-        leaves = None if one_leaf else torch.empty((self.local_leaves, min(rows, m), self.out_features),
-                                                   dtype=x2.dtype, device=x2.device)
+        # 1 or 2 leaves here: the leaf's product, or the pair's node, is the partial (written there directly).
+        pairs = self.local_leaves // 2
+        leaves = None if pairs < 2 else torch.empty((pairs, min(rows, m), self.out_features), dtype=x2.dtype,
+                                                    device=x2.device)
         main = torch.cuda.current_stream(x2.device) if x2.device.type == "cuda" else None
         side = _side_stream(x2.device) if main is not None else None
         if side == main:
@@ -500,18 +568,20 @@ class TreeRowParallelLinear(torch.nn.Module):
         return out
 
     def _chunks(self, x2, out, partial, leaves, main, side):
-        """Each chunk's leaf products and local tree into partial's rows on main, then its
-        all-reduce into out's rows on side after main's work so far (host stand-ins: inline)."""
+        """Each chunk's pair products (or its one leaf's product) and local tree into partial's rows
+        on main, then its all-reduce into out's rows on side after main's work so far (host
+        stand-ins: inline). leaves: [pairs, chunk_rows, N] for the pair products when there are
+        more than 2 leaves here, else None."""
         m, rows = x2.shape[0], self.chunk_rows
         for first in range(0, m, rows):
             last = min(m, first + rows)
-            if leaves is None:  # one leaf here
+            if self.local_leaves == 1:
                 _leaf_products_into(x2[first:last], self.weight_t, 1, partial[first:last].unsqueeze(0))
+            elif leaves is None:  # 2 leaves: their node is the partial
+                _pair_products_into(x2[first:last], self.weight_t, 1, partial[first:last].unsqueeze(0))
             else:
-                products = leaves[:, :last - first]
-                if last - first < leaves.shape[1]:
-                    products = torch.empty_like(products, memory_format=torch.contiguous_format)
-                _leaf_products_into(x2[first:last], self.weight_t, self.local_leaves, products)
+                products = leaves[:, :last - first]  # a view (pair entries chunk_rows rows apart): no copy
+                _pair_products_into(x2[first:last], self.weight_t, leaves.shape[0], products)
                 tree_sum(products, out=partial[first:last])
             if side is None:  # inline (host stand-ins in the CPU tests, or no second stream)
                 self.comm.all_reduce(partial[first:last], out=out[first:last])

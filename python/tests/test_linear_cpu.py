@@ -16,31 +16,60 @@ import torch
 import exactcoll.linear as xl
 
 
+def _view(pointer, rows, cols, ld):
+    flat = np.ctypeslib.as_array((ctypes.c_uint16 * ((rows - 1) * ld + cols)).from_address(pointer))
+    return np.lib.stride_tricks.as_strided(flat, (rows, cols), (2 * ld, 2))
+
+
+def _to_bf16(bits):
+    return torch.from_numpy(np.ascontiguousarray(bits).astype(np.int16)).view(torch.bfloat16)
+
+
+def _store(bits_view, value):
+    bits_view[...] = value.view(torch.int16).numpy().astype(np.uint16)
+
+
+def _check_args(a, b, c, m, k, n, lda, ldb, ldc, strides):
+    assert a % 16 == 0 and b % 16 == 0 and c % 16 == 0, "16-byte aligned pointers"
+    for v in (lda, ldb, ldc) + tuple(strides):
+        assert v % 8 == 0, f"leading dimension or stride {v} is not a multiple of 8 elements"
+    assert lda >= k and ldb >= n and ldc >= n
+
+
+def _leaf(a, b, m, k, n, lda, ldb):
+    """One leaf's product as the C API's contract has it: float64 products rounded once to bf16."""
+    return (_to_bf16(_view(a, m, k, lda)).double() @ _to_bf16(_view(b, k, n, ldb)).double()).to(torch.bfloat16)
+
+
 def _stand_in(calls):
     """A Python exactcoll_invariant_matmul over host pointers (no GPU), recording each call."""
 
     def matmul(a, b, c, m, k, n, batch, lda, ldb, ldc, sa, sb, sc, dtype, device, stream):
-        assert a % 16 == 0 and b % 16 == 0 and c % 16 == 0, "16-byte aligned pointers"
-        for v in (lda, ldb, ldc) + ((sa, sb, sc) if batch > 1 else ()):
-            assert v % 8 == 0, f"leading dimension or stride {v} is not a multiple of 8 elements"
-        assert lda >= k and ldb >= n and ldc >= n
+        _check_args(a, b, c, m, k, n, lda, ldb, ldc, (sa, sb, sc) if batch > 1 else ())
         calls.append((m, k, n, batch, lda, ldb, ldc, sa, sb, sc))
-
-        def view(pointer, rows, cols, ld):
-            flat = np.ctypeslib.as_array((ctypes.c_uint16 * ((rows - 1) * ld + cols)).from_address(pointer))
-            return np.lib.stride_tricks.as_strided(flat, (rows, cols), (2 * ld, 2))
-
-        def to_double(bits):
-            return torch.from_numpy(np.ascontiguousarray(bits).astype(np.int16)).view(torch.bfloat16).double()
-
         for i in range(batch):
-            a_i = to_double(view(a + 2 * i * sa, m, k, lda))
-            b_i = to_double(view(b + 2 * i * sb, k, n, ldb))
-            view(c + 2 * i * sc, m, n, ldc)[...] = (a_i @ b_i).to(torch.bfloat16).view(torch.int16).numpy() \
-                .astype(np.uint16)
+            _store(_view(c + 2 * i * sc, m, n, ldc), _leaf(a + 2 * i * sa, b + 2 * i * sb, m, k, n, lda, ldb))
         return 0
 
     return matmul
+
+
+def _pairs_stand_in(calls):
+    """A Python exactcoll_invariant_matmul_pairs over host pointers: leaf l's A at a + l stride_a_leaf,
+    B at b + l stride_b_leaf, pair p's C at c + p stride_c_pair = node(leaf 2p, leaf 2p+1), the node
+    torch's bf16 `+` (float add, one rounding; the CPU's equals CUDA's for every non-NaN)."""
+
+    def pairs_fn(a, b, c, m, k, n, pairs, lda, ldb, ldc, sa, sb, sc, dtype, device, stream):
+        _check_args(a, b, c, m, k, n, lda, ldb, ldc, (sa, sb) + ((sc,) if pairs > 1 else ()))
+        assert 1 <= pairs, pairs
+        calls.append((m, k, n, pairs, lda, ldb, ldc, sa, sb, sc, c))
+        for p in range(pairs):
+            left = _leaf(a + 2 * (2 * p) * sa, b + 2 * (2 * p) * sb, m, k, n, lda, ldb)
+            right = _leaf(a + 2 * (2 * p + 1) * sa, b + 2 * (2 * p + 1) * sb, m, k, n, lda, ldb)
+            _store(_view(c + 2 * p * sc, m, n, ldc), left + right)
+        return 0
+
+    return pairs_fn
 
 
 def _ref(a, b):
@@ -49,9 +78,9 @@ def _ref(a, b):
 
 class LinearOnCpu(unittest.TestCase):
     def setUp(self):
-        self.calls = []
+        self.calls, self.pair_calls = [], []
         self.saved = (xl._bound, xl._CURRENT_STREAM, torch.Tensor.is_cuda, torch.Tensor.get_device)
-        xl._bound = lambda: (_stand_in(self.calls), None)
+        xl._bound = lambda: (_stand_in(self.calls), None, _pairs_stand_in(self.pair_calls))
         xl._CURRENT_STREAM = lambda device: 0
         torch.Tensor.is_cuda = property(lambda self: True)  # host tensors pass the CUDA checks
         torch.Tensor.get_device = lambda self: 0
@@ -113,10 +142,45 @@ class LinearOnCpu(unittest.TestCase):
                     leaf = rank * (leaves // tp) + j
                     self.assertBits(products[j], _ref(x[:, leaf * kl:(leaf + 1) * kl], w[:, leaf * kl:(leaf + 1) * kl].t()))
                 partials.append(module(x[:, rank * local:(rank + 1) * local], reduce=False))
+                # The pair products' tree: the bits of the leaf products' tree (the path before pairs).
+                self.assertBits(partials[-1], xl.tree_sum(products.detach()))
             total = xl.tree_sum(torch.stack(partials))
             whole = total if whole is None else whole
             self.assertBits(total, whole)
         self.assertBits(xl.TreeRowParallelLinear.from_full(w, 0, 1, leaves)(x), whole)
+
+    def test_pair_products(self):
+        """The first tree level fused into the product: the arguments the layer passes to
+        exactcoll_invariant_matmul_pairs (leaf strides Kl elements in x's rows and Kl rows of W^T,
+        pair entries M rows apart) and the pairs' bits (each leaf's product, then torch's `+`)."""
+        hidden, out, leaves = 128, 32, 8
+        w, x = self.rand(out, hidden), self.rand(7, hidden)
+        kl = hidden // leaves
+        module = xl.TreeRowParallelLinear.from_full(w, 0, 1, leaves)
+        pairs = module.pair_products(x)
+        self.assertEqual(self.pair_calls[-1][:10], (7, kl, out, 4, hidden, out, out, kl, kl * out, 7 * out))
+        products = module.leaf_products(x)
+        for p in range(4):
+            self.assertBits(pairs[p], products[2 * p] + products[2 * p + 1])
+        self.pair_calls.clear(), self.calls.clear()
+        self.assertBits(module(x, reduce=False), xl.tree_sum(products))
+        self.assertEqual((len(self.pair_calls), len(self.calls)), (1, 0))  # the forward: one pair product only
+        # x's rows a view with a wider stride (lda 256), one row, and W^T shared by all leaves' rows.
+        wide = self.rand(7, 2 * hidden)
+        self.assertBits(module(wide[:, :hidden], reduce=False), module(wide[:, :hidden].contiguous(), reduce=False))
+        self.assertEqual(self.pair_calls[-2][4], 2 * hidden)
+        self.assertBits(module(x[2:3], reduce=False), module(x, reduce=False)[2:3])
+        # 2 leaves on the rank (TP 4 of 8): the pair is the partial.
+        rank2 = xl.TreeRowParallelLinear.from_full(w, 2, 4, leaves)
+        self.assertBits(rank2(x[:, 64:96], reduce=False), rank2.leaf_products(x[:, 64:96])[0] +
+                        rank2.leaf_products(x[:, 64:96])[1])
+        # 1 leaf (TP 8): no pair product.
+        self.pair_calls.clear()
+        one = xl.TreeRowParallelLinear.from_full(w, 3, 8, leaves)
+        self.assertBits(one(x[:, 48:64], reduce=False), one.leaf_products(x[:, 48:64])[0])
+        self.assertEqual(self.pair_calls, [])
+        with self.assertRaises(ValueError):
+            one.pair_products(x[:, 48:64])
 
     def test_tree_sum_into_out(self):
         for n in (1, 2, 4, 8):
@@ -147,8 +211,10 @@ class LinearOnCpu(unittest.TestCase):
 
         hidden, out_features = 128, 24
         w, x = self.rand(out_features, hidden), self.rand(10, hidden // 2)
-        for leaves, tp in ((8, 2), (2, 2)):  # 4 leaves on this rank, then 1 (its product is the partial)
+        # 4 leaves on this rank (2 pairs, then tree_sum), 2 (their pair is the partial), 1 (its product is the partial)
+        for leaves, tp in ((8, 2), (4, 2), (2, 2)):
             comm = Comm()
+            self.pair_calls.clear()
             one_call = xl.TreeRowParallelLinear.from_full(w, 1, tp, leaves, comm, chunk_rows=0)
             chunked = xl.TreeRowParallelLinear.from_full(w, 1, tp, leaves, comm, chunk_rows=4)
             with torch.no_grad():
@@ -158,6 +224,16 @@ class LinearOnCpu(unittest.TestCase):
                 self.assertBits(chunked(x.view(2, 5, hidden // 2)), want.view(2, 5, out_features))
                 self.assertEqual(comm.rows, [(4, 64), (4, 64), (2, 64)])  # the overlap's grid cap, then back
                 self.assertEqual(comm.cap, 0)
+                kl = hidden // leaves
+                chunk_calls = [c[:10] for c in self.pair_calls[1:]]
+                if leaves == 8:  # 2 pairs into the chunk buffer's rows (a view: pair entries 4 rows apart)
+                    self.assertEqual(chunk_calls, [(r, kl, 24, 2, 64, 24, 24, kl, kl * 24, 4 * 24) for r in (4, 4, 2)])
+                elif leaves == 4:  # one pair, written into the partial's rows: 4 rows of 24 apart, no copy
+                    self.assertEqual(chunk_calls, [(r, kl, 24, 1, 64, 24, 24, kl, kl * 24, 0) for r in (4, 4, 2)])
+                    pointers = [c[10] for c in self.pair_calls[1:]]
+                    self.assertEqual([q - pointers[0] for q in pointers], [0, 4 * 24 * 2, 8 * 24 * 2])
+                else:
+                    self.assertEqual(self.pair_calls, [])
                 comm.rows.clear()
                 self.assertBits(chunked(x[:4]), want[:4])  # not more than chunk_rows rows: one call
                 self.assertEqual(comm.rows, [(4, 0)])
@@ -208,6 +284,11 @@ class LinearOnCpu(unittest.TestCase):
         ones = torch.ones(7, 32)
         torch.testing.assert_close(xg.grad.float(), ones @ module.weight_t.detach().float().t(), atol=0.1, rtol=0.02)
         torch.testing.assert_close(module.weight_t.grad.float(), x.float().t() @ ones, atol=0.1, rtol=0.02)
+        # The pair products' backward (each leaf gets its node's gradient) equals the leaf products' + tree_sum's.
+        old = xl.TreeRowParallelLinear.from_full(w, 0, 2, 8)
+        xo = x.clone().requires_grad_(True)
+        xl.tree_sum(old.leaf_products(xo)).float().sum().backward()
+        self.assertTrue(torch.equal(xg.grad, xo.grad) and torch.equal(module.weight_t.grad, old.weight_t.grad))
         a, b = self.rand(6, 16).requires_grad_(True), self.rand(16, 8).requires_grad_(True)
         xl.invariant_matmul(a, b).float().sum().backward()
         self.assertEqual((tuple(a.grad.shape), tuple(b.grad.shape)), ((6, 16), (16, 8)))

@@ -106,6 +106,104 @@ TEST(InvariantMatmulApi, RefusesBadArgumentsBeforeAnyGpuWork) {
                EXACTCOLL_ERROR_INVALID_ARGUMENT, "device must be -1");
 }
 
+// A valid pair call's arguments (2 leaves of A side by side in each row, 2 of B one above the
+// other), which each test changes one at a time.
+struct PairCall {
+  Operands* o;
+  const void* a;
+  const void* b;
+  void* c;
+  int64_t m = 2, k = 8, n = 8, pairs = 1, lda = 16, ldb = 8, ldc = 8, stride_a_leaf = 8, stride_b_leaf = 64,
+          stride_c_pair = 0;
+  int dtype = EXACTCOLL_BF16;
+  explicit PairCall(Operands* operands) : o(operands), a(operands->a), b(operands->b), c(operands->c) {}
+  int run() const {
+    return exactcoll_invariant_matmul_pairs(a, b, c, m, k, n, pairs, lda, ldb, ldc, stride_a_leaf, stride_b_leaf,
+                                            stride_c_pair, dtype, -1, nullptr);
+  }
+};
+
+// Room for 2 pairs: A 2 rows x 4 leaves of 8, B 4 leaves of 8 x 8, C 2 pairs of 2 x 8.
+struct PairOperands : Operands {
+  alignas(16) uint16_t a4[64] = {}, b4[256] = {}, c4[32] = {};
+};
+
+TEST(InvariantMatmulApi, PairsRefusesBadArgumentsBeforeAnyGpuWork) {
+  PairOperands o;
+  PairCall valid(&o);
+  valid.b = o.b4;
+  const auto call = [&] { return valid; };
+  {
+    PairCall p = call();
+    p.pairs = 0;
+    expect_error(p.run(), EXACTCOLL_ERROR_INVALID_ARGUMENT, "pairs must be 1..32767");
+  }
+  {
+    PairCall p = call();
+    p.pairs = 32768;
+    expect_error(p.run(), EXACTCOLL_ERROR_INVALID_ARGUMENT, "pairs must be 1..32767");
+  }
+  {
+    PairCall p = call();
+    p.dtype = EXACTCOLL_FP32;
+    expect_error(p.run(), EXACTCOLL_ERROR_INVALID_ARGUMENT, "EXACTCOLL_BF16 or EXACTCOLL_FP16");
+  }
+  {
+    PairCall p = call();
+    p.stride_a_leaf = 4;  // two leaves always: the leaf stride must be 16-byte aligned even with one pair
+    expect_error(p.run(), EXACTCOLL_ERROR_INVALID_ARGUMENT, "stride_a_leaf = 4 elements");
+  }
+  {
+    PairCall p = call();
+    p.stride_b_leaf = -8;
+    expect_error(p.run(), EXACTCOLL_ERROR_INVALID_ARGUMENT, "stride_b_leaf=-8");
+  }
+  {
+    PairCall p = call();
+    p.a = o.a4, p.c = o.c4, p.pairs = 2, p.lda = 32, p.stride_c_pair = 8;  // C[1] would start in C[0]'s 2nd row
+    expect_error(p.run(), EXACTCOLL_ERROR_INVALID_ARGUMENT, "stride_c_pair 8 makes the pairs' outputs overlap");
+  }
+  {
+    PairCall p = call();
+    p.a = o.a4, p.c = o.c4, p.pairs = 2, p.lda = 32, p.stride_c_pair = 20;
+    expect_error(p.run(), EXACTCOLL_ERROR_INVALID_ARGUMENT, "stride_c_pair = 20 elements");
+  }
+  {
+    PairCall p = call();
+    p.c = o.b4 + 64;  // C is the second leaf's B: the first leaf alone would not meet it
+    expect_error(p.run(), EXACTCOLL_ERROR_INVALID_ARGUMENT, "c overlaps b");
+  }
+  {
+    PairCall p = call();
+    p.stride_c_pair = 7;  // ignored with one pair (as stride_c with batch 1): refused only for another reason
+    p.c = nullptr;
+    expect_error(p.run(), EXACTCOLL_ERROR_INVALID_ARGUMENT, "c is NULL");
+  }
+  {
+    PairCall p = call();
+    p.lda = 8;  // fine for one leaf of k = 8; the second leaf then starts at the next row (allowed: read only)
+    p.stride_a_leaf = 8;
+    const int status = p.run();
+    EXPECT_NE(status, EXACTCOLL_ERROR_INVALID_ARGUMENT) << exactcoll_last_error();
+  }
+  expect_error(
+      exactcoll_invariant_matmul_pairs(o.a, o.b4, o.c, 1, 8, 8, 1, 16, 8, 8, 8, 64, 0, EXACTCOLL_BF16, -2, nullptr),
+      EXACTCOLL_ERROR_INVALID_ARGUMENT, "device must be -1");
+  // m == 0 needs no pointers and no GPU.
+  EXPECT_EQ(exactcoll_invariant_matmul_pairs(nullptr, nullptr, nullptr, 0, 8, 8, 2, 16, 8, 8, 8, 64, 16, EXACTCOLL_FP16,
+                                             -1, nullptr),
+            EXACTCOLL_OK)
+      << exactcoll_last_error();
+  // A valid call without a GPU (or without CUDA in the library) says why.
+  const int status = valid.run();
+  if (exactcoll_has_cuda()) {
+    EXPECT_TRUE(status == EXACTCOLL_ERROR_CUDA || status == EXACTCOLL_ERROR_UNAVAILABLE || status == EXACTCOLL_OK)
+        << exactcoll_status_name(status) << ": " << exactcoll_last_error();
+  } else {
+    expect_error(status, EXACTCOLL_ERROR_UNAVAILABLE, "built without CUDA");
+  }
+}
+
 TEST(InvariantMatmulApi, EmptyProductDoesNothing) {
   // m == 0 needs no pointers and no GPU.
   EXPECT_EQ(
