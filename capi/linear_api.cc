@@ -58,25 +58,26 @@ class StreamScratch {
   cudaStream_t stream_;
 };
 
-// The pair product on the pinned cuBLASLt configuration: the even leaves' products into c (one call
+// The pair product from plain products, where no kernel fuses it (the pinned cuBLASLt
+// configuration, and the tile product's mid-M blocks): the even leaves' products into c (one call
 // batched over the pairs), the odd leaves' into a scratch, then c <- node(c, scratch) (the tree
 // node, as the tile kernels' pair mode computes it). Each leaf product is the one
-// exactcoll_invariant_matmul computes in this mode (same configuration, same k).
-void cublaslt_pairs(int device, const void* a, const void* b, void* c, DType type, const cuda::linear::PairShape& p,
-                    cudaStream_t stream) {
-  cuda::linear::InvariantMatmul& product = cuda::linear::InvariantMatmul::on_device(device);
+// exactcoll_invariant_matmul computes in the same mode (`product` runs it: same kernel, same k).
+template <class Product>
+void split_pairs(const Product& product, const void* a, const void* b, void* c, DType type,
+                 const cuda::linear::PairShape& p, cudaStream_t stream) {
   const int64_t size = dtype_size(type);
   cuda::linear::MatmulShape even;
   even.m = p.m, even.k = p.k, even.n = p.n, even.batch = p.pairs;
   even.lda = p.lda, even.ldb = p.ldb, even.ldc = p.ldc;
   even.stride_a = 2 * p.stride_a_leaf, even.stride_b = 2 * p.stride_b_leaf, even.stride_c = p.stride_c_pair;
-  product.run(a, b, c, type, even, stream);
+  product(a, b, c, even);
   cuda::linear::MatmulShape odd = even;
   odd.ldc = (p.n + 7) / 8 * 8;  // the scratch's rows: 16-byte multiples
   odd.stride_c = p.m * odd.ldc;
   StreamScratch scratch(static_cast<size_t>(p.pairs * odd.stride_c * size), stream);
-  product.run(static_cast<const char*>(a) + p.stride_a_leaf * size,
-              static_cast<const char*>(b) + p.stride_b_leaf * size, scratch.get(), type, odd, stream);
+  product(static_cast<const char*>(a) + p.stride_a_leaf * size, static_cast<const char*>(b) + p.stride_b_leaf * size,
+          scratch.get(), odd);
   cuda::linear::PairAddShape add;
   add.m = p.m, add.n = p.n, add.pairs = p.pairs;
   add.ldc = p.ldc, add.stride_c = p.stride_c_pair, add.ld_right = odd.ldc, add.stride_right = odd.stride_c;
@@ -117,10 +118,19 @@ int exactcoll_invariant_matmul_pairs(const void* a, const void* b, void* c, int6
     if (m == 0) return;
     on_device(device, [&](int current) {
       const auto s = static_cast<cudaStream_t>(stream);
-      if (cuda::linear::invariant_kernel() == cuda::linear::InvariantKernel::kTiles) {
+      if (cuda::linear::invariant_kernel() != cuda::linear::InvariantKernel::kTiles) {
+        cuda::linear::InvariantMatmul& pinned = cuda::linear::InvariantMatmul::on_device(current);
+        split_pairs([&](const void* x, const void* w, void* out,
+                        const cuda::linear::MatmulShape& leaf) { pinned.run(x, w, out, type, leaf, s); },
+                    a, b, c, type, shape, s);
+      } else if (cuda::linear::tile_pairs_fused(shape)) {
         EXC_CUDA_CHECK(cuda::linear::launch_tile_matmul_pairs(a, b, c, type, shape, s));
       } else {
-        cublaslt_pairs(current, a, b, c, type, shape, s);
+        split_pairs(
+            [&](const void* x, const void* w, void* out, const cuda::linear::MatmulShape& leaf) {
+              EXC_CUDA_CHECK(cuda::linear::launch_tile_matmul(x, w, out, type, leaf, s));
+            },
+            a, b, c, type, shape, s);
       }
     });
   });

@@ -23,14 +23,15 @@ namespace {
 // four 16-row blocks that each reread B took 37.7 us against 24.3 for 64-row blocks, 4 x H100,
 // 2026-11-27). An element is in the same place of its 16 x 16 fragment either way (blocks start at
 // multiples of 16), so the choice changes which block computes it, never its bits: the Llama check
-// gave the same sha256 before and after this choice existed.
+// gave the same sha256 before and after this choice existed. Since the mid-M variant (below) these
+// blocks run only when forced ("16", "64"): the reference the other variants are compared with.
 constexpr int kBlockN = 64, kStepK = 128, kThreads = 128;
 constexpr int kPadA = kStepK + 8;  // shared rows padded (ldm a multiple of 8 elements, fewer bank conflicts)
 constexpr int kPadB = kBlockN + 8;
 constexpr int kPadC = kBlockN + 4;  // fp32: a multiple of 4
-constexpr int kSmallRows = 16;      // the 16-row blocks serve m <= kSmallM
+constexpr int kSmallRows = 16;      // the 16-row blocks ("16"); the mid-M ones of 16 rows serve m <= kSmallM
 constexpr int64_t kSmallM = 32;
-constexpr int64_t kLargeM = 256;  // the large-M variant (below) serves m >= kLargeM
+constexpr int64_t kLargeM = 256;  // the large-M variant (below) serves m >= kLargeM (and some m > 64: choose_mid)
 
 // One shared buffer: the A and B tiles during the K loop, then the fp32 C tile (after the last sync).
 template <class E, int kRows>
@@ -614,6 +615,302 @@ cudaError_t launch_large(const TileArgs& args, int64_t batch, cudaStream_t strea
 using LargeTiles = LargeConfig<128, 256, 32, 4, 2, 4>;     // 8 warps of 64 x 64
 using LargeTiles128 = LargeConfig<128, 128, 64, 4, 2, 4>;  // 8 warps of 64 x 32: where few 128 x 256 blocks would run
 
+// ---- The mid-M variant (decode: m <= 255) -------------------------------------------------------------------------
+// At decode (m 1..255) the product streams B, the weights: each of B's bytes is read once from device memory while
+// the MMAs are a fraction of the time, so what counts is how many of B's bytes are in flight per SM. Blocks of kBM x
+// kBN of C (kBM 64, or 16 for m <= 32), 4 or 8 warps, K loaded kBK = 64 at a time into a deep ring of kStages shared
+// buffers by cp.async (up to kStages - 1 stages, 80 KB and more of B, in flight per SM), operands read with ldmatrix
+// and multiplied by mma.sync m16n8k16 as in the large variant (same helpers, same fragment layout). Grid: blockIdx.x
+// walks the row blocks (fastest, so the few row blocks of one column block read its B together, once from device
+// memory), .y the column blocks (in groups of at most 65535 per launch), .z the batch entries.
+//
+// Why its bits are the other variants': exactly the large variant's argument. An element's accumulator is a float that
+// starts at +0.0f and takes one mma.sync m16n8k16 (HMMA.16816.F32, half of the 64-row kernel's wmma m16n16k16) per 16
+// of K, k 0..15, 16..31, ..., up to K rounded up to kStepK (128: the same count of MMAs as the 64-row kernel, the last
+// ones on zeros), then round_element; operands past m, k and n are zeros, as in the 64-row kernel. Only the block
+// shape and the pipeline differ, which move values, not sums. python/tests/gpu_tile_variants_check.py (--mid)
+// compares it with the 64-row kernel bit for bit on a GPU.
+template <int BM, int BN, int BK, int Stages, int WarpsM, int WarpsN, int MinBlocks>
+struct MidConfig {
+  static constexpr int kBM = BM, kBN = BN, kBK = BK, kStages = Stages, kWarpsN = WarpsN, kMinBlocks = MinBlocks;
+  static constexpr int kThreads = 32 * WarpsM * WarpsN;
+  static constexpr int kWarpM = BM / WarpsM, kWarpN = BN / WarpsN;
+  static constexpr int kFragsM = kWarpM / 16, kFragsN = kWarpN / 16;
+  static constexpr int kLdA = BK + 8, kLdB = BN + 8, kLdC = kWarpN + 8;  // padded rows (ldmatrix without conflicts)
+  static constexpr int kStageA = BM * kLdA, kStageB = BK * kLdB;         // elements
+  static constexpr int kChunksA = BM * BK / 8 / kThreads, kChunksB = BK * BN / 8 / kThreads;
+  template <class E>
+  static constexpr int smem_bytes() {
+    constexpr int pipeline = Stages * (kStageA + kStageB) * static_cast<int>(sizeof(E));
+    constexpr int epilogue = WarpsM * WarpsN * 16 * kLdC * static_cast<int>(sizeof(float));
+    return pipeline > epilogue ? pipeline : epilogue;
+  }
+  static_assert(kStepK % BK == 0, "a K step of 128 is a whole number of loads");
+  static_assert(kChunksA >= 1 && kChunksA <= 32 && BM * BK / 8 % kThreads == 0 && BK * BN / 8 % kThreads == 0,
+                "loads split evenly over the threads");
+  static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0 && BK % 16 == 0 && (BK / 16) % 2 == 0, "whole fragments");
+  static_assert(kStageA % 64 == 0 && kStageB % 64 == 0, "every stage 128-byte aligned");
+};
+
+template <class E, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tile_matmul_mid_kernel(const TileArgs args) {
+  extern __shared__ __align__(128) unsigned char mid_smem[];
+  E* const smem_e = reinterpret_cast<E*>(mid_smem);
+  constexpr int kE = static_cast<int>(sizeof(E));
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * Cfg::kBM, col0 = static_cast<int64_t>(blockIdx.y) * Cfg::kBN;
+  const E* const a = static_cast<const E*>(args.a) + static_cast<int64_t>(blockIdx.z) * args.stride_a;
+  const E* const b = static_cast<const E*>(args.b) + static_cast<int64_t>(blockIdx.z) * args.stride_b;
+  E* const c = static_cast<E*>(args.c) + static_cast<int64_t>(blockIdx.z) * args.stride_c;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int warp_row = (warp / Cfg::kWarpsN) * Cfg::kWarpM, warp_col = (warp % Cfg::kWarpsN) * Cfg::kWarpN;
+
+  // This thread's 16-byte chunks of a stage: A's rows ra + t * kPassA (t < kChunksA), columns [ea, +8) of the stage's
+  // K; B's K rows rb + t * kPassB, columns [eb, +8) of the block's.
+  constexpr int kPassA = Cfg::kThreads / (Cfg::kBK / 8), kPassB = Cfg::kThreads / (Cfg::kBN / 8);
+  const int ra = tid / (Cfg::kBK / 8), ea = (tid % (Cfg::kBK / 8)) * 8;
+  const int rb = tid / (Cfg::kBN / 8), eb = (tid % (Cfg::kBN / 8)) * 8;
+  const E* const a_base = a + (row0 + ra) * args.lda + ea;  // dereferenced only for rows inside m
+  const E* const b_base = b + static_cast<int64_t>(rb) * args.ldb + col0 + eb;
+  unsigned a_rows_inside = 0;  // bit t: A's row ra + t * kPassA is inside m
+#pragma unroll
+  for (int t = 0; t < Cfg::kChunksA; ++t) a_rows_inside |= (row0 + ra + t * kPassA < args.m ? 1u : 0u) << t;
+  const int b_bytes = clamp8(args.n - (col0 + eb)) * kE;
+  const bool block_inside = row0 + Cfg::kBM <= args.m && col0 + Cfg::kBN <= args.n;
+  // Stage `stage` <- A's [row0, +kBM) x [k0, +kBK) and B's [k0, +kBK) x [col0, +kBN). At the edges of m, k and n a
+  // chunk copies only the bytes inside (from A's or B's first element when none) and the copy zero-fills the rest.
+  const auto load_stage = [&](int stage, int64_t k0) {
+    E* const dst_a = smem_e + stage * (Cfg::kStageA + Cfg::kStageB);
+    E* const dst_b = dst_a + Cfg::kStageA;
+    if (block_inside && k0 + Cfg::kBK <= args.k) {
+#pragma unroll
+      for (int t = 0; t < Cfg::kChunksB; ++t) {
+        cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, b_base + (k0 + t * kPassB) * args.ldb, 16);
+      }
+#pragma unroll
+      for (int t = 0; t < Cfg::kChunksA; ++t) {
+        cp_async16(dst_a + (ra + t * kPassA) * Cfg::kLdA + ea, a_base + t * kPassA * args.lda + k0, 16);
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < Cfg::kChunksB; ++t) {
+        const int bytes = k0 + rb + t * kPassB < args.k ? b_bytes : 0;
+        cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, bytes != 0 ? b_base + (k0 + t * kPassB) * args.ldb : b,
+                   bytes);
+      }
+      const int a_bytes = clamp8(args.k - (k0 + ea)) * kE;
+#pragma unroll
+      for (int t = 0; t < Cfg::kChunksA; ++t) {
+        const int bytes = (a_rows_inside >> t & 1u) != 0 ? a_bytes : 0;
+        cp_async16(dst_a + (ra + t * kPassA) * Cfg::kLdA + ea, bytes != 0 ? a_base + t * kPassA * args.lda + k0 : a,
+                   bytes);
+      }
+    }
+  };
+
+  // The warp's 16 x 16 fragments of A and B for K columns [kk, +16) of a stage (ldmatrix.x4: lane l gives the
+  // address of row l % 16, columns (l / 16) * 8 of a 16 x 16 tile; B transposed): the operands mma.m16n8k16 takes.
+  uint32_t a_reg[2][Cfg::kFragsM][4], b_reg[2][Cfg::kFragsN][4];
+  const auto load_fragments = [&](int buffer, int stage, int kk) {
+    const E* const sa = smem_e + stage * (Cfg::kStageA + Cfg::kStageB);
+    const E* const sb = sa + Cfg::kStageA;
+#pragma unroll
+    for (int i = 0; i < Cfg::kFragsM; ++i) {
+      ldmatrix_x4(a_reg[buffer][i], sa + (warp_row + 16 * i + lane % 16) * Cfg::kLdA + kk + (lane / 16) * 8);
+    }
+#pragma unroll
+    for (int j = 0; j < Cfg::kFragsN; ++j) {
+      ldmatrix_x4_trans(b_reg[buffer][j], sb + (kk + lane % 16) * Cfg::kLdB + warp_col + 16 * j + (lane / 16) * 8);
+    }
+  };
+  // Accumulators: [i][j] is rows [16 i, +16) and columns [8 j, +8) of the warp's tile, each element's sum starting
+  // from +0.0f.
+  float acc[Cfg::kFragsM][2 * Cfg::kFragsN][4];
+#pragma unroll
+  for (int i = 0; i < Cfg::kFragsM; ++i) {
+#pragma unroll
+    for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
+#pragma unroll
+      for (int x = 0; x < 4; ++x) acc[i][j][x] = 0.0f;
+    }
+  }
+  const auto multiply = [&](int buffer) {  // one m16n8k16 per accumulator: the next 16 of K, in order
+#pragma unroll
+    for (int i = 0; i < Cfg::kFragsM; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
+        mma_16816<E>(acc[i][j], a_reg[buffer][i], b_reg[buffer][j / 2][2 * (j % 2)],
+                     b_reg[buffer][j / 2][2 * (j % 2) + 1]);
+      }
+    }
+  };
+
+  // The 64-row kernel's count of MMAs: K rounded up to a multiple of kStepK.
+  const int64_t steps = (args.k + kStepK - 1) / kStepK * (kStepK / Cfg::kBK);
+  constexpr int kSlices = Cfg::kBK / 16;
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < steps) load_stage(s, static_cast<int64_t>(s) * Cfg::kBK);
+    cp_async_commit();
+  }
+  // Fragments one slice ahead: slice kk + 1's (the next stage's first at the last slice) load while slice kk's MMAs
+  // run. The next stage is waited for, and the stage refilled next released, at each stage's last slice.
+  cp_async_wait<Cfg::kStages - 2>();
+  __syncthreads();
+  load_fragments(0, 0, 0);
+  for (int64_t step = 0; step < steps; ++step) {
+    const int stage = static_cast<int>(step % Cfg::kStages);
+#pragma unroll
+    for (int kk = 0; kk < kSlices; ++kk) {
+      if (kk == 0) {
+        const int64_t next = step + Cfg::kStages - 1;
+        if (next < steps) load_stage(static_cast<int>(next % Cfg::kStages), next * Cfg::kBK);
+        cp_async_commit();
+      }
+      if (kk == kSlices - 1) {
+        cp_async_wait<Cfg::kStages - 2>();  // step + 1's stage has landed (for this thread) ...
+        __syncthreads();  // ... for every thread, and every warp has loaded its last fragments of this stage
+        if (step + 1 < steps) load_fragments((kk + 1) % 2, static_cast<int>((step + 1) % Cfg::kStages), 0);
+      } else {
+        load_fragments((kk + 1) % 2, stage, 16 * (kk + 1));
+      }
+      multiply(kk % 2);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the stages; each warp now stages its C through its own 16 rows of floats
+
+  // Epilogue: 16 rows of the warp's tile at a time, fp32 through shared memory, each lane rounding 8 consecutive
+  // elements (round_element, as the other variants) and storing them as 16 bytes (element by element at n's edge).
+  float* const sc = reinterpret_cast<float*>(mid_smem) + warp * 16 * Cfg::kLdC;
+  constexpr int kChunksPerRow = Cfg::kWarpN / 8, kChunks = 16 * kChunksPerRow;
+  const int g = lane / 4, t2 = 2 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < Cfg::kFragsM; ++i) {
+    if (row0 + warp_row + 16 * i >= args.m) break;  // these 16 rows and the warp's next ones lie past m
+      // mma.m16n8k16's accumulator: c0, c1 at row lane / 4, columns 2 (lane % 4) + 0, 1; c2, c3 eight rows below.
+#pragma unroll
+    for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
+      *reinterpret_cast<float2*>(sc + g * Cfg::kLdC + 8 * j + t2) = make_float2(acc[i][j][0], acc[i][j][1]);
+      *reinterpret_cast<float2*>(sc + (g + 8) * Cfg::kLdC + 8 * j + t2) = make_float2(acc[i][j][2], acc[i][j][3]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int v = lane; v < kChunks; v += 32) {
+      const int r = v / kChunksPerRow, e = (v % kChunksPerRow) * 8;
+      const int64_t row = row0 + warp_row + 16 * i + r, col = col0 + warp_col + e;
+      if (row < args.m && col < args.n) {
+        const float* const f = sc + r * Cfg::kLdC + e;
+        E* const dst = c + row * args.ldc + col;
+        if (col + 8 <= args.n) {
+          E e8[8];
+#pragma unroll
+          for (int x = 0; x < 8; ++x) e8[x] = round_element<E>(f[x]);
+          uint4 out;
+          __builtin_memcpy(&out, e8, sizeof out);
+          *reinterpret_cast<uint4*>(dst) = out;
+        } else {
+          for (int x = 0; x < args.n - col; ++x) dst[x] = round_element<E>(f[x]);
+        }
+      }
+    }
+    __syncwarp();
+  }
+}
+
+// One launch per group of at most 65535 column blocks (the grid's y limit), each on its columns of B and C: a column's
+// products do not depend on which launch computes them.
+template <class E, class Cfg>
+cudaError_t launch_mid(const TileArgs& args, int64_t batch, cudaStream_t stream) {
+  constexpr int64_t kMaxBlocksY = 65535;
+  constexpr int kSmem = Cfg::template smem_bytes<E>();
+  static unsigned long long done_devices = 0;
+  const auto kernel = tile_matmul_mid_kernel<E, Cfg>;
+  if (const cudaError_t e = allow_smem(kernel, kSmem, done_devices); e != cudaSuccess) return e;
+  const int64_t tiles_m = (args.m + Cfg::kBM - 1) / Cfg::kBM;
+  if (tiles_m > 0x7FFFFFFF || batch > 65535) return cudaErrorInvalidConfiguration;
+  for (int64_t first = 0; first < args.n; first += kMaxBlocksY * Cfg::kBN) {
+    TileArgs group = args;
+    group.n = std::min<int64_t>(args.n - first, kMaxBlocksY * Cfg::kBN);
+    group.b = static_cast<const E*>(args.b) + first;
+    group.c = static_cast<E*>(args.c) + first;
+    const int64_t tiles_n = (group.n + Cfg::kBN - 1) / Cfg::kBN;
+    const dim3 grid(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n), static_cast<unsigned>(batch));
+    kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(group);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+// The configurations (which one runs never changes the bits). Measured on an H100 (python/tests/
+// gpu_tile_variants_check.py --mid, 2026-11-27, B from device memory; docs/benchmarks.md): at M = 64 x 8192 x 1024,
+// batch 2, 64 x 128 blocks 18.4 us, 64 x 64 20.2; at M = 64 x 4096 x 512 (64 blocks of 128 columns) 8.3 and 7.4; at
+// M = 1 and 16 the 16-row blocks 15.1-15.7 us (x 8192 x 1024) and 5.5-6.7 (x 4096 x 512), the 64-row ones 0.4-1.5
+// us slower. Tried the same day, with the same bits and no gain (removed): 7 stages of 64 x 128 (18.5 us at M = 64),
+// K 32 at a time in 12 stages (19.0), B's copies with an L2 prefetch of 256 bytes (18.9), 11 stages of 16 x 128
+// (15.3 at M = 1). At M = 64 each SM takes in about 21 GB/s (384 KB per block, a third of it A's 64 rows, which
+// every column block reads), near the 25 GB/s of M = 1 with B in L2; deeper rings did not raise it: what is left
+// there is the bytes per SM, not the bytes in flight.
+using MidTiles = MidConfig<64, 128, 64, 6, 2, 4, 1>;     // 8 warps of 32 x 32, 156 KB: one block per SM
+using MidTiles64 = MidConfig<64, 64, 64, 6, 2, 2, 2>;    // 4 warps of 32 x 32, 108 KB: two blocks per SM
+using SmallTiles = MidConfig<16, 128, 64, 8, 1, 4, 1>;   // 4 warps of 16 x 32, 154 KB
+using SmallTiles64 = MidConfig<16, 64, 64, 8, 1, 4, 2>;  // 4 warps of 16 x 16, 90 KB
+
+// The mid-M blocks for a shape: 16 rows for m <= 32; kBN 128 where at least kMidWideBlocks such blocks run, else 64
+// (more blocks, more SMs streaming B).
+constexpr int64_t kMidWideBlocks = 120;
+template <class E>
+cudaError_t launch_mid_auto(const TileArgs& args, int64_t batch, cudaStream_t stream, bool small) {
+  const int64_t rows = small ? 16 : 64;
+  const int64_t wide_blocks = (args.m + rows - 1) / rows * ((args.n + 127) / 128) * batch;
+  if (small) {
+    return wide_blocks >= kMidWideBlocks ? launch_mid<E, SmallTiles>(args, batch, stream)
+                                         : launch_mid<E, SmallTiles64>(args, batch, stream);
+  }
+  return wide_blocks >= kMidWideBlocks ? launch_mid<E, MidTiles>(args, batch, stream)
+                                       : launch_mid<E, MidTiles64>(args, batch, stream);
+}
+
+// EXACTCOLL_TILE_MATMUL_VARIANT's names for the mid-M blocks (tests only; the launcher asks here before its own names):
+// "mid" and "mid16" (64 or 16 rows, the width chosen from the shape as above), "mid_128", "mid_64", "mid16_128" and
+// "mid16_64" (that width).
+enum class MidVariant { kNone, kMid, kMid128, kMid64, kMid16, kMid16x128, kMid16x64 };
+MidVariant forced_mid_variant() {
+  const char* text = std::getenv("EXACTCOLL_TILE_MATMUL_VARIANT");
+  if (text == nullptr || std::strncmp(text, "mid", 3) != 0) return MidVariant::kNone;
+  static const std::pair<const char*, MidVariant> kNames[] = {
+      {"mid", MidVariant::kMid},     {"mid_128", MidVariant::kMid128},      {"mid_64", MidVariant::kMid64},
+      {"mid16", MidVariant::kMid16}, {"mid16_128", MidVariant::kMid16x128}, {"mid16_64", MidVariant::kMid16x64}};
+  for (const auto& [name, variant] : kNames) {
+    if (std::strcmp(text, name) == 0) return variant;
+  }
+  return MidVariant::kNone;  // the launcher's own names decide (an unknown name fails there)
+}
+
+// The blocks that serve m < kLargeM (the launcher asks here), never changing the bits: the mid-M blocks of 16 rows for
+// m <= 32, of 64 rows for m <= 64, and above 64 unless the large variant's 128 x 128 blocks would be at least
+// kMidWideBlocks (one 128-row block covers what takes two or more rounds of 64-row blocks on the GPU's SMs; measured on
+// an H100, python/tests/gpu_tile_variants_check.py --mid): kNone, the large variant's choice.
+inline MidVariant choose_mid(const TileArgs& args, int64_t batch) {
+  if (args.m <= kSmallM) return MidVariant::kMid16;
+  if (args.m <= 64) return MidVariant::kMid;
+  const int64_t blocks_128 = (args.m + 127) / 128 * ((args.n + 127) / 128) * batch;
+  return blocks_128 >= kMidWideBlocks ? MidVariant::kNone : MidVariant::kMid;
+}
+
+template <class E>
+cudaError_t launch_mid_variant(const TileArgs& args, int64_t batch, cudaStream_t stream, MidVariant variant) {
+  switch (variant) {
+    case MidVariant::kMid: return launch_mid_auto<E>(args, batch, stream, false);
+    case MidVariant::kMid128: return launch_mid<E, MidTiles>(args, batch, stream);
+    case MidVariant::kMid64: return launch_mid<E, MidTiles64>(args, batch, stream);
+    case MidVariant::kMid16: return launch_mid_auto<E>(args, batch, stream, true);
+    case MidVariant::kMid16x128: return launch_mid<E, SmallTiles>(args, batch, stream);
+    case MidVariant::kMid16x64: return launch_mid<E, SmallTiles64>(args, batch, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+// ---- End of the mid-M variant -------------------------------------------------------------------------------------
+
 // EXACTCOLL_TILE_MATMUL_VARIANT (tests only, read on every call; tile_matmul.h): unset or "auto" chooses from the
 // shape; "16", "64", "large" and "large_128" force that variant for every shape.
 enum class Variant { kAuto, kRows16, kRows64, kLarge, kLarge128, kUnknown };
@@ -632,16 +929,26 @@ Variant forced_variant() {
 
 // Which variant runs changes which block computes an element, never its bits (tile_matmul.h), so it may depend on
 // anything: here m, and the count of 128 x 256 blocks.
+// The mid-M blocks that serve this call (forced, or chosen from the shape), or kNone.
+MidVariant mid_variant_for(const TileArgs& args, int64_t batch) {
+  if (const MidVariant mid = forced_mid_variant(); mid != MidVariant::kNone) return mid;
+  if (forced_variant() != Variant::kAuto || args.m >= kLargeM) return MidVariant::kNone;
+  return choose_mid(args, batch);
+}
+
 template <class E, bool kPairs>
 cudaError_t launch_typed(const TileArgs& args, int64_t batch, cudaStream_t stream) {
+  // m < 256: the mid-M blocks (their section above) where choose_mid says so; the 16- and 64-row blocks stay the
+  // references, forced with "16" and "64". The mid-M blocks have no pair mode: callers ask tile_pairs_fused first
+  // and run such pairs as two plain products and launch_pair_add.
+  if (const MidVariant mid = mid_variant_for(args, batch); mid != MidVariant::kNone) {
+    return kPairs ? cudaErrorInvalidValue : launch_mid_variant<E>(args, batch, stream, mid);
+  }
   Variant variant = forced_variant();
   if (variant == Variant::kAuto) {
     // 128 x 256 blocks, or 128 x 128 where the wider blocks would be fewer than the GPU's SMs (under 100).
     const int64_t wide_blocks = (args.m + 127) / 128 * ((args.n + 255) / 256) * batch;
-    variant = args.m <= kSmallM   ? Variant::kRows16
-              : args.m < kLargeM  ? Variant::kRows64
-              : wide_blocks < 100 ? Variant::kLarge128
-                                  : Variant::kLarge;
+    variant = wide_blocks < 100 ? Variant::kLarge128 : Variant::kLarge;
   }
   switch (variant) {
     case Variant::kRows16: return launch_rows<E, kSmallRows, kPairs>(args, batch, stream);
@@ -659,6 +966,12 @@ cudaError_t launch_tile_matmul(const void* a, const void* b, void* c, DType dtyp
   const TileArgs args{a, b, c, s.m, s.k, s.n, s.lda, s.ldb, s.ldc, s.stride_a, s.stride_b, s.stride_c};
   return dtype == DType::kBF16 ? launch_typed<__nv_bfloat16, false>(args, s.batch, stream)
                                : launch_typed<__half, false>(args, s.batch, stream);
+}
+
+bool tile_pairs_fused(const PairShape& s) {
+  const TileArgs args{nullptr,         nullptr,         nullptr,        s.m, s.k, s.n, s.lda, s.ldb, s.ldc,
+                      s.stride_a_leaf, s.stride_b_leaf, s.stride_c_pair};
+  return mid_variant_for(args, s.pairs) == MidVariant::kNone;
 }
 
 cudaError_t launch_tile_matmul_pairs(const void* a, const void* b, void* c, DType dtype, const PairShape& s,
