@@ -434,6 +434,12 @@ def column_parallel_shard(weights, tp_rank, tp_size):
 
 _SIDE_STREAMS = {}
 
+# The rows from which TreeRowParallelLinear takes the pair product: its fused kernels serve M >= 256
+# (cuda_backend/linear/tile_matmul.h); below, a pair runs as two plain products (half the blocks
+# each) and an add, slower at decode than the batched leaf products and tree_sum (measured 4 x H100,
+# docs/benchmarks.md), with the same bits either way.
+_PAIR_MIN_ROWS = 256
+
 
 def _side_stream(device):
     """The process's high-priority stream on `device` for the all-reduces that overlap the next
@@ -514,8 +520,9 @@ class TreeRowParallelLinear(torch.nn.Module):
         return _PairProducts.apply(x, self.weight_t, self.local_leaves // 2)
 
     def _local_tree(self, x2):
-        """This rank's partial: the tree over its leaves (the pair products' tree from 2 leaves on)."""
-        if self.local_leaves == 1:
+        """This rank's partial: the tree over its leaves (the pair products' tree from 2 leaves and
+        _PAIR_MIN_ROWS rows on)."""
+        if self.local_leaves == 1 or x2.shape[0] < _PAIR_MIN_ROWS:
             return tree_sum(self.leaf_products(x2))
         return tree_sum(self.pair_products(x2))
 

@@ -157,6 +157,11 @@ class LinearOnCpu(unittest.TestCase):
         w, x = self.rand(out, hidden), self.rand(7, hidden)
         kl = hidden // leaves
         module = xl.TreeRowParallelLinear.from_full(w, 0, 1, leaves)
+        # Below _PAIR_MIN_ROWS rows the forward takes the batched leaf products (and tree_sum).
+        self.assertBits(module(x, reduce=False), xl.tree_sum(module.leaf_products(x)))
+        self.assertEqual((len(self.pair_calls), len(self.calls)), (0, 2))
+        saved, xl._PAIR_MIN_ROWS = xl._PAIR_MIN_ROWS, 1  # the pair path at these small shapes
+        self.addCleanup(setattr, xl, "_PAIR_MIN_ROWS", saved)
         pairs = module.pair_products(x)
         self.assertEqual(self.pair_calls[-1][:10], (7, kl, out, 4, hidden, out, out, kl, kl * out, 7 * out))
         products = module.leaf_products(x)
@@ -218,19 +223,19 @@ class LinearOnCpu(unittest.TestCase):
             one_call = xl.TreeRowParallelLinear.from_full(w, 1, tp, leaves, comm, chunk_rows=0)
             chunked = xl.TreeRowParallelLinear.from_full(w, 1, tp, leaves, comm, chunk_rows=4)
             with torch.no_grad():
-                want = one_call(x)
-                self.assertEqual(comm.rows, [(10, 0)])
+                want = one_call(x)  # 10 rows: under _PAIR_MIN_ROWS, the leaf products (no pair call)
+                self.assertEqual((comm.rows, len(self.pair_calls)), ([(10, 0)], 0))
                 comm.rows.clear()
                 self.assertBits(chunked(x.view(2, 5, hidden // 2)), want.view(2, 5, out_features))
                 self.assertEqual(comm.rows, [(4, 64), (4, 64), (2, 64)])  # the overlap's grid cap, then back
                 self.assertEqual(comm.cap, 0)
                 kl = hidden // leaves
-                chunk_calls = [c[:10] for c in self.pair_calls[1:]]
+                chunk_calls = [c[:10] for c in self.pair_calls]
                 if leaves == 8:  # 2 pairs into the chunk buffer's rows (a view: pair entries 4 rows apart)
                     self.assertEqual(chunk_calls, [(r, kl, 24, 2, 64, 24, 24, kl, kl * 24, 4 * 24) for r in (4, 4, 2)])
                 elif leaves == 4:  # one pair, written into the partial's rows: 4 rows of 24 apart, no copy
                     self.assertEqual(chunk_calls, [(r, kl, 24, 1, 64, 24, 24, kl, kl * 24, 0) for r in (4, 4, 2)])
-                    pointers = [c[10] for c in self.pair_calls[1:]]
+                    pointers = [c[10] for c in self.pair_calls]
                     self.assertEqual([q - pointers[0] for q in pointers], [0, 4 * 24 * 2, 8 * 24 * 2])
                 else:
                     self.assertEqual(self.pair_calls, [])
