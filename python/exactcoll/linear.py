@@ -295,24 +295,32 @@ class _GatherColumns(torch.autograd.Function):
         return grad[:, ctx.rank * cols:(ctx.rank + 1) * cols].contiguous(), None, None, None
 
 
-def _leaf_products_into(x, weight_t, leaves, out):
-    """out [leaves, M, N] (contiguous) = each leaf's product x[:, l Kl:(l+1) Kl] @ W^T[l Kl:(l+1) Kl],
-    rounded to storage: one batched invariant product (batch = leaves, A's leaves Kl apart in each
-    row, B's leaves Kl rows apart). No autograd."""
+def _leaves_call(which, x, weight_t, leaves, count, out, ldc, stride_c):
+    """One call of the C product `which` (0: exactcoll_invariant_matmul, batch = count leaves; 2:
+    exactcoll_invariant_matmul_pairs, count pairs) over x [M, leaves * Kl] and W^T [leaves * Kl, N]:
+    leaf l's A is x's columns l Kl.. (Kl elements apart in each row), its B W^T's rows l Kl.. (Kl
+    rows apart); C entries stride_c apart with rows ldc apart. No autograd."""
     m, n = x.shape[0], weight_t.shape[1]
     kl = x.shape[1] // leaves
     if m == 0:
         return out
     x = _operand(x, "x")
     weight_t = _operand(weight_t, "weight_t")
-    matmul = _bound()[0]
     device = x.get_device()
     stream = _CURRENT_STREAM(device) if _CURRENT_STREAM else torch.cuda.current_stream(device).cuda_stream
-    status = matmul(x.data_ptr(), weight_t.data_ptr(), out.data_ptr(), m, kl, n, leaves, _ld(x), weight_t.stride(0),
-                    n, kl, kl * weight_t.stride(0), m * n, _DTYPE_CODES[x.dtype], device, stream)
+    status = _bound()[which](x.data_ptr(), weight_t.data_ptr(), out.data_ptr(), m, kl, n, count, _ld(x),
+                             weight_t.stride(0), ldc, kl, kl * weight_t.stride(0), stride_c, _DTYPE_CODES[x.dtype],
+                             device, stream)
     if status:
         _lib.check(status)
     return out
+
+
+def _leaf_products_into(x, weight_t, leaves, out):
+    """out [leaves, M, N] (contiguous) = each leaf's product x[:, l Kl:(l+1) Kl] @ W^T[l Kl:(l+1) Kl],
+    rounded to storage: one batched invariant product (batch = leaves, A's leaves Kl apart in each
+    row, B's leaves Kl rows apart). No autograd."""
+    return _leaves_call(0, x, weight_t, leaves, leaves, out, weight_t.shape[1], x.shape[0] * weight_t.shape[1])
 
 
 def _pair_products_into(x, weight_t, pairs, out):
@@ -322,21 +330,7 @@ def _pair_products_into(x, weight_t, pairs, out):
     the leaf products never written to memory. out's rows unit-stride and 16-byte aligned, its rows
     and pair entries at multiples of 8 elements (a view of a larger buffer is fine: its strides are
     passed). No autograd."""
-    m, n = x.shape[0], weight_t.shape[1]
-    kl = x.shape[1] // (2 * pairs)
-    if m == 0:
-        return out
-    x = _operand(x, "x")
-    weight_t = _operand(weight_t, "weight_t")
-    fn = _bound()[2]
-    device = x.get_device()
-    stream = _CURRENT_STREAM(device) if _CURRENT_STREAM else torch.cuda.current_stream(device).cuda_stream
-    status = fn(x.data_ptr(), weight_t.data_ptr(), out.data_ptr(), m, kl, n, pairs, _ld(x), weight_t.stride(0),
-                _ld(out), kl, kl * weight_t.stride(0), out.stride(0) if pairs > 1 else 0, _DTYPE_CODES[x.dtype],
-                device, stream)
-    if status:
-        _lib.check(status)
-    return out
+    return _leaves_call(2, x, weight_t, 2 * pairs, pairs, out, _ld(out), out.stride(0) if pairs > 1 else 0)
 
 
 def _leaf_grads(ctx, grad):

@@ -16,12 +16,12 @@ own matmul (cuBLAS's heuristic) changes bits with M, and timings (CUDA graphs) a
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
 
 import exactcoll.linear as xl
+from gpu_check_util import graph_us
 
 FAILURES = []
 
@@ -162,30 +162,6 @@ def torch_varies(k, n):
     print(f"  torch.matmul (cuBLAS heuristic) K={k} N={n}: elements differing from M=4096's rows: {counts}")
 
 
-def graph_us(fn, ops=20, replays=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(ops):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1000 / ops)
-    return statistics.median(times)
-
-
 def timings(sizes, leaves=8):
     """Per rank of a row-parallel layer at TP = T: x [M, H/T] @ W^T [H/T, H] as torch F.linear, vs the
     tree layer's batched leaf products + the local tree (no all-reduce here)."""
@@ -200,9 +176,9 @@ def timings(sizes, leaves=8):
             for m in (1, 16, 64, 4096):
                 x = rand(m, local, seed=m)
                 with torch.no_grad():
-                    base = graph_us(lambda: torch.nn.functional.linear(x, w))
-                    tree = graph_us(lambda: module(x, reduce=False))
-                    prods = graph_us(lambda: module.leaf_products(x))
+                    base = graph_us(lambda: torch.nn.functional.linear(x, w), ops=20, replays=20)
+                    tree = graph_us(lambda: module(x, reduce=False), ops=20, replays=20)
+                    prods = graph_us(lambda: module.leaf_products(x), ops=20, replays=20)
                 rows.append(dict(hidden=hidden, tp=tp, m=m, torch_us=base, tree_us=tree, products_us=prods))
                 print(f"  {hidden:>5} {tp:>2} {m:>5} {base:>11.2f} {tree:>14.2f} {tree / base:>6.2f} {prods:>16.2f}")
     return rows

@@ -35,7 +35,6 @@ whole [M, Lr Kl] x [Lr Kl, N]. A short table is printed last.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ import time
 import torch
 
 import exactcoll.linear as xl
+from gpu_check_util import graph_us, with_env
 
 VAR = "EXACTCOLL_TILE_MATMUL_VARIANT"
 KERNEL = "EXACTCOLL_INVARIANT_MATMUL"
@@ -53,21 +53,6 @@ PAIRS = (1, 2)
 FORCED = ("16", "64", "large", "large_128")
 OLD = None  # the old library's exactcoll_invariant_matmul (--old-lib)
 SENTINEL = 0x7F81  # a NaN payload no rounding gives (a NaN rounds to 0x7FFF): still there means not written
-
-
-def with_env(name, value, fn):
-    old = os.environ.get(name)
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-    try:
-        return fn()
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
 
 
 def operands(m, n, kl, pairs, dtype, seed):
@@ -241,30 +226,6 @@ def check_cublaslt(stats):
     for n in notes:
         print(f"  cublaslt: {n}")
     return notes
-
-
-def graph_us(fn, ops=5, replays=9):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(ops):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1000 / ops)
-    return statistics.median(times)
 
 
 def timings(shapes, m=4096, dtype=torch.bfloat16):

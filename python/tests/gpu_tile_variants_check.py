@@ -26,8 +26,8 @@ and torch.matmul.
 """
 
 import argparse
+import itertools
 import json
-import os
 import statistics
 import sys
 import time
@@ -35,6 +35,7 @@ import time
 import torch
 
 import exactcoll.linear as xl
+from gpu_check_util import graph_us, with_env
 
 VAR = "EXACTCOLL_TILE_MATMUL_VARIANT"
 MS = (256, 257, 300, 1000, 4096, 4097)
@@ -52,18 +53,7 @@ SENTINEL = 0x7F81
 
 def with_variant(variant, fn):
     """fn() with EXACTCOLL_TILE_MATMUL_VARIANT set to variant ("auto": unset)."""
-    old = os.environ.get(VAR)
-    if variant == "auto":
-        os.environ.pop(VAR, None)
-    else:
-        os.environ[VAR] = variant
-    try:
-        return fn()
-    finally:
-        if old is None:
-            os.environ.pop(VAR, None)
-        else:
-            os.environ[VAR] = old
+    return with_env(VAR, None if variant == "auto" else variant, fn)
 
 
 def operands(m, n, k, batch, shared_b, dtype, seed):
@@ -172,28 +162,10 @@ def check_odd(variants, dtypes, stats, shapes=ODD_SHAPES):
 
 
 def graph_ms(fn, ops=5, replays=7):
-    """Median ms per call of fn(i), i = 0 .. ops - 1, captured in one CUDA graph and replayed."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn(0)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(ops):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) / ops)
-    return statistics.median(times)
+    """Median ms per call of fn(i), i counting the calls from 0 (the warm-up, then the captured ones),
+    captured in one CUDA graph and replayed (gpu_check_util.graph_us)."""
+    counter = itertools.count()
+    return graph_us(lambda: fn(next(counter)), ops=ops, replays=replays) / 1000.0
 
 
 def timings(variants, shapes, dtype=torch.bfloat16):
