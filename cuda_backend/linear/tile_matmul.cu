@@ -823,6 +823,7 @@ template <class E, class Cfg>
 cudaError_t launch_mid(const TileArgs& args, int64_t batch, cudaStream_t stream) {
   constexpr int64_t kMaxBlocksY = 65535;
   constexpr int kSmem = Cfg::template smem_bytes<E>();
+  static_assert(kSmem <= 227 * 1024, "fits an sm_90 block's shared memory");
   static unsigned long long done_devices = 0;
   const auto kernel = tile_matmul_mid_kernel<E, Cfg>;
   if (const cudaError_t e = allow_smem(kernel, kSmem, done_devices); e != cudaSuccess) return e;

@@ -675,12 +675,14 @@ EXACTCOLL_API int exactcoll_invariant_matmul(const void* a, const void* b, void*
  *   1 <= pairs <= 32767; m, k, n, dtype, device, alignment (every leading dimension and stride a
  *   multiple of 8 elements; stride_c_pair only when pairs > 1) as exactcoll_invariant_matmul;
  *   m == 0 does nothing.
- * By default exactcoll's kernels compute each block's two leaves in turn (the first rounded and kept
- * on chip), so the leaf products are never written to memory. With EXACTCOLL_INVARIANT_MATMUL=cublaslt
- * the even leaves run as one cuBLASLt call into C, the odd ones into a stream-ordered scratch
- * (cudaMallocAsync, pairs x m x n elements, freed on the stream), then an elementwise kernel adds
- * them: the same bits as two exactcoll_invariant_matmul calls and the node. Enqueued on stream;
- * capturable as exactcoll_invariant_matmul is. */
+ * By default, from m = 256 (and wherever the large blocks serve the shape), exactcoll's kernels
+ * compute each block's two leaves in turn (the first rounded and kept on chip), so the leaf products
+ * are never written to memory. Below that (the mid-M blocks, which have no pair mode) and with
+ * EXACTCOLL_INVARIANT_MATMUL=cublaslt, the even leaves run as one product call into C, the odd ones
+ * into a stream-ordered scratch (cudaMallocAsync, pairs x m x n rounded up to 8 elements, freed on
+ * the stream), then an elementwise kernel adds them: the same bits as two exactcoll_invariant_matmul
+ * calls and the node. Enqueued on stream; capturable as exactcoll_invariant_matmul is (the scratch
+ * then becomes the graph's memory alloc and free nodes). */
 EXACTCOLL_API int exactcoll_invariant_matmul_pairs(const void* a, const void* b, void* c, int64_t m, int64_t k,
                                                    int64_t n, int64_t pairs, int64_t lda, int64_t ldb, int64_t ldc,
                                                    int64_t stride_a_leaf, int64_t stride_b_leaf, int64_t stride_c_pair,

@@ -23,7 +23,7 @@ The pieces:
   its leaves as the balanced binary tree (torch's bf16/fp16 `a + b` on CUDA is float(a) + float(b)
   rounded once: contract::tree_node), and the tree communicator's all-reduce adds the tree's levels
   above the ranks. The result is the tree over all L leaves whatever T is. With 2 or more leaves
-  on the rank the tree's first level is fused into the product (exactcoll_invariant_matmul_pairs:
+  on the rank and _PAIR_MIN_ROWS (256) rows or more the tree's first level is fused into the product (exactcoll_invariant_matmul_pairs:
   each block computes two leaves' products in turn and stores their node, so the leaf products are
   never written), then tree_sum adds the levels above; the same bits as the batched leaf products
   (leaf_products) followed by tree_sum.
@@ -458,7 +458,7 @@ class TreeRowParallelLinear(torch.nn.Module):
 
     Overlap (prefill). With more than chunk_rows rows (default 1024; 0 turns it off) and no autograd
     recording, forward(x) runs the rows in chunks of chunk_rows: chunk i's all-reduce runs on a
-    side stream while chunk i+1's leaf products run on the caller's stream, and the caller's stream
+    side stream while chunk i+1's products run on the caller's stream, and the caller's stream
     waits for the last all-reduce before the result is used. Those all-reduces launch at most
     overlap_blocks blocks (default 64; 0: leave the communicator's cap as it is, by default the
     tuned grid, which takes every SM and leaves the product none): comm.set_max_blocks. The bits are those of the unchunked call: each element's
@@ -569,27 +569,35 @@ class TreeRowParallelLinear(torch.nn.Module):
         return out
 
     def _chunks(self, x2, out, partial, leaves, main, side):
-        """Each chunk's pair products (or its one leaf's product) and local tree into partial's rows
-        on main, then its all-reduce into out's rows on side after main's work so far (host
-        stand-ins: inline). leaves: [pairs, chunk_rows, N] for the pair products when there are
-        more than 2 leaves here, else None."""
+        """Each chunk's local tree into partial's rows on main (_local_tree_into), then its
+        all-reduce into out's rows on side after main's work so far (host stand-ins: inline)."""
         m, rows = x2.shape[0], self.chunk_rows
         for first in range(0, m, rows):
             last = min(m, first + rows)
-            if self.local_leaves == 1:
-                _leaf_products_into(x2[first:last], self.weight_t, 1, partial[first:last].unsqueeze(0))
-            elif leaves is None:  # 2 leaves: their node is the partial
-                _pair_products_into(x2[first:last], self.weight_t, 1, partial[first:last].unsqueeze(0))
-            else:
-                products = leaves[:, :last - first]  # a view (pair entries chunk_rows rows apart): no copy
-                _pair_products_into(x2[first:last], self.weight_t, leaves.shape[0], products)
-                tree_sum(products, out=partial[first:last])
+            self._local_tree_into(x2[first:last], partial[first:last], leaves)
             if side is None:  # inline (host stand-ins in the CPU tests, or no second stream)
                 self.comm.all_reduce(partial[first:last], out=out[first:last])
                 continue
             side.wait_stream(main)  # this chunk's partial (and, the first time, x2 and everything before)
             with torch.cuda.stream(side):
                 self.comm.all_reduce(partial[first:last], out=out[first:last])
+
+    def _local_tree_into(self, x_rows, dest, pair_buffer):
+        """dest [rows, N] = this rank's tree over its leaves of x_rows (no autograd), as _local_tree:
+        one leaf's product written into dest; below _PAIR_MIN_ROWS rows the batched leaf products
+        and tree_sum; else the pair products, into dest with 2 leaves, into pair_buffer's first rows
+        ([pairs, chunk_rows, N], a view: pair entries chunk_rows rows apart, no copy) and tree_sum
+        with more."""
+        if self.local_leaves == 1:
+            _leaf_products_into(x_rows, self.weight_t, 1, dest.unsqueeze(0))
+        elif x_rows.shape[0] < _PAIR_MIN_ROWS:
+            products = torch.empty((self.local_leaves,) + tuple(dest.shape), dtype=dest.dtype, device=dest.device)
+            tree_sum(_leaf_products_into(x_rows, self.weight_t, self.local_leaves, products), out=dest)
+        elif pair_buffer is None:  # 2 leaves: their node is the partial
+            _pair_products_into(x_rows, self.weight_t, 1, dest.unsqueeze(0))
+        else:
+            products = pair_buffer[:, :x_rows.shape[0]]
+            tree_sum(_pair_products_into(x_rows, self.weight_t, pair_buffer.shape[0], products), out=dest)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, tp={self.tp_rank}/{self.tp_size}, "

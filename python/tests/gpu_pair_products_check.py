@@ -50,7 +50,7 @@ MS = (1, 16, 64, 255, 256, 300, 4096)
 NS = (8, 72, 4096, 8200)
 KS = (8, 120, 128, 1024)
 PAIRS = (1, 2)
-FORCED = ("16", "64", "large", "large_128")
+FORCED = ("16", "64", "large", "large_128", "mid", "mid16", "mid_64", "mid16_64")  # mid*: the split path
 OLD = None  # the old library's exactcoll_invariant_matmul (--old-lib)
 SENTINEL = 0x7F81  # a NaN payload no rounding gives (a NaN rounds to 0x7FFF): still there means not written
 
@@ -159,7 +159,7 @@ class IdentityComm:
         return x.clone() if out is None else out.copy_(x)
 
 
-def check_layers(stats, hidden=8192, out=4096, leaves=8, ms=(4096, 7), dtypes=(torch.bfloat16, torch.float16)):
+def check_layers(stats, hidden=8192, out=4096, leaves=8, ms=(4096, 300, 7), dtypes=(torch.bfloat16, torch.float16)):
     for dtype in dtypes:
         g = torch.Generator(device="cuda").manual_seed(7)
         w = (torch.randn(out, hidden, generator=g, device="cuda") * 0.02).to(dtype)

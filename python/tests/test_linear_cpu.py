@@ -226,7 +226,16 @@ class LinearOnCpu(unittest.TestCase):
                 want = one_call(x)  # 10 rows: under _PAIR_MIN_ROWS, the leaf products (no pair call)
                 self.assertEqual((comm.rows, len(self.pair_calls)), ([(10, 0)], 0))
                 comm.rows.clear()
-                self.assertBits(chunked(x.view(2, 5, hidden // 2)), want.view(2, 5, out_features))
+                # Chunks under _PAIR_MIN_ROWS take the leaf products; then (threshold 1) the pair products.
+                self.calls.clear()
+                self.assertBits(chunked(x), want)
+                self.assertEqual((len(self.pair_calls), [c[0] for c in self.calls]), (0, [4, 4, 2]))
+                comm.rows.clear()
+                saved, xl._PAIR_MIN_ROWS = xl._PAIR_MIN_ROWS, 1
+                try:
+                    self.assertBits(chunked(x.view(2, 5, hidden // 2)), want.view(2, 5, out_features))
+                finally:
+                    xl._PAIR_MIN_ROWS = saved
                 self.assertEqual(comm.rows, [(4, 64), (4, 64), (2, 64)])  # the overlap's grid cap, then back
                 self.assertEqual(comm.cap, 0)
                 kl = hidden // leaves
@@ -289,11 +298,15 @@ class LinearOnCpu(unittest.TestCase):
         ones = torch.ones(7, 32)
         torch.testing.assert_close(xg.grad.float(), ones @ module.weight_t.detach().float().t(), atol=0.1, rtol=0.02)
         torch.testing.assert_close(module.weight_t.grad.float(), x.float().t() @ ones, atol=0.1, rtol=0.02)
-        # The pair products' backward (each leaf gets its node's gradient) equals the leaf products' + tree_sum's.
-        old = xl.TreeRowParallelLinear.from_full(w, 0, 2, 8)
-        xo = x.clone().requires_grad_(True)
-        xl.tree_sum(old.leaf_products(xo)).float().sum().backward()
-        self.assertTrue(torch.equal(xg.grad, xo.grad) and torch.equal(module.weight_t.grad, old.weight_t.grad))
+        # The pair products' backward (each leaf gets its node's gradient) equals the leaf products' summed in
+        # pairs, under a different weight per pair (so a pair's gradient given to the wrong leaves shows).
+        pair_module, leaf_module = (xl.TreeRowParallelLinear.from_full(w, 0, 2, 8) for _ in range(2))
+        xp, xo = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        weights = torch.randn(2, 7, 32, generator=self.g)
+        (pair_module.pair_products(xp).float() * weights).sum().backward()
+        (leaf_module.leaf_products(xo).float().view(2, 2, 7, 32).sum(1) * weights).sum().backward()
+        torch.testing.assert_close(xp.grad, xo.grad, atol=0, rtol=0)
+        torch.testing.assert_close(pair_module.weight_t.grad, leaf_module.weight_t.grad, atol=0, rtol=0)
         a, b = self.rand(6, 16).requires_grad_(True), self.rand(16, 8).requires_grad_(True)
         xl.invariant_matmul(a, b).float().sum().backward()
         self.assertEqual((tuple(a.grad.shape), tuple(b.grad.shape)), ((6, 16), (16, 8)))
