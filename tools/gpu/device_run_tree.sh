@@ -5,7 +5,9 @@
 # tree), tp_block_check.py on 4 GPUs, and, when present, the TP-invariant Llama check at TP 1, 2, 4.
 #   usage: tools/gpu/device_run_tree.sh [phases]   phases: verify,verify_tree,bench4,bench2,tp,matmul,
 #   llama,llama_bench4,llama_bench2 (default verify,bench4,bench2,tp); matmul: the invariant product
-#   on one GPU (python/tests/gpu_invariant_matmul_check.py; then the cuBLASLt experiment, --quick);
+#   on one GPU (python/tests/gpu_invariant_matmul_check.py; then the cuBLASLt experiment, --quick;
+#   then every tile variant's and the leaf-pair product's bits: gpu_tile_variants_check.py [--mid],
+#   gpu_pair_products_check.py);
 #   llama: python/examples/tree_llama_check.py at TP 1, 2 and 4, then --compare; llama_benchN: its
 #   --bench (tree row-parallel linear + tree all-reduce vs F.linear + NCCL) on N GPUs.
 #   build first: bazel build //tools:exactcoll //python:wheel; copy bazel-bin/tools/exactcoll,
@@ -39,6 +41,11 @@ if has matmul; then
   grep -E "FAIL|same|differ|==|pinned|tiles" "$LOGS/matmul_tiles.log" | head -60
   EXACTCOLL_INVARIANT_MATMUL=cublaslt CUDA_VISIBLE_DEVICES=0 run matmul_cublaslt 90 \
     python3 python/tests/gpu_invariant_matmul_check.py --quick --no-timing
+  # Every tile variant against the 64-row blocks (large M, then mid M), and the leaf-pair product
+  # against per-leaf products + torch's `+`, bits only.
+  CUDA_VISIBLE_DEVICES=0 run tile_variants 150 python3 python/tests/gpu_tile_variants_check.py --no-timing
+  CUDA_VISIBLE_DEVICES=0 run tile_variants_mid 120 python3 python/tests/gpu_tile_variants_check.py --mid --no-timing
+  CUDA_VISIBLE_DEVICES=0 run pair_products 170 python3 python/tests/gpu_pair_products_check.py --no-timing
 fi
 if has llama; then
   for tp in 1 2 4; do
