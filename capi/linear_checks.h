@@ -28,6 +28,19 @@ inline void check_device(int device) {
   if (device < -1) bad_argument("device must be -1 (the current one) or a device index, got " + std::to_string(device));
 }
 
+// Runs check (cuda::linear's argument checks of `shape`), its MatmulRefused as INVALID_ARGUMENT,
+// then the device's; returns shape.
+template <class Shape, class Check>
+Shape checked_shape(const Shape& shape, int device, const Check& check) {
+  try {
+    check();
+  } catch (const cuda::linear::MatmulRefused& e) {
+    bad_argument(e.what());
+  }
+  check_device(device);
+  return shape;
+}
+
 // Every check of exactcoll_invariant_matmul's arguments (cuda::linear::check_call's, as
 // INVALID_ARGUMENT); returns the shape.
 inline cuda::linear::MatmulShape checked_matmul(const void* a, const void* b, const void* c, int64_t m, int64_t k,
@@ -38,13 +51,7 @@ inline cuda::linear::MatmulShape checked_matmul(const void* a, const void* b, co
   shape.m = m, shape.k = k, shape.n = n, shape.batch = batch;
   shape.lda = lda, shape.ldb = ldb, shape.ldc = ldc;
   shape.stride_a = stride_a, shape.stride_b = stride_b, shape.stride_c = stride_c;
-  try {
-    cuda::linear::check_call(a, b, c, type, shape);
-  } catch (const cuda::linear::MatmulRefused& e) {
-    bad_argument(e.what());
-  }
-  check_device(device);
-  return shape;
+  return checked_shape(shape, device, [&] { cuda::linear::check_call(a, b, c, type, shape); });
 }
 
 // Every check of exactcoll_invariant_matmul_pairs's arguments (cuda::linear::check_pairs_call's,
@@ -57,13 +64,7 @@ inline cuda::linear::PairShape checked_pairs(const void* a, const void* b, const
   shape.m = m, shape.k = k, shape.n = n, shape.pairs = pairs;
   shape.lda = lda, shape.ldb = ldb, shape.ldc = ldc;
   shape.stride_a_leaf = stride_a_leaf, shape.stride_b_leaf = stride_b_leaf, shape.stride_c_pair = stride_c_pair;
-  try {
-    cuda::linear::check_pairs_call(a, b, c, type, shape);
-  } catch (const cuda::linear::MatmulRefused& e) {
-    bad_argument(e.what());
-  }
-  check_device(device);
-  return shape;
+  return checked_shape(shape, device, [&] { cuda::linear::check_pairs_call(a, b, c, type, shape); });
 }
 
 // exactcoll_invariant_matmul_config's checks.
