@@ -461,11 +461,12 @@ class TreeRowParallelLinear(torch.nn.Module):
     side stream while chunk i+1's products run on the caller's stream, and the caller's stream
     waits for the last all-reduce before the result is used. Those all-reduces launch at most
     overlap_blocks blocks (default 64; 0: leave the communicator's cap as it is, by default the
-    tuned grid, which takes every SM and leaves the product none): comm.set_max_blocks. The bits are those of the unchunked call: each element's
-    leaf products depend only on its row (invariant_matmul), the local tree and the all-reduce's
-    tree contract work element by element on any size, algorithm and grid. Every rank must use the
-    same chunk_rows and overlap_blocks (the chunks are collectives). docs/benchmarks.md has the
-    measurements behind both defaults (4 x H100)."""
+    tuned grid, which takes every SM and leaves the product none): comm.set_max_blocks. The bits
+    are those of the unchunked call: each element's leaf products depend only on its row
+    (invariant_matmul), the local tree and the all-reduce's tree contract work element by element
+    on any size, algorithm and grid. Every rank must use the same chunk_rows and overlap_blocks
+    (the chunks are collectives). docs/benchmarks.md has the measurements behind both defaults
+    (4 x H100)."""
 
     def __init__(self, in_features, out_features, tp_rank=0, tp_size=1, leaves=8, comm=None, *,
                  dtype=torch.bfloat16, device=None, chunk_rows=1024, overlap_blocks=64):
