@@ -23,10 +23,10 @@ The pieces:
   its leaves as the balanced binary tree (torch's bf16/fp16 `a + b` on CUDA is float(a) + float(b)
   rounded once: contract::tree_node), and the tree communicator's all-reduce adds the tree's levels
   above the ranks. The result is the tree over all L leaves whatever T is. With 2 or more leaves
-  on the rank and _PAIR_MIN_ROWS (256) rows or more the tree's first level is fused into the product (exactcoll_invariant_matmul_pairs:
-  each block computes two leaves' products in turn and stores their node, so the leaf products are
-  never written), then tree_sum adds the levels above; the same bits as the batched leaf products
-  (leaf_products) followed by tree_sum.
+  on the rank and _PAIR_MIN_ROWS (256) rows or more the tree's first level is fused into the
+  product (exactcoll_invariant_matmul_pairs: each block computes two leaves' products in turn and
+  stores their node, so the leaf products are never written), then tree_sum adds the levels
+  above; the same bits as the batched leaf products (leaf_products) followed by tree_sum.
 - row_parallel_shard / column_parallel_shard: a full torch-layout weight [out, in] to a rank's
   shard, so that TP = 1, 2, 4, 8 load the same parameters.
 Autograd: the backward passes are plain torch products (not invariant; they need not be).
@@ -475,8 +475,8 @@ class TreeRowParallelLinear(torch.nn.Module):
         _check_leaves(in_features, tp_size, leaves)
         for name, value in (("chunk_rows", chunk_rows), ("overlap_blocks", overlap_blocks)):
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
-                raise ValueError(f"{name} must be an int >= 0 (0: {'no overlap' if name == 'chunk_rows' else 'the tuned grid'}), "
-                                 f"got {value!r}")
+                zero = "no overlap" if name == "chunk_rows" else "the tuned grid"
+                raise ValueError(f"{name} must be an int >= 0 (0: {zero}), got {value!r}")
         self.chunk_rows, self.overlap_blocks = chunk_rows, overlap_blocks
         if out_features % 8:
             raise ValueError(f"out_features ({out_features}) must be a multiple of 8")

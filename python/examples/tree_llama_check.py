@@ -479,8 +479,8 @@ def run_bench(args):
         for m in (1, 16, 64, 4096):
             x = (torch.randn(m, hidden // tp, generator=g, device=device)).to(torch.bfloat16)
             y = torch.empty(m, hidden, dtype=torch.bfloat16, device=device)
-            chunked = {(rows, blocks): _chunked(module, rows, blocks) for rows in CHUNK_ROWS for blocks in OVERLAP_BLOCKS
-                       if tp > 1 and 0 < rows < m}
+            chunked = {(rows, blocks): _chunked(module, rows, blocks)
+                       for rows in CHUNK_ROWS for blocks in OVERLAP_BLOCKS if tp > 1 and 0 < rows < m}
 
             def baseline():
                 torch.matmul(x, w.t(), out=y)
@@ -574,7 +574,8 @@ def _check_grid_cap(comm, device):
         blocks = comm.last_call_info()["blocks"]
         comm.set_max_blocks(previous)
         if previous != 0 or blocks > cap or not torch.equal(got.view(torch.int16), want.view(torch.int16)):
-            failed.append(f"cap {cap}: previous {previous}, {blocks} blocks, bits {'same' if torch.equal(got, want) else 'differ'}")
+            same = "same" if torch.equal(got, want) else "differ"
+            failed.append(f"cap {cap}: previous {previous}, {blocks} blocks, bits {same}")
     comm.all_reduce(x)
     if comm.last_call_info()["blocks"] != tuned:
         failed.append(f"after the caps: {comm.last_call_info()['blocks']} blocks, tuned {tuned}")
