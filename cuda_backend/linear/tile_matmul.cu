@@ -266,8 +266,9 @@ cudaError_t launch_rows(const TileArgs& args, int64_t batch, cudaStream_t stream
 // Blocks of kBM x kBN of C, 8 warps of (kBM / WarpsM) x (kBN / WarpsN), K loaded kBK at a time into a ring of kStages
 // shared buffers by cp.async (16 bytes each; at the edges of m, k and n the copy's source size is what lies inside,
 // and the copy zero-fills the rest), the loads of stage s + kStages - 1 in flight while stage s is multiplied; inside a
-// stage, each warp's fragments for the next 16 of K load (ldmatrix) while the MMAs of the current 16 run. Grid:
-// blockIdx.x walks the blocks in groups of 8 block rows (place_block, for L2 reuse), .z the batch entries.
+// stage, each warp's fragments for the next 16 of K load (ldmatrix) while the MMAs of the current 16 run
+// (tile_matmul_pipelined_kernel with LargeTraits). Grid: blockIdx.x walks the blocks in groups of 8 block rows
+// (place_block, for L2 reuse), .z the batch entries.
 //
 // Why its bits are the other variants': an element's accumulator is a float that starts at +0.0f and takes one
 // mma.sync m16n8k16 per 16 of K, k 0..15, then 16..31, ..., up to K rounded up to kStepK (128: the same count of MMAs
@@ -358,17 +359,46 @@ __device__ __forceinline__ BlockPlace place_block(int64_t id, int64_t tiles_m, i
   return {first + in_group % rows, in_group / rows};
 }
 
-// kPairs: the leaf-pair mode of tile_matmul_kernel (blockIdx.z the pair; leaf 2p's product rounded and kept in shared
-// memory, the accumulators reset, leaf 2p+1's computed by the same loop, their node stored).
-template <class E, class Cfg, bool kPairs>
-__global__ void __launch_bounds__(Cfg::kThreads, 256 / Cfg::kThreads)
-    tile_matmul_large_kernel(const TileArgs args, int64_t tiles_n) {
-  extern __shared__ __align__(128) unsigned char large_smem[];
-  E* const smem_e = reinterpret_cast<E*>(large_smem);
+// The kernel of the large-M and mid-M variants (their sections say how each uses it), one body for both; compile-time
+// traits choose what differs. kRasterized: blocks placed by place_block from blockIdx.x (tiles_n, the grid's column
+// blocks, for it), else blockIdx.x the row block and .y the column block. kBFirst: a stage's copies of B issued before
+// A's. kEarlyBreak: the epilogue stops at the first of the warp's groups of 16 rows that lies past m. kPointersFirst:
+// A's and B's pointers (the batch entry's, so never with kPairs) computed at the start rather than in the leaf loop;
+// this moves instructions in the machine code, never a value, and each variant keeps the machine code it was measured
+// with. kPairs: the leaf-pair mode of tile_matmul_kernel (blockIdx.z the pair; leaf 2p's product rounded and kept in
+// shared memory, the accumulators reset, leaf 2p+1's computed by the same loop, their node stored). min_blocks: the
+// launch bounds' blocks per SM.
+template <bool Pairs>
+struct LargeTraits {  // the large-M variant
+  static constexpr bool kRasterized = true, kBFirst = false, kEarlyBreak = false, kPointersFirst = false,
+                        kPairs = Pairs;
+  template <class Cfg>
+  static constexpr int min_blocks() {
+    return 256 / Cfg::kThreads;
+  }
+};
+struct MidTraits {  // the mid-M variant (no pair mode)
+  static constexpr bool kRasterized = false, kBFirst = true, kEarlyBreak = true, kPointersFirst = true, kPairs = false;
+  template <class Cfg>
+  static constexpr int min_blocks() {
+    return Cfg::kMinBlocks;
+  }
+};
+
+template <class E, class Cfg, class Traits>
+__global__ void __launch_bounds__(Cfg::kThreads, Traits::template min_blocks<Cfg>())
+    tile_matmul_pipelined_kernel(const TileArgs args, int64_t tiles_n) {
+  constexpr bool kPairs = Traits::kPairs;
+  static_assert(!(kPairs && Traits::kPointersFirst), "with kPairs, A's and B's pointers are each leaf's");
+  extern __shared__ __align__(128) unsigned char pipelined_smem[];
+  E* const smem_e = reinterpret_cast<E*>(pipelined_smem);
   constexpr int kE = static_cast<int>(sizeof(E));
-  const int64_t tiles_m = (args.m + Cfg::kBM - 1) / Cfg::kBM;
-  const BlockPlace place = place_block(blockIdx.x, tiles_m, tiles_n);
+  const BlockPlace place = Traits::kRasterized
+                               ? place_block(blockIdx.x, (args.m + Cfg::kBM - 1) / Cfg::kBM, tiles_n)
+                               : BlockPlace{static_cast<int64_t>(blockIdx.x), static_cast<int64_t>(blockIdx.y)};
   const int64_t row0 = place.tile_m * Cfg::kBM, col0 = place.tile_n * Cfg::kBN;
+  const E* const a_z = static_cast<const E*>(args.a) + static_cast<int64_t>(blockIdx.z) * args.stride_a;
+  const E* const b_z = static_cast<const E*>(args.b) + static_cast<int64_t>(blockIdx.z) * args.stride_b;
   E* const c = static_cast<E*>(args.c) + static_cast<int64_t>(blockIdx.z) * args.stride_c;
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int warp_row = (warp / Cfg::kWarpsN) * Cfg::kWarpM, warp_col = (warp % Cfg::kWarpsN) * Cfg::kWarpN;
@@ -379,8 +409,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 256 / Cfg::kThreads)
 #pragma unroll 1
   for (int leaf = 0; leaf < kLeaves; ++leaf) {
     const int64_t entry = kPairs ? 2 * static_cast<int64_t>(blockIdx.z) + leaf : static_cast<int64_t>(blockIdx.z);
-    const E* const a = static_cast<const E*>(args.a) + entry * args.stride_a;
-    const E* const b = static_cast<const E*>(args.b) + entry * args.stride_b;
+    const E* const a = Traits::kPointersFirst ? a_z : static_cast<const E*>(args.a) + entry * args.stride_a;
+    const E* const b = Traits::kPointersFirst ? b_z : static_cast<const E*>(args.b) + entry * args.stride_b;
 
     // This thread's 16-byte chunks of a stage: A's rows ra + t * kPassA (t < kChunksA), columns [ea, +8) of the stage's
     // K; B's K rows rb + t * kPassB, columns [eb, +8) of the block's.
@@ -394,21 +424,39 @@ __global__ void __launch_bounds__(Cfg::kThreads, 256 / Cfg::kThreads)
     for (int t = 0; t < Cfg::kChunksA; ++t) a_rows_inside |= (row0 + ra + t * kPassA < args.m ? 1u : 0u) << t;
     const int b_bytes = clamp8(args.n - (col0 + eb)) * kE;
     const bool block_inside = row0 + Cfg::kBM <= args.m && col0 + Cfg::kBN <= args.n;
-    // Stage `stage` <- A's [row0, +kBM) x [k0, +kBK) and B's [k0, +kBK) x [col0, +kBN). At the edges of m, k and n a
-    // chunk copies only the bytes inside (from A's or B's first element when none) and the copy zero-fills the rest.
+    // Stage `stage` <- A's [row0, +kBM) x [k0, +kBK) and B's [k0, +kBK) x [col0, +kBN) (B's copies first with
+    // kBFirst). At the edges of m, k and n a chunk copies only the bytes inside (from A's or B's first element when
+    // none) and the copy zero-fills the rest. B's loops are written out before and after A's: a lambda for them, called
+    // in either order, changed both variants' machine code.
     const auto load_stage = [&](int stage, int64_t k0) {
       E* const dst_a = smem_e + stage * (Cfg::kStageA + Cfg::kStageB);
       E* const dst_b = dst_a + Cfg::kStageA;
       if (block_inside && k0 + Cfg::kBK <= args.k) {
+        if constexpr (Traits::kBFirst) {
+#pragma unroll
+          for (int t = 0; t < Cfg::kChunksB; ++t) {
+            cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, b_base + (k0 + t * kPassB) * args.ldb, 16);
+          }
+        }
 #pragma unroll
         for (int t = 0; t < Cfg::kChunksA; ++t) {
           cp_async16(dst_a + (ra + t * kPassA) * Cfg::kLdA + ea, a_base + t * kPassA * args.lda + k0, 16);
         }
+        if constexpr (!Traits::kBFirst) {
 #pragma unroll
-        for (int t = 0; t < Cfg::kChunksB; ++t) {
-          cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, b_base + (k0 + t * kPassB) * args.ldb, 16);
+          for (int t = 0; t < Cfg::kChunksB; ++t) {
+            cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, b_base + (k0 + t * kPassB) * args.ldb, 16);
+          }
         }
       } else {
+        if constexpr (Traits::kBFirst) {
+#pragma unroll
+          for (int t = 0; t < Cfg::kChunksB; ++t) {
+            const int bytes = k0 + rb + t * kPassB < args.k ? b_bytes : 0;
+            cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb,
+                       bytes != 0 ? b_base + (k0 + t * kPassB) * args.ldb : b, bytes);
+          }
+        }
         const int a_bytes = clamp8(args.k - (k0 + ea)) * kE;
 #pragma unroll
         for (int t = 0; t < Cfg::kChunksA; ++t) {
@@ -416,11 +464,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 256 / Cfg::kThreads)
           cp_async16(dst_a + (ra + t * kPassA) * Cfg::kLdA + ea, bytes != 0 ? a_base + t * kPassA * args.lda + k0 : a,
                      bytes);
         }
+        if constexpr (!Traits::kBFirst) {
 #pragma unroll
-        for (int t = 0; t < Cfg::kChunksB; ++t) {
-          const int bytes = k0 + rb + t * kPassB < args.k ? b_bytes : 0;
-          cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, bytes != 0 ? b_base + (k0 + t * kPassB) * args.ldb : b,
-                     bytes);
+          for (int t = 0; t < Cfg::kChunksB; ++t) {
+            const int bytes = k0 + rb + t * kPassB < args.k ? b_bytes : 0;
+            cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb,
+                       bytes != 0 ? b_base + (k0 + t * kPassB) * args.ldb : b, bytes);
+          }
         }
       }
     };
@@ -459,7 +509,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 256 / Cfg::kThreads)
       }
     };
 
-    // The old kernel's count of MMAs: K rounded up to a multiple of kStepK.
+    // The 64-row kernel's count of MMAs: K rounded up to a multiple of kStepK.
     const int64_t steps = (args.k + kStepK - 1) / kStepK * (kStepK / Cfg::kBK);
     constexpr int kSlices = Cfg::kBK / 16;
 #pragma unroll
@@ -494,27 +544,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 256 / Cfg::kThreads)
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the stages (the next leaf's loads, or the epilogue, may reuse them)
-    if (kPairs && leaf == 0) {  // leaf 2p's products, rounded, into this thread's own words (no sync needed)
-      uint32_t* const kept =
-          reinterpret_cast<uint32_t*>(large_smem + (Cfg::template main_bytes<E>() + 127) / 128 * 128);
+    if constexpr (kPairs) {
+      if (leaf == 0) {  // leaf 2p's products, rounded, into this thread's own words (no sync needed)
+        uint32_t* const kept =
+            reinterpret_cast<uint32_t*>(pipelined_smem + (Cfg::template main_bytes<E>() + 127) / 128 * 128);
 #pragma unroll
-      for (int i = 0; i < Cfg::kFragsM; ++i) {
+        for (int i = 0; i < Cfg::kFragsM; ++i) {
 #pragma unroll
-        for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
+          for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
 #pragma unroll
-          for (int x = 0; x < 4; x += 2) {
-            const int word = (i * 2 * Cfg::kFragsN + j) * 2 + x / 2;
-            kept[word * Cfg::kThreads + tid] =
-                pack2<E>(round_element<E>(acc[i][j][x]), round_element<E>(acc[i][j][x + 1]));
+            for (int x = 0; x < 4; x += 2) {
+              const int word = (i * 2 * Cfg::kFragsN + j) * 2 + x / 2;
+              kept[word * Cfg::kThreads + tid] =
+                  pack2<E>(round_element<E>(acc[i][j][x]), round_element<E>(acc[i][j][x + 1]));
+            }
           }
         }
       }
     }
   }
   // Pair mode: the node, leaf 2p's kept product + leaf 2p+1's in fp32, rounded once by the epilogue below.
-  if (kPairs) {
+  if constexpr (kPairs) {
     const uint32_t* const kept =
-        reinterpret_cast<const uint32_t*>(large_smem + (Cfg::template main_bytes<E>() + 127) / 128 * 128);
+        reinterpret_cast<const uint32_t*>(pipelined_smem + (Cfg::template main_bytes<E>() + 127) / 128 * 128);
 #pragma unroll
     for (int i = 0; i < Cfg::kFragsM; ++i) {
 #pragma unroll
@@ -533,11 +585,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 256 / Cfg::kThreads)
 
   // Epilogue: 16 rows of the warp's tile at a time, fp32 through shared memory, each lane rounding 8 consecutive
   // elements (round_element, as the other variants) and storing them as 16 bytes (element by element at n's edge).
-  float* const sc = reinterpret_cast<float*>(large_smem) + warp * 16 * Cfg::kLdC;
+  float* const sc = reinterpret_cast<float*>(pipelined_smem) + warp * 16 * Cfg::kLdC;
   constexpr int kChunksPerRow = Cfg::kWarpN / 8, kChunks = 16 * kChunksPerRow;
   const int g = lane / 4, t2 = 2 * (lane % 4);
 #pragma unroll
   for (int i = 0; i < Cfg::kFragsM; ++i) {
+    if constexpr (Traits::kEarlyBreak) {
+      if (row0 + warp_row + 16 * i >= args.m) break;  // these 16 rows and the warp's next ones lie past m
+    }
     // mma.m16n8k16's accumulator: c0, c1 at row lane / 4, columns 2 (lane % 4) + 0, 1; c2, c3 eight rows below.
 #pragma unroll
     for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
@@ -591,7 +646,7 @@ cudaError_t launch_large(const TileArgs& args, int64_t batch, cudaStream_t strea
   constexpr int kSmem = Cfg::template smem_bytes<E, kPairs>();
   static_assert(kSmem <= 227 * 1024, "fits an sm_90 block's shared memory");
   static unsigned long long done_devices = 0;
-  const auto kernel = tile_matmul_large_kernel<E, Cfg, kPairs>;
+  const auto kernel = tile_matmul_pipelined_kernel<E, Cfg, LargeTraits<kPairs>>;
   if (const cudaError_t e = allow_smem(kernel, kSmem, done_devices); e != cudaSuccess) return e;
   const int64_t tiles_n = (args.n + Cfg::kBN - 1) / Cfg::kBN;
   if (tiles_n > kMaxBlocksX || batch > 65535) return cudaErrorInvalidConfiguration;
@@ -620,9 +675,10 @@ using LargeTiles128 = LargeConfig<128, 128, 64, 4, 2, 4>;  // 8 warps of 64 x 32
 // the MMAs are a fraction of the time, so what counts is how many of B's bytes are in flight per SM. Blocks of kBM x
 // kBN of C (kBM 64, or 16 for m <= 32), 4 or 8 warps, K loaded kBK = 64 at a time into a deep ring of kStages shared
 // buffers by cp.async (up to kStages - 1 stages, 80 KB and more of B, in flight per SM), operands read with ldmatrix
-// and multiplied by mma.sync m16n8k16 as in the large variant (same helpers, same fragment layout). Grid: blockIdx.x
-// walks the row blocks (fastest, so the few row blocks of one column block read its B together, once from device
-// memory), .y the column blocks (in groups of at most 65535 per launch), .z the batch entries.
+// and multiplied by mma.sync m16n8k16 as in the large variant (the same kernel, tile_matmul_pipelined_kernel with
+// MidTraits: same helpers, same fragment layout). Grid: blockIdx.x walks the row blocks (fastest, so the few row blocks
+// of one column block read its B together, once from device memory), .y the column blocks (in groups of at most 65535
+// per launch), .z the batch entries.
 //
 // Why its bits are the other variants': exactly the large variant's argument. An element's accumulator is a float that
 // starts at +0.0f and takes one mma.sync m16n8k16 (HMMA.16816.F32, half of the 64-row kernel's wmma m16n16k16) per 16
@@ -652,171 +708,6 @@ struct MidConfig {
   static_assert(kStageA % 64 == 0 && kStageB % 64 == 0, "every stage 128-byte aligned");
 };
 
-template <class E, class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) tile_matmul_mid_kernel(const TileArgs args) {
-  extern __shared__ __align__(128) unsigned char mid_smem[];
-  E* const smem_e = reinterpret_cast<E*>(mid_smem);
-  constexpr int kE = static_cast<int>(sizeof(E));
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * Cfg::kBM, col0 = static_cast<int64_t>(blockIdx.y) * Cfg::kBN;
-  const E* const a = static_cast<const E*>(args.a) + static_cast<int64_t>(blockIdx.z) * args.stride_a;
-  const E* const b = static_cast<const E*>(args.b) + static_cast<int64_t>(blockIdx.z) * args.stride_b;
-  E* const c = static_cast<E*>(args.c) + static_cast<int64_t>(blockIdx.z) * args.stride_c;
-  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
-  const int warp_row = (warp / Cfg::kWarpsN) * Cfg::kWarpM, warp_col = (warp % Cfg::kWarpsN) * Cfg::kWarpN;
-
-  // This thread's 16-byte chunks of a stage: A's rows ra + t * kPassA (t < kChunksA), columns [ea, +8) of the stage's
-  // K; B's K rows rb + t * kPassB, columns [eb, +8) of the block's.
-  constexpr int kPassA = Cfg::kThreads / (Cfg::kBK / 8), kPassB = Cfg::kThreads / (Cfg::kBN / 8);
-  const int ra = tid / (Cfg::kBK / 8), ea = (tid % (Cfg::kBK / 8)) * 8;
-  const int rb = tid / (Cfg::kBN / 8), eb = (tid % (Cfg::kBN / 8)) * 8;
-  const E* const a_base = a + (row0 + ra) * args.lda + ea;  // dereferenced only for rows inside m
-  const E* const b_base = b + static_cast<int64_t>(rb) * args.ldb + col0 + eb;
-  unsigned a_rows_inside = 0;  // bit t: A's row ra + t * kPassA is inside m
-#pragma unroll
-  for (int t = 0; t < Cfg::kChunksA; ++t) a_rows_inside |= (row0 + ra + t * kPassA < args.m ? 1u : 0u) << t;
-  const int b_bytes = clamp8(args.n - (col0 + eb)) * kE;
-  const bool block_inside = row0 + Cfg::kBM <= args.m && col0 + Cfg::kBN <= args.n;
-  // Stage `stage` <- A's [row0, +kBM) x [k0, +kBK) and B's [k0, +kBK) x [col0, +kBN). At the edges of m, k and n a
-  // chunk copies only the bytes inside (from A's or B's first element when none) and the copy zero-fills the rest.
-  const auto load_stage = [&](int stage, int64_t k0) {
-    E* const dst_a = smem_e + stage * (Cfg::kStageA + Cfg::kStageB);
-    E* const dst_b = dst_a + Cfg::kStageA;
-    if (block_inside && k0 + Cfg::kBK <= args.k) {
-#pragma unroll
-      for (int t = 0; t < Cfg::kChunksB; ++t) {
-        cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, b_base + (k0 + t * kPassB) * args.ldb, 16);
-      }
-#pragma unroll
-      for (int t = 0; t < Cfg::kChunksA; ++t) {
-        cp_async16(dst_a + (ra + t * kPassA) * Cfg::kLdA + ea, a_base + t * kPassA * args.lda + k0, 16);
-      }
-    } else {
-#pragma unroll
-      for (int t = 0; t < Cfg::kChunksB; ++t) {
-        const int bytes = k0 + rb + t * kPassB < args.k ? b_bytes : 0;
-        cp_async16(dst_b + (rb + t * kPassB) * Cfg::kLdB + eb, bytes != 0 ? b_base + (k0 + t * kPassB) * args.ldb : b,
-                   bytes);
-      }
-      const int a_bytes = clamp8(args.k - (k0 + ea)) * kE;
-#pragma unroll
-      for (int t = 0; t < Cfg::kChunksA; ++t) {
-        const int bytes = (a_rows_inside >> t & 1u) != 0 ? a_bytes : 0;
-        cp_async16(dst_a + (ra + t * kPassA) * Cfg::kLdA + ea, bytes != 0 ? a_base + t * kPassA * args.lda + k0 : a,
-                   bytes);
-      }
-    }
-  };
-
-  // The warp's 16 x 16 fragments of A and B for K columns [kk, +16) of a stage (ldmatrix.x4: lane l gives the
-  // address of row l % 16, columns (l / 16) * 8 of a 16 x 16 tile; B transposed): the operands mma.m16n8k16 takes.
-  uint32_t a_reg[2][Cfg::kFragsM][4], b_reg[2][Cfg::kFragsN][4];
-  const auto load_fragments = [&](int buffer, int stage, int kk) {
-    const E* const sa = smem_e + stage * (Cfg::kStageA + Cfg::kStageB);
-    const E* const sb = sa + Cfg::kStageA;
-#pragma unroll
-    for (int i = 0; i < Cfg::kFragsM; ++i) {
-      ldmatrix_x4(a_reg[buffer][i], sa + (warp_row + 16 * i + lane % 16) * Cfg::kLdA + kk + (lane / 16) * 8);
-    }
-#pragma unroll
-    for (int j = 0; j < Cfg::kFragsN; ++j) {
-      ldmatrix_x4_trans(b_reg[buffer][j], sb + (kk + lane % 16) * Cfg::kLdB + warp_col + 16 * j + (lane / 16) * 8);
-    }
-  };
-  // Accumulators: [i][j] is rows [16 i, +16) and columns [8 j, +8) of the warp's tile, each element's sum starting
-  // from +0.0f.
-  float acc[Cfg::kFragsM][2 * Cfg::kFragsN][4];
-#pragma unroll
-  for (int i = 0; i < Cfg::kFragsM; ++i) {
-#pragma unroll
-    for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
-#pragma unroll
-      for (int x = 0; x < 4; ++x) acc[i][j][x] = 0.0f;
-    }
-  }
-  const auto multiply = [&](int buffer) {  // one m16n8k16 per accumulator: the next 16 of K, in order
-#pragma unroll
-    for (int i = 0; i < Cfg::kFragsM; ++i) {
-#pragma unroll
-      for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
-        mma_16816<E>(acc[i][j], a_reg[buffer][i], b_reg[buffer][j / 2][2 * (j % 2)],
-                     b_reg[buffer][j / 2][2 * (j % 2) + 1]);
-      }
-    }
-  };
-
-  // The 64-row kernel's count of MMAs: K rounded up to a multiple of kStepK.
-  const int64_t steps = (args.k + kStepK - 1) / kStepK * (kStepK / Cfg::kBK);
-  constexpr int kSlices = Cfg::kBK / 16;
-#pragma unroll
-  for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < steps) load_stage(s, static_cast<int64_t>(s) * Cfg::kBK);
-    cp_async_commit();
-  }
-  // Fragments one slice ahead: slice kk + 1's (the next stage's first at the last slice) load while slice kk's MMAs
-  // run. The next stage is waited for, and the stage refilled next released, at each stage's last slice.
-  cp_async_wait<Cfg::kStages - 2>();
-  __syncthreads();
-  load_fragments(0, 0, 0);
-  for (int64_t step = 0; step < steps; ++step) {
-    const int stage = static_cast<int>(step % Cfg::kStages);
-#pragma unroll
-    for (int kk = 0; kk < kSlices; ++kk) {
-      if (kk == 0) {
-        const int64_t next = step + Cfg::kStages - 1;
-        if (next < steps) load_stage(static_cast<int>(next % Cfg::kStages), next * Cfg::kBK);
-        cp_async_commit();
-      }
-      if (kk == kSlices - 1) {
-        cp_async_wait<Cfg::kStages - 2>();  // step + 1's stage has landed (for this thread) ...
-        __syncthreads();  // ... for every thread, and every warp has loaded its last fragments of this stage
-        if (step + 1 < steps) load_fragments((kk + 1) % 2, static_cast<int>((step + 1) % Cfg::kStages), 0);
-      } else {
-        load_fragments((kk + 1) % 2, stage, 16 * (kk + 1));
-      }
-      multiply(kk % 2);
-    }
-  }
-  cp_async_wait<0>();
-  __syncthreads();  // every warp is done with the stages; each warp now stages its C through its own 16 rows of floats
-
-  // Epilogue: 16 rows of the warp's tile at a time, fp32 through shared memory, each lane rounding 8 consecutive
-  // elements (round_element, as the other variants) and storing them as 16 bytes (element by element at n's edge).
-  float* const sc = reinterpret_cast<float*>(mid_smem) + warp * 16 * Cfg::kLdC;
-  constexpr int kChunksPerRow = Cfg::kWarpN / 8, kChunks = 16 * kChunksPerRow;
-  const int g = lane / 4, t2 = 2 * (lane % 4);
-#pragma unroll
-  for (int i = 0; i < Cfg::kFragsM; ++i) {
-    if (row0 + warp_row + 16 * i >= args.m) break;  // these 16 rows and the warp's next ones lie past m
-      // mma.m16n8k16's accumulator: c0, c1 at row lane / 4, columns 2 (lane % 4) + 0, 1; c2, c3 eight rows below.
-#pragma unroll
-    for (int j = 0; j < 2 * Cfg::kFragsN; ++j) {
-      *reinterpret_cast<float2*>(sc + g * Cfg::kLdC + 8 * j + t2) = make_float2(acc[i][j][0], acc[i][j][1]);
-      *reinterpret_cast<float2*>(sc + (g + 8) * Cfg::kLdC + 8 * j + t2) = make_float2(acc[i][j][2], acc[i][j][3]);
-    }
-    __syncwarp();
-#pragma unroll
-    for (int v = lane; v < kChunks; v += 32) {
-      const int r = v / kChunksPerRow, e = (v % kChunksPerRow) * 8;
-      const int64_t row = row0 + warp_row + 16 * i + r, col = col0 + warp_col + e;
-      if (row < args.m && col < args.n) {
-        const float* const f = sc + r * Cfg::kLdC + e;
-        E* const dst = c + row * args.ldc + col;
-        if (col + 8 <= args.n) {
-          E e8[8];
-#pragma unroll
-          for (int x = 0; x < 8; ++x) e8[x] = round_element<E>(f[x]);
-          uint4 out;
-          __builtin_memcpy(&out, e8, sizeof out);
-          *reinterpret_cast<uint4*>(dst) = out;
-        } else {
-          for (int x = 0; x < args.n - col; ++x) dst[x] = round_element<E>(f[x]);
-        }
-      }
-    }
-    __syncwarp();
-  }
-}
-
 // One launch per group of at most 65535 column blocks (the grid's y limit), each on its columns of B and C: a column's
 // products do not depend on which launch computes them.
 template <class E, class Cfg>
@@ -825,7 +716,7 @@ cudaError_t launch_mid(const TileArgs& args, int64_t batch, cudaStream_t stream)
   constexpr int kSmem = Cfg::template smem_bytes<E>();
   static_assert(kSmem <= 227 * 1024, "fits an sm_90 block's shared memory");
   static unsigned long long done_devices = 0;
-  const auto kernel = tile_matmul_mid_kernel<E, Cfg>;
+  const auto kernel = tile_matmul_pipelined_kernel<E, Cfg, MidTraits>;
   if (const cudaError_t e = allow_smem(kernel, kSmem, done_devices); e != cudaSuccess) return e;
   const int64_t tiles_m = (args.m + Cfg::kBM - 1) / Cfg::kBM;
   if (tiles_m > 0x7FFFFFFF || batch > 65535) return cudaErrorInvalidConfiguration;
@@ -836,7 +727,7 @@ cudaError_t launch_mid(const TileArgs& args, int64_t batch, cudaStream_t stream)
     group.c = static_cast<E*>(args.c) + first;
     const int64_t tiles_n = (group.n + Cfg::kBN - 1) / Cfg::kBN;
     const dim3 grid(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n), static_cast<unsigned>(batch));
-    kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(group);
+    kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(group, tiles_n);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   return cudaSuccess;
