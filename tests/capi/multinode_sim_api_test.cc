@@ -39,6 +39,25 @@ std::vector<bf16> random_bf16(size_t n, uint64_t seed) {
   return v;
 }
 
+// A seeded multi-node call's arguments: 1..3 blocks from the seed, schedule seed 3, chunks of 64
+// elements, fresh stats and call info.
+struct SeededCall {
+  exactcoll_sim_options options;
+  exactcoll_sim_multinode_options m;
+  exactcoll_sim_multinode_stats stats;
+  exactcoll_call_info info;
+  explicit SeededCall(uint64_t seed) {
+    exactcoll_sim_options_init(&options);
+    options.blocks = 1 + static_cast<int>(seed % 3);
+    options.seeded_schedule = 1;
+    options.schedule_seed = 3;
+    exactcoll_sim_multinode_options_init(&m);
+    m.chunk_elements = 64;
+    exactcoll_sim_multinode_stats_init(&stats);
+    exactcoll_call_info_init(&info);
+  }
+};
+
 size_t out_count_of(int op, size_t count, int ranks) {
   return op == EXACTCOLL_OP_ALLREDUCE        ? count
          : op == EXACTCOLL_OP_REDUCE_SCATTER ? count / static_cast<size_t>(ranks)
@@ -100,19 +119,9 @@ TEST(CApiSimMultiNode, MatchesTheSimulatorAndTheContract) {
         const std::vector<bf16> in = random_bf16(count * static_cast<size_t>(n), ++seed);
         const size_t oc = out_count_of(op, count, n);
         std::vector<bf16> out(oc * static_cast<size_t>(n));
-        exactcoll_sim_options options;
-        exactcoll_sim_options_init(&options);
+        SeededCall call(seed);
+        auto& [options, m, stats, info] = call;
         options.contract = contract;
-        options.blocks = 1 + static_cast<int>(seed % 3);
-        options.seeded_schedule = 1;
-        options.schedule_seed = 3;
-        exactcoll_sim_multinode_options m;
-        exactcoll_sim_multinode_options_init(&m);
-        m.chunk_elements = 64;
-        exactcoll_sim_multinode_stats stats;
-        exactcoll_sim_multinode_stats_init(&stats);
-        exactcoll_call_info info;
-        exactcoll_call_info_init(&info);
         SCOPED_TRACE(std::string(exactcoll_op_name(op)) + " " + exactcoll_contract_name(contract) + " " +
                      std::to_string(l.nodes) + " x " + std::to_string(l.local));
         ASSERT_EQ(exactcoll_sim_multinode_collective(op, EXACTCOLL_BF16, l.nodes, l.local, count, in.data(), out.data(),
@@ -371,18 +380,8 @@ TEST(CApiSimMultiNodeFused, MatchesTheSimulatorAndOneNode) {
       const std::vector<bf16> residual = random_bf16(count, ++seed);
       const std::vector<bf16> weight = random_bf16(hidden, ++seed);
       std::vector<bf16> ro(count * static_cast<size_t>(n)), out(ro.size());
-      exactcoll_sim_options options;
-      exactcoll_sim_options_init(&options);
-      options.blocks = 1 + static_cast<int>(seed % 3);
-      options.seeded_schedule = 1;
-      options.schedule_seed = 3;
-      exactcoll_sim_multinode_options m;
-      exactcoll_sim_multinode_options_init(&m);
-      m.chunk_elements = 64;
-      exactcoll_sim_multinode_stats stats;
-      exactcoll_sim_multinode_stats_init(&stats);
-      exactcoll_call_info info;
-      exactcoll_call_info_init(&info);
+      SeededCall call(seed);
+      auto& [options, m, stats, info] = call;
       SCOPED_TRACE(std::string(exactcoll_contract_name(contract)) + " " + std::to_string(l.nodes) + " x " +
                    std::to_string(l.local));
       ASSERT_EQ(exactcoll_sim_multinode_fused_add_rmsnorm(contract, EXACTCOLL_BF16, l.nodes, l.local, rows, hidden, eps,

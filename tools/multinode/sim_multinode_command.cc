@@ -237,10 +237,8 @@ std::string exchange_text(const Job& j, Op op) {
   return op == Op::kAllReduce ? "tree contract, recursive doubling" : "tree contract, recursive halving";
 }
 
-// Step 3a of multinode_main: the fused op (its input flags checked, the inputs read or made, the
-// run, the files, the summary). Returns the exit code.
 // The simulated world's flags as the C API's options (blocks, schedule, seed, bound on waits, step
-// bound); each op adds its own fields.
+// bound, trace file); each op adds its own fields.
 exactcoll_sim_options world_options(const Job& j, int blocks) {
   exactcoll_sim_options options;
   exactcoll_sim_options_init(&options);
@@ -249,9 +247,28 @@ exactcoll_sim_options world_options(const Job& j, int blocks) {
   options.schedule_seed = j.net.seed;
   options.timeout_ms = j.net.timeout.count();
   options.max_steps = j.net.max_steps;
+  options.trace_path = j.trace_path.empty() ? nullptr : j.trace_path.c_str();
   return options;
 }
 
+// The rest of a multi-node C call's arguments: the chunk (exactcoll_sim_multinode_options), the
+// stats it fills, and the dtype's C value (the name was checked by check_flags).
+struct MultiNodeArgs {
+  exactcoll_sim_multinode_options options;
+  exactcoll_sim_multinode_stats stats;
+  int dtype = 0;
+};
+MultiNodeArgs multinode_args(const Job& j, size_t chunk_elements) {
+  MultiNodeArgs args;
+  exactcoll_sim_multinode_options_init(&args.options);
+  args.options.chunk_elements = chunk_elements;
+  exactcoll_sim_multinode_stats_init(&args.stats);
+  exactcoll_dtype_from_name(j.f.dtype.c_str(), &args.dtype);
+  return args;
+}
+
+// Step 3a of multinode_main: the fused op (its input flags checked, the inputs read or made, the
+// run, the files, the summary). Returns the exit code.
 int run_fused_op(const cli::ArgParser& parser, Job& j) {
   const std::string& command = j.command;
   const gpu::FusedInputFlags& fused_in = j.fused_in;
@@ -304,17 +321,12 @@ int run_fused_op(const cli::ArgParser& parser, Job& j) {
   // exactcoll_sim_options, the chunk as exactcoll_sim_multinode_options, the contract as its
   // argument.
   exactcoll_sim_options options = world_options(j, spec.blocks);
-  options.trace_path = j.trace_path.empty() ? nullptr : j.trace_path.c_str();
-  exactcoll_sim_multinode_options multinode;
-  exactcoll_sim_multinode_options_init(&multinode);
-  multinode.chunk_elements = spec.chunk_elements;
-  exactcoll_sim_multinode_stats stats;
-  exactcoll_sim_multinode_stats_init(&stats);
-  int c_dtype = 0;
-  exactcoll_dtype_from_name(j.f.dtype.c_str(), &c_dtype);  // checked by check_flags
+  MultiNodeArgs call = multinode_args(j, spec.chunk_elements);
+  exactcoll_sim_multinode_stats& stats = call.stats;
   const int status = exactcoll_sim_multinode_fused_add_rmsnorm(
-      static_cast<int>(spec.contract), c_dtype, j.layout.nodes, j.layout.local_ranks, spec.rows, spec.hidden, spec.eps,
-      x.data(), in.residual.data(), in.weight.data(), ro.data(), out.data(), &options, &multinode, &stats, nullptr);
+      static_cast<int>(spec.contract), call.dtype, j.layout.nodes, j.layout.local_ranks, spec.rows, spec.hidden,
+      spec.eps, x.data(), in.residual.data(), in.weight.data(), ro.data(), out.data(), &options, &call.options, &stats,
+      nullptr);
   if (status != EXACTCOLL_OK) {
     const std::string why = tools::api_error("exactcoll_sim_multinode_fused_add_rmsnorm");
     if (status == EXACTCOLL_ERROR_INVALID_ARGUMENT) return cli::fail(command, why + " (no output was written)");
@@ -393,20 +405,14 @@ int run_collective(const cli::ArgParser& parser, Job& j) {
   // chunk as exactcoll_sim_multinode_options.
   exactcoll_sim_options options = world_options(j, spec.blocks);
   options.contract = static_cast<int>(spec.contract);  // the registry's values are the C values
-  options.trace_path = j.trace_path.empty() ? nullptr : j.trace_path.c_str();
   options.trace_elements = j.trace_elements.data();
   options.num_trace_elements = j.trace_elements.size();
-  exactcoll_sim_multinode_options multinode;
-  exactcoll_sim_multinode_options_init(&multinode);
-  multinode.chunk_elements = spec.chunk_elements;
-  exactcoll_sim_multinode_stats stats;
-  exactcoll_sim_multinode_stats_init(&stats);
-  int c_dtype = 0;
-  exactcoll_dtype_from_name(j.f.dtype.c_str(), &c_dtype);  // checked by check_flags
+  MultiNodeArgs call = multinode_args(j, spec.chunk_elements);
+  exactcoll_sim_multinode_stats& stats = call.stats;
   const auto start = std::chrono::steady_clock::now();
   const int status = exactcoll_sim_multinode_collective(
-      static_cast<int>(spec.op), c_dtype, j.layout.nodes, j.layout.local_ranks, spec.count,
-      input_path.empty() ? random.data() : file.data.data(), out.data(), &options, &multinode, &stats, nullptr);
+      static_cast<int>(spec.op), call.dtype, j.layout.nodes, j.layout.local_ranks, spec.count,
+      input_path.empty() ? random.data() : file.data.data(), out.data(), &options, &call.options, &stats, nullptr);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (status != EXACTCOLL_OK) {
     const std::string why = tools::api_error("exactcoll_sim_multinode_collective");
