@@ -461,7 +461,7 @@ EXC_HD void fused_rmsnorm_lamport_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>&
     trace_share(ctx, rows, Access::kWrite, me, Buffer::kOutput);
     ctx.trace_step_end();
   }
-  const auto pack_of = lamport_pack_source(ctx, c, x, count);
+  auto pack_of = lamport_pack_source<T, kRanks>(ctx, c, x, count);
   for (int row = mine.begin; row < mine.end; ++row) {
     const size_t base = static_cast<size_t>(row) * H;
     fused_row_from<T, kRanks>(ctx, tree, pack_of, base, args.residual + base, args.weight, args.eps,
@@ -469,7 +469,7 @@ EXC_HD void fused_rmsnorm_lamport_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>&
                               static_cast<T*>(nullptr));
   }
   // 5. Record the extent and advance the call number.
-  end_lamport_call(ctx, c, count);
+  end_lamport_call(ctx, c, lamport_message_bytes(count, sizeof(T)));
 }
 
 // ---- The unfused steps (local kernels; the caller runs an all-reduce first) -------------------------------

@@ -18,6 +18,9 @@
 //                                             never cached) until no element is the sentinel
 //                                             (lamport_arrived); bounded: a peer that never writes
 //                                             is an error naming it (and `where`)
+//   Pack<T> lamport_peek(const Pack<T>* src)  one such load, whatever it finds (sentinels too), so
+//                                             that the first loads of every peer's pack are in
+//                                             flight at once (LamportOperands)
 #pragma once
 
 #include <cstddef>
@@ -26,6 +29,7 @@
 
 #include "core/collectives.h"
 #include "core/platform.h"
+#include "core/registry.h"
 #include "core/signal.h"
 #include "core/storage.h"
 
@@ -120,6 +124,56 @@ EXC_HD inline size_t lamport_region_bytes(size_t count, size_t element_bytes, in
 // Does a call of `count` elements fit a region of region_bytes on n ranks?
 EXC_HD inline bool lamport_fits(size_t count, size_t element_bytes, int n, size_t region_bytes) {
   return lamport_message_bytes(count, element_bytes) <= lamport_layout(region_bytes, n).slot_bytes;
+}
+
+// lamport_two_shot's slot layout (allreduce_lamport_two_shot). The message is padded to whole
+// packs and cut into two_shot_slice(padded, P, p, n) for p = 0..n-1 (the last slice is the
+// longest). In rank p's region, slot (buffer, s) holds rank s's piece of slice p at elements
+// [0, len_p) and owner s's folded slice s at [stride, stride + len_s), stride being the longest
+// slice. Returns that stride in elements.
+// Example: 4 ranks, 100 bf16 (13 packs, padded 104): slices of 3, 3, 3 and 4 packs, stride 32.
+EXC_HD inline size_t lamport_two_shot_stride(size_t count, int pack, int n) {
+  const size_t padded = (count + static_cast<size_t>(pack) - 1) / static_cast<size_t>(pack) * static_cast<size_t>(pack);
+  const Slice last = two_shot_slice(padded, pack, n - 1, n);
+  return last.end - last.begin;
+}
+
+// Bytes of every sender's slot that a Lamport all-reduce `algorithm` of `count` elements of
+// `element_bytes` occupies on n ranks: the message for lamport_one_shot, two strides for
+// lamport_two_shot.
+EXC_HD inline size_t lamport_slot_bytes_needed(Algorithm algorithm, size_t count, size_t element_bytes, int n) {
+  if (algorithm == Algorithm::kLamportTwoShot) {
+    return 2 * lamport_two_shot_stride(count, static_cast<int>(16 / element_bytes), n) * element_bytes;
+  }
+  return lamport_message_bytes(count, element_bytes);
+}
+
+// Does a call of `algorithm` fit a region of region_bytes on n ranks (in one launch)?
+EXC_HD inline bool lamport_fits(Algorithm algorithm, size_t count, size_t element_bytes, int n, size_t region_bytes) {
+  return lamport_slot_bytes_needed(algorithm, count, element_bytes, n) <= lamport_layout(region_bytes, n).slot_bytes;
+}
+
+// The region bytes per rank that a call of `algorithm` needs on n ranks.
+EXC_HD inline size_t lamport_region_bytes(Algorithm algorithm, size_t count, size_t element_bytes, int n) {
+  return static_cast<size_t>(kLamportBuffers) * static_cast<size_t>(n) *
+         lamport_slot_bytes_needed(algorithm, count, element_bytes, n);
+}
+
+// The chunk a launch of `algorithm` takes of a longer message on n ranks whose region has slots
+// of slot_bytes: the most elements such that every count up to it fits a slot
+// (lamport_slot_bytes_needed), a multiple of 64 elements (so that every chunk starts 16-byte
+// aligned). Returns 0 where not even 64 elements fit.
+// lamport_two_shot: a count of k packs has a stride of at most (k / n + n - 1) packs (the last
+// slice takes the remainder), so a chunk of c elements, whose shorter counts have no more packs,
+// fits where c / n + (n - 1) x P <= the half slot.
+EXC_HD inline size_t lamport_chunk_elements(Algorithm algorithm, size_t slot_bytes, size_t element_bytes, int n) {
+  const size_t slot_elements = slot_bytes / element_bytes;
+  if (algorithm != Algorithm::kLamportTwoShot) return slot_elements / 64 * 64;
+  const size_t pack = 16 / element_bytes;
+  const size_t half = slot_elements / 2;
+  const size_t remainder_room = static_cast<size_t>(n - 1) * pack;
+  if (half < remainder_room) return 0;
+  return (half - remainder_room) / 64 * 64 * static_cast<size_t>(n);
 }
 
 // What a poll reports when its peer never writes.
@@ -318,16 +372,54 @@ EXC_HD void lamport_clear_previous(Ctx& ctx, const LamportCall<T>& c) {
   }
 }
 
-// Step 4's operands: pack_of(i, r) is rank r's pack at element i (aligned) for the fold: this
-// rank's own input for r == rank (count elements; +0.0 past the end), else its own slot
-// (buffer, r), polled until no element is the sentinel.
-template <class T, class Ctx>
-EXC_HD EXC_INLINE auto lamport_pack_source(Ctx& ctx, const LamportCall<T>& c, const T* mine, size_t count) {
-  return [&ctx, c, mine, count](size_t i, int r) -> Pack<T> {
-    if (r == ctx.rank()) return lamport_input_pack(mine, i, count);
-    return ctx.lamport_poll(reinterpret_cast<const Pack<T>*>(lamport_slot(ctx, c, ctx.rank(), c.buffer, r) + i), r,
-                            LamportPoll{c.calls, c.buffer, i});
-  };
+// Step 4's operands: operands(i, r) is rank r's pack at element i (aligned) for the fold: this
+// rank's own input for r == rank (count elements; +0.0 past the end), else peer r's pack in this
+// rank's own region, at element i of slot (buffer, r) shifted by `offset` (i - offset >= 0), polled
+// until no element is the sentinel.
+// Why a class: the fold asks for the ranks one by one, and a poll cannot move on until its load
+// returned and showed the data there. On the first call for a new i the class issues one load of
+// every peer's pack (lamport_peek) with none waiting for another, so that the round trips overlap;
+// a peer whose data had not arrived is then polled alone. Data that arrived never changes within
+// the call (its one writer pushed it, and the next clear of its buffer comes a call later), so the
+// early look is the value a poll would return.
+template <class T, int kRanks, class Ctx>
+class LamportOperands {
+ public:
+  EXC_HD LamportOperands(Ctx& ctx, const LamportCall<T>& c, const T* mine, size_t count, size_t offset = 0)
+      : ctx_(ctx), c_(c), mine_(mine), count_(count), offset_(offset) {}
+
+  EXC_HD EXC_INLINE Pack<T> operator()(size_t i, int r) {
+    if (r == ctx_.rank()) return lamport_input_pack(mine_, i, count_);
+    if constexpr (kRanks > 0) {
+      if (i != looked_at_) look(i);
+      if (lamport_arrived(first_[r])) return first_[r];
+    }
+    return ctx_.lamport_poll(slot(i, r), r, LamportPoll{c_.calls, c_.buffer, i});
+  }
+
+ private:
+  EXC_HD EXC_INLINE const Pack<T>* slot(size_t i, int r) const {
+    return reinterpret_cast<const Pack<T>*>(lamport_slot(ctx_, c_, ctx_.rank(), c_.buffer, r) + (i - offset_));
+  }
+  EXC_HD EXC_INLINE void look(size_t i) {
+    for (int r = 0; r < kRanks; ++r) {
+      if (r != ctx_.rank()) first_[r] = ctx_.lamport_peek(slot(i, r));
+    }
+    looked_at_ = i;
+  }
+
+  Ctx& ctx_;
+  LamportCall<T> c_;
+  const T* mine_;
+  size_t count_, offset_;
+  size_t looked_at_ = ~size_t{0};
+  Pack<T> first_[kRanks > 0 ? kRanks : 1] = {};  // {}: g++ -O3 cannot see that look() fills it first
+};
+
+template <class T, int kRanks, class Ctx>
+EXC_HD EXC_INLINE LamportOperands<T, kRanks, Ctx> lamport_pack_source(Ctx& ctx, const LamportCall<T>& c, const T* mine,
+                                                                     size_t count) {
+  return LamportOperands<T, kRanks, Ctx>(ctx, c, mine, count);
 }
 
 // Step 5: after the block's sync, records what this call had its peers write into buffer `buffer`
@@ -335,10 +427,10 @@ EXC_HD EXC_INLINE auto lamport_pack_source(Ctx& ctx, const LamportCall<T>& c, co
 // the slots this block owns in this launch (b, b + G, ...; as advance_push_calls). Every block
 // writes the same extent.
 template <class T, class Ctx>
-EXC_HD EXC_INLINE void end_lamport_call(Ctx& ctx, const LamportCall<T>& c, size_t count) {
+EXC_HD EXC_INLINE void end_lamport_call(Ctx& ctx, const LamportCall<T>& c, size_t extent_bytes) {
   SignalBuffer* own = ctx.signals(ctx.rank());
   ctx.sync_block();
-  if (ctx.thread() == 0) own->lamport_extent[c.buffer] = lamport_message_bytes(count, sizeof(T));
+  if (ctx.thread() == 0) own->lamport_extent[c.buffer] = extent_bytes;
   const int g = ctx.num_blocks();
   for (int s = ctx.block() + g * ctx.thread(); s < kMaxBlocks; s += g * ctx.num_threads()) {
     own->lamport_calls[s] = c.calls + 1;
@@ -374,7 +466,7 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
     ctx.trace_step_end();
   }
   T* const out = ctx.output();
-  const auto pack_of = lamport_pack_source(ctx, c, mine, count);
+  auto pack_of = lamport_pack_source<T, kRanks>(ctx, c, mine, count);
   for_share(
       ctx, share, P,
       [&](size_t i) {
@@ -387,7 +479,151 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
       },
       [](size_t) {});
   // 5. Record the extent and advance the call number.
-  end_lamport_call(ctx, c, count);
+  end_lamport_call(ctx, c, lamport_message_bytes(count, sizeof(T)));
+}
+
+// All-reduce, Lamport two shot: the reduce-scatter and the all-gather of two_shot, each a Lamport
+// push (no barrier, no flag). Every rank pushes 2 (n - 1) / n of the message instead of
+// lamport_one_shot's n - 1 messages, for one more NVLink latency. Same bits as one_shot: each
+// element is folded once, by its slice's owner, in rank order 0..n-1 by fold_pack_from, and the
+// others copy that result.
+// Preconditions (besides the common ones): lamport_fits(Algorithm::kLamportTwoShot, count,
+// sizeof(T), n, ctx.lamport_bytes()); the region as for lamport_one_shot.
+// Example: 2 ranks, 16 bf16 (two packs; slice 0 = pack 0, slice 1 = pack 1, stride 8), call k
+// (buffer b): rank 0 stores its pack 1 into slot (b, 0) of rank 1's region at [0, 8), rank 1 its
+// pack 0 into slot (b, 1) of rank 0's; rank 0 folds input_0 + polled pack 0 into output[0, 8) and
+// stores that into slot (b, 0) of rank 1's region at [8, 16); rank 1 does the same for pack 1;
+// each then polls the other's folded slice from its own region into output.
+// Steps (per block; slice p = two_shot_slice(padded count, P, p, n), stride its longest length,
+// lamport_two_shot_stride):
+//   1. the call number and the buffers (begin_lamport_call);
+//   2. reduce-scatter push: this block's share of each peer p's slice of the input, NaNs made
+//      canonical, into slot (b, rank) of p's region at the slice's offset (peers rank+1, ...);
+//   3. clear the previous call's buffer (lamport_clear_previous: the extents are bytes per slot,
+//      whichever algorithm wrote them);
+//   4. fold this block's share of this rank's slice from its own input and the polled pieces, in
+//      rank order, into output, and push each result into slot (b, rank) of every peer's region at
+//      stride + the slice's offset (the fold's NaNs are the canonical one, never the sentinel);
+//   5. all-gather: poll this block's share of every peer p's folded slice from slot (b, p) of this
+//      rank's own region at stride, into output;
+//   6. record the extent (two strides) and advance the call number (end_lamport_call).
+// Why the three buffers and the clear stay safe: as lamport_one_shot's (a)-(d), with "r's call
+// k+1 push" being any push of r's call k+1 that p polls. If p writes anything into r's region in
+// call k+2 (a piece of slice r, or its own folded slice p), then slice r or slice p is not empty,
+// so p's call k+1 polled r's folded slice r or r's piece of slice p: a push r issued after its
+// call k kernel, the clear included, had finished.
+// One slice of lamport_two_shot and this block's share of it.
+struct LamportSliceShare {
+  Slice slice;
+  BlockShare share;
+};
+
+template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
+EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  const int peers = kRanks > 0 ? kRanks : n;
+  // 1. The call number and the buffers.
+  const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);
+  const size_t padded = (count + P - 1) / P * P;
+  const size_t stride = lamport_two_shot_stride(count, P, n);
+  const T* mine = ctx.input(me);
+  T* const out = ctx.output();
+  auto slice_of = [&](int p) {
+    LamportSliceShare s;
+    s.slice = two_shot_slice(padded, P, p, n);
+    s.share = block_share(s.slice.begin, s.slice.end, P, ctx.block(), ctx.num_blocks());
+    return s;
+  };
+  auto put = [&](size_t i, const Pack<T>& x) {
+    if (i + P <= count) {
+      put_pack(ctx, out + i, x);
+    } else {
+      for (int e = 0; i + e < count; ++e) out[i + e] = x.v[e];
+    }
+  };
+  // 2. Reduce-scatter push.
+  for (int k = 1; k < peers; ++k) {
+    const int p = (me + k) % n;
+    const LamportSliceShare s = slice_of(p);
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("push_slice");
+      trace_share(ctx, lamport_clip(s.share, count), Access::kRead, me, Buffer::kInput);
+      // Element i of the slice lands at element i - begin of the slot (offsets wrap modulo 2^64).
+      trace_share(ctx, s.share, Access::kWrite, p, Buffer::kLamport,
+                  lamport_slot_offset(c, c.buffer, me) - s.slice.begin);
+      ctx.trace_step_end();
+    }
+    T* const slot = lamport_slot(ctx, c, p, c.buffer, me);
+    for_share(
+        ctx, s.share, P,
+        [&](size_t i) {
+          Pack<T> x = lamport_input_pack(mine, i, count);
+          if constexpr (Protocol::kCanonicalize) x = lamport_canonicalize(x);
+          ctx.lamport_store(reinterpret_cast<Pack<T>*>(slot + (i - s.slice.begin)), x, p);
+        },
+        [](size_t) {});
+  }
+  // 3. Clear the previous call's buffer of this rank's own region.
+  lamport_clear_previous<T, kRanks, Protocol>(ctx, c);
+  // 4. Fold this rank's slice and push the results.
+  {
+    const LamportSliceShare s = slice_of(me);
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("fold_slice");
+      for (int r = 0; r < n; ++r) {
+        if (r == me) {
+          trace_share(ctx, lamport_clip(s.share, count), Access::kRead, me, Buffer::kInput);
+        } else {
+          trace_share(ctx, s.share, Access::kRead, me, Buffer::kLamport,
+                      lamport_slot_offset(c, c.buffer, r) - s.slice.begin);
+        }
+      }
+      trace_share(ctx, lamport_clip(s.share, count), Access::kWrite, me, Buffer::kOutput);
+      for (int k = 1; k < n; ++k) {
+        trace_share(ctx, s.share, Access::kWrite, (me + k) % n, Buffer::kLamport,
+                    lamport_slot_offset(c, c.buffer, me) + stride - s.slice.begin);
+      }
+      ctx.trace_step_end();
+    }
+    LamportOperands<T, kRanks, Ctx> operands(ctx, c, mine, count, s.slice.begin);
+    for_share(
+        ctx, s.share, P,
+        [&](size_t i) {
+          const Pack<T> result = fold_pack_from<T, kRanks>(ctx, i, [&](int r) { return operands(i, r); });
+          put(i, result);
+          const Pack<T> pushed = Protocol::kCanonicalize ? lamport_canonicalize(result) : result;
+          for (int k = 1; k < peers; ++k) {
+            const int p = (me + k) % n;
+            T* const slot = lamport_slot(ctx, c, p, c.buffer, me) + stride;
+            ctx.lamport_store(reinterpret_cast<Pack<T>*>(slot + (i - s.slice.begin)), pushed, p);
+          }
+        },
+        [](size_t) {});
+  }
+  // 5. All-gather: every peer's folded slice, polled from this rank's own region.
+  for (int k = 1; k < peers; ++k) {
+    const int p = (me + k) % n;
+    const LamportSliceShare s = slice_of(p);
+    if constexpr (Ctx::kTraceSteps) {
+      ctx.trace_step_begin("gather_slice");
+      trace_share(ctx, s.share, Access::kRead, me, Buffer::kLamport,
+                  lamport_slot_offset(c, c.buffer, p) + stride - s.slice.begin);
+      trace_share(ctx, lamport_clip(s.share, count), Access::kWrite, me, Buffer::kOutput);
+      ctx.trace_step_end();
+    }
+    const T* const slot = lamport_slot(ctx, c, me, c.buffer, p) + stride;
+    for_share(
+        ctx, s.share, P,
+        [&](size_t i) {
+          const auto* src = reinterpret_cast<const Pack<T>*>(slot + (i - s.slice.begin));
+          put(i, ctx.lamport_poll(src, p, LamportPoll{c.calls, c.buffer, i}));
+        },
+        [](size_t) {});
+  }
+  // 6. Record the extent and advance the call number.
+  end_lamport_call(ctx, c, 2 * stride * sizeof(T));
 }
 
 }  // namespace exactcoll

@@ -111,6 +111,7 @@ enum class Algorithm : uint8_t {
   kCopyEngine,
   kNccl,
   kLamportOneShot,
+  kLamportTwoShot,
 };
 
 // How the GPU runs an algorithm: the launcher family (cuda_backend/communicator.cc, launcher_for).
@@ -127,7 +128,7 @@ enum class Needs : uint8_t {
   kNothing,
   kSliceScratch,   // two_shot: a slice of the message per rank
   kPushScratch,    // push_*: two halves of n receive slots of the message per rank (or chunks)
-  kLamportRegion,  // lamport_one_shot: three Lamport buffers of n slots (or chunks)
+  kLamportRegion,  // lamport_*: three Lamport buffers of n slots (or chunks)
   kNcclCommunicator,
 };
 
@@ -235,6 +236,16 @@ inline constexpr AlgorithmInfo kAlgorithmInfos[] = {
      .needs = Needs::kLamportRegion,
      .input_private = true,
      .summary = "inputs pushed into peers' Lamport buffers, flag in the data (no barrier)"},
+    {.algorithm = Algorithm::kLamportTwoShot,
+     .name = "lamport_two_shot",
+     .ops = kAllReduceOnly,
+     .runs_on = kOnSimulator | kOnGpu,
+     .exact = true,
+     .picked_by_auto = true,
+     .family = Family::kLamport,
+     .needs = Needs::kLamportRegion,
+     .input_private = true,
+     .summary = "slices pushed to their owners' Lamport buffers, results pushed back (no barrier)"},
 };
 
 // ---- fused all-reduce + residual add + RMSNorm algorithms -------------------------------------

@@ -151,19 +151,21 @@ Choice DispatchTable::choose_allreduce_auto(const std::string& arch, int world_s
                                             uint64_t scratch_bytes, uint64_t lamport_region_bytes) const {
   const uint64_t bytes = count * static_cast<uint64_t>(elem_bytes);
   const Choice best = choose(arch, world_size, Op::kAllReduce, bytes, Algorithm::kAuto);
-  // The heuristic (no rows) never picks a push algorithm nor lamport_one_shot.
+  // The heuristic (no rows) never picks a push or a Lamport algorithm.
   if (!best.from_table) return best;
   const bool push_whole = push_fits(count, elem_bytes, world_size, scratch_bytes);
-  const bool lamport_whole = lamport_fits(count, static_cast<size_t>(elem_bytes), world_size, lamport_region_bytes);
-  // As measured where every algorithm runs as measured (lamport_one_shot beyond its slot only
+  auto lamport_whole = [&](Algorithm algo) {
+    return lamport_fits(algo, count, static_cast<size_t>(elem_bytes), world_size, lamport_region_bytes);
+  };
+  // As measured where every algorithm runs as measured (a Lamport algorithm beyond its slot only
   // matters when it is the fastest).
-  if (push_whole && (lamport_whole || best.algo != Algorithm::kLamportOneShot)) return best;
+  if (push_whole && (!is_lamport_algorithm(best.algo) || lamport_whole(best.algo))) return best;
   const uint64_t chunk = push_whole ? count : push_chunk_elements(elem_bytes, world_size, scratch_bytes);
   const uint64_t chunks = (count + chunk - 1) / chunk;
   const TableRow* cheapest = nullptr;
   double cheapest_us = 0;
   for (Algorithm algo : ipc_algorithms(Op::kAllReduce)) {
-    if (algo == Algorithm::kLamportOneShot && !lamport_whole) continue;
+    if (is_lamport_algorithm(algo) && !lamport_whole(algo)) continue;
     const bool chunked = is_push_algorithm(algo) && !push_whole;
     const uint64_t at = chunked ? chunk * static_cast<uint64_t>(elem_bytes) : bytes;
     const TableRow* row =
@@ -173,9 +175,9 @@ Choice DispatchTable::choose_allreduce_auto(const std::string& arch, int world_s
     if (cheapest == nullptr || us < cheapest_us) cheapest = row, cheapest_us = us;
   }
   if (cheapest != nullptr) return Choice{cheapest->algo, cheapest->grid, true};
-  if (!is_push_algorithm(best.algo) && best.algo != Algorithm::kLamportOneShot) return best;
-  return choose(arch, world_size, Op::kAllReduce, bytes,
-                best.algo == Algorithm::kPushTwoShot ? Algorithm::kTwoShot : Algorithm::kOneShot);
+  if (!is_push_algorithm(best.algo) && !is_lamport_algorithm(best.algo)) return best;
+  const bool two_shot = best.algo == Algorithm::kPushTwoShot || best.algo == Algorithm::kLamportTwoShot;
+  return choose(arch, world_size, Op::kAllReduce, bytes, two_shot ? Algorithm::kTwoShot : Algorithm::kOneShot);
 }
 
 std::string DispatchTable::to_text(const std::vector<std::string>& header_comments) const {

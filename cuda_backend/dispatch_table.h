@@ -36,6 +36,8 @@ using exactcoll::parse_op;  // core/registry.h: allreduce | reduce_scatter | all
 
 // Is `a` push_one_shot or push_two_shot (the algorithms that need push_scratch_elements)?
 inline bool is_push_algorithm(Algorithm a) { return info(a).needs == Needs::kPushScratch; }
+// lamport_one_shot, lamport_two_shot: a launch per Lamport slot (core/lamport.h).
+inline bool is_lamport_algorithm(Algorithm a) { return info(a).needs == Needs::kLamportRegion; }
 
 // Does an all-reduce of `count` elements (elem_bytes each) fit a push algorithm's scratch
 // (push_scratch_elements: 2 halves of n slots) of scratch_bytes per rank?

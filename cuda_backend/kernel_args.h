@@ -30,6 +30,7 @@ enum class KernelKind : int {
   kPushOneShot = 5,     // allreduce_push_one_shot: scratch of push_scratch_elements(count, pack, n)
   kPushTwoShot = 6,     // allreduce_push_two_shot: the same scratch as push_one_shot
   kLamportOneShot = 7,  // allreduce_lamport_one_shot: the Lamport region, no staging (core/lamport.h)
+  kLamportTwoShot = 8,  // allreduce_lamport_two_shot: the same region
 };
 
 // The SM kernel of (op, algorithm) on the IPC path, or nullopt where there is none (auto, nccl,
@@ -43,6 +44,8 @@ constexpr std::optional<KernelKind> sm_kernel_kind(Op op, Algorithm algo) {
     case Algorithm::kPushTwoShot: return op == Op::kAllReduce ? std::optional(KernelKind::kPushTwoShot) : std::nullopt;
     case Algorithm::kLamportOneShot:
       return op == Op::kAllReduce ? std::optional(KernelKind::kLamportOneShot) : std::nullopt;
+    case Algorithm::kLamportTwoShot:
+      return op == Op::kAllReduce ? std::optional(KernelKind::kLamportTwoShot) : std::nullopt;
     case Algorithm::kDirect:
       switch (op) {
         case Op::kAllReduce: return std::nullopt;

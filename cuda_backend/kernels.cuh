@@ -71,10 +71,11 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
   } else if (args.publish_views != 0) {
     ctx.publish_input_views();
   }
-  // lamport_one_shot reads its own input in place (peers never read it): never staged. A call
+  // The Lamport algorithms read their own input in place (peers never read it): never staged. A call
   // captured in place stages only until its row is registered; an eager call in place stages
   // only where this rank's input is not mapped by every peer (the host sets stage_from then).
-  if (kKind != KernelKind::kLamportOneShot && args.stage_from != nullptr && own_from_table == nullptr) {
+  constexpr bool kLamport = kKind == KernelKind::kLamportOneShot || kKind == KernelKind::kLamportTwoShot;
+  if (!kLamport && args.stage_from != nullptr && own_from_table == nullptr) {
     stage_own_input<T, kKind>(ctx, args);
     // push_one_shot and push_two_shot read their own staged input before any barrier (same block
     // shares as the staging, other threads): make every thread's staging stores visible to the
@@ -91,6 +92,8 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
     allreduce_push_two_shot<T, kRanks>(ctx, args.count);
   } else if constexpr (kKind == KernelKind::kLamportOneShot) {
     allreduce_lamport_one_shot<T, kRanks>(ctx, args.count);
+  } else if constexpr (kKind == KernelKind::kLamportTwoShot) {
+    allreduce_lamport_two_shot<T, kRanks>(ctx, args.count);
   } else if constexpr (kKind == KernelKind::kReduceScatter) {
     reduce_scatter<T, kRanks>(ctx, args.count);
   } else {
@@ -150,6 +153,8 @@ cudaError_t launch_for_ranks(KernelKind kind, const KernelArgs& args, LaunchConf
     case KernelKind::kPushTwoShot: return launch_under_contract<T, kRanks, KernelKind::kPushTwoShot>(args, cfg, stream);
     case KernelKind::kLamportOneShot:
       return launch_under_contract<T, kRanks, KernelKind::kLamportOneShot>(args, cfg, stream);
+    case KernelKind::kLamportTwoShot:
+      return launch_under_contract<T, kRanks, KernelKind::kLamportTwoShot>(args, cfg, stream);
     case KernelKind::kBarrier: return launch_kernel(barrier_kernel<T>, args, cfg, stream);
   }
   return cudaErrorInvalidValue;

@@ -19,6 +19,7 @@ void run_allreduce(Ctx& ctx, Algorithm algorithm, size_t count) {
     case Algorithm::kPushOneShot: allreduce_push_one_shot<T, kRanks>(ctx, count); return;
     case Algorithm::kPushTwoShot: allreduce_push_two_shot<T, kRanks>(ctx, count); return;
     case Algorithm::kLamportOneShot: allreduce_lamport_one_shot<T, kRanks>(ctx, count); return;
+    case Algorithm::kLamportTwoShot: allreduce_lamport_two_shot<T, kRanks>(ctx, count); return;
     case Algorithm::kAuto:
     case Algorithm::kDirect:
     case Algorithm::kCopyEngine:
@@ -78,8 +79,9 @@ size_t scratch_bytes(const CollectiveSpec& spec, int ranks) {
 }
 
 size_t lamport_bytes(const CollectiveSpec& spec, int ranks) {
-  if (spec.op != Op::kAllReduce || resolve_algorithm(spec) != Algorithm::kLamportOneShot) return 0;
-  return lamport_region_bytes(spec.count, static_cast<size_t>(dtype_size(spec.dtype)), ranks);
+  const Algorithm algorithm = resolve_algorithm(spec);
+  if (spec.op != Op::kAllReduce || info(algorithm).family != Family::kLamport) return 0;
+  return lamport_region_bytes(algorithm, spec.count, static_cast<size_t>(dtype_size(spec.dtype)), ranks);
 }
 
 Algorithm resolve_algorithm(const CollectiveSpec& spec) {

@@ -311,6 +311,22 @@ class SimCtx {
                                   lamport_sentinel_bits<T>(), peer, at);
     }
   }
+  // One acquire load of the pack, element by element, whatever it finds (the sentinel too); a
+  // scheduling point first, so a seed decides what an early look sees.
+  Pack<T> lamport_peek(const Pack<T>* src) {
+    env_.executor->lamport_point(env_);
+    const unsigned char* s = reinterpret_cast<const unsigned char*>(src);
+    Pack<T> x;
+    for (int e = 0; e < Storage<T>::kPack; ++e) {
+      const uint32_t bits = lamport_load_word(s + e * sizeof(T), static_cast<int>(sizeof(T)));
+      if constexpr (sizeof(T) == 4) {
+        x.v[e] = bits_to_float(bits);
+      } else {
+        x.v[e] = T{static_cast<uint16_t>(bits)};
+      }
+    }
+    return x;
+  }
   // Extra symmetric buffer `id` (World::add_buffer) of `peer`.
   void* buffer(int id, int peer) const { return env_.peers->extra[id][peer]; }
   const BlockEnv& env() const { return env_; }

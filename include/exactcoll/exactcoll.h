@@ -112,7 +112,7 @@ typedef enum exactcoll_op {
 } exactcoll_op;
 
 /* Collective algorithms. All-reduce: one_shot, two_shot, push_one_shot, push_two_shot,
- * lamport_one_shot (flag in data: no barrier; docs/design.md).
+ * lamport_one_shot and lamport_two_shot (flag in data: no barrier; docs/design.md).
  * Reduce-scatter: direct. All-gather: direct, copy_engine. Every op: auto (the tuned table on GPUs;
  * one_shot / two_shot by size in the simulator: the bits are the same), nccl (GPU only: NCCL,
  * whose sums follow no contract; the call then reports exact = 0). */
@@ -125,7 +125,8 @@ typedef enum exactcoll_algo {
   EXACTCOLL_ALGO_DIRECT = 5,
   EXACTCOLL_ALGO_COPY_ENGINE = 6,
   EXACTCOLL_ALGO_NCCL = 7,
-  EXACTCOLL_ALGO_LAMPORT_ONE_SHOT = 8
+  EXACTCOLL_ALGO_LAMPORT_ONE_SHOT = 8,
+  EXACTCOLL_ALGO_LAMPORT_TWO_SHOT = 9
 } exactcoll_algo;
 
 /* Fused all-reduce + residual add + RMSNorm algorithms. The simulator runs one_stage, two_stage,

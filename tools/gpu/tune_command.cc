@@ -171,11 +171,12 @@ int tune_worker(const TuneOptions& o) {
       for (Algorithm algo : cuda::ipc_algorithms(op)) {
         // bf16 (2 bytes), as every tuned row.
         if (cuda::is_push_algorithm(algo) && !cuda::push_fits(count, 2, n, push_buffer)) continue;
-        // lamport_one_shot: measured where it runs in one launch (a default communicator's
-        // lamport_message_bytes); beyond, the communicator runs it in chunks and auto never takes it.
-        if (algo == Algorithm::kLamportOneShot && !lamport_fits(count, 2, n, comm.lamport_region_bytes())) continue;
+        // The Lamport algorithms: measured where they run in one launch (a default communicator's
+        // lamport_message_bytes); beyond, the communicator runs them in chunks and auto never takes them.
+        if (cuda::is_lamport_algorithm(algo) && !lamport_fits(algo, count, 2, n, comm.lamport_region_bytes())) continue;
         uint64_t packs = count / 8 + 1;
-        if (algo == Algorithm::kTwoShot || algo == Algorithm::kPushTwoShot || op == Op::kReduceScatter)
+        if (algo == Algorithm::kTwoShot || algo == Algorithm::kPushTwoShot || algo == Algorithm::kLamportTwoShot ||
+            op == Op::kReduceScatter)
           packs = packs / static_cast<uint64_t>(n) + 1;
         if (op == Op::kAllGather) packs *= static_cast<uint64_t>(n);
         std::vector<LaunchConfig> grids = candidate_grids(packs, o.quick);
