@@ -10,10 +10,14 @@
 #               python/examples/bench_eager.py (eager in place vs staged vs NCCL), and again at the
 #               small sizes with EXACTCOLL_EAGER_MIN_BYTES=0 (every size in place)
 #     verify    exactcoll verify --nproc 4 (every op, algorithm and variant against the simulator)
-#     tune      exactcoll tune --ops allreduce up to 1 MiB on 4 and 2 GPUs (lamport_one_shot's rows),
+#     tune      exactcoll tune --ops allreduce up to TUNE_MAX_BYTES (default 2 MiB, where
+#               lamport_two_shot fits a default communicator's slots on 4 GPUs) on 4 and 2 GPUs,
 #               merged into a copy of cuda_backend/tuning/sm90.tsv: $OUT/sm90.tsv
-#     bench     exactcoll bench --op allreduce on 4 GPUs with that table (auto, lamport_one_shot,
-#               push_one_shot, nccl; 1 .. 4096 rows of 8192 bf16)
+#     bench     exactcoll bench --op allreduce on BENCH_NPROC GPUs with that table (BENCH_ALGOS, default
+#               auto, both Lamport algorithms, push_one_shot, push_two_shot, two_shot, nccl; BENCH_ROWS,
+#               default 1 .. 4096 rows of 8192 bf16)
+#     probe     tools/gpu/probes/ce_sm_probe (carried as .gpubin/probe/ce_sm_probe) on 4 and 2 GPUs:
+#               NVLink bandwidth by copy engine, by SM loads and stores, and both at once
 #     fused     exactcoll bench --op fused_rmsnorm on 4 and 2 GPUs (H 2880, 4096, 8192) with
 #               --write-table: $OUT/fused_table_N.tsv
 #     sweep     lamport_one_stage at 1 row of H 8192 on 4 GPUs by grid (1..32 blocks), and lamport_one_shot
@@ -60,8 +64,9 @@ if has verify; then
 fi
 if has tune; then
   cp cuda_backend/tuning/sm90.tsv "$OUT/sm90.tsv"
-  run tune_4 150 $B tune --nproc 4 --ops allreduce --max-bytes 1048576 --output "$OUT/sm90.tsv" ${MACHINE:+--machine "$MACHINE"} ${TUNE_FLAGS:-}
-  CUDA_VISIBLE_DEVICES=0,1 run tune_2 120 $B tune --nproc 2 --ops allreduce --max-bytes 1048576 \
+  run tune_4 180 $B tune --nproc 4 --ops allreduce --max-bytes "${TUNE_MAX_BYTES:-2097152}" --output "$OUT/sm90.tsv" \
+    ${MACHINE:+--machine "$MACHINE"} ${TUNE_FLAGS:-}
+  CUDA_VISIBLE_DEVICES=0,1 run tune_2 150 $B tune --nproc 2 --ops allreduce --max-bytes "${TUNE_MAX_BYTES:-2097152}" \
     --output "$OUT/sm90.tsv" ${MACHINE:+--machine "$MACHINE"} ${TUNE_FLAGS:-}
 fi
 if has bench; then
@@ -70,7 +75,7 @@ if has bench; then
   for n in ${BENCH_NPROC:-4}; do
     CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) run "bench_$n" 150 $B bench --nproc "$n" --op allreduce \
       --table "$TABLE" --no-eager --rows "${BENCH_ROWS:-1,2,32,64,256,1024,4096}" \
-      --algos auto,lamport_one_shot,push_one_shot,push_two_shot,two_shot,nccl
+      --algos "${BENCH_ALGOS:-auto,lamport_one_shot,lamport_two_shot,push_one_shot,push_two_shot,two_shot,nccl}"
     grep -A 14 "summary" "$LOGS/bench_$n.log" | head -20
   done
 fi
@@ -81,6 +86,10 @@ if has fused; then
       $([ "${FUSED_WRITE:-1}" = 1 ] && echo --write-table "$OUT/fused_table_$n.tsv" ${MACHINE:+--machine "$MACHINE"})
     grep -A 12 "summary" "$LOGS/fused_$n.log" | head -16
   done
+fi
+if has probe; then
+  run probe 120 bash .gpubin/probe/run_probe.sh
+  tail -n 40 "$LOGS/probe.log"
 fi
 if has sweep; then
   # lamport_one_stage at 1 row of H 8192 on 4 GPUs by grid (a one-row fused table per grid; 1 block
