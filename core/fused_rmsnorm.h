@@ -167,10 +167,10 @@ EXC_HD EXC_INLINE Pack<T> fold_pack_of(Ctx& ctx, size_t i, XOf x_of) {
 //   5. sync_block: the next row may reuse what the reduction in step 3 used.
 // row_begin is the row's first element in x; residual_out/out/copy_* point at element 0 of the
 // row in their buffers.
-// fused_row_from takes the fold's operands as pack_of(i, r), rank r's pack at element i of x
-// (lamport_one_stage polls them); fused_row loads them from x_of(r) + i.
-template <class T, int kRanks, class Ctx, class PackOf>
-EXC_HD void fused_row_from(Ctx& ctx, const contract::RmsNormTree& tree, PackOf pack_of, size_t row_begin,
+// fused_row_from takes the fold as fold_of(i), the folded pack at element i of x (lamport_one_stage
+// polls its operands: lamport_fold_message_pack); fused_row loads them from x_of(r) + i.
+template <class T, int kRanks, class Ctx, class FoldOf>
+EXC_HD void fused_row_from(Ctx& ctx, const contract::RmsNormTree& tree, FoldOf fold_of, size_t row_begin,
                            const T* residual, const T* weight, float eps, T* residual_out, T* out, T* copy_residual_out,
                            T* copy_out) {
   constexpr int P = Storage<T>::kPack;
@@ -185,7 +185,7 @@ EXC_HD void fused_row_from(Ctx& ctx, const contract::RmsNormTree& tree, PackOf p
     const size_t j = static_cast<size_t>(p) * P;
     const size_t i = row_begin + j;
     const Pack<T> res = ctx.load(reinterpret_cast<const Pack<T>*>(residual + j));
-    const Pack<T> s = fold_pack_from<T, kRanks>(ctx, i, [&](int r) { return pack_of(i, r); });
+    const Pack<T> s = fold_of(i);
     Pack<T> ro;
     for (int e = 0; e < P; ++e) ro.v[e] = contract::residual_add<T>(s.v[e], res.v[e]);
     ctx.store(reinterpret_cast<Pack<T>*>(residual_out + j), ro);
@@ -211,8 +211,8 @@ template <class T, int kRanks, class Ctx, class XOf>
 EXC_HD void fused_row(Ctx& ctx, const contract::RmsNormTree& tree, XOf x_of, size_t row_begin, const T* residual,
                       const T* weight, float eps, T* residual_out, T* out, T* copy_residual_out, T* copy_out) {
   fused_row_from<T, kRanks>(
-      ctx, tree, [&](size_t i, int r) { return ctx.load(reinterpret_cast<const Pack<T>*>(x_of(r) + i)); }, row_begin,
-      residual, weight, eps, residual_out, out, copy_residual_out, copy_out);
+      ctx, tree, [&](size_t i) { return fold_pack_of<T, kRanks>(ctx, i, x_of); }, row_begin, residual, weight, eps,
+      residual_out, out, copy_residual_out, copy_out);
 }
 
 // ---- The fused algorithms (one kernel launch's work for one block of one rank) ---------------------------
@@ -461,10 +461,10 @@ EXC_HD void fused_rmsnorm_lamport_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>&
     trace_share(ctx, rows, Access::kWrite, me, Buffer::kOutput);
     ctx.trace_step_end();
   }
-  auto pack_of = lamport_pack_source<T, kRanks>(ctx, c, x, count);
+  auto fold_of = [&](size_t i) { return lamport_fold_message_pack<T, kRanks>(ctx, c, x, count, i); };
   for (int row = mine.begin; row < mine.end; ++row) {
     const size_t base = static_cast<size_t>(row) * H;
-    fused_row_from<T, kRanks>(ctx, tree, pack_of, base, args.residual + base, args.weight, args.eps,
+    fused_row_from<T, kRanks>(ctx, tree, fold_of, base, args.residual + base, args.weight, args.eps,
                               args.residual_out + base, args.out + base, static_cast<T*>(nullptr),
                               static_cast<T*>(nullptr));
   }

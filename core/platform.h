@@ -17,6 +17,18 @@
 #define EXC_DEVICE_PASS 0
 #endif
 
+// Put before a loop with a compile-time trip count whose iterations index a local array (one per
+// rank): unrolled, the array stays in registers; indexed at run time it goes to local memory.
+#if defined(__CUDA_ARCH__)
+#define EXC_UNROLL _Pragma("unroll")
+#elif defined(__CUDACC__)  // nvcc's host pass: its front end knows no GCC pragma, g++ no "unroll"
+#define EXC_UNROLL
+#elif defined(__GNUC__)
+#define EXC_UNROLL _Pragma("GCC unroll 16")
+#else
+#define EXC_UNROLL
+#endif
+
 // Put before a short loop over the elements of a pack: host g++ then keeps it a loop for its loop
 // vectorizer instead of unrolling it first (the unrolled form is left scalar: measured on the
 // simulator's folds). Nothing on the device, where the loop is unrolled as usual.

@@ -241,7 +241,7 @@ class DeviceCtx {
   }
 
   // One volatile 16-byte load of this rank's own region, whatever it finds (core/lamport.h's
-  // LamportOperands issues every peer's first load with it before polling any).
+  // lamport_fold_pack issues every peer's first load with it before polling any).
   __device__ __forceinline__ Pack<T> lamport_peek(const Pack<T>* p) const { return lamport_load(p); }
 
   // Whether some wait of this block gave up (after sync_block, every thread agrees).
