@@ -21,7 +21,8 @@ What runs where (per tensor, counted, see backend_counts()):
 Settings (process-wide; environment variables read when the first exactcoll group is made,
 configure_backend() after that):
   EXACTCOLL_ALGO                   all_reduce algorithm: auto (default), one_shot, two_shot,
-                                   push_one_shot, push_two_shot, lamport_one_shot, nccl
+                                   push_one_shot, push_two_shot, lamport_one_shot, lamport_two_shot,
+                                   nccl
   EXACTCOLL_REDUCE_SCATTER_ALGO    auto, direct, nccl
   EXACTCOLL_ALL_GATHER_ALGO        auto, direct, copy_engine, nccl
   EXACTCOLL_STRICT                 0 (default): fall back and count; 1: raise FallbackError
@@ -61,7 +62,8 @@ __all__ = ["BACKEND_NAME", "ExactcollProcessGroup", "FallbackError", "backend_co
 BACKEND_NAME = "exactcoll"
 
 _EXACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-ALL_REDUCE_ALGOS = ("auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "nccl")
+ALL_REDUCE_ALGOS = ("auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot",
+                    "lamport_two_shot", "nccl")
 REDUCE_SCATTER_ALGOS = ("auto", "direct", "nccl")
 ALL_GATHER_ALGOS = ("auto", "direct", "copy_engine", "nccl")
 CONTRACTS = ("canonical", "tree")  # the library's contracts (the emulations are the simulator reference's only)

@@ -157,8 +157,8 @@ def _collective(op, x, dtype, algo, options):
 def all_reduce(x, *, dtype=None, algo="auto", **options):
     """Every rank's result of the all-reduce of x [ranks, ...]: out[r] = fold over ranks of x.
 
-    algo: auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot (the bits are the
-    same).
+    algo: auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot, lamport_two_shot
+    (the bits are the same).
     options: blocks (1..128), schedule ('threads' or 'seeded'), schedule_seed (0..2**64 - 1),
     timeout_ms (1..2**31 - 1), trace (JSON-lines file), chrome_trace (Perfetto file), trace_elements
     (at most 4096 indices to trace: fold events, or under tree a tree_node event per node), contract

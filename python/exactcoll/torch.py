@@ -138,8 +138,9 @@ class Communicator:
     two). The fused op's residual add and RMSNorm are canonical under both.
 
     Inputs are read where they lie whenever that is safe, with no copy: always for the algorithms
-    whose peers never read a rank's input (push_one_shot, push_two_shot, lamport_one_shot: what
-    `auto` picks for all_reduce up to 32 MB on 4 GPUs with the default buffers), and, with
+    whose peers never read a rank's input (push_one_shot, push_two_shot, lamport_one_shot,
+    lamport_two_shot: what `auto` picks for all_reduce up to 32 MB on 4 GPUs with the default
+    buffers), and, with
     graph_in_place (the default), for the other out-of-place ops captured into a CUDA graph (and
     two_shot in place), once every rank has called register_graph_buffers() after the capture (or
     used `with comm.cuda_graph(g):`). graph_in_place=False copies such inputs through the
@@ -228,8 +229,8 @@ class Communicator:
 
     def all_reduce(self, x, *, out=None, algo="auto", registered=None):
         """out = the contract's sum over ranks of x (same shape and dtype).
-        algo: auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot, nccl (NCCL: not
-        the contract)."""
+        algo: auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot, lamport_two_shot,
+        nccl (NCCL: not the contract)."""
         if _is_compiling():
             if out is None:
                 return torch.ops.exactcoll.all_reduce(x, self.id, algo)
