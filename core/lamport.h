@@ -418,7 +418,7 @@ class LamportOperands {
 
 template <class T, int kRanks, class Ctx>
 EXC_HD EXC_INLINE LamportOperands<T, kRanks, Ctx> lamport_pack_source(Ctx& ctx, const LamportCall<T>& c, const T* mine,
-                                                                     size_t count) {
+                                                                      size_t count) {
   return LamportOperands<T, kRanks, Ctx>(ctx, c, mine, count);
 }
 
