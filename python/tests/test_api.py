@@ -189,6 +189,7 @@ class Errors(unittest.TestCase):
                     self.assertEqual(from_name(name.encode(), ctypes.byref(back)), _lib.OK)
                     self.assertEqual(back.value, value)
         self.assertEqual(_lib.ALGOS["lamport_one_shot"], 8)
+        self.assertEqual(_lib.ALGOS["lamport_two_shot"], 9)
         self.assertEqual(_lib.FUSED_ALGOS["push_one_stage_reg"], 9)
 
     def test_gpu_calls_without_a_gpu_raise(self):

@@ -196,6 +196,13 @@ class TorchBackendOnCpu(unittest.TestCase):
         self.check_counts(results, 4)
         self.assertEqual(results[3]["settings"]["algo"], "auto")
 
+    def test_every_all_reduce_algorithm_of_the_library_can_be_chosen(self):
+        """EXACTCOLL_ALGO and configure_backend(algo=...) take every all-reduce algorithm of the
+        library's registry (_lib.ALGOS, read from the library: all but the all-gather and
+        reduce-scatter ones, direct and copy_engine), so a new one (lamport_two_shot) is offered."""
+        from exactcoll import _lib, distributed
+        self.assertEqual(sorted(distributed.ALL_REDUCE_ALGOS), sorted(set(_lib.ALGOS) - {"direct", "copy_engine"}))
+
     def test_a_bad_environment_value_fails_init_naming_it(self):
         _, outputs, codes = run_job(1, {"EXACTCOLL_ALGO": "fastest"}, deadline_s=60, expect_results=False)
         self.assertNotEqual(codes[0], 0)

@@ -112,7 +112,7 @@ TEST(CApiNames, EveryValueRoundTripsAndUnknownNamesAreListed) {
     int count;
   };
   for (const Enum& e : {Enum{exactcoll_dtype_name, exactcoll_dtype_from_name, 3},
-                        Enum{exactcoll_algo_name, exactcoll_algo_from_name, 9},
+                        Enum{exactcoll_algo_name, exactcoll_algo_from_name, 10},
                         Enum{exactcoll_fused_algo_name, exactcoll_fused_algo_from_name, 10},
                         Enum{exactcoll_contract_name, exactcoll_contract_from_name, 5}}) {
     for (int v = 0; v < e.count; ++v) {
@@ -124,6 +124,7 @@ TEST(CApiNames, EveryValueRoundTripsAndUnknownNamesAreListed) {
     EXPECT_EQ(e.name(e.count), nullptr);
     if (e.name == exactcoll_algo_name) {
       EXPECT_STREQ(e.name(EXACTCOLL_ALGO_LAMPORT_ONE_SHOT), "lamport_one_shot");
+      EXPECT_STREQ(e.name(EXACTCOLL_ALGO_LAMPORT_TWO_SHOT), "lamport_two_shot");
     }
     if (e.name == exactcoll_fused_algo_name) {
       EXPECT_STREQ(e.name(EXACTCOLL_FUSED_LAMPORT_ONE_STAGE), "lamport_one_stage");

@@ -129,7 +129,7 @@ TEST(EnumNames, EveryGpuAlgorithmHasALauncherForItsOps) {
 
 TEST(EnumNames, NameListsComeFromTheTables) {
   EXPECT_EQ(algorithm_names(kOnSimulator, Op::kAllReduce),
-            "auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot");
+            "auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot, lamport_two_shot");
   EXPECT_EQ(algorithm_names(kOnGpu, Op::kAllGather), "auto, direct, copy_engine, nccl");
   EXPECT_EQ(contract_names(), "canonical, f32_residual, bf16_accumulate, rotated_two_shot, tree");
   EXPECT_EQ(library_contract_names(), "canonical, tree");

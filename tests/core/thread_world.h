@@ -135,19 +135,24 @@ struct ThreadWorld {
         }
       }
     }
-    Pack<T> lamport_poll(const Pack<T>* p, int peer, const LamportPoll& where) const {
+    // One acquire load of the pack, element by element, whatever it finds (sentinels too).
+    Pack<T> lamport_peek(const Pack<T>* p) const {
       const unsigned char* s = reinterpret_cast<const unsigned char*>(p);
+      Pack<T> x;
+      for (int e = 0; e < Storage<T>::kPack; ++e) {
+        const uint32_t bits = word(s + e * sizeof(T));
+        if constexpr (sizeof(T) == 2) {
+          x.v[e] = T{static_cast<uint16_t>(bits)};
+        } else {
+          x.v[e] = bits_to_float(bits);
+        }
+      }
+      return x;
+    }
+    Pack<T> lamport_poll(const Pack<T>* p, int peer, const LamportPoll& where) const {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(w->wait_timeout_ms);
       while (true) {
-        Pack<T> x;
-        for (int e = 0; e < Storage<T>::kPack; ++e) {
-          const uint32_t bits = word(s + e * sizeof(T));
-          if constexpr (sizeof(T) == 2) {
-            x.v[e] = T{static_cast<uint16_t>(bits)};
-          } else {
-            x.v[e] = bits_to_float(bits);
-          }
-        }
+        const Pack<T> x = lamport_peek(p);
         if (lamport_arrived(x)) return x;
         if (std::chrono::steady_clock::now() > deadline) {
           std::fprintf(stderr,

@@ -214,29 +214,55 @@ TEST(DispatchTable, PushTwoShotRowsParseAndAutoPicksThemWhereFastest) {
   }
 }
 
-// lamport_one_shot is an IPC algorithm of allreduce only: a table can name it, and auto takes it
-// where its row is fastest.
+// lamport_one_shot and lamport_two_shot are IPC algorithms of allreduce only: a table can name
+// them, and auto takes them where their row is fastest.
 TEST(DispatchTable, LamportRowsParseAndAutoPicksThemWhereFastest) {
   const DispatchTable t = DispatchTable::parse(
       "sm90\t2\tallreduce\t16384\tone_shot\t2\t256\t5.0\n"
       "sm90\t2\tallreduce\t16384\tlamport_one_shot\t4\t512\t2.9\n"
+      "sm90\t2\tallreduce\t16384\tlamport_two_shot\t2\t256\t3.1\n"
+      "sm90\t2\tallreduce\t65536\tlamport_one_shot\t8\t512\t4.0\n"
+      "sm90\t2\tallreduce\t65536\tlamport_two_shot\t4\t1024\t3.5\n"
       "sm90\t2\tallreduce\t524288\tone_shot\t16\t512\t8.0\n"
-      "sm90\t2\tallreduce\t524288\tlamport_one_shot\t32\t512\t9.0\n",
+      "sm90\t2\tallreduce\t524288\tlamport_one_shot\t32\t512\t9.0\n"
+      "sm90\t2\tallreduce\t524288\tlamport_two_shot\t16\t256\t8.5\n",
       "lamport.tsv");
+  ASSERT_EQ(t.rows().size(), 8u);
   Choice c = t.choose("sm90", 2, Op::kAllReduce, 16384, Algorithm::kAuto);
   EXPECT_EQ(c.algo, Algorithm::kLamportOneShot);
+  EXPECT_EQ(c.grid.blocks, 4);
+  c = t.choose("sm90", 2, Op::kAllReduce, 65536, Algorithm::kAuto);
+  EXPECT_EQ(c.algo, Algorithm::kLamportTwoShot);
+  EXPECT_EQ(c.grid.blocks, 4);
+  EXPECT_EQ(c.grid.threads, 1024);
+  EXPECT_TRUE(c.from_table);
+  c = t.choose_allreduce_auto("sm90", 2, 65536 / 2, 2, 128 << 20, kLamport2);  // fits: as measured
+  EXPECT_EQ(c.algo, Algorithm::kLamportTwoShot);
   EXPECT_EQ(c.grid.blocks, 4);
   c = t.choose("sm90", 2, Op::kAllReduce, 524288, Algorithm::kAuto);
   EXPECT_EQ(c.algo, Algorithm::kOneShot);
   c = t.choose("sm90", 2, Op::kAllReduce, 524288, Algorithm::kLamportOneShot);
   EXPECT_EQ(c.algo, Algorithm::kLamportOneShot);
   EXPECT_EQ(c.grid.blocks, 32);
+  c = t.choose("sm90", 2, Op::kAllReduce, 524288, Algorithm::kLamportTwoShot);
+  EXPECT_EQ(c.algo, Algorithm::kLamportTwoShot);
+  EXPECT_EQ(c.grid.blocks, 16);
+  EXPECT_EQ(c.grid.threads, 256);
   EXPECT_STREQ(algorithm_name(Algorithm::kLamportOneShot), "lamport_one_shot");
-  try {
-    DispatchTable::parse("sm90\t4\tallgather\t1024\tlamport_one_shot\t2\t512\t1\n", "ag.tsv");
-    ADD_FAILURE() << "lamport_one_shot accepted for allgather";
-  } catch (const TableError& e) {
-    EXPECT_NE(std::string(e.what()).find("not an IPC algorithm of allgather"), std::string::npos) << e.what();
+  EXPECT_STREQ(algorithm_name(Algorithm::kLamportTwoShot), "lamport_two_shot");
+  const DispatchTable back = DispatchTable::parse(t.to_text({}), "back.tsv");
+  ASSERT_EQ(back.rows().size(), t.rows().size());
+  EXPECT_EQ(back.choose("sm90", 2, Op::kAllReduce, 65536, Algorithm::kAuto).algo, Algorithm::kLamportTwoShot);
+  for (const char* name : {"lamport_one_shot", "lamport_two_shot"}) {
+    for (const char* op : {"allgather", "reduce_scatter"}) {
+      try {
+        DispatchTable::parse(std::string("sm90\t4\t") + op + "\t1024\t" + name + "\t2\t512\t1\n", "ag.tsv");
+        ADD_FAILURE() << name << " accepted for " << op;
+      } catch (const TableError& e) {
+        EXPECT_NE(std::string(e.what()).find(std::string("not an IPC algorithm of ") + op), std::string::npos)
+            << e.what();
+      }
+    }
   }
 }
 
@@ -329,6 +355,73 @@ TEST(DispatchTable, AutoTakesLamportOnlyWhereTheMessageFitsOneLamportSlot) {
   EXPECT_EQ(t.choose("sm90", 4, Op::kAllReduce, 16384, Algorithm::kAuto).algo, Algorithm::kLamportOneShot);
 }
 
+// lamport_two_shot writes two strides (its longest slice, about 1/n of the message) into each
+// slot, so it fits messages up to about n/2 slots, where lamport_one_shot fits one: auto takes it
+// only where lamport_fits(kLamportTwoShot, ...) holds for the communicator's region, and prices the
+// other algorithms where it does not.
+TEST(DispatchTable, AutoTakesLamportTwoShotOnlyWhereTheMessageFitsItsSlots) {
+  using exactcoll::lamport_fits;
+  const uint64_t mib = 1 << 20;
+  // A default communicator (1 MiB slots): bf16 messages of n/2 MiB fit two_shot, 16 bytes more do
+  // not; one_shot fits 1 MiB whatever n.
+  for (const int n : {2, 4, 8}) {
+    const uint64_t region = exactcoll::lamport_region_bytes(size_t{1} << 20, 1, n);
+    const uint64_t count = static_cast<uint64_t>(n) / 2 * mib / 2;
+    EXPECT_TRUE(lamport_fits(Algorithm::kLamportTwoShot, count, 2, n, region)) << n;
+    EXPECT_FALSE(lamport_fits(Algorithm::kLamportTwoShot, count + 8, 2, n, region)) << n;
+    EXPECT_TRUE(lamport_fits(Algorithm::kLamportOneShot, mib / 2, 2, n, region)) << n;
+    EXPECT_FALSE(lamport_fits(Algorithm::kLamportOneShot, mib / 2 + 8, 2, n, region)) << n;
+  }
+  const DispatchTable t = DispatchTable::parse(
+      "sm90\t4\tallreduce\t16384\tone_shot\t4\t256\t8.24\n"
+      "sm90\t4\tallreduce\t16384\tlamport_one_shot\t4\t256\t4.60\n"
+      "sm90\t4\tallreduce\t16384\tlamport_two_shot\t2\t512\t4.10\n"
+      "sm90\t4\tallreduce\t2097152\ttwo_shot\t32\t512\t30.0\n"
+      "sm90\t4\tallreduce\t2097152\tpush_two_shot\t32\t512\t20.0\n"
+      "sm90\t4\tallreduce\t2097152\tlamport_one_shot\t16\t512\t12.0\n"
+      "sm90\t4\tallreduce\t2097152\tlamport_two_shot\t8\t1024\t14.0\n",
+      "lamport_two_shot.tsv");
+  // 16 KiB of bf16 on a default communicator: both fit, lamport_two_shot is the fastest.
+  Choice c = t.choose_allreduce_auto("sm90", 4, 8192, 2, 128 * mib, kLamport4);
+  EXPECT_EQ(c.algo, Algorithm::kLamportTwoShot);
+  EXPECT_EQ(c.grid.blocks, 2);
+  EXPECT_EQ(c.grid.threads, 512);
+  EXPECT_TRUE(c.from_table);
+  // A region whose slots hold exactly two strides of 8192 elements (2 x 2048 x 2 bytes: 8 KiB, half
+  // of one_shot's need) still takes lamport_two_shot; 16 bytes less per slot holds neither Lamport
+  // algorithm: one_shot, its row.
+  const uint64_t exact = exactcoll::lamport_region_bytes(Algorithm::kLamportTwoShot, 8192, 2, 4);
+  EXPECT_EQ(exact, 3u * 4u * 8192u);
+  c = t.choose_allreduce_auto("sm90", 4, 8192, 2, 128 * mib, exact);
+  EXPECT_EQ(c.algo, Algorithm::kLamportTwoShot);
+  c = t.choose_allreduce_auto("sm90", 4, 8192, 2, 128 * mib, exact - 3 * 4 * 16);
+  EXPECT_EQ(c.algo, Algorithm::kOneShot);
+  EXPECT_EQ(c.grid.blocks, 4);
+  EXPECT_TRUE(c.from_table);
+  // 2 MiB of bf16 on 4 GPUs, 1 MiB slots: lamport_one_shot (the fastest row) does not fit, but
+  // lamport_two_shot does (two strides of 262144 elements: exactly 1 MiB), and beats push_two_shot.
+  c = t.choose_allreduce_auto("sm90", 4, mib, 2, 128 * mib, kLamport4);
+  EXPECT_EQ(c.algo, Algorithm::kLamportTwoShot);
+  EXPECT_EQ(c.grid.blocks, 8);
+  EXPECT_EQ(c.grid.threads, 1024);
+  // One pack more (its last slice a pack longer: two strides of 1 MiB + 32 bytes): push_two_shot.
+  c = t.choose_allreduce_auto("sm90", 4, mib + 8, 2, 128 * mib, kLamport4);
+  EXPECT_EQ(c.algo, Algorithm::kPushTwoShot);
+  EXPECT_EQ(c.grid.blocks, 32);
+  // No Lamport region: push_two_shot.
+  EXPECT_EQ(t.choose_allreduce_auto("sm90", 4, mib, 2, 128 * mib, 0).algo, Algorithm::kPushTwoShot);
+  // A table with only lamport_two_shot rows there and no region: two_shot in its place (the
+  // heuristic's grid), not one_shot.
+  const DispatchTable only =
+      DispatchTable::parse("sm90\t4\tallreduce\t16384\tlamport_two_shot\t2\t512\t4.10\n", "l2.tsv");
+  EXPECT_EQ(only.choose_allreduce_auto("sm90", 4, 8192, 2, 128 * mib, kLamport4).algo, Algorithm::kLamportTwoShot);
+  c = only.choose_allreduce_auto("sm90", 4, 8192, 2, 128 * mib, 0);
+  EXPECT_EQ(c.algo, Algorithm::kTwoShot);
+  EXPECT_FALSE(c.from_table);
+  // choose (a named algorithm, or auto with no communicator in view) is not limited.
+  EXPECT_EQ(t.choose("sm90", 4, Op::kAllReduce, 2 * mib, Algorithm::kLamportTwoShot).algo, Algorithm::kLamportTwoShot);
+}
+
 TEST(DispatchTable, EmbeddedTableParses) {
   // The repo's cuda_backend/tuning/sm90.tsv, compiled in; every row must be usable and say where
   // and when it was measured ("nvidia-h100-x4 2026-11-27": a machine, a space, a UTC date).
@@ -410,7 +503,8 @@ TEST(DispatchTable, EmbeddedTableAutoRunsTheFastestRowAndLamportWhereItWins) {
 
 TEST(DispatchTable, AlgorithmNamesRoundTrip) {
   for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kPushOneShot, Algorithm::kPushTwoShot,
-                      Algorithm::kDirect, Algorithm::kCopyEngine, Algorithm::kAuto, Algorithm::kNccl}) {
+                      Algorithm::kDirect, Algorithm::kCopyEngine, Algorithm::kAuto, Algorithm::kNccl,
+                      Algorithm::kLamportOneShot, Algorithm::kLamportTwoShot}) {
     const auto parsed = parse_algorithm(algorithm_name(a));
     ASSERT_TRUE(parsed.has_value());
     EXPECT_EQ(*parsed, a);

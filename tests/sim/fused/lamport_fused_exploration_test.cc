@@ -1,7 +1,8 @@
 // lamport_one_stage (the fused all-reduce + residual + RMSNorm over the Lamport protocol,
-// core/fused_rmsnorm.h) under the seeded scheduler, mixed with the Lamport all-reduce on ONE world:
-// both share the call counter, the three buffers, the extents and the sentinel (core/lamport.h),
-// and neither has a barrier, so a fast rank's next Lamport call (fused or not, another size,
+// core/fused_rmsnorm.h) under the seeded scheduler, mixed with the Lamport all-reduces
+// (lamport_one_shot, and lamport_two_shot in the last two workloads) on ONE world: all share the
+// call counter, the three buffers, the extents and the sentinel (core/lamport.h), and none has a
+// barrier, so a fast rank's next Lamport call (fused or not, another size,
 // another grid) may store into a slow peer's region while that peer still polls. Every output of
 // every call is compared with the contract (sim/fused/reference.h, contract::fold). The production
 // protocol passes thousands of seeds; the broken variants of tests/sim/exploration.h (two
@@ -39,9 +40,10 @@ using fused_exploration::kEps;
 using fused_exploration::kHidden;
 using testing_world::AlignedBuffer;
 
-enum class Kind { kFused, kAllReduce };
+enum class Kind { kFused, kAllReduce, kAllReduceTwoShot };
 
-// One call: lamport_one_stage over `size` rows of kHidden, or lamport_one_shot of `size` elements.
+// One call: lamport_one_stage over `size` rows of kHidden, or lamport_one_shot (kAllReduce) or
+// lamport_two_shot of `size` elements.
 struct Call {
   Kind kind;
   int size;
@@ -82,13 +84,37 @@ const Workload kWorkloads[] = {
       {Kind::kAllReduce, 48, 2},
       {Kind::kFused, 2, 1},
       {Kind::kAllReduce, 8, 1}}},
+    // lamport_two_shot writes two strides per slot (for 3 packs on 4 ranks: 6 packs, past its
+    // message), the fused call and lamport_one_shot their messages: each clears the others' extents.
+    {3,
+     {{Kind::kAllReduceTwoShot, 16, 2},
+      {Kind::kFused, 2, 1},
+      {Kind::kAllReduceTwoShot, 96, 1},
+      {Kind::kAllReduce, 24, 2},
+      {Kind::kFused, 1, 2},
+      {Kind::kAllReduceTwoShot, 8, 1},
+      {Kind::kFused, 4, 3},
+      {Kind::kAllReduceTwoShot, 40, 2}}},
+    {4,
+     {{Kind::kFused, 1, 1},
+      {Kind::kAllReduceTwoShot, 128, 3},
+      {Kind::kFused, 4, 2},
+      {Kind::kAllReduceTwoShot, 24, 2},
+      {Kind::kAllReduceTwoShot, 128, 2},
+      {Kind::kAllReduce, 40, 1},
+      {Kind::kAllReduceTwoShot, 24, 3},
+      {Kind::kFused, 2, 1}}},
 };
+
+Algorithm algorithm_of(const Call& c) {
+  return c.kind == Kind::kAllReduceTwoShot ? Algorithm::kLamportTwoShot : Algorithm::kLamportOneShot;
+}
 
 std::string describe(const Workload& w) {
   std::string s = std::to_string(w.ranks) + " ranks:";
   for (const Call& c : w.calls) {
     s += c.kind == Kind::kFused ? " lamport_one_stage(" + std::to_string(c.size) + " rows"
-                                : " lamport_one_shot(" + std::to_string(c.size);
+                                : std::string(" ") + algorithm_name(algorithm_of(c)) + "(" + std::to_string(c.size);
     s += ", " + std::to_string(c.blocks) + (c.blocks == 1 ? " block)" : " blocks)");
   }
   return s;
@@ -120,7 +146,8 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
   size_t region = 0;
   for (size_t k = 0; k < w.calls.size(); ++k) {
     data.push_back(make_data(w.calls[k], w.ranks, 1000 * seed + k));
-    region = std::max(region, lamport_region_bytes(elements(w.calls[k]), sizeof(bf16), w.ranks));
+    region =
+        std::max(region, lamport_region_bytes(algorithm_of(w.calls[k]), elements(w.calls[k]), sizeof(bf16), w.ranks));
   }
   for (size_t k = 0; k < w.calls.size(); ++k) {
     const Call& c = w.calls[k];
@@ -139,10 +166,14 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
             ctx, [&](auto& fctx) { fused_rmsnorm_lamport_one_stage<bf16, 0, Protocol>(fctx, args[fctx.rank()]); });
       });
     } else {
-      launch.name = "allreduce_lamport_one_shot";
+      launch.name = std::string("allreduce_") + algorithm_name(algorithm_of(c));
       launch.output_bytes = count * sizeof(bf16);
       for (int r = 0; r < w.ranks; ++r) launch.outputs.push_back(d.ar_out[r].data());
-      world.enqueue<bf16>(launch, [count](auto& ctx) { allreduce_lamport_one_shot<bf16, 0, Protocol>(ctx, count); });
+      if (c.kind == Kind::kAllReduceTwoShot) {
+        world.enqueue<bf16>(launch, [count](auto& ctx) { allreduce_lamport_two_shot<bf16, 0, Protocol>(ctx, count); });
+      } else {
+        world.enqueue<bf16>(launch, [count](auto& ctx) { allreduce_lamport_one_shot<bf16, 0, Protocol>(ctx, count); });
+      }
     }
   }
   if (exploration::ran_into_deadlock(world, detail)) return Outcome::kDeadlock;
@@ -204,7 +235,7 @@ TEST(FusedLamportExploration, TheRealProtocolPassesThousandsOfSeeds) {
       ++runs;
     }
   }
-  EXPECT_EQ(runs, 3000);
+  EXPECT_EQ(runs, 1000 * static_cast<int>(std::size(kWorkloads)));
 }
 
 }  // namespace
