@@ -159,21 +159,47 @@ EXC_HD inline size_t lamport_region_bytes(Algorithm algorithm, size_t count, siz
          lamport_slot_bytes_needed(algorithm, count, element_bytes, n);
 }
 
-// The chunk a launch of `algorithm` takes of a longer message on n ranks whose region has slots
-// of slot_bytes: the most elements such that every count up to it fits a slot
-// (lamport_slot_bytes_needed), a multiple of 64 elements (so that every chunk starts 16-byte
-// aligned). Returns 0 where not even 64 elements fit.
-// lamport_two_shot: a count of k packs has a stride of at most (k / n + n - 1) packs (the last
-// slice takes the remainder), so a chunk of c elements, whose shorter counts have no more packs,
-// fits where c / n + (n - 1) x P <= the half slot.
+// The longest lamport_two_shot stride, in packs, of any count of at most k packs on n ranks: a
+// count of k' packs has slices of floor(k'/n) packs and the last one takes the k' mod n more, so
+// with q = floor(k/n) the counts from q n to k reach q + min(n - 1, k - q n), and a count below q n
+// (q' <= q - 1) at most q - 1 + n - 1.
+// Example: n = 4, k = 9: q = 2; counts of 8..9 packs reach 2 + 1 = 3, a count of 7 reaches
+// 1 + 3 = 4: returns 4.
+EXC_HD inline size_t lamport_two_shot_longest_stride_packs(size_t k, int n) {
+  const size_t ranks = static_cast<size_t>(n);
+  const size_t q = k / ranks;
+  const size_t here = q + (k - q * ranks < ranks - 1 ? k - q * ranks : ranks - 1);
+  const size_t below = q >= 1 ? q - 1 + ranks - 1 : 0;
+  return here > below ? here : below;
+}
+
+// The chunk a launch of `algorithm` takes of a message that does not fit one slot (lamport_fits),
+// on n ranks whose region has slots of slot_bytes: the most elements, a multiple of 64 (so that
+// every chunk starts 16-byte aligned), such that every count up to it fits a slot (the last chunk
+// is shorter). Returns 0 where not even 64 elements fit.
+// lamport_two_shot: scanned down from the count whose slices fill half a slot each; the longest
+// stride of the shorter counts exceeds that by at most (n - 1) packs, so the scan takes at most
+// (n - 1) x n x P / 64 steps.
 EXC_HD inline size_t lamport_chunk_elements(Algorithm algorithm, size_t slot_bytes, size_t element_bytes, int n) {
   const size_t slot_elements = slot_bytes / element_bytes;
   if (algorithm != Algorithm::kLamportTwoShot) return slot_elements / 64 * 64;
   const size_t pack = 16 / element_bytes;
-  const size_t half = slot_elements / 2;
-  const size_t remainder_room = static_cast<size_t>(n - 1) * pack;
-  if (half < remainder_room) return 0;
-  return (half - remainder_room) / 64 * 64 * static_cast<size_t>(n);
+  const size_t half_packs = slot_elements / 2 / pack;
+  size_t chunk = half_packs * pack * static_cast<size_t>(n) / 64 * 64;
+  while (chunk >= 64 && lamport_two_shot_longest_stride_packs(chunk / pack, n) > half_packs) chunk -= 64;
+  return chunk >= 64 ? chunk : 0;
+}
+
+// Elements per launch of a Lamport all-reduce `algorithm` of `count` elements on n ranks whose
+// region is region_bytes: the whole message where it fits one slot (lamport_fits: what tune
+// measures and auto prices as one launch), else lamport_chunk_elements (0: not even 64 elements
+// fit). Example: lamport_two_shot, 4 ranks, 1 MiB slots, bf16: 2 MiB (1 Mi elements, strides of
+// 256 Ki) runs whole, although the chunk for longer messages is 1 048 512 elements (a count a
+// few packs shorter has a longer last slice).
+EXC_HD inline size_t lamport_launch_elements(Algorithm algorithm, size_t count, size_t element_bytes, int n,
+                                             size_t region_bytes) {
+  if (lamport_fits(algorithm, count, element_bytes, n, region_bytes)) return count;
+  return lamport_chunk_elements(algorithm, lamport_layout(region_bytes, n).slot_bytes, element_bytes, n);
 }
 
 // What a poll reports when its peer never writes.
@@ -500,11 +526,16 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
 //   5. all-gather: poll this block's share of every peer p's folded slice from slot (b, p) of this
 //      rank's own region at stride, into output;
 //   6. record the extent (two strides) and advance the call number (end_lamport_call).
-// Why the three buffers and the clear stay safe: as lamport_one_shot's (a)-(d), with "r's call
-// k+1 push" being any push of r's call k+1 that p polls. If p writes anything into r's region in
-// call k+2 (a piece of slice r, or its own folded slice p), then slice r or slice p is not empty,
-// so p's call k+1 polled r's folded slice r or r's piece of slice p: a push r issued after its
-// call k kernel, the clear included, had finished.
+// Why the three buffers and the clear stay safe: as lamport_one_shot's (a)-(d), with "p's call
+// k+1 needs r's call k+1 push" holding through the last slice, which is never empty (the padded
+// count has a pack): its owner L folds it from every rank's piece, r's among them, and every other
+// rank polls L's folded slice. So p's call k+1 waits for r's push directly (p = L) or for L's
+// push, whose values L computed from r's (a data dependence: L cannot store them before its load
+// of r's piece returned). Either way p writes into r's region in call k+2 only after r's call k+1
+// push, which r issued after its call k kernel, the clear included, had finished. Where every
+// call has the same count, p's call k+1 also polls r directly whenever it writes to r in call
+// k+2; with counts that change between calls the order may pass through L alone (the simulator's
+// exploration alternates such counts; the GPU relies on the dependence above).
 // One slice of lamport_two_shot and this block's share of it.
 struct LamportSliceShare {
   Slice slice;

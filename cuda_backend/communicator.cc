@@ -839,11 +839,11 @@ CallInfo Communicator::launch_copy_engine(const Call& call) {
 }
 
 CallInfo Communicator::launch_lamport(const Call& call) {
-  // The input is read in place (peers never read it: no staging, no registration needed); the
-  // message runs in chunks that fit one Lamport slot (lamport_chunk_elements).
+  // The input is read in place (peers never read it: no staging, no registration needed); a
+  // message runs in one launch where it fits a Lamport slot, else in chunks that do
+  // (lamport_launch_elements).
   const size_t elem = call.elem_bytes();
-  const size_t chunk = lamport_chunk_elements(call.choice.algo, lamport_layout(lamport_bytes_, world_size_).slot_bytes,
-                                              elem, world_size_);
+  const size_t chunk = lamport_launch_elements(call.choice.algo, call.count, elem, world_size_, lamport_bytes_);
   if (chunk == 0) return nccl_fallback(call, "Lamport region smaller than one chunk");
   CallInfo info = started(call);
   for (size_t first = 0; first < call.count; first += chunk) {

@@ -91,13 +91,14 @@ class DispatchTable {
   // A push algorithm needs push_scratch_elements(count) of scratch;
   // where that does not fit, the communicator runs it in chunks of push_chunk_elements, so it is
   // priced here as those chunks: ceil(count / chunk) x its measured time at the chunk's size, with
-  // the grid measured at that size. lamport_one_shot is taken only where the message fits one
-  // Lamport slot (lamport_fits; tune measures it only there, and beyond it runs in chunks): where
-  // it does not, the other algorithms are priced. Every other algorithm is priced at its measured
-  // time for the message. Returns the cheapest. Without rows for (arch, world_size, allreduce): the
-  // heuristic (never a push algorithm nor lamport_one_shot). When no algorithm has a row to price
-  // it by (a table with gaps), the table's choice for the message, with one_shot / two_shot in
-  // place of a push algorithm (one_shot in place of lamport_one_shot).
+  // the grid measured at that size. A Lamport algorithm (lamport_one_shot, lamport_two_shot) is
+  // taken only where the message fits one launch (lamport_fits(algo, ...); tune measures it only
+  // there, and beyond it runs in chunks): where it does not, the other algorithms are priced.
+  // Every other algorithm is priced at its measured time for the message. Returns the cheapest.
+  // Without rows for (arch, world_size, allreduce): the heuristic (never a push or Lamport
+  // algorithm). When no algorithm has a row to price it by (a table with gaps), the table's choice
+  // for the message, with one_shot / two_shot in place of a push or Lamport algorithm
+  // (two_shot for push_two_shot and lamport_two_shot).
   // Example (4 GPUs, 128 MiB scratch, bf16, 32 MiB): push_two_shot needs 256 MiB, so it would run
   // as 2 chunks of 16 MiB; 2 x 80.5 us beats two_shot's 166 us for the whole message.
   Choice choose_allreduce_auto(const std::string& arch, int world_size, uint64_t count, int elem_bytes,

@@ -35,7 +35,7 @@ import exactcoll.torch as xt
 from timing import graph_us  # python/examples/timing.py
 
 SIZES_BYTES = (8, 16 << 10, 512 << 10, 1 << 20, 16 << 20, 64 << 20)
-ALGOS = ("auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot")
+ALGOS = ("auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot", "lamport_two_shot")
 
 
 def torch_tree(parts):

@@ -36,7 +36,8 @@ from bit_compare import bits, differing, gather_bits
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ONE_NODE_ALGOS = {
-    "all_reduce": ["auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot"],
+    "all_reduce": ["auto", "one_shot", "two_shot", "push_one_shot", "push_two_shot", "lamport_one_shot",
+                   "lamport_two_shot"],
     "reduce_scatter": ["auto", "direct"],
     "all_gather": ["auto", "direct", "copy_engine"],
     "fused_add_rms_norm": ["auto", "one_stage", "two_stage", "push_one_stage", "lamport_one_stage", "unfused",

@@ -235,10 +235,15 @@ TEST(LamportLayout, TwoShotChunkIsTheLargestMultipleOf64ThatFitsAndZeroOnlyWhere
 // tune` take a Lamport algorithm only where lamport_fits, as one launch. On a default communicator
 // (lamport_message_bytes 1 MiB: slots of 1 MiB) every power-of-two message of 1 KiB and up that
 // fits must then run in one launch: its count must not exceed the chunk.
-TEST(LamportLayout, APowerOfTwoMessageThatFitsADefaultSlotRunsInOneLaunch) {
+// A message that lamport_fits runs in one launch (lamport_launch_elements returns it whole): what
+// tune measured and auto priced is what runs. For lamport_two_shot the chunk of longer messages
+// can be shorter than such a message (a count a few packs shorter has a longer last slice): 2 MiB
+// on 4 ranks fits 1 MiB slots, the chunk is 1 048 512 elements. A message that does not fit runs
+// in chunks of lamport_chunk_elements.
+TEST(LamportLayout, AMessageThatFitsRunsInOneLaunchAndALongerOneInChunks) {
   const size_t slot = size_t{1} << 20;
   std::string problems;
-  int fitting = 0;
+  int fitting = 0, chunked = 0;
   for (const Algorithm a : {kOneShot, kTwoShot}) {
     for (int n = 1; n <= 8; ++n) {
       const size_t region = lamport_region_bytes(slot, 1, n);  // as the communicator sizes it
@@ -247,20 +252,25 @@ TEST(LamportLayout, APowerOfTwoMessageThatFitsADefaultSlotRunsInOneLaunch) {
         const size_t chunk = lamport_chunk_elements(a, slot, eb, n);
         for (size_t bytes = 1024; bytes <= (size_t{64} << 20); bytes *= 2) {
           const size_t count = bytes / eb;
-          if (!lamport_fits(a, count, eb, n, region)) continue;
-          ++fitting;
-          if (count > chunk) {
-            problems += "\n  " + where(a, n, eb, slot) + ": " + std::to_string(bytes) + " bytes (" +
-                        std::to_string(count) + " elements) fit, but the chunk is " + std::to_string(chunk) + ": " +
-                        std::to_string((count + chunk - 1) / chunk) + " launches";
+          const size_t launch = lamport_launch_elements(a, count, eb, n, region);
+          const bool fits = lamport_fits(a, count, eb, n, region);
+          fitting += fits ? 1 : 0;
+          chunked += fits ? 0 : 1;
+          if (launch != (fits ? count : chunk)) {
+            problems += "\n  " + where(a, n, eb, slot) + ": " + std::to_string(bytes) + " bytes: launches of " +
+                        std::to_string(launch) + " elements, want " + std::to_string(fits ? count : chunk);
           }
         }
       }
     }
   }
   EXPECT_GT(fitting, 0);
-  EXPECT_TRUE(problems.empty()) << "messages that lamport_fits (one launch) but lamport_chunk_elements cuts:"
-                                << problems;
+  EXPECT_GT(chunked, 0);
+  EXPECT_TRUE(problems.empty()) << problems;
+  // The example of lamport_launch_elements' comment.
+  const size_t region4 = lamport_region_bytes(slot, 1, 4);
+  EXPECT_EQ(lamport_launch_elements(kTwoShot, size_t{1} << 20, 2, 4, region4), size_t{1} << 20);
+  EXPECT_EQ(lamport_chunk_elements(kTwoShot, slot, 2, 4), 1048512u);
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ for n in $NPROCS; do
     for variant in ${VARIANTS:-staged registered graph}; do
       v=""
       [ "$variant" = staged ] || v="--$variant"
-      for a in one_shot two_shot push_one_shot push_two_shot lamport_one_shot auto; do
+      for a in one_shot two_shot push_one_shot push_two_shot lamport_one_shot lamport_two_shot auto; do
         check "allreduce n=$n $d $a $v" gpu allreduce --nproc "$n" --dtype "$d" --count 4099 --seed 7 --algo "$a" $v
       done
       check "reduce_scatter n=$n $d $v" gpu reduce_scatter --nproc "$n" --dtype "$d" --count $((4096 * n)) --seed 7 $v
