@@ -448,8 +448,9 @@ TEST(DispatchTable, EmbeddedTableParses) {
 // Lamport slots; cuda_backend/communicator_options.h). At every measured size of 1 KiB .. 2 MiB
 // (the rows measured on nvidia-h100-x4 on 2026-11-27) auto runs the fastest row there (tune
 // measured a Lamport algorithm only where it fits one launch, so every fastest row runs as
-// measured); and a Lamport algorithm is that row: on 4 GPUs lamport_one_shot up to 256 KiB and
-// lamport_two_shot at 512 KiB and 1 MiB, on 2 GPUs lamport_one_shot up to 1 MiB.
+// measured); and a Lamport algorithm is that row: on 4 GPUs lamport_one_shot up to 512 KiB and
+// lamport_two_shot at 1 and 2 MiB (one launch: lamport_launch_elements), on 2 GPUs
+// lamport_one_shot up to 1 MiB.
 TEST(DispatchTable, EmbeddedTableAutoRunsTheFastestRowAndLamportWhereItWins) {
   const DispatchTable& t = DispatchTable::embedded();
   const CommunicatorOptions defaults;
@@ -462,8 +463,8 @@ TEST(DispatchTable, EmbeddedTableAutoRunsTheFastestRowAndLamportWhereItWins) {
                                    lamport_region(n, lamport_message_bytes));
   };
   auto lamport_expected = [&](int n, uint64_t bytes) -> std::optional<Algorithm> {
-    if (n == 4 && bytes <= 256 * kib) return Algorithm::kLamportOneShot;
-    if (n == 4 && bytes <= mib) return Algorithm::kLamportTwoShot;
+    if (n == 4 && bytes <= 512 * kib) return Algorithm::kLamportOneShot;
+    if (n == 4 && bytes <= 2 * mib) return Algorithm::kLamportTwoShot;
     if (n == 2 && bytes <= mib) return Algorithm::kLamportOneShot;
     return std::nullopt;
   };
@@ -502,9 +503,9 @@ TEST(DispatchTable, EmbeddedTableAutoRunsTheFastestRowAndLamportWhereItWins) {
   EXPECT_EQ(auto_for(4, 64 * kib, 64 * kib).algo, Algorithm::kLamportOneShot);
   EXPECT_EQ(auto_for(2, mib, 64 * kib).algo, Algorithm::kPushOneShot);
   // Above 2 MiB the rows are H200's, where neither Lamport algorithm has rows (neither fits a
-  // default slot there but lamport_two_shot at 2 MiB on 4 GPUs, whose row is slower).
+  // default slot there).
   for (int n : {2, 4}) {
-    for (uint64_t bytes = 2 * mib; bytes <= 64 * mib; bytes *= 2) {
+    for (uint64_t bytes = 4 * mib; bytes <= 64 * mib; bytes *= 2) {
       EXPECT_FALSE(is_lamport_algorithm(auto_for(n, bytes, defaults.lamport_message_bytes).algo))
           << n << " GPUs, " << bytes << " bytes";
     }
