@@ -1,7 +1,9 @@
-// The flag-in-data (Lamport) one-shot all-reduce with an exact sentinel: no barrier, no flag. Every
-// rank stores its (NaN-canonicalized) input into its slot of every peer's receive buffer, which
-// holds a sentinel beforehand; a reader polls its own buffer until no sentinel remains, then folds
-// in rank order with the fold helpers of core/collectives.h (the contract's bits, -0.0 kept).
+// The flag-in-data (Lamport) all-reduces with an exact sentinel, one-shot and two-shot: no barrier,
+// no flag. In the one-shot every rank stores its (NaN-canonicalized) input into its slot of every
+// peer's receive buffer, which holds a sentinel beforehand; a reader polls its own buffer until no
+// sentinel remains, then folds in rank order with the fold helpers of core/collectives.h (the
+// contract's bits, -0.0 kept). The two-shot does that for the slices' owners, which push their
+// folded slices back the same way.
 // docs/design.md (§3, §4) has the rotation, docs/numerics.md ("The Lamport sentinel") why the
 // sentinel can never be pushed data.
 //
@@ -178,8 +180,8 @@ EXC_HD inline size_t lamport_two_shot_longest_stride_packs(size_t k, int n) {
 // every chunk starts 16-byte aligned), such that every count up to it fits a slot (the last chunk
 // is shorter). Returns 0 where not even 64 elements fit.
 // lamport_two_shot: scanned down from the count whose slices fill half a slot each; the longest
-// stride of the shorter counts exceeds that by at most (n - 1) packs, so the scan takes at most
-// (n - 1) x n x P / 64 steps.
+// stride of the shorter counts exceeds that by at most (n - 2) packs, so the scan takes at most
+// about (n - 2) x n x P / 64 steps.
 EXC_HD inline size_t lamport_chunk_elements(Algorithm algorithm, size_t slot_bytes, size_t element_bytes, int n) {
   const size_t slot_elements = slot_bytes / element_bytes;
   if (algorithm != Algorithm::kLamportTwoShot) return slot_elements / 64 * 64;
@@ -281,7 +283,8 @@ EXC_HD EXC_INLINE Pack<T> lamport_input_pack(const T* mine, size_t i, size_t cou
 // the production protocol over thousands of seeds.
 // ---- The steps every Lamport algorithm shares (allreduce_lamport_one_shot below,
 // fused_rmsnorm_lamport_one_stage in core/fused_rmsnorm.h); they share the call counter and the
-// extents too, so Lamport calls of either kind may follow each other in any order ------------------
+// extents too, so Lamport calls of any kind (these two, lamport_two_shot) may follow each other in any order
+// ------------------
 
 // One Lamport call as a block sees it: the call number, this call's buffer and the previous
 // call's, and the layout in elements of T.
@@ -294,9 +297,12 @@ struct LamportCall {
 };
 
 // Step 1: reads the call number from this block's slot (every block of the launch reads the same).
+// The block's sync first: a Lamport kernel has no barrier before its polls, and the GPU's polls
+// read block-shared state the launch has just reset (the aborted flag; kernels.cuh).
 template <class T, class Protocol, class Ctx>
 EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx) {
   constexpr int B = Protocol::kBuffers;
+  ctx.sync_block();
   LamportCall<T> c;
   c.calls = ctx.signals(ctx.rank())->lamport_calls[ctx.block()];
   c.buffer = static_cast<int>(c.calls % B);
@@ -413,11 +419,20 @@ EXC_HD void lamport_clear_previous(Ctx& ctx, const LamportCall<T>& c) {
 // loads (ptxas: 256 bytes of spill loads against 92 on 8 ranks), so those poll rank after rank.
 inline constexpr int kLamportPeekRanks = 4;
 
+// *all_arrived (when not null) tells whether every operand arrived: false only where a poll gave
+// up (the GPU's bounded wait returns the pack it last saw after recording the error), so a caller
+// that forwards the result (lamport_two_shot) does not hand a sentinel's fold to its peers as data.
 template <class T, int kRanks, class Ctx, class SlotOf>
 EXC_HD EXC_INLINE Pack<T> lamport_fold_pack(Ctx& ctx, const LamportCall<T>& c, size_t i, const Pack<T>& own,
-                                            SlotOf slot_of) {
+                                            SlotOf slot_of, bool* all_arrived = nullptr) {
   const int me = ctx.rank();
-  auto poll = [&](int r) { return ctx.lamport_poll(slot_of(r), r, LamportPoll{c.calls, c.buffer, i}); };
+  bool arrived = true;
+  auto poll = [&](int r) {
+    const Pack<T> x = ctx.lamport_poll(slot_of(r), r, LamportPoll{c.calls, c.buffer, i});
+    arrived = arrived && lamport_arrived(x);
+    return x;
+  };
+  Pack<T> result;
   if constexpr (kRanks > 0 && kRanks <= kLamportPeekRanks) {
     Pack<T> in[kRanks];
     EXC_UNROLL
@@ -426,10 +441,12 @@ EXC_HD EXC_INLINE Pack<T> lamport_fold_pack(Ctx& ctx, const LamportCall<T>& c, s
     for (int r = 0; r < kRanks; ++r) {
       if (r != me && !lamport_arrived(in[r])) in[r] = poll(r);
     }
-    return fold_pack_from<T, kRanks>(ctx, i, [&](int r) { return in[r]; });
+    result = fold_pack_from<T, kRanks>(ctx, i, [&](int r) { return in[r]; });
   } else {
-    return fold_pack_from<T, kRanks>(ctx, i, [&](int r) { return r == me ? own : poll(r); });
+    result = fold_pack_from<T, kRanks>(ctx, i, [&](int r) { return r == me ? own : poll(r); });
   }
+  if (all_arrived != nullptr) *all_arrived = arrived;
+  return result;
 }
 
 // lamport_fold_pack for the one-shot layout: peer r's pack at element i of its slot (buffer, r),
@@ -614,11 +631,17 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
     for_share(
         ctx, s.share, P,
         [&](size_t i) {
-          const Pack<T> result =
-              lamport_fold_pack<T, kRanks>(ctx, c, i, lamport_input_pack(mine, i, count), [&](int r) {
+          bool arrived = true;
+          const Pack<T> result = lamport_fold_pack<T, kRanks>(
+              ctx, c, i, lamport_input_pack(mine, i, count),
+              [&](int r) {
                 return reinterpret_cast<const Pack<T>*>(lamport_slot(ctx, c, me, c.buffer, r) + (i - s.slice.begin));
-              });
+              },
+              &arrived);
           put(i, result);
+          // A poll that gave up (its error is recorded): push nothing, so the peers' own bounded
+          // polls report this rank instead of copying a fold of sentinels.
+          if (!arrived) return;
           const Pack<T> pushed = Protocol::kCanonicalize ? lamport_canonicalize(result) : result;
           for (int k = 1; k < peers; ++k) {
             const int p = (me + k) % n;

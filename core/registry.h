@@ -432,7 +432,7 @@ constexpr auto fused_algorithms_on() {
 // "a, b, c" (or with `separator`): the names of the entries that run on every backend in `runs_on`
 // and, for algorithms, implement `op` (nullopt: any op). For --help texts and error messages.
 // Example: algorithm_names(kOnSimulator, Op::kAllReduce) ==
-//          "auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot".
+//          "auto, one_shot, two_shot, push_one_shot, push_two_shot, lamport_one_shot, lamport_two_shot".
 template <class Entry, size_t N, class Keep>
 std::string joined_names(const Entry (&table)[N], const char* separator, Keep keep) {
   std::string text;

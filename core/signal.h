@@ -35,7 +35,8 @@ struct SignalBuffer {
   // slot by exactly one block), so every block of a launch reads the same call number whatever the
   // grid of earlier launches (core/push.h, allreduce_push_one_shot).
   uint32_t push_calls[kMaxBlocks];
-  // lamport_calls[slot]: how many allreduce_lamport_one_shot calls this rank has made (owner-only),
+  // lamport_calls[slot]: how many Lamport calls (core/lamport.h: lamport_one_shot, lamport_two_shot,
+  // the fused lamport_one_stage) this rank has made (owner-only),
   // kept like push_calls (every slot equal between launches). core/lamport.h.
   uint32_t lamport_calls[kMaxBlocks];
   // lamport_extent[j]: bytes of each receive slot of this rank's Lamport buffer j that the last

@@ -1036,9 +1036,9 @@ CallInfo Communicator::run(Op op, const void* input, void* output, size_t count,
   //    (launch_sm_kernels). `auto` prices that: a push algorithm that does not fit is chosen only
   //    where its chunks beat the other algorithms (DispatchTable::choose_allreduce_auto).
   const size_t capacity = options_.buffer_bytes;
-  //    lamport_one_shot runs whole up to lamport_message_bytes and in chunks beyond; auto takes it
-  //    only where the message fits one Lamport slot (its table rows are measured only there) and
-  //    prices the other algorithms where it does not.
+  //    A Lamport algorithm runs whole where the message fits one slot and in chunks beyond
+  //    (lamport_launch_elements); auto takes it only where it runs whole (its table rows are
+  //    measured only there) and prices the other algorithms where it does not.
   call.choice =
       op == Op::kAllReduce && algo == Algorithm::kAuto
           ? table_.choose_allreduce_auto(arch_, world_size_, count, static_cast<int>(elem), capacity, lamport_bytes_)

@@ -168,12 +168,12 @@ class Communicator {
   // output[i] = the contract's fold over ranks of input_r[i], i < count.
   // Preconditions: input and output 16-byte aligned device memory; registered != nullptr means
   // input lies inside *registered at the same offset on every rank. algo: one_shot, two_shot,
-  // push_one_shot, push_two_shot, lamport_one_shot, auto or nccl. grid: forces a launch configuration (tuning);
-  // default: the table's. push_one_shot and push_two_shot need 2 x n x count elements of scratch
+  // push_one_shot, push_two_shot, lamport_one_shot, lamport_two_shot, auto or nccl. grid: forces a launch configuration
+  // (tuning); default: the table's. push_one_shot and push_two_shot need 2 x n x count elements of scratch
   // (core/push.h, push_scratch_elements); where that exceeds buffer_bytes they run in
   // chunks that fit (push_chunk_elements), and auto takes them only where the table prices those
   // chunks below the other algorithms (DispatchTable::choose_allreduce_auto); auto takes
-  // lamport_one_shot only where the message fits one Lamport slot (lamport_message_bytes).
+  // a Lamport algorithm only where the message runs in one launch (lamport_fits).
   CallInfo allreduce(const void* input, void* output, size_t count, DType dtype, Algorithm algo, cudaStream_t stream,
                      const RegisteredBuffer* registered = nullptr, std::optional<LaunchConfig> grid = {});
 

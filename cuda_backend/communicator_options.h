@@ -30,8 +30,9 @@ inline size_t eager_in_place_default_min_bytes(int world_size, Op op, Algorithm 
 struct CommunicatorOptions {
   std::string name = "exactcoll";           // store key prefix; unique per communicator in a job
   size_t buffer_bytes = size_t{128} << 20;  // staging and scratch capacity per rank
-  // The largest message lamport_one_shot runs in one launch (larger ones run in chunks of it): the
-  // Lamport region is 3 buffers x world_size slots of this many bytes (core/lamport.h).
+  // The Lamport region is 3 buffers x world_size slots of this many bytes (core/lamport.h): the
+  // largest message lamport_one_shot runs in one launch; lamport_two_shot's slot holds two n-th
+  // slices, so it runs about world_size / 2 times this in one launch. Larger messages run in chunks.
   size_t lamport_message_bytes = size_t{1} << 20;
   uint64_t flag_timeout_ms = 5000;  // bound on every in-kernel flag wait (>= 60 s on a shared GPU)
   std::chrono::milliseconds store_timeout{120000};

@@ -61,8 +61,8 @@ Algorithm resolve_algorithm(const CollectiveSpec& spec);
 std::string check_spec(const CollectiveSpec& spec, int ranks);
 
 // The launch name used in traces: "allreduce_one_shot", "allreduce_two_shot",
-// "allreduce_push_one_shot", "allreduce_push_two_shot", "allreduce_lamport_one_shot", "reduce_scatter",
-// "allgather".
+// "allreduce_push_one_shot", "allreduce_push_two_shot", "allreduce_lamport_one_shot",
+// "allreduce_lamport_two_shot", "reduce_scatter", "allgather".
 std::string launch_name(const CollectiveSpec& spec);
 
 // Queues one collective on world. inputs[r]: rank r's count elements (storage bit patterns);

@@ -196,7 +196,7 @@ class Executor {
   virtual void wait(const BlockEnv& env, const uint32_t* flag, uint32_t value, int peer, int set) = 0;
   // Trace time: scheduling steps (seeded) or nanoseconds since the run started (threads).
   virtual uint64_t now() const = 0;
-  // Lamport accesses (core/lamport.h). lamport_point: before every Lamport store and poll (a
+  // Lamport accesses (core/lamport.h). lamport_point: before every Lamport store, peek and poll (a
   // scheduling point under the seeded scheduler; a fault-injection step). lamport_wait: returns
   // once the `bytes`-wide word at `word` no longer holds `sentinel`; bounded, the error naming
   // the peer that never wrote. The defaults (for executors that run no Lamport kernel) do nothing
@@ -288,22 +288,28 @@ class SimCtx {
       lamport_store_word(d + e * sizeof(T), static_cast<int>(sizeof(T)), Storage<T>::bits(x.v[e]));
     }
   }
+  // The pack at s, an acquire load per element; *missing = the first element still holding the
+  // sentinel, or -1.
+  static Pack<T> lamport_load_pack(const unsigned char* s, int* missing) {
+    Pack<T> x;
+    for (int e = 0; e < Storage<T>::kPack; ++e) {
+      const uint32_t bits = lamport_load_word(s + e * sizeof(T), static_cast<int>(sizeof(T)));
+      if constexpr (sizeof(T) == 4) {
+        x.v[e] = bits_to_float(bits);
+      } else {
+        x.v[e] = T{static_cast<uint16_t>(bits)};
+      }
+      if (*missing < 0 && bits == lamport_sentinel_bits<T>()) *missing = e;
+    }
+    return x;
+  }
   // Acquire loads element by element until none is the sentinel; the executor bounds the wait.
   Pack<T> lamport_poll(const Pack<T>* src, int peer, const LamportPoll& where) {
     env_.executor->lamport_point(env_);
     const unsigned char* s = reinterpret_cast<const unsigned char*>(src);
     while (true) {
-      Pack<T> x;
       int missing = -1;
-      for (int e = 0; e < Storage<T>::kPack; ++e) {
-        const uint32_t bits = lamport_load_word(s + e * sizeof(T), static_cast<int>(sizeof(T)));
-        if constexpr (sizeof(T) == 4) {
-          x.v[e] = bits_to_float(bits);
-        } else {
-          x.v[e] = T{static_cast<uint16_t>(bits)};
-        }
-        if (missing < 0 && bits == lamport_sentinel_bits<T>()) missing = e;
-      }
+      const Pack<T> x = lamport_load_pack(s, &missing);
       if (missing < 0) return x;
       LamportPoll at = where;
       at.element += static_cast<size_t>(missing);
@@ -315,17 +321,8 @@ class SimCtx {
   // scheduling point first, so a seed decides what an early look sees.
   Pack<T> lamport_peek(const Pack<T>* src) {
     env_.executor->lamport_point(env_);
-    const unsigned char* s = reinterpret_cast<const unsigned char*>(src);
-    Pack<T> x;
-    for (int e = 0; e < Storage<T>::kPack; ++e) {
-      const uint32_t bits = lamport_load_word(s + e * sizeof(T), static_cast<int>(sizeof(T)));
-      if constexpr (sizeof(T) == 4) {
-        x.v[e] = bits_to_float(bits);
-      } else {
-        x.v[e] = T{static_cast<uint16_t>(bits)};
-      }
-    }
-    return x;
+    int missing = -1;
+    return lamport_load_pack(reinterpret_cast<const unsigned char*>(src), &missing);
   }
   // Extra symmetric buffer `id` (World::add_buffer) of `peer`.
   void* buffer(int id, int peer) const { return env_.peers->extra[id][peer]; }

@@ -162,17 +162,28 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
       launch.name = "fused_rmsnorm_lamport_one_stage";
       const std::vector<FusedRmsNormArgs<bf16>> args = d.args;
       world.enqueue<bf16>(launch, [args](auto& ctx) {
-        fused::with_fused_ctx(
-            ctx, [&](auto& fctx) { fused_rmsnorm_lamport_one_stage<bf16, 0, Protocol>(fctx, args[fctx.rank()]); });
+        fused::with_fused_ctx(ctx, [&](auto& fctx) {
+          dispatch_world_size(fctx.world_size(), [&](auto ranks) {  // the GPU's compile-time ranks (peeks up to 4)
+            fused_rmsnorm_lamport_one_stage<bf16, decltype(ranks)::value, Protocol>(fctx, args[fctx.rank()]);
+          });
+        });
       });
     } else {
       launch.name = std::string("allreduce_") + algorithm_name(algorithm_of(c));
       launch.output_bytes = count * sizeof(bf16);
       for (int r = 0; r < w.ranks; ++r) launch.outputs.push_back(d.ar_out[r].data());
       if (c.kind == Kind::kAllReduceTwoShot) {
-        world.enqueue<bf16>(launch, [count](auto& ctx) { allreduce_lamport_two_shot<bf16, 0, Protocol>(ctx, count); });
+        world.enqueue<bf16>(launch, [count](auto& ctx) {
+          dispatch_world_size(ctx.world_size(), [&](auto ranks) {  // the GPU's compile-time ranks (peeks up to 4)
+            allreduce_lamport_two_shot<bf16, decltype(ranks)::value, Protocol>(ctx, count);
+          });
+        });
       } else {
-        world.enqueue<bf16>(launch, [count](auto& ctx) { allreduce_lamport_one_shot<bf16, 0, Protocol>(ctx, count); });
+        world.enqueue<bf16>(launch, [count](auto& ctx) {
+          dispatch_world_size(ctx.world_size(), [&](auto ranks) {  // the GPU's compile-time ranks (peeks up to 4)
+            allreduce_lamport_one_shot<bf16, decltype(ranks)::value, Protocol>(ctx, count);
+          });
+        });
       }
     }
   }
