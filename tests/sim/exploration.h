@@ -103,4 +103,21 @@ uint64_t first_failing_seed(Explore explore, Outcome* outcome, std::string* deta
   return first;
 }
 
+// Enqueues one bf16 Lamport all-reduce (lamport_one_shot or lamport_two_shot) of `count` elements
+// under Protocol, with the world size at compile time as the GPU runs it (dispatch_world_size:
+// its folds issue every peer's first load at once up to kLamportPeekRanks ranks).
+template <class Protocol>
+void enqueue_lamport_allreduce(sim::World& world, const sim::Launch& launch, Algorithm algorithm, size_t count) {
+  world.enqueue<bf16>(launch, [algorithm, count](auto& ctx) {
+    dispatch_world_size(ctx.world_size(), [&](auto ranks) {
+      constexpr int kRanks = decltype(ranks)::value;
+      if (algorithm == Algorithm::kLamportTwoShot) {
+        allreduce_lamport_two_shot<bf16, kRanks, Protocol>(ctx, count);
+      } else {
+        allreduce_lamport_one_shot<bf16, kRanks, Protocol>(ctx, count);
+      }
+    });
+  });
+}
+
 }  // namespace exactcoll::exploration

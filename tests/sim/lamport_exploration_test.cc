@@ -123,19 +123,7 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
       launch.inputs.push_back(ins[k][r].data());
       launch.outputs.push_back(outs[k][r].data());
     }
-    if (algorithm == L2) {
-      world.enqueue<bf16>(launch, [count](auto& ctx) {
-        dispatch_world_size(ctx.world_size(), [&](auto ranks) {  // the GPU's compile-time ranks (peeks up to 4)
-          allreduce_lamport_two_shot<bf16, decltype(ranks)::value, Protocol>(ctx, count);
-        });
-      });
-    } else {
-      world.enqueue<bf16>(launch, [count](auto& ctx) {
-        dispatch_world_size(ctx.world_size(), [&](auto ranks) {  // the GPU's compile-time ranks (peeks up to 4)
-          allreduce_lamport_one_shot<bf16, decltype(ranks)::value, Protocol>(ctx, count);
-        });
-      });
-    }
+    exploration::enqueue_lamport_allreduce<Protocol>(world, launch, algorithm, count);
   }
   if (exploration::ran_into_deadlock(world, detail)) return Outcome::kDeadlock;
   sim::CollectiveSpec spec;

@@ -172,19 +172,7 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
       launch.name = std::string("allreduce_") + algorithm_name(algorithm_of(c));
       launch.output_bytes = count * sizeof(bf16);
       for (int r = 0; r < w.ranks; ++r) launch.outputs.push_back(d.ar_out[r].data());
-      if (c.kind == Kind::kAllReduceTwoShot) {
-        world.enqueue<bf16>(launch, [count](auto& ctx) {
-          dispatch_world_size(ctx.world_size(), [&](auto ranks) {  // the GPU's compile-time ranks (peeks up to 4)
-            allreduce_lamport_two_shot<bf16, decltype(ranks)::value, Protocol>(ctx, count);
-          });
-        });
-      } else {
-        world.enqueue<bf16>(launch, [count](auto& ctx) {
-          dispatch_world_size(ctx.world_size(), [&](auto ranks) {  // the GPU's compile-time ranks (peeks up to 4)
-            allreduce_lamport_one_shot<bf16, decltype(ranks)::value, Protocol>(ctx, count);
-          });
-        });
-      }
+      exploration::enqueue_lamport_allreduce<Protocol>(world, launch, algorithm_of(c), count);
     }
   }
   if (exploration::ran_into_deadlock(world, detail)) return Outcome::kDeadlock;
