@@ -16,7 +16,7 @@
 #     bench     exactcoll bench --op allreduce on BENCH_NPROC GPUs with that table (BENCH_ALGOS, default
 #               auto, both Lamport algorithms, push_one_shot, push_two_shot, two_shot, nccl; BENCH_ROWS,
 #               default 1 .. 4096 rows of 8192 bf16)
-#     probe     tools/gpu/probes/ce_sm_probe (carried as .gpubin/probe/ce_sm_probe) on 4 and 2 GPUs:
+#     probe     tools/gpu/probes/run_probe.sh: ce_sm_probe (carried as .gpubin/probe/ce_sm_probe) on 4 and 2 GPUs:
 #               NVLink bandwidth by copy engine, by SM loads and stores, and both at once
 #     fused     exactcoll bench --op fused_rmsnorm on 4 and 2 GPUs (H 2880, 4096, 8192) with
 #               --write-table: $OUT/fused_table_N.tsv
@@ -88,7 +88,7 @@ if has fused; then
   done
 fi
 if has probe; then
-  run probe 120 bash .gpubin/probe/run_probe.sh
+  run probe 120 bash tools/gpu/probes/run_probe.sh
   tail -n 40 "$LOGS/probe.log"
 fi
 if has sweep; then
