@@ -118,16 +118,6 @@ EXC_HD inline size_t lamport_message_bytes(size_t count, size_t element_bytes) {
   return (count * element_bytes + 15) / 16 * 16;
 }
 
-// The region bytes per rank that a call of `count` elements of `element_bytes` needs on n ranks.
-EXC_HD inline size_t lamport_region_bytes(size_t count, size_t element_bytes, int n) {
-  return static_cast<size_t>(kLamportBuffers) * static_cast<size_t>(n) * lamport_message_bytes(count, element_bytes);
-}
-
-// Does a call of `count` elements fit a region of region_bytes on n ranks?
-EXC_HD inline bool lamport_fits(size_t count, size_t element_bytes, int n, size_t region_bytes) {
-  return lamport_message_bytes(count, element_bytes) <= lamport_layout(region_bytes, n).slot_bytes;
-}
-
 // lamport_two_shot's slot layout (allreduce_lamport_two_shot). The message is padded to whole
 // packs and cut into two_shot_slice(padded, P, p, n) for p = 0..n-1 (the last slice is the
 // longest). In rank p's region, slot (buffer, s) holds rank s's piece of slice p at elements
@@ -159,6 +149,15 @@ EXC_HD inline bool lamport_fits(Algorithm algorithm, size_t count, size_t elemen
 EXC_HD inline size_t lamport_region_bytes(Algorithm algorithm, size_t count, size_t element_bytes, int n) {
   return static_cast<size_t>(kLamportBuffers) * static_cast<size_t>(n) *
          lamport_slot_bytes_needed(algorithm, count, element_bytes, n);
+}
+
+// The same for lamport_one_shot's layout (one message a slot), which lamport_one_stage shares: the
+// region bytes a call of `count` elements needs on n ranks, and whether it fits region_bytes.
+EXC_HD inline size_t lamport_region_bytes(size_t count, size_t element_bytes, int n) {
+  return lamport_region_bytes(Algorithm::kLamportOneShot, count, element_bytes, n);
+}
+EXC_HD inline bool lamport_fits(size_t count, size_t element_bytes, int n, size_t region_bytes) {
+  return lamport_fits(Algorithm::kLamportOneShot, count, element_bytes, n, region_bytes);
 }
 
 // The longest lamport_two_shot stride, in packs, of any count of at most k packs on n ranks: a
@@ -322,6 +321,19 @@ EXC_HD EXC_INLINE size_t lamport_slot_offset(const LamportCall<T>& c, int buffer
 template <class T, class Ctx>
 EXC_HD EXC_INLINE T* lamport_slot(Ctx& ctx, const LamportCall<T>& c, int owner, int buffer, int from) {
   return reinterpret_cast<T*>(ctx.lamport(owner)) + lamport_slot_offset(c, buffer, from);
+}
+
+// Stores the folded pack x of element i (aligned) into out, a count-element output: whole where the
+// pack lies inside the output, else only its elements below count (the last pack's padding is
+// never stored).
+template <class T, class Ctx>
+EXC_HD EXC_INLINE void lamport_output_pack(Ctx& ctx, T* out, size_t i, size_t count, const Pack<T>& x) {
+  constexpr int P = Storage<T>::kPack;
+  if (i + P <= count) {
+    put_pack(ctx, out + i, x);
+  } else {
+    for (int e = 0; i + e < count; ++e) out[i + e] = x.v[e];
+  }
 }
 
 // share with its packs cut at `count` (traces: what is read from an input or written to an output
@@ -506,12 +518,7 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
   for_share(
       ctx, share, P,
       [&](size_t i) {
-        const Pack<T> result = lamport_fold_message_pack<T, kRanks>(ctx, c, mine, count, i);
-        if (i + P <= count) {
-          put_pack(ctx, out + i, result);
-        } else {
-          for (int e = 0; i + e < count; ++e) out[i + e] = result.v[e];
-        }
+        lamport_output_pack(ctx, out, i, count, lamport_fold_message_pack<T, kRanks>(ctx, c, mine, count, i));
       },
       [](size_t) {});
   // 5. Record the extent and advance the call number.
@@ -577,13 +584,6 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
     s.share = block_share(s.slice.begin, s.slice.end, P, ctx.block(), ctx.num_blocks());
     return s;
   };
-  auto put = [&](size_t i, const Pack<T>& x) {
-    if (i + P <= count) {
-      put_pack(ctx, out + i, x);
-    } else {
-      for (int e = 0; i + e < count; ++e) out[i + e] = x.v[e];
-    }
-  };
   // 2. Reduce-scatter push.
   for (int k = 1; k < peers; ++k) {
     const int p = (me + k) % n;
@@ -638,7 +638,7 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
                 return reinterpret_cast<const Pack<T>*>(lamport_slot(ctx, c, me, c.buffer, r) + (i - s.slice.begin));
               },
               &arrived);
-          put(i, result);
+          lamport_output_pack(ctx, out, i, count, result);
           // A poll that gave up (its error is recorded): push nothing, so the peers' own bounded
           // polls report this rank instead of copying a fold of sentinels.
           if (!arrived) return;
@@ -667,7 +667,7 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
         ctx, s.share, P,
         [&](size_t i) {
           const auto* src = reinterpret_cast<const Pack<T>*>(slot + (i - s.slice.begin));
-          put(i, ctx.lamport_poll(src, p, LamportPoll{c.calls, c.buffer, i}));
+          lamport_output_pack(ctx, out, i, count, ctx.lamport_poll(src, p, LamportPoll{c.calls, c.buffer, i}));
         },
         [](size_t) {});
   }
