@@ -403,18 +403,27 @@ EXC_HD inline RowRange lamport_block_rows(const BlockShare& push, size_t hidden)
 // canonical (numerics.md §9), then fused_row's residual add and canonical RMSNorm.
 // Additional preconditions: lamport_fits(rows * H, sizeof(T), n, ctx.lamport_bytes()); the region
 // was filled with 0xFF once, before any Lamport call.
-// Steps (per block):
+// lamport_one_stage_rows is the protocol, with the row step as a parameter (as push_one_stage_rows):
+// core's fused_rmsnorm_lamport_one_stage passes fused_row_from; the register path
+// (core/fused_rmsnorm_kernels.h, fused_rmsnorm_lamport_one_stage_reg, the GPU's kernel) its row
+// held in registers. Steps (per block):
 //   1. the Lamport call (begin_lamport_call): buffer b = k mod 3, previous = (k - 1) mod 3;
 //   2. push this block's share of the whole message (block_share of [0, rows * H) over all blocks
 //      of the grid, as allreduce_lamport_one_shot's push), NaNs made canonical, into slot (b, rank)
 //      of every peer's region: at 1 row every block of the grid pushes a part of the row, instead
 //      of the one block that folds it storing all n - 1 copies from one multiprocessor;
 //   3. clear this block's share of the previous call's extent of this rank's own buffer `previous`
-//      (lamport_clear_previous: already a share over all blocks);
-//   4. for each of this block's rows (lamport_block_rows: the rows that end in its push share):
-//      fused_row_from with the Lamport operands (own x, own slots (b, p) polled until no element is
-//      the sentinel), into residual_out and out;
-//   5. record the extent and advance the call number (end_lamport_call).
+//      (lamport_clear_previous: already a share over all blocks); then before_fold(): work of this
+//      block that needs no peer's data (the register path loads the weight there; core passes
+//      nothing);
+//   4. sync_block: every thread of the block has pushed before any thread polls. The GPU needs no
+//      such order (its threads run at once); the simulator runs a block's threads in turn
+//      (sim/block_threads.h), and without it a thread could poll for a pack that a later thread of
+//      the peer's block pushes, while that block waits in its own earlier thread's poll;
+//   5. for each of this block's rows (lamport_block_rows: the rows that end in its push share):
+//      row_fn(row, fold_of), fold_of(i) the folded pack at element i of x (lamport_fold_message_pack:
+//      own x, own slots (b, p) polled until no element is the sentinel);
+//   6. record the extent and advance the call number (end_lamport_call).
 // Why it needs no barrier and three buffers: allreduce_lamport_one_shot's (a) to (d), unchanged.
 // They argue per rank, never per block: this rank reads only its own region and its own x,
 // residual and weight (peers read nothing of it); the buffer a call clears was read only by the
@@ -430,11 +439,9 @@ EXC_HD inline RowRange lamport_block_rows(const BlockShare& push, size_t hidden)
 // the barrier algorithms' (block b waits for the peers' block b). No new precondition on the grid
 // (pushing by fused_block_rows' rows while folding by the shares, or the other way round, would
 // make block 0 wait for the peers' later blocks).
-template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
-EXC_HD void fused_rmsnorm_lamport_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
+template <class T, int kRanks, class Protocol, class Ctx, class BeforeFold, class RowFn>
+EXC_HD void lamport_one_stage_rows(Ctx& ctx, const FusedRmsNormArgs<T>& args, BeforeFold before_fold, RowFn row_fn) {
   constexpr int P = Storage<T>::kPack;
-  contract::RmsNormTree tree;
-  contract::make_rmsnorm_tree<T>(args.hidden, &tree);
   const size_t H = static_cast<size_t>(args.hidden);
   const size_t count = static_cast<size_t>(args.rows) * H;
   const int me = ctx.rank();
@@ -446,9 +453,12 @@ EXC_HD void fused_rmsnorm_lamport_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>&
   const T* x = ctx.input(me);
   // 2. Push this block's share of the message (every block of the grid, whatever its rows).
   lamport_push<T, kRanks, Protocol>(ctx, "push", c, push, x, count);
-  // 3. Clear the previous call's buffer.
+  // 3. Clear the previous call's buffer; the work that needs no peer.
   lamport_clear_previous<T, kRanks, Protocol>(ctx, c);
-  // 4. This block's rows, from the polled operands.
+  before_fold();
+  // 4. Every thread's pushes before any thread's polls.
+  ctx.sync_block();
+  // 5. This block's rows, from the polled operands.
   if constexpr (Ctx::kTraceSteps) {
     ctx.trace_step_begin("fused_rows");
     for (int r = 0; r < ctx.world_size(); ++r) {
@@ -462,14 +472,26 @@ EXC_HD void fused_rmsnorm_lamport_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>&
     ctx.trace_step_end();
   }
   auto fold_of = [&](size_t i) { return lamport_fold_message_pack<T, kRanks>(ctx, c, x, count, i); };
-  for (int row = mine.begin; row < mine.end; ++row) {
-    const size_t base = static_cast<size_t>(row) * H;
-    fused_row_from<T, kRanks>(ctx, tree, fold_of, base, args.residual + base, args.weight, args.eps,
-                              args.residual_out + base, args.out + base, static_cast<T*>(nullptr),
-                              static_cast<T*>(nullptr));
-  }
-  // 5. Record the extent and advance the call number.
+  for (int row = mine.begin; row < mine.end; ++row) row_fn(row, fold_of);
+  // 6. Record the extent and advance the call number.
   end_lamport_call(ctx, c, lamport_message_bytes(count, sizeof(T)));
+}
+
+// lamport_one_stage with core's row step (the simulator's default with one thread a block, and the
+// GPU's fallback where the register path does not fit the grid).
+template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
+EXC_HD void fused_rmsnorm_lamport_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(args.hidden, &tree);
+  const size_t H = static_cast<size_t>(args.hidden);
+  lamport_one_stage_rows<T, kRanks, Protocol>(
+      ctx, args, [] {},
+      [&](int row, auto fold_of) {
+        const size_t base = static_cast<size_t>(row) * H;
+        fused_row_from<T, kRanks>(ctx, tree, fold_of, base, args.residual + base, args.weight, args.eps,
+                                  args.residual_out + base, args.out + base, static_cast<T*>(nullptr),
+                                  static_cast<T*>(nullptr));
+      });
 }
 
 // ---- The unfused steps (local kernels; the caller runs an all-reduce first) -------------------------------

@@ -22,6 +22,10 @@
 //                              one barrier, no end barrier) with the rows held in registers as in
 //                              one_stage_reg, the weight loaded between the pushes and the
 //                              barrier; other grids take core's fused_rmsnorm_push_one_stage.
+//   fused_rmsnorm_lamport_one_stage_reg  core's lamport_one_stage (Lamport pushes, no barrier)
+//                              with the rows held in registers as in one_stage_reg, the weight
+//                              loaded between the pushes and the polls; other grids take core's
+//                              fused_rmsnorm_lamport_one_stage.
 //   residual_rmsnorm_rows      the split path's separate residual + RMSNorm kernel (after any
 //                              all-reduce into s; also exactcoll_add_rmsnorm): one launch, no
 //                              peers, no barrier; rows in registers where threads == lanes.
@@ -162,22 +166,32 @@ EXC_HD void load_weight_packs(Ctx& ctx, const contract::RmsNormTree& tree, const
 
 // Normalizes a row whose residual_out packs this thread holds in ro (packs t + k * nt): lane
 // partial from the registers, ss through sum_lane_partials, out = rmsnorm_scale into out_row.
-template <class T, int kHeld, class Ctx>
+// kLanes = 2 (lamport_one_stage_reg with 2 nt == lanes, kHeld == 2): thread t holds lanes t and
+// t + nt, whose packs are exactly its packs k = 0 and k = 1 (the row has at most `lanes` packs);
+// their partials go to sum_two_lane_partials.
+template <class T, int kHeld, class Ctx, int kLanes = 1>
 EXC_HD void normalize_held_row(Ctx& ctx, const contract::RmsNormTree& tree, const Pack<T> (&ro)[kHeld],
                                const Pack<T> (&w)[kHeld], float eps, T* out_row) {
+  static_assert(kLanes == 1 || kHeld == kLanes, "two lanes a thread: one pack each");
   constexpr int P = Storage<T>::kPack;
   const int t = ctx.thread(), nt = ctx.num_threads();
-  float partial = 0.0f;
+  float partial[kLanes] = {};
   EXC_FUSED_UNROLL
   for (int k = 0; k < kHeld; ++k) {
     if (t + k * nt < tree.num_packs) {
+      float& lane = partial[kLanes == 1 ? 0 : k];
       for (int e = 0; e < P; ++e) {
         const float v = to_float(ro[k].v[e]);
-        partial = contract::add(partial, contract::mul(v, v));
+        lane = contract::add(lane, contract::mul(v, v));
       }
     }
   }
-  const float ss = ctx.sum_lane_partials(tree, partial);
+  float ss;
+  if constexpr (kLanes == 1) {
+    ss = ctx.sum_lane_partials(tree, partial[0]);
+  } else {
+    ss = ctx.sum_two_lane_partials(tree, partial[0], partial[1]);
+  }
   const float inv = contract::rmsnorm_inverse(ss, tree.hidden, eps);
   EXC_FUSED_UNROLL
   for (int k = 0; k < kHeld; ++k) {
@@ -190,13 +204,15 @@ EXC_HD void normalize_held_row(Ctx& ctx, const contract::RmsNormTree& tree, cons
   }
 }
 
-// core's fused_row with the row in registers: s = fold over ranks of x_of(r) (core's x_of; row_begin
-// is the row's first element in x) and residual_out = residual_add(s, residual) for this thread's
-// packs (all loads issued before the first store), stored to residual_out (and copy_residual_out
-// when not null), then normalize_held_row.
-template <class T, int kRanks, int kHeld, class Ctx, class XOf>
-EXC_HD void fused_row_held(Ctx& ctx, const contract::RmsNormTree& tree, XOf x_of, size_t row_begin, const T* residual,
-                           const Pack<T> (&w)[kHeld], float eps, T* residual_out, T* out, T* copy_residual_out) {
+// core's fused_row with the row in registers: s = fold_of(row_begin + j), the folded pack at element
+// row_begin + j of x (row_begin is the row's first element in x), and residual_out =
+// residual_add(s, residual) for this thread's packs (the residual's load issued before the fold's),
+// stored to residual_out (and copy_residual_out when not null), then normalize_held_row. As core's
+// fused_row_from: lamport_one_stage passes its polled fold; fused_row_held folds core's x_of.
+template <class T, int kRanks, int kHeld, int kLanes = 1, class Ctx, class FoldOf>
+EXC_HD void fused_row_held_from(Ctx& ctx, const contract::RmsNormTree& tree, FoldOf fold_of, size_t row_begin,
+                                const T* residual, const Pack<T> (&w)[kHeld], float eps, T* residual_out, T* out,
+                                T* copy_residual_out) {
   constexpr int P = Storage<T>::kPack;
   const int t = ctx.thread(), nt = ctx.num_threads();
   Pack<T> ro[kHeld] = {};  // every read pack is written first; initialized for g++ -O3's maybe-uninitialized
@@ -206,7 +222,7 @@ EXC_HD void fused_row_held(Ctx& ctx, const contract::RmsNormTree& tree, XOf x_of
     if (p < tree.num_packs) {
       const size_t j = static_cast<size_t>(p) * P;
       const Pack<T> res = ctx.load(reinterpret_cast<const Pack<T>*>(residual + j));
-      const Pack<T> sum = fold_pack_of<T, kRanks>(ctx, row_begin + j, x_of);
+      const Pack<T> sum = fold_of(row_begin + j);
       for (int e = 0; e < P; ++e) ro[k].v[e] = contract::residual_add<T>(sum.v[e], res.v[e]);
     }
   }
@@ -219,7 +235,17 @@ EXC_HD void fused_row_held(Ctx& ctx, const contract::RmsNormTree& tree, XOf x_of
       if (copy_residual_out != nullptr) ctx.store(reinterpret_cast<Pack<T>*>(copy_residual_out + j), ro[k]);
     }
   }
-  normalize_held_row<T, kHeld>(ctx, tree, ro, w, eps, out);
+  normalize_held_row<T, kHeld, Ctx, kLanes>(ctx, tree, ro, w, eps, out);
+}
+
+// fused_row_held_from with s = fold over ranks of x_of(r) (core's x_of; all loads issued before the
+// first store).
+template <class T, int kRanks, int kHeld, class Ctx, class XOf>
+EXC_HD void fused_row_held(Ctx& ctx, const contract::RmsNormTree& tree, XOf x_of, size_t row_begin, const T* residual,
+                           const Pack<T> (&w)[kHeld], float eps, T* residual_out, T* out, T* copy_residual_out) {
+  fused_row_held_from<T, kRanks, kHeld>(
+      ctx, tree, [&](size_t i) { return fold_pack_of<T, kRanks>(ctx, i, x_of); }, row_begin, residual, w, eps,
+      residual_out, out, copy_residual_out);
 }
 
 // When the register path serves this block (the Ctx has sum_lane_partials, and
@@ -303,6 +329,59 @@ EXC_HD void fused_rmsnorm_push_one_stage_reg(Ctx& ctx, const FusedRmsNormArgs<T>
     push_one_stage_held<T, kRanks, decltype(packs)::value, Protocol, Halves>(ctx, args, tree);
   });
   if (!held) fused_rmsnorm_push_one_stage<T, kRanks, Protocol, Halves>(ctx, args);
+}
+
+// Lanes of the RMSNorm tree a thread holds on lamport_one_stage_reg's register path for a block of
+// `threads` threads: 1 where threads == lanes and the row has at most `lanes` packs (one pack a
+// thread); 2 where 2 threads == lanes, threads a multiple of the warp, and the row has at most
+// `lanes` packs (two packs a thread, lanes t and t + threads: a 1 024-lane row on 512 threads,
+// whose kernel has 128 registers a thread where 1 024 threads have 64); else 0, core's path. The
+// host asks it too, where it picks the kernel compiled for that path.
+EXC_HD inline int lamport_register_lanes(int threads, const contract::RmsNormTree& tree) {
+  if (tree.num_packs > tree.lanes) return 0;
+  if (threads == tree.lanes) return 1;
+  if (2 * threads == tree.lanes && threads % contract::kWarp == 0) return 2;
+  return 0;
+}
+
+// lamport_one_stage on the register path, kLanes lanes (and packs) a thread: core's
+// lamport_one_stage_rows (push, clear, the block's sync, the polled fold, no barrier) with
+// fused_row_held_from as the row step. This thread's weight packs are loaded after its pushes and
+// clears, so their latency hides in the peers' (the polls that follow wait for NVLink). Core's path
+// (fused_row_from) stores the row's residual_out, syncs the block, reads it back element by element
+// for the lane partials and again for the scale: two more round trips to memory and two more block
+// syncs a row.
+template <class T, int kRanks, int kLanes, class Protocol, class Ctx>
+EXC_HD void lamport_one_stage_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, const contract::RmsNormTree& tree) {
+  const size_t H = static_cast<size_t>(args.hidden);
+  Pack<T> w[kLanes];
+  lamport_one_stage_rows<T, kRanks, Protocol>(
+      ctx, args, [&] { load_weight_packs<T, kLanes>(ctx, tree, args.weight, w); },
+      [&](int row, auto fold_of) {
+        const size_t base = static_cast<size_t>(row) * H;
+        fused_row_held_from<T, kRanks, kLanes, kLanes>(ctx, tree, fold_of, base, args.residual + base, w, args.eps,
+                                                       args.residual_out + base, args.out + base,
+                                                       static_cast<T*>(nullptr));
+      });
+}
+
+// lamport_one_stage with the rows in registers (the GPU's lamport_one_stage kernels: one per path,
+// picked on the host; same preconditions and bits as core's fused_rmsnorm_lamport_one_stage, which it
+// runs when lamport_register_lanes is 0 or the Ctx has no register hooks; the two share every
+// Lamport buffer and counter, so either may follow the other).
+template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
+EXC_HD void fused_rmsnorm_lamport_one_stage_reg(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(args.hidden, &tree);
+  if constexpr (requires(Ctx & c, const contract::RmsNormTree& tr) {
+                  c.sum_lane_partials(tr, 0.0f);
+                  c.sum_two_lane_partials(tr, 0.0f, 0.0f);
+                }) {
+    const int lanes = lamport_register_lanes(ctx.num_threads(), tree);
+    if (lanes == 1) return lamport_one_stage_held<T, kRanks, 1, Protocol>(ctx, args, tree);
+    if (lanes == 2) return lamport_one_stage_held<T, kRanks, 2, Protocol>(ctx, args, tree);
+  }
+  fused_rmsnorm_lamport_one_stage<T, kRanks, Protocol>(ctx, args);
 }
 
 // Records gather_norm's gather for this block, one step a peer (rank+1, rank+2, ...): the rows of
@@ -575,7 +654,7 @@ enum class FusedKernelKind : int {
   kResidualRmsNorm = 3,  // residual_rmsnorm_rows (local; the split path)
   kOneStageReg = 4,      // fused_rmsnorm_one_stage_reg
   kPushOneStage = 5,     // fused_rmsnorm_push_one_stage_reg (reads only its own x: never staged)
-  kLamportOneStage = 6   // core fused_rmsnorm_lamport_one_stage (reads only its own x: never staged)
+  kLamportOneStage = 6   // fused_rmsnorm_lamport_one_stage_reg (reads only its own x: never staged)
 };
 
 // Copies from src (this rank's x, [rows, H]) into dst (its staging buffer) the rows that block

@@ -20,7 +20,10 @@
 // schedule, provided every block of the run uses the same order (block_threads.cc says why). A
 // wait for data that some thread of a peer's block writes in the same interval — the Lamport
 // polls of core/lamport.h — can: a GPU runs a block's threads concurrently, this runs them in
-// turn. Such kernels run with one thread.
+// turn. Such kernels run with one thread, unless every thread's pushes come before a sync_block
+// that comes before any poll (lamport_one_stage's step 4, core/fused_rmsnorm.h): then every push
+// of a block is done before any of its threads polls, and a poll waits only for pushes that a
+// peer's block makes before its own first poll.
 //
 // Cost: two context switches per thread per sync_block(), and a stack per thread while the block
 // runs (128 KiB reserved, touched only as used; under the seeded scheduler every block of a launch

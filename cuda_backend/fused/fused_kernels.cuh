@@ -1,6 +1,6 @@
 // The fused kernels: core/fused_rmsnorm.h's one_stage and two_stage, and
-// core/fused_rmsnorm_kernels.h's one_stage_reg, push_one_stage_reg, gather_norm and
-// residual_rmsnorm_rows, instantiated with the device context (DeviceCtx, whose row_sum_squares
+// core/fused_rmsnorm_kernels.h's one_stage_reg, push_one_stage_reg, lamport_one_stage_reg,
+// gather_norm and residual_rmsnorm_rows, instantiated with the device context (DeviceCtx, whose row_sum_squares
 // computes the canonical tree with warp shuffles, plus sum_lane_partials for the register path).
 // One kernel per (storage type, compile-time world size, kind); included by one .cu per storage
 // type.
@@ -48,6 +48,33 @@ class FusedDeviceCtx : public DeviceCtx<T, kRanks, kFold> {
     return v;
   }
 
+  // The same with two lanes a thread (2 blockDim == tree.lanes, blockDim a multiple of 32): thread t
+  // holds lanes t and t + blockDim, so warp w holds groups w and w + warps; both butterflies, then
+  // the same second step.
+  __device__ float sum_two_lane_partials(const contract::RmsNormTree& tree, float first, float second) {
+    __shared__ float group_values[2][contract::kWarp];
+    float* values = group_values[calls_++ & 1u];
+    const int lane = static_cast<int>(threadIdx.x) % contract::kWarp;
+    const int warp = static_cast<int>(threadIdx.x) / contract::kWarp;
+    const int warps = static_cast<int>(blockDim.x) / contract::kWarp;
+    float a = first, b = second;
+    for (int off = contract::kWarp / 2; off >= 1; off /= 2) {
+      a = contract::add(a, __shfl_xor_sync(0xFFFFFFFFu, a, off));
+      b = contract::add(b, __shfl_xor_sync(0xFFFFFFFFu, b, off));
+    }
+    if (lane == 0) {
+      values[warp] = a;
+      values[warp + warps] = b;
+    }
+    if (static_cast<int>(threadIdx.x) < contract::kWarp && static_cast<int>(threadIdx.x) >= tree.groups) {
+      values[threadIdx.x] = 0.0f;
+    }
+    __syncthreads();
+    float v = values[lane];
+    for (int off = contract::kWarp / 2; off >= 1; off /= 2) v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+    return v;
+  }
+
  private:
   uint32_t calls_ = 0;
 };
@@ -78,7 +105,8 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
     // reads it; the peers read the copies it pushes).
     fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, fused_args<T>(args));
   } else if constexpr (kKind == FusedKernelKind::kLamportOneStage) {
-    // No staging either: base.inputs[rank] is this rank's x where the caller keeps it.
+    // Core's path (lamport_one_stage_kernel runs the register path). No staging either:
+    // base.inputs[rank] is this rank's x where the caller keeps it.
     fused_rmsnorm_lamport_one_stage<T, kRanks>(ctx, fused_args<T>(args));
   } else {
     if (args.stage_from != nullptr) {
@@ -97,6 +125,31 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
       fused_rmsnorm_gather_norm<T, kRanks>(ctx, a);
     }
   }
+}
+
+// lamport_one_stage on the register path, kLanes lanes (and packs) a thread: the kernels the host
+// launches where lamport_register_lanes(threads, tree) is 1 or 2, else fused_kernel's core path.
+// What core/fused_rmsnorm_kernels.h's fused_rmsnorm_lamport_one_stage_reg (the simulator's) picks
+// at run time, as separate kernels so that each is compiled with only its own registers: two
+// lanes a thread run 512-thread blocks at most, so ptxas may give them 128 registers a thread.
+template <class T, int kRanks, int kLanes, Contract kFold>
+__global__ void __launch_bounds__(kLanes == 2 ? 512 : 1024)
+    lamport_one_stage_held_kernel(const __grid_constant__ FusedKernelArgs args) {
+  enter_after_previous_grid();
+  __shared__ int aborted;
+  if (threadIdx.x == 0) aborted = 0;  // begin_lamport_call's sync_block orders it before any poll
+  FusedDeviceCtx<T, kRanks, kFold> ctx(args.base, &aborted);
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(args.hidden, &tree);
+  lamport_one_stage_held<T, kRanks, kLanes, LamportProtocol>(ctx, fused_args<T>(args), tree);
+}
+
+template <class T, int kRanks, int kLanes>
+cudaError_t launch_lamport_held(const FusedKernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
+  if (args.base.contract == static_cast<int32_t>(Contract::kTree)) {
+    return launch_kernel(lamport_one_stage_held_kernel<T, kRanks, kLanes, Contract::kTree>, args, cfg, stream);
+  }
+  return launch_kernel(lamport_one_stage_held_kernel<T, kRanks, kLanes, Contract::kCanonical>, args, cfg, stream);
 }
 
 // The split paths' residual + RMSNorm (and exactcoll_add_rmsnorm), one kernel per path, so each
@@ -179,8 +232,15 @@ cudaError_t launch_fused_for_ranks(FusedKernelKind kind, const FusedKernelArgs& 
       return launch_fused_under_contract<T, kRanks, FusedKernelKind::kOneStageReg>(args, cfg, stream);
     case FusedKernelKind::kPushOneStage:
       return launch_fused_under_contract<T, kRanks, FusedKernelKind::kPushOneStage>(args, cfg, stream);
-    case FusedKernelKind::kLamportOneStage:
-      return launch_fused_under_contract<T, kRanks, FusedKernelKind::kLamportOneStage>(args, cfg, stream);
+    case FusedKernelKind::kLamportOneStage: {
+      contract::RmsNormTree tree;
+      if (!contract::make_rmsnorm_tree<T>(args.hidden, &tree)) return cudaErrorInvalidValue;
+      switch (lamport_register_lanes(cfg.threads, tree)) {
+        case 1: return launch_lamport_held<T, kRanks, 1>(args, cfg, stream);
+        case 2: return launch_lamport_held<T, kRanks, 2>(args, cfg, stream);
+        default: return launch_fused_under_contract<T, kRanks, FusedKernelKind::kLamportOneStage>(args, cfg, stream);
+      }
+    }
     case FusedKernelKind::kResidualRmsNorm:
       return cudaErrorInvalidValue;  // not per world size: launch_fused_typed launches it
   }

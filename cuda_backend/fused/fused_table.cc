@@ -46,6 +46,9 @@ LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType
   const int per_block_rows = all_rows ? rows : (rows + n - 1) / n;
   int blocks = per_block_rows;
   if (algo == FusedAlgorithm::kLamportOneStage) {
+    // A row of 1 024 lanes runs on 512 threads, two lanes a thread (lamport_register_lanes): its
+    // kernel gets 128 registers a thread where 1 024 threads get 64.
+    if (g.threads >= 1024 && hidden / pack_elements(dtype) <= g.threads) g.threads /= 2;
     // Every block pushes a share of the whole message (core/fused_rmsnorm.h): enough blocks that
     // each stores at most kLamportPushBytesPerBlock of x into every peer, even at 1 row.
     const uint64_t bytes = static_cast<uint64_t>(std::max(rows, 0)) * static_cast<uint64_t>(hidden) * dtype_size(dtype);

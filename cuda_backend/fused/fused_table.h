@@ -80,6 +80,8 @@ inline constexpr uint64_t kLamportPushBytesPerBlock = 2048;
 // push_one_stage: rows; two-stage kinds: a rank's slice, ceil(rows / n)); lamport_one_stage: the
 // larger of rows and ceil(rows * H * element bytes / kLamportPushBytesPerBlock) (its push is spread
 // over the whole grid, its rows go to the blocks whose push share they end in); at most kMaxBlocks.
+// lamport_one_stage on a row of 1 024 lanes and at most as many packs (H 8192 bf16/fp16, 4096
+// fp32): 512 threads, two lanes a thread (core/fused_rmsnorm_kernels.h, lamport_register_lanes).
 LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType dtype, int world_size);
 
 // The grid of the separate residual + RMSNorm kernel (no barriers: one block per row, up to 8192).

@@ -41,7 +41,8 @@ void fill_unwritten(void* p, size_t n) {
   std::fill(static_cast<T*>(p), static_cast<T*>(p) + n, v);
 }
 
-// Whether algo is one of core/fused_rmsnorm_kernels.h's kernels with a register path.
+// Whether algo is one of core/fused_rmsnorm_kernels.h's kernels with a register path that runs by
+// default (lamport_one_stage has one too, taken only with the threads given: fused_threads).
 bool runs_register_kernel(FusedAlgorithm algo) {
   return algo == FusedAlgorithm::kGatherNorm || algo == FusedAlgorithm::kOneStageReg ||
          algo == FusedAlgorithm::kPushOneStageReg;
@@ -103,7 +104,7 @@ void run_fused_kernel(Ctx& ctx, FusedAlgorithm algo, const FusedRmsNormArgs<T>& 
       case FusedAlgorithm::kOneStage: fused_rmsnorm_one_stage<T, kRanks>(ctx, a); break;
       case FusedAlgorithm::kTwoStage: fused_rmsnorm_two_stage<T, kRanks>(ctx, a); break;
       case FusedAlgorithm::kPushOneStage: fused_rmsnorm_push_one_stage<T, kRanks>(ctx, a); break;
-      case FusedAlgorithm::kLamportOneStage: fused_rmsnorm_lamport_one_stage<T, kRanks>(ctx, a); break;
+      case FusedAlgorithm::kLamportOneStage: fused_rmsnorm_lamport_one_stage_reg<T, kRanks>(ctx, a); break;
       case FusedAlgorithm::kGatherNorm: fused_rmsnorm_gather_norm<T, kRanks>(ctx, a); break;
       case FusedAlgorithm::kOneStageReg: fused_rmsnorm_one_stage_reg<T, kRanks>(ctx, a); break;
       case FusedAlgorithm::kPushOneStageReg: fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, a); break;
@@ -243,7 +244,9 @@ int fused_threads(const FusedSpec& spec) {
 
 bool fused_register_path(const FusedSpec& spec) {
   contract::RmsNormTree tree;
-  if (!runs_register_kernel(spec.algo) || !make_tree(spec, &tree)) return false;
+  if (!make_tree(spec, &tree)) return false;
+  if (spec.algo == FusedAlgorithm::kLamportOneStage) return lamport_register_lanes(fused_threads(spec), tree) > 0;
+  if (!runs_register_kernel(spec.algo)) return false;
   return fused_threads(spec) == tree.lanes && tree.num_packs <= 2 * tree.lanes;  // register_path_fits<2>
 }
 
@@ -275,11 +278,6 @@ std::string check_fused_spec(const FusedSpec& spec, int ranks, sim::Schedule sch
   if (spec.threads < 0 || spec.threads > contract::kMaxLanes) {
     return "threads must be 1.." + std::to_string(contract::kMaxLanes) + " (or 0: the algorithm's default), got " +
            std::to_string(spec.threads);
-  }
-  if (spec.algo == FusedAlgorithm::kLamportOneStage && spec.threads > 1) {
-    return "lamport_one_stage runs with one thread per block on the simulator, got " + std::to_string(spec.threads) +
-           ": its polls wait for packs that other threads of a peer's block push, and the simulator runs a block's "
-           "threads in turn (sim/block_threads.h)";
   }
   const int threads = fused_threads(spec);
   const int64_t live = static_cast<int64_t>(ranks) * spec.blocks * threads;

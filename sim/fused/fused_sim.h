@@ -1,8 +1,9 @@
 // The fused all-reduce + residual add + RMSNorm on the simulated world: every algorithm the GPU
 // runs, from the same templates, launched as the GPU launches them (cuda_backend/fused/
-// fused_rmsnorm.cc): core/fused_rmsnorm.h's one_stage, two_stage, push_one_stage and
-// lamport_one_stage, core/fused_rmsnorm_kernels.h's gather_norm, one_stage_reg and
-// push_one_stage_reg (the GPU's push_one_stage kernel), each one launch on every (rank, block), and
+// fused_rmsnorm.cc): core/fused_rmsnorm.h's one_stage, two_stage and push_one_stage,
+// core/fused_rmsnorm_kernels.h's gather_norm, one_stage_reg, push_one_stage_reg (the GPU's
+// push_one_stage kernel) and lamport_one_stage_reg (the GPU's lamport_one_stage kernel: core's
+// lamport_one_stage where the register path does not fit), each one launch on every (rank, block), and
 // unfused as three launches (the all-reduce of sim/collectives.h, then residual_add_step, then
 // rmsnorm_step).
 #pragma once
@@ -24,7 +25,8 @@ namespace exactcoll::fused {
 // How one simulated block of a fused launch runs (with_fused_ctx).
 struct FusedBlockOptions {
   // Threads of the block (sim/block_threads.h), 1..kMaxLanes. More than one only for kernels whose
-  // waits are block_barrier's (not lamport_one_stage's polls: block_threads.h says why).
+  // waits are block_barrier's, or polls that follow a sync_block after every push of the block
+  // (lamport_one_stage's; block_threads.h says why).
   int threads = 1;
   // The threads' order between two syncs (sim::BlockThreads::run): rising without a seed; run_fused
   // draws it from the schedule seed under the seeded scheduler. The same for every block of a run.
@@ -56,6 +58,8 @@ struct FusedBlockShared {
 //       calls the hook before the sync_block that publishes its row reads it early and shows.
 //   sum_lane_partials(tree, partial): the register path's hook; precondition nt == tree.lanes:
 //       thread t's partial is lane t's; the same array and combination.
+//   sum_two_lane_partials(tree, first, second): the same with 2 nt == tree.lanes: thread t's
+//       partials are lanes t's and t + nt's.
 // A trace's steps (trace_step_begin/access/end) are recorded by thread 0 only: the core templates
 // describe the whole block's accesses, alike in every thread. Folds and roundings of traced
 // elements are recorded by the thread that does them.
@@ -89,6 +93,14 @@ class FusedCtx : public Base {
   float sum_lane_partials(const contract::RmsNormTree& tree, float partial) {
     float* lanes = next_lane_array();
     lanes[thread_] = partial;
+    sync_block();
+    return contract::combine_lane_partials(tree, [lanes](int l) { return lanes[l]; });
+  }
+
+  float sum_two_lane_partials(const contract::RmsNormTree& tree, float first, float second) {
+    float* lanes = next_lane_array();
+    lanes[thread_] = first;
+    lanes[thread_ + num_threads()] = second;
     sync_block();
     return contract::combine_lane_partials(tree, [lanes](int l) { return lanes[l]; });
   }
@@ -144,8 +156,9 @@ struct FusedSpec {
   float eps = 1e-6f;
   int blocks = 1;
   // Threads per block, 1..kMaxLanes; 0: the algorithm's default (fused_threads). Every count gives
-  // the same bits; for gather_norm, one_stage_reg and push_one_stage_reg it picks the path (the
-  // register path only where threads == the RMSNorm tree's lanes: fused_register_path).
+  // the same bits; for gather_norm, one_stage_reg, push_one_stage_reg and lamport_one_stage it
+  // picks the path (the register path only where threads == the RMSNorm tree's lanes:
+  // fused_register_path).
   int threads = 0;
   bool unfused_two_shot = false;  // unfused: two_shot all-reduce instead of one_shot
   // The all-reduce's library contract (canonical or tree); the residual add and the norm are the
@@ -157,14 +170,17 @@ struct FusedSpec {
 // gather_norm, one_stage_reg and push_one_stage_reg, the RMSNorm tree's lanes (32 x ceil(min(H /
 // pack, 1024) / 32)), so that their register path runs wherever it can (at most 2 packs a thread:
 // H up to 2048 packs; beyond, core's path with as many threads); 1 for the others, whose code has
-// no path that depends on the thread count. (The GPU's default grid has max(64, lanes) threads, so
+// no path that depends on the thread count, and for lamport_one_stage, whose register path runs
+// only with the threads given (its seeded explorations run many calls of many blocks, one thread
+// each). (The GPU's default grid has max(64, lanes) threads, so
 // for H of at most 32 packs the GPU takes core's path where the simulator runs the register path
 // by default; --threads 64 runs the GPU's. The bits are the same either way.)
 int fused_threads(const FusedSpec& spec);
 
 // Whether spec runs core/fused_rmsnorm_kernels.h's register path: gather_norm, one_stage_reg or
 // push_one_stage_reg with fused_threads(spec) == the tree's lanes and at most 2 packs a thread
-// (register_path_fits<2>). False for a spec with an invalid H.
+// (register_path_fits<2>); lamport_one_stage where lamport_register_lanes(fused_threads(spec), tree)
+// is 1 or 2. False for a spec with an invalid H.
 bool fused_register_path(const FusedSpec& spec);
 
 // Per-rank buffers of one run, all [rows, H] except weight [H]. Inputs are read during the run;
@@ -180,7 +196,7 @@ inline constexpr int kMaxSeededThreads = 16384;
 
 // Returns "" when spec can run on `ranks` ranks under `schedule`, else what is wrong: ranks outside
 // 1..kMaxRanks, rows < 1, H not a positive multiple of the pack, blocks outside 1..kMaxBlocks,
-// threads outside 0..kMaxLanes, more than one thread for lamport_one_stage, or (seeded) more than
+// threads outside 0..kMaxLanes, or (seeded) more than
 // kMaxSeededThreads simulated threads at once (ranks x blocks x threads, when threads > 1).
 std::string check_fused_spec(const FusedSpec& spec, int ranks, sim::Schedule schedule = sim::Schedule::kThreads);
 

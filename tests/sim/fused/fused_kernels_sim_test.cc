@@ -1,4 +1,5 @@
-// core/fused_rmsnorm_kernels.h's gather_norm, one_stage_reg and push_one_stage_reg on the simulator
+// core/fused_rmsnorm_kernels.h's gather_norm, one_stage_reg, push_one_stage_reg and lamport_one_stage_reg on the
+// simulator
 // (sim/fused/fused_sim.h: blocks of several threads, sim/block_threads.h): every rank's residual_out
 // and out against the scalar reference (sim/fused/reference.h) bit for bit, on the register path
 // (threads == the RMSNorm tree's lanes; 1 and 2 packs a thread) and on core's path (other thread
@@ -202,6 +203,57 @@ TEST(FusedKernelsSim, SeededSchedulesMatchTheReference) {
   }
 }
 
+// lamport_one_stage_reg (the GPU's lamport_one_stage kernels) on blocks of threads: the register
+// path with one lane a thread (threads == the tree's lanes) and two (threads == lanes / 2, a multiple
+// of 32: 40 packs, 64 lanes, 32 threads), and core's path with several threads (3; and 16 on 32
+// lanes, half the lanes but not a warp), every dtype and world size, 1 row on 3 blocks (the first
+// blocks only push) and 7 rows on 3 blocks (shares that cut rows), under the threads scheduler; then
+// seeded schedules, which draw the order of every block's threads too. The simulator's default for
+// lamport_one_stage is one thread (fused_threads), so these name the threads.
+TEST(FusedKernelsSim, LamportOneStageOnBlocksOfThreadsMatchesTheReference) {
+  uint64_t seed = 1300;
+  for (DType dtype : kDtypes) {
+    const int P = pack_of(dtype);
+    for (int ranks : {1, 2, 3, 4, 8}) {
+      for (int hidden : {5 * P, 40 * P}) {
+        const int lanes = hidden / P <= 32 ? 32 : 64;
+        for (int threads : {lanes, lanes / 2, 3}) {
+          const Case one{FusedAlgorithm::kLamportOneStage, dtype, ranks, 1, hidden, 3, threads};
+          EXPECT_EQ(fused_register_path(one.spec()), threads == lanes || (threads == 32 && lanes == 64)) << one.what();
+          check({FusedAlgorithm::kLamportOneStage, dtype, ranks, 1, hidden, 3, threads, sim::Schedule::kThreads, 1,
+                 ++seed});
+          check({FusedAlgorithm::kLamportOneStage, dtype, ranks, 7, hidden, 3, threads, sim::Schedule::kThreads, 1,
+                 ++seed});
+        }
+      }
+    }
+  }
+  for (DType dtype : {DType::kBF16, DType::kFP32}) {
+    const int P = pack_of(dtype);
+    const Case wide{FusedAlgorithm::kLamportOneStage, dtype, 2,     2, 1500 * P, 2, 1024,
+                    sim::Schedule::kThreads,          1,     ++seed};
+    EXPECT_FALSE(fused_register_path(wide.spec())) << wide.what();  // more packs than lanes: core's path
+    check(wide);
+    // The GPU's shape at H 8192 bf16 (4096 fp32): 1024 packs, 1024 lanes on 512 threads.
+    const Case two_lanes{FusedAlgorithm::kLamportOneStage, dtype, 2,     2, 1024 * P, 2, 512,
+                         sim::Schedule::kThreads,          1,     ++seed};
+    EXPECT_TRUE(fused_register_path(two_lanes.spec())) << two_lanes.what();
+    check(two_lanes);
+    for (int ranks : {2, 3, 4}) {
+      for (int threads : {32, 3}) {  // 5 packs, 32 lanes: one lane a thread, and core's path
+        for (uint64_t s = 1; s <= 4; ++s) {
+          check({FusedAlgorithm::kLamportOneStage, dtype, ranks, 5, 5 * P, 2, threads, sim::Schedule::kSeeded,
+                 s * 7919 + ranks, ++seed});
+        }
+      }
+      for (uint64_t s = 1; s <= 4; ++s) {  // 40 packs, 64 lanes on 32 threads: two lanes a thread
+        check({FusedAlgorithm::kLamportOneStage, dtype, ranks, 5, 40 * P, 2, 32, sim::Schedule::kSeeded,
+               s * 7919 + ranks, ++seed});
+      }
+    }
+  }
+}
+
 // The simulator's context takes the register path: run_register_path calls its body for a block of
 // exactly the tree's lanes and at most 2 packs a thread, and not otherwise.
 TEST(FusedKernelsSim, TheSimulatorsContextHasTheRegisterPath) {
@@ -286,11 +338,12 @@ TEST(FusedKernelsSim, InvalidSpecsAreClearErrors) {
       EXPECT_EQ(check_fused_spec(spec, 2), "");
     }
   }
+  // lamport_one_stage runs on blocks of threads too (its polls follow the block's sync after every push).
   FusedSpec lamport;
   lamport.algo = FusedAlgorithm::kLamportOneStage;
   lamport.hidden = 64;
   lamport.threads = 4;
-  EXPECT_NE(check_fused_spec(lamport, 2).find("lamport_one_stage runs with one thread per block"), std::string::npos);
+  EXPECT_EQ(check_fused_spec(lamport, 2), "");
   // Seeded: every thread of every block of a launch alive at once (fiber stacks) is bounded.
   FusedSpec wide;
   wide.algo = FusedAlgorithm::kOneStageReg;
