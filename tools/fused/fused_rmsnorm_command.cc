@@ -209,10 +209,11 @@ cli::ArgParser make_parser(Request* q) {
                  "blocks per rank (1.." + std::to_string(kMaxBlocks) + "; the work split, same bits)");
   parser.add_int("threads", &q->threads,
                  "threads per block (1.." + std::to_string(contract::kMaxLanes) +
-                     "; picks the register path or core's, same bits; lamport_one_stage takes 1)");
+                     "; picks the register path or core's, same bits)");
   parser.set_default_note("threads",
                           "default: the RMSNorm tree's lanes (32 x ceil(min(H / pack, 1024) / 32)) for one_stage_reg, "
-                          "gather_norm and push_one_stage_reg, 1 for the others");
+                          "gather_norm and push_one_stage_reg, 1 for the others (lamport_one_stage's register path "
+                          "runs with its lanes or half of them)");
   parser.set_default_note("trace-elements",
                           "here an index is into [rows, H], row-major (row * H + col), and the whole fused op of each "
                           "is traced (every contract; see above)");

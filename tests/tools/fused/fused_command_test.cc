@@ -385,9 +385,6 @@ TEST(SimFusedCommand, BadInputExitsTwoAndWritesNothing) {
                 "--threads", threads},
                "--threads must be 1..1024, got " + std::string(threads));
   }
-  expect_bad({"--ranks", "2", "--input", f.x, "--residual", f.r, "--weight", f.w, "--algo", "lamport_one_stage",
-              "--threads", "2"},
-             "lamport_one_stage runs with one thread per block on the simulator, got 2");
   // Seeded: every thread of every block alive at once is bounded (4 x 5 x 1024 = 20480 > 16384).
   expect_bad({"--ranks", "4", "--rows", "2", "--hidden", "8192", "--algo", "one_stage_reg", "--blocks", "5",
               "--schedule", "seeded"},
