@@ -93,11 +93,14 @@ if has probe; then
 fi
 if has sweep; then
   # lamport_one_stage at 1 row of H 8192 on 4 GPUs by grid (a one-row fused table per grid; 1 block
-  # is the split of rows before its push was spread over the grid), beside the plain Lamport all-reduce.
-  for blocks in 1 2 4 8 16 32; do
-    printf 'sm90\t4\t16384\t1\tlamport_one_stage\t%d\t1024\t1\n' "$blocks" > "$LOGS/lamp_$blocks.tsv"
-    EXACTCOLL_FUSED_TABLE=$LOGS/lamp_$blocks.tsv run "sweep_$blocks" 60 $B bench --nproc 4 --op fused_rmsnorm \
-      --hidden 8192 --rows 1 --algos auto,unfused --no-eager --no-bound
+  # is the split of rows before its push was spread over the grid; 1024 threads hold one lane each,
+  # 512 two), beside the plain Lamport all-reduce.
+  for threads in 1024 512; do
+    for blocks in 1 2 4 8 16 32; do
+      printf 'sm90\t4\t16384\t1\tlamport_one_stage\t%d\t%d\t1\n' "$blocks" "$threads" > "$LOGS/lamp_${blocks}x$threads.tsv"
+      EXACTCOLL_FUSED_TABLE=$LOGS/lamp_${blocks}x$threads.tsv run "sweep_${blocks}x$threads" 60 $B bench --nproc 4 \
+        --op fused_rmsnorm --hidden 8192 --rows 1 --algos auto,unfused --no-eager --no-bound
+    done
   done
   run sweep_allreduce 60 $B bench --nproc 4 --op allreduce --rows 1 --algos auto,lamport_one_shot --no-eager --no-bound
 fi
