@@ -48,6 +48,34 @@ __device__ __forceinline__ const void* load_relaxed_sys_u64(const void* const* s
   return reinterpret_cast<const void*>(v);
 }
 
+// The RMSNorm tree's two steps on the GPU (contract::sum_squares), shared by the device contexts'
+// row_sum_squares and the register paths' sum_lane_partials (cuda_backend/fused):
+//   warp_butterfly(v): the 32-lane xor butterfly of contract::add (off 16, 8, 4, 2, 1: a[l] = a[l] +
+//     a[l ^ off]) by shuffles over the calling warp; every lane returns the group's value (after an
+//     xor butterfly all lanes hold the same bits: add is commutative);
+//   combine_group_values(tree, values, lane): once lane 0 of each group's warp stored its value in
+//     values[g], pads values to 32 with 0.0f, __syncthreads, and the second butterfly in every warp:
+//     every thread returns ss. Called by every thread of the block;
+//   warp_butterflies(a, b): two butterflies, step by step together.
+__device__ __forceinline__ float warp_butterfly(float v) {
+  for (int off = contract::kWarp / 2; off >= 1; off /= 2) v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+  return v;
+}
+// Two groups' butterflies at once, their steps interleaved (two lanes a thread: sum_two_lane_partials).
+__device__ __forceinline__ void warp_butterflies(float* a, float* b) {
+  for (int off = contract::kWarp / 2; off >= 1; off /= 2) {
+    *a = contract::add(*a, __shfl_xor_sync(0xFFFFFFFFu, *a, off));
+    *b = contract::add(*b, __shfl_xor_sync(0xFFFFFFFFu, *b, off));
+  }
+}
+__device__ __forceinline__ float combine_group_values(const contract::RmsNormTree& tree, float* values, int lane) {
+  if (static_cast<int>(threadIdx.x) < contract::kWarp && static_cast<int>(threadIdx.x) >= tree.groups) {
+    values[threadIdx.x] = 0.0f;
+  }
+  __syncthreads();
+  return warp_butterfly(values[lane]);
+}
+
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -268,18 +296,10 @@ class DeviceCtx {
     const int warp = static_cast<int>(threadIdx.x) / contract::kWarp;
     const int warps = static_cast<int>(blockDim.x) / contract::kWarp;
     for (int g = warp; g < tree.groups; g += warps) {
-      float v = contract::lane_sum_squares(tree, g * contract::kWarp + lane, row);
-      for (int off = contract::kWarp / 2; off >= 1; off /= 2)
-        v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+      const float v = warp_butterfly(contract::lane_sum_squares(tree, g * contract::kWarp + lane, row));
       if (lane == 0) values[g] = v;
     }
-    if (static_cast<int>(threadIdx.x) < contract::kWarp && static_cast<int>(threadIdx.x) >= tree.groups) {
-      values[threadIdx.x] = 0.0f;
-    }
-    __syncthreads();
-    float v = values[lane];
-    for (int off = contract::kWarp / 2; off >= 1; off /= 2) v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
-    return v;
+    return combine_group_values(tree, values, lane);
   }
 
  private:

@@ -36,16 +36,9 @@ class FusedDeviceCtx : public DeviceCtx<T, kRanks, kFold> {
     float* values = group_values[calls_++ & 1u];
     const int lane = static_cast<int>(threadIdx.x) % contract::kWarp;
     const int warp = static_cast<int>(threadIdx.x) / contract::kWarp;
-    float v = partial;
-    for (int off = contract::kWarp / 2; off >= 1; off /= 2) v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+    const float v = warp_butterfly(partial);
     if (lane == 0) values[warp] = v;
-    if (static_cast<int>(threadIdx.x) < contract::kWarp && static_cast<int>(threadIdx.x) >= tree.groups) {
-      values[threadIdx.x] = 0.0f;
-    }
-    __syncthreads();
-    v = values[lane];
-    for (int off = contract::kWarp / 2; off >= 1; off /= 2) v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
-    return v;
+    return combine_group_values(tree, values, lane);
   }
 
   // The same with two lanes a thread (2 blockDim == tree.lanes, blockDim a multiple of 32): thread t
@@ -58,21 +51,12 @@ class FusedDeviceCtx : public DeviceCtx<T, kRanks, kFold> {
     const int warp = static_cast<int>(threadIdx.x) / contract::kWarp;
     const int warps = static_cast<int>(blockDim.x) / contract::kWarp;
     float a = first, b = second;
-    for (int off = contract::kWarp / 2; off >= 1; off /= 2) {
-      a = contract::add(a, __shfl_xor_sync(0xFFFFFFFFu, a, off));
-      b = contract::add(b, __shfl_xor_sync(0xFFFFFFFFu, b, off));
-    }
+    warp_butterflies(&a, &b);
     if (lane == 0) {
       values[warp] = a;
       values[warp + warps] = b;
     }
-    if (static_cast<int>(threadIdx.x) < contract::kWarp && static_cast<int>(threadIdx.x) >= tree.groups) {
-      values[threadIdx.x] = 0.0f;
-    }
-    __syncthreads();
-    float v = values[lane];
-    for (int off = contract::kWarp / 2; off >= 1; off /= 2) v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
-    return v;
+    return combine_group_values(tree, values, lane);
   }
 
  private:
