@@ -335,7 +335,7 @@ EXC_HD void fused_rmsnorm_push_one_stage_reg(Ctx& ctx, const FusedRmsNormArgs<T>
 // `threads` threads: 1 where threads == lanes and the row has at most `lanes` packs (one pack a
 // thread); 2 where 2 threads == lanes, threads a multiple of the warp, and the row has at most
 // `lanes` packs (two packs a thread, lanes t and t + threads: a 1 024-lane row on 512 threads,
-// whose kernel has 128 registers a thread where 1 024 threads have 64); else 0, core's path. The
+// whose kernel may use 128 registers a thread where 1 024 threads have 64); else 0, core's path. The
 // host asks it too, where it picks the kernel compiled for that path.
 EXC_HD inline int lamport_register_lanes(int threads, const contract::RmsNormTree& tree) {
   if (tree.num_packs > tree.lanes) return 0;

@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
     // reads it; the peers read the copies it pushes).
     fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, fused_args<T>(args));
   } else if constexpr (kKind == FusedKernelKind::kLamportOneStage) {
-    // Core's path (lamport_one_stage_kernel runs the register path). No staging either:
+    // Core's path (lamport_one_stage_held_kernel runs the register path). No staging either:
     // base.inputs[rank] is this rank's x where the caller keeps it.
     fused_rmsnorm_lamport_one_stage<T, kRanks>(ctx, fused_args<T>(args));
   } else {

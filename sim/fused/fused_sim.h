@@ -157,8 +157,8 @@ struct FusedSpec {
   int blocks = 1;
   // Threads per block, 1..kMaxLanes; 0: the algorithm's default (fused_threads). Every count gives
   // the same bits; for gather_norm, one_stage_reg, push_one_stage_reg and lamport_one_stage it
-  // picks the path (the register path only where threads == the RMSNorm tree's lanes:
-  // fused_register_path).
+  // picks the path (the register path only where threads == the RMSNorm tree's lanes, and for
+  // lamport_one_stage also half of them: fused_register_path).
   int threads = 0;
   bool unfused_two_shot = false;  // unfused: two_shot all-reduce instead of one_shot
   // The all-reduce's library contract (canonical or tree); the residual add and the norm are the
@@ -172,7 +172,7 @@ struct FusedSpec {
 // H up to 2048 packs; beyond, core's path with as many threads); 1 for the others, whose code has
 // no path that depends on the thread count, and for lamport_one_stage, whose register path runs
 // only with the threads given (its seeded explorations run many calls of many blocks, one thread
-// each). (The GPU's default grid has max(64, lanes) threads, so
+// each). (The GPU's default grid has max(64, lanes) threads, lamport_one_stage 512 on 1024 lanes, so
 // for H of at most 32 packs the GPU takes core's path where the simulator runs the register path
 // by default; --threads 64 runs the GPU's. The bits are the same either way.)
 int fused_threads(const FusedSpec& spec);

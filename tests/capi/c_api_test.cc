@@ -473,9 +473,9 @@ TEST(CApiSim, FusedMatchesTheScalarReferenceUnderEveryContract) {
 }
 
 // options.threads (the CLI's --threads): the threads per block pick the register path or core's,
-// never the bits; out-of-range counts, lamport_one_stage past one thread, an alternative contract
-// and a collective with threads are refused; an older caller's struct (before threads) is never
-// read past its end.
+// never the bits (lamport_one_stage too, on one lane a thread, two, and core's path); out-of-range
+// counts, an alternative contract and a collective with threads are refused; an older caller's struct (before threads)
+// is never read past its end.
 TEST(CApiSim, FusedThreadsPickThePathNotTheBits) {
   exactcoll_sim_options options;
   exactcoll_sim_options_init(&options);
@@ -510,6 +510,12 @@ TEST(CApiSim, FusedThreadsPickThePathNotTheBits) {
   for (int threads : {2, 32}) {
     options.threads = threads;
     EXPECT_EQ(fused(EXACTCOLL_FUSED_LAMPORT_ONE_STAGE, EXACTCOLL_CONTRACT_CANONICAL), EXACTCOLL_OK) << last_error();
+  }
+  // Against the reference: H 512 bf16 has 64 lanes, so 64 threads hold one lane each, 32 two, 3 take core's path.
+  for (int threads : {64, 32, 3}) {
+    options.threads = threads;
+    expect_fused_matches_reference<bf16>(EXACTCOLL_BF16, 3, 3, 512, EXACTCOLL_FUSED_LAMPORT_ONE_STAGE,
+                                         EXACTCOLL_CONTRACT_CANONICAL, 900 + static_cast<uint64_t>(threads), &options);
   }
   expect_error(fused(EXACTCOLL_FUSED_AUTO, EXACTCOLL_CONTRACT_F32_RESIDUAL), inv,
                "blocks, threads, seeded schedules, traces and fault injection apply to the library's contracts");

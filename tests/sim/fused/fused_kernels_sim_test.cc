@@ -286,6 +286,43 @@ TEST(FusedKernelsSim, TheSimulatorsContextHasTheRegisterPath) {
   EXPECT_EQ(taken(2056 * 8, 1024), 0);  // four packs a thread: core's path
 }
 
+// The simulator's context has both register hooks that fused_rmsnorm_lamport_one_stage_reg asks for
+// (without either it would quietly run core's path, with the same bits), and the two-lane hook gives
+// the tree's sum: lanes t and t + nt of a 64-lane tree on 32 threads, lane l's partial l + 1.
+TEST(FusedKernelsSim, TheSimulatorsContextHasTheLamportRegisterHooks) {
+  sim::WorldOptions options;
+  options.ranks = 1;
+  sim::World world(options);
+  float got = -1.0f;
+  bool hooks = false;
+  sim::Launch launch;
+  launch.name = "two_lane_probe";
+  world.enqueue<bf16>(launch, [&](auto& ctx) {
+    FusedBlockOptions block;
+    block.threads = 32;
+    with_fused_ctx(ctx, block, [&](auto& fctx) {
+      contract::RmsNormTree tree;
+      contract::make_rmsnorm_tree<bf16>(64 * 8, &tree);  // 64 packs, 64 lanes
+      if constexpr (requires {
+                      fctx.sum_lane_partials(tree, 0.0f);
+                      fctx.sum_two_lane_partials(tree, 0.0f, 0.0f);
+                    }) {
+        const int t = fctx.thread();
+        const float ss = fctx.sum_two_lane_partials(tree, static_cast<float>(t + 1), static_cast<float>(t + 33));
+        if (t == 0) {
+          hooks = true;
+          got = ss;
+        }
+      }
+    });
+  });
+  world.run();
+  EXPECT_TRUE(hooks);
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<bf16>(64 * 8, &tree);
+  EXPECT_EQ(got, contract::combine_lane_partials(tree, [](int l) { return static_cast<float>(l + 1); }));
+}
+
 // The comparison above catches one flipped bit in any output element.
 TEST(FusedKernelsSim, OneFlippedOutputBitIsCaught) {
   const Case c{FusedAlgorithm::kGatherNorm, DType::kBF16, 3, 4, 64, 2, 0};
