@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "core/contract.h"
 #include "tests/sim/fused/exploration_calls.h"
 #include "core/fused_rmsnorm.h"
+#include "core/fused_rmsnorm_kernels.h"
 #include "core/lamport.h"
 #include "sim/fused/fused_sim.h"
 #include "sim/fused/random.h"
@@ -165,7 +167,11 @@ void make_call(const Call& c, int ranks, int hidden, uint64_t seed, CallData* ou
 // Runs the workload's calls back to back on one world; returns "" or the first failure. Each
 // rank reads its own x in place (the GPU kernel's base.inputs[rank]); a peer's x reads as the
 // unwritten pattern, so a fold that read a peer's x instead of its Lamport slot shows.
-std::string run_workload(const Workload& w, sim::Schedule schedule, uint64_t seed) {
+// threads_of(k): call k's threads a block; 0 runs core's fused_rmsnorm_lamport_one_stage with one
+// thread (the default), else the GPU's fused_rmsnorm_lamport_one_stage_reg with that many (its
+// register path where they are the tree's lanes or half of them, core's path otherwise).
+std::string run_workload(const Workload& w, sim::Schedule schedule, uint64_t seed,
+                         int (*threads_of)(size_t) = nullptr) {
   sim::WorldOptions options;
   options.ranks = w.ranks;
   options.schedule = schedule;
@@ -189,12 +195,22 @@ std::string run_workload(const Workload& w, sim::Schedule schedule, uint64_t see
     std::vector<const bf16*> own;
     for (int r = 0; r < w.ranks; ++r) own.push_back(d.own_x[r].data());
     const bf16* unreadable = d.unreadable.data();
-    world.enqueue<bf16>(launch, [args, own, unreadable](auto& ctx) {
+    const int threads = threads_of != nullptr ? threads_of(k) : 0;
+    const std::optional<uint64_t> order =
+        schedule == sim::Schedule::kSeeded ? std::optional<uint64_t>(seed) : std::nullopt;
+    world.enqueue<bf16>(launch, [args, own, unreadable, threads, order](auto& ctx) {
       fused::FusedBlockOptions block;
       block.own_x = own[ctx.rank()];
       block.unreadable_x = unreadable;
-      fused::with_fused_ctx(ctx, block,
-                            [&](auto& fctx) { fused_rmsnorm_lamport_one_stage<bf16>(fctx, args[fctx.rank()]); });
+      if (threads == 0) {
+        fused::with_fused_ctx(ctx, block,
+                              [&](auto& fctx) { fused_rmsnorm_lamport_one_stage<bf16>(fctx, args[fctx.rank()]); });
+      } else {
+        block.threads = threads;
+        block.thread_order_seed = order;
+        fused::with_fused_ctx(ctx, block,
+                              [&](auto& fctx) { fused_rmsnorm_lamport_one_stage_reg<bf16>(fctx, args[fctx.rank()]); });
+      }
     });
   }
   try {
@@ -229,6 +245,30 @@ TEST(LamportFusedShares, BackToBackCallsUnderSeededSchedules) {
   for (const Workload& w : kWorkloads) {
     for (uint64_t seed = 1; seed <= 250; ++seed) {
       const std::string problem = run_workload(w, sim::Schedule::kSeeded, seed);
+      ASSERT_EQ(problem, "") << describe(w) << ", seed " << seed;
+    }
+  }
+}
+
+// The GPU's kernels back to back with core's, sharing the buffers, the counter and the extents:
+// H 320 (40 packs, 64 lanes), calls on one lane a thread (64 threads), two (32), core's path on 3
+// threads and core's one-thread kernel, in turn.
+int threads_in_turn(size_t k) {
+  constexpr int kThreads[] = {64, 32, 0, 3};
+  return kThreads[k % 4];
+}
+
+const Workload kRegisterWorkloads[] = {
+    {2, 320, {{1, 3}, {7, 4}, {2, 5}, {3, 2}, {1, 8}, {7, 3}, {2, 16}}},
+    {3, 320, {{3, 4}, {1, 16}, {7, 6}, {2, 3}, {1, 1}, {3, 9}, {7, 7}}},
+    {4, 320, {{1, 4}, {2, 3}, {7, 5}, {3, 8}, {1, 16}, {2, 2}, {7, 3}}},
+};
+
+TEST(LamportFusedShares, RegisterPathsBackToBackWithCoresPath) {
+  for (const Workload& w : kRegisterWorkloads) {
+    EXPECT_EQ(run_workload(w, sim::Schedule::kThreads, 1, threads_in_turn), "") << describe(w);
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      const std::string problem = run_workload(w, sim::Schedule::kSeeded, seed, threads_in_turn);
       ASSERT_EQ(problem, "") << describe(w) << ", seed " << seed;
     }
   }
