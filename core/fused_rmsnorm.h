@@ -416,8 +416,8 @@ EXC_HD inline RowRange lamport_block_rows(const BlockShare& push, size_t hidden)
 //      (lamport_clear_previous: already a share over all blocks); then before_fold(): work of this
 //      block that needs no peer's data (the register path loads the weight there; core passes
 //      nothing);
-//   4. sync_block: every thread of the block has pushed before any thread polls. The GPU needs no
-//      such order (its threads run at once); the simulator runs a block's threads in turn
+//   4. sync_before_polls: every thread of the block has pushed before any thread polls. The GPU
+//      needs no such order (its threads run at once); the simulator runs a block's threads in turn
 //      (sim/block_threads.h), and without it a thread could poll for a pack that a later thread of
 //      the peer's block pushes, while that block waits in its own earlier thread's poll;
 //   5. for each of this block's rows (lamport_block_rows: the rows that end in its push share):
@@ -439,6 +439,19 @@ EXC_HD inline RowRange lamport_block_rows(const BlockShare& push, size_t hidden)
 // the barrier algorithms' (block b waits for the peers' block b). No new precondition on the grid
 // (pushing by fused_block_rows' rows while folding by the shares, or the other way round, would
 // make block 0 wait for the peers' later blocks).
+// lamport_one_stage's step 4: ctx.sync_block(), or ctx.sync_before_polls() where the context has
+// it. A context may provide it when its block's threads run at once and its sync_block costs more
+// than the order step 4 needs (none on a GPU): cuda_backend/fused's cluster context, whose
+// sync_block is a barrier of every block of a thread-block cluster, makes it a no-op.
+template <class Ctx>
+EXC_HD EXC_INLINE void sync_before_polls(Ctx& ctx) {
+  if constexpr (requires { ctx.sync_before_polls(); }) {
+    ctx.sync_before_polls();
+  } else {
+    ctx.sync_block();
+  }
+}
+
 template <class T, int kRanks, class Protocol, class Ctx, class BeforeFold, class RowFn>
 EXC_HD void lamport_one_stage_rows(Ctx& ctx, const FusedRmsNormArgs<T>& args, BeforeFold before_fold, RowFn row_fn) {
   constexpr int P = Storage<T>::kPack;
@@ -457,7 +470,7 @@ EXC_HD void lamport_one_stage_rows(Ctx& ctx, const FusedRmsNormArgs<T>& args, Be
   lamport_clear_previous<T, kRanks, Protocol>(ctx, c);
   before_fold();
   // 4. Every thread's pushes before any thread's polls.
-  ctx.sync_block();
+  sync_before_polls(ctx);
   // 5. This block's rows, from the polled operands.
   if constexpr (Ctx::kTraceSteps) {
     ctx.trace_step_begin("fused_rows");

@@ -166,32 +166,22 @@ EXC_HD void load_weight_packs(Ctx& ctx, const contract::RmsNormTree& tree, const
 
 // Normalizes a row whose residual_out packs this thread holds in ro (packs t + k * nt): lane
 // partial from the registers, ss through sum_lane_partials, out = rmsnorm_scale into out_row.
-// kLanes = 2 (lamport_one_stage_reg with 2 nt == lanes, kHeld == 2): thread t holds lanes t and
-// t + nt, whose packs are exactly its packs k = 0 and k = 1 (the row has at most `lanes` packs);
-// their partials go to sum_two_lane_partials.
-template <class T, int kHeld, class Ctx, int kLanes = 1>
+template <class T, int kHeld, class Ctx>
 EXC_HD void normalize_held_row(Ctx& ctx, const contract::RmsNormTree& tree, const Pack<T> (&ro)[kHeld],
                                const Pack<T> (&w)[kHeld], float eps, T* out_row) {
-  static_assert(kLanes == 1 || kHeld == kLanes, "two lanes a thread: one pack each");
   constexpr int P = Storage<T>::kPack;
   const int t = ctx.thread(), nt = ctx.num_threads();
-  float partial[kLanes] = {};
+  float partial = 0.0f;
   EXC_FUSED_UNROLL
   for (int k = 0; k < kHeld; ++k) {
     if (t + k * nt < tree.num_packs) {
-      float& lane = partial[kLanes == 1 ? 0 : k];
       for (int e = 0; e < P; ++e) {
         const float v = to_float(ro[k].v[e]);
-        lane = contract::add(lane, contract::mul(v, v));
+        partial = contract::add(partial, contract::mul(v, v));
       }
     }
   }
-  float ss;
-  if constexpr (kLanes == 1) {
-    ss = ctx.sum_lane_partials(tree, partial[0]);
-  } else {
-    ss = ctx.sum_two_lane_partials(tree, partial[0], partial[1]);
-  }
+  const float ss = ctx.sum_lane_partials(tree, partial);
   const float inv = contract::rmsnorm_inverse(ss, tree.hidden, eps);
   EXC_FUSED_UNROLL
   for (int k = 0; k < kHeld; ++k) {
@@ -209,7 +199,7 @@ EXC_HD void normalize_held_row(Ctx& ctx, const contract::RmsNormTree& tree, cons
 // residual_add(s, residual) for this thread's packs (the residual's load issued before the fold's),
 // stored to residual_out (and copy_residual_out when not null), then normalize_held_row. As core's
 // fused_row_from: lamport_one_stage passes its polled fold; fused_row_held folds core's x_of.
-template <class T, int kRanks, int kHeld, int kLanes = 1, class Ctx, class FoldOf>
+template <class T, int kRanks, int kHeld, class Ctx, class FoldOf>
 EXC_HD void fused_row_held_from(Ctx& ctx, const contract::RmsNormTree& tree, FoldOf fold_of, size_t row_begin,
                                 const T* residual, const Pack<T> (&w)[kHeld], float eps, T* residual_out, T* out,
                                 T* copy_residual_out) {
@@ -235,7 +225,7 @@ EXC_HD void fused_row_held_from(Ctx& ctx, const contract::RmsNormTree& tree, Fol
       if (copy_residual_out != nullptr) ctx.store(reinterpret_cast<Pack<T>*>(copy_residual_out + j), ro[k]);
     }
   }
-  normalize_held_row<T, kHeld, Ctx, kLanes>(ctx, tree, ro, w, eps, out);
+  normalize_held_row<T, kHeld>(ctx, tree, ro, w, eps, out);
 }
 
 // fused_row_held_from with s = fold over ranks of x_of(r) (core's x_of; all loads issued before the
@@ -331,55 +321,46 @@ EXC_HD void fused_rmsnorm_push_one_stage_reg(Ctx& ctx, const FusedRmsNormArgs<T>
   if (!held) fused_rmsnorm_push_one_stage<T, kRanks, Protocol, Halves>(ctx, args);
 }
 
-// Lanes of the RMSNorm tree a thread holds on lamport_one_stage_reg's register path for a block of
-// `threads` threads: 1 where threads == lanes and the row has at most `lanes` packs (one pack a
-// thread); 2 where 2 threads == lanes, threads a multiple of the warp, and the row has at most
-// `lanes` packs (two packs a thread, lanes t and t + threads: a 1 024-lane row on 512 threads,
-// whose kernel may use 128 registers a thread where 1 024 threads have 64); else 0, core's path. The
-// host asks it too, where it picks the kernel compiled for that path.
-EXC_HD inline int lamport_register_lanes(int threads, const contract::RmsNormTree& tree) {
-  if (tree.num_packs > tree.lanes) return 0;
-  if (threads == tree.lanes) return 1;
-  if (2 * threads == tree.lanes && threads % contract::kWarp == 0) return 2;
-  return 0;
+// Whether lamport_one_stage_reg's register path serves a block of `threads` threads: threads ==
+// the tree's lanes and the row has at most `lanes` packs (one pack, one lane a thread); else core's
+// path. The GPU's host asks it of a thread-block cluster's threads (cuda_backend/fused,
+// lamport_cluster_blocks: a cluster of C blocks of lanes / C threads is one such block).
+EXC_HD inline bool lamport_register_path(int threads, const contract::RmsNormTree& tree) {
+  return threads == tree.lanes && tree.num_packs <= tree.lanes;
 }
 
-// lamport_one_stage on the register path, kLanes lanes (and packs) a thread: core's
-// lamport_one_stage_rows (push, clear, the block's sync, the polled fold, no barrier) with
-// fused_row_held_from as the row step. This thread's weight packs are loaded after its pushes and
-// clears, so their latency hides in the peers' (the polls that follow wait for NVLink). Core's path
+// lamport_one_stage on the register path, one lane (and pack) a thread: core's
+// lamport_one_stage_rows (push, clear, the sync before the polls, the polled fold, no barrier) with
+// fused_row_held_from as the row step. This thread's weight pack is loaded after its pushes and
+// clears, so its latency hides in the peers' (the polls that follow wait for NVLink). Core's path
 // (fused_row_from) stores the row's residual_out, syncs the block, reads it back element by element
 // for the lane partials and again for the scale: two more round trips to memory and two more block
 // syncs a row.
-template <class T, int kRanks, int kLanes, class Protocol, class Ctx>
+template <class T, int kRanks, class Protocol, class Ctx>
 EXC_HD void lamport_one_stage_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, const contract::RmsNormTree& tree) {
   const size_t H = static_cast<size_t>(args.hidden);
-  Pack<T> w[kLanes];
+  Pack<T> w[1];
   lamport_one_stage_rows<T, kRanks, Protocol>(
-      ctx, args, [&] { load_weight_packs<T, kLanes>(ctx, tree, args.weight, w); },
+      ctx, args, [&] { load_weight_packs<T, 1>(ctx, tree, args.weight, w); },
       [&](int row, auto fold_of) {
         const size_t base = static_cast<size_t>(row) * H;
-        fused_row_held_from<T, kRanks, kLanes, kLanes>(ctx, tree, fold_of, base, args.residual + base, w, args.eps,
-                                                       args.residual_out + base, args.out + base,
-                                                       static_cast<T*>(nullptr));
+        fused_row_held_from<T, kRanks, 1>(ctx, tree, fold_of, base, args.residual + base, w, args.eps,
+                                          args.residual_out + base, args.out + base, static_cast<T*>(nullptr));
       });
 }
 
-// lamport_one_stage with the rows in registers (the GPU's lamport_one_stage kernels: one per path,
-// picked on the host; same preconditions and bits as core's fused_rmsnorm_lamport_one_stage, which it
-// runs when lamport_register_lanes is 0 or the Ctx has no register hooks; the two share every
-// Lamport buffer and counter, so either may follow the other).
+// lamport_one_stage with the rows in registers (the GPU's lamport_one_stage kernels: the host picks
+// the register path's kernel or core's; same preconditions and bits as core's
+// fused_rmsnorm_lamport_one_stage, which it runs when lamport_register_path is false or the Ctx has
+// no sum_lane_partials; the two share every Lamport buffer and counter, so either may follow the
+// other).
 template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
 EXC_HD void fused_rmsnorm_lamport_one_stage_reg(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(args.hidden, &tree);
-  if constexpr (requires(Ctx & c, const contract::RmsNormTree& tr) {
-                  c.sum_lane_partials(tr, 0.0f);
-                  c.sum_two_lane_partials(tr, 0.0f, 0.0f);
-                }) {
-    const int lanes = lamport_register_lanes(ctx.num_threads(), tree);
-    if (lanes == 1) return lamport_one_stage_held<T, kRanks, 1, Protocol>(ctx, args, tree);
-    if (lanes == 2) return lamport_one_stage_held<T, kRanks, 2, Protocol>(ctx, args, tree);
+  if constexpr (requires(Ctx & c, const contract::RmsNormTree& tr) { c.sum_lane_partials(tr, 0.0f); }) {
+    if (lamport_register_path(ctx.num_threads(), tree))
+      return lamport_one_stage_held<T, kRanks, Protocol>(ctx, args, tree);
   }
   fused_rmsnorm_lamport_one_stage<T, kRanks, Protocol>(ctx, args);
 }

@@ -295,15 +295,19 @@ struct LamportCall {
   size_t buffer_elements = 0, slot_elements = 0;
 };
 
-// Step 1: reads the call number from this block's slot (every block of the launch reads the same).
-// The block's sync first: a Lamport kernel has no barrier before its polls, and the GPU's polls
-// read block-shared state the launch has just reset (the aborted flag; kernels.cuh).
+// Step 1: reads the call number from this block's slot (every block of the launch reads the same),
+// then the block's sync: a Lamport kernel has no barrier before its polls, and the GPU's polls read
+// block-shared state the launch has just reset (the aborted flag; kernels.cuh). The read comes
+// before the sync, so the sync orders every thread's read before the block's write of the next
+// call number (end_lamport_call), whatever that sync orders: cuda_backend/fused's cluster context,
+// whose block is a thread-block cluster, makes only this first sync a release and acquire of the
+// whole cluster.
 template <class T, class Protocol, class Ctx>
 EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx) {
   constexpr int B = Protocol::kBuffers;
-  ctx.sync_block();
   LamportCall<T> c;
   c.calls = ctx.signals(ctx.rank())->lamport_calls[ctx.block()];
+  ctx.sync_block();
   c.buffer = static_cast<int>(c.calls % B);
   c.previous = static_cast<int>((c.calls + B - 1) % B);
   const LamportLayout layout = lamport_layout(ctx.lamport_bytes(), ctx.world_size());

@@ -659,6 +659,11 @@ void Communicator::check(cudaStream_t stream) {
                   "rank %d block %d: rank %d never wrote its data (lamport_one_shot call %u, Lamport buffer %d: "
                   "element %u still held the sentinel after %.1f ms)",
                   e.rank, e.block, e.peer, e.expected, e.set, e.observed, static_cast<double>(e.waited_ns) / 1e6);
+  } else if (e.kind == kErrorClusterTimeout) {
+    std::snprintf(message, sizeof message,
+                  "rank %d block %d: the other blocks of its thread-block cluster never sent their partial sums "
+                  "(lamport_one_stage, exchange %u of the launch, after %.1f ms)",
+                  e.rank, e.block, e.expected, static_cast<double>(e.waited_ns) / 1e6);
   } else {
     std::snprintf(
         message, sizeof message,

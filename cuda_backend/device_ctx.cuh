@@ -55,18 +55,10 @@ __device__ __forceinline__ const void* load_relaxed_sys_u64(const void* const* s
 //     xor butterfly all lanes hold the same bits: add is commutative);
 //   combine_group_values(tree, values, lane): once lane 0 of each group's warp stored its value in
 //     values[g], pads values to 32 with 0.0f, __syncthreads, and the second butterfly in every warp:
-//     every thread returns ss. Called by every thread of the block;
-//   warp_butterflies(a, b): two butterflies, step by step together.
+//     every thread returns ss. Called by every thread of the block.
 __device__ __forceinline__ float warp_butterfly(float v) {
   for (int off = contract::kWarp / 2; off >= 1; off /= 2) v = contract::add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
   return v;
-}
-// Two groups' butterflies at once, their steps interleaved (two lanes a thread: sum_two_lane_partials).
-__device__ __forceinline__ void warp_butterflies(float* a, float* b) {
-  for (int off = contract::kWarp / 2; off >= 1; off /= 2) {
-    *a = contract::add(*a, __shfl_xor_sync(0xFFFFFFFFu, *a, off));
-    *b = contract::add(*b, __shfl_xor_sync(0xFFFFFFFFu, *b, off));
-  }
 }
 __device__ __forceinline__ float combine_group_values(const contract::RmsNormTree& tree, float* values, int lane) {
   if (static_cast<int>(threadIdx.x) < contract::kWarp && static_cast<int>(threadIdx.x) >= tree.groups) {
@@ -271,6 +263,27 @@ class DeviceCtx {
   // One volatile 16-byte load of this rank's own region, whatever it finds (core/lamport.h's
   // lamport_fold_pack issues every peer's first load with it before polling any).
   __device__ __forceinline__ Pack<T> lamport_peek(const Pack<T>* p) const { return lamport_load(p); }
+
+  // Spins until done() returns true, bounded by timeout_ns as wait() is: on giving up records an
+  // error of `kind` (peer, set and expected as the kind defines them; observed 0), sets the
+  // block's aborted flag and returns false. For waits on this GPU that no peer's give-up ends
+  // (cuda_backend/fused's cluster exchange: every block of a cluster sends, whatever its polls saw).
+  template <class Done>
+  __device__ bool spin_until(Done done, uint32_t kind, int peer, int set, uint32_t expected) const {
+    if (done()) return true;
+    const uint64_t start = global_timer_ns();
+    for (uint32_t spins = 1;; ++spins) {
+      if (done()) return true;
+      if ((spins & 255u) == 0) {
+        const uint64_t waited = global_timer_ns() - start;
+        if (waited > args_.timeout_ns) {
+          *aborted_ = 1;
+          record_error(kind, peer, set, expected, 0, waited);
+          return false;
+        }
+      }
+    }
+  }
 
   // Whether some wait of this block gave up (after sync_block, every thread agrees).
   __device__ __forceinline__ bool aborted() const { return *aborted_ != 0; }

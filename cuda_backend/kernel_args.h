@@ -112,6 +112,10 @@ inline constexpr uint32_t kErrorFlagTimeout = 1;
 // A Lamport poll timed out: peer = the rank that never wrote, set = the Lamport buffer, expected =
 // the call number, observed = the element still holding the sentinel.
 inline constexpr uint32_t kErrorLamportTimeout = 2;
+// A block of a thread-block cluster never got the partial sums of the cluster's other blocks
+// (cuda_backend/fused, lamport_one_stage on a cluster): peer = this rank, set = the block's rank
+// in its cluster, expected = the cluster's exchange number in this launch.
+inline constexpr uint32_t kErrorClusterTimeout = 3;
 
 // One launch. Pointers are device addresses valid in this process (peers' buffers opened through
 // CUDA IPC). inputs[r] is what the algorithm reads as rank r's input: peers' staging buffers or
@@ -157,6 +161,10 @@ struct LaunchConfig {
   // may be scheduled before the previous kernel of the stream finishes; it waits for that kernel's
   // completion in griddepcontrol.wait before touching memory).
   bool programmatic = false;
+  // Blocks per thread-block cluster (sm90), 1: none. Only lamport_one_stage's cluster kernel
+  // (cuda_backend/fused) launches with more: its C blocks of a cluster act as one block of C x
+  // threads (the cluster's threads hold the row's lanes). Preconditions: blocks a multiple of it.
+  int cluster = 1;
 };
 
 }  // namespace exactcoll::cuda

@@ -114,7 +114,8 @@ __global__ void __launch_bounds__(1024) barrier_kernel(const __grid_constant__ K
 }
 
 // Launches kernel(args) on cfg's grid, with the programmatic-dependent-launch attribute when
-// cfg.programmatic (captured into CUDA graphs as a programmatic edge). Preconditions: the kernel
+// cfg.programmatic (captured into CUDA graphs as a programmatic edge) and clusters of cfg.cluster
+// blocks when it is above 1. Preconditions: the kernel
 // calls enter_after_previous_grid() before it touches memory (the collective and fused kernels).
 template <class Args>
 inline cudaError_t launch_kernel(void (*kernel)(const Args), const Args& args, LaunchConfig cfg, cudaStream_t stream) {
@@ -123,11 +124,22 @@ inline cudaError_t launch_kernel(void (*kernel)(const Args), const Args& args, L
   config.blockDim = dim3(static_cast<unsigned>(cfg.threads));
   config.dynamicSmemBytes = 0;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attribute[2];
+  unsigned attributes = 0;
+  if (cfg.programmatic) {
+    attribute[attributes].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[attributes].val.programmaticStreamSerializationAllowed = 1;
+    ++attributes;
+  }
+  if (cfg.cluster > 1) {
+    attribute[attributes].id = cudaLaunchAttributeClusterDimension;
+    attribute[attributes].val.clusterDim.x = static_cast<unsigned>(cfg.cluster);
+    attribute[attributes].val.clusterDim.y = 1;
+    attribute[attributes].val.clusterDim.z = 1;
+    ++attributes;
+  }
   config.attrs = attribute;
-  config.numAttrs = cfg.programmatic ? 1 : 0;
+  config.numAttrs = attributes;
   return cudaLaunchKernelEx(&config, kernel, args);
 }
 

@@ -6,6 +6,8 @@
 // type.
 #pragma once
 
+#include <cooperative_groups.h>
+#include <cuda/ptx>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,26 +43,128 @@ class FusedDeviceCtx : public DeviceCtx<T, kRanks, kFold> {
     return combine_group_values(tree, values, lane);
   }
 
-  // The same with two lanes a thread (2 blockDim == tree.lanes, blockDim a multiple of 32): thread t
-  // holds lanes t and t + blockDim, so warp w holds groups w and w + warps; both butterflies, then
-  // the same second step.
-  __device__ float sum_two_lane_partials(const contract::RmsNormTree& tree, float first, float second) {
-    __shared__ float group_values[2][contract::kWarp];
-    float* values = group_values[calls_++ & 1u];
-    const int lane = static_cast<int>(threadIdx.x) % contract::kWarp;
-    const int warp = static_cast<int>(threadIdx.x) / contract::kWarp;
-    const int warps = static_cast<int>(blockDim.x) / contract::kWarp;
-    float a = first, b = second;
-    warp_butterflies(&a, &b);
-    if (lane == 0) {
-      values[warp] = a;
-      values[warp + warps] = b;
+ private:
+  uint32_t calls_ = 0;
+};
+
+// Shared memory of one block of a cluster for ClusterRowCtx's exchange of group values: two arrays
+// of the 32 values and an mbarrier for each, used by alternate exchanges.
+struct ClusterExchange {
+  alignas(8) uint64_t arrived[2];
+  float values[2][contract::kWarp];
+};
+
+// A thread-block cluster of C blocks as one block of C x blockDim threads, for core's templates
+// (lamport_one_stage on the register path with a row of `lanes` lanes on C blocks of lanes / C
+// threads, one lane a thread: the row is folded and normalized by C multiprocessors where one block
+// would fold it alone, or hold two lanes a thread):
+//   thread() = the block's rank in its cluster x blockDim + threadIdx.x, num_threads() = C x
+//   blockDim, block() = the cluster's index, num_blocks() = the grid's clusters;
+//   sync_block(): the first call (begin_lamport_call's, after every thread read the call number) is
+//   the cluster's barrier with release and acquire at cluster scope, which orders memory for every
+//   thread of the cluster as __syncthreads does for a block's; nothing is pending then, so it is
+//   cheap. Later calls (end_lamport_call's, the only other one in lamport_one_stage_rows) are
+//   __syncthreads and a relaxed cluster barrier: what end_lamport_call's sync orders across blocks,
+//   every block's read of the call number before the write of the next, the first sync ordered
+//   already; a release there would first wait for every push over NVLink to be written, which cost
+//   1 to 1.5 us a launch on 2 GPUs (docs/benchmarks.md);
+//   sync_before_polls() (core/fused_rmsnorm.h, lamport_one_stage's step 4) = nothing: the GPU needs
+//   no order there, and a cluster barrier's release would first wait for every push to be written;
+//   sum_lane_partials(tree, partial): thread t of the cluster holds lane t's partial, so warp w of
+//   cluster block c holds group c x warps + w. The warp's butterfly gives the group's value; its
+//   lane 0 stores it into every block's values[group] with st.async, each store completing bytes
+//   on the receiving block's mbarrier; every thread waits for its own block's mbarrier to count all
+//   tree.groups values, then runs the second butterfly over the 32 (padded with 0.0f once, at
+//   construction): the same tree, so the same bits, as one block of C x blockDim threads, which is
+//   what the simulator runs. No cluster barrier and no release of the thread's earlier global
+//   stores (the row's residual_out) is needed for it.
+// Why two arrays and two mbarriers suffice: a block sends exchange k + 2's values into array k mod 2
+// of every block only after its own exchange k + 1 completed, which needs every block's exchange
+// k + 1 values, which every warp of every block sends only after its own exchange k completed and
+// it read exchange k's values: no block's array k mod 2 is still being read, and no block's
+// mbarrier k mod 2 is still counting exchange k (an expect_tx arriving after some of exchange k + 2's
+// bytes is allowed: the mbarrier's count of pending bytes goes below zero until it arrives).
+// Preconditions: launched with clusters of C blocks (LaunchConfig::cluster), gridDim.x a multiple
+// of C, C x blockDim == tree.lanes; every thread of the cluster makes the same calls. The first
+// sync_block (begin_lamport_call's) comes before any exchange: every block of the cluster has
+// started and initialized its mbarriers before any st.async reaches it; the last (end_lamport_call's)
+// comes after every exchange, so no block exits while another's values may still be on their way to
+// it.
+template <class T, int kRanks, Contract kFold = Contract::kCanonical>
+class ClusterRowCtx : public FusedDeviceCtx<T, kRanks, kFold> {
+ public:
+  __device__ ClusterRowCtx(const KernelArgs& args, volatile int* aborted, ClusterExchange* exchange,
+                           const contract::RmsNormTree& tree)
+      : FusedDeviceCtx<T, kRanks, kFold>(args, aborted),
+        exchange_(exchange),
+        cluster_rank_(static_cast<int>(cooperative_groups::this_cluster().block_rank())),
+        cluster_blocks_(static_cast<int>(cooperative_groups::this_cluster().num_blocks())) {
+    if (threadIdx.x == 0) {
+      ::cuda::ptx::mbarrier_init(&exchange_->arrived[0], 1);
+      ::cuda::ptx::mbarrier_init(&exchange_->arrived[1], 1);
+      ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
     }
-    return combine_group_values(tree, values, lane);
+    if (static_cast<int>(threadIdx.x) < contract::kWarp && static_cast<int>(threadIdx.x) >= tree.groups) {
+      exchange_->values[0][threadIdx.x] = 0.0f;
+      exchange_->values[1][threadIdx.x] = 0.0f;
+    }
+  }
+
+  __device__ __forceinline__ int block() const { return static_cast<int>(blockIdx.x) / cluster_blocks_; }
+  __device__ __forceinline__ int num_blocks() const { return static_cast<int>(gridDim.x) / cluster_blocks_; }
+  __device__ __forceinline__ int thread() const {
+    return cluster_rank_ * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
+  }
+  __device__ __forceinline__ int num_threads() const { return cluster_blocks_ * static_cast<int>(blockDim.x); }
+  __device__ __forceinline__ void sync_block() {
+    if (syncs_++ == 0) {
+      cooperative_groups::this_cluster().sync();
+    } else {
+      __syncthreads();
+      ::cuda::ptx::barrier_cluster_arrive(::cuda::ptx::sem_relaxed);
+      ::cuda::ptx::barrier_cluster_wait();
+    }
+  }
+  __device__ __forceinline__ void sync_before_polls() const {}
+
+  __device__ float sum_lane_partials(const contract::RmsNormTree& tree, float partial) {
+    const uint32_t exchange = exchanges_++;
+    float* values = exchange_->values[exchange & 1u];
+    uint64_t* arrived = &exchange_->arrived[exchange & 1u];
+    const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    const int lane = static_cast<int>(threadIdx.x) % contract::kWarp;
+    const int group = cluster_rank_ * (static_cast<int>(blockDim.x) / contract::kWarp) +
+                      static_cast<int>(threadIdx.x) / contract::kWarp;
+    const float v = warp_butterfly(partial);
+    if (threadIdx.x == 0) {
+      ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                             ::cuda::ptx::space_shared, arrived,
+                                             static_cast<uint32_t>(tree.groups) * sizeof(float));
+    }
+    if (lane == 0) {
+      for (int c = 0; c < cluster_blocks_; ++c) {
+        ::cuda::ptx::st_async(cluster.map_shared_rank(values + group, c), v, cluster.map_shared_rank(arrived, c));
+      }
+    }
+    // After a give-up (a bug: every block sends) later exchanges do not wait; the launch's result is
+    // garbage and the recorded error fails the call (Communicator::check).
+    if (!exchange_failed_) {
+      const uint32_t parity = (exchange >> 1) & 1u;
+      exchange_failed_ = !this->spin_until(
+          [&] {
+            return ::cuda::ptx::mbarrier_try_wait_parity(::cuda::ptx::sem_acquire, ::cuda::ptx::scope_cluster, arrived,
+                                                         parity);
+          },
+          kErrorClusterTimeout, this->rank(), cluster_rank_, exchange);
+    }
+    return warp_butterfly(values[lane]);
   }
 
  private:
-  uint32_t calls_ = 0;
+  ClusterExchange* exchange_;
+  int cluster_rank_, cluster_blocks_;
+  uint32_t syncs_ = 0, exchanges_ = 0;
+  bool exchange_failed_ = false;
 };
 
 template <class T>
@@ -111,29 +215,52 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
   }
 }
 
-// lamport_one_stage on the register path, kLanes lanes (and packs) a thread: the kernels the host
-// launches where lamport_register_lanes(threads, tree) is 1 or 2, else fused_kernel's core path.
+// lamport_one_stage on the register path, one lane (and pack) a thread: the kernel the host
+// launches where a block holds a row's lanes (threads == lanes: lamport_cluster_blocks 1), else
+// lamport_one_stage_cluster_kernel (a cluster of C blocks holds them) or fused_kernel's core path.
 // What core/fused_rmsnorm_kernels.h's fused_rmsnorm_lamport_one_stage_reg (the simulator's) picks
-// at run time, as separate kernels so that each is compiled with only its own registers: two
-// lanes a thread run 512-thread blocks at most, so ptxas may give them 128 registers a thread.
-template <class T, int kRanks, int kLanes, Contract kFold>
-__global__ void __launch_bounds__(kLanes == 2 ? 512 : 1024)
-    lamport_one_stage_held_kernel(const __grid_constant__ FusedKernelArgs args) {
+// at run time, as separate kernels so that each is compiled with only its own registers.
+template <class T, int kRanks, Contract kFold>
+__global__ void __launch_bounds__(1024) lamport_one_stage_held_kernel(const __grid_constant__ FusedKernelArgs args) {
   enter_after_previous_grid();
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;  // begin_lamport_call's sync_block orders it before any poll
   FusedDeviceCtx<T, kRanks, kFold> ctx(args.base, &aborted);
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(args.hidden, &tree);
-  lamport_one_stage_held<T, kRanks, kLanes, LamportProtocol>(ctx, fused_args<T>(args), tree);
+  lamport_one_stage_held<T, kRanks, LamportProtocol>(ctx, fused_args<T>(args), tree);
 }
 
-template <class T, int kRanks, int kLanes>
-cudaError_t launch_lamport_held(const FusedKernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
-  if (args.base.contract == static_cast<int32_t>(Contract::kTree)) {
-    return launch_kernel(lamport_one_stage_held_kernel<T, kRanks, kLanes, Contract::kTree>, args, cfg, stream);
+// lamport_one_stage on the register path over thread-block clusters (ClusterRowCtx): C blocks of
+// lanes / C threads hold a row, one lane a thread. Blocks of at most 512 threads (C >= 2), so
+// ptxas may give a thread 128 registers.
+template <class T, int kRanks, Contract kFold>
+__global__ void __launch_bounds__(512) lamport_one_stage_cluster_kernel(const __grid_constant__ FusedKernelArgs args) {
+  enter_after_previous_grid();
+  __shared__ int aborted;
+  __shared__ ClusterExchange exchange;
+  if (threadIdx.x == 0) aborted = 0;  // begin_lamport_call's sync_block (the cluster's) orders it
+  contract::RmsNormTree tree;
+  contract::make_rmsnorm_tree<T>(args.hidden, &tree);
+  ClusterRowCtx<T, kRanks, kFold> ctx(args.base, &aborted, &exchange, tree);
+  lamport_one_stage_held<T, kRanks, LamportProtocol>(ctx, fused_args<T>(args), tree);
+}
+
+// lamport_one_stage's kernel for cfg: lamport_cluster_blocks(cfg.threads, tree) (fused_table.h)
+// blocks hold a row: 2..kMaxClusterBlocks, the cluster kernel (cfg.cluster must be that, and
+// cfg.blocks a multiple of it: FusedRmsNorm::run sets both); 1, the one-block register kernel;
+// 0, fused_kernel's core path. cudaErrorInvalidValue for a cfg.cluster that does not match.
+template <class T, int kRanks, Contract kFold>
+cudaError_t launch_lamport_one_stage(const FusedKernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
+  contract::RmsNormTree tree;
+  if (!contract::make_rmsnorm_tree<T>(args.hidden, &tree)) return cudaErrorInvalidValue;
+  const int row_blocks = lamport_cluster_blocks(cfg.threads, tree.lanes, tree.num_packs);
+  if (std::max(cfg.cluster, 1) != std::max(row_blocks, 1) || cfg.blocks % std::max(cfg.cluster, 1) != 0) {
+    return cudaErrorInvalidValue;
   }
-  return launch_kernel(lamport_one_stage_held_kernel<T, kRanks, kLanes, Contract::kCanonical>, args, cfg, stream);
+  if (row_blocks > 1) return launch_kernel(lamport_one_stage_cluster_kernel<T, kRanks, kFold>, args, cfg, stream);
+  if (row_blocks == 1) return launch_kernel(lamport_one_stage_held_kernel<T, kRanks, kFold>, args, cfg, stream);
+  return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kLamportOneStage, kFold>, args, cfg, stream);
 }
 
 // The split paths' residual + RMSNorm (and exactcoll_add_rmsnorm), one kernel per path, so each
@@ -216,15 +343,11 @@ cudaError_t launch_fused_for_ranks(FusedKernelKind kind, const FusedKernelArgs& 
       return launch_fused_under_contract<T, kRanks, FusedKernelKind::kOneStageReg>(args, cfg, stream);
     case FusedKernelKind::kPushOneStage:
       return launch_fused_under_contract<T, kRanks, FusedKernelKind::kPushOneStage>(args, cfg, stream);
-    case FusedKernelKind::kLamportOneStage: {
-      contract::RmsNormTree tree;
-      if (!contract::make_rmsnorm_tree<T>(args.hidden, &tree)) return cudaErrorInvalidValue;
-      switch (lamport_register_lanes(cfg.threads, tree)) {
-        case 1: return launch_lamport_held<T, kRanks, 1>(args, cfg, stream);
-        case 2: return launch_lamport_held<T, kRanks, 2>(args, cfg, stream);
-        default: return launch_fused_under_contract<T, kRanks, FusedKernelKind::kLamportOneStage>(args, cfg, stream);
+    case FusedKernelKind::kLamportOneStage:
+      if (args.base.contract == static_cast<int32_t>(Contract::kTree)) {
+        return launch_lamport_one_stage<T, kRanks, Contract::kTree>(args, cfg, stream);
       }
-    }
+      return launch_lamport_one_stage<T, kRanks, Contract::kCanonical>(args, cfg, stream);
     case FusedKernelKind::kResidualRmsNorm:
       return cudaErrorInvalidValue;  // not per world size: launch_fused_typed launches it
   }

@@ -162,7 +162,10 @@ FusedCallInfo FusedRmsNorm::run(const FusedRmsNormBuffers& b, const FusedRmsNorm
 
   // 3. Where x comes from: registered (peers' copies at the same offset) or staged; push_one_stage
   //    reads it where it is (only this rank's kernel reads it: peers read what it pushes).
+  //    lamport_one_stage's grid: clusters where several blocks hold a row (lamport_launch_grid).
   check_grid(info.grid, true);
+  if (choice.algo == FusedAlgorithm::kLamportOneStage)
+    info.grid = lamport_launch_grid(info.grid, shape.hidden, shape.dtype);
   const bool x_in_place =
       choice.algo == FusedAlgorithm::kPushOneStage || choice.algo == FusedAlgorithm::kLamportOneStage;
   KernelArgs base = comm_.ipc_kernel_args();

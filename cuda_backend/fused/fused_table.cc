@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/signal.h"
+#include "cuda_backend/fused/fused_kernel_args.h"
 #include "cuda_backend/tsv.h"
 
 namespace exactcoll::cuda::fused {
@@ -46,10 +47,10 @@ LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType
   const int per_block_rows = all_rows ? rows : (rows + n - 1) / n;
   int blocks = per_block_rows;
   if (algo == FusedAlgorithm::kLamportOneStage) {
-    // A row of 1 024 lanes runs on 512 threads, two lanes a thread (lamport_register_lanes): its
-    // kernel may use up to 128 registers a thread (ptxas gives it 97 on 4 ranks, no spill) where
-    // 1 024 threads get 64.
-    if (g.threads >= 1024 && hidden / pack_elements(dtype) <= g.threads) g.threads /= 2;
+    // One row of 1 024 lanes (and at most as many packs) runs on a thread-block cluster of
+    // kLamportRowCluster blocks of 128 threads (lamport_cluster_blocks); other rows on one block
+    // of their lanes (docs/benchmarks.md, "lamport_one_stage on thread-block clusters").
+    if (rows == 1 && g.threads == 1024 && hidden / pack_elements(dtype) <= 1024) g.threads /= kLamportRowCluster;
     // Every block pushes a share of the whole message (core/fused_rmsnorm.h): enough blocks that
     // each stores at most kLamportPushBytesPerBlock of x into every peer, even at 1 row.
     const uint64_t bytes = static_cast<uint64_t>(std::max(rows, 0)) * static_cast<uint64_t>(hidden) * dtype_size(dtype);
@@ -58,7 +59,16 @@ LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType
         std::max<uint64_t>(static_cast<uint64_t>(std::max(blocks, 0)), std::min<uint64_t>(push_blocks, kMaxBlocks)));
   }
   g.blocks = std::clamp(blocks, 1, kMaxBlocks);
-  return g;
+  return algo == FusedAlgorithm::kLamportOneStage ? lamport_launch_grid(g, hidden, dtype) : g;
+}
+
+LaunchConfig lamport_launch_grid(LaunchConfig grid, int hidden, DType dtype) {
+  static_assert(kMaxBlocks % kMaxClusterBlocks == 0, "a grid of kMaxBlocks must hold whole clusters");
+  const int packs = hidden / pack_elements(dtype);
+  const int lanes = 32 * ((std::min(packs, 1024) + 31) / 32);  // contract::make_rmsnorm_tree's
+  grid.cluster = std::max(1, lamport_cluster_blocks(grid.threads, lanes, packs));
+  grid.blocks = std::min(kMaxBlocks, (grid.blocks + grid.cluster - 1) / grid.cluster * grid.cluster);
+  return grid;
 }
 
 LaunchConfig residual_rmsnorm_grid(int rows, int hidden, DType dtype) {

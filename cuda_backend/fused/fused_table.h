@@ -74,15 +74,30 @@ struct FusedChoice {
 // slowest pusher. Not measured yet: a fused table row's grid overrides it for its problem.
 inline constexpr uint64_t kLamportPushBytesPerBlock = 2048;
 
+// The thread-block cluster lamport_one_stage's default grid folds one row of 1 024 lanes on: 8
+// blocks of 128 threads. Measured on 4 x H100 at 1 row of H 8192 bf16 (docs/benchmarks.md,
+// "lamport_one_stage on thread-block clusters"): 5.24 / 5.48 us on 8 blocks, 5.20 / 6.05 on 4,
+// 5.94 / 6.06 on 2, 6.76 / 6.75 on one block of 1 024 threads; at 16 and 64 rows, and at 1 row of
+// H 2880 and 4096, one block a row was as fast or faster.
+inline constexpr int kLamportRowCluster = 8;
+
 // The grid the fused kernels use for a problem: threads = the RMSNorm tree's lanes (32 *
 // ceil(min(H / pack, 1024) / 32), at least 64), so that in the common case each thread owns its
 // lanes' packs; blocks = one per row of the block's rows (one_stage, one_stage_reg,
 // push_one_stage: rows; two-stage kinds: a rank's slice, ceil(rows / n)); lamport_one_stage: the
 // larger of rows and ceil(rows * H * element bytes / kLamportPushBytesPerBlock) (its push is spread
 // over the whole grid, its rows go to the blocks whose push share they end in); at most kMaxBlocks.
-// lamport_one_stage on a row of 1 024 lanes and at most as many packs (H 8192 bf16/fp16, 4096
-// fp32): 512 threads, two lanes a thread (core/fused_rmsnorm_kernels.h, lamport_register_lanes).
+// lamport_one_stage on one row of 1 024 lanes and at most as many packs (H 8192 bf16/fp16, 4096
+// fp32): 1024 / kLamportRowCluster threads, so that a thread-block cluster of kLamportRowCluster
+// blocks holds the row, one lane a thread (lamport_cluster_blocks), and the blocks a multiple of
+// the cluster (lamport_launch_grid).
 LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType dtype, int world_size);
+
+// lamport_one_stage's launch on `grid` (the table's or the default): cluster = the blocks that hold a
+// row (lamport_cluster_blocks of grid.threads and the row's lanes and packs) where that is 2 or
+// more, else 1; blocks rounded up to a multiple of it (at most kMaxBlocks, itself a multiple of
+// kMaxClusterBlocks). Preconditions: hidden a positive multiple of the pack.
+LaunchConfig lamport_launch_grid(LaunchConfig grid, int hidden, DType dtype);
 
 // The grid of the separate residual + RMSNorm kernel (no barriers: one block per row, up to 8192).
 LaunchConfig residual_rmsnorm_grid(int rows, int hidden, DType dtype);

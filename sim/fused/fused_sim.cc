@@ -245,7 +245,7 @@ int fused_threads(const FusedSpec& spec) {
 bool fused_register_path(const FusedSpec& spec) {
   contract::RmsNormTree tree;
   if (!make_tree(spec, &tree)) return false;
-  if (spec.algo == FusedAlgorithm::kLamportOneStage) return lamport_register_lanes(fused_threads(spec), tree) > 0;
+  if (spec.algo == FusedAlgorithm::kLamportOneStage) return lamport_register_path(fused_threads(spec), tree);
   if (!runs_register_kernel(spec.algo)) return false;
   return fused_threads(spec) == tree.lanes && tree.num_packs <= 2 * tree.lanes;  // register_path_fits<2>
 }

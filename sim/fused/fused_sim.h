@@ -58,8 +58,6 @@ struct FusedBlockShared {
 //       calls the hook before the sync_block that publishes its row reads it early and shows.
 //   sum_lane_partials(tree, partial): the register path's hook; precondition nt == tree.lanes:
 //       thread t's partial is lane t's; the same array and combination.
-//   sum_two_lane_partials(tree, first, second): the same with 2 nt == tree.lanes: thread t's
-//       partials are lanes t's and t + nt's.
 // A trace's steps (trace_step_begin/access/end) are recorded by thread 0 only: the core templates
 // describe the whole block's accesses, alike in every thread. Folds and roundings of traced
 // elements are recorded by the thread that does them.
@@ -93,14 +91,6 @@ class FusedCtx : public Base {
   float sum_lane_partials(const contract::RmsNormTree& tree, float partial) {
     float* lanes = next_lane_array();
     lanes[thread_] = partial;
-    sync_block();
-    return contract::combine_lane_partials(tree, [lanes](int l) { return lanes[l]; });
-  }
-
-  float sum_two_lane_partials(const contract::RmsNormTree& tree, float first, float second) {
-    float* lanes = next_lane_array();
-    lanes[thread_] = first;
-    lanes[thread_ + num_threads()] = second;
     sync_block();
     return contract::combine_lane_partials(tree, [lanes](int l) { return lanes[l]; });
   }
@@ -157,8 +147,8 @@ struct FusedSpec {
   int blocks = 1;
   // Threads per block, 1..kMaxLanes; 0: the algorithm's default (fused_threads). Every count gives
   // the same bits; for gather_norm, one_stage_reg, push_one_stage_reg and lamport_one_stage it
-  // picks the path (the register path only where threads == the RMSNorm tree's lanes, and for
-  // lamport_one_stage also half of them: fused_register_path).
+  // picks the path (the register path only where threads == the RMSNorm tree's lanes:
+  // fused_register_path).
   int threads = 0;
   bool unfused_two_shot = false;  // unfused: two_shot all-reduce instead of one_shot
   // The all-reduce's library contract (canonical or tree); the residual add and the norm are the
@@ -172,15 +162,17 @@ struct FusedSpec {
 // H up to 2048 packs; beyond, core's path with as many threads); 1 for the others, whose code has
 // no path that depends on the thread count, and for lamport_one_stage, whose register path runs
 // only with the threads given (its seeded explorations run many calls of many blocks, one thread
-// each). (The GPU's default grid has max(64, lanes) threads, lamport_one_stage 512 on 1024 lanes, so
-// for H of at most 32 packs the GPU takes core's path where the simulator runs the register path
-// by default; --threads 64 runs the GPU's. The bits are the same either way.)
+// each). (The GPU's default grid has max(64, lanes) threads, so for H of at most 32 packs the GPU
+// takes core's path where the simulator runs the register path by default; --threads 64 runs the
+// GPU's. The GPU's lamport_one_stage may hold a row on a thread-block cluster of C blocks of
+// lanes / C threads, which runs core's templates as one block of `lanes` threads: --threads lanes
+// here. The bits are the same either way.)
 int fused_threads(const FusedSpec& spec);
 
 // Whether spec runs core/fused_rmsnorm_kernels.h's register path: gather_norm, one_stage_reg or
 // push_one_stage_reg with fused_threads(spec) == the tree's lanes and at most 2 packs a thread
-// (register_path_fits<2>); lamport_one_stage where lamport_register_lanes(fused_threads(spec), tree)
-// is 1 or 2. False for a spec with an invalid H.
+// (register_path_fits<2>); lamport_one_stage where lamport_register_path(fused_threads(spec), tree)
+// (threads == lanes, at most one pack a thread). False for a spec with an invalid H.
 bool fused_register_path(const FusedSpec& spec);
 
 // Per-rank buffers of one run, all [rows, H] except weight [H]. Inputs are read during the run;

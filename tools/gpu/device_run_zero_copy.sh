@@ -20,11 +20,13 @@
 #               NVLink bandwidth by copy engine, by SM loads and stores, and both at once
 #     fused     exactcoll bench --op fused_rmsnorm on 4 and 2 GPUs (H 2880, 4096, 8192) with
 #               --write-table: $OUT/fused_table_N.tsv
-#     sweep     lamport_one_stage at 1 row of H 8192 on 4 GPUs by grid (1..32 blocks), and lamport_one_shot
+#     sweep     lamport_one_stage by thread-block cluster size (1, 2, 4, 8 blocks a row) at H 2880, 4096 and
+#               8192, 1, 16 and 64 rows, on SWEEP_NPROC GPUs (default 4 2) and on one GPU
 #     compare4 / compare2   python/examples/compare_collectives.py on 4 / 2 GPUs (--quick with QUICK=1)
 #     compare4long  the same on 4 GPUs with 100 ops per graph (--graph-ops 100 --quick --no-pinned)
 #     profile   nsys per-kernel times inside the graphs: lamport_one_shot at 16 KB, two_shot at 64 MB (4 GPUs)
 #     solo      one GPU, one rank: the kernels without peers, and ncu sections of the fused kernels at 1 row
+#   FUSED_TABLE: a fused table the compare phases run with ($EXACTCOLL_FUSED_TABLE; default: embedded)
 #   MACHINE (e.g. nvidia-h100-x4): the tables' measured_on machine (default: the GPU's name and world size)
 #   BENCH_NPROC / VERIFY_NPROC (default 4): the bench / verify GPU counts; FUSED_WRITE=0: no fused table
 #   build first: bazel build //tools:exactcoll //python:wheel; copy bazel-bin/tools/exactcoll,
@@ -92,17 +94,39 @@ if has probe; then
   tail -n 40 "$LOGS/probe.log"
 fi
 if has sweep; then
-  # lamport_one_stage at 1 row of H 8192 on 4 GPUs by grid (a one-row fused table per grid; 1 block
-  # is the split of rows before its push was spread over the grid; 1024 threads hold one lane each,
-  # 512 two), beside the plain Lamport all-reduce.
-  for threads in 1024 512; do
-    for blocks in 1 2 4 8 16 32; do
-      printf 'sm90\t4\t16384\t1\tlamport_one_stage\t%d\t%d\t1\n' "$blocks" "$threads" > "$LOGS/lamp_${blocks}x$threads.tsv"
-      EXACTCOLL_FUSED_TABLE=$LOGS/lamp_${blocks}x$threads.tsv run "sweep_${blocks}x$threads" 60 $B bench --nproc 4 \
-        --op fused_rmsnorm --hidden 8192 --rows 1 --algos auto,unfused --no-eager --no-bound
+  # lamport_one_stage by thread-block cluster size C (a row held by C blocks of lanes / C threads;
+  # C = 1: one block of the row's lanes): a fused table per C whose lamport_one_stage rows give that
+  # grid (the blocks of the eighth session's table: 3 / 4 / 8 at 1 row of H 2880 / 4096 / 8192, 45 /
+  # 64 / 64 at 16 rows, 128 at 64; C capped where lanes / C would drop below 64 threads or a warp's
+  # multiple), so that auto runs it beside the split; H 2880, 4096 and 8192 at 1, 16 and 64 rows on
+  # SWEEP_NPROC GPUs (default 4 2), two rounds; and one GPU with no peer, 1 row of H 8192.
+  sweep_table() {  # C world_size: the table on stdout
+    local c=$1 n=$2 h lanes cc blocks
+    for h in 2880:384:3:45 4096:512:4:64 8192:1024:8:64; do
+      IFS=: read -r hidden lanes b1 b16 <<< "$h"
+      cc=$c
+      while (( lanes / cc < 64 || (lanes / cc) % 32 != 0 )); do cc=$((cc / 2)); done
+      for rows_blocks in "1 $b1" "16 $b16" "64 128"; do
+        set -- $rows_blocks
+        printf 'sm90\t%d\t%d\t%d\tlamport_one_stage\t%d\t%d\t1\n' "$n" $((hidden * 2)) "$1" "$2" $((lanes / cc))
+      done
+    done
+  }
+  for c in 1 2 4 8; do
+    sweep_table $c 1 > "$LOGS/cluster_c${c}_n1.tsv"
+    EXACTCOLL_FUSED_TABLE=$LOGS/cluster_c${c}_n1.tsv CUDA_VISIBLE_DEVICES=0 run "cluster_solo_c$c" 60 $B bench \
+      --nproc 1 --op fused_rmsnorm --hidden 8192 --rows 1 --algos auto,unfused --no-eager --no-bound
+  done
+  for n in ${SWEEP_NPROC:-4 2}; do
+    for round in 1 2; do
+      for c in 1 2 4 8; do
+        sweep_table $c "$n" > "$LOGS/cluster_c${c}_n$n.tsv"
+        EXACTCOLL_FUSED_TABLE=$LOGS/cluster_c${c}_n$n.tsv CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) \
+          run "cluster_n${n}_c${c}_r$round" 100 $B bench --nproc "$n" --op fused_rmsnorm --hidden 2880,4096,8192 \
+          --rows 1,16,64 --algos auto,unfused --no-eager --no-bound
+      done
     done
   done
-  run sweep_allreduce 60 $B bench --nproc 4 --op allreduce --rows 1 --algos auto,lamport_one_shot --no-eager --no-bound
 fi
 if has profile; then
   # Where the time of one op goes, by kernel, inside the CUDA graphs (nsys, when the machine has it):
@@ -145,6 +169,7 @@ if has solo; then
 fi
 quick=()
 [ "${QUICK:-0}" = 1 ] && quick=(--quick)
+[ -n "${FUSED_TABLE:-}" ] && export EXACTCOLL_FUSED_TABLE=$FUSED_TABLE
 for n in 4 2; do
   if has "compare$n"; then
     CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) run "compare_$n" "${COMPARE_TIMEOUT:-240}" torchrun \

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "core/signal.h"
+#include "cuda_backend/fused/fused_kernel_args.h"
 
 namespace exactcoll::cuda::fused {
 namespace {
@@ -77,9 +78,17 @@ TEST(FusedTable, HeuristicAndDefaultGrids) {
   // lamport_one_stage: at least one block per kLamportPushBytesPerBlock (2 KiB) of x, since every
   // block pushes a share of the whole message; rows where that is more; at most kMaxBlocks.
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 8192, DType::kBF16, 4).blocks, 8);
-  // A row of 1 024 lanes and at most 1 024 packs runs on 512 threads, two lanes a thread; others on their lanes.
-  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 8192, DType::kBF16, 4).threads, 512);
-  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 4096, DType::kFP32, 4).threads, 512);
+  // One row of 1 024 lanes and at most 1 024 packs runs on a cluster of 8 blocks of 128 threads;
+  // more rows, and other rows, on one block of their lanes.
+  EXPECT_EQ(kLamportRowCluster, 8);
+  const LaunchConfig one_row = default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 8192, DType::kBF16, 4);
+  EXPECT_EQ(one_row.threads, 128);
+  EXPECT_EQ(one_row.cluster, 8);
+  EXPECT_EQ(one_row.blocks, 8);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 4096, DType::kFP32, 4).threads, 128);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 8192, DType::kBF16, 2).blocks, 8);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 2, 8192, DType::kBF16, 4).threads, 1024);
+  EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 2, 8192, DType::kBF16, 4).cluster, 1);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 4096, DType::kBF16, 4).threads, 512);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 16384, DType::kBF16, 4).threads, 1024);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 4096, DType::kBF16, 2).blocks, 4);
@@ -89,6 +98,48 @@ TEST(FusedTable, HeuristicAndDefaultGrids) {
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 8, DType::kBF16, 4).blocks, 1);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 4096, 8192, DType::kBF16, 4).blocks, kMaxBlocks);
   EXPECT_EQ(residual_rmsnorm_grid(100000, 8192, DType::kBF16).blocks, 8192);
+}
+
+// The blocks that hold a lamport_one_stage row: one where threads == lanes, a cluster of lanes /
+// threads blocks (2 to 8) where threads divides the lanes and is a multiple of the warp, none (core's
+// path) otherwise or where the row has more packs than lanes.
+TEST(FusedTable, LamportClusterBlocks) {
+  EXPECT_EQ(lamport_cluster_blocks(1024, 1024, 1024), 1);
+  EXPECT_EQ(lamport_cluster_blocks(512, 1024, 1024), 2);
+  EXPECT_EQ(lamport_cluster_blocks(256, 1024, 1000), 4);
+  EXPECT_EQ(lamport_cluster_blocks(128, 1024, 1024), 8);
+  EXPECT_EQ(lamport_cluster_blocks(64, 1024, 1024), 0);  // 16 blocks: above the portable cluster
+  EXPECT_EQ(lamport_cluster_blocks(192, 384, 360), 2);   // H 2880 bf16
+  EXPECT_EQ(lamport_cluster_blocks(96, 384, 360), 4);
+  EXPECT_EQ(lamport_cluster_blocks(384, 1024, 1024), 0);   // does not divide the lanes
+  EXPECT_EQ(lamport_cluster_blocks(48, 96, 96), 0);        // not a multiple of the warp
+  EXPECT_EQ(lamport_cluster_blocks(2048, 1024, 1024), 0);  // more threads than lanes
+  EXPECT_EQ(lamport_cluster_blocks(512, 1024, 1500), 0);   // more packs than lanes
+  EXPECT_EQ(lamport_cluster_blocks(1024, 1024, 2048), 0);
+  EXPECT_EQ(lamport_cluster_blocks(0, 1024, 1024), 0);
+  // The launch: the cluster, and the blocks rounded up to whole clusters (at most kMaxBlocks).
+  const LaunchConfig two = lamport_launch_grid(LaunchConfig{7, 512}, 8192, DType::kBF16);
+  EXPECT_EQ(two.cluster, 2);
+  EXPECT_EQ(two.blocks, 8);
+  EXPECT_EQ(two.threads, 512);
+  const LaunchConfig eight = lamport_launch_grid(LaunchConfig{kMaxBlocks - 1, 128}, 8192, DType::kBF16);
+  EXPECT_EQ(eight.cluster, 8);
+  EXPECT_EQ(eight.blocks, kMaxBlocks);
+  const LaunchConfig fp32 = lamport_launch_grid(LaunchConfig{3, 256}, 4096, DType::kFP32);  // 1 024 lanes
+  EXPECT_EQ(fp32.cluster, 4);
+  EXPECT_EQ(fp32.blocks, 4);
+  const LaunchConfig one = lamport_launch_grid(LaunchConfig{3, 384}, 2880, DType::kBF16);
+  EXPECT_EQ(one.cluster, 1);
+  EXPECT_EQ(one.blocks, 3);
+  const LaunchConfig core = lamport_launch_grid(LaunchConfig{3, 64}, 8192, DType::kBF16);
+  EXPECT_EQ(core.cluster, 1);
+  EXPECT_EQ(core.blocks, 3);
+  const LaunchConfig wide = lamport_launch_grid(LaunchConfig{5, 512}, 16384, DType::kBF16);  // 2 048 packs
+  EXPECT_EQ(wide.cluster, 1);
+  EXPECT_EQ(wide.blocks, 5);
+  // Small rows: 40 packs, 64 lanes on 32 threads (a cluster of 2); 5 packs, 32 lanes.
+  EXPECT_EQ(lamport_launch_grid(LaunchConfig{3, 32}, 40 * 8, DType::kBF16).cluster, 2);
+  EXPECT_EQ(lamport_launch_grid(LaunchConfig{3, 32}, 5 * 8, DType::kBF16).cluster, 1);
 }
 
 TEST(FusedTable, RoundTripsThroughText) {

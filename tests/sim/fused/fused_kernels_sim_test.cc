@@ -204,12 +204,13 @@ TEST(FusedKernelsSim, SeededSchedulesMatchTheReference) {
 }
 
 // lamport_one_stage_reg (the GPU's lamport_one_stage kernels) on blocks of threads: the register
-// path with one lane a thread (threads == the tree's lanes) and two (threads == lanes / 2, a multiple
-// of 32: 40 packs, 64 lanes, 32 threads), and core's path with several threads (3; and 16 on 32
-// lanes, half the lanes but not a warp), every dtype and world size, 1 row on 3 blocks (the first
-// blocks only push) and 7 rows on 3 blocks (shares that cut rows), under the threads scheduler; then
-// seeded schedules, which draw the order of every block's threads too. The simulator's default for
-// lamport_one_stage is one thread (fused_threads), so these name the threads.
+// path with one lane a thread (threads == the tree's lanes: 32 and 64, so several warps' groups)
+// and core's path with several threads (half the lanes; 3), every dtype and world size, 1 row on 3
+// blocks (the first blocks only push) and 7 rows on 3 blocks (shares that cut rows), under the
+// threads scheduler; then seeded schedules, which draw the order of every block's threads too. The
+// GPU runs a block of `lanes` threads as one block or as a thread-block cluster of lanes / threads
+// blocks (cuda_backend/fused, ClusterRowCtx): core's templates see one block either way. The
+// simulator's default for lamport_one_stage is one thread (fused_threads), so these name the threads.
 TEST(FusedKernelsSim, LamportOneStageOnBlocksOfThreadsMatchesTheReference) {
   uint64_t seed = 1300;
   for (DType dtype : kDtypes) {
@@ -219,7 +220,7 @@ TEST(FusedKernelsSim, LamportOneStageOnBlocksOfThreadsMatchesTheReference) {
         const int lanes = hidden / P <= 32 ? 32 : 64;
         for (int threads : {lanes, lanes / 2, 3}) {
           const Case one{FusedAlgorithm::kLamportOneStage, dtype, ranks, 1, hidden, 3, threads};
-          EXPECT_EQ(fused_register_path(one.spec()), threads == lanes || (threads == 32 && lanes == 64)) << one.what();
+          EXPECT_EQ(fused_register_path(one.spec()), threads == lanes) << one.what();
           check({FusedAlgorithm::kLamportOneStage, dtype, ranks, 1, hidden, 3, threads, sim::Schedule::kThreads, 1,
                  ++seed});
           check({FusedAlgorithm::kLamportOneStage, dtype, ranks, 7, hidden, 3, threads, sim::Schedule::kThreads, 1,
@@ -234,11 +235,12 @@ TEST(FusedKernelsSim, LamportOneStageOnBlocksOfThreadsMatchesTheReference) {
                     sim::Schedule::kThreads,          1,     ++seed};
     EXPECT_FALSE(fused_register_path(wide.spec())) << wide.what();  // more packs than lanes: core's path
     check(wide);
-    // The GPU's shape at H 8192 bf16 (4096 fp32): 1024 packs, 1024 lanes on 512 threads.
-    const Case two_lanes{FusedAlgorithm::kLamportOneStage, dtype, 2,     2, 1024 * P, 2, 512,
-                         sim::Schedule::kThreads,          1,     ++seed};
-    EXPECT_TRUE(fused_register_path(two_lanes.spec())) << two_lanes.what();
-    check(two_lanes);
+    // The GPU's shape at H 8192 bf16 (4096 fp32): 1024 packs, 1024 lanes, one block of 1024 threads
+    // (on the GPU a cluster of 2, 4 or 8 blocks of 512, 256 or 128 threads).
+    const Case cluster{FusedAlgorithm::kLamportOneStage, dtype, 2,     2, 1024 * P, 2, 1024,
+                       sim::Schedule::kThreads,          1,     ++seed};
+    EXPECT_TRUE(fused_register_path(cluster.spec())) << cluster.what();
+    check(cluster);
     for (int ranks : {2, 3, 4}) {
       for (int threads : {32, 3}) {  // 5 packs, 32 lanes: one lane a thread, and core's path
         for (uint64_t s = 1; s <= 4; ++s) {
@@ -246,8 +248,8 @@ TEST(FusedKernelsSim, LamportOneStageOnBlocksOfThreadsMatchesTheReference) {
                  s * 7919 + ranks, ++seed});
         }
       }
-      for (uint64_t s = 1; s <= 4; ++s) {  // 40 packs, 64 lanes on 32 threads: two lanes a thread
-        check({FusedAlgorithm::kLamportOneStage, dtype, ranks, 5, 40 * P, 2, 32, sim::Schedule::kSeeded,
+      for (uint64_t s = 1; s <= 4; ++s) {  // 40 packs, 64 lanes on 64 threads: two warps' groups
+        check({FusedAlgorithm::kLamportOneStage, dtype, ranks, 5, 40 * P, 2, 64, sim::Schedule::kSeeded,
                s * 7919 + ranks, ++seed});
       }
     }
@@ -286,38 +288,35 @@ TEST(FusedKernelsSim, TheSimulatorsContextHasTheRegisterPath) {
   EXPECT_EQ(taken(2056 * 8, 1024), 0);  // four packs a thread: core's path
 }
 
-// The simulator's context has both register hooks that fused_rmsnorm_lamport_one_stage_reg asks for
-// (without either it would quietly run core's path, with the same bits), and the two-lane hook gives
-// the tree's sum: lanes t and t + nt of a 64-lane tree on 32 threads, lane l's partial l + 1.
-TEST(FusedKernelsSim, TheSimulatorsContextHasTheLamportRegisterHooks) {
+// The simulator's context has the register hook that fused_rmsnorm_lamport_one_stage_reg asks for
+// (without it the kernel would quietly run core's path, with the same bits), and it gives the
+// tree's sum: lane t of a 64-lane tree on 64 threads, lane l's partial l + 1.
+TEST(FusedKernelsSim, TheSimulatorsContextHasTheLamportRegisterHook) {
   sim::WorldOptions options;
   options.ranks = 1;
   sim::World world(options);
   float got = -1.0f;
-  bool hooks = false;
+  bool hook = false;
   sim::Launch launch;
-  launch.name = "two_lane_probe";
+  launch.name = "lane_partials_probe";
   world.enqueue<bf16>(launch, [&](auto& ctx) {
     FusedBlockOptions block;
-    block.threads = 32;
+    block.threads = 64;
     with_fused_ctx(ctx, block, [&](auto& fctx) {
       contract::RmsNormTree tree;
       contract::make_rmsnorm_tree<bf16>(64 * 8, &tree);  // 64 packs, 64 lanes
-      if constexpr (requires {
-                      fctx.sum_lane_partials(tree, 0.0f);
-                      fctx.sum_two_lane_partials(tree, 0.0f, 0.0f);
-                    }) {
+      if constexpr (requires { fctx.sum_lane_partials(tree, 0.0f); }) {
         const int t = fctx.thread();
-        const float ss = fctx.sum_two_lane_partials(tree, static_cast<float>(t + 1), static_cast<float>(t + 33));
+        const float ss = fctx.sum_lane_partials(tree, static_cast<float>(t + 1));
         if (t == 0) {
-          hooks = true;
+          hook = true;
           got = ss;
         }
       }
     });
   });
   world.run();
-  EXPECT_TRUE(hooks);
+  EXPECT_TRUE(hook);
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<bf16>(64 * 8, &tree);
   EXPECT_EQ(got, contract::combine_lane_partials(tree, [](int l) { return static_cast<float>(l + 1); }));
