@@ -323,8 +323,9 @@ EXC_HD void fused_rmsnorm_push_one_stage_reg(Ctx& ctx, const FusedRmsNormArgs<T>
 
 // Whether lamport_one_stage_reg's register path serves a block of `threads` threads: threads ==
 // the tree's lanes and the row has at most `lanes` packs (one pack, one lane a thread); else core's
-// path. The GPU's host asks it of a thread-block cluster's threads (cuda_backend/fused,
-// lamport_cluster_blocks: a cluster of C blocks of lanes / C threads is one such block).
+// path. The GPU's host makes the same choice per launch (cuda_backend/fused/fused_kernel_args.h,
+// lamport_cluster_blocks), where a thread-block cluster of C blocks of lanes / C threads counts as
+// one block of `lanes` threads.
 EXC_HD inline bool lamport_register_path(int threads, const contract::RmsNormTree& tree) {
   return threads == tree.lanes && tree.num_packs <= tree.lanes;
 }

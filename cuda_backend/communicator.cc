@@ -632,6 +632,7 @@ KernelArgs Communicator::base_args() const {
 void Communicator::launch(DType dtype, KernelKind kind, const KernelArgs& args, LaunchConfig grid,
                           cudaStream_t stream) {
   grid.programmatic = options_.programmatic_launch;
+  grid.cluster = 1;  // no collective kernel runs on clusters (a grid copied from a fused call may say one)
   EXC_CUDA_CHECK(launch_collective(dtype, kind, args, grid, stream));
 }
 
@@ -661,9 +662,9 @@ void Communicator::check(cudaStream_t stream) {
                   e.rank, e.block, e.peer, e.expected, e.set, e.observed, static_cast<double>(e.waited_ns) / 1e6);
   } else if (e.kind == kErrorClusterTimeout) {
     std::snprintf(message, sizeof message,
-                  "rank %d block %d: the other blocks of its thread-block cluster never sent their partial sums "
-                  "(lamport_one_stage, exchange %u of the launch, after %.1f ms)",
-                  e.rank, e.block, e.expected, static_cast<double>(e.waited_ns) / 1e6);
+                  "rank %d block %d (block %d of its thread-block cluster): the cluster's other blocks never sent "
+                  "their partial sums (lamport_one_stage, exchange %u of the launch, after %.1f ms)",
+                  e.rank, e.block, e.set, e.expected, static_cast<double>(e.waited_ns) / 1e6);
   } else {
     std::snprintf(
         message, sizeof message,

@@ -264,19 +264,20 @@ class DeviceCtx {
   // lamport_fold_pack issues every peer's first load with it before polling any).
   __device__ __forceinline__ Pack<T> lamport_peek(const Pack<T>* p) const { return lamport_load(p); }
 
-  // Spins until done() returns true, bounded by timeout_ns as wait() is: on giving up records an
-  // error of `kind` (peer, set and expected as the kind defines them; observed 0), sets the
-  // block's aborted flag and returns false. For waits on this GPU that no peer's give-up ends
+  // Spins until done() returns true, for at most timeout_scale x the flag timeout: on giving up
+  // records an error of `kind` (peer, set and expected as the kind defines them; observed 0), sets
+  // the block's aborted flag and returns false. For waits on this GPU that no peer's give-up ends
   // (cuda_backend/fused's cluster exchange: every block of a cluster sends, whatever its polls saw).
   template <class Done>
-  __device__ bool spin_until(Done done, uint32_t kind, int peer, int set, uint32_t expected) const {
+  __device__ bool spin_until(Done done, uint32_t kind, int peer, int set, uint32_t expected,
+                             uint64_t timeout_scale) const {
     if (done()) return true;
     const uint64_t start = global_timer_ns();
     for (uint32_t spins = 1;; ++spins) {
       if (done()) return true;
       if ((spins & 255u) == 0) {
         const uint64_t waited = global_timer_ns() - start;
-        if (waited > args_.timeout_ns) {
+        if (waited / timeout_scale > args_.timeout_ns) {
           *aborted_ = 1;
           record_error(kind, peer, set, expected, 0, waited);
           return false;

@@ -56,8 +56,8 @@ struct ClusterExchange {
 
 // A thread-block cluster of C blocks as one block of C x blockDim threads, for core's templates
 // (lamport_one_stage on the register path with a row of `lanes` lanes on C blocks of lanes / C
-// threads, one lane a thread: the row is folded and normalized by C multiprocessors where one block
-// would fold it alone, or hold two lanes a thread):
+// threads, one lane a thread: the row is folded and normalized by C blocks where one block would
+// fold it alone):
 //   thread() = the block's rank in its cluster x blockDim + threadIdx.x, num_threads() = C x
 //   blockDim, block() = the cluster's index, num_blocks() = the grid's clusters;
 //   sync_block(): the first call (begin_lamport_call's, after every thread read the call number) is
@@ -88,9 +88,14 @@ struct ClusterExchange {
 // Preconditions: launched with clusters of C blocks (LaunchConfig::cluster), gridDim.x a multiple
 // of C, C x blockDim == tree.lanes; every thread of the cluster makes the same calls. The first
 // sync_block (begin_lamport_call's) comes before any exchange: every block of the cluster has
-// started and initialized its mbarriers before any st.async reaches it; the last (end_lamport_call's)
-// comes after every exchange, so no block exits while another's values may still be on their way to
-// it.
+// started and initialized its mbarriers before any st.async reaches it. No block exits while
+// another's values may still be on their way to it, because it waits for every exchange's values
+// before it goes on (the last sync_block, relaxed, orders no st.async); a wait that gives up
+// (below) breaks that, and the launch may then fault after the error is recorded.
+// The exchange's wait is bounded by twice the flag timeout: a sibling block still polling a slow
+// peer sends its values within one flag timeout of its first poll (a poll that gives up records
+// the peer's error, which then ends the block's later polls at once), so the poll's error, the
+// cause, is recorded first.
 template <class T, int kRanks, Contract kFold = Contract::kCanonical>
 class ClusterRowCtx : public FusedDeviceCtx<T, kRanks, kFold> {
  public:
@@ -156,7 +161,7 @@ class ClusterRowCtx : public FusedDeviceCtx<T, kRanks, kFold> {
             return ::cuda::ptx::mbarrier_try_wait_parity(::cuda::ptx::sem_acquire, ::cuda::ptx::scope_cluster, arrived,
                                                          parity);
           },
-          kErrorClusterTimeout, this->rank(), cluster_rank_, exchange);
+          kErrorClusterTimeout, this->rank(), cluster_rank_, exchange, 2);
     }
     return warp_butterfly(values[lane]);
   }

@@ -118,6 +118,7 @@ LaunchConfig launch_residual_rmsnorm(const void* s, const void* residual, const 
   a.eps = shape.eps;
   LaunchConfig launch_grid = g;
   launch_grid.programmatic = programmatic;
+  launch_grid.cluster = 1;
   EXC_CUDA_CHECK(launch_fused(shape.dtype, FusedKernelKind::kResidualRmsNorm, a, launch_grid, stream));
   return g;
 }
@@ -164,8 +165,11 @@ FusedCallInfo FusedRmsNorm::run(const FusedRmsNormBuffers& b, const FusedRmsNorm
   //    reads it where it is (only this rank's kernel reads it: peers read what it pushes).
   //    lamport_one_stage's grid: clusters where several blocks hold a row (lamport_launch_grid).
   check_grid(info.grid, true);
-  if (choice.algo == FusedAlgorithm::kLamportOneStage)
+  if (choice.algo == FusedAlgorithm::kLamportOneStage) {
     info.grid = lamport_launch_grid(info.grid, shape.hidden, shape.dtype);
+  } else {
+    info.grid.cluster = 1;  // only lamport_one_stage's kernel runs on clusters
+  }
   const bool x_in_place =
       choice.algo == FusedAlgorithm::kPushOneStage || choice.algo == FusedAlgorithm::kLamportOneStage;
   KernelArgs base = comm_.ipc_kernel_args();

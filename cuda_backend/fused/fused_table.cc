@@ -6,6 +6,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "core/contract.h"
 #include "core/signal.h"
 #include "cuda_backend/fused/fused_kernel_args.h"
 #include "cuda_backend/tsv.h"
@@ -21,6 +22,18 @@ int tree_threads(int hidden, DType dtype) {
   const int packs = std::max(1, hidden / pack_elements(dtype));
   const int active = std::min(packs, 1024);
   return std::max(64, 32 * ((active + 31) / 32));
+}
+
+// The RMSNorm tree of a row of `hidden` elements of dtype (contract::make_rmsnorm_tree; hidden a
+// positive multiple of the pack).
+contract::RmsNormTree rmsnorm_tree(int hidden, DType dtype) {
+  contract::RmsNormTree tree;
+  switch (dtype) {
+    case DType::kBF16: contract::make_rmsnorm_tree<bf16>(hidden, &tree); break;
+    case DType::kFP16: contract::make_rmsnorm_tree<fp16>(hidden, &tree); break;
+    case DType::kFP32: contract::make_rmsnorm_tree<float>(hidden, &tree); break;
+  }
+  return tree;
 }
 
 }  // namespace
@@ -63,11 +76,10 @@ LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType
 }
 
 LaunchConfig lamport_launch_grid(LaunchConfig grid, int hidden, DType dtype) {
-  static_assert(kMaxBlocks % kMaxClusterBlocks == 0, "a grid of kMaxBlocks must hold whole clusters");
-  const int packs = hidden / pack_elements(dtype);
-  const int lanes = 32 * ((std::min(packs, 1024) + 31) / 32);  // contract::make_rmsnorm_tree's
-  grid.cluster = std::max(1, lamport_cluster_blocks(grid.threads, lanes, packs));
-  grid.blocks = std::min(kMaxBlocks, (grid.blocks + grid.cluster - 1) / grid.cluster * grid.cluster);
+  const contract::RmsNormTree tree = rmsnorm_tree(hidden, dtype);
+  grid.cluster = std::max(1, lamport_cluster_blocks(grid.threads, tree.lanes, tree.num_packs));
+  const int whole = (grid.blocks + grid.cluster - 1) / grid.cluster * grid.cluster;
+  grid.blocks = std::min(whole, kMaxBlocks / grid.cluster * grid.cluster);
   return grid;
 }
 

@@ -77,8 +77,8 @@ inline constexpr uint64_t kLamportPushBytesPerBlock = 2048;
 // The thread-block cluster lamport_one_stage's default grid folds one row of 1 024 lanes on: 8
 // blocks of 128 threads. Measured on 4 x H100 at 1 row of H 8192 bf16 (docs/benchmarks.md,
 // "lamport_one_stage on thread-block clusters"): 5.24 / 5.48 us on 8 blocks, 5.20 / 6.05 on 4,
-// 5.94 / 6.06 on 2, 6.76 / 6.75 on one block of 1 024 threads; at 16 and 64 rows, and at 1 row of
-// H 2880 and 4096, one block a row was as fast or faster.
+// 5.94 / 6.06 on 2, 6.76 / 6.75 on one block of 1 024 threads; at 64 rows, and at 1 row of H 2880
+// and 4096, one block a row was as fast or faster, and at 16 rows level with a cluster of 4.
 inline constexpr int kLamportRowCluster = 8;
 
 // The grid the fused kernels use for a problem: threads = the RMSNorm tree's lanes (32 *
@@ -95,8 +95,9 @@ LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType
 
 // lamport_one_stage's launch on `grid` (the table's or the default): cluster = the blocks that hold a
 // row (lamport_cluster_blocks of grid.threads and the row's lanes and packs) where that is 2 or
-// more, else 1; blocks rounded up to a multiple of it (at most kMaxBlocks, itself a multiple of
-// kMaxClusterBlocks). Preconditions: hidden a positive multiple of the pack.
+// more, else 1 (whatever grid.cluster was); blocks rounded up to a multiple of it, at most the
+// largest multiple of it in kMaxBlocks. Preconditions: hidden a positive multiple of the pack,
+// 1 <= grid.blocks <= kMaxBlocks.
 LaunchConfig lamport_launch_grid(LaunchConfig grid, int hidden, DType dtype);
 
 // The grid of the separate residual + RMSNorm kernel (no barriers: one block per row, up to 8192).

@@ -473,7 +473,7 @@ TEST(CApiSim, FusedMatchesTheScalarReferenceUnderEveryContract) {
 }
 
 // options.threads (the CLI's --threads): the threads per block pick the register path or core's,
-// never the bits (lamport_one_stage too, on one lane a thread, two, and core's path); out-of-range
+// never the bits (lamport_one_stage too, on one lane a thread and core's path); out-of-range
 // counts, an alternative contract and a collective with threads are refused; an older caller's struct (before threads)
 // is never read past its end.
 TEST(CApiSim, FusedThreadsPickThePathNotTheBits) {
@@ -506,7 +506,7 @@ TEST(CApiSim, FusedThreadsPickThePathNotTheBits) {
   options.threads = -1;
   expect_error(fused(EXACTCOLL_FUSED_ONE_STAGE_REG, EXACTCOLL_CONTRACT_CANONICAL), inv, "got -1");
   // lamport_one_stage runs on blocks of threads too, against the reference: H 512 bf16 has 64 lanes, so 64
-  // threads hold one lane each, 32 two, 3 take core's path.
+  // threads hold one lane each; 32 and 3 take core's path.
   for (int threads : {64, 32, 3}) {
     options.threads = threads;
     expect_fused_matches_reference<bf16>(EXACTCOLL_BF16, 3, 3, 512, EXACTCOLL_FUSED_LAMPORT_ONE_STAGE,

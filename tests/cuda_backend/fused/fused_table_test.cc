@@ -3,11 +3,14 @@
 // grids, and round trips through the file format.
 #include "cuda_backend/fused/fused_table.h"
 
+#include <algorithm>
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include "core/contract.h"
 #include "core/signal.h"
+#include "core/storage.h"
 #include "cuda_backend/fused/fused_kernel_args.h"
 
 namespace exactcoll::cuda::fused {
@@ -80,7 +83,6 @@ TEST(FusedTable, HeuristicAndDefaultGrids) {
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 8192, DType::kBF16, 4).blocks, 8);
   // One row of 1 024 lanes and at most 1 024 packs runs on a cluster of 8 blocks of 128 threads;
   // more rows, and other rows, on one block of their lanes.
-  EXPECT_EQ(kLamportRowCluster, 8);
   const LaunchConfig one_row = default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 8192, DType::kBF16, 4);
   EXPECT_EQ(one_row.threads, 128);
   EXPECT_EQ(one_row.cluster, 8);
@@ -137,9 +139,51 @@ TEST(FusedTable, LamportClusterBlocks) {
   const LaunchConfig wide = lamport_launch_grid(LaunchConfig{5, 512}, 16384, DType::kBF16);  // 2 048 packs
   EXPECT_EQ(wide.cluster, 1);
   EXPECT_EQ(wide.blocks, 5);
-  // Small rows: 40 packs, 64 lanes on 32 threads (a cluster of 2); 5 packs, 32 lanes.
-  EXPECT_EQ(lamport_launch_grid(LaunchConfig{3, 32}, 40 * 8, DType::kBF16).cluster, 2);
-  EXPECT_EQ(lamport_launch_grid(LaunchConfig{3, 32}, 5 * 8, DType::kBF16).cluster, 1);
+  // Smaller rows: 128 packs on 64 threads (a cluster of 2); 40 packs, 64 lanes on 64 threads (one block).
+  EXPECT_EQ(lamport_launch_grid(LaunchConfig{3, 64}, 128 * 8, DType::kBF16).cluster, 2);
+  EXPECT_EQ(lamport_launch_grid(LaunchConfig{3, 64}, 40 * 8, DType::kBF16).cluster, 1);
+  // Clusters that do not divide kMaxBlocks keep whole clusters: 5 blocks of 128 threads (H 5120 bf16,
+  // 640 lanes) on a grid of 128 take 125 blocks; 7 (H 7168) 126; 6 (H 6144) 126; 3 (H 3072) 126.
+  EXPECT_EQ(lamport_launch_grid(LaunchConfig{128, 128}, 5120, DType::kBF16).blocks, 125);
+  EXPECT_EQ(lamport_launch_grid(LaunchConfig{127, 128}, 7168, DType::kBF16).blocks, 126);
+  EXPECT_EQ(lamport_launch_grid(LaunchConfig{128, 128}, 6144, DType::kBF16).blocks, 126);
+  EXPECT_EQ(lamport_launch_grid(LaunchConfig{128, 128}, 3072, DType::kBF16).blocks, 126);
+  // A cluster in the grid given is not kept where the threads make none.
+  LaunchConfig stale{8, 384};
+  stale.cluster = 8;
+  EXPECT_EQ(lamport_launch_grid(stale, 2880, DType::kBF16).cluster, 1);
+}
+
+// Every grid a caller may give (1..kMaxBlocks blocks, a multiple of 32 threads in 64..1024) on every
+// row of bf16 and fp32 up to H 16384: the launch holds whole clusters within kMaxBlocks, its cluster
+// is lamport_cluster_blocks of the contract's tree (the kernel's own test), and it never drops
+// blocks below the grid's unless kMaxBlocks forces it.
+TEST(FusedTable, LamportLaunchGridHoldsWholeClustersForEveryGrid) {
+  int clustered = 0;
+  for (DType dtype : {DType::kBF16, DType::kFP32}) {
+    const int pack = dtype == DType::kBF16 ? 8 : 4;
+    for (int hidden = pack; hidden <= 16384; hidden += pack) {
+      contract::RmsNormTree tree;
+      if (dtype == DType::kBF16) {
+        contract::make_rmsnorm_tree<bf16>(hidden, &tree);
+      } else {
+        contract::make_rmsnorm_tree<float>(hidden, &tree);
+      }
+      for (int threads = 64; threads <= 1024; threads += 32) {
+        const int want = std::max(1, lamport_cluster_blocks(threads, tree.lanes, tree.num_packs));
+        for (int blocks : {1, 2, 3, 5, 7, 63, 100, 121, 125, 126, 127, kMaxBlocks}) {
+          const LaunchConfig g = lamport_launch_grid(LaunchConfig{blocks, threads}, hidden, dtype);
+          ASSERT_EQ(g.cluster, want) << hidden << " " << threads << " " << blocks;
+          ASSERT_EQ(g.blocks % g.cluster, 0) << hidden << " " << threads << " " << blocks;
+          ASSERT_LE(g.blocks, kMaxBlocks);
+          ASSERT_GE(g.blocks, std::min(blocks, kMaxBlocks / g.cluster * g.cluster));
+          ASSERT_EQ(g.threads, threads);
+          if (g.cluster > 1) ++clustered;
+        }
+      }
+    }
+  }
+  EXPECT_GT(clustered, 0);
 }
 
 TEST(FusedTable, RoundTripsThroughText) {

@@ -169,7 +169,7 @@ void make_call(const Call& c, int ranks, int hidden, uint64_t seed, CallData* ou
 // unwritten pattern, so a fold that read a peer's x instead of its Lamport slot shows.
 // threads_of(k): call k's threads a block; 0 runs core's fused_rmsnorm_lamport_one_stage with one
 // thread (the default), else the GPU's fused_rmsnorm_lamport_one_stage_reg with that many (its
-// register path where they are the tree's lanes or half of them, core's path otherwise).
+// register path where they are the tree's lanes, core's path otherwise).
 std::string run_workload(const Workload& w, sim::Schedule schedule, uint64_t seed,
                          int (*threads_of)(size_t) = nullptr) {
   sim::WorldOptions options;
@@ -251,8 +251,8 @@ TEST(LamportFusedShares, BackToBackCallsUnderSeededSchedules) {
 }
 
 // The GPU's kernels back to back with core's, sharing the buffers, the counter and the extents:
-// H 320 (40 packs, 64 lanes), calls on one lane a thread (64 threads), two (32), core's path on 3
-// threads and core's one-thread kernel, in turn.
+// H 320 (40 packs, 64 lanes), calls on one lane a thread (64 threads), core's path on 32 threads
+// (half the lanes) and on 3, and core's one-thread kernel, in turn.
 int threads_in_turn(size_t k) {
   constexpr int kThreads[] = {64, 32, 0, 3};
   return kThreads[k % 4];
