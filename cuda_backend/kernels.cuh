@@ -115,8 +115,8 @@ __global__ void __launch_bounds__(1024) barrier_kernel(const __grid_constant__ K
 
 // Launches kernel(args) on cfg's grid, with the programmatic-dependent-launch attribute when
 // cfg.programmatic (captured into CUDA graphs as a programmatic edge) and clusters of cfg.cluster
-// blocks when it is above 1. Preconditions: the kernel
-// calls enter_after_previous_grid() before it touches memory (the collective and fused kernels).
+// blocks when it is above 1. Preconditions: the kernel calls enter_after_previous_grid() before it
+// touches memory (the collective and fused kernels); cfg.blocks a multiple of cfg.cluster.
 template <class Args>
 inline cudaError_t launch_kernel(void (*kernel)(const Args), const Args& args, LaunchConfig cfg, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
