@@ -323,11 +323,22 @@ EXC_HD void fused_rmsnorm_push_one_stage_reg(Ctx& ctx, const FusedRmsNormArgs<T>
 
 // Whether lamport_one_stage_reg's register path serves a block of `threads` threads: threads ==
 // the tree's lanes and the row has at most `lanes` packs (one pack, one lane a thread); else core's
-// path. The GPU's host makes the same choice per launch (cuda_backend/fused/fused_kernel_args.h,
-// lamport_cluster_blocks), where a thread-block cluster of C blocks of lanes / C threads counts as
-// one block of `lanes` threads.
+// path. The GPU's host asks it per launch through lamport_register_blocks (below), where a
+// thread-block cluster of C blocks of lanes / C threads counts as one block of `lanes` threads.
 EXC_HD inline bool lamport_register_path(int threads, const contract::RmsNormTree& tree) {
   return threads == tree.lanes && tree.num_packs <= tree.lanes;
+}
+
+// How many blocks of `threads` threads, taken together as one block (a thread-block cluster on the
+// GPU: cuda_backend/fused's ClusterRowCtx), make lamport_register_path's block for this tree: b in
+// 1..max_blocks with lamport_register_path(b x threads, tree) and threads a multiple of the warp
+// (so that each warp's group of lanes lies in one block); 0 where there is none (core's path).
+// Example: 1 024 lanes and packs (H 8192 bf16): threads 1024 -> 1, 512 -> 2, 128 -> 8, 64 -> 0
+// with max_blocks 8, 384 -> 0.
+EXC_HD inline int lamport_register_blocks(int threads, const contract::RmsNormTree& tree, int max_blocks) {
+  if (threads <= 0 || threads % contract::kWarp != 0 || tree.lanes % threads != 0) return 0;
+  const int blocks = tree.lanes / threads;
+  return blocks <= max_blocks && lamport_register_path(blocks * threads, tree) ? blocks : 0;
 }
 
 // lamport_one_stage on the register path, one lane (and pack) a thread: core's

@@ -28,23 +28,9 @@ struct FusedKernelArgs {
   float eps;
 };
 
-// The largest thread-block cluster lamport_one_stage launches (CUDA's portable cluster size).
+// The largest thread-block cluster lamport_one_stage launches (CUDA's portable cluster size): the
+// max_blocks of core/fused_rmsnorm_kernels.h's lamport_register_blocks on the GPU, which gives the
+// blocks that hold a row (1: one block, 2..kMaxClusterBlocks: a cluster, 0: core's path).
 inline constexpr int kMaxClusterBlocks = 8;
-
-// How many blocks of `threads` threads hold one lamport_one_stage row of `lanes` RMSNorm tree lanes
-// and `packs` packs on the register path (one lane, one pack a thread: core/fused_rmsnorm_kernels.h,
-// lamport_register_path): 1 where threads == lanes (one block a row); C = lanes / threads where
-// that divides evenly, 2 <= C <= kMaxClusterBlocks and threads is a multiple of the warp (a
-// thread-block cluster of C blocks, fused_kernels.cuh's ClusterRowCtx); 0 where the row has more
-// packs than lanes, or no such C exists (core's path, fused_kernel). The host launches clusters of
-// that many blocks (LaunchConfig::cluster) and a multiple of it as the grid.
-// Example: lanes 1024 (H 8192 bf16): threads 1024 -> 1, 512 -> 2, 256 -> 4, 128 -> 8, 64 -> 0.
-inline int lamport_cluster_blocks(int threads, int lanes, int packs) {
-  if (threads <= 0 || packs > lanes) return 0;
-  if (threads == lanes) return 1;
-  if (threads > lanes || lanes % threads != 0 || threads % 32 != 0) return 0;
-  const int blocks = lanes / threads;
-  return blocks <= kMaxClusterBlocks ? blocks : 0;
-}
 
 }  // namespace exactcoll::cuda::fused

@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
 }
 
 // lamport_one_stage on the register path, one lane (and pack) a thread: the kernel the host
-// launches where a block holds a row's lanes (threads == lanes: lamport_cluster_blocks 1), else
+// launches where a block holds a row's lanes (threads == lanes: lamport_register_blocks 1), else
 // lamport_one_stage_cluster_kernel (a cluster of C blocks holds them) or fused_kernel's core path.
 // What core/fused_rmsnorm_kernels.h's fused_rmsnorm_lamport_one_stage_reg (the simulator's) picks
 // at run time, as separate kernels so that each is compiled with only its own registers.
@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(512) lamport_one_stage_cluster_kernel(const __
   lamport_one_stage_held<T, kRanks, LamportProtocol>(ctx, fused_args<T>(args), tree);
 }
 
-// lamport_one_stage's kernel for cfg: lamport_cluster_blocks(cfg.threads, tree) (fused_table.h)
+// lamport_one_stage's kernel for cfg: lamport_register_blocks(cfg.threads, tree, kMaxClusterBlocks)
 // blocks hold a row: 2..kMaxClusterBlocks, the cluster kernel (cfg.cluster must be that, and
 // cfg.blocks a multiple of it: FusedRmsNorm::run sets both); 1, the one-block register kernel;
 // 0, fused_kernel's core path. cudaErrorInvalidValue for a cfg.cluster that does not match.
@@ -260,7 +260,7 @@ template <class T, int kRanks, Contract kFold>
 cudaError_t launch_lamport_one_stage(const FusedKernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
   contract::RmsNormTree tree;
   if (!contract::make_rmsnorm_tree<T>(args.hidden, &tree)) return cudaErrorInvalidValue;
-  const int row_blocks = lamport_cluster_blocks(cfg.threads, tree.lanes, tree.num_packs);
+  const int row_blocks = lamport_register_blocks(cfg.threads, tree, kMaxClusterBlocks);
   if (std::max(cfg.cluster, 1) != std::max(row_blocks, 1) || cfg.blocks % std::max(cfg.cluster, 1) != 0) {
     return cudaErrorInvalidValue;
   }

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/contract.h"
+#include "core/fused_rmsnorm_kernels.h"
 #include "core/signal.h"
 #include "cuda_backend/fused/fused_kernel_args.h"
 #include "cuda_backend/tsv.h"
@@ -17,15 +18,8 @@ extern const char kEmbeddedFusedSm90Table[];  // generated from tuning/fused_sm9
 
 namespace {
 
-// The RMSNorm tree's lane count for H (contract::make_rmsnorm_tree), at least 64 threads.
-int tree_threads(int hidden, DType dtype) {
-  const int packs = std::max(1, hidden / pack_elements(dtype));
-  const int active = std::min(packs, 1024);
-  return std::max(64, 32 * ((active + 31) / 32));
-}
-
-// The RMSNorm tree of a row of `hidden` elements of dtype (contract::make_rmsnorm_tree; hidden a
-// positive multiple of the pack).
+// The RMSNorm tree of a row of `hidden` elements of dtype (contract::make_rmsnorm_tree; all zero
+// for an H that is not a positive multiple of the pack).
 contract::RmsNormTree rmsnorm_tree(int hidden, DType dtype) {
   contract::RmsNormTree tree;
   switch (dtype) {
@@ -35,6 +29,9 @@ contract::RmsNormTree rmsnorm_tree(int hidden, DType dtype) {
   }
   return tree;
 }
+
+// The RMSNorm tree's lane count for H, at least 64 threads.
+int tree_threads(int hidden, DType dtype) { return std::max(64, rmsnorm_tree(hidden, dtype).lanes); }
 
 }  // namespace
 
@@ -61,9 +58,10 @@ LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType
   int blocks = per_block_rows;
   if (algo == FusedAlgorithm::kLamportOneStage) {
     // One row of 1 024 lanes (and at most as many packs) runs on a thread-block cluster of
-    // kLamportRowCluster blocks of 128 threads (lamport_cluster_blocks); other rows on one block
+    // kLamportRowCluster blocks of 128 threads (lamport_register_blocks); other rows on one block
     // of their lanes (docs/benchmarks.md, "lamport_one_stage on thread-block clusters").
-    if (rows == 1 && g.threads == 1024 && hidden / pack_elements(dtype) <= 1024) g.threads /= kLamportRowCluster;
+    const contract::RmsNormTree tree = rmsnorm_tree(hidden, dtype);
+    if (rows == 1 && tree.lanes == 1024 && tree.num_packs <= tree.lanes) g.threads = tree.lanes / kLamportRowCluster;
     // Every block pushes a share of the whole message (core/fused_rmsnorm.h): enough blocks that
     // each stores at most kLamportPushBytesPerBlock of x into every peer, even at 1 row.
     const uint64_t bytes = static_cast<uint64_t>(std::max(rows, 0)) * static_cast<uint64_t>(hidden) * dtype_size(dtype);
@@ -77,7 +75,7 @@ LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType
 
 LaunchConfig lamport_launch_grid(LaunchConfig grid, int hidden, DType dtype) {
   const contract::RmsNormTree tree = rmsnorm_tree(hidden, dtype);
-  grid.cluster = std::max(1, lamport_cluster_blocks(grid.threads, tree.lanes, tree.num_packs));
+  grid.cluster = std::max(1, lamport_register_blocks(grid.threads, tree, kMaxClusterBlocks));
   const int whole = (grid.blocks + grid.cluster - 1) / grid.cluster * grid.cluster;
   grid.blocks = std::min(whole, kMaxBlocks / grid.cluster * grid.cluster);
   return grid;

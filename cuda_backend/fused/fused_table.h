@@ -89,12 +89,12 @@ inline constexpr int kLamportRowCluster = 8;
 // over the whole grid, its rows go to the blocks whose push share they end in); at most kMaxBlocks.
 // lamport_one_stage on one row of 1 024 lanes and at most as many packs (H 8192 bf16/fp16, 4096
 // fp32): 1024 / kLamportRowCluster threads, so that a thread-block cluster of kLamportRowCluster
-// blocks holds the row, one lane a thread (lamport_cluster_blocks), and the blocks a multiple of
+// blocks holds the row, one lane a thread (lamport_register_blocks), and the blocks a multiple of
 // the cluster (lamport_launch_grid).
 LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType dtype, int world_size);
 
 // lamport_one_stage's launch on `grid` (the table's or the default): cluster = the blocks that hold a
-// row (lamport_cluster_blocks of grid.threads and the row's lanes and packs) where that is 2 or
+// row (core's lamport_register_blocks of grid.threads and the row's tree, at most kMaxClusterBlocks) where that is 2 or
 // more, else 1 (whatever grid.cluster was); blocks rounded up to a multiple of it, at most the
 // largest multiple of it in kMaxBlocks. Preconditions: hidden a positive multiple of the pack,
 // 1 <= grid.blocks <= kMaxBlocks.

@@ -213,8 +213,7 @@ cli::ArgParser make_parser(Request* q) {
   parser.set_default_note("threads",
                           "default: the RMSNorm tree's lanes (32 x ceil(min(H / pack, 1024) / 32)) for one_stage_reg, "
                           "gather_norm and push_one_stage_reg, 1 for the others (lamport_one_stage's register path "
-                          "runs with its lanes, or half of them when that is a multiple of 32, on rows of at most "
-                          "as many packs as lanes)");
+                          "runs with its lanes, on rows of at most as many packs as lanes)");
   parser.set_default_note("trace-elements",
                           "here an index is into [rows, H], row-major (row * H + col), and the whole fused op of each "
                           "is traced (every contract; see above)");

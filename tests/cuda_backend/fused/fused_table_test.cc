@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "core/contract.h"
+#include "core/fused_rmsnorm_kernels.h"
 #include "core/signal.h"
 #include "core/storage.h"
 #include "cuda_backend/fused/fused_kernel_args.h"
@@ -102,23 +103,34 @@ TEST(FusedTable, HeuristicAndDefaultGrids) {
   EXPECT_EQ(residual_rmsnorm_grid(100000, 8192, DType::kBF16).blocks, 8192);
 }
 
-// The blocks that hold a lamport_one_stage row: one where threads == lanes, a cluster of lanes /
-// threads blocks (2 to 8) where threads divides the lanes and is a multiple of the warp, none (core's
-// path) otherwise or where the row has more packs than lanes.
-TEST(FusedTable, LamportClusterBlocks) {
-  EXPECT_EQ(lamport_cluster_blocks(1024, 1024, 1024), 1);
-  EXPECT_EQ(lamport_cluster_blocks(512, 1024, 1024), 2);
-  EXPECT_EQ(lamport_cluster_blocks(256, 1024, 1000), 4);
-  EXPECT_EQ(lamport_cluster_blocks(128, 1024, 1024), 8);
-  EXPECT_EQ(lamport_cluster_blocks(64, 1024, 1024), 0);  // 16 blocks: above the portable cluster
-  EXPECT_EQ(lamport_cluster_blocks(192, 384, 360), 2);   // H 2880 bf16
-  EXPECT_EQ(lamport_cluster_blocks(96, 384, 360), 4);
-  EXPECT_EQ(lamport_cluster_blocks(384, 1024, 1024), 0);   // does not divide the lanes
-  EXPECT_EQ(lamport_cluster_blocks(48, 96, 96), 0);        // not a multiple of the warp
-  EXPECT_EQ(lamport_cluster_blocks(2048, 1024, 1024), 0);  // more threads than lanes
-  EXPECT_EQ(lamport_cluster_blocks(512, 1024, 1500), 0);   // more packs than lanes
-  EXPECT_EQ(lamport_cluster_blocks(1024, 1024, 2048), 0);
-  EXPECT_EQ(lamport_cluster_blocks(0, 1024, 1024), 0);
+// The RMSNorm tree of a bf16 row of H elements.
+contract::RmsNormTree bf16_tree(int hidden) {
+  contract::RmsNormTree tree;
+  EXPECT_TRUE(contract::make_rmsnorm_tree<bf16>(hidden, &tree)) << hidden;
+  return tree;
+}
+
+// The blocks that hold a lamport_one_stage row (core's lamport_register_blocks, at most a cluster of
+// kMaxClusterBlocks): one where threads == lanes, a cluster of lanes / threads blocks (2 to 8) where
+// threads divides the lanes and is a multiple of the warp, none (core's path) otherwise or where the
+// row has more packs than lanes.
+TEST(FusedTable, LamportRegisterBlocks) {
+  auto blocks = [](int threads, int hidden) {
+    return lamport_register_blocks(threads, bf16_tree(hidden), kMaxClusterBlocks);
+  };
+  EXPECT_EQ(blocks(1024, 8192), 1);  // 1 024 packs, 1 024 lanes
+  EXPECT_EQ(blocks(512, 8192), 2);
+  EXPECT_EQ(blocks(256, 8000), 4);  // 1 000 packs, 1 024 lanes
+  EXPECT_EQ(blocks(128, 8192), 8);
+  EXPECT_EQ(blocks(64, 8192), 0);   // 16 blocks: above the portable cluster
+  EXPECT_EQ(blocks(192, 2880), 2);  // 360 packs, 384 lanes
+  EXPECT_EQ(blocks(96, 2880), 4);
+  EXPECT_EQ(blocks(384, 8192), 0);    // does not divide the lanes
+  EXPECT_EQ(blocks(48, 768), 0);      // 96 lanes: 48 threads divide them, but not a multiple of the warp
+  EXPECT_EQ(blocks(2048, 8192), 0);   // more threads than lanes
+  EXPECT_EQ(blocks(512, 12000), 0);   // 1 500 packs, more than the 1 024 lanes
+  EXPECT_EQ(blocks(1024, 16384), 0);  // 2 048 packs
+  EXPECT_EQ(blocks(0, 8192), 0);
   // The launch: the cluster, and the blocks rounded up to whole clusters (at most kMaxBlocks).
   const LaunchConfig two = lamport_launch_grid(LaunchConfig{7, 512}, 8192, DType::kBF16);
   EXPECT_EQ(two.cluster, 2);
@@ -156,7 +168,7 @@ TEST(FusedTable, LamportClusterBlocks) {
 
 // Every grid a caller may give (1..kMaxBlocks blocks, a multiple of 32 threads in 64..1024) on every
 // row of bf16 and fp32 up to H 16384: the launch holds whole clusters within kMaxBlocks, its cluster
-// is lamport_cluster_blocks of the contract's tree (the kernel's own test), and it never drops
+// is lamport_register_blocks of the contract's tree (the kernel's own test), and it never drops
 // blocks below the grid's unless kMaxBlocks forces it.
 TEST(FusedTable, LamportLaunchGridHoldsWholeClustersForEveryGrid) {
   int clustered = 0;
@@ -170,7 +182,7 @@ TEST(FusedTable, LamportLaunchGridHoldsWholeClustersForEveryGrid) {
         contract::make_rmsnorm_tree<float>(hidden, &tree);
       }
       for (int threads = 64; threads <= 1024; threads += 32) {
-        const int want = std::max(1, lamport_cluster_blocks(threads, tree.lanes, tree.num_packs));
+        const int want = std::max(1, lamport_register_blocks(threads, tree, kMaxClusterBlocks));
         for (int blocks : {1, 2, 3, 5, 7, 63, 100, 121, 125, 126, 127, kMaxBlocks}) {
           const LaunchConfig g = lamport_launch_grid(LaunchConfig{blocks, threads}, hidden, dtype);
           ASSERT_EQ(g.cluster, want) << hidden << " " << threads << " " << blocks;
