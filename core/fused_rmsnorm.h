@@ -404,8 +404,8 @@ EXC_HD inline RowRange lamport_block_rows(const BlockShare& push, size_t hidden)
 // Additional preconditions: lamport_fits(rows * H, sizeof(T), n, ctx.lamport_bytes()); the region
 // was filled with 0xFF once, before any Lamport call.
 // lamport_one_stage_rows is the protocol, with the row step as a parameter (as push_one_stage_rows):
-// core's fused_rmsnorm_lamport_one_stage passes fused_row_from; the register path
-// (core/fused_rmsnorm_kernels.h, fused_rmsnorm_lamport_one_stage_reg, the GPU's kernel) its row
+// core's fused_rmsnorm_lamport passes fused_row_from; the register path
+// (core/fused_rmsnorm_kernels.h, fused_rmsnorm_lamport_reg, the GPU's kernel) its row
 // held in registers. Steps (per block):
 //   1. the Lamport call (begin_lamport_call): buffer b = k mod 3, previous = (k - 1) mod 3;
 //   2. push this block's share of the whole message (block_share of [0, rows * H) over all blocks
@@ -490,14 +490,208 @@ EXC_HD void lamport_one_stage_rows(Ctx& ctx, const FusedRmsNormArgs<T>& args, Be
   end_lamport_call(ctx, c, lamport_message_bytes(count, sizeof(T)));
 }
 
-// lamport_one_stage with core's row step (the simulator's default with one thread a block, and the
-// GPU's fallback where the register path does not fit the grid).
-template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
-EXC_HD void fused_rmsnorm_lamport_one_stage(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
+// ---- lamport_two_stage: lamport_one_stage with each row folded once, by its owner -------------------------
+// Row r belongs to rank r mod n (lamport_row_owner), at index r / n among that rank's rows: each
+// rank folds a 1/n share of the rows, interleaved so that every block's rows are spread over the
+// ranks. lamport_two_stage's slot layout: in rank p's region, slot (buffer, s) holds rank s's
+// pieces of the rows p owns at [0, stride), row r at (r / n) x H, and owner s's folded rows at
+// [stride, 2 stride), row r (owned by s) at stride + (r / n) x H; stride = ceil(rows / n) x H
+// elements (lamport_two_stage_stride). Two strides a slot: at n = 4, half of lamport_one_stage's
+// message, so twice the rows fit one launch.
+// Example: 4 ranks, 6 rows of H 8: rank 1 owns rows 1 and 5, at elements 0 and 8 of its pieces
+// half; stride 16.
+EXC_HD inline int lamport_row_owner(int row, int n) { return row % n; }
+EXC_HD inline size_t lamport_two_stage_stride(int rows, size_t hidden, int n) {
+  return (static_cast<size_t>(rows) + static_cast<size_t>(n) - 1) / static_cast<size_t>(n) * hidden;
+}
+// The element of an owner's half (pieces or folded rows) that element i of x (row i / H) lands at.
+EXC_HD inline size_t lamport_owned_offset(size_t i, size_t hidden, int n) {
+  const size_t row = i / hidden;
+  return row / static_cast<size_t>(n) * hidden + (i - row * hidden);
+}
+// Bytes of every sender's slot that a lamport_two_stage call of rows x hidden elements of
+// element_bytes occupies on n ranks (two strides), and the region bytes per rank it needs.
+EXC_HD inline size_t lamport_two_stage_slot_bytes(int rows, size_t hidden, size_t element_bytes, int n) {
+  return 2 * lamport_two_stage_stride(rows, hidden, n) * element_bytes;
+}
+EXC_HD inline size_t lamport_two_stage_region_bytes(int rows, size_t hidden, size_t element_bytes, int n) {
+  return static_cast<size_t>(kLamportBuffers) * static_cast<size_t>(n) *
+         lamport_two_stage_slot_bytes(rows, hidden, element_bytes, n);
+}
+// The most rows of `hidden` elements of element_bytes that one lamport_two_stage launch takes on
+// slots of slot_bytes: n x floor(slot_bytes / (2 x H x element_bytes)) (0: not even n rows fit).
+// Example: 1 MiB slots, 4 ranks, H 4096 bf16 (8 KiB rows): 4 x 64 = 256 rows.
+EXC_HD inline size_t lamport_two_stage_max_rows(size_t slot_bytes, size_t hidden, size_t element_bytes, int n) {
+  return static_cast<size_t>(n) * (slot_bytes / (2 * hidden * element_bytes));
+}
+
+// lamport_two_stage: the fused op as two Lamport pushes, the way lamport_two_shot is the
+// all-reduce's: each rank pushes its x of every row to the row's owner; the owner folds the row in
+// rank order and pushes the folded row back to every peer; every rank then adds its residual and
+// normalizes every row itself. Each rank pushes 2 (n - 1) / n of x instead of lamport_one_stage's
+// n - 1 copies, for one more NVLink latency, and folds 1/n of the rows; the split (an all-reduce,
+// then the norm kernel) moves as much but launches twice and writes and reads the sum once more.
+// Same bits as one_stage: each element is folded once, by its owner, with fold_pack_from in rank
+// order from operands whose only change is a NaN made canonical; the others take those bits; then
+// every rank runs the same row step (fused_row_from or the register path's) on them.
+// Additional preconditions: lamport_two_stage_slot_bytes(rows, H, sizeof(T), n) <= the slot of
+// lamport_layout(ctx.lamport_bytes(), n); the region as for lamport_one_stage.
+// lamport_two_stage_rows is the protocol with the row step as a parameter (as lamport_one_stage_rows,
+// whose push shares, rows per block, clear and call counter it keeps). Steps (per block):
+//   1. the Lamport call (begin_lamport_call);
+//   2. push: each pack of this block's share of x (block_share of [0, rows * H) over the grid)
+//      whose row another rank owns, NaNs made canonical, into slot (b, rank) of the owner's region
+//      at lamport_owned_offset;
+//   3. clear the previous call's buffer (lamport_clear_previous: extents are bytes per slot,
+//      whichever Lamport call wrote them); before_fold();
+//   4. sync_before_polls (lamport_one_stage's step 4);
+//   5. this block's rows (lamport_block_rows) that this rank owns: row_fn(row, fold_of) with
+//      fold_of(i) = the fold of own x and the polled pieces (slots (b, p) at lamport_owned_offset),
+//      each folded pack also pushed, canonicalized, into slot (b, rank) of every peer's region at
+//      stride + lamport_owned_offset (a poll that gave up pushes nothing, as lamport_two_shot's);
+//   6. this block's other rows: row_fn(row, fold_of) with fold_of(i) = the owner's folded pack,
+//      polled from slot (b, owner) of this rank's own region at stride + lamport_owned_offset;
+//   7. record the extent (two strides) and advance the call number (end_lamport_call).
+// Why the three buffers and the clear stay safe: allreduce_lamport_one_shot's (a) to (d), with "p's
+// call k + 1 needs r's call k + 1 push" holding as in lamport_two_shot: every row's fold takes r's
+// piece, and p either folds a row (polling r's piece) or polls the row's owner's folded row, which
+// the owner computed from r's piece (a data dependence). There is at least one row in a call.
+// Progress: step 5 polls only the pieces that blocks 0..b of the peers push in their step 2 (as
+// lamport_one_stage's polls); step 6 polls what the owner's block b pushes in its step 5, which
+// waits only for step-2 pushes. Owned rows come first so that no row waits for a peer's poll of
+// another row: folding rows in row order would chain the ranks' rows one NVLink latency each.
+template <class T, int kRanks, class Protocol, class Ctx, class BeforeFold, class RowFn>
+EXC_HD void lamport_two_stage_rows(Ctx& ctx, const FusedRmsNormArgs<T>& args, BeforeFold before_fold, RowFn row_fn) {
+  constexpr int P = Storage<T>::kPack;
+  const size_t H = static_cast<size_t>(args.hidden);
+  const size_t count = static_cast<size_t>(args.rows) * H;
+  const int n = ctx.world_size();
+  const int me = ctx.rank();
+  const int peers = kRanks > 0 ? kRanks : n;
+  const size_t stride = lamport_two_stage_stride(args.rows, H, n);
+  // 1. The call.
+  const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);
+  const BlockShare push = block_share(0, count, P, ctx.block(), ctx.num_blocks());
+  const RowRange mine = lamport_block_rows(push, H);
+  const T* x = ctx.input(me);
+  // 2. Push this block's share of x to the rows' owners.
+  if constexpr (Ctx::kTraceSteps) {
+    ctx.trace_step_begin("push_owned");
+    trace_share(ctx, push, Access::kRead, me, Buffer::kInput);
+    for (size_t begin = push.pack_begin; begin < push.pack_end;) {
+      const size_t row = begin / H, end = push.pack_end < (row + 1) * H ? push.pack_end : (row + 1) * H;
+      const int owner = lamport_row_owner(static_cast<int>(row), n);
+      if (owner != me) {
+        const size_t at = lamport_slot_offset(c, c.buffer, me) + lamport_owned_offset(begin, H, n);
+        ctx.trace_access(Access::kWrite, owner, Buffer::kLamport, at, at + (end - begin));
+      }
+      begin = end;
+    }
+    ctx.trace_step_end();
+  }
+  for_share(
+      ctx, push, P,
+      [&](size_t i) {
+        const int owner = lamport_row_owner(static_cast<int>(i / H), n);
+        if (owner == me) return;
+        Pack<T> v = ctx.load(reinterpret_cast<const Pack<T>*>(x + i));
+        if constexpr (Protocol::kCanonicalize) v = lamport_canonicalize(v);
+        ctx.lamport_store(
+            reinterpret_cast<Pack<T>*>(lamport_slot(ctx, c, owner, c.buffer, me) + lamport_owned_offset(i, H, n)), v,
+            owner);
+      },
+      [](size_t) {});
+  // 3. Clear the previous call's buffer; the work that needs no peer.
+  lamport_clear_previous<T, kRanks, Protocol>(ctx, c);
+  before_fold();
+  // 4. Every thread's pushes before any thread's polls.
+  sync_before_polls(ctx);
+  // 5. The owned rows: fold, push the folded row to every peer, the row step.
+  auto trace_row = [&](const char* name, int row, bool owned) {
+    if constexpr (Ctx::kTraceSteps) {
+      const size_t begin = static_cast<size_t>(row) * H, at = lamport_owned_offset(begin, H, n);
+      const int owner = lamport_row_owner(row, n);
+      ctx.trace_step_begin(name);
+      if (owned) {
+        for (int r = 0; r < n; ++r) {
+          if (r == me) {
+            ctx.trace_access(Access::kRead, me, Buffer::kInput, begin, begin + H);
+          } else {
+            const size_t from = lamport_slot_offset(c, c.buffer, r) + at;
+            ctx.trace_access(Access::kRead, me, Buffer::kLamport, from, from + H);
+          }
+        }
+        for (int k = 1; k < n; ++k) {
+          const size_t to = lamport_slot_offset(c, c.buffer, me) + stride + at;
+          ctx.trace_access(Access::kWrite, (me + k) % n, Buffer::kLamport, to, to + H);
+        }
+      } else {
+        const size_t from = lamport_slot_offset(c, c.buffer, owner) + stride + at;
+        ctx.trace_access(Access::kRead, me, Buffer::kLamport, from, from + H);
+      }
+      ctx.trace_access(Access::kWrite, me, Buffer::kOutput, begin, begin + H);
+      ctx.trace_step_end();
+    } else {
+      (void)name, (void)row, (void)owned;
+    }
+  };
+  for (int row = mine.begin; row < mine.end; ++row) {
+    if (lamport_row_owner(row, n) != me) continue;
+    trace_row("fold_owned_row", row, true);
+    row_fn(row, [&](size_t i) {
+      const size_t at = lamport_owned_offset(i, H, n);
+      bool arrived = true;
+      const Pack<T> s = lamport_fold_pack<T, kRanks>(
+          ctx, c, i, ctx.load(reinterpret_cast<const Pack<T>*>(x + i)),
+          [&](int r) { return reinterpret_cast<const Pack<T>*>(lamport_slot(ctx, c, me, c.buffer, r) + at); },
+          &arrived);
+      if (arrived) {
+        const Pack<T> pushed = Protocol::kCanonicalize ? lamport_canonicalize(s) : s;
+        for (int k = 1; k < peers; ++k) {
+          const int p = (me + k) % n;
+          ctx.lamport_store(reinterpret_cast<Pack<T>*>(lamport_slot(ctx, c, p, c.buffer, me) + stride + at), pushed, p);
+        }
+      }
+      return s;
+    });
+  }
+  // 6. The other rows: the owner's folded row, polled, then the row step.
+  for (int row = mine.begin; row < mine.end; ++row) {
+    const int owner = lamport_row_owner(row, n);
+    if (owner == me) continue;
+    trace_row("gather_row", row, false);
+    row_fn(row, [&](size_t i) {
+      const auto* src = reinterpret_cast<const Pack<T>*>(lamport_slot(ctx, c, me, c.buffer, owner) + stride +
+                                                         lamport_owned_offset(i, H, n));
+      return ctx.lamport_poll(src, owner, LamportPoll{c.calls, c.buffer, i});
+    });
+  }
+  // 7. Record the extent and advance the call number.
+  end_lamport_call(ctx, c, 2 * stride * sizeof(T));
+}
+
+// The fused Lamport protocols, as a template parameter of the code they share (the row step, the
+// register path, the GPU's kernels).
+enum class LamportFused { kOneStage, kTwoStage };
+
+template <class T, int kRanks, class Protocol, LamportFused kKind, class Ctx, class BeforeFold, class RowFn>
+EXC_HD void lamport_fused_rows(Ctx& ctx, const FusedRmsNormArgs<T>& args, BeforeFold before_fold, RowFn row_fn) {
+  if constexpr (kKind == LamportFused::kTwoStage) {
+    lamport_two_stage_rows<T, kRanks, Protocol>(ctx, args, before_fold, row_fn);
+  } else {
+    lamport_one_stage_rows<T, kRanks, Protocol>(ctx, args, before_fold, row_fn);
+  }
+}
+
+// lamport_one_stage or lamport_two_stage with core's row step (the simulator's default with one
+// thread a block, and the GPU's fallback where the register path does not fit the grid).
+template <class T, int kRanks = 0, class Protocol = LamportProtocol, LamportFused kKind = LamportFused::kOneStage,
+          class Ctx>
+EXC_HD void fused_rmsnorm_lamport(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(args.hidden, &tree);
   const size_t H = static_cast<size_t>(args.hidden);
-  lamport_one_stage_rows<T, kRanks, Protocol>(
+  lamport_fused_rows<T, kRanks, Protocol, kKind>(
       ctx, args, [] {},
       [&](int row, auto fold_of) {
         const size_t base = static_cast<size_t>(row) * H;

@@ -22,10 +22,10 @@
 //                              one barrier, no end barrier) with the rows held in registers as in
 //                              one_stage_reg, the weight loaded between the pushes and the
 //                              barrier; other grids take core's fused_rmsnorm_push_one_stage.
-//   fused_rmsnorm_lamport_one_stage_reg  core's lamport_one_stage (Lamport pushes, no barrier)
-//                              with the rows held in registers as in one_stage_reg, the weight
-//                              loaded between the pushes and the polls; other grids take core's
-//                              fused_rmsnorm_lamport_one_stage.
+//   fused_rmsnorm_lamport_reg  core's lamport_one_stage or lamport_two_stage (Lamport pushes, no
+//                              barrier) with the rows held in registers as in one_stage_reg, the
+//                              weight loaded between the pushes and the polls; other grids take
+//                              core's fused_rmsnorm_lamport.
 //   residual_rmsnorm_rows      the split path's separate residual + RMSNorm kernel (after any
 //                              all-reduce into s; also exactcoll_add_rmsnorm): one launch, no
 //                              peers, no barrier; rows in registers where threads == lanes.
@@ -341,18 +341,18 @@ EXC_HD inline int lamport_register_blocks(int threads, const contract::RmsNormTr
   return blocks <= max_blocks && lamport_register_path(blocks * threads, tree) ? blocks : 0;
 }
 
-// lamport_one_stage on the register path, one lane (and pack) a thread: core's
-// lamport_one_stage_rows (push, clear, the sync before the polls, the polled fold, no barrier) with
-// fused_row_held_from as the row step. This thread's weight pack is loaded after its pushes and
-// clears, so its latency hides in the peers' (the polls that follow wait for NVLink). Core's path
-// (fused_row_from) stores the row's residual_out, syncs the block, reads it back element by element
-// for the lane partials and again for the scale: two more round trips to memory and two more block
-// syncs a row.
-template <class T, int kRanks, class Protocol, class Ctx>
-EXC_HD void lamport_one_stage_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, const contract::RmsNormTree& tree) {
+// lamport_one_stage or lamport_two_stage (kKind) on the register path, one lane (and pack) a
+// thread: core's lamport_one_stage_rows or lamport_two_stage_rows (push, clear, the sync before the
+// polls, the polled fold, no barrier) with fused_row_held_from as the row step. This thread's
+// weight pack is loaded after its pushes and clears, so its latency hides in the peers' (the polls
+// that follow wait for NVLink). Core's path (fused_row_from) stores the row's residual_out, syncs
+// the block, reads it back element by element for the lane partials and again for the scale: two
+// more round trips to memory and two more block syncs a row.
+template <class T, int kRanks, class Protocol, LamportFused kKind, class Ctx>
+EXC_HD void lamport_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, const contract::RmsNormTree& tree) {
   const size_t H = static_cast<size_t>(args.hidden);
   Pack<T> w[1];
-  lamport_one_stage_rows<T, kRanks, Protocol>(
+  lamport_fused_rows<T, kRanks, Protocol, kKind>(
       ctx, args, [&] { load_weight_packs<T, 1>(ctx, tree, args.weight, w); },
       [&](int row, auto fold_of) {
         const size_t base = static_cast<size_t>(row) * H;
@@ -361,20 +361,21 @@ EXC_HD void lamport_one_stage_held(Ctx& ctx, const FusedRmsNormArgs<T>& args, co
       });
 }
 
-// lamport_one_stage with the rows in registers (the GPU's lamport_one_stage kernels: the host picks
-// the register path's kernel or core's; same preconditions and bits as core's
-// fused_rmsnorm_lamport_one_stage, which it runs when lamport_register_path is false or the Ctx has
-// no sum_lane_partials; the two share every Lamport buffer and counter, so either may follow the
-// other).
-template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
-EXC_HD void fused_rmsnorm_lamport_one_stage_reg(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
+// lamport_one_stage or lamport_two_stage with the rows in registers (the GPU's Lamport fused
+// kernels: the host picks the register path's kernel or core's; same preconditions and bits as
+// core's fused_rmsnorm_lamport, which it runs when lamport_register_path is false or the Ctx has no
+// sum_lane_partials; the two share every Lamport buffer and counter, so either may follow the
+// other, and so may every other Lamport call).
+template <class T, int kRanks = 0, class Protocol = LamportProtocol, LamportFused kKind = LamportFused::kOneStage,
+          class Ctx>
+EXC_HD void fused_rmsnorm_lamport_reg(Ctx& ctx, const FusedRmsNormArgs<T>& args) {
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(args.hidden, &tree);
   if constexpr (requires(Ctx & c, const contract::RmsNormTree& tr) { c.sum_lane_partials(tr, 0.0f); }) {
     if (lamport_register_path(ctx.num_threads(), tree))
-      return lamport_one_stage_held<T, kRanks, Protocol>(ctx, args, tree);
+      return lamport_held<T, kRanks, Protocol, kKind>(ctx, args, tree);
   }
-  fused_rmsnorm_lamport_one_stage<T, kRanks, Protocol>(ctx, args);
+  fused_rmsnorm_lamport<T, kRanks, Protocol, kKind>(ctx, args);
 }
 
 // Records gather_norm's gather for this block, one step a peer (rank+1, rank+2, ...): the rows of
@@ -647,8 +648,14 @@ enum class FusedKernelKind : int {
   kResidualRmsNorm = 3,  // residual_rmsnorm_rows (local; the split path)
   kOneStageReg = 4,      // fused_rmsnorm_one_stage_reg
   kPushOneStage = 5,     // fused_rmsnorm_push_one_stage_reg (reads only its own x: never staged)
-  kLamportOneStage = 6   // fused_rmsnorm_lamport_one_stage_reg (reads only its own x: never staged)
+  kLamportOneStage = 6,  // fused_rmsnorm_lamport_reg (reads only its own x: never staged)
+  kLamportTwoStage = 7   // fused_rmsnorm_lamport_reg, LamportFused::kTwoStage (likewise)
 };
+
+// The Lamport protocol of a Lamport fused kernel kind (kLamportOneStage or kLamportTwoStage).
+EXC_HD constexpr LamportFused lamport_fused_of(FusedKernelKind kind) {
+  return kind == FusedKernelKind::kLamportTwoStage ? LamportFused::kTwoStage : LamportFused::kOneStage;
+}
 
 // Copies from src (this rank's x, [rows, H]) into dst (its staging buffer) the rows that block
 // ctx.block() of any rank reads from this rank in `kind`: one_stage (and one_stage_reg) reads the

@@ -281,7 +281,7 @@ EXC_HD EXC_INLINE Pack<T> lamport_input_pack(const T* mine, size_t i, size_t cou
 // tests/sim/lamport_exploration_test.cc catches (b), (c) and an uncanonicalized push, and runs
 // the production protocol over thousands of seeds.
 // ---- The steps every Lamport algorithm shares (allreduce_lamport_one_shot below,
-// fused_rmsnorm_lamport_one_stage in core/fused_rmsnorm.h); they share the call counter and the
+// lamport_one_stage_rows and lamport_two_stage_rows in core/fused_rmsnorm.h); they share the call counter and the
 // extents too, so Lamport calls of any kind (these two, lamport_two_shot) may follow each other in any order
 // ------------------
 

@@ -262,6 +262,7 @@ enum class FusedAlgorithm : uint8_t {
   kNcclSplit,
   kLamportOneStage,
   kPushOneStageReg,
+  kLamportTwoStage,
 };
 
 struct FusedAlgorithmInfo {
@@ -297,6 +298,8 @@ inline constexpr FusedAlgorithmInfo kFusedAlgorithmInfos[] = {
      "x pushed into peers' Lamport buffers, flag in the data, norm in the same kernel"},
     {FusedAlgorithm::kPushOneStageReg, "push_one_stage_reg", kOnSimulator, true, false, true, true,
      "push_one_stage on the register path: the GPU's push_one_stage kernel, in the simulator"},
+    {FusedAlgorithm::kLamportTwoStage, "lamport_two_stage", kOnSimulator | kOnGpu, true, true, true, true,
+     "x pushed to each row's owner, folded rows pushed back (Lamport, no barrier), norm in the same kernel"},
 };
 
 // ---- rounding contracts -----------------------------------------------------------------------
@@ -412,7 +415,7 @@ constexpr std::optional<Contract> parse_contract_name(std::string_view name, uin
 // The entries that run on every backend in kRunsOn, except auto (a choice, not a kernel), in the
 // registry's order, as a constexpr array (for loops over every runnable algorithm).
 // Example: fused_algorithms_on<kOnSimulator>() == {one_stage, two_stage, push_one_stage, unfused,
-//          one_stage_reg, gather_norm, lamport_one_stage, push_one_stage_reg}.
+//          one_stage_reg, gather_norm, lamport_one_stage, push_one_stage_reg, lamport_two_stage}.
 template <uint8_t kRunsOn, class Entry, size_t N>
 constexpr size_t count_entries_on(const Entry (&table)[N]) {
   size_t count = 0;

@@ -198,10 +198,10 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
     // No staging: base.inputs[rank] is this rank's x where the caller keeps it (only this kernel
     // reads it; the peers read the copies it pushes).
     fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, fused_args<T>(args));
-  } else if constexpr (kKind == FusedKernelKind::kLamportOneStage) {
-    // Core's path (lamport_one_stage_held_kernel runs the register path). No staging either:
+  } else if constexpr (kKind == FusedKernelKind::kLamportOneStage || kKind == FusedKernelKind::kLamportTwoStage) {
+    // Core's path (lamport_held_kernel runs the register path). No staging either:
     // base.inputs[rank] is this rank's x where the caller keeps it.
-    fused_rmsnorm_lamport_one_stage<T, kRanks>(ctx, fused_args<T>(args));
+    fused_rmsnorm_lamport<T, kRanks, LamportProtocol, lamport_fused_of(kKind)>(ctx, fused_args<T>(args));
   } else {
     if (args.stage_from != nullptr) {
       stage_fused_input<T>(ctx, kKind, static_cast<const T*>(args.stage_from),
@@ -221,27 +221,28 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
   }
 }
 
-// lamport_one_stage on the register path, one lane (and pack) a thread: the kernel the host
-// launches where a block holds a row's lanes (threads == lanes: lamport_register_blocks 1), else
-// lamport_one_stage_cluster_kernel (a cluster of C blocks holds them) or fused_kernel's core path.
-// What core/fused_rmsnorm_kernels.h's fused_rmsnorm_lamport_one_stage_reg (the simulator's) picks
-// at run time, as separate kernels so that each is compiled with only its own registers.
-template <class T, int kRanks, Contract kFold>
-__global__ void __launch_bounds__(1024) lamport_one_stage_held_kernel(const __grid_constant__ FusedKernelArgs args) {
+// lamport_one_stage or lamport_two_stage (kLamport) on the register path, one lane (and pack) a
+// thread: the kernel the host launches where a block holds a row's lanes (threads == lanes:
+// lamport_register_blocks 1), else lamport_cluster_kernel (a cluster of C blocks holds them) or
+// fused_kernel's core path. What core/fused_rmsnorm_kernels.h's fused_rmsnorm_lamport_reg (the
+// simulator's) picks at run time, as separate kernels so that each is compiled with only its own
+// registers.
+template <class T, int kRanks, Contract kFold, LamportFused kLamport>
+__global__ void __launch_bounds__(1024) lamport_held_kernel(const __grid_constant__ FusedKernelArgs args) {
   enter_after_previous_grid();
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;  // begin_lamport_call's sync_block orders it before any poll
   FusedDeviceCtx<T, kRanks, kFold> ctx(args.base, &aborted);
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(args.hidden, &tree);
-  lamport_one_stage_held<T, kRanks, LamportProtocol>(ctx, fused_args<T>(args), tree);
+  lamport_held<T, kRanks, LamportProtocol, kLamport>(ctx, fused_args<T>(args), tree);
 }
 
-// lamport_one_stage on the register path over thread-block clusters (ClusterRowCtx): C blocks of
-// lanes / C threads hold a row, one lane a thread. Blocks of at most 512 threads (C >= 2), so
-// ptxas may give a thread 128 registers.
-template <class T, int kRanks, Contract kFold>
-__global__ void __launch_bounds__(512) lamport_one_stage_cluster_kernel(const __grid_constant__ FusedKernelArgs args) {
+// The same on the register path over thread-block clusters (ClusterRowCtx): C blocks of lanes / C
+// threads hold a row, one lane a thread. Blocks of at most 512 threads (C >= 2), so ptxas may give
+// a thread 128 registers.
+template <class T, int kRanks, Contract kFold, LamportFused kLamport>
+__global__ void __launch_bounds__(512) lamport_cluster_kernel(const __grid_constant__ FusedKernelArgs args) {
   enter_after_previous_grid();
   __shared__ int aborted;
   __shared__ ClusterExchange exchange;
@@ -249,24 +250,26 @@ __global__ void __launch_bounds__(512) lamport_one_stage_cluster_kernel(const __
   contract::RmsNormTree tree;
   contract::make_rmsnorm_tree<T>(args.hidden, &tree);
   ClusterRowCtx<T, kRanks, kFold> ctx(args.base, &aborted, &exchange, tree);
-  lamport_one_stage_held<T, kRanks, LamportProtocol>(ctx, fused_args<T>(args), tree);
+  lamport_held<T, kRanks, LamportProtocol, kLamport>(ctx, fused_args<T>(args), tree);
 }
 
-// lamport_one_stage's kernel for cfg: lamport_register_blocks(cfg.threads, tree, kMaxClusterBlocks)
+// A Lamport fused kernel (kKind: lamport_one_stage or lamport_two_stage) for cfg:
+// lamport_register_blocks(cfg.threads, tree, kMaxClusterBlocks)
 // blocks hold a row: 2..kMaxClusterBlocks, the cluster kernel (cfg.cluster must be that, and
 // cfg.blocks a multiple of it: FusedRmsNorm::run sets both); 1, the one-block register kernel;
 // 0, fused_kernel's core path. cudaErrorInvalidValue for a cfg.cluster that does not match.
-template <class T, int kRanks, Contract kFold>
-cudaError_t launch_lamport_one_stage(const FusedKernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
+template <class T, int kRanks, Contract kFold, FusedKernelKind kKind>
+cudaError_t launch_lamport_fused(const FusedKernelArgs& args, LaunchConfig cfg, cudaStream_t stream) {
+  constexpr LamportFused kLamport = lamport_fused_of(kKind);
   contract::RmsNormTree tree;
   if (!contract::make_rmsnorm_tree<T>(args.hidden, &tree)) return cudaErrorInvalidValue;
   const int row_blocks = lamport_register_blocks(cfg.threads, tree, kMaxClusterBlocks);
   if (std::max(cfg.cluster, 1) != std::max(row_blocks, 1) || cfg.blocks % std::max(cfg.cluster, 1) != 0) {
     return cudaErrorInvalidValue;
   }
-  if (row_blocks > 1) return launch_kernel(lamport_one_stage_cluster_kernel<T, kRanks, kFold>, args, cfg, stream);
-  if (row_blocks == 1) return launch_kernel(lamport_one_stage_held_kernel<T, kRanks, kFold>, args, cfg, stream);
-  return launch_kernel(fused_kernel<T, kRanks, FusedKernelKind::kLamportOneStage, kFold>, args, cfg, stream);
+  if (row_blocks > 1) return launch_kernel(lamport_cluster_kernel<T, kRanks, kFold, kLamport>, args, cfg, stream);
+  if (row_blocks == 1) return launch_kernel(lamport_held_kernel<T, kRanks, kFold, kLamport>, args, cfg, stream);
+  return launch_kernel(fused_kernel<T, kRanks, kKind, kFold>, args, cfg, stream);
 }
 
 // The split paths' residual + RMSNorm (and exactcoll_add_rmsnorm), one kernel per path, so each
@@ -351,9 +354,16 @@ cudaError_t launch_fused_for_ranks(FusedKernelKind kind, const FusedKernelArgs& 
       return launch_fused_under_contract<T, kRanks, FusedKernelKind::kPushOneStage>(args, cfg, stream);
     case FusedKernelKind::kLamportOneStage:
       if (args.base.contract == static_cast<int32_t>(Contract::kTree)) {
-        return launch_lamport_one_stage<T, kRanks, Contract::kTree>(args, cfg, stream);
+        return launch_lamport_fused<T, kRanks, Contract::kTree, FusedKernelKind::kLamportOneStage>(args, cfg, stream);
       }
-      return launch_lamport_one_stage<T, kRanks, Contract::kCanonical>(args, cfg, stream);
+      return launch_lamport_fused<T, kRanks, Contract::kCanonical, FusedKernelKind::kLamportOneStage>(args, cfg,
+                                                                                                      stream);
+    case FusedKernelKind::kLamportTwoStage:
+      if (args.base.contract == static_cast<int32_t>(Contract::kTree)) {
+        return launch_lamport_fused<T, kRanks, Contract::kTree, FusedKernelKind::kLamportTwoStage>(args, cfg, stream);
+      }
+      return launch_lamport_fused<T, kRanks, Contract::kCanonical, FusedKernelKind::kLamportTwoStage>(args, cfg,
+                                                                                                      stream);
     case FusedKernelKind::kResidualRmsNorm:
       return cudaErrorInvalidValue;  // not per world size: launch_fused_typed launches it
   }

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 
+#include "core/fused_rmsnorm.h"
 #include "core/lamport.h"
 #include "cuda_backend/cuda_check.h"
 #include "cuda_backend/fused/fused_kernels.h"
@@ -22,6 +24,7 @@ FusedKernelKind kernel_kind(FusedAlgorithm a) {
     case FusedAlgorithm::kOneStageReg: return FusedKernelKind::kOneStageReg;
     case FusedAlgorithm::kPushOneStage: return FusedKernelKind::kPushOneStage;
     case FusedAlgorithm::kLamportOneStage: return FusedKernelKind::kLamportOneStage;
+    case FusedAlgorithm::kLamportTwoStage: return FusedKernelKind::kLamportTwoStage;
     case FusedAlgorithm::kTwoStage: return FusedKernelKind::kTwoStage;
     case FusedAlgorithm::kGatherNorm: return FusedKernelKind::kGatherNorm;
     default: throw std::logic_error(kind_of_error);
@@ -55,20 +58,20 @@ FusedRmsNorm::FusedRmsNorm(Communicator& comm, std::optional<FusedTable> table)
     : comm_(comm), table_(table ? std::move(*table) : FusedTable::from_environment()) {}
 
 FusedChoice FusedRmsNorm::choose(const FusedRmsNormShape& shape, FusedAlgorithm algo) const {
-  FusedChoice c = table_.choose(comm_.arch(), comm_.world_size(), shape.rows, shape.hidden, shape.dtype, algo);
-  // auto never runs push_one_stage where its receive halves for all rows do not fit the scratch
-  // (it would take several launches): one_stage_reg instead (same bits). A named push_one_stage
-  // runs in row chunks that fit (run).
-  if (algo == FusedAlgorithm::kAuto && c.algo == FusedAlgorithm::kPushOneStage &&
-      max_rows_per_launch(FusedAlgorithm::kPushOneStage, shape, false) < shape.rows) {
-    const bool from_table = c.from_table;
-    c = table_.choose(comm_.arch(), comm_.world_size(), shape.rows, shape.hidden, shape.dtype,
-                      FusedAlgorithm::kOneStageReg);
-    c.from_table = from_table;
-  }
-  // Likewise lamport_one_stage where all rows do not fit one Lamport slot.
-  if (algo == FusedAlgorithm::kAuto && c.algo == FusedAlgorithm::kLamportOneStage &&
-      max_rows_per_launch(FusedAlgorithm::kLamportOneStage, shape, false) < shape.rows) {
+  // auto never runs push_one_stage where its receive halves for all rows do not fit the scratch,
+  // nor lamport_one_stage or lamport_two_stage where the rows do not fit one Lamport slot (each
+  // would take several launches, which the table's one-launch times do not price): the table's
+  // fastest among the others at that point. A named algorithm runs in row chunks that fit (run).
+  auto one_launch = [&](FusedAlgorithm a) {
+    const bool chunked_kind = a == FusedAlgorithm::kPushOneStage || is_lamport_fused(a);
+    return !chunked_kind || max_rows_per_launch(a, shape, false) >= shape.rows;
+  };
+  FusedChoice c = table_.choose(comm_.arch(), comm_.world_size(), shape.rows, shape.hidden, shape.dtype, algo,
+                                algo == FusedAlgorithm::kAuto ? std::function<bool(FusedAlgorithm)>(one_launch)
+                                                              : std::function<bool(FusedAlgorithm)>());
+  // Where no allowed algorithm was measured the heuristic decides, which may name one that does not
+  // fit: one_stage_reg instead (same bits).
+  if (algo == FusedAlgorithm::kAuto && !one_launch(c.algo)) {
     const bool from_table = c.from_table;
     c = table_.choose(comm_.arch(), comm_.world_size(), shape.rows, shape.hidden, shape.dtype,
                       FusedAlgorithm::kOneStageReg);
@@ -92,6 +95,13 @@ int FusedRmsNorm::max_rows_per_launch(FusedAlgorithm algo, const FusedRmsNormSha
     // One Lamport slot (core/lamport.h: 3 buffers x n slots of the communicator's Lamport region).
     rows = std::min<uint64_t>(rows,
                               lamport_layout(comm_.lamport_region_bytes(), comm_.world_size()).slot_bytes / row_bytes);
+  }
+  if (algo == FusedAlgorithm::kLamportTwoStage) {
+    // Two strides of a rank's rows a slot (core/fused_rmsnorm.h, lamport_two_stage_slot_bytes).
+    const size_t slot_bytes = lamport_layout(comm_.lamport_region_bytes(), comm_.world_size()).slot_bytes;
+    rows = std::min<uint64_t>(
+        rows, lamport_two_stage_max_rows(slot_bytes, static_cast<size_t>(shape.hidden),
+                                         static_cast<size_t>(dtype_size(shape.dtype)), comm_.world_size()));
   }
   return static_cast<int>(rows);
 }
@@ -163,15 +173,14 @@ FusedCallInfo FusedRmsNorm::run(const FusedRmsNormBuffers& b, const FusedRmsNorm
 
   // 3. Where x comes from: registered (peers' copies at the same offset) or staged; push_one_stage
   //    reads it where it is (only this rank's kernel reads it: peers read what it pushes).
-  //    lamport_one_stage's grid: clusters where several blocks hold a row (lamport_launch_grid).
+  //    The Lamport kernels' grid: clusters where several blocks hold a row (lamport_launch_grid).
   check_grid(info.grid, true);
-  if (choice.algo == FusedAlgorithm::kLamportOneStage) {
+  if (is_lamport_fused(choice.algo)) {
     info.grid = lamport_launch_grid(info.grid, shape.hidden, shape.dtype);
   } else {
-    info.grid.cluster = 1;  // only lamport_one_stage's kernel runs on clusters
+    info.grid.cluster = 1;  // only the Lamport kernels run on clusters
   }
-  const bool x_in_place =
-      choice.algo == FusedAlgorithm::kPushOneStage || choice.algo == FusedAlgorithm::kLamportOneStage;
+  const bool x_in_place = choice.algo == FusedAlgorithm::kPushOneStage || is_lamport_fused(choice.algo);
   KernelArgs base = comm_.ipc_kernel_args();
   size_t x_offset = 0;
   if (registered_x != nullptr) {

@@ -91,8 +91,9 @@ class FusedRmsNorm {
                                 const FusedRmsNormShape& shape, cudaStream_t stream,
                                 std::optional<LaunchConfig> grid = {});
 
-  // The choice `auto` (or a named algorithm) makes (no launch): the table's, except that auto takes
-  // one_stage_reg where push_one_stage would not fit the scratch in one launch.
+  // The choice `auto` (or a named algorithm) makes (no launch): the table's, except that auto never
+  // takes push_one_stage, lamport_one_stage or lamport_two_stage where the rows do not fit one
+  // launch on this communicator (max_rows_per_launch): the table's fastest among the others there.
   FusedChoice choose(const FusedRmsNormShape& shape, FusedAlgorithm algo) const;
 
   // Rows one launch of algo can take with these buffers (the communicator's staging and scratch

@@ -49,6 +49,10 @@ std::vector<FusedAlgorithm> fused_ipc_algorithms() {
 
 bool is_fused_kernel(FusedAlgorithm a) { return info(a).one_kernel; }
 
+bool is_lamport_fused(FusedAlgorithm a) {
+  return a == FusedAlgorithm::kLamportOneStage || a == FusedAlgorithm::kLamportTwoStage;
+}
+
 LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType dtype, int world_size) {
   LaunchConfig g;
   g.threads = tree_threads(hidden, dtype);
@@ -56,7 +60,7 @@ LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType
   const bool all_rows = info(algo).rows_per_block_all;
   const int per_block_rows = all_rows ? rows : (rows + n - 1) / n;
   int blocks = per_block_rows;
-  if (algo == FusedAlgorithm::kLamportOneStage) {
+  if (is_lamport_fused(algo)) {
     // One row of 1 024 lanes (and at most as many packs) runs on a thread-block cluster of
     // kLamportRowCluster blocks of 128 threads (lamport_register_blocks); other rows on one block
     // of their lanes (docs/benchmarks.md, "lamport_one_stage on thread-block clusters").
@@ -70,7 +74,7 @@ LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType
         std::max<uint64_t>(static_cast<uint64_t>(std::max(blocks, 0)), std::min<uint64_t>(push_blocks, kMaxBlocks)));
   }
   g.blocks = std::clamp(blocks, 1, kMaxBlocks);
-  return algo == FusedAlgorithm::kLamportOneStage ? lamport_launch_grid(g, hidden, dtype) : g;
+  return is_lamport_fused(algo) ? lamport_launch_grid(g, hidden, dtype) : g;
 }
 
 LaunchConfig lamport_launch_grid(LaunchConfig grid, int hidden, DType dtype) {
@@ -168,12 +172,12 @@ FusedChoice FusedTable::default_choice(int world_size, int rows, int hidden, DTy
 }
 
 FusedChoice FusedTable::choose(const std::string& arch, int world_size, int rows, int hidden, DType dtype,
-                               FusedAlgorithm requested) const {
+                               FusedAlgorithm requested, const std::function<bool(FusedAlgorithm)>& allowed) const {
   if (requested != FusedAlgorithm::kAuto) return default_choice(world_size, rows, hidden, dtype, requested);
-  // 1. Rows of this (arch, world size); none -> heuristic.
+  // 1. Rows of this (arch, world size) whose algorithm is allowed; none -> heuristic.
   std::vector<const FusedTableRow*> mine;
   for (const auto& r : rows_) {
-    if (r.arch == arch && r.world_size == world_size) mine.push_back(&r);
+    if (r.arch == arch && r.world_size == world_size && (!allowed || allowed(r.algo))) mine.push_back(&r);
   }
   if (mine.empty()) return default_choice(world_size, rows, hidden, dtype, requested);
   // 2. The measured row size: the smallest >= this one's, else the largest.

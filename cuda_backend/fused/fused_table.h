@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -44,6 +45,9 @@ std::vector<FusedAlgorithm> fused_ipc_algorithms();
 // Whether the algorithm is one kernel with peers (the registry's one_kernel: one_stage,
 // one_stage_reg, push_one_stage, two_stage, gather_norm, lamport_one_stage).
 bool is_fused_kernel(FusedAlgorithm a);
+// Whether the algorithm runs over the Lamport protocol (lamport_one_stage, lamport_two_stage):
+// x read in place, the Lamport region, thread-block clusters where several blocks hold a row.
+bool is_lamport_fused(FusedAlgorithm a);
 
 struct FusedTableError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -93,7 +97,7 @@ inline constexpr int kLamportRowCluster = 8;
 // the cluster (lamport_launch_grid).
 LaunchConfig default_fused_grid(FusedAlgorithm algo, int rows, int hidden, DType dtype, int world_size);
 
-// lamport_one_stage's launch on `grid` (the table's or the default): cluster = the blocks that hold a
+// A Lamport fused kernel's launch on `grid` (the table's or the default): cluster = the blocks that hold a
 // row (core's lamport_register_blocks of grid.threads and the row's tree, at most kMaxClusterBlocks) where that is 2 or
 // more, else 1 (whatever grid.cluster was); blocks rounded up to a multiple of it, at most the
 // largest multiple of it in kMaxBlocks. Preconditions: hidden a positive multiple of the pack,
@@ -116,10 +120,13 @@ class FusedTable {
   static FusedTable from_environment();
 
   // Returns the algorithm and grid for a problem. requested: a concrete algorithm (its default
-  // grid) or kAuto (the table's fastest at the nearest measured point; the heuristic without rows
-  // for this arch and world size).
+  // grid) or kAuto (the table's fastest at the nearest measured point among the algorithms
+  // `allowed` accepts (null: all); the heuristic without rows for this arch and world size, or
+  // where `allowed` refuses every algorithm measured there).
+  // Example: FusedRmsNorm::choose allows only the algorithms that run the problem in one launch
+  // on its communicator where the fastest (push_one_stage, lamport_*) would take several.
   FusedChoice choose(const std::string& arch, int world_size, int rows, int hidden, DType dtype,
-                     FusedAlgorithm requested) const;
+                     FusedAlgorithm requested, const std::function<bool(FusedAlgorithm)>& allowed = nullptr) const;
 
   // The heuristic without a table: push_one_stage up to 16 rows, one_stage_reg up to 256 KiB per
   // rank, gather_norm above. (FusedRmsNorm::choose takes one_stage_reg where push_one_stage's

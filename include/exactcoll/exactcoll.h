@@ -130,8 +130,8 @@ typedef enum exactcoll_algo {
 } exactcoll_algo;
 
 /* Fused all-reduce + residual add + RMSNorm algorithms. The simulator runs one_stage, two_stage,
- * push_one_stage, lamport_one_stage, unfused, one_stage_reg, gather_norm and push_one_stage_reg
- * (auto: one_stage); the GPU runs all but push_one_stage_reg (auto: the tuned table; its
+ * push_one_stage, lamport_one_stage, lamport_two_stage, unfused, one_stage_reg, gather_norm and
+ * push_one_stage_reg (auto: one_stage); the GPU runs all but push_one_stage_reg (auto: the tuned table; its
  * push_one_stage is the simulator's push_one_stage_reg kernel).
  * nccl_split (GPU only) is NCCL's all-reduce + the canonical norm: not the contract's bits.
  * The values, names and properties come from one table (core/registry.h). */
@@ -145,7 +145,8 @@ typedef enum exactcoll_fused_algo {
   EXACTCOLL_FUSED_GATHER_NORM = 6,
   EXACTCOLL_FUSED_NCCL_SPLIT = 7,
   EXACTCOLL_FUSED_LAMPORT_ONE_STAGE = 8,
-  EXACTCOLL_FUSED_PUSH_ONE_STAGE_REG = 9
+  EXACTCOLL_FUSED_PUSH_ONE_STAGE_REG = 9,
+  EXACTCOLL_FUSED_LAMPORT_TWO_STAGE = 10
 } exactcoll_fused_algo;
 
 /* The rounding contracts (docs/numerics.md). The library's own, which every algorithm and backend

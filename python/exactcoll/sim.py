@@ -191,8 +191,8 @@ def fused_add_rms_norm(x, residual, weight, eps=1e-6, *, dtype=None, algo="auto"
 
     x [ranks, ..., H]: every rank's partial sums; residual [..., H] (the same on every rank);
     weight [H]. residual_out = round(allreduce(x) + residual); out = RMSNorm(residual_out).
-    algo: auto, one_stage, two_stage, push_one_stage, lamport_one_stage, unfused, one_stage_reg,
-    gather_norm, push_one_stage_reg (the same bits).
+    algo: auto, one_stage, two_stage, push_one_stage, lamport_one_stage, lamport_two_stage, unfused,
+    one_stage_reg, gather_norm, push_one_stage_reg (the same bits).
     contract: canonical or tree (the library's: the algorithms run on the simulated ranks), or
     f32_residual / bf16_accumulate / rotated_two_shot, which reproduce other systems' rounding
     (docs/numerics.md).

@@ -289,8 +289,8 @@ class Communicator:
         same on every rank; weight [H]. residual_out = round(all_reduce(x) + residual) and out =
         RMSNorm(residual_out) * weight, with the canonical reduction tree (docs/numerics.md), so a
         row's bits do not depend on the other rows in the batch. algo: auto, one_stage, two_stage,
-        push_one_stage, lamport_one_stage, one_stage_reg, gather_norm, unfused, nccl_split (NCCL: not
-        the contract).
+        push_one_stage, lamport_one_stage, lamport_two_stage, one_stage_reg, gather_norm, unfused,
+        nccl_split (NCCL: not the contract).
         """
         if _is_compiling():
             if out is None and residual_out is None:

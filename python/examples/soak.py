@@ -40,8 +40,8 @@ ONE_NODE_ALGOS = {
                    "lamport_two_shot"],
     "reduce_scatter": ["auto", "direct"],
     "all_gather": ["auto", "direct", "copy_engine"],
-    "fused_add_rms_norm": ["auto", "one_stage", "two_stage", "push_one_stage", "lamport_one_stage", "unfused",
-                           "one_stage_reg", "gather_norm"],
+    "fused_add_rms_norm": ["auto", "one_stage", "two_stage", "push_one_stage", "lamport_one_stage",
+                           "lamport_two_stage", "unfused", "one_stage_reg", "gather_norm"],
 }
 HIDDEN = [2880, 4096, 5120, 8192]
 EPS = 1e-6

@@ -42,7 +42,8 @@ void fill_unwritten(void* p, size_t n) {
 }
 
 // Whether algo is one of core/fused_rmsnorm_kernels.h's kernels with a register path that runs by
-// default (lamport_one_stage has one too, taken only with the threads given: fused_threads).
+// default (lamport_one_stage and lamport_two_stage have one too, taken only with the threads given:
+// fused_threads).
 bool runs_register_kernel(FusedAlgorithm algo) {
   return algo == FusedAlgorithm::kGatherNorm || algo == FusedAlgorithm::kOneStageReg ||
          algo == FusedAlgorithm::kPushOneStageReg;
@@ -67,6 +68,7 @@ std::optional<FusedKernelKind> staged_kernel_kind(FusedAlgorithm a) {
     case FusedAlgorithm::kPushOneStage:
     case FusedAlgorithm::kPushOneStageReg:
     case FusedAlgorithm::kLamportOneStage:
+    case FusedAlgorithm::kLamportTwoStage:
     case FusedAlgorithm::kUnfused:
     case FusedAlgorithm::kAuto:
     case FusedAlgorithm::kNcclSplit: return std::nullopt;
@@ -87,6 +89,7 @@ size_t scratch_elements(FusedAlgorithm algo, int rows, int hidden, int ranks) {
     case FusedAlgorithm::kOneStage:
     case FusedAlgorithm::kOneStageReg:
     case FusedAlgorithm::kLamportOneStage:  // the Lamport region, not scratch
+    case FusedAlgorithm::kLamportTwoStage:
     case FusedAlgorithm::kUnfused:
     case FusedAlgorithm::kAuto:
     case FusedAlgorithm::kNcclSplit: return 0;
@@ -104,7 +107,10 @@ void run_fused_kernel(Ctx& ctx, FusedAlgorithm algo, const FusedRmsNormArgs<T>& 
       case FusedAlgorithm::kOneStage: fused_rmsnorm_one_stage<T, kRanks>(ctx, a); break;
       case FusedAlgorithm::kTwoStage: fused_rmsnorm_two_stage<T, kRanks>(ctx, a); break;
       case FusedAlgorithm::kPushOneStage: fused_rmsnorm_push_one_stage<T, kRanks>(ctx, a); break;
-      case FusedAlgorithm::kLamportOneStage: fused_rmsnorm_lamport_one_stage_reg<T, kRanks>(ctx, a); break;
+      case FusedAlgorithm::kLamportOneStage: fused_rmsnorm_lamport_reg<T, kRanks>(ctx, a); break;
+      case FusedAlgorithm::kLamportTwoStage:
+        fused_rmsnorm_lamport_reg<T, kRanks, LamportProtocol, LamportFused::kTwoStage>(ctx, a);
+        break;
       case FusedAlgorithm::kGatherNorm: fused_rmsnorm_gather_norm<T, kRanks>(ctx, a); break;
       case FusedAlgorithm::kOneStageReg: fused_rmsnorm_one_stage_reg<T, kRanks>(ctx, a); break;
       case FusedAlgorithm::kPushOneStageReg: fused_rmsnorm_push_one_stage_reg<T, kRanks>(ctx, a); break;
@@ -199,7 +205,10 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
     launch.blocks = spec.blocks;
     launch.input_bytes = staged ? bytes : 0;  // the staging buffers; nothing copied before the launch
     launch.scratch_bytes = scratch * sizeof(T);
-    launch.lamport_bytes = algo == FusedAlgorithm::kLamportOneStage ? lamport_region_bytes(count, sizeof(T), n) : 0;
+    launch.lamport_bytes = algo == FusedAlgorithm::kLamportOneStage ? lamport_region_bytes(count, sizeof(T), n)
+                           : algo == FusedAlgorithm::kLamportTwoStage
+                               ? lamport_two_stage_region_bytes(spec.rows, spec.hidden, sizeof(T), n)
+                               : 0;
     // In stream order before the kernel: what the staging buffer and the two-stage scratch hold
     // before this call is unknown to it; the pattern makes a read of a row not written in this
     // call show. (Not the push scratch: a fast peer may already be pushing this call's rows.)
@@ -245,7 +254,9 @@ int fused_threads(const FusedSpec& spec) {
 bool fused_register_path(const FusedSpec& spec) {
   contract::RmsNormTree tree;
   if (!make_tree(spec, &tree)) return false;
-  if (spec.algo == FusedAlgorithm::kLamportOneStage) return lamport_register_path(fused_threads(spec), tree);
+  if (spec.algo == FusedAlgorithm::kLamportOneStage || spec.algo == FusedAlgorithm::kLamportTwoStage) {
+    return lamport_register_path(fused_threads(spec), tree);
+  }
   if (!runs_register_kernel(spec.algo)) return false;
   return fused_threads(spec) == tree.lanes && tree.num_packs <= 2 * tree.lanes;  // register_path_fits<2>
 }

@@ -505,12 +505,14 @@ TEST(CApiSim, FusedThreadsPickThePathNotTheBits) {
                "threads must be 1..1024 (or 0: the algorithm's default), got 1025");
   options.threads = -1;
   expect_error(fused(EXACTCOLL_FUSED_ONE_STAGE_REG, EXACTCOLL_CONTRACT_CANONICAL), inv, "got -1");
-  // lamport_one_stage runs on blocks of threads too, against the reference: H 512 bf16 has 64 lanes, so 64
-  // threads hold one lane each; 32 and 3 take core's path.
+  // lamport_one_stage and lamport_two_stage run on blocks of threads too, against the reference: H 512
+  // bf16 has 64 lanes, so 64 threads hold one lane each; 32 and 3 take core's path.
   for (int threads : {64, 32, 3}) {
     options.threads = threads;
-    expect_fused_matches_reference<bf16>(EXACTCOLL_BF16, 3, 3, 512, EXACTCOLL_FUSED_LAMPORT_ONE_STAGE,
-                                         EXACTCOLL_CONTRACT_CANONICAL, 900 + static_cast<uint64_t>(threads), &options);
+    for (const int algo : {EXACTCOLL_FUSED_LAMPORT_ONE_STAGE, EXACTCOLL_FUSED_LAMPORT_TWO_STAGE}) {
+      expect_fused_matches_reference<bf16>(EXACTCOLL_BF16, 3, 3, 512, algo, EXACTCOLL_CONTRACT_CANONICAL,
+                                           900 + static_cast<uint64_t>(threads), &options);
+    }
   }
   expect_error(fused(EXACTCOLL_FUSED_AUTO, EXACTCOLL_CONTRACT_F32_RESIDUAL), inv,
                "blocks, threads, seeded schedules, traces and fault injection apply to the library's contracts");

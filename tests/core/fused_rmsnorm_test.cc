@@ -58,9 +58,9 @@ void expect_matches_reference(FusedAlgorithm algo, const RandomProblem<T>& p, co
   }
 }
 
-constexpr FusedAlgorithm kAlgos[] = {FusedAlgorithm::kOneStage, FusedAlgorithm::kTwoStage,
-                                     FusedAlgorithm::kPushOneStage, FusedAlgorithm::kLamportOneStage,
-                                     FusedAlgorithm::kUnfused};
+constexpr FusedAlgorithm kAlgos[] = {FusedAlgorithm::kOneStage,        FusedAlgorithm::kTwoStage,
+                                     FusedAlgorithm::kPushOneStage,    FusedAlgorithm::kLamportOneStage,
+                                     FusedAlgorithm::kLamportTwoStage, FusedAlgorithm::kUnfused};
 
 // ---- The reference itself ---------------------------------------------------------------------------
 
@@ -325,6 +325,55 @@ TEST(FusedAlternatives, RotatedTwoShotDependsOnMessageSize) {
               H);
   EXPECT_GT(batch_moves, 0u);
   EXPECT_GT(count_differing(r3.residual_out, c3.residual_out), 0u);
+}
+
+// ---- lamport_two_stage's slot layout (exhaustive over small shapes) ------------------------------------
+// For 1..8 ranks, 1..40 rows and H of 1, 2, 3 and 8 packs (bf16): every element of x lands in its
+// row owner's half at an offset inside [0, stride), no two elements with one owner share an
+// offset, and the owner's rows fill [0, stride) with no gap up to its last row; the bytes a slot
+// needs, the region and lamport_two_stage_max_rows agree for every slot of 16..2048 bytes: a row
+// count fits exactly when it is at most max_rows (a multiple of n).
+TEST(LamportTwoStageLayout, EveryElementHasItsOwnPlaceInItsOwnersHalf) {
+  for (int n = 1; n <= 8; ++n) {
+    for (int rows = 1; rows <= 40; ++rows) {
+      for (size_t H : {size_t{8}, size_t{16}, size_t{24}, size_t{64}}) {
+        const size_t stride = lamport_two_stage_stride(rows, H, n);
+        std::vector<std::vector<int>> used(n, std::vector<int>(stride, 0));
+        for (size_t i = 0; i < static_cast<size_t>(rows) * H; ++i) {
+          const int owner = lamport_row_owner(static_cast<int>(i / H), n);
+          ASSERT_GE(owner, 0);
+          ASSERT_LT(owner, n);
+          const size_t at = lamport_owned_offset(i, H, n);
+          ASSERT_LT(at, stride) << "n " << n << " rows " << rows << " H " << H << " element " << i;
+          ASSERT_EQ(used[owner][at]++, 0) << "n " << n << " rows " << rows << " H " << H << " element " << i;
+        }
+        // Rank 0 owns the most rows (ceil(rows / n)): its half is full; the others' are full up to
+        // their last row.
+        for (int p = 0; p < n; ++p) {
+          const size_t owned = static_cast<size_t>(rows / n + (p < rows % n ? 1 : 0));
+          for (size_t at = 0; at < stride; ++at) EXPECT_EQ(used[p][at], at < owned * H ? 1 : 0) << p << " " << at;
+        }
+        EXPECT_EQ(lamport_two_stage_slot_bytes(rows, H, 2, n), 2 * stride * 2);
+        EXPECT_EQ(lamport_two_stage_region_bytes(rows, H, 2, n), 3 * static_cast<size_t>(n) * 2 * stride * 2);
+      }
+    }
+    for (size_t slot = 16; slot <= 2048; slot += 16) {
+      for (size_t H : {size_t{8}, size_t{64}}) {
+        const size_t max_rows = lamport_two_stage_max_rows(slot, H, 2, n);
+        EXPECT_EQ(max_rows % static_cast<size_t>(n), 0u);
+        for (int rows = 1; rows <= static_cast<int>(max_rows) + n; ++rows) {
+          const bool fits = lamport_two_stage_slot_bytes(rows, H, 2, n) <= slot;
+          EXPECT_EQ(fits, static_cast<size_t>(rows) <= max_rows)
+              << "n " << n << " slot " << slot << " H " << H << " rows " << rows;
+        }
+      }
+    }
+  }
+  // The example of core/fused_rmsnorm.h: 4 ranks, 6 rows of H 8: rank 1 owns rows 1 and 5 at 0 and 8.
+  EXPECT_EQ(lamport_two_stage_stride(6, 8, 4), 16u);
+  EXPECT_EQ(lamport_owned_offset(1 * 8, 8, 4), 0u);
+  EXPECT_EQ(lamport_owned_offset(5 * 8 + 3, 8, 4), 11u);
+  EXPECT_EQ(lamport_two_stage_max_rows(size_t{1} << 20, 4096, 2, 4), 256u);
 }
 
 }  // namespace

@@ -47,9 +47,9 @@ struct RankOutputs {
   std::vector<std::vector<T>> residual_out, out;  // [rank][rows * H]
 };
 
-// Runs algo (one_stage, two_stage, push_one_stage, lamport_one_stage, or unfused = all-reduce `unfused_allreduce` +
-// residual_add_step + rmsnorm_step as three launches) with `blocks` blocks of `threads` threads per
-// rank. The scratch fits two_stage's rows and push_one_stage's receive halves.
+// Runs algo (one_stage, two_stage, push_one_stage, lamport_one_stage, lamport_two_stage, or unfused = all-reduce
+// `unfused_allreduce` + residual_add_step + rmsnorm_step as three launches) with `blocks` blocks of `threads` threads
+// per rank. The scratch fits two_stage's rows and push_one_stage's receive halves.
 template <class T>
 RankOutputs<T> run_algo(FusedAlgorithm algo, const RandomProblem<T>& p, int blocks, int threads,
                         bool unfused_two_shot = false) {
@@ -58,6 +58,9 @@ RankOutputs<T> run_algo(FusedAlgorithm algo, const RandomProblem<T>& p, int bloc
                                   push_scratch_elements(count, Storage<T>::kPack, p.ranks));
   ThreadWorld<T> world(p.ranks, blocks, threads, count, scratch, count);
   if (algo == FusedAlgorithm::kLamportOneStage) world.add_lamport(lamport_region_bytes(count, sizeof(T), p.ranks));
+  if (algo == FusedAlgorithm::kLamportTwoStage) {
+    world.add_lamport(lamport_two_stage_region_bytes(p.rows, p.hidden, sizeof(T), p.ranks));
+  }
   std::vector<AlignedBuffer<T>> residual, weight, residual_out, out;
   for (int r = 0; r < p.ranks; ++r) {
     std::memcpy(world.inputs[r].data(), p.x.data() + r * count, count * sizeof(T));
@@ -106,7 +109,9 @@ RankOutputs<T> run_algo(FusedAlgorithm algo, const RandomProblem<T>& p, int bloc
         } else if (algo == FusedAlgorithm::kPushOneStage) {
           fused_rmsnorm_push_one_stage<T, decltype(n)::value>(ctx, a);
         } else if (algo == FusedAlgorithm::kLamportOneStage) {
-          fused_rmsnorm_lamport_one_stage<T, decltype(n)::value>(ctx, a);
+          fused_rmsnorm_lamport<T, decltype(n)::value>(ctx, a);
+        } else if (algo == FusedAlgorithm::kLamportTwoStage) {
+          fused_rmsnorm_lamport<T, decltype(n)::value, LamportProtocol, LamportFused::kTwoStage>(ctx, a);
         } else {
           fused_rmsnorm_two_stage<T, decltype(n)::value>(ctx, a);
         }

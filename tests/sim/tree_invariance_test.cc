@@ -588,9 +588,9 @@ constexpr int kScheduleSeeds = 20;
 
 // Seeded schedules (sim::Schedule::kSeeded: one simulated thread at a time, the next drawn from
 // the schedule seed at every flag signal, wait and launch start) for every all-reduce algorithm
-// (the SM-kernel family and Lamport) and the fused one_stage, two_stage, lamport_one_stage and
-// push_one_stage_reg, at TP 2, 4, 8, consecutive calls on one world.
-TYPED_TEST(TreeInvariance, SeededSchedulesEveryAllReduceAlgorithmAndFourFusedOnes) {
+// (the SM-kernel family and Lamport) and the fused one_stage, two_stage, lamport_one_stage,
+// lamport_two_stage and push_one_stage_reg, at TP 2, 4, 8, consecutive calls on one world.
+TYPED_TEST(TreeInvariance, SeededSchedulesEveryAllReduceAlgorithmAndFiveFusedOnes) {
   using T = TypeParam;
   const uint64_t seed = base_seed() * 100 + 50;
   std::printf("%s leaves seed=%" PRIu64 "; schedule seeds 1..%d\n", Storage<T>::kName, seed, kScheduleSeeds);
@@ -615,8 +615,9 @@ TYPED_TEST(TreeInvariance, SeededSchedulesEveryAllReduceAlgorithmAndFourFusedOne
         ASSERT_EQ(ranks_differing(got, p.tree, case_name<T>(algorithm_name(algorithm), t, count, 2)), 0)
             << "leaves seed " << seed << ", reproduce with --schedule-seed " << schedule_seed;
       }
-      for (const FusedAlgorithm algo : {FusedAlgorithm::kOneStage, FusedAlgorithm::kTwoStage,
-                                        FusedAlgorithm::kLamportOneStage, FusedAlgorithm::kPushOneStageReg}) {
+      for (const FusedAlgorithm algo :
+           {FusedAlgorithm::kOneStage, FusedAlgorithm::kTwoStage, FusedAlgorithm::kLamportOneStage,
+            FusedAlgorithm::kLamportTwoStage, FusedAlgorithm::kPushOneStageReg}) {
         fused::FusedSpec spec;
         spec.algo = algo;
         spec.dtype = dtype_of<T>();

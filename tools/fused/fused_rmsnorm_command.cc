@@ -175,8 +175,8 @@ cli::ArgParser make_parser(Request* q) {
       "same as `exactcoll gpu fused_rmsnorm` with the same --rows, --hidden and --seed).\n"
       "The library's contracts (canonical, and tree: the all-reduce folds the ranks as a balanced binary\n"
       "tree, every node rounded to storage, then the canonical residual add and RMSNorm) run the GPU's\n"
-      "algorithms on the simulated ranks: core/fused_rmsnorm.h's\n"
-      "one_stage, two_stage, push_one_stage, lamport_one_stage and unfused, and core/fused_rmsnorm_kernels.h's\n"
+      "algorithms on the simulated ranks: core/fused_rmsnorm.h's one_stage, two_stage, push_one_stage,\n"
+      "lamport_one_stage, lamport_two_stage and unfused, and core/fused_rmsnorm_kernels.h's\n"
       "one_stage_reg, gather_norm and push_one_stage_reg (the GPU's push_one_stage kernel), on blocks of\n"
       "--threads threads; the last three hold each row in registers where a block has exactly the RMSNorm\n"
       "tree's lanes (their default; H up to 2048 packs), and take core's path otherwise. Every algorithm,\n"
@@ -212,8 +212,9 @@ cli::ArgParser make_parser(Request* q) {
                      "; picks the register path or core's, same bits)");
   parser.set_default_note("threads",
                           "default: the RMSNorm tree's lanes (32 x ceil(min(H / pack, 1024) / 32)) for one_stage_reg, "
-                          "gather_norm and push_one_stage_reg, 1 for the others (lamport_one_stage's register path "
-                          "runs with its lanes, on rows of at most as many packs as lanes)");
+                          "gather_norm and push_one_stage_reg, 1 for the others (the register path of "
+                          "lamport_one_stage and lamport_two_stage runs with its lanes, on rows of at most as many "
+                          "packs as lanes)");
   parser.set_default_note("trace-elements",
                           "here an index is into [rows, H], row-major (row * H + col), and the whole fused op of each "
                           "is traced (every contract; see above)");

@@ -28,7 +28,8 @@
 #     solo      one GPU, one rank: the kernels without peers, and ncu sections of the fused kernels at 1 row
 #   FUSED_TABLE: a fused table the compare phases run with ($EXACTCOLL_FUSED_TABLE; default: embedded)
 #   MACHINE (e.g. nvidia-h100-x4): the tables' measured_on machine (default: the GPU's name and world size)
-#   BENCH_NPROC / VERIFY_NPROC (default 4): the bench / verify GPU counts; FUSED_WRITE=0: no fused table
+#   BENCH_NPROC / VERIFY_NPROC (default 4): the bench / verify GPU counts; FUSED_WRITE=0: no fused table;
+#   VERIFY_FLAGS: verify's flags instead of --max-count $VERIFY_MAX_COUNT (e.g. --ops fused_rmsnorm)
 #   build first: bazel build //tools:exactcoll //python:wheel; copy bazel-bin/tools/exactcoll,
 #   bazel-bin/python/exactcoll-*.whl and /usr/lib/x86_64-linux-gnu/libpng16.so.16 into .gpubin/.
 # Logs go to $OUT/logs/ as each phase ends, packed into $OUT/logs.tgz at the end; a table is printed last.
@@ -61,7 +62,7 @@ fi
 if has verify; then
   for n in ${VERIFY_NPROC:-4}; do
     CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) run "verify_$n" 200 $B verify --nproc "$n" \
-      --max-count "${VERIFY_MAX_COUNT:-262147}"
+      ${VERIFY_FLAGS:---max-count ${VERIFY_MAX_COUNT:-262147}}
   done
 fi
 if has tune; then

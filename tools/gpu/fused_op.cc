@@ -59,6 +59,7 @@ std::optional<FusedAlgorithm> sim_algo(FusedAlgorithm a) {
     case FusedAlgorithm::kGatherNorm: return FusedAlgorithm::kGatherNorm;
     case FusedAlgorithm::kPushOneStage: return FusedAlgorithm::kPushOneStageReg;
     case FusedAlgorithm::kLamportOneStage: return FusedAlgorithm::kLamportOneStage;
+    case FusedAlgorithm::kLamportTwoStage: return FusedAlgorithm::kLamportTwoStage;
     case FusedAlgorithm::kTwoStage: return FusedAlgorithm::kTwoStage;
     case FusedAlgorithm::kUnfused: return FusedAlgorithm::kUnfused;
     case FusedAlgorithm::kPushOneStageReg:  // the simulator's name, not a GPU algorithm
@@ -142,11 +143,6 @@ class FusedProblem : public GpuProblem {
 // bench's columns beyond the fused algorithms: the split path's two parts alone.
 constexpr const char* kSplitAllReduce = "allreduce";  // the project's all-reduce (auto) of x
 constexpr const char* kSplitNorm = "norm";            // the separate residual + RMSNorm kernel
-// The algorithms whose times make auto's table (--write-table): every exact one but auto.
-constexpr FusedAlgorithm kTableAlgorithms[] = {FusedAlgorithm::kOneStage,     FusedAlgorithm::kOneStageReg,
-                                               FusedAlgorithm::kPushOneStage, FusedAlgorithm::kLamportOneStage,
-                                               FusedAlgorithm::kTwoStage,     FusedAlgorithm::kGatherNorm,
-                                               FusedAlgorithm::kUnfused};
 
 // This rank's fused op in `bench`: buffers for the largest size, x registered once; per size its
 // inputs and the reference's outputs of the checked rows (every row up to kCheckedRows, else
@@ -253,9 +249,10 @@ class FusedBenchProblem : public BenchProblem {
     const std::string measured_on = cuda::measured_on_text(machine_, w.device_name(), ranks_, std::time(nullptr));
     std::vector<cuda::fused::FusedTableRow> rows;
     for (const BenchResult& r : measured) {
+      // The algorithms auto chooses among (the registry's picked_by_auto): every exact one.
       const auto algo = cuda::fused::parse_fused_algorithm(r.algo);
-      if (!algo ||
-          std::find(std::begin(kTableAlgorithms), std::end(kTableAlgorithms), *algo) == std::end(kTableAlgorithms)) {
+      const std::vector<FusedAlgorithm> table_algorithms = cuda::fused::fused_ipc_algorithms();
+      if (!algo || std::find(table_algorithms.begin(), table_algorithms.end(), *algo) == table_algorithms.end()) {
         continue;
       }
       const int rows_of = static_cast<int>(r.size.rows), hidden = static_cast<int>(r.size.hidden);
@@ -374,7 +371,7 @@ class FusedRmsNormOp : public GpuOp {
     parser.add_string("rows", &rows_text_, "fused_rmsnorm: comma list of row counts");
     parser.add_string("algos", &algos_text_,
                       "fused_rmsnorm: comma list of one_stage, one_stage_reg, push_one_stage, lamport_one_stage, "
-                      "two_stage, gather_norm, unfused, auto");
+                      "lamport_two_stage, two_stage, gather_norm, unfused, auto");
     parser.add_int("max-elements", &max_elements_, "fused_rmsnorm: skip (H, rows) with rows * H above this");
     parser.add_int("sim-all-max-elements", &sim_all_max_elements_,
                    "fused_rmsnorm: simulate each GPU algorithm itself up to this rows * H (one_stage above)");
@@ -389,7 +386,8 @@ class FusedRmsNormOp : public GpuOp {
       const auto a = cuda::fused::parse_fused_algorithm(s);
       if (!a || *a == FusedAlgorithm::kNcclSplit) {
         return "unknown algorithm '" + s +
-               "' (one_stage, one_stage_reg, push_one_stage, lamport_one_stage, two_stage, gather_norm, unfused, auto)";
+               "' (one_stage, one_stage_reg, push_one_stage, lamport_one_stage, lamport_two_stage, two_stage, "
+               "gather_norm, unfused, auto)";
       }
       algos_.push_back(*a);
     }
@@ -582,7 +580,8 @@ class FusedRmsNormOp : public GpuOp {
   // verify's flags.
   std::string hidden_text_ = "2880,4096,5120,7168,8192,16384", rows_text_ = "1,2,3,7,16,64,257,1024,4096",
               algos_text_ =
-                  "one_stage,one_stage_reg,push_one_stage,lamport_one_stage,two_stage,gather_norm,unfused,auto";
+                  "one_stage,one_stage_reg,push_one_stage,lamport_one_stage,lamport_two_stage,two_stage,gather_norm,"
+                  "unfused,auto";
   int64_t max_elements_ = int64_t{1} << 22, sim_all_max_elements_ = int64_t{1} << 20;
   std::vector<FusedAlgorithm> algos_;
   std::vector<int64_t> hidden_list_, rows_list_;

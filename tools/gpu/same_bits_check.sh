@@ -40,7 +40,7 @@ for n in $NPROCS; do
       for a in direct copy_engine auto; do
         check "allgather n=$n $d $a $v" gpu allgather --nproc "$n" --dtype "$d" --count 1001 --seed 7 --algo "$a" $v
       done
-      for a in one_stage one_stage_reg push_one_stage lamport_one_stage two_stage gather_norm unfused auto; do
+      for a in one_stage one_stage_reg push_one_stage lamport_one_stage lamport_two_stage two_stage gather_norm unfused auto; do
         check "fused_rmsnorm n=$n $d $a $v" gpu fused_rmsnorm --nproc "$n" --dtype "$d" --rows 7 --hidden 4096 \
           --seed 3 --specials --algo "$a" $v
       done

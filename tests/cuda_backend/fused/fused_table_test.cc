@@ -56,6 +56,15 @@ TEST(FusedTable, ParsesAndPicksTheFastestAtTheNearestMeasuredPoint) {
   c = t.choose("sm90", 4, 256, 8192, DType::kBF16, FusedAlgorithm::kTwoStage);
   EXPECT_EQ(c.algo, FusedAlgorithm::kTwoStage);
   EXPECT_EQ(c.grid.blocks, 64);
+  // An algorithm `allowed` refuses is passed over: the next fastest at that point (unfused, 30),
+  // with its measured grid; where every measured one is refused, the heuristic.
+  c = t.choose("sm90", 4, 256, 8192, DType::kBF16, FusedAlgorithm::kAuto,
+               [](FusedAlgorithm a) { return a != FusedAlgorithm::kGatherNorm; });
+  EXPECT_EQ(c.algo, FusedAlgorithm::kUnfused);
+  EXPECT_TRUE(c.from_table);
+  c = t.choose("sm90", 4, 1, 4096, DType::kBF16, FusedAlgorithm::kAuto, [](FusedAlgorithm) { return false; });
+  EXPECT_FALSE(c.from_table);
+  EXPECT_EQ(c.algo, FusedAlgorithm::kPushOneStage);
 }
 
 TEST(FusedTable, HeuristicAndDefaultGrids) {
@@ -98,6 +107,16 @@ TEST(FusedTable, HeuristicAndDefaultGrids) {
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 2, 8192, DType::kBF16, 4).blocks, 16);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 16, 8192, DType::kBF16, 4).blocks, kMaxBlocks);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 3, 64, DType::kBF16, 4).blocks, 3);
+  // lamport_two_stage takes the same grid (its push is spread over the grid too, its rows likewise).
+  for (int rows : {1, 2, 16, 256}) {
+    for (DType dtype : {DType::kBF16, DType::kFP32}) {
+      const LaunchConfig one = default_fused_grid(FusedAlgorithm::kLamportOneStage, rows, 8192, dtype, 4);
+      const LaunchConfig two = default_fused_grid(FusedAlgorithm::kLamportTwoStage, rows, 8192, dtype, 4);
+      EXPECT_EQ(two.blocks, one.blocks) << rows;
+      EXPECT_EQ(two.threads, one.threads) << rows;
+      EXPECT_EQ(two.cluster, one.cluster) << rows;
+    }
+  }
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 1, 8, DType::kBF16, 4).blocks, 1);
   EXPECT_EQ(default_fused_grid(FusedAlgorithm::kLamportOneStage, 4096, 8192, DType::kBF16, 4).blocks, kMaxBlocks);
   EXPECT_EQ(residual_rmsnorm_grid(100000, 8192, DType::kBF16).blocks, 8192);

@@ -295,6 +295,7 @@ TEST(ElementTrace, CanonicalRunTraceAgreesWithTheRunAndCatchesAFlippedBit) {
   simulated_run<fp16>(Contract::kCanonical, FusedAlgorithm::kOneStageReg, 2, 2, 2880, sim::Schedule::kThreads);
   simulated_run<float>(Contract::kCanonical, FusedAlgorithm::kUnfused, 4, 2, 64, sim::Schedule::kThreads);
   simulated_run<bf16>(Contract::kCanonical, FusedAlgorithm::kLamportOneStage, 2, 2, 64, sim::Schedule::kSeeded);
+  simulated_run<bf16>(Contract::kCanonical, FusedAlgorithm::kLamportTwoStage, 3, 5, 64, sim::Schedule::kSeeded);
 }
 
 // Under tree: the run's tree_node events (one per node of the ranks' tree on every rank that
@@ -308,6 +309,7 @@ TEST(ElementTrace, TreeRunTraceIsTheInputsTreeAndCatchesAFlippedOrMissingNode) {
   simulated_run<fp16>(Contract::kTree, FusedAlgorithm::kOneStageReg, 4, 2, 2880, sim::Schedule::kThreads);
   simulated_run<float>(Contract::kTree, FusedAlgorithm::kUnfused, 5, 2, 64, sim::Schedule::kThreads);
   simulated_run<bf16>(Contract::kTree, FusedAlgorithm::kLamportOneStage, 4, 2, 64, sim::Schedule::kSeeded);
+  simulated_run<bf16>(Contract::kTree, FusedAlgorithm::kLamportTwoStage, 4, 6, 64, sim::Schedule::kSeeded);
   simulated_run<bf16>(Contract::kTree, FusedAlgorithm::kPushOneStage, 4, 2, 64, sim::Schedule::kSeeded);
   simulated_run<bf16>(Contract::kTree, FusedAlgorithm::kGatherNorm, 4, 2, 64, sim::Schedule::kThreads);
 }

@@ -203,55 +203,52 @@ TEST(FusedKernelsSim, SeededSchedulesMatchTheReference) {
   }
 }
 
-// lamport_one_stage_reg (the GPU's lamport_one_stage kernels) on blocks of threads: the register
+// fused_rmsnorm_lamport_reg (the GPU's lamport_one_stage and lamport_two_stage kernels) on blocks
+// of threads, each algorithm: the register
 // path with one lane a thread (threads == the tree's lanes: 32 and 64, so several warps' groups)
 // and core's path with several threads (half the lanes; 3), every dtype and world size, 1 row on 3
 // blocks (the first blocks only push) and 7 rows on 3 blocks (shares that cut rows), under the
 // threads scheduler; then seeded schedules, which draw the order of every block's threads too. The
 // GPU runs a block of `lanes` threads as one block or as a thread-block cluster of lanes / threads
 // blocks (cuda_backend/fused, ClusterRowCtx): core's templates see one block either way. The
-// simulator's default for lamport_one_stage is one thread (fused_threads), so these name the threads.
-TEST(FusedKernelsSim, LamportOneStageOnBlocksOfThreadsMatchesTheReference) {
+// simulator's default for the Lamport kernels is one thread (fused_threads), so these name the threads.
+TEST(FusedKernelsSim, LamportKernelsOnBlocksOfThreadsMatchTheReference) {
   uint64_t seed = 1300;
-  for (DType dtype : kDtypes) {
-    const int P = pack_of(dtype);
-    for (int ranks : {1, 2, 3, 4, 8}) {
-      for (int hidden : {5 * P, 40 * P}) {
-        const int lanes = hidden / P <= 32 ? 32 : 64;
-        for (int threads : {lanes, lanes / 2, 3}) {
-          const Case one{FusedAlgorithm::kLamportOneStage, dtype, ranks, 1, hidden, 3, threads};
-          EXPECT_EQ(fused_register_path(one.spec()), threads == lanes) << one.what();
-          check({FusedAlgorithm::kLamportOneStage, dtype, ranks, 1, hidden, 3, threads, sim::Schedule::kThreads, 1,
-                 ++seed});
-          check({FusedAlgorithm::kLamportOneStage, dtype, ranks, 7, hidden, 3, threads, sim::Schedule::kThreads, 1,
-                 ++seed});
+  for (FusedAlgorithm algo : {FusedAlgorithm::kLamportOneStage, FusedAlgorithm::kLamportTwoStage}) {
+    for (DType dtype : kDtypes) {
+      const int P = pack_of(dtype);
+      for (int ranks : {1, 2, 3, 4, 8}) {
+        for (int hidden : {5 * P, 40 * P}) {
+          const int lanes = hidden / P <= 32 ? 32 : 64;
+          for (int threads : {lanes, lanes / 2, 3}) {
+            const Case one{algo, dtype, ranks, 1, hidden, 3, threads};
+            EXPECT_EQ(fused_register_path(one.spec()), threads == lanes) << one.what();
+            check({algo, dtype, ranks, 1, hidden, 3, threads, sim::Schedule::kThreads, 1, ++seed});
+            check({algo, dtype, ranks, 7, hidden, 3, threads, sim::Schedule::kThreads, 1, ++seed});
+          }
         }
       }
     }
-  }
-  for (DType dtype : {DType::kBF16, DType::kFP32}) {
-    const int P = pack_of(dtype);
-    const Case wide{FusedAlgorithm::kLamportOneStage, dtype, 2,     2, 1500 * P, 2, 1024,
-                    sim::Schedule::kThreads,          1,     ++seed};
-    EXPECT_FALSE(fused_register_path(wide.spec())) << wide.what();  // more packs than lanes: core's path
-    check(wide);
-    // The GPU's shape at H 8192 bf16 (4096 fp32): 1024 packs, 1024 lanes, one block of 1024 threads.
-    // (The GPU may run it on a thread-block cluster instead, which core's templates see as this
-    // block; the cluster's own exchange runs only on a GPU, under `exactcoll verify`.)
-    const Case full{FusedAlgorithm::kLamportOneStage, dtype, 2,     2, 1024 * P, 2, 1024,
-                    sim::Schedule::kThreads,          1,     ++seed};
-    EXPECT_TRUE(fused_register_path(full.spec())) << full.what();
-    check(full);
-    for (int ranks : {2, 3, 4}) {
-      for (int threads : {32, 3}) {  // 5 packs, 32 lanes: one lane a thread, and core's path
-        for (uint64_t s = 1; s <= 4; ++s) {
-          check({FusedAlgorithm::kLamportOneStage, dtype, ranks, 5, 5 * P, 2, threads, sim::Schedule::kSeeded,
-                 s * 7919 + ranks, ++seed});
+    for (DType dtype : {DType::kBF16, DType::kFP32}) {
+      const int P = pack_of(dtype);
+      const Case wide{algo, dtype, 2, 2, 1500 * P, 2, 1024, sim::Schedule::kThreads, 1, ++seed};
+      EXPECT_FALSE(fused_register_path(wide.spec())) << wide.what();  // more packs than lanes: core's path
+      check(wide);
+      // The GPU's shape at H 8192 bf16 (4096 fp32): 1024 packs, 1024 lanes, one block of 1024 threads.
+      // (The GPU may run it on a thread-block cluster instead, which core's templates see as this
+      // block; the cluster's own exchange runs only on a GPU, under `exactcoll verify`.)
+      const Case full{algo, dtype, 2, 2, 1024 * P, 2, 1024, sim::Schedule::kThreads, 1, ++seed};
+      EXPECT_TRUE(fused_register_path(full.spec())) << full.what();
+      check(full);
+      for (int ranks : {2, 3, 4}) {
+        for (int threads : {32, 3}) {  // 5 packs, 32 lanes: one lane a thread, and core's path
+          for (uint64_t s = 1; s <= 4; ++s) {
+            check({algo, dtype, ranks, 5, 5 * P, 2, threads, sim::Schedule::kSeeded, s * 7919 + ranks, ++seed});
+          }
         }
-      }
-      for (uint64_t s = 1; s <= 4; ++s) {  // 40 packs, 64 lanes on 64 threads: two warps' groups
-        check({FusedAlgorithm::kLamportOneStage, dtype, ranks, 5, 40 * P, 2, 64, sim::Schedule::kSeeded,
-               s * 7919 + ranks, ++seed});
+        for (uint64_t s = 1; s <= 4; ++s) {  // 40 packs, 64 lanes on 64 threads: two warps' groups
+          check({algo, dtype, ranks, 5, 40 * P, 2, 64, sim::Schedule::kSeeded, s * 7919 + ranks, ++seed});
+        }
       }
     }
   }
@@ -375,12 +372,14 @@ TEST(FusedKernelsSim, InvalidSpecsAreClearErrors) {
       EXPECT_EQ(check_fused_spec(spec, 2), "");
     }
   }
-  // lamport_one_stage runs on blocks of threads too (its polls follow the block's sync after every push).
-  FusedSpec lamport;
-  lamport.algo = FusedAlgorithm::kLamportOneStage;
-  lamport.hidden = 64;
-  lamport.threads = 4;
-  EXPECT_EQ(check_fused_spec(lamport, 2), "");
+  // The Lamport kernels run on blocks of threads too (their polls follow the block's sync after every push).
+  for (FusedAlgorithm algo : {FusedAlgorithm::kLamportOneStage, FusedAlgorithm::kLamportTwoStage}) {
+    FusedSpec lamport;
+    lamport.algo = algo;
+    lamport.hidden = 64;
+    lamport.threads = 4;
+    EXPECT_EQ(check_fused_spec(lamport, 2), "") << fused_algorithm_name(algo);
+  }
   // Seeded: every thread of every block of a launch alive at once (fiber stacks) is bounded.
   FusedSpec wide;
   wide.algo = FusedAlgorithm::kOneStageReg;

@@ -61,12 +61,10 @@ void check(const Case<T>& c, FusedAlgorithm algo, int blocks, sim::Schedule sche
   }
 }
 
-// Every algorithm; gather_norm, one_stage_reg and push_one_stage_reg on blocks of the tree's lanes
-// (their register path; tests/sim/fused/fused_kernels_sim_test.cc covers them in depth).
-constexpr FusedAlgorithm kAlgos[] = {FusedAlgorithm::kOneStage,     FusedAlgorithm::kTwoStage,
-                                     FusedAlgorithm::kPushOneStage, FusedAlgorithm::kLamportOneStage,
-                                     FusedAlgorithm::kUnfused,      FusedAlgorithm::kGatherNorm,
-                                     FusedAlgorithm::kOneStageReg,  FusedAlgorithm::kPushOneStageReg};
+// Every algorithm the simulator runs (the registry's); gather_norm, one_stage_reg and
+// push_one_stage_reg on blocks of the tree's lanes (their register path;
+// tests/sim/fused/fused_kernels_sim_test.cc covers them in depth).
+constexpr auto kAlgos = kFusedAlgorithmsOnSimulator;
 
 TEST(FusedSim, ThreadsSchedulerEveryAlgorithmDtypeAndWorldSize) {
   uint64_t seed = 1;

@@ -1,6 +1,6 @@
-// lamport_one_stage (the fused all-reduce + residual + RMSNorm over the Lamport protocol,
-// core/fused_rmsnorm.h) under the seeded scheduler, mixed with the Lamport all-reduces
-// (lamport_one_shot, and lamport_two_shot in the last two workloads) on ONE world: all share the
+// lamport_one_stage and lamport_two_stage (the fused all-reduce + residual + RMSNorm over the
+// Lamport protocol, core/fused_rmsnorm.h) under the seeded scheduler, mixed with the Lamport
+// all-reduces (lamport_one_shot, and lamport_two_shot in the later workloads) on ONE world: all share the
 // call counter, the three buffers, the extents and the sentinel (core/lamport.h), and none has a
 // barrier, so a fast rank's next Lamport call (fused or not, another size,
 // another grid) may store into a slow peer's region while that peer still polls. Every output of
@@ -40,10 +40,10 @@ using fused_exploration::kEps;
 using fused_exploration::kHidden;
 using testing_world::AlignedBuffer;
 
-enum class Kind { kFused, kAllReduce, kAllReduceTwoShot };
+enum class Kind { kFused, kFusedTwoStage, kAllReduce, kAllReduceTwoShot };
 
-// One call: lamport_one_stage over `size` rows of kHidden, or lamport_one_shot (kAllReduce) or
-// lamport_two_shot of `size` elements.
+// One call: lamport_one_stage (kFused) or lamport_two_stage over `size` rows of kHidden, or
+// lamport_one_shot (kAllReduce) or lamport_two_shot of `size` elements.
 struct Call {
   Kind kind;
   int size;
@@ -55,7 +55,8 @@ struct Workload {
   std::vector<Call> calls;
 };
 
-size_t elements(const Call& c) { return c.kind == Kind::kFused ? static_cast<size_t>(c.size) * kHidden : c.size; }
+bool is_fused(const Call& c) { return c.kind == Kind::kFused || c.kind == Kind::kFusedTwoStage; }
+size_t elements(const Call& c) { return is_fused(c) ? static_cast<size_t>(c.size) * kHidden : c.size; }
 
 // At least seven calls each, so every buffer of the rotation is used at least twice (and cleared
 // by calls of other kinds, sizes and grids).
@@ -104,6 +105,34 @@ const Workload kWorkloads[] = {
       {Kind::kAllReduce, 40, 1},
       {Kind::kAllReduceTwoShot, 24, 3},
       {Kind::kFused, 2, 1}}},
+    // lamport_two_stage: fewer rows than ranks (some ranks own none), as many, more; blocks whose
+    // rows have several owners and rows spread over several blocks; two strides of a rank's rows a
+    // slot, cleared by and clearing the other kinds' extents.
+    {4,
+     {{Kind::kFusedTwoStage, 5, 2},
+      {Kind::kAllReduce, 16, 1},
+      {Kind::kFusedTwoStage, 1, 1},
+      {Kind::kFused, 3, 2},
+      {Kind::kFusedTwoStage, 8, 3},
+      {Kind::kAllReduceTwoShot, 24, 2},
+      {Kind::kFusedTwoStage, 2, 4},
+      {Kind::kAllReduce, 8, 1}}},
+    {3,
+     {{Kind::kFusedTwoStage, 4, 2},
+      {Kind::kFusedTwoStage, 7, 3},
+      {Kind::kFused, 2, 1},
+      {Kind::kFusedTwoStage, 1, 2},
+      {Kind::kAllReduceTwoShot, 40, 1},
+      {Kind::kFusedTwoStage, 3, 1},
+      {Kind::kAllReduce, 24, 2}}},
+    {2,
+     {{Kind::kFusedTwoStage, 3, 1},
+      {Kind::kFusedTwoStage, 2, 2},
+      {Kind::kAllReduce, 16, 1},
+      {Kind::kFusedTwoStage, 5, 3},
+      {Kind::kFused, 1, 1},
+      {Kind::kFusedTwoStage, 4, 2},
+      {Kind::kAllReduceTwoShot, 16, 2}}},
 };
 
 Algorithm algorithm_of(const Call& c) {
@@ -114,7 +143,9 @@ std::string describe(const Workload& w) {
   std::string s = std::to_string(w.ranks) + " ranks:";
   for (const Call& c : w.calls) {
     s += c.kind == Kind::kFused ? " lamport_one_stage(" + std::to_string(c.size) + " rows"
-                                : std::string(" ") + algorithm_name(algorithm_of(c)) + "(" + std::to_string(c.size);
+         : c.kind == Kind::kFusedTwoStage
+             ? " lamport_two_stage(" + std::to_string(c.size) + " rows"
+             : std::string(" ") + algorithm_name(algorithm_of(c)) + "(" + std::to_string(c.size);
     s += ", " + std::to_string(c.blocks) + (c.blocks == 1 ? " block)" : " blocks)");
   }
   return s;
@@ -130,7 +161,7 @@ CallData make_data(const Call& c, int ranks, uint64_t seed) {
   for (auto& v : d.x) v = round_to<bf16>(rng.normal() * 2.0f);
   d.x[(rng.next() % ranks) * count + rng.next() % count] = bf16{0xFFFF};
   d.x[(rng.next() % ranks) * count + rng.next() % count] = bf16{0x8000};
-  complete_call(c.kind == Kind::kFused, ranks, count, rng, &d);
+  complete_call(is_fused(c), ranks, count, rng, &d);
   return d;
 }
 
@@ -146,8 +177,10 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
   size_t region = 0;
   for (size_t k = 0; k < w.calls.size(); ++k) {
     data.push_back(make_data(w.calls[k], w.ranks, 1000 * seed + k));
-    region =
-        std::max(region, lamport_region_bytes(algorithm_of(w.calls[k]), elements(w.calls[k]), sizeof(bf16), w.ranks));
+    region = std::max(
+        region, w.calls[k].kind == Kind::kFusedTwoStage
+                    ? lamport_two_stage_region_bytes(w.calls[k].size, kHidden, sizeof(bf16), w.ranks)
+                    : lamport_region_bytes(algorithm_of(w.calls[k]), elements(w.calls[k]), sizeof(bf16), w.ranks));
   }
   for (size_t k = 0; k < w.calls.size(); ++k) {
     const Call& c = w.calls[k];
@@ -164,7 +197,18 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
       world.enqueue<bf16>(launch, [args](auto& ctx) {
         fused::with_fused_ctx(ctx, [&](auto& fctx) {
           dispatch_world_size(fctx.world_size(), [&](auto ranks) {  // the GPU's compile-time ranks (peeks up to 4)
-            fused_rmsnorm_lamport_one_stage<bf16, decltype(ranks)::value, Protocol>(fctx, args[fctx.rank()]);
+            fused_rmsnorm_lamport<bf16, decltype(ranks)::value, Protocol>(fctx, args[fctx.rank()]);
+          });
+        });
+      });
+    } else if (c.kind == Kind::kFusedTwoStage) {
+      launch.name = "fused_rmsnorm_lamport_two_stage";
+      const std::vector<FusedRmsNormArgs<bf16>> args = d.args;
+      world.enqueue<bf16>(launch, [args](auto& ctx) {
+        fused::with_fused_ctx(ctx, [&](auto& fctx) {
+          dispatch_world_size(fctx.world_size(), [&](auto ranks) {
+            fused_rmsnorm_lamport<bf16, decltype(ranks)::value, Protocol, LamportFused::kTwoStage>(fctx,
+                                                                                                   args[fctx.rank()]);
           });
         });
       });
@@ -180,7 +224,7 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
     const CallData& d = data[k];
     for (int r = 0; r < w.ranks; ++r) {
       std::string diff;
-      if (w.calls[k].kind == Kind::kFused) {
+      if (is_fused(w.calls[k])) {
         diff = first_difference(d.residual_out[r].data(), d.want_ro);
         if (diff.empty()) diff = first_difference(d.out[r].data(), d.want_out);
       } else {

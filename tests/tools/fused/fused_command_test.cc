@@ -326,7 +326,7 @@ TEST(SimFusedCommand, HelpListsEveryAlgorithm) {
   const CommandResult r = run_fused({"--help"});
   EXPECT_EQ(r.code, 0);
   for (const char* algo : {"one_stage", "one_stage_reg", "two_stage", "gather_norm", "push_one_stage",
-                           "push_one_stage_reg", "lamport_one_stage", "unfused"}) {
+                           "push_one_stage_reg", "lamport_one_stage", "lamport_two_stage", "unfused"}) {
     EXPECT_TRUE(r.out.find(std::string(algo) + "|") != std::string::npos ||
                 r.out.find(std::string(algo) + "]") != std::string::npos)
         << algo;
@@ -630,7 +630,7 @@ TEST(SimFusedCommand, TreeContractTracesStepsAndElements) {
   const Files f = make_files("tree_el", ranks, rows, H, 37);
   const npy::NpyArray x = npy::read_npy(f.x);
   const size_t count = static_cast<size_t>(rows) * H;
-  for (const char* algo : {"one_stage", "two_stage", "lamport_one_stage"}) {
+  for (const char* algo : {"one_stage", "two_stage", "lamport_one_stage", "lamport_two_stage"}) {
     SCOPED_TRACE(algo);
     const std::string out = temp_path("tree_el_out.npy"), ro = temp_path("tree_el_ro.npy"),
                       el_trace = temp_path("tree_el.jsonl");
