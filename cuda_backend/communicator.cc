@@ -661,10 +661,11 @@ void Communicator::check(cudaStream_t stream) {
                   "element %u still held the sentinel after %.1f ms)",
                   e.rank, e.block, e.peer, e.expected, e.set, e.observed, static_cast<double>(e.waited_ns) / 1e6);
   } else if (e.kind == kErrorClusterTimeout) {
-    std::snprintf(message, sizeof message,
-                  "rank %d block %d (block %d of its thread-block cluster): the cluster's other blocks never sent "
-                  "their partial sums (lamport_one_stage, exchange %u of the launch, after %.1f ms)",
-                  e.rank, e.block, e.set, e.expected, static_cast<double>(e.waited_ns) / 1e6);
+    std::snprintf(
+        message, sizeof message,
+        "rank %d block %d (block %d of its thread-block cluster): the cluster's other blocks never sent "
+        "their partial sums (lamport_one_stage / lamport_two_stage, exchange %u of the launch, after %.1f ms)",
+        e.rank, e.block, e.set, e.expected, static_cast<double>(e.waited_ns) / 1e6);
   } else {
     std::snprintf(
         message, sizeof message,

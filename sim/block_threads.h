@@ -23,7 +23,10 @@
 // turn. Such kernels run with one thread, unless every thread's pushes come before a sync_block
 // that comes before any poll (lamport_one_stage's step 4, core/fused_rmsnorm.h): then every push
 // of a block is done before any of its threads polls, and a poll waits only for pushes that a
-// peer's block makes before its own first poll.
+// peer's block makes before its own first poll. lamport_two_stage adds one more wait: for the
+// folded rows the owner's block pushes while it folds, each thread its packs, all before the
+// row's next sync_block; those folds wait only for the first kind of push, so again no thread
+// waits for a sibling that has not run.
 //
 // Cost: two context switches per thread per sync_block(), and a stack per thread while the block
 // runs (128 KiB reserved, touched only as used; under the seeded scheduler every block of a launch

@@ -43,7 +43,7 @@ std::optional<FusedAlgorithm> parse_fused_algorithm(const std::string& name);
 // The algorithms whose bits follow the contract (what auto chooses among).
 std::vector<FusedAlgorithm> fused_ipc_algorithms();
 // Whether the algorithm is one kernel with peers (the registry's one_kernel: one_stage,
-// one_stage_reg, push_one_stage, two_stage, gather_norm, lamport_one_stage).
+// one_stage_reg, push_one_stage, two_stage, gather_norm, lamport_one_stage, lamport_two_stage).
 bool is_fused_kernel(FusedAlgorithm a);
 // Whether the algorithm runs over the Lamport protocol (lamport_one_stage, lamport_two_stage):
 // x read in place, the Lamport region, thread-block clusters where several blocks hold a row.

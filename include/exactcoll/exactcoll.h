@@ -496,11 +496,10 @@ typedef struct exactcoll_sim_options {
   int threads;  /* exactcoll_sim_fused_add_rmsnorm: threads per block, 1..1024, or 0 (the default):
                    the algorithm's own (the RMSNorm tree's lanes, 32 x ceil(min(hidden / pack, 1024)
                    / 32), for one_stage_reg, gather_norm and push_one_stage_reg, whose register path
-                   runs only at that count; 1 for the others, lamport_one_stage included, whose
-                   register path runs where threads is its lanes and the row has at most as many
-                   packs as lanes). Every
-                   count gives the same bits. 0 under an alternative contract; exactcoll_sim_collective
-                   runs one thread per block and takes 0 or 1 */
+                   runs only at that count; 1 for the others, lamport_one_stage and
+                   lamport_two_stage included, whose register path runs where threads is its lanes and the row has at
+                   most as many  packs as lanes). Every  count gives the same bits. 0 under an alternative contract;
+                   exactcoll_sim_collective  runs one thread per block and takes 0 or 1 */
   int reserved; /* 0: keeps the struct free of tail padding, so that a later field grows struct_size */
 } exactcoll_sim_options;
 

@@ -2,8 +2,8 @@
 // runs, from the same templates, launched as the GPU launches them (cuda_backend/fused/
 // fused_rmsnorm.cc): core/fused_rmsnorm.h's one_stage, two_stage and push_one_stage,
 // core/fused_rmsnorm_kernels.h's gather_norm, one_stage_reg, push_one_stage_reg (the GPU's
-// push_one_stage kernel) and lamport_one_stage_reg (the GPU's lamport_one_stage kernel: core's
-// lamport_one_stage where the register path does not fit), each one launch on every (rank, block), and
+// push_one_stage kernel) and fused_rmsnorm_lamport_reg (the GPU's lamport_one_stage and
+// lamport_two_stage kernels: core's where the register path does not fit), each one launch on every (rank, block), and
 // unfused as three launches (the all-reduce of sim/collectives.h, then residual_add_step, then
 // rmsnorm_step).
 #pragma once
@@ -160,19 +160,19 @@ struct FusedSpec {
 // gather_norm, one_stage_reg and push_one_stage_reg, the RMSNorm tree's lanes (32 x ceil(min(H /
 // pack, 1024) / 32)), so that their register path runs wherever it can (at most 2 packs a thread:
 // H up to 2048 packs; beyond, core's path with as many threads); 1 for the others, whose code has
-// no path that depends on the thread count, and for lamport_one_stage, whose register path runs
+// no path that depends on the thread count, and for lamport_one_stage and lamport_two_stage, whose register path runs
 // only with the threads given (its seeded explorations run many calls of many blocks, one thread
 // each). (The GPU's default grid has max(64, lanes) threads, so for H of at most 32 packs the GPU
 // takes core's path where the simulator runs the register path by default; --threads 64 runs the
-// GPU's. The GPU's lamport_one_stage may hold a row on a thread-block cluster of C blocks of
+// GPU's. The GPU's Lamport kernels may hold a row on a thread-block cluster of C blocks of
 // lanes / C threads, which runs core's templates as one block of `lanes` threads: --threads lanes
 // here. The bits are the same either way.)
 int fused_threads(const FusedSpec& spec);
 
 // Whether spec runs core/fused_rmsnorm_kernels.h's register path: gather_norm, one_stage_reg or
 // push_one_stage_reg with fused_threads(spec) == the tree's lanes and at most 2 packs a thread
-// (register_path_fits<2>); lamport_one_stage where lamport_register_path(fused_threads(spec), tree)
-// (threads == lanes, at most one pack a thread). False for a spec with an invalid H.
+// (register_path_fits<2>); lamport_one_stage and lamport_two_stage where lamport_register_path(fused_threads(spec),
+// tree) (threads == lanes, at most one pack a thread). False for a spec with an invalid H.
 bool fused_register_path(const FusedSpec& spec);
 
 // Per-rank buffers of one run, all [rows, H] except weight [H]. Inputs are read during the run;
@@ -197,12 +197,13 @@ std::string check_fused_spec(const FusedSpec& spec, int ranks, sim::Schedule sch
 //     buffer (the world's input buffer): each block first copies the rows that block b of every
 //     rank reads into its own rank's (stage_fused_input, core/fused_rmsnorm_kernels.h), and the
 //     staging buffer holds a NaN pattern before, so a row read unstaged shows in the bits;
-//   - push_one_stage, push_one_stage_reg and lamport_one_stage read only their own x, in place
+//   - push_one_stage, push_one_stage_reg, lamport_one_stage and lamport_two_stage read only their own x, in place
 //     (FusedBlockOptions::own_x; a peer's x reads as the NaN pattern);
 //   - scratch: two_stage fused_two_stage_scratch_elements(rows, H), gather_norm
 //     gather_norm_scratch_elements(rows, H) (both filled with the NaN pattern first), the push
 //     algorithms push_scratch_elements(rows * H, pack, ranks); lamport_one_stage the Lamport region
-//     lamport_region_bytes(rows * H, sizeof(T), ranks);
+//     lamport_region_bytes(rows * H, sizeof(T), ranks), lamport_two_stage
+//     lamport_two_stage_region_bytes(rows, H, sizeof(T), ranks);
 //   - residual_out and out hold the NaN pattern before the launches, so an element that no thread
 //     writes shows;
 //   - blocks of fused_threads(spec) threads; under the seeded scheduler their order between syncs

@@ -286,7 +286,7 @@ TEST(FusedKernelsSim, TheSimulatorsContextHasTheRegisterPath) {
   EXPECT_EQ(taken(2056 * 8, 1024), 0);  // four packs a thread: core's path
 }
 
-// The simulator's context has the register hook that fused_rmsnorm_lamport_one_stage_reg asks for
+// The simulator's context has the register hook that fused_rmsnorm_lamport_reg asks for
 // (without it the kernel would quietly run core's path, with the same bits), and it gives the
 // tree's sum: lane t of a 64-lane tree on 64 threads, lane l's partial l + 1.
 TEST(FusedKernelsSim, TheSimulatorsContextHasTheLamportRegisterHook) {

@@ -7,6 +7,8 @@
 // counts 1, 2, 3 and 7, grids from fewer blocks than rows to more blocks than packs, H a multiple
 // of no block count, so that the three buffers rotate and every clear erases an extent of another
 // size and grid; every output of every call is compared bit for bit with the contract's reference.
+// lamport_two_stage shares the split (its push share goes to each row's owner, its rows are the
+// same blocks'), so it runs these workloads too, alone and in turn with lamport_one_stage.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -167,11 +169,12 @@ void make_call(const Call& c, int ranks, int hidden, uint64_t seed, CallData* ou
 // Runs the workload's calls back to back on one world; returns "" or the first failure. Each
 // rank reads its own x in place (the GPU kernel's base.inputs[rank]); a peer's x reads as the
 // unwritten pattern, so a fold that read a peer's x instead of its Lamport slot shows.
-// threads_of(k): call k's threads a block; 0 runs core's fused_rmsnorm_lamport_one_stage with one
-// thread (the default), else the GPU's fused_rmsnorm_lamport_one_stage_reg with that many (its
-// register path where they are the tree's lanes, core's path otherwise).
-std::string run_workload(const Workload& w, sim::Schedule schedule, uint64_t seed,
-                         int (*threads_of)(size_t) = nullptr) {
+// threads_of(k): call k's threads a block; 0 runs core's fused_rmsnorm_lamport with one thread (the
+// default), else the GPU's fused_rmsnorm_lamport_reg with that many (its register path where they
+// are the tree's lanes, core's path otherwise). kind_of(k): call k's protocol (default
+// lamport_one_stage).
+std::string run_workload(const Workload& w, sim::Schedule schedule, uint64_t seed, int (*threads_of)(size_t) = nullptr,
+                         LamportFused (*kind_of)(size_t) = nullptr) {
   sim::WorldOptions options;
   options.ranks = w.ranks;
   options.schedule = schedule;
@@ -183,12 +186,15 @@ std::string run_workload(const Workload& w, sim::Schedule schedule, uint64_t see
   for (size_t k = 0; k < w.calls.size(); ++k) {
     make_call(w.calls[k], w.ranks, w.hidden, 7919 * seed + 31 * k + w.ranks, &data[k]);
     region =
-        std::max(region, lamport_region_bytes(static_cast<size_t>(w.calls[k].rows) * w.hidden, sizeof(bf16), w.ranks));
+        std::max({region, lamport_region_bytes(static_cast<size_t>(w.calls[k].rows) * w.hidden, sizeof(bf16), w.ranks),
+                  lamport_two_stage_region_bytes(w.calls[k].rows, w.hidden, sizeof(bf16), w.ranks)});
   }
   for (size_t k = 0; k < w.calls.size(); ++k) {
     CallData& d = data[k];
     sim::Launch launch;
-    launch.name = "fused_rmsnorm_lamport_one_stage";
+    const LamportFused kind = kind_of != nullptr ? kind_of(k) : LamportFused::kOneStage;
+    launch.name =
+        kind == LamportFused::kTwoStage ? "fused_rmsnorm_lamport_two_stage" : "fused_rmsnorm_lamport_one_stage";
     launch.blocks = w.calls[k].blocks;
     launch.lamport_bytes = region;  // one layout for the whole run
     const std::vector<FusedRmsNormArgs<bf16>> args = d.args;
@@ -198,19 +204,27 @@ std::string run_workload(const Workload& w, sim::Schedule schedule, uint64_t see
     const int threads = threads_of != nullptr ? threads_of(k) : 0;
     const std::optional<uint64_t> order =
         schedule == sim::Schedule::kSeeded ? std::optional<uint64_t>(seed) : std::nullopt;
-    world.enqueue<bf16>(launch, [args, own, unreadable, threads, order](auto& ctx) {
+    world.enqueue<bf16>(launch, [args, own, unreadable, threads, order, kind](auto& ctx) {
       fused::FusedBlockOptions block;
       block.own_x = own[ctx.rank()];
       block.unreadable_x = unreadable;
-      if (threads == 0) {
-        fused::with_fused_ctx(ctx, block,
-                              [&](auto& fctx) { fused_rmsnorm_lamport_one_stage<bf16>(fctx, args[fctx.rank()]); });
-      } else {
+      auto run = [&](auto& fctx) {
+        const FusedRmsNormArgs<bf16>& a = args[fctx.rank()];
+        if (threads == 0 && kind == LamportFused::kTwoStage) {
+          fused_rmsnorm_lamport<bf16, 0, LamportProtocol, LamportFused::kTwoStage>(fctx, a);
+        } else if (threads == 0) {
+          fused_rmsnorm_lamport<bf16>(fctx, a);
+        } else if (kind == LamportFused::kTwoStage) {
+          fused_rmsnorm_lamport_reg<bf16, 0, LamportProtocol, LamportFused::kTwoStage>(fctx, a);
+        } else {
+          fused_rmsnorm_lamport_reg<bf16>(fctx, a);
+        }
+      };
+      if (threads != 0) {
         block.threads = threads;
         block.thread_order_seed = order;
-        fused::with_fused_ctx(ctx, block,
-                              [&](auto& fctx) { fused_rmsnorm_lamport_one_stage_reg<bf16>(fctx, args[fctx.rank()]); });
       }
+      fused::with_fused_ctx(ctx, block, run);
     });
   }
   try {
@@ -269,6 +283,30 @@ TEST(LamportFusedShares, RegisterPathsBackToBackWithCoresPath) {
     EXPECT_EQ(run_workload(w, sim::Schedule::kThreads, 1, threads_in_turn), "") << describe(w);
     for (uint64_t seed = 1; seed <= 6; ++seed) {
       const std::string problem = run_workload(w, sim::Schedule::kSeeded, seed, threads_in_turn);
+      ASSERT_EQ(problem, "") << describe(w) << ", seed " << seed;
+    }
+  }
+}
+
+// lamport_two_stage on the same workloads: alone (every call two-stage, core's one-thread path),
+// and in turn with lamport_one_stage on the register path and core's (kinds alternate every call,
+// threads every call: both kinds meet every thread count), all sharing the buffers, the counter and
+// the extents.
+LamportFused every_call_two_stage(size_t) { return LamportFused::kTwoStage; }
+LamportFused kinds_in_turn(size_t k) { return k % 2 == 0 ? LamportFused::kTwoStage : LamportFused::kOneStage; }
+
+TEST(LamportFusedShares, TwoStageBackToBackAloneAndInTurnWithOneStage) {
+  for (const Workload& w : kWorkloads) {
+    EXPECT_EQ(run_workload(w, sim::Schedule::kThreads, 1, nullptr, every_call_two_stage), "") << describe(w);
+    for (uint64_t seed = 1; seed <= 60; ++seed) {
+      const std::string problem = run_workload(w, sim::Schedule::kSeeded, seed, nullptr, every_call_two_stage);
+      ASSERT_EQ(problem, "") << describe(w) << ", seed " << seed;
+    }
+  }
+  for (const Workload& w : kRegisterWorkloads) {
+    EXPECT_EQ(run_workload(w, sim::Schedule::kThreads, 1, threads_in_turn, kinds_in_turn), "") << describe(w);
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      const std::string problem = run_workload(w, sim::Schedule::kSeeded, seed, threads_in_turn, kinds_in_turn);
       ASSERT_EQ(problem, "") << describe(w) << ", seed " << seed;
     }
   }
