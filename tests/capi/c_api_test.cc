@@ -113,7 +113,7 @@ TEST(CApiNames, EveryValueRoundTripsAndUnknownNamesAreListed) {
   };
   for (const Enum& e : {Enum{exactcoll_dtype_name, exactcoll_dtype_from_name, 3},
                         Enum{exactcoll_algo_name, exactcoll_algo_from_name, 10},
-                        Enum{exactcoll_fused_algo_name, exactcoll_fused_algo_from_name, 10},
+                        Enum{exactcoll_fused_algo_name, exactcoll_fused_algo_from_name, 11},
                         Enum{exactcoll_contract_name, exactcoll_contract_from_name, 5}}) {
     for (int v = 0; v < e.count; ++v) {
       ASSERT_NE(e.name(v), nullptr) << v;
@@ -128,6 +128,7 @@ TEST(CApiNames, EveryValueRoundTripsAndUnknownNamesAreListed) {
     }
     if (e.name == exactcoll_fused_algo_name) {
       EXPECT_STREQ(e.name(EXACTCOLL_FUSED_LAMPORT_ONE_STAGE), "lamport_one_stage");
+      EXPECT_STREQ(e.name(EXACTCOLL_FUSED_LAMPORT_TWO_STAGE), "lamport_two_stage");
     }
     EXPECT_EQ(e.name(-1), nullptr);
     int out = 0;
