@@ -22,6 +22,8 @@
 #               --write-table: $OUT/fused_table_N.tsv
 #     sweep     lamport_one_stage by thread-block cluster size (1, 2, 4, 8 blocks a row) at H 2880, 4096 and
 #               8192, 1, 16 and 64 rows, on SWEEP_NPROC GPUs (default 4 2) and on one GPU
+#     grid16    lamport_two_stage at 16 rows of H 8192 on 4 GPUs by grid (a one-row fused table per grid:
+#               128x1024 16x1024 32x512 64x128 128x128 128x256), three rounds, beside the split
 #     compare4 / compare2   python/examples/compare_collectives.py on 4 / 2 GPUs (--quick with QUICK=1)
 #     compare4long  the same on 4 GPUs with 100 ops per graph (--graph-ops 100 --quick --no-pinned)
 #     profile   nsys per-kernel times inside the graphs: lamport_one_shot at 16 KB, two_shot at 64 MB (4 GPUs)
@@ -167,6 +169,17 @@ if has solo; then
     --kernel-name regex:collective --launch-skip 5 --launch-count 1 --section SpeedOfLight --section LaunchStats \
     --section WarpStateStats $B bench --nproc 1 --op allreduce --rows 1 --algos lamport_one_shot --no-eager \
     --no-bound --no-check --replays 2 --warmup 1
+fi
+if has grid16; then
+  mkdir -p "$OUT/grid16"
+  for round in 1 2 3; do
+    for g in 128x1024 16x1024 32x512 64x128 128x128 128x256; do
+      printf 'sm90\t4\t16384\t16\tlamport_two_stage\t%d\t%d\t1\n' "${g%x*}" "${g#*x}" > "$OUT/grid16/$g.tsv"
+      EXACTCOLL_FUSED_TABLE=$OUT/grid16/$g.tsv run "grid16_${g}_r$round" 60 $B bench --nproc 4 --op fused_rmsnorm \
+        --hidden 8192 --rows 16 --algos auto,unfused --no-eager --no-bound
+    done
+  done
+  grep -h -A3 summary "$LOGS"/grid16_*.log | grep -E '^ +[0-9]'
 fi
 quick=()
 [ "${QUICK:-0}" = 1 ] && quick=(--quick)
