@@ -1,6 +1,7 @@
 #include "cuda_backend/fused/fused_rmsnorm.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -62,10 +63,14 @@ FusedChoice FusedRmsNorm::choose(const FusedRmsNormShape& shape, FusedAlgorithm 
   // nor lamport_one_stage or lamport_two_stage where the rows do not fit one Lamport slot (each
   // would take several launches, which the table's one-launch times do not price): the table's
   // fastest among the others at that point. A named algorithm runs in row chunks that fit (run).
-  auto one_launch = [&](FusedAlgorithm a) {
+  // Each algorithm's answer once, not once per table row of this world size (about 120).
+  std::array<bool, std::size(kFusedAlgorithmInfos)> fits{};
+  for (const FusedAlgorithmInfo& e : kFusedAlgorithmInfos) {
+    const FusedAlgorithm a = e.algorithm;
     const bool chunked_kind = a == FusedAlgorithm::kPushOneStage || is_lamport_fused(a);
-    return !chunked_kind || max_rows_per_launch(a, shape, false) >= shape.rows;
-  };
+    fits[static_cast<size_t>(a)] = !chunked_kind || max_rows_per_launch(a, shape, false) >= shape.rows;
+  }
+  auto one_launch = [&fits](FusedAlgorithm a) { return fits[static_cast<size_t>(a)]; };
   FusedChoice c = table_.choose(comm_.arch(), comm_.world_size(), shape.rows, shape.hidden, shape.dtype, algo,
                                 algo == FusedAlgorithm::kAuto ? std::function<bool(FusedAlgorithm)>(one_launch)
                                                               : std::function<bool(FusedAlgorithm)>());
