@@ -16,7 +16,8 @@
 //   4. Per size, per algorithm: one checked run (outputs poisoned first; #wrong = output elements,
 //      summed over ranks, outside what the implementation promises; an inexact algorithm's
 //      #!=contract = its elements whose bits differ from the contract's), then the per-op time by
-//      CUDA-graph replay (ops per graph, median of replays) and by eager launches. Rank 0 prints
+//      CUDA-graph replay (ops per graph, median of replays) and by eager launches, each timed
+//      replay or round queued behind an untimed one (device_util.h, LaunchCost). Rank 0 prints
 //      each size's times as they are measured (stderr). An op whose problem tunes_auto() (the
 //      fused op's --write-table) measures auto last, after making its table from the others.
 //   5. Times are the maximum over ranks of each rank's median; algbw = bytes / time, busbw =
@@ -59,6 +60,7 @@ struct BenchOptions {
   int64_t graph_ops = 20, replays = 25, warmup = 3, eager_rounds = 10;
   int64_t timeout_ms = 10000, buffer_mib = 0;
   bool eager = true, bound = true, pdl = true;
+  LaunchCost launch_cost = LaunchCost::kHidden;
   std::string json_path, csv_path;
 };
 
@@ -147,13 +149,13 @@ BenchResult measure(Worker& w, ApiComm& comm, BenchProblem& problem, const Bench
   const auto check = [&] { comm.check(stream); };
   w.barrier("graph");
   const double graph_us = time_graph_us(stream, call, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),
-                                        static_cast<int>(o.replays), check);
+                                        static_cast<int>(o.replays), check, o.launch_cost);
   comm.check(stream);
   double eager_us = 0;
   if (o.eager) {
     w.barrier("eager");
     eager_us = time_eager_us(stream, call, static_cast<int>(o.graph_ops), static_cast<int>(o.warmup),
-                             static_cast<int>(o.eager_rounds), check);
+                             static_cast<int>(o.eager_rounds), check, o.launch_cost);
     comm.check(stream);
   }
   // 5. Over ranks: the slowest rank's time, the summed counts.
@@ -188,7 +190,10 @@ void print_bench_head(Worker& w, const GpuOp& op, const BenchOptions& o, const A
        << p.arch << "); NCCL " << (p.nccl_ready ? cuda::NcclApi::get().version() : std::string("not loaded")) << "\n"
        << "# time: max over ranks of the median per-op µs; graph: " << o.graph_ops << " ops per CUDA graph, "
        << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops
-       << " launches; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; buffers "
+       << " launches; "
+       << (o.launch_cost == LaunchCost::kHidden ? "each behind an untimed launch of the same ops"
+                                                : "each from an idle stream (--launch-in-span)")
+       << "; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; buffers "
        << (co.buffer_bytes >> 20) << " MiB per rank"
        << "\n# #wrong: output elements (all ranks) outside what the implementation promises: exactcoll the\n"
        << "#   contract's bits; NCCL's all-reduce and reduce-scatter sums |got - exact| <= gamma_n * sum|x|\n"
@@ -549,7 +554,7 @@ struct BenchFlags {
   int64_t nproc = 0, seed = 1, step_factor = 2;
   std::string op_text = "allreduce", dtype_text = "bf16", rows_text, hidden_text, algos_text, min_bytes_text,
               max_bytes_text, contract_text = "canonical";
-  bool no_eager = false, no_check = false, no_bound = false, no_pdl = false;
+  bool no_eager = false, no_check = false, no_bound = false, no_pdl = false, launch_in_span = false;
 };
 
 // "a, b, c": the op's algorithms, as the help and the --algos errors list them.
@@ -633,6 +638,10 @@ cli::ArgParser make_parser(GpuOp& op, int argc, char** argv, BenchFlags* flags, 
   parser.add_bool("no-check", &f.no_check, "skip the check of the outputs");
   parser.add_bool("no-bound", &f.no_bound, "skip the peer-copy bandwidth measurement");
   parser.add_bool("no-pdl", &f.no_pdl, "launch without programmatic dependent launch");
+  parser.add_bool("launch-in-span", &f.launch_in_span,
+                  "start each timed replay (and eager round) on an idle stream, so that its span holds the host's "
+                  "launch and the ranks' skew, as this command timed up to 2026-11-28; by default an untimed launch "
+                  "of the same ops goes first, so the timed ones are queued when the span starts");
   op.add_bench_flags(parser);
   return parser;
 }
@@ -720,6 +729,7 @@ int run_bench(int argc, char** argv) {
   o.eager = !f.no_eager;
   o.bound = !f.no_bound;
   o.pdl = !f.no_pdl;
+  o.launch_cost = f.launch_in_span ? LaunchCost::kInSpan : LaunchCost::kHidden;
   if (f.seed < 0) return cli::fail(kCommand, "--seed must be >= 0");
   s.seed = static_cast<uint64_t>(f.seed);
   // 1. Sizes.

@@ -24,6 +24,15 @@
 #               8192, 1, 16 and 64 rows, on SWEEP_NPROC GPUs (default 4 2) and on one GPU
 #     grid16    lamport_two_stage at 16 rows of H 8192 on 4 GPUs by grid (a one-row fused table per grid:
 #               128x1024 16x1024 32x512 64x128 128x128 128x256), three rounds, beside the split
+#     spread    lamport_one_stage at 1 row of H 8192 (a cluster of 8 blocks) in 8 fresh processes on 4 GPUs
+#               and 8 on one GPU: `auto` (a one-row table naming that kernel and grid) and
+#               lamport_one_stage in the same process, beside the split, 100 replays: does the time
+#               spread between processes or between graphs, with peers or without
+#     lead      the bench's two timings side by side (each replay behind an untimed one, the default,
+#               and --launch-in-span), three rounds alternating: all-reduce at 16 KB, 512 KB, 4 MB and
+#               64 MB (auto, both Lamport algorithms, NCCL) and the fused op at 1 and 16 rows of H
+#               8192 (auto, lamport_one_stage, the split) on 4 GPUs; lamport_one_shot at 16 KB on one
+#               GPU with no peer
 #     compare4 / compare2   python/examples/compare_collectives.py on 4 / 2 GPUs (--quick with QUICK=1)
 #     compare4long  the same on 4 GPUs with 100 ops per graph (--graph-ops 100 --quick --no-pinned)
 #     profile   nsys per-kernel times inside the graphs: lamport_one_shot at 16 KB, two_shot at 64 MB (4 GPUs)
@@ -180,6 +189,57 @@ if has grid16; then
     done
   done
   grep -h -A3 summary "$LOGS"/grid16_*.log | grep -E '^ +[0-9]'
+fi
+if has spread; then
+  mkdir -p "$OUT/spread"
+  printf 'sm90\t%d\t16384\t1\tlamport_one_stage\t8\t128\t1\n' 4 1 > "$OUT/spread/cluster8.tsv"
+  for n in 4 1; do
+    for round in 1 2 3 4 5 6 7 8; do
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) EXACTCOLL_FUSED_TABLE=$OUT/spread/cluster8.tsv \
+        run "spread_n${n}_r$round" 60 $B bench --nproc "$n" --op fused_rmsnorm --hidden 8192 --rows 1 \
+        --algos auto,lamport_one_stage,unfused --no-eager --no-bound --replays 100 \
+        --json "$OUT/spread/n${n}_r$round.json"
+    done
+  done
+  python3 - "$OUT/spread" <<'PY'
+import glob, json, sys
+for n in (4, 1):
+    print(f"spread, {n} GPU(s): auto (cluster8 table) / lamport_one_stage / unfused, us, one line a process")
+    for f in sorted(glob.glob(f"{sys.argv[1]}/n{n}_r*.json")):
+        t = {r["algo"]: r["time_us"] for r in json.load(open(f))["results"] if r["mode"] == "graph"}
+        print("  " + " / ".join(f"{t.get(a, float('nan')):.2f}" for a in ("auto", "lamport_one_stage", "unfused")))
+PY
+fi
+if has lead; then
+  mkdir -p "$OUT/lead"
+  for round in 1 2 3; do
+    for timing in lead span; do
+      span=()
+      [ "$timing" = span ] && span=(--launch-in-span)
+      run "lead_ar_${timing}_r$round" 60 $B bench --nproc 4 --op allreduce --rows 1,32 --no-eager \
+        --no-bound --algos auto,lamport_one_shot,lamport_two_shot,nccl "${span[@]}" \
+        --json "$OUT/lead/ar_${timing}_r$round.json"
+      run "lead_arlarge_${timing}_r$round" 60 $B bench --nproc 4 --op allreduce --rows 256,4096 --no-eager \
+        --no-bound --algos auto,nccl "${span[@]}" --json "$OUT/lead/arlarge_${timing}_r$round.json"
+      run "lead_fused_${timing}_r$round" 60 $B bench --nproc 4 --op fused_rmsnorm --hidden 8192 --rows 1,16 \
+        --no-eager --no-bound --algos auto,lamport_one_stage,unfused "${span[@]}" \
+        --json "$OUT/lead/fused_${timing}_r$round.json"
+      CUDA_VISIBLE_DEVICES=0 run "lead_solo_${timing}_r$round" 60 $B bench --nproc 1 --op allreduce --rows 1 \
+        --no-eager --no-bound --algos lamport_one_shot "${span[@]}" --json "$OUT/lead/solo_${timing}_r$round.json"
+    done
+  done
+  python3 - "$OUT/lead" <<'PY'
+import collections, glob, json, re, sys
+times = collections.defaultdict(list)
+for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
+    kind, timing = re.match(r".*/(\w+?)_(lead|span)_r\d+\.json", f).groups()
+    for r in json.load(open(f))["results"]:
+        times[(kind, r["ranks"], r["bytes"], r["algo"], timing)].append(r["time_us"])
+print("lead: us per op, three rounds each (behind an untimed launch | --launch-in-span)")
+for key in sorted({k[:4] for k in times}):
+    row = [" ".join(f"{t:.2f}" for t in times[key + (timing,)]) for timing in ("lead", "span")]
+    print(f"  {key[0]:5} n={key[1]} {key[2]:>9} B {key[3]:18} {row[0]:28} | {row[1]}")
+PY
 fi
 quick=()
 [ "${QUICK:-0}" = 1 ] && quick=(--quick)

@@ -58,17 +58,30 @@ class CapturedGraph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
+// Whether a timed span pays the host's launch of the work it times.
+//   kHidden: the same work is launched once, untimed, right before the span's start event, so the
+//     timed work is already queued when the span starts, as each step of a loop of back-to-back
+//     steps is (nccl-tests times many launches between two events for the same reason). Each
+//     launch also lines the ranks up: the lead's collectives end within one NVLink latency of
+//     each other on every rank, so a rank's span does not hold the others' host skew.
+//   kInSpan: the span starts on an idle stream and holds the host's launch of the graph (or of
+//     the first eager call) and the ranks' skew: the GPU commands' timing up to 2026-11-28
+//     (`bench --launch-in-span`).
+enum class LaunchCost { kHidden, kInSpan };
+
 // Returns the median over `replays` of (time of one graph launch) / ops, in µs: `enqueue` (which
 // enqueues one op on stream) is captured `ops` times into one graph, launched `warmup` times
-// untimed, then `replays` times with events around each launch. `check` runs after each timed
-// replay, outside the timed span (the communicator's check(): a peer that died stops the loop at
-// its first timeout instead of after every replay).
+// untimed, then `replays` times with events around each launch (with launch_cost kHidden, each
+// behind an untimed lead launch of the graph). `check` runs after each timed replay, outside the
+// timed span (the communicator's check(): a peer that died stops the loop at its first timeout
+// instead of after every replay).
 double time_graph_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int replays,
-                     const std::function<void()>& check);
+                     const std::function<void()>& check, LaunchCost launch_cost = LaunchCost::kHidden);
 
-// The same for eager launches: `rounds` rounds of `ops` back-to-back enqueue() calls.
+// The same for eager launches: `rounds` rounds of `ops` back-to-back enqueue() calls (with
+// kHidden, each behind an untimed lead round).
 double time_eager_us(cudaStream_t stream, const std::function<void()>& enqueue, int ops, int warmup, int rounds,
-                     const std::function<void()>& check);
+                     const std::function<void()>& check, LaunchCost launch_cost = LaunchCost::kHidden);
 
 using stats::median;  // tools/stats/median.h
 
