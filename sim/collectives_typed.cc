@@ -54,7 +54,8 @@ void enqueue_folding(World& world, const CollectiveSpec& spec, Algorithm algorit
   });
 }
 
-template void enqueue_folding<EXACTCOLL_INSTANCE_T, Contract::EXACTCOLL_INSTANCE_CONTRACT>(World&, const CollectiveSpec&,
-                                                                                         Algorithm, Launch);
+template void enqueue_folding<EXACTCOLL_INSTANCE_T, Contract::EXACTCOLL_INSTANCE_CONTRACT>(World&,
+                                                                                           const CollectiveSpec&,
+                                                                                           Algorithm, Launch);
 
 }  // namespace exactcoll::sim

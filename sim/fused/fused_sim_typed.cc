@@ -237,8 +237,7 @@ void run_typed(sim::World& world, const FusedSpec& spec, const FusedIo& io) {
   }
 }
 
-
 template void run_typed<EXACTCOLL_INSTANCE_T, Contract::EXACTCOLL_INSTANCE_CONTRACT>(sim::World&, const FusedSpec&,
-                                                                                  const FusedIo&);
+                                                                                     const FusedIo&);
 
 }  // namespace exactcoll::fused

@@ -189,8 +189,7 @@ void print_bench_head(Worker& w, const GpuOp& op, const BenchOptions& o, const A
        << contract_name(static_cast<Contract>(p.contract)) << ", " << n << " ranks on " << w.device_name() << " ("
        << p.arch << "); NCCL " << (p.nccl_ready ? cuda::NcclApi::get().version() : std::string("not loaded")) << "\n"
        << "# time: max over ranks of the median per-op µs; graph: " << o.graph_ops << " ops per CUDA graph, "
-       << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops
-       << " launches; "
+       << o.replays << " replays; eager: " << o.eager_rounds << " rounds of " << o.graph_ops << " launches; "
        << (o.launch_cost == LaunchCost::kHidden ? "each behind an untimed launch of the same ops"
                                                 : "each from an idle stream (--launch-in-span)")
        << "; inputs registered; programmatic launch " << (o.pdl ? "on" : "off") << "; buffers "
