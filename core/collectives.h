@@ -93,6 +93,22 @@ EXC_HD void dispatch_world_size(int n, F&& f) {
   }
 }
 
+// The fused op's kernels (core/fused_rmsnorm.h, fused_rmsnorm_kernels.h) have fewer compile-time
+// world sizes, each a copy of every fused kernel: calls f(WorldSize<n>{}) for n in {2, 3, 4, 8} (the
+// machines' shapes), f(WorldSize<0>{}) for every other n (the same bits; the loads issued rank by
+// rank). The GPU's fused launch and the simulator's both dispatch through it, so that the simulator
+// runs the instantiations the GPU runs.
+template <class F>
+EXC_HD void dispatch_fused_world_size(int n, F&& f) {
+  switch (n) {
+    case 2: f(WorldSize<2>{}); break;
+    case 3: f(WorldSize<3>{}); break;
+    case 4: f(WorldSize<4>{}); break;
+    case 8: f(WorldSize<8>{}); break;
+    default: f(WorldSize<0>{}); break;
+  }
+}
+
 // One block's share of an element range.
 struct BlockShare {
   size_t pack_begin = 0, pack_end = 0;  // elements, multiples of the pack

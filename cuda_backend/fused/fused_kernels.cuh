@@ -370,19 +370,17 @@ cudaError_t launch_fused_for_ranks(FusedKernelKind kind, const FusedKernelArgs& 
   return cudaErrorInvalidValue;
 }
 
-// Compile-time world sizes 2, 3, 4 and 8 (the machines' shapes); other sizes run the run-time-n
-// kernels (same bits; the loads are issued rank by rank).
+// Compile-time world sizes 2, 3, 4 and 8 (core's dispatch_fused_world_size); other sizes run the
+// run-time-n kernels (same bits; the loads are issued rank by rank).
 template <class T>
 cudaError_t launch_fused_typed(FusedKernelKind kind, const FusedKernelArgs& args, LaunchConfig cfg,
                                cudaStream_t stream) {
   if (kind == FusedKernelKind::kResidualRmsNorm) return launch_residual_rmsnorm_typed<T>(args, cfg, stream);
-  switch (args.base.world_size) {
-    case 2: return launch_fused_for_ranks<T, 2>(kind, args, cfg, stream);
-    case 3: return launch_fused_for_ranks<T, 3>(kind, args, cfg, stream);
-    case 4: return launch_fused_for_ranks<T, 4>(kind, args, cfg, stream);
-    case 8: return launch_fused_for_ranks<T, 8>(kind, args, cfg, stream);
-    default: return launch_fused_for_ranks<T, 0>(kind, args, cfg, stream);
-  }
+  cudaError_t launched = cudaSuccess;
+  dispatch_fused_world_size(args.base.world_size, [&](auto ranks) {
+    launched = launch_fused_for_ranks<T, decltype(ranks)::value>(kind, args, cfg, stream);
+  });
+  return launched;
 }
 
 }  // namespace exactcoll::cuda::fused

@@ -91,10 +91,10 @@ size_t scratch_elements(FusedAlgorithm algo, int rows, int hidden, int ranks) {
 }
 
 // One block of one fused kernel launch: the algorithm's template, with the world size at compile
-// time where dispatch_world_size has it (as the GPU's kernels for 2, 3, 4 and 8 ranks).
+// time where the GPU's fused kernels have it (dispatch_fused_world_size: 2, 3, 4 and 8 ranks).
 template <class T, class Ctx>
 void run_fused_kernel(Ctx& ctx, FusedAlgorithm algo, const FusedRmsNormArgs<T>& a) {
-  dispatch_world_size(ctx.world_size(), [&](auto ranks) {
+  dispatch_fused_world_size(ctx.world_size(), [&](auto ranks) {
     constexpr int kRanks = decltype(ranks)::value;
     switch (algo) {
       case FusedAlgorithm::kOneStage: fused_rmsnorm_one_stage<T, kRanks>(ctx, a); break;

@@ -223,7 +223,7 @@ size_t run_and_count(const Problem<T>& p, Run run, int blocks, int threads) {
       const bool staged = run == Run::kGatherNormStaged || run == Run::kOneStageStaged || run == Run::kTwoStageStaged ||
                           run == Run::kOneStageReg;
       if (staged) stage_fused_input<T>(ctx, kind, xs[r].data(), world.inputs[r].data(), p.rows, p.hidden);
-      dispatch_world_size(p.ranks, [&](auto n) {
+      dispatch_fused_world_size(p.ranks, [&](auto n) {
         constexpr int kRanks = decltype(n)::value;
         if (kind == FusedKernelKind::kOneStage) {
           fused_rmsnorm_one_stage<T, kRanks>(ctx, a);

@@ -103,7 +103,7 @@ RankOutputs<T> run_algo(FusedAlgorithm algo, const RandomProblem<T>& p, int bloc
   } else {
     world.run([&](Ctx& ctx) {
       const FusedRmsNormArgs<T> a = args_of(ctx.rank());
-      dispatch_world_size(p.ranks, [&](auto n) {
+      dispatch_fused_world_size(p.ranks, [&](auto n) {
         if (algo == FusedAlgorithm::kOneStage) {
           fused_rmsnorm_one_stage<T, decltype(n)::value>(ctx, a);
         } else if (algo == FusedAlgorithm::kPushOneStage) {

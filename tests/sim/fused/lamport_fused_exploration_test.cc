@@ -206,9 +206,10 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
       const std::vector<FusedRmsNormArgs<bf16>> args = d.args;
       world.enqueue<bf16>(launch, [args](auto& ctx) {
         fused::with_fused_ctx(ctx, [&](auto& fctx) {
-          dispatch_world_size(fctx.world_size(), [&](auto ranks) {  // the GPU's compile-time ranks (peeks up to 4)
-            fused_rmsnorm_lamport<bf16, decltype(ranks)::value, Protocol>(fctx, args[fctx.rank()]);
-          });
+          dispatch_fused_world_size(
+              fctx.world_size(), [&](auto ranks) {  // the GPU's compile-time ranks (peeks up to 4)
+                fused_rmsnorm_lamport<bf16, decltype(ranks)::value, Protocol>(fctx, args[fctx.rank()]);
+              });
         });
       });
     } else if (c.kind == Kind::kFusedTwoStage) {
@@ -216,7 +217,7 @@ Outcome explore(const Workload& w, uint64_t seed, std::string* detail) {
       const std::vector<FusedRmsNormArgs<bf16>> args = d.args;
       world.enqueue<bf16>(launch, [args](auto& ctx) {
         fused::with_fused_ctx(ctx, [&](auto& fctx) {
-          dispatch_world_size(fctx.world_size(), [&](auto ranks) {
+          dispatch_fused_world_size(fctx.world_size(), [&](auto ranks) {
             fused_rmsnorm_lamport<bf16, decltype(ranks)::value, Protocol, LamportFused::kTwoStage>(fctx,
                                                                                                    args[fctx.rank()]);
           });
