@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <limits>
 #include <stdexcept>
 
@@ -59,11 +58,15 @@ FusedRmsNorm::FusedRmsNorm(Communicator& comm, std::optional<FusedTable> table)
     : comm_(comm), table_(table ? std::move(*table) : FusedTable::from_environment()) {}
 
 FusedChoice FusedRmsNorm::choose(const FusedRmsNormShape& shape, FusedAlgorithm algo) const {
+  // A named algorithm runs in row chunks that fit (run): its default grid, nothing to weigh.
+  if (algo != FusedAlgorithm::kAuto) {
+    return table_.choose(comm_.arch(), comm_.world_size(), shape.rows, shape.hidden, shape.dtype, algo);
+  }
   // auto never runs push_one_stage where its receive halves for all rows do not fit the scratch,
   // nor lamport_one_stage or lamport_two_stage where the rows do not fit one Lamport slot (each
   // would take several launches, which the table's one-launch times do not price): the table's
-  // fastest among the others at that point. A named algorithm runs in row chunks that fit (run).
-  // Each algorithm's answer once, not once per table row of this world size (about 120).
+  // fastest among the others at that point. Each algorithm's answer once, not once per table row of
+  // this world size (about 120).
   std::array<bool, std::size(kFusedAlgorithmInfos)> fits{};
   for (const FusedAlgorithmInfo& e : kFusedAlgorithmInfos) {
     const FusedAlgorithm a = e.algorithm;
@@ -71,12 +74,11 @@ FusedChoice FusedRmsNorm::choose(const FusedRmsNormShape& shape, FusedAlgorithm 
     fits[static_cast<size_t>(a)] = !chunked_kind || max_rows_per_launch(a, shape, false) >= shape.rows;
   }
   auto one_launch = [&fits](FusedAlgorithm a) { return fits[static_cast<size_t>(a)]; };
-  FusedChoice c = table_.choose(comm_.arch(), comm_.world_size(), shape.rows, shape.hidden, shape.dtype, algo,
-                                algo == FusedAlgorithm::kAuto ? std::function<bool(FusedAlgorithm)>(one_launch)
-                                                              : std::function<bool(FusedAlgorithm)>());
+  FusedChoice c =
+      table_.choose(comm_.arch(), comm_.world_size(), shape.rows, shape.hidden, shape.dtype, algo, one_launch);
   // Where no allowed algorithm was measured the heuristic decides, which may name one that does not
   // fit: one_stage_reg instead (same bits).
-  if (algo == FusedAlgorithm::kAuto && !one_launch(c.algo)) {
+  if (!one_launch(c.algo)) {
     const bool from_table = c.from_table;
     c = table_.choose(comm_.arch(), comm_.world_size(), shape.rows, shape.hidden, shape.dtype,
                       FusedAlgorithm::kOneStageReg);
