@@ -220,15 +220,17 @@ struct LamportProtocol {
   static constexpr bool kCanonicalize = true;
 };
 
-// This rank's input pack starting at element i (aligned) of a count-element message; elements at
-// or past count (the last pack of a count that is not a multiple of the pack) are +0.0, never the
-// sentinel, and never stored to output.
-template <class T>
-EXC_HD EXC_INLINE Pack<T> lamport_input_pack(const T* mine, size_t i, size_t count) {
+// This rank's input pack starting at element i (aligned) of a count-element message (mine 16-byte
+// aligned, as every input is: the communicator refuses others); elements at or past count (the
+// last pack of a count that is not a multiple of the pack) are +0.0, never the sentinel, and never
+// stored to output. A whole pack is one 16-byte load (element by element, nvcc 13.0 emitted eight
+// 2-byte loads per bf16 pack).
+template <class T, class Ctx>
+EXC_HD EXC_INLINE Pack<T> lamport_input_pack(Ctx& ctx, const T* mine, size_t i, size_t count) {
   constexpr int P = Storage<T>::kPack;
   Pack<T> x;
   if (i + P <= count) {
-    for (int e = 0; e < P; ++e) x.v[e] = mine[i + e];
+    x = ctx.load(reinterpret_cast<const Pack<T>*>(mine + i));
   } else {
     for (int e = 0; e < P; ++e) {
       if (i + e < count) {
@@ -254,7 +256,8 @@ EXC_HD EXC_INLINE Pack<T> lamport_input_pack(const T* mine, size_t i, size_t cou
 // no element is 0xFFFF and folds input_0 + slot 1; rank 1 folds slot 0 + input_1.
 // Steps (per block, on its share of the message's packs):
 //   1. k = lamport_calls[block] (this rank's Lamport call number); b = k mod 3 is this call's
-//      buffer, c = (k - 1) mod 3 the previous call's;
+//      buffer, c = (k - 1) mod 3 the previous call's; loaded at once with every buffer's extent
+//      (begin_lamport_call);
 //   2. push: each pack of this block's share of the input, NaNs made canonical, into slot (b, rank)
 //      of every peer's region (peers in order rank+1, rank+2, ...);
 //   3. clear: this block's share of the extent that the previous call wrote (lamport_extent[c])
@@ -293,27 +296,53 @@ struct LamportCall {
   int buffer = 0;      // calls mod kBuffers: where this call's data goes
   int previous = 0;    // (calls - 1) mod kBuffers: what this call clears
   size_t buffer_elements = 0, slot_elements = 0;
+  uint64_t previous_extent_bytes = 0;  // lamport_extent[previous]: what the clear covers in each slot
 };
 
-// Step 1: reads the call number from this block's slot (every block of the launch reads the same),
-// then the block's sync: a Lamport kernel has no barrier before its polls, and the GPU's polls read
-// block-shared state the launch has just reset (the aborted flag; kernels.cuh). The read comes
-// before the sync, so the sync orders every thread's read before the block's write of the next
-// call number (end_lamport_call), whatever that sync orders: cuda_backend/fused's cluster context,
-// whose block is a thread-block cluster, makes only this first sync a release and acquire of the
-// whole cluster.
-template <class T, class Protocol, class Ctx>
-EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx) {
+// Step 1: reads the call number from this block's slot (every block of the launch reads the same)
+// and every buffer's extent, then calls before_sync() (the caller's loads that need neither:
+// lamport_early_pack), then the block's sync: a Lamport kernel has no barrier before its polls, and
+// the GPU's polls read block-shared state the launch has just reset (the aborted flag;
+// kernels.cuh). The reads come before the sync, so the sync orders every thread's read before the
+// block's writes of the next call number and of this call's extent (end_lamport_call), whatever
+// that sync orders: cuda_backend/fused's cluster context, whose block is a thread-block cluster,
+// makes only this first sync a release and acquire of the whole cluster.
+// Why every extent is read here, before the call number picks one, and the caller's loads with
+// them: the loads go out together, so neither the clear (its extent) nor a push that loaded its
+// first input pack here waits for a round trip to L2 of its own after the sync. Each dependent load
+// in a launch's prologue costs one: 0.07-0.16 us on 4 blocks, 0.24-0.33 on 128
+// (tools/gpu/probes/launch_floor_probe.cu). Measured on 2 x H200 (docs/benchmarks.md, "A Lamport
+// launch's first loads"): lamport_two_shot and lamport_one_stage gain 0.06-0.2 us at 16 KB-256 KB
+// with their first pack loaded here; lamport_one_shot does not take it (see there). The caller's
+// loads go out first: issued after the call number's, lamport_one_stage lost 0.2 us at 16 rows.
+template <class T, class Protocol, class Ctx, class BeforeSync>
+EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx, BeforeSync before_sync) {
   constexpr int B = Protocol::kBuffers;
+  static_assert(B <= 4, "SignalBuffer::lamport_extent holds four buffers' extents");
   LamportCall<T> c;
-  c.calls = ctx.signals(ctx.rank())->lamport_calls[ctx.block()];
+  const SignalBuffer* own = ctx.signals(ctx.rank());
+  before_sync();
+  c.calls = own->lamport_calls[ctx.block()];
+  uint64_t extents[B];
+  EXC_UNROLL
+  for (int j = 0; j < B; ++j) extents[j] = own->lamport_extent[j];
   ctx.sync_block();
   c.buffer = static_cast<int>(c.calls % B);
   c.previous = static_cast<int>((c.calls + B - 1) % B);
+  // Selected without indexing by a run-time value (which would put extents in local memory).
+  EXC_UNROLL
+  for (int j = 0; j < B; ++j) {
+    if (j == c.previous) c.previous_extent_bytes = extents[j];
+  }
   const LamportLayout layout = lamport_layout(ctx.lamport_bytes(), ctx.world_size());
   c.buffer_elements = layout.buffer_bytes / sizeof(T);
   c.slot_elements = layout.slot_bytes / sizeof(T);
   return c;
+}
+
+template <class T, class Protocol, class Ctx>
+EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx) {
+  return begin_lamport_call<T, Protocol>(ctx, [] {});
 }
 
 // Element offset of sender `from`'s slot of `buffer` in a region, and the slot's address in
@@ -340,6 +369,39 @@ EXC_HD EXC_INLINE void lamport_output_pack(Ctx& ctx, T* out, size_t i, size_t co
   }
 }
 
+// The thread's first pack of a push share, loaded before begin_lamport_call so that its round
+// trip overlaps those of the call number and the extents: the push needs the call number for
+// where its stores go, not for what they store. i is the pack's element (kNoEarlyPack: this thread
+// has no pack in the share).
+inline constexpr size_t kNoEarlyPack = ~size_t{0};
+template <class T>
+struct LamportEarlyPack {
+  size_t i = kNoEarlyPack;
+  Pack<T> x{};
+};
+
+// Returns this thread's first pack of `share` of `mine` (count elements), as lamport_input_pack
+// reads it. Called in begin_lamport_call's before_sync.
+template <class T, class Ctx>
+EXC_HD EXC_INLINE LamportEarlyPack<T> lamport_early_pack(Ctx& ctx, const BlockShare& share, const T* mine,
+                                                         size_t count) {
+  constexpr int P = Storage<T>::kPack;
+  LamportEarlyPack<T> early;
+  const size_t i = share.pack_begin + static_cast<size_t>(ctx.thread()) * P;
+  if (i < share.pack_end) {
+    early.i = i;
+    early.x = lamport_input_pack(ctx, mine, i, count);
+  }
+  return early;
+}
+
+// lamport_input_pack(ctx, mine, i, count), taken from `early` when it holds that pack.
+template <class T, class Ctx>
+EXC_HD EXC_INLINE Pack<T> lamport_own_pack(Ctx& ctx, const LamportEarlyPack<T>& early, const T* mine, size_t i,
+                                           size_t count) {
+  return i == early.i ? early.x : lamport_input_pack(ctx, mine, i, count);
+}
+
 // share with its packs cut at `count` (traces: what is read from an input or written to an output
 // of count elements; the padding of the last pack is neither).
 EXC_HD inline BlockShare lamport_clip(BlockShare share, size_t count) {
@@ -350,9 +412,10 @@ EXC_HD inline BlockShare lamport_clip(BlockShare share, size_t count) {
 // Step 2: each pack of `share` (pack-aligned at both ends, within [0, padded count)) of this
 // rank's input `mine` (count elements), NaNs made canonical (Protocol::kCanonicalize), into slot
 // (buffer, rank) of every peer's region, peers in order rank+1, rank+2, ...; traced as `name`.
+// early: the thread's first pack of share, when loaded already (lamport_early_pack).
 template <class T, int kRanks, class Protocol, class Ctx>
 EXC_HD void lamport_push(Ctx& ctx, const char* name, const LamportCall<T>& c, const BlockShare& share, const T* mine,
-                         size_t count) {
+                         size_t count, const LamportEarlyPack<T>& early = {}) {
   constexpr int P = Storage<T>::kPack;
   const int n = ctx.world_size();
   const int me = ctx.rank();
@@ -370,7 +433,7 @@ EXC_HD void lamport_push(Ctx& ctx, const char* name, const LamportCall<T>& c, co
   for_share(
       ctx, share, P,
       [&](size_t i) {
-        Pack<T> x = lamport_input_pack(mine, i, count);
+        Pack<T> x = lamport_own_pack(ctx, early, mine, i, count);
         if constexpr (Protocol::kCanonicalize) x = lamport_canonicalize(x);
         for (int k = 1; k < peers; ++k) {
           const int peer = (me + k) % n;
@@ -389,7 +452,7 @@ EXC_HD void lamport_clear_previous(Ctx& ctx, const LamportCall<T>& c) {
     const int n = ctx.world_size();
     const int me = ctx.rank();
     const int peers = kRanks > 0 ? kRanks : n;
-    const size_t extent = static_cast<size_t>(ctx.signals(me)->lamport_extent[c.previous]) / sizeof(T);
+    const size_t extent = static_cast<size_t>(c.previous_extent_bytes) / sizeof(T);
     const BlockShare clear = block_share(0, extent, P, ctx.block(), ctx.num_blocks());
     if constexpr (Ctx::kTraceSteps) {
       ctx.trace_step_begin("clear");
@@ -470,7 +533,7 @@ EXC_HD EXC_INLINE Pack<T> lamport_fold_pack(Ctx& ctx, const LamportCall<T>& c, s
 template <class T, int kRanks, class Ctx>
 EXC_HD EXC_INLINE Pack<T> lamport_fold_message_pack(Ctx& ctx, const LamportCall<T>& c, const T* mine, size_t count,
                                                     size_t i) {
-  return lamport_fold_pack<T, kRanks>(ctx, c, i, lamport_input_pack(mine, i, count), [&](int r) {
+  return lamport_fold_pack<T, kRanks>(ctx, c, i, lamport_input_pack(ctx, mine, i, count), [&](int r) {
     return reinterpret_cast<const Pack<T>*>(lamport_slot(ctx, c, ctx.rank(), c.buffer, r) + i);
   });
 }
@@ -495,11 +558,13 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
   constexpr int P = Storage<T>::kPack;
   const int n = ctx.world_size();
   const int me = ctx.rank();
-  // 1. The call number and the buffers.
-  const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);
+  // 1. The call number and the buffers. (No early input pack here: with one, lamport_one_shot took
+  //    0.1 us less at 16 KB on 2 x H200 but 0.1 more at 32 KB and 0.1-0.2 more at 1 MiB; docs/
+  //    benchmarks.md, "A Lamport launch's first loads".)
   const size_t padded = (count + P - 1) / P * P;
   const BlockShare share = block_share(0, padded, P, ctx.block(), ctx.num_blocks());
   const T* mine = ctx.input(me);
+  const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);
   (void)n;
   // 2. Push.
   lamport_push<T, kRanks, Protocol>(ctx, "push", c, share, mine, count);
@@ -543,7 +608,8 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
 // each then polls the other's folded slice from its own region into output.
 // Steps (per block; slice p = two_shot_slice(padded count, P, p, n), stride its longest length,
 // lamport_two_shot_stride):
-//   1. the call number and the buffers (begin_lamport_call);
+//   1. the call number and the buffers (begin_lamport_call), this thread's first pack of the
+//      first push loaded with them (lamport_early_pack);
 //   2. reduce-scatter push: this block's share of each peer p's slice of the input, NaNs made
 //      canonical, into slot (b, rank) of p's region at the slice's offset (peers rank+1, ...);
 //   3. clear the previous call's buffer (lamport_clear_previous: the extents are bytes per slot,
@@ -576,18 +642,20 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
   const int n = ctx.world_size();
   const int me = ctx.rank();
   const int peers = kRanks > 0 ? kRanks : n;
-  // 1. The call number and the buffers.
-  const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);
+  // 1. The call number and the buffers, this thread's first pack of the first push loaded with them.
   const size_t padded = (count + P - 1) / P * P;
-  const size_t stride = lamport_two_shot_stride(count, P, n);
   const T* mine = ctx.input(me);
-  T* const out = ctx.output();
   auto slice_of = [&](int p) {
     LamportSliceShare s;
     s.slice = two_shot_slice(padded, P, p, n);
     s.share = block_share(s.slice.begin, s.slice.end, P, ctx.block(), ctx.num_blocks());
     return s;
   };
+  LamportEarlyPack<T> early;
+  const LamportCall<T> c = begin_lamport_call<T, Protocol>(
+      ctx, [&] { early = lamport_early_pack(ctx, slice_of((me + 1) % n).share, mine, count); });
+  const size_t stride = lamport_two_shot_stride(count, P, n);
+  T* const out = ctx.output();
   // 2. Reduce-scatter push.
   for (int k = 1; k < peers; ++k) {
     const int p = (me + k) % n;
@@ -604,7 +672,7 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
     for_share(
         ctx, s.share, P,
         [&](size_t i) {
-          Pack<T> x = lamport_input_pack(mine, i, count);
+          Pack<T> x = lamport_own_pack(ctx, early, mine, i, count);
           if constexpr (Protocol::kCanonicalize) x = lamport_canonicalize(x);
           ctx.lamport_store(reinterpret_cast<Pack<T>*>(slot + (i - s.slice.begin)), x, p);
         },
@@ -637,7 +705,7 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
         [&](size_t i) {
           bool arrived = true;
           const Pack<T> result = lamport_fold_pack<T, kRanks>(
-              ctx, c, i, lamport_input_pack(mine, i, count),
+              ctx, c, i, lamport_input_pack(ctx, mine, i, count),
               [&](int r) {
                 return reinterpret_cast<const Pack<T>*>(lamport_slot(ctx, c, me, c.buffer, r) + (i - s.slice.begin));
               },

@@ -33,6 +33,14 @@
 #               64 MB (auto, both Lamport algorithms, NCCL) and the fused op at 1 and 16 rows of H
 #               8192 (auto, lamport_one_stage, the split) on 4 GPUs; lamport_one_shot at 16 KB on one
 #               GPU with no peer
+#     floor     tools/gpu/probes/launch_floor_probe.cu (carried as .gpubin/probe/launch_floor_probe): one
+#               kernel behind the previous one in a graph by dependent loads in its prologue, and one
+#               NVLink store-to-poll between GPUs 0 and 1
+#     ab        two exactcoll binaries side by side, three rounds alternating: .gpubin/exactcoll (this
+#               tree) and .gpubin/exactcoll_base (the commit before the change; AB_BASE names it):
+#               all-reduce at 16 KB, 32 KB, 512 KB and 1 MB (auto and both Lamport algorithms) and
+#               the fused op at 1 and 16 rows of H 8192 (auto, lamport_one_stage, the split), on
+#               each of AB_NPROC's GPU counts (default "4 2 1")
 #     compare4 / compare2   python/examples/compare_collectives.py on 4 / 2 GPUs (--quick with QUICK=1)
 #     compare4long  the same on 4 GPUs with 100 ops per graph (--graph-ops 100 --quick --no-pinned)
 #     profile   nsys per-kernel times inside the graphs: lamport_one_shot at 16 KB, two_shot at 64 MB (4 GPUs)
@@ -208,6 +216,45 @@ for n in (4, 1):
     for f in sorted(glob.glob(f"{sys.argv[1]}/n{n}_r*.json")):
         t = {r["algo"]: r["time_us"] for r in json.load(open(f))["results"] if r["mode"] == "graph"}
         print("  " + " / ".join(f"{t.get(a, float('nan')):.2f}" for a in ("auto", "lamport_one_stage", "unfused")))
+PY
+fi
+if has floor; then
+  run floor 120 timeout -k 5 110 .gpubin/probe/launch_floor_probe
+  cat "$LOGS/floor.log"
+fi
+if has ab; then
+  mkdir -p "$OUT/ab"
+  for round in 1 2 3; do
+    for binary in new base; do
+      exe=$B
+      [ "$binary" = base ] && exe=.gpubin/exactcoll_base
+      for n in ${AB_NPROC:-4 2 1}; do
+        devices=$(seq -s, 0 $((n - 1)))
+        CUDA_VISIBLE_DEVICES=$devices run "ab_ar_${binary}_n${n}_r$round" 60 $exe bench --nproc "$n" --op allreduce \
+          --rows 1,2,32,64 --no-eager --no-bound --algos auto,lamport_one_shot,lamport_two_shot \
+          --json "$OUT/ab/ar_${binary}_n${n}_r$round.json"
+        CUDA_VISIBLE_DEVICES=$devices run "ab_fused_${binary}_n${n}_r$round" 60 $exe bench --nproc "$n" \
+          --op fused_rmsnorm --hidden 8192 --rows 1,16 --no-eager --no-bound --algos auto,lamport_one_stage,unfused \
+          --json "$OUT/ab/fused_${binary}_n${n}_r$round.json"
+      done
+    done
+  done
+  python3 - "$OUT/ab" <<'PY'
+import collections, glob, json, re, sys
+times = collections.defaultdict(list)
+wrong = unchecked = 0
+for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
+    kind, binary = re.match(r".*/(\w+?)_(new|base)_n\d+_r\d+\.json", f).groups()
+    for r in json.load(open(f))["results"]:
+        times[(kind, r["ranks"], r["bytes"], r["algo"], binary)].append(r["time_us"])
+        if r["wrong"] is None:
+            unchecked += 1
+        else:
+            wrong += r["wrong"]
+print(f"ab: us per op, three rounds each (this tree | base); #wrong over every result {wrong}, unchecked {unchecked}")
+for key in sorted({k[:4] for k in times}):
+    row = [" ".join(f"{t:.2f}" for t in times[key + (binary,)]) for binary in ("new", "base")]
+    print(f"  {key[0]:5} n={key[1]} {key[2]:>9} B {key[3]:18} {row[0]:22} | {row[1]}")
 PY
 fi
 if has lead; then
