@@ -223,7 +223,7 @@ if has floor; then
   cat "$LOGS/floor.log"
 fi
 if has ab; then
-  mkdir -p "$OUT/ab"
+  mkdir -p "$LOGS/ab"  # in the logs archive: a call returns only so many files
   for round in 1 2 3; do
     for binary in new base; do
       exe=$B
@@ -232,14 +232,14 @@ if has ab; then
         devices=$(seq -s, 0 $((n - 1)))
         CUDA_VISIBLE_DEVICES=$devices run "ab_ar_${binary}_n${n}_r$round" 60 $exe bench --nproc "$n" --op allreduce \
           --rows 1,2,32,64 --no-eager --no-bound --algos auto,lamport_one_shot,lamport_two_shot \
-          --json "$OUT/ab/ar_${binary}_n${n}_r$round.json"
+          --json "$LOGS/ab/ar_${binary}_n${n}_r$round.json"
         CUDA_VISIBLE_DEVICES=$devices run "ab_fused_${binary}_n${n}_r$round" 60 $exe bench --nproc "$n" \
           --op fused_rmsnorm --hidden 8192 --rows 1,16 --no-eager --no-bound --algos auto,lamport_one_stage,unfused \
-          --json "$OUT/ab/fused_${binary}_n${n}_r$round.json"
+          --json "$LOGS/ab/fused_${binary}_n${n}_r$round.json"
       done
     done
   done
-  python3 - "$OUT/ab" <<'PY'
+  python3 - "$LOGS/ab" <<'PY'
 import collections, glob, json, re, sys
 times = collections.defaultdict(list)
 wrong = unchecked = 0
