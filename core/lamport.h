@@ -299,14 +299,14 @@ struct LamportCall {
   uint64_t previous_extent_bytes = 0;  // lamport_extent[previous]: what the clear covers in each slot
 };
 
-// Step 1: reads the call number from this block's slot (every block of the launch reads the same)
-// and every buffer's extent, then calls before_sync() (the caller's loads that need neither:
-// lamport_early_pack), then the block's sync: a Lamport kernel has no barrier before its polls, and
-// the GPU's polls read block-shared state the launch has just reset (the aborted flag;
-// kernels.cuh). The reads come before the sync, so the sync orders every thread's read before the
-// block's writes of the next call number and of this call's extent (end_lamport_call), whatever
-// that sync orders: cuda_backend/fused's cluster context, whose block is a thread-block cluster,
-// makes only this first sync a release and acquire of the whole cluster.
+// Step 1: calls before_sync() (the caller's loads that need neither the call number nor an extent:
+// lamport_early_pack), then reads the call number from this block's slot (every block of the launch
+// reads the same) and every buffer's extent, then the block's sync: a Lamport kernel has no barrier
+// before its polls, and the GPU's polls read block-shared state the launch has just reset (the
+// aborted flag; kernels.cuh). The reads come before the sync, so the sync orders every thread's
+// read before the block's writes of the next call number and of this call's extent
+// (end_lamport_call), whatever that sync orders: cuda_backend/fused's cluster context, whose block
+// is a thread-block cluster, makes only this first sync a release and acquire of the whole cluster.
 // Why every extent is read here, before the call number picks one, and the caller's loads with
 // them: the loads go out together, so neither the clear (its extent) nor a push that loaded its
 // first input pack here waits for a round trip to L2 of its own after the sync. Each dependent load
@@ -314,7 +314,13 @@ struct LamportCall {
 // (tools/gpu/probes/launch_floor_probe.cu). Measured on 2 x H200 (docs/benchmarks.md, "A Lamport
 // launch's first loads"): lamport_two_shot and lamport_one_stage gain 0.06-0.2 us at 16 KB-256 KB
 // with their first pack loaded here; lamport_one_shot does not take it (see there). The caller's
-// loads go out first: issued after the call number's, lamport_one_stage lost 0.2 us at 16 rows.
+// loads go out first: issued after the call number's, lamport_one_stage lost 0.2 us at 16 rows
+// ("first" in source order: these are plain loads, which the compiler may reorder).
+// The extent of this call's own buffer is read too and thrown away, while another block of this
+// launch that already finished may be writing that word (end_lamport_call): harmless on a GPU and in
+// the simulator (whose blocks of a rank run in turn), a formal race where a test runs every thread
+// as a std::thread (tests/core/thread_world.h), of the same kind as the blocks' concurrent writes of
+// that word, each the same value, which end_lamport_call always made.
 template <class T, class Protocol, class Ctx, class BeforeSync>
 EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx, BeforeSync before_sync) {
   constexpr int B = Protocol::kBuffers;
@@ -369,8 +375,9 @@ EXC_HD EXC_INLINE void lamport_output_pack(Ctx& ctx, T* out, size_t i, size_t co
   }
 }
 
-// The thread's first pack of a push share, loaded before begin_lamport_call so that its round
-// trip overlaps those of the call number and the extents: the push needs the call number for
+// The thread's first pack of a push share, loaded in begin_lamport_call's before_sync (ahead of the
+// call number) so that its round trip overlaps those of the call number and the extents: the push
+// needs the call number for
 // where its stores go, not for what they store. i is the pack's element (kNoEarlyPack: this thread
 // has no pack in the share).
 inline constexpr size_t kNoEarlyPack = ~size_t{0};

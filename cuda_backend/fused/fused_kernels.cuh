@@ -60,15 +60,16 @@ struct ClusterExchange {
 // fold it alone):
 //   thread() = the block's rank in its cluster x blockDim + threadIdx.x, num_threads() = C x
 //   blockDim, block() = the cluster's index, num_blocks() = the grid's clusters;
-//   sync_block(): the first call (begin_lamport_call's, after every thread read the call number) is
-//   the cluster's barrier with release and acquire at cluster scope, which orders memory for every
-//   thread of the cluster as __syncthreads does for a block's; nothing is pending then, so it is
-//   cheap. Later calls (end_lamport_call's, the only other one in lamport_one_stage_rows) are
-//   __syncthreads and a relaxed cluster barrier: what end_lamport_call's sync orders across blocks,
-//   every block's read of the call number before the write of the next, the first sync ordered
-//   already; a release there would first wait for every push over NVLink to be written (with every
-//   sync a release and the exchange a cluster barrier, one GPU with no peer took 5.41 us at 1 row of
-//   H 8192 on a cluster of 2, against 4.61 with relaxed syncs and this exchange: docs/benchmarks.md);
+//   sync_block(): the first call (begin_lamport_call's, after every thread read the call number and
+//   the extents) is the cluster's barrier with release and acquire at cluster scope, which orders
+//   memory for every thread of the cluster as __syncthreads does for a block's; nothing is pending
+//   then, so it is cheap. Later calls (end_lamport_call's, the only other one in
+//   lamport_one_stage_rows) are __syncthreads and a relaxed cluster barrier: what
+//   end_lamport_call's sync orders across blocks, every block's read of the call number (and of the
+//   extents) before the write of the next, the first sync ordered already; a release there would
+//   first wait for every push over NVLink to be written (with every sync a release and the exchange
+//   a cluster barrier, one GPU with no peer took 5.41 us at 1 row of H 8192 on a cluster of 2,
+//   against 4.61 with relaxed syncs and this exchange: docs/benchmarks.md);
 //   sync_before_polls() (core/fused_rmsnorm.h, lamport_one_stage's step 4) = nothing: the GPU needs
 //   no order there, and a cluster barrier's release would first wait for every push to be written;
 //   sum_lane_partials(tree, partial): thread t of the cluster holds lane t's partial, so warp w of
