@@ -4,7 +4,9 @@
 //      kernel waits for the previous grid (griddepcontrol.wait), lets the next one launch, then
 //      makes `depth` dependent global loads, each followed by a block sync (the shape of a Lamport
 //      kernel's prologue: the call number, then the input, then the clear's extent). depth 0 is the
-//      empty kernel; the step from depth d to d + 1 is one dependent round trip to L2.
+//      empty kernel; the step from depth d to d + 1 is one dependent round trip to L2. Beside them,
+//      lamport_shaped_kernel: a one-rank Lamport all-reduce's loads, syncs and stores, 16 bytes a
+//      thread (4 x 256 threads: 16 KB), without its arithmetic.
 //   2. ping: one NVLink store-to-poll between GPU 0 and GPU 1 (when there are two): a one-thread
 //      kernel on each, in turn storing a counter into the other's memory and polling its own until
 //      the other's store arrives; the round trips' time / (2 x rounds) is one store-to-poll. Once
@@ -71,6 +73,22 @@ __global__ void floor_kernel(const uint32_t* cells, uint32_t* sink) {
   if (kDepth > 0 && v == 0xFFFFFFFFu) sink[blockIdx.x] = v;  // never true; keeps the loads
 }
 
+// The shape of a one-rank Lamport all-reduce (lamport_one_shot with no peer), without its
+// arithmetic: the block's call number loaded, the block's sync, one 16-byte load of the input and
+// one store of it to the output per thread, the block's sync, the next call number stored.
+__global__ void lamport_shaped_kernel(const uint4* input, uint4* output, uint32_t* calls) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const uint32_t call = load_relaxed_gpu(calls + blockIdx.x);
+  __syncthreads();
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  uint4 x = input[i];
+  x.x ^= call & 0x80000000u;  // depends on the call number, as the pushes' addresses do; no change
+  output[i] = x;
+  __syncthreads();
+  if (threadIdx.x == 0) calls[blockIdx.x] = call + 1;
+}
+
 using FloorKernel = void (*)(const uint32_t*, uint32_t*);
 
 FloorKernel floor_kernel_of(int depth) {
@@ -83,7 +101,11 @@ FloorKernel floor_kernel_of(int depth) {
   }
 }
 
-// µs per launch: a graph of kOpsPerGraph launches, each timed replay behind an untimed one.
+// µs per launch: a graph of kOpsPerGraph launches, each timed replay behind an untimed one;
+// depth < 0: lamport_shaped_kernel on the buffers shaped_* (blocks x threads 16-byte elements).
+const uint4* shaped_input = nullptr;
+uint4* shaped_output = nullptr;
+uint32_t* shaped_calls = nullptr;
 double time_floor_us(int depth, int blocks, int threads, bool programmatic, const uint32_t* cells, uint32_t* sink) {
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -98,7 +120,11 @@ double time_floor_us(int depth, int blocks, int threads, bool programmatic, cons
     attribute.val.programmaticStreamSerializationAllowed = 1;
     config.attrs = &attribute;
     config.numAttrs = programmatic ? 1 : 0;
-    CHECK(cudaLaunchKernelEx(&config, floor_kernel_of(depth), cells, sink));
+    if (depth < 0) {
+      CHECK(cudaLaunchKernelEx(&config, lamport_shaped_kernel, shaped_input, shaped_output, shaped_calls));
+    } else {
+      CHECK(cudaLaunchKernelEx(&config, floor_kernel_of(depth), cells, sink));
+    }
   }
   cudaGraph_t graph;
   CHECK(cudaStreamEndCapture(stream, &graph));
@@ -241,17 +267,29 @@ int main() {
               kOpsPerGraph, kTimedReplays);
   std::printf("%-8s %-8s %-13s", "blocks", "threads", "programmatic");
   for (int depth = 0; depth <= kMaxDepth; ++depth) std::printf(" depth%-4d", depth);
-  std::printf("\n");
-  const int grids[][2] = {{1, 256}, {4, 256}, {32, 512}, {128, 256}};
+  std::printf(" lamport-shaped\n");
+  const int grids[][2] = {{1, 256}, {4, 256}, {32, 512}, {128, 256}, {128, 512}};
+  constexpr size_t kShapedElements = 128 * 512;  // the largest grid's threads
+  uint4 *shaped_in = nullptr, *shaped_out = nullptr;
+  CHECK(cudaMalloc(&shaped_in, kShapedElements * sizeof(uint4)));
+  CHECK(cudaMalloc(&shaped_out, kShapedElements * sizeof(uint4)));
+  CHECK(cudaMalloc(&shaped_calls, 1024 * sizeof(uint32_t)));
+  CHECK(cudaMemset(shaped_in, 0, kShapedElements * sizeof(uint4)));
+  CHECK(cudaMemset(shaped_calls, 0, 1024 * sizeof(uint32_t)));
+  shaped_input = shaped_in;
+  shaped_output = shaped_out;
   for (const auto& grid : grids) {
     for (int programmatic = 1; programmatic >= 0; --programmatic) {
       std::printf("%-8d %-8d %-13s", grid[0], grid[1], programmatic ? "yes" : "no");
       for (int depth = 0; depth <= kMaxDepth; ++depth) {
         std::printf(" %-9.2f", time_floor_us(depth, grid[0], grid[1], programmatic != 0, cells, sink));
       }
-      std::printf("\n");
+      std::printf(" %-9.2f\n", time_floor_us(-1, grid[0], grid[1], programmatic != 0, cells, sink));
     }
   }
+  CHECK(cudaFree(shaped_in));
+  CHECK(cudaFree(shaped_out));
+  CHECK(cudaFree(shaped_calls));
   CHECK(cudaFree(cells));
   CHECK(cudaFree(sink));
   if (gpus >= 2) {
