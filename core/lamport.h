@@ -377,9 +377,8 @@ EXC_HD EXC_INLINE void lamport_output_pack(Ctx& ctx, T* out, size_t i, size_t co
 
 // The thread's first pack of a push share, loaded in begin_lamport_call's before_sync (ahead of the
 // call number) so that its round trip overlaps those of the call number and the extents: the push
-// needs the call number for
-// where its stores go, not for what they store. i is the pack's element (kNoEarlyPack: this thread
-// has no pack in the share).
+// needs the call number for where its stores go, not for what they store. i is the pack's element
+// (kNoEarlyPack: this thread has no pack in the share).
 inline constexpr size_t kNoEarlyPack = ~size_t{0};
 template <class T>
 struct LamportEarlyPack {

@@ -37,7 +37,7 @@
 #               kernel behind the previous one in a graph by dependent loads in its prologue, and one
 #               NVLink store-to-poll between GPUs 0 and 1
 #     ab        two exactcoll binaries side by side, three rounds alternating: .gpubin/exactcoll (this
-#               tree) and .gpubin/exactcoll_base (the commit before the change; AB_BASE names it):
+#               tree) and .gpubin/exactcoll_base (a build of the commit before the change):
 #               all-reduce at 16 KB, 32 KB, 512 KB and 1 MB (auto and both Lamport algorithms) and
 #               the fused op at 1 and 16 rows of H 8192 (auto, lamport_one_stage, the split), on
 #               each of AB_NPROC's GPU counts (default "4 2 1")
