@@ -50,6 +50,36 @@ __device__ __forceinline__ void enter_after_previous_grid() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// A Lamport kernel's first touches, prefetched into L2 before griddepcontrol.wait: the block's
+// call-number slot (SignalBuffer::lamport_calls), and, for a thread whose `element` is below
+// `limit`, that element of each of `lines` that is not null (its first pack of the input and the
+// output, say) and of this rank's Lamport region. The region's element is in no particular buffer
+// or slot: what it brings in is the region's first pages, not the clear's lines.
+// Why: on 2 x H200 (tools/gpu/probes/lamport_step_probe.cu; docs/benchmarks.md, "What a small
+// Lamport all-reduce's kernel spends") the call number's load and the block's sync took 800 cycles
+// after the wait, 640 with these prefetches, and lamport_one_shot 0.07-0.12 us less at 16 KB-1 MiB.
+// A prefetch reads nothing into the thread and only into L2, the point of coherence of this GPU's
+// memory, so what the previous kernel writes after it is never missed. Never a peer's address: a
+// prefetch of peer memory over NVLink made lamport_one_shot 12 x slower at 256 KB in that probe.
+// Preconditions: none (a thread past the region, or past `limit` elements, prefetches less).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+template <class T, class... Lines>
+__device__ __forceinline__ void prefetch_lamport_first_lines(const KernelArgs& args, size_t element, size_t limit,
+                                                             Lines... lines) {
+  prefetch_l2(&args.signals[args.rank]->lamport_calls[blockIdx.x]);
+  if (element >= limit) return;
+  ((lines != nullptr ? prefetch_l2(static_cast<const T*>(lines) + element) : void()), ...);
+  if ((element + Storage<T>::kPack) * sizeof(T) <= args.lamport_bytes) {
+    prefetch_l2(static_cast<const T*>(args.lamport[args.rank]) + element);
+  }
+}
+
+// The element of a thread's first pack where a launch's threads take one pack each in order.
+__device__ __forceinline__ size_t thread_first_element(int pack) {
+  return (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * static_cast<size_t>(pack);
+}
+
 template <class T, int kRanks, KernelKind kKind, Contract kFold>
 __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant__ KernelArgs args) {
   // Captured in place: this rank's entry of its graph input table row (null until registered),
@@ -59,6 +89,12 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
                                    ? reinterpret_cast<const void*>(__ldg(
                                          reinterpret_cast<const unsigned long long*>(args.input_table) + args.rank))
                                    : nullptr;
+  constexpr bool kLamport = kKind == KernelKind::kLamportOneShot || kKind == KernelKind::kLamportTwoShot;
+  if constexpr (kLamport) {
+    // Not the input's line where the input comes from the table (its load has not returned).
+    const void* input = args.input_table == nullptr ? args.inputs[args.rank] : nullptr;
+    prefetch_lamport_first_lines<T>(args, thread_first_element(Storage<T>::kPack), args.count, input, args.output);
+  }
   enter_after_previous_grid();
   __shared__ int aborted;
   __shared__ const void* views[kMaxRanks];
@@ -74,7 +110,6 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
   // The Lamport algorithms read their own input in place (peers never read it): never staged. A call
   // captured in place stages only until its row is registered; an eager call in place stages
   // only where this rank's input is not mapped by every peer (the host sets stage_from then).
-  constexpr bool kLamport = kKind == KernelKind::kLamportOneShot || kKind == KernelKind::kLamportTwoShot;
   if (!kLamport && args.stage_from != nullptr && own_from_table == nullptr) {
     stage_own_input<T, kKind>(ctx, args);
     // push_one_shot and push_two_shot read their own staged input before any barrier (same block

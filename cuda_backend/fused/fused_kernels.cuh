@@ -187,8 +187,20 @@ __device__ __forceinline__ FusedRmsNormArgs<T> fused_args(const FusedKernelArgs&
   return a;
 }
 
+// prefetch_lamport_first_lines (kernels.cuh) for a Lamport fused kernel: the call number, and the
+// thread's first pack of this rank's x, the residual and the output, and of the Lamport region.
+template <class T>
+__device__ __forceinline__ void prefetch_fused_lamport_lines(const FusedKernelArgs& args) {
+  prefetch_lamport_first_lines<T>(args.base, thread_first_element(Storage<T>::kPack),
+                                  static_cast<size_t>(args.rows) * static_cast<size_t>(args.hidden),
+                                  args.base.inputs[args.base.rank], args.residual, args.out);
+}
+
 template <class T, int kRanks, FusedKernelKind kKind, Contract kFold>
 __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ FusedKernelArgs args) {
+  if constexpr (kKind == FusedKernelKind::kLamportOneStage || kKind == FusedKernelKind::kLamportTwoStage) {
+    prefetch_fused_lamport_lines<T>(args);
+  }
   enter_after_previous_grid();  // programmatic dependent launch (launch_kernel, kernels.cuh)
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;
@@ -230,6 +242,7 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
 // registers.
 template <class T, int kRanks, Contract kFold, LamportFused kLamport>
 __global__ void __launch_bounds__(1024) lamport_held_kernel(const __grid_constant__ FusedKernelArgs args) {
+  prefetch_fused_lamport_lines<T>(args);
   enter_after_previous_grid();
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;  // begin_lamport_call's sync_block orders it before any poll
@@ -244,6 +257,7 @@ __global__ void __launch_bounds__(1024) lamport_held_kernel(const __grid_constan
 // a thread 128 registers.
 template <class T, int kRanks, Contract kFold, LamportFused kLamport>
 __global__ void __launch_bounds__(512) lamport_cluster_kernel(const __grid_constant__ FusedKernelArgs args) {
+  prefetch_fused_lamport_lines<T>(args);
   enter_after_previous_grid();
   __shared__ int aborted;
   __shared__ ClusterExchange exchange;

@@ -4,7 +4,7 @@
 #   usage: tools/gpu/device_run_zero_copy.sh [phases]   phases (default check,verify,tune,bench,compare4):
 #     check     python/tests/gpu_graph_in_place_check.py on 4 and 2 GPUs (every op and algorithm:
 #               eager, in place, captured before and after register_graph_buffers, new input
-#               values; bits against the staged communicator and the numpy contract)
+#               values; bits against the staged communicator and the numpy contract); check2: on 2 only
 #     eager     on EAGER_NPROC GPUs (default 2): that check (its eager-in-place cases included), again
 #               under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (every eager call stages), and
 #               python/examples/bench_eager.py (eager in place vs staged vs NCCL), and again at the
@@ -36,6 +36,9 @@
 #     floor     tools/gpu/probes/launch_floor_probe.cu (carried as .gpubin/probe/launch_floor_probe): one
 #               kernel behind the previous one in a graph by dependent loads in its prologue, and one
 #               NVLink store-to-poll between GPUs 0 and 1
+#     step      tools/gpu/probes/lamport_step_probe.cu (carried as .gpubin/probe/lamport_step_probe): a
+#               small lamport_one_shot's kernel step by step (clock64 after each step), its variants,
+#               on 1 GPU and on GPUs 0 and 1
 #     ab        two exactcoll binaries side by side, three rounds alternating: .gpubin/exactcoll (this
 #               tree) and .gpubin/exactcoll_base (a build of the commit before the change):
 #               all-reduce at 16 KB, 32 KB, 512 KB and 1 MB (auto and both Lamport algorithms) and
@@ -64,6 +67,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$LOGS/gpus.txt"
 B=.gpubin/exactcoll
 if has check; then
   run graph_check_4 120 torchrun --nproc-per-node 4 python/tests/gpu_graph_in_place_check.py
+fi
+if has check || has check2; then
   CUDA_VISIBLE_DEVICES=0,1 run graph_check_2 100 torchrun --nproc-per-node 2 python/tests/gpu_graph_in_place_check.py
 fi
 if has eager; then
@@ -221,6 +226,10 @@ fi
 if has floor; then
   run floor 120 timeout -k 5 110 .gpubin/probe/launch_floor_probe
   cat "$LOGS/floor.log"
+fi
+if has step; then
+  run step 120 timeout -k 5 110 .gpubin/probe/lamport_step_probe
+  grep -v "^    " "$LOGS/step.log"
 fi
 if has ab; then
   mkdir -p "$LOGS/ab"  # in the logs archive: a call returns only so many files

@@ -1,0 +1,490 @@
+// lamport_step_probe: where a small lamport_one_shot all-reduce's time goes, step by step, measured
+// on exactcoll's own kernel (cuda_backend/kernels.cuh) in one process, without the communicator.
+//   1. per op: collective_kernel<bf16, n, kLamportOneShot> in a CUDA graph of 20 launches with
+//      programmatic dependent launch, as `exactcoll bench` times it (each timed replay behind an
+//      untimed one, median of 25), on 1 GPU (world of 1: no peer) and on GPUs 0 and 1 (world of 2,
+//      the peer's region reached through peer access, one graph per GPU).
+//   2. steps: the same algorithm, its steps called one by one (stepped_lamport_kernel) with a
+//      clock64 stamp after each by thread 0 of block 0: past griddepcontrol.wait, begun (the call
+//      number, the extents and the block's sync), pushed, cleared, folded, ended. Medians over the
+//      timed replays' launches 1..19 (launch 0 follows the host, not a kernel). Variants (Options):
+//      collective_kernel's prefetches before the wait, with a peer's line too, the parameter block
+//      read before the wait, the first input pack loaded with the call number, weak stores, every
+//      push stored thrice, and two calls in one launch (the second finds the instructions, the
+//      parameters and the call number's lines cached).
+//   3. where: a world of 1 with 2 MiB slots; worlds of 2 with the communicator's default slots
+//      (1 MiB) and with 64 KiB slots (every buffer within 768 KiB: whether the region's pages
+//      matter).
+// Results: docs/benchmarks.md, "What a small Lamport all-reduce's kernel spends" (issue 26).
+//
+// Standalone (no Bazel target, as launch_floor_probe), built from the repository root:
+//   nvcc -O3 -std=c++20 -I. -DEXACTCOLL_HAS_CUDA=1 --expt-relaxed-constexpr
+//        -gencode arch=compute_90,code=sm_90 -o lamport_step_probe tools/gpu/probes/lamport_step_probe.cu
+//        -Xcompiler -static-libgcc -cudart static
+// Every wait is bounded: the kernels' polls give up after kTimeoutNs and record it (DeviceError);
+// the probe then names the rank and exits 1. No NVLink multicast of any kind is used.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "cuda_backend/kernels.cuh"
+
+namespace {
+
+using exactcoll::bf16;
+using exactcoll::cuda::DeviceCtx;
+using exactcoll::cuda::DeviceError;
+using exactcoll::cuda::KernelArgs;
+using exactcoll::cuda::KernelKind;
+
+constexpr int kOpsPerGraph = 20;
+constexpr int kTimedReplays = 25;
+constexpr uint64_t kTimeoutNs = 2'000'000'000ull;
+// Stamps per launch: the kernel's entry, past its wait, then per call: begun (begin_lamport_call,
+// its sync included), pushed, cleared, folded, ended (end_lamport_call); two calls at most.
+constexpr int kStepsPerPass = 5;
+constexpr int kMaxPasses = 2;
+constexpr int kPoints = 2 + kStepsPerPass * kMaxPasses;
+const char* const kPointNames[kPoints] = {"entry", "waited", "begun",   "pushed",   "cleared", "folded",
+                                          "ended", "begun2", "pushed2", "cleared2", "folded2", "ended2"};
+
+#define CHECK(call)                                                                                                \
+  do {                                                                                                             \
+    const cudaError_t e_ = (call);                                                                                 \
+    if (e_ != cudaSuccess) {                                                                                       \
+      std::fprintf(stderr, "lamport_step_probe: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, \
+                   __LINE__);                                                                                      \
+      std::exit(1);                                                                                                \
+    }                                                                                                              \
+  } while (0)
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// One launch's stamps: globaltimer ns and clock64 cycles at each point (thread 0 of block 0).
+struct Stamps {
+  unsigned long long ns[kPoints];
+  long long cycles[kPoints];
+};
+
+__device__ __forceinline__ void stamp(Stamps* s, int point) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    s->ns[point] = global_ns();
+    s->cycles[point] = clock64();
+  }
+}
+
+// Reads one word of every 64 bytes of the kernel's parameters and keeps the sum live: every line of
+// the parameter block is in the constant cache before the loads that need the previous kernel.
+__device__ __forceinline__ void warm_kernel_args(const KernelArgs& args) {
+  const auto* words = reinterpret_cast<const unsigned long long*>(&args);
+  unsigned long long sum = 0;
+#pragma unroll
+  for (size_t i = 0; i < sizeof(KernelArgs) / 8; i += 8) sum += words[i];
+  asm volatile("" ::"l"(sum));
+}
+
+// How a variant's Lamport stores go out: kVolatile as DeviceCtx; kWeak as weak 16-byte stores
+// (st.global); kThrice each pushed pack stored three times into the same place (the same bits), so
+// that a world of 2 issues the remote stores a world of 4 does (three a pack).
+enum class Stores { kVolatile, kWeak, kThrice };
+
+// DeviceCtx whose lamport_store follows kStores (core/lamport.h calls the context's, so the
+// algorithm is unchanged).
+template <int kRanks, Stores kStores>
+class StoreCtx : public DeviceCtx<bf16, kRanks> {
+  using Base = DeviceCtx<bf16, kRanks>;
+
+ public:
+  using Base::Base;
+  __device__ __forceinline__ void lamport_store(exactcoll::Pack<bf16>* p, const exactcoll::Pack<bf16>& x,
+                                                int peer) const {
+    if constexpr (kStores == Stores::kWeak) {
+      uint4 b;
+      __builtin_memcpy(&b, &x, sizeof b);
+      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w)
+                   : "memory");
+    } else {
+      Base::lamport_store(p, x, peer);
+      if (kStores == Stores::kThrice && peer != this->rank()) {
+        Base::lamport_store(p, x, peer);
+        Base::lamport_store(p, x, peer);
+      }
+    }
+  }
+};
+
+// What a variant of the stepped kernel changes.
+//   warm: warm_kernel_args before the wait;
+//   prefetch: before the wait, collective_kernel's prefetches (prefetch_lamport_first_lines);
+//   prefetch_peer: before the wait, also the thread's line of the next peer's region (over NVLink);
+//   early: the thread's first input pack loaded with the call number (lamport_early_pack);
+//   passes: calls a launch (2: the second call finds the instructions, the parameters and the call
+//     number's lines cached; the block syncs between them, as the next launch would);
+//   stores: how lamport_store stores.
+struct Options {
+  bool warm = false, prefetch = false, prefetch_peer = false, early = false;
+  int passes = 1;
+  Stores stores = Stores::kVolatile;
+};
+
+// The variants: the production kernel (collective_kernel, whose prologue has the prefetches), then
+// stepped_lamport_kernel's.
+struct Variant {
+  const char* label;
+  bool production;
+  Options o;
+};
+constexpr Variant kVariants[] = {
+    {"lamport_one_shot (production)", true, {}},
+    {"stepped", false, {}},
+    {"stepped, prefetch (production's)", false, {.prefetch = true}},
+    {"stepped, prefetch + peer's line", false, {.prefetch = true, .prefetch_peer = true}},
+    {"stepped, warm parameters", false, {.warm = true}},
+    {"stepped, early pack", false, {.early = true}},
+    {"stepped, weak stores", false, {.stores = Stores::kWeak}},
+    {"stepped, pushes thrice", false, {.stores = Stores::kThrice}},
+    {"stepped, two calls a launch", false, {.passes = 2}},
+};
+constexpr size_t kVariantCount = sizeof(kVariants) / sizeof(kVariants[0]);
+
+// allreduce_lamport_one_shot's steps (core/lamport.h), called one by one with a stamp after each:
+// the same calls in the same order, so the same bits. kVariant: its row of kVariants.
+template <int kRanks, size_t kVariant>
+__global__ void __launch_bounds__(1024)
+    stepped_lamport_kernel(const __grid_constant__ KernelArgs args, Stamps* stamps) {
+  using exactcoll::LamportProtocol;
+  constexpr Options kO = kVariants[kVariant].o;
+  constexpr bool kEarly = kO.early;
+  constexpr int P = exactcoll::Storage<bf16>::kPack;
+  stamp(stamps, 0);
+  if constexpr (kO.warm) warm_kernel_args(args);
+  const size_t first = exactcoll::cuda::thread_first_element(P);
+  if constexpr (kO.prefetch) {
+    exactcoll::cuda::prefetch_lamport_first_lines<bf16>(args, first, args.count, args.inputs[args.rank], args.output);
+  }
+  if constexpr (kO.prefetch_peer) {
+    if (first < args.count) {
+      exactcoll::cuda::prefetch_l2(static_cast<const bf16*>(args.lamport[(args.rank + 1) % args.world_size]) + first);
+    }
+  }
+  exactcoll::cuda::enter_after_previous_grid();
+  stamp(stamps, 1);
+  __shared__ int aborted;
+  __shared__ const void* views[exactcoll::kMaxRanks];
+  if (threadIdx.x == 0) aborted = 0;
+  StoreCtx<kRanks, kO.stores> ctx(args, &aborted, views);
+  const size_t count = args.count;
+  for (int pass = 0; pass < kO.passes; ++pass) {
+    const int base = 2 + pass * kStepsPerPass;
+    if (pass > 0) ctx.sync_block();
+    const size_t padded = (count + P - 1) / P * P;
+    const exactcoll::BlockShare share = exactcoll::block_share(0, padded, P, ctx.block(), ctx.num_blocks());
+    const bf16* mine = ctx.input(ctx.rank());
+    exactcoll::LamportEarlyPack<bf16> early;
+    const exactcoll::LamportCall<bf16> c = exactcoll::begin_lamport_call<bf16, LamportProtocol>(ctx, [&] {
+      if constexpr (kEarly) early = exactcoll::lamport_early_pack(ctx, share, mine, count);
+    });
+    stamp(stamps, base);
+    exactcoll::lamport_push<bf16, kRanks, LamportProtocol>(ctx, "push", c, share, mine, count, early);
+    stamp(stamps, base + 1);
+    exactcoll::lamport_clear_previous<bf16, kRanks, LamportProtocol>(ctx, c);
+    stamp(stamps, base + 2);
+    bf16* const out = ctx.output();
+    exactcoll::for_share(
+        ctx, share, P,
+        [&](size_t i) {
+          exactcoll::lamport_output_pack(ctx, out, i, count,
+                                         exactcoll::lamport_fold_message_pack<bf16, kRanks>(ctx, c, mine, count, i));
+        },
+        [](size_t) {});
+    stamp(stamps, base + 3);
+    exactcoll::end_lamport_call(ctx, c, exactcoll::lamport_message_bytes(count, sizeof(bf16)));
+    stamp(stamps, base + 4);
+  }
+}
+
+// One rank's buffers on its GPU.
+struct Rank {
+  int gpu = 0;
+  exactcoll::SignalBuffer* signals = nullptr;
+  void* lamport = nullptr;
+  size_t lamport_bytes = 0;
+  DeviceError* error = nullptr;
+  bf16* input = nullptr;
+  bf16* output = nullptr;
+  Stamps* stamps = nullptr;  // kOpsPerGraph rows
+  cudaStream_t stream = nullptr;
+};
+
+// The Lamport region of a world of n whose buffers have slots of slot_bytes.
+size_t region_bytes(int n, size_t slot_bytes) {
+  return exactcoll::kLamportBuffers * static_cast<size_t>(n) * slot_bytes;
+}
+
+std::vector<Rank> make_world(int n, size_t max_count, size_t slot_bytes) {
+  std::vector<Rank> ranks(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    Rank& k = ranks[static_cast<size_t>(r)];
+    k.gpu = r;
+    CHECK(cudaSetDevice(r));
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      const cudaError_t e = cudaDeviceEnablePeerAccess(p, 0);
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CHECK(e);
+      (void)cudaGetLastError();
+    }
+    CHECK(cudaMalloc(&k.signals, sizeof(exactcoll::SignalBuffer)));
+    CHECK(cudaMemset(k.signals, 0, sizeof(exactcoll::SignalBuffer)));
+    k.lamport_bytes = region_bytes(n, slot_bytes);
+    CHECK(cudaMalloc(&k.lamport, k.lamport_bytes));
+    CHECK(cudaMemset(k.lamport, 0xFF, k.lamport_bytes));
+    CHECK(cudaMalloc(&k.error, sizeof(DeviceError)));
+    CHECK(cudaMemset(k.error, 0, sizeof(DeviceError)));
+    CHECK(cudaMalloc(&k.input, max_count * sizeof(bf16)));
+    CHECK(cudaMalloc(&k.output, max_count * sizeof(bf16)));
+    std::vector<uint16_t> ones(max_count, 0x3F80);  // 1.0
+    CHECK(cudaMemcpy(k.input, ones.data(), max_count * sizeof(bf16), cudaMemcpyHostToDevice));
+    CHECK(cudaMalloc(&k.stamps, kOpsPerGraph * sizeof(Stamps)));
+    CHECK(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking));
+    CHECK(cudaDeviceSynchronize());
+  }
+  return ranks;
+}
+
+void free_world(std::vector<Rank>& ranks) {
+  for (Rank& k : ranks) {
+    CHECK(cudaSetDevice(k.gpu));
+    CHECK(cudaFree(k.signals));
+    CHECK(cudaFree(k.lamport));
+    CHECK(cudaFree(k.error));
+    CHECK(cudaFree(k.input));
+    CHECK(cudaFree(k.output));
+    CHECK(cudaFree(k.stamps));
+    CHECK(cudaStreamDestroy(k.stream));
+  }
+  CHECK(cudaSetDevice(0));
+}
+
+KernelArgs args_of(const std::vector<Rank>& ranks, int r, size_t count) {
+  KernelArgs a;
+  std::memset(&a, 0, sizeof a);
+  const int n = static_cast<int>(ranks.size());
+  for (int p = 0; p < n; ++p) {
+    a.inputs[p] = ranks[static_cast<size_t>(p)].input;
+    a.signals[p] = ranks[static_cast<size_t>(p)].signals;
+    a.lamport[p] = ranks[static_cast<size_t>(p)].lamport;
+  }
+  a.output = ranks[static_cast<size_t>(r)].output;
+  a.error = ranks[static_cast<size_t>(r)].error;
+  a.count = count;
+  a.lamport_bytes = ranks[static_cast<size_t>(r)].lamport_bytes;
+  a.timeout_ns = kTimeoutNs;
+  a.rank = r;
+  a.world_size = n;
+  a.contract = static_cast<int32_t>(exactcoll::Contract::kCanonical);
+  return a;
+}
+
+// Launches variant kVariants[I] (20 of them make a graph).
+template <int kRanks, size_t I>
+void launch_variant(const cudaLaunchConfig_t& config, const KernelArgs& args, Stamps* stamps) {
+  if constexpr (kVariants[I].production) {
+    CHECK(cudaLaunchKernelEx(
+        &config,
+        exactcoll::cuda::collective_kernel<bf16, kRanks, KernelKind::kLamportOneShot, exactcoll::Contract::kCanonical>,
+        args));
+  } else {
+    CHECK(cudaLaunchKernelEx(&config, stepped_lamport_kernel<kRanks, I>, args, stamps));
+  }
+}
+
+template <int kRanks, size_t... I>
+void launch_indexed(size_t v, const cudaLaunchConfig_t& config, const KernelArgs& args, Stamps* stamps,
+                    std::index_sequence<I...>) {
+  ((v == I ? launch_variant<kRanks, I>(config, args, stamps) : void()), ...);
+}
+
+template <int kRanks>
+void launch(size_t v, const KernelArgs& args, Stamps* stamps, int blocks, int threads, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  launch_indexed<kRanks>(v, config, args, stamps, std::make_index_sequence<kVariantCount>{});
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Checks every rank's error record and output (every element n x 1.0); exits 1 naming what failed.
+void check_world(const std::vector<Rank>& ranks, size_t count, const char* what) {
+  const int n = static_cast<int>(ranks.size());
+  const uint16_t expected = n == 1 ? 0x3F80 : 0x4000;  // 1.0, 2.0
+  for (const Rank& k : ranks) {
+    CHECK(cudaSetDevice(k.gpu));
+    DeviceError e;
+    CHECK(cudaMemcpy(&e, k.error, sizeof e, cudaMemcpyDeviceToHost));
+    if (e.claimed != 0) {
+      std::fprintf(stderr, "lamport_step_probe: %s: rank %d block %d gave up waiting for peer %d (kind %u)\n", what,
+                   e.rank, e.block, e.peer, e.kind);
+      std::exit(1);
+    }
+    std::vector<uint16_t> out(count);
+    CHECK(cudaMemcpy(out.data(), k.output, count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < count; ++i) {
+      if (out[i] != expected) {
+        std::fprintf(stderr, "lamport_step_probe: %s: GPU %d output[%zu] = 0x%04x, expected 0x%04x\n", what, k.gpu, i,
+                     out[i], expected);
+        std::exit(1);
+      }
+    }
+  }
+  CHECK(cudaSetDevice(0));
+}
+
+// Times variant v on the world (one graph per rank, replayed together); prints the per-op µs and,
+// for the stamped kernel, the steps' medians.
+template <int kRanks>
+void measure(std::vector<Rank>& ranks, size_t variant, size_t count, int blocks, int threads) {
+  const Variant& v = kVariants[variant];
+  const char* label = v.label;
+  const int n = static_cast<int>(ranks.size());
+  std::vector<cudaGraphExec_t> exec(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    Rank& k = ranks[static_cast<size_t>(r)];
+    CHECK(cudaSetDevice(k.gpu));
+    const KernelArgs args = args_of(ranks, r, count);
+    CHECK(cudaStreamBeginCapture(k.stream, cudaStreamCaptureModeThreadLocal));
+    for (int op = 0; op < kOpsPerGraph; ++op) launch<kRanks>(variant, args, k.stamps + op, blocks, threads, k.stream);
+    cudaGraph_t graph;
+    CHECK(cudaStreamEndCapture(k.stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec[static_cast<size_t>(r)], graph, 0));
+    CHECK(cudaGraphDestroy(graph));
+  }
+  CHECK(cudaSetDevice(0));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  std::vector<double> per_op_us;
+  const int points = v.production ? 0 : 2 + kStepsPerPass * v.o.passes;
+  std::vector<std::vector<double>> step_cycles(kPoints);
+  std::vector<Stamps> host(kOpsPerGraph);
+  for (int replay = -2; replay < kTimedReplays; ++replay) {
+    for (int r = 0; r < n; ++r) {  // the untimed lead
+      CHECK(cudaSetDevice(ranks[static_cast<size_t>(r)].gpu));
+      CHECK(cudaGraphLaunch(exec[static_cast<size_t>(r)], ranks[static_cast<size_t>(r)].stream));
+    }
+    CHECK(cudaSetDevice(0));
+    CHECK(cudaEventRecord(start, ranks[0].stream));
+    for (int r = 0; r < n; ++r) {
+      CHECK(cudaSetDevice(ranks[static_cast<size_t>(r)].gpu));
+      CHECK(cudaGraphLaunch(exec[static_cast<size_t>(r)], ranks[static_cast<size_t>(r)].stream));
+    }
+    CHECK(cudaSetDevice(0));
+    CHECK(cudaEventRecord(stop, ranks[0].stream));
+    for (const Rank& k : ranks) {
+      CHECK(cudaSetDevice(k.gpu));
+      CHECK(cudaStreamSynchronize(k.stream));
+    }
+    CHECK(cudaSetDevice(0));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (replay < 0) continue;
+    per_op_us.push_back(ms * 1000.0 / kOpsPerGraph);
+    if (points == 0) continue;
+    CHECK(cudaMemcpy(host.data(), ranks[0].stamps, kOpsPerGraph * sizeof(Stamps), cudaMemcpyDeviceToHost));
+    for (int op = 1; op < kOpsPerGraph; ++op) {  // launch 0 follows the host, not a kernel
+      const Stamps& s = host[static_cast<size_t>(op)];
+      for (int p = 1; p < points; ++p) {
+        step_cycles[static_cast<size_t>(p)].push_back(static_cast<double>(s.cycles[p] - s.cycles[p - 1]));
+      }
+    }
+  }
+  check_world(ranks, count, label);
+  std::printf("%-34s %-5d %9zu %6d %7d %9.2f\n", label, n, count * sizeof(bf16), blocks, threads, median(per_op_us));
+  if (points > 0) {
+    std::printf("    to each point from the previous one (GPU 0, block 0, thread 0; median cycles):");
+    for (int p = 1; p < points; ++p) {
+      std::printf(" %s %.0f", kPointNames[p], median(step_cycles[static_cast<size_t>(p)]));
+    }
+    std::printf("\n");
+  }
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  for (int r = 0; r < n; ++r) {
+    CHECK(cudaSetDevice(ranks[static_cast<size_t>(r)].gpu));
+    CHECK(cudaGraphExecDestroy(exec[static_cast<size_t>(r)]));
+  }
+  CHECK(cudaSetDevice(0));
+}
+
+// Every shape whose message fits a slot of slot_bytes, on a world of kRanks.
+template <int kRanks>
+void run_world(size_t slot_bytes) {
+  struct Shape {
+    size_t bytes;
+    int blocks, threads;
+  };
+  const Shape shapes[] = {{16384, 4, 256}, {16384, 8, 256}, {65536, 16, 256}, {262144, 64, 256}, {1048576, 128, 256}};
+  std::printf("-- a world of %d, Lamport slots of %zu KiB (region %zu KiB)\n", kRanks, slot_bytes >> 10,
+              region_bytes(kRanks, slot_bytes) >> 10);
+  size_t max_count = 0;
+  for (const Shape& s : shapes) max_count = std::max(max_count, s.bytes / sizeof(bf16));
+  std::vector<Rank> ranks = make_world(kRanks, max_count, slot_bytes);
+  for (const Shape& s : shapes) {
+    if (s.bytes > slot_bytes) continue;
+    for (size_t v = 0; v < kVariantCount; ++v) measure<kRanks>(ranks, v, s.bytes / sizeof(bf16), s.blocks, s.threads);
+  }
+  free_world(ranks);
+}
+
+}  // namespace
+
+int main() {
+  int gpus = 0;
+  CHECK(cudaGetDeviceCount(&gpus));
+  if (gpus < 1) {
+    std::fprintf(stderr, "lamport_step_probe: no GPU\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  int clock_khz = 0;
+  CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  std::printf("lamport_step_probe on %s (%d GPUs visible, SM clock %d MHz), KernelArgs %zu bytes\n", prop.name, gpus,
+              clock_khz / 1000, sizeof(KernelArgs));
+  std::printf("us per op: graph of %d launches, median of %d replays each behind an untimed one\n", kOpsPerGraph,
+              kTimedReplays);
+  std::printf("%-34s %-5s %9s %6s %7s %9s\n", "kernel", "ranks", "bytes", "blocks", "threads", "us/op");
+  run_world<1>(size_t{2} << 20);
+  if (gpus >= 2) {
+    int can = 0;
+    CHECK(cudaDeviceCanAccessPeer(&can, 0, 1));
+    if (can) {
+      run_world<2>(size_t{1} << 20);   // the communicator's default (lamport_message_bytes 1 MiB)
+      run_world<2>(size_t{64} << 10);  // every buffer's slots within 768 KiB
+    } else {
+      std::printf("GPUs 0 and 1 cannot access each other: the world of 2 skipped\n");
+    }
+  }
+  return 0;
+}
