@@ -53,8 +53,8 @@ __device__ __forceinline__ void enter_after_previous_grid() {
 // A Lamport kernel's first touches, prefetched into L2 before griddepcontrol.wait: the block's
 // call-number slot (SignalBuffer::lamport_calls), and, for a thread whose `element` is below
 // `limit`, that element of each of `lines` that is not null (its first pack of the input and the
-// output, say) and of this rank's Lamport region. The region's element is in no particular buffer
-// or slot: what it brings in is the region's first pages, not the clear's lines.
+// output, say) and, where `region`, of this rank's Lamport region. The region's element is in no
+// particular buffer or slot: what it brings in is the region's first pages, not the clear's lines.
 // Why: on 2 x H200 (tools/gpu/probes/lamport_step_probe.cu; docs/benchmarks.md, "What a small
 // Lamport all-reduce's kernel spends") the call number's load and the block's sync took 800 cycles
 // after the wait, 640 with these prefetches, and lamport_one_shot 0.07-0.12 us less at 16 KB-1 MiB.
@@ -66,11 +66,11 @@ __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefe
 
 template <class T, class... Lines>
 __device__ __forceinline__ void prefetch_lamport_first_lines(const KernelArgs& args, size_t element, size_t limit,
-                                                             Lines... lines) {
+                                                             bool region, Lines... lines) {
   prefetch_l2(&args.signals[args.rank]->lamport_calls[blockIdx.x]);
   if (element >= limit) return;
   ((lines != nullptr ? prefetch_l2(static_cast<const T*>(lines) + element) : void()), ...);
-  if ((element + Storage<T>::kPack) * sizeof(T) <= args.lamport_bytes) {
+  if (region && (element + Storage<T>::kPack) * sizeof(T) <= args.lamport_bytes) {
     prefetch_l2(static_cast<const T*>(args.lamport[args.rank]) + element);
   }
 }
@@ -93,7 +93,8 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
   if constexpr (kLamport) {
     // Not the input's line where the input comes from the table (its load has not returned).
     const void* input = args.input_table == nullptr ? args.inputs[args.rank] : nullptr;
-    prefetch_lamport_first_lines<T>(args, thread_first_element(Storage<T>::kPack), args.count, input, args.output);
+    prefetch_lamport_first_lines<T>(args, thread_first_element(Storage<T>::kPack), args.count, /*region=*/true, input,
+                                    args.output);
   }
   enter_after_previous_grid();
   __shared__ int aborted;

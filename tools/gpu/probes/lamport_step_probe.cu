@@ -171,7 +171,8 @@ __global__ void __launch_bounds__(1024)
   if constexpr (kO.warm) warm_kernel_args(args);
   const size_t first = exactcoll::cuda::thread_first_element(P);
   if constexpr (kO.prefetch) {
-    exactcoll::cuda::prefetch_lamport_first_lines<bf16>(args, first, args.count, args.inputs[args.rank], args.output);
+    exactcoll::cuda::prefetch_lamport_first_lines<bf16>(args, first, args.count, /*region=*/true,
+                                                        args.inputs[args.rank], args.output);
   }
   if constexpr (kO.prefetch_peer) {
     if (first < args.count) {
