@@ -188,11 +188,10 @@ __device__ __forceinline__ FusedRmsNormArgs<T> fused_args(const FusedKernelArgs&
 }
 
 // prefetch_lamport_first_lines (kernels.cuh) for a Lamport fused kernel: the call number and the
-// thread's first pack of this rank's x (what its push needs first), not the region's, the
-// residual's or the output's: with those too, lamport_one_stage at 16 rows of H 8192 on 2 x H200
-// (128 blocks of 1 024 threads, 64 Ki prefetches) took 6.64 us instead of 5.90, while 1 row (8
-// blocks of 128) gained 0.12 (docs/benchmarks.md, "What a small Lamport all-reduce's kernel
-// spends").
+// thread's first pack of this rank's x (what its push needs first). Measured so (2 x H200, every
+// fused shape of docs/benchmarks.md's "What a small Lamport all-reduce's kernel spends"); the
+// residual's, the output's and the region's lines, which lamport_one_shot prefetches too, were not
+// tried here.
 template <class T>
 __device__ __forceinline__ void prefetch_fused_lamport_lines(const FusedKernelArgs& args) {
   prefetch_lamport_first_lines<T>(args.base, thread_first_element(Storage<T>::kPack),
