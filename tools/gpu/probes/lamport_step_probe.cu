@@ -36,6 +36,9 @@
 
 #include "cuda_backend/kernels.cuh"
 
+constexpr const char* kProbeName = "lamport_step_probe";
+#include "probe_util.h"  // CHECK, visible_gpus_or_exit
+
 namespace {
 
 using exactcoll::bf16;
@@ -54,16 +57,6 @@ constexpr int kMaxPasses = 2;
 constexpr int kPoints = 2 + kStepsPerPass * kMaxPasses;
 const char* const kPointNames[kPoints] = {"entry", "waited", "begun",   "pushed",   "cleared", "folded",
                                           "ended", "begun2", "pushed2", "cleared2", "folded2", "ended2"};
-
-#define CHECK(call)                                                                                                \
-  do {                                                                                                             \
-    const cudaError_t e_ = (call);                                                                                 \
-    if (e_ != cudaSuccess) {                                                                                       \
-      std::fprintf(stderr, "lamport_step_probe: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, \
-                   __LINE__);                                                                                      \
-      std::exit(1);                                                                                                \
-    }                                                                                                              \
-  } while (0)
 
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
@@ -461,14 +454,8 @@ void run_world(size_t slot_bytes) {
 }  // namespace
 
 int main() {
-  int gpus = 0;
-  CHECK(cudaGetDeviceCount(&gpus));
-  if (gpus < 1) {
-    std::fprintf(stderr, "lamport_step_probe: no GPU\n");
-    return 1;
-  }
   cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  const int gpus = visible_gpus_or_exit(&prop);
   int clock_khz = 0;
   CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   std::printf("lamport_step_probe on %s (%d GPUs visible, SM clock %d MHz), KernelArgs %zu bytes\n", prop.name, gpus,

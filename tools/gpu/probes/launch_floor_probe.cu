@@ -27,6 +27,9 @@
 #include <cstdlib>
 #include <vector>
 
+constexpr const char* kProbeName = "launch_floor_probe";
+#include "probe_util.h"  // CHECK, visible_gpus_or_exit
+
 namespace {
 
 constexpr int kOpsPerGraph = 20;
@@ -35,16 +38,6 @@ constexpr int kMaxDepth = 4;
 constexpr int kCells = 1024;  // the loads' addresses: one 4 KiB table, resident in L2
 constexpr int kPingRounds = 2000;
 constexpr uint64_t kPollTimeoutNs = 2'000'000'000ull;
-
-#define CHECK(call)                                                                                                \
-  do {                                                                                                             \
-    const cudaError_t e_ = (call);                                                                                 \
-    if (e_ != cudaSuccess) {                                                                                       \
-      std::fprintf(stderr, "launch_floor_probe: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, \
-                   __LINE__);                                                                                      \
-      std::exit(1);                                                                                                \
-    }                                                                                                              \
-  } while (0)
 
 __device__ __forceinline__ uint32_t load_relaxed_gpu(const uint32_t* p) {
   uint32_t v;
@@ -247,14 +240,8 @@ double ping_us(bool ordered) {
 }  // namespace
 
 int main() {
-  int gpus = 0;
-  CHECK(cudaGetDeviceCount(&gpus));
-  if (gpus < 1) {
-    std::fprintf(stderr, "launch_floor_probe: no GPU\n");
-    return 1;
-  }
   cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  const int gpus = visible_gpus_or_exit(&prop);
   std::printf("launch_floor_probe on %s (%d GPUs visible)\n", prop.name, gpus);
   CHECK(cudaSetDevice(0));
   std::vector<uint32_t> host(kCells);
