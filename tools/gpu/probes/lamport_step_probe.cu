@@ -37,7 +37,7 @@
 #include "cuda_backend/kernels.cuh"
 
 constexpr const char* kProbeName = "lamport_step_probe";
-#include "probe_util.h"  // CHECK, visible_gpus_or_exit
+#include "probe_util.h"  // CHECK, visible_gpus_or_exit, launch_config
 
 namespace {
 
@@ -311,15 +311,8 @@ void launch_indexed(size_t v, const cudaLaunchConfig_t& config, const KernelArgs
 
 template <int kRanks>
 void launch(size_t v, const KernelArgs& args, Stamps* stamps, int blocks, int threads, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.stream = stream;
   cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  const cudaLaunchConfig_t config = launch_config(blocks, threads, stream, /*programmatic=*/true, &attribute);
   launch_indexed<kRanks>(v, config, args, stamps, std::make_index_sequence<kVariantCount>{});
 }
 

@@ -28,7 +28,7 @@
 #include <vector>
 
 constexpr const char* kProbeName = "launch_floor_probe";
-#include "probe_util.h"  // CHECK, visible_gpus_or_exit
+#include "probe_util.h"  // CHECK, visible_gpus_or_exit, launch_config
 
 namespace {
 
@@ -104,15 +104,8 @@ double time_floor_us(int depth, int blocks, int threads, bool programmatic, cons
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   for (int op = 0; op < kOpsPerGraph; ++op) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(blocks));
-    config.blockDim = dim3(static_cast<unsigned>(threads));
-    config.stream = stream;
     cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = programmatic ? 1 : 0;
+    const cudaLaunchConfig_t config = launch_config(blocks, threads, stream, programmatic, &attribute);
     if (depth < 0) {
       CHECK(cudaLaunchKernelEx(&config, lamport_shaped_kernel, shaped_input, shaped_output, shaped_calls));
     } else {

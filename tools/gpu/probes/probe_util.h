@@ -1,5 +1,5 @@
 // What the standalone probes built with nvcc alone (launch_floor_probe, lamport_step_probe) share:
-// the check of a CUDA call and the opening of main. A probe defines kProbeName (its name, the
+// the check of a CUDA call, the opening of main and a launch's configuration. A probe defines kProbeName (its name, the
 // prefix of its error messages) before including this header.
 #pragma once
 
@@ -30,4 +30,19 @@ inline int visible_gpus_or_exit(cudaDeviceProp* gpu0) {
   }
   CHECK(cudaGetDeviceProperties(gpu0, 0));
   return gpus;
+}
+
+// A launch of blocks x threads on stream, with programmatic dependent launch (as exactcoll's kernels
+// are launched) where `programmatic`. *attribute holds the attribute: it must outlive the launch.
+inline cudaLaunchConfig_t launch_config(int blocks, int threads, cudaStream_t stream, bool programmatic,
+                                        cudaLaunchAttribute* attribute) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.stream = stream;
+  attribute->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute->val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  return config;
 }
