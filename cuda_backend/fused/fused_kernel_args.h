@@ -11,8 +11,9 @@ namespace exactcoll::cuda::fused {
 
 // Preconditions (checked by the host API): every pointer 16-byte aligned; hidden a positive
 // multiple of the pack; 1 <= rows; base from Communicator::ipc_kernel_args (inputs[r] = rank r's
-// x for these rows, staged or registered; kPushOneStage reads only inputs[rank], this rank's x
-// where the caller keeps it) except for kResidualRmsNorm, which reads none of it.
+// x for these rows, staged or registered; kPushOneStage and the Lamport kinds read only
+// inputs[rank], this rank's x where the caller keeps it) except for kResidualRmsNorm, which reads
+// none of it.
 struct FusedKernelArgs {
   KernelArgs base;         // symmetric buffers, rank, world size, error record, flag timeout
   const void* stage_from;  // this rank's x (rows of this launch) to copy into its staging buffer

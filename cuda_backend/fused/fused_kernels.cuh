@@ -187,11 +187,12 @@ __device__ __forceinline__ FusedRmsNormArgs<T> fused_args(const FusedKernelArgs&
   return a;
 }
 
-// prefetch_lamport_first_lines (kernels.cuh) for a Lamport fused kernel: the call number and the
-// thread's first pack of this rank's x (what its push needs first). Measured so (2 x H200, every
-// fused shape of docs/benchmarks.md's "What a small Lamport all-reduce's kernel spends"); the
-// residual's, the output's and the region's lines, which lamport_one_shot prefetches too, were not
-// tried here.
+// prefetch_lamport_first_lines (kernels.cuh) for a Lamport fused kernel: the call number and x's
+// line at thread_first_element (x is what the push reads first). Measured so (2 x H200, every fused
+// shape of docs/benchmarks.md's "What a small Lamport all-reduce's kernel spends"). The residual's,
+// the output's and the region's lines were prefetched too in a first build, together with every
+// warp prefetching the call number's line, which cost 0.75 us at 16 rows; without those lines the
+// loss stayed, so it was the call number's line; the lines have not been tried again since.
 template <class T>
 __device__ __forceinline__ void prefetch_fused_lamport_lines(const FusedKernelArgs& args) {
   prefetch_lamport_first_lines<T>(args.base, thread_first_element(Storage<T>::kPack),

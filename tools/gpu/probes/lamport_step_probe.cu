@@ -7,9 +7,9 @@
 //   2. steps: the same algorithm, its steps called one by one (stepped_lamport_kernel) with a
 //      clock64 stamp after each by thread 0 of block 0: past griddepcontrol.wait, begun (the call
 //      number, the extents and the block's sync), pushed, cleared, folded, ended. Medians over the
-//      timed replays' launches 1..19 (launch 0 follows the host, not a kernel). Variants (Options):
-//      collective_kernel's prefetches before the wait, with a peer's line too, the parameter block
-//      read before the wait, the first input pack loaded with the call number, weak stores, every
+//      timed replays' launches 1..19 (launch 0 follows the previous replay through a full dependency, not a
+//      programmatic one). Variants (Options): collective_kernel's prefetches before the wait, with a peer's line too,
+//      the parameter block read before the wait, the first input pack loaded with the call number, weak stores, every
 //      push stored thrice, and two calls in one launch (the second finds the instructions, the
 //      parameters and the call number's lines cached).
 //   3. where: a world of 1 with 2 MiB slots; worlds of 2 with the communicator's default slots
@@ -120,10 +120,15 @@ class StoreCtx : public DeviceCtx<bf16, kRanks> {
 // What a variant of the stepped kernel changes.
 //   warm: warm_kernel_args before the wait;
 //   prefetch: before the wait, collective_kernel's prefetches (prefetch_lamport_first_lines);
-//   prefetch_peer: before the wait, also the thread's line of the next peer's region (over NVLink);
+//   prefetch_peer: before the wait, also the thread's line of the next peer's region (over NVLink;
+//     in a world of 1 its own region);
 //   early: the thread's first input pack loaded with the call number (lamport_early_pack);
 //   passes: calls a launch (2: the second call finds the instructions, the parameters and the call
-//     number's lines cached; the block syncs between them, as the next launch would);
+//     number's lines cached; the block syncs between them). Not the protocol production keeps: the
+//     first call's clear and the peer's writes of call k+2 into that buffer are ordered by a kernel
+//     boundary there (cuda_backend/device_ctx.cuh, lamport_store), here only by time (microseconds:
+//     this rank's second push, the peer's poll and the end of its launch come between). A lost race
+//     would show as a poll that gives up (exit 1), never as data; it never did.
 //   stores: how lamport_store stores.
 struct Options {
   bool warm = false, prefetch = false, prefetch_peer = false, early = false;
@@ -331,15 +336,15 @@ void check_world(const std::vector<Rank>& ranks, size_t count, const char* what)
     DeviceError e;
     CHECK(cudaMemcpy(&e, k.error, sizeof e, cudaMemcpyDeviceToHost));
     if (e.claimed != 0) {
-      std::fprintf(stderr, "lamport_step_probe: %s: rank %d block %d gave up waiting for peer %d (kind %u)\n", what,
-                   e.rank, e.block, e.peer, e.kind);
+      std::fprintf(stderr, "%s: %s: rank %d block %d gave up waiting for peer %d (kind %u)\n", kProbeName, what, e.rank,
+                   e.block, e.peer, e.kind);
       std::exit(1);
     }
     std::vector<uint16_t> out(count);
     CHECK(cudaMemcpy(out.data(), k.output, count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < count; ++i) {
       if (out[i] != expected) {
-        std::fprintf(stderr, "lamport_step_probe: %s: GPU %d output[%zu] = 0x%04x, expected 0x%04x\n", what, k.gpu, i,
+        std::fprintf(stderr, "%s: %s: GPU %d output[%zu] = 0x%04x, expected 0x%04x\n", kProbeName, what, k.gpu, i,
                      out[i], expected);
         std::exit(1);
       }
@@ -399,7 +404,7 @@ void measure(std::vector<Rank>& ranks, size_t variant, size_t count, int blocks,
     per_op_us.push_back(ms * 1000.0 / kOpsPerGraph);
     if (points == 0) continue;
     CHECK(cudaMemcpy(host.data(), ranks[0].stamps, kOpsPerGraph * sizeof(Stamps), cudaMemcpyDeviceToHost));
-    for (int op = 1; op < kOpsPerGraph; ++op) {  // launch 0 follows the host, not a kernel
+    for (int op = 1; op < kOpsPerGraph; ++op) {  // launch 0: no programmatic launch
       const Stamps& s = host[static_cast<size_t>(op)];
       for (int p = 1; p < points; ++p) {
         step_cycles[static_cast<size_t>(p)].push_back(static_cast<double>(s.cycles[p] - s.cycles[p - 1]));

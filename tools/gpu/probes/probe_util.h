@@ -1,6 +1,7 @@
 // What the standalone probes built with nvcc alone (launch_floor_probe, lamport_step_probe) share:
-// the check of a CUDA call, the opening of main and a launch's configuration. A probe defines kProbeName (its name, the
-// prefix of its error messages) before including this header.
+// the check of a CUDA call, the opening of main and a launch's configuration. A probe is one
+// translation unit that defines kProbeName (its name, the prefix of its error messages) before
+// including this header; the functions are static, so each probe's copy sees its own name.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,7 +22,7 @@
 
 // Returns how many GPUs are visible, with GPU 0's properties in *gpu0; exits 1 naming the probe
 // where there is none.
-inline int visible_gpus_or_exit(cudaDeviceProp* gpu0) {
+static inline int visible_gpus_or_exit(cudaDeviceProp* gpu0) {
   int gpus = 0;
   CHECK(cudaGetDeviceCount(&gpus));
   if (gpus < 1) {
@@ -34,8 +35,8 @@ inline int visible_gpus_or_exit(cudaDeviceProp* gpu0) {
 
 // A launch of blocks x threads on stream, with programmatic dependent launch (as exactcoll's kernels
 // are launched) where `programmatic`. *attribute holds the attribute: it must outlive the launch.
-inline cudaLaunchConfig_t launch_config(int blocks, int threads, cudaStream_t stream, bool programmatic,
-                                        cudaLaunchAttribute* attribute) {
+static inline cudaLaunchConfig_t launch_config(int blocks, int threads, cudaStream_t stream, bool programmatic,
+                                               cudaLaunchAttribute* attribute) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.blockDim = dim3(static_cast<unsigned>(threads));
