@@ -50,6 +50,9 @@ __device__ __forceinline__ void enter_after_previous_grid() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// A hint that brings p's line into this GPU's L2 (nothing into the thread, nothing into L1).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // A Lamport kernel's first touches, prefetched into L2 before griddepcontrol.wait: thread 0 of each
 // block the call-number slot of blockIdx.x (SignalBuffer::lamport_calls; in cuda_backend/fused's
 // cluster kernel, whose block is a cluster of C, the slot read is blockIdx.x / C, which some block
@@ -62,15 +65,13 @@ __device__ __forceinline__ void enter_after_previous_grid() {
 // Why: on 2 x H200 (tools/gpu/probes/lamport_step_probe.cu; docs/benchmarks.md, "What a small
 // Lamport all-reduce's kernel spends") the call number's load and the block's sync took 800 cycles
 // after the wait, 650 with these prefetches; lamport_one_shot took 0.09-0.18 us less at 16 KB-1 MiB
-// and lamport_one_stage 0.06-0.12 less (2 GPUs; not measured on 4, and with no peer the probe's
-// stepped kernel was slower at 1 MiB with an earlier form of them). A prefetch reads nothing into the thread and only
-// into L2, the point of coherence of this GPU's memory, so what the previous kernel writes after it is never missed.
-// Why thread 0 alone takes the call number's line: with every warp prefetching it (the line the previous kernel's
-// blocks write as they end), lamport_one_stage's 128 blocks of 1 024 threads took 6.64 us instead of 5.91 at 16 rows of
-// H 8192. Never a peer's address: a prefetch of peer memory over NVLink made lamport_one_shot 12 x slower at 256 KB in
-// that probe. Preconditions: none (a thread past the region, or past `limit` elements, prefetches less).
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
+// and lamport_one_stage 0.06-0.12 less (not measured on 4 GPUs). A prefetch reads nothing into the
+// thread and only into L2, the point of coherence of this GPU's memory, so nothing the previous
+// kernel writes after it is missed. Thread 0 alone takes the call number's line: with every warp
+// prefetching it (the line the previous kernel's blocks write as they end), lamport_one_stage's
+// 128 blocks of 1 024 threads took 6.64 us instead of 5.91 at 16 rows of H 8192. Never a peer's
+// address: a prefetch of peer memory over NVLink made lamport_one_shot 12 x slower at 256 KB.
+// Preconditions: none (a thread past the region, or past `limit` elements, prefetches less).
 template <class T, class... Lines>
 __device__ __forceinline__ void prefetch_lamport_first_lines(const KernelArgs& args, size_t element, size_t limit,
                                                              bool region, Lines... lines) {
