@@ -24,6 +24,10 @@
 #               8192, 1, 16 and 64 rows, on SWEEP_NPROC GPUs (default 4 2) and on one GPU
 #     grid16    lamport_two_stage at 16 rows of H 8192 on 4 GPUs by grid (a one-row fused table per grid:
 #               128x1024 16x1024 32x512 64x128 128x128 128x256), three rounds, beside the split
+#     argrid    an all-reduce algorithm by grid (ARGRID_ALGO, default lamport_two_shot; ARGRID_GRIDS, default
+#               16x1024 32x512 64x256 64x512 96x256 128x256 128x512; a one-row table per grid and size)
+#               at ARGRID_ROWS rows of 8192 bf16 (default 32 64: 512 KB, 1 MB) on ARGRID_NPROC GPUs
+#               (default 4), two rounds, with NCCL beside it
 #     spread    lamport_one_stage at 1 row of H 8192 (a cluster of 8 blocks) in 8 fresh processes on 4 GPUs
 #               and 8 on one GPU: `auto` (a one-row table naming that kernel and grid) and
 #               lamport_one_stage in the same process, beside the split, 100 replays: does the time
@@ -202,6 +206,32 @@ if has grid16; then
     done
   done
   grep -h -A3 summary "$LOGS"/grid16_*.log | grep -E '^ +[0-9]'
+fi
+if has argrid; then
+  mkdir -p "$LOGS/argrid"
+  n=${ARGRID_NPROC:-4}
+  algo=${ARGRID_ALGO:-lamport_two_shot}
+  for round in 1 2; do
+    for g in ${ARGRID_GRIDS:-16x1024 32x512 64x256 64x512 96x256 128x256 128x512}; do
+      for r in ${ARGRID_ROWS:-32 64}; do
+        printf 'sm90\t%d\tallreduce\t%d\t%s\t%d\t%d\t1\n' "$n" $((r * 16384)) "$algo" "${g%x*}" "${g#*x}"
+      done > "$LOGS/argrid/$g.tsv"
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) run "argrid_${g}_r$round" 60 $B bench --nproc "$n" --op allreduce \
+        --table "$LOGS/argrid/$g.tsv" --rows "$(echo ${ARGRID_ROWS:-32 64} | tr ' ' ,)" --no-eager --no-bound \
+        --algos "$algo,nccl" --json "$LOGS/argrid/${g}_r$round.json"
+    done
+  done
+  python3 - "$LOGS/argrid" <<'PY'
+import collections, glob, json, re, sys
+times = collections.defaultdict(list)
+for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
+    grid = re.match(r".*/(\d+x\d+)_r\d+\.json", f).group(1)
+    for r in json.load(open(f))["results"]:
+        times[(r["bytes"], r["algo"], grid if r["algo"] != "nccl" else "")].append(r["time_us"])
+print("argrid: us per op, two rounds each (#wrong in the logs)")
+for key in sorted(times, key=lambda k: (k[0], k[1], [int(x) for x in k[2].split("x")] if k[2] else [])):
+    print(f"  {key[0]:>9} B {key[1]:18} {key[2]:9} " + " ".join(f"{t:.2f}" for t in times[key]))
+PY
 fi
 if has spread; then
   mkdir -p "$OUT/spread"
