@@ -43,11 +43,12 @@
 #     step      tools/gpu/probes/lamport_step_probe.cu (carried as .gpubin/probe/lamport_step_probe): a
 #               small lamport_one_shot's kernel step by step (clock64 after each step), its variants,
 #               on 1 GPU and on GPUs 0 and 1
-#     ab        two exactcoll binaries side by side, three rounds alternating: .gpubin/exactcoll (this
-#               tree) and .gpubin/exactcoll_base (a build of the commit before the change):
-#               all-reduce at 16 KB, 32 KB, 512 KB and 1 MB (auto and both Lamport algorithms) and
-#               the fused op at 1 and 16 rows of H 8192 (auto, lamport_one_stage, the split), on
-#               each of AB_NPROC's GPU counts (default "4 2 1")
+#     ab        exactcoll binaries side by side, three rounds alternating: AB_BINARIES (default "new base":
+#               new is .gpubin/exactcoll, this tree; NAME is .gpubin/exactcoll_NAME, e.g. base, a build
+#               of the commit before the change): all-reduce at AB_AR_ROWS rows of 8192 bf16 (default
+#               1,2,32,64: 16 KB, 32 KB, 512 KB and 1 MB; AB_AR_ALGOS, default auto and both Lamport
+#               algorithms) and the fused op at 1 and 16 rows of H 8192 (auto, lamport_one_stage, the
+#               split), on each of AB_NPROC's GPU counts (default "4 2 1")
 #     compare4 / compare2   python/examples/compare_collectives.py on 4 / 2 GPUs (--quick with QUICK=1)
 #     compare4long  the same on 4 GPUs with 100 ops per graph (--graph-ops 100 --quick --no-pinned)
 #     profile   nsys per-kernel times inside the graphs: lamport_one_shot at 16 KB, two_shot at 64 MB (4 GPUs)
@@ -263,14 +264,15 @@ if has step; then
 fi
 if has ab; then
   mkdir -p "$LOGS/ab"  # in the logs archive: a call returns only so many files
+  binaries=(${AB_BINARIES:-new base})
   for round in 1 2 3; do
-    for binary in new base; do
+    for binary in "${binaries[@]}"; do
       exe=$B
-      [ "$binary" = base ] && exe=.gpubin/exactcoll_base
+      [ "$binary" = new ] || exe=.gpubin/exactcoll_$binary
       for n in ${AB_NPROC:-4 2 1}; do
         devices=$(seq -s, 0 $((n - 1)))
         CUDA_VISIBLE_DEVICES=$devices run "ab_ar_${binary}_n${n}_r$round" 60 $exe bench --nproc "$n" --op allreduce \
-          --rows 1,2,32,64 --no-eager --no-bound --algos auto,lamport_one_shot,lamport_two_shot \
+          --rows ${AB_AR_ROWS:-1,2,32,64} --no-eager --no-bound --algos ${AB_AR_ALGOS:-auto,lamport_one_shot,lamport_two_shot} \
           --json "$LOGS/ab/ar_${binary}_n${n}_r$round.json"
         CUDA_VISIBLE_DEVICES=$devices run "ab_fused_${binary}_n${n}_r$round" 60 $exe bench --nproc "$n" \
           --op fused_rmsnorm --hidden 8192 --rows 1,16 --no-eager --no-bound --algos auto,lamport_one_stage,unfused \
@@ -278,22 +280,23 @@ if has ab; then
       done
     done
   done
-  python3 - "$LOGS/ab" <<'PY'
+  python3 - "$LOGS/ab" "${binaries[@]}" <<'PY'
 import collections, glob, json, re, sys
+binaries = sys.argv[2:]
 times = collections.defaultdict(list)
 wrong = unchecked = 0
 for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
-    kind, binary = re.match(r".*/(\w+?)_(new|base)_n\d+_r\d+\.json", f).groups()
+    kind, binary = re.match(r".*/(ar|fused)_(\w+)_n\d+_r\d+\.json", f).groups()
     for r in json.load(open(f))["results"]:
         times[(kind, r["ranks"], r["bytes"], r["algo"], binary)].append(r["time_us"])
         if r["wrong"] is None:
             unchecked += 1
         else:
             wrong += r["wrong"]
-print(f"ab: us per op, three rounds each (this tree | base); #wrong over every result {wrong}, unchecked {unchecked}")
+print(f"ab: us per op, three rounds each ({' | '.join(binaries)}); #wrong over every result {wrong}, unchecked {unchecked}")
 for key in sorted({k[:4] for k in times}):
-    row = [" ".join(f"{t:.2f}" for t in times[key + (binary,)]) for binary in ("new", "base")]
-    print(f"  {key[0]:5} n={key[1]} {key[2]:>9} B {key[3]:18} {row[0]:22} | {row[1]}")
+    row = [" ".join(f"{t:.2f}" for t in times[key + (binary,)]) for binary in binaries]
+    print(f"  {key[0]:5} n={key[1]} {key[2]:>9} B {key[3]:18} " + " | ".join(f"{r:17}" for r in row))
 PY
 fi
 if has lead; then
