@@ -14,7 +14,9 @@
 //      parameters and the call number's lines cached).
 //   3. where: a world of 1 with 2 MiB slots; worlds of 2 with the communicator's default slots
 //      (1 MiB) and with 64 KiB slots (every buffer within 768 KiB: whether the region's pages
-//      matter).
+//      matter); a world of 4 on GPUs 0-3 with 1 MiB slots (LAMPORT_STEP_PROBE_WORLDS="4").
+//   LAMPORT_STEP_PROBE_PRODUCTION=1 runs the production kernels alone (lamport_one_shot's and
+//   lamport_two_shot's collective_kernel), e.g. to time builds of other trees side by side.
 // Results: docs/benchmarks.md, "What a small Lamport all-reduce's kernel spends" (issue 26).
 //
 // Standalone (no Bazel target, as launch_floor_probe), built from the repository root:
@@ -31,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -133,9 +136,11 @@ struct Variant {
   const char* label;
   bool production;
   Options o;
+  KernelKind kind = KernelKind::kLamportOneShot;  // the production kernel's
 };
 constexpr Variant kVariants[] = {
     {"lamport_one_shot (production)", true, {}},
+    {"lamport_two_shot (production)", true, {}, KernelKind::kLamportTwoShot},
     {"stepped", false, {}},
     {"stepped, prefetch (production's)", false, {.prefetch = true}},
     {"stepped, prefetch + peer's line", false, {.prefetch = true, .prefetch_peer = true}},
@@ -292,7 +297,7 @@ void launch_variant(const cudaLaunchConfig_t& config, const KernelArgs& args, St
   if constexpr (kVariants[I].production) {
     CHECK(cudaLaunchKernelEx(
         &config,
-        exactcoll::cuda::collective_kernel<bf16, kRanks, KernelKind::kLamportOneShot, exactcoll::Contract::kCanonical>,
+        exactcoll::cuda::collective_kernel<bf16, kRanks, kVariants[I].kind, exactcoll::Contract::kCanonical>,
         args));
   } else {
     CHECK(cudaLaunchKernelEx(&config, stepped_lamport_kernel<kRanks, I>, args, stamps));
@@ -321,7 +326,11 @@ double median(std::vector<double> v) {
 // Checks every rank's error record and output (every element n x 1.0); exits 1 naming what failed.
 void check_world(const std::vector<Rank>& ranks, size_t count, const char* what) {
   const int n = static_cast<int>(ranks.size());
-  const uint16_t expected = n == 1 ? 0x3F80 : 0x4000;  // 1.0, 2.0
+  // n as bf16: a small integer's float, whose low 16 bits are zero, cut to its high half.
+  const float n_float = static_cast<float>(n);
+  uint32_t n_bits = 0;
+  std::memcpy(&n_bits, &n_float, sizeof n_bits);
+  const uint16_t expected = static_cast<uint16_t>(n_bits >> 16);
   for (const Rank& k : ranks) {
     CHECK(cudaSetDevice(k.gpu));
     DeviceError e;
@@ -422,7 +431,7 @@ void measure(std::vector<Rank>& ranks, size_t variant, size_t count, int blocks,
 
 // Every shape whose message fits a slot of slot_bytes, on a world of kRanks.
 template <int kRanks>
-void run_world(size_t slot_bytes) {
+void run_world(size_t slot_bytes, bool production_only) {
   struct Shape {
     size_t bytes;
     int blocks, threads;
@@ -435,7 +444,11 @@ void run_world(size_t slot_bytes) {
   std::vector<Rank> ranks = make_world(kRanks, max_count, slot_bytes);
   for (const Shape& s : shapes) {
     if (s.bytes > slot_bytes) continue;
-    for (size_t v = 0; v < kVariantCount; ++v) measure<kRanks>(ranks, v, s.bytes / sizeof(bf16), s.blocks, s.threads);
+    for (size_t v = 0; v < kVariantCount; ++v) {
+      if (production_only && !kVariants[v].production) continue;
+      if (kRanks == 1 && kVariants[v].kind == KernelKind::kLamportTwoShot) continue;  // no peer to shoot to
+      measure<kRanks>(ranks, v, s.bytes / sizeof(bf16), s.blocks, s.threads);
+    }
   }
   free_world(ranks);
 }
@@ -452,15 +465,37 @@ int main() {
   std::printf("us per op: graph of %d launches, median of %d replays each behind an untimed one\n", kOpsPerGraph,
               kTimedReplays);
   std::printf("%-34s %-5s %9s %6s %7s %9s\n", "kernel", "ranks", "bytes", "blocks", "threads", "us/op");
-  run_world<1>(size_t{2} << 20);
-  if (gpus >= 2) {
-    int can = 0;
-    CHECK(cudaDeviceCanAccessPeer(&can, 0, 1));
-    if (can) {
-      run_world<2>(size_t{1} << 20);   // the communicator's default (lamport_message_bytes 1 MiB)
-      run_world<2>(size_t{64} << 10);  // every buffer's slots within 768 KiB
+  // LAMPORT_STEP_PROBE_WORLDS: the worlds to run (default "1 2"; 4 needs GPUs 0-3 to reach each
+  // other); LAMPORT_STEP_PROBE_PRODUCTION=1: the production kernels only (no stepped variants).
+  const char* worlds_env = std::getenv("LAMPORT_STEP_PROBE_WORLDS");
+  const std::string worlds = worlds_env != nullptr ? worlds_env : "1 2";
+  const char* production_env = std::getenv("LAMPORT_STEP_PROBE_PRODUCTION");
+  const bool production_only = production_env != nullptr && std::strcmp(production_env, "1") == 0;
+  auto reachable = [&](int n) {
+    if (gpus < n) return false;
+    for (int a = 0; a < n; ++a) {
+      for (int b = 0; b < n; ++b) {
+        int can = 1;
+        if (a != b) CHECK(cudaDeviceCanAccessPeer(&can, a, b));
+        if (!can) return false;
+      }
+    }
+    return true;
+  };
+  if (worlds.find('1') != std::string::npos) run_world<1>(size_t{2} << 20, production_only);
+  if (worlds.find('2') != std::string::npos) {
+    if (reachable(2)) {
+      run_world<2>(size_t{1} << 20, production_only);   // the communicator's default (lamport_message_bytes 1 MiB)
+      run_world<2>(size_t{64} << 10, production_only);  // every buffer's slots within 768 KiB
     } else {
-      std::printf("GPUs 0 and 1 cannot access each other: the world of 2 skipped\n");
+      std::printf("GPUs 0 and 1 cannot reach each other (or one GPU): the world of 2 skipped\n");
+    }
+  }
+  if (worlds.find('4') != std::string::npos) {
+    if (reachable(4)) {
+      run_world<4>(size_t{1} << 20, production_only);
+    } else {
+      std::printf("fewer than 4 GPUs, or GPUs 0-3 cannot all reach each other: the world of 4 skipped\n");
     }
   }
   return 0;
