@@ -407,8 +407,7 @@ EXC_HD inline RowRange lamport_block_rows(const BlockShare& push, size_t hidden)
 // core's fused_rmsnorm_lamport passes fused_row_from; the register path
 // (core/fused_rmsnorm_kernels.h, fused_rmsnorm_lamport_reg, the GPU's kernel) its row
 // held in registers. Steps (per block):
-//   1. the Lamport call (begin_lamport_call): buffer b = k mod 3, previous = (k - 1) mod 3; this
-//      thread's first pack of its push share loaded with it (lamport_early_pack);
+//   1. the Lamport call (begin_lamport_call): buffer b = k mod 3, previous = (k - 1) mod 3;
 //   2. push this block's share of the whole message (block_share of [0, rows * H) over all blocks
 //      of the grid, as allreduce_lamport_one_shot's push), NaNs made canonical, into slot (b, rank)
 //      of every peer's region: at 1 row every block of the grid pushes a part of the row, instead
@@ -459,16 +458,14 @@ EXC_HD void lamport_one_stage_rows(Ctx& ctx, const FusedRmsNormArgs<T>& args, Be
   const size_t H = static_cast<size_t>(args.hidden);
   const size_t count = static_cast<size_t>(args.rows) * H;
   const int me = ctx.rank();
-  // 1. The call, this thread's first pack of the push loaded with it (lamport_early_pack).
+  // 1. The call.
+  const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);
   const BlockShare push = block_share(0, count, P, ctx.block(), ctx.num_blocks());
-  const T* x = ctx.input(me);
-  LamportEarlyPack<T> early;
-  const LamportCall<T> c =
-      begin_lamport_call<T, Protocol>(ctx, [&] { early = lamport_early_pack(ctx, push, x, count); });
   const RowRange mine = lamport_block_rows(push, H);
   const BlockShare rows = block_share(mine.begin * H, mine.end * H, P, 0, 1);
+  const T* x = ctx.input(me);
   // 2. Push this block's share of the message (every block of the grid, whatever its rows).
-  lamport_push<T, kRanks, Protocol>(ctx, "push", c, push, x, count, early);
+  lamport_push<T, kRanks, Protocol>(ctx, "push", c, push, x, count);
   // 3. Clear the previous call's buffer; the work that needs no peer.
   lamport_clear_previous<T, kRanks, Protocol>(ctx, c);
   before_fold();

@@ -223,14 +223,15 @@ struct LamportProtocol {
 // This rank's input pack starting at element i (aligned) of a count-element message (mine 16-byte
 // aligned, as every input is: the communicator refuses others); elements at or past count (the
 // last pack of a count that is not a multiple of the pack) are +0.0, never the sentinel, and never
-// stored to output. A whole pack is one 16-byte load (element by element, nvcc 13.0 emitted eight
-// 2-byte loads per bf16 pack).
+// stored to output. Element by element (nvcc 13.0 emits eight 2-byte loads per bf16 pack): one
+// 16-byte load was part of the prologue that cost 4 GPUs more than it gave 2 (begin_lamport_call).
 template <class T, class Ctx>
 EXC_HD EXC_INLINE Pack<T> lamport_input_pack(Ctx& ctx, const T* mine, size_t i, size_t count) {
   constexpr int P = Storage<T>::kPack;
   Pack<T> x;
   if (i + P <= count) {
-    x = ctx.load(reinterpret_cast<const Pack<T>*>(mine + i));
+    (void)ctx;
+    for (int e = 0; e < P; ++e) x.v[e] = mine[i + e];
   } else {
     for (int e = 0; e < P; ++e) {
       if (i + e < count) {
@@ -256,8 +257,7 @@ EXC_HD EXC_INLINE Pack<T> lamport_input_pack(Ctx& ctx, const T* mine, size_t i, 
 // no element is 0xFFFF and folds input_0 + slot 1; rank 1 folds slot 0 + input_1.
 // Steps (per block, on its share of the message's packs):
 //   1. k = lamport_calls[block] (this rank's Lamport call number); b = k mod 3 is this call's
-//      buffer, c = (k - 1) mod 3 the previous call's; loaded at once with every buffer's extent
-//      (begin_lamport_call);
+//      buffer, c = (k - 1) mod 3 the previous call's (begin_lamport_call);
 //   2. push: each pack of this block's share of the input, NaNs made canonical, into slot (b, rank)
 //      of every peer's region (peers in order rank+1, rank+2, ...);
 //   3. clear: this block's share of the extent that the previous call wrote (lamport_extent[c])
@@ -296,50 +296,34 @@ struct LamportCall {
   int buffer = 0;      // calls mod kBuffers: where this call's data goes
   int previous = 0;    // (calls - 1) mod kBuffers: what this call clears
   size_t buffer_elements = 0, slot_elements = 0;
-  uint64_t previous_extent_bytes = 0;  // lamport_extent[previous]: what the clear covers in each slot
 };
 
-// Step 1: calls before_sync() (the caller's loads that need neither the call number nor an extent:
-// lamport_early_pack), then reads the call number from this block's slot (every block of the launch
-// reads the same) and every buffer's extent, then the block's sync: a Lamport kernel has no barrier
-// before its polls, and the GPU's polls read block-shared state the launch has just reset (the
-// aborted flag; kernels.cuh). The reads come before the sync, so the sync orders every thread's
-// read before the block's writes of the next call number and of this call's extent
-// (end_lamport_call), whatever that sync orders: cuda_backend/fused's cluster context, whose block
-// is a thread-block cluster, makes only this first sync a release and acquire of the whole cluster.
-// Why every extent is read here, before the call number picks one, and the caller's loads with
-// them: the loads go out together, so neither the clear (its extent) nor a push that loaded its
-// first input pack here waits for a round trip to L2 of its own after the sync. Each dependent load
-// in a launch's prologue costs one: 0.07-0.16 us on 4 blocks, 0.24-0.33 on 128
-// (tools/gpu/probes/launch_floor_probe.cu). Measured on 2 x H200 (docs/benchmarks.md, "A Lamport
-// launch's first loads"): lamport_two_shot and lamport_one_stage gain 0.06-0.2 us at 16 KB-256 KB
-// with their first pack loaded here; lamport_one_shot does not take it (see there). The caller's
-// loads go out first: issued after the call number's, lamport_one_stage lost 0.2 us at 16 rows
-// ("first" in source order: these are plain loads, which the compiler may reorder).
-// The extent of this call's own buffer is read too and thrown away, while another block of this
-// launch that already finished may be writing that word (end_lamport_call): harmless on a GPU and in
-// the simulator (whose blocks of a rank run in turn), a formal race where a test runs every thread
-// as a std::thread (tests/core/thread_world.h), of the same kind as the blocks' concurrent writes of
-// that word, each the same value, which end_lamport_call always made.
+// Step 1: calls before_sync() (loads of the caller's that need no call number: the step probe's
+// lamport_early_pack variant; the algorithms pass nothing), then reads the call number from this
+// block's slot (every block of the launch reads the same), then the block's sync: a Lamport kernel
+// has no barrier before its polls, and the GPU's polls read block-shared state the launch has just
+// reset (the aborted flag; kernels.cuh). The read comes before the sync, so the sync orders every
+// thread's read before the block's write of the next call number (end_lamport_call), whatever that
+// sync orders: cuda_backend/fused's cluster context, whose block is a thread-block cluster, makes
+// only this first sync a release and acquire of the whole cluster. The clear reads its extent
+// itself (lamport_clear_previous).
+// Why no more than this before the push: the twelfth and thirteenth sessions' prologue (every
+// extent read here, the first input pack loaded here for lamport_two_shot and lamport_one_stage,
+// whole-pack input loads, a missed poll's immediate reload, L2 prefetches before the wait) made
+// 2 x H200 0.06-0.25 us faster but 4 x H200 slower: lamport_one_shot 3.85 us instead of 3.50 at
+// 16 KB and lamport_one_stage 6.0 instead of 4.45 at 1 row of H 8192, with no one of those pieces
+// to blame alone (docs/benchmarks.md, "The Lamport prologue on 4 GPUs"). The kernels run this
+// prologue again (their PTX is a1ddde8's).
 template <class T, class Protocol, class Ctx, class BeforeSync>
 EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx, BeforeSync before_sync) {
   constexpr int B = Protocol::kBuffers;
-  static_assert(B <= 4, "SignalBuffer::lamport_extent holds four buffers' extents");
   LamportCall<T> c;
   const SignalBuffer* own = ctx.signals(ctx.rank());
   before_sync();
   c.calls = own->lamport_calls[ctx.block()];
-  uint64_t extents[B];
-  EXC_UNROLL
-  for (int j = 0; j < B; ++j) extents[j] = own->lamport_extent[j];
   ctx.sync_block();
   c.buffer = static_cast<int>(c.calls % B);
   c.previous = static_cast<int>((c.calls + B - 1) % B);
-  // Selected without indexing by a run-time value (which would put extents in local memory).
-  EXC_UNROLL
-  for (int j = 0; j < B; ++j) {
-    if (j == c.previous) c.previous_extent_bytes = extents[j];
-  }
   const LamportLayout layout = lamport_layout(ctx.lamport_bytes(), ctx.world_size());
   c.buffer_elements = layout.buffer_bytes / sizeof(T);
   c.slot_elements = layout.slot_bytes / sizeof(T);
@@ -376,9 +360,10 @@ EXC_HD EXC_INLINE void lamport_output_pack(Ctx& ctx, T* out, size_t i, size_t co
 }
 
 // The thread's first pack of a push share, loaded in begin_lamport_call's before_sync (ahead of the
-// call number) so that its round trip overlaps those of the call number and the extents: the push
-// needs the call number for where its stores go, not for what they store. i is the pack's element
-// (kNoEarlyPack: this thread has no pack in the share).
+// call number) so that its round trip overlaps the call number's: the push needs the call number
+// for where its stores go, not for what they store. i is the pack's element (kNoEarlyPack: this
+// thread has no pack in the share). Used by tools/gpu/probes/lamport_step_probe.cu's "early pack"
+// variant; the algorithms load none (on 4 GPUs it did not pay: begin_lamport_call).
 inline constexpr size_t kNoEarlyPack = ~size_t{0};
 template <class T>
 struct LamportEarlyPack {
@@ -458,7 +443,7 @@ EXC_HD void lamport_clear_previous(Ctx& ctx, const LamportCall<T>& c) {
     const int n = ctx.world_size();
     const int me = ctx.rank();
     const int peers = kRanks > 0 ? kRanks : n;
-    const size_t extent = static_cast<size_t>(c.previous_extent_bytes) / sizeof(T);
+    const size_t extent = static_cast<size_t>(ctx.signals(me)->lamport_extent[c.previous]) / sizeof(T);
     const BlockShare clear = block_share(0, extent, P, ctx.block(), ctx.num_blocks());
     if constexpr (Ctx::kTraceSteps) {
       ctx.trace_step_begin("clear");
@@ -567,10 +552,10 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
   // 1. The call number and the buffers. (No early input pack here: with one, lamport_one_shot took
   //    0.1 us less at 16 KB on 2 x H200 but 0.1 more at 32 KB and 0.1-0.2 more at 1 MiB; docs/
   //    benchmarks.md, "A Lamport launch's first loads".)
+  const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);
   const size_t padded = (count + P - 1) / P * P;
   const BlockShare share = block_share(0, padded, P, ctx.block(), ctx.num_blocks());
   const T* mine = ctx.input(me);
-  const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);
   (void)n;
   // 2. Push.
   lamport_push<T, kRanks, Protocol>(ctx, "push", c, share, mine, count);
@@ -614,8 +599,7 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
 // each then polls the other's folded slice from its own region into output.
 // Steps (per block; slice p = two_shot_slice(padded count, P, p, n), stride its longest length,
 // lamport_two_shot_stride):
-//   1. the call number and the buffers (begin_lamport_call), this thread's first pack of the
-//      first push loaded with them (lamport_early_pack);
+//   1. the call number and the buffers (begin_lamport_call);
 //   2. reduce-scatter push: this block's share of each peer p's slice of the input, NaNs made
 //      canonical, into slot (b, rank) of p's region at the slice's offset (peers rank+1, ...);
 //   3. clear the previous call's buffer (lamport_clear_previous: the extents are bytes per slot,
@@ -648,20 +632,18 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
   const int n = ctx.world_size();
   const int me = ctx.rank();
   const int peers = kRanks > 0 ? kRanks : n;
-  // 1. The call number and the buffers, this thread's first pack of the first push loaded with them.
+  // 1. The call number and the buffers.
+  const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);
   const size_t padded = (count + P - 1) / P * P;
+  const size_t stride = lamport_two_shot_stride(count, P, n);
   const T* mine = ctx.input(me);
+  T* const out = ctx.output();
   auto slice_of = [&](int p) {
     LamportSliceShare s;
     s.slice = two_shot_slice(padded, P, p, n);
     s.share = block_share(s.slice.begin, s.slice.end, P, ctx.block(), ctx.num_blocks());
     return s;
   };
-  LamportEarlyPack<T> early;
-  const LamportCall<T> c = begin_lamport_call<T, Protocol>(
-      ctx, [&] { early = lamport_early_pack(ctx, slice_of((me + 1) % n).share, mine, count); });
-  const size_t stride = lamport_two_shot_stride(count, P, n);
-  T* const out = ctx.output();
   // 2. Reduce-scatter push.
   for (int k = 1; k < peers; ++k) {
     const int p = (me + k) % n;
@@ -678,7 +660,7 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
     for_share(
         ctx, s.share, P,
         [&](size_t i) {
-          Pack<T> x = lamport_own_pack(ctx, early, mine, i, count);
+          Pack<T> x = lamport_input_pack(ctx, mine, i, count);
           if constexpr (Protocol::kCanonicalize) x = lamport_canonicalize(x);
           ctx.lamport_store(reinterpret_cast<Pack<T>*>(slot + (i - s.slice.begin)), x, p);
         },

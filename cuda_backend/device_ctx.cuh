@@ -232,16 +232,13 @@ class DeviceCtx {
 
   // Volatile 16-byte loads of this rank's own region until no element is the sentinel, bounded by
   // timeout_ns as wait() is (the first thread to give up records the peer that never wrote).
-  // After a first miss the next load goes out with the read of the error record, not after it: a
-  // poll that missed once is most often less than a round trip from its data, and waiting for the
-  // record first would add a round trip to L2 before the data could be seen.
+  // After a first miss the error record is read before the next load. (The twelfth session sent the
+  // next load out with that read, to save a round trip; it was part of the prologue that cost 4 GPUs
+  // more than it gave 2: core/lamport.h, begin_lamport_call.)
   __device__ Pack<T> lamport_poll(const Pack<T>* p, int peer, const LamportPoll& where) const {
     Pack<T> x = lamport_load(p);
     if (lamport_arrived(x) || *aborted_) return x;
-    x = lamport_load(p);
-    const bool recorded = error_recorded();
-    if (lamport_arrived(x)) return x;
-    if (recorded) {  // as wait(): an earlier give-up on this rank ends this poll at once
+    if (error_recorded()) {  // as wait(): an earlier give-up on this rank ends this poll at once
       *aborted_ = 1;
       return x;
     }

@@ -53,7 +53,10 @@ __device__ __forceinline__ void enter_after_previous_grid() {
 // A hint that brings p's line into this GPU's L2 (nothing into the thread, nothing into L1).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// A Lamport kernel's first touches, prefetched into L2 before griddepcontrol.wait: thread 0 of each
+// A Lamport kernel's first touches, prefetched into L2 before griddepcontrol.wait (the kernels
+// called it from the thirteenth session until the fourteenth, which found the prologue it belonged to
+// slower on 4 GPUs: core/lamport.h, begin_lamport_call; now tools/gpu/probes/lamport_step_probe.cu's
+// "prefetch" variants call it): thread 0 of each
 // block the call-number slot of blockIdx.x (SignalBuffer::lamport_calls; in cuda_backend/fused's
 // cluster kernel, whose block is a cluster of C, the slot read is blockIdx.x / C, which some block
 // prefetches too), and, for a thread whose `element` is below `limit`, that element of each of
@@ -98,13 +101,6 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
                                    ? reinterpret_cast<const void*>(__ldg(
                                          reinterpret_cast<const unsigned long long*>(args.input_table) + args.rank))
                                    : nullptr;
-  constexpr bool kLamport = kKind == KernelKind::kLamportOneShot || kKind == KernelKind::kLamportTwoShot;
-  if constexpr (kLamport) {
-    // Not the input's line where the input comes from the table (its load has not returned).
-    const void* input = args.input_table == nullptr ? args.inputs[args.rank] : nullptr;
-    prefetch_lamport_first_lines<T>(args, thread_first_element(Storage<T>::kPack), args.count, /*region=*/true, input,
-                                    args.output);
-  }
   enter_after_previous_grid();
   __shared__ int aborted;
   __shared__ const void* views[kMaxRanks];
@@ -120,6 +116,7 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
   // The Lamport algorithms read their own input in place (peers never read it): never staged. A call
   // captured in place stages only until its row is registered; an eager call in place stages
   // only where this rank's input is not mapped by every peer (the host sets stage_from then).
+  constexpr bool kLamport = kKind == KernelKind::kLamportOneShot || kKind == KernelKind::kLamportTwoShot;
   if (!kLamport && args.stage_from != nullptr && own_from_table == nullptr) {
     stage_own_input<T, kKind>(ctx, args);
     // push_one_shot and push_two_shot read their own staged input before any barrier (same block

@@ -60,16 +60,15 @@ struct ClusterExchange {
 // fold it alone):
 //   thread() = the block's rank in its cluster x blockDim + threadIdx.x, num_threads() = C x
 //   blockDim, block() = the cluster's index, num_blocks() = the grid's clusters;
-//   sync_block(): the first call (begin_lamport_call's, after every thread read the call number and
-//   the extents) is the cluster's barrier with release and acquire at cluster scope, which orders
-//   memory for every thread of the cluster as __syncthreads does for a block's; nothing is pending
-//   then, so it is cheap. Later calls (end_lamport_call's, the only other one in
-//   lamport_one_stage_rows) are __syncthreads and a relaxed cluster barrier: what
-//   end_lamport_call's sync orders across blocks, every block's read of the call number (and of the
-//   extents) before the write of the next, the first sync ordered already; a release there would
-//   first wait for every push over NVLink to be written (with every sync a release and the exchange
-//   a cluster barrier, one GPU with no peer took 5.41 us at 1 row of H 8192 on a cluster of 2,
-//   against 4.61 with relaxed syncs and this exchange: docs/benchmarks.md);
+//   sync_block(): the first call (begin_lamport_call's, after every thread read the call number) is
+//   the cluster's barrier with release and acquire at cluster scope, which orders memory for every
+//   thread of the cluster as __syncthreads does for a block's; nothing is pending then, so it is
+//   cheap. Later calls (end_lamport_call's, the only other one in lamport_one_stage_rows) are
+//   __syncthreads and a relaxed cluster barrier: what end_lamport_call's sync orders across blocks,
+//   every block's read of the call number before the write of the next, the first sync ordered
+//   already; a release there would first wait for every push over NVLink to be written (with every
+//   sync a release and the exchange a cluster barrier, one GPU with no peer took 5.41 us at 1 row of
+//   H 8192 on a cluster of 2, against 4.61 with relaxed syncs and this exchange: docs/benchmarks.md);
 //   sync_before_polls() (core/fused_rmsnorm.h, lamport_one_stage's step 4) = nothing: the GPU needs
 //   no order there, and a cluster barrier's release would first wait for every push to be written;
 //   sum_lane_partials(tree, partial): thread t of the cluster holds lane t's partial, so warp w of
@@ -187,24 +186,8 @@ __device__ __forceinline__ FusedRmsNormArgs<T> fused_args(const FusedKernelArgs&
   return a;
 }
 
-// prefetch_lamport_first_lines (kernels.cuh) for a Lamport fused kernel: the call number and x's
-// line at thread_first_element (x is what the push reads first). Measured so (2 x H200, every fused
-// shape of docs/benchmarks.md's "What a small Lamport all-reduce's kernel spends"). The residual's,
-// the output's and the region's lines were prefetched too in a first build, together with every
-// warp prefetching the call number's line, which cost 0.75 us at 16 rows; without those lines the
-// loss stayed, so it was the call number's line; the lines have not been tried again since.
-template <class T>
-__device__ __forceinline__ void prefetch_fused_lamport_lines(const FusedKernelArgs& args) {
-  prefetch_lamport_first_lines<T>(args.base, thread_first_element(Storage<T>::kPack),
-                                  static_cast<size_t>(args.rows) * static_cast<size_t>(args.hidden),
-                                  /*region=*/false, args.base.inputs[args.base.rank]);
-}
-
 template <class T, int kRanks, FusedKernelKind kKind, Contract kFold>
 __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ FusedKernelArgs args) {
-  if constexpr (kKind == FusedKernelKind::kLamportOneStage || kKind == FusedKernelKind::kLamportTwoStage) {
-    prefetch_fused_lamport_lines<T>(args);
-  }
   enter_after_previous_grid();  // programmatic dependent launch (launch_kernel, kernels.cuh)
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;
@@ -246,7 +229,6 @@ __global__ void __launch_bounds__(1024) fused_kernel(const __grid_constant__ Fus
 // registers.
 template <class T, int kRanks, Contract kFold, LamportFused kLamport>
 __global__ void __launch_bounds__(1024) lamport_held_kernel(const __grid_constant__ FusedKernelArgs args) {
-  prefetch_fused_lamport_lines<T>(args);
   enter_after_previous_grid();
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;  // begin_lamport_call's sync_block orders it before any poll
@@ -261,7 +243,6 @@ __global__ void __launch_bounds__(1024) lamport_held_kernel(const __grid_constan
 // a thread 128 registers.
 template <class T, int kRanks, Contract kFold, LamportFused kLamport>
 __global__ void __launch_bounds__(512) lamport_cluster_kernel(const __grid_constant__ FusedKernelArgs args) {
-  prefetch_fused_lamport_lines<T>(args);
   enter_after_previous_grid();
   __shared__ int aborted;
   __shared__ ClusterExchange exchange;

@@ -1,14 +1,15 @@
 // lamport_step_probe: where a small lamport_one_shot all-reduce's time goes, step by step, measured
 // on exactcoll's own kernel (cuda_backend/kernels.cuh) in one process, without the communicator.
-//   1. per op: collective_kernel<bf16, n, kLamportOneShot> in a CUDA graph of 20 launches with
+//   1. per op: collective_kernel<bf16, n, kLamportOneShot> (and kLamportTwoShot) in a CUDA graph of 20 launches with
 //      programmatic dependent launch, as `exactcoll bench` times it (each timed replay behind an
 //      untimed one, median of 25), on 1 GPU (world of 1: no peer) and on GPUs 0 and 1 (world of 2,
 //      the peer's region reached through peer access, one graph per GPU).
 //   2. steps: the same algorithm, its steps called one by one (stepped_lamport_kernel) with a
 //      clock64 stamp after each by thread 0 of block 0: past griddepcontrol.wait, begun (the call
-//      number, the extents and the block's sync), pushed, cleared, folded, ended. Medians over the
+//      number and the block's sync), pushed, cleared, folded, ended. Medians over the
 //      timed replays' launches 1..19 (launch 0 follows the previous replay through a full dependency, not a
-//      programmatic one). Variants (Options): collective_kernel's prefetches before the wait, with a peer's line too,
+//      programmatic one). Variants (Options): the L2 prefetches before the wait (collective_kernel's in the
+//      thirteenth session; kernels.cuh, prefetch_lamport_first_lines), with a peer's line too,
 //      the parameter block read before the wait, the first input pack loaded with the call number, weak stores, every
 //      push stored thrice, and two calls in one launch (the second finds the instructions, the
 //      parameters and the call number's lines cached).
@@ -17,7 +18,8 @@
 //      matter); a world of 4 on GPUs 0-3 with 1 MiB slots (LAMPORT_STEP_PROBE_WORLDS="4").
 //   LAMPORT_STEP_PROBE_PRODUCTION=1 runs the production kernels alone (lamport_one_shot's and
 //   lamport_two_shot's collective_kernel), e.g. to time builds of other trees side by side.
-// Results: docs/benchmarks.md, "What a small Lamport all-reduce's kernel spends" (issue 26).
+// Results: docs/benchmarks.md, "What a small Lamport all-reduce's kernel spends" and "The Lamport
+// prologue on 4 GPUs" (issue 26).
 //
 // Standalone (no Bazel target, as launch_floor_probe), built from the repository root:
 //   nvcc -O3 -std=c++20 -I. -DEXACTCOLL_HAS_CUDA=1 --expt-relaxed-constexpr
@@ -113,7 +115,7 @@ class StoreCtx : public DeviceCtx<bf16, kRanks> {
 
 // What a variant of the stepped kernel changes.
 //   warm: warm_kernel_args before the wait;
-//   prefetch: before the wait, collective_kernel's prefetches (prefetch_lamport_first_lines);
+//   prefetch: before the wait, the thirteenth session's prefetches (prefetch_lamport_first_lines);
 //   prefetch_peer: before the wait, also the thread's line of the next peer's region (over NVLink;
 //     in a world of 1 its own region);
 //   early: the thread's first input pack loaded with the call number (lamport_early_pack);
@@ -130,8 +132,8 @@ struct Options {
   Stores stores = Stores::kVolatile;
 };
 
-// The variants: the production kernel (collective_kernel, whose prologue has the prefetches), then
-// stepped_lamport_kernel's.
+// The variants: the production kernels (collective_kernel; since the fourteenth session without the
+// prefetches), then stepped_lamport_kernel's.
 struct Variant {
   const char* label;
   bool production;
@@ -142,7 +144,7 @@ constexpr Variant kVariants[] = {
     {"lamport_one_shot (production)", true, {}},
     {"lamport_two_shot (production)", true, {}, KernelKind::kLamportTwoShot},
     {"stepped", false, {}},
-    {"stepped, prefetch (production's)", false, {.prefetch = true}},
+    {"stepped, prefetch", false, {.prefetch = true}},
     {"stepped, prefetch + peer's line", false, {.prefetch = true, .prefetch_peer = true}},
     {"stepped, warm parameters", false, {.warm = true}},
     {"stepped, early pack", false, {.early = true}},
@@ -296,8 +298,7 @@ template <int kRanks, size_t I>
 void launch_variant(const cudaLaunchConfig_t& config, const KernelArgs& args, Stamps* stamps) {
   if constexpr (kVariants[I].production) {
     CHECK(cudaLaunchKernelEx(
-        &config,
-        exactcoll::cuda::collective_kernel<bf16, kRanks, kVariants[I].kind, exactcoll::Contract::kCanonical>,
+        &config, exactcoll::cuda::collective_kernel<bf16, kRanks, kVariants[I].kind, exactcoll::Contract::kCanonical>,
         args));
   } else {
     CHECK(cudaLaunchKernelEx(&config, stepped_lamport_kernel<kRanks, I>, args, stamps));
