@@ -298,28 +298,26 @@ struct LamportCall {
   size_t buffer_elements = 0, slot_elements = 0;
 };
 
-// Step 1: calls before_sync() (loads of the caller's that need no call number: the step probe's
-// lamport_early_pack variant; the algorithms pass nothing), then reads the call number from this
-// block's slot (every block of the launch reads the same), then the block's sync: a Lamport kernel
-// has no barrier before its polls, and the GPU's polls read block-shared state the launch has just
-// reset (the aborted flag; kernels.cuh). The read comes before the sync, so the sync orders every
-// thread's read before the block's write of the next call number (end_lamport_call), whatever that
-// sync orders: cuda_backend/fused's cluster context, whose block is a thread-block cluster, makes
-// only this first sync a release and acquire of the whole cluster. The clear reads its extent
-// itself (lamport_clear_previous).
+// Step 1: reads the call number from this block's slot (every block of the launch reads the same),
+// then the block's sync: a Lamport kernel has no barrier before its polls, and the GPU's polls read
+// block-shared state the launch has just reset (the aborted flag; kernels.cuh). The read comes
+// before the sync, so the sync orders every thread's read before the block's write of the next call
+// number (end_lamport_call), whatever that sync orders: cuda_backend/fused's cluster context, whose
+// block is a thread-block cluster, makes only this first sync a release and acquire of the whole
+// cluster. The clear reads its extent itself (lamport_clear_previous).
 // Why no more than this before the push: the twelfth and thirteenth sessions' prologue (every
 // extent read here, the first input pack loaded here for lamport_two_shot and lamport_one_stage,
 // whole-pack input loads, a missed poll's immediate reload, L2 prefetches before the wait) made
 // 2 x H200 0.06-0.25 us faster but 4 x H200 slower: lamport_one_shot 3.85 us instead of 3.50 at
 // 16 KB and lamport_one_stage 6.0 instead of 4.45 at 1 row of H 8192, with no one of those pieces
 // to blame alone (docs/benchmarks.md, "The Lamport prologue on 4 GPUs"). The kernels run this
-// prologue again (their PTX is a1ddde8's).
-template <class T, class Protocol, class Ctx, class BeforeSync>
-EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx, BeforeSync before_sync) {
+// prologue again (their PTX is a1ddde8's); tools/gpu/probes/lamport_step_probe.cu keeps the
+// prefetches as a variant.
+template <class T, class Protocol, class Ctx>
+EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx) {
   constexpr int B = Protocol::kBuffers;
   LamportCall<T> c;
   const SignalBuffer* own = ctx.signals(ctx.rank());
-  before_sync();
   c.calls = own->lamport_calls[ctx.block()];
   ctx.sync_block();
   c.buffer = static_cast<int>(c.calls % B);
@@ -328,11 +326,6 @@ EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx, BeforeSync before_
   c.buffer_elements = layout.buffer_bytes / sizeof(T);
   c.slot_elements = layout.slot_bytes / sizeof(T);
   return c;
-}
-
-template <class T, class Protocol, class Ctx>
-EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx) {
-  return begin_lamport_call<T, Protocol>(ctx, [] {});
 }
 
 // Element offset of sender `from`'s slot of `buffer` in a region, and the slot's address in
@@ -359,40 +352,6 @@ EXC_HD EXC_INLINE void lamport_output_pack(Ctx& ctx, T* out, size_t i, size_t co
   }
 }
 
-// The thread's first pack of a push share, loaded in begin_lamport_call's before_sync (ahead of the
-// call number) so that its round trip overlaps the call number's: the push needs the call number
-// for where its stores go, not for what they store. i is the pack's element (kNoEarlyPack: this
-// thread has no pack in the share). Used by tools/gpu/probes/lamport_step_probe.cu's "early pack"
-// variant; the algorithms load none (on 4 GPUs it did not pay: begin_lamport_call).
-inline constexpr size_t kNoEarlyPack = ~size_t{0};
-template <class T>
-struct LamportEarlyPack {
-  size_t i = kNoEarlyPack;
-  Pack<T> x{};
-};
-
-// Returns this thread's first pack of `share` of `mine` (count elements), as lamport_input_pack
-// reads it. Called in begin_lamport_call's before_sync.
-template <class T, class Ctx>
-EXC_HD EXC_INLINE LamportEarlyPack<T> lamport_early_pack(Ctx& ctx, const BlockShare& share, const T* mine,
-                                                         size_t count) {
-  constexpr int P = Storage<T>::kPack;
-  LamportEarlyPack<T> early;
-  const size_t i = share.pack_begin + static_cast<size_t>(ctx.thread()) * P;
-  if (i < share.pack_end) {
-    early.i = i;
-    early.x = lamport_input_pack(ctx, mine, i, count);
-  }
-  return early;
-}
-
-// lamport_input_pack(ctx, mine, i, count), taken from `early` when it holds that pack.
-template <class T, class Ctx>
-EXC_HD EXC_INLINE Pack<T> lamport_own_pack(Ctx& ctx, const LamportEarlyPack<T>& early, const T* mine, size_t i,
-                                           size_t count) {
-  return i == early.i ? early.x : lamport_input_pack(ctx, mine, i, count);
-}
-
 // share with its packs cut at `count` (traces: what is read from an input or written to an output
 // of count elements; the padding of the last pack is neither).
 EXC_HD inline BlockShare lamport_clip(BlockShare share, size_t count) {
@@ -403,10 +362,9 @@ EXC_HD inline BlockShare lamport_clip(BlockShare share, size_t count) {
 // Step 2: each pack of `share` (pack-aligned at both ends, within [0, padded count)) of this
 // rank's input `mine` (count elements), NaNs made canonical (Protocol::kCanonicalize), into slot
 // (buffer, rank) of every peer's region, peers in order rank+1, rank+2, ...; traced as `name`.
-// early: the thread's first pack of share, when loaded already (lamport_early_pack).
 template <class T, int kRanks, class Protocol, class Ctx>
 EXC_HD void lamport_push(Ctx& ctx, const char* name, const LamportCall<T>& c, const BlockShare& share, const T* mine,
-                         size_t count, const LamportEarlyPack<T>& early = {}) {
+                         size_t count) {
   constexpr int P = Storage<T>::kPack;
   const int n = ctx.world_size();
   const int me = ctx.rank();
@@ -424,7 +382,7 @@ EXC_HD void lamport_push(Ctx& ctx, const char* name, const LamportCall<T>& c, co
   for_share(
       ctx, share, P,
       [&](size_t i) {
-        Pack<T> x = lamport_own_pack(ctx, early, mine, i, count);
+        Pack<T> x = lamport_input_pack(ctx, mine, i, count);
         if constexpr (Protocol::kCanonicalize) x = lamport_canonicalize(x);
         for (int k = 1; k < peers; ++k) {
           const int peer = (me + k) % n;
@@ -549,7 +507,7 @@ EXC_HD void allreduce_lamport_one_shot(Ctx& ctx, size_t count) {
   constexpr int P = Storage<T>::kPack;
   const int n = ctx.world_size();
   const int me = ctx.rank();
-  // 1. The call number and the buffers. (No early input pack here: with one, lamport_one_shot took
+  // 1. The call number and the buffers. (No input pack loaded ahead of it: with one, lamport_one_shot took
   //    0.1 us less at 16 KB on 2 x H200 but 0.1 more at 32 KB and 0.1-0.2 more at 1 MiB; docs/
   //    benchmarks.md, "A Lamport launch's first loads".)
   const LamportCall<T> c = begin_lamport_call<T, Protocol>(ctx);

@@ -50,48 +50,6 @@ __device__ __forceinline__ void enter_after_previous_grid() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// A hint that brings p's line into this GPU's L2 (nothing into the thread, nothing into L1).
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
-// A Lamport kernel's first touches, prefetched into L2 before griddepcontrol.wait (the kernels
-// called it from the thirteenth session until the fourteenth, which found the prologue it belonged to
-// slower on 4 GPUs: core/lamport.h, begin_lamport_call; now tools/gpu/probes/lamport_step_probe.cu's
-// "prefetch" variants call it): thread 0 of each
-// block the call-number slot of blockIdx.x (SignalBuffer::lamport_calls; in cuda_backend/fused's
-// cluster kernel, whose block is a cluster of C, the slot read is blockIdx.x / C, which some block
-// prefetches too), and, for a thread whose `element` is below `limit`, that element of each of
-// `lines` that is not null (of the input and the output, say) and, where `region`, of this rank's
-// Lamport region. With thread_first_element that is the thread's first pack where a block's share
-// is one pack a thread (16 KB on 4 x 256); else a line of the same buffers' first pages (at 1 MiB on
-// 128 x 256 the first half of them). The region's element is in no particular buffer or slot: what
-// it brings in is the region's first pages, not the clear's lines.
-// Why: on 2 x H200 (tools/gpu/probes/lamport_step_probe.cu; docs/benchmarks.md, "What a small
-// Lamport all-reduce's kernel spends") the call number's load and the block's sync took 800 cycles
-// after the wait, 650 with these prefetches; lamport_one_shot took 0.09-0.18 us less at 16 KB-1 MiB
-// and lamport_one_stage 0.06-0.12 less (not measured on 4 GPUs). A prefetch reads nothing into the
-// thread and only into L2, the point of coherence of this GPU's memory, so nothing the previous
-// kernel writes after it is missed. Thread 0 alone takes the call number's line: with every warp
-// prefetching it (the line the previous kernel's blocks write as they end), lamport_one_stage's
-// 128 blocks of 1 024 threads took 6.64 us instead of 5.91 at 16 rows of H 8192. Never a peer's
-// address: a prefetch of peer memory over NVLink made lamport_one_shot 12 x slower at 256 KB.
-// Preconditions: none (a thread past the region, or past `limit` elements, prefetches less).
-template <class T, class... Lines>
-__device__ __forceinline__ void prefetch_lamport_first_lines(const KernelArgs& args, size_t element, size_t limit,
-                                                             bool region, Lines... lines) {
-  if (threadIdx.x == 0) prefetch_l2(&args.signals[args.rank]->lamport_calls[blockIdx.x]);
-  if (element >= limit) return;
-  ((lines != nullptr ? prefetch_l2(static_cast<const T*>(lines) + element) : void()), ...);
-  if (region && (element + Storage<T>::kPack) * sizeof(T) <= args.lamport_bytes) {
-    prefetch_l2(static_cast<const T*>(args.lamport[args.rank]) + element);
-  }
-}
-
-// (block x threads + thread) x pack: the thread's first pack where a launch's threads take one pack
-// each in order.
-__device__ __forceinline__ size_t thread_first_element(int pack) {
-  return (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * static_cast<size_t>(pack);
-}
-
 template <class T, int kRanks, KernelKind kKind, Contract kFold>
 __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant__ KernelArgs args) {
   // Captured in place: this rank's entry of its graph input table row (null until registered),

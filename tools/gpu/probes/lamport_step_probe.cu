@@ -9,10 +9,9 @@
 //      number and the block's sync), pushed, cleared, folded, ended. Medians over the
 //      timed replays' launches 1..19 (launch 0 follows the previous replay through a full dependency, not a
 //      programmatic one). Variants (Options): the L2 prefetches before the wait (collective_kernel's in the
-//      thirteenth session; kernels.cuh, prefetch_lamport_first_lines), with a peer's line too,
-//      the parameter block read before the wait, the first input pack loaded with the call number, weak stores, every
-//      push stored thrice, and two calls in one launch (the second finds the instructions, the
-//      parameters and the call number's lines cached).
+//      thirteenth session; prefetch_first_lines below), with a peer's line too,
+//      the parameter block read before the wait, weak stores, every push stored thrice, and two calls in one launch
+//      (the second finds the instructions, the parameters and the call number's lines cached).
 //   3. where: a world of 1 with 2 MiB slots; worlds of 2 with the communicator's default slots
 //      (1 MiB) and with 64 KiB slots (every buffer within 768 KiB: whether the region's pages
 //      matter); a world of 4 on GPUs 0-3 with 1 MiB slots (LAMPORT_STEP_PROBE_WORLDS="4").
@@ -115,10 +114,9 @@ class StoreCtx : public DeviceCtx<bf16, kRanks> {
 
 // What a variant of the stepped kernel changes.
 //   warm: warm_kernel_args before the wait;
-//   prefetch: before the wait, the thirteenth session's prefetches (prefetch_lamport_first_lines);
+//   prefetch: before the wait, the thirteenth session's prefetches (prefetch_first_lines);
 //   prefetch_peer: before the wait, also the thread's line of the next peer's region (over NVLink;
 //     in a world of 1 its own region);
-//   early: the thread's first input pack loaded with the call number (lamport_early_pack);
 //   passes: calls a launch (2: the second call finds the instructions, the parameters and the call
 //     number's lines cached; the block syncs between them). Not the protocol production keeps: the
 //     first call's clear and the peer's writes of call k+2 into that buffer are ordered by a kernel
@@ -127,7 +125,7 @@ class StoreCtx : public DeviceCtx<bf16, kRanks> {
 //     would show as a poll that gives up (exit 1), never as data; it never did.
 //   stores: how lamport_store stores.
 struct Options {
-  bool warm = false, prefetch = false, prefetch_peer = false, early = false;
+  bool warm = false, prefetch = false, prefetch_peer = false;
   int passes = 1;
   Stores stores = Stores::kVolatile;
 };
@@ -147,12 +145,30 @@ constexpr Variant kVariants[] = {
     {"stepped, prefetch", false, {.prefetch = true}},
     {"stepped, prefetch + peer's line", false, {.prefetch = true, .prefetch_peer = true}},
     {"stepped, warm parameters", false, {.warm = true}},
-    {"stepped, early pack", false, {.early = true}},
     {"stepped, weak stores", false, {.stores = Stores::kWeak}},
     {"stepped, pushes thrice", false, {.stores = Stores::kThrice}},
     {"stepped, two calls a launch", false, {.passes = 2}},
 };
 constexpr size_t kVariantCount = sizeof(kVariants) / sizeof(kVariants[0]);
+
+// A hint that brings p's line into this GPU's L2 (nothing into the thread, nothing into L1).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// The "prefetch" variant: what collective_kernel prefetched before griddepcontrol.wait in the
+// thirteenth session (docs/benchmarks.md, "What a small Lamport all-reduce's kernel spends"; taken
+// out in the fourteenth, "The Lamport prologue on 4 GPUs"): thread 0 the block's call-number slot,
+// and a thread whose first pack `first` ((block x threads + thread) x pack) is below the count, that
+// element of the input, the output and this rank's Lamport region. Prefetching is L2 only, the
+// point of coherence of this GPU's memory, so nothing the previous kernel writes after it is missed.
+__device__ __forceinline__ void prefetch_first_lines(const KernelArgs& args, size_t first) {
+  if (threadIdx.x == 0) prefetch_l2(&args.signals[args.rank]->lamport_calls[blockIdx.x]);
+  if (first >= args.count) return;
+  prefetch_l2(static_cast<const bf16*>(args.inputs[args.rank]) + first);
+  prefetch_l2(static_cast<bf16*>(args.output) + first);
+  if ((first + exactcoll::Storage<bf16>::kPack) * sizeof(bf16) <= args.lamport_bytes) {
+    prefetch_l2(static_cast<const bf16*>(args.lamport[args.rank]) + first);
+  }
+}
 
 // allreduce_lamport_one_shot's steps (core/lamport.h), called one by one with a stamp after each:
 // the same calls in the same order, so the same bits. kVariant: its row of kVariants.
@@ -161,19 +177,14 @@ __global__ void __launch_bounds__(1024)
     stepped_lamport_kernel(const __grid_constant__ KernelArgs args, Stamps* stamps) {
   using exactcoll::LamportProtocol;
   constexpr Options kO = kVariants[kVariant].o;
-  constexpr bool kEarly = kO.early;
   constexpr int P = exactcoll::Storage<bf16>::kPack;
   stamp(stamps, 0);
   if constexpr (kO.warm) warm_kernel_args(args);
-  const size_t first = exactcoll::cuda::thread_first_element(P);
-  if constexpr (kO.prefetch) {
-    exactcoll::cuda::prefetch_lamport_first_lines<bf16>(args, first, args.count, /*region=*/true,
-                                                        args.inputs[args.rank], args.output);
-  }
+  const size_t first = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * P;
+  if constexpr (kO.prefetch) prefetch_first_lines(args, first);
   if constexpr (kO.prefetch_peer) {
-    if (first < args.count) {
-      exactcoll::cuda::prefetch_l2(static_cast<const bf16*>(args.lamport[(args.rank + 1) % args.world_size]) + first);
-    }
+    if (first < args.count)
+      prefetch_l2(static_cast<const bf16*>(args.lamport[(args.rank + 1) % args.world_size]) + first);
   }
   exactcoll::cuda::enter_after_previous_grid();
   stamp(stamps, 1);
@@ -188,12 +199,9 @@ __global__ void __launch_bounds__(1024)
     const size_t padded = (count + P - 1) / P * P;
     const exactcoll::BlockShare share = exactcoll::block_share(0, padded, P, ctx.block(), ctx.num_blocks());
     const bf16* mine = ctx.input(ctx.rank());
-    exactcoll::LamportEarlyPack<bf16> early;
-    const exactcoll::LamportCall<bf16> c = exactcoll::begin_lamport_call<bf16, LamportProtocol>(ctx, [&] {
-      if constexpr (kEarly) early = exactcoll::lamport_early_pack(ctx, share, mine, count);
-    });
+    const exactcoll::LamportCall<bf16> c = exactcoll::begin_lamport_call<bf16, LamportProtocol>(ctx);
     stamp(stamps, base);
-    exactcoll::lamport_push<bf16, kRanks, LamportProtocol>(ctx, "push", c, share, mine, count, early);
+    exactcoll::lamport_push<bf16, kRanks, LamportProtocol>(ctx, "push", c, share, mine, count);
     stamp(stamps, base + 1);
     exactcoll::lamport_clear_previous<bf16, kRanks, LamportProtocol>(ctx, c);
     stamp(stamps, base + 2);
