@@ -465,6 +465,22 @@ void run_world(size_t slot_bytes, bool production_only) {
 }  // namespace
 
 int main() {
+  // LAMPORT_STEP_PROBE_WORLDS: the worlds to run (default "1 2"; 4 needs GPUs 0-3 to reach each
+  // other); LAMPORT_STEP_PROBE_PRODUCTION=1: the production kernels only (no stepped variants).
+  const char* worlds_env = std::getenv("LAMPORT_STEP_PROBE_WORLDS");
+  const std::string worlds = worlds_env != nullptr ? worlds_env : "1 2";
+  if (worlds.find_first_not_of("124 ,") != std::string::npos || worlds.find_first_of("124") == std::string::npos) {
+    std::fprintf(stderr, "%s: LAMPORT_STEP_PROBE_WORLDS=\"%s\": give worlds among 1, 2 and 4, e.g. \"1 2\" or \"4\"\n",
+                 kProbeName, worlds.c_str());
+    return 2;
+  }
+  const char* production_env = std::getenv("LAMPORT_STEP_PROBE_PRODUCTION");
+  if (production_env != nullptr && std::strcmp(production_env, "0") != 0 && std::strcmp(production_env, "1") != 0) {
+    std::fprintf(stderr, "%s: LAMPORT_STEP_PROBE_PRODUCTION=\"%s\": give 1 (production kernels only) or 0\n",
+                 kProbeName, production_env);
+    return 2;
+  }
+  const bool production_only = production_env != nullptr && std::strcmp(production_env, "1") == 0;
   cudaDeviceProp prop;
   const int gpus = visible_gpus_or_exit(&prop);
   int clock_khz = 0;
@@ -474,12 +490,6 @@ int main() {
   std::printf("us per op: graph of %d launches, median of %d replays each behind an untimed one\n", kOpsPerGraph,
               kTimedReplays);
   std::printf("%-34s %-5s %9s %6s %7s %9s\n", "kernel", "ranks", "bytes", "blocks", "threads", "us/op");
-  // LAMPORT_STEP_PROBE_WORLDS: the worlds to run (default "1 2"; 4 needs GPUs 0-3 to reach each
-  // other); LAMPORT_STEP_PROBE_PRODUCTION=1: the production kernels only (no stepped variants).
-  const char* worlds_env = std::getenv("LAMPORT_STEP_PROBE_WORLDS");
-  const std::string worlds = worlds_env != nullptr ? worlds_env : "1 2";
-  const char* production_env = std::getenv("LAMPORT_STEP_PROBE_PRODUCTION");
-  const bool production_only = production_env != nullptr && std::strcmp(production_env, "1") == 0;
   auto reachable = [&](int n) {
     if (gpus < n) return false;
     for (int a = 0; a < n; ++a) {
