@@ -218,6 +218,13 @@ struct LamportProtocol {
   static constexpr int kBuffers = kLamportBuffers;
   static constexpr bool kClear = true;
   static constexpr bool kCanonicalize = true;
+  // lamport_two_shot's push and gather: a thread's packs of every peer's slice loaded (peeked) at
+  // once, then stored (polled), instead of peer after peer (for_peer_slices_at_once). Same bits
+  // either way. Off: on 4 x H200 the push at once was slower at every size and the gather at once
+  // 0.8 us faster at 512 KB but 1.1 us slower at 1 MiB (docs/benchmarks.md, "lamport_two_shot step
+  // by step"); tools/gpu/probes/lamport_step_probe.cu times both.
+  static constexpr bool kPushPeersAtOnce = false;
+  static constexpr bool kGatherPeersAtOnce = false;
 };
 
 // This rank's input pack starting at element i (aligned) of a count-element message (mine 16-byte
@@ -584,6 +591,47 @@ struct LamportSliceShare {
   BlockShare share;
 };
 
+// lamport_two_shot's push and gather with every peer at once (LamportProtocol::kPushPeersAtOnce,
+// kGatherPeersAtOnce): for each peer k = 1 .. kRanks - 1 (rank + k) and each pack i of share_of(k)
+// (a BlockShare whose packs are the whole share: the slices are pack-aligned), use(k, i, load(k, i)),
+// the thread's j-th pack of every peer's share loaded first, those loads in flight together, then
+// each used. Peer after peer instead (allreduce_lamport_two_shot's loops), a load waits for the use
+// before it (a store, or a poll's spin, which the compiler may not move a load across). Thread t
+// takes packs t, t + threads, ... of each share either way, and each use gets what the load of its
+// own pack returned, so the results are the same. Only the shares' bounds are kept (two words a
+// peer), for the registers.
+// Preconditions: 2 <= kRanks <= kLamportPeekRanks.
+template <class T, int kRanks, class Ctx, class ShareOf, class Load, class Use>
+EXC_HD EXC_INLINE void for_peer_slices_at_once(Ctx& ctx, ShareOf share_of, Load load, Use use) {
+  static_assert(kRanks > 1 && kRanks <= kLamportPeekRanks, "every peer's pack in registers at once");
+  constexpr int P = Storage<T>::kPack;
+  size_t begin[kRanks], end[kRanks];
+  EXC_UNROLL
+  for (int k = 1; k < kRanks; ++k) {
+    const BlockShare share = share_of(k);
+    begin[k] = share.pack_begin;
+    end[k] = share.pack_end;
+  }
+  const size_t step = static_cast<size_t>(ctx.num_threads()) * P;
+  // Bounded: j grows by step each round, and the loop ends once j is past every share.
+  for (size_t j = static_cast<size_t>(ctx.thread()) * P;; j += step) {
+    Pack<T> x[kRanks];
+    bool any = false;
+    EXC_UNROLL
+    for (int k = 1; k < kRanks; ++k) {
+      if (begin[k] + j < end[k]) {
+        x[k] = load(k, begin[k] + j);
+        any = true;
+      }
+    }
+    if (!any) return;
+    EXC_UNROLL
+    for (int k = 1; k < kRanks; ++k) {
+      if (begin[k] + j < end[k]) use(k, begin[k] + j, x[k]);
+    }
+  }
+}
+
 template <class T, int kRanks = 0, class Protocol = LamportProtocol, class Ctx>
 EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
   constexpr int P = Storage<T>::kPack;
@@ -602,6 +650,12 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
     s.share = block_share(s.slice.begin, s.slice.end, P, ctx.block(), ctx.num_blocks());
     return s;
   };
+  constexpr bool kPushAtOnce = Protocol::kPushPeersAtOnce && kRanks > 1 && kRanks <= kLamportPeekRanks;
+  constexpr bool kGatherAtOnce = Protocol::kGatherPeersAtOnce && kRanks > 1 && kRanks <= kLamportPeekRanks;
+  // Slice p's first element (element i of slice p lands at element i - slice_begin(p) of its slot),
+  // and this block's share of peer (rank + k)'s slice (for_peer_slices_at_once).
+  auto slice_begin = [&](int p) { return two_shot_slice(padded, P, p, n).begin; };
+  auto peer_share = [&](int k) { return slice_of((me + k) % n).share; };
   // 2. Reduce-scatter push.
   for (int k = 1; k < peers; ++k) {
     const int p = (me + k) % n;
@@ -614,6 +668,7 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
                   lamport_slot_offset(c, c.buffer, me) - s.slice.begin);
       ctx.trace_step_end();
     }
+    if constexpr (kPushAtOnce) continue;
     T* const slot = lamport_slot(ctx, c, p, c.buffer, me);
     for_share(
         ctx, s.share, P,
@@ -623,6 +678,16 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
           ctx.lamport_store(reinterpret_cast<Pack<T>*>(slot + (i - s.slice.begin)), x, p);
         },
         [](size_t) {});
+  }
+  if constexpr (kPushAtOnce) {
+    for_peer_slices_at_once<T, kRanks>(
+        ctx, peer_share, [&](int, size_t i) { return lamport_input_pack(ctx, mine, i, count); },
+        [&](int k, size_t i, Pack<T> x) {
+          const int p = (me + k) % n;
+          if constexpr (Protocol::kCanonicalize) x = lamport_canonicalize(x);
+          T* const slot = lamport_slot(ctx, c, p, c.buffer, me);
+          ctx.lamport_store(reinterpret_cast<Pack<T>*>(slot + (i - slice_begin(p))), x, p);
+        });
   }
   // 3. Clear the previous call's buffer of this rank's own region.
   lamport_clear_previous<T, kRanks, Protocol>(ctx, c);
@@ -669,7 +734,9 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
         },
         [](size_t) {});
   }
-  // 5. All-gather: every peer's folded slice, polled from this rank's own region.
+  // 5. All-gather: every peer's folded slice, polled from this rank's own region (with the peers at
+  //    once, one load of every peer's pack goes out first, and a pack that had not arrived is then
+  //    polled alone, as lamport_fold_pack's peeks).
   for (int k = 1; k < peers; ++k) {
     const int p = (me + k) % n;
     const LamportSliceShare s = slice_of(p);
@@ -680,6 +747,7 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
       trace_share(ctx, lamport_clip(s.share, count), Access::kWrite, me, Buffer::kOutput);
       ctx.trace_step_end();
     }
+    if constexpr (kGatherAtOnce) continue;
     const T* const slot = lamport_slot(ctx, c, me, c.buffer, p) + stride;
     for_share(
         ctx, s.share, P,
@@ -688,6 +756,19 @@ EXC_HD void allreduce_lamport_two_shot(Ctx& ctx, size_t count) {
           lamport_output_pack(ctx, out, i, count, ctx.lamport_poll(src, p, LamportPoll{c.calls, c.buffer, i}));
         },
         [](size_t) {});
+  }
+  if constexpr (kGatherAtOnce) {
+    auto gathered = [&](int k, size_t i) {
+      const int p = (me + k) % n;
+      return reinterpret_cast<const Pack<T>*>(lamport_slot(ctx, c, me, c.buffer, p) + stride + (i - slice_begin(p)));
+    };
+    for_peer_slices_at_once<T, kRanks>(
+        ctx, peer_share, [&](int k, size_t i) { return ctx.lamport_peek(gathered(k, i)); },
+        [&](int k, size_t i, Pack<T> x) {
+          if (!lamport_arrived(x))
+            x = ctx.lamport_poll(gathered(k, i), (me + k) % n, LamportPoll{c.calls, c.buffer, i});
+          lamport_output_pack(ctx, out, i, count, x);
+        });
   }
   // 6. Record the extent and advance the call number.
   end_lamport_call(ctx, c, 2 * stride * sizeof(T));

@@ -52,10 +52,21 @@ __device__ __forceinline__ void enter_after_previous_grid() {
 
 template <class T, int kRanks, KernelKind kKind, Contract kFold>
 __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant__ KernelArgs args) {
+  // The Lamport algorithms read their own input in place (peers never read it: the registry's
+  // input_private), so the host never gives their launches an input table or views to publish and
+  // never stages them (Communicator::launch_lamport sets inputs[rank] alone). Where it was measured
+  // faster, a Lamport kernel is built without that code, though none of it ran (docs/benchmarks.md,
+  // "lamport_two_shot step by step"; tools/gpu/probes/lamport_step_probe.cu's "collective prologue"):
+  // lamport_two_shot everywhere (0.3-0.7 us at 16 KB-1 MiB on 4 x H200, 0.07-0.12 on 2) and
+  // lamport_one_shot on 2 ranks (0.13-0.2 us on 2 x H200). lamport_one_shot on 4 ranks keeps it
+  // (without it, 0.04-0.07 us slower there), and on the world sizes not measured.
+  constexpr bool kLamport = kKind == KernelKind::kLamportOneShot || kKind == KernelKind::kLamportTwoShot;
+  constexpr bool kNoInputViews =
+      kKind == KernelKind::kLamportTwoShot || (kKind == KernelKind::kLamportOneShot && kRanks == 2);
   // Captured in place: this rank's entry of its graph input table row (null until registered),
   // loaded before the wait for the previous kernel so that its latency overlaps it (only the host
   // writes the table).
-  const void* own_from_table = args.input_table != nullptr
+  const void* own_from_table = !kNoInputViews && args.input_table != nullptr
                                    ? reinterpret_cast<const void*>(__ldg(
                                          reinterpret_cast<const unsigned long long*>(args.input_table) + args.rank))
                                    : nullptr;
@@ -66,15 +77,15 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
   // No __syncthreads here: every algorithm starts with a barrier whose first step is sync_block,
   // which orders this store before any wait reads it.
   DeviceCtx<T, kRanks, kFold> ctx(args, &aborted, views);
-  if (own_from_table != nullptr) {
-    ctx.read_inputs_from_table();
-  } else if (args.publish_views != 0) {
-    ctx.publish_input_views();
+  if constexpr (!kNoInputViews) {
+    if (own_from_table != nullptr) {
+      ctx.read_inputs_from_table();
+    } else if (args.publish_views != 0) {
+      ctx.publish_input_views();
+    }
   }
-  // The Lamport algorithms read their own input in place (peers never read it): never staged. A call
-  // captured in place stages only until its row is registered; an eager call in place stages
-  // only where this rank's input is not mapped by every peer (the host sets stage_from then).
-  constexpr bool kLamport = kKind == KernelKind::kLamportOneShot || kKind == KernelKind::kLamportTwoShot;
+  // A call captured in place stages only until its row is registered; an eager call in place
+  // stages only where this rank's input is not mapped by every peer (the host sets stage_from then).
   if (!kLamport && args.stage_from != nullptr && own_from_table == nullptr) {
     stage_own_input<T, kKind>(ctx, args);
     // push_one_shot and push_two_shot read their own staged input before any barrier (same block

@@ -190,5 +190,51 @@ TEST(LamportExploration, ThreeBuffersWithClearAndCanonicalizationPassThousandsOf
   std::printf("%d seeded runs of %d consecutive Lamport calls, all correct\n", runs, kCalls);
 }
 
+// lamport_two_shot's push and gather with every peer's pack of a thread at once
+// (LamportProtocol::kPushPeersAtOnce, kGatherPeersAtOnce; core/lamport.h, for_peer_slices_at_once):
+// not the production choice yet (docs/benchmarks.md, "lamport_two_shot step by step"), so these runs
+// keep them correct: every workload with a lamport_two_shot call (2, 3 and 4 ranks, the world size
+// known at compile time as on the GPU), 200 seeds each, every output the contract's.
+struct PushAtOnce : LamportProtocol {
+  static constexpr bool kPushPeersAtOnce = true;
+};
+struct GatherAtOnce : LamportProtocol {
+  static constexpr bool kGatherPeersAtOnce = true;
+};
+struct BothAtOnce : LamportProtocol {
+  static constexpr bool kPushPeersAtOnce = true;
+  static constexpr bool kGatherPeersAtOnce = true;
+};
+constexpr int kAtOnceSeeds = 200;
+
+template <class Protocol>
+void expect_correct_over_seeds(const char* what) {
+  int runs = 0, workloads = 0;
+  for (const Workload& w : kWorkloads) {
+    if (w.algorithm != L2 && w.odd_algorithm != L2) continue;
+    ++workloads;
+    for (uint64_t seed = 1; seed <= kAtOnceSeeds; ++seed) {
+      std::string detail;
+      const Outcome o = explore<Protocol>(w, seed, &detail);
+      ASSERT_EQ(o, Outcome::kCorrect) << name(o) << " with " << what << ", " << describe(w) << ", seed " << seed << ": "
+                                      << detail;
+      ++runs;
+    }
+  }
+  EXPECT_EQ(workloads, 9);
+  EXPECT_EQ(runs, kAtOnceSeeds * workloads);
+  std::printf("%s: %d seeded runs of %d consecutive Lamport calls, all correct\n", what, runs, kCalls);
+}
+
+TEST(LamportExploration, TwoShotWithEveryPeersPushAtOncePassesTheSeeds) {
+  expect_correct_over_seeds<PushAtOnce>("push at once");
+}
+
+TEST(LamportExploration, TwoShotWithEveryPeersGatherAtOncePassesTheSeeds) {
+  expect_correct_over_seeds<GatherAtOnce>("gather at once");
+}
+
+TEST(LamportExploration, TwoShotWithBothAtOncePassesTheSeeds) { expect_correct_over_seeds<BothAtOnce>("both at once"); }
+
 }  // namespace
 }  // namespace exactcoll

@@ -1,4 +1,4 @@
-// lamport_step_probe: where a small lamport_one_shot all-reduce's time goes, step by step, measured
+// lamport_step_probe: where a small Lamport all-reduce's time goes, step by step, measured
 // on exactcoll's own kernel (cuda_backend/kernels.cuh) in one process, without the communicator.
 //   1. per op: collective_kernel<bf16, n, kLamportOneShot> (and kLamportTwoShot) in a CUDA graph of 20 launches with
 //      programmatic dependent launch, as `exactcoll bench` times it (each timed replay behind an
@@ -12,13 +12,18 @@
 //      thirteenth session; prefetch_first_lines below), with a peer's line too,
 //      the parameter block read before the wait, weak stores, every push stored thrice, and two calls in one launch
 //      (the second finds the instructions, the parameters and the call number's lines cached).
-//   3. where: a world of 1 with 2 MiB slots; worlds of 2 with the communicator's default slots
+//   3. traced: the production algorithms themselves (allreduce_lamport_one_shot, allreduce_lamport_two_shot)
+//      under StampCtx, which declares the algorithms' trace steps and stamps clock64 where each begins
+//      (thread 0 of block 0 of every rank), with variants: lamport_two_shot's peers at once (LamportProtocol's
+//      kPushPeersAtOnce, kGatherPeersAtOnce), a 512-thread launch bound, no stamps, and collective_kernel's
+//      former opening of lamport_two_shot's kernel (its input table and views: 0.4-0.7 us on 4 GPUs).
+//   4. where: a world of 1 with 2 MiB slots; worlds of 2 with the communicator's default slots
 //      (1 MiB) and with 64 KiB slots (every buffer within 768 KiB: whether the region's pages
 //      matter); a world of 4 on GPUs 0-3 with 1 MiB slots (LAMPORT_STEP_PROBE_WORLDS="4").
 //   LAMPORT_STEP_PROBE_PRODUCTION=1 runs the production kernels alone (lamport_one_shot's and
 //   lamport_two_shot's collective_kernel), e.g. to time builds of other trees side by side.
-// Results: docs/benchmarks.md, "What a small Lamport all-reduce's kernel spends" and "The Lamport
-// prologue on 4 GPUs" (issue 26).
+// Results: docs/benchmarks.md, "What a small Lamport all-reduce's kernel spends", "The Lamport
+// prologue on 4 GPUs" and "lamport_two_shot step by step" (issue 26).
 //
 // Standalone (no Bazel target, as launch_floor_probe), built from the repository root:
 //   nvcc -O3 -std=c++20 -I. -DEXACTCOLL_HAS_CUDA=1 --expt-relaxed-constexpr
@@ -61,6 +66,9 @@ constexpr int kMaxPasses = 2;
 constexpr int kPoints = 2 + kStepsPerPass * kMaxPasses;
 const char* const kPointNames[kPoints] = {"entry", "waited", "begun",   "pushed",   "cleared", "folded",
                                           "ended", "begun2", "pushed2", "cleared2", "folded2", "ended2"};
+// The traced kernels' points (traced_lamport_kernel): the step that ends at each, lamport_two_shot
+// on 4 ranks having the most (begun, 3 pushes, cleared, folded and pushed, 3 gathers, ended).
+static_assert(kPoints >= 2 + 1 + 3 + 1 + 1 + 3, "lamport_two_shot's traced points on 4 ranks");
 
 // One launch's stamps: clock64 cycles at each point (thread 0 of block 0; %globaltimer advances in
 // 256-ns steps on H200, too coarsely for these).
@@ -112,6 +120,42 @@ class StoreCtx : public DeviceCtx<bf16, kRanks> {
   }
 };
 
+// DeviceCtx that declares the algorithms' trace steps (Ctx::kTraceSteps) and, instead of recording
+// them as the simulator does, stamps clock64 where each step begins (thread 0 of block 0 of every
+// rank). core/lamport.h calls trace_step_begin just before a step's work, so the production
+// algorithm (allreduce_lamport_one_shot, allreduce_lamport_two_shot) is timed step by step without a
+// copy of its steps here; the accesses it would trace are dropped.
+template <int kRanks, bool kStamps = true, bool kGlobalInput = false>
+class StampCtx : public DeviceCtx<bf16, kRanks> {
+  using Base = DeviceCtx<bf16, kRanks>;
+
+ public:
+  static constexpr bool kTraceSteps = true;
+  __device__ __forceinline__ const bf16* input(int peer) const {
+    const bf16* p = Base::input(peer);
+    if constexpr (kGlobalInput) __builtin_assume(__isGlobal(p));
+    return p;
+  }
+  __device__ __forceinline__ StampCtx(const KernelArgs& args, volatile int* aborted, const void** views, Stamps* stamps)
+      : Base(args, aborted, views), stamps_(stamps) {}
+  __device__ __forceinline__ void trace_step_begin(const char*) { stamp_next(); }
+  __device__ __forceinline__ void trace_step_end() {}
+  __device__ __forceinline__ void trace_access(exactcoll::Access, int, exactcoll::Buffer, size_t, size_t) {}
+  // The next point (the algorithm's steps begin at point 2; the caller stamps its end).
+  __device__ __forceinline__ void stamp_next() {
+    if (kStamps && next_ < kPoints) stamp(stamps_, next_);
+    ++next_;
+  }
+  // The kernel's end: stamped whether or not the steps are (the "to the end" point then spans them all).
+  __device__ __forceinline__ void stamp_end() {
+    if (next_ < kPoints) stamp(stamps_, next_);
+  }
+
+ private:
+  Stamps* stamps_;
+  int next_ = 2;
+};
+
 // What a variant of the stepped kernel changes.
 //   warm: warm_kernel_args before the wait;
 //   prefetch: before the wait, the thirteenth session's prefetches (prefetch_first_lines);
@@ -124,10 +168,19 @@ class StoreCtx : public DeviceCtx<bf16, kRanks> {
 //     this rank's second push, the peer's poll and the end of its launch come between). A lost race
 //     would show as a poll that gives up (exit 1), never as data; it never did.
 //   stores: how lamport_store stores.
+//   push_at_once, gather_at_once (traced lamport_two_shot): LamportProtocol::kPushPeersAtOnce and
+//     kGatherPeersAtOnce set (core/lamport.h, for_peer_slices_at_once);
+//   max_threads: the traced kernel's launch bound (collective_kernel's is 1 024: 64 registers);
+//   no_stamps, collective_prologue: what separates the traced kernel from collective_kernel.
 struct Options {
   bool warm = false, prefetch = false, prefetch_peer = false;
   int passes = 1;
   Stores stores = Stores::kVolatile;
+  bool push_at_once = false, gather_at_once = false;
+  int max_threads = 1024;            // the traced kernel's launch bound (512: 128 registers a thread)
+  bool no_stamps = false;            // the traced kernel with its stamps off (only the end's)
+  bool collective_prologue = false;  // the traced kernel opens as collective_kernel (its input table, its views)
+  bool global_input = false;         // ctx.input()'s pointer declared global (__isGlobal assumed)
 };
 
 // The variants: the production kernels (collective_kernel; since the fourteenth session without the
@@ -136,11 +189,49 @@ struct Variant {
   const char* label;
   bool production;
   Options o;
-  KernelKind kind = KernelKind::kLamportOneShot;  // the production kernel's
+  KernelKind kind = KernelKind::kLamportOneShot;  // the production or traced kernel's
+  bool traced = false;                            // traced_lamport_kernel (production false)
 };
 constexpr Variant kVariants[] = {
     {"lamport_one_shot (production)", true, {}},
     {"lamport_two_shot (production)", true, {}, KernelKind::kLamportTwoShot},
+    {"lamport_one_shot, traced", false, {}, KernelKind::kLamportOneShot, true},
+    {"lamport_two_shot, traced", false, {}, KernelKind::kLamportTwoShot, true},
+    {"lamport_two_shot, traced, push at once", false, {.push_at_once = true}, KernelKind::kLamportTwoShot, true},
+    {"lamport_two_shot, traced, gather at once", false, {.gather_at_once = true}, KernelKind::kLamportTwoShot, true},
+    {"lamport_two_shot, traced, both at once",
+     false,
+     {.push_at_once = true, .gather_at_once = true},
+     KernelKind::kLamportTwoShot,
+     true},
+    {"lamport_two_shot, traced, no stamps", false, {.no_stamps = true}, KernelKind::kLamportTwoShot, true},
+    {"lamport_two_shot, traced, collective prologue",
+     false,
+     {.collective_prologue = true},
+     KernelKind::kLamportTwoShot,
+     true},
+    {"lamport_two_shot, traced, collective prologue, global input",
+     false,
+     {.collective_prologue = true, .global_input = true},
+     KernelKind::kLamportTwoShot,
+     true},
+    {"lamport_two_shot, traced, bound 512", false, {.max_threads = 512}, KernelKind::kLamportTwoShot, true},
+    {"lamport_two_shot, traced, push at once, bound 512",
+     false,
+     {.push_at_once = true, .max_threads = 512},
+     KernelKind::kLamportTwoShot,
+     true},
+    {"lamport_two_shot, traced, gather at once, bound 512",
+     false,
+     {.gather_at_once = true, .max_threads = 512},
+     KernelKind::kLamportTwoShot,
+     true},
+    {"lamport_two_shot, traced, both at once, bound 512",
+     false,
+     {.push_at_once = true, .gather_at_once = true, .max_threads = 512},
+     KernelKind::kLamportTwoShot,
+     true},
+    {"lamport_two_shot (production, again)", true, {}, KernelKind::kLamportTwoShot},
     {"stepped", false, {}},
     {"stepped, prefetch", false, {.prefetch = true}},
     {"stepped, prefetch + peer's line", false, {.prefetch = true, .prefetch_peer = true}},
@@ -217,6 +308,68 @@ __global__ void __launch_bounds__(1024)
     exactcoll::end_lamport_call(ctx, c, exactcoll::lamport_message_bytes(count, sizeof(bf16)));
     stamp(stamps, base + 4);
   }
+}
+
+// The production algorithm of kKind (core/lamport.h) under StampCtx, as collective_kernel runs it
+// for a Lamport kind: the same calls, so the same bits; a stamp where each step begins and at the end.
+// LamportProtocol with the at-once choices of Options o.
+template <bool kPush, bool kGather>
+struct AtOnceProtocol : exactcoll::LamportProtocol {
+  static constexpr bool kPushPeersAtOnce = kPush;
+  static constexpr bool kGatherPeersAtOnce = kGather;
+};
+
+template <int kRanks, size_t kVariant>
+__global__ void __launch_bounds__(kVariants[kVariant].o.max_threads)
+    traced_lamport_kernel(const __grid_constant__ KernelArgs args, Stamps* stamps) {
+  constexpr Options kO = kVariants[kVariant].o;
+  constexpr KernelKind kKind = kVariants[kVariant].kind;
+  using Protocol = AtOnceProtocol<kO.push_at_once, kO.gather_at_once>;
+  stamp(stamps, 0);
+  const void* own_from_table = nullptr;
+  if constexpr (kO.collective_prologue) {
+    own_from_table = args.input_table != nullptr
+                         ? reinterpret_cast<const void*>(
+                               __ldg(reinterpret_cast<const unsigned long long*>(args.input_table) + args.rank))
+                         : nullptr;
+  }
+  exactcoll::cuda::enter_after_previous_grid();
+  stamp(stamps, 1);
+  __shared__ int aborted;
+  __shared__ const void* views[exactcoll::kMaxRanks];
+  if (threadIdx.x == 0) aborted = 0;
+  StampCtx<kRanks, !kO.no_stamps, kO.global_input> ctx(args, &aborted, views, stamps);
+  if constexpr (kO.collective_prologue) {
+    if (own_from_table != nullptr) {
+      ctx.read_inputs_from_table();
+    } else if (args.publish_views != 0) {
+      ctx.publish_input_views();
+    }
+  }
+  if constexpr (kKind == KernelKind::kLamportOneShot) {
+    exactcoll::allreduce_lamport_one_shot<bf16, kRanks, Protocol>(ctx, args.count);
+  } else {
+    exactcoll::allreduce_lamport_two_shot<bf16, kRanks, Protocol>(ctx, args.count);
+  }
+  ctx.stamp_end();
+}
+
+// The names of a traced kernel's points: the step that ends at each.
+std::vector<std::string> traced_point_names(KernelKind kind, int n) {
+  std::vector<std::string> names = {"entry", "waited", "begun"};
+  // The last step has no trace of its own after it: its point is the kernel's end, so it includes
+  // end_lamport_call (the block's sync and the call number's stores).
+  if (kind == KernelKind::kLamportOneShot) {
+    for (const char* step : {"pushed", "cleared", "folded_and_ended"}) names.emplace_back(step);
+    return names;
+  }
+  for (int k = 1; k < n; ++k) names.push_back("pushed_slice_to_peer+" + std::to_string(k));
+  names.emplace_back("cleared");
+  names.emplace_back("folded_and_pushed");
+  for (int k = 1; k < n; ++k) {
+    names.push_back("gathered_from_peer+" + std::to_string(k) + (k + 1 == n ? "_and_ended" : ""));
+  }
+  return names;
 }
 
 // One rank's buffers on its GPU.
@@ -308,6 +461,8 @@ void launch_variant(const cudaLaunchConfig_t& config, const KernelArgs& args, St
     CHECK(cudaLaunchKernelEx(
         &config, exactcoll::cuda::collective_kernel<bf16, kRanks, kVariants[I].kind, exactcoll::Contract::kCanonical>,
         args));
+  } else if constexpr (kVariants[I].traced) {
+    CHECK(cudaLaunchKernelEx(&config, traced_lamport_kernel<kRanks, I>, args, stamps));
   } else {
     CHECK(cudaLaunchKernelEx(&config, stepped_lamport_kernel<kRanks, I>, args, stamps));
   }
@@ -386,8 +541,18 @@ void measure(std::vector<Rank>& ranks, size_t variant, size_t count, int blocks,
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
   std::vector<double> per_op_us;
-  const int points = v.production ? 0 : 2 + kStepsPerPass * v.o.passes;
-  std::vector<std::vector<double>> step_cycles(kPoints);
+  // The points' names; the stepped kernels' stamps are read from GPU 0, the traced ones' from every rank.
+  std::vector<std::string> names;
+  if (v.traced && !v.o.no_stamps) {
+    names = traced_point_names(v.kind, n);
+  } else if (!v.production) {
+    names.assign(kPointNames, kPointNames + 2 + kStepsPerPass * v.o.passes);
+  }
+  const int points = static_cast<int>(names.size());
+  const int stamped_ranks = v.traced ? n : 1;
+  // step_cycles[rank][point]: cycles from the previous point, one entry a launch.
+  std::vector<std::vector<std::vector<double>>> step_cycles(static_cast<size_t>(stamped_ranks),
+                                                            std::vector<std::vector<double>>(kPoints));
   std::vector<Stamps> host(kOpsPerGraph);
   for (int replay = -2; replay < kTimedReplays; ++replay) {
     for (int r = 0; r < n; ++r) {  // the untimed lead
@@ -412,20 +577,27 @@ void measure(std::vector<Rank>& ranks, size_t variant, size_t count, int blocks,
     if (replay < 0) continue;
     per_op_us.push_back(ms * 1000.0 / kOpsPerGraph);
     if (points == 0) continue;
-    CHECK(cudaMemcpy(host.data(), ranks[0].stamps, kOpsPerGraph * sizeof(Stamps), cudaMemcpyDeviceToHost));
-    for (int op = 1; op < kOpsPerGraph; ++op) {  // launch 0: no programmatic launch
-      const Stamps& s = host[static_cast<size_t>(op)];
-      for (int p = 1; p < points; ++p) {
-        step_cycles[static_cast<size_t>(p)].push_back(static_cast<double>(s.cycles[p] - s.cycles[p - 1]));
+    for (int r = 0; r < stamped_ranks; ++r) {
+      CHECK(cudaSetDevice(ranks[static_cast<size_t>(r)].gpu));
+      CHECK(cudaMemcpy(host.data(), ranks[static_cast<size_t>(r)].stamps, kOpsPerGraph * sizeof(Stamps),
+                       cudaMemcpyDeviceToHost));
+      for (int op = 1; op < kOpsPerGraph; ++op) {  // launch 0: no programmatic launch
+        const Stamps& s = host[static_cast<size_t>(op)];
+        for (int p = 1; p < points; ++p) {
+          step_cycles[static_cast<size_t>(r)][static_cast<size_t>(p)].push_back(
+              static_cast<double>(s.cycles[p] - s.cycles[p - 1]));
+        }
       }
     }
+    CHECK(cudaSetDevice(0));
   }
   check_world(ranks, count, label);
   std::printf("%-34s %-5d %9zu %6d %7d %9.2f\n", label, n, count * sizeof(bf16), blocks, threads, median(per_op_us));
-  if (points > 0) {
-    std::printf("    to each point from the previous one (GPU 0, block 0, thread 0; median cycles):");
+  for (int r = 0; points > 0 && r < stamped_ranks; ++r) {
+    std::printf("    to each point from the previous one (GPU %d, block 0, thread 0; median cycles):", r);
     for (int p = 1; p < points; ++p) {
-      std::printf(" %s %.0f", kPointNames[p], median(step_cycles[static_cast<size_t>(p)]));
+      std::printf(" %s %.0f", names[static_cast<size_t>(p)].c_str(),
+                  median(step_cycles[static_cast<size_t>(r)][static_cast<size_t>(p)]));
     }
     std::printf("\n");
   }
@@ -445,7 +617,8 @@ void run_world(size_t slot_bytes, bool production_only) {
     size_t bytes;
     int blocks, threads;
   };
-  const Shape shapes[] = {{16384, 4, 256}, {16384, 8, 256}, {65536, 16, 256}, {262144, 64, 256}, {1048576, 128, 256}};
+  const Shape shapes[] = {{16384, 4, 256},   {16384, 8, 256},    {65536, 16, 256},   {262144, 64, 256},
+                          {524288, 64, 256}, {1048576, 64, 256}, {1048576, 128, 256}};
   std::printf("-- a world of %d, Lamport slots of %zu KiB (region %zu KiB)\n", kRanks, slot_bytes >> 10,
               region_bytes(kRanks, slot_bytes) >> 10);
   size_t max_count = 0;
