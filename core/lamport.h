@@ -220,9 +220,10 @@ struct LamportProtocol {
   static constexpr bool kCanonicalize = true;
   // lamport_two_shot's push and gather: a thread's packs of every peer's slice loaded (peeked) at
   // once, then stored (polled), instead of peer after peer (for_peer_slices_at_once). Same bits
-  // either way. Off: on 4 x H200 the push at once was slower at every size and the gather at once
-  // 0.8 us faster at 512 KB but 1.1 us slower at 1 MiB (docs/benchmarks.md, "lamport_two_shot step
-  // by step"); tools/gpu/probes/lamport_step_probe.cu times both.
+  // either way. Off: on 4 x H200, within collective_kernel's 64 registers, the push at once was
+  // slower at every size and the gather at once 0.8 us faster at 512 KB but 1.1 us slower at 1 MiB
+  // (docs/benchmarks.md, "lamport_two_shot step by step"); tools/gpu/probes/lamport_step_probe.cu
+  // times both. The simulator runs one thread a block, so only the GPU exercises their thread strides.
   static constexpr bool kPushPeersAtOnce = false;
   static constexpr bool kGatherPeersAtOnce = false;
 };
@@ -318,8 +319,10 @@ struct LamportCall {
 // 2 x H200 0.06-0.25 us faster but 4 x H200 slower: lamport_one_shot 3.85 us instead of 3.50 at
 // 16 KB and lamport_one_stage 6.0 instead of 4.45 at 1 row of H 8192, with no one of those pieces
 // to blame alone (docs/benchmarks.md, "The Lamport prologue on 4 GPUs"). The kernels run this
-// prologue again (their PTX is a1ddde8's); tools/gpu/probes/lamport_step_probe.cu keeps the
-// prefetches as a variant.
+// prologue again (lamport_one_shot's on 4 ranks and the fused kernels' PTX is a1ddde8's;
+// lamport_two_shot's and 2-rank lamport_one_shot's kernels also leave out collective_kernel's
+// input-table and views code, cuda_backend/kernels.cuh); tools/gpu/probes/lamport_step_probe.cu
+// keeps the prefetches as a variant.
 template <class T, class Protocol, class Ctx>
 EXC_HD EXC_INLINE LamportCall<T> begin_lamport_call(Ctx& ctx) {
   constexpr int B = Protocol::kBuffers;

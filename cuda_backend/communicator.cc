@@ -631,6 +631,15 @@ KernelArgs Communicator::base_args() const {
 
 void Communicator::launch(DType dtype, KernelKind kind, const KernelArgs& args, LaunchConfig grid,
                           cudaStream_t stream) {
+  // Lamport kernels read inputs[rank] alone: some are built without the input table, the views and
+  // the staging (cuda_backend/kernels.cuh, collective_kernel), so a launch that carried any of them
+  // would read the wrong input without a word.
+  if ((kind == KernelKind::kLamportOneShot || kind == KernelKind::kLamportTwoShot) &&
+      (args.input_table != nullptr || args.publish_views != 0 || args.stage_from != nullptr)) {
+    throw std::logic_error(
+        "a Lamport launch carries an input table, views or a staging source; its kernel reads "
+        "inputs[rank] alone");
+  }
   grid.programmatic = options_.programmatic_launch;
   grid.cluster = 1;  // no collective kernel runs on clusters (a grid copied from a fused call may say one)
   EXC_CUDA_CHECK(launch_collective(dtype, kind, args, grid, stream));

@@ -57,9 +57,10 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
   // never stages them (Communicator::launch_lamport sets inputs[rank] alone). Where it was measured
   // faster, a Lamport kernel is built without that code, though none of it ran (docs/benchmarks.md,
   // "lamport_two_shot step by step"; tools/gpu/probes/lamport_step_probe.cu's "collective prologue"):
-  // lamport_two_shot everywhere (0.3-0.7 us at 16 KB-1 MiB on 4 x H200, 0.07-0.12 on 2) and
-  // lamport_one_shot on 2 ranks (0.13-0.2 us on 2 x H200). lamport_one_shot on 4 ranks keeps it
-  // (without it, 0.04-0.07 us slower there), and on the world sizes not measured.
+  // lamport_two_shot (0.26-0.62 us faster at 16 KB-1 MiB on 4 x H200, 0.06-0.11 on 2; built so on
+  // every world size, 3 and 5-8 not measured) and lamport_one_shot on 2 ranks (0.13-0.22 us on
+  // 2 x H200). lamport_one_shot on 4 ranks keeps it (without it, 0.03-0.09 us slower there), and on
+  // the world sizes not measured. Communicator::launch refuses a Lamport launch that carries any of it.
   constexpr bool kLamport = kKind == KernelKind::kLamportOneShot || kKind == KernelKind::kLamportTwoShot;
   constexpr bool kNoInputViews =
       kKind == KernelKind::kLamportTwoShot || (kKind == KernelKind::kLamportOneShot && kRanks == 2);

@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(kVariants[kVariant].o.max_threads)
 }
 
 // The names of a traced kernel's points: the step that ends at each.
-std::vector<std::string> traced_point_names(KernelKind kind, int n) {
+std::vector<std::string> traced_point_names(KernelKind kind, int n, const Options& o) {
   std::vector<std::string> names = {"entry", "waited", "begun"};
   // The last step has no trace of its own after it: its point is the kernel's end, so it includes
   // end_lamport_call (the block's sync and the call number's stores).
@@ -363,13 +363,33 @@ std::vector<std::string> traced_point_names(KernelKind kind, int n) {
     for (const char* step : {"pushed", "cleared", "folded_and_ended"}) names.emplace_back(step);
     return names;
   }
-  for (int k = 1; k < n; ++k) names.push_back("pushed_slice_to_peer+" + std::to_string(k));
+  // With the peers at once the steps' traces all come first, back to back, so the last of them
+  // carries the whole push (gather).
+  for (int k = 1; k < n; ++k) {
+    names.push_back(o.push_at_once ? (k + 1 == n ? "pushed_every_slice_at_once" : "(trace)")
+                                   : "pushed_slice_to_peer+" + std::to_string(k));
+  }
   names.emplace_back("cleared");
   names.emplace_back("folded_and_pushed");
   for (int k = 1; k < n; ++k) {
-    names.push_back("gathered_from_peer+" + std::to_string(k) + (k + 1 == n ? "_and_ended" : ""));
+    names.push_back((o.gather_at_once ? (k + 1 == n ? std::string("gathered_every_slice_at_once") : "(trace)")
+                                      : "gathered_from_peer+" + std::to_string(k)) +
+                    (k + 1 == n ? "_and_ended" : ""));
   }
   return names;
+}
+
+// Rank r's input element i: a small integer that depends on both, so an output element folded from
+// the wrong element or rank, or never written (outputs are cleared before each variant), differs
+// from the sum check_world expects. Every sum on up to 8 ranks is at most 4 x 8 + 28 = 60: exact.
+int input_value(int rank, size_t i) { return static_cast<int>(i % 5) + rank; }
+
+// A small integer (|v| <= 256) as bf16: its float's high 16 bits (the low 16 are zero).
+uint16_t small_integer_bf16(int v) {
+  const float f = static_cast<float>(v);
+  uint32_t bits = 0;
+  std::memcpy(&bits, &f, sizeof bits);
+  return static_cast<uint16_t>(bits >> 16);
 }
 
 // One rank's buffers on its GPU.
@@ -411,8 +431,9 @@ std::vector<Rank> make_world(int n, size_t max_count, size_t slot_bytes) {
     CHECK(cudaMemset(k.error, 0, sizeof(DeviceError)));
     CHECK(cudaMalloc(&k.input, max_count * sizeof(bf16)));
     CHECK(cudaMalloc(&k.output, max_count * sizeof(bf16)));
-    std::vector<uint16_t> ones(max_count, 0x3F80);  // 1.0
-    CHECK(cudaMemcpy(k.input, ones.data(), max_count * sizeof(bf16), cudaMemcpyHostToDevice));
+    std::vector<uint16_t> values(max_count);
+    for (size_t i = 0; i < max_count; ++i) values[i] = small_integer_bf16(input_value(r, i));
+    CHECK(cudaMemcpy(k.input, values.data(), max_count * sizeof(bf16), cudaMemcpyHostToDevice));
     CHECK(cudaMalloc(&k.stamps, kOpsPerGraph * sizeof(Stamps)));
     CHECK(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking));
     CHECK(cudaDeviceSynchronize());
@@ -487,14 +508,15 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Checks every rank's error record and output (every element n x 1.0); exits 1 naming what failed.
+// Checks every rank's error record and output (element i: the sum over ranks r of input_value(r,
+// i)); exits 1 naming what failed.
 void check_world(const std::vector<Rank>& ranks, size_t count, const char* what) {
   const int n = static_cast<int>(ranks.size());
-  // n as bf16: a small integer's float, whose low 16 bits are zero, cut to its high half.
-  const float n_float = static_cast<float>(n);
-  uint32_t n_bits = 0;
-  std::memcpy(&n_bits, &n_float, sizeof n_bits);
-  const uint16_t expected = static_cast<uint16_t>(n_bits >> 16);
+  auto expected_at = [&](size_t i) {
+    int sum = 0;
+    for (int r = 0; r < n; ++r) sum += input_value(r, i);
+    return small_integer_bf16(sum);
+  };
   for (const Rank& k : ranks) {
     CHECK(cudaSetDevice(k.gpu));
     DeviceError e;
@@ -507,9 +529,9 @@ void check_world(const std::vector<Rank>& ranks, size_t count, const char* what)
     std::vector<uint16_t> out(count);
     CHECK(cudaMemcpy(out.data(), k.output, count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < count; ++i) {
-      if (out[i] != expected) {
+      if (out[i] != expected_at(i)) {
         std::fprintf(stderr, "%s: %s: GPU %d output[%zu] = 0x%04x, expected 0x%04x\n", kProbeName, what, k.gpu, i,
-                     out[i], expected);
+                     out[i], expected_at(i));
         std::exit(1);
       }
     }
@@ -528,6 +550,7 @@ void measure(std::vector<Rank>& ranks, size_t variant, size_t count, int blocks,
   for (int r = 0; r < n; ++r) {
     Rank& k = ranks[static_cast<size_t>(r)];
     CHECK(cudaSetDevice(k.gpu));
+    CHECK(cudaMemset(k.output, 0, count * sizeof(bf16)));  // an element no launch writes fails the check
     const KernelArgs args = args_of(ranks, r, count);
     CHECK(cudaStreamBeginCapture(k.stream, cudaStreamCaptureModeThreadLocal));
     for (int op = 0; op < kOpsPerGraph; ++op) launch<kRanks>(variant, args, k.stamps + op, blocks, threads, k.stream);
@@ -544,7 +567,12 @@ void measure(std::vector<Rank>& ranks, size_t variant, size_t count, int blocks,
   // The points' names; the stepped kernels' stamps are read from GPU 0, the traced ones' from every rank.
   std::vector<std::string> names;
   if (v.traced && !v.o.no_stamps) {
-    names = traced_point_names(v.kind, n);
+    names = traced_point_names(v.kind, n, v.o);
+    if (names.size() > static_cast<size_t>(kPoints)) {
+      std::fprintf(stderr, "%s: %s on %d ranks has %zu points, more than the %d stamped\n", kProbeName, v.label, n,
+                   names.size(), kPoints);
+      std::exit(1);
+    }
   } else if (!v.production) {
     names.assign(kPointNames, kPointNames + 2 + kStepsPerPass * v.o.passes);
   }
