@@ -12,7 +12,8 @@
 #     verify    exactcoll verify --nproc 4 (every op, algorithm and variant against the simulator)
 #     tune      exactcoll tune --ops allreduce up to TUNE_MAX_BYTES (default 2 MiB, where
 #               lamport_two_shot fits a default communicator's slots on 4 GPUs) on 4 and 2 GPUs,
-#               merged into a copy of cuda_backend/tuning/sm90.tsv: $OUT/sm90.tsv
+#               merged into a copy of cuda_backend/tuning/sm90.tsv: $OUT/sm90.tsv (TUNE_NPROC: the GPU
+#               counts, default "4 2")
 #     bench     exactcoll bench --op allreduce on BENCH_NPROC GPUs with that table (BENCH_ALGOS, default
 #               auto, both Lamport algorithms, push_one_shot, push_two_shot, two_shot, nccl; BENCH_ROWS,
 #               default 1 .. 4096 rows of 8192 bf16)
@@ -96,10 +97,10 @@ if has verify; then
 fi
 if has tune; then
   cp cuda_backend/tuning/sm90.tsv "$OUT/sm90.tsv"
-  run tune_4 180 $B tune --nproc 4 --ops allreduce --max-bytes "${TUNE_MAX_BYTES:-2097152}" --output "$OUT/sm90.tsv" \
-    ${MACHINE:+--machine "$MACHINE"} ${TUNE_FLAGS:-}
-  CUDA_VISIBLE_DEVICES=0,1 run tune_2 150 $B tune --nproc 2 --ops allreduce --max-bytes "${TUNE_MAX_BYTES:-2097152}" \
-    --output "$OUT/sm90.tsv" ${MACHINE:+--machine "$MACHINE"} ${TUNE_FLAGS:-}
+  for n in ${TUNE_NPROC:-4 2}; do
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) run "tune_$n" 180 $B tune --nproc "$n" --ops allreduce \
+      --max-bytes "${TUNE_MAX_BYTES:-2097152}" --output "$OUT/sm90.tsv" ${MACHINE:+--machine "$MACHINE"} ${TUNE_FLAGS:-}
+  done
 fi
 if has bench; then
   TABLE=$OUT/sm90.tsv

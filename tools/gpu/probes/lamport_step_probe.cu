@@ -21,7 +21,8 @@
 //      (1 MiB) and with 64 KiB slots (every buffer within 768 KiB: whether the region's pages
 //      matter); a world of 4 on GPUs 0-3 with 1 MiB slots (LAMPORT_STEP_PROBE_WORLDS="4").
 //   LAMPORT_STEP_PROBE_PRODUCTION=1 runs the production kernels alone (lamport_one_shot's and
-//   lamport_two_shot's collective_kernel), e.g. to time builds of other trees side by side.
+//   lamport_two_shot's collective_kernel), e.g. to time builds of other trees side by side;
+//   LAMPORT_STEP_PROBE_ONLY=TEXT the variants whose label holds TEXT (e.g. "lamport_two_shot").
 // Results: docs/benchmarks.md, "What a small Lamport all-reduce's kernel spends", "The Lamport
 // prologue on 4 GPUs" and "lamport_two_shot step by step" (issue 26).
 //
@@ -640,13 +641,14 @@ void measure(std::vector<Rank>& ranks, size_t variant, size_t count, int blocks,
 
 // Every shape whose message fits a slot of slot_bytes, on a world of kRanks.
 template <int kRanks>
-void run_world(size_t slot_bytes, bool production_only) {
+void run_world(size_t slot_bytes, bool production_only, const std::string& only) {
   struct Shape {
     size_t bytes;
     int blocks, threads;
   };
-  const Shape shapes[] = {{16384, 4, 256},   {16384, 8, 256},    {65536, 16, 256},   {262144, 64, 256},
-                          {524288, 64, 256}, {1048576, 64, 256}, {1048576, 128, 256}};
+  const Shape shapes[] = {{16384, 4, 256},    {16384, 8, 256},    {65536, 16, 256},   {262144, 64, 256},
+                          {524288, 32, 512},  {524288, 64, 256},  {524288, 128, 256}, {1048576, 64, 256},
+                          {1048576, 64, 512}, {1048576, 128, 256}};
   std::printf("-- a world of %d, Lamport slots of %zu KiB (region %zu KiB)\n", kRanks, slot_bytes >> 10,
               region_bytes(kRanks, slot_bytes) >> 10);
   size_t max_count = 0;
@@ -656,6 +658,7 @@ void run_world(size_t slot_bytes, bool production_only) {
     if (s.bytes > slot_bytes) continue;
     for (size_t v = 0; v < kVariantCount; ++v) {
       if (production_only && !kVariants[v].production) continue;
+      if (!only.empty() && std::string(kVariants[v].label).find(only) == std::string::npos) continue;
       if (kRanks == 1 && kVariants[v].kind == KernelKind::kLamportTwoShot) continue;  // no peer to shoot to
       measure<kRanks>(ranks, v, s.bytes / sizeof(bf16), s.blocks, s.threads);
     }
@@ -682,6 +685,15 @@ int main() {
     return 2;
   }
   const bool production_only = production_env != nullptr && std::strcmp(production_env, "1") == 0;
+  const char* only_env = std::getenv("LAMPORT_STEP_PROBE_ONLY");
+  const std::string only = only_env != nullptr ? only_env : "";
+  size_t matching = 0;
+  for (const Variant& v : kVariants) matching += std::string(v.label).find(only) != std::string::npos ? 1 : 0;
+  if (matching == 0) {
+    std::fprintf(stderr, "%s: LAMPORT_STEP_PROBE_ONLY=\"%s\" is in no variant's label (e.g. \"lamport_two_shot\")\n",
+                 kProbeName, only.c_str());
+    return 2;
+  }
   cudaDeviceProp prop;
   const int gpus = visible_gpus_or_exit(&prop);
   int clock_khz = 0;
@@ -702,18 +714,18 @@ int main() {
     }
     return true;
   };
-  if (worlds.find('1') != std::string::npos) run_world<1>(size_t{2} << 20, production_only);
+  if (worlds.find('1') != std::string::npos) run_world<1>(size_t{2} << 20, production_only, only);
   if (worlds.find('2') != std::string::npos) {
     if (reachable(2)) {
-      run_world<2>(size_t{1} << 20, production_only);   // the communicator's default (lamport_message_bytes 1 MiB)
-      run_world<2>(size_t{64} << 10, production_only);  // every buffer's slots within 768 KiB
+      run_world<2>(size_t{1} << 20, production_only, only);  // the communicator's default (lamport_message_bytes 1 MiB)
+      run_world<2>(size_t{64} << 10, production_only, only);  // every buffer's slots within 768 KiB
     } else {
       std::printf("GPUs 0 and 1 cannot reach each other (or one GPU): the world of 2 skipped\n");
     }
   }
   if (worlds.find('4') != std::string::npos) {
     if (reachable(4)) {
-      run_world<4>(size_t{1} << 20, production_only);
+      run_world<4>(size_t{1} << 20, production_only, only);
     } else {
       std::printf("fewer than 4 GPUs, or GPUs 0-3 cannot all reach each other: the world of 4 skipped\n");
     }
