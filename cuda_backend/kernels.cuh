@@ -50,6 +50,27 @@ __device__ __forceinline__ void enter_after_previous_grid() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// Returns this rank's entry of its graph input table row: the address its input was captured at,
+// once the row is registered (null before, and null for a launch without a table). Loaded before the
+// wait for the previous kernel, so that its latency overlaps it (only the host writes the table).
+__device__ __forceinline__ const void* own_input_table_entry(const KernelArgs& args) {
+  return args.input_table != nullptr ? reinterpret_cast<const void*>(__ldg(
+                                           reinterpret_cast<const unsigned long long*>(args.input_table) + args.rank))
+                                     : nullptr;
+}
+
+// Where the peers' inputs are read from in this launch: the registered table row (own_from_table,
+// own_input_table_entry's result, not null), or the input views the launch publishes
+// (args.publish_views), or else args.inputs as the host set them.
+template <class Ctx>
+__device__ __forceinline__ void open_input_views(Ctx& ctx, const KernelArgs& args, const void* own_from_table) {
+  if (own_from_table != nullptr) {
+    ctx.read_inputs_from_table();
+  } else if (args.publish_views != 0) {
+    ctx.publish_input_views();
+  }
+}
+
 template <class T, int kRanks, KernelKind kKind, Contract kFold>
 __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant__ KernelArgs args) {
   // The Lamport algorithms read their own input in place (peers never read it: the registry's
@@ -64,13 +85,7 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
   constexpr bool kLamport = kKind == KernelKind::kLamportOneShot || kKind == KernelKind::kLamportTwoShot;
   constexpr bool kNoInputViews =
       kKind == KernelKind::kLamportTwoShot || (kKind == KernelKind::kLamportOneShot && kRanks == 2);
-  // Captured in place: this rank's entry of its graph input table row (null until registered),
-  // loaded before the wait for the previous kernel so that its latency overlaps it (only the host
-  // writes the table).
-  const void* own_from_table = !kNoInputViews && args.input_table != nullptr
-                                   ? reinterpret_cast<const void*>(__ldg(
-                                         reinterpret_cast<const unsigned long long*>(args.input_table) + args.rank))
-                                   : nullptr;
+  const void* own_from_table = kNoInputViews ? nullptr : own_input_table_entry(args);
   enter_after_previous_grid();
   __shared__ int aborted;
   __shared__ const void* views[kMaxRanks];
@@ -78,13 +93,7 @@ __global__ void __launch_bounds__(1024) collective_kernel(const __grid_constant_
   // No __syncthreads here: every algorithm starts with a barrier whose first step is sync_block,
   // which orders this store before any wait reads it.
   DeviceCtx<T, kRanks, kFold> ctx(args, &aborted, views);
-  if constexpr (!kNoInputViews) {
-    if (own_from_table != nullptr) {
-      ctx.read_inputs_from_table();
-    } else if (args.publish_views != 0) {
-      ctx.publish_input_views();
-    }
-  }
+  if constexpr (!kNoInputViews) open_input_views(ctx, args, own_from_table);
   // A call captured in place stages only until its row is registered; an eager call in place
   // stages only where this rank's input is not mapped by every peer (the host sets stage_from then).
   if (!kLamport && args.stage_from != nullptr && own_from_table == nullptr) {

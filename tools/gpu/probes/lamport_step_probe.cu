@@ -327,26 +327,14 @@ __global__ void __launch_bounds__(kVariants[kVariant].o.max_threads)
   constexpr KernelKind kKind = kVariants[kVariant].kind;
   using Protocol = AtOnceProtocol<kO.push_at_once, kO.gather_at_once>;
   stamp(stamps, 0);
-  const void* own_from_table = nullptr;
-  if constexpr (kO.collective_prologue) {
-    own_from_table = args.input_table != nullptr
-                         ? reinterpret_cast<const void*>(
-                               __ldg(reinterpret_cast<const unsigned long long*>(args.input_table) + args.rank))
-                         : nullptr;
-  }
+  const void* own_from_table = kO.collective_prologue ? exactcoll::cuda::own_input_table_entry(args) : nullptr;
   exactcoll::cuda::enter_after_previous_grid();
   stamp(stamps, 1);
   __shared__ int aborted;
   __shared__ const void* views[exactcoll::kMaxRanks];
   if (threadIdx.x == 0) aborted = 0;
   StampCtx<kRanks, !kO.no_stamps, kO.global_input> ctx(args, &aborted, views, stamps);
-  if constexpr (kO.collective_prologue) {
-    if (own_from_table != nullptr) {
-      ctx.read_inputs_from_table();
-    } else if (args.publish_views != 0) {
-      ctx.publish_input_views();
-    }
-  }
+  if constexpr (kO.collective_prologue) exactcoll::cuda::open_input_views(ctx, args, own_from_table);
   if constexpr (kKind == KernelKind::kLamportOneShot) {
     exactcoll::allreduce_lamport_one_shot<bf16, kRanks, Protocol>(ctx, args.count);
   } else {
