@@ -22,7 +22,8 @@
 //      matter); a world of 4 on GPUs 0-3 with 1 MiB slots (LAMPORT_STEP_PROBE_WORLDS="4").
 //   LAMPORT_STEP_PROBE_PRODUCTION=1 runs the production kernels alone (lamport_one_shot's and
 //   lamport_two_shot's collective_kernel), e.g. to time builds of other trees side by side;
-//   LAMPORT_STEP_PROBE_ONLY=TEXT the variants whose label holds TEXT (e.g. "lamport_two_shot").
+//   LAMPORT_STEP_PROBE_ONLY=TEXT the variants whose label holds TEXT (case-sensitive; e.g.
+//   "lamport_two_shot"). A selection that measures nothing in the worlds run exits 2.
 // Results: docs/benchmarks.md, "What a small Lamport all-reduce's kernel spends", "The Lamport
 // prologue on 4 GPUs" and "lamport_two_shot step by step" (issue 26).
 //
@@ -627,9 +628,10 @@ void measure(std::vector<Rank>& ranks, size_t variant, size_t count, int blocks,
   CHECK(cudaSetDevice(0));
 }
 
-// Every shape whose message fits a slot of slot_bytes, on a world of kRanks.
+// Every shape whose message fits a slot of slot_bytes, on a world of kRanks, with the variants
+// selected (production_only, only). Returns how many it measured.
 template <int kRanks>
-void run_world(size_t slot_bytes, bool production_only, const std::string& only) {
+size_t run_world(size_t slot_bytes, bool production_only, const std::string& only) {
   struct Shape {
     size_t bytes;
     int blocks, threads;
@@ -642,6 +644,7 @@ void run_world(size_t slot_bytes, bool production_only, const std::string& only)
   size_t max_count = 0;
   for (const Shape& s : shapes) max_count = std::max(max_count, s.bytes / sizeof(bf16));
   std::vector<Rank> ranks = make_world(kRanks, max_count, slot_bytes);
+  size_t measured = 0;
   for (const Shape& s : shapes) {
     if (s.bytes > slot_bytes) continue;
     for (size_t v = 0; v < kVariantCount; ++v) {
@@ -649,9 +652,11 @@ void run_world(size_t slot_bytes, bool production_only, const std::string& only)
       if (!only.empty() && std::string(kVariants[v].label).find(only) == std::string::npos) continue;
       if (kRanks == 1 && kVariants[v].kind == KernelKind::kLamportTwoShot) continue;  // no peer to shoot to
       measure<kRanks>(ranks, v, s.bytes / sizeof(bf16), s.blocks, s.threads);
+      ++measured;
     }
   }
   free_world(ranks);
+  return measured;
 }
 
 }  // namespace
@@ -702,21 +707,33 @@ int main() {
     }
     return true;
   };
-  if (worlds.find('1') != std::string::npos) run_world<1>(size_t{2} << 20, production_only, only);
+  size_t measured = 0;  // over the worlds that ran
+  bool world_ran = false;
+  if (worlds.find('1') != std::string::npos) {
+    measured += run_world<1>(size_t{2} << 20, production_only, only);
+    world_ran = true;
+  }
   if (worlds.find('2') != std::string::npos) {
     if (reachable(2)) {
-      run_world<2>(size_t{1} << 20, production_only, only);  // the communicator's default (lamport_message_bytes 1 MiB)
-      run_world<2>(size_t{64} << 10, production_only, only);  // every buffer's slots within 768 KiB
+      measured += run_world<2>(size_t{1} << 20, production_only, only);   // the communicator's default (1 MiB slots)
+      measured += run_world<2>(size_t{64} << 10, production_only, only);  // every buffer's slots within 768 KiB
+      world_ran = true;
     } else {
       std::printf("GPUs 0 and 1 cannot reach each other (or one GPU): the world of 2 skipped\n");
     }
   }
   if (worlds.find('4') != std::string::npos) {
     if (reachable(4)) {
-      run_world<4>(size_t{1} << 20, production_only, only);
+      measured += run_world<4>(size_t{1} << 20, production_only, only);
+      world_ran = true;
     } else {
       std::printf("fewer than 4 GPUs, or GPUs 0-3 cannot all reach each other: the world of 4 skipped\n");
     }
+  }
+  if (world_ran && measured == 0) {  // e.g. only lamport_two_shot's variants in a world of 1
+    std::fprintf(stderr, "%s: no variant selected (LAMPORT_STEP_PROBE_ONLY, _PRODUCTION) runs in the worlds run (%s)\n",
+                 kProbeName, worlds.c_str());
+    return 2;
   }
   return 0;
 }
