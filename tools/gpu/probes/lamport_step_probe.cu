@@ -244,6 +244,11 @@ constexpr Variant kVariants[] = {
 };
 constexpr size_t kVariantCount = sizeof(kVariants) / sizeof(kVariants[0]);
 
+// Whether LAMPORT_STEP_PROBE_ONLY's text (`only`; empty: every variant) selects variant v.
+bool label_selected(const Variant& v, const std::string& only) {
+  return std::string(v.label).find(only) != std::string::npos;
+}
+
 // A hint that brings p's line into this GPU's L2 (nothing into the thread, nothing into L1).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
@@ -649,7 +654,7 @@ size_t run_world(size_t slot_bytes, bool production_only, const std::string& onl
     if (s.bytes > slot_bytes) continue;
     for (size_t v = 0; v < kVariantCount; ++v) {
       if (production_only && !kVariants[v].production) continue;
-      if (!only.empty() && std::string(kVariants[v].label).find(only) == std::string::npos) continue;
+      if (!label_selected(kVariants[v], only)) continue;
       if (kRanks == 1 && kVariants[v].kind == KernelKind::kLamportTwoShot) continue;  // no peer to shoot to
       measure<kRanks>(ranks, v, s.bytes / sizeof(bf16), s.blocks, s.threads);
       ++measured;
@@ -680,9 +685,8 @@ int main() {
   const bool production_only = production_env != nullptr && std::strcmp(production_env, "1") == 0;
   const char* only_env = std::getenv("LAMPORT_STEP_PROBE_ONLY");
   const std::string only = only_env != nullptr ? only_env : "";
-  size_t matching = 0;
-  for (const Variant& v : kVariants) matching += std::string(v.label).find(only) != std::string::npos ? 1 : 0;
-  if (matching == 0) {
+  if (std::none_of(std::begin(kVariants), std::end(kVariants),
+                   [&](const Variant& v) { return label_selected(v, only); })) {
     std::fprintf(stderr, "%s: LAMPORT_STEP_PROBE_ONLY=\"%s\" is in no variant's label (e.g. \"lamport_two_shot\")\n",
                  kProbeName, only.c_str());
     return 2;
